@@ -1,0 +1,232 @@
+"""GPUDirect RDMA kernel support and GDRCopy (references GDR001, GDR002).
+
+Sources (all readable without root):
+
+* NVIDIA driver: ``/sys/module/nvidia/version``; flavour from ``/proc/driver/nvidia/version``
+  (the open kernel modules call themselves "Open Kernel Module"); GPUs from
+  ``/proc/driver/nvidia/gpus/<bus id>/``.
+* Peer-memory path, the files NCCL itself tests (``src/transport/net_ib/gdr.cc``):
+  ``/sys/kernel/mm/memory_peers/nv_mem/version``, ``.../nv_mem_nc/version`` (MLNX_OFED's peer
+  memory API with ``nv_peer_mem``) and ``/sys/module/nvidia_peermem/version`` (tested by NCCL
+  since 2.23.4); the legacy ``/sys/module/nv_peer_mem``.
+* DMA-BUF path: kernel >= 5.12 (``/proc/sys/kernel/osrelease``; dma-buf memory regions landed in
+  5.12) with the open kernel modules, unless ``NCCL_DMABUF_ENABLE=0``.
+* GDRCopy: ``/sys/module/gdrdrv`` and the device node ``/dev/gdrdrv`` (mode, owner, group), which
+  the job user must be able to open read-write; the job user's groups from
+  ``/proc/self/status`` or, for a job of another user (a prolog runs as root), ``SLURM_JOB_UID``,
+  ``SLURM_JOB_GID``, ``SLURM_JOB_USER`` and ``/etc/group``.
+"""
+
+from __future__ import annotations
+
+import re
+import stat as stat_codes
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from preflight.checks.job import JobFacts, parse_environ
+from preflight.model import Evidence, NotApplicable, Observation, present
+from preflight.probing import FactReader
+from preflight.registry import check, probe
+from preflight.sources import NodeFS, SourceError
+
+_PEER_MEMORY_FILES = (
+    "/sys/kernel/mm/memory_peers/nv_mem/version",
+    "/sys/kernel/mm/memory_peers/nv_mem_nc/version",
+    "/sys/module/nvidia_peermem/version",
+)
+DMABUF_MIN_KERNEL = (5, 12)
+
+
+@dataclass(frozen=True)
+class DeviceNode:
+    """``stat`` of a device file."""
+
+    path: str
+    mode: int  # st_mode
+    uid: int
+    gid: int
+
+
+@dataclass(frozen=True)
+class JobIdentity:
+    """Who the job runs as: the credentials that open device files."""
+
+    uid: int
+    gids: tuple[int, ...]  # primary first, then supplementary
+    source: str
+
+
+@dataclass(frozen=True)
+class GpuDirectFacts:
+    nvidia_driver: str | None  # /sys/module/nvidia/version; None when the driver is not loaded
+    driver_flavour: str | None  # "open" | "proprietary" from /proc/driver/nvidia/version
+    nvidia_gpus: int  # entries in /proc/driver/nvidia/gpus
+    kernel_release: str | None  # /proc/sys/kernel/osrelease
+    peer_memory_files: tuple[str, ...]  # which of _PEER_MEMORY_FILES exist
+    nv_peer_mem_loaded: bool  # /sys/module/nv_peer_mem
+    rdma_devices: tuple[str, ...]  # /sys/class/infiniband
+    gdrdrv_loaded: bool  # /sys/module/gdrdrv
+    gdrdrv_node: DeviceNode | None  # /dev/gdrdrv
+    job_identity: JobIdentity | None
+    problems: tuple[str, ...]  # files that exist but could not be read
+
+
+def parse_kernel_version(release: str) -> tuple[int, int] | None:
+    """``"5.15.0-105-generic"`` -> ``(5, 15)``."""
+    match = re.match(r"(\d+)\.(\d+)", release.strip())
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def parse_driver_flavour(text: str) -> str:
+    return "open" if "Open Kernel Module" in text else "proprietary"
+
+
+def parse_status_ids(text: str) -> tuple[int, tuple[int, ...]] | None:
+    """Real uid and gids (primary, then supplementary) from ``/proc/<pid>/status``."""
+    fields = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        fields[name] = value.split()
+    try:
+        uid = int(fields["Uid"][0])
+        gids = [int(fields["Gid"][0])] + [int(item) for item in fields.get("Groups", [])]
+    except (KeyError, IndexError, ValueError):
+        return None
+    return uid, tuple(dict.fromkeys(gids))
+
+
+def parse_group_membership(text: str, user: str) -> tuple[int, ...]:
+    """Gids of ``/etc/group`` entries that list ``user`` as a member."""
+    gids = []
+    for line in text.splitlines():
+        fields = line.split(":")
+        if len(fields) == 4 and user in fields[3].split(","):
+            try:
+                gids.append(int(fields[2]))
+            except ValueError:
+                continue
+    return tuple(gids)
+
+
+def can_read_write(node: DeviceNode, identity: JobIdentity) -> bool:
+    """Classic Unix permission check for opening ``node`` O_RDWR as ``identity``."""
+    if identity.uid == 0:
+        return True
+    if node.uid == identity.uid:
+        bits = stat_codes.S_IRUSR | stat_codes.S_IWUSR
+    elif node.gid in identity.gids:
+        bits = stat_codes.S_IRGRP | stat_codes.S_IWGRP
+    else:
+        bits = stat_codes.S_IROTH | stat_codes.S_IWOTH
+    return node.mode & bits == bits
+
+
+def _job_identity(reader: FactReader, job_environ: dict[str, str]) -> JobIdentity | None:
+    own = parse_status_ids(reader.text("/proc/self/status") or "")
+    job_uid = job_environ.get("SLURM_JOB_UID", "")
+    if job_uid.isdigit() and (own is None or int(job_uid) != own[0]):
+        gids = [int(job_environ["SLURM_JOB_GID"])] if job_environ.get("SLURM_JOB_GID", "").isdigit() else []
+        user = job_environ.get("SLURM_JOB_USER", "")
+        if user:
+            gids += parse_group_membership(reader.text("/etc/group") or "", user)
+        return JobIdentity(int(job_uid), tuple(dict.fromkeys(gids)), "SLURM_JOB_UID, SLURM_JOB_GID, /etc/group")
+    if own is None:
+        return None
+    return JobIdentity(own[0], own[1], "/proc/self/status")
+
+
+@probe("gpudirect")
+def probe_gpudirect(fs: NodeFS) -> GpuDirectFacts:
+    """Gather the kernel pieces GPUDirect RDMA and GDRCopy need."""
+    reader = FactReader(fs)
+    version = reader.text("/sys/module/nvidia/version")
+    flavour_text = reader.text("/proc/driver/nvidia/version")
+    release = reader.text("/proc/sys/kernel/osrelease")
+    node = None
+    try:
+        stat = fs.stat("/dev/gdrdrv")
+    except SourceError as error:
+        reader.problems.append(str(error))
+        stat = None
+    if stat is not None:
+        node = DeviceNode("/dev/gdrdrv", stat.mode, stat.uid, stat.gid)
+    try:
+        environ = parse_environ(fs.read_bytes("/proc/self/environ") or b"")
+    except SourceError:
+        environ = {}  # the job probe reports an unreadable environment
+    return GpuDirectFacts(
+        nvidia_driver=version.strip() if version else ("unknown" if reader.exists("/sys/module/nvidia") else None),
+        driver_flavour=parse_driver_flavour(flavour_text) if flavour_text else None,
+        nvidia_gpus=len(reader.listing("/proc/driver/nvidia/gpus")),
+        kernel_release=release.strip() if release else None,
+        peer_memory_files=tuple(path for path in _PEER_MEMORY_FILES if reader.exists(path)),
+        nv_peer_mem_loaded=reader.exists("/sys/module/nv_peer_mem"),
+        rdma_devices=tuple(reader.listing("/sys/class/infiniband")),
+        gdrdrv_loaded=reader.exists("/sys/module/gdrdrv"),
+        gdrdrv_node=node,
+        job_identity=_job_identity(reader, environ),
+        problems=tuple(reader.problems),
+    )
+
+
+def _require_nvidia(gpudirect: GpuDirectFacts) -> None:
+    if gpudirect.nvidia_driver is None:
+        raise NotApplicable("the NVIDIA kernel driver is not loaded (/sys/module/nvidia is absent)")
+
+
+@check("GDR001", profiles=("prolog",))
+def gpudirect_rdma_unavailable(gpudirect: GpuDirectFacts, job: JobFacts) -> Iterator[Observation]:
+    """Neither the peer-memory nor the DMA-BUF path to GPUDirect RDMA is available."""
+    _require_nvidia(gpudirect)
+    if not gpudirect.rdma_devices:
+        raise NotApplicable("no RDMA devices in /sys/class/infiniband")
+    if gpudirect.peer_memory_files or gpudirect.nv_peer_mem_loaded:
+        return
+    kernel = parse_kernel_version(gpudirect.kernel_release or "")
+    dmabuf_setting = job.nccl("NCCL_DMABUF_ENABLE")
+    dmabuf_disabled = dmabuf_setting is not None and dmabuf_setting.value.strip() == "0"
+    kernel_ok = kernel is not None and kernel >= DMABUF_MIN_KERNEL
+    if kernel_ok and gpudirect.driver_flavour == "open" and not dmabuf_disabled:
+        return
+    evidence = [
+        Evidence("/sys/module/nvidia_peermem", "not loaded", "loaded (modprobe nvidia-peermem)"),
+        Evidence("/sys/kernel/mm/memory_peers", "no nv_mem/nv_mem_nc peer client", "present with MLNX_OFED nv_peer_mem"),
+        Evidence(
+            "/proc/driver/nvidia/version",
+            f"{gpudirect.driver_flavour or 'unknown'} kernel modules, kernel {gpudirect.kernel_release or 'unknown'}",
+            "open kernel modules and Linux >= 5.12 for the DMA-BUF path",
+        ),
+    ]
+    if dmabuf_disabled and dmabuf_setting is not None:
+        evidence.append(Evidence(f"{dmabuf_setting.origin} NCCL_DMABUF_ENABLE", "0", "unset or 1"))
+    yield present("node", *evidence)
+
+
+@check("GDR002", profiles=("prolog",))
+def gdrcopy_driver_unusable(gpudirect: GpuDirectFacts, job: JobFacts) -> Iterator[Observation]:
+    """The job asks NCCL for GDRCopy, but the gdrdrv driver or its device node is unusable."""
+    _require_nvidia(gpudirect)
+    setting = job.nccl("NCCL_GDRCOPY_ENABLE")
+    if setting is None or setting.value.strip() in ("", "0"):
+        return  # NCCL only loads GDRCopy when NCCL_GDRCOPY_ENABLE=1 (default 0)
+    requested = Evidence(f"{setting.origin} NCCL_GDRCOPY_ENABLE", setting.value)
+    if not gpudirect.gdrdrv_loaded:
+        yield present("gdrdrv", requested, Evidence("/sys/module/gdrdrv", "not loaded", "loaded"))
+        return
+    node = gpudirect.gdrdrv_node
+    if node is None or not stat_codes.S_ISCHR(node.mode):
+        observed = "missing" if node is None else "not a character device"
+        yield present("/dev/gdrdrv", requested, Evidence("/dev/gdrdrv", observed, "character device"))
+        return
+    identity = gpudirect.job_identity
+    if identity is not None and not can_read_write(node, identity):
+        yield present(
+            "/dev/gdrdrv",
+            requested,
+            Evidence(
+                "/dev/gdrdrv",
+                f"mode {stat_codes.filemode(node.mode)} owner {node.uid}:{node.gid}",
+                f"read-write for uid {identity.uid} (groups {','.join(map(str, identity.gids)) or 'none'})",
+            ),
+        )

@@ -1,0 +1,118 @@
+"""The job's view of its settings: environment and NCCL configuration files.
+
+Sources:
+
+* ``/proc/self/environ`` (NUL-separated ``NAME=value``): the job environment. Live, this is the
+  environment preflight was started with (a Slurm prolog gets the job's ``SLURM_*`` variables);
+  in a recorded root it is the environment recorded with the node.
+* NCCL configuration files as NCCL reads them (``src/misc/param.cc``): ``$NCCL_CONF_FILE`` if set,
+  else ``$HOME/.nccl.conf``; then ``/etc/nccl.conf``. Each line is ``NAME=value``; ``#`` starts a
+  comment line; there is no whitespace trimming, so ``NCCL_X = 1`` defines ``"NCCL_X "``.
+  NCCL applies them with ``setenv(..., 0)``: the environment wins, then the first file, then
+  ``/etc/nccl.conf``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from preflight.registry import probe
+from preflight.sources import NodeFS, SourceError
+
+SYSTEM_NCCL_CONF = "/etc/nccl.conf"
+# Only variables that steer communication are kept: reports travel to fleet dashboards and bug
+# trackers, and a job environment can hold tokens and passwords.
+KEPT_PREFIXES = ("NCCL_", "SLURM_", "CUDA_", "TORCH_", "GLOO_", "UCX_", "FI_", "OMPI_", "PMIX_", "NVSHMEM_", "GDRCOPY_")
+KEPT_NAMES = frozenset({"HOME", "USER", "LD_LIBRARY_PATH", "LD_PRELOAD", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"})
+
+
+@dataclass(frozen=True)
+class Setting:
+    """The value NCCL would see for one variable, and where it came from."""
+
+    value: str
+    origin: str  # "environment" or the configuration file's path
+
+
+@dataclass(frozen=True)
+class NcclConfFile:
+    path: str
+    entries: tuple[tuple[str, str], ...]  # (name, value) in file order; names untrimmed
+    error: str = ""  # why the file could not be read, "" when it was read
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    """The job environment and NCCL's configuration files."""
+
+    environ: dict[str, str]  # /proc/self/environ, communication-related variables only
+    environ_error: str  # why /proc/self/environ could not be read, "" when it was read
+    nccl_conf_files: tuple[NcclConfFile, ...]  # in NCCL's precedence order
+
+    def nccl(self, name: str) -> Setting | None:
+        """What NCCL would use for ``name``: the environment first, then the files in order."""
+        if name in self.environ:
+            return Setting(self.environ[name], "environment")
+        for conf in self.nccl_conf_files:
+            for key, value in conf.entries:
+                if key == name:
+                    return Setting(value, conf.path)
+        return None
+
+    @property
+    def in_slurm_job(self) -> bool:
+        return "SLURM_JOB_ID" in self.environ
+
+
+def parse_environ(data: bytes) -> dict[str, str]:
+    """``/proc/<pid>/environ``: NUL-separated ``NAME=value`` pairs, communication-related names
+    only; later duplicates win."""
+    environ = {}
+    for item in data.split(b"\0"):
+        if b"=" not in item:
+            continue
+        name, _, value = item.partition(b"=")
+        key = name.decode("utf-8", "replace")
+        if key in KEPT_NAMES or key.startswith(KEPT_PREFIXES):
+            environ[key] = value.decode("utf-8", "replace")
+    return environ
+
+
+def parse_nccl_conf(text: str) -> tuple[tuple[str, str], ...]:
+    """``NAME=value`` lines as NCCL reads them: no trimming, ``#`` lines and lines without ``=``
+    ignored, values cut at 1023 characters (NCCL's buffer)."""
+    entries = []
+    for line in text.split("\n"):
+        if line.startswith("#") or "=" not in line:
+            continue
+        name, _, value = line.partition("=")
+        entries.append((name, value[:1023]))
+    return tuple(entries)
+
+
+def _read_conf(fs: NodeFS, path: str) -> NcclConfFile | None:
+    try:
+        text = fs.read(path, max_bytes=1024 * 1024)
+    except SourceError as error:
+        return NcclConfFile(path, (), error.reason)
+    return None if text is None else NcclConfFile(path, parse_nccl_conf(text))
+
+
+@probe("job")
+def probe_job(fs: NodeFS) -> JobFacts:
+    """Read the job environment and the NCCL configuration files it selects."""
+    environ_error = ""
+    try:
+        environ = parse_environ(fs.read_bytes("/proc/self/environ") or b"")
+    except SourceError as error:
+        environ, environ_error = {}, error.reason
+    user_file = environ.get("NCCL_CONF_FILE") or (
+        f"{environ['HOME'].rstrip('/')}/.nccl.conf" if environ.get("HOME", "").startswith("/") else ""
+    )
+    files = []
+    for path in (user_file, SYSTEM_NCCL_CONF):
+        if path.startswith("/"):
+            conf = _read_conf(fs, path)
+            if conf is not None:
+                files.append(conf)
+    return JobFacts(environ, environ_error, tuple(files))

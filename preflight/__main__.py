@@ -1,0 +1,3 @@
+from preflight.launcher import main
+
+main()

@@ -1,0 +1,179 @@
+"""The ``preflight`` command line (typer).
+
+``preflight node`` usually starts through the launcher's fast path, which skips importing typer
+(~250 ms with pydantic) and calls the same :func:`preflight.commands.run_node`; this module
+serves help, errors, and every other command.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import List, Optional
+
+import typer
+
+from preflight import __version__
+from preflight.catalogue import CatalogueError, load_all, load_reference
+from preflight.commands import NodeArgs, UsageProblem, finish, run_node, split_tokens
+from preflight.exitcodes import ExitCode
+from preflight.model import REFERENCE_ID, Reference
+
+app = typer.Typer(
+    help="Find GPU/RDMA node misconfigurations before a job starts.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+references_app = typer.Typer(help="The catalogue of known failure modes.", no_args_is_help=True)
+app.add_typer(references_app, name="references")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"preflight {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def main(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+) -> None:
+    """preflight: catalogued GPU/RDMA misconfigurations, with evidence and a fix."""
+
+
+@app.command()
+def node(
+    root: str = typer.Option("/", "--root", help="Treat this directory (a recorded node) as /."),
+    config: Optional[str] = typer.Option(None, "--config", help="Site config (default: /etc/preflight/preflight.toml on the node)."),
+    select: List[str] = typer.Option([], "--select", help="Only these references: ID prefixes or symbols, comma-separated."),
+    ignore: List[str] = typer.Option([], "--ignore", help="Skip these references: ID prefixes or symbols."),
+    profile: Optional[str] = typer.Option(None, "--profile", help="prolog (fast subset) or full (default)."),
+    output_format: str = typer.Option("table", "--format", help="table, json, prometheus or junit."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="Deadline for the whole run, seconds (default 10)."),
+    show_all: bool = typer.Option(False, "--show-all", help="Also list absent and not-applicable references."),
+    checks_dir: List[str] = typer.Option([], "--checks-dir", help="Also load check modules from this directory."),
+) -> None:
+    """Inspect this node (or --root) and report catalogued misconfigurations.
+
+    Exit codes: 0 nothing at warning or above, 1 warnings, 2 errors or critical,
+    3 no verdict (bad arguments, unreadable root, broken config or plugin).
+    """
+    args = NodeArgs(
+        root=root,
+        config=config,
+        select=split_tokens(select),
+        ignore=split_tokens(ignore),
+        profile=profile,
+        output_format=output_format,
+        timeout=timeout,
+        show_all=show_all,
+        checks_dirs=tuple(checks_dir),
+    )
+    finish(run_node(args))
+
+
+def _reference_json(reference: Reference) -> dict[str, object]:
+    return {
+        "id": reference.id,
+        "symbol": reference.symbol,
+        "title": reference.title,
+        "area": reference.area,
+        "severity": reference.severity.value,
+        "detect": {"modes": list(reference.detect), "checks": list(reference.checks)},
+        "summary": reference.summary,
+        "causes": list(reference.causes),
+        "evidence": list(reference.evidence),
+        "fix": list(reference.fix),
+        "related": list(reference.related),
+        "signatures": list(reference.signatures),
+        "sources": list(reference.sources),
+    }
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"preflight: error: {message}", err=True)
+    raise typer.Exit(ExitCode.NO_VERDICT)
+
+
+@references_app.command("list")
+def references_list(
+    output_format: str = typer.Option("table", "--format", help="table or json."),
+) -> None:
+    """List every catalogued reference."""
+    try:
+        references = load_all()
+    except CatalogueError as error:
+        _fail(str(error))
+        return
+    if output_format == "json":
+        typer.echo(json.dumps([_reference_json(r) for r in references], indent=2))
+        return
+    if output_format != "table":
+        _fail("--format must be table or json")
+    from tabulate import tabulate
+
+    rows = [[r.id, r.severity.value, r.symbol, r.title] for r in references]
+    typer.echo(tabulate(rows, headers=["ID", "Severity", "Symbol", "Title"]))
+
+
+@references_app.command("show")
+def references_show(
+    ref_id: str = typer.Argument(..., metavar="ID", help="A reference ID such as MEM001, or its symbol."),
+    output_format: str = typer.Option("text", "--format", help="text or json."),
+) -> None:
+    """Show one reference: summary, causes, evidence to collect, fix and sources."""
+    try:
+        if REFERENCE_ID.match(ref_id.upper()):
+            reference = load_reference(ref_id.upper())
+        else:
+            matches = [r for r in load_all() if r.symbol == ref_id]
+            if not matches:
+                raise UsageProblem(f"no reference with ID or symbol {ref_id!r}")
+            reference = matches[0]
+    except (CatalogueError, UsageProblem) as error:
+        _fail(str(error))
+        return
+    if output_format == "json":
+        typer.echo(json.dumps(_reference_json(reference), indent=2))
+        return
+    if output_format != "text":
+        _fail("--format must be text or json")
+    typer.echo(render_reference(reference))
+
+
+def render_reference(reference: Reference) -> str:
+    """A reference as a person reads it in a terminal."""
+    import textwrap
+
+    def block(title: str, items: list[str], bullet: str = "-") -> list[str]:
+        if not items:
+            return []
+        out = [f"\n{title}"]
+        for number, item in enumerate(items, 1):
+            marker = f"{number}." if bullet == "#" else bullet
+            out.append(textwrap.fill(item, 96, initial_indent=f"  {marker} ", subsequent_indent="     "))
+        return out
+
+    lines = [
+        f"{reference.id} {reference.symbol} [{reference.severity.value}, {reference.area}]",
+        reference.title,
+        "",
+        textwrap.fill(reference.summary, 96),
+    ]
+    lines += block("Causes", list(reference.causes))
+    evidence = []
+    for item in reference.evidence:
+        text = item["what"]
+        if item.get("command"):
+            text += f"  $ {item['command']}"
+        if item.get("check"):
+            text += f"  [checked by {item['check']}]"
+        evidence.append(text)
+    lines += block("Evidence to collect", evidence)
+    lines += block("Fix", list(reference.fix), bullet="#")
+    lines += block("Log signatures", [s["pattern"] for s in reference.signatures])
+    lines += block("Related", list(reference.related))
+    lines += block("Sources", list(reference.sources))
+    detect = ", ".join(reference.detect) + (f" (checks: {', '.join(reference.checks)})" if reference.checks else "")
+    lines += ["", f"Detectable from: {detect}"]
+    return "\n".join(lines)

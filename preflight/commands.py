@@ -1,0 +1,130 @@
+"""What the commands do, independent of how their arguments were parsed.
+
+Both the typer CLI (``preflight.cli``) and the launcher's fast path for ``preflight node``
+(``preflight.launcher``) call :func:`run_node`, so the two cannot drift apart in behaviour.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from dataclasses import dataclass
+
+from preflight.catalogue import CatalogueError, load_all
+from preflight.config import DEFAULT_CONFIG_PATH, ConfigError, HostConfig, parse_config
+from preflight.engine import RunOptions, run, selects
+from preflight.exitcodes import ExitCode, exit_code
+from preflight.registry import PROFILES, RegistrationError
+from preflight.sources import NodeFS, RootError, SourceError, Sources
+
+OUTPUT_FORMATS = ("table", "json", "prometheus", "junit")
+
+
+@dataclass(frozen=True)
+class NodeArgs:
+    """Arguments of ``preflight node``; ``None`` means "take the config's value"."""
+
+    root: str = "/"
+    config: str | None = None
+    select: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
+    profile: str | None = None
+    output_format: str = "table"
+    timeout: float | None = None
+    show_all: bool = False
+    checks_dirs: tuple[str, ...] = ()
+
+
+class UsageProblem(Exception):
+    """The command cannot run as asked; the message is shown to the user as is."""
+
+
+def split_tokens(values: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """``--select MEM,GDR001 --select dns`` -> ``("MEM", "GDR001", "dns")``."""
+    return tuple(token.strip() for value in values for token in value.split(",") if token.strip())
+
+
+def _hostname(fs: NodeFS) -> str:
+    try:
+        text = fs.read("/proc/sys/kernel/hostname")
+    except SourceError:
+        text = None
+    return (text or "").strip() or "unknown"
+
+
+def load_host_config(fs: NodeFS, path: str | None, hostname: str) -> HostConfig:
+    """``--config FILE`` from the real filesystem, else the node's own config (root-aware)."""
+    if path is not None:
+        reader = NodeFS("/")
+        target = os.path.abspath(path)
+        missing = f"--config {path}: no such file"
+    else:
+        reader, target, missing = fs, DEFAULT_CONFIG_PATH, ""
+    try:
+        text = reader.read(target, max_bytes=1024 * 1024)
+    except SourceError as error:
+        raise ConfigError(f"{path or DEFAULT_CONFIG_PATH}: {error.reason}") from None
+    if text is None:
+        if missing:
+            raise ConfigError(missing)
+        return HostConfig()
+    return parse_config(text, path or DEFAULT_CONFIG_PATH, hostname)
+
+
+def _check_tokens(select: tuple[str, ...], ignore: tuple[str, ...]) -> None:
+    if not (select or ignore):
+        return
+    references = load_all()
+    for token in (*select, *ignore):
+        if not any(selects(token, reference) for reference in references):
+            raise UsageProblem(f"--select/--ignore {token!r} matches no reference ID prefix or symbol")
+
+
+def run_node(args: NodeArgs) -> int:
+    """``preflight node``: print the report, return the exit code. Never raises."""
+    from preflight.discovery import build_registry
+    from preflight.reporters import render
+
+    try:
+        if args.output_format not in OUTPUT_FORMATS:
+            raise UsageProblem(f"--format {args.output_format!r}: choose one of {', '.join(OUTPUT_FORMATS)}")
+        if args.profile is not None and args.profile not in PROFILES:
+            raise UsageProblem(f"--profile {args.profile!r}: choose one of {', '.join(PROFILES)}")
+        if args.timeout is not None and not args.timeout > 0:
+            raise UsageProblem("--timeout must be a positive number of seconds")
+        root = os.path.abspath(args.root)
+        if not os.path.isdir(root):
+            raise RootError(f"--root {args.root}: no such directory")
+        fs = NodeFS(root)
+        hostname = _hostname(fs)
+        config = load_host_config(fs, args.config, hostname)
+        sources = Sources.for_node(root, config.dns)
+        registry = build_registry((*config.checks_dirs, *args.checks_dirs))
+        _check_tokens(args.select, args.ignore)
+        timeout = args.timeout if args.timeout is not None else config.timeout_s
+        options = RunOptions(
+            profile=args.profile or config.profile,
+            select=args.select,
+            ignore=args.ignore,
+            timeout_s=timeout,
+            probe_timeout_s=min(config.probe_timeout_s, timeout),
+        )
+        report = run(registry, sources, config, options, hostname)
+        output = render(report, args.output_format, args.show_all)
+    except (UsageProblem, RootError, ConfigError, RegistrationError, CatalogueError) as error:
+        print(f"preflight: error: {error}", file=sys.stderr)
+        return ExitCode.NO_VERDICT
+    sys.stdout.write(output)
+    return exit_code(report.findings, config.unknown_policy)
+
+
+def finish(code: int) -> None:
+    """Exit, without waiting for probe threads stuck in the kernel (they are daemon threads,
+    but interpreter shutdown can still block on a thread holding a C-level lock)."""
+    stuck = [thread for thread in threading.enumerate() if thread.name.startswith("probe-") and thread.is_alive()]
+    if stuck:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)

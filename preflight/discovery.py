@@ -1,0 +1,97 @@
+"""Find check modules: the built-in ``preflight.checks`` package, installed plugins (entry-point
+group ``preflight.checks``) and site directories (``--checks-dir``, NHC's scripts-folder idea).
+
+Each module is imported once per process; its tagged probes and checks are collected into a fresh
+:class:`~preflight.registry.Registry`, which is then validated against the catalogue.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Iterable
+from types import ModuleType
+
+from preflight.catalogue import load_reference, reference_ids
+from preflight.registry import RegistrationError, Registry
+
+ENTRY_POINT_GROUP = "preflight.checks"
+
+
+def builtin_modules() -> list[ModuleType]:
+    import preflight.checks as package
+
+    names = sorted(
+        name[:-3]
+        for directory in package.__path__
+        for name in os.listdir(directory)
+        if name.endswith(".py") and not name.startswith("_")
+    )
+    return [importlib.import_module(f"preflight.checks.{name}") for name in names]
+
+
+def plugin_modules() -> list[ModuleType]:
+    """Modules named by installed distributions in the ``preflight.checks`` entry-point group."""
+    from importlib.metadata import entry_points
+
+    modules = []
+    for entry in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        try:
+            loaded = entry.load()
+        except Exception as error:
+            raise RegistrationError(f"plugin {entry.name} ({entry.value}) failed to import: {error}") from None
+        module = loaded if isinstance(loaded, ModuleType) else sys.modules.get(getattr(loaded, "__module__", ""))
+        if module is None:
+            raise RegistrationError(f"plugin {entry.name} ({entry.value}) is not a module")
+        modules.append(module)
+    return modules
+
+
+def directory_modules(directory: str) -> list[ModuleType]:
+    """Every ``*.py`` in a site checks directory, imported under a private module name."""
+    try:
+        names = sorted(name for name in os.listdir(directory) if name.endswith(".py"))
+    except OSError as error:
+        raise RegistrationError(f"--checks-dir {directory}: {error.strerror}") from None
+    modules = []
+    for name in names:
+        path = os.path.join(directory, name)
+        digest = hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:12]
+        module_name = f"preflight_site_checks_{digest}.{name[:-3]}"
+        if module_name in sys.modules:
+            modules.append(sys.modules[module_name])
+            continue
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        if spec is None or spec.loader is None:
+            raise RegistrationError(f"{path}: cannot be imported")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        try:
+            spec.loader.exec_module(module)
+        except RegistrationError as error:
+            del sys.modules[module_name]
+            raise RegistrationError(f"{path}: {error}") from None
+        except Exception as error:
+            del sys.modules[module_name]
+            raise RegistrationError(f"{path} failed to import: {type(error).__name__}: {error}") from None
+        modules.append(module)
+    return modules
+
+
+def build_registry(checks_dirs: Iterable[str] = (), plugins: bool = True) -> Registry:
+    """All probes and checks, validated against the catalogue; raises RegistrationError."""
+    registry = Registry()
+    modules = builtin_modules()
+    if plugins:
+        modules += plugin_modules()
+    for directory in checks_dirs:
+        modules += directory_modules(directory)
+    for module in modules:
+        registry.collect(module)
+    known = set(reference_ids())
+    symbols = {ref_id: load_reference(ref_id).symbol for ref_id in registry.checks if ref_id in known}
+    registry.validate(symbols)
+    return registry

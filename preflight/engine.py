@@ -1,0 +1,243 @@
+"""Select checks, run the probes they need concurrently under deadlines, judge, and report.
+
+Probes run in daemon threads: a thread stuck in the kernel (a wedged NVML call, a DNS server
+that never answers, a sysfs read in D state) cannot be killed, so the engine stops waiting for
+it at its deadline, marks what it feeds ``unknown`` and moves on; the CLI exits with
+``os._exit`` when such a thread is still alive so that interpreter shutdown cannot wait on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from preflight import __version__
+from preflight.catalogue import load_reference
+from preflight.config import HostConfig
+from preflight.model import (
+    Finding,
+    NotApplicable,
+    Observation,
+    ProbeOutcome,
+    Reference,
+    Severity,
+    Status,
+    Unknown,
+)
+from preflight.registry import CheckSpec, ProbeSpec, Registry
+from preflight.sources import SourceError, Sources
+
+REPORT_SCHEMA = "preflight-report/1"
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What the user asked for on the command line (config supplies the defaults)."""
+
+    profile: str = "full"
+    select: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
+    timeout_s: float = 10.0
+    probe_timeout_s: float = 3.0
+
+
+@dataclass(frozen=True)
+class Report:
+    """Everything one run found, ready for the reporters."""
+
+    hostname: str
+    root: str
+    profile: str
+    started_at: float
+    duration_s: float
+    findings: tuple[Finding, ...]
+    probes: tuple[ProbeOutcome, ...]
+    facts: dict[str, Any]
+    config_origin: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        counts = {status.value: 0 for status in Status}
+        for finding in self.findings:
+            counts[finding.status.value] += 1
+        return {
+            "schema": REPORT_SCHEMA,
+            "tool": {"name": "preflight", "version": __version__},
+            "host": self.hostname,
+            "root": self.root,
+            "profile": self.profile,
+            "config": self.config_origin,
+            "started_at": round(self.started_at, 3),
+            "duration_s": round(self.duration_s, 6),
+            "summary": counts,
+            "findings": [finding.to_json() for finding in self.findings],
+            "probes": [probe.to_json() for probe in self.probes],
+            "facts": self.facts,
+        }
+
+
+def selects(token: str, reference: Reference) -> bool:
+    """``--select``/``--ignore`` tokens match an ID prefix (``MEM``, ``MEM001``) or a symbol."""
+    return reference.id.startswith(token.upper()) or token.lower() == reference.symbol
+
+
+def select_checks(registry: Registry, config: HostConfig, options: RunOptions) -> list[tuple[CheckSpec, Reference]]:
+    """The checks this run decides, in ID order, with their references."""
+    chosen = []
+    for ref_id in sorted(registry.checks):
+        spec = registry.checks[ref_id]
+        if options.profile not in spec.profiles or ref_id in config.disabled:
+            continue
+        reference = load_reference(ref_id)
+        if options.select and not any(selects(token, reference) for token in options.select):
+            continue
+        if any(selects(token, reference) for token in options.ignore):
+            continue
+        chosen.append((spec, reference))
+    return chosen
+
+
+def _probes_to_run(registry: Registry, checks: Iterable[CheckSpec], profile: str) -> list[ProbeSpec]:
+    names = {name for spec in checks for name in spec.probes}
+    names |= {name for name, spec in registry.probes.items() if profile in spec.gather_in}
+    return [registry.probes[name] for name in sorted(names)]
+
+
+def _call_probe(spec: ProbeSpec, sources: Sources, config: HostConfig) -> Any:
+    arguments = {name: (config if name == "settings" else sources.by_name(name)) for name in spec.sources}
+    return spec.func(**arguments)
+
+
+def run_probes(
+    specs: list[ProbeSpec], sources: Sources, config: HostConfig, options: RunOptions, deadline: float
+) -> dict[str, ProbeOutcome]:
+    """Run every probe in its own daemon thread; stop waiting at its deadline or the run's."""
+    clock = sources.clock
+    results: dict[str, ProbeOutcome] = {}
+    done = {spec.name: threading.Event() for spec in specs}
+    started = clock.monotonic()
+
+    def work(spec: ProbeSpec) -> None:
+        begin = clock.monotonic()
+        try:
+            facts = _call_probe(spec, sources, config)
+            outcome = ProbeOutcome(spec.name, "ok", clock.monotonic() - begin, facts)
+        except SourceError as error:
+            outcome = ProbeOutcome(spec.name, "error", clock.monotonic() - begin, error=str(error))
+        except Exception as error:  # a probe bug must not crash the run
+            outcome = ProbeOutcome(
+                spec.name, "error", clock.monotonic() - begin, error=f"{type(error).__name__}: {error}"
+            )
+        results[spec.name] = outcome
+        done[spec.name].set()
+
+    for spec in specs:
+        threading.Thread(target=work, args=(spec,), name=f"probe-{spec.name}", daemon=True).start()
+
+    outcomes: dict[str, ProbeOutcome] = {}
+    for spec in specs:
+        limit = spec.timeout_s if spec.timeout_s is not None else options.probe_timeout_s
+        probe_deadline = min(started + limit, deadline)
+        finished = done[spec.name].wait(max(0.0, probe_deadline - clock.monotonic()))
+        if finished:
+            outcomes[spec.name] = results[spec.name]
+        else:
+            waited = clock.monotonic() - started
+            outcomes[spec.name] = ProbeOutcome(
+                spec.name, "timeout", waited, error=f"timed out after {waited:.1f} s"
+            )
+    return outcomes
+
+
+def _finding(reference: Reference, config: HostConfig, observation: Observation) -> Finding:
+    severity = config.severity.get(reference.id) or observation.severity or reference.severity
+    return Finding(
+        reference_id=reference.id,
+        symbol=reference.symbol,
+        title=reference.title,
+        status=observation.status,
+        severity=severity,
+        subject=observation.subject,
+        evidence=observation.evidence,
+        fix=observation.fix or reference.fix_text,
+        reason=observation.reason,
+    )
+
+
+def _verdict(reference: Reference, config: HostConfig, status: Status, reason: str = "") -> Finding:
+    return Finding(
+        reference_id=reference.id,
+        symbol=reference.symbol,
+        title=reference.title,
+        status=status,
+        severity=config.severity.get(reference.id, reference.severity),
+        subject="node",
+        fix=reference.fix_text if status is Status.UNKNOWN else "",
+        reason=reason,
+    )
+
+
+def judge(
+    spec: CheckSpec, reference: Reference, outcomes: dict[str, ProbeOutcome], config: HostConfig
+) -> list[Finding]:
+    """Run one check on gathered facts; never raises."""
+    for name in spec.probes:
+        outcome = outcomes[name]
+        if outcome.status != "ok":
+            detail = outcome.error or outcome.status
+            return [_verdict(reference, config, Status.UNKNOWN, f"probe {name}: {detail}")]
+    arguments: dict[str, Any] = {name: outcomes[name].facts for name in spec.probes}
+    if spec.wants_expect:
+        arguments["expect"] = config.expect
+    try:
+        observations = list(spec.func(**arguments))
+    except NotApplicable as error:
+        return [_verdict(reference, config, Status.NOT_APPLICABLE, str(error))]
+    except Unknown as error:
+        return [_verdict(reference, config, Status.UNKNOWN, str(error))]
+    except Exception as error:  # a check bug becomes unknown, never a crash
+        return [_verdict(reference, config, Status.UNKNOWN, f"check failed: {type(error).__name__}: {error}")]
+    if not observations:
+        return [_verdict(reference, config, Status.ABSENT)]
+    return [_finding(reference, config, observation) for observation in observations]
+
+
+def facts_to_json(value: Any) -> Any:
+    """Facts (frozen dataclasses, tuples, enums) as plain JSON values."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: facts_to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [facts_to_json(item) for item in value]
+    if isinstance(value, dict):
+        return {str(key): facts_to_json(item) for key, item in value.items()}
+    if isinstance(value, (Severity, Status)):
+        return value.value
+    return value
+
+
+def run(registry: Registry, sources: Sources, config: HostConfig, options: RunOptions, hostname: str) -> Report:
+    """One complete preflight run: never raises for node problems."""
+    clock = sources.clock
+    started_at = clock.now()
+    begin = clock.monotonic()
+    deadline = begin + options.timeout_s
+    checks = select_checks(registry, config, options)
+    probe_specs = _probes_to_run(registry, (spec for spec, _ in checks), options.profile)
+    outcomes = run_probes(probe_specs, sources, config, options, deadline)
+    findings: list[Finding] = []
+    for spec, reference in checks:
+        findings.extend(judge(spec, reference, outcomes, config))
+    facts = {name: facts_to_json(outcome.facts) for name, outcome in outcomes.items() if outcome.status == "ok"}
+    return Report(
+        hostname=hostname,
+        root=sources.fs.root,
+        profile=options.profile,
+        started_at=started_at,
+        duration_s=clock.monotonic() - begin,
+        findings=tuple(findings),
+        probes=tuple(outcomes[spec.name] for spec in probe_specs),
+        facts=facts,
+        config_origin=config.origin,
+    )

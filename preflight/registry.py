@@ -1,0 +1,167 @@
+"""Probes and checks, how they declare themselves, and the validation that makes mistakes loud.
+
+A probe gathers facts from sources; its parameters name the sources it reads (``fs``, ``nvml``,
+``netlink``, ``dns``, ``clock``) and may add ``settings`` for site configuration. A check decides
+one catalogued reference from facts; its parameters name the probes whose facts it reads, plus
+optionally ``expect`` (the site's expectations for this host). The engine injects arguments by
+name, so a signature is also a declaration of data dependencies.
+
+The decorators only validate the signature and tag the function; discovery collects tagged
+functions from modules into a fresh :class:`Registry`, which then validates the whole set
+against the catalogue (duplicate IDs, unknown references, unknown probes, names).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from preflight.model import REFERENCE_ID
+
+#: Profiles in increasing scope: ``prolog`` runs before every job, ``full`` is the audit.
+PROFILES = ("prolog", "full")
+SOURCE_PARAMETERS = frozenset({"fs", "nvml", "netlink", "dns", "clock", "settings"})
+PROBE_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+DEFAULT_PROBE_TIMEOUT_S = 3.0
+
+_PROBE_TAG = "__preflight_probe__"
+_CHECK_TAG = "__preflight_check__"
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class RegistrationError(Exception):
+    """A probe or check is declared wrongly; raised at import or discovery, never at run time."""
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    name: str
+    func: Callable[..., Any]
+    sources: tuple[str, ...]
+    timeout_s: float | None  # None: the run's per-probe default
+    gather_in: tuple[str, ...]  # profiles that gather this probe even if no selected check needs it
+    origin: str  # module that defined it
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    reference_id: str
+    func: Callable[..., Any]
+    probes: tuple[str, ...]
+    wants_expect: bool
+    profiles: tuple[str, ...]
+    origin: str
+
+
+def _parameters(func: Callable[..., Any], what: str) -> list[str]:
+    names = []
+    for parameter in inspect.signature(func).parameters.values():
+        if parameter.kind not in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY):
+            raise RegistrationError(f"{what} {func.__qualname__}: *args/**kwargs are not allowed")
+        names.append(parameter.name)
+    return names
+
+
+def probe(name: str, *, timeout_s: float | None = None, gather_in: Iterable[str] = ()) -> Callable[[F], F]:
+    """Declare a probe named ``name`` whose facts checks receive as the parameter ``name``."""
+    if not PROBE_NAME.match(name):
+        raise RegistrationError(f"probe name {name!r} must be a lower-case identifier")
+    gather = tuple(gather_in)
+    _check_profiles(gather, f"probe {name}")
+
+    def decorate(func: F) -> F:
+        parameters = _parameters(func, "probe")
+        unknown = [p for p in parameters if p not in SOURCE_PARAMETERS]
+        if unknown:
+            raise RegistrationError(
+                f"probe {name} ({func.__module__}.{func.__qualname__}): parameters {unknown} are not "
+                f"sources; use {sorted(SOURCE_PARAMETERS)}"
+            )
+        spec = ProbeSpec(name, func, tuple(parameters), timeout_s, gather, func.__module__)
+        setattr(func, _PROBE_TAG, spec)
+        return func
+
+    return decorate
+
+
+def check(reference_id: str, *, profiles: Iterable[str] = ("full",)) -> Callable[[F], F]:
+    """Declare the check that decides reference ``reference_id``.
+
+    ``profiles`` lists where it runs; ``full`` is always included. Checks for the ``prolog``
+    profile must be cheap and must not need slow probes.
+    """
+    if not REFERENCE_ID.match(reference_id):
+        raise RegistrationError(f"check ID {reference_id!r} is not AREA + 3 digits (e.g. MEM001)")
+    chosen = tuple(dict.fromkeys((*profiles, "full")))
+    _check_profiles(chosen, f"check {reference_id}")
+
+    def decorate(func: F) -> F:
+        parameters = _parameters(func, "check")
+        probes = tuple(p for p in parameters if p != "expect")
+        spec = CheckSpec(reference_id, func, probes, "expect" in parameters, chosen, func.__module__)
+        setattr(func, _CHECK_TAG, spec)
+        return func
+
+    return decorate
+
+
+def _check_profiles(profiles: tuple[str, ...], what: str) -> None:
+    unknown = [p for p in profiles if p not in PROFILES]
+    if unknown:
+        raise RegistrationError(f"{what}: unknown profiles {unknown}; known: {list(PROFILES)}")
+
+
+class Registry:
+    """The probes and checks of one run."""
+
+    def __init__(self) -> None:
+        self.probes: dict[str, ProbeSpec] = {}
+        self.checks: dict[str, CheckSpec] = {}
+
+    def collect(self, module: Any) -> None:
+        """Add every tagged probe and check defined in ``module``."""
+        for value in vars(module).values():
+            probe_spec = getattr(value, _PROBE_TAG, None)
+            if isinstance(probe_spec, ProbeSpec) and probe_spec.origin == module.__name__:
+                self.add_probe(probe_spec)
+            check_spec = getattr(value, _CHECK_TAG, None)
+            if isinstance(check_spec, CheckSpec) and check_spec.origin == module.__name__:
+                self.add_check(check_spec)
+
+    def add_probe(self, spec: ProbeSpec) -> None:
+        existing = self.probes.get(spec.name)
+        if existing is not None and existing.func is not spec.func:
+            raise RegistrationError(f"probe {spec.name} is defined twice: in {existing.origin} and {spec.origin}")
+        self.probes[spec.name] = spec
+
+    def add_check(self, spec: CheckSpec) -> None:
+        existing = self.checks.get(spec.reference_id)
+        if existing is not None and existing.func is not spec.func:
+            raise RegistrationError(
+                f"check {spec.reference_id} is defined twice: in {existing.origin} and {spec.origin}"
+            )
+        self.checks[spec.reference_id] = spec
+
+    def validate(self, symbols: dict[str, str]) -> None:
+        """Fail on checks for unknown references, misnamed checks and unknown probe parameters.
+
+        ``symbols`` maps every catalogued reference ID to its symbol.
+        """
+        problems = []
+        for ref_id, spec in sorted(self.checks.items()):
+            where = f"check {ref_id} ({spec.origin}.{spec.func.__name__})"
+            symbol = symbols.get(ref_id)
+            if symbol is None:
+                problems.append(f"{where}: no reference {ref_id} in the catalogue")
+                continue
+            expected_name = symbol.replace("-", "_")
+            if spec.func.__name__ != expected_name:
+                problems.append(f"{where}: must be named {expected_name} after its symbol")
+            missing = [p for p in spec.probes if p not in self.probes]
+            if missing:
+                problems.append(f"{where}: parameters {missing} name no probe; known: {sorted(self.probes)}")
+        if problems:
+            raise RegistrationError("; ".join(problems))

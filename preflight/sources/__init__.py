@@ -1,0 +1,111 @@
+"""The only code that touches the node. Probes receive these sources by parameter name
+(``fs``, ``nvml``, ``netlink``, ``dns``, ``clock``) and never open files, sockets or libraries
+themselves; ``tests/test_no_direct_io.py`` enforces that.
+
+``Sources.for_node(root)`` builds the live set for ``/`` and the replay set for a recorded root:
+NVML, netlink and DNS answers replay from ``<root>/.preflight/{nvml,netlink,dns}.json``; without a
+netlink recording, links and addresses come from the root's sysfs/procfs files.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+from preflight.sources.dns import Dns, LiveDns, NoDns, ReplayDns, ResolvConf, parse_resolv_conf
+from preflight.sources.fs import NodeFS, SourceError
+from preflight.sources.netlink import FileNetlink, LiveNetlink, Netlink, ReplayNetlink
+from preflight.sources.nvml import LiveNvml, NoNvml, Nvml, ReplayNvml
+
+SOURCE_NAMES = ("fs", "nvml", "netlink", "dns", "clock")
+
+
+class Clock:
+    """Wall and monotonic time, injectable so reports are reproducible in tests."""
+
+    def now(self) -> float:
+        return time.time()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+
+@dataclass(frozen=True)
+class DnsSettings:
+    """Site overrides for the live resolver (``[dns]`` in the config)."""
+
+    nameservers: tuple[str, ...] = ()
+    port: int = 53
+    lifetime: float = 2.0
+
+
+class RootError(Exception):
+    """The requested root cannot be used at all (missing, not a directory)."""
+
+
+@dataclass
+class Sources:
+    """One bundle of sources for one node."""
+
+    fs: NodeFS
+    nvml: Nvml
+    netlink: Netlink
+    dns: Dns
+    clock: Clock = field(default_factory=Clock)
+
+    @classmethod
+    def for_node(cls, root: str = "/", dns_settings: DnsSettings | None = None) -> Sources:
+        settings = dns_settings or DnsSettings()
+        root = os.path.abspath(root)
+        if not os.path.isdir(root):
+            raise RootError(f"--root {root}: not a directory")
+        if not os.access(root, os.R_OK | os.X_OK):
+            raise RootError(f"--root {root}: not readable")
+        fs = NodeFS(root)
+        if fs.is_live:
+            return cls(fs, LiveNvml(), LiveNetlink(), _live_dns(fs, settings))
+        nvml_file = fs.replay_file("nvml.json")
+        nvml: Nvml = ReplayNvml.from_file(nvml_file) if nvml_file else NoNvml(
+            f"{root} has no NVML recording (.preflight/nvml.json)"
+        )
+        netlink_file = fs.replay_file("netlink.json")
+        netlink: Netlink = ReplayNetlink.from_file(netlink_file) if netlink_file else FileNetlink(fs)
+        dns_file = fs.replay_file("dns.json")
+        if dns_file:
+            dns: Dns = ReplayDns.from_file(dns_file)
+        elif settings.nameservers:
+            # A site that names its nameservers asks for live answers even on a recorded root.
+            dns = _live_dns(fs, settings)
+        else:
+            dns = NoDns(f"{root} has no DNS recording (.preflight/dns.json)")
+        return cls(fs, nvml, netlink, dns)
+
+    def by_name(self, name: str) -> object:
+        return getattr(self, name)
+
+
+def _live_dns(fs: NodeFS, settings: DnsSettings) -> Dns:
+    if settings.nameservers:
+        search = _read_resolv_conf(fs).search
+        return LiveDns(ResolvConf(settings.nameservers, search), settings.port, settings.lifetime)
+    return LiveDns(_read_resolv_conf(fs), settings.port, settings.lifetime)
+
+
+def _read_resolv_conf(fs: NodeFS) -> ResolvConf:
+    try:
+        text = fs.read("/etc/resolv.conf")
+    except SourceError:
+        text = None
+    return parse_resolv_conf(text or "")
+
+
+__all__ = [
+    "Clock",
+    "DnsSettings",
+    "NodeFS",
+    "RootError",
+    "SOURCE_NAMES",
+    "SourceError",
+    "Sources",
+]

@@ -1,0 +1,193 @@
+"""The node's filesystem as probes see it: the live ``/`` or a recorded root treated as ``/``.
+
+Probes name host-style paths (``/sys/class/infiniband``); this module maps them under the root,
+follows symlinks *inside* the root (an absolute link in a copied sysfs tree must not escape to the
+live machine), bounds every read, and turns OS errors into :class:`SourceError` with the errno's
+name, so that probes can tell "absent" (``None``) from "unreadable" (an exception they record).
+"""
+
+from __future__ import annotations
+
+import errno as errno_codes
+import os
+import stat as stat_codes
+from dataclasses import dataclass
+
+#: Reads stop here: sysfs attributes are one page, and a 10 GB "file" must not fill memory.
+DEFAULT_MAX_BYTES = 4 * 1024 * 1024
+_MAX_SYMLINK_HOPS = 40
+_ABSENT_ERRNOS = frozenset({errno_codes.ENOENT, errno_codes.ENOTDIR})
+
+
+class SourceError(Exception):
+    """A node fact exists but could not be read; ``reason`` is short and printable."""
+
+    def __init__(self, source: str, reason: str) -> None:
+        super().__init__(f"{source}: {reason}")
+        self.source = source
+        self.reason = reason
+
+
+def describe_os_error(error: OSError) -> str:
+    """``EACCES`` -> "permission denied (EACCES)", the form shown in findings."""
+    code = error.errno
+    if code is None:
+        return str(error)
+    name = errno_codes.errorcode.get(code, str(code))
+    if code in (errno_codes.EACCES, errno_codes.EPERM):
+        return f"permission denied ({name}); needs root"
+    return f"{os.strerror(code).lower()} ({name})"
+
+
+@dataclass(frozen=True)
+class FileStat:
+    """The parts of ``stat(2)`` the checks use."""
+
+    mode: int
+    uid: int
+    gid: int
+    size: int
+
+    @property
+    def is_char_device(self) -> bool:
+        return stat_codes.S_ISCHR(self.mode)
+
+    @property
+    def is_dir(self) -> bool:
+        return stat_codes.S_ISDIR(self.mode)
+
+
+class NodeFS:
+    """Read-only view of a node's files; ``root`` of ``/`` is the live node."""
+
+    def __init__(self, root: str = "/", max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        self.root = os.path.abspath(root)
+        self.is_live = self.root == "/"
+        self.max_bytes = max_bytes
+
+    # -- path mapping -------------------------------------------------------------------------
+    def _host_path(self, path: str) -> str:
+        if not path.startswith("/"):
+            raise ValueError(f"node paths are absolute, got {path!r}")
+        return os.path.normpath(path)
+
+    def _resolve(self, path: str, follow_last: bool = True) -> str:
+        """Map a host path to a real path, following symlinks as if ``root`` were ``/``."""
+        host = self._host_path(path)
+        if self.is_live:
+            return host
+        parts = [part for part in host.split("/") if part]
+        resolved: list[str] = []
+        hops = 0
+        while parts:
+            part = parts.pop(0)
+            if part == "..":
+                if resolved:
+                    resolved.pop()
+                continue
+            if part == ".":
+                continue
+            candidate = os.path.join(self.root, *resolved, part)
+            if (parts or follow_last) and os.path.islink(candidate):
+                hops += 1
+                if hops > _MAX_SYMLINK_HOPS:
+                    raise SourceError(path, "too many levels of symbolic links (ELOOP)")
+                target = os.readlink(candidate)
+                if target.startswith("/"):
+                    resolved = []
+                parts = [p for p in target.split("/") if p] + parts
+                continue
+            resolved.append(part)
+        return os.path.join(self.root, *resolved)
+
+    # -- reads --------------------------------------------------------------------------------
+    def read_bytes(self, path: str, max_bytes: int | None = None) -> bytes | None:
+        """Whole-file read, bounded; ``None`` when the file does not exist."""
+        limit = self.max_bytes if max_bytes is None else max_bytes
+        try:
+            real = self._resolve(path)
+            # O_NONBLOCK keeps a FIFO planted in a recorded root from blocking the open.
+            fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        except OSError as error:
+            if error.errno in _ABSENT_ERRNOS:
+                return None
+            raise SourceError(path, describe_os_error(error)) from None
+        try:
+            if stat_codes.S_ISDIR(os.fstat(fd).st_mode):
+                raise SourceError(path, "is a directory (EISDIR)")
+            chunks: list[bytes] = []
+            remaining = limit + 1
+            while remaining > 0:
+                chunk = os.read(fd, min(remaining, 65536))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                remaining -= len(chunk)
+        except BlockingIOError:
+            raise SourceError(path, "not a regular file (read would block)") from None
+        except OSError as error:
+            raise SourceError(path, describe_os_error(error)) from None
+        finally:
+            os.close(fd)
+        data = b"".join(chunks)
+        if len(data) > limit:
+            raise SourceError(path, f"larger than {limit} bytes; refusing to read it whole")
+        return data
+
+    def read(self, path: str, max_bytes: int | None = None) -> str | None:
+        """Whole-file text read; ``None`` when absent. Text must be UTF-8 without NUL bytes
+        except where the format uses NUL separators (use :meth:`read_bytes` for those)."""
+        data = self.read_bytes(path, max_bytes)
+        if data is None:
+            return None
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise SourceError(path, "not UTF-8 text (binary or garbled content)") from None
+
+    def listdir(self, path: str) -> list[str] | None:
+        """Sorted directory entries; ``None`` when the directory does not exist."""
+        try:
+            return sorted(os.listdir(self._resolve(path)))
+        except OSError as error:
+            if error.errno in _ABSENT_ERRNOS:
+                return None
+            raise SourceError(path, describe_os_error(error)) from None
+
+    def readlink(self, path: str) -> str | None:
+        """The raw target of a symlink; ``None`` if ``path`` is absent or not a link."""
+        try:
+            return os.readlink(self._resolve(path, follow_last=False))
+        except OSError as error:
+            if error.errno in _ABSENT_ERRNOS or error.errno == errno_codes.EINVAL:
+                return None
+            raise SourceError(path, describe_os_error(error)) from None
+
+    def stat(self, path: str) -> FileStat | None:
+        """``stat`` following links inside the root; ``None`` when absent."""
+        try:
+            result = os.stat(self._resolve(path))
+        except OSError as error:
+            if error.errno in _ABSENT_ERRNOS:
+                return None
+            raise SourceError(path, describe_os_error(error)) from None
+        return FileStat(result.st_mode, result.st_uid, result.st_gid, result.st_size)
+
+    def exists(self, path: str) -> bool:
+        """True when ``path`` exists; an unreadable parent counts as an error, not absence."""
+        return self.stat(path) is not None
+
+    def real_host_path(self, path: str) -> str:
+        """Where ``path`` points inside the node, as a host path (``/sys/devices/...``)."""
+        real = self._resolve(path)
+        if self.is_live:
+            return os.path.realpath(real)
+        relative = os.path.relpath(real, self.root)
+        return "/" if relative == "." else "/" + relative
+
+    def replay_file(self, name: str) -> str | None:
+        """Path of a recorded answer file (``<root>/.preflight/<name>``) in root mode, if any."""
+        if self.is_live:
+            return None
+        candidate = os.path.join(self.root, ".preflight", name)
+        return candidate if os.path.isfile(candidate) else None

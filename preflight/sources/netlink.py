@@ -1,0 +1,288 @@
+"""Network interfaces and addresses: live through pyroute2 (rtnetlink), replayed from
+``<root>/.preflight/netlink.json``, or read from the files the kernel also exposes.
+
+The file fallback lets a plain copied root work without a recording:
+
+* links from ``/sys/class/net/<if>/{ifindex,mtu,operstate,type,address,uevent}`` and the
+  ``master`` symlink (kernel ABI ``Documentation/ABI/testing/sysfs-class-net``);
+* IPv6 addresses from ``/proc/net/if_inet6`` (hex address, ifindex, prefix length, scope, flags,
+  name per line);
+* IPv4 addresses from ``/proc/net/fib_trie`` (``/32 host LOCAL`` leaves are this host's
+  addresses), attached to the interface of the most specific gateway-less route in
+  ``/proc/net/route`` that contains them.
+
+Replay format: ``{"format": "preflight-netlink/1", "links": [Link...], "addresses": [Address...]}``
+with the field names of the dataclasses below.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+from preflight.sources.fs import NodeFS, SourceError
+
+# ARPHRD_* from include/uapi/linux/if_arp.h, as in /sys/class/net/<if>/type and ifi_type.
+_ARPHRD_NAMES = {1: "ether", 32: "infiniband", 772: "loopback", 776: "sit", 778: "gre", 65534: "none"}
+# rtnetlink scopes (include/uapi/linux/rtnetlink.h) and the if_inet6 scope bits (net/ipv6/addrconf.c).
+_RT_SCOPES = {0: "global", 200: "site", 253: "link", 254: "host", 255: "nowhere"}
+_INET6_SCOPES = {0x00: "global", 0x10: "host", 0x20: "link", 0x40: "site"}
+
+
+@dataclass(frozen=True)
+class Link:
+    """One network interface."""
+
+    name: str  # IFLA_IFNAME / /sys/class/net/<name>
+    index: int  # ifi_index / .../ifindex
+    mtu: int | None  # IFLA_MTU / .../mtu
+    operstate: str  # IFLA_OPERSTATE / .../operstate, lower case ("up", "down", "unknown")
+    link_type: str  # ifi_type / .../type as a name ("ether", "infiniband", "loopback")
+    kind: str  # IFLA_INFO_KIND / DEVTYPE in .../uevent ("bridge", "vlan", "vxlan", "" if none)
+    master: str  # IFLA_MASTER / .../master symlink, "" when the link has no master
+    mac: str  # IFLA_ADDRESS / .../address
+
+
+@dataclass(frozen=True)
+class Address:
+    """One address assigned to an interface."""
+
+    ifname: str
+    family: int  # 4 or 6
+    address: str
+    prefixlen: int
+    scope: str  # "global", "link", "host"
+
+
+class Netlink(Protocol):
+    """What probes may ask about interfaces."""
+
+    def links(self) -> list[Link]: ...
+
+    def addresses(self) -> list[Address]: ...
+
+
+class LiveNetlink:
+    """rtnetlink dumps in the caller's network namespace."""
+
+    def links(self) -> list[Link]:
+        from pyroute2 import IPRoute
+
+        with IPRoute() as ipr:
+            messages = list(ipr.get_links())
+        names = {msg["index"]: msg.get_attr("IFLA_IFNAME") for msg in messages}
+        links = []
+        for msg in messages:
+            info = msg.get_attr("IFLA_LINKINFO")
+            kind = info.get_attr("IFLA_INFO_KIND") if info is not None else None
+            master = msg.get_attr("IFLA_MASTER")
+            links.append(
+                Link(
+                    name=msg.get_attr("IFLA_IFNAME"),
+                    index=msg["index"],
+                    mtu=msg.get_attr("IFLA_MTU"),
+                    operstate=str(msg.get_attr("IFLA_OPERSTATE") or "unknown").lower(),
+                    link_type=_ARPHRD_NAMES.get(msg["ifi_type"], str(msg["ifi_type"])),
+                    kind=kind or "",
+                    master=names.get(master, "") if master else "",
+                    mac=msg.get_attr("IFLA_ADDRESS") or "",
+                )
+            )
+        return sorted(links, key=lambda link: link.index)
+
+    def addresses(self) -> list[Address]:
+        from pyroute2 import IPRoute
+
+        with IPRoute() as ipr:
+            names = {msg["index"]: msg.get_attr("IFLA_IFNAME") for msg in ipr.get_links()}
+            messages = list(ipr.get_addr())
+        found = []
+        for msg in messages:
+            family = 4 if msg["family"] == 2 else 6
+            address = msg.get_attr("IFA_LOCAL") if family == 4 else None
+            found.append(
+                Address(
+                    ifname=names.get(msg["index"], str(msg["index"])),
+                    family=family,
+                    address=address or msg.get_attr("IFA_ADDRESS"),
+                    prefixlen=msg["prefixlen"],
+                    scope=_RT_SCOPES.get(msg["scope"], str(msg["scope"])),
+                )
+            )
+        return found
+
+
+class ReplayNetlink:
+    """Links and addresses from a recorded ``netlink.json``."""
+
+    def __init__(self, document: dict[str, Any], origin: str = "netlink.json", error: str = "") -> None:
+        self._document = document
+        self._origin = origin
+        # A broken recording fails the probes that use it (as unknown), not the whole run.
+        self._error = error
+
+    def _checked(self) -> dict[str, Any]:
+        if self._error:
+            raise SourceError(self._origin, self._error)
+        return self._document
+
+    @classmethod
+    def from_file(cls, path: str) -> ReplayNetlink:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                document = json.load(handle)
+        except (OSError, ValueError) as error:
+            return cls({}, path, f"unreadable netlink recording: {error}")
+        if not isinstance(document, dict):
+            return cls({}, path, "netlink recording is not a JSON object")
+        return cls(document, origin=path)
+
+    def links(self) -> list[Link]:
+        try:
+            return [Link(**item) for item in self._checked().get("links", [])]
+        except TypeError as error:
+            raise SourceError(self._origin, f"malformed link entry: {error}") from None
+
+    def addresses(self) -> list[Address]:
+        try:
+            return [Address(**item) for item in self._checked().get("addresses", [])]
+        except TypeError as error:
+            raise SourceError(self._origin, f"malformed address entry: {error}") from None
+
+
+def dump(netlink: Netlink) -> dict[str, Any]:
+    """The replay document for what ``netlink`` answers now (used by recordings and tests)."""
+    return {
+        "format": "preflight-netlink/1",
+        "links": [asdict(link) for link in netlink.links()],
+        "addresses": [asdict(address) for address in netlink.addresses()],
+    }
+
+
+class FileNetlink:
+    """Links and addresses read from sysfs and procfs under a root."""
+
+    def __init__(self, fs: NodeFS) -> None:
+        self._fs = fs
+
+    def _attr(self, name: str, attr: str) -> str | None:
+        text = self._fs.read(f"/sys/class/net/{name}/{attr}")
+        return None if text is None else text.strip()
+
+    def links(self) -> list[Link]:
+        links = []
+        for name in self._fs.listdir("/sys/class/net") or []:
+            index = _to_int(self._attr(name, "ifindex"))
+            if index is None:
+                continue  # bonding_masters and other non-interface entries
+            arphrd = _to_int(self._attr(name, "type"))
+            master_link = self._fs.readlink(f"/sys/class/net/{name}/master")
+            links.append(
+                Link(
+                    name=name,
+                    index=index,
+                    mtu=_to_int(self._attr(name, "mtu")),
+                    operstate=(self._attr(name, "operstate") or "unknown").lower(),
+                    link_type=_ARPHRD_NAMES.get(arphrd, str(arphrd)) if arphrd is not None else "",
+                    kind=_uevent_devtype(self._attr(name, "uevent")),
+                    master=master_link.rsplit("/", 1)[-1] if master_link else "",
+                    mac=self._attr(name, "address") or "",
+                )
+            )
+        return sorted(links, key=lambda link: link.index)
+
+    def addresses(self) -> list[Address]:
+        found = parse_if_inet6(self._fs.read("/proc/net/if_inet6") or "")
+        trie = self._fs.read("/proc/net/fib_trie") or ""
+        routes = parse_proc_net_route(self._fs.read("/proc/net/route") or "")
+        for local in parse_fib_trie_locals(trie):
+            found.append(_attach_ipv4(local, routes))
+        return found
+
+
+def _to_int(text: str | None) -> int | None:
+    try:
+        return int(text, 0) if text is not None else None
+    except ValueError:
+        return None
+
+
+def _uevent_devtype(uevent: str | None) -> str:
+    for line in (uevent or "").splitlines():
+        if line.startswith("DEVTYPE="):
+            return line.split("=", 1)[1].strip()
+    return ""
+
+
+def parse_if_inet6(text: str) -> list[Address]:
+    """``/proc/net/if_inet6`` lines: ``<32 hex> <ifindex> <plen> <scope> <flags> <name>``."""
+    found = []
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) != 6 or len(fields[0]) != 32:
+            continue
+        try:
+            address = ipaddress.IPv6Address(bytes.fromhex(fields[0]))
+            prefixlen = int(fields[2], 16)
+            scope = _INET6_SCOPES.get(int(fields[3], 16) & 0xF0, fields[3])
+        except ValueError:
+            continue
+        found.append(Address(fields[5], 6, str(address), prefixlen, scope))
+    return found
+
+
+def parse_fib_trie_locals(text: str) -> list[str]:
+    """Addresses of ``/32 host LOCAL`` leaves in ``/proc/net/fib_trie``, in order, once each."""
+    locals_: list[str] = []
+    leaf = ""
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("|-- "):
+            leaf = stripped[4:].strip()
+        elif stripped.startswith("/32") and stripped.endswith("LOCAL") and " host " in f" {stripped} ":
+            if leaf and leaf not in locals_:
+                locals_.append(leaf)
+    return locals_
+
+
+@dataclass(frozen=True)
+class _Route:
+    ifname: str
+    network: ipaddress.IPv4Network
+
+
+def parse_proc_net_route(text: str) -> list[_Route]:
+    """Gateway-less routes of ``/proc/net/route`` (hex, little-endian fields)."""
+    routes = []
+    for line in text.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) < 8:
+            continue
+        try:
+            destination = int(fields[1], 16).to_bytes(4, "little")
+            gateway = int(fields[2], 16)
+            mask = int(fields[7], 16).to_bytes(4, "little")
+            network = ipaddress.IPv4Network(
+                (ipaddress.IPv4Address(destination), str(ipaddress.IPv4Address(mask))), strict=False
+            )
+        except (ValueError, OverflowError):
+            continue
+        if gateway == 0:
+            routes.append(_Route(fields[0], network))
+    return routes
+
+
+def _attach_ipv4(local: str, routes: list[_Route]) -> Address:
+    try:
+        address = ipaddress.IPv4Address(local)
+    except ValueError:
+        return Address("", 4, local, 32, "global")
+    if address.is_loopback:
+        return Address("lo", 4, local, 8, "host")
+    matches = [route for route in routes if address in route.network and route.network.prefixlen > 0]
+    if not matches:
+        return Address("", 4, local, 32, "global")
+    best = max(matches, key=lambda route: route.network.prefixlen)
+    return Address(best.ifname, 4, local, best.network.prefixlen, "global")

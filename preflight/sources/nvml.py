@@ -1,0 +1,159 @@
+"""NVML answers, live through pynvml (package ``nvidia-ml-py``) or replayed from a recording.
+
+The boundary is one call: ``call("nvmlDeviceGetName", index)``. Live, it runs the pynvml function
+of that name on the device handle for ``index`` (or without a handle when ``index`` is None) and
+returns plain Python values (bytes become str, ctypes structs become dicts). Replayed, it looks up
+the same key in ``<root>/.preflight/nvml.json``:
+
+.. code-block:: json
+
+    {"format": "preflight-nvml/1",
+     "init": {"error": "NVML_ERROR_DRIVER_NOT_LOADED"},          # optional: nvmlInit failed
+     "calls": {
+        "nvmlSystemGetDriverVersion": {"result": "550.54.15"},
+        "nvmlDeviceGetCount": {"result": 8},
+        "nvmlDeviceGetName": {"0": {"result": "NVIDIA H100 80GB HBM3"},
+                              "1": {"error": "NVML_ERROR_GPU_IS_LOST"},
+                              "2": {"hang": true}}}}
+
+``error`` names an ``NVML_ERROR_*`` constant; ``hang`` blocks forever, as a wedged driver does
+(the engine's deadline must cope). A call that was never recorded raises ``NVML_NOT_RECORDED``.
+pynvml is imported only when the live source is first used: it costs ~20 ms and dlopens
+``libnvidia-ml.so.1``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any, Protocol
+
+
+class NvmlError(Exception):
+    """An NVML call failed; ``code`` is the ``NVML_ERROR_*`` name (or ``NVML_NOT_RECORDED``)."""
+
+    def __init__(self, code: str, detail: str = "") -> None:
+        super().__init__(f"{code}{': ' + detail if detail else ''}")
+        self.code = code
+
+
+class Nvml(Protocol):
+    """What probes may ask of NVML."""
+
+    def call(self, function: str, index: int | None = None) -> Any:
+        """Run ``function`` (for device ``index``) and return a plain Python value."""
+        ...
+
+
+def plain(value: Any) -> Any:
+    """ctypes results as JSON-friendly values: bytes -> str, structs -> dicts, arrays -> lists."""
+    import ctypes
+
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, ctypes.Structure):
+        return {name: plain(getattr(value, name)) for name, *_ in value._fields_}
+    if isinstance(value, ctypes.Array):
+        return [plain(item) for item in value]
+    if isinstance(value, (list, tuple)):
+        return [plain(item) for item in value]
+    return value
+
+
+class LiveNvml:
+    """pynvml against the real driver. Initialised once, lazily, from any probe thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._module: Any = None
+        self._init_error: NvmlError | None = None
+
+    def _pynvml(self) -> Any:
+        with self._lock:
+            if self._module is None and self._init_error is None:
+                try:
+                    import pynvml
+                except ImportError as error:
+                    self._init_error = NvmlError("NVML_ERROR_LIBRARY_NOT_FOUND", f"pynvml: {error}")
+                else:
+                    try:
+                        pynvml.nvmlInit()
+                        self._module = pynvml
+                    except pynvml.NVMLError as error:
+                        self._init_error = NvmlError(_error_name(pynvml, error), str(error))
+                    except OSError as error:
+                        self._init_error = NvmlError("NVML_ERROR_LIBRARY_NOT_FOUND", str(error))
+            if self._init_error is not None:
+                raise self._init_error
+            return self._module
+
+    def call(self, function: str, index: int | None = None) -> Any:
+        pynvml = self._pynvml()
+        target = getattr(pynvml, function, None)
+        if target is None or not function.startswith("nvml"):
+            raise NvmlError("NVML_ERROR_FUNCTION_NOT_FOUND", function)
+        try:
+            if index is None:
+                return plain(target())
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            return plain(target(handle))
+        except pynvml.NVMLError as error:
+            raise NvmlError(_error_name(pynvml, error), str(error)) from None
+
+
+def _error_name(pynvml: Any, error: Any) -> str:
+    code = getattr(error, "value", None)
+    for name in dir(pynvml):
+        if name.startswith("NVML_ERROR_") and getattr(pynvml, name) == code:
+            return name
+    return "NVML_ERROR_UNKNOWN"
+
+
+class ReplayNvml:
+    """Answers from a recorded ``nvml.json`` (format in the module docstring)."""
+
+    def __init__(self, document: dict[str, Any], origin: str = "nvml.json") -> None:
+        self._origin = origin
+        self._calls: dict[str, Any] = document.get("calls", {}) if isinstance(document, dict) else {}
+        init = document.get("init") if isinstance(document, dict) else None
+        self._init_answer = init if isinstance(init, dict) else None
+
+    @classmethod
+    def from_file(cls, path: str) -> ReplayNvml:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                document = json.load(handle)
+        except (OSError, ValueError) as error:
+            return cls({"init": {"error": "NVML_REPLAY_UNREADABLE", "detail": f"{path}: {error}"}})
+        if not isinstance(document, dict):
+            return cls({"init": {"error": "NVML_REPLAY_UNREADABLE", "detail": f"{path}: not an object"}})
+        return cls(document, origin=path)
+
+    def call(self, function: str, index: int | None = None) -> Any:
+        if self._init_answer is not None:
+            _answer(self._init_answer, "nvmlInit")
+        entry = self._calls.get(function)
+        if entry is not None and index is not None:
+            entry = entry.get(str(index)) if isinstance(entry, dict) else None
+        if not isinstance(entry, dict):
+            where = function if index is None else f"{function}[{index}]"
+            raise NvmlError("NVML_NOT_RECORDED", f"{where} is not in {self._origin}")
+        return _answer(entry, function)
+
+
+def _answer(entry: dict[str, Any], function: str) -> Any:
+    if entry.get("hang"):
+        threading.Event().wait()  # as a wedged driver does: forever
+    if "error" in entry:
+        raise NvmlError(str(entry["error"]), str(entry.get("detail", function)))
+    return entry.get("result")
+
+
+class NoNvml:
+    """Used for a recorded root without an NVML recording: every call says so."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def call(self, function: str, index: int | None = None) -> Any:
+        raise NvmlError("NVML_NOT_RECORDED", self.reason)

@@ -1,0 +1,12 @@
+"""TOML parsing on every supported Python: ``tomllib`` from 3.11, the ``tomli`` backport on 3.10."""
+
+from __future__ import annotations
+
+import sys
+
+if sys.version_info >= (3, 11):
+    from tomllib import TOMLDecodeError, loads
+else:  # pragma: no cover - exercised on Python 3.10 only
+    from tomli import TOMLDecodeError, loads
+
+__all__ = ["TOMLDecodeError", "loads"]
