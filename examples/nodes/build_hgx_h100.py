@@ -1,0 +1,218 @@
+"""Build ``examples/nodes/hgx-h100``: a recorded root of an 8-GPU, 8-NIC HGX H100 node.
+
+The tree is modelled on real kernel formats (sysfs attribute text with trailing newlines, the
+``/proc/<pid>/limits`` table, ``/proc/net/fib_trie``...) with the layout of an HGX H100 board:
+eight H100 SXM GPUs and eight ConnectX-7 NDR HCAs behind four PCIe switches, four NVSwitches,
+one Ethernet management port and an idle ``docker0`` bridge. NVML and DNS answers replay from
+``.preflight/``. Host names and addresses are invented.
+
+Planted misconfigurations (what ``preflight node --root`` finds):
+
+* slurmd runs with memlock 8 MiB and slurm.conf propagates MEMLOCK (MEM001);
+* ``/etc/nccl.conf`` sets NCCL_BUFFSIZE to 256 MiB, more than the 8 MiB limit (MEM002);
+* proprietary driver and no nvidia-peermem: no GPUDirect RDMA path (GDR001);
+* ``/etc/nccl.conf`` enables GDRCopy, but gdrdrv is not loaded (GDR002);
+* ``/etc/hosts`` maps the host name to 127.0.1.1 before its real address (DNS001).
+
+Run ``python examples/nodes/build_hgx_h100.py`` to rebuild the tree after changing this file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+HOSTNAME = "gpu017"
+SLURMD_PID = 2187
+DRIVER = "550.54.15"
+# (GPU bus, NIC bus, PCIe switch downstream bus, root port) per GPU/NIC pair, as on HGX H100.
+PAIRS = [
+    ("18", "1a", "17", "15"), ("2a", "2c", "29", "27"), ("3a", "3c", "39", "37"), ("5d", "5f", "5c", "5a"),
+    ("9a", "9c", "99", "97"), ("ab", "ad", "aa", "a8"), ("ba", "bc", "b9", "b7"), ("db", "dd", "da", "d8"),
+]
+NVSWITCHES = ["0000:05:00.0", "0000:06:00.0", "0000:07:00.0", "0000:08:00.0"]
+LIMITS_ROWS = [
+    ("Max cpu time", "unlimited", "unlimited", "seconds"),
+    ("Max file size", "unlimited", "unlimited", "bytes"),
+    ("Max data size", "unlimited", "unlimited", "bytes"),
+    ("Max stack size", "8388608", "unlimited", "bytes"),
+    ("Max core file size", "0", "unlimited", "bytes"),
+    ("Max resident set", "unlimited", "unlimited", "bytes"),
+    ("Max processes", "2062690", "2062690", "processes"),
+    ("Max open files", "131072", "131072", "files"),
+    ("Max locked memory", "8388608", "8388608", "bytes"),
+    ("Max address space", "unlimited", "unlimited", "bytes"),
+    ("Max file locks", "unlimited", "unlimited", "locks"),
+    ("Max pending signals", "2062690", "2062690", "signals"),
+    ("Max msgqueue size", "819200", "819200", "bytes"),
+    ("Max nice priority", "0", "0", ""),
+    ("Max realtime priority", "0", "0", ""),
+    ("Max realtime timeout", "unlimited", "unlimited", "us"),
+]
+
+
+def limits_table(rows: list[tuple[str, str, str, str]]) -> str:
+    """The fixed-width layout of proc_pid_limits() in fs/proc/base.c, trailing spaces included."""
+    lines = [f"{'Limit':<25} {'Soft Limit':<20} {'Hard Limit':<20} {'Units':<10} "]
+    lines += [f"{name:<25} {soft:<20} {hard:<20} {units:<10} " for name, soft, hard, units in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write(root: str, path: str, text: str | bytes) -> None:
+    full = os.path.join(root, path.lstrip("/"))
+    os.makedirs(os.path.dirname(full), exist_ok=True)
+    mode = "wb" if isinstance(text, bytes) else "w"
+    with open(full, mode) as handle:
+        handle.write(text)
+
+
+def link(root: str, path: str, target: str) -> None:
+    full = os.path.join(root, path.lstrip("/"))
+    os.makedirs(os.path.dirname(full), exist_ok=True)
+    os.symlink(target, full)
+
+
+def pci_device(root: str, bdf: str, parent: str, vendor: str, device: str, klass: str, numa: int) -> str:
+    """A PCI function under /sys/devices with a /sys/bus/pci/devices link; returns its path."""
+    path = f"/sys/devices/{parent}/{bdf}"
+    for name, value in (("vendor", vendor), ("device", device), ("class", klass), ("numa_node", str(numa))):
+        write(root, f"{path}/{name}", value + "\n")
+    link(root, f"/sys/bus/pci/devices/{bdf}", f"../../..{path[len('/sys'):]}")
+    return path
+
+
+def build(root: str) -> None:
+    if os.path.exists(root):
+        shutil.rmtree(root)
+    os.makedirs(root)
+    nvml_devices = {"name": {}, "pci": {}, "uuid": {}}
+    for index, (gpu, nic, switch, port) in enumerate(PAIRS):
+        numa = 0 if index < 4 else 1
+        domain_root = f"pci0000:{port}"
+        bridge = pci_device(root, f"0000:{port}:01.0", domain_root, "0x8086", "0x352a", "0x060400", numa)
+        switch_up = pci_device(root, f"0000:{switch}:00.0", bridge[len('/sys/devices/'):], "0x1000", "0xc030", "0x060400", numa)
+        parent = switch_up[len("/sys/devices/"):]
+        gpu_bdf, nic_bdf = f"0000:{gpu}:00.0", f"0000:{nic}:00.0"
+        pci_device(root, gpu_bdf, parent, "0x10de", "0x2330", "0x030200", numa)
+        write(root, f"/proc/driver/nvidia/gpus/{gpu_bdf}/information", f"Model: \t\t NVIDIA H100 80GB HBM3\nBus Location: \t {gpu_bdf}\n")
+        nic_path = pci_device(root, nic_bdf, parent, "0x15b3", "0x1021", "0x020700", numa)
+        dev = f"mlx5_{index}"
+        ib = f"{nic_path}/infiniband/{dev}"
+        link(root, f"/sys/class/infiniband/{dev}", f"../../devices{ib[len('/sys/devices'):]}")
+        for name, value in (
+            ("node_type", "1: CA"), ("fw_ver", "28.39.1002"), ("hca_type", "MT4129"),
+            ("node_guid", f"a088:c203:00{index:02x}:1e2c"), ("board_id", "MT_0000000838"),
+            ("ports/1/state", "4: ACTIVE"), ("ports/1/phys_state", "5: LinkUp"),
+            ("ports/1/rate", "400 Gb/sec (4X NDR)"), ("ports/1/link_layer", "InfiniBand"),
+            ("ports/1/lid", f"0x{0x41 + index:x}"), ("ports/1/sm_lid", "0x1"),
+        ):
+            write(root, f"{ib}/{name}", value + "\n")
+        netdev = f"ibp{int(nic, 16)}s0"
+        net = f"{nic_path}/net/{netdev}"
+        link(root, f"/sys/class/net/{netdev}", f"../../devices{net[len('/sys/devices'):]}")
+        for name, value in (("ifindex", str(4 + index)), ("mtu", "4092"), ("operstate", "up"), ("type", "32"),
+                            ("address", f"00:00:10:29:fe:80:00:00:00:00:00:00:a0:88:c2:03:00:{index:02x}:1e:2c"),
+                            ("uevent", f"INTERFACE={netdev}\nIFINDEX={4 + index}\n")):
+            write(root, f"{net}/{name}", value + "\n")
+        nvml_devices["name"][str(index)] = {"result": "NVIDIA H100 80GB HBM3"}
+        nvml_devices["pci"][str(index)] = {"result": {"busId": f"0000{gpu_bdf.upper()}", "domain": 0, "bus": int(gpu, 16), "device": 0}}
+        nvml_devices["uuid"][str(index)] = {"result": f"GPU-5f1c7e2a-0c3b-4d7e-9a61-00000000000{index}"}
+    for index, bdf in enumerate(NVSWITCHES):
+        pci_device(root, bdf, "pci0000:00", "0x10de", "0x22a3", "0x068000", 0)
+    # Management Ethernet and an idle docker bridge.
+    for name, index, mtu, state, devtype, mac in (
+        ("lo", 1, "65536", "unknown", "", "00:00:00:00:00:00"),
+        ("eno1", 2, "1500", "up", "", "7c:c2:55:1a:2b:3c"),
+        ("docker0", 3, "1500", "down", "bridge", "02:42:8f:11:22:33"),
+    ):
+        base = f"/sys/devices/virtual/net/{name}" if name != "eno1" else "/sys/devices/pci0000:00/0000:00:1f.6/net/eno1"
+        link(root, f"/sys/class/net/{name}", f"../..{base[len('/sys'):]}")
+        arphrd = "772" if name == "lo" else "1"
+        uevent = f"DEVTYPE={devtype}\nINTERFACE={name}\n" if devtype else f"INTERFACE={name}\n"
+        for attr, value in (("ifindex", str(index)), ("mtu", mtu), ("operstate", state), ("type", arphrd), ("address", mac), ("uevent", uevent)):
+            write(root, f"{base}/{attr}", value + ("" if value.endswith("\n") else "\n"))
+    write(root, "/proc/net/if_inet6",
+          "00000000000000000000000000000001 01 80 10 80       lo\n"
+          "fe800000000000007ec255fffe1a2b3c 02 40 20 80     eno1\n")
+    write(root, "/proc/net/route",
+          "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n"
+          "eno1\t00000000\t01010A0A\t0003\t0\t0\t100\t00000000\t0\t0\t0\n"
+          "eno1\t00000A0A\t00000000\t0001\t0\t0\t100\t0000FFFF\t0\t0\t0\n"
+          "docker0\t000011AC\t00000000\t0001\t0\t0\t0\t0000FFFF\t0\t0\t0\n")
+    write(root, "/proc/net/fib_trie",
+          "Main:\n  +-- 0.0.0.0/0 3 0 5\n     |-- 0.0.0.0\n        /0 universe UNICAST\n"
+          "     +-- 10.10.0.0/16 2 0 2\n        |-- 10.10.0.0\n           /16 link UNICAST\n"
+          "        |-- 10.10.1.17\n           /32 host LOCAL\n"
+          "     +-- 127.0.0.0/8 2 0 2\n        |-- 127.0.0.1\n           /32 host LOCAL\n"
+          "     |-- 172.17.0.1\n        /32 host LOCAL\n"
+          "Local:\n  +-- 0.0.0.0/0 3 0 5\n     |-- 10.10.1.17\n        /32 host LOCAL\n")
+    # Kernel, driver, modules.
+    write(root, "/proc/sys/kernel/hostname", HOSTNAME + "\n")
+    write(root, "/proc/sys/kernel/osrelease", "5.15.0-105-generic\n")
+    write(root, "/sys/module/nvidia/version", DRIVER + "\n")
+    write(root, "/sys/module/mlx5_core/version", "24.01-0.3.3\n")
+    write(root, "/sys/module/ib_core/refcnt", "6\n")
+    write(root, "/proc/driver/nvidia/version",
+          f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {DRIVER}  Tue Mar  5 22:23:56 UTC 2024\n"
+          "GCC version:  gcc version 12.3.0 (Ubuntu 12.3.0-1ubuntu1~22.04)\n")
+    write(root, "/proc/meminfo", "MemTotal:       2113407588 kB\nMemFree:        2001883612 kB\nMemAvailable:   2062330164 kB\n")
+    # The prolog's own process: started by slurmd, so it carries slurmd's limits.
+    write(root, "/proc/self/limits", limits_table(LIMITS_ROWS))
+    write(root, "/proc/self/status", "Name:\tpreflight\nUmask:\t0022\nState:\tR (running)\nUid:\t0\t0\t0\t0\nGid:\t0\t0\t0\t0\nGroups:\t0 \n")
+    environ = {
+        "SLURM_JOB_ID": "4242", "SLURM_SCRIPT_CONTEXT": "prolog_slurmd", "SLURM_JOB_UID": "1001",
+        "SLURM_JOB_GID": "1001", "SLURM_JOB_USER": "alice", "SLURM_JOB_NODELIST": "gpu[017-018]",
+        "SLURMD_NODENAME": HOSTNAME, "PATH": "/usr/bin:/bin", "HOME": "/root",
+    }
+    write(root, "/proc/self/environ", b"".join(f"{k}={v}".encode() + b"\0" for k, v in environ.items()))
+    write(root, f"/proc/{SLURMD_PID}/comm", "slurmd\n")
+    write(root, f"/proc/{SLURMD_PID}/limits", limits_table(LIMITS_ROWS))
+    write(root, "/run/slurmd.pid", f"{SLURMD_PID}\n")
+    # Configuration files.
+    write(root, "/etc/hostname", HOSTNAME + "\n")
+    write(root, "/etc/hosts", f"127.0.0.1\tlocalhost\n127.0.1.1\t{HOSTNAME}.cluster\t{HOSTNAME}\n10.10.1.17\t{HOSTNAME}.cluster\t{HOSTNAME}\n\n"
+          "# The following lines are desirable for IPv6 capable hosts\n::1     ip6-localhost ip6-loopback\n")
+    write(root, "/etc/resolv.conf", "search cluster\nnameserver 10.10.0.2\nnameserver 10.10.0.3\n")
+    write(root, "/etc/group", "root:x:0:\nvideo:x:44:\nalice:x:1001:\nrdma:x:996:alice\n")
+    write(root, "/etc/security/limits.conf", "# /etc/security/limits.conf\n#<domain>      <type>  <item>         <value>\n*               soft    core           0\n")
+    write(root, "/etc/security/limits.d/90-rdma.conf", "*    soft    memlock    unlimited\n*    hard    memlock    unlimited\n")
+    write(root, "/etc/systemd/system.conf", "[Manager]\n#DefaultLimitNOFILE=1024:524288\n#DefaultLimitMEMLOCK=8M\n")
+    write(root, "/lib/systemd/system/slurmd.service",
+          "[Unit]\nDescription=Slurm node daemon\nAfter=munge.service network-online.target remote-fs.target\n\n"
+          "[Service]\nType=simple\nEnvironmentFile=-/etc/default/slurmd\nExecStart=/usr/sbin/slurmd -D -s $SLURMD_OPTIONS\n"
+          "ExecReload=/bin/kill -HUP $MAINPID\nKillMode=process\nLimitNOFILE=131072\nLimitSTACK=infinity\nDelegate=yes\n\n"
+          "[Install]\nWantedBy=multi-user.target\n")
+    write(root, "/etc/slurm/slurm.conf",
+          "ClusterName=example\nSlurmctldHost=head01\nSlurmdPidFile=/run/slurmd.pid\nProctrackType=proctrack/cgroup\n"
+          "TaskPlugin=task/affinity,task/cgroup\nPrologFlags=Alloc,Contain\n"
+          "NodeName=gpu[001-064] CPUs=224 Gres=gpu:h100:8 RealMemory=2000000 State=UNKNOWN\n"
+          "PartitionName=gpu Nodes=gpu[001-064] Default=YES MaxTime=INFINITE State=UP\n")
+    write(root, "/etc/nccl.conf", "NCCL_BUFFSIZE=268435456\nNCCL_GDRCOPY_ENABLE=1\nNCCL_IB_HCA=mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7\n")
+    # Recorded answers for what the kernel does not show as files.
+    nvml = {
+        "format": "preflight-nvml/1",
+        "calls": {
+            "nvmlSystemGetDriverVersion": {"result": DRIVER},
+            "nvmlDeviceGetCount": {"result": len(PAIRS)},
+            "nvmlDeviceGetName": nvml_devices["name"],
+            "nvmlDeviceGetPciInfo": nvml_devices["pci"],
+            "nvmlDeviceGetUUID": nvml_devices["uuid"],
+        },
+    }
+    write(root, "/.preflight/nvml.json", json.dumps(nvml, indent=1) + "\n")
+    dns = {
+        "format": "preflight-dns/1",
+        "nameservers": ["10.10.0.2", "10.10.0.3"],
+        "answers": {
+            f"{HOSTNAME} A": {"addresses": ["10.10.1.17"]},
+            f"{HOSTNAME} AAAA": {"error": "NOANSWER"},
+        },
+    }
+    write(root, "/.preflight/dns.json", json.dumps(dns, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    build(sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "hgx-h100"))
