@@ -295,7 +295,7 @@ def memlock_limit_too_low(memlock: MemlockFacts, expect: Expectations) -> Iterat
             fix="Set LimitMEMLOCK=infinity for slurmd (systemctl edit slurmd), then restart slurmd; "
             "jobs inherit slurmd's limit and cannot raise it above slurmd's hard limit.",
         )
-    elif memlock.slurmd is None and memlock.slurmd_unit is not None:
+    elif memlock.slurmd_pid is None and memlock.slurmd_unit is not None:
         unit_limit = memlock.slurmd_unit_limit or memlock.systemd_default
         soft = unit_limit.soft if unit_limit else SYSTEMD_DEFAULT_MEMLOCK
         if soft < minimum:

@@ -1,0 +1,81 @@
+"""Shared fixtures: the recorded example node, writable copies of it, and CLI runners.
+
+Tests import the *installed* package (``pip install '.[test]'``), so they exercise the same
+layout users get, with ``checks/`` and ``references/`` mapped inside ``preflight``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE_ROOT = REPO / "examples" / "nodes" / "hgx-h100"
+BIN = Path(sys.executable).parent
+
+
+def preflight_command() -> list[str]:
+    script = BIN / "preflight"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "preflight"]
+
+
+@pytest.fixture
+def example_root() -> Path:
+    return EXAMPLE_ROOT
+
+
+@pytest.fixture
+def node_copy(tmp_path: Path) -> Path:
+    """A writable copy of the example node (symlinks kept)."""
+    target = tmp_path / "node"
+    shutil.copytree(EXAMPLE_ROOT, target, symlinks=True)
+    return target
+
+
+def write(root: Path, path: str, text: str | bytes) -> None:
+    full = root / path.lstrip("/")
+    full.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(text, bytes):
+        full.write_bytes(text)
+    else:
+        full.write_text(text)
+
+
+def make_clean(root: Path) -> Path:
+    """Repair every planted misconfiguration of the example node."""
+    for path in ("proc/self/limits", "proc/2187/limits"):
+        full = root / path
+        text = re.sub(r"^(Max locked memory\s+)8388608(\s+)8388608", r"\1unlimited\2unlimited", full.read_text(), flags=re.M)
+        full.write_text(text)
+    write(root, "/etc/slurm/slurm.conf", (root / "etc/slurm/slurm.conf").read_text() + "PropagateResourceLimitsExcept=MEMLOCK\n")
+    write(root, "/etc/nccl.conf", "NCCL_IB_HCA=mlx5\n")
+    write(root, "/sys/module/nvidia_peermem/version", "550.54.15\n")
+    hosts = (root / "etc/hosts").read_text().replace("127.0.1.1\tgpu017.cluster\tgpu017\n", "")
+    write(root, "/etc/hosts", hosts)
+    return root
+
+
+@pytest.fixture
+def clean_root(node_copy: Path) -> Path:
+    return make_clean(node_copy)
+
+
+Runner = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def run_cli() -> Runner:
+    def run(*args: str, timeout: float = 60, env: dict[str, str] | None = None, input: str | None = None) -> subprocess.CompletedProcess[str]:
+        merged = {**os.environ, **(env or {})}
+        return subprocess.run(
+            [*preflight_command(), *args], capture_output=True, text=True, timeout=timeout, env=merged, input=input
+        )
+
+    return run

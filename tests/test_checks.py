@@ -1,0 +1,212 @@
+"""Layer 3: every check on hand-built facts, with a present and an absent case per reference.
+
+Facts start from the example node's probes (so they are realistic) and are varied with
+``dataclasses.replace``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from preflight.checks.gpudirect import DeviceNode, GpuDirectFacts, JobIdentity, gdrcopy_driver_unusable, gpudirect_rdma_unavailable, probe_gpudirect
+from preflight.checks.gpus import GpuFacts, NvmlDevice, gpu_unusable_by_driver, probe_gpus
+from preflight.checks.hostname import HostnameFacts, HostsEntry, hostname_resolution_broken
+from preflight.checks.job import JobFacts, NcclConfFile, probe_job
+from preflight.checks.memlock import Limit, MemlockFacts, PamLimit, memlock_limit_too_low, nccl_buffsize_exceeds_pinned_memory, probe_memlock
+from preflight.config import Expectations
+from preflight.model import NotApplicable, Severity, Status, Unknown
+from preflight.sources import NodeFS, Sources
+from preflight.sources.dns import DnsAnswer
+from preflight.units import UNLIMITED
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "nodes" / "hgx-h100"
+GIB = 1 << 30
+
+
+@pytest.fixture(scope="module")
+def memlock() -> MemlockFacts:
+    return probe_memlock(NodeFS(str(EXAMPLE)))
+
+
+@pytest.fixture(scope="module")
+def gpudirect() -> GpuDirectFacts:
+    return probe_gpudirect(NodeFS(str(EXAMPLE)))
+
+
+@pytest.fixture(scope="module")
+def gpus() -> GpuFacts:
+    return probe_gpus(NodeFS(str(EXAMPLE)), Sources.for_node(str(EXAMPLE)).nvml)
+
+
+def job(environ: dict[str, str] | None = None, conf: dict[str, str] | None = None) -> JobFacts:
+    files = (NcclConfFile("/etc/nccl.conf", tuple((conf or {}).items())),)
+    return JobFacts(environ or {}, "", files)
+
+
+def unlimited(memlock: MemlockFacts) -> MemlockFacts:
+    good = Limit(UNLIMITED, UNLIMITED, "/proc/self/limits")
+    return replace(memlock, process=good, slurmd=replace(good, source="/proc/2187/limits"), memlock_propagated=False)
+
+
+# MEM001 ------------------------------------------------------------------------------------
+def test_mem001_present_for_slurmd_process_and_propagation(memlock: MemlockFacts) -> None:
+    found = list(memlock_limit_too_low(memlock, Expectations()))
+    assert {o.subject for o in found} == {"process", "slurmd", "slurm.conf"}
+    slurmd = next(o for o in found if o.subject == "slurmd")
+    assert slurmd.evidence[0].source == "/proc/2187/limits" and "8 MiB" in slurmd.evidence[0].observed
+    assert next(o for o in found if o.subject == "slurm.conf").severity is Severity.WARNING
+
+
+def test_mem001_absent_when_unlimited_and_not_propagated(memlock: MemlockFacts) -> None:
+    assert list(memlock_limit_too_low(unlimited(memlock), Expectations())) == []
+
+
+def test_mem001_site_minimum_accepts_finite_limits(memlock: MemlockFacts) -> None:
+    finite = replace(unlimited(memlock), slurmd=Limit(64 * GIB, 64 * GIB, "/proc/2187/limits"))
+    assert list(memlock_limit_too_low(finite, Expectations(memlock_min=32 * GIB))) == []
+    assert [o.subject for o in memlock_limit_too_low(finite, Expectations())] == ["slurmd"]
+
+
+def test_mem001_unit_file_when_slurmd_not_running(memlock: MemlockFacts) -> None:
+    stopped = replace(unlimited(memlock), slurmd=None, slurmd_pid=None)
+    found = list(memlock_limit_too_low(stopped, Expectations()))
+    assert [o.subject for o in found] == ["slurmd.service"]
+    with_limit = replace(stopped, slurmd_unit_limit=Limit(UNLIMITED, UNLIMITED, "/etc/systemd/system/slurmd.service.d/memlock.conf"))
+    assert list(memlock_limit_too_low(with_limit, Expectations())) == []
+
+
+def test_mem001_pam_limits_and_not_applicable_without_rdma(memlock: MemlockFacts) -> None:
+    pam = replace(unlimited(memlock), pam_limits=(PamLimit("*", "hard", 64 << 10, "/etc/security/limits.conf:9"),))
+    assert [o.subject for o in memlock_limit_too_low(pam, Expectations())] == ["limits.conf *"]
+    with pytest.raises(NotApplicable):
+        list(memlock_limit_too_low(replace(memlock, rdma_devices=()), Expectations()))
+
+
+def test_mem001_unreadable_limits_is_unknown_not_absent(memlock: MemlockFacts) -> None:
+    facts = replace(unlimited(memlock), slurmd=None, problems=("/proc/2187/limits: permission denied (EACCES); needs root",))
+    found = list(memlock_limit_too_low(facts, Expectations()))
+    assert [(o.status, o.subject) for o in found] == [(Status.UNKNOWN, "/proc/2187/limits")]
+
+
+# MEM002 ------------------------------------------------------------------------------------
+def test_mem002_present_when_buffsize_exceeds_memlock(memlock: MemlockFacts, gpudirect: GpuDirectFacts) -> None:
+    found = list(nccl_buffsize_exceeds_pinned_memory(job(conf={"NCCL_BUFFSIZE": "268435456"}), memlock, gpudirect))
+    assert len(found) == 1 and found[0].evidence[0].source == "/etc/nccl.conf NCCL_BUFFSIZE"
+
+
+def test_mem002_absent_with_default_or_modest_buffsize(memlock: MemlockFacts, gpudirect: GpuDirectFacts) -> None:
+    assert list(nccl_buffsize_exceeds_pinned_memory(job(), memlock, gpudirect)) == []
+    modest = job(environ={"NCCL_BUFFSIZE": "8388608"})
+    assert list(nccl_buffsize_exceeds_pinned_memory(modest, unlimited(memlock), gpudirect)) == []
+
+
+def test_mem002_environment_wins_and_host_memory_bound(memlock: MemlockFacts, gpudirect: GpuDirectFacts) -> None:
+    huge = job(environ={"NCCL_BUFFSIZE": str(8 * GIB)}, conf={"NCCL_BUFFSIZE": "4194304"})
+    found = list(nccl_buffsize_exceeds_pinned_memory(huge, unlimited(memlock), gpudirect))
+    assert len(found) == 1 and found[0].severity is Severity.WARNING
+    assert found[0].evidence[0].source == "/proc/self/environ NCCL_BUFFSIZE"
+
+
+def test_mem002_garbage_value_is_present(memlock: MemlockFacts, gpudirect: GpuDirectFacts) -> None:
+    found = list(nccl_buffsize_exceeds_pinned_memory(job(environ={"NCCL_BUFFSIZE": "4MB"}), unlimited(memlock), gpudirect))
+    assert found and "4MB" in found[0].evidence[0].observed
+
+
+# GDR001 ------------------------------------------------------------------------------------
+def test_gdr001_present_without_peermem_on_proprietary_driver(gpudirect: GpuDirectFacts) -> None:
+    found = list(gpudirect_rdma_unavailable(gpudirect, job()))
+    assert [o.subject for o in found] == ["node"]
+
+
+def test_gdr001_absent_with_peermem_or_dmabuf(gpudirect: GpuDirectFacts) -> None:
+    with_peermem = replace(gpudirect, peer_memory_files=("/sys/module/nvidia_peermem/version",))
+    assert list(gpudirect_rdma_unavailable(with_peermem, job())) == []
+    open_modules = replace(gpudirect, driver_flavour="open")
+    assert list(gpudirect_rdma_unavailable(open_modules, job())) == []
+    disabled = job(environ={"NCCL_DMABUF_ENABLE": "0"})
+    assert len(list(gpudirect_rdma_unavailable(open_modules, disabled))) == 1
+    old_kernel = replace(open_modules, kernel_release="4.18.0-553.el8.x86_64")
+    assert len(list(gpudirect_rdma_unavailable(old_kernel, job()))) == 1
+
+
+def test_gdr001_not_applicable_without_driver_or_rdma(gpudirect: GpuDirectFacts) -> None:
+    with pytest.raises(NotApplicable):
+        list(gpudirect_rdma_unavailable(replace(gpudirect, nvidia_driver=None), job()))
+    with pytest.raises(NotApplicable):
+        list(gpudirect_rdma_unavailable(replace(gpudirect, rdma_devices=()), job()))
+
+
+# GDR002 ------------------------------------------------------------------------------------
+def test_gdr002_present_when_enabled_without_gdrdrv(gpudirect: GpuDirectFacts) -> None:
+    found = list(gdrcopy_driver_unusable(gpudirect, job(conf={"NCCL_GDRCOPY_ENABLE": "1"})))
+    assert [o.subject for o in found] == ["gdrdrv"]
+
+
+def test_gdr002_device_node_missing_or_not_accessible(gpudirect: GpuDirectFacts) -> None:
+    loaded = replace(gpudirect, gdrdrv_loaded=True)
+    enabled = job(environ={"NCCL_GDRCOPY_ENABLE": "1"})
+    assert [o.subject for o in gdrcopy_driver_unusable(loaded, enabled)] == ["/dev/gdrdrv"]
+    node = DeviceNode("/dev/gdrdrv", 0o20660, 0, 44)
+    alice = JobIdentity(1001, (1001, 996), "SLURM_JOB_UID")
+    locked = replace(loaded, gdrdrv_node=node, job_identity=alice)
+    found = list(gdrcopy_driver_unusable(locked, enabled))
+    assert found and "crw-rw----" in found[0].evidence[1].observed
+    member = replace(locked, job_identity=JobIdentity(1001, (1001, 44), "SLURM_JOB_UID"))
+    assert list(gdrcopy_driver_unusable(member, enabled)) == []
+
+
+def test_gdr002_absent_when_not_requested(gpudirect: GpuDirectFacts) -> None:
+    assert list(gdrcopy_driver_unusable(gpudirect, job())) == []
+    assert list(gdrcopy_driver_unusable(gpudirect, job(environ={"NCCL_GDRCOPY_ENABLE": "0"}))) == []
+
+
+# GPU001 ------------------------------------------------------------------------------------
+def test_gpu001_absent_on_healthy_node(gpus: GpuFacts) -> None:
+    assert len(gpus.devices) == 8 and len(gpus.pci_gpus) == 8
+    assert list(gpu_unusable_by_driver(gpus, Expectations(gpu_count=8))) == []
+
+
+def test_gpu001_lost_gpu_missing_gpu_and_version_mismatch(gpus: GpuFacts) -> None:
+    lost = replace(gpus, devices=gpus.devices[:3] + (replace(gpus.devices[3], error="NVML_ERROR_GPU_IS_LOST"),) + gpus.devices[4:])
+    assert [o.subject for o in gpu_unusable_by_driver(lost, Expectations())] == ["GPU3"]
+    missing = replace(gpus, devices=gpus.devices[:7])
+    found = list(gpu_unusable_by_driver(missing, Expectations()))
+    assert found and gpus.pci_gpus[7] in found[0].evidence[1].observed
+    mismatch = replace(gpus, nvml_error="NVML_ERROR_LIB_RM_VERSION_MISMATCH", nvml_detail="RM has detected an NVML/RM version mismatch.", devices=())
+    assert [o.subject for o in gpu_unusable_by_driver(mismatch, Expectations())] == ["node"]
+    assert [o.subject for o in gpu_unusable_by_driver(gpus, Expectations(gpu_count=16))] == ["node"]
+
+
+def test_gpu001_not_applicable_and_unknown(gpus: GpuFacts) -> None:
+    with pytest.raises(NotApplicable):
+        list(gpu_unusable_by_driver(GpuFacts((), "NVML_ERROR_LIBRARY_NOT_FOUND", "", None, (), ()), Expectations()))
+    with pytest.raises(Unknown):
+        list(gpu_unusable_by_driver(replace(gpus, nvml_error="NVML_NOT_RECORDED"), Expectations()))
+
+
+# DNS001 ------------------------------------------------------------------------------------
+def hostname_facts(entries: list[tuple[str, str]], answers: tuple[DnsAnswer, ...] = ()) -> HostnameFacts:
+    hosts = tuple(HostsEntry(address, ("gpu1",), f"/etc/hosts:{n}") for n, (address, _) in enumerate(entries, 1))
+    return HostnameFacts("gpu1", hosts, answers, ())
+
+
+def test_dns001_loopback_first_is_present() -> None:
+    found = list(hostname_resolution_broken(hostname_facts([("127.0.1.1", ""), ("10.0.0.1", "")])))
+    assert found and found[0].evidence[0].source == "/etc/hosts:1"
+
+
+def test_dns001_routable_first_is_absent() -> None:
+    assert list(hostname_resolution_broken(hostname_facts([("10.0.0.1", ""), ("127.0.1.1", "")]))) == []
+
+
+def test_dns001_dns_answers() -> None:
+    good = (DnsAnswer("gpu1", "A", ("10.0.0.1",)), DnsAnswer("gpu1", "AAAA", error="NOANSWER"))
+    assert list(hostname_resolution_broken(hostname_facts([], good))) == []
+    missing = (DnsAnswer("gpu1", "A", error="NXDOMAIN"), DnsAnswer("gpu1", "AAAA", error="NXDOMAIN"))
+    assert len(list(hostname_resolution_broken(hostname_facts([], missing)))) == 1
+    dead = (DnsAnswer("gpu1", "A", error="TIMEOUT"), DnsAnswer("gpu1", "AAAA", error="TIMEOUT"))
+    with pytest.raises(Unknown):
+        list(hostname_resolution_broken(hostname_facts([], dead)))

@@ -1,0 +1,211 @@
+"""Layer 1: parsers on short strings in the kernel's and tools' real formats."""
+
+from __future__ import annotations
+
+import pytest
+
+from preflight.checks.gpudirect import can_read_write, DeviceNode, JobIdentity, parse_group_membership, parse_kernel_version, parse_status_ids
+from preflight.checks.gpus import normalise_bus_id
+from preflight.checks.hostname import parse_hosts
+from preflight.checks.job import parse_environ, parse_nccl_conf
+from preflight.checks.memlock import (
+    Limit,
+    parse_limits_memlock,
+    parse_meminfo_total,
+    parse_pam_limits,
+    parse_slurm_propagation,
+    parse_systemd_limit,
+    parse_unit_setting,
+)
+from preflight.hostlist import HostlistError, expand, matches
+from preflight.sources.dns import parse_resolv_conf
+from preflight.sources.netlink import Address, parse_fib_trie_locals, parse_if_inet6, parse_proc_net_route
+from preflight.units import UNLIMITED, format_size, parse_size
+
+LIMITS = (
+    "Limit                     Soft Limit           Hard Limit           Units     \n"
+    "Max stack size            8388608              unlimited            bytes     \n"
+    "Max locked memory         65536                unlimited            bytes     \n"
+)
+
+
+def test_parse_limits_memlock_reads_soft_and_hard() -> None:
+    assert parse_limits_memlock(LIMITS, "/proc/1/limits") == Limit(65536, UNLIMITED, "/proc/1/limits")
+
+
+def test_parse_limits_memlock_missing_row_and_garbage() -> None:
+    assert parse_limits_memlock("Limit Soft Hard\n", "x") is None
+    assert parse_limits_memlock("Max locked memory  lots  more bytes\n", "x") is None
+
+
+@pytest.mark.parametrize(
+    ("text", "soft", "hard"),
+    [("infinity", UNLIMITED, UNLIMITED), ("8M", 8 << 20, 8 << 20), ("64K:infinity", 64 << 10, UNLIMITED), ("1048576", 1 << 20, 1 << 20)],
+)
+def test_parse_systemd_limit(text: str, soft: int, hard: int) -> None:
+    assert parse_systemd_limit(text, "unit") == Limit(soft, hard, "unit")
+
+
+def test_parse_systemd_limit_rejects_garbage() -> None:
+    assert parse_systemd_limit("lots", "unit") is None
+    assert parse_systemd_limit("", "unit") is None
+
+
+def test_parse_unit_setting_last_wins_and_empty_resets() -> None:
+    text = "[Service]\nLimitMEMLOCK=8M\n# LimitMEMLOCK=1\nLimitMEMLOCK=infinity\n"
+    assert parse_unit_setting(text, "LimitMEMLOCK") == "infinity"
+    assert parse_unit_setting(text + "LimitMEMLOCK=\n", "LimitMEMLOCK") is None
+
+
+def test_parse_pam_limits_kib_and_unlimited() -> None:
+    text = "# comment\n*  hard  memlock  65536\n@hpc - memlock unlimited\nalice soft nofile 1024\n"
+    entries = parse_pam_limits(text, "/etc/security/limits.conf")
+    assert [(e.domain, e.kind, e.value, e.source) for e in entries] == [
+        ("*", "hard", 65536 * 1024, "/etc/security/limits.conf:2"),
+        ("@hpc", "-", UNLIMITED, "/etc/security/limits.conf:3"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "propagated"),
+    [
+        ("ClusterName=x\n", True),
+        ("PropagateResourceLimitsExcept=MEMLOCK\n", False),
+        ("propagateresourcelimitsexcept=NOFILE,MEMLOCK # comment\n", False),
+        ("PropagateResourceLimitsExcept=NOFILE\n", True),
+        ("PropagateResourceLimits=NONE\n", False),
+        ("PropagateResourceLimits=ALL\n", True),
+        ("PropagateResourceLimits=CORE,MEMLOCK\n", True),
+        ("#PropagateResourceLimitsExcept=MEMLOCK\n", True),
+    ],
+)
+def test_parse_slurm_propagation(text: str, propagated: bool) -> None:
+    assert parse_slurm_propagation(text)[0] is propagated
+
+
+def test_parse_meminfo_total() -> None:
+    assert parse_meminfo_total("MemTotal:       16318508 kB\nMemFree: 1 kB\n") == 16318508 * 1024
+    assert parse_meminfo_total("garbage") is None
+
+
+def test_parse_environ_keeps_only_communication_variables() -> None:
+    data = b"NCCL_BUFFSIZE=8388608\0SECRET_TOKEN=abc\0SLURM_JOB_ID=7\0HOME=/home/a\0junk\0"
+    assert parse_environ(data) == {"NCCL_BUFFSIZE": "8388608", "SLURM_JOB_ID": "7", "HOME": "/home/a"}
+
+
+def test_parse_nccl_conf_does_not_trim_like_nccl() -> None:
+    text = "# comment\nNCCL_DEBUG=INFO\nNCCL_IB_HCA = mlx5_0\nno equals sign\n"
+    assert parse_nccl_conf(text) == (("NCCL_DEBUG", "INFO"), ("NCCL_IB_HCA ", " mlx5_0"))
+
+
+def test_parse_if_inet6() -> None:
+    text = "fe800000000000007ec255fffe1a2b3c 02 40 20 80     eno1\n00000000000000000000000000000001 01 80 10 80 lo\nbad line\n"
+    assert parse_if_inet6(text) == [
+        Address("eno1", 6, "fe80::7ec2:55ff:fe1a:2b3c", 64, "link"),
+        Address("lo", 6, "::1", 128, "host"),
+    ]
+
+
+FIB_TRIE = """Main:
+  +-- 0.0.0.0/0 3 0 5
+     |-- 0.0.0.0
+        /0 universe UNICAST
+     +-- 10.10.0.0/16 2 0 2
+        |-- 10.10.0.0
+           /16 link UNICAST
+        |-- 10.10.1.17
+           /32 host LOCAL
+Local:
+  +-- 0.0.0.0/0 3 0 5
+     |-- 10.10.1.17
+        /32 host LOCAL
+"""
+
+
+def test_parse_fib_trie_locals_once_each() -> None:
+    assert parse_fib_trie_locals(FIB_TRIE) == ["10.10.1.17"]
+
+
+def test_parse_proc_net_route_keeps_connected_routes() -> None:
+    text = "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\n" "eno1\t00000000\t01010A0A\t0003\t0\t0\t0\t00000000\n" "eno1\t00000A0A\t00000000\t0001\t0\t0\t0\t0000FFFF\n"
+    routes = parse_proc_net_route(text)
+    assert [(r.ifname, str(r.network)) for r in routes] == [("eno1", "10.10.0.0/16")]
+
+
+@pytest.mark.parametrize(
+    ("expression", "hosts"),
+    [
+        ("gpu[001-003]", ["gpu001", "gpu002", "gpu003"]),
+        ("gpu[1,3-4],cpu7", ["gpu1", "gpu3", "gpu4", "cpu7"]),
+        ("r[1-2]n[01-02]", ["r1n01", "r1n02", "r2n01", "r2n02"]),
+        ("login", ["login"]),
+    ],
+)
+def test_hostlist_expand(expression: str, hosts: list[str]) -> None:
+    assert expand(expression) == hosts
+
+
+@pytest.mark.parametrize("bad", ["gpu[1-", "gpu]1[", "gpu[a-b]", "gpu[5-1]", "n[0-99999999]"])
+def test_hostlist_rejects_bad_expressions(bad: str) -> None:
+    with pytest.raises(HostlistError):
+        expand(bad)
+
+
+def test_hostlist_matches_globs_ranges_and_short_names() -> None:
+    assert matches("gpu[001-064]", "gpu017.cluster")
+    assert not matches("gpu[001-016]", "gpu017")
+    assert matches("login*,gpu0[1-2]", "gpu02")
+
+
+@pytest.mark.parametrize(("text", "value"), [("unlimited", UNLIMITED), ("64GiB", 64 << 30), ("8M", 8 << 20), (4096, 4096), ("1.5K", 1536)])
+def test_parse_size(text: object, value: int) -> None:
+    assert parse_size(text) == value
+
+
+@pytest.mark.parametrize("bad", ["lots", -1, "12 parsecs", None])
+def test_parse_size_rejects(bad: object) -> None:
+    with pytest.raises(ValueError):
+        parse_size(bad)
+
+
+def test_format_size() -> None:
+    assert format_size(8 << 20) == "8 MiB"
+    assert format_size(UNLIMITED) == "unlimited"
+    assert format_size(1536) == "1.5 KiB"
+    assert format_size(None) == "unknown"
+
+
+def test_parse_resolv_conf() -> None:
+    conf = parse_resolv_conf("# x\nnameserver 10.0.0.2\nsearch a.example b.example\nnameserver 10.0.0.3 ; tail\n")
+    assert conf.nameservers == ("10.0.0.2", "10.0.0.3")
+    assert conf.search == ("a.example", "b.example")
+
+
+def test_parse_hosts() -> None:
+    entries = parse_hosts("127.0.0.1 localhost\n127.0.1.1\tgpu1.cluster gpu1 # installer\n\n")
+    assert entries[1].address == "127.0.1.1" and entries[1].names == ("gpu1.cluster", "gpu1") and entries[1].source == "/etc/hosts:2"
+
+
+def test_normalise_bus_id() -> None:
+    assert normalise_bus_id("00000000:18:00.0") == "0000:18:00.0"
+    assert normalise_bus_id("0000:AB:00.0") == "0000:ab:00.0"
+
+
+def test_parse_kernel_version() -> None:
+    assert parse_kernel_version("5.15.0-105-generic") == (5, 15)
+    assert parse_kernel_version("garbage") is None
+
+
+def test_parse_status_ids_and_groups() -> None:
+    status = "Name:\tbash\nUid:\t1001\t1001\t1001\t1001\nGid:\t1001\t1001\t1001\t1001\nGroups:\t44 996 \n"
+    assert parse_status_ids(status) == (1001, (1001, 44, 996))
+    assert parse_status_ids("Name: x\n") is None
+    assert parse_group_membership("video:x:44:bob,alice\nrdma:x:996:carol\n", "alice") == (44,)
+
+
+def test_can_read_write_uses_owner_group_other_bits() -> None:
+    node = DeviceNode("/dev/gdrdrv", 0o20660, 0, 44)
+    assert can_read_write(node, JobIdentity(1001, (1001, 44), "t"))
+    assert not can_read_write(node, JobIdentity(1001, (1001,), "t"))
+    assert can_read_write(node, JobIdentity(0, (0,), "t"))
+    assert can_read_write(DeviceNode("/dev/gdrdrv", 0o20666, 0, 0), JobIdentity(1001, (1001,), "t"))
