@@ -1,0 +1,165 @@
+"""Layer 4: the installed ``preflight`` command end to end on recorded roots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from conftest import REPO, Runner, write
+
+SCHEMA = json.loads((REPO / "preflight" / "schemas" / "report-v1.schema.json").read_text())
+
+
+def findings(report: dict[str, object], status: str = "present") -> set[tuple[str, str]]:
+    return {(f["id"], f["subject"]) for f in report["findings"] if f["status"] == status}  # type: ignore[index,union-attr]
+
+
+def test_example_node_json_is_valid_and_finds_planted_problems(run_cli: Runner, example_root: Path) -> None:
+    result = run_cli("node", "--root", str(example_root), "--format", "json")
+    assert result.returncode == 2, result.stderr
+    report = json.loads(result.stdout)
+    jsonschema.validate(report, SCHEMA)
+    assert findings(report) == {
+        ("MEM001", "process"), ("MEM001", "slurmd"), ("MEM001", "slurm.conf"), ("MEM002", "NCCL_BUFFSIZE"),
+        ("GDR001", "node"), ("GDR002", "gdrdrv"), ("DNS001", "gpu017"),
+    }
+    assert findings(report, "absent") == {("GPU001", "node")}
+    assert report["host"] == "gpu017" and {p["status"] for p in report["probes"]} == {"ok"}
+    assert report["facts"]["gpus"]["devices"][0]["bus_id"] == "0000:18:00.0"
+    assert {link["name"] for link in report["facts"]["interfaces"]["links"]} >= {"eno1", "docker0", "ibp26s0"}
+
+
+def test_golden_json_for_example_node(run_cli: Runner, example_root: Path) -> None:
+    """The whole report minus timings equals the committed golden file."""
+    result = run_cli("node", "--root", str(example_root), "--format", "json")
+    report = json.loads(result.stdout)
+    for volatile in ("started_at", "duration_s", "root"):
+        report.pop(volatile)
+    for probe in report["probes"]:
+        probe.pop("duration_s")
+    golden = REPO / "tests" / "golden" / "hgx-h100.json"
+    assert report == json.loads(golden.read_text())
+
+
+def test_clean_root_exits_zero(run_cli: Runner, clean_root: Path) -> None:
+    result = run_cli("node", "--root", str(clean_root), "--format", "json")
+    assert result.returncode == 0, result.stdout
+    assert findings(json.loads(result.stdout)) == set()
+
+
+def test_warning_only_exits_one(run_cli: Runner, clean_root: Path) -> None:
+    write(clean_root, "/etc/slurm/slurm.conf", "ClusterName=x\n")  # MEMLOCK propagated again: a warning
+    result = run_cli("node", "--root", str(clean_root))
+    assert result.returncode == 1, result.stdout
+    assert "WARNING" in result.stdout and "slurm.conf" in result.stdout
+
+
+def test_table_groups_by_severity_and_hides_absent(run_cli: Runner, example_root: Path) -> None:
+    result = run_cli("node", "--root", str(example_root))
+    out = result.stdout
+    assert out.index("ERROR") < out.index("WARNING") < out.index("HOW TO FIX")
+    assert "GPU001" not in out and "ABSENT" not in out
+    assert "7 present (6 error, 1 warning), 0 unknown, 1 absent, 0 not applicable." in out
+    assert "GPU001" in run_cli("node", "--root", str(example_root), "--show-all").stdout
+
+
+def test_select_and_ignore_by_prefix_and_symbol(run_cli: Runner, example_root: Path) -> None:
+    result = run_cli("node", "--root", str(example_root), "--format", "json", "--select", "MEM,gpu-unusable-by-driver", "--ignore", "MEM002")
+    assert {f["id"] for f in json.loads(result.stdout)["findings"]} == {"MEM001", "GPU001"}
+    bad = run_cli("node", "--root", str(example_root), "--select", "NOPE")
+    assert bad.returncode == 3 and "matches no reference" in bad.stderr
+
+
+def test_prolog_profile_skips_full_only_probes(run_cli: Runner, example_root: Path) -> None:
+    report = json.loads(run_cli("node", "--root", str(example_root), "--format", "json", "--profile", "prolog").stdout)
+    assert "interfaces" not in {p["name"] for p in report["probes"]}
+    assert report["profile"] == "prolog"
+
+
+def test_prometheus_output(run_cli: Runner, example_root: Path) -> None:
+    out = run_cli("node", "--root", str(example_root), "--format", "prometheus").stdout
+    assert 'preflight_reference_status{id="MEM001",symbol="memlock-limit-too-low",severity="error",status="present"} 1' in out
+    assert 'preflight_reference_status{id="GPU001",symbol="gpu-unusable-by-driver",severity="critical",status="absent"} 1' in out
+    assert 'preflight_probe_success{probe="memlock"} 1' in out
+    for line in out.splitlines():
+        assert line.startswith("#") or line.count(" ") >= 1 and line.rsplit(" ", 1)[1].replace(".", "").isdigit()
+
+
+def test_junit_output(run_cli: Runner, example_root: Path) -> None:
+    from xml.etree import ElementTree
+
+    suite = ElementTree.fromstring(run_cli("node", "--root", str(example_root), "--format", "junit").stdout)
+    assert suite.get("tests") == "6" and suite.get("failures") == "5"
+    failed = {case.get("name", "").split()[0] for case in suite if case.find("failure") is not None}
+    assert failed == {"MEM001", "MEM002", "GDR001", "GDR002", "DNS001"}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--root", "/nonexistent/root"], "no such directory"),
+        (["--format", "yaml"], "--format"),
+        (["--profile", "fast"], "--profile"),
+        (["--timeout", "-1"], "--timeout"),
+        (["--config", "/nonexistent.toml"], "no such file"),
+        (["--bogus"], "No such option"),
+    ],
+)
+def test_bad_arguments_exit_3_without_traceback(run_cli: Runner, example_root: Path, args: list[str], message: str) -> None:
+    result = run_cli("node", *([] if "--root" in args else ["--root", str(example_root)]), *args)
+    assert result.returncode == 3
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_config_typo_names_file_line_and_key(run_cli: Runner, example_root: Path, tmp_path: Path) -> None:
+    config = tmp_path / "preflight.toml"
+    config.write_text("[run]\ntimeout = 5\n\n[expect]\nmemlock_minimum = \"unlimited\"\n")
+    result = run_cli("node", "--root", str(example_root), "--config", str(config))
+    assert result.returncode == 3
+    assert f"{config}:5: expect.memlock_minimum: unknown key" in result.stderr
+
+
+def test_config_on_the_node_sets_expectations_and_severity(run_cli: Runner, node_copy: Path) -> None:
+    write(node_copy, "/etc/preflight/preflight.toml", '[expect]\nmemlock_min = "4MiB"\n\n[[hosts]]\nmatch = "gpu[001-032]"\nseverity = { DNS001 = "warning" }\ndisable = ["GDR002"]\n')
+    report = json.loads(run_cli("node", "--root", str(node_copy), "--format", "json").stdout)
+    assert ("MEM001", "slurmd") not in findings(report)  # 8 MiB satisfies a 4 MiB minimum
+    assert "GDR002" not in {f["id"] for f in report["findings"]}
+    assert {f["severity"] for f in report["findings"] if f["id"] == "DNS001"} == {"warning"}
+    assert report["config"] == "/etc/preflight/preflight.toml"
+
+
+def test_references_list_and_show(run_cli: Runner) -> None:
+    listed = json.loads(run_cli("references", "list", "--format", "json").stdout)
+    assert {r["id"] for r in listed} >= {"MEM001", "MEM002", "GDR001", "GDR002", "GPU001", "DNS001"}
+    shown = run_cli("references", "show", "memlock-limit-too-low")
+    assert shown.returncode == 0 and "OFI Memlock Exhaustion" in shown.stdout and "Sources" in shown.stdout
+    assert run_cli("references", "show", "XYZ999").returncode == 3
+
+
+def test_version(run_cli: Runner) -> None:
+    from preflight import __version__
+
+    result = run_cli("--version")
+    assert result.returncode == 0 and result.stdout.strip() == f"preflight {__version__}"
+
+
+def test_fast_path_and_typer_accept_the_same_node_options() -> None:
+    import typer.main
+
+    from preflight.cli import app
+    from preflight.launcher import NODE_OPTIONS
+
+    command = typer.main.get_command(app).commands["node"]  # type: ignore[attr-defined]
+    typer_options = {opt for param in command.params for opt in param.opts}
+    assert typer_options - {"--help"} == set(NODE_OPTIONS)
+
+
+def test_live_node_runs_without_crashing(run_cli: Runner) -> None:
+    result = run_cli("node", "--format", "json", "--show-all")
+    assert result.returncode in (0, 1, 2), result.stderr
+    report = json.loads(result.stdout)
+    jsonschema.validate(report, SCHEMA)
+    assert report["root"] == "/"
