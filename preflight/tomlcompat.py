@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 if sys.version_info >= (3, 11):
-    from tomllib import TOMLDecodeError, loads
+    from tomllib import TOMLDecodeError, loads  # novermin: guarded by the version check above
 else:  # pragma: no cover - exercised on Python 3.10 only
     from tomli import TOMLDecodeError, loads
 

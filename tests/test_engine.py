@@ -1,0 +1,220 @@
+"""The engine under stress: hung sources, failing probes, registration mistakes, plugins."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import Runner, write
+from preflight.discovery import build_registry, directory_modules
+from preflight.registry import RegistrationError, Registry, check, probe
+
+
+def _hang_nvml(root: Path) -> None:
+    nvml = json.loads((root / ".preflight/nvml.json").read_text())
+    nvml["calls"]["nvmlDeviceGetCount"] = {"hang": True}
+    write(root, "/.preflight/nvml.json", json.dumps(nvml))
+
+
+def test_blocking_nvml_becomes_unknown_within_deadline(run_cli: Runner, node_copy: Path) -> None:
+    _hang_nvml(node_copy)
+    write(node_copy, "/etc/preflight/preflight.toml", "[run]\nprobe_timeout = 1.0\n")
+    begin = time.monotonic()
+    result = run_cli("node", "--root", str(node_copy), "--format", "json", "--timeout", "2")
+    elapsed = time.monotonic() - begin
+    report = json.loads(result.stdout)
+    gpu = [f for f in report["findings"] if f["id"] == "GPU001"]
+    assert gpu[0]["status"] == "unknown" and "probe gpus: timed out after 1.0 s" in gpu[0]["reason"]
+    assert report["duration_s"] < 2.5
+    assert elapsed < 2.0 + 0.5 + 1.5  # interpreter start-up on a 2-core machine included
+    # Every other reference is still decided.
+    assert {f["status"] for f in report["findings"] if f["id"] != "GPU001"} <= {"present", "absent"}
+
+
+def test_global_deadline_bounds_the_run(run_cli: Runner, node_copy: Path) -> None:
+    _hang_nvml(node_copy)
+    begin = time.monotonic()
+    result = run_cli("node", "--root", str(node_copy), "--format", "json", "--timeout", "1.5")
+    report = json.loads(result.stdout)
+    assert report["duration_s"] < 1.5 + 0.5
+    assert time.monotonic() - begin < 1.5 + 0.5 + 1.5
+    assert next(p for p in report["probes"] if p["name"] == "gpus")["status"] == "timeout"
+
+
+@pytest.fixture
+def silent_dns_server() -> tuple[str, int]:
+    """A real UDP server on loopback that receives queries and never answers."""
+    server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    server.bind(("127.0.0.77", 0))
+    stop = threading.Event()
+
+    def swallow() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                server.recvfrom(4096)
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=swallow, daemon=True)
+    thread.start()
+    yield server.getsockname()
+    stop.set()
+    thread.join()
+    server.close()
+
+
+def test_dns_server_that_never_answers(run_cli: Runner, node_copy: Path, silent_dns_server: tuple[str, int]) -> None:
+    address, port = silent_dns_server
+    hosts = (node_copy / "etc/hosts").read_text().replace("gpu017", "otherhost")
+    write(node_copy, "/etc/hosts", hosts)  # force a DNS query for this host's name
+    (node_copy / ".preflight/dns.json").unlink()
+    config = f'[run]\nprobe_timeout = 1.0\n\n[dns]\nnameservers = ["{address}"]\nport = {port}\nlifetime = 30\n'
+    write(node_copy, "/etc/preflight/preflight.toml", config)
+    begin = time.monotonic()
+    report = json.loads(run_cli("node", "--root", str(node_copy), "--format", "json", "--select", "DNS").stdout)
+    assert time.monotonic() - begin < 1.0 + 0.5 + 1.5
+    finding = report["findings"][0]
+    assert finding["status"] == "unknown" and "timed out after 1.0 s" in finding["reason"]
+
+
+def test_dns_lifetime_shorter_than_deadline_reports_timeout(run_cli: Runner, node_copy: Path, silent_dns_server: tuple[str, int]) -> None:
+    address, port = silent_dns_server
+    write(node_copy, "/etc/hosts", "127.0.0.1 localhost\n")
+    (node_copy / ".preflight/dns.json").unlink()
+    write(node_copy, "/etc/preflight/preflight.toml", f'[dns]\nnameservers = ["{address}"]\nport = {port}\nlifetime = 0.3\n')
+    report = json.loads(run_cli("node", "--root", str(node_copy), "--format", "json", "--select", "DNS001").stdout)
+    finding = report["findings"][0]
+    assert finding["status"] == "unknown" and "TIMEOUT" in finding["reason"]
+
+
+def test_duplicate_probe_from_site_dir_is_rejected(run_cli: Runner, example_root: Path, tmp_path: Path) -> None:
+    plugin = tmp_path / "site_checks"
+    plugin.mkdir()
+    (plugin / "broken.py").write_text(textwrap.dedent('''
+        from preflight.registry import probe
+
+        @probe("memlock")
+        def probe_memlock_override(fs):
+            raise RuntimeError("boom")
+    '''))
+    result = run_cli("node", "--root", str(example_root), "--checks-dir", str(plugin))
+    assert result.returncode == 3 and "probe memlock is defined twice" in result.stderr
+
+
+def test_probe_that_raises_makes_its_references_unknown(example_root: Path) -> None:
+    from preflight.config import HostConfig
+    from preflight.engine import RunOptions, run
+    from preflight.sources import Sources
+
+    @probe("wedged")
+    def probe_wedged(fs):  # type: ignore[no-untyped-def]
+        raise OSError("device wedged")
+
+    @check("GPU001")
+    def gpu_unusable_by_driver(wedged):  # type: ignore[no-untyped-def]
+        return []
+
+    registry = Registry()
+    registry.add_probe(probe_wedged.__preflight_probe__)  # type: ignore[attr-defined]
+    registry.add_check(gpu_unusable_by_driver.__preflight_check__)  # type: ignore[attr-defined]
+    registry.validate({"GPU001": "gpu-unusable-by-driver"})
+    report = run(registry, Sources.for_node(str(example_root)), HostConfig(), RunOptions(), "gpu017")
+    (finding,) = report.findings
+    assert finding.status.value == "unknown" and finding.reason == "probe wedged: OSError: device wedged"
+    assert report.probes[0].status == "error"
+
+
+def test_site_checks_dir_cannot_redefine_a_builtin_check(run_cli: Runner, example_root: Path, tmp_path: Path) -> None:
+    site = tmp_path / "checks.d"
+    site.mkdir()
+    (site / "extra.py").write_text(textwrap.dedent('''
+        from preflight.registry import check, probe
+
+        @probe("flaky")
+        def probe_flaky(fs):
+            raise OSError("device wedged")
+
+        @check("GPU001")
+        def gpu_unusable_by_driver(flaky):
+            return []
+    '''))
+    result = run_cli("node", "--root", str(example_root), "--checks-dir", str(site))
+    assert result.returncode == 3 and "check GPU001 is defined twice" in result.stderr
+
+
+def test_registration_errors_are_loud() -> None:
+    with pytest.raises(RegistrationError, match="not sources"):
+        probe("x")(lambda sockets: None)
+    with pytest.raises(RegistrationError, match="AREA"):
+        check("mem1")
+    with pytest.raises(RegistrationError, match=r"\*args"):
+        check("MEM001")(lambda *facts: [])
+
+    @check("ZZZ999")
+    def nothing_here(memlock):  # type: ignore[no-untyped-def]
+        return []
+
+    registry = Registry()
+    registry.add_check(nothing_here.__preflight_check__)  # type: ignore[attr-defined]
+    with pytest.raises(RegistrationError, match="no reference ZZZ999"):
+        registry.validate({})
+
+    @check("MEM001")
+    def misnamed(unknown_probe):  # type: ignore[no-untyped-def]
+        return []
+
+    registry = Registry()
+    registry.add_check(misnamed.__preflight_check__)  # type: ignore[attr-defined]
+    with pytest.raises(RegistrationError, match="must be named memlock_limit_too_low.*name no probe"):
+        registry.validate({"MEM001": "memlock-limit-too-low"})
+
+
+def test_entry_point_plugin_is_discovered(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A distribution that declares ``preflight.checks`` entry points is loaded and validated."""
+    (tmp_path / "acme_checks.py").write_text(textwrap.dedent('''
+        from preflight.registry import probe
+
+        @probe("acme_inventory", gather_in=("full",))
+        def probe_acme_inventory(fs):
+            return {"racks": 1}
+    '''))
+    dist = tmp_path / "acme_checks-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-checks\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[preflight.checks]\nacme = acme_checks\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry = build_registry()
+    assert "acme_inventory" in registry.probes
+    (dist / "entry_points.txt").write_text("[preflight.checks]\nacme = acme_missing_module\n")
+    with pytest.raises(RegistrationError, match="plugin acme"):
+        build_registry()
+    sys.modules.pop("acme_checks", None)
+
+
+def test_checks_dir_import_error_is_reported(tmp_path: Path) -> None:
+    (tmp_path / "bad.py").write_text("import does_not_exist\n")
+    with pytest.raises(RegistrationError, match="bad.py failed to import"):
+        directory_modules(str(tmp_path))
+    with pytest.raises(RegistrationError, match="checks-dir"):
+        directory_modules(str(tmp_path / "missing"))
+
+
+def test_many_runs_in_one_process_do_not_leak_threads(example_root: Path) -> None:
+    from preflight.config import HostConfig
+    from preflight.engine import RunOptions, run
+    from preflight.sources import Sources
+
+    registry = build_registry()
+    before = threading.active_count()
+    for _ in range(30):
+        report = run(registry, Sources.for_node(str(example_root)), HostConfig(), RunOptions(), "gpu017")
+        assert len(report.findings) >= 6
+    assert threading.active_count() <= before + 1

@@ -1,0 +1,40 @@
+"""The prolog path must not pay for imports it does not use (DESIGN.md: import cost is part of
+the budget). Measured with ``python -X importtime`` on the real command."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+HEAVY = {"typer", "pydantic", "rich", "click", "pyroute2", "dns", "pynvml", "pyudev", "tabulate"}
+
+
+def imported_top_level(args: list[str]) -> set[str]:
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "import sys; from preflight.launcher import main; main(sys.argv[1:])", *args],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode in (0, 1, 2), result.stderr[-2000:]
+    modules = set()
+    for line in result.stderr.splitlines():
+        if line.startswith("import time:") and "|" in line:
+            modules.add(line.rsplit("|", 1)[1].strip().split(".")[0])
+    return modules
+
+
+def test_prolog_json_on_recorded_root_imports_nothing_heavy(example_root: Path) -> None:
+    modules = imported_top_level(["node", "--root", str(example_root), "--profile", "prolog", "--format", "json"])
+    assert "preflight" in modules
+    assert modules & HEAVY == set()
+
+
+def test_table_output_imports_tabulate_but_not_the_cli_framework(example_root: Path) -> None:
+    modules = imported_top_level(["node", "--root", str(example_root), "--profile", "prolog"])
+    assert "tabulate" in modules
+    assert modules & {"typer", "pydantic", "rich", "click", "pyroute2", "pynvml"} == set()
+
+
+def test_live_nvml_is_imported_only_by_the_probe_that_uses_it(example_root: Path) -> None:
+    modules = imported_top_level(["node", "--root", str(example_root), "--profile", "prolog", "--format", "json", "--select", "MEM"])
+    assert "pynvml" not in modules and "dns" not in modules
