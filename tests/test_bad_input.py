@@ -1,0 +1,120 @@
+"""Bad input never crashes the run: missing, empty, garbage, oversized, looping or unreadable
+node files give a report (with unknown where facts could not be read), never a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from conftest import EXAMPLE_ROOT, REPO, Runner, preflight_command
+
+SCHEMA = json.loads((REPO / "preflight" / "schemas" / "report-v1.schema.json").read_text())
+FILES = [
+    "proc/self/limits", "proc/2187/limits", "proc/self/environ", "proc/self/status", "proc/meminfo",
+    "sys/module/nvidia/version", "proc/driver/nvidia/version", "proc/sys/kernel/hostname",
+    "proc/sys/kernel/osrelease", "etc/hosts", "etc/nccl.conf", "etc/slurm/slurm.conf", "run/slurmd.pid",
+    ".preflight/nvml.json", ".preflight/dns.json", "sys/bus/pci/devices/0000:18:00.0/vendor",
+    "etc/systemd/system.conf", "etc/security/limits.d/90-rdma.conf", "proc/net/fib_trie",
+]
+
+
+def mutate(root: Path, relative: str, how: str) -> None:
+    target = root / relative
+    if target.is_symlink() or target.exists():
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        else:
+            target.unlink()
+    if how == "missing":
+        return
+    if how == "empty":
+        target.write_bytes(b"")
+    elif how == "garbage":
+        target.write_bytes(b"\xff\xfe\x00garbage\x80\n" * 50)
+    elif how == "directory":
+        target.mkdir()
+    elif how == "huge":
+        with open(target, "wb") as handle:
+            handle.truncate(5 * 1024 * 1024)
+    elif how == "loop":
+        os.symlink(target.name, target)
+
+
+@pytest.mark.parametrize("how", ["missing", "empty", "garbage", "directory", "huge", "loop"])
+@pytest.mark.parametrize("relative", FILES)
+def test_mutated_file_gives_a_report(run_cli: Runner, node_copy: Path, relative: str, how: str) -> None:
+    mutate(node_copy, relative, how)
+    result = run_cli("node", "--root", str(node_copy), "--format", "json")
+    assert "Traceback" not in result.stderr
+    assert result.returncode in (0, 1, 2), result.stderr
+    jsonschema.validate(json.loads(result.stdout), SCHEMA)
+
+
+@pytest.mark.parametrize("how", ["garbage", "directory", "huge", "loop"])
+def test_unreadable_slurmd_limits_is_unknown_not_absent(run_cli: Runner, node_copy: Path, how: str) -> None:
+    mutate(node_copy, "proc/2187/limits", how)
+    report = json.loads(run_cli("node", "--root", str(node_copy), "--format", "json", "--select", "MEM001").stdout)
+    subjects = {(f["status"], f["subject"]) for f in report["findings"]}
+    assert ("unknown", "/proc/2187/limits") in subjects, subjects
+
+
+def test_garbage_nvml_recording_makes_gpu_check_unknown(run_cli: Runner, node_copy: Path) -> None:
+    (node_copy / ".preflight/nvml.json").write_text("{not json")
+    report = json.loads(run_cli("node", "--root", str(node_copy), "--format", "json", "--select", "GPU001").stdout)
+    assert report["findings"][0]["status"] in ("unknown", "present")
+    assert "NVML_REPLAY_UNREADABLE" in json.dumps(report)
+
+
+def test_root_that_is_a_file_or_unreadable(run_cli: Runner, tmp_path: Path) -> None:
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    result = run_cli("node", "--root", str(a_file))
+    assert result.returncode == 3 and "no such directory" in result.stderr
+
+
+def test_malformed_config_values(run_cli: Runner, tmp_path: Path) -> None:
+    cases = {
+        "[run]\ntimeout = \"soon\"\n": "run.timeout",
+        "[expect]\nmemlock_min = \"lots\"\n": "expect.memlock_min",
+        "[severity]\nMEM001 = \"fatal\"\n": "severity.MEM001",
+        "[[hosts]]\nmatch = \"gpu[1-\"\n": "hosts[0].match",
+        "[policy\n": "not valid TOML",
+        "disable = [\"mem001\"]\n": "disable",
+    }
+    for text, expected in cases.items():
+        config = tmp_path / "c.toml"
+        config.write_text(text)
+        result = run_cli("node", "--root", str(EXAMPLE_ROOT), "--config", str(config))
+        assert result.returncode == 3 and expected in result.stderr and "Traceback" not in result.stderr, (text, result.stderr)
+
+
+def test_permission_denied_as_unprivileged_user() -> None:
+    """Run as ``nobody`` on a root-owned copy with an unreadable slurmd limits file."""
+    if os.geteuid() != 0 or shutil.which("runuser") is None:
+        pytest.skip("needs root and runuser to switch to an unprivileged user")
+    probe = subprocess.run(["runuser", "-u", "nobody", "--", *preflight_command(), "--version"], capture_output=True, timeout=60)
+    if probe.returncode != 0:
+        pytest.skip("the test interpreter is not executable by nobody (virtualenv under a private directory)")
+    base = Path(tempfile.mkdtemp(prefix="preflight-unpriv-"))
+    try:
+        base.chmod(0o755)
+        root = base / "node"
+        shutil.copytree(EXAMPLE_ROOT, root, symlinks=True)
+        (root / "proc/2187/limits").chmod(0o000)
+        result = subprocess.run(
+            ["runuser", "-u", "nobody", "--", *preflight_command(), "node", "--root", str(root), "--format", "json", "--select", "MEM001"],
+            capture_output=True, text=True, timeout=60, cwd=str(base),
+        )
+        assert "Traceback" not in result.stderr
+        findings = json.loads(result.stdout)["findings"]
+        unknown = [f for f in findings if f["status"] == "unknown"]
+        assert unknown and "permission denied" in unknown[0]["reason"] and "needs root" in unknown[0]["reason"]
+    finally:
+        shutil.rmtree(base)
