@@ -1,0 +1,79 @@
+"""Sources against real kernel state and recorded roots."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from preflight.sources import NodeFS, SourceError
+from preflight.sources.netlink import FileNetlink, LiveNetlink, ReplayNetlink, dump
+from preflight.sources.nvml import NvmlError, ReplayNvml
+
+
+def test_live_netlink_agrees_with_the_kernel_files() -> None:
+    """pyroute2's dump and /sys/class/net + /proc/net describe the same links on this host."""
+    live = {(link.name, link.mtu, link.index) for link in LiveNetlink().links()}
+    files = {(link.name, link.mtu, link.index) for link in FileNetlink(NodeFS("/")).links()}
+    assert live == files and live
+    live_v4 = {(a.ifname, a.address) for a in LiveNetlink().addresses() if a.family == 4}
+    file_v4 = {(a.ifname, a.address) for a in FileNetlink(NodeFS("/")).addresses() if a.family == 4}
+    assert live_v4 == file_v4
+
+
+def test_netlink_recording_round_trips(tmp_path: Path) -> None:
+    recording = tmp_path / "netlink.json"
+    recording.write_text(json.dumps(dump(LiveNetlink())))
+    replay = ReplayNetlink.from_file(str(recording))
+    assert replay.links() == LiveNetlink().links()
+    (tmp_path / "bad.json").write_text("[1, 2")
+    with pytest.raises(SourceError, match="unreadable netlink recording"):
+        ReplayNetlink.from_file(str(tmp_path / "bad.json")).links()
+
+
+def test_file_netlink_on_the_example_root(example_root: Path) -> None:
+    netlink = FileNetlink(NodeFS(str(example_root)))
+    links = {link.name: link for link in netlink.links()}
+    assert links["docker0"].kind == "bridge" and links["ibp26s0"].link_type == "infiniband" and links["ibp26s0"].mtu == 4092
+    addresses = {(a.ifname, a.address) for a in netlink.addresses()}
+    assert ("eno1", "10.10.1.17") in addresses and ("lo", "127.0.0.1") in addresses
+
+
+def test_absolute_symlinks_stay_inside_the_root(tmp_path: Path) -> None:
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "real").write_text("inside\n")
+    os.symlink("/etc/real", tmp_path / "etc" / "link")
+    os.symlink("/etc/passwd", tmp_path / "etc" / "escape")
+    fs = NodeFS(str(tmp_path))
+    assert fs.read("/etc/link") == "inside\n"
+    assert fs.read("/etc/escape") is None  # /etc/passwd of the root, which does not exist
+    os.symlink("loop", tmp_path / "etc" / "loop")
+    with pytest.raises(SourceError, match="ELOOP|symbolic links"):
+        fs.read("/etc/loop")
+
+
+def test_bounded_and_binary_reads(tmp_path: Path) -> None:
+    (tmp_path / "big").write_bytes(b"x" * 200)
+    (tmp_path / "bin").write_bytes(b"\xff\x00\xfe")
+    fs = NodeFS(str(tmp_path), max_bytes=100)
+    with pytest.raises(SourceError, match="larger than 100 bytes"):
+        fs.read("/big")
+    with pytest.raises(SourceError, match="not UTF-8"):
+        fs.read("/bin")
+    assert fs.read("/missing") is None and fs.listdir("/missing") is None
+
+
+def test_replayed_nvml_answers_errors_and_missing_entries() -> None:
+    nvml = ReplayNvml({"calls": {"nvmlDeviceGetCount": {"result": 2}, "nvmlDeviceGetName": {"0": {"error": "NVML_ERROR_GPU_IS_LOST"}}}})
+    assert nvml.call("nvmlDeviceGetCount") == 2
+    with pytest.raises(NvmlError) as lost:
+        nvml.call("nvmlDeviceGetName", 0)
+    assert lost.value.code == "NVML_ERROR_GPU_IS_LOST"
+    with pytest.raises(NvmlError) as missing:
+        nvml.call("nvmlDeviceGetName", 1)
+    assert missing.value.code == "NVML_NOT_RECORDED"
+    broken = ReplayNvml({"init": {"error": "NVML_ERROR_DRIVER_NOT_LOADED"}})
+    with pytest.raises(NvmlError, match="DRIVER_NOT_LOADED"):
+        broken.call("nvmlDeviceGetCount")
