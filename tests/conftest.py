@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -75,7 +76,8 @@ def run_cli() -> Runner:
     def run(*args: str, timeout: float = 60, env: dict[str, str] | None = None, input: str | None = None) -> subprocess.CompletedProcess[str]:
         merged = {**os.environ, **(env or {})}
         return subprocess.run(
-            [*preflight_command(), *args], capture_output=True, text=True, timeout=timeout, env=merged, input=input
+            [*preflight_command(), *args], capture_output=True, text=True, timeout=timeout, env=merged, input=input,
+            cwd=tempfile.gettempdir(),  # never let the source tree shadow the installed package
         )
 
     return run
