@@ -22,7 +22,9 @@ class HostlistError(ValueError):
 
 def split_top_level(expression: str) -> list[str]:
     """Split on commas that are not inside brackets."""
-    items, depth, current = [], 0, []
+    items: list[str] = []
+    current: list[str] = []
+    depth = 0
     for char in expression:
         if char == "[":
             depth += 1

@@ -26,9 +26,9 @@ NODE_OPTIONS: dict[str, tuple[str, bool, bool]] = {
 }
 
 
-def parse_node_args(argv: list[str]) -> dict[str, object] | None:
-    """Options after ``node`` as NodeArgs keyword arguments, or None to let typer handle it."""
-    values: dict[str, object] = {}
+def parse_node_args(argv: list[str]) -> dict[str, str | bool | list[str]] | None:
+    """Options after ``node`` by NodeArgs field, or None to let typer handle it."""
+    values: dict[str, str | bool | list[str]] = {}
     index = 0
     while index < len(argv):
         item = argv[index]
@@ -52,8 +52,8 @@ def parse_node_args(argv: list[str]) -> dict[str, object] | None:
         else:
             return None
         if repeatable:
-            values.setdefault(field, [])
-            values[field].append(value)  # type: ignore[union-attr]
+            existing = values.get(field, [])
+            values[field] = [*existing, value] if isinstance(existing, list) else [value]
         elif field in values:
             return None
         else:
@@ -67,22 +67,30 @@ def _fast_node(argv: list[str]) -> int | None:
         return None
     from preflight.commands import NodeArgs, run_node, split_tokens
 
+    def text(field: str) -> str | None:
+        value = parsed.get(field)
+        return value if isinstance(value, str) else None
+
+    def texts(field: str) -> list[str]:
+        value = parsed.get(field)
+        return value if isinstance(value, list) else []
+
     timeout: float | None = None
     if "timeout" in parsed:
         try:
-            timeout = float(str(parsed["timeout"]))
+            timeout = float(text("timeout") or "")
         except ValueError:
-            return None
+            return None  # typer reports the bad number properly
     args = NodeArgs(
-        root=str(parsed.get("root", "/")),
-        config=str(parsed["config"]) if "config" in parsed else None,
-        select=split_tokens(parsed.get("select", [])),  # type: ignore[arg-type]
-        ignore=split_tokens(parsed.get("ignore", [])),  # type: ignore[arg-type]
-        profile=str(parsed["profile"]) if "profile" in parsed else None,
-        output_format=str(parsed.get("output_format", "table")),
+        root=text("root") or "/",
+        config=text("config"),
+        select=split_tokens(texts("select")),
+        ignore=split_tokens(texts("ignore")),
+        profile=text("profile"),
+        output_format=text("output_format") or "table",
         timeout=timeout,
-        show_all=bool(parsed.get("show_all", False)),
-        checks_dirs=tuple(parsed.get("checks_dirs", [])),  # type: ignore[arg-type]
+        show_all=parsed.get("show_all") is True,
+        checks_dirs=tuple(texts("checks_dirs")),
     )
     return run_node(args)
 

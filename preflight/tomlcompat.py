@@ -7,6 +7,6 @@ import sys
 if sys.version_info >= (3, 11):
     from tomllib import TOMLDecodeError, loads  # novermin: guarded by the version check above
 else:  # pragma: no cover - exercised on Python 3.10 only
-    from tomli import TOMLDecodeError, loads
+    from tomli import TOMLDecodeError, loads  # type: ignore[import-not-found, unused-ignore]
 
 __all__ = ["TOMLDecodeError", "loads"]

@@ -41,3 +41,13 @@ def test_source_is_python_310_compatible() -> None:
         capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_installed_package_passes_mypy_strict(tmp_path: Path) -> None:
+    """Type-check what ships (checks/ mapped into preflight.checks), with the repo's settings."""
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "mypy"), "--config-file", str(REPO / "pyproject.toml"),
+         "--cache-dir", str(tmp_path / "cache"), "-p", "preflight"],
+        capture_output=True, text=True, timeout=300, cwd=str(tmp_path),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
