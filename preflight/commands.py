@@ -16,7 +16,7 @@ from preflight.config import DEFAULT_CONFIG_PATH, ConfigError, HostConfig, parse
 from preflight.engine import RunOptions, run, selects
 from preflight.exitcodes import ExitCode, exit_code
 from preflight.registry import PROFILES, RegistrationError
-from preflight.sources import NodeFS, RootError, SourceError, Sources
+from preflight.sources import NodeFS, RootError, SourceError, Sources, open_root
 
 OUTPUT_FORMATS = ("table", "json", "prometheus", "junit")
 
@@ -93,13 +93,10 @@ def run_node(args: NodeArgs) -> int:
             raise UsageProblem(f"--profile {args.profile!r}: choose one of {', '.join(PROFILES)}")
         if args.timeout is not None and not args.timeout > 0:
             raise UsageProblem("--timeout must be a positive number of seconds")
-        root = os.path.abspath(args.root)
-        if not os.path.isdir(root):
-            raise RootError(f"--root {args.root}: no such directory")
-        fs = NodeFS(root)
+        fs = open_root(args.root)
         hostname = _hostname(fs)
         config = load_host_config(fs, args.config, hostname)
-        sources = Sources.for_node(root, config.dns)
+        sources = Sources.for_fs(fs, config.dns)
         registry = build_registry((*config.checks_dirs, *args.checks_dirs))
         _check_tokens(args.select, args.ignore)
         timeout = args.timeout if args.timeout is not None else config.timeout_s

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 #: Stable reference IDs look like lint codes: an area of 2-5 capitals and three digits.
@@ -126,7 +126,7 @@ class ProbeOutcome:
     """How one probe went: its facts (or None), status, duration and the reason it failed."""
 
     name: str
-    status: str  # "ok" | "error" | "timeout" | "skipped"
+    status: str  # "ok" | "error" | "timeout"
     duration_s: float
     facts: Any = None
     error: str = ""
@@ -159,7 +159,6 @@ class Reference:
     signatures: tuple[dict[str, Any], ...] = ()
     sources: tuple[str, ...] = ()
     old_ids: tuple[str, ...] = ()
-    extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def fix_text(self) -> str:

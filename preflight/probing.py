@@ -21,13 +21,6 @@ class FactReader:
             self.problems.append(str(error))
             return None
 
-    def data(self, path: str) -> bytes | None:
-        try:
-            return self.fs.read_bytes(path)
-        except SourceError as error:
-            self.problems.append(str(error))
-            return None
-
     def exists(self, path: str) -> bool:
         try:
             return self.fs.exists(path)

@@ -77,3 +77,24 @@ def test_replayed_nvml_answers_errors_and_missing_entries() -> None:
     broken = ReplayNvml({"init": {"error": "NVML_ERROR_DRIVER_NOT_LOADED"}})
     with pytest.raises(NvmlError, match="DRIVER_NOT_LOADED"):
         broken.call("nvmlDeviceGetCount")
+
+
+def test_one_view_reads_each_file_once(tmp_path: Path) -> None:
+    """Probes sharing a view see one consistent picture and do not repeat I/O."""
+    (tmp_path / "proc").mkdir()
+    environ = tmp_path / "proc" / "environ"
+    environ.write_bytes(b"NCCL_DEBUG=INFO\0")
+    fs = NodeFS(str(tmp_path))
+    assert fs.read_bytes("/proc/environ") == b"NCCL_DEBUG=INFO\0"
+    environ.write_bytes(b"NCCL_DEBUG=WARN\0")
+    assert fs.read_bytes("/proc/environ") == b"NCCL_DEBUG=INFO\0"
+    assert NodeFS(str(tmp_path)).read_bytes("/proc/environ") == b"NCCL_DEBUG=WARN\0"
+    listing = fs.listdir("/proc")
+    assert listing == ["environ"]
+    listing.append("mutated by a caller")  # callers get their own copy
+    assert fs.listdir("/proc") == ["environ"]
+    (tmp_path / "bin").write_bytes(b"\xff")
+    with pytest.raises(SourceError):
+        fs.read("/bin")
+    with pytest.raises(SourceError):  # the remembered failure, not a second read
+        fs.read("/bin")

@@ -2,7 +2,7 @@
 (``fs``, ``nvml``, ``netlink``, ``dns``, ``clock``) and never open files, sockets or libraries
 themselves; ``tests/test_no_direct_io.py`` enforces that.
 
-``Sources.for_node(root)`` builds the live set for ``/`` and the replay set for a recorded root:
+``Sources.for_node(root)`` (or ``for_fs`` around an opened view) builds the live set for ``/`` and the replay set for a recorded root:
 NVML, netlink and DNS answers replay from ``<root>/.preflight/{nvml,netlink,dns}.json``; without a
 netlink recording, links and addresses come from the root's sysfs/procfs files.
 """
@@ -17,9 +17,6 @@ from preflight.sources.dns import Dns, LiveDns, NoDns, ReplayDns, ResolvConf, pa
 from preflight.sources.fs import NodeFS, SourceError
 from preflight.sources.netlink import FileNetlink, LiveNetlink, Netlink, ReplayNetlink
 from preflight.sources.nvml import LiveNvml, NoNvml, Nvml, ReplayNvml
-
-SOURCE_NAMES = ("fs", "nvml", "netlink", "dns", "clock")
-
 
 class Clock:
     """Wall and monotonic time, injectable so reports are reproducible in tests."""
@@ -56,18 +53,18 @@ class Sources:
 
     @classmethod
     def for_node(cls, root: str = "/", dns_settings: DnsSettings | None = None) -> Sources:
+        """Sources for the live node (``/``) or a recorded root; raises RootError."""
+        return cls.for_fs(open_root(root), dns_settings)
+
+    @classmethod
+    def for_fs(cls, fs: NodeFS, dns_settings: DnsSettings | None = None) -> Sources:
+        """Sources around an already opened filesystem view (shared, so its read cache is too)."""
         settings = dns_settings or DnsSettings()
-        root = os.path.abspath(root)
-        if not os.path.isdir(root):
-            raise RootError(f"--root {root}: not a directory")
-        if not os.access(root, os.R_OK | os.X_OK):
-            raise RootError(f"--root {root}: not readable")
-        fs = NodeFS(root)
         if fs.is_live:
             return cls(fs, LiveNvml(), LiveNetlink(), _live_dns(fs, settings))
         nvml_file = fs.replay_file("nvml.json")
         nvml: Nvml = ReplayNvml.from_file(nvml_file) if nvml_file else NoNvml(
-            f"{root} has no NVML recording (.preflight/nvml.json)"
+            f"{fs.root} has no NVML recording (.preflight/nvml.json)"
         )
         netlink_file = fs.replay_file("netlink.json")
         netlink: Netlink = ReplayNetlink.from_file(netlink_file) if netlink_file else FileNetlink(fs)
@@ -78,11 +75,21 @@ class Sources:
             # A site that names its nameservers asks for live answers even on a recorded root.
             dns = _live_dns(fs, settings)
         else:
-            dns = NoDns(f"{root} has no DNS recording (.preflight/dns.json)")
+            dns = NoDns(f"{fs.root} has no DNS recording (.preflight/dns.json)")
         return cls(fs, nvml, netlink, dns)
 
     def by_name(self, name: str) -> object:
         return getattr(self, name)
+
+
+def open_root(root: str) -> NodeFS:
+    """The filesystem view of ``root``; RootError when it cannot be used at all."""
+    path = os.path.abspath(root)
+    if not os.path.isdir(path):
+        raise RootError(f"--root {root}: no such directory")
+    if not os.access(path, os.R_OK | os.X_OK):
+        raise RootError(f"--root {root}: not readable")
+    return NodeFS(path)
 
 
 def _live_dns(fs: NodeFS, settings: DnsSettings) -> Dns:
@@ -105,7 +112,7 @@ __all__ = [
     "DnsSettings",
     "NodeFS",
     "RootError",
-    "SOURCE_NAMES",
     "SourceError",
     "Sources",
+    "open_root",
 ]

@@ -4,6 +4,10 @@ Probes name host-style paths (``/sys/class/infiniband``); this module maps them 
 follows symlinks *inside* the root (an absolute link in a copied sysfs tree must not escape to the
 live machine), bounds every read, and turns OS errors into :class:`SourceError` with the errno's
 name, so that probes can tell "absent" (``None``) from "unreadable" (an exception they record).
+
+One view serves one run and remembers what it read: several probes need the same files
+(``/proc/self/environ``, ``/sys/class/infiniband``), and a run must judge one consistent picture
+of the node rather than read it again mid-run.
 """
 
 from __future__ import annotations
@@ -11,12 +15,15 @@ from __future__ import annotations
 import errno as errno_codes
 import os
 import stat as stat_codes
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar, cast
 
 #: Reads stop here: sysfs attributes are one page, and a 10 GB "file" must not fill memory.
 DEFAULT_MAX_BYTES = 4 * 1024 * 1024
 _MAX_SYMLINK_HOPS = 40
 _ABSENT_ERRNOS = frozenset({errno_codes.ENOENT, errno_codes.ENOTDIR})
+_T = TypeVar("_T")
 
 
 class SourceError(Exception):
@@ -48,14 +55,6 @@ class FileStat:
     gid: int
     size: int
 
-    @property
-    def is_char_device(self) -> bool:
-        return stat_codes.S_ISCHR(self.mode)
-
-    @property
-    def is_dir(self) -> bool:
-        return stat_codes.S_ISDIR(self.mode)
-
 
 class NodeFS:
     """Read-only view of a node's files; ``root`` of ``/`` is the live node."""
@@ -64,6 +63,21 @@ class NodeFS:
         self.root = os.path.abspath(root)
         self.is_live = self.root == "/"
         self.max_bytes = max_bytes
+        # (operation, path, limit) -> result or SourceError; dict operations are atomic under
+        # the GIL, and two probe threads racing on one path only read it twice.
+        self._memo: dict[tuple[str, str, int], object] = {}
+
+    def _remembered(self, operation: str, path: str, limit: int, compute: Callable[[], _T]) -> _T:
+        key = (operation, path, limit)
+        if key not in self._memo:
+            try:
+                self._memo[key] = compute()
+            except SourceError as error:
+                self._memo[key] = error
+        value = self._memo[key]
+        if isinstance(value, SourceError):
+            raise value
+        return cast(_T, value)
 
     # -- path mapping -------------------------------------------------------------------------
     def _host_path(self, path: str) -> str:
@@ -104,6 +118,9 @@ class NodeFS:
     def read_bytes(self, path: str, max_bytes: int | None = None) -> bytes | None:
         """Whole-file read, bounded; ``None`` when the file does not exist."""
         limit = self.max_bytes if max_bytes is None else max_bytes
+        return self._remembered("read", path, limit, lambda: self._read_bytes(path, limit))
+
+    def _read_bytes(self, path: str, limit: int) -> bytes | None:
         try:
             real = self._resolve(path)
             # O_NONBLOCK keeps a FIFO planted in a recorded root from blocking the open.
@@ -147,6 +164,10 @@ class NodeFS:
 
     def listdir(self, path: str) -> list[str] | None:
         """Sorted directory entries; ``None`` when the directory does not exist."""
+        entries = self._remembered("list", path, 0, lambda: self._listdir(path))
+        return None if entries is None else list(entries)
+
+    def _listdir(self, path: str) -> list[str] | None:
         try:
             return sorted(os.listdir(self._resolve(path)))
         except OSError as error:
@@ -176,14 +197,6 @@ class NodeFS:
     def exists(self, path: str) -> bool:
         """True when ``path`` exists; an unreadable parent counts as an error, not absence."""
         return self.stat(path) is not None
-
-    def real_host_path(self, path: str) -> str:
-        """Where ``path`` points inside the node, as a host path (``/sys/devices/...``)."""
-        real = self._resolve(path)
-        if self.is_live:
-            return os.path.realpath(real)
-        relative = os.path.relpath(real, self.root)
-        return "/" if relative == "." else "/" + relative
 
     def replay_file(self, name: str) -> str | None:
         """Path of a recorded answer file (``<root>/.preflight/<name>``) in root mode, if any."""
