@@ -278,15 +278,21 @@ def _require_rdma(memlock: MemlockFacts) -> None:
         raise NotApplicable("no RDMA devices in /sys/class/infiniband; memlock limits only bind RDMA registration")
 
 
+# SLURM_SCRIPT_CONTEXT values of scripts that slurmd itself runs (Slurm's prolog/epilog guide):
+# they inherit slurmd's limits, not the job's, so their own limit is no separate finding.
+_SLURMD_SCRIPT_CONTEXTS = frozenset({"prolog_slurmd", "epilog_slurmd"})
+
+
 @check("MEM001", profiles=("prolog",))
-def memlock_limit_too_low(memlock: MemlockFacts, expect: Expectations) -> Iterator[Observation]:
+def memlock_limit_too_low(memlock: MemlockFacts, job: JobFacts, expect: Expectations) -> Iterator[Observation]:
     """The locked-memory limit a job gets is below the site minimum."""
     _require_rdma(memlock)
     minimum = expect.memlock_min
     for problem in memlock.problems:
         if "/limits" in problem:
             yield undecided(problem.split(":", 1)[0], problem)
-    if memlock.process is not None and memlock.process.soft < minimum:
+    run_by_slurmd = job.environ.get("SLURM_SCRIPT_CONTEXT") in _SLURMD_SCRIPT_CONTEXTS and memlock.slurmd is not None
+    if memlock.process is not None and memlock.process.soft < minimum and not run_by_slurmd:
         yield present("process", _limit_evidence(memlock.process, minimum))
     if memlock.slurmd is not None and min(memlock.slurmd.soft, memlock.slurmd.hard) < minimum:
         yield present(

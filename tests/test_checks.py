@@ -53,41 +53,48 @@ def unlimited(memlock: MemlockFacts) -> MemlockFacts:
 
 # MEM001 ------------------------------------------------------------------------------------
 def test_mem001_present_for_slurmd_process_and_propagation(memlock: MemlockFacts) -> None:
-    found = list(memlock_limit_too_low(memlock, Expectations()))
+    found = list(memlock_limit_too_low(memlock, job(), Expectations()))
     assert {o.subject for o in found} == {"process", "slurmd", "slurm.conf"}
     slurmd = next(o for o in found if o.subject == "slurmd")
     assert slurmd.evidence[0].source == "/proc/2187/limits" and "8 MiB" in slurmd.evidence[0].observed
     assert next(o for o in found if o.subject == "slurm.conf").severity is Severity.WARNING
 
 
+def test_mem001_prolog_reports_slurmd_not_its_own_copy_of_the_limit(memlock: MemlockFacts) -> None:
+    prolog = job(environ={"SLURM_SCRIPT_CONTEXT": "prolog_slurmd"})
+    assert {o.subject for o in memlock_limit_too_low(memlock, prolog, Expectations())} == {"slurmd", "slurm.conf"}
+    task_prolog = job(environ={"SLURM_SCRIPT_CONTEXT": "prolog_task"})  # runs inside the job
+    assert "process" in {o.subject for o in memlock_limit_too_low(memlock, task_prolog, Expectations())}
+
+
 def test_mem001_absent_when_unlimited_and_not_propagated(memlock: MemlockFacts) -> None:
-    assert list(memlock_limit_too_low(unlimited(memlock), Expectations())) == []
+    assert list(memlock_limit_too_low(unlimited(memlock), job(), Expectations())) == []
 
 
 def test_mem001_site_minimum_accepts_finite_limits(memlock: MemlockFacts) -> None:
     finite = replace(unlimited(memlock), slurmd=Limit(64 * GIB, 64 * GIB, "/proc/2187/limits"))
-    assert list(memlock_limit_too_low(finite, Expectations(memlock_min=32 * GIB))) == []
-    assert [o.subject for o in memlock_limit_too_low(finite, Expectations())] == ["slurmd"]
+    assert list(memlock_limit_too_low(finite, job(), Expectations(memlock_min=32 * GIB))) == []
+    assert [o.subject for o in memlock_limit_too_low(finite, job(), Expectations())] == ["slurmd"]
 
 
 def test_mem001_unit_file_when_slurmd_not_running(memlock: MemlockFacts) -> None:
     stopped = replace(unlimited(memlock), slurmd=None, slurmd_pid=None)
-    found = list(memlock_limit_too_low(stopped, Expectations()))
+    found = list(memlock_limit_too_low(stopped, job(), Expectations()))
     assert [o.subject for o in found] == ["slurmd.service"]
     with_limit = replace(stopped, slurmd_unit_limit=Limit(UNLIMITED, UNLIMITED, "/etc/systemd/system/slurmd.service.d/memlock.conf"))
-    assert list(memlock_limit_too_low(with_limit, Expectations())) == []
+    assert list(memlock_limit_too_low(with_limit, job(), Expectations())) == []
 
 
 def test_mem001_pam_limits_and_not_applicable_without_rdma(memlock: MemlockFacts) -> None:
     pam = replace(unlimited(memlock), pam_limits=(PamLimit("*", "hard", 64 << 10, "/etc/security/limits.conf:9"),))
-    assert [o.subject for o in memlock_limit_too_low(pam, Expectations())] == ["limits.conf *"]
+    assert [o.subject for o in memlock_limit_too_low(pam, job(), Expectations())] == ["limits.conf *"]
     with pytest.raises(NotApplicable):
-        list(memlock_limit_too_low(replace(memlock, rdma_devices=()), Expectations()))
+        list(memlock_limit_too_low(replace(memlock, rdma_devices=()), job(), Expectations()))
 
 
 def test_mem001_unreadable_limits_is_unknown_not_absent(memlock: MemlockFacts) -> None:
     facts = replace(unlimited(memlock), slurmd=None, problems=("/proc/2187/limits: permission denied (EACCES); needs root",))
-    found = list(memlock_limit_too_low(facts, Expectations()))
+    found = list(memlock_limit_too_low(facts, job(), Expectations()))
     assert [(o.status, o.subject) for o in found] == [(Status.UNKNOWN, "/proc/2187/limits")]
 
 

@@ -23,7 +23,7 @@ def test_example_node_json_is_valid_and_finds_planted_problems(run_cli: Runner, 
     report = json.loads(result.stdout)
     jsonschema.validate(report, SCHEMA)
     assert findings(report) == {
-        ("MEM001", "process"), ("MEM001", "slurmd"), ("MEM001", "slurm.conf"), ("MEM002", "NCCL_BUFFSIZE"),
+        ("MEM001", "slurmd"), ("MEM001", "slurm.conf"), ("MEM002", "NCCL_BUFFSIZE"),
         ("GDR001", "node"), ("GDR002", "gdrdrv"), ("DNS001", "gpu017"),
     }
     assert findings(report, "absent") == {("GPU001", "node")}
@@ -62,7 +62,7 @@ def test_table_groups_by_severity_and_hides_absent(run_cli: Runner, example_root
     out = result.stdout
     assert out.index("ERROR") < out.index("WARNING") < out.index("HOW TO FIX")
     assert "GPU001" not in out and "ABSENT" not in out
-    assert "7 present (6 error, 1 warning), 0 unknown, 1 absent, 0 not applicable." in out
+    assert "6 present (5 error, 1 warning), 0 unknown, 1 absent, 0 not applicable." in out
     assert "GPU001" in run_cli("node", "--root", str(example_root), "--show-all").stdout
 
 
