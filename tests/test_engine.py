@@ -95,16 +95,34 @@ def test_dns_lifetime_shorter_than_deadline_reports_timeout(run_cli: Runner, nod
     assert finding["status"] == "unknown" and "TIMEOUT" in finding["reason"]
 
 
+def site_directory(tmp_path: Path, source: str) -> Path:
+    """A --checks-dir holding one module with ``source``."""
+    directory = tmp_path / "checks.d"
+    directory.mkdir()
+    (directory / "site.py").write_text(textwrap.dedent(source))
+    return directory
+
+
+def registry_of(*functions: object, symbols: dict[str, str]) -> Registry:
+    """A validated registry of decorated probe and check functions."""
+    registry = Registry()
+    for function in functions:
+        if hasattr(function, "__preflight_probe__"):
+            registry.add_probe(function.__preflight_probe__)
+        if hasattr(function, "__preflight_check__"):
+            registry.add_check(function.__preflight_check__)
+    registry.validate(symbols)
+    return registry
+
+
 def test_duplicate_probe_from_site_dir_is_rejected(run_cli: Runner, example_root: Path, tmp_path: Path) -> None:
-    plugin = tmp_path / "site_checks"
-    plugin.mkdir()
-    (plugin / "broken.py").write_text(textwrap.dedent('''
+    plugin = site_directory(tmp_path, '''
         from preflight.registry import probe
 
         @probe("memlock")
         def probe_memlock_override(fs):
             raise RuntimeError("boom")
-    '''))
+    ''')
     result = run_cli("node", "--root", str(example_root), "--checks-dir", str(plugin))
     assert result.returncode == 3 and "probe memlock is defined twice" in result.stderr
 
@@ -122,10 +140,7 @@ def test_probe_that_raises_makes_its_references_unknown(example_root: Path) -> N
     def gpu_unusable_by_driver(wedged):  # type: ignore[no-untyped-def]
         return []
 
-    registry = Registry()
-    registry.add_probe(probe_wedged.__preflight_probe__)  # type: ignore[attr-defined]
-    registry.add_check(gpu_unusable_by_driver.__preflight_check__)  # type: ignore[attr-defined]
-    registry.validate({"GPU001": "gpu-unusable-by-driver"})
+    registry = registry_of(probe_wedged, gpu_unusable_by_driver, symbols={"GPU001": "gpu-unusable-by-driver"})
     report = run(registry, Sources.for_node(str(example_root)), HostConfig(), RunOptions(), "gpu017")
     (finding,) = report.findings
     assert finding.status.value == "unknown" and finding.reason == "probe wedged: OSError: device wedged"
@@ -133,9 +148,7 @@ def test_probe_that_raises_makes_its_references_unknown(example_root: Path) -> N
 
 
 def test_site_checks_dir_cannot_redefine_a_builtin_check(run_cli: Runner, example_root: Path, tmp_path: Path) -> None:
-    site = tmp_path / "checks.d"
-    site.mkdir()
-    (site / "extra.py").write_text(textwrap.dedent('''
+    site = site_directory(tmp_path, '''
         from preflight.registry import check, probe
 
         @probe("flaky")
@@ -145,7 +158,7 @@ def test_site_checks_dir_cannot_redefine_a_builtin_check(run_cli: Runner, exampl
         @check("GPU001")
         def gpu_unusable_by_driver(flaky):
             return []
-    '''))
+    ''')
     result = run_cli("node", "--root", str(example_root), "--checks-dir", str(site))
     assert result.returncode == 3 and "check GPU001 is defined twice" in result.stderr
 
@@ -162,19 +175,15 @@ def test_registration_errors_are_loud() -> None:
     def nothing_here(memlock):  # type: ignore[no-untyped-def]
         return []
 
-    registry = Registry()
-    registry.add_check(nothing_here.__preflight_check__)  # type: ignore[attr-defined]
     with pytest.raises(RegistrationError, match="no reference ZZZ999"):
-        registry.validate({})
+        registry_of(nothing_here, symbols={})
 
     @check("MEM001")
     def misnamed(unknown_probe):  # type: ignore[no-untyped-def]
         return []
 
-    registry = Registry()
-    registry.add_check(misnamed.__preflight_check__)  # type: ignore[attr-defined]
     with pytest.raises(RegistrationError, match="must be named memlock_limit_too_low.*name no probe"):
-        registry.validate({"MEM001": "memlock-limit-too-low"})
+        registry_of(misnamed, symbols={"MEM001": "memlock-limit-too-low"})
 
 
 def test_entry_point_plugin_is_discovered(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
