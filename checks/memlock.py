@@ -35,7 +35,7 @@ from preflight.units import UNLIMITED, format_size, parse_size
 
 SYSTEMD_DEFAULT_MEMLOCK = 8 * 1024 * 1024  # systemd >= 253 default when DefaultLimitMEMLOCK is unset
 NCCL_DEFAULT_BUFFSIZE = 4 * 1024 * 1024  # NCCL_BUFFSIZE default (NCCL environment variable docs)
-NCCL_MAX_CHANNELS = 32  # MAXCHANNELS in NCCL's src/include/device.h (2.x, per communicator)
+NCCL_MAX_CHANNELS = 64  # MAXCHANNELS in NCCL's src/include/device.h (older releases: 32)
 _UNIT_DIRS = ("/etc/systemd/system", "/run/systemd/system", "/usr/lib/systemd/system", "/lib/systemd/system")
 _SLURM_CONF_PATHS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf")
 

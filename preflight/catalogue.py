@@ -79,9 +79,8 @@ def load_all(directory: str | None = None) -> list[Reference]:
 
 def validate_document(document: dict[str, Any], expected_id: str | None = None) -> list[str]:
     """Every way ``document`` breaks the reference schema; empty when it is valid."""
+    unknown = [f"unknown key {key!r}" for key in sorted(set(document) - _KNOWN_KEYS)]
     problems: list[str] = []
-    for key in sorted(set(document) - _KNOWN_KEYS):
-        problems.append(f"unknown key {key!r}")
     for key in _REQUIRED_STRINGS:
         if not isinstance(document.get(key), str) or not document[key].strip():
             problems.append(f"{key!r} must be a non-empty string")
@@ -90,7 +89,8 @@ def validate_document(document: dict[str, Any], expected_id: str | None = None) 
         if not isinstance(value, list) or not all(isinstance(item, str) and item.strip() for item in value):
             problems.append(f"{key!r} must be a list of non-empty strings")
     if problems:
-        return problems
+        return unknown + problems  # the checks below need these types
+    problems = unknown
     if not REFERENCE_ID.match(document["id"]):
         problems.append(f"id {document['id']!r} is not AREA + 3 digits")
     if expected_id is not None and document["id"] != expected_id:
