@@ -358,7 +358,8 @@ def nccl_buffsize_exceeds_pinned_memory(
     # The smallest footprint NCCL can have over the network: one channel, one send and one
     # receive buffer, each registered with the NIC and so charged to RLIMIT_MEMLOCK.
     smallest = 2 * buffsize
-    limits = [limit for limit in (memlock.process, memlock.slurmd) if limit is not None]
+    # slurmd first: on a tie its limit is the one jobs inherit, the clearer evidence.
+    limits = [limit for limit in (memlock.slurmd, memlock.process) if limit is not None]
     if memlock.rdma_devices and limits:
         tightest = min(limits, key=lambda limit: limit.soft)
         if tightest.soft < smallest:
