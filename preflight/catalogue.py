@@ -13,6 +13,7 @@ from functools import lru_cache
 from typing import Any
 
 from preflight.model import REFERENCE_ID, SYMBOL, Reference, Severity
+from preflight.signatures import MIN_LITERAL, ROLES, required_literals, safety_problems
 from preflight.tomlcompat import TOMLDecodeError, loads
 
 DETECT_MODES = ("node", "config", "runtime")
@@ -167,6 +168,14 @@ def _validate_signatures(items: Any) -> list[str]:
         for example in examples:
             if not isinstance(example, str) or not compiled.search(example):
                 problems.append(f"signature #{number}: example {example!r} does not match its pattern")
-        for key in set(item) - {"pattern", "examples"}:
+        if item.get("role") not in ROLES:
+            problems.append(f"signature #{number}: role must be one of {list(ROLES)}")
+        if compiled.flags & re.IGNORECASE or not required_literals(item["pattern"]):
+            problems.append(
+                f"signature #{number}: needs a case-sensitive literal of at least {MIN_LITERAL} characters"
+                " that every match contains (explain scans for it before running the pattern)"
+            )
+        problems.extend(f"signature #{number}: {problem}" for problem in safety_problems(item["pattern"]))
+        for key in set(item) - {"pattern", "examples", "role"}:
             problems.append(f"signature #{number}: unknown key {key!r}")
     return problems

@@ -72,6 +72,37 @@ def node(
     finish(run_node(args))
 
 
+@app.command()
+def explain(
+    inputs: List[str] = typer.Argument(None, metavar="[FILE|DIR|-]...", help="Log files, .gz files, directories of per-rank logs, or - for stdin (the default)."),
+    output_format: str = typer.Option("text", "--format", help="text or json."),
+    check: bool = typer.Option(False, "--check", help="Run the node checks that can confirm or refute each candidate."),
+    root: str = typer.Option("/", "--root", help="With --check: the node (or recorded root) to check."),
+    config: Optional[str] = typer.Option(None, "--config", help="With --check: site config."),
+) -> None:
+    """Match a failed run's logs to catalogued references, best first, with evidence and fixes.
+
+    Exit codes: 0 nothing catalogued found, 1 candidates found, 2 a candidate confirmed by
+    --check, 3 no input could be read or bad arguments.
+    """
+    from preflight.explain import check_candidates
+    from preflight.explain import explain as run_explain
+    from preflight.explain.render import exit_status, render_json, render_text
+
+    if output_format not in ("text", "json"):
+        _fail("--format must be text or json")
+    try:
+        explanation = run_explain(list(inputs or []))
+    except CatalogueError as error:
+        _fail(str(error))
+        return
+    if check and explanation.candidates:
+        check_candidates(explanation, root, config)
+    typer.echo(render_json(explanation) if output_format == "json" else render_text(explanation), nl=False)
+    codes = {"no-input": ExitCode.NO_VERDICT, "nothing-found": ExitCode.OK, "candidates": 1, "confirmed": 2}
+    raise typer.Exit(int(codes[exit_status(explanation)]))
+
+
 def _reference_json(reference: Reference) -> dict[str, object]:
     return {
         "id": reference.id,
@@ -114,6 +145,44 @@ def references_list(
 
     rows = [[r.id, r.severity.value, r.symbol, r.title] for r in references]
     typer.echo(tabulate(rows, headers=["ID", "Severity", "Symbol", "Title"]))
+
+
+@references_app.command("search")
+def references_search(
+    words: List[str] = typer.Argument(..., metavar="TEXT...", help="Words to look for (all must occur)."),
+    output_format: str = typer.Option("table", "--format", help="table or json."),
+) -> None:
+    """Find references whose title, summary, causes, fix or signature examples mention TEXT."""
+    if output_format not in ("table", "json"):
+        _fail("--format must be table or json")
+    try:
+        references = load_all()
+    except CatalogueError as error:
+        _fail(str(error))
+        return
+    found = search_references(references, words)
+    if output_format == "json":
+        typer.echo(json.dumps([_reference_json(r) for r in found], indent=2))
+        return
+    if not found:
+        typer.echo(f"No reference mentions {' '.join(words)!r}.")
+        raise typer.Exit(1)
+    from tabulate import tabulate
+
+    typer.echo(tabulate([[r.id, r.severity.value, r.title] for r in found], headers=["ID", "Severity", "Title"]))
+
+
+def search_references(references: list[Reference], words: List[str]) -> list[Reference]:
+    """References containing every word (case-insensitive), title matches first."""
+    needles = [word.lower() for word in words if word.strip()]
+
+    def text_of(reference: Reference) -> str:
+        examples = [example for item in reference.signatures for example in item.get("examples", [])]
+        parts = [reference.id, reference.symbol, reference.title, reference.area, reference.summary]
+        return "\n".join([*parts, *reference.causes, *reference.fix, *examples]).lower()
+
+    hits = [r for r in references if all(needle in text_of(r) for needle in needles)]
+    return sorted(hits, key=lambda r: (not all(n in r.title.lower() for n in needles), r.id))
 
 
 @references_app.command("show")

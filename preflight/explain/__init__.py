@@ -1,0 +1,62 @@
+"""``preflight explain``: which catalogued failures a run's logs point at, best first.
+
+The pipeline streams every input through :class:`~preflight.explain.matcher.Matcher`, feeds the
+hits to :class:`~preflight.explain.analysis.Analysis`, optionally asks the node about each
+candidate (:mod:`preflight.explain.confirm`), and renders text or JSON
+(:mod:`preflight.explain.render`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import BinaryIO
+
+from preflight.explain.analysis import Analysis, Candidate, Cascade
+from preflight.explain.confirm import Verdict
+from preflight.explain.reader import ReadStats, iter_inputs
+from preflight.model import Reference
+
+
+@dataclass
+class Explanation:
+    stats: ReadStats
+    candidates: list[Candidate]
+    references: dict[str, Reference]
+    cascade: Cascade | None
+    settings_seen: list[str]
+    duration_s: float
+    verdicts: dict[str, Verdict] = field(default_factory=dict)
+    check_error: str | None = None
+
+
+def explain(paths: list[str], stdin: BinaryIO | None = None, catalogue_dir: str | None = None) -> Explanation:
+    """Scan ``paths`` (``-`` or none for stdin) and rank the candidates."""
+    from preflight.catalogue import load_all
+    from preflight.explain.matcher import Matcher
+
+    started = time.perf_counter()
+    references = {reference.id: reference for reference in load_all(catalogue_dir)}
+    matcher = Matcher(references.values())
+    stats = ReadStats()
+    analysis = Analysis()
+    for chunk in iter_inputs(paths, stats, stdin):
+        for hit in matcher.scan(chunk):
+            analysis.add(hit)
+    candidates = [c for c in analysis.candidates() if c.reference_id in references]
+    settings = [entry.reference_id for entry in analysis.settings_seen()]
+    return Explanation(stats, candidates, references, analysis.cascade(), settings, time.perf_counter() - started)
+
+
+def check_candidates(explanation: Explanation, root: str, config_path: str | None) -> None:
+    """Fill ``explanation.verdicts`` from the node checks of every candidate."""
+    from preflight.explain.confirm import NodeCheckError, node_findings, verdict_for
+
+    wanted = {check for c in explanation.candidates for check in explanation.references[c.reference_id].checks}
+    try:
+        findings = node_findings(wanted, root, config_path)
+    except NodeCheckError as error:
+        explanation.check_error = str(error)
+        return
+    for candidate in explanation.candidates:
+        explanation.verdicts[candidate.reference_id] = verdict_for(explanation.references[candidate.reference_id], findings)

@@ -1,0 +1,71 @@
+"""``explain --check``: ask the node whether each candidate's cause is really there.
+
+A log line only says a failure happened. The checks in a candidate's ``detect.checks`` look
+at the node (this one, or a recorded root) for the misconfiguration itself; one engine run
+covers every candidate, and each candidate becomes confirmed (a check found it), refuted
+(every check ran and found nothing) or undecided (no check covers it, or a check could not
+reach a verdict).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from preflight.model import Finding, Reference, Status
+
+
+@dataclass
+class Verdict:
+    status: str  # confirmed | refuted | undecided
+    reason: str
+    findings: list[Finding] = field(default_factory=list)
+
+
+class NodeCheckError(Exception):
+    """The node could not be checked at all (bad root, broken config or plugin)."""
+
+
+def node_findings(check_ids: set[str], root: str, config_path: str | None) -> dict[str, list[Finding]]:
+    """Run exactly ``check_ids`` on ``root`` with the full profile; findings by reference ID."""
+    from preflight.catalogue import CatalogueError
+    from preflight.commands import _hostname, load_host_config
+    from preflight.config import ConfigError
+    from preflight.discovery import build_registry
+    from preflight.engine import RunOptions, run
+    from preflight.registry import RegistrationError
+    from preflight.sources import RootError, Sources, open_root
+
+    if not check_ids:
+        return {}
+    try:
+        fs = open_root(root)
+        hostname = _hostname(fs)
+        config = load_host_config(fs, config_path, hostname)
+        registry = build_registry(config.checks_dirs)
+        wanted = tuple(sorted(check_ids & set(registry.checks)))
+        if not wanted:
+            return {}
+        options = RunOptions(profile="full", select=wanted, timeout_s=config.timeout_s, probe_timeout_s=config.probe_timeout_s)
+        report = run(registry, Sources.for_fs(fs, config.dns), config, options, hostname)
+    except (RootError, ConfigError, RegistrationError, CatalogueError) as error:
+        raise NodeCheckError(str(error)) from None
+    by_reference: dict[str, list[Finding]] = {}
+    for finding in report.findings:
+        by_reference.setdefault(finding.reference_id, []).append(finding)
+    return by_reference
+
+
+def verdict_for(reference: Reference, findings: dict[str, list[Finding]]) -> Verdict:
+    if not reference.checks:
+        return Verdict("undecided", "no node check decides this reference; collect the evidence below by hand")
+    results = [finding for check in reference.checks for finding in findings.get(check, [])]
+    present = [f for f in results if f.status is Status.PRESENT]
+    if present:
+        return Verdict("confirmed", "the node shows the misconfiguration", present)
+    ran = {f.reference_id for f in results}
+    if ran == set(reference.checks) and all(f.status is Status.ABSENT for f in results):
+        return Verdict("refuted", "the node checks found no sign of it; look at the next candidate", results)
+    reasons = [f"{f.reference_id}: {f.status.value}" + (f" ({f.reason})" if f.reason else "") for f in results if f.status is not Status.ABSENT]
+    missing = [check for check in reference.checks if check not in findings]
+    reasons += [f"{check}: did not run" for check in missing]
+    return Verdict("undecided", "; ".join(reasons) or "the checks did not run", results)

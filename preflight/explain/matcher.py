@@ -1,0 +1,133 @@
+"""Find catalogue signatures in chunks of log text, fast.
+
+Every signature has required literals (see :mod:`preflight.signatures`). All literals of the
+catalogue go into one regular expression shaped as a trie, so the regex engine walks a chunk
+once, skipping every position whose byte cannot start a literal; only the few lines that
+contain a literal are decoded and tried against the full signatures. On a log that is mostly
+INFO noise this is what makes a million lines take seconds instead of minutes.
+
+A hard-wrapped message (a shipper cutting lines at a fixed width) can split a signature over
+two lines; when a line holds a literal but no signature matches it, the matcher also tries it
+joined with its neighbours. (A wrap that cuts through the literal itself still goes unseen.)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+from preflight.explain.prefixes import strip_ansi
+from preflight.explain.reader import MAX_LINE, Chunk
+from preflight.model import Reference
+from preflight.signatures import required_literals
+
+_MIN_WRAP_WIDTH = 60  # shorter lines are not the first half of a hard wrap
+
+
+@dataclass(frozen=True)
+class Signature:
+    reference_id: str
+    number: int  # 1-based position in the reference file, for messages and JSON
+    role: str
+    pattern: re.Pattern[str]
+    literals: tuple[str, ...]
+
+
+@dataclass
+class Hit:
+    """One line that matched one signature."""
+
+    signature: Signature
+    source: str
+    line_number: int
+    text: str  # the whole line, colour codes removed
+
+
+class Matcher:
+    def __init__(self, references: Iterable[Reference]) -> None:
+        self.signatures: list[Signature] = []
+        by_literal: dict[str, list[Signature]] = {}
+        for reference in references:
+            for number, item in enumerate(reference.signatures, 1):
+                literals = required_literals(item["pattern"])
+                signature = Signature(reference.id, number, item["role"], re.compile(item["pattern"]), literals)
+                self.signatures.append(signature)
+                for literal in literals:
+                    by_literal.setdefault(literal, []).append(signature)
+        self._by_literal = by_literal
+        self._literals_bytes = {literal.encode(): literal for literal in by_literal}
+        self.gate = re.compile(_trie_pattern(sorted(self._literals_bytes))) if by_literal else None
+
+    def scan(self, chunk: Chunk) -> Iterator[Hit]:
+        """Every signature hit in ``chunk``, in line order."""
+        if self.gate is None:
+            return
+        data = chunk.data
+        line_number = chunk.first_line
+        counted_to = 0
+        last_line_start = -1
+        for found in self.gate.finditer(data):
+            start = data.rfind(b"\n", 0, found.start()) + 1
+            if start == last_line_start:
+                continue  # this line was already tried against every candidate signature
+            last_line_start = start
+            end = data.find(b"\n", found.end())
+            end = len(data) if end < 0 else end
+            line_number += data.count(b"\n", counted_to, start)
+            counted_to = start
+            line = _decode(data[start:end])
+            hits = list(self._match_line(line, chunk.source, line_number))
+            if not hits:
+                hits = list(self._match_wrapped(data, start, end, line, chunk.source, line_number))
+            yield from hits
+
+    def _candidates(self, line: str) -> list[Signature]:
+        seen: dict[int, Signature] = {}
+        for literal, signatures in self._by_literal.items():
+            if literal in line:
+                for signature in signatures:
+                    seen[id(signature)] = signature
+        return list(seen.values())
+
+    def _match_line(self, line: str, source: str, line_number: int) -> Iterator[Hit]:
+        for signature in self._candidates(line):
+            if signature.pattern.search(line):
+                yield Hit(signature, source, line_number, line)
+
+    def _match_wrapped(self, data: bytes, start: int, end: int, line: str, source: str, line_number: int) -> Iterator[Hit]:
+        """Try the line joined with the previous and the next line (a hard-wrapped message)."""
+        if start > 0:
+            previous_start = data.rfind(b"\n", 0, start - 1) + 1
+            previous = _decode(data[previous_start : start - 1])
+            if len(previous) >= _MIN_WRAP_WIDTH:
+                yield from self._match_line(previous + line, source, line_number - 1)
+        if len(line) >= _MIN_WRAP_WIDTH and end < len(data):
+            next_end = data.find(b"\n", end + 1)
+            following = _decode(data[end + 1 : len(data) if next_end < 0 else next_end])
+            yield from self._match_line(line + following, source, line_number)
+
+
+def _decode(raw: bytes) -> str:
+    return strip_ansi(raw[:MAX_LINE].decode("utf-8", "replace").rstrip("\r"))
+
+
+def _trie_pattern(literals: list[bytes]) -> bytes:
+    """One regex matching any of ``literals``, shared prefixes factored out."""
+    trie: dict[int, dict] = {}  # type: ignore[type-arg]
+    for literal in literals:
+        node = trie
+        for byte in literal:
+            node = node.setdefault(byte, {})
+        node[-1] = {}
+
+    def build(node: dict) -> bytes:  # type: ignore[type-arg]
+        ends_here = -1 in node
+        branches = [re.escape(bytes([byte])) + build(child) for byte, child in sorted(node.items()) if byte != -1]
+        if not branches:
+            return b""
+        body = branches[0] if len(branches) == 1 else b"(?:" + b"|".join(branches) + b")"
+        # A literal ending here is already a full match; the longer ones need not be tried.
+        return b"" if ends_here else body
+
+    return build(trie)

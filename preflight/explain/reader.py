@@ -1,0 +1,167 @@
+"""Stream log inputs as chunks of whole lines, in bounded memory.
+
+Inputs are files (plain or gzip, recognised by their magic bytes, not their name), ``-`` for
+stdin, or directories of per-rank logs (walked in name order). Whatever a user points
+``explain`` at, the reader either streams it or names the problem: a missing file, a directory
+it cannot list, a binary file, a corrupt gzip stream. A line longer than ``MAX_LINE`` is cut
+into pieces of that size so a 50 MB single-line file cannot exhaust memory.
+"""
+
+from __future__ import annotations
+
+import errno
+import gzip
+import os
+import sys
+import zlib
+from dataclasses import dataclass, field
+from typing import BinaryIO, Iterator
+
+CHUNK = 1 << 20
+MAX_LINE = 64 * 1024
+_GZIP_MAGIC = b"\x1f\x8b"
+_BINARY_SAMPLE = 8192
+
+
+@dataclass
+class Chunk:
+    """Whole lines from one input; ``first_line`` is the 1-based number of the first."""
+
+    source: str
+    data: bytes
+    first_line: int
+
+
+@dataclass
+class ReadStats:
+    files: int = 0
+    lines: int = 0
+    bytes: int = 0
+    split_lines: int = 0
+    problems: list[str] = field(default_factory=list)
+
+
+def iter_inputs(paths: list[str], stats: ReadStats, stdin: BinaryIO | None = None) -> Iterator[Chunk]:
+    """Chunks of every input in order; problems go to ``stats.problems`` instead of raising."""
+    for path in paths or ["-"]:
+        if path == "-":
+            yield from _stream("<stdin>", stdin or sys.stdin.buffer, stats)
+        elif os.path.isdir(path):
+            yield from _walk(path, stats)
+        else:
+            yield from _open_and_stream(path, stats)
+
+
+def _walk(directory: str, stats: ReadStats) -> Iterator[Chunk]:
+    def on_error(error: OSError) -> None:
+        stats.problems.append(f"{error.filename}: cannot list ({_reason(error)})")
+
+    for folder, subfolders, files in os.walk(directory, onerror=on_error):
+        subfolders.sort()
+        for name in sorted(files):
+            path = os.path.join(folder, name)
+            if os.path.isfile(path):
+                yield from _open_and_stream(path, stats)
+
+
+def _open_and_stream(path: str, stats: ReadStats) -> Iterator[Chunk]:
+    try:
+        handle = open(path, "rb")
+    except OSError as error:
+        stats.problems.append(f"{path}: cannot read ({_reason(error)})")
+        return
+    with handle:
+        yield from _stream(path, handle, stats)
+
+
+def _stream(name: str, handle: BinaryIO, stats: ReadStats) -> Iterator[Chunk]:
+    try:
+        head = handle.read(_BINARY_SAMPLE)
+    except OSError as error:
+        stats.problems.append(f"{name}: cannot read ({_reason(error)})")
+        return
+    source: BinaryIO = handle
+    if head.startswith(_GZIP_MAGIC):
+        source = gzip.GzipFile(fileobj=_Prepend(head, handle), mode="rb")  # type: ignore[assignment]
+        try:
+            head = source.read(_BINARY_SAMPLE)
+        except (OSError, EOFError, zlib.error) as error:
+            stats.problems.append(f"{name}: not a readable gzip stream ({error})")
+            return
+    if _is_binary(head):
+        stats.problems.append(f"{name}: binary data, not a text log (skipped)")
+        return
+    stats.files += 1
+    yield from _lines_in_chunks(name, head, source, stats)
+
+
+def _lines_in_chunks(name: str, head: bytes, source: BinaryIO, stats: ReadStats) -> Iterator[Chunk]:
+    pending = head
+    line_number = 1
+    while True:
+        try:
+            block = source.read(CHUNK)
+        except (OSError, EOFError, zlib.error) as error:
+            stats.problems.append(f"{name}: read failed after {stats.bytes} bytes ({error}); scanned what came before")
+            block = b""
+        data = pending + block
+        if not block:
+            if data:
+                yield from _emit(name, data if data.endswith(b"\n") else data + b"\n", line_number, stats)
+            return
+        cut = data.rfind(b"\n") + 1
+        if cut == 0:
+            # An endless line: scan it in MAX_LINE pieces so memory stays bounded.
+            whole = len(data) - len(data) % MAX_LINE
+            for offset in range(0, whole, MAX_LINE):
+                stats.split_lines += 1
+                yield from _emit(name, data[offset : offset + MAX_LINE] + b"\n", line_number, stats, counts_lines=False)
+            pending = data[whole:]
+            continue
+        complete, pending = data[:cut], data[cut:]
+        line_number += yield from _emit(name, complete, line_number, stats)
+
+
+def _emit(name: str, data: bytes, first_line: int, stats: ReadStats, counts_lines: bool = True) -> Iterator[Chunk]:
+    """Yield one chunk; returns how many lines it advanced the count by."""
+    lines = data.count(b"\n") if counts_lines else 0
+    stats.lines += lines
+    stats.bytes += len(data)
+    yield Chunk(name, data, first_line)
+    return lines
+
+
+def _is_binary(head: bytes) -> bool:
+    """NUL bytes or mostly control bytes: an executable, a core file, a tarball."""
+    if b"\x00" in head:
+        return True
+    if not head:
+        return False
+    control = sum(1 for byte in head if byte < 9 or 13 < byte < 27 or 27 < byte < 32)
+    return control > len(head) // 10
+
+
+def _reason(error: OSError) -> str:
+    if error.errno is not None and error.errno in errno.errorcode:
+        return f"{error.strerror or os.strerror(error.errno)} ({errno.errorcode[error.errno]})"
+    return str(error)
+
+
+class _Prepend:
+    """A file-like object that first returns ``head``, then the rest of ``handle``."""
+
+    def __init__(self, head: bytes, handle: BinaryIO) -> None:
+        self._head = head
+        self._handle = handle
+
+    def read(self, size: int = -1) -> bytes:
+        if self._head:
+            if size < 0:
+                data, self._head = self._head + self._handle.read(), b""
+                return data
+            data, self._head = self._head[:size], self._head[size:]
+            return data
+        return self._handle.read(size)
+
+    def readable(self) -> bool:
+        return True

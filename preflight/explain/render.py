@@ -1,0 +1,189 @@
+"""Text and JSON output of ``preflight explain``."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from typing import Any
+
+from preflight.explain import Explanation
+from preflight.explain.analysis import Candidate, Evidence
+
+SCHEMA = "preflight-explain/1"
+DETAILED = 3  # candidates shown in full; the rest get one line each
+_MAX_LINE_SHOWN = 240
+
+_WHY = {
+    "cause": "the log names this failure, but more than one configuration produces the same message",
+    "context": "a setting tied to this failure appears in a log that fails; the setting alone proves nothing",
+    "symptom": "this is a downstream symptom that many root causes produce; look for an earlier cause",
+}
+
+
+def why_candidate(candidate: Candidate) -> str:
+    if candidate.synthesized:
+        return "several ranks or hosts failed one after another; the first failure is the one to explain"
+    return _WHY[candidate.tier]
+
+
+def exit_status(explanation: Explanation) -> str:
+    if not explanation.stats.files:
+        return "no-input"
+    if not explanation.candidates:
+        return "nothing-found"
+    if any(v.status == "confirmed" for v in explanation.verdicts.values()):
+        return "confirmed"
+    return "candidates"
+
+
+def render_text(explanation: Explanation) -> str:
+    stats = explanation.stats
+    out: list[str] = []
+    for problem in stats.problems:
+        out.append(f"preflight: {problem}")
+    count = len(explanation.candidates)
+    scanned = f"{stats.lines:,} lines of {stats.files} input{'s' if stats.files != 1 else ''} in {explanation.duration_s:.2f} s"
+    if not stats.files:
+        out.append("No input could be read; nothing was explained.")
+        return "\n".join(out) + "\n"
+    if not count:
+        out.append(f"No catalogued failure found ({scanned}).")
+        out.append("The logs match none of the catalogue's signatures; preflight does not guess beyond them.")
+        if explanation.settings_seen:
+            out.append("Settings noted (not failures): " + ", ".join(explanation.settings_seen))
+        return "\n".join(out) + "\n"
+    out.append(f"{count} candidate{'s' if count != 1 else ''}, best first ({scanned}).")
+    out.append("A matching message alone does not confirm a cause; each candidate lists how to check it.")
+    if stats.split_lines:
+        out.append(f"Note: {stats.split_lines} over-long lines were scanned in pieces.")
+    if explanation.check_error:
+        out.append(f"Node checks could not run: {explanation.check_error}")
+    cascade = explanation.cascade
+    if cascade:
+        first = cascade.first
+        when = f" at {first.evidence.time_text}" if first.evidence.time_text else ""
+        where = f" on {first.evidence.host}" if first.evidence.host and first.evidence.host not in first.actor else ""
+        out.append("")
+        out.append(f"First failure: {first.actor}{where}{when} ({first.evidence.location}, {first.reference_id}).")
+        until = f", the last at {cascade.last_time_text}" if cascade.last_time_text else ""
+        out.append(f"  Then {cascade.later} other rank(s)/host(s) failed{until} (ordered by {cascade.ordered_by}).")
+    for position, candidate in enumerate(explanation.candidates, 1):
+        out.append("")
+        if position <= DETAILED:
+            out.extend(_detailed(position, candidate, explanation))
+        else:
+            out.append(_one_line(position, candidate, explanation))
+    return "\n".join(out) + "\n"
+
+
+def _header(position: int, candidate: Candidate, explanation: Explanation) -> str:
+    reference = explanation.references[candidate.reference_id]
+    verdict = explanation.verdicts.get(candidate.reference_id)
+    tag = f" - {verdict.status.upper()}" if verdict else ""
+    return f"{position}. {reference.id}  {reference.title}  [{candidate.tier}, {reference.severity.value}]{tag}"
+
+
+def _one_line(position: int, candidate: Candidate, explanation: Explanation) -> str:
+    first = candidate.hits.examples[0].location if candidate.hits.examples else "cascade analysis"
+    return _header(position, candidate, explanation) + f"\n   {candidate.hits.lines} line(s), first at {first}"
+
+
+def _detailed(position: int, candidate: Candidate, explanation: Explanation) -> list[str]:
+    reference = explanation.references[candidate.reference_id]
+    hits = candidate.hits
+    lines = [_header(position, candidate, explanation)]
+    if hits.examples:
+        actors = len(hits.actors)
+        lines.append(f"   Matched {hits.lines} line(s) from {actors} rank(s)/host(s)/file(s):")
+        lines.extend(f"     {_evidence_line(item)}" for item in hits.examples[:3])
+    lines.append("   Why only a candidate: " + why_candidate(candidate) + ".")
+    verdict = explanation.verdicts.get(candidate.reference_id)
+    if verdict:
+        lines.append(f"   On the node: {verdict.status}: {verdict.reason}")
+        for finding in verdict.findings[:3]:
+            if finding.status.value == "present":
+                facts = "; ".join(f"{e.source}: {e.observed}" for e in finding.evidence[:3])
+                lines.append(f"     {finding.subject}: {facts}")
+    elif reference.checks:
+        lines.append(f"   Check the node: preflight node --select {','.join(reference.checks)}   (or explain --check)")
+    evidence = [item for item in reference.evidence if item.get("command")]
+    if evidence:
+        lines.append("   Evidence to collect:")
+        lines.extend(f"     - {item['what']}: {item['command']}" for item in evidence[:4])
+    if reference.fix:
+        lines.append("   Fix:")
+        for step in reference.fix[:4]:
+            wrapped = textwrap.wrap(" ".join(step.split()), 96) or [""]
+            lines.append(f"     - {wrapped[0]}")
+            lines.extend(f"       {more}" for more in wrapped[1:])
+    if reference.related:
+        lines.append(f"   Related: {', '.join(reference.related)}   (preflight references show ID)")
+    return lines
+
+
+def _evidence_line(item: Evidence) -> str:
+    text = item.text if len(item.text) <= _MAX_LINE_SHOWN else item.text[: _MAX_LINE_SHOWN - 3] + "..."
+    return f"{item.location}: {text}"
+
+
+def render_json(explanation: Explanation) -> str:
+    stats = explanation.stats
+    cascade = explanation.cascade
+    document: dict[str, Any] = {
+        "schema": SCHEMA,
+        "status": exit_status(explanation),
+        "inputs": {
+            "files": stats.files,
+            "lines": stats.lines,
+            "bytes": stats.bytes,
+            "split_lines": stats.split_lines,
+            "problems": stats.problems,
+        },
+        "duration_s": round(explanation.duration_s, 4),
+        "cascade": None
+        if cascade is None
+        else {
+            "first_actor": cascade.first.actor,
+            "first_host": cascade.first.evidence.host,
+            "first_reference": cascade.first.reference_id,
+            "first_location": cascade.first.evidence.location,
+            "first_time": cascade.first.evidence.time_text,
+            "later_actors": cascade.later,
+            "last_time": cascade.last_time_text,
+            "ordered_by": cascade.ordered_by,
+        },
+        "candidates": [_candidate_json(p, c, explanation) for p, c in enumerate(explanation.candidates, 1)],
+        "settings_seen": explanation.settings_seen,
+        "check_error": explanation.check_error,
+    }
+    return json.dumps(document, indent=2) + "\n"
+
+
+def _candidate_json(position: int, candidate: Candidate, explanation: Explanation) -> dict[str, Any]:
+    reference = explanation.references[candidate.reference_id]
+    verdict = explanation.verdicts.get(candidate.reference_id)
+    return {
+        "rank": position,
+        "id": reference.id,
+        "symbol": reference.symbol,
+        "title": reference.title,
+        "severity": reference.severity.value,
+        "tier": candidate.tier,
+        "score": candidate.score,
+        "synthesized": candidate.synthesized,
+        "lines": candidate.hits.lines,
+        "actors": len(candidate.hits.actors),
+        "on_first_failing_actor": candidate.on_first_actor,
+        "evidence_lines": [
+            {"location": e.location, "time": e.time_text, "actor": e.actor, "role": e.role, "signature": e.signature, "text": e.text[:2000]}
+            for e in candidate.hits.examples
+        ],
+        "why_candidate": why_candidate(candidate),
+        "checks": list(reference.checks),
+        "verdict": None
+        if verdict is None
+        else {"status": verdict.status, "reason": verdict.reason, "findings": [f.to_json() for f in verdict.findings]},
+        "evidence": [dict(item) for item in reference.evidence],
+        "fix": list(reference.fix),
+        "related": list(reference.related),
+    }

@@ -1,0 +1,153 @@
+"""The parts of ``preflight explain``: prefix peeling, the streaming reader, the literal-gated
+matcher (including hard-wrapped lines) and the ranking of causes above symptoms."""
+
+from __future__ import annotations
+
+import gzip
+import io
+from pathlib import Path
+
+import pytest
+
+from preflight.explain.analysis import Analysis
+from preflight.explain.matcher import Matcher
+from preflight.explain.prefixes import parse_line, strip_ansi
+from preflight.explain.reader import MAX_LINE, ReadStats, iter_inputs
+from preflight.model import Reference, Severity
+from preflight.signatures import required_literals, safety_problems
+
+NCCL_WARN = "gpu-node-07:20871:21002 [3] NCCL WARN NET/IB : Got completion from peer 10.1.2.8<41937> with status=12 opcode=1 len=0 vendor err 129 (Recv)"
+
+
+@pytest.mark.parametrize(
+    ("line", "host", "rank", "time_text"),
+    [
+        (NCCL_WARN, "gpu-node-07", None, None),
+        ("2026-03-14T09:21:33.123456789Z [rank3]:" + NCCL_WARN, "gpu-node-07", 3, "2026-03-14T09:21:33.123456789Z"),
+        ("[1,5]<stderr>:" + NCCL_WARN, "gpu-node-07", 5, None),
+        ("node07: " + NCCL_WARN, "gpu-node-07", None, None),
+        ("  12: " + NCCL_WARN, "gpu-node-07", 12, None),
+        ("(RayWorkerWrapper pid=81234, ip=10.0.3.7) " + NCCL_WARN, "gpu-node-07", None, None),
+        ("(RayWorkerWrapper pid=81234, ip=10.0.3.7) RuntimeError: x", "10.0.3.7", None, None),
+        ("[pod/trainer-3/pytorch] [default6]:" + NCCL_WARN, "gpu-node-07", 6, None),
+        ("[pod/trainer-3/pytorch] [default6]:RuntimeError: x", "trainer-3", 6, None),
+        ("2026-03-14T09:21:33.123Z\tjob/worker-2\t" + NCCL_WARN, "gpu-node-07", None, "2026-03-14T09:21:33.123Z"),
+        ("[rank5]:[E0314 09:31:34.000 ProcessGroupNCCL.cpp:616] [Rank 5] Watchdog caught collective operation timeout", None, 5, "03-14 09:31:34"),
+        ("Mar 14 09:20:01 gpu-node-02 kernel: [ 1234.567890] mlx5_core 0000:1a:00.0: port down", "gpu-node-02", None, "Mar 14 09:20:01"),
+        ("RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error", None, None, None),
+    ],
+)
+def test_prefixes_name_host_rank_and_time(line: str, host: str | None, rank: int | None, time_text: str | None) -> None:
+    meta, message = parse_line(line, 2026)
+    assert (meta.host, meta.rank, meta.time_text) == (host, rank, time_text)
+    assert message.split()[0] in {"NET/IB", "mlx5_core", "RuntimeError:", "INFO"} or "Watchdog" in message
+
+
+def test_timestamps_compare_across_formats_and_zones() -> None:
+    early, _ = parse_line("2026-03-14T10:21:33+01:00 x", 2026)
+    late, _ = parse_line("2026-03-14T09:21:34Z x", 2026)
+    assert early.time is not None and late.time is not None and early.time < late.time
+
+
+def test_colour_codes_and_their_remnants_are_removed() -> None:
+    assert strip_ansi("\x1b[33mNCCL WARN\x1b[0m x") == "NCCL WARN x"
+    assert strip_ansi("[31mNCCL WARN[0m x") == "NCCL WARN x"
+    assert strip_ansi("[rank3]: x[1]") == "[rank3]: x[1]"
+
+
+def _reference(ref_id: str, *signatures: tuple[str, str]) -> Reference:
+    return Reference(
+        id=ref_id, symbol=ref_id.lower(), title=ref_id, area="test", severity=Severity.ERROR, summary="s", fix=("f",),
+        signatures=tuple({"pattern": pattern, "role": role, "examples": []} for role, pattern in signatures),
+    )
+
+
+CAUSE = _reference("IBX001", ("cause", r"vendor err 129"))
+SYMPTOM = _reference("NCX001", ("symptom", r"Watchdog caught collective operation timeout"))
+SETTING = _reference("NEX001", ("context", r"NET/Socket : Using \[0\]docker0"))
+
+
+def _explain(text: str, *references: Reference) -> Analysis:
+    matcher = Matcher(references or (CAUSE, SYMPTOM, SETTING))
+    analysis = Analysis(year=2026)
+    stats = ReadStats()
+    for chunk in iter_inputs(["-"], stats, io.BytesIO(text.encode())):
+        for hit in matcher.scan(chunk):
+            analysis.add(hit)
+    return analysis
+
+
+def test_cause_outranks_earlier_and_more_numerous_symptoms() -> None:
+    lines = [f"2026-03-14T09:3{n}:00Z [rank{n}]:[Rank {n}] Watchdog caught collective operation timeout" for n in range(5)]
+    lines.append("2026-03-14T09:29:00Z [rank3]:" + NCCL_WARN)
+    analysis = _explain("\n".join(lines) + "\n")
+    ranked = [c.reference_id for c in analysis.candidates()]
+    assert ranked == ["IBX001", "NCX001", "NCCL014"]  # the cascade reference comes last, as a symptom
+    cascade = analysis.cascade()
+    assert cascade is not None and cascade.first.actor == "rank 3" and cascade.first.evidence.host == "gpu-node-07"
+    assert cascade.later == 4
+    assert cascade.ordered_by == "timestamps"
+
+
+def test_a_setting_counts_only_when_the_log_also_fails() -> None:
+    setting = "host:1:2 [0] NCCL INFO NET/Socket : Using [0]docker0:172.17.0.2<0>\n"
+    assert _explain(setting * 3).candidates() == []
+    assert [e.reference_id for e in _explain(setting).settings_seen()] == ["NEX001"]
+    failing = setting + "[Rank 0] Watchdog caught collective operation timeout\n"
+    assert [c.reference_id for c in _explain(failing).candidates()] == ["NEX001", "NCX001"]
+
+
+def test_line_numbers_survive_chunking(monkeypatch: pytest.MonkeyPatch) -> None:
+    import preflight.explain.reader as reader
+
+    monkeypatch.setattr(reader, "CHUNK", 64)
+    text = "".join(f"noise line {n}\n" for n in range(1, 200)) + NCCL_WARN + "\n" + "tail\n" * 50
+    analysis = _explain(text)
+    example = analysis.by_reference["IBX001"].examples[0]
+    assert example.line_number == 200
+
+
+def test_hard_wrapped_message_is_rejoined() -> None:
+    wrapped = NCCL_WARN[:100] + "\n" + NCCL_WARN[100:] + "\n"
+    assert "vendor err 129" not in wrapped.splitlines()[0]
+    analysis = _explain(wrapped, _reference("IBX002", ("cause", r"Got completion from peer \S+ with status=12 opcode=1")))
+    assert [c.reference_id for c in analysis.candidates()] == ["IBX002"]
+
+
+def _read_all(paths: list[str], stdin: bytes = b"") -> tuple[ReadStats, bytes]:
+    stats = ReadStats()
+    data = b"".join(chunk.data for chunk in iter_inputs(paths, stats, io.BytesIO(stdin)))
+    return stats, data
+
+
+def test_reader_handles_gzip_directories_and_bad_inputs(tmp_path: Path) -> None:
+    (tmp_path / "ranks").mkdir()
+    (tmp_path / "ranks" / "rank0.log").write_text("a\nb\n")
+    with gzip.open(tmp_path / "ranks" / "rank1.log.gz", "wt") as handle:
+        handle.write("c\nd")
+    (tmp_path / "core").write_bytes(b"\x7fELF\x00\x00\x01" * 100)
+    (tmp_path / "latin1.log").write_bytes("caf\xe9 vendor\n".encode("latin-1"))
+    (tmp_path / "broken.gz").write_bytes(b"\x1f\x8b\x08\x00garbage")
+    stats, data = _read_all([str(tmp_path / "ranks"), str(tmp_path / "core"), str(tmp_path / "missing.log"), str(tmp_path / "latin1.log"), str(tmp_path / "broken.gz")])
+    assert data == b"a\nb\nc\nd\ncaf\xe9 vendor\n"
+    assert stats.files == 3 and stats.lines == 5
+    problems = "\n".join(stats.problems)
+    assert "core: binary data" in problems and "missing.log: cannot read" in problems and "ENOENT" in problems
+    assert "broken.gz" in problems
+
+
+def test_an_endless_line_is_scanned_in_pieces(tmp_path: Path) -> None:
+    path = tmp_path / "one-line.log"
+    path.write_bytes(b"x" * (MAX_LINE * 5 + 10))
+    stats = ReadStats()
+    sizes = [len(chunk.data) for chunk in iter_inputs([str(path)], stats)]
+    assert max(sizes) <= MAX_LINE + 1 and stats.split_lines == 5 and stats.lines == 1
+
+
+def test_literals_and_safety_of_patterns() -> None:
+    assert required_literals(r"Got completion (?:from peer \S+ )?with") == ("Got completion ",)
+    assert required_literals(r"(?:Connection refused|ECONNREFUSED)") == ("Connection refused", "ECONNREFUSED")
+    assert required_literals(r"(?i)vendor err") == ()
+    assert required_literals(r"\d+ ab") == ()
+    assert safety_problems(r"(a+)+b") and safety_problems(r".*a.*b.*c") and safety_problems(r"(a)\1")
+    assert safety_problems(r"vendor err (\d+).{0,80}status") == []
