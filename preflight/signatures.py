@@ -13,13 +13,20 @@ Two properties keep ``preflight explain`` fast and safe on untrusted logs:
 
 from __future__ import annotations
 
+import importlib
 import re
 from typing import Any
 
-try:  # Python 3.11+ keeps the parser here; 3.10 still has the public module
-    from re import _parser as sre_parse  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - Python 3.10
-    import sre_parse  # type: ignore[no-redef]
+def _load_parser() -> Any:
+    """The regex parser: ``re._parser`` from Python 3.11, the (since deprecated) ``sre_parse``
+    module before that."""
+    try:
+        return importlib.import_module("re._parser")
+    except ImportError:  # pragma: no cover - Python 3.10
+        return importlib.import_module("sre_parse")
+
+
+sre_parse = _load_parser()
 
 ROLES = ("cause", "symptom", "context")
 MIN_LITERAL = 4

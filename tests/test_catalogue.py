@@ -45,3 +45,58 @@ def test_validation_reports_schema_breaks() -> None:
     assert any("severity" in p for p in problems) and any("surprise" in p for p in problems)
     broken = {**document, "signatures": [{"pattern": "abc", "examples": ["xyz"]}]}
     assert any("does not match" in p for p in validate_document(broken))
+
+
+SEED_TITLES = (Path(__file__).resolve().parent / "data" / "seed-titles.txt").read_text().splitlines()
+
+
+def test_every_seed_title_has_exactly_one_reference_with_that_title() -> None:
+    titles = [r.title for r in load_all()]
+    assert len(SEED_TITLES) == 90
+    missing = [t for t in SEED_TITLES if t not in titles]
+    assert not missing, missing
+    assert sorted(titles) == sorted(SEED_TITLES)
+
+
+def test_overlapping_references_link_each_other() -> None:
+    by_id = {r.id: r for r in load_all()}
+    for reference in by_id.values():
+        for other in reference.related:
+            assert reference.id in by_id[other].related, f"{reference.id} links {other}, but not back"
+    assert "NCCL017" in by_id["NCCL016"].related and "NCCL016" in by_id["NCCL017"].related
+    assert "NCCL004" in by_id["NCCL003"].related and "NCCL003" in by_id["NCCL004"].related
+
+
+def test_references_cite_sources_and_name_no_other_product() -> None:
+    for path in sorted(REFERENCES.glob("*.toml")):
+        text = path.read_text()
+        assert "denpex" not in text.lower(), path.name
+        document = loads(text)
+        assert len(document["sources"]) >= 2, path.name
+        assert document["signatures"], f"{path.name} has no log signature for explain"
+
+
+def test_every_signature_is_linear_on_adversarial_lines() -> None:
+    """Built from each pattern's own examples and literals: near misses, repeats, long runs."""
+    import re
+    import time
+
+    from preflight.signatures import required_literals, safety_problems
+
+    slow = []
+    for reference in load_all():
+        for number, item in enumerate(reference.signatures, 1):
+            pattern = re.compile(item["pattern"])
+            assert safety_problems(item["pattern"]) == [], (reference.id, number)
+            literals = required_literals(item["pattern"])
+            inputs = ["a" * 20000, " " * 20000, "0" * 20000, ":" * 20000]
+            for example in item["examples"]:
+                middle = len(example) // 2
+                inputs += [(example[:-1] + " ") * (20000 // len(example)), example[:middle] + example[middle - 5 : middle] * 3000]
+            inputs += [(literal + " x") * (20000 // (len(literal) + 2)) for literal in literals]
+            for text in inputs:
+                begin = time.perf_counter()
+                pattern.search(text)
+                if time.perf_counter() - begin > 0.05:
+                    slow.append(f"{reference.id} signature #{number}")
+    assert not slow, slow

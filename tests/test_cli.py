@@ -137,6 +137,20 @@ def test_references_list_and_show(run_cli: Runner) -> None:
     shown = run_cli("references", "show", "memlock-limit-too-low")
     assert shown.returncode == 0 and "OFI Memlock Exhaustion" in shown.stdout and "Sources" in shown.stdout
     assert run_cli("references", "show", "XYZ999").returncode == 3
+    assert len(listed) == 90
+    table = run_cli("references", "list")
+    assert table.returncode == 0 and len(table.stdout.splitlines()) == 92  # header, rule, 90 rows
+
+
+def test_references_search(run_cli: Runner) -> None:
+    found = run_cli("references", "search", "vendor", "err", "129")
+    assert found.returncode == 0
+    ids = [line.split()[0] for line in found.stdout.splitlines()[2:]]
+    assert ids[0] == "IB006" and "ROCE006" in ids  # title matches first
+    as_json = json.loads(run_cli("references", "search", "memlock", "--format", "json").stdout)
+    assert "MEM001" in {r["id"] for r in as_json}
+    nothing = run_cli("references", "search", "no-such-words-anywhere")
+    assert nothing.returncode == 1 and "No reference mentions" in nothing.stdout
 
 
 def test_version(run_cli: Runner) -> None:

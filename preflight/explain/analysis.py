@@ -28,6 +28,8 @@ from preflight.explain.prefixes import LineMeta, parse_line
 TIERS = ("cause", "context", "symptom")
 _WEIGHTS = {"cause": 10, "context": 4, "symptom": 3}
 _FIRST_ACTOR_BONUS = 5
+_UNEXPLAINED_CASCADE_BONUS = 100
+GENERIC_FAILURE = ""  # reference ID of the matcher's built-in, uncatalogued failure signatures
 MAX_EXAMPLES = 5
 MAX_ACTORS = 10_000
 CASCADE_REFERENCE = "NCCL014"
@@ -63,8 +65,9 @@ class ReferenceHits:
 class FirstFailure:
     actor: str
     evidence: Evidence
-    reference_id: str
+    reference_id: str  # "" for an uncatalogued failure (a Python exception, a traceback)
     sort_key: tuple[float, int]
+    references_on_line: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -102,6 +105,12 @@ class Analysis:
     def add(self, hit: Hit) -> None:
         self._order += 1
         signature = hit.signature
+        if signature.reference_id == GENERIC_FAILURE:
+            meta, _message = parse_line(hit.text, self._year)
+            actor = meta.actor or _actor_from_source(hit.source)
+            evidence = Evidence(hit.source, hit.line_number, hit.text, "symptom", 0, meta.time_text, actor, meta.host)
+            self._note_failure(actor, evidence, "", meta, (meta.time if meta.time is not None else float("inf"), self._order), hit.source)
+            return
         entry = self.by_reference.get(signature.reference_id)
         if signature.role == "context" and entry is not None and len(entry.examples) >= MAX_EXAMPLES:
             entry.roles[signature.number] = signature.role
@@ -130,8 +139,15 @@ class Analysis:
         known = self.first_failures.get(actor)
         if known is None and len(self.first_failures) >= MAX_ACTORS:
             return
-        if known is None or key < known.sort_key:
-            self.first_failures[actor] = FirstFailure(actor, evidence, reference_id, key)
+        if known is not None and not known.reference_id and reference_id and _same_moment(known, evidence, key):
+            # A traceback header came first; the catalogued message that ends it is the failure.
+            known.evidence, known.reference_id, known.references_on_line = evidence, reference_id, {reference_id}
+        elif known is not None and known.evidence.location == evidence.location:
+            known.references_on_line.add(reference_id)  # another signature on the same first line
+            if not known.reference_id:
+                known.reference_id = reference_id
+        elif known is None or key < known.sort_key:
+            self.first_failures[actor] = FirstFailure(actor, evidence, reference_id, key, {reference_id})
 
     def cascade(self) -> Cascade | None:
         if len(self.first_failures) < 2:
@@ -157,19 +173,36 @@ class Analysis:
                 continue  # a setting seen in a healthy log is not a failure candidate
             score = sum(_WEIGHTS[role] for role in entry.roles.values())
             on_first = first_actor is not None and first_actor in entry.actors and tier != "context"
-            if on_first and cascade and cascade.first.reference_id == entry.reference_id:
+            if on_first and cascade and entry.reference_id in cascade.first.references_on_line:
                 score += _FIRST_ACTOR_BONUS
+            if cascade and entry.reference_id == CASCADE_REFERENCE and self._cascade_unexplained(cascade):
+                score += _UNEXPLAINED_CASCADE_BONUS
             result.append(Candidate(entry.reference_id, tier, score, entry, on_first))
         if cascade and CASCADE_REFERENCE not in self.by_reference:
-            result.append(Candidate(CASCADE_REFERENCE, "symptom", 0, ReferenceHits(CASCADE_REFERENCE), False, synthesized=True))
+            bonus = _UNEXPLAINED_CASCADE_BONUS if self._cascade_unexplained(cascade) else 0
+            result.append(Candidate(CASCADE_REFERENCE, "symptom", bonus, ReferenceHits(CASCADE_REFERENCE), False, synthesized=True))
         result.sort(key=lambda c: (TIERS.index(c.tier), -c.score, c.hits.first, c.reference_id))
         return result
+
+    def _cascade_unexplained(self, cascade: Cascade) -> bool:
+        """The first actor failed with an exception or traceback no reference describes, and the
+        others failed after it: the cascade is then the best description of what happened."""
+        return cascade.first.references_on_line <= {GENERIC_FAILURE}
 
     def settings_seen(self) -> list[ReferenceHits]:
         """Context-only matches in a log without failures: worth a mention, not a diagnosis."""
         if self.failure_lines:
             return []
         return [e for e in self.by_reference.values() if set(e.roles.values()) == {"context"}]
+
+
+def _same_moment(known: FirstFailure, evidence: Evidence, key: tuple[float, int]) -> bool:
+    """Two lines of one actor that belong to the same error report (one traceback)."""
+    if known.evidence.source != evidence.source:
+        return False
+    if key[0] != float("inf") and known.sort_key[0] != float("inf"):
+        return abs(key[0] - known.sort_key[0]) <= 1.0
+    return 0 <= evidence.line_number - known.evidence.line_number <= 60
 
 
 def _actor_from_source(source: str) -> str:

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
-from preflight.explain.prefixes import strip_ansi
+from preflight.explain.prefixes import parse_line, strip_ansi
 from preflight.explain.reader import MAX_LINE, Chunk
 from preflight.model import Reference
 from preflight.signatures import required_literals
@@ -44,17 +44,29 @@ class Hit:
     text: str  # the whole line, colour codes removed
 
 
+# Failures no reference describes still tell a cascade analysis who failed first: a rank that
+# raised a Python exception before everyone else timed out is the rank to look at. These hits
+# carry the empty reference ID and never become candidates.
+GENERIC_FAILURES = (
+    r"Traceback \(most recent call last\)",
+    r"(?:^|[\s:\]])(?:[A-Za-z_][\w.]{0,100}\.)?[A-Z]\w{0,60}(?:Error|Exception): \S",
+    r"slurmstepd: error: \*\*\* (?:STEP|JOB) \S+ ON \S+ CANCELLED AT",  # time limit, scancel, node failure
+    r"srun: error: \S+: tasks? [\d,-]+: (?:Exited with exit code|Killed|Terminated|Segmentation fault)",
+)
+
+
 class Matcher:
     def __init__(self, references: Iterable[Reference]) -> None:
         self.signatures: list[Signature] = []
         by_literal: dict[str, list[Signature]] = {}
-        for reference in references:
-            for number, item in enumerate(reference.signatures, 1):
-                literals = required_literals(item["pattern"])
-                signature = Signature(reference.id, number, item["role"], re.compile(item["pattern"]), literals)
-                self.signatures.append(signature)
-                for literal in literals:
-                    by_literal.setdefault(literal, []).append(signature)
+        generic = [("", number, {"pattern": p, "role": "symptom"}) for number, p in enumerate(GENERIC_FAILURES, 1)]
+        catalogued = [(r.id, number, item) for r in references for number, item in enumerate(r.signatures, 1)]
+        for reference_id, number, item in [*catalogued, *generic]:
+            literals = required_literals(item["pattern"])
+            signature = Signature(reference_id, number, item["role"], re.compile(item["pattern"]), literals)
+            self.signatures.append(signature)
+            for literal in literals:
+                by_literal.setdefault(literal, []).append(signature)
         self._by_literal = by_literal
         self._literals_bytes = {literal.encode(): literal for literal in by_literal}
         self.gate = re.compile(_trie_pattern(sorted(self._literals_bytes))) if by_literal else None
@@ -96,8 +108,11 @@ class Matcher:
                 yield Hit(signature, source, line_number, line)
 
     def _match_wrapped(self, data: bytes, start: int, end: int, line: str, source: str, line_number: int) -> Iterator[Hit]:
-        """Try the line joined with the previous and the next line (a hard-wrapped message)."""
-        if start > 0:
+        """Try the line joined with the previous or the next line (a hard-wrapped message).
+
+        Only a line that starts without any log prefix can be a continuation; two consecutive
+        records of an interleaved log are never joined."""
+        if start > 0 and _is_continuation(line):
             previous_start = data.rfind(b"\n", 0, start - 1) + 1
             previous = _decode(data[previous_start : start - 1])
             if len(previous) >= _MIN_WRAP_WIDTH:
@@ -105,7 +120,16 @@ class Matcher:
         if len(line) >= _MIN_WRAP_WIDTH and end < len(data):
             next_end = data.find(b"\n", end + 1)
             following = _decode(data[end + 1 : len(data) if next_end < 0 else next_end])
-            yield from self._match_line(line + following, source, line_number)
+            if _is_continuation(following):
+                yield from self._match_line(line + following, source, line_number)
+
+
+def _is_continuation(line: str) -> bool:
+    """No prefix a launcher, shipper or NCCL would put at the start of a new record."""
+    if not line or line[0] in " \t":
+        return False  # indented lines are tracebacks and tables, not cut messages
+    _meta, message = parse_line(line, 2000)
+    return message == line
 
 
 def _decode(raw: bytes) -> str:

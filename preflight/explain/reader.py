@@ -15,7 +15,7 @@ import os
 import sys
 import zlib
 from dataclasses import dataclass, field
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Generator, Iterator, cast
 
 CHUNK = 1 << 20
 MAX_LINE = 64 * 1024
@@ -82,7 +82,7 @@ def _stream(name: str, handle: BinaryIO, stats: ReadStats) -> Iterator[Chunk]:
         return
     source: BinaryIO = handle
     if head.startswith(_GZIP_MAGIC):
-        source = gzip.GzipFile(fileobj=_Prepend(head, handle), mode="rb")  # type: ignore[assignment]
+        source = cast(BinaryIO, gzip.GzipFile(fileobj=cast(BinaryIO, _Prepend(head, handle)), mode="rb"))
         try:
             head = source.read(_BINARY_SAMPLE)
         except (OSError, EOFError, zlib.error) as error:
@@ -122,7 +122,7 @@ def _lines_in_chunks(name: str, head: bytes, source: BinaryIO, stats: ReadStats)
         line_number += yield from _emit(name, complete, line_number, stats)
 
 
-def _emit(name: str, data: bytes, first_line: int, stats: ReadStats, counts_lines: bool = True) -> Iterator[Chunk]:
+def _emit(name: str, data: bytes, first_line: int, stats: ReadStats, counts_lines: bool = True) -> Generator[Chunk, None, int]:
     """Yield one chunk; returns how many lines it advanced the count by."""
     lines = data.count(b"\n") if counts_lines else 0
     stats.lines += lines
