@@ -151,3 +151,27 @@ def test_literals_and_safety_of_patterns() -> None:
     assert required_literals(r"\d+ ab") == ()
     assert safety_problems(r"(a+)+b") and safety_problems(r".*a.*b.*c") and safety_problems(r"(a)\1")
     assert safety_problems(r"vendor err (\d+).{0,80}status") == []
+
+
+def test_parallel_scan_reports_the_same_hits_in_the_same_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import preflight.explain.parallel as parallel
+    import preflight.explain.reader as reader
+    from preflight.catalogue import load_all
+
+    monkeypatch.setattr(reader, "CHUNK", 4096)
+    monkeypatch.setattr(parallel, "PARALLEL_AFTER_BYTES", 8192)
+    log = tmp_path / "ranks.log"
+    with open(log, "w") as handle:
+        for n in range(20000):
+            handle.write(f"host{n % 7}:1:2 [0] NCCL INFO Channel {n % 32:02d}/0 : 0[0] -> 1[1] via P2P/IPC\n")
+            if n % 997 == 0:
+                handle.write(f"[rank{n % 64}]:" + NCCL_WARN + "\n")
+    matcher = Matcher(load_all())
+
+    def hits(workers: int) -> list[tuple[str, int, int, str]]:
+        stats = ReadStats()
+        found = parallel.scan_chunks(matcher, iter_inputs([str(log)], stats), stats, workers=workers)
+        return [(h.signature.reference_id, h.signature.number, h.line_number, h.text) for h in found]
+
+    serial = hits(1)
+    assert len(serial) >= 20 and serial == hits(2)

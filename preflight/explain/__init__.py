@@ -34,15 +34,15 @@ def explain(paths: list[str], stdin: BinaryIO | None = None, catalogue_dir: str 
     """Scan ``paths`` (``-`` or none for stdin) and rank the candidates."""
     from preflight.catalogue import load_all
     from preflight.explain.matcher import Matcher
+    from preflight.explain.parallel import scan_chunks
 
     started = time.perf_counter()
     references = {reference.id: reference for reference in load_all(catalogue_dir)}
     matcher = Matcher(references.values())
     stats = ReadStats()
     analysis = Analysis()
-    for chunk in iter_inputs(paths, stats, stdin):
-        for hit in matcher.scan(chunk):
-            analysis.add(hit)
+    for hit in scan_chunks(matcher, iter_inputs(paths, stats, stdin), stats):
+        analysis.add(hit)
     candidates = [c for c in analysis.candidates() if c.reference_id in references]
     settings = [entry.reference_id for entry in analysis.settings_seen()]
     return Explanation(stats, candidates, references, analysis.cascade(), settings, time.perf_counter() - started)

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
-from preflight.explain.prefixes import parse_line, strip_ansi
+from preflight.explain.prefixes import strip_ansi
 from preflight.explain.reader import MAX_LINE, Chunk
 from preflight.model import Reference
 from preflight.signatures import required_literals
@@ -68,8 +68,9 @@ class Matcher:
             for literal in literals:
                 by_literal.setdefault(literal, []).append(signature)
         self._by_literal = by_literal
-        self._literals_bytes = {literal.encode(): literal for literal in by_literal}
-        self.gate = re.compile(_trie_pattern(sorted(self._literals_bytes))) if by_literal else None
+        self._literals_by_gate = _gates(list(by_literal))
+        gates = sorted(self._literals_by_gate)
+        self.gate = re.compile(_trie_pattern(gates)) if gates else None
 
     def scan(self, chunk: Chunk) -> Iterator[Hit]:
         """Every signature hit in ``chunk``, in line order."""
@@ -78,34 +79,52 @@ class Matcher:
         data = chunk.data
         line_number = chunk.first_line
         counted_to = 0
-        last_line_start = -1
+        next_line_start = -1
         for found in self.gate.finditer(data):
-            start = data.rfind(b"\n", 0, found.start()) + 1
-            if start == last_line_start:
+            if found.start() < next_line_start:
                 continue  # this line was already tried against every candidate signature
-            last_line_start = start
+            start = data.rfind(b"\n", 0, found.start()) + 1
             end = data.find(b"\n", found.end())
             end = len(data) if end < 0 else end
+            next_line_start = end + 1
+            raw = data[start : min(end, start + MAX_LINE)]
+            candidates = self._candidates(raw, found.start() - start)
+            if not candidates:
+                continue  # a gate without its full literal: noise
             line_number += data.count(b"\n", counted_to, start)
             counted_to = start
-            line = _decode(data[start:end])
-            hits = list(self._match_line(line, chunk.source, line_number))
+            line = _decode(raw)
+            hits = list(self._match_line(line, candidates, chunk.source, line_number))
             if not hits:
                 hits = list(self._match_wrapped(data, start, end, line, chunk.source, line_number))
             yield from hits
 
-    def _candidates(self, line: str) -> list[Signature]:
-        seen: dict[int, Signature] = {}
-        for literal, signatures in self._by_literal.items():
-            if literal in line:
-                for signature in signatures:
-                    seen[id(signature)] = signature
-        return list(seen.values())
+    def _candidates(self, raw: bytes, position: int = 0) -> list[Signature]:
+        """Signatures one of whose literals occurs in the raw line at or after ``position``."""
+        assert self.gate is not None
+        gates: set[bytes] = set()
+        while True:
+            match = self.gate.search(raw, position)
+            if match is None:
+                break
+            gates.add(match.group())
+            position = match.start() + 1  # gates may overlap
+        found: dict[int, Signature] = {}
+        for gate in gates:
+            for literal in self._literals_by_gate[gate]:
+                if literal in raw:
+                    for signature in self._by_literal[literal.decode()]:
+                        found[id(signature)] = signature
+        return list(found.values())
 
-    def _match_line(self, line: str, source: str, line_number: int) -> Iterator[Hit]:
-        for signature in self._candidates(line):
+    def _match_line(self, line: str, candidates: list[Signature], source: str, line_number: int) -> Iterator[Hit]:
+        for signature in candidates:
             if signature.pattern.search(line):
                 yield Hit(signature, source, line_number, line)
+
+    def _match_joined(self, joined: str, source: str, line_number: int) -> Iterator[Hit]:
+        raw = joined.encode("utf-8", "replace")
+        yield from self._match_line(joined, self._candidates(raw), source, line_number)
 
     def _match_wrapped(self, data: bytes, start: int, end: int, line: str, source: str, line_number: int) -> Iterator[Hit]:
         """Try the line joined with the previous or the next line (a hard-wrapped message).
@@ -116,20 +135,68 @@ class Matcher:
             previous_start = data.rfind(b"\n", 0, start - 1) + 1
             previous = _decode(data[previous_start : start - 1])
             if len(previous) >= _MIN_WRAP_WIDTH:
-                yield from self._match_line(previous + line, source, line_number - 1)
+                yield from self._match_joined(previous + line, source, line_number - 1)
         if len(line) >= _MIN_WRAP_WIDTH and end < len(data):
             next_end = data.find(b"\n", end + 1)
             following = _decode(data[end + 1 : len(data) if next_end < 0 else next_end])
             if _is_continuation(following):
-                yield from self._match_line(line + following, source, line_number)
+                yield from self._match_joined(line + following, source, line_number)
+
+
+# Printable bytes from the most to the least frequent in GPU job logs (measured on the test
+# corpus). Gates start at rare bytes, so the regex engine skips most positions of a line with a
+# single bitmap test instead of trying hundreds of alternatives there.
+_COMMON_TO_RARE = (
+    " 01eron:t2a-iscdl4p3Cu5[]Nm./6I8g7k9hLf_bOT,=vFREyxPDwBGS>(*)UAMZ<WHz|qV\"+^'j#;Y\tKX?!%{}QJ@$&`\\~"
+)
+_RARITY = {ord(char): rank for rank, char in enumerate(_COMMON_TO_RARE)}
+_GATE_MIN = 4
+_GATE_MAX = 12
+
+
+def _gates(literals: list[str]) -> dict[bytes, list[bytes]]:
+    """Short substrings ("gates") such that every literal contains one, each starting with a
+    byte from a small set of rare bytes; maps each gate to the literals it stands for.
+
+    The start bytes are a greedy weighted set cover: repeatedly take the byte that opens a gate
+    in the most remaining literals per unit of its frequency in logs."""
+    encoded = [literal.encode() for literal in literals]
+    openings = [{raw[i] for i in range(max(1, len(raw) - _GATE_MIN + 1))} for raw in encoded]
+    by_byte: dict[int, set[int]] = {}
+    for index, bytes_ in enumerate(openings):
+        for byte in bytes_:
+            by_byte.setdefault(byte, set()).add(index)
+    weight = {byte: len(_RARITY) - _RARITY.get(byte, len(_RARITY)) + 1 for byte in by_byte}
+    uncovered = set(range(len(encoded)))
+    chosen: set[int] = set()
+    while uncovered:
+        byte = max(by_byte, key=lambda b: (len(by_byte[b] & uncovered) / weight[b], -b))
+        chosen.add(byte)
+        uncovered -= by_byte[byte]
+    gate_of = {}
+    for raw in encoded:
+        start = next(i for i in range(max(1, len(raw) - _GATE_MIN + 1)) if raw[i] in chosen)
+        gate_of[raw] = raw[start : start + _GATE_MAX]
+    # A gate that is a prefix of another also stands for that one's literals: the trie stops at
+    # the shorter gate, so the longer one is never reported on its own.
+    result: dict[bytes, list[bytes]] = {}
+    for gate in set(gate_of.values()):
+        result[gate] = [raw for raw, other in gate_of.items() if other.startswith(gate)]
+    return result
+
+
+# How a new record starts: a timestamp, a bracketed tag, a Ray/pod prefix, an NCCL
+# "host:pid:tid [dev]" header, an srun label, a "host: " pdsh prefix or a syslog date.
+_RECORD_START = re.compile(
+    r"\d{4}-\d\d-\d\d|[\[(]|[\w.-]+:\d+:\d+ \[| *\d{1,6}: |[\w.-]+: |[A-Z][a-z]{2} +\d{1,2} \d\d:|[IWEF]\d{4} "
+)
 
 
 def _is_continuation(line: str) -> bool:
     """No prefix a launcher, shipper or NCCL would put at the start of a new record."""
     if not line or line[0] in " \t":
         return False  # indented lines are tracebacks and tables, not cut messages
-    _meta, message = parse_line(line, 2000)
-    return message == line
+    return _RECORD_START.match(line) is None
 
 
 def _decode(raw: bytes) -> str:
