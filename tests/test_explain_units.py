@@ -35,12 +35,14 @@ NCCL_WARN = "gpu-node-07:20871:21002 [3] NCCL WARN NET/IB : Got completion from 
         ("[rank5]:[E0314 09:31:34.000 ProcessGroupNCCL.cpp:616] [Rank 5] Watchdog caught collective operation timeout", None, 5, "03-14 09:31:34"),
         ("Mar 14 09:20:01 gpu-node-02 kernel: [ 1234.567890] mlx5_core 0000:1a:00.0: port down", "gpu-node-02", None, "Mar 14 09:20:01"),
         ("RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error", None, None, None),
+        ("[1773480093.500000] [gpu-node-07:20871:0]    ib_mlx5_log.c:177  UCX  ERROR Transport retry", "gpu-node-07", None, "2026-03-14T09:21:33.500000Z"),
+        ("node07: [2026-03-14 09:21:33,123] [INFO] [comm.py:652:init_distributed] RuntimeError: x", "node07", None, "2026-03-14 09:21:33,123"),
     ],
 )
 def test_prefixes_name_host_rank_and_time(line: str, host: str | None, rank: int | None, time_text: str | None) -> None:
     meta, message = parse_line(line, 2026)
     assert (meta.host, meta.rank, meta.time_text) == (host, rank, time_text)
-    assert message.split()[0] in {"NET/IB", "mlx5_core", "RuntimeError:", "INFO"} or "Watchdog" in message
+    assert message.split()[0] in {"NET/IB", "mlx5_core", "RuntimeError:", "Transport"} or "Watchdog" in message
 
 
 def test_timestamps_compare_across_formats_and_zones() -> None:

@@ -26,11 +26,12 @@ from preflight.explain.matcher import Hit
 from preflight.explain.prefixes import LineMeta, parse_line
 
 TIERS = ("cause", "context", "symptom")
+_DISPLAY_ORDER = ("cause", "symptom", "context")  # failures first, settings after
 _WEIGHTS = {"cause": 10, "context": 4, "symptom": 3}
 _FIRST_ACTOR_BONUS = 5
 _UNEXPLAINED_CASCADE_BONUS = 100
 GENERIC_FAILURE = ""  # reference ID of the matcher's built-in, uncatalogued failure signatures
-MAX_EXAMPLES = 5
+MAX_EXAMPLES_PER_ROLE = 3  # example lines kept per reference and role: memory stays bounded
 MAX_ACTORS = 10_000
 CASCADE_REFERENCE = "NCCL014"
 
@@ -112,7 +113,7 @@ class Analysis:
             self._note_failure(actor, evidence, "", meta, (meta.time if meta.time is not None else float("inf"), self._order), hit.source)
             return
         entry = self.by_reference.get(signature.reference_id)
-        if signature.role == "context" and entry is not None and len(entry.examples) >= MAX_EXAMPLES:
+        if signature.role == "context" and entry is not None and _examples_of(entry, "context") >= MAX_EXAMPLES_PER_ROLE:
             entry.roles[signature.number] = signature.role
             entry.lines += 1  # a setting repeated by every rank: count it, skip the prefix parse
             return
@@ -122,8 +123,9 @@ class Analysis:
         entry = self.by_reference.setdefault(signature.reference_id, ReferenceHits(signature.reference_id))
         entry.roles[signature.number] = signature.role
         entry.lines += 1
-        if len(entry.examples) < MAX_EXAMPLES and all(e.location != evidence.location for e in entry.examples):
+        if _examples_of(entry, signature.role) < MAX_EXAMPLES_PER_ROLE and all(e.location != evidence.location for e in entry.examples):
             entry.examples.append(evidence)
+            entry.examples.sort(key=lambda e: _DISPLAY_ORDER.index(e.role))
         key = (meta.time if meta.time is not None else float("inf"), self._order)
         entry.first = min(entry.first, key)
         if len(entry.actors) < MAX_ACTORS:
@@ -194,6 +196,10 @@ class Analysis:
         if self.failure_lines:
             return []
         return [e for e in self.by_reference.values() if set(e.roles.values()) == {"context"}]
+
+
+def _examples_of(entry: ReferenceHits, role: str) -> int:
+    return sum(1 for example in entry.examples if example.role == role)
 
 
 def _same_moment(known: FirstFailure, evidence: Evidence, key: tuple[float, int]) -> bool:

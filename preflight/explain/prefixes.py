@@ -25,7 +25,9 @@ _ISO = re.compile(
     r"\[?(?P<iso>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d)(?P<frac>[.,]\d{1,9})?(?P<tz>Z|[+-]\d\d:?\d\d)?\]?[ \t]*"
 )
 _SYSLOG = re.compile(r"(?P<mon>[A-Z][a-z]{2}) +(?P<day>\d{1,2}) (?P<hms>\d\d:\d\d:\d\d)(?:\.\d+)? (?P<host>[\w.-]+) [\w./-]+(?:\[\d+\])?: ")
+# "[ 1234.567890] " is dmesg's seconds since boot; "[1773480093.123456] " (UCX) is epoch time.
 _DMESG = re.compile(r"\[ *(?P<uptime>\d+\.\d+)\] ")
+_UCX = re.compile(r"\[(?P<host>[\w.-]+):(?P<pid>\d+):\d+\] +(?:[\w.]+:\d+ +)?(?:UCX +[A-Z]+ +)?")
 # c10/glog: "[E0314 09:21:33.123456789 ProcessGroupNCCL.cpp:616] " or, before 2.3, "[E ProcessGroupNCCL.cpp:475] "
 _GLOG = re.compile(r"\[?[IWEF](?:(?P<md>\d{4}) (?P<hms>\d\d:\d\d:\d\d)(?:\.\d+)?(?: +\d+)? | )[\w.]+:\d+\] ")
 _RANK = re.compile(r"\[(?:rank|default|Rank )(?P<rank>\d+)\]:? ?")
@@ -95,7 +97,7 @@ def _peel_one(rest: str, meta: LineMeta, year: int) -> str | None:
             meta.rank = int(match.group("rank"))
             return rest[match.end() :]
     if first == "[":
-        for pattern in (_ISO, _RANK, _MPI, _POD, _DMESG, _GLOG, _PYLOG_SOURCE):
+        for pattern in (_ISO, _RANK, _MPI, _POD, _DMESG, _UCX, _GLOG, _PYLOG_SOURCE):
             match = pattern.match(rest)
             if match:
                 _record(pattern, match, meta, year)
@@ -130,6 +132,12 @@ def _record(pattern: re.Pattern[str], match: re.Match[str], meta: LineMeta, year
         _set_time(meta, _iso_epoch(match), _iso_text(match))
     elif pattern in (_RANK, _MPI):
         meta.rank = int(match.group("rank"))
+    elif pattern is _DMESG:
+        seconds = float(match.group("uptime"))
+        if seconds > 1e9:  # an epoch timestamp, not an uptime
+            _set_time(meta, seconds, datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
+    elif pattern is _UCX:
+        meta.host, meta.pid = match.group("host"), int(match.group("pid"))
     elif pattern is _POD:
         meta.host = meta.host or match.group("pod")
     elif pattern is _SYSLOG:

@@ -20,10 +20,24 @@ _WHY = {
 }
 
 
-def why_candidate(candidate: Candidate) -> str:
+def why_candidate(candidate: Candidate, explanation: Explanation | None = None) -> str:
     if candidate.synthesized:
         return "several ranks or hosts failed one after another; the first failure is the one to explain"
-    return _WHY[candidate.tier]
+    reason = _WHY[candidate.tier]
+    shared = _sharing_lines(candidate, explanation) if explanation else []
+    if shared:
+        reason += "; the same lines also match " + ", ".join(shared)
+    return reason
+
+
+def _sharing_lines(candidate: Candidate, explanation: Explanation) -> list[str]:
+    """Other candidates that matched one of this candidate's example lines."""
+    mine = {e.location for e in candidate.hits.examples}
+    return [
+        other.reference_id
+        for other in explanation.candidates
+        if other is not candidate and mine & {e.location for e in other.hits.examples}
+    ]
 
 
 def exit_status(explanation: Explanation) -> str:
@@ -96,7 +110,7 @@ def _detailed(position: int, candidate: Candidate, explanation: Explanation) -> 
         actors = len(hits.actors)
         lines.append(f"   Matched {hits.lines} line(s) from {actors} rank(s)/host(s)/file(s):")
         lines.extend(f"     {_evidence_line(item)}" for item in hits.examples[:3])
-    lines.append("   Why only a candidate: " + why_candidate(candidate) + ".")
+    lines.append("   Why only a candidate: " + why_candidate(candidate, explanation) + ".")
     verdict = explanation.verdicts.get(candidate.reference_id)
     if verdict:
         lines.append(f"   On the node: {verdict.status}: {verdict.reason}")
@@ -178,7 +192,7 @@ def _candidate_json(position: int, candidate: Candidate, explanation: Explanatio
             {"location": e.location, "time": e.time_text, "actor": e.actor, "role": e.role, "signature": e.signature, "text": e.text[:2000]}
             for e in candidate.hits.examples
         ],
-        "why_candidate": why_candidate(candidate),
+        "why_candidate": why_candidate(candidate, explanation),
         "checks": list(reference.checks),
         "verdict": None
         if verdict is None
