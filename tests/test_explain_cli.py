@@ -57,6 +57,16 @@ def test_every_corpus_log_ranks_its_reference_first(run_cli: Runner) -> None:
     assert not wrong, "\n".join(wrong)
 
 
+def test_no_signature_fires_on_healthy_logs(run_cli: Runner) -> None:
+    """Normal NCCL/PyTorch start-up and training output must not look like a failure or a
+    suspicious setting: a context signature that matches ordinary INFO lines is noise."""
+    healthy = [p for p in CORPUS_FILES if p.name.startswith("none__healthy")]
+    assert healthy
+    for path in healthy:
+        code, document = explain_json(run_cli, str(path))
+        assert (code, document["candidates"], document["settings_seen"]) == (0, [], []), path.name
+
+
 def test_text_output_names_evidence_lines_and_fix(run_cli: Runner) -> None:
     path = next(p for p in CORPUS_FILES if p.name.startswith("MEM001__"))
     result = run_cli("explain", str(path))

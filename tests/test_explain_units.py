@@ -23,6 +23,7 @@ NCCL_WARN = "gpu-node-07:20871:21002 [3] NCCL WARN NET/IB : Got completion from 
     ("line", "host", "rank", "time_text"),
     [
         (NCCL_WARN, "gpu-node-07", None, None),
+        (NCCL_WARN.replace("[3] NCCL", "[3] transport/net_ib.cc:1909 NCCL"), "gpu-node-07", None, None),
         ("2026-03-14T09:21:33.123456789Z [rank3]:" + NCCL_WARN, "gpu-node-07", 3, "2026-03-14T09:21:33.123456789Z"),
         ("[1,5]<stderr>:" + NCCL_WARN, "gpu-node-07", 5, None),
         ("node07: " + NCCL_WARN, "gpu-node-07", None, None),

@@ -37,7 +37,8 @@ _POD = re.compile(r"\[pod/(?P<pod>[\w.-]+)/[\w.-]+\] ")
 _SRUN = re.compile(r" *(?P<rank>\d{1,6}): ")
 _LEVEL = re.compile(r"(?:\[?(?:INFO|WARNING|WARN|ERROR|CRITICAL|DEBUG)\]?[: ] ?|[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ )")
 _PYLOG_SOURCE = re.compile(r"\[[\w./-]+\.py:\d+(?::\w+)?\] ")
-_NCCL = re.compile(r"(?P<host>[\w.-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+|-?\d*)\] NCCL (?P<level>[A-Z]+) ")
+# NCCL's header; WARN lines of many releases put the source "file.cc:line " before "NCCL".
+_NCCL = re.compile(r"(?P<host>[\w.-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>-?\d*)\] (?:[\w./-]{1,80}:\d+ )?NCCL (?P<level>[A-Z]+) ")
 _HOST = re.compile(r"(?P<host>[a-zA-Z][\w-]*(?:\.[\w-]+)*): ")
 _CLOUDWATCH = re.compile(r"[^\t]{1,200}\t")
 _MONTHS = {m: i for i, m in enumerate("Jan Feb Mar Apr May Jun Jul Aug Sep Oct Nov Dec".split(), 1)}
