@@ -8,6 +8,7 @@ serves help, errors, and every other command.
 from __future__ import annotations
 
 import json
+import sys
 from typing import List, Optional
 
 import typer
@@ -91,6 +92,8 @@ def explain(
 
     if output_format not in ("text", "json"):
         _fail("--format must be text or json")
+    if not inputs and sys.stdin.isatty():
+        _fail("give log files or directories, or pipe a log in (preflight explain FILE... | -)")
     try:
         explanation = run_explain(list(inputs or []))
     except CatalogueError as error:
@@ -240,7 +243,7 @@ def render_reference(reference: Reference) -> str:
         evidence.append(text)
     lines += block("Evidence to collect", evidence)
     lines += block("Fix", list(reference.fix), bullet="#")
-    lines += block("Log signatures", [s["pattern"] for s in reference.signatures])
+    lines += block("Log signatures (for preflight explain)", [f"[{s['role']}] {s['pattern']}" for s in reference.signatures])
     lines += block("Related", list(reference.related))
     lines += block("Sources", list(reference.sources))
     detect = ", ".join(reference.detect) + (f" (checks: {', '.join(reference.checks)})" if reference.checks else "")
