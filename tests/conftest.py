@@ -60,6 +60,10 @@ def make_clean(root: Path) -> Path:
     write(root, "/sys/module/nvidia_peermem/version", "550.54.15\n")
     hosts = (root / "etc/hosts").read_text().replace("127.0.1.1\tgpu017.cluster\tgpu017\n", "")
     write(root, "/etc/hosts", hosts)
+    switch_config = root / "sys/devices/pci0000:5a/0000:5a:01.0/0000:5c:00.0/config"
+    config = bytearray(switch_config.read_bytes())
+    config[0x14E:0x150] = b"\0\0"  # ACS redirect off on the switch between GPU 3 and mlx5_3
+    switch_config.write_bytes(bytes(config))
     return root
 
 

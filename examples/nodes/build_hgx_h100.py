@@ -12,7 +12,8 @@ Planted misconfigurations (what ``preflight node --root`` finds):
 * ``/etc/nccl.conf`` sets NCCL_BUFFSIZE to 256 MiB, more than the 8 MiB limit (MEM002);
 * proprietary driver and no nvidia-peermem: no GPUDirect RDMA path (GDR001);
 * ``/etc/nccl.conf`` enables GDRCopy, but gdrdrv is not loaded (GDR002);
-* ``/etc/hosts`` maps the host name to 127.0.1.1 before its real address (DNS001).
+* ``/etc/hosts`` maps the host name to 127.0.1.1 before its real address (DNS001);
+* the PCIe switch above GPU 3 and mlx5_3 (0000:5c:00.0) has ACS P2P redirect on (PCI001).
 
 Run ``python examples/nodes/build_hgx_h100.py`` to rebuild the tree after changing this file.
 """
@@ -84,6 +85,21 @@ def pci_device(root: str, bdf: str, parent: str, vendor: str, device: str, klass
     return path
 
 
+ACS_REDIRECT_SWITCH = "5c"  # the planted PCI001 bridge
+ACS_ON = 0x001D  # SrcValid+ ReqRedir+ CmpltRedir+ UpstreamFwd+, as firmware with ACS enabled leaves it
+
+
+def bridge_config(acs_control: int) -> bytes:
+    """4 KiB config space of a bridge: type-1 header, AER at 0x100, ACS at 0x148 (as lspci -xxxx shows)."""
+    data = bytearray(4096)
+    data[0x0E] = 0x01  # header type 1 (bridge)
+    data[0x100:0x104] = (0x0001 | 1 << 16 | 0x148 << 20).to_bytes(4, "little")
+    data[0x148:0x14C] = (0x000D | 1 << 16).to_bytes(4, "little")
+    data[0x14C:0x14E] = (0x005F).to_bytes(2, "little")  # SV TB RR CR UF DT supported
+    data[0x14E:0x150] = acs_control.to_bytes(2, "little")
+    return bytes(data)
+
+
 def build(root: str) -> None:
     if os.path.exists(root):
         shutil.rmtree(root)
@@ -94,6 +110,8 @@ def build(root: str) -> None:
         domain_root = f"pci0000:{port}"
         bridge = pci_device(root, f"0000:{port}:01.0", domain_root, "0x8086", "0x352a", "0x060400", numa)
         switch_up = pci_device(root, f"0000:{switch}:00.0", bridge[len('/sys/devices/'):], "0x1000", "0xc030", "0x060400", numa)
+        write(root, f"{bridge}/config", bridge_config(0))
+        write(root, f"{switch_up}/config", bridge_config(ACS_ON if switch == ACS_REDIRECT_SWITCH else 0))
         parent = switch_up[len("/sys/devices/"):]
         gpu_bdf, nic_bdf = f"0000:{gpu}:00.0", f"0000:{nic}:00.0"
         pci_device(root, gpu_bdf, parent, "0x10de", "0x2330", "0x030200", numa)
@@ -152,6 +170,9 @@ def build(root: str) -> None:
     # Kernel, driver, modules.
     write(root, "/proc/sys/kernel/hostname", HOSTNAME + "\n")
     write(root, "/proc/sys/kernel/osrelease", "5.15.0-105-generic\n")
+    write(root, "/proc/cmdline", "BOOT_IMAGE=/vmlinuz-5.15.0-105-generic root=/dev/md0 ro quiet\n")
+    write(root, "/proc/cpuinfo", "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n"
+          "flags\t\t: fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat pse36 clflush dts acpi mmx fxsr sse sse2 ss ht tm pbe syscall nx\n\n")
     write(root, "/sys/module/nvidia/version", DRIVER + "\n")
     write(root, "/sys/module/mlx5_core/version", "24.01-0.3.3\n")
     write(root, "/sys/module/ib_core/refcnt", "6\n")

@@ -1,0 +1,141 @@
+"""PCI001: ACS redirect between a GPU and its nearest RDMA NIC, on recorded PCI trees built with
+real config-space layouts (extended capability chains from offset 0x100)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from preflight.checks.pcie import (
+    AcsRegisters,
+    acs_redirect_breaks_gpudirect_rdma,
+    bridges_between,
+    device_chain,
+    parse_acs,
+    probe_pcie,
+)
+from preflight.model import NotApplicable, Status
+from preflight.sources import NodeFS
+
+AER, ACS = 0x0001, 0x000D
+
+
+def config_space(acs_control: int | None, size: int = 4096, acs_capability: int = 0x005F) -> bytes:
+    """A bridge's config space: a type-1 header, then AER at 0x100 and ACS at 0x148."""
+    data = bytearray(size)
+    data[0:4] = (0x10B5 | 0xC030 << 16).to_bytes(4, "little")
+    if size > 0x150:
+        next_offset = 0x148 if acs_control is not None else 0
+        data[0x100:0x104] = (AER | 1 << 16 | next_offset << 20).to_bytes(4, "little")
+        if acs_control is not None:
+            data[0x148:0x14C] = (ACS | 1 << 16).to_bytes(4, "little")
+            data[0x14C:0x14E] = acs_capability.to_bytes(2, "little")
+            data[0x14E:0x150] = acs_control.to_bytes(2, "little")
+    return bytes(data)
+
+
+def write(root: Path, path: str, data: str | bytes) -> None:
+    full = root / path.lstrip("/")
+    full.parent.mkdir(parents=True, exist_ok=True)
+    full.write_bytes(data if isinstance(data, bytes) else data.encode())
+
+
+def pci(root: Path, chain: list[str], vendor: str, klass: str, config: bytes | None = None, rdma: bool = False) -> None:
+    """A function at the end of ``chain`` (root port first) with its /sys/bus/pci/devices link."""
+    device = f"/sys/devices/pci{chain[0][:7]}/" + "/".join(chain)
+    write(root, f"{device}/vendor", vendor + "\n")
+    write(root, f"{device}/class", klass + "\n")
+    if config is not None:
+        write(root, f"{device}/config", config)
+    if rdma:
+        (root / device.lstrip("/") / "infiniband" / "mlx5_0").mkdir(parents=True)
+    link = root / "sys/bus/pci/devices" / chain[-1]
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if not link.is_symlink():
+        os.symlink("../../.." + device[len("/sys") :], link)
+
+
+def hgx_tree(root: Path, switch_acs: int | None = 0, config_size: int = 4096, hypervisor: bool = False) -> Path:
+    """Root port 15:01.0 -> switch upstream 16:00.0 -> downstream ports 17:00.0 / 17:01.0 ->
+    GPU 18:00.0 and NIC 1a:00.0; a second GPU under another root port with no NIC."""
+    bridge = config_space(0x001D, config_size)  # root ports keep ACS on, as with an IOMMU
+    pci(root, ["0000:15:01.0"], "0x8086", "0x060400", bridge)
+    pci(root, ["0000:15:01.0", "0000:16:00.0"], "0x10b5", "0x060400", config_space(switch_acs, config_size))
+    pci(root, ["0000:15:01.0", "0000:16:00.0", "0000:17:00.0"], "0x10b5", "0x060400", config_space(switch_acs, config_size))
+    pci(root, ["0000:15:01.0", "0000:16:00.0", "0000:17:01.0"], "0x10b5", "0x060400", config_space(0, config_size))
+    pci(root, ["0000:15:01.0", "0000:16:00.0", "0000:17:00.0", "0000:18:00.0"], "0x10de", "0x030200")
+    pci(root, ["0000:15:01.0", "0000:16:00.0", "0000:17:01.0", "0000:1a:00.0"], "0x15b3", "0x020700", rdma=True)
+    pci(root, ["0000:97:01.0"], "0x8086", "0x060400", bridge)
+    pci(root, ["0000:97:01.0", "0000:9a:00.0"], "0x10de", "0x030200")
+    flags = "fpu vme de pse" + (" hypervisor" if hypervisor else "") + " lahf_lm"
+    write(root, "/proc/cpuinfo", f"processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: {flags}\n\n")
+    write(root, "/proc/cmdline", "BOOT_IMAGE=/vmlinuz root=/dev/sda1 intel_iommu=on iommu=pt\n")
+    (root / "sys/class/iommu/dmar0").mkdir(parents=True)
+    return root
+
+
+def verdicts(root: Path) -> list[tuple[str, Status, str]]:
+    facts = probe_pcie(NodeFS(str(root)))
+    return [(o.subject, o.status, " ".join(e.observed for e in o.evidence) + o.reason) for o in acs_redirect_breaks_gpudirect_rdma(facts)]
+
+
+def test_parse_acs_walks_the_capability_chain() -> None:
+    assert parse_acs(config_space(0x001D)) == AcsRegisters(0x005F, 0x001D)
+    assert parse_acs(config_space(None)) is None
+    with pytest.raises(ValueError, match="needs root"):
+        parse_acs(config_space(0x001D, size=64))
+    looping = bytearray(config_space(None))
+    looping[0x100:0x104] = (AER | 0x100 << 20).to_bytes(4, "little")  # points at itself
+    assert parse_acs(bytes(looping)) is None
+    assert parse_acs(b"\xff" * 4096) is None
+
+
+def test_path_between_devices_turns_around_at_the_common_bridge() -> None:
+    chain = device_chain("../../../devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:00.0/0000:18:00.0")
+    assert chain == ("0000:15:01.0", "0000:16:00.0", "0000:17:00.0", "0000:18:00.0")
+    nic = ("0000:15:01.0", "0000:16:00.0", "0000:17:01.0", "0000:1a:00.0")
+    assert bridges_between(chain, nic) == ("0000:16:00.0", "0000:17:00.0", "0000:17:01.0")
+    assert bridges_between(chain, ("0000:97:01.0", "0000:9a:00.0")) is None
+
+
+def test_clean_switch_is_absent_even_with_acs_on_root_ports(tmp_path: Path) -> None:
+    assert verdicts(hgx_tree(tmp_path)) == []
+
+
+def test_redirect_on_the_switch_is_present_with_evidence(tmp_path: Path) -> None:
+    found = verdicts(hgx_tree(tmp_path, switch_acs=0x001D))
+    assert [subject for subject, _, _ in found] == ["bridge 0000:16:00.0", "bridge 0000:17:00.0"]
+    subject, status, text = found[1]
+    assert status is Status.PRESENT
+    assert "ReqRedir+ CmpltRedir+" in text and "GPU 0000:18:00.0 <-> NIC 0000:1a:00.0" in text
+    assert "iommu=pt does not change that" in text
+
+
+def test_unprivileged_config_reads_are_unknown_never_off(tmp_path: Path) -> None:
+    found = verdicts(hgx_tree(tmp_path, switch_acs=0x001D, config_size=64))
+    assert found and all(status is Status.UNKNOWN and "needs root" in text for _, status, text in found)
+
+
+def test_not_applicable_in_a_vm_or_without_gpus_and_nics(tmp_path: Path) -> None:
+    with pytest.raises(NotApplicable, match="virtual machine"):
+        verdicts(hgx_tree(tmp_path / "vm", switch_acs=0x001D, hypervisor=True))
+    with pytest.raises(NotApplicable, match="GPUs and RDMA NICs"):
+        verdicts(tmp_path / "empty")
+
+
+@pytest.mark.parametrize("damage", ["missing", "empty", "garbage"])
+def test_damaged_config_space_is_unknown_with_the_reason(tmp_path: Path, damage: str) -> None:
+    root = hgx_tree(tmp_path)
+    config = root / "sys/devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:00.0/config"
+    if damage == "missing":
+        config.unlink()
+    else:
+        config.write_bytes(b"" if damage == "empty" else os.urandom(4096))
+    found = dict((subject, (status, text)) for subject, status, text in verdicts(root))
+    if damage == "garbage":
+        assert all(status in (Status.PRESENT, Status.UNKNOWN) for status, _ in found.values())
+    else:
+        status, text = found["bridge 0000:17:00.0"]
+        assert status is Status.UNKNOWN and "config" in text
