@@ -1,4 +1,5 @@
-"""PCIe Access Control Services on the path between each GPU and its nearest RDMA NIC (PCI001).
+"""The PCIe paths between GPUs and RDMA NICs: ACS redirect on them (PCI001), and GPUs whose
+nearest NIC is across the CPU or on another socket (TOPO005).
 
 GPUDirect RDMA needs the NIC's reads and writes of GPU memory to turn around inside the PCIe
 switch the two share. ACS "P2P Request Redirect" (RR) or "Completion Redirect" (CR) on a bridge
@@ -18,6 +19,7 @@ Sources:
 * IOMMU: ``/sys/class/iommu`` (one entry per active IOMMU unit), ``/proc/cmdline``. The kernel
   enables ACS on every capable bridge when an IOMMU is active, and ``iommu=pt`` keeps the IOMMU
   active, so it does not turn ACS off.
+* ``/sys/bus/pci/devices/<bdf>/numa_node``: the socket a device hangs off (-1: not reported).
 * Virtual machines: the ``hypervisor`` CPU flag in ``/proc/cpuinfo``. In a guest the emulated
   bridges' ACS bits do not decide where P2P traffic goes; the host's do.
 """
@@ -28,6 +30,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from preflight.checks.job import JobFacts
 from preflight.model import Evidence, NotApplicable, Observation, present, undecided
 from preflight.probing import FactReader
 from preflight.registry import check, probe
@@ -75,6 +78,7 @@ class Bridge:
 class PciEndpoint:
     bdf: str
     chain: tuple[str, ...]  # bridges from the root port down to the parent of this function
+    numa_node: int | None  # None: not reported (-1) or unreadable
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,7 @@ class PcieFacts:
     nics: tuple[PciEndpoint, ...]
     bridges: tuple[Bridge, ...]  # every bridge on a GPU-to-nearest-NIC path inside a switch
     pairs: tuple[tuple[str, str, tuple[str, ...]], ...]  # (gpu, nic, bridges between them)
+    nearest_nic: tuple[tuple[str, str, str], ...]  # (gpu, its nearest NIC, NCCL path class)
     hypervisor: bool
     iommu_units: tuple[str, ...]
     cmdline: str
@@ -138,6 +143,42 @@ def _distance(first: tuple[str, ...], second: tuple[str, ...]) -> int:
     return (len(first) - common) + (len(second) - common) if common else 1_000
 
 
+def _setting(job: JobFacts, name: str) -> str:
+    setting = job.nccl(name)
+    return setting.value.strip() if setting else ""
+
+
+def _numa(text: str | None) -> int | None:
+    try:
+        node = int((text or "").strip())
+    except ValueError:
+        return None
+    return node if node >= 0 else None
+
+
+# NCCL's path classes (src/graph/paths.cc), nearest first. NCCL has no NODE: two root ports of
+# one socket are PHB to it; only a path across sockets is SYS.
+PATH_CLASSES = ("PIX", "PXB", "PHB", "SYS")
+_RANK = {name: rank for rank, name in enumerate(PATH_CLASSES)}
+_RANK["UNKNOWN"] = _RANK["SYS"]  # rank an unknown path as far, but report it as unknown
+# NCCL_NET_GDR_LEVEL also accepts the old numbers: 0 LOC, 1 PIX, 2 PXB, 3 PHB, 4 or 5 SYS.
+_LEVEL_NUMBERS = {"1": "PIX", "2": "PXB", "3": "PHB", "4": "SYS", "5": "SYS"}
+DEFAULT_GDR_LEVEL = "PXB"
+
+
+def path_class(gpu: PciEndpoint, nic: PciEndpoint, sockets: int) -> str:
+    """PIX: one bridge between them; PXB: several, below the CPU; PHB: through the CPU's host
+    bridge on one socket; SYS: across sockets; UNKNOWN: different root ports on a multi-socket
+    node that does not say which socket a device hangs off."""
+    first, second = (*gpu.chain, gpu.bdf), (*nic.chain, nic.bdf)
+    between = bridges_between(first, second)
+    if between is not None:
+        return "PIX" if len(between) == 1 else "PXB"
+    if gpu.numa_node is not None and nic.numa_node is not None:
+        return "PHB" if gpu.numa_node == nic.numa_node else "SYS"
+    return "PHB" if sockets <= 1 else "UNKNOWN"
+
+
 @probe("pcie")
 def probe_pcie(fs: NodeFS) -> PcieFacts:
     """GPUs, RDMA NICs, the bridges between each GPU and its nearest NIC, and their ACS state."""
@@ -157,17 +198,21 @@ def probe_pcie(fs: NodeFS) -> PcieFacts:
         vendor = (reader.text(f"{base}/vendor") or "").strip()
         klass = (reader.text(f"{base}/class") or "").strip()
         if vendor == _NVIDIA and klass.startswith(_DISPLAY_CLASSES):
-            gpus.append(PciEndpoint(bdf, chain[:-1]))
+            gpus.append(PciEndpoint(bdf, chain[:-1], _numa(reader.text(f"{base}/numa_node"))))
         elif "infiniband" in reader.listing(base):
-            nics.append(PciEndpoint(bdf, chain[:-1]))
+            nics.append(PciEndpoint(bdf, chain[:-1], _numa(reader.text(f"{base}/numa_node"))))
+    sockets = sum(1 for name in reader.listing("/sys/devices/system/node") if re.fullmatch(r"node\d+", name))
     pairs = []
+    nearest_nic = []
     wanted: set[str] = set()
     for gpu in gpus:
         if not nics:
             break
-        nearest = min(_distance(chains[gpu.bdf], chains[nic.bdf]) for nic in nics)
-        for nic in nics:
-            if _distance(chains[gpu.bdf], chains[nic.bdf]) != nearest:
+        ranked = sorted(nics, key=lambda nic: (_RANK[path_class(gpu, nic, sockets)], _distance(chains[gpu.bdf], chains[nic.bdf])))
+        best = ranked[0]
+        nearest_nic.append((gpu.bdf, best.bdf, path_class(gpu, best, sockets)))
+        for nic in ranked:
+            if _distance(chains[gpu.bdf], chains[nic.bdf]) != _distance(chains[gpu.bdf], chains[best.bdf]):
                 continue
             between = bridges_between(chains[gpu.bdf], chains[nic.bdf])
             if between is not None:
@@ -181,6 +226,7 @@ def probe_pcie(fs: NodeFS) -> PcieFacts:
         nics=tuple(nics),
         bridges=bridges,
         pairs=tuple(pairs),
+        nearest_nic=tuple(nearest_nic),
         hypervisor=" hypervisor" in f" {flags.partition(':')[2]} ",
         iommu_units=tuple(reader.listing("/sys/class/iommu")),
         cmdline=(reader.text("/proc/cmdline") or "").strip(),
@@ -243,3 +289,27 @@ def _iommu_note(pcie: PcieFacts) -> str:
     if "iommu=pt" in pcie.cmdline.split():
         note += ", and iommu=pt does not change that"
     return note
+
+
+@check("TOPO005", profiles=("prolog",))
+def gpu_hca_cross_numa_gdr(pcie: PcieFacts, job: JobFacts) -> Iterator[Observation]:
+    """A GPU whose nearest RDMA NIC is on another socket, or GPUDirect RDMA forced across the CPU."""
+    if not pcie.gpus or not pcie.nics:
+        raise NotApplicable("needs NVIDIA GPUs and RDMA NICs on this node")
+    gdr_level = _setting(job, "NCCL_NET_GDR_LEVEL")
+    forced = _LEVEL_NUMBERS.get(gdr_level, gdr_level.upper())
+    for gpu, nic, distance in pcie.nearest_nic:
+        if distance == "UNKNOWN":
+            yield undecided(f"GPU {gpu}", f"numa_node of GPU {gpu} or NIC {nic} is not reported on this multi-socket node")
+        elif distance == "SYS":
+            yield present(
+                f"GPU {gpu}",
+                Evidence(f"/sys/bus/pci/devices/{gpu}/numa_node", f"nearest RDMA NIC {nic} is {distance} (another socket)",
+                         "a NIC under the GPU's own PCIe switch or root complex"),
+            )
+        elif forced in _RANK and _RANK[forced] >= _RANK["PHB"] and _RANK[distance] > _RANK[DEFAULT_GDR_LEVEL]:
+            yield present(
+                f"GPU {gpu}",
+                Evidence("NCCL_NET_GDR_LEVEL", f"{gdr_level}: GPUDirect RDMA forced over a {distance} path to NIC {nic}",
+                         f"unset (NCCL's default {DEFAULT_GDR_LEVEL} stages such transfers through host memory)"),
+            )

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from preflight.checks.job import probe_job
 from preflight.checks.pcie import (
     AcsRegisters,
     acs_redirect_breaks_gpudirect_rdma,
+    gpu_hca_cross_numa_gdr,
     bridges_between,
     device_chain,
     parse_acs,
@@ -139,3 +141,37 @@ def test_damaged_config_space_is_unknown_with_the_reason(tmp_path: Path, damage:
     else:
         status, text = found["bridge 0000:17:00.0"]
         assert status is Status.UNKNOWN and "config" in text
+
+
+def numa(root: Path, bdf_path: str, node: int) -> None:
+    write(root, f"/sys/devices/{bdf_path}/numa_node", f"{node}\n")
+
+
+def topo_verdicts(root: Path, environ: dict[str, str] | None = None) -> list[tuple[str, str]]:
+    if environ:
+        write(root, "/proc/self/environ", b"".join(f"{k}={v}".encode() + b"\0" for k, v in environ.items()))
+    fs = NodeFS(str(root))
+    found = gpu_hca_cross_numa_gdr(probe_pcie(fs), probe_job(fs))
+    return [(o.subject, " ".join(e.observed for e in o.evidence)) for o in found]
+
+
+def test_a_gpu_without_a_nic_on_its_socket_is_present(tmp_path: Path) -> None:
+    root = hgx_tree(tmp_path)
+    for node in ("node0", "node1"):
+        (root / "sys/devices/system/node" / node).mkdir(parents=True)
+    assert topo_verdicts(root) == [("GPU 0000:9a:00.0", "")]  # numa_node unreported on two sockets: unknown
+    numa(root, "pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:01.0/0000:1a:00.0", 0)
+    numa(root, "pci0000:97/0000:97:01.0/0000:9a:00.0", 1)
+    found = topo_verdicts(root)
+    assert [s for s, _ in found] == ["GPU 0000:9a:00.0"] and "SYS (another socket)" in found[0][1]
+
+
+def test_nic_on_the_same_socket_is_phb_and_only_flagged_when_gdr_is_forced(tmp_path: Path) -> None:
+    root = hgx_tree(tmp_path)
+    for bdf_path in ("pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:01.0/0000:1a:00.0",
+                     "pci0000:97/0000:97:01.0/0000:9a:00.0"):
+        numa(root, bdf_path, 1)
+    assert topo_verdicts(root) == []
+    forced = topo_verdicts(root, {"NCCL_NET_GDR_LEVEL": "SYS"})
+    assert [s for s, _ in forced] == ["GPU 0000:9a:00.0"] and "forced over a PHB path" in forced[0][1]
+    assert topo_verdicts(root, {"NCCL_NET_GDR_LEVEL": "2"}) == []
