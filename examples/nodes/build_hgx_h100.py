@@ -104,7 +104,7 @@ def build(root: str) -> None:
     if os.path.exists(root):
         shutil.rmtree(root)
     os.makedirs(root)
-    nvml_devices = {"name": {}, "pci": {}, "uuid": {}}
+    nvml_devices: dict[str, dict[str, object]] = {"name": {}, "pci": {}, "uuid": {}, "bar1": {}}
     for index, (gpu, nic, switch, port) in enumerate(PAIRS):
         numa = 0 if index < 4 else 1
         domain_root = f"pci0000:{port}"
@@ -135,6 +135,14 @@ def build(root: str) -> None:
                             ("address", f"00:00:10:29:fe:80:00:00:00:00:00:00:a0:88:c2:03:00:{index:02x}:1e:2c"),
                             ("uevent", f"INTERFACE={netdev}\nIFINDEX={4 + index}\n")):
             write(root, f"{net}/{name}", value + "\n")
+        # H100 SXM: a 16 MiB 64-bit register BAR (region 0, two registers) and the 128 GiB BAR1
+        # aperture as region 2; start end flags per line, as /sys/bus/pci/devices/<bdf>/resource.
+        base = 0x2000_0000_0000 + index * 0x40_0000_0000
+        regions = [(0xE000_0000 + index * 0x0200_0000, 0x0100_0000, 0x140204), (0, 0, 0), (base, 128 << 30, 0x14220C)]
+        write(root, f"/sys/devices/{parent}/{gpu_bdf}/resource",
+              "".join(f"0x{start:016x} 0x{(start + size - 1) if size else 0:016x} 0x{flags:016x}\n" for start, size, flags in regions)
+              + "0x0000000000000000 0x0000000000000000 0x0000000000000000\n" * 10)
+        nvml_devices["bar1"][str(index)] = {"result": {"bar1Total": 128 << 30, "bar1Free": (128 << 30) - (2 << 20), "bar1Used": 2 << 20}}
         nvml_devices["name"][str(index)] = {"result": "NVIDIA H100 80GB HBM3"}
         nvml_devices["pci"][str(index)] = {"result": {"busId": f"0000{gpu_bdf.upper()}", "domain": 0, "bus": int(gpu, 16), "device": 0}}
         nvml_devices["uuid"][str(index)] = {"result": f"GPU-5f1c7e2a-0c3b-4d7e-9a61-00000000000{index}"}
@@ -221,6 +229,7 @@ def build(root: str) -> None:
             "nvmlDeviceGetName": nvml_devices["name"],
             "nvmlDeviceGetPciInfo": nvml_devices["pci"],
             "nvmlDeviceGetUUID": nvml_devices["uuid"],
+            "nvmlDeviceGetBAR1MemoryInfo": nvml_devices["bar1"],
         },
     }
     write(root, "/.preflight/nvml.json", json.dumps(nvml, indent=1) + "\n")

@@ -1,0 +1,88 @@
+"""GDR003: BAR1 too small or mostly mapped before the job, from replayed NVML answers and the
+GPU's sysfs resource file (the aperture is the largest 64-bit prefetchable region)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from preflight.checks.bar1 import largest_prefetchable, peermem_gpu_mapping_rejected, probe_bar1
+from preflight.model import NotApplicable, Status, Unknown
+from preflight.sources import Sources
+
+GIB, MIB = 1 << 30, 1 << 20
+
+
+def verdicts(root: Path) -> list[tuple[str, Status, str]]:
+    sources = Sources.for_node(str(root), None)
+    facts = probe_bar1(sources.fs, sources.nvml)
+    return [(o.subject, o.status, " ".join(e.observed for e in o.evidence) + o.reason) for o in peermem_gpu_mapping_rejected(facts)]
+
+
+def edit_nvml(root: Path, change: Any) -> None:
+    path = root / ".preflight/nvml.json"
+    document = json.loads(path.read_text())
+    change(document["calls"])
+    path.write_text(json.dumps(document))
+
+
+def test_resource_parsing_picks_the_largest_64bit_prefetchable_region() -> None:
+    resource = (
+        "0x00000000e0000000 0x00000000e0ffffff 0x0000000000140204\n"  # region 0: 16 MiB, 64-bit, not prefetchable
+        "0x0000000000000000 0x0000000000000000 0x0000000000000000\n"
+        "0x0000200000000000 0x0000201fffffffff 0x000000000014220c\n"  # region 2: 128 GiB, 64-bit prefetchable
+        "garbage line\n"
+    )
+    assert largest_prefetchable(resource) == 128 * GIB
+    assert largest_prefetchable("0x0 0x0 0x0\n") is None
+
+
+def test_example_node_has_full_size_bar1(example_root: Path) -> None:
+    assert verdicts(example_root) == []
+
+
+def test_small_bar1_is_present(node_copy: Path) -> None:
+    def small(calls: dict[str, Any]) -> None:
+        calls["nvmlDeviceGetBAR1MemoryInfo"]["2"] = {"result": {"bar1Total": 256 * MIB, "bar1Free": 250 * MIB, "bar1Used": 6 * MIB}}
+
+    edit_nvml(node_copy, small)
+    found = verdicts(node_copy)
+    assert [(s, st) for s, st, _ in found] == [("GPU2", Status.PRESENT)] and "bar1Total 256 MiB" in found[0][2]
+
+
+def test_bar1_mostly_mapped_before_the_job_is_present(node_copy: Path) -> None:
+    def leaked(calls: dict[str, Any]) -> None:
+        calls["nvmlDeviceGetBAR1MemoryInfo"]["5"] = {"result": {"bar1Total": 128 * GIB, "bar1Free": 20 * GIB, "bar1Used": 108 * GIB}}
+
+    edit_nvml(node_copy, leaked)
+    found = verdicts(node_copy)
+    assert [s for s, _, _ in found] == ["GPU5"] and "bar1Used 108 GiB of 128 GiB" in found[0][2]
+
+
+def test_not_supported_is_not_applicable_on_unified_memory_and_unknown_elsewhere(node_copy: Path) -> None:
+    def unified(calls: dict[str, Any]) -> None:
+        calls["nvmlDeviceGetBAR1MemoryInfo"] = {str(i): {"error": "NVML_ERROR_NOT_SUPPORTED"} for i in range(8)}
+        calls["nvmlDeviceGetName"] = {str(i): {"result": "NVIDIA GH200 480GB"} for i in range(8)}
+
+    edit_nvml(node_copy, unified)
+    with pytest.raises(NotApplicable, match="unified-memory"):
+        verdicts(node_copy)
+
+    def h100_not_supported(calls: dict[str, Any]) -> None:
+        calls["nvmlDeviceGetName"] = {str(i): {"result": "NVIDIA H100 80GB HBM3"} for i in range(8)}
+
+    edit_nvml(node_copy, h100_not_supported)
+    found = verdicts(node_copy)
+    assert len(found) == 8 and all(status is Status.UNKNOWN and "NVML does not report BAR1" in text for _, status, text in found)
+
+
+def test_without_nvml_answers(node_copy: Path) -> None:
+    (node_copy / ".preflight/nvml.json").unlink()
+    with pytest.raises(Unknown):
+        verdicts(node_copy)
+    (node_copy / ".preflight/nvml.json").write_text(json.dumps({"format": "preflight-nvml/1", "init": {"error": "NVML_ERROR_DRIVER_NOT_LOADED"}}))
+    with pytest.raises(NotApplicable, match="DRIVER_NOT_LOADED"):
+        verdicts(node_copy)
