@@ -28,6 +28,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 HOSTNAME = "gpu017"
 SLURMD_PID = 2187
+FABRIC_MANAGER_PID = 1843
 DRIVER = "550.54.15"
 # (GPU bus, NIC bus, PCIe switch downstream bus, root port) per GPU/NIC pair, as on HGX H100.
 PAIRS = [
@@ -104,7 +105,7 @@ def build(root: str) -> None:
     if os.path.exists(root):
         shutil.rmtree(root)
     os.makedirs(root)
-    nvml_devices: dict[str, dict[str, object]] = {"name": {}, "pci": {}, "uuid": {}, "bar1": {}}
+    nvml_devices: dict[str, dict[str, object]] = {"name": {}, "pci": {}, "uuid": {}, "bar1": {}, "fabric": {}}
     for index, (gpu, nic, switch, port) in enumerate(PAIRS):
         numa = 0 if index < 4 else 1
         domain_root = f"pci0000:{port}"
@@ -143,6 +144,7 @@ def build(root: str) -> None:
               "".join(f"0x{start:016x} 0x{(start + size - 1) if size else 0:016x} 0x{flags:016x}\n" for start, size, flags in regions)
               + "0x0000000000000000 0x0000000000000000 0x0000000000000000\n" * 10)
         nvml_devices["bar1"][str(index)] = {"result": {"bar1Total": 128 << 30, "bar1Free": (128 << 30) - (2 << 20), "bar1Used": 2 << 20}}
+        nvml_devices["fabric"][str(index)] = {"result": {"clusterUuid": [0] * 16, "status": 0, "cliqueId": 0, "state": 3}}
         nvml_devices["name"][str(index)] = {"result": "NVIDIA H100 80GB HBM3"}
         nvml_devices["pci"][str(index)] = {"result": {"busId": f"0000{gpu_bdf.upper()}", "domain": 0, "bus": int(gpu, 16), "device": 0}}
         nvml_devices["uuid"][str(index)] = {"result": f"GPU-5f1c7e2a-0c3b-4d7e-9a61-00000000000{index}"}
@@ -178,6 +180,7 @@ def build(root: str) -> None:
     # Kernel, driver, modules.
     write(root, "/proc/sys/kernel/hostname", HOSTNAME + "\n")
     write(root, "/proc/sys/kernel/osrelease", "5.15.0-105-generic\n")
+    write(root, f"/proc/{FABRIC_MANAGER_PID}/comm", "nv-fabricmanage\n")  # the kernel keeps 15 characters
     write(root, "/proc/cmdline", "BOOT_IMAGE=/vmlinuz-5.15.0-105-generic root=/dev/md0 ro quiet\n")
     write(root, "/proc/cpuinfo", "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n"
           "flags\t\t: fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat pse36 clflush dts acpi mmx fxsr sse sse2 ss ht tm pbe syscall nx\n\n")
@@ -230,6 +233,7 @@ def build(root: str) -> None:
             "nvmlDeviceGetPciInfo": nvml_devices["pci"],
             "nvmlDeviceGetUUID": nvml_devices["uuid"],
             "nvmlDeviceGetBAR1MemoryInfo": nvml_devices["bar1"],
+            "nvmlDeviceGetGpuFabricInfo": nvml_devices["fabric"],
         },
     }
     write(root, "/.preflight/nvml.json", json.dumps(nvml, indent=1) + "\n")

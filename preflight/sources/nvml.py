@@ -96,9 +96,18 @@ class LiveNvml:
             if index is None:
                 return plain(target())
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            out_struct = _OUT_STRUCTS.get(function)
+            if out_struct is not None:  # the caller allocates the result, as in the C API
+                result = getattr(pynvml, out_struct)()
+                target(handle, result)
+                return plain(result)
             return plain(target(handle))
         except pynvml.NVMLError as error:
             raise NvmlError(_error_name(pynvml, error), str(error)) from None
+
+
+# Functions whose pynvml wrapper fills a struct passed in by the caller instead of returning one.
+_OUT_STRUCTS = {"nvmlDeviceGetGpuFabricInfo": "c_nvmlGpuFabricInfo_t"}
 
 
 def _error_name(pynvml: Any, error: Any) -> str:
