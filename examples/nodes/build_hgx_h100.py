@@ -29,6 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 HOSTNAME = "gpu017"
 SLURMD_PID = 2187
 FABRIC_MANAGER_PID = 1843
+NCCL_VERSION = "2.21.5"
 DRIVER = "550.54.15"
 # (GPU bus, NIC bus, PCIe switch downstream bus, root port) per GPU/NIC pair, as on HGX H100.
 PAIRS = [
@@ -180,6 +181,12 @@ def build(root: str) -> None:
     # Kernel, driver, modules.
     write(root, "/proc/sys/kernel/hostname", HOSTNAME + "\n")
     write(root, "/proc/sys/kernel/osrelease", "5.15.0-105-generic\n")
+    # NCCL as a system package and as PyTorch's wheel dependency, the same release in both.
+    write(root, f"/usr/lib/x86_64-linux-gnu/libnccl.so.{NCCL_VERSION}", b"")
+    link(root, "/usr/lib/x86_64-linux-gnu/libnccl.so.2", f"libnccl.so.{NCCL_VERSION}")
+    site = "/usr/local/lib/python3.10/dist-packages"
+    write(root, f"{site}/nvidia/nccl/lib/libnccl.so.2", b"")
+    write(root, f"{site}/nvidia_nccl_cu12-{NCCL_VERSION}.dist-info/METADATA", f"Name: nvidia-nccl-cu12\nVersion: {NCCL_VERSION}\n")
     write(root, f"/proc/{FABRIC_MANAGER_PID}/comm", "nv-fabricmanage\n")  # the kernel keeps 15 characters
     write(root, "/proc/cmdline", "BOOT_IMAGE=/vmlinuz-5.15.0-105-generic root=/dev/md0 ro quiet\n")
     write(root, "/proc/cpuinfo", "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n"

@@ -1,0 +1,156 @@
+"""The NCCL libraries a job on this node can load (references NCCL016, NCCL012).
+
+A process that ends up with two different NCCL builds (the framework wheel's copy and a system
+copy pulled in by ``LD_LIBRARY_PATH`` or ``LD_PRELOAD``) fails in ways that look like memory
+corruption, and a known-bad release crashes jobs whatever the fabric does.
+
+Sources, read through the node's filesystem:
+
+* system library directories, and those listed in ``/etc/ld.so.conf.d/*.conf``: ``libnccl.so.*``
+  files, the version from the file name (``libnccl.so.2.21.5``) or the ``libnccl.so.2`` link;
+* Python environments (``/usr/lib/python3*``, ``/usr/local/lib/python3*``, ``/opt/conda/lib``):
+  the ``nvidia-nccl-cu*`` wheel installs ``nvidia/nccl/lib/libnccl.so.2``, its version is in the
+  name of the ``nvidia_nccl_cu12-2.27.3.dist-info`` directory beside it;
+* the job's ``LD_LIBRARY_PATH`` and ``LD_PRELOAD`` (the job environment), which put a copy ahead
+  of the one the framework was built with.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from preflight.checks.job import JobFacts
+from preflight.model import Evidence, NotApplicable, Observation, present
+from preflight.probing import FactReader
+from preflight.registry import check, probe
+from preflight.sources import NodeFS
+
+SYSTEM_DIRS = (
+    "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib",
+    "/usr/local/cuda/lib64", "/usr/local/nccl/lib", "/opt/nccl/lib",
+)
+PYTHON_ROOTS = ("/usr/lib", "/usr/local/lib", "/opt/conda/lib")
+_VERSIONED = re.compile(r"^libnccl\.so\.(\d+\.\d+\.\d+)$")
+_WHEEL = re.compile(r"^nvidia_nccl_cu\d+-(\d+\.\d+\.\d+)[^/]*\.dist-info$")
+# Releases with a crash NCCL's own tracker ties to them (references/NCCL012.toml).
+RAS_CRASH_VERSIONS = frozenset({"2.27.3"})
+
+
+@dataclass(frozen=True)
+class NcclCopy:
+    path: str
+    version: str | None  # None: a libnccl file whose version the node does not name
+    origin: str  # "system", "python" or "job" (a directory the job's environment adds)
+
+
+@dataclass(frozen=True)
+class NcclLibFacts:
+    copies: tuple[NcclCopy, ...]
+    problems: tuple[str, ...]
+
+
+def _library_dirs(reader: FactReader) -> list[str]:
+    dirs = list(SYSTEM_DIRS)
+    for name in reader.listing("/etc/ld.so.conf.d"):
+        if name.endswith(".conf"):
+            for line in (reader.text(f"/etc/ld.so.conf.d/{name}") or "").splitlines():
+                entry = line.split("#", 1)[0].strip()
+                if entry.startswith("/") and entry not in dirs:
+                    dirs.append(entry)
+    return dirs
+
+
+def _copies_in(fs: NodeFS, reader: FactReader, directory: str, origin: str) -> list[NcclCopy]:
+    names = reader.listing(directory)
+    found = []
+    for name in names:
+        match = _VERSIONED.match(name)
+        if match:
+            found.append(NcclCopy(f"{directory}/{name}", match.group(1), origin))
+    if not found and "libnccl.so.2" in names:
+        target = fs.readlink(f"{directory}/libnccl.so.2") or ""
+        match = _VERSIONED.match(target.rsplit("/", 1)[-1])
+        found.append(NcclCopy(f"{directory}/libnccl.so.2", match.group(1) if match else None, origin))
+    return found
+
+
+def _python_copies(fs: NodeFS, reader: FactReader) -> list[NcclCopy]:
+    found = []
+    for base in PYTHON_ROOTS:
+        for python in reader.listing(base):
+            if not python.startswith("python3"):
+                continue
+            for packages in ("site-packages", "dist-packages"):
+                folder = f"{base}/{python}/{packages}"
+                entries = reader.listing(folder)
+                if "nvidia" not in entries:
+                    continue
+                versions = [m.group(1) for m in map(_WHEEL.match, entries) if m]
+                library = f"{folder}/nvidia/nccl/lib/libnccl.so.2"
+                if fs.exists(library):
+                    found.append(NcclCopy(library, versions[0] if len(versions) == 1 else None, "python"))
+    return found
+
+
+@probe("nccl_libs", gather_in=("full",))
+def probe_nccl_libs(fs: NodeFS) -> NcclLibFacts:
+    """Every libnccl in the system library path and in Python environments."""
+    reader = FactReader(fs)
+    copies: list[NcclCopy] = []
+    for directory in _library_dirs(reader):
+        copies += _copies_in(fs, reader, directory, "system")
+    copies += _python_copies(fs, reader)
+    return NcclLibFacts(tuple(copies), tuple(reader.problems))
+
+
+def job_copies(libs: NcclLibFacts, job: JobFacts) -> list[NcclCopy]:
+    """Copies the job's LD_LIBRARY_PATH or LD_PRELOAD puts first, as recorded by the probe."""
+    preload = [entry for entry in re.split(r"[\s:]+", job.environ.get("LD_PRELOAD", "")) if "libnccl" in entry]
+    search = [entry.rstrip("/") for entry in job.environ.get("LD_LIBRARY_PATH", "").split(":") if entry]
+    chosen = []
+    for copy in libs.copies:
+        folder = copy.path.rsplit("/", 1)[0]
+        if copy.path in preload or folder in search:
+            chosen.append(NcclCopy(copy.path, copy.version, "job"))
+    return chosen
+
+
+@check("NCCL016", profiles=("full",))
+def nccl_library_conflict(nccl_libs: NcclLibFacts, job: JobFacts) -> Iterator[Observation]:
+    """A job here can load two different NCCL builds: its search path overrides the framework's
+    copy, or the system library path itself holds different versions."""
+    if not nccl_libs.copies:
+        raise NotApplicable("no libnccl on this node's library path or in its Python environments")
+    wheel = {c.version for c in nccl_libs.copies if c.origin == "python" and c.version}
+    overrides = [c for c in job_copies(nccl_libs, job) if c.version and wheel and c.version not in wheel]
+    if overrides:
+        yield present(
+            "job environment",
+            *(Evidence("LD_LIBRARY_PATH/LD_PRELOAD", f"{c.path} (NCCL {c.version})", f"NCCL {', '.join(sorted(wheel))} as the framework's wheel ships") for c in overrides),
+        )
+    system = sorted({c.version for c in nccl_libs.copies if c.origin == "system" and c.version})
+    if len(system) > 1:
+        yield present(
+            "library path",
+            *(Evidence(c.path, f"NCCL {c.version}") for c in nccl_libs.copies if c.origin == "system" and c.version),
+            Evidence("ld.so search path", f"{len(system)} versions: {', '.join(system)}", "one NCCL version"),
+        )
+
+
+@check("NCCL012", profiles=("full",))
+def nccl_ras_query_crash(nccl_libs: NcclLibFacts, job: JobFacts) -> Iterator[Observation]:
+    """An NCCL release with the RAS crash is installed and RAS is not switched off for jobs."""
+    if not nccl_libs.copies:
+        raise NotApplicable("no libnccl on this node's library path or in its Python environments")
+    ras = job.nccl("NCCL_RAS_ENABLE")
+    if ras is not None and ras.value.strip() == "0":
+        return
+    for copy in nccl_libs.copies:
+        if copy.version in RAS_CRASH_VERSIONS:
+            yield present(
+                copy.path,
+                Evidence(copy.path, f"NCCL {copy.version}", "a release without the RAS query crash"),
+                Evidence("NCCL_RAS_ENABLE", ras.value if ras else "unset (RAS on by default)", "0 until NCCL is upgraded"),
+            )

@@ -1,0 +1,64 @@
+"""NCCL016 and NCCL012: the NCCL builds a job on this node can load, on copies of the example
+node with libraries laid out as Debian packages and the nvidia-nccl-cu12 wheel install them."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from preflight.checks.job import probe_job
+from preflight.checks.nccl_libs import nccl_library_conflict, nccl_ras_query_crash, probe_nccl_libs
+from preflight.model import NotApplicable
+from preflight.sources import NodeFS
+
+from conftest import write
+
+SITE = "/usr/local/lib/python3.10/dist-packages"
+
+
+def verdicts(root: Path, check: str) -> list[tuple[str, str]]:
+    fs = NodeFS(str(root))
+    function = {"NCCL016": nccl_library_conflict, "NCCL012": nccl_ras_query_crash}[check]
+    return [(o.subject, " ".join(e.observed for e in o.evidence)) for o in function(probe_nccl_libs(fs), probe_job(fs))]
+
+
+def environ(root: Path, **values: str) -> None:
+    write(root, "/proc/self/environ", b"".join(f"{k}={v}".encode() + b"\0" for k, v in values.items()))
+
+
+def test_one_release_everywhere_is_absent(example_root: Path) -> None:
+    assert verdicts(example_root, "NCCL016") == [] and verdicts(example_root, "NCCL012") == []
+
+
+def test_job_search_path_ahead_of_the_wheel_is_present(node_copy: Path) -> None:
+    write(node_copy, "/opt/nccl-2.18.3/lib/libnccl.so.2.18.3", b"")
+    write(node_copy, "/etc/ld.so.conf.d/nccl.conf", "# site NCCL build\n/opt/nccl-2.18.3/lib\n")
+    environ(node_copy, LD_LIBRARY_PATH="/opt/nccl-2.18.3/lib/:/usr/local/cuda/lib64")
+    found = dict(verdicts(node_copy, "NCCL016"))
+    assert "/opt/nccl-2.18.3/lib/libnccl.so.2.18.3 (NCCL 2.18.3)" in found["job environment"]
+    assert "2 versions: 2.18.3, 2.21.5" in found["library path"]
+
+
+def test_ras_crash_release_unless_ras_is_off(node_copy: Path) -> None:
+    wheel = node_copy / SITE.lstrip("/")
+    os.rename(wheel / "nvidia_nccl_cu12-2.21.5.dist-info", wheel / "nvidia_nccl_cu12-2.27.3.dist-info")
+    found = verdicts(node_copy, "NCCL012")
+    assert [subject for subject, _ in found] == [f"{SITE}/nvidia/nccl/lib/libnccl.so.2"]
+    assert "NCCL 2.27.3" in found[0][1] and "unset (RAS on by default)" in found[0][1]
+    environ(node_copy, NCCL_RAS_ENABLE="0")
+    assert verdicts(node_copy, "NCCL012") == []
+
+
+def test_version_from_the_so2_link_and_unknown_versions(tmp_path: Path) -> None:
+    write(tmp_path, "/usr/local/lib/libnccl.so.2.26.2", b"")
+    os.symlink("libnccl.so.2.26.2", tmp_path / "usr/local/lib/libnccl.so.2")
+    write(tmp_path, "/usr/lib64/libnccl.so.2", b"")  # a plain file: no version in its name
+    facts = probe_nccl_libs(NodeFS(str(tmp_path)))
+    assert {(c.path, c.version) for c in facts.copies} == {("/usr/local/lib/libnccl.so.2.26.2", "2.26.2"), ("/usr/lib64/libnccl.so.2", None)}
+
+
+def test_not_applicable_without_nccl(tmp_path: Path) -> None:
+    with pytest.raises(NotApplicable):
+        verdicts(tmp_path, "NCCL016")
