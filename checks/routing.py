@@ -21,7 +21,8 @@ from __future__ import annotations
 import ipaddress
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from itertools import chain
 from dataclasses import dataclass
 
 from preflight.checks.hostname import parse_hosts
@@ -29,7 +30,7 @@ from preflight.checks.job import probe_job
 from preflight.checks.sockets import DEFAULT_ORDER, NcclSocketFacts, comm_id_host, shown
 from preflight.config import HostConfig
 from preflight.hostlist import HostlistError, expand
-from preflight.model import Evidence, NotApplicable, Observation, Severity, present, undecided
+from preflight.model import Evidence, NotApplicable, Observation, Severity, Status, present, undecided
 from preflight.probing import FactReader
 from preflight.registry import check, probe
 from preflight.sources import NodeFS, SourceError
@@ -40,6 +41,10 @@ from preflight.sources.routes import Route
 MAX_PEERS = 32  # a 2,000-node job needs no 2,000 lookups to show that one subnet is unroutable
 DNS_BUDGET_S = 2.5
 CONF = "/proc/sys/net/ipv4/conf"
+ARP_FIX = (
+    "Set net.ipv4.conf.all.arp_ignore=1 and net.ipv4.conf.all.arp_announce=2 so each interface answers ARP "
+    "only for its own address (ARP flux), and give each interface a source-routing table (ip rule from <addr> table N)."
+)
 
 
 @dataclass(frozen=True)
@@ -207,8 +212,10 @@ def same_subnet_groups(links: list[Link], addresses: list[Address]) -> list[list
 def _sysctl(reader: FactReader, ifname: str, knob: str) -> Sysctl:
     def value(name: str) -> int | None:
         text = reader.text(f"{CONF}/{name}/{knob}")
+        if text is None:
+            return None
         try:
-            return int(text.strip()) if text is not None else None
+            return int(text.strip())
         except ValueError:
             reader.problems.append(f"{CONF}/{name}/{knob}: not a number: {text.strip()[:40]!r}")
             return None
@@ -355,36 +362,53 @@ def _multi_rail(routing: RoutingFacts) -> Iterator[Observation]:
         shared = Evidence("ip -4 address", f"same subnet: {names}", "one subnet per interface, or per-interface source routing")
         for member in group:
             knob = f"{CONF}/{{all,{member.ifname}}}"
-            strict = member.rp_filter.effective
+            unknown: list[str] = []
+            rp_evidence: list[Evidence] = []
+            strict, route = member.rp_filter.effective, member.return_route
             if strict is None:
-                yield undecided(member.ifname, f"rp_filter of {member.ifname} or all unreadable", shared)
-            elif strict == 1:
-                route = member.return_route
-                if route is None:
-                    yield undecided(member.ifname, f"rp_filter is strict; reply route unknown: {member.return_route_error or 'no address to look up'}", shared)
-                elif route.ifname != member.ifname:
-                    yield present(
-                        member.ifname,
-                        shared,
-                        Evidence(f"{knob}/rp_filter", f"{member.rp_filter.all}, {member.rp_filter.interface} (effective 1: strict)", "0 or 2, or replies routed back out of this interface"),
-                        Evidence(f"ip route get {route.destination} from {member.address}", route.describe(), f"dev {member.ifname}"),
-                    )
+                unknown.append("rp_filter unreadable")
+            elif strict == 1 and route is None:
+                unknown.append(f"rp_filter is strict and the reply route is unknown: {member.return_route_error or 'no address to look up'}")
+            elif strict == 1 and route is not None and route.ifname != member.ifname:
+                rp_evidence = [
+                    Evidence(f"{knob}/rp_filter", f"{member.rp_filter.all}, {member.rp_filter.interface} (effective 1: strict)", "0 or 2, or replies routed back out of this interface"),
+                    Evidence(f"ip route get {route.destination} from {member.address}", route.describe(), f"dev {member.ifname}"),
+                ]
             ignore, announce = member.arp_ignore.effective, member.arp_announce.effective
-            if ignore is not None and announce is not None and (ignore < 1 or announce < 2):
-                yield present(
-                    member.ifname,
-                    shared,
+            arp_evidence: list[Evidence] = []
+            if ignore is None or announce is None:
+                unknown.append("arp_ignore/arp_announce unreadable")
+            elif ignore < 1 or announce < 2:
+                arp_evidence = [
                     Evidence(f"{knob}/arp_ignore", f"{member.arp_ignore.all}, {member.arp_ignore.interface} (effective {ignore})", ">= 1"),
                     Evidence(f"{knob}/arp_announce", f"{member.arp_announce.all}, {member.arp_announce.interface} (effective {announce})", ">= 2"),
-                    severity=Severity.WARNING,
-                    fix="Set net.ipv4.conf.all.arp_ignore=1 and net.ipv4.conf.all.arp_announce=2 so each interface answers ARP only for its own address (ARP flux).",
-                )
+                ]
+            if rp_evidence:
+                yield present(member.ifname, shared, *rp_evidence, *arp_evidence)
+            elif arp_evidence:
+                yield present(member.ifname, shared, *arp_evidence, severity=Severity.WARNING, fix=ARP_FIX)
+            elif unknown:
+                yield undecided(member.ifname, "; ".join(unknown), shared)
+
+
+def merge_by_subject(observations: Iterable[Observation]) -> list[Observation]:
+    """One observation per subject (one report row): a present one wins over an undecided one;
+    two present ones join their evidence and keep the stronger severity (None is the
+    reference's own, the strongest here)."""
+    merged: dict[str, Observation] = {}
+    for item in observations:
+        earlier = merged.get(item.subject)
+        if earlier is None or (earlier.status is not Status.PRESENT and item.status is Status.PRESENT):
+            merged[item.subject] = item
+        elif earlier.status is Status.PRESENT and item.status is Status.PRESENT:
+            severity = None if earlier.severity is None or item.severity is None else max(earlier.severity, item.severity, key=lambda s: s.rank)
+            fix = earlier.fix if earlier.fix == item.fix else ""
+            merged[item.subject] = Observation(item.subject, earlier.evidence + item.evidence, severity, fix)
+    return list(merged.values())
 
 
 @check("NET005")
 def nccl_wrong_socket_interface(nccl_socket: NcclSocketFacts, routing: RoutingFacts) -> Iterator[Observation]:
     """NCCL selects nothing usable, or an interface the peers are not reached through; or
     several interfaces share a subnet with strict reverse-path filtering or ARP flux."""
-    yield from _selection_problems(nccl_socket)
-    yield from _route_mismatch(nccl_socket, routing)
-    yield from _multi_rail(routing)
+    yield from merge_by_subject(chain(_selection_problems(nccl_socket), _route_mismatch(nccl_socket, routing), _multi_rail(routing)))
