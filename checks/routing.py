@@ -285,7 +285,7 @@ def nccl_socket_network_unreachable(routing: RoutingFacts) -> Iterator[Observati
         yield present(
             peer.name,
             origin,
-            *(Evidence(f"ip route get {route.destination}", route.describe(), "a route") for route in peer.routes),
+            *(Evidence(route.where, route.describe(), "a route") for route in peer.routes),
         )
 
 
@@ -350,7 +350,7 @@ def _route_mismatch(facts: NcclSocketFacts, routing: RoutingFacts) -> Iterator[O
             picked.ifname,
             Evidence(facts.bootstrap.source, facts.bootstrap.rule),
             Evidence("getifaddrs", f"bootstrap: {shown(picked)}"),
-            *(Evidence(f"ip route get {route.destination}", f"{peer.name}: {route.describe()}", f"dev {picked.ifname}") for peer, route in elsewhere[:8]),
+            *(Evidence(route.where, f"{peer.name}: {route.describe()}", f"dev {picked.ifname}") for peer, route in elsewhere[:8]),
             # A deliberate NCCL_SOCKET_IFNAME on a separate data network is common; say so quietly.
             severity=Severity.INFO if chosen else Severity.WARNING,
         )
@@ -372,7 +372,7 @@ def _multi_rail(routing: RoutingFacts) -> Iterator[Observation]:
             elif strict == 1 and route is not None and route.ifname != member.ifname:
                 rp_evidence = [
                     Evidence(f"{knob}/rp_filter", f"{member.rp_filter.all}, {member.rp_filter.interface} (effective 1: strict)", "0 or 2, or replies routed back out of this interface"),
-                    Evidence(f"ip route get {route.destination} from {member.address}", route.describe(), f"dev {member.ifname}"),
+                    Evidence(route.where, route.describe(), f"dev {member.ifname}"),
                 ]
             ignore, announce = member.arp_ignore.effective, member.arp_announce.effective
             arp_evidence: list[Evidence] = []

@@ -38,7 +38,7 @@ from preflight.checks.job import JobFacts, Setting, probe_job
 from preflight.model import Evidence, Observation, Severity, present
 from preflight.probing import FactReader
 from preflight.registry import check, probe
-from preflight.sources import NodeFS
+from preflight.sources import NodeFS, SourceError
 from preflight.sources.netlink import Address, Link, Netlink
 
 MAX_IFS = 16  # MAX_IFS in NCCL's src/include/socket.h: list entries and socket devices
@@ -235,13 +235,18 @@ def _resolve_from_hosts(reader: FactReader, host: str) -> str:
     return ""
 
 
-def _socket_transport(job: JobFacts, rdma: list[str]) -> str:
+def _socket_transport(job: JobFacts, reader: FactReader) -> str:
     net = job.nccl("NCCL_NET")
     if net is not None and net.value.lower() == "socket":
         return f"{net.origin} NCCL_NET={net.value}"
     disable = job.nccl("NCCL_IB_DISABLE")
     if disable is not None and disable.value.strip() == "1":
         return f"{disable.origin} NCCL_IB_DISABLE=1"
+    try:
+        rdma = reader.fs.listdir("/sys/class/infiniband")
+    except SourceError as error:
+        reader.problems.append(str(error))
+        return ""  # unknown: claim nothing about the socket transport's extra devices
     return "" if rdma else "no RDMA devices in /sys/class/infiniband"
 
 
@@ -271,7 +276,7 @@ def probe_nccl_socket(fs: NodeFS, netlink: Netlink) -> NcclSocketFacts:
         comm_id=comm_id,
         comm_id_address=comm_id_address,
         master_addr=job.environ.get("MASTER_ADDR", ""),
-        socket_transport=_socket_transport(job, reader.listing("/sys/class/infiniband")),
+        socket_transport=_socket_transport(job, reader),
         ipv6=_ipv6_state(reader),
         links=links,
         candidates=candidates,

@@ -62,6 +62,12 @@ class Route:
     def reachable(self) -> bool:
         return not self.error and self.route_type in ("unicast", "local")
 
+    @property
+    def where(self) -> str:
+        """The evidence source: the lookup as ``ip route`` spells it, or the file it came from."""
+        lookup = f"{self.destination} from {self.source}" if self.source else self.destination
+        return f"{FILE_ORIGIN} (main table) {lookup}" if self.origin == FILE_ORIGIN else f"ip route get {lookup}"
+
     def describe(self) -> str:
         """``via eno1 src 10.0.0.1`` / ``Network is unreachable (ENETUNREACH)``, for evidence."""
         if self.error:
@@ -161,11 +167,15 @@ class RouteEntry:
 
 
 def parse_route_table(text: str) -> list[RouteEntry]:
-    """Every route of ``/proc/net/route`` (hex fields in host byte order, little-endian here)."""
+    """Every route of ``/proc/net/route`` (hex fields in host byte order, little-endian here);
+    ValueError naming the first line that is not a route, so garbage never reads as "no route"."""
+    lines = text.splitlines()
+    if not lines or not lines[0].startswith("Iface"):
+        raise ValueError("no 'Iface' header line")
     entries = []
-    for line in text.splitlines()[1:]:
+    for number, line in enumerate(lines[1:], 2):
         fields = line.split()
-        if len(fields) < 8:
+        if not fields:
             continue
         try:
             destination = ipaddress.IPv4Address(int(fields[1], 16).to_bytes(4, "little"))
@@ -174,8 +184,8 @@ def parse_route_table(text: str) -> list[RouteEntry]:
             metric = int(fields[6])
             mask = ipaddress.IPv4Address(int(fields[7], 16).to_bytes(4, "little"))
             network = ipaddress.IPv4Network(f"{destination}/{mask}", strict=False)
-        except (ValueError, OverflowError):
-            continue
+        except (ValueError, OverflowError, IndexError):
+            raise ValueError(f"line {number} is not a route: {line.strip()[:60]!r}") from None
         entries.append(RouteEntry(fields[0], network, str(gateway) if flags & _RTF_GATEWAY else "", flags, metric))
     return entries
 
@@ -193,7 +203,11 @@ def file_route_get(fs: NodeFS, locals_: list[str], destination: str, source: str
     text = fs.read(FILE_ORIGIN)
     if text is None:
         raise SourceError(FILE_ORIGIN, "absent; no routing table to look up")
-    matches = [entry for entry in parse_route_table(text) if address in entry.network]
+    try:
+        table = parse_route_table(text)
+    except ValueError as error:
+        raise SourceError(FILE_ORIGIN, str(error)) from None
+    matches = [entry for entry in table if address in entry.network]
     if not matches:
         return Route(destination, source, "", "", "", "", None, error="ENETUNREACH", origin=FILE_ORIGIN)
     best = min(matches, key=lambda entry: (-entry.network.prefixlen, entry.metric))
