@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from preflight.checks.hostname import parse_hosts
 from preflight.checks.job import probe_job
-from preflight.checks.sockets import DEFAULT_ORDER, NcclSocketFacts, comm_id_host, shown
+from preflight.checks.sockets import DEFAULT_ORDER, NcclSocketFacts, comm_id_host, parse_ifname_list, shown
 from preflight.config import HostConfig
 from preflight.hostlist import HostlistError, expand
 from preflight.model import Evidence, NotApplicable, Observation, Severity, Status, present, undecided
@@ -92,14 +92,18 @@ class RoutingFacts:
     hostname: str  # /proc/sys/kernel/hostname
     peers: tuple[Peer, ...]
     peers_total: int  # distinct peers before the MAX_PEERS cap
+    peer_problems: tuple[tuple[str, str], ...]  # (setting, why its peers are unknown): a bad hostlist
     same_subnet: tuple[tuple[RailMember, ...], ...]  # groups of interfaces with overlapping subnets
     problems: tuple[str, ...]
 
 
 # -- peers ------------------------------------------------------------------------------------
-def collect_peers(environ: dict[str, str], comm_id: str, configured: tuple[str, ...], hostname: str) -> tuple[dict[str, list[str]], list[str]]:
-    """Peer name -> origins, in order (MASTER_ADDR, NCCL_COMM_ID, config, nodelist); problems."""
-    problems: list[str] = []
+def collect_peers(
+    environ: dict[str, str], comm_id: str, configured: tuple[str, ...], hostname: str
+) -> tuple[dict[str, list[str]], list[tuple[str, str]]]:
+    """Peer name -> origins, in order (MASTER_ADDR, NCCL_COMM_ID, config, nodelist); and the
+    settings whose peers could not be listed, with the reason."""
+    problems: list[tuple[str, str]] = []
     found: dict[str, list[str]] = {}
     sources: list[tuple[str, list[str]]] = []
     if environ.get("MASTER_ADDR"):
@@ -113,7 +117,7 @@ def collect_peers(environ: dict[str, str], comm_id: str, configured: tuple[str, 
         try:
             sources.append((nodelist_name, expand(environ[nodelist_name])))
         except HostlistError as error:
-            problems.append(f"{nodelist_name}: {error}")
+            problems.append((nodelist_name, str(error)))
     own = {hostname, hostname.split(".", 1)[0]} if hostname else set()
     for origin, names in sources:
         for name in names:
@@ -164,10 +168,10 @@ def _routes(netlink: Netlink, addresses: tuple[str, ...]) -> tuple[tuple[Route, 
     return tuple(routes), tuple(errors)
 
 
-def _peers(fs: NodeFS, netlink: Netlink, dns: Dns, settings: HostConfig, hostname: str) -> tuple[list[Peer], int, list[str]]:
+def _peers(fs: NodeFS, netlink: Netlink, dns: Dns, settings: HostConfig, hostname: str) -> tuple[list[Peer], int, list[tuple[str, str]], list[str]]:
     job = probe_job(fs)
     comm_id = job.nccl("NCCL_COMM_ID")
-    wanted, problems = collect_peers(job.environ, comm_id.value if comm_id else "", settings.expect.peers, hostname)
+    wanted, peer_problems = collect_peers(job.environ, comm_id.value if comm_id else "", settings.expect.peers, hostname)
     total = len(wanted)
     chosen = list(wanted.items())[:MAX_PEERS]
     reader = FactReader(fs)
@@ -188,7 +192,7 @@ def _peers(fs: NodeFS, netlink: Netlink, dns: Dns, settings: HostConfig, hostnam
         how, addresses, error = resolved[name]
         routes, route_errors = _routes(netlink, addresses)
         peers.append(Peer(name, tuple(origins), how, addresses, error, routes, route_errors))
-    return peers, total, problems + reader.problems
+    return peers, total, peer_problems, reader.problems
 
 
 # -- multi-rail -------------------------------------------------------------------------------
@@ -256,21 +260,23 @@ def probe_routing(fs: NodeFS, netlink: Netlink, dns: Dns, settings: HostConfig) 
     """Resolve and route the job's peers; read multi-rail reverse-path and ARP settings."""
     reader = FactReader(fs)
     hostname = (reader.text("/proc/sys/kernel/hostname") or "").strip()
-    peers, total, problems = _peers(fs, netlink, dns, settings, hostname)
+    peers, total, peer_problems, problems = _peers(fs, netlink, dns, settings, hostname)
     addresses = netlink.addresses()
     locals_ = {a.address for a in addresses}
     groups = tuple(
         tuple(_rail_member(reader, netlink, member, locals_, peers) for member in group)
         for group in same_subnet_groups(netlink.links(), addresses)
     )
-    return RoutingFacts(hostname, tuple(peers), total, groups, tuple(problems + reader.problems))
+    return RoutingFacts(hostname, tuple(peers), total, tuple(peer_problems), groups, tuple(problems + reader.problems))
 
 
 # -- NET004 -----------------------------------------------------------------------------------
 @check("NET004")
 def nccl_socket_network_unreachable(routing: RoutingFacts) -> Iterator[Observation]:
     """A peer none of whose addresses has a route from this node."""
-    if not routing.peers:
+    for setting, reason in routing.peer_problems:
+        yield undecided(setting, f"cannot list the peers it names: {reason}")
+    if not routing.peers and not routing.peer_problems:
         raise NotApplicable("no peers to reach: no SLURM_JOB_NODELIST, MASTER_ADDR or NCCL_COMM_ID, no [expect] peers")
     for peer in routing.peers:
         origin = Evidence(" / ".join(peer.origins), peer.name)
@@ -322,10 +328,9 @@ def _selection_problems(facts: NcclSocketFacts) -> Iterator[Observation]:
             Evidence(facts.devices.source, facts.devices.rule),
             Evidence("getifaddrs", f"no running interface with an address matches{family}", "one interface"),
         ]
-        if facts.devices.source != DEFAULT_ORDER and not facts.devices.rule.startswith("^"):
-            exact = facts.devices.rule.startswith("=")
-            entries = [entry.split(":", 1)[0] for entry in facts.devices.rule.lstrip("=").split(",")]
-            evidence += [Evidence("/sys/class/net", _entry_state(entry, exact, facts)) for entry in entries if entry]
+        spec = parse_ifname_list(facts.devices.rule)
+        if facts.devices.source != DEFAULT_ORDER and not spec.exclude:
+            evidence += [Evidence("network interfaces", _entry_state(entry, spec.exact, facts)) for entry in spec.entries]
         yield present("NCCL_SOCKET_IFNAME" if facts.devices.source != DEFAULT_ORDER else "node", *evidence)
     elif not facts.bootstrap.interfaces:
         # NCCL: "NET/Socket : No usable listening interface found".

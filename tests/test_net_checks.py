@@ -212,6 +212,12 @@ def test_net004_unresolvable_peer_is_undecided(node: Node) -> None:
     assert found["head"].status is Status.UNKNOWN and "NXDOMAIN" in found["head"].reason
 
 
+def test_net004_unparsable_nodelist_is_undecided(node: Node) -> None:
+    node.env(SLURM_JOB_NODELIST="gpu[01-")
+    found = subjects(nccl_socket_network_unreachable(node.routing()))
+    assert found["SLURM_JOB_NODELIST"].status is Status.UNKNOWN and "unbalanced" in found["SLURM_JOB_NODELIST"].reason
+
+
 def test_routing_probe_caps_the_number_of_peers(node: Node) -> None:
     node.env(SLURM_JOB_NODELIST="n[0001-2000]")
     node.routes = {}

@@ -225,7 +225,7 @@ def test_collect_peers_orders_dedupes_and_skips_this_host() -> None:
     ]
     assert problems == []
     _, problems = collect_peers({"SLURM_NODELIST": "gpu[1-"}, "", (), "x")
-    assert problems and problems[0].startswith("SLURM_NODELIST")
+    assert problems and problems[0][0] == "SLURM_NODELIST" and "gpu[1-" in problems[0][1]
 
 
 def test_dns_resolution_is_bounded_when_a_server_hangs() -> None:
