@@ -17,6 +17,7 @@
     gpu_count = 8
     mtu = 4200
     hcas = ["mlx5_0", "mlx5_1"]
+    peers = ["gpu[001-064]", "10.0.0.5"]  # hosts routes must reach, beyond the job's own
 
     [severity]              # per-reference severity overrides
     MEM002 = "error"
@@ -44,7 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from preflight.hostlist import HostlistError, matches, split_top_level
+from preflight.hostlist import HostlistError, expand, matches, split_top_level
 from preflight.model import REFERENCE_ID, Severity
 from preflight.sources import DnsSettings
 from preflight.tomlcompat import TOMLDecodeError, loads
@@ -66,6 +67,9 @@ class Expectations:
     gpu_count: int | None = None
     mtu: int | None = None
     hcas: tuple[str, ...] | None = None
+    # Hostlists, names or addresses whose routes the network checks look up, in addition to the
+    # job's own peers (SLURM_JOB_NODELIST, MASTER_ADDR, NCCL_COMM_ID).
+    peers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,16 @@ def _memlock(value: Any) -> int:
     return parse_size(value)
 
 
+def _hostlists(value: Any) -> tuple[str, ...]:
+    items = _string_list(value)
+    for item in items:
+        try:
+            expand(item)
+        except HostlistError as error:
+            raise ValueError(str(error)) from None
+    return items
+
+
 def _port(value: Any) -> int:
     port = _positive_int(value)
     if port > 65535:
@@ -129,6 +143,7 @@ _EXPECT_KEYS: dict[str, Callable[[Any], Any]] = {
     "gpu_count": _positive_int,
     "mtu": _positive_int,
     "hcas": _string_list,
+    "peers": _hostlists,
 }
 _RUN_KEYS: dict[str, Callable[[Any], Any]] = {
     "timeout": _positive_float,

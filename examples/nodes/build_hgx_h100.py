@@ -250,6 +250,9 @@ def build(root: str) -> None:
         "answers": {
             f"{HOSTNAME} A": {"addresses": ["10.10.1.17"]},
             f"{HOSTNAME} AAAA": {"error": "NOANSWER"},
+            # The job's other node (SLURM_JOB_NODELIST), whose route the network checks look up.
+            "gpu018 A": {"addresses": ["10.10.1.18"]},
+            "gpu018 AAAA": {"error": "NOANSWER"},
         },
     }
     write(root, "/.preflight/dns.json", json.dumps(dns, indent=1) + "\n")

@@ -13,16 +13,21 @@ The file fallback lets a plain copied root work without a recording:
 
 Replay format: ``{"format": "preflight-netlink/1", "links": [Link...], "addresses": [Address...]}``
 with the field names of the dataclasses below.
+
+Route lookups (:meth:`Netlink.route_get`) live in ``preflight.sources.routes``, which documents
+their replay entries (``"routes"`` in the same file) and what the file fallback can answer.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from preflight.sources.fs import NodeFS, SourceError
+from preflight.sources.routes import Route, file_route_get, live_route_get, replay_route
 
 # ARPHRD_* from include/uapi/linux/if_arp.h, as in /sys/class/net/<if>/type and ifi_type.
 _ARPHRD_NAMES = {1: "ether", 32: "infiniband", 772: "loopback", 776: "sit", 778: "gre", 65534: "none"}
@@ -62,6 +67,10 @@ class Netlink(Protocol):
     def links(self) -> list[Link]: ...
 
     def addresses(self) -> list[Address]: ...
+
+    def route_get(self, destination: str, source: str = "") -> Route:
+        """``ip route get <destination> [from <source>]``; SourceError when it cannot be asked."""
+        ...
 
 
 class LiveNetlink:
@@ -113,6 +122,9 @@ class LiveNetlink:
             )
         return found
 
+    def route_get(self, destination: str, source: str = "") -> Route:
+        return live_route_get(destination, source)
+
 
 class ReplayNetlink:
     """Links and addresses from a recorded ``netlink.json``."""
@@ -151,14 +163,29 @@ class ReplayNetlink:
         except TypeError as error:
             raise SourceError(self._origin, f"malformed address entry: {error}") from None
 
+    def route_get(self, destination: str, source: str = "") -> Route:
+        return replay_route(self._checked().get("routes", {}), self._origin, destination, source)
 
-def dump(netlink: Netlink) -> dict[str, Any]:
-    """The replay document for what ``netlink`` answers now (used by recordings and tests)."""
-    return {
+
+def dump(netlink: Netlink, destinations: Iterable[str] = ()) -> dict[str, Any]:
+    """The replay document for what ``netlink`` answers now (used by recordings and tests),
+    with route lookups for ``destinations`` (``"<dst>"`` or ``"<dst> from <src>"``)."""
+    document: dict[str, Any] = {
         "format": "preflight-netlink/1",
         "links": [asdict(link) for link in netlink.links()],
         "addresses": [asdict(address) for address in netlink.addresses()],
     }
+    routes = {}
+    for key in destinations:
+        destination, _, source = key.partition(" from ")
+        route = netlink.route_get(destination, source)
+        recorded = asdict(route)
+        for field in ("destination", "source", "origin"):
+            recorded.pop(field)
+        routes[key] = {"error": route.error} if route.error else recorded
+    if routes:
+        document["routes"] = routes
+    return document
 
 
 class FileNetlink:
@@ -200,6 +227,10 @@ class FileNetlink:
         for local in parse_fib_trie_locals(trie):
             found.append(_attach_ipv4(local, routes))
         return found
+
+    def route_get(self, destination: str, source: str = "") -> Route:
+        locals_ = parse_fib_trie_locals(self._fs.read("/proc/net/fib_trie") or "")
+        return file_route_get(self._fs, locals_, destination, source)
 
 
 def _to_int(text: str | None) -> int | None:

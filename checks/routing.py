@@ -1,0 +1,419 @@
+"""Routes to the job's peers and multi-rail reverse-path/ARP settings (references NET004, NET005).
+
+Peers: the job's nodes (``SLURM_JOB_NODELIST``, else ``SLURM_NODELIST``, expanded without
+``scontrol`` by :mod:`preflight.hostlist`), ``MASTER_ADDR``, the host of ``NCCL_COMM_ID``, and the
+site's ``[expect] peers``; this host itself is skipped and at most :data:`MAX_PEERS` are looked at.
+Each is resolved as libc would under ``hosts: files dns``: an address literal, ``/etc/hosts``,
+else DNS ``A``/``AAAA`` through the dns source, all lookups together bounded by
+:data:`DNS_BUDGET_S` (a dead nameserver must not cost one lifetime per peer). Each address gets
+a route lookup through the netlink source (``RTM_GETROUTE``; see ``preflight.sources.routes``).
+
+Multi-rail: running interfaces whose IPv4 subnets overlap. For each, ``/proc/sys/net/ipv4/conf/
+{all,<if>}/{rp_filter,arp_ignore,arp_announce}`` (``Documentation/networking/ip-sysctl.rst``:
+the kernel applies the larger of ``all`` and the interface's value for all three) and a route
+lookup *from* the interface's address into its subnet: without per-source policy rules the reply
+path of a second NIC is the first NIC, and strict reverse-path filtering (1) drops what arrives
+on the second one.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from itertools import chain
+from dataclasses import dataclass
+
+from preflight.checks.hostname import parse_hosts
+from preflight.checks.job import probe_job
+from preflight.checks.sockets import DEFAULT_ORDER, NcclSocketFacts, comm_id_host, parse_ifname_list, shown
+from preflight.config import HostConfig
+from preflight.hostlist import HostlistError, expand
+from preflight.model import Evidence, NotApplicable, Observation, Severity, Status, present, undecided
+from preflight.probing import FactReader
+from preflight.registry import check, probe
+from preflight.sources import NodeFS, SourceError
+from preflight.sources.dns import Dns
+from preflight.sources.netlink import Address, Link, Netlink
+from preflight.sources.routes import Route
+
+MAX_PEERS = 32  # a 2,000-node job needs no 2,000 lookups to show that one subnet is unroutable
+DNS_BUDGET_S = 2.5
+CONF = "/proc/sys/net/ipv4/conf"
+ARP_FIX = (
+    "Set net.ipv4.conf.all.arp_ignore=1 and net.ipv4.conf.all.arp_announce=2 so each interface answers ARP "
+    "only for its own address (ARP flux), and give each interface a source-routing table (ip rule from <addr> table N)."
+)
+
+
+@dataclass(frozen=True)
+class Peer:
+    """One peer, its addresses and the routes to them."""
+
+    name: str  # as the job or the config names it
+    origins: tuple[str, ...]  # "SLURM_JOB_NODELIST", "MASTER_ADDR", "NCCL_COMM_ID", "expect.peers"
+    resolved_by: str  # "address literal", "/etc/hosts:3", "DNS"; "" when unresolved
+    addresses: tuple[str, ...]
+    resolve_error: str  # why there is no address
+    routes: tuple[Route, ...]
+    route_errors: tuple[str, ...]  # lookups that could not be made
+
+
+@dataclass(frozen=True)
+class Sysctl:
+    """One ``net.ipv4.conf`` knob for an interface: its own value and ``all``'s."""
+
+    interface: int | None
+    all: int | None
+
+    @property
+    def effective(self) -> int | None:
+        """The larger of the two, as the kernel applies rp_filter, arp_ignore and arp_announce."""
+        return None if self.interface is None or self.all is None else max(self.interface, self.all)
+
+
+@dataclass(frozen=True)
+class RailMember:
+    """An interface that shares its IPv4 subnet with another running interface."""
+
+    ifname: str
+    address: str
+    prefixlen: int
+    rp_filter: Sysctl
+    arp_ignore: Sysctl
+    arp_announce: Sysctl
+    return_route: Route | None  # route get <address in the subnet> from <address>
+    return_route_error: str
+
+
+@dataclass(frozen=True)
+class RoutingFacts:
+    hostname: str  # /proc/sys/kernel/hostname
+    peers: tuple[Peer, ...]
+    peers_total: int  # distinct peers before the MAX_PEERS cap
+    peer_problems: tuple[tuple[str, str], ...]  # (setting, why its peers are unknown): a bad hostlist
+    same_subnet: tuple[tuple[RailMember, ...], ...]  # groups of interfaces with overlapping subnets
+    problems: tuple[str, ...]
+
+
+# -- peers ------------------------------------------------------------------------------------
+def collect_peers(
+    environ: dict[str, str], comm_id: str, configured: tuple[str, ...], hostname: str
+) -> tuple[dict[str, list[str]], list[tuple[str, str]]]:
+    """Peer name -> origins, in order (MASTER_ADDR, NCCL_COMM_ID, config, nodelist); and the
+    settings whose peers could not be listed, with the reason."""
+    problems: list[tuple[str, str]] = []
+    found: dict[str, list[str]] = {}
+    sources: list[tuple[str, list[str]]] = []
+    if environ.get("MASTER_ADDR"):
+        sources.append(("MASTER_ADDR", [environ["MASTER_ADDR"]]))
+    if comm_id:
+        sources.append(("NCCL_COMM_ID", [comm_id_host(comm_id)]))
+    for item in configured:
+        sources.append(("expect.peers", expand(item)))  # validated when the config was read
+    nodelist_name = "SLURM_JOB_NODELIST" if "SLURM_JOB_NODELIST" in environ else "SLURM_NODELIST"
+    if environ.get(nodelist_name):
+        try:
+            sources.append((nodelist_name, expand(environ[nodelist_name])))
+        except HostlistError as error:
+            problems.append((nodelist_name, str(error)))
+    own = {hostname, hostname.split(".", 1)[0]} if hostname else set()
+    for origin, names in sources:
+        for name in names:
+            name = name.strip().strip("[]")
+            if name and name not in own and name.split(".", 1)[0] not in own:
+                found.setdefault(name, []).append(origin)
+    return found, problems
+
+
+def _literal(name: str) -> str:
+    try:
+        return str(ipaddress.ip_address(name.split("%", 1)[0]))
+    except ValueError:
+        return ""
+
+
+def resolve_in_dns(dns: Dns, names: list[str], budget_s: float) -> dict[str, tuple[tuple[str, ...], str]]:
+    """A and AAAA answers for each name, in parallel; names without an answer within
+    ``budget_s`` get an error. Lookups run in daemon threads so a hung resolver is left behind."""
+    results: dict[str, tuple[tuple[str, ...], str]] = {}
+
+    def lookup(name: str) -> None:
+        try:
+            answers = [dns.resolve(name, rdtype) for rdtype in ("A", "AAAA")]
+        except SourceError as error:
+            results[name] = ((), error.reason)
+            return
+        addresses = tuple(address for answer in answers for address in answer.addresses)
+        errors = ", ".join(f"{answer.rdtype} {answer.error}" for answer in answers if answer.error)
+        results[name] = (addresses, "" if addresses else f"DNS: {errors}")
+
+    threads = [threading.Thread(target=lookup, args=(name,), name=f"dns-{name}", daemon=True) for name in names]
+    deadline = time.monotonic() + budget_s
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return {name: results.get(name, ((), f"DNS: no answer within {budget_s:g} s")) for name in names}
+
+
+def _routes(netlink: Netlink, addresses: tuple[str, ...]) -> tuple[tuple[Route, ...], tuple[str, ...]]:
+    routes, errors = [], []
+    for address in addresses:
+        try:
+            routes.append(netlink.route_get(address))
+        except SourceError as error:
+            errors.append(f"{address}: {error.reason}")
+    return tuple(routes), tuple(errors)
+
+
+def _peers(fs: NodeFS, netlink: Netlink, dns: Dns, settings: HostConfig, hostname: str) -> tuple[list[Peer], int, list[tuple[str, str]], list[str]]:
+    job = probe_job(fs)
+    comm_id = job.nccl("NCCL_COMM_ID")
+    wanted, peer_problems = collect_peers(job.environ, comm_id.value if comm_id else "", settings.expect.peers, hostname)
+    total = len(wanted)
+    chosen = list(wanted.items())[:MAX_PEERS]
+    reader = FactReader(fs)
+    hosts = parse_hosts(reader.text("/etc/hosts") or "")
+    resolved: dict[str, tuple[str, tuple[str, ...], str]] = {}
+    for name, _ in chosen:
+        literal = _literal(name)
+        lines = [entry for entry in hosts if name.lower() in (n.lower() for n in entry.names)]
+        if literal:
+            resolved[name] = ("address literal", (literal,), "")
+        elif lines:
+            resolved[name] = (lines[0].source, tuple(dict.fromkeys(entry.address for entry in lines)), "")
+    pending = [name for name, _ in chosen if name not in resolved]
+    for name, (addresses, error) in resolve_in_dns(dns, pending, DNS_BUDGET_S).items():
+        resolved[name] = ("DNS" if addresses else "", addresses, error)
+    peers = []
+    for name, origins in chosen:
+        how, addresses, error = resolved[name]
+        routes, route_errors = _routes(netlink, addresses)
+        peers.append(Peer(name, tuple(origins), how, addresses, error, routes, route_errors))
+    return peers, total, peer_problems, reader.problems
+
+
+# -- multi-rail -------------------------------------------------------------------------------
+def same_subnet_groups(links: list[Link], addresses: list[Address]) -> list[list[Address]]:
+    """Running interfaces' global IPv4 addresses, grouped where subnets overlap (two or more
+    interfaces per group)."""
+    running = {link.name for link in links if link.operstate in ("up", "unknown") and link.link_type != "loopback"}
+    v4 = [a for a in addresses if a.family == 4 and a.ifname in running and a.scope == "global" and a.prefixlen < 31]
+    groups: list[list[Address]] = []
+    for address in v4:
+        network = ipaddress.ip_network(f"{address.address}/{address.prefixlen}", strict=False)
+        for group in groups:
+            if any(network.overlaps(ipaddress.ip_network(f"{m.address}/{m.prefixlen}", strict=False)) for m in group):
+                group.append(address)
+                break
+        else:
+            groups.append([address])
+    return [group for group in groups if len({m.ifname for m in group}) > 1]
+
+
+def _sysctl(reader: FactReader, ifname: str, knob: str) -> Sysctl:
+    def value(name: str) -> int | None:
+        text = reader.text(f"{CONF}/{name}/{knob}")
+        if text is None:
+            return None
+        try:
+            return int(text.strip())
+        except ValueError:
+            reader.problems.append(f"{CONF}/{name}/{knob}: not a number: {text.strip()[:40]!r}")
+            return None
+
+    return Sysctl(value(ifname), value("all"))
+
+
+def _probe_target(member: Address, locals_: set[str], peers: list[Peer]) -> str:
+    """An address in the member's subnet to look a route up for: a peer's if there is one."""
+    network = ipaddress.ip_network(f"{member.address}/{member.prefixlen}", strict=False)
+    for peer in peers:
+        for address in peer.addresses:
+            if ipaddress.ip_address(address) in network and address not in locals_:
+                return address
+    for host in network.hosts():
+        if str(host) not in locals_:
+            return str(host)
+    return ""
+
+
+def _rail_member(reader: FactReader, netlink: Netlink, member: Address, locals_: set[str], peers: list[Peer]) -> RailMember:
+    target = _probe_target(member, locals_, peers)
+    route: Route | None = None
+    error = ""
+    try:
+        route = netlink.route_get(target, member.address) if target else None
+    except SourceError as failure:
+        error = failure.reason
+    return RailMember(
+        member.ifname, member.address, member.prefixlen,
+        _sysctl(reader, member.ifname, "rp_filter"), _sysctl(reader, member.ifname, "arp_ignore"),
+        _sysctl(reader, member.ifname, "arp_announce"), route, error,
+    )
+
+
+@probe("routing", timeout_s=DNS_BUDGET_S + 1.5)
+def probe_routing(fs: NodeFS, netlink: Netlink, dns: Dns, settings: HostConfig) -> RoutingFacts:
+    """Resolve and route the job's peers; read multi-rail reverse-path and ARP settings."""
+    reader = FactReader(fs)
+    hostname = (reader.text("/proc/sys/kernel/hostname") or "").strip()
+    peers, total, peer_problems, problems = _peers(fs, netlink, dns, settings, hostname)
+    addresses = netlink.addresses()
+    locals_ = {a.address for a in addresses}
+    groups = tuple(
+        tuple(_rail_member(reader, netlink, member, locals_, peers) for member in group)
+        for group in same_subnet_groups(netlink.links(), addresses)
+    )
+    return RoutingFacts(hostname, tuple(peers), total, tuple(peer_problems), groups, tuple(problems + reader.problems))
+
+
+# -- NET004 -----------------------------------------------------------------------------------
+@check("NET004")
+def nccl_socket_network_unreachable(routing: RoutingFacts) -> Iterator[Observation]:
+    """A peer none of whose addresses has a route from this node."""
+    for setting, reason in routing.peer_problems:
+        yield undecided(setting, f"cannot list the peers it names: {reason}")
+    if not routing.peers and not routing.peer_problems:
+        raise NotApplicable("no peers to reach: no SLURM_JOB_NODELIST, MASTER_ADDR or NCCL_COMM_ID, no [expect] peers")
+    for peer in routing.peers:
+        origin = Evidence(" / ".join(peer.origins), peer.name)
+        if not peer.addresses:
+            yield undecided(peer.name, f"{peer.name} does not resolve here ({peer.resolve_error})", origin)
+            continue
+        if any(route.reachable for route in peer.routes):
+            continue
+        if peer.route_errors:
+            yield undecided(peer.name, f"route lookup failed: {'; '.join(peer.route_errors)}", origin)
+            continue
+        yield present(
+            peer.name,
+            origin,
+            *(Evidence(route.where, route.describe(), "a route") for route in peer.routes),
+        )
+
+
+# -- NET005 -----------------------------------------------------------------------------------
+def _entry_state(entry: str, exact: bool, facts: NcclSocketFacts) -> str:
+    """Why one NCCL_SOCKET_IFNAME entry selects nothing usable."""
+    links = [link for link in facts.links if (link.name == entry if exact else link.name.startswith(entry))]
+    if not links:
+        return f"{entry}: no such interface"
+    parts = []
+    for link in links:
+        addresses = [item for item in facts.candidates if item.ifname == link.name]
+        if link.operstate not in ("up", "unknown"):
+            parts.append(f"{link.name} is {link.operstate}")
+        elif not addresses:
+            parts.append(f"{link.name} has no IP address")
+        else:
+            parts.append(f"{link.name}: {', '.join(shown(item) for item in addresses)}")
+    return f"{entry}: {'; '.join(parts)}"
+
+
+def _selection_problems(facts: NcclSocketFacts) -> Iterator[Observation]:
+    setting = facts.socket_ifname
+    if setting is not None and len(setting.value) <= 1:
+        yield present(
+            "NCCL_SOCKET_IFNAME",
+            Evidence(f"{setting.origin} NCCL_SOCKET_IFNAME", repr(setting.value), "longer than one character (NCCL ignores it otherwise)"),
+            severity=Severity.WARNING,
+        )
+    family = f" with NCCL_SOCKET_FAMILY={facts.socket_family.value}" if facts.socket_family is not None else ""
+    if not facts.devices.interfaces:
+        # NCCL: "Bootstrap : no socket interface found" / "NET/Socket : no interface found".
+        evidence = [
+            Evidence(facts.devices.source, facts.devices.rule),
+            Evidence("getifaddrs", f"no running interface with an address matches{family}", "one interface"),
+        ]
+        spec = parse_ifname_list(facts.devices.rule)
+        if facts.devices.source != DEFAULT_ORDER and not spec.exclude:
+            evidence += [Evidence("network interfaces", _entry_state(entry, spec.exact, facts)) for entry in spec.entries]
+        yield present("NCCL_SOCKET_IFNAME" if facts.devices.source != DEFAULT_ORDER else "node", *evidence)
+    elif not facts.bootstrap.interfaces:
+        # NCCL: "NET/Socket : No usable listening interface found".
+        yield present(
+            "NCCL_COMM_ID",
+            Evidence(facts.bootstrap.source, facts.bootstrap.rule),
+            Evidence("getifaddrs", "no local address in that subnet", "an interface in the subnet of NCCL_COMM_ID's address"),
+        )
+
+
+def _route_mismatch(facts: NcclSocketFacts, routing: RoutingFacts) -> Iterator[Observation]:
+    if not facts.bootstrap.interfaces:
+        return
+    picked = facts.bootstrap.interfaces[0]
+    elsewhere = [
+        (peer, route) for peer in routing.peers for route in peer.routes[:1]
+        if route.reachable and route.route_type != "local" and route.ifname != picked.ifname
+    ]
+    if elsewhere:
+        chosen = facts.socket_ifname is not None and len(facts.socket_ifname.value) > 1
+        yield present(
+            picked.ifname,
+            Evidence(facts.bootstrap.source, facts.bootstrap.rule),
+            Evidence("getifaddrs", f"bootstrap: {shown(picked)}"),
+            *(Evidence(route.where, f"{peer.name}: {route.describe()}", f"dev {picked.ifname}") for peer, route in elsewhere[:8]),
+            # A deliberate NCCL_SOCKET_IFNAME on a separate data network is common; say so quietly.
+            severity=Severity.INFO if chosen else Severity.WARNING,
+        )
+
+
+def _multi_rail(routing: RoutingFacts) -> Iterator[Observation]:
+    for group in routing.same_subnet:
+        names = ", ".join(f"{m.ifname}:{m.address}/{m.prefixlen}" for m in group)
+        shared = Evidence("ip -4 address", f"same subnet: {names}", "one subnet per interface, or per-interface source routing")
+        for member in group:
+            knob = f"{CONF}/{{all,{member.ifname}}}"
+            unknown: list[str] = []
+            rp_evidence: list[Evidence] = []
+            strict, route = member.rp_filter.effective, member.return_route
+            if strict is None:
+                unknown.append("rp_filter unreadable")
+            elif strict == 1 and route is None:
+                unknown.append(f"rp_filter is strict and the reply route is unknown: {member.return_route_error or 'no address to look up'}")
+            elif strict == 1 and route is not None and route.ifname != member.ifname:
+                rp_evidence = [
+                    Evidence(f"{knob}/rp_filter", f"{member.rp_filter.all}, {member.rp_filter.interface} (effective 1: strict)", "0 or 2, or replies routed back out of this interface"),
+                    Evidence(route.where, route.describe(), f"dev {member.ifname}"),
+                ]
+            ignore, announce = member.arp_ignore.effective, member.arp_announce.effective
+            arp_evidence: list[Evidence] = []
+            if ignore is None or announce is None:
+                unknown.append("arp_ignore/arp_announce unreadable")
+            elif ignore < 1 or announce < 2:
+                arp_evidence = [
+                    Evidence(f"{knob}/arp_ignore", f"{member.arp_ignore.all}, {member.arp_ignore.interface} (effective {ignore})", ">= 1"),
+                    Evidence(f"{knob}/arp_announce", f"{member.arp_announce.all}, {member.arp_announce.interface} (effective {announce})", ">= 2"),
+                ]
+            if rp_evidence:
+                yield present(member.ifname, shared, *rp_evidence, *arp_evidence)
+            elif arp_evidence:
+                yield present(member.ifname, shared, *arp_evidence, severity=Severity.WARNING, fix=ARP_FIX)
+            elif unknown:
+                yield undecided(member.ifname, "; ".join(unknown), shared)
+
+
+def merge_by_subject(observations: Iterable[Observation]) -> list[Observation]:
+    """One observation per subject (one report row): a present one wins over an undecided one;
+    two present ones join their evidence and keep the stronger severity (None is the
+    reference's own, the strongest here)."""
+    merged: dict[str, Observation] = {}
+    for item in observations:
+        earlier = merged.get(item.subject)
+        if earlier is None or (earlier.status is not Status.PRESENT and item.status is Status.PRESENT):
+            merged[item.subject] = item
+        elif earlier.status is Status.PRESENT and item.status is Status.PRESENT:
+            severity = None if earlier.severity is None or item.severity is None else max(earlier.severity, item.severity, key=lambda s: s.rank)
+            fix = earlier.fix if earlier.fix == item.fix else ""
+            merged[item.subject] = Observation(item.subject, earlier.evidence + item.evidence, severity, fix)
+    return list(merged.values())
+
+
+@check("NET005")
+def nccl_wrong_socket_interface(nccl_socket: NcclSocketFacts, routing: RoutingFacts) -> Iterator[Observation]:
+    """NCCL selects nothing usable, or an interface the peers are not reached through; or
+    several interfaces share a subnet with strict reverse-path filtering or ARP flux."""
+    yield from merge_by_subject(chain(_selection_problems(nccl_socket), _route_mismatch(nccl_socket, routing), _multi_rail(routing)))

@@ -1,0 +1,338 @@
+"""Layer 3 for NET001-NET005: each check on facts built by its probe from small hand-made roots
+(a job environment, ``/etc/nccl.conf`` and a netlink recording), varied with ``replace``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from preflight.checks.job import Setting
+from preflight.checks.routing import (
+    Peer,
+    RailMember,
+    RoutingFacts,
+    Sysctl,
+    merge_by_subject,
+    nccl_socket_network_unreachable,
+    nccl_wrong_socket_interface,
+    probe_routing,
+)
+from preflight.checks.sockets import (
+    NcclSocketFacts,
+    ipv6_address_family_mismatch,
+    nccl_proxy_connect_ipv6_link_local,
+    nccl_virtual_interface_selected,
+    probe_nccl_socket,
+)
+from preflight.config import Expectations, HostConfig
+from preflight.model import Evidence, NotApplicable, Observation, Severity, Status, present, undecided
+from preflight.sources import NodeFS
+from preflight.sources.dns import ReplayDns
+from preflight.sources.netlink import ReplayNetlink
+from preflight.sources.routes import Route
+
+LO = {"name": "lo", "index": 1, "mtu": 65536, "operstate": "unknown", "link_type": "loopback", "kind": "", "master": "", "mac": ""}
+
+
+def nic(name: str, index: int, kind: str = "", state: str = "up") -> dict[str, Any]:
+    return {"name": name, "index": index, "mtu": 1500, "operstate": state, "link_type": "ether", "kind": kind, "master": "", "mac": ""}
+
+
+def ip(ifname: str, text: str, scope: str = "global") -> dict[str, Any]:
+    host, _, length = text.partition("/")
+    return {"ifname": ifname, "family": 6 if ":" in host else 4, "address": host, "prefixlen": int(length), "scope": scope}
+
+
+class Node:
+    """A tiny recorded root: environment, nccl.conf, files, and a netlink recording."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.root = tmp_path / "root"
+        self.root.mkdir(parents=True)
+        self.links: list[dict[str, Any]] = [LO]
+        self.addresses: list[dict[str, Any]] = [ip("lo", "127.0.0.1/8", "host"), ip("lo", "::1/128", "host")]
+        self.routes: dict[str, Any] = {}
+        self.file("/proc/sys/kernel/hostname", "node1\n")
+
+    def file(self, path: str, text: str | bytes) -> None:
+        full = self.root / path.lstrip("/")
+        full.parent.mkdir(parents=True, exist_ok=True)
+        full.write_bytes(text if isinstance(text, bytes) else text.encode())
+
+    def env(self, **values: str) -> None:
+        self.file("/proc/self/environ", b"".join(f"{k}={v}\0".encode() for k, v in values.items()))
+
+    def add(self, name: str, index: int, *addresses: str, kind: str = "", state: str = "up") -> None:
+        self.links.append(nic(name, index, kind, state))
+        for text in addresses:
+            self.addresses.append(ip(name, text, "link" if text.startswith("fe80") else "global"))
+
+    def rdma(self) -> None:
+        self.file("/sys/class/infiniband/mlx5_0/ports/1/state", "4: ACTIVE\n")
+
+    def netlink(self) -> ReplayNetlink:
+        return ReplayNetlink({"links": self.links, "addresses": self.addresses, "routes": self.routes})
+
+    def socket(self) -> NcclSocketFacts:
+        return probe_nccl_socket(NodeFS(str(self.root)), self.netlink())
+
+    def routing(self, peers: tuple[str, ...] = (), dns: dict[str, Any] | None = None) -> RoutingFacts:
+        config = HostConfig(expect=Expectations(peers=peers))
+        return probe_routing(NodeFS(str(self.root)), self.netlink(), ReplayDns({"answers": dns or {}}), config)
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Node:
+    return Node(tmp_path)
+
+
+def subjects(observations: Any) -> dict[str, Observation]:
+    found = {item.subject: item for item in observations}
+    return found
+
+
+def text(observation: Observation) -> str:
+    return " | ".join(f"{e.source}: {e.observed}" for e in observation.evidence)
+
+
+def unicast(ifname: str, gateway: str = "") -> dict[str, Any]:
+    return {"route_type": "unicast", "ifname": ifname, "prefsrc": "", "gateway": gateway, "table": 254}
+
+
+# -- NET001 -------------------------------------------------------------------------------------
+def test_net001_docker_bridge_picked_and_absent_with_a_real_nic(node: Node) -> None:
+    node.add("docker0", 3, "172.17.0.1/16", kind="bridge")
+    found = subjects(nccl_virtual_interface_selected(node.socket()))
+    assert set(found) == {"docker0"} and "Docker bridge" in text(found["docker0"])
+    node.add("eno1", 4, "10.0.0.2/24")
+    assert list(nccl_virtual_interface_selected(node.socket())) == []
+
+
+def test_net001_prefix_setting_that_catches_a_bridge_and_virtual_secondary_devices(node: Node) -> None:
+    node.add("br-3f2a9c", 2, "172.18.0.1/16", kind="bridge")
+    node.add("eno1", 3, "10.0.0.2/24")
+    node.add("cali12ab", 4, "10.244.3.1/32", kind="veth")
+    node.env(NCCL_SOCKET_IFNAME="^docker,lo")
+    found = subjects(nccl_virtual_interface_selected(node.socket()))
+    assert set(found) == {"br-3f2a9c", "cali12ab"}  # bootstrap, and a socket transport device (no RDMA here)
+    assert text(found["br-3f2a9c"]).startswith("environment NCCL_SOCKET_IFNAME: ^docker,lo")
+    node.rdma()  # with an IB transport only bootstrap and the out-of-band socket matter
+    assert set(subjects(nccl_virtual_interface_selected(node.socket()))) == {"br-3f2a9c"}
+
+
+def test_net001_loopback_fallback(node: Node) -> None:
+    found = subjects(nccl_virtual_interface_selected(node.socket()))
+    assert "loopback" in text(found["lo"]) and "'lo' prefix" in text(found["lo"])
+
+
+# -- NET002 -------------------------------------------------------------------------------------
+def test_net002_unrecognised_family_and_ipv6_asked_where_disabled(node: Node) -> None:
+    node.add("eno1", 2, "10.0.0.2/24")
+    node.env(NCCL_SOCKET_FAMILY="inet6")
+    found = subjects(ipv6_address_family_mismatch(node.socket()))
+    assert found["NCCL_SOCKET_FAMILY"].severity is Severity.WARNING
+    node.file("/proc/sys/net/ipv6/conf/all/disable_ipv6", "1\n")
+    node.env(NCCL_SOCKET_FAMILY="AF_INET6", NCCL_COMM_ID="[2001:db8::1]:5000", MASTER_ADDR="2001:db8::1")
+    found = subjects(ipv6_address_family_mismatch(node.socket()))
+    assert set(found) == {"NCCL_SOCKET_FAMILY", "NCCL_COMM_ID", "MASTER_ADDR"}
+    assert all(item.severity is None for item in found.values())  # the reference's error
+
+
+def test_net002_ipv6_off_at_boot_is_read_from_the_missing_tree(node: Node) -> None:
+    node.add("eno1", 2, "10.0.0.2/24")
+    node.file("/proc/sys/net/ipv4/conf/all/rp_filter", "0\n")
+    node.env(NCCL_SOCKET_FAMILY="AF_INET6")
+    facts = node.socket()
+    assert facts.ipv6 == "off at boot"
+    assert "ipv6.disable=1" in text(subjects(ipv6_address_family_mismatch(facts))["NCCL_SOCKET_FAMILY"])
+
+
+def test_net002_global_ipv6_pick_nobody_asked_for(node: Node) -> None:
+    node.add("eno1", 2, "2001:db8::2/64", "fe80::2/64")
+    found = subjects(ipv6_address_family_mismatch(node.socket()))
+    assert found["eno1"].severity is Severity.WARNING and "eno1:2001:db8::2" in text(found["eno1"])
+    node.env(NCCL_SOCKET_FAMILY="AF_INET6")
+    assert list(ipv6_address_family_mismatch(node.socket())) == []
+    node.env()
+    node.add("eno2", 3, "10.0.0.2/24")  # any IPv4 address comes first
+    assert list(ipv6_address_family_mismatch(node.socket())) == []
+
+
+# -- NET003 -------------------------------------------------------------------------------------
+def test_net003_link_local_socket_device_only_when_sockets_carry_data(node: Node) -> None:
+    node.add("eno1", 2, "10.0.0.2/24")
+    node.add("veth25f2e72", 3, "fe80::380d:bfff:fe5b:54d2/64", kind="veth")
+    found = subjects(nccl_proxy_connect_ipv6_link_local(node.socket()))
+    assert "socket transport device 1: veth25f2e72:fe80::380d:bfff:fe5b:54d2%veth25f2e72" in text(found["veth25f2e72"])
+    assert list(nccl_virtual_interface_selected(node.socket())) == []  # link-local is NET003's, not NET001's
+    node.rdma()
+    assert list(nccl_proxy_connect_ipv6_link_local(node.socket())) == []
+    node.env(NCCL_IB_DISABLE="1")
+    assert set(subjects(nccl_proxy_connect_ipv6_link_local(node.socket()))) == {"veth25f2e72"}
+
+
+def test_net003_ipoib_with_only_link_local_is_the_bootstrap_pick(node: Node) -> None:
+    node.rdma()
+    node.add("eno1", 2, "10.0.0.2/24")
+    node.add("ib0", 3, "fe80::ba3f:d203:21:77a0/64")
+    found = subjects(nccl_proxy_connect_ipv6_link_local(node.socket()))
+    assert "bootstrap: ib0:fe80::" in text(found["ib0"]) and "'ib' prefix" in text(found["ib0"])
+    node.file("/etc/nccl.conf", "NCCL_SOCKET_FAMILY=AF_INET\n")  # from nccl.conf, NCCL's precedence
+    assert list(nccl_proxy_connect_ipv6_link_local(node.socket())) == []
+
+
+# -- NET004 -------------------------------------------------------------------------------------
+def test_net004_not_applicable_without_peers(node: Node) -> None:
+    with pytest.raises(NotApplicable):
+        list(nccl_socket_network_unreachable(node.routing()))
+
+
+def test_net004_unreachable_reachable_unresolved_and_unlookupable_peers(node: Node) -> None:
+    node.add("eno1", 2, "10.0.0.2/24")
+    node.env(SLURM_JOB_NODELIST="node[1-4]", MASTER_ADDR="10.9.0.1")
+    node.file("/etc/hosts", "10.0.0.3 node2\n10.7.0.3 node3\n2001:db8::4 node4\n10.0.0.4 node4\n")
+    node.routes = {"10.9.0.1": {"error": "ENETUNREACH"}, "10.0.0.3": unicast("eno1"), "10.7.0.3": {"error": "EHOSTUNREACH"},
+                   "10.0.0.4": {"error": "ENETUNREACH"}}
+    found = subjects(nccl_socket_network_unreachable(node.routing(dns={})))
+    assert found["10.9.0.1"].status is Status.PRESENT and "Network is unreachable" in text(found["10.9.0.1"])
+    assert found["node3"].status is Status.PRESENT and "SLURM_JOB_NODELIST" in text(found["node3"])
+    assert found["node4"].status is Status.UNKNOWN and "no recorded route for 2001:db8::4" in found["node4"].reason
+    assert "node2" not in found and "node1" not in found  # reachable; this host
+    node.routes["2001:db8::4"] = unicast("eno1")
+    assert "node4" not in subjects(nccl_socket_network_unreachable(node.routing()))  # libc tries the next address
+
+
+def test_net004_unresolvable_peer_is_undecided(node: Node) -> None:
+    node.env(MASTER_ADDR="head")
+    found = subjects(nccl_socket_network_unreachable(node.routing(dns={"head A": {"error": "NXDOMAIN"}, "head AAAA": {"error": "NXDOMAIN"}})))
+    assert found["head"].status is Status.UNKNOWN and "NXDOMAIN" in found["head"].reason
+
+
+def test_net004_unparsable_nodelist_is_undecided(node: Node) -> None:
+    node.env(SLURM_JOB_NODELIST="gpu[01-")
+    found = subjects(nccl_socket_network_unreachable(node.routing()))
+    assert found["SLURM_JOB_NODELIST"].status is Status.UNKNOWN and "unbalanced" in found["SLURM_JOB_NODELIST"].reason
+
+
+def test_routing_probe_caps_the_number_of_peers(node: Node) -> None:
+    node.env(SLURM_JOB_NODELIST="n[0001-2000]")
+    node.routes = {}
+    facts = node.routing(dns={})
+    assert facts.peers_total == 2000 and len(facts.peers) == 32
+
+
+# -- NET005 -------------------------------------------------------------------------------------
+def test_net005_socket_ifname_matching_nothing_usable(node: Node) -> None:
+    node.add("eno1", 2, "10.0.0.2/24")
+    node.add("ens9f0", 3, "10.1.0.2/24", state="down")
+    node.add("ens10f0", 4)
+    node.file("/etc/nccl.conf", "NCCL_SOCKET_IFNAME==eth0,ens9f0,ens10f0\n")
+    found = subjects(nccl_wrong_socket_interface(node.socket(), node.routing()))
+    evidence = text(found["NCCL_SOCKET_IFNAME"])
+    assert evidence.startswith("/etc/nccl.conf NCCL_SOCKET_IFNAME: =eth0,ens9f0,ens10f0")
+    assert "eth0: no such interface" in evidence and "ens9f0 is down" in evidence and "ens10f0 has no IP address" in evidence
+    node.file("/etc/nccl.conf", "NCCL_SOCKET_IFNAME=^e\n")  # leaves lo: NET001's case, not this one
+    assert list(nccl_wrong_socket_interface(node.socket(), node.routing())) == []
+    node.file("/etc/nccl.conf", "NCCL_SOCKET_IFNAME=^e,lo\n")
+    found = subjects(nccl_wrong_socket_interface(node.socket(), node.routing()))
+    assert set(found) == {"NCCL_SOCKET_IFNAME"} and "no running interface with an address matches" in text(found["NCCL_SOCKET_IFNAME"])
+
+
+def test_net005_one_character_value_and_comm_id_without_a_local_subnet(node: Node) -> None:
+    node.add("eno1", 2, "10.0.0.2/24")
+    node.env(NCCL_SOCKET_IFNAME="e", NCCL_COMM_ID="10.5.0.1:6000")
+    node.routes = {"10.5.0.1": unicast("eno1", "10.0.0.1")}
+    found = subjects(nccl_wrong_socket_interface(node.socket(), node.routing()))
+    assert found["NCCL_SOCKET_IFNAME"].severity is Severity.WARNING
+    assert "no local address in that subnet" in text(found["NCCL_COMM_ID"])
+
+
+def test_net005_peers_routed_elsewhere_warning_when_automatic_info_when_chosen(node: Node) -> None:
+    node.add("eno1", 2, "10.0.0.2/24")
+    node.add("ib0", 3, "192.168.50.2/24")
+    node.env(MASTER_ADDR="10.0.0.9")
+    node.routes = {"10.0.0.9": unicast("eno1")}
+    found = subjects(nccl_wrong_socket_interface(node.socket(), node.routing()))
+    assert found["ib0"].severity is Severity.WARNING and "10.0.0.9: dev eno1" in text(found["ib0"])
+    node.env(MASTER_ADDR="10.0.0.9", NCCL_SOCKET_IFNAME="=ib0")
+    assert subjects(nccl_wrong_socket_interface(node.socket(), node.routing()))["ib0"].severity is Severity.INFO
+    node.env(MASTER_ADDR="10.0.0.9", NCCL_SOCKET_IFNAME="=eno1")
+    assert list(nccl_wrong_socket_interface(node.socket(), node.routing())) == []
+
+
+def _rails(node: Node, rp_filter: int, arp: tuple[int, int], own_tables: bool) -> None:
+    node.add("eno1", 2, "10.0.0.2/24")
+    node.add("r1", 3, "10.50.0.2/24")
+    node.add("r2", 4, "10.50.0.3/24")
+    node.env(NCCL_SOCKET_IFNAME="=eno1")
+    for name in ("all", "eno1", "r1", "r2"):
+        node.file(f"/proc/sys/net/ipv4/conf/{name}/rp_filter", f"{rp_filter if name == 'all' else 0}\n")
+        node.file(f"/proc/sys/net/ipv4/conf/{name}/arp_ignore", f"{arp[0]}\n")
+        node.file(f"/proc/sys/net/ipv4/conf/{name}/arp_announce", f"{arp[1]}\n")
+    node.routes = {"10.50.0.1 from 10.50.0.2": unicast("r1"), "10.50.0.1 from 10.50.0.3": unicast("r2" if own_tables else "r1")}
+
+
+def test_net005_strict_rp_filter_without_source_routing(node: Node) -> None:
+    _rails(node, 1, (1, 2), own_tables=False)
+    found = subjects(nccl_wrong_socket_interface(node.socket(), node.routing()))
+    assert set(found) == {"r2"} and found["r2"].severity is None
+    assert "(effective 1: strict)" in text(found["r2"]) and "ip route get 10.50.0.1 from 10.50.0.3: dev r1" in text(found["r2"])
+
+
+def test_net005_arp_flux_warning_and_clean_multi_rail(node: Node) -> None:
+    _rails(node, 2, (0, 0), own_tables=False)
+    found = subjects(nccl_wrong_socket_interface(node.socket(), node.routing()))
+    assert set(found) == {"r1", "r2"} and {item.severity for item in found.values()} == {Severity.WARNING}
+    assert "arp_ignore=1" in found["r1"].fix
+    clean = Node(node.root.parent / "clean")
+    _rails(clean, 1, (1, 2), own_tables=True)
+    assert list(nccl_wrong_socket_interface(clean.socket(), clean.routing())) == []
+
+
+def test_net005_unreadable_or_garbage_sysctls_are_undecided(node: Node) -> None:
+    _rails(node, 1, (1, 2), own_tables=False)
+    node.file("/proc/sys/net/ipv4/conf/r2/rp_filter", "strict\n")
+    facts = node.routing()
+    assert any("not a number" in problem for problem in facts.problems)
+    found = subjects(nccl_wrong_socket_interface(node.socket(), facts))
+    assert found["r2"].status is Status.UNKNOWN and "rp_filter unreadable" in found["r2"].reason
+
+
+def test_net005_strict_rp_filter_with_unknown_reply_route_on_a_copied_root(node: Node) -> None:
+    _rails(node, 1, (1, 2), own_tables=False)
+    member = RailMember("r2", "10.50.0.3", 24, Sysctl(0, 1), Sysctl(1, 1), Sysctl(2, 2), None, "source-specific lookups depend on policy rules")
+    facts = replace(node.routing(), same_subnet=((member,),))
+    found = subjects(nccl_wrong_socket_interface(node.socket(), facts))
+    assert found["r2"].status is Status.UNKNOWN and "policy rules" in found["r2"].reason
+
+
+def test_merge_by_subject_keeps_one_row_per_subject() -> None:
+    merged = merge_by_subject([
+        present("eth1", Evidence("a", "1"), severity=Severity.WARNING, fix="x"),
+        undecided("eth1", "why"),
+        present("eth1", Evidence("b", "2")),
+        undecided("eth2", "why"),
+    ])
+    assert [(o.subject, o.status, o.severity, len(o.evidence), o.fix) for o in merged] == [
+        ("eth1", Status.PRESENT, None, 2, ""), ("eth2", Status.UNKNOWN, None, 0, ""),
+    ]
+
+
+def test_probe_facts_are_json_and_name_the_choice(node: Node) -> None:
+    node.add("eno1", 2, "10.0.0.2/24")
+    node.env(NCCL_SOCKET_IFNAME="eno", MASTER_ADDR="10.0.0.9")
+    node.routes = {"10.0.0.9": unicast("eno1")}
+    from preflight.engine import facts_to_json
+
+    socket = facts_to_json(node.socket())
+    assert socket["bootstrap"]["interfaces"][0]["address"] == "10.0.0.2"
+    assert socket["socket_ifname"] == {"value": "eno", "origin": "environment"}
+    routing = facts_to_json(node.routing())
+    assert routing["peers"][0]["routes"][0]["ifname"] == "eno1"
+    json.dumps([socket, routing])
+    assert isinstance(node.socket().socket_ifname, Setting)
+    assert Peer("x", (), "", (), "", (Route("1.1.1.1", "", "unicast", "eno1", "", "", 254),), ()).routes[0].reachable

@@ -1,0 +1,106 @@
+"""Layer 4 for the network checks: the installed CLI on the recorded roots of
+``tests/fixtures/nodes`` (netlink replay and the sysfs/procfs fallback)."""
+
+from __future__ import annotations
+
+import filecmp
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import REPO, Runner, write
+
+FIXTURES = REPO / "tests" / "fixtures" / "nodes"
+
+
+def report(run_cli: Runner, root: Path) -> dict[str, Any]:
+    result = run_cli("node", "--root", str(root), "--select", "NET", "--format", "json")
+    assert result.returncode in (0, 1, 2), result.stderr
+    parsed: dict[str, Any] = json.loads(result.stdout)
+    return parsed
+
+
+def rows(parsed: dict[str, Any]) -> dict[tuple[str, str], tuple[str, str]]:
+    return {(f["id"], f["subject"]): (f["status"], f["severity"]) for f in parsed["findings"] if f["status"] != "absent"}
+
+
+EXPECTED = {
+    "container-bridge": {("NET001", "eth0"): ("present", "error")},
+    "ipoib-link-local": {("NET003", "ib0"): ("present", "error"), ("NET005", "ib0"): ("present", "warning")},
+    "multirail-same-subnet": {
+        ("NET005", "ens1f0np0"): ("present", "warning"),
+        ("NET005", "ens2f0np0"): ("present", "error"),
+        ("NET005", "ens3f0np0"): ("present", "error"),
+        ("NET005", "ens4f0np0"): ("present", "error"),
+    },
+    "no-route-to-master": {("NET004", "10.70.0.5"): ("present", "error"), ("NET004", "10.80.1.1"): ("present", "error")},
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_recorded_roots(run_cli: Runner, name: str) -> None:
+    parsed = report(run_cli, FIXTURES / name)
+    assert rows(parsed) == EXPECTED[name]
+    assert {p["status"] for p in parsed["probes"]} == {"ok"}
+
+
+def test_replayed_choice_and_file_fallback_facts(run_cli: Runner) -> None:
+    container = report(run_cli, FIXTURES / "container-bridge")["facts"]
+    assert container["nccl_socket"]["bootstrap"]["interfaces"][0]["address"] == "172.17.0.2"
+    assert container["routing"]["peers"][0]["routes"][0]["gateway"] == "172.17.0.1"
+    copied = report(run_cli, FIXTURES / "no-route-to-master")["facts"]
+    cn02 = [peer for peer in copied["routing"]["peers"] if peer["name"] == "cn02"][0]
+    assert cn02["resolved_by"] == "/etc/hosts:3" and cn02["routes"][0]["origin"] == "/proc/net/route"
+    assert copied["nccl_socket"]["devices"]["interfaces"][0]["ifname"] == "eth0"
+
+
+def test_fixtures_match_their_generator(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("build_net_fixtures", FIXTURES / "build_net_fixtures.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.build(str(tmp_path))
+    for name in module.ROOTS:
+        comparison = filecmp.dircmp(tmp_path / name, FIXTURES / name)
+        stack = [comparison]
+        while stack:
+            current = stack.pop()
+            assert not (current.left_only or current.right_only or current.diff_files), (name, current.left, current.diff_files, current.left_only, current.right_only)
+            stack.extend(current.subdirs.values())
+
+
+def test_clean_example_root_has_no_network_findings(run_cli: Runner, clean_root: Path) -> None:
+    parsed = report(run_cli, clean_root)
+    assert {f["status"] for f in parsed["findings"]} == {"absent"}
+    assert parsed["facts"]["nccl_socket"]["bootstrap"]["interfaces"][0]["ifname"] == "eno1"
+    assert parsed["facts"]["routing"]["peers"][0]["routes"][0]["ifname"] == "eno1"
+
+
+def test_broken_recording_makes_every_network_reference_unknown(run_cli: Runner, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    shutil.copytree(FIXTURES / "container-bridge", root)
+    write(root, "/.preflight/netlink.json", "{\"links\": [")
+    parsed = report(run_cli, root)
+    assert {(f["id"], f["status"]) for f in parsed["findings"]} == {(f"NET00{n}", "unknown") for n in range(1, 6)}
+    assert all("unreadable netlink recording" in f["reason"] for f in parsed["findings"])
+
+
+def test_unrecorded_route_lookup_is_unknown_for_that_peer(run_cli: Runner, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    shutil.copytree(FIXTURES / "container-bridge", root)
+    write(root, "/proc/self/environ", b"MASTER_ADDR=10.20.0.6\0")
+    finding = [f for f in report(run_cli, root)["findings"] if f["id"] == "NET004"][0]
+    assert (finding["status"], finding["subject"]) == ("unknown", "10.20.0.6")
+    assert "no recorded route for 10.20.0.6" in finding["reason"]
+
+
+def test_garbage_route_table_on_a_copied_root_is_unknown_not_unreachable(run_cli: Runner, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    shutil.copytree(FIXTURES / "no-route-to-master", root)
+    write(root, "/proc/net/route", "Iface\tDestination\n\x01\x02 garbage line\n")
+    findings = [f for f in report(run_cli, root)["findings"] if f["id"] == "NET004"]
+    assert {f["status"] for f in findings} == {"unknown"} and all("not a route" in f["reason"] for f in findings)
