@@ -98,6 +98,7 @@ class HostnameFacts:
     reverse: tuple[DnsAnswer, ...] = ()  # PTR answers for this host's addresses
     peers: tuple[NameLookup, ...] = ()  # MASTER_ADDR and sampled SLURM_JOB_NODELIST peers
     nodes_in_job: int = 0  # hosts in SLURM_JOB_NODELIST
+    peers_error: str = ""  # why the job's peers are not known (environ unreadable, bad node list)
     hosts_order: tuple[NssService, ...] = FILES_THEN_DNS  # /etc/nsswitch.conf hosts:
     hosts_error: str = ""  # why /etc/hosts could not be read, "" when it was
     nameservers: tuple[NameserverCheck, ...] = ()  # one timed query to each nameserver
@@ -273,7 +274,8 @@ def libc_lookup(lookup: NameLookup, facts: HostnameFacts) -> LibcResult:
             else:
                 status, addresses, detail = "NOTFOUND", (), "nss-myhostname: not this host"
         elif service.startswith("mdns") and not _plain(lookup.name).endswith(".local"):
-            status, addresses, detail = "NOTFOUND", (), f"{service}: only .local names"
+            # nss-mdns refuses other names with UNAVAIL, so "[NOTFOUND=return]" after it does not stop.
+            status, addresses, detail = "UNAVAIL", (), f"{service}: only .local names"
         else:
             return LibcResult("undetermined", (), service, f"nsswitch.conf service {service!r} cannot be emulated")
         if _action(service_entry, status) in ("return", "merge"):
@@ -295,27 +297,28 @@ def probe_hostname(fs: NodeFS, dns: Dns, settings: HostConfig) -> HostnameFacts:
     except SourceError as error:
         all_entries, hosts_error = [], error.reason
     order = parse_nsswitch_hosts(reader.text("/etc/nsswitch.conf") or "")
+    peers_error = ""
     try:
         environ = parse_environ(fs.read_bytes("/proc/self/environ") or b"")
     except SourceError as error:
-        environ = {}
-        reader.problems.append(str(error))
+        environ, peers_error = {}, str(error)
     nodes: list[str] = []
     try:
         nodes = expand(environ.get("SLURM_JOB_NODELIST", ""))
     except HostlistError as error:
-        reader.problems.append(f"SLURM_JOB_NODELIST: {error}")
+        peers_error = f"SLURM_JOB_NODELIST: {error}"
     subjects = ([(hostname, (ROLE_HOST,))] if hostname else []) + select_peers(
         hostname, nodes, environ.get("MASTER_ADDR", "").strip()
     )
     lookups = [
-        NameLookup(name, roles, tuple(e for e in all_entries if any(same_host(name, alias) for alias in e.names)), ())
+        # The files service matches the name exactly (any case), with no search domains.
+        NameLookup(name, roles, tuple(e for e in all_entries if _plain(name) in map(_plain, e.names)), ())
         for name, roles in subjects
     ]
     origin = f"[dns] nameservers in {settings.origin or 'the site config'}" if settings.dns.nameservers else "/etc/resolv.conf"
     facts = HostnameFacts(
-        hostname, (), (), (), nodes_in_job=len(nodes), hosts_order=order, hosts_error=hosts_error,
-        nameserver_origin=origin,
+        hostname, (), (), (), nodes_in_job=len(nodes), peers_error=peers_error, hosts_order=order,
+        hosts_error=hosts_error, nameserver_origin=origin,
     )
     checks: list[NameserverCheck] = []
     try:
@@ -431,7 +434,8 @@ def _judge_name(lookup: NameLookup, facts: HostnameFacts) -> Observation | None:
     if disagreement is not None:
         warnings.insert(0, disagreement)
     if not (errors or warnings):
-        return None
+        # What libc would answer is unknown (no DNS answers, an NSS service we cannot follow).
+        return undecided(subject, f"{subject}: {result.detail}") if result.status == "undetermined" else None
     return present(subject, *errors, *warnings, severity=None if errors else Severity.WARNING)
 
 
@@ -476,6 +480,8 @@ def hostname_resolution_broken(hostname: HostnameFacts) -> Iterator[Observation]
         observation = _judge_name(lookup, hostname)
         if observation is not None:
             yield observation
+    if hostname.peers_error:
+        yield undecided("job peers", hostname.peers_error)
     for server in hostname.nameservers:
         observation = _judge_nameserver(server, hostname)
         if observation is not None:

@@ -105,7 +105,9 @@ def _address(hex_ip: str) -> str:
         return str(ipaddress.IPv4Address(bytes.fromhex(hex_ip)[::-1]))
     if len(hex_ip) == 32:
         raw = b"".join(bytes.fromhex(hex_ip[i:i + 8])[::-1] for i in range(0, 32, 8))
-        return str(ipaddress.IPv6Address(raw))
+        address = ipaddress.IPv6Address(raw)
+        # Dual-stack listeners show IPv4 peers as ::ffff:a.b.c.d; Python < 3.13 prints them in hex.
+        return f"::ffff:{address.ipv4_mapped}" if address.ipv4_mapped else str(address)
     raise ValueError(f"address {hex_ip!r} is neither 8 nor 32 hex digits")
 
 
