@@ -80,11 +80,11 @@ FILES_THEN_DNS = (NssService("files"), NssService("dns"))
 
 @dataclass(frozen=True)
 class NameLookup:
-    """One peer name: its /etc/hosts lines, DNS answers and the reverse answers for its addresses."""
+    """One name the job needs: its /etc/hosts lines, DNS answers and its addresses' PTR answers."""
 
     name: str
-    roles: tuple[str, ...]  # ROLE_MASTER and/or ROLE_PEER
-    hosts_entries: tuple[HostsEntry, ...]  # /etc/hosts lines naming it
+    roles: tuple[str, ...]  # ROLE_HOST, or ROLE_MASTER and/or ROLE_PEER
+    hosts_entries: tuple[HostsEntry, ...]  # /etc/hosts lines naming it exactly (any case)
     dns_answers: tuple[DnsAnswer, ...]  # A and AAAA, search list applied; () when DNS was not read
     reverse: tuple[DnsAnswer, ...] = ()  # PTR for the addresses libc returns
 
@@ -92,9 +92,9 @@ class NameLookup:
 @dataclass(frozen=True)
 class HostnameFacts:
     hostname: str | None  # /proc/sys/kernel/hostname
-    hosts_entries: tuple[HostsEntry, ...]  # /etc/hosts lines naming this host (full or short name)
+    hosts_entries: tuple[HostsEntry, ...]  # /etc/hosts lines naming this host exactly (any case)
     dns_answers: tuple[DnsAnswer, ...]  # this host's A and AAAA; () when DNS could not be read
-    problems: tuple[str, ...]
+    problems: tuple[str, ...]  # files that could not be read (host name, nsswitch.conf)
     reverse: tuple[DnsAnswer, ...] = ()  # PTR answers for this host's addresses
     peers: tuple[NameLookup, ...] = ()  # MASTER_ADDR and sampled SLURM_JOB_NODELIST peers
     nodes_in_job: int = 0  # hosts in SLURM_JOB_NODELIST
@@ -190,7 +190,8 @@ def select_peers(hostname: str | None, nodes: Sequence[str], master_addr: str) -
     chosen: dict[str, list[str]] = {}
     if master_addr and not _is_ip(master_addr) and not (hostname and same_host(master_addr, hostname)):
         chosen[master_addr] = [ROLE_MASTER]
-    candidates = list(nodes[:1]) + [nodes[(own + step) % len(nodes)] for step in range(1, len(nodes))][:PEER_SUCCESSORS]
+    successors = [nodes[(own + step) % len(nodes)] for step in range(1, min(len(nodes), PEER_SUCCESSORS + 1))]
+    candidates = list(nodes[:1]) + successors
     for node in candidates:
         if hostname and same_host(node, hostname):
             continue

@@ -40,16 +40,13 @@ import json
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from preflight.sources.fs import SourceError, describe_os_error
 
 DNS_ERRORS = ("NXDOMAIN", "NOANSWER", "TIMEOUT", "NO_NAMESERVERS", "SERVFAIL")
 SERVER_ERRORS = ("TIMEOUT", "UNREACHABLE")
-#: glibc's defaults for resolv.conf ``options`` (resolv.conf(5): RES_TIMEOUT, RES_DFLRETRY).
-GLIBC_TIMEOUT_S = 5
-GLIBC_ATTEMPTS = 2
 # A thread that outlives its query's lifetime by this much is abandoned as timed out.
 _JOIN_SLACK_S = 0.5
 _T = TypeVar("_T")
@@ -98,17 +95,15 @@ class ResolvConf:
 
     nameservers: tuple[str, ...]
     search: tuple[str, ...]
-    ndots: int = 1
-    timeout_s: int = GLIBC_TIMEOUT_S  # options timeout:N, glibc's wait per server and try
-    attempts: int = GLIBC_ATTEMPTS  # options attempts:N
+    ndots: int = 1  # options ndots:N: names with fewer dots try the search list first
 
 
 def parse_resolv_conf(text: str) -> ResolvConf:
-    """``nameserver``/``search``/``domain``/``options`` lines; the last ``search``/``domain``
-    wins, and glibc caps ``ndots`` at 15, ``timeout`` at 30 and ``attempts`` at 5 (resolv.conf(5))."""
+    """``nameserver``/``search``/``domain`` lines and ``options ndots:N``; the last
+    ``search``/``domain`` wins, and glibc caps ``ndots`` at 15 (resolv.conf(5))."""
     nameservers: list[str] = []
     search: tuple[str, ...] = ()
-    conf = ResolvConf((), ())
+    ndots = 1
     for line in text.splitlines():
         fields = line.split("#", 1)[0].split(";", 1)[0].split()
         if len(fields) < 2:
@@ -118,23 +113,11 @@ def parse_resolv_conf(text: str) -> ResolvConf:
         elif fields[0] in ("search", "domain"):
             search = tuple(fields[1:])
         elif fields[0] == "options":
-            conf = _apply_options(conf, fields[1:])
-    return replace(conf, nameservers=tuple(nameservers), search=search)
-
-
-def _apply_options(conf: ResolvConf, options: list[str]) -> ResolvConf:
-    caps = {"ndots": 15, "timeout": 30, "attempts": 5}
-    for option in options:
-        key, _, value = option.partition(":")
-        if key in caps and value.isdigit():
-            number = min(int(value), caps[key])
-            if key == "ndots":
-                conf = replace(conf, ndots=number)
-            elif key == "timeout":
-                conf = replace(conf, timeout_s=max(number, 1))
-            else:
-                conf = replace(conf, attempts=max(number, 1))
-    return conf
+            for option in fields[1:]:
+                key, _, value = option.partition(":")
+                if key == "ndots" and value.isdigit():
+                    ndots = min(int(value), 15)
+    return ResolvConf(tuple(nameservers), search, ndots)
 
 
 def _in_parallel(calls: Sequence[Callable[[], _T]], wait_s: float, late: Callable[[int], _T]) -> list[_T]:
