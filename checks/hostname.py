@@ -1,27 +1,62 @@
-"""How this node's own name resolves (reference DNS001).
+"""How the names a job depends on resolve (reference DNS001).
+
+Subjects, one finding each: this node's host name, the job's peers (``SLURM_JOB_NODELIST``,
+``MASTER_ADDR``) and every nameserver the node asks.
 
 Sources:
 
 * ``/proc/sys/kernel/hostname`` (the UTS name ``gethostname()`` returns);
-* ``/etc/hosts`` (hosts(5)): libc consults it first under the usual ``hosts: files dns``;
-* DNS ``A``/``AAAA`` answers for the name, only when ``/etc/hosts`` has no entry for it, through
-  the node's resolv.conf (bounded lifetime; see ``preflight.sources.dns``).
+* ``/etc/nsswitch.conf`` ``hosts:`` line (nsswitch.conf(5)): the services libc asks, in order, and
+  the ``[STATUS=action]`` items between them. Without a ``hosts`` line glibc 2.36 asks ``files``
+  and then ``dns`` (measured: a name in both /etc/hosts and DNS resolves to the hosts address);
+* ``/etc/hosts`` (hosts(5));
+* ``/proc/self/environ``: ``SLURM_JOB_NODELIST`` (expanded like ``scontrol show hostnames``) and
+  ``MASTER_ADDR``;
+* DNS through the node's resolv.conf (search list, ``ndots``; ``preflight.sources.dns``): one
+  timed query to each nameserver on its own, then ``A``/``AAAA`` for every name and ``PTR`` for
+  the addresses libc would hand out, through the nameservers that answered.
 
-torchrun, Gloo and NCCL's bootstrap advertise the address the host name resolves to; Debian-style
-``127.0.1.1 <hostname>`` lines make every peer dial its own loopback.
+Why it matters: torchrun, Gloo and NCCL's bootstrap resolve host names with ``getaddrinfo`` and
+advertise the first address. glibc sorts an IPv4 loopback address ahead of a routable one for the
+same name wherever the lines sit in /etc/hosts (RFC 6724 rule 8 with glibc's scope table, which
+puts 127/8 in link-local scope; reproduced with glibc 2.36), so a Debian-style
+``127.0.1.1 <hostname>`` line makes every peer dial its own loopback. ``socket.getfqdn()``, which
+torch elastic uses to name the local agent, follows the reverse (PTR) answer.
+
+Peers are sampled, not all resolved: each node asks for ``MASTER_ADDR``, the first node of the
+job and its next few successors in the node list, so every name in the job is asked by some node
+while no node sends thousands of queries at job start.
 """
 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterator
-from dataclasses import dataclass
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
 
-from preflight.model import Evidence, Observation, Unknown, present
+from preflight.checks.job import parse_environ
+from preflight.config import HostConfig
+from preflight.hostlist import HostlistError, expand
+from preflight.model import Evidence, Observation, Severity, present, undecided
 from preflight.probing import FactReader
 from preflight.registry import check, probe
-from preflight.sources import NodeFS
-from preflight.sources.dns import Dns, DnsAnswer
+from preflight.sources import NodeFS, SourceError
+from preflight.sources.dns import Dns, DnsAnswer, NameserverCheck
+
+#: Peers resolved by one node besides MASTER_ADDR and the first node of the job.
+PEER_SUCCESSORS = 6
+#: Addresses per name whose reverse (PTR) answer is checked.
+MAX_REVERSE_PER_NAME = 4
+#: A cluster resolver answers a name in its own zone in milliseconds; a second means overload or
+#: a forwarding chain timing out upstream, and every uncached lookup at job start pays it.
+SLOW_NAMESERVER_S = 1.0
+#: RCODEs of a working server: it either knows the name or says it does not exist.
+HEALTHY_RCODES = ("NOERROR", "NXDOMAIN")
+SYSTEMD_RESOLVED_STUB = "127.0.0.53"
+ROLE_HOST = "this host"
+ROLE_MASTER = "MASTER_ADDR"
+ROLE_PEER = "peer"
 
 
 @dataclass(frozen=True)
@@ -32,13 +67,53 @@ class HostsEntry:
 
 
 @dataclass(frozen=True)
+class NssService:
+    """One service of the nsswitch.conf ``hosts:`` line and the action items after it."""
+
+    name: str  # "files", "dns", "myhostname", "resolve", "sss"...
+    actions: tuple[str, ...] = ()  # "NOTFOUND=return", "!UNAVAIL=return"
+
+
+#: glibc 2.36 without a hosts line: files, then dns (see the module docstring).
+FILES_THEN_DNS = (NssService("files"), NssService("dns"))
+
+
+@dataclass(frozen=True)
+class NameLookup:
+    """One name the job needs: its /etc/hosts lines, DNS answers and its addresses' PTR answers."""
+
+    name: str
+    roles: tuple[str, ...]  # ROLE_HOST, or ROLE_MASTER and/or ROLE_PEER
+    hosts_entries: tuple[HostsEntry, ...]  # /etc/hosts lines naming it exactly (any case)
+    dns_answers: tuple[DnsAnswer, ...]  # A and AAAA, search list applied; () when DNS was not read
+    reverse: tuple[DnsAnswer, ...] = ()  # PTR for the addresses libc returns
+
+
+@dataclass(frozen=True)
 class HostnameFacts:
     hostname: str | None  # /proc/sys/kernel/hostname
-    hosts_entries: tuple[HostsEntry, ...]  # /etc/hosts lines naming this host (full or short name)
-    dns_answers: tuple[DnsAnswer, ...]  # A and AAAA, only asked when /etc/hosts has no entry
-    problems: tuple[str, ...]
+    hosts_entries: tuple[HostsEntry, ...]  # /etc/hosts lines naming this host exactly (any case)
+    dns_answers: tuple[DnsAnswer, ...]  # this host's A and AAAA; () when DNS could not be read
+    problems: tuple[str, ...]  # files that could not be read (host name, nsswitch.conf)
+    reverse: tuple[DnsAnswer, ...] = ()  # PTR answers for this host's addresses
+    peers: tuple[NameLookup, ...] = ()  # MASTER_ADDR and sampled SLURM_JOB_NODELIST peers
+    nodes_in_job: int = 0  # hosts in SLURM_JOB_NODELIST
+    peers_error: str = ""  # why the job's peers are not known (environ unreadable, bad node list)
+    hosts_order: tuple[NssService, ...] = FILES_THEN_DNS  # /etc/nsswitch.conf hosts:
+    hosts_error: str = ""  # why /etc/hosts could not be read, "" when it was
+    nameservers: tuple[NameserverCheck, ...] = ()  # one timed query to each nameserver
+    nameserver_origin: str = "/etc/resolv.conf"  # or the site config's [dns] nameservers
+    dns_error: str = ""  # why DNS answers could not be had at all (no recording...)
+
+    def lookups(self) -> list[NameLookup]:
+        """This host's lookup first, then the peers'."""
+        own = []
+        if self.hostname is not None:
+            own = [NameLookup(self.hostname, (ROLE_HOST,), self.hosts_entries, self.dns_answers, self.reverse)]
+        return own + list(self.peers)
 
 
+# -- parsers ----------------------------------------------------------------------------------
 def parse_hosts(text: str, path: str = "/etc/hosts") -> list[HostsEntry]:
     entries = []
     for number, line in enumerate(text.splitlines(), 1):
@@ -48,26 +123,57 @@ def parse_hosts(text: str, path: str = "/etc/hosts") -> list[HostsEntry]:
     return entries
 
 
-def _names(hostname: str) -> set[str]:
-    return {hostname, hostname.split(".", 1)[0]}
+_NSS_TOKEN = re.compile(r"\[([^\]]*)\]|([^\s\[]+)")
 
 
-@probe("hostname")
-def probe_hostname(fs: NodeFS, dns: Dns) -> HostnameFacts:
-    """Read the host name, its /etc/hosts entries and, if needed, its DNS answers."""
-    reader = FactReader(fs)
-    raw = reader.text("/proc/sys/kernel/hostname")
-    hostname = raw.strip() if raw and raw.strip() else None
-    if hostname is None:
-        return HostnameFacts(None, (), (), tuple(reader.problems))
-    wanted = _names(hostname)
-    entries = tuple(
-        entry for entry in parse_hosts(reader.text("/etc/hosts") or "") if wanted & set(entry.names)
-    )
-    answers: tuple[DnsAnswer, ...] = ()
-    if not entries:
-        answers = tuple(dns.resolve(hostname, rdtype) for rdtype in ("A", "AAAA"))
-    return HostnameFacts(hostname, entries, answers, tuple(reader.problems))
+def _action_item(item: str) -> str:
+    """``notfound=Return`` -> ``NOTFOUND=return``: statuses and actions are case-insensitive."""
+    condition, _, action = item.partition("=")
+    return f"{condition.upper()}={action.lower()}"
+
+
+def parse_nsswitch_hosts(text: str) -> tuple[NssService, ...]:
+    """The ``hosts:`` line of nsswitch.conf; glibc's default order when there is none."""
+    for line in text.splitlines():
+        database, colon, rest = line.split("#", 1)[0].partition(":")
+        if not colon or database.strip() != "hosts":
+            continue
+        services: list[NssService] = []
+        for bracket, word in _NSS_TOKEN.findall(rest):
+            if word:
+                services.append(NssService(word.lower()))
+            elif services:
+                items = tuple(_action_item(item) for item in bracket.split() if "=" in item)
+                services[-1] = NssService(services[-1].name, services[-1].actions + items)
+        if services:
+            return tuple(services)
+    return FILES_THEN_DNS
+
+
+# -- names ------------------------------------------------------------------------------------
+def _plain(name: str) -> str:
+    return name.lower().rstrip(".")
+
+
+def same_host(first: str, second: str) -> bool:
+    """Two spellings of one host: equal ignoring case and the root dot, or a short name and an
+    FQDN whose first label it is."""
+    a, b = _plain(first), _plain(second)
+    if a == b:
+        return True
+    if "." not in a:
+        return b.split(".", 1)[0] == a
+    if "." not in b:
+        return a.split(".", 1)[0] == b
+    return False
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text.split("%", 1)[0])
+    except ValueError:
+        return False
+    return True
 
 
 def _is_loopback(address: str) -> bool:
@@ -77,34 +183,307 @@ def _is_loopback(address: str) -> bool:
         return False
 
 
+def select_peers(hostname: str | None, nodes: Sequence[str], master_addr: str) -> list[tuple[str, tuple[str, ...]]]:
+    """(name, roles) of the peers this node resolves: MASTER_ADDR, the job's first node and the
+    next PEER_SUCCESSORS nodes after this one in the list (cyclically), without this host."""
+    own = next((i for i, node in enumerate(nodes) if hostname and same_host(node, hostname)), -1)
+    chosen: dict[str, list[str]] = {}
+    if master_addr and not _is_ip(master_addr) and not (hostname and same_host(master_addr, hostname)):
+        chosen[master_addr] = [ROLE_MASTER]
+    successors = [nodes[(own + step) % len(nodes)] for step in range(1, min(len(nodes), PEER_SUCCESSORS + 1))]
+    candidates = list(nodes[:1]) + successors
+    for node in candidates:
+        if hostname and same_host(node, hostname):
+            continue
+        known = next((name for name in chosen if same_host(name, node)), None)
+        if known is None:
+            chosen[node] = [ROLE_PEER]
+        elif ROLE_PEER not in chosen[known]:
+            chosen[known].append(ROLE_PEER)
+    return [(name, tuple(roles)) for name, roles in chosen.items()]
+
+
+# -- what libc would answer -------------------------------------------------------------------
+@dataclass(frozen=True)
+class LibcResult:
+    """getaddrinfo(name) as emulated from nsswitch.conf, /etc/hosts and the DNS answers."""
+
+    status: str  # "found" | "not_found" | "unavailable" | "undetermined"
+    addresses: tuple[str, ...]  # in getaddrinfo's order; () when the service gives this node's own
+    service: str  # the service that decided (or that could not be emulated)
+    detail: str
+
+
+def gai_order(addresses: Sequence[str]) -> tuple[str, ...]:
+    """Loopback addresses first, the rest in the order the service gave them: glibc ranks ::1
+    highest (precedence 50) and IPv4 loopback ahead of routable IPv4 (scope rule 8)."""
+    unique = list(dict.fromkeys(addresses))
+    return tuple(sorted(unique, key=lambda address: 0 if _is_loopback(address) else 1))
+
+
+def _dns_status(answers: Sequence[DnsAnswer]) -> tuple[str, tuple[str, ...], str]:
+    addresses = tuple(address for answer in answers for address in answer.addresses)
+    summary = "; ".join(
+        f"{a.rdtype} {', '.join(a.addresses) or (a.error + (' ' + a.detail if a.detail else ''))}" for a in answers
+    )
+    if addresses:
+        return "SUCCESS", addresses, summary
+    errors = {answer.error for answer in answers}
+    if errors <= {"NXDOMAIN", "NOANSWER"}:
+        return "NOTFOUND", (), summary
+    if errors == {"NO_NAMESERVERS"}:
+        return "UNAVAIL", (), summary
+    return "TRYAGAIN", (), summary
+
+
+def _action(service: NssService, status: str) -> str:
+    action = "return" if status == "SUCCESS" else "continue"
+    for item in service.actions:
+        condition, _, chosen = item.partition("=")
+        negated = condition.startswith("!")
+        if (condition.lstrip("!") == status) != negated:
+            action = chosen
+    return action
+
+
+def libc_lookup(lookup: NameLookup, facts: HostnameFacts) -> LibcResult:
+    """Walk the nsswitch.conf hosts services as glibc does for ``lookup.name``."""
+    status, service, detail = "NOTFOUND", "", ""
+    addresses: tuple[str, ...] = ()
+    for service_entry in facts.hosts_order:
+        service = service_entry.name
+        if service == "files":
+            if facts.hosts_error:
+                status, addresses, detail = "UNAVAIL", (), f"/etc/hosts: {facts.hosts_error}"
+            elif lookup.hosts_entries:
+                status = "SUCCESS"
+                addresses = tuple(entry.address for entry in lookup.hosts_entries)
+                detail = ", ".join(entry.source for entry in lookup.hosts_entries)
+            else:
+                status, addresses, detail = "NOTFOUND", (), "/etc/hosts: no entry"
+        elif service in ("dns", "resolve"):
+            if not lookup.dns_answers:
+                return LibcResult("undetermined", (), service, facts.dns_error or "DNS answers could not be read")
+            status, addresses, detail = _dns_status(lookup.dns_answers)
+        elif service == "myhostname":
+            # nss-myhostname answers the local host name with this node's own addresses.
+            name = _plain(lookup.name)
+            if name == "localhost" or name.endswith(".localhost"):
+                status, addresses, detail = "SUCCESS", ("127.0.0.1", "::1"), "nss-myhostname: localhost"
+            elif ROLE_HOST in lookup.roles:
+                status, addresses, detail = "SUCCESS", (), "nss-myhostname: this node's own addresses"
+            else:
+                status, addresses, detail = "NOTFOUND", (), "nss-myhostname: not this host"
+        elif service.startswith("mdns") and not _plain(lookup.name).endswith(".local"):
+            # nss-mdns refuses other names with UNAVAIL, so "[NOTFOUND=return]" after it does not stop.
+            status, addresses, detail = "UNAVAIL", (), f"{service}: only .local names"
+        else:
+            return LibcResult("undetermined", (), service, f"nsswitch.conf service {service!r} cannot be emulated")
+        if _action(service_entry, status) in ("return", "merge"):
+            break
+    results = {"SUCCESS": "found", "NOTFOUND": "not_found"}
+    return LibcResult(results.get(status, "unavailable"), gai_order(addresses), service, detail)
+
+
+# -- probe ------------------------------------------------------------------------------------
+@probe("hostname")
+def probe_hostname(fs: NodeFS, dns: Dns, settings: HostConfig) -> HostnameFacts:
+    """Read the name facts, ask each nameserver once, then resolve every name forward and back."""
+    reader = FactReader(fs)
+    raw = reader.text("/proc/sys/kernel/hostname")
+    hostname = raw.strip() if raw and raw.strip() else None
+    hosts_error = ""
+    try:
+        all_entries = parse_hosts(fs.read("/etc/hosts") or "")
+    except SourceError as error:
+        all_entries, hosts_error = [], error.reason
+    order = parse_nsswitch_hosts(reader.text("/etc/nsswitch.conf") or "")
+    peers_error = ""
+    try:
+        environ = parse_environ(fs.read_bytes("/proc/self/environ") or b"")
+    except SourceError as error:
+        environ, peers_error = {}, str(error)
+    nodes: list[str] = []
+    try:
+        nodes = expand(environ.get("SLURM_JOB_NODELIST", ""))
+    except HostlistError as error:
+        peers_error = f"SLURM_JOB_NODELIST: {error}"
+    subjects = ([(hostname, (ROLE_HOST,))] if hostname else []) + select_peers(
+        hostname, nodes, environ.get("MASTER_ADDR", "").strip()
+    )
+    lookups = [
+        # The files service matches the name exactly (any case), with no search domains.
+        NameLookup(name, roles, tuple(e for e in all_entries if _plain(name) in map(_plain, e.names)), ())
+        for name, roles in subjects
+    ]
+    origin = f"[dns] nameservers in {settings.origin or 'the site config'}" if settings.dns.nameservers else "/etc/resolv.conf"
+    facts = HostnameFacts(
+        hostname, (), (), (), nodes_in_job=len(nodes), peers_error=peers_error, hosts_order=order,
+        hosts_error=hosts_error, nameserver_origin=origin,
+    )
+    checks: list[NameserverCheck] = []
+    try:
+        checks = dns.check_nameservers(hostname or "localhost")
+        lookups = _resolve_all(dns, lookups, facts, checks)
+    except SourceError as error:
+        facts = replace(facts, dns_error=str(error))
+    own = lookups[0] if hostname else None
+    return replace(
+        facts,
+        hosts_entries=own.hosts_entries if own else (),
+        dns_answers=own.dns_answers if own else (),
+        reverse=own.reverse if own else (),
+        peers=tuple(lookups[1:] if own else lookups),
+        problems=tuple(reader.problems),
+        nameservers=tuple(checks),
+    )
+
+
+def _resolve_all(
+    dns: Dns, lookups: list[NameLookup], facts: HostnameFacts, checks: list[NameserverCheck]
+) -> list[NameLookup]:
+    """Forward answers for every name, then PTR answers for the addresses libc would return,
+    through the nameservers that answered (a dead first server would eat every lifetime)."""
+    healthy = [c.server for c in checks if not c.error and c.rcode in HEALTHY_RCODES]
+    questions = [(lookup.name, rdtype) for lookup in lookups for rdtype in ("A", "AAAA")]
+    if checks and not healthy:
+        detail = "no nameserver answered (" + "; ".join(f"{c.server}: {c.error or c.rcode}" for c in checks) + ")"
+        answers = [DnsAnswer(name, rdtype, error="TIMEOUT", detail=detail) for name, rdtype in questions]
+    else:
+        answers = dns.resolve_many(questions, healthy or None)
+    forward = {(answer.name, answer.rdtype): answer for answer in answers}
+    lookups = [
+        replace(lookup, dns_answers=tuple(forward[(lookup.name, t)] for t in ("A", "AAAA") if (lookup.name, t) in forward))
+        for lookup in lookups
+    ]
+    targets = {lookup.name: _reverse_targets(lookup, facts) for lookup in lookups}
+    addresses = list(dict.fromkeys(address for found in targets.values() for address in found))
+    if not addresses or (checks and not healthy):
+        return lookups
+    reverse = {answer.name: answer for answer in dns.resolve_many([(a, "PTR") for a in addresses], healthy or None)}
+    return [
+        replace(lookup, reverse=tuple(reverse[a] for a in targets[lookup.name] if a in reverse)) for lookup in lookups
+    ]
+
+
+def _reverse_targets(lookup: NameLookup, facts: HostnameFacts) -> list[str]:
+    """The routable addresses libc hands out for the name, then DNS's own if they differ."""
+    result = libc_lookup(lookup, facts)
+    dns_addresses = [a for answer in lookup.dns_answers for a in answer.addresses]
+    targets = [a for a in (*result.addresses, *dns_addresses) if _is_ip(a) and not _is_loopback(a)]
+    return list(dict.fromkeys(targets))[:MAX_REVERSE_PER_NAME]
+
+
+# -- check ------------------------------------------------------------------------------------
+def _dns_summary(answers: Sequence[DnsAnswer]) -> str:
+    return "; ".join(f"{a.rdtype}: {a.error} {a.detail}".strip() for a in answers)
+
+
+def _disagreement(lookup: NameLookup) -> Evidence | None:
+    """/etc/hosts and DNS both know the name but give different addresses for one family."""
+    hosts = {entry.address for entry in lookup.hosts_entries if not _is_loopback(entry.address)}
+    dns = {address for answer in lookup.dns_answers for address in answer.addresses}
+    for family in (4, 6):
+        in_hosts = {a for a in hosts if _is_ip(a) and ipaddress.ip_address(a.split("%")[0]).version == family}
+        in_dns = {a for a in dns if _is_ip(a) and ipaddress.ip_address(a.split("%")[0]).version == family}
+        if in_hosts and in_dns and in_hosts != in_dns:
+            where = ", ".join(entry.source for entry in lookup.hosts_entries if entry.address in in_hosts)
+            return Evidence(
+                f"{where} vs DNS",
+                f"/etc/hosts: {', '.join(sorted(in_hosts))}; DNS: {', '.join(sorted(in_dns))}",
+                "the same addresses in both",
+            )
+    return None
+
+
+def _reverse_mismatches(lookup: NameLookup) -> list[Evidence]:
+    return [
+        Evidence(f"DNS PTR {answer.name}", ", ".join(answer.names), f"{lookup.name} (forward and reverse agree)")
+        for answer in lookup.reverse
+        if answer.names and not any(same_host(target, lookup.name) for target in answer.names)
+    ]
+
+
+def _judge_name(lookup: NameLookup, facts: HostnameFacts) -> Observation | None:
+    result = libc_lookup(lookup, facts)
+    subject = lookup.name
+    if result.status == "unavailable":
+        return undecided(subject, f"DNS did not answer for {subject}: {_dns_summary(lookup.dns_answers) or result.detail}")
+    if result.status == "not_found":
+        evidence = [
+            Evidence("/etc/hosts", facts.hosts_error or "no entry"),
+            Evidence("DNS", ", ".join(f"{a.rdtype} {a.error or ' '.join(a.addresses)}" for a in lookup.dns_answers),
+                     "an A or AAAA record"),
+        ]
+        if any(answer.addresses for answer in lookup.dns_answers):
+            # DNS knows the name, but the hosts line stops libc before asking it.
+            line = " ".join(s.name + "".join(f" [{a}]" for a in s.actions) for s in facts.hosts_order)
+            evidence.append(Evidence("/etc/nsswitch.conf", f"hosts: {line}", "a service order that reaches DNS"))
+        return present(subject, *evidence)
+    errors: list[Evidence] = []
+    loopback = [a for a in result.addresses if _is_loopback(a)]
+    if loopback and (ROLE_HOST in lookup.roles or ROLE_PEER in lookup.roles or facts.nodes_in_job > 1):
+        expected = "a routable address of this node" if ROLE_HOST in lookup.roles else "the peer's routable address"
+        entry = next((e for e in lookup.hosts_entries if _is_loopback(e.address)), None)
+        if result.service == "files" and entry is not None:
+            # libc returns every matching line and sorts loopback first, wherever the line is.
+            errors.append(Evidence(entry.source, f"{entry.address} {' '.join(entry.names)}", expected))
+        else:
+            errors.append(Evidence(result.service, f"{subject} -> {', '.join(loopback)}", expected))
+    warnings = _reverse_mismatches(lookup)
+    disagreement = _disagreement(lookup)
+    if disagreement is not None:
+        warnings.insert(0, disagreement)
+    if not (errors or warnings):
+        # What libc would answer is unknown (no DNS answers, an NSS service we cannot follow).
+        return undecided(subject, f"{subject}: {result.detail}") if result.status == "undetermined" else None
+    return present(subject, *errors, *warnings, severity=None if errors else Severity.WARNING)
+
+
+def _judge_nameserver(server: NameserverCheck, facts: HostnameFacts) -> Observation | None:
+    where = f"DNS query to {server.server} ({facts.nameserver_origin})"
+    if server.error:
+        observed = f"{server.error.lower()}: {server.detail}".strip(": ")
+        fix = ""
+        if _is_loopback(server.server):
+            stub = "the systemd-resolved stub" if server.server == SYSTEMD_RESOLVED_STUB else "a resolver on loopback"
+            observed += f"; {server.server} is {stub}, reachable only where that resolver runs"
+            fix = (
+                f"Point resolv.conf at resolvers reachable from the job's network namespace: with systemd-resolved, "
+                f"use /run/systemd/resolve/resolv.conf (the upstream servers) instead of the {SYSTEMD_RESOLVED_STUB} "
+                "stub file, or give containers host networking or the cluster's DNS servers."
+            )
+        anyone = any(not c.error and c.rcode in HEALTHY_RCODES for c in facts.nameservers)
+        return present(
+            f"nameserver {server.server}",
+            Evidence(where, observed, "an answer"),
+            severity=Severity.WARNING if anyone else None,
+            fix=fix,
+        )
+    if server.rcode not in HEALTHY_RCODES:
+        return present(f"nameserver {server.server}", Evidence(where, f"answers {server.rcode}", "NOERROR or NXDOMAIN"),
+                       severity=Severity.WARNING)
+    if server.elapsed_s is not None and server.elapsed_s > SLOW_NAMESERVER_S:
+        return present(
+            f"nameserver {server.server}",
+            Evidence(where, f"answered in {server.elapsed_s:.2f} s", f"under {SLOW_NAMESERVER_S:g} s"),
+            severity=Severity.WARNING,
+        )
+    return None
+
+
 @check("DNS001", profiles=("prolog",))
 def hostname_resolution_broken(hostname: HostnameFacts) -> Iterator[Observation]:
-    """This host's name resolves to loopback, or does not resolve at all."""
+    """Names the job needs resolve to loopback, not at all, or inconsistently; nameservers fail."""
     if hostname.hostname is None:
-        raise Unknown("; ".join(hostname.problems) or "/proc/sys/kernel/hostname is empty")
-    loopback = [entry for entry in hostname.hosts_entries if _is_loopback(entry.address)]
-    routable = [entry for entry in hostname.hosts_entries if not _is_loopback(entry.address)]
-    if loopback and not (routable and hostname.hosts_entries.index(routable[0]) < hostname.hosts_entries.index(loopback[0])):
-        # libc returns the first matching line; a loopback line first is what peers receive.
-        first = loopback[0]
-        yield present(
-            hostname.hostname,
-            Evidence(first.source, f"{first.address} {' '.join(first.names)}", "a routable address of this node"),
-        )
-        return
-    if hostname.hosts_entries:
-        return
-    if any(answer.addresses for answer in hostname.dns_answers):
-        loop = [a for answer in hostname.dns_answers for a in answer.addresses if _is_loopback(a)]
-        if loop:
-            yield present(hostname.hostname, Evidence("DNS", ", ".join(loop), "a routable address of this node"))
-        return
-    errors = {answer.error for answer in hostname.dns_answers}
-    if errors & {"TIMEOUT", "SERVFAIL", "NO_NAMESERVERS"}:
-        details = "; ".join(f"{a.rdtype}: {a.error} {a.detail}".strip() for a in hostname.dns_answers)
-        raise Unknown(f"DNS did not answer for {hostname.hostname}: {details}")
-    yield present(
-        hostname.hostname,
-        Evidence("/etc/hosts", "no entry"),
-        Evidence("DNS", ", ".join(f"{a.rdtype} {a.error}" for a in hostname.dns_answers), "an A or AAAA record"),
-    )
+        yield undecided("hostname", "; ".join(hostname.problems) or "/proc/sys/kernel/hostname is empty")
+    for lookup in hostname.lookups():
+        observation = _judge_name(lookup, hostname)
+        if observation is not None:
+            yield observation
+    if hostname.peers_error:
+        yield undecided("job peers", hostname.peers_error)
+    for server in hostname.nameservers:
+        observation = _judge_nameserver(server, hostname)
+        if observation is not None:
+            yield observation

@@ -15,6 +15,9 @@ Planted misconfigurations (what ``preflight node --root`` finds):
 * ``/etc/hosts`` maps the host name to 127.0.1.1 before its real address (DNS001);
 * the PCIe switch above GPU 3 and mlx5_3 (0000:5c:00.0) has ACS P2P redirect on (PCI001).
 
+Healthy on purpose: the peer gpu018 and the nameservers (DNS001), the TCP sockets and the
+ephemeral port range (SOCK001, SOCK005); see ``name_service_and_sockets``.
+
 Run ``python examples/nodes/build_hgx_h100.py`` to rebuild the tree after changing this file.
 """
 
@@ -250,12 +253,60 @@ def build(root: str) -> None:
         "answers": {
             f"{HOSTNAME} A": {"addresses": ["10.10.1.17"]},
             f"{HOSTNAME} AAAA": {"error": "NOANSWER"},
-            # The job's other node (SLURM_JOB_NODELIST), whose route the network checks look up.
-            "gpu018 A": {"addresses": ["10.10.1.18"]},
-            "gpu018 AAAA": {"error": "NOANSWER"},
         },
     }
+    dns["answers"].update(NAME_SERVICE_ANSWERS)
+    dns["servers"] = {"10.10.0.2": {"rcode": "NOERROR", "elapsed_s": 0.0011}, "10.10.0.3": {"rcode": "NOERROR", "elapsed_s": 0.0014}}
     write(root, "/.preflight/dns.json", json.dumps(dns, indent=1) + "\n")
+    name_service_and_sockets(root)
+
+
+# -- Name service order, peers' DNS records and TCP sockets (DNS001, SOCK001, SOCK005) -----------
+# All healthy: the peer gpu018 (the job's other node in SLURM_JOB_NODELIST, whose route the network
+# checks also look up) resolves forward and back, both nameservers answer, nothing listens
+# on torchrun's default port 29500 and the ephemeral range is the kernel default.
+NAME_SERVICE_ANSWERS = {
+    "gpu018 A": {"addresses": ["10.10.1.18"]},
+    "gpu018 AAAA": {"error": "NOANSWER"},
+    "10.10.1.17 PTR": {"names": [f"{HOSTNAME}.cluster."]},
+    "10.10.1.18 PTR": {"names": ["gpu018.cluster."]},
+}
+TCP_HEADER = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode"
+TCP6_HEADER = ("  sl  local_address                         remote_address                        st tx_queue "
+               "rx_queue tr tm->when retrnsmt   uid  timeout inode")
+
+
+def proc_net_hex(address: str) -> str:
+    """An address as /proc/net/tcp{,6} prints it: 32-bit words in little-endian host order."""
+    import ipaddress
+
+    packed = ipaddress.ip_address(address).packed
+    return "".join(packed[i:i + 4][::-1].hex().upper() for i in range(0, len(packed), 4))
+
+
+def tcp_line(sl: int, local: tuple[str, int], remote: tuple[str, int], state: int, uid: int, inode: int) -> str:
+    """One socket in the layout of get_tcp4_sock()/get_tcp6_sock() (net/ipv4/tcp_ipv4.c), or of
+    get_timewait4_sock() for TIME_WAIT (timer 3, no uid or inode, refcount 3)."""
+    if state == 0x06:
+        return (f"{sl:4d}: {proc_net_hex(local[0])}:{local[1]:04X} {proc_net_hex(remote[0])}:{remote[1]:04X} 06 "
+                "00000000:00000000 03:00000D3F 00000000     0        0 0 3 0000000000000000")
+    return (f"{sl:4d}: {proc_net_hex(local[0])}:{local[1]:04X} {proc_net_hex(remote[0])}:{remote[1]:04X} {state:02X} "
+            f"00000000:00000000 00:00000000 00000000 {uid:5d}        0 {inode} 1 0000000000000000 100 0 0 10 0")
+
+
+def name_service_and_sockets(root: str) -> None:
+    write(root, "/etc/nsswitch.conf", "passwd:         files\ngroup:          files\nhosts:          files dns\n"
+          "networks:       files\n")
+    write(root, "/proc/sys/net/ipv4/ip_local_port_range", "32768\t60999\n")
+    write(root, "/proc/sys/net/ipv4/ip_local_reserved_ports", "\n")
+    sockets = [
+        (("0.0.0.0", 22), ("0.0.0.0", 0), 0x0A, 0, 21786),  # sshd
+        (("0.0.0.0", 6818), ("0.0.0.0", 0), 0x0A, 0, 24410),  # slurmd
+        (("10.10.1.17", 22), ("10.10.0.5", 51544), 0x01, 0, 88122),  # an admin's ssh session
+        (("10.10.1.17", 41822), ("10.10.0.1", 6817), 0x06, 0, 0),  # slurmd -> slurmctld, closed
+    ]
+    write(root, "/proc/net/tcp", "\n".join([TCP_HEADER] + [tcp_line(n, *s) for n, s in enumerate(sockets)]) + "\n")
+    write(root, "/proc/net/tcp6", TCP6_HEADER + "\n" + tcp_line(0, ("::", 22), ("::", 0), 0x0A, 0, 21788) + "\n")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from preflight.sources.dns import Dns, LiveDns, NoDns, ReplayDns, ResolvConf, parse_resolv_conf
 from preflight.sources.fs import NodeFS, SourceError
@@ -93,10 +93,11 @@ def open_root(root: str) -> NodeFS:
 
 
 def _live_dns(fs: NodeFS, settings: DnsSettings) -> Dns:
+    resolv = _read_resolv_conf(fs)
     if settings.nameservers:
-        search = _read_resolv_conf(fs).search
-        return LiveDns(ResolvConf(settings.nameservers, search), settings.port, settings.lifetime)
-    return LiveDns(_read_resolv_conf(fs), settings.port, settings.lifetime)
+        # The site's servers replace resolv.conf's; its search list and options still apply.
+        resolv = replace(resolv, nameservers=settings.nameservers)
+    return LiveDns(resolv, settings.port, settings.lifetime)
 
 
 def _read_resolv_conf(fs: NodeFS) -> ResolvConf:

@@ -5,37 +5,73 @@ The live resolver is configured from the node's ``/etc/resolv.conf`` (read throu
 filesystem source, so ``--root`` and the live node behave alike) unless the site config names
 nameservers. dnspython is imported only on the first query (~75 ms here).
 
+Three kinds of question:
+
+* ``resolve(name, "A"|"AAAA")``: forward lookups with resolv.conf's search list and ``ndots``, as
+  glibc's stub resolver applies them (dnspython does not search unless asked);
+* ``resolve(address, "PTR")``: the reverse lookup of an IPv4/IPv6 address (``in-addr.arpa`` /
+  ``ip6.arpa``), never searched;
+* ``check_nameservers(name)``: one query to *each* nameserver on its own, timed, so that a dead or
+  slow server is seen even when another one answers for it. The socket is connected, so an ICMP
+  port-unreachable (nothing listens, e.g. a systemd-resolved stub at 127.0.0.53 seen from a
+  container's network namespace) is reported at once as refused instead of as a timeout.
+
+Every query is bounded by ``lifetime``; ``resolve_many`` and ``check_nameservers`` ask in parallel
+(daemon threads), so a batch costs one lifetime, not one per question.
+
 Replay format::
 
     {"format": "preflight-dns/1",
      "nameservers": ["10.0.0.2"],
+     "servers": {"10.0.0.2": {"rcode": "NOERROR", "elapsed_s": 0.003},
+                 "10.0.0.3": {"error": "TIMEOUT", "detail": "no answer within 2 s"}},
      "answers": {"gpu001.cluster A": {"addresses": ["10.0.0.11"]},
                  "gpu001.cluster AAAA": {"error": "NOANSWER"},
+                 "10.0.0.11 PTR": {"names": ["gpu001.cluster."]},
                  "gpu002.cluster A": {"hang": true}}}
 
-``error`` is one of ``NXDOMAIN``, ``NOANSWER``, ``TIMEOUT``, ``NO_NAMESERVERS``, ``SERVFAIL``.
+``error`` is one of ``NXDOMAIN``, ``NOANSWER``, ``TIMEOUT``, ``NO_NAMESERVERS``, ``SERVFAIL`` for
+answers, and ``TIMEOUT`` or ``UNREACHABLE`` for servers.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
-from preflight.sources.fs import SourceError
+from preflight.sources.fs import SourceError, describe_os_error
 
 DNS_ERRORS = ("NXDOMAIN", "NOANSWER", "TIMEOUT", "NO_NAMESERVERS", "SERVFAIL")
+SERVER_ERRORS = ("TIMEOUT", "UNREACHABLE")
+# A thread that outlives its query's lifetime by this much is abandoned as timed out.
+_JOIN_SLACK_S = 0.5
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
 class DnsAnswer:
-    """Addresses for (name, type), or why there are none."""
+    """The answer for (name, type), or why there is none."""
 
-    name: str
-    rdtype: str  # "A" | "AAAA"
-    addresses: tuple[str, ...] = ()
+    name: str  # the name asked for; for PTR, the address
+    rdtype: str  # "A" | "AAAA" | "PTR"
+    addresses: tuple[str, ...] = ()  # A/AAAA records
     error: str = ""  # "" when the query succeeded; otherwise one of DNS_ERRORS
+    detail: str = ""
+    names: tuple[str, ...] = ()  # PTR records (absolute names, trailing dot)
+
+
+@dataclass(frozen=True)
+class NameserverCheck:
+    """How one nameserver answered one query sent to it alone."""
+
+    server: str
+    rcode: str = ""  # the response's RCODE ("NOERROR", "NXDOMAIN", "REFUSED"...); "" without one
+    elapsed_s: float | None = None  # time to the response; None without one
+    error: str = ""  # "" when a response came; otherwise one of SERVER_ERRORS
     detail: str = ""
 
 
@@ -44,21 +80,30 @@ class Dns(Protocol):
 
     def nameservers(self) -> list[str]: ...
 
-    def resolve(self, name: str, rdtype: str) -> DnsAnswer: ...
+    def resolve(self, name: str, rdtype: str, nameservers: Sequence[str] | None = None) -> DnsAnswer: ...
+
+    def resolve_many(
+        self, questions: Sequence[tuple[str, str]], nameservers: Sequence[str] | None = None
+    ) -> list[DnsAnswer]: ...
+
+    def check_nameservers(self, name: str) -> list[NameserverCheck]: ...
 
 
 @dataclass(frozen=True)
 class ResolvConf:
-    """The parts of resolv.conf(5) the resolver needs."""
+    """The parts of resolv.conf(5) the resolver and the checks need."""
 
     nameservers: tuple[str, ...]
     search: tuple[str, ...]
+    ndots: int = 1  # options ndots:N: names with fewer dots try the search list first
 
 
 def parse_resolv_conf(text: str) -> ResolvConf:
-    """``nameserver``/``search``/``domain`` lines; the last ``search``/``domain`` wins (resolv.conf(5))."""
+    """``nameserver``/``search``/``domain`` lines and ``options ndots:N``; the last
+    ``search``/``domain`` wins, and glibc caps ``ndots`` at 15 (resolv.conf(5))."""
     nameservers: list[str] = []
     search: tuple[str, ...] = ()
+    ndots = 1
     for line in text.splitlines():
         fields = line.split("#", 1)[0].split(";", 1)[0].split()
         if len(fields) < 2:
@@ -67,7 +112,31 @@ def parse_resolv_conf(text: str) -> ResolvConf:
             nameservers.append(fields[1])
         elif fields[0] in ("search", "domain"):
             search = tuple(fields[1:])
-    return ResolvConf(tuple(nameservers), search)
+        elif fields[0] == "options":
+            for option in fields[1:]:
+                key, _, value = option.partition(":")
+                if key == "ndots" and value.isdigit():
+                    ndots = min(int(value), 15)
+    return ResolvConf(tuple(nameservers), search, ndots)
+
+
+def _in_parallel(calls: Sequence[Callable[[], _T]], wait_s: float, late: Callable[[int], _T]) -> list[_T]:
+    """Run ``calls`` in daemon threads and collect their results; a call still running after
+    ``wait_s`` gets ``late(index)`` instead (its thread is abandoned: threads cannot be killed)."""
+    results: dict[int, _T] = {}
+    threads = []
+
+    def work(index: int, call: Callable[[], _T]) -> None:
+        results[index] = call()
+
+    for index, call in enumerate(calls):
+        thread = threading.Thread(target=work, args=(index, call), name=f"probe-dns-{index}", daemon=True)
+        thread.start()
+        threads.append(thread)
+    deadline = time.monotonic() + wait_s
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return [results[index] if index in results else late(index) for index in range(len(calls))]
 
 
 class LiveDns:
@@ -81,32 +150,94 @@ class LiveDns:
     def nameservers(self) -> list[str]:
         return list(self._resolv.nameservers)
 
-    def resolve(self, name: str, rdtype: str) -> DnsAnswer:
+    def resolve(self, name: str, rdtype: str, nameservers: Sequence[str] | None = None) -> DnsAnswer:
         import dns.exception
         import dns.name
         import dns.resolver
+        import dns.reversename
 
-        if not self._resolv.nameservers:
-            return DnsAnswer(name, rdtype, error="NO_NAMESERVERS", detail="resolv.conf lists none")
+        servers = list(self._resolv.nameservers if nameservers is None else nameservers)
+        if not servers:
+            return DnsAnswer(name, rdtype, error="NO_NAMESERVERS", detail="no nameserver to ask")
         resolver = dns.resolver.Resolver(configure=False)
-        resolver.nameservers = list(self._resolv.nameservers)
+        resolver.nameservers = servers
         resolver.port = self._port
         resolver.search = [dns.name.from_text(domain) for domain in self._resolv.search]
+        resolver.ndots = self._resolv.ndots
         resolver.lifetime = self._lifetime
         resolver.timeout = self._lifetime
         try:
-            answer = resolver.resolve(name, rdtype, search=True, raise_on_no_answer=True)
+            if rdtype == "PTR":
+                answer = resolver.resolve(dns.reversename.from_address(name), "PTR", search=False)
+            else:
+                answer = resolver.resolve(name, rdtype, search=True, raise_on_no_answer=True)
         except dns.resolver.NXDOMAIN:
             return DnsAnswer(name, rdtype, error="NXDOMAIN")
         except dns.resolver.NoAnswer:
             return DnsAnswer(name, rdtype, error="NOANSWER")
         except dns.resolver.LifetimeTimeout:
             return DnsAnswer(name, rdtype, error="TIMEOUT", detail=f"no answer within {self._lifetime:g} s")
-        except dns.resolver.NoNameservers as error:
+        except (dns.exception.DNSException, ValueError) as error:
             return DnsAnswer(name, rdtype, error="SERVFAIL", detail=str(error)[:200])
-        except dns.exception.DNSException as error:
-            return DnsAnswer(name, rdtype, error="SERVFAIL", detail=str(error)[:200])
-        return DnsAnswer(name, rdtype, tuple(sorted(str(item) for item in answer)))
+        records = tuple(sorted(str(item) for item in answer))
+        if rdtype == "PTR":
+            return DnsAnswer(name, rdtype, names=records)
+        return DnsAnswer(name, rdtype, records)
+
+    def resolve_many(
+        self, questions: Sequence[tuple[str, str]], nameservers: Sequence[str] | None = None
+    ) -> list[DnsAnswer]:
+        calls = [lambda q=question: self.resolve(q[0], q[1], nameservers) for question in questions]
+
+        def late(index: int) -> DnsAnswer:
+            name, rdtype = questions[index]
+            return DnsAnswer(name, rdtype, error="TIMEOUT", detail=f"no answer within {self._lifetime:g} s")
+
+        return _in_parallel(calls, self._lifetime + _JOIN_SLACK_S, late)
+
+    def check_nameservers(self, name: str) -> list[NameserverCheck]:
+        servers = list(self._resolv.nameservers)
+        calls = [lambda s=server: self._check_one(s, name) for server in servers]
+
+        def late(index: int) -> NameserverCheck:
+            return NameserverCheck(servers[index], error="TIMEOUT", detail=f"no answer within {self._lifetime:g} s")
+
+        return _in_parallel(calls, self._lifetime + _JOIN_SLACK_S, late)
+
+    def _check_one(self, server: str, name: str) -> NameserverCheck:
+        import socket
+
+        import dns.exception
+        import dns.message
+        import dns.rcode
+
+        query = dns.message.make_query(name if name.endswith(".") else f"{name}.", "A")
+        begin = time.monotonic()
+        deadline = begin + self._lifetime
+        family = socket.AF_INET6 if ":" in server else socket.AF_INET
+        try:
+            with socket.socket(family, socket.SOCK_DGRAM) as sock:
+                # Connected, so that an ICMP port-unreachable comes back as ECONNREFUSED.
+                sock.connect((server, self._port))
+                sock.send(query.to_wire())
+                while True:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise socket.timeout()
+                    sock.settimeout(remaining)
+                    wire = sock.recv(65535)
+                    try:
+                        response = dns.message.from_wire(wire)
+                    except dns.exception.DNSException:
+                        continue  # garbage or a stray datagram: keep waiting for ours
+                    if query.is_response(response):
+                        break
+        except socket.timeout:
+            return NameserverCheck(server, error="TIMEOUT", detail=f"no answer within {self._lifetime:g} s")
+        except OSError as error:
+            return NameserverCheck(server, error="UNREACHABLE", detail=describe_os_error(error))
+        elapsed = round(time.monotonic() - begin, 4)
+        return NameserverCheck(server, dns.rcode.to_text(response.rcode()), elapsed)
 
 
 class ReplayDns:
@@ -137,18 +268,46 @@ class ReplayDns:
     def nameservers(self) -> list[str]:
         return [str(item) for item in self._checked().get("nameservers", [])]
 
-    def resolve(self, name: str, rdtype: str) -> DnsAnswer:
-        answers = self._checked().get("answers", {})
-        entry = answers.get(f"{name} {rdtype}") if isinstance(answers, dict) else None
+    def _entry(self, table: str, key: str) -> dict[str, Any]:
+        entries = self._checked().get(table, {})
+        entry = entries.get(key) if isinstance(entries, dict) else None
         if not isinstance(entry, dict):
-            raise SourceError(self._origin, f"no recorded answer for {name} {rdtype}")
+            raise SourceError(self._origin, f"no recorded {table[:-1]} for {key}")
         if entry.get("hang"):
             threading.Event().wait()  # a server that never answers and a resolver without a lifetime
+        return entry
+
+    def resolve(self, name: str, rdtype: str, nameservers: Sequence[str] | None = None) -> DnsAnswer:
+        entry = self._entry("answers", f"{name} {rdtype}")
         error = str(entry.get("error", ""))
         if error and error not in DNS_ERRORS:
             raise SourceError(self._origin, f"unknown DNS error {error!r} for {name} {rdtype}")
         addresses = tuple(str(item) for item in entry.get("addresses", []))
-        return DnsAnswer(name, rdtype, addresses, error, str(entry.get("detail", "")))
+        names = tuple(str(item) for item in entry.get("names", []))
+        return DnsAnswer(name, rdtype, addresses, error, str(entry.get("detail", "")), names)
+
+    def resolve_many(
+        self, questions: Sequence[tuple[str, str]], nameservers: Sequence[str] | None = None
+    ) -> list[DnsAnswer]:
+        return [self.resolve(name, rdtype) for name, rdtype in questions]
+
+    def check_nameservers(self, name: str) -> list[NameserverCheck]:
+        checks = []
+        for server in self.nameservers():
+            entry = self._entry("servers", server)
+            error = str(entry.get("error", ""))
+            if error and error not in SERVER_ERRORS:
+                raise SourceError(self._origin, f"unknown nameserver error {error!r} for {server}")
+            elapsed = entry.get("elapsed_s")
+            if elapsed is not None and (isinstance(elapsed, bool) or not isinstance(elapsed, (int, float))):
+                raise SourceError(self._origin, f"elapsed_s of {server} is not a number")
+            checks.append(
+                NameserverCheck(
+                    server, str(entry.get("rcode", "")), None if elapsed is None else float(elapsed),
+                    error, str(entry.get("detail", "")),
+                )
+            )
+        return checks
 
 
 class NoDns:
@@ -160,5 +319,13 @@ class NoDns:
     def nameservers(self) -> list[str]:
         return []
 
-    def resolve(self, name: str, rdtype: str) -> DnsAnswer:
+    def resolve(self, name: str, rdtype: str, nameservers: Sequence[str] | None = None) -> DnsAnswer:
+        raise SourceError("dns", self.reason)
+
+    def resolve_many(
+        self, questions: Sequence[tuple[str, str]], nameservers: Sequence[str] | None = None
+    ) -> list[DnsAnswer]:
+        raise SourceError("dns", self.reason)
+
+    def check_nameservers(self, name: str) -> list[NameserverCheck]:
         raise SourceError("dns", self.reason)

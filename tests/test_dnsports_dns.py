@@ -1,0 +1,323 @@
+"""DNS001 against a real DNS server on loopback, through the CLI and through the probe.
+
+The server is a few lines of dnspython over a UDP socket rather than dnsmasq: it needs nothing
+beyond the package's own dependency (dnsmasq is not installable everywhere CI runs and would need
+root for port 53 or a config per test), binds an ephemeral port on 127.0.0.61 so it cannot clash
+with a resolver already running on the machine, and can delay the answer for one name only,
+which dnsmasq cannot. The zone it serves, under the search domain ``test.cluster``:
+
+=========  ============  ===================================================
+name       A             planted
+=========  ============  ===================================================
+gpu01      10.0.0.1      this host; PTR back to gpu01 (healthy)
+gpu02      10.0.0.2      PTR says gpu99: forward/reverse mismatch
+gpu03      (none)        NXDOMAIN
+gpu04      10.0.0.4      answered after 1.5 s, beyond the 0.5 s lifetime
+gpu05      10.0.0.5      MASTER_ADDR; healthy
+gpu06      10.0.0.6      /etc/hosts says 10.0.0.66: hosts and DNS disagree
+=========  ============  ===================================================
+
+The second nameserver, 127.0.0.62 on the same port, is dead: nothing listens there.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import dns.flags
+import dns.message
+import dns.rcode
+import dns.rdatatype
+import dns.rrset
+import pytest
+
+from conftest import REPO, Runner, write
+from preflight.checks.hostname import (
+    FILES_THEN_DNS, HostnameFacts, HostsEntry, NameLookup, NssService, hostname_resolution_broken,
+    libc_lookup, parse_nsswitch_hosts, probe_hostname, select_peers,
+)
+from preflight.config import HostConfig
+from preflight.model import Severity, Status
+from preflight.sources import DnsSettings, NodeFS
+from preflight.sources.dns import DnsAnswer, LiveDns, NameserverCheck, ResolvConf, parse_resolv_conf
+
+FIXTURES = REPO / "tests" / "fixtures" / "nodes"
+DNS_PEERS = FIXTURES / "dns-peers"
+LIVE, DEAD = "127.0.0.61", "127.0.0.62"
+LIFETIME = 0.5
+ZONE = {
+    "gpu01.test.cluster.": ("A", "10.0.0.1"), "gpu02.test.cluster.": ("A", "10.0.0.2"),
+    "gpu04.test.cluster.": ("A", "10.0.0.4"), "gpu05.test.cluster.": ("A", "10.0.0.5"),
+    "gpu06.test.cluster.": ("A", "10.0.0.6"),
+    "1.0.0.10.in-addr.arpa.": ("PTR", "gpu01.test.cluster."), "2.0.0.10.in-addr.arpa.": ("PTR", "gpu99.test.cluster."),
+    "5.0.0.10.in-addr.arpa.": ("PTR", "gpu05.test.cluster."), "6.0.0.10.in-addr.arpa.": ("PTR", "gpu06.test.cluster."),
+}
+
+
+class PlantedDns:
+    """An authoritative server for ``ZONE``: NXDOMAIN for other names, an empty NOERROR for other
+    types of known names, and answers held back for the names in ``delays``."""
+
+    def __init__(self, address: str, port: int = 0, delays: dict[str, float] | None = None) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind((address, port))
+        self.address, self.port = self.sock.getsockname()
+        self.delays = delays or {}
+        self.queries: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        self.sock.settimeout(0.1)
+        while not self._stop.is_set():
+            try:
+                wire, peer = self.sock.recvfrom(4096)
+            except OSError:
+                continue
+            query = dns.message.from_wire(wire)
+            question = query.question[0]
+            name = question.name.to_text().lower()
+            self.queries.append(f"{name} {dns.rdatatype.to_text(question.rdtype)}")
+            response = dns.message.make_response(query)
+            response.flags |= dns.flags.AA
+            if name not in ZONE:
+                response.set_rcode(dns.rcode.NXDOMAIN)
+            elif dns.rdatatype.to_text(question.rdtype) == ZONE[name][0]:
+                response.answer.append(dns.rrset.from_text(name, 60, "IN", *ZONE[name]))
+            delay = self.delays.get(name, 0.0)
+            threading.Timer(delay, self._send, (response.to_wire(), peer)).start()
+
+    def _send(self, wire: bytes, peer: tuple[str, int]) -> None:
+        if not self._stop.is_set():
+            self.sock.sendto(wire, peer)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sock.close()
+
+
+@pytest.fixture
+def server() -> Iterator[PlantedDns]:
+    planted = PlantedDns(LIVE, delays={"gpu04.test.cluster.": 1.5})
+    yield planted
+    planted.close()
+
+
+def config(tmp_path: Path, nameservers: list[str], port: int, lifetime: float = LIFETIME) -> str:
+    path = tmp_path / "preflight.toml"
+    servers = ", ".join(f'"{server}"' for server in nameservers)
+    path.write_text(f"[run]\nprobe_timeout = 5.0\n\n[dns]\nnameservers = [{servers}]\nport = {port}\nlifetime = {lifetime}\n")
+    return str(path)
+
+
+def dns001(run_cli: Runner, root: Path, *extra: str) -> dict[str, dict[str, object]]:
+    result = run_cli("node", "--root", str(root), "--format", "json", "--select", "DNS001", *extra)
+    assert "Traceback" not in result.stderr, result.stderr
+    return {f["subject"]: f for f in json.loads(result.stdout)["findings"]}
+
+
+# -- end to end ---------------------------------------------------------------------------------
+def test_planted_zone_through_the_cli(run_cli: Runner, server: PlantedDns, tmp_path: Path) -> None:
+    begin = time.monotonic()
+    found = dns001(run_cli, DNS_PEERS, "--config", config(tmp_path, [LIVE, DEAD], server.port))
+    assert time.monotonic() - begin < 5.0  # the slow name costs one lifetime, not a hang
+    verdicts = {subject: (f["status"], f["severity"]) for subject, f in found.items()}
+    assert verdicts == {
+        "gpu02": ("present", "warning"),
+        "gpu03": ("present", "error"),
+        "gpu04": ("unknown", "error"),
+        "gpu06": ("present", "warning"),
+        f"nameserver {DEAD}": ("present", "warning"),
+    }
+    assert found["gpu02"]["evidence"][0] == {
+        "source": "DNS PTR 10.0.0.2", "observed": "gpu99.test.cluster.", "expected": "gpu02 (forward and reverse agree)",
+    }
+    assert [e["observed"] for e in found["gpu03"]["evidence"]] == ["no entry", "A NXDOMAIN, AAAA NXDOMAIN"]
+    assert "TIMEOUT" in str(found["gpu04"]["reason"]) and "0.5 s" in str(found["gpu04"]["reason"])
+    assert found["gpu06"]["evidence"][0]["observed"] == "/etc/hosts: 10.0.0.66; DNS: 10.0.0.6"
+    dead = found[f"nameserver {DEAD}"]["evidence"][0]
+    assert "ECONNREFUSED" in dead["observed"] and "[dns] nameservers" in dead["source"]
+    # Names went only to the server that answered the health query.
+    assert "gpu02.test.cluster. A" in server.queries and "2.0.0.10.in-addr.arpa. PTR" in server.queries
+
+
+def test_unreachable_stub_resolver_live(run_cli: Runner, server: PlantedDns, tmp_path: Path) -> None:
+    """resolv.conf names 127.0.0.53 and nothing answers there, as inside a container's netns."""
+    found = dns001(run_cli, DNS_PEERS, "--config", config(tmp_path, ["127.0.0.53"], server.port))
+    stub = found["nameserver 127.0.0.53"]
+    assert (stub["status"], stub["severity"]) == ("present", "error")  # nobody answers at all
+    assert "systemd-resolved stub" in stub["evidence"][0]["observed"]
+    assert "/run/systemd/resolve/resolv.conf" in stub["fix"]
+    assert "gpu01" not in found  # this host is in /etc/hosts: libc never needs DNS for it
+    assert found["gpu03"]["status"] == "unknown" and "no nameserver answered" in found["gpu03"]["reason"]
+    assert server.queries == []
+
+
+def test_unreachable_stub_resolver_replayed(run_cli: Runner) -> None:
+    found = dns001(run_cli, FIXTURES / "dns-stub-container")
+    assert set(found) == {"nameserver 127.0.0.53"}
+    assert found["nameserver 127.0.0.53"]["status"] == "present"
+    assert "systemd-resolved" in found["nameserver 127.0.0.53"]["fix"]
+
+
+def test_loopback_host_line_found_with_live_dns(run_cli: Runner, server: PlantedDns, tmp_path: Path) -> None:
+    root = tmp_path / "node"
+    shutil.copytree(DNS_PEERS, root)
+    write(root, "/etc/hosts", "127.0.0.1 localhost\n10.0.0.1 gpu01.test.cluster gpu01\n127.0.1.1 gpu01.test.cluster gpu01\n")
+    found = dns001(run_cli, root, "--config", config(tmp_path, [LIVE], server.port))
+    assert found["gpu01"]["status"] == "present" and found["gpu01"]["severity"] == "error"
+    assert found["gpu01"]["evidence"][0]["source"] == "/etc/hosts:3"
+
+
+def test_recorded_root_without_dns_is_unknown_per_name(run_cli: Runner, tmp_path: Path) -> None:
+    """No dns.json and no [dns] nameservers: names that need DNS are unknown, never absent."""
+    found = dns001(run_cli, DNS_PEERS)
+    assert "gpu01" not in found  # /etc/hosts answers for it
+    assert found["gpu02"]["status"] == "unknown" and "no DNS recording" in str(found["gpu02"]["reason"])
+
+
+@pytest.mark.parametrize("nodelist", ["gpu[01-", "gpu[05-01]"])
+def test_bad_node_list_is_unknown_for_the_peers(run_cli: Runner, tmp_path: Path, nodelist: str) -> None:
+    root = tmp_path / "node"
+    shutil.copytree(DNS_PEERS, root)
+    write(root, "/proc/self/environ", f"SLURM_JOB_NODELIST={nodelist}\0".encode())
+    found = dns001(run_cli, root)
+    assert found["job peers"]["status"] == "unknown" and "SLURM_JOB_NODELIST" in str(found["job peers"]["reason"])
+
+
+# -- the probe on the live server -----------------------------------------------------------------
+def live(server: PlantedDns, *nameservers: str, lifetime: float = LIFETIME) -> LiveDns:
+    return LiveDns(ResolvConf(tuple(nameservers), ("test.cluster",)), server.port, lifetime)
+
+
+def test_probe_facts_from_the_live_server(server: PlantedDns) -> None:
+    facts = probe_hostname(NodeFS(str(DNS_PEERS)), live(server, LIVE, DEAD), HostConfig())
+    first, second = facts.nameservers
+    assert (first.server, first.rcode, first.error) == (LIVE, "NXDOMAIN", "")  # "gpu01." is not in the zone
+    assert first.elapsed_s is not None and first.elapsed_s < LIFETIME
+    assert (second.server, second.error) == (DEAD, "UNREACHABLE") and "ECONNREFUSED" in second.detail
+    assert [(p.name, p.roles) for p in facts.peers] == [
+        ("gpu05", ("MASTER_ADDR", "peer")), ("gpu02", ("peer",)), ("gpu03", ("peer",)), ("gpu04", ("peer",)), ("gpu06", ("peer",)),
+    ]
+    assert facts.dns_answers == (DnsAnswer("gpu01", "A", ("10.0.0.1",)), DnsAnswer("gpu01", "AAAA", error="NOANSWER"))
+    assert facts.reverse == (DnsAnswer("10.0.0.1", "PTR", names=("gpu01.test.cluster.",)),)
+    peers = {p.name: p for p in facts.peers}
+    assert [a.error for a in peers["gpu03"].dns_answers] == ["NXDOMAIN", "NXDOMAIN"]
+    assert [a.error for a in peers["gpu04"].dns_answers] == ["TIMEOUT", "TIMEOUT"]
+    assert peers["gpu06"].hosts_entries[0].address == "10.0.0.66"
+    assert {a.name: a.error or a.names for a in peers["gpu06"].reverse} == {"10.0.0.66": "NXDOMAIN", "10.0.0.6": ("gpu06.test.cluster.",)}
+    assert "gpu04.test.cluster. A" in server.queries
+
+
+def test_slow_nameserver_is_a_warning() -> None:
+    slow = PlantedDns("127.0.0.63", delays={"gpu01.": 1.2})  # the health query is the slow one
+    try:
+        facts = probe_hostname(NodeFS(str(DNS_PEERS)), live(slow, "127.0.0.63", lifetime=2.0), HostConfig())
+    finally:
+        slow.close()
+    (check,) = facts.nameservers
+    assert check.rcode == "NXDOMAIN" and check.elapsed_s is not None and 1.2 <= check.elapsed_s < 2.0
+    found = {o.subject: o for o in hostname_resolution_broken(facts)}
+    assert found["nameserver 127.0.0.63"].severity is Severity.WARNING
+    assert "answered in 1.2" in found["nameserver 127.0.0.63"].evidence[0].observed
+
+
+def test_site_nameservers_keep_the_search_list_and_options(tmp_path: Path) -> None:
+    from preflight.sources import Sources
+
+    root = tmp_path / "node"
+    write(root, "/etc/resolv.conf", "search a.example b.example\noptions ndots:2 timeout:1 attempts:3\nnameserver 10.9.9.9\n")
+    sources = Sources.for_node(str(root), DnsSettings(nameservers=("127.0.0.61",), port=5353))
+    assert isinstance(sources.dns, LiveDns) and sources.dns.nameservers() == ["127.0.0.61"]
+    assert sources.dns._resolv == ResolvConf(("127.0.0.61",), ("a.example", "b.example"), ndots=2)
+
+
+# -- libc emulation and judgement on hand-built facts --------------------------------------------------
+def test_parse_nsswitch_hosts() -> None:
+    assert parse_nsswitch_hosts("") == FILES_THEN_DNS
+    assert parse_nsswitch_hosts("passwd: files\n# hosts: dns\n") == FILES_THEN_DNS
+    ubuntu = parse_nsswitch_hosts("hosts:          files mdns4_minimal [NOTFOUND=return] dns myhostname\n")
+    assert ubuntu == (NssService("files"), NssService("mdns4_minimal", ("NOTFOUND=return",)), NssService("dns"), NssService("myhostname"))
+    fedora = parse_nsswitch_hosts("hosts: files myhostname resolve [!UNAVAIL=return] dns # comment\n")
+    assert fedora[2] == NssService("resolve", ("!UNAVAIL=return",))
+    assert parse_nsswitch_hosts("hosts: files [ notfound=Return  unavail=continue ] dns")[0].actions == ("NOTFOUND=return", "UNAVAIL=continue")
+
+
+def lookup(name: str, hosts: tuple[str, ...] = (), dns: tuple[str, ...] | str = (), roles: tuple[str, ...] = ("peer",)) -> NameLookup:
+    entries = tuple(HostsEntry(address, (name,), f"/etc/hosts:{n}") for n, address in enumerate(hosts, 1))
+    if isinstance(dns, str):
+        answers = (DnsAnswer(name, "A", error=dns), DnsAnswer(name, "AAAA", error=dns))
+    else:
+        answers = (DnsAnswer(name, "A", dns), DnsAnswer(name, "AAAA", error="NOANSWER"))
+    return NameLookup(name, roles, entries, answers)
+
+
+def facts_with(*peers: NameLookup, order: str = "", nodes: int = 2) -> HostnameFacts:
+    return HostnameFacts("gpu01", (HostsEntry("10.0.0.1", ("gpu01",), "/etc/hosts:2"),), (), (), peers=peers,
+                         nodes_in_job=nodes, hosts_order=parse_nsswitch_hosts(order))
+
+
+def test_libc_emulation_follows_the_hosts_line() -> None:
+    only_dns = lookup("gpu02", dns=("10.0.0.2",))
+    ubuntu = facts_with(order="hosts: files mdns4_minimal [NOTFOUND=return] dns myhostname")
+    assert libc_lookup(only_dns, ubuntu).status == "found"  # mdns4_minimal says UNAVAIL for gpu02
+    cut = facts_with(order="hosts: files [NOTFOUND=return] dns")
+    assert libc_lookup(only_dns, cut).status == "not_found"
+    (finding,) = hostname_resolution_broken(facts_with(only_dns, order="hosts: files [NOTFOUND=return] dns"))
+    assert finding.evidence[-1].source == "/etc/nsswitch.conf"
+    both = lookup("gpu02", hosts=("10.0.0.2", "127.0.1.1"), dns=("10.0.0.2",))
+    assert libc_lookup(both, facts_with()).addresses == ("127.0.1.1", "10.0.0.2")
+    assert libc_lookup(lookup("gpu02", dns="TIMEOUT"), facts_with()).status == "unavailable"
+    assert libc_lookup(lookup("gpu02", dns="NXDOMAIN"), facts_with(order="hosts: sss files dns")).status == "undetermined"
+
+
+def test_peer_and_master_addr_judgements() -> None:
+    localhost = NameLookup("localhost", ("MASTER_ADDR",), (HostsEntry("127.0.0.1", ("localhost",), "/etc/hosts:1"),), ())
+    (multi,) = hostname_resolution_broken(facts_with(localhost, nodes=2))
+    assert multi.subject == "localhost" and multi.evidence[0].source == "/etc/hosts:1" and multi.severity is None
+    assert list(hostname_resolution_broken(facts_with(localhost, nodes=1))) == []
+    sss = lookup("gpu02", dns="NXDOMAIN")
+    found = {o.subject: o for o in hostname_resolution_broken(facts_with(sss, order="hosts: sss dns"))}
+    assert {subject: o.status for subject, o in found.items()} == {"gpu01": Status.UNKNOWN, "gpu02": Status.UNKNOWN}
+    assert "'sss' cannot be emulated" in found["gpu02"].reason
+    agree = lookup("gpu02", hosts=("10.0.0.2",), dns=("10.0.0.2",))
+    assert list(hostname_resolution_broken(facts_with(agree))) == []
+    reverse_ok = replace(agree, reverse=(DnsAnswer("10.0.0.2", "PTR", names=("GPU02.test.cluster.",)),))
+    assert list(hostname_resolution_broken(facts_with(reverse_ok))) == []
+
+
+def test_nameserver_judgements() -> None:
+    def judged(*checks: NameserverCheck) -> dict[str, object]:
+        facts = replace(facts_with(), nameservers=checks)
+        return {o.subject: o.severity for o in hostname_resolution_broken(facts)}
+
+    fine = NameserverCheck("10.0.0.2", "NOERROR", 0.002)
+    dead = NameserverCheck("10.0.0.3", error="TIMEOUT", detail="no answer within 2 s")
+    assert judged(fine) == {}
+    assert judged(fine, dead) == {"nameserver 10.0.0.3": Severity.WARNING}
+    assert judged(dead) == {"nameserver 10.0.0.3": None}  # nobody answers: the reference's error
+    assert judged(fine, NameserverCheck("10.0.0.4", "REFUSED", 0.001)) == {"nameserver 10.0.0.4": Severity.WARNING}
+
+
+def test_peer_sample_covers_the_job_without_asking_everyone() -> None:
+    nodes = [f"gpu{n:03d}" for n in range(1, 101)]
+    peers = select_peers("gpu050", nodes, "gpu001")
+    assert [name for name, _ in peers] == ["gpu001", "gpu051", "gpu052", "gpu053", "gpu054", "gpu055", "gpu056"]
+    assert peers[0][1] == ("MASTER_ADDR", "peer")
+    assert [name for name, _ in select_peers("gpu100", nodes, "10.0.0.1")][:2] == ["gpu001", "gpu002"]  # wraps
+    asked = {name for host in nodes for name, _ in select_peers(host, nodes, "")}
+    assert asked == set(nodes)
+
+
+def test_parse_resolv_conf_options() -> None:
+    conf = parse_resolv_conf("nameserver 127.0.0.53\noptions edns0 trust-ad ndots:20 timeout:0 attempts:9\nsearch .\n")
+    assert (conf.ndots, conf.search) == (15, (".",))

@@ -1,0 +1,239 @@
+"""SOCK001 and SOCK005: /proc/net/tcp{,6} and the ephemeral port sysctls, on short strings, on
+recorded roots, on bad input, and on this machine's own kernel with real listening sockets."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, Runner, write
+from preflight.checks.job import JobFacts
+from preflight.checks.ports import (
+    Destination, ListeningSocket, SocketFacts, TableError, ephemeral_port_exhaustion, parse_port_range,
+    parse_reserved_ports, parse_tcp_table, probe_sockets, rendezvous_port_in_use,
+)
+from preflight.model import Severity, Status
+from preflight.sources import NodeFS
+
+PORTS_EXHAUSTED = REPO / "tests" / "fixtures" / "nodes" / "ports-exhausted"
+HEADER = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+HEADER6 = ("  sl  local_address                         remote_address                        st tx_queue "
+           "rx_queue tr tm->when retrnsmt   uid  timeout inode\n")
+LISTEN_29500 = "   0: 0100007F:733C 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1001        0 4711 1 0000000000000000 100 0 0 10 0\n"
+TIME_WAIT = "   1: 0100007F:C350 0100007F:733C 06 00000000:00000000 03:00000D3F 00000000     0        0 0 3 0000000000000000\n"
+
+
+def job(**environ: str) -> JobFacts:
+    return JobFacts(environ, "", ())
+
+
+def findings(run_cli: Runner, root: Path, *extra: str, env: dict[str, str] | None = None) -> dict[str, dict[str, object]]:
+    result = run_cli("node", "--root", str(root), "--format", "json", "--select", "SOCK", *extra, env=env)
+    assert "Traceback" not in result.stderr, result.stderr
+    return {f["id"]: f for f in json.loads(result.stdout)["findings"]}
+
+
+# -- parsers --------------------------------------------------------------------------------------
+def test_parse_tcp_table_decodes_addresses_ports_and_states() -> None:
+    table = parse_tcp_table(HEADER + LISTEN_29500 + TIME_WAIT, "/proc/net/tcp", (32768, 60999))
+    assert table.listening == (ListeningSocket("127.0.0.1", 29500, 1001, 4711, "/proc/net/tcp:2"),)
+    assert table.states == {"LISTEN": 1, "TIME_WAIT": 1}
+    assert table.local_ports == {29500, 50000}
+    assert table.destinations == {("127.0.0.1", 29500): 1}
+    assert (table.bad_lines, table.bad_count) == ((), 0)
+
+
+def test_parse_tcp6_table() -> None:
+    line = "   0: 00000000000000000000000001000000:1F90 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 99 1 0000000000000000 100 0 0 10 0\n"
+    mapped = "   1: 0000000000000000FFFF00000100007F:1F91 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 98 1 0000000000000000 100 0 0 10 0\n"
+    table = parse_tcp_table(HEADER6 + line + mapped, "/proc/net/tcp6")
+    assert [(s.address, s.port) for s in table.listening] == [("::1", 8080), ("::ffff:127.0.0.1", 8081)]
+
+
+def test_garbage_lines_are_kept_aside() -> None:
+    text = HEADER + "garbage\n" + LISTEN_29500 + "   2: ZZZZ:0016 00000000:0000 0A 0 0 0 0 0 0\n" + "   3: 0100007F:0016 0100007F:0017 FF 0 0 0 0 0 0\n"
+    table = parse_tcp_table(text, "/proc/net/tcp")
+    assert table.bad_count == 3 and len(table.listening) == 1
+    assert table.bad_lines[0].startswith("/proc/net/tcp:2: fewer than 10 fields")
+    assert "unknown state FF" in table.bad_lines[2]
+    with pytest.raises(TableError):
+        parse_tcp_table("hello\n" + LISTEN_29500, "/proc/net/tcp")
+    with pytest.raises(TableError):
+        parse_tcp_table("", "/proc/net/tcp")
+
+
+def test_parse_port_settings() -> None:
+    assert parse_port_range("32768\t60999\n") == (32768, 60999)
+    for bad in ("", "32768", "a b", "60999 32768", "0 10", "1 70000"):
+        with pytest.raises(ValueError):
+            parse_port_range(bad)
+    assert parse_reserved_ports("\n") == ()
+    assert parse_reserved_ports("29400,29500-29510\n") == ((29400, 29400), (29500, 29510))
+    with pytest.raises(ValueError):
+        parse_reserved_ports("29400,x")
+
+
+# -- recorded roots -----------------------------------------------------------------------------
+def test_probe_on_the_exhausted_root() -> None:
+    facts = probe_sockets(NodeFS(str(PORTS_EXHAUSTED)))
+    assert facts == SocketFacts(
+        port_range=(50000, 50999),
+        reserved=(),
+        listening=(
+            ListeningSocket("0.0.0.0", 22, 0, 21786, "/proc/net/tcp:2"),
+            ListeningSocket("0.0.0.0", 29500, 1002, 991234, "/proc/net/tcp:3"),
+        ),
+        states={"LISTEN": 2, "TIME_WAIT": 600, "ESTABLISHED": 250},
+        ephemeral_ports_in_use=850,
+        busiest=(Destination("10.0.0.9", 29500, 850),),
+        tables=("/proc/net/tcp",),  # no tcp6: IPv6 disabled, not a problem
+        bad_lines=(),
+        bad_line_count=0,
+        problems=(),
+    )
+
+
+def test_exhausted_root_through_the_cli(run_cli: Runner) -> None:
+    found = findings(run_cli, PORTS_EXHAUSTED)
+    sock001, sock005 = found["SOCK001"], found["SOCK005"]
+    assert (sock001["status"], sock001["severity"], sock001["subject"]) == ("present", "error", "port 29500")
+    assert sock001["evidence"][0]["source"] == "/proc/net/tcp:3"
+    assert sock001["evidence"][0]["observed"].startswith("0.0.0.0:29500 LISTEN (uid 1002, inode 991234); MASTER_PORT unset")
+    assert (sock005["status"], sock005["severity"]) == ("present", "error")
+    assert [e["observed"] for e in sock005["evidence"]] == [
+        "50000 50999: 1000 usable ports",
+        "850 of 1000 ephemeral ports held (250 ESTABLISHED, 600 TIME_WAIT); 850 sockets to 10.0.0.9:29500",
+    ]
+
+
+def test_master_port_inside_the_range_unless_reserved(run_cli: Runner, tmp_path: Path) -> None:
+    root = tmp_path / "node"
+    shutil.copytree(PORTS_EXHAUSTED, root)
+    write(root, "/proc/self/environ", b"SLURM_JOB_ID=9\0MASTER_PORT=50500\0")
+    sock001 = findings(run_cli, root)["SOCK001"]
+    assert (sock001["status"], sock001["severity"], sock001["subject"]) == ("present", "warning", "port 50500")
+    assert sock001["evidence"][0]["observed"] == (
+        "50000 50999 contains 50500 (MASTER_PORT=50500 (job environment)); ip_local_reserved_ports: empty"
+    )
+    write(root, "/proc/sys/net/ipv4/ip_local_reserved_ports", "50500,50600-50610\n")
+    assert findings(run_cli, root)["SOCK001"]["status"] == "absent"
+
+
+def test_clean_example_root_is_absent(run_cli: Runner, clean_root: Path) -> None:
+    found = findings(run_cli, clean_root)
+    assert {ref: f["status"] for ref, f in found.items()} == {"SOCK001": "absent", "SOCK005": "absent"}
+
+
+# -- bad input ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("path", "content", "reason"),
+    [
+        ("proc/net/tcp", None, "/proc/net/tcp: missing"),
+        ("proc/net/tcp", b"", "not a /proc/net/tcp table"),
+        ("proc/net/tcp", b"\xff\xfe\x00garbage\x80\n" * 50, "not UTF-8 text"),
+        ("proc/net/tcp", HEADER + "   0: 0100007F:733C\n" + "nonsense here\n", "2 unparseable lines"),
+        ("proc/net/tcp", "directory", "is a directory"),
+    ],
+)
+def test_unreadable_tables_are_unknown_with_the_reason(
+    run_cli: Runner, clean_root: Path, path: str, content: str | bytes | None, reason: str
+) -> None:
+    target = clean_root / path
+    target.unlink()
+    if content == "directory":
+        target.mkdir()
+    elif content is not None:
+        write(clean_root, path, content)
+    found = findings(run_cli, clean_root)
+    for ref in ("SOCK001", "SOCK005"):
+        assert found[ref]["status"] == "unknown" and reason in str(found[ref]["reason"]), found[ref]
+
+
+def test_garbage_line_does_not_hide_a_listener(run_cli: Runner, clean_root: Path) -> None:
+    table = clean_root / "proc/net/tcp"
+    write(clean_root, "/proc/net/tcp", table.read_text() + "junk\n" + LISTEN_29500)
+    assert findings(run_cli, clean_root)["SOCK001"]["status"] == "present"
+
+
+def test_missing_tcp6_is_fine_but_a_bad_port_range_is_unknown(run_cli: Runner, clean_root: Path) -> None:
+    (clean_root / "proc/net/tcp6").unlink()
+    assert {f["status"] for f in findings(run_cli, clean_root).values()} == {"absent"}
+    write(clean_root, "/proc/sys/net/ipv4/ip_local_port_range", "lots of ports\n")
+    found = findings(run_cli, clean_root)
+    assert found["SOCK005"]["status"] == "unknown" and "expected two port numbers" in str(found["SOCK005"]["reason"])
+    assert found["SOCK001"]["status"] == "unknown" and "ip_local_port_range" in str(found["SOCK001"]["reason"])
+
+
+def test_bad_master_port_is_unknown() -> None:
+    facts = probe_sockets(NodeFS(str(PORTS_EXHAUSTED)))
+    (observation,) = rendezvous_port_in_use(facts, job(MASTER_PORT="twenty"))
+    assert observation.status is Status.UNKNOWN and observation.subject == "MASTER_PORT"
+    (observation,) = rendezvous_port_in_use(facts, JobFacts({}, "permission denied (EACCES); needs root", ()))
+    assert observation.status is Status.UNKNOWN and "EACCES" in observation.reason
+
+
+def test_exhaustion_thresholds_on_hand_built_facts() -> None:
+    def facts(low: int, high: int, held: int, reserved: tuple[tuple[int, int], ...] = ()) -> SocketFacts:
+        return SocketFacts((low, high), reserved, (), {"TIME_WAIT": held}, held, (), ("/proc/net/tcp",), (), 0, ())
+
+    assert list(ephemeral_port_exhaustion(facts(32768, 60999, 1000))) == []
+    (half,) = ephemeral_port_exhaustion(facts(32768, 60999, 15000))
+    assert half.severity is Severity.WARNING
+    (full,) = ephemeral_port_exhaustion(facts(32768, 60999, 25000))
+    assert full.severity is None  # the reference's error
+    (narrow,) = ephemeral_port_exhaustion(facts(50000, 51000, 10))
+    assert narrow.severity is Severity.WARNING and narrow.evidence[0].observed == "50000 51000: 1001 usable ports"
+    (all_reserved,) = ephemeral_port_exhaustion(facts(50000, 50009, 0, reserved=((50000, 50009),)))
+    assert all_reserved.severity is None
+
+
+# -- the live kernel -----------------------------------------------------------------------------------
+@pytest.fixture
+def listener() -> Iterator[socket.socket]:
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    yield server
+    server.close()
+
+
+def test_live_proc_net_tcp_finds_a_real_listener(listener: socket.socket) -> None:
+    port = listener.getsockname()[1]
+    with socket.create_connection(("127.0.0.1", port)):
+        accepted, _ = listener.accept()
+        facts = probe_sockets(NodeFS("/"))
+        accepted.close()
+    assert any(s.address == "127.0.0.1" and s.port == port for s in facts.listening)
+    assert facts.states.get("ESTABLISHED", 0) >= 2 and "/proc/net/tcp" in facts.tables
+    assert facts.port_range is not None and facts.bad_line_count == 0
+    (observation,) = rendezvous_port_in_use(facts, job(MASTER_PORT=str(port)))
+    assert observation.subject == f"port {port}" and observation.severity is None
+
+
+def test_live_cli_sees_the_port_the_job_wants_taken(run_cli: Runner, listener: socket.socket) -> None:
+    port = listener.getsockname()[1]
+    result = run_cli("node", "--format", "json", "--select", "SOCK001", env={"MASTER_PORT": str(port)})
+    (finding,) = json.loads(result.stdout)["findings"]
+    assert (finding["status"], finding["subject"]) == ("present", f"port {port}")
+    assert finding["evidence"][0]["source"].startswith("/proc/net/tcp:")
+    assert finding["evidence"][0]["observed"].startswith(f"127.0.0.1:{port} LISTEN")
+
+
+def test_live_ipv6_listener_is_read_from_tcp6() -> None:
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 in this Python")
+    try:
+        server = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        server.bind(("::1", 0))
+    except OSError as error:
+        pytest.skip(f"cannot bind ::1 here: {error}")
+    with server:
+        server.listen()
+        port = server.getsockname()[1]
+        facts = probe_sockets(NodeFS("/"))
+    assert any(s.address == "::1" and s.port == port and s.source.startswith("/proc/net/tcp6:") for s in facts.listening)
