@@ -16,7 +16,8 @@
     memlock_min = "unlimited"   # or bytes / "64GiB"
     gpu_count = 8
     mtu = 4200
-    hcas = ["mlx5_0", "mlx5_1"]
+    hcas = ["mlx5_0", "mlx5_1"]  # the data HCAs; their ports are judged even when down
+    rate_gbps = 400         # expected active rate of each data RDMA port
 
     [severity]              # per-reference severity overrides
     MEM002 = "error"
@@ -66,6 +67,7 @@ class Expectations:
     gpu_count: int | None = None
     mtu: int | None = None
     hcas: tuple[str, ...] | None = None
+    rate_gbps: float | None = None  # per RDMA port, as /sys/class/infiniband/*/ports/*/rate shows it
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,12 @@ def _positive_int(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError("must be a positive integer")
     return value
+
+
+def _positive_number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError("must be a positive number")
+    return float(value)
 
 
 def _string_list(value: Any) -> tuple[str, ...]:
@@ -129,6 +137,7 @@ _EXPECT_KEYS: dict[str, Callable[[Any], Any]] = {
     "gpu_count": _positive_int,
     "mtu": _positive_int,
     "hcas": _string_list,
+    "rate_gbps": _positive_number,
 }
 _RUN_KEYS: dict[str, Callable[[Any], Any]] = {
     "timeout": _positive_float,
