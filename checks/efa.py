@@ -77,7 +77,7 @@ def _conf_dirs(reader: FactReader) -> list[str]:
     return directories
 
 
-@probe("efa", gather_in=("prolog", "full"))
+@probe("efa")
 def probe_efa(fs: NodeFS) -> EfaFacts | None:
     """List the libraries NCCL needs for EFA; ``None`` (nothing read) on nodes without EFA."""
     reader = FactReader(fs)

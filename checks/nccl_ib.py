@@ -213,7 +213,7 @@ def _listed_but_down(hca: HcaList, entry: HcaEntry, matched: list[RdmaDevice], s
                 )
 
 
-def _mixed_and_management(rdma: RdmaFacts, selection: Selection, severity: Severity) -> Iterator[Observation]:
+def _mixed_and_management(rdma: RdmaFacts, selection: Selection, severity: Severity | None) -> Iterator[Observation]:
     layers = sorted({port.link_layer or "?" for port in selection.ports})
     if len(layers) > 1:
         yield present(
@@ -249,7 +249,7 @@ def ib_hca_selection_mismatch(rdma: RdmaFacts, job: JobFacts) -> Iterator[Observ
             _setting_evidence(selection.setting, "at least one ACTIVE InfiniBand or RoCE port"),
             Evidence(IB_CLASS, "selects nothing: NCCL logs 'NET/IB : No device found.' and falls back to sockets"),
         )
-    yield from _mixed_and_management(rdma, selection, Severity.ERROR)
+    yield from _mixed_and_management(rdma, selection, None)
 
 
 # -- IB003 ------------------------------------------------------------------------------------

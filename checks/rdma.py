@@ -245,8 +245,12 @@ class _Attributes:
             return None
 
     def link(self, path: str) -> str | None:
+        """A symlink's target; ``None`` when absent (a virtual device has no ``device`` link)."""
         try:
-            return self.fs.readlink(path)
+            target = self.fs.readlink(path)
+            if target is None and self.fs.exists(path):
+                self.problems.append(Problem(path, "not a symbolic link"))
+            return target
         except SourceError as error:
             self.problems.append(Problem(path, error.reason))
             return None
@@ -382,7 +386,7 @@ def _stat_node(fs: NodeFS, path: str, reader: _Attributes) -> DeviceNode | None:
     return DeviceNode(path, stat.mode, stat.uid, stat.gid) if stat else None
 
 
-@probe("rdma", gather_in=("prolog", "full"))
+@probe("rdma", gather_in=("full",))
 def probe_rdma(fs: NodeFS) -> RdmaFacts:
     """Read every RDMA device, its ports and netdevs, and the job's device nodes."""
     reader = _Attributes(fs)
