@@ -122,7 +122,8 @@ def can_read_write(node: DeviceNode, identity: JobIdentity) -> bool:
     return node.mode & bits == bits
 
 
-def _job_identity(reader: FactReader, job_environ: dict[str, str]) -> JobIdentity | None:
+def read_job_identity(reader: FactReader, job_environ: dict[str, str]) -> JobIdentity | None:
+    """Who opens device files for the job: a prolog runs as root for another user's job."""
     own = parse_status_ids(reader.text("/proc/self/status") or "")
     job_uid = job_environ.get("SLURM_JOB_UID", "")
     if job_uid.isdigit() and (own is None or int(job_uid) != own[0]):
@@ -165,7 +166,7 @@ def probe_gpudirect(fs: NodeFS) -> GpuDirectFacts:
         rdma_devices=tuple(reader.listing("/sys/class/infiniband")),
         gdrdrv_loaded=reader.exists("/sys/module/gdrdrv"),
         gdrdrv_node=node,
-        job_identity=_job_identity(reader, environ),
+        job_identity=read_job_identity(reader, environ),
         problems=tuple(reader.problems),
     )
 

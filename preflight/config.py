@@ -16,7 +16,8 @@
     memlock_min = "unlimited"   # or bytes / "64GiB"
     gpu_count = 8
     mtu = 4200
-    hcas = ["mlx5_0", "mlx5_1"]
+    hcas = ["mlx5_0", "mlx5_1"]  # the data HCAs; their ports are judged even when down
+    rate_gbps = 400         # expected active rate of each data RDMA port
     peers = ["gpu[001-064]", "10.0.0.5"]  # hosts routes must reach, beyond the job's own
 
     [severity]              # per-reference severity overrides
@@ -70,6 +71,7 @@ class Expectations:
     # Hostlists, names or addresses whose routes the network checks look up, in addition to the
     # job's own peers (SLURM_JOB_NODELIST, MASTER_ADDR, NCCL_COMM_ID).
     peers: tuple[str, ...] = ()
+    rate_gbps: float | None = None  # per RDMA port, as /sys/class/infiniband/*/ports/*/rate shows it
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,12 @@ def _positive_int(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError("must be a positive integer")
     return value
+
+
+def _positive_number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError("must be a positive number")
+    return float(value)
 
 
 def _string_list(value: Any) -> tuple[str, ...]:
@@ -144,6 +152,7 @@ _EXPECT_KEYS: dict[str, Callable[[Any], Any]] = {
     "mtu": _positive_int,
     "hcas": _string_list,
     "peers": _hostlists,
+    "rate_gbps": _positive_number,
 }
 _RUN_KEYS: dict[str, Callable[[Any], Any]] = {
     "timeout": _positive_float,

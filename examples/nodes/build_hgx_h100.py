@@ -105,6 +105,26 @@ def bridge_config(acs_control: int) -> bytes:
     return bytes(data)
 
 
+def rdma_device_nodes(root: str) -> None:
+    """What the verbs stack adds to the HCAs above: each RDMA device's link to its PCI function,
+    the ib_uverbs class, and the /dev/infiniband nodes the job opens. Git keeps no character
+    devices or owners, so the nodes are placeholders and their stat is in .preflight/devices.json."""
+    nodes = {}
+    for index, (_, nic, switch, port) in enumerate(PAIRS):
+        nic_path = f"/sys/devices/pci0000:{port}/0000:{port}:01.0/0000:{switch}:00.0/0000:{nic}:00.0"
+        link(root, f"{nic_path}/infiniband/mlx5_{index}/device", f"../../../0000:{nic}:00.0")
+        verbs = f"{nic_path}/infiniband_verbs/uverbs{index}"
+        link(root, f"/sys/class/infiniband_verbs/uverbs{index}", f"../../devices{verbs[len('/sys/devices'):]}")
+        for name, value in (("ibdev", f"mlx5_{index}"), ("abi_version", "1"), ("dev", f"231:{192 + index}")):
+            write(root, f"{verbs}/{name}", value + "\n")
+        nodes[f"/dev/infiniband/uverbs{index}"] = {"type": "char", "mode": "0666", "uid": 0, "gid": 0}
+    write(root, "/sys/class/infiniband_verbs/abi_version", "6\n")
+    nodes["/dev/infiniband/rdma_cm"] = {"type": "char", "mode": "0666", "uid": 0, "gid": 0}
+    for path in nodes:
+        write(root, path, "")
+    write(root, "/.preflight/devices.json", json.dumps({"format": "preflight-devices/1", "nodes": nodes}, indent=1) + "\n")
+
+
 def build(root: str) -> None:
     if os.path.exists(root):
         shutil.rmtree(root)
@@ -152,6 +172,7 @@ def build(root: str) -> None:
         nvml_devices["name"][str(index)] = {"result": "NVIDIA H100 80GB HBM3"}
         nvml_devices["pci"][str(index)] = {"result": {"busId": f"0000{gpu_bdf.upper()}", "domain": 0, "bus": int(gpu, 16), "device": 0}}
         nvml_devices["uuid"][str(index)] = {"result": f"GPU-5f1c7e2a-0c3b-4d7e-9a61-00000000000{index}"}
+    rdma_device_nodes(root)
     for index, bdf in enumerate(NVSWITCHES):
         pci_device(root, bdf, "pci0000:00", "0x10de", "0x22a3", "0x068000", 0)
     # Management Ethernet and an idle docker bridge.

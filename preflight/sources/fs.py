@@ -8,11 +8,24 @@ name, so that probes can tell "absent" (``None``) from "unreadable" (an exceptio
 One view serves one run and remembers what it read: several probes need the same files
 (``/proc/self/environ``, ``/sys/class/infiniband``), and a run must judge one consistent picture
 of the node rather than read it again mid-run.
+
+Device nodes (``/dev/infiniband/uverbs0``, ``/dev/gdrdrv``) cannot live in a recorded root: git
+and most archives keep neither character devices nor owners. A recorded root therefore holds a
+plain placeholder file at the node's path (so directory listings match the node) and its
+``stat`` in ``.preflight/devices.json``::
+
+    {"format": "preflight-devices/1",
+     "nodes": {"/dev/infiniband/uverbs0": {"type": "char", "mode": "0666", "uid": 0, "gid": 0}}}
+
+``stat`` of a recorded ``/dev`` path answers from that file (``type`` is ``char``, ``block``,
+``file`` or ``dir``; ``mode`` the permission bits in octal); paths it does not list are stat'ed in
+the tree.
 """
 
 from __future__ import annotations
 
 import errno as errno_codes
+import json
 import os
 import stat as stat_codes
 from collections.abc import Callable
@@ -23,6 +36,8 @@ from typing import TypeVar, cast
 DEFAULT_MAX_BYTES = 4 * 1024 * 1024
 _MAX_SYMLINK_HOPS = 40
 _ABSENT_ERRNOS = frozenset({errno_codes.ENOENT, errno_codes.ENOTDIR})
+DEVICE_RECORDING = "devices.json"
+_DEVICE_TYPES = {"char": stat_codes.S_IFCHR, "block": stat_codes.S_IFBLK, "file": stat_codes.S_IFREG, "dir": stat_codes.S_IFDIR}
 _T = TypeVar("_T")
 
 
@@ -185,7 +200,13 @@ class NodeFS:
             raise SourceError(path, describe_os_error(error)) from None
 
     def stat(self, path: str) -> FileStat | None:
-        """``stat`` following links inside the root; ``None`` when absent."""
+        """``stat`` following links inside the root; ``None`` when absent. In a recorded root,
+        device nodes answer from ``.preflight/devices.json`` (see the module docstring)."""
+        host = self._host_path(path)
+        if not self.is_live and host.startswith("/dev/"):
+            recorded = self._recorded_devices()
+            if host in recorded:
+                return recorded[host]
         try:
             result = os.stat(self._resolve(path))
         except OSError as error:
@@ -193,6 +214,12 @@ class NodeFS:
                 return None
             raise SourceError(path, describe_os_error(error)) from None
         return FileStat(result.st_mode, result.st_uid, result.st_gid, result.st_size)
+
+    def _recorded_devices(self) -> dict[str, FileStat]:
+        recording = self.replay_file(DEVICE_RECORDING)
+        if recording is None:
+            return {}
+        return self._remembered("devices", recording, 0, lambda: _load_device_recording(recording))
 
     def exists(self, path: str) -> bool:
         """True when ``path`` exists; an unreadable parent counts as an error, not absence."""
@@ -204,3 +231,24 @@ class NodeFS:
             return None
         candidate = os.path.join(self.root, ".preflight", name)
         return candidate if os.path.isfile(candidate) else None
+
+
+def _load_device_recording(recording: str) -> dict[str, FileStat]:
+    """Parse ``.preflight/devices.json``; a broken recording fails every ``/dev`` stat."""
+    where = f".preflight/{DEVICE_RECORDING}"
+    try:
+        with open(recording, "rb") as handle:
+            data = handle.read(DEFAULT_MAX_BYTES + 1)
+        if len(data) > DEFAULT_MAX_BYTES:
+            raise ValueError(f"larger than {DEFAULT_MAX_BYTES} bytes")
+        nodes = json.loads(data)["nodes"]
+        return {
+            os.path.normpath(node_path): FileStat(
+                _DEVICE_TYPES[entry["type"]] | (int(entry["mode"], 8) & 0o7777), int(entry["uid"]), int(entry["gid"]), 0
+            )
+            for node_path, entry in nodes.items()
+        }
+    except OSError as error:
+        raise SourceError(where, describe_os_error(error)) from None
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise SourceError(where, f"malformed recording ({type(error).__name__}: {error})") from None

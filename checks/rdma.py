@@ -1,0 +1,626 @@
+"""RDMA devices, their ports and the job's access to them (references IB007, IB008, IB009).
+
+Sources (kernel ``drivers/infiniband/core/sysfs.c``; all world-readable except ``vpd``):
+
+* ``/sys/class/infiniband/<dev>/{node_type,fw_ver,hca_type}``; ``<dev>/device`` links to the PCI
+  function (``../../../0000:1a:00.0``), whose ``vendor`` tells EFA (Amazon, 0x1d0f) apart.
+* ``<dev>/ports/<n>/{state,phys_state,rate,link_layer,lid,sm_lid}``: ``"4: ACTIVE"``,
+  ``"5: LinkUp"``, ``"400 Gb/sec (4X NDR)"`` (SDR has no speed suffix: ``"10 Gb/sec (4X)"``),
+  ``InfiniBand``/``Ethernet``/``Unknown``, ``"0x1a"``. ``rate`` fails with EINVAL while a port
+  has no active width (a down port).
+* RDMA device -> netdev, as ``ibdev2netdev`` did: ``ports/<n>/gid_attrs/ndevs/<i>`` first (right
+  for bonds, VLANs and macvlan; EINVAL for empty slots and on InfiniBand ports, which is normal),
+  then the PCI function's ``device/net/*`` (IPoIB, and RoCE without GIDs), narrowed by
+  ``dev_port`` on multi-port devices.
+* ``/sys/class/infiniband_verbs/uverbs<N>/ibdev``: which verbs device node belongs to which RDMA
+  device; ``/dev/infiniband/uverbs<N>`` and ``/dev/infiniband/rdma_cm`` (mode, owner) against the
+  job's identity (``preflight.checks.gpudirect.read_job_identity``).
+* NVSwitch management functions: on HGX/DGX B200 the baseboard's ConnectX bridge exposes
+  "limited physical functions" (LPFs) as extra ``mlx5_*`` devices that Fabric Manager and NVLSM
+  use to manage the NVSwitches; they are not data NICs. NVIDIA's Fabric Manager guide says their
+  PCI VPD carries the vendor field ``SMDL=SW_MNG``, which is what ``nvidia-fabricmanager-start.sh``
+  tests; we read ``<dev>/device/vpd`` of InfiniBand-link Mellanox functions for it. The file is
+  root-only (mode 0600): run as non-root, LPFs cannot be told apart and count as data NICs.
+
+Which ports a missing link condemns: without ``expect.hcas`` a port is only judged when most ports
+of its kind (same link layer and HCA model) are ACTIVE, or when no port on the node is; an
+uncabled second port or an unused storage port is then not mistaken for a broken data link. Sites
+that list their data HCAs in ``expect.hcas`` get every port of those HCAs judged.
+"""
+
+from __future__ import annotations
+
+import re
+import stat as stat_codes
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import TypeVar
+
+from preflight.checks.gpudirect import DeviceNode, JobIdentity, can_read_write, read_job_identity
+from preflight.checks.job import parse_environ
+from preflight.config import Expectations
+from preflight.model import Evidence, NotApplicable, Observation, Severity, Unknown, present, undecided
+from preflight.probing import FactReader
+from preflight.registry import check, probe
+from preflight.sources import NodeFS, SourceError
+
+IB_CLASS = "/sys/class/infiniband"
+VERBS_CLASS = "/sys/class/infiniband_verbs"
+DEV_INFINIBAND = "/dev/infiniband"
+RDMA_CM = f"{DEV_INFINIBAND}/rdma_cm"
+PORT_ACTIVE = 4
+PORT_INIT, PORT_ARMED = 2, 3
+PHYS_LINK_UP = 5
+PHYS_DISABLED = 3
+MELLANOX_VENDOR = "0x15b3"
+AMAZON_VENDOR = "0x1d0f"
+NVSWITCH_MANAGEMENT_VPD = b"SMDL=SW_MNG"
+_SYSFS_ATTRIBUTE_BYTES = 4096
+_VPD_BYTES = 64 * 1024  # PCI VPD is at most 32 KiB
+_PCI_ADDRESS = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+_NUMBERED = re.compile(r"^(\d+): (\S.*)$")
+_RATE = re.compile(r"^(\d+)(\.5)? Gb/sec \((\d+)X(?: (\w+))?\)$")
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A node file that exists (or should) but gave no usable value."""
+
+    path: str
+    reason: str  # "missing", "empty", "unparseable 'x'", "invalid argument (EINVAL)", ...
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class PortRate:
+    """``ports/<n>/rate``: ``400 Gb/sec (4X NDR)``."""
+
+    gbps: float
+    width: int  # lanes: 1, 2, 4, 8, 12
+    speed: str  # per-lane generation: SDR, DDR, QDR, FDR10, FDR, EDR, HDR, NDR, XDR
+
+    def __str__(self) -> str:
+        return f"{self.gbps:g} Gb/sec ({self.width}X {self.speed})"
+
+
+@dataclass(frozen=True)
+class RdmaPort:
+    device: str
+    number: int
+    path: str  # /sys/class/infiniband/<dev>/ports/<n>
+    state: int | None  # ports/<n>/state: 1 DOWN, 2 INIT, 3 ARMED, 4 ACTIVE
+    state_name: str | None
+    phys_state: int | None  # ports/<n>/phys_state: 2 Polling, 3 Disabled, 5 LinkUp
+    phys_state_name: str | None
+    rate: PortRate | None  # ports/<n>/rate
+    link_layer: str | None  # ports/<n>/link_layer: InfiniBand, Ethernet, Unknown (EFA)
+    lid: int | None  # ports/<n>/lid
+    sm_lid: int | None  # ports/<n>/sm_lid
+    netdevs: tuple[str, ...]  # gid_attrs/ndevs/* in slot order, else device/net/*
+    netdev_source: str  # "gid_attrs/ndevs", "device/net" or "" when none
+    problems: tuple[Problem, ...]
+
+    @property
+    def subject(self) -> str:
+        return f"{self.device}/{self.number}"
+
+    def why(self, attribute: str) -> str:
+        """Why ``attribute`` has no value: the recorded read problem."""
+        wanted = f"{self.path}/{attribute}"
+        return next((str(p) for p in self.problems if p.path == wanted), f"{wanted}: not read")
+
+    def shown(self, attribute: str) -> str:
+        """``"4: ACTIVE"`` style text of a state attribute, or why it is unknown."""
+        number, name = (self.state, self.state_name) if attribute == "state" else (self.phys_state, self.phys_state_name)
+        return f"{number}: {name}" if number is not None else "unknown"
+
+
+@dataclass(frozen=True)
+class RdmaDevice:
+    name: str
+    path: str  # /sys/class/infiniband/<dev>
+    node_type: str | None  # node_type "1: CA" -> "CA"; "7: unspecified" on EFA
+    fw_ver: str | None  # fw_ver
+    hca_type: str | None  # hca_type ("MT4129"); None where the driver has none
+    pci_address: str | None  # basename of the device link; None for virtual devices (rxe, siw)
+    pci_vendor: str | None  # device/vendor
+    efa: bool  # an AWS Elastic Fabric Adapter (Amazon PCI vendor, or efa_* name)
+    nvswitch_management: bool | None  # device/vpd has SMDL=SW_MNG; None when vpd is unreadable
+    netdevs: tuple[str, ...]  # device/net/*: the PCI function's netdevs
+    uverbs: str | None  # "uverbs3" from /sys/class/infiniband_verbs/*/ibdev
+    ports: tuple[RdmaPort, ...]
+    problems: tuple[Problem, ...]
+
+    @property
+    def is_data_nic(self) -> bool:
+        return self.nvswitch_management is not True
+
+
+@dataclass(frozen=True)
+class RdmaFacts:
+    devices: tuple[RdmaDevice, ...]  # /sys/class/infiniband, in name order
+    verbs_class_present: bool  # /sys/class/infiniband_verbs exists (ib_uverbs loaded)
+    dev_infiniband: tuple[str, ...] | None  # entries of /dev/infiniband; None when absent
+    device_nodes: tuple[DeviceNode, ...]  # stat of the uverbs nodes of our devices and rdma_cm
+    job_identity: JobIdentity | None
+    problems: tuple[Problem, ...]  # node-level: unreadable class or /dev directories
+
+    @property
+    def data_devices(self) -> tuple[RdmaDevice, ...]:
+        return tuple(device for device in self.devices if device.is_data_nic)
+
+    @property
+    def data_ports(self) -> tuple[RdmaPort, ...]:
+        return tuple(port for device in self.data_devices for port in device.ports)
+
+    def device(self, name: str) -> RdmaDevice | None:
+        return next((device for device in self.devices if device.name == name), None)
+
+    def node(self, path: str) -> DeviceNode | None:
+        return next((node for node in self.device_nodes if node.path == path), None)
+
+
+# -- parsers ----------------------------------------------------------------------------------
+def parse_numbered(text: str) -> tuple[int, str] | None:
+    """``"4: ACTIVE"`` -> ``(4, "ACTIVE")``: the ``"%d: %s"`` form of state, phys_state, node_type."""
+    match = _NUMBERED.match(text.strip())
+    return (int(match.group(1)), match.group(2).strip()) if match else None
+
+
+def parse_rate(text: str) -> PortRate | None:
+    """``"400 Gb/sec (4X NDR)"``, ``"2.5 Gb/sec (1X)"`` (SDR prints no speed name)."""
+    match = _RATE.match(text.strip())
+    if not match:
+        return None
+    gbps = int(match.group(1)) + (0.5 if match.group(2) else 0.0)
+    return PortRate(gbps, int(match.group(3)), match.group(4) or "SDR")
+
+
+def parse_hex(text: str) -> int | None:
+    """``"0x1a"`` (lid, sm_lid)."""
+    try:
+        return int(text.strip(), 16) if text.strip().lower().startswith("0x") else None
+    except ValueError:
+        return None
+
+
+def parse_link_layer(text: str) -> str | None:
+    value = text.strip()
+    return value if value in ("InfiniBand", "Ethernet", "Unknown") else None
+
+
+def parse_pci_link(target: str) -> str | None:
+    """``../../../0000:1a:00.0`` -> ``0000:1a:00.0``."""
+    name = target.rstrip("/").rsplit("/", 1)[-1].lower()
+    return name if _PCI_ADDRESS.match(name) else None
+
+
+def natural_key(name: str) -> tuple[tuple[int, str], ...]:
+    """Sort ``mlx5_2`` before ``mlx5_10``, as device numbering means them."""
+    return tuple((int(part), "") if part.isdigit() else (-1, part) for part in re.split(r"(\d+)", name) if part)
+
+
+def looks_like_efa(name: str, vendor: str | None) -> bool:
+    """An EFA device: Amazon's PCI vendor, or the driver's ``efa_<N>`` name when the vendor is unknown."""
+    if vendor is not None and vendor.strip():
+        return vendor.strip().lower() == AMAZON_VENDOR
+    return name.startswith("efa")
+
+
+# -- probe ------------------------------------------------------------------------------------
+class _Attributes:
+    """Reads sysfs attributes into values or :class:`Problem` entries, never raising."""
+
+    def __init__(self, fs: NodeFS) -> None:
+        self.fs = fs
+        self.problems: list[Problem] = []
+
+    def value(self, path: str, parse: Callable[[str], _T | None], required: bool = True) -> _T | None:
+        try:
+            text = self.fs.read(path, max_bytes=_SYSFS_ATTRIBUTE_BYTES)
+        except SourceError as error:
+            self.problems.append(Problem(path, error.reason))
+            return None
+        if text is None:
+            if required:
+                self.problems.append(Problem(path, "missing"))
+            return None
+        if not text.strip():
+            self.problems.append(Problem(path, "empty"))
+            return None
+        parsed = parse(text)
+        if parsed is None:
+            self.problems.append(Problem(path, f"unparseable {text.strip()[:60]!r}"))
+        return parsed
+
+    def listing(self, path: str) -> list[str] | None:
+        try:
+            return self.fs.listdir(path)
+        except SourceError as error:
+            self.problems.append(Problem(path, error.reason))
+            return None
+
+    def link(self, path: str) -> str | None:
+        """A symlink's target; ``None`` when absent (a virtual device has no ``device`` link)."""
+        try:
+            target = self.fs.readlink(path)
+            if target is None and self.fs.exists(path):
+                self.problems.append(Problem(path, "not a symbolic link"))
+            return target
+        except SourceError as error:
+            self.problems.append(Problem(path, error.reason))
+            return None
+
+    def take(self) -> tuple[Problem, ...]:
+        taken, self.problems = tuple(self.problems), []
+        return taken
+
+
+def _text(value: str) -> str | None:
+    return value.strip() or None
+
+
+def _gid_netdevs(fs: NodeFS, port_path: str, reader: _Attributes) -> tuple[str, ...]:
+    """Distinct netdevs of a port's GID table in slot order; empty slots answer EINVAL."""
+    names: list[str] = []
+    for slot in sorted((reader.listing(f"{port_path}/gid_attrs/ndevs") or []), key=natural_key):
+        path = f"{port_path}/gid_attrs/ndevs/{slot}"
+        try:
+            text = fs.read(path, max_bytes=_SYSFS_ATTRIBUTE_BYTES)
+        except SourceError as error:
+            if "EINVAL" not in error.reason:
+                reader.problems.append(Problem(path, error.reason))
+            continue
+        name = (text or "").strip()
+        if name and name not in names:
+            names.append(name)
+    return tuple(names)
+
+
+def _pci_netdevs(fs: NodeFS, device_path: str, port: int, ports: int, reader: _Attributes) -> tuple[str, ...]:
+    """The PCI function's netdevs; on multi-port devices those whose dev_port is ``port - 1``."""
+    names = reader.listing(f"{device_path}/device/net") or []
+    if ports <= 1:
+        return tuple(names)
+    chosen = []
+    for name in names:
+        dev_port = reader.value(f"{device_path}/device/net/{name}/dev_port", lambda t: int(t) if t.strip().isdigit() else None, required=False)
+        if dev_port is None or dev_port == port - 1:
+            chosen.append(name)
+    return tuple(chosen)
+
+
+def _read_port(fs: NodeFS, device: str, device_path: str, number: int, port_count: int) -> RdmaPort:
+    reader = _Attributes(fs)
+    path = f"{device_path}/ports/{number}"
+    state = reader.value(f"{path}/state", parse_numbered)
+    phys = reader.value(f"{path}/phys_state", parse_numbered)
+    link_layer = reader.value(f"{path}/link_layer", parse_link_layer)
+    netdevs: tuple[str, ...] = ()
+    source = ""
+    if link_layer != "InfiniBand":  # IB ports have GIDs but no netdev in gid_attrs
+        netdevs, source = _gid_netdevs(fs, path, reader), "gid_attrs/ndevs"
+    if not netdevs:
+        netdevs, source = _pci_netdevs(fs, device_path, number, port_count, reader), "device/net"
+    return RdmaPort(
+        device=device,
+        number=number,
+        path=path,
+        state=state[0] if state else None,
+        state_name=state[1] if state else None,
+        phys_state=phys[0] if phys else None,
+        phys_state_name=phys[1] if phys else None,
+        rate=reader.value(f"{path}/rate", parse_rate),
+        link_layer=link_layer,
+        lid=reader.value(f"{path}/lid", parse_hex),
+        sm_lid=reader.value(f"{path}/sm_lid", parse_hex),
+        netdevs=netdevs,
+        netdev_source=source if netdevs else "",
+        problems=reader.take(),
+    )
+
+
+def _management_function(fs: NodeFS, path: str, reader: _Attributes) -> bool | None:
+    try:
+        vpd = fs.read_bytes(f"{path}/device/vpd", max_bytes=_VPD_BYTES)
+    except SourceError as error:
+        reader.problems.append(Problem(f"{path}/device/vpd", error.reason))
+        return None
+    return vpd is not None and NVSWITCH_MANAGEMENT_VPD in vpd
+
+
+def _read_device(fs: NodeFS, name: str, uverbs: dict[str, str]) -> RdmaDevice:
+    reader = _Attributes(fs)
+    path = f"{IB_CLASS}/{name}"
+    node_type = reader.value(f"{path}/node_type", parse_numbered)
+    link = reader.link(f"{path}/device")
+    pci_address = parse_pci_link(link) if link else None
+    if link and pci_address is None:
+        reader.problems.append(Problem(f"{path}/device", f"not a PCI function: {link!r}"))
+    vendor = reader.value(f"{path}/device/vendor", _text, required=False) if link else None
+    numbers = sorted(int(entry) for entry in (reader.listing(f"{path}/ports") or []) if entry.isdigit())
+    if not numbers:
+        reader.problems.append(Problem(f"{path}/ports", "no ports"))
+    ports = tuple(_read_port(fs, name, path, number, len(numbers)) for number in numbers)
+    management: bool | None = False
+    if vendor == MELLANOX_VENDOR and any(port.link_layer == "InfiniBand" for port in ports):
+        management = _management_function(fs, path, reader)
+    return RdmaDevice(
+        name=name,
+        path=path,
+        node_type=node_type[1] if node_type else None,
+        fw_ver=reader.value(f"{path}/fw_ver", _text),
+        hca_type=reader.value(f"{path}/hca_type", _text, required=False),
+        pci_address=pci_address,
+        pci_vendor=vendor.lower() if vendor else None,
+        efa=looks_like_efa(name, vendor),
+        nvswitch_management=management,
+        netdevs=tuple(reader.listing(f"{path}/device/net") or []) if link else (),
+        uverbs=uverbs.get(name),
+        ports=ports,
+        problems=reader.take(),
+    )
+
+
+def _verbs_devices(reader: _Attributes, entries: Iterable[str]) -> dict[str, str]:
+    """RDMA device name -> ``uverbsN`` from ``/sys/class/infiniband_verbs/uverbsN/ibdev``."""
+    mapping = {}
+    for entry in entries:
+        if entry.startswith("uverbs"):
+            ibdev = reader.value(f"{VERBS_CLASS}/{entry}/ibdev", _text)
+            if ibdev:
+                mapping[ibdev] = entry
+    return mapping
+
+
+def _stat_node(fs: NodeFS, path: str, reader: _Attributes) -> DeviceNode | None:
+    try:
+        stat = fs.stat(path)
+    except SourceError as error:
+        reader.problems.append(Problem(path, error.reason))
+        return None
+    return DeviceNode(path, stat.mode, stat.uid, stat.gid) if stat else None
+
+
+@probe("rdma", gather_in=("full",))
+def probe_rdma(fs: NodeFS) -> RdmaFacts:
+    """Read every RDMA device, its ports and netdevs, and the job's device nodes."""
+    reader = _Attributes(fs)
+    names = reader.listing(IB_CLASS) or []
+    verbs_entries = reader.listing(VERBS_CLASS)
+    uverbs = _verbs_devices(reader, verbs_entries or [])
+    devices = tuple(_read_device(fs, name, uverbs) for name in sorted(names, key=natural_key))
+    listing = reader.listing(DEV_INFINIBAND)
+    wanted = [f"{DEV_INFINIBAND}/{device.uverbs}" for device in devices if device.uverbs] + [RDMA_CM]
+    nodes = tuple(node for node in (_stat_node(fs, path, reader) for path in wanted) if node is not None)
+    identity_reader = FactReader(fs)
+    try:
+        environ = parse_environ(fs.read_bytes("/proc/self/environ") or b"")
+    except SourceError:
+        environ = {}  # the job probe reports an unreadable environment
+    identity = read_job_identity(identity_reader, environ) if devices else None
+    for problem in identity_reader.problems:
+        path, _, reason = problem.partition(": ")
+        reader.problems.append(Problem(path, reason))
+    return RdmaFacts(
+        devices=devices,
+        verbs_class_present=verbs_entries is not None,
+        dev_infiniband=tuple(listing) if listing is not None else None,
+        device_nodes=nodes,
+        job_identity=identity,
+        problems=reader.take(),
+    )
+
+
+# -- helpers shared by the checks -------------------------------------------------------------
+def require_rdma(rdma: RdmaFacts) -> None:
+    """NotApplicable without RDMA devices; Unknown when the class directory could not be read."""
+    unreadable = [p for p in rdma.problems if p.path == IB_CLASS]
+    if unreadable:
+        raise Unknown(str(unreadable[0]))
+    if not rdma.devices:
+        raise NotApplicable(f"no RDMA devices in {IB_CLASS}")
+
+
+def port_evidence(port: RdmaPort, *attributes: str, expected: str = "") -> Evidence:
+    """One evidence line with several port attributes, read from ``ports/<n>/``."""
+    shown = []
+    for attribute in attributes:
+        if attribute in ("state", "phys_state"):
+            shown.append(f"{attribute} {port.shown(attribute)}")
+        elif attribute == "rate":
+            shown.append(f"rate {port.rate}" if port.rate else "rate unknown")
+        elif attribute in ("lid", "sm_lid"):
+            value = port.lid if attribute == "lid" else port.sm_lid
+            shown.append(f"{attribute} {hex(value) if value is not None else 'unknown'}")
+        else:
+            shown.append(f"{attribute} {getattr(port, attribute)}")
+    files = attributes[0] if len(attributes) == 1 else f"{{{','.join(attributes)}}}"
+    return Evidence(f"{port.path}/{files}", ", ".join(shown), expected)
+
+
+# -- IB009 ------------------------------------------------------------------------------------
+def _kind(port: RdmaPort, rdma: RdmaFacts) -> tuple[str, str]:
+    device = rdma.device(port.device)
+    return (port.link_layer or "?", (device.hca_type if device else None) or "?")
+
+
+def judged_ports(rdma: RdmaFacts, expect: Expectations) -> list[RdmaPort]:
+    """The data ports whose health matters (see the module docstring)."""
+    if expect.hcas is not None:
+        return [port for device in rdma.data_devices if device.name in expect.hcas for port in device.ports]
+    ports = list(rdma.data_ports)
+    if not any(port.state == PORT_ACTIVE for port in ports):
+        return ports
+    groups: dict[tuple[str, str], list[RdmaPort]] = {}
+    for port in ports:
+        groups.setdefault(_kind(port, rdma), []).append(port)
+    return [
+        port
+        for group in groups.values()
+        if 2 * sum(1 for p in group if p.state == PORT_ACTIVE) > len(group)
+        for port in group
+    ]
+
+
+def _reference_rate(port: RdmaPort, active: list[RdmaPort], rdma: RdmaFacts) -> tuple[PortRate, int, int] | None:
+    """The rate most active ports of this port's kind run at: (rate, holders, peers)."""
+    peers = [p.rate for p in active if p.rate is not None and _kind(p, rdma) == _kind(port, rdma)]
+    if not peers:
+        return None
+    rate, holders = Counter(peers).most_common(1)[0]
+    return (rate, holders, len(peers)) if 2 * holders > len(peers) else None
+
+
+def _degraded(port: RdmaPort, active: list[RdmaPort], rdma: RdmaFacts, expect: Expectations) -> Observation | None:
+    assert port.rate is not None
+    if expect.rate_gbps is not None:
+        if port.rate.gbps < expect.rate_gbps:
+            return present(
+                port.subject,
+                port_evidence(port, "rate", expected=f"{expect.rate_gbps:g} Gb/sec (expect.rate_gbps)"),
+            )
+        return None
+    reference = _reference_rate(port, active, rdma)
+    if reference is None:
+        return None
+    rate, holders, peers = reference
+    if port.rate.gbps < rate.gbps or port.rate.width < rate.width:
+        link_layer, hca_type = _kind(port, rdma)
+        return present(
+            port.subject,
+            port_evidence(port, "rate", expected=f"{rate} like {holders} of {peers} active {link_layer} {hca_type} ports"),
+        )
+    return None
+
+
+@check("IB009", profiles=("prolog",))
+def rdma_userspace_stack_broken(rdma: RdmaFacts, expect: Expectations) -> Iterator[Observation]:
+    """Expected HCAs missing, data ports down, or links trained below their rate or width."""
+    require_rdma(rdma)
+    for name in expect.hcas or ():
+        if rdma.device(name) is None:
+            yield present(
+                name,
+                Evidence(IB_CLASS, f"no {name} (devices: {', '.join(d.name for d in rdma.devices)})", f"{name} (expect.hcas)"),
+            )
+    active = []
+    for port in judged_ports(rdma, expect):
+        if port.state is not None and port.state != PORT_ACTIVE:
+            yield present(port.subject, port_evidence(port, "state", "phys_state", expected="4: ACTIVE, 5: LinkUp"))
+        elif port.state is None or port.phys_state is None:
+            yield undecided(port.subject, port.why("state" if port.state is None else "phys_state"))
+        elif port.phys_state != PHYS_LINK_UP:
+            yield present(port.subject, port_evidence(port, "state", "phys_state", expected="5: LinkUp"))
+        else:
+            active.append(port)
+    for port in active:
+        if port.rate is None:
+            yield undecided(port.subject, port.why("rate"))
+            continue
+        observation = _degraded(port, active, rdma, expect)
+        if observation is not None:
+            yield observation
+
+
+# -- IB008 ------------------------------------------------------------------------------------
+@check("IB008", profiles=("prolog",))
+def ib_subnet_manager_sweep_failure(rdma: RdmaFacts) -> Iterator[Observation]:
+    """InfiniBand ports the subnet manager has not brought up (INIT/ARMED, or ACTIVE without LIDs)."""
+    require_rdma(rdma)
+    ports = [port for port in rdma.data_ports if port.link_layer in ("InfiniBand", None)]
+    if not any(port.link_layer == "InfiniBand" for port in ports):
+        unreadable = [port for port in ports if port.link_layer is None]
+        if unreadable:
+            raise Unknown(unreadable[0].why("link_layer"))
+        raise NotApplicable("no InfiniBand link-layer ports (RoCE and EFA have no subnet manager)")
+    for port in ports:
+        if port.link_layer is None:
+            yield undecided(port.subject, port.why("link_layer"))
+        elif port.state is None:
+            yield undecided(port.subject, port.why("state"))
+        elif port.state in (PORT_INIT, PORT_ARMED):
+            yield present(
+                port.subject,
+                port_evidence(port, "state", "phys_state", "lid", "sm_lid", expected="4: ACTIVE with non-zero lid and sm_lid"),
+            )
+        elif port.state == PORT_ACTIVE:
+            if port.lid is None or port.sm_lid is None:
+                yield undecided(port.subject, port.why("lid" if port.lid is None else "sm_lid"))
+            elif port.lid == 0 or port.sm_lid == 0:
+                yield present(port.subject, port_evidence(port, "state", "lid", "sm_lid", expected="non-zero lid and sm_lid"))
+
+
+# -- IB007 ------------------------------------------------------------------------------------
+def _access(node: DeviceNode, identity: JobIdentity) -> Evidence:
+    return Evidence(
+        node.path,
+        f"mode {stat_codes.filemode(node.mode)} owner {node.uid}:{node.gid}",
+        f"read-write for uid {identity.uid} (groups {','.join(map(str, identity.gids)) or 'none'}; {identity.source})",
+    )
+
+
+def _node_problem(rdma: RdmaFacts, path: str) -> Problem | None:
+    return next((p for p in rdma.problems if p.path in (path, DEV_INFINIBAND, ".preflight/devices.json")), None)
+
+
+@check("IB007", profiles=("prolog",))
+def rdma_device_nodes_missing(rdma: RdmaFacts) -> Iterator[Observation]:
+    """RDMA devices the job can see in sysfs but cannot open through /dev/infiniband."""
+    require_rdma(rdma)
+    devices = rdma.data_devices
+    if not devices:
+        raise NotApplicable("only NVSwitch management functions, no data RDMA devices")
+    if rdma.dev_infiniband is None:
+        problem = _node_problem(rdma, DEV_INFINIBAND)
+        if problem is not None:
+            raise Unknown(str(problem))
+        yield present(
+            DEV_INFINIBAND,
+            Evidence(IB_CLASS, ", ".join(d.name for d in devices)),
+            Evidence(DEV_INFINIBAND, "missing", "uverbs device nodes for every RDMA device, and rdma_cm"),
+        )
+        return
+    if not rdma.verbs_class_present:
+        yield present(
+            "ib_uverbs",
+            Evidence(VERBS_CLASS, "missing: the ib_uverbs module is not loaded", "one uverbsN per RDMA device"),
+        )
+        return
+    identity = rdma.job_identity
+    for device in devices:
+        if device.uverbs is None:
+            problem = next((p for p in rdma.problems if p.path.startswith(VERBS_CLASS)), None)
+            if problem is not None:
+                yield undecided(device.name, str(problem))
+            else:
+                yield present(device.name, Evidence(VERBS_CLASS, f"no uverbsN whose ibdev is {device.name}", "one"))
+            continue
+        path = f"{DEV_INFINIBAND}/{device.uverbs}"
+        yield from _judge_node(rdma, device.name, path, identity, Severity.ERROR)
+    if any(port.link_layer in ("InfiniBand", "Ethernet") for device in devices for port in device.ports):
+        yield from _judge_node(rdma, "rdma_cm", RDMA_CM, identity, Severity.WARNING)
+
+
+def _judge_node(
+    rdma: RdmaFacts, subject: str, path: str, identity: JobIdentity | None, severity: Severity
+) -> Iterator[Observation]:
+    """rdma_cm is a warning, and only for IB and RoCE ports: NCCL exchanges QP details over its
+    own sockets, but UCX, MPI and libfabric's verbs provider connect through rdma_cm (EFA does not)."""
+    node = rdma.node(path)
+    if node is None:
+        problem = _node_problem(rdma, path)
+        if problem is not None:
+            yield undecided(subject, str(problem))
+        else:
+            yield present(subject, Evidence(path, "missing", "a character device the job can open"), severity=severity)
+    elif not stat_codes.S_ISCHR(node.mode):
+        yield present(subject, Evidence(path, f"not a character device ({stat_codes.filemode(node.mode)})", "character device"), severity=severity)
+    elif identity is None:
+        yield undecided(subject, f"{path} exists, but the job's identity could not be read (/proc/self/status)")
+    elif not can_read_write(node, identity):
+        yield present(subject, _access(node, identity), severity=severity)

@@ -1,0 +1,399 @@
+"""RDMA checks on hand-built facts: present, absent, not_applicable and unknown for IB003, IB004,
+IB005, IB007, IB008, IB009 and EFA001, and NCCL's NCCL_IB_HCA grammar on short strings."""
+
+from __future__ import annotations
+
+import stat
+from collections.abc import Iterable
+from dataclasses import replace
+
+import pytest
+
+from preflight.checks.efa import EfaFacts, efa_provider_unavailable, parse_ld_so_conf, plugin_names
+from preflight.checks.gpudirect import DeviceNode, JobIdentity
+from preflight.checks.job import JobFacts, NcclConfFile, Setting
+from preflight.checks.nccl_ib import (
+    HcaEntry,
+    accidental_prefix,
+    ib_device_order_differs_across_nodes,
+    ib_hca_selection_mismatch,
+    ib_odd_nic_count_rail_hang,
+    nccl_selection,
+    parse_nccl_ib_hca,
+)
+from preflight.checks.rdma import (
+    PortRate,
+    Problem,
+    RdmaDevice,
+    RdmaFacts,
+    RdmaPort,
+    ib_subnet_manager_sweep_failure,
+    rdma_device_nodes_missing,
+    rdma_userspace_stack_broken,
+)
+from preflight.config import Expectations
+from preflight.model import NotApplicable, Observation, Severity, Status, Unknown
+
+STATES = {1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE"}
+PHYS = {2: "Polling", 3: "Disabled", 5: "LinkUp"}
+NDR = PortRate(400.0, 4, "NDR")
+CHAR = stat.S_IFCHR | 0o666
+ALICE = JobIdentity(1001, (1001,), "SLURM_JOB_UID, SLURM_JOB_GID, /etc/group")
+
+
+def port(device: str = "mlx5_0", state: int | None = 4, phys: int | None = 5, rate: PortRate | None = NDR,
+         link_layer: str | None = "InfiniBand", lid: int | None = 0x41, sm_lid: int | None = 0x1,
+         problems: tuple[Problem, ...] = ()) -> RdmaPort:
+    path = f"/sys/class/infiniband/{device}/ports/1"
+    return RdmaPort(device, 1, path, state, STATES.get(state or 0), phys, PHYS.get(phys or 0), rate, link_layer,
+                    lid, sm_lid, (), "", problems)
+
+
+def hca(name: str, *ports: RdmaPort, bus: int | None = None, hca_type: str | None = "MT4129", efa: bool = False,
+        management: bool | None = False, uverbs: str | None = "auto", problems: tuple[Problem, ...] = ()) -> RdmaDevice:
+    tail = name.rsplit("_", 1)[-1]
+    number = int(tail) if tail.isdigit() else 0
+    pci = f"0000:{bus if bus is not None else 0x1a + 0x10 * number:02x}:00.0"
+    chosen = (replace(p, device=name, path=f"/sys/class/infiniband/{name}/ports/1") for p in (ports or (port(),)))
+    return RdmaDevice(name, f"/sys/class/infiniband/{name}", "CA", "28.39.1002", hca_type, pci,
+                      "0x1d0f" if efa else "0x15b3", efa, management, (), f"uverbs{number}" if uverbs == "auto" else uverbs,
+                      tuple(chosen), problems)
+
+
+def rdma(*devices: RdmaDevice, dev: tuple[str, ...] | None = None, identity: JobIdentity | None = ALICE,
+         nodes: dict[str, int] | None = None, verbs: bool = True, problems: tuple[Problem, ...] = ()) -> RdmaFacts:
+    names = [d.uverbs for d in devices if d.uverbs] + ["rdma_cm"]
+    listing = tuple(names) if dev is None else dev
+    modes = nodes if nodes is not None else {f"/dev/infiniband/{n}": CHAR for n in listing}
+    device_nodes = tuple(DeviceNode(path, mode, 0, 0) for path, mode in modes.items())
+    return RdmaFacts(tuple(devices), verbs, listing, device_nodes, identity, problems)
+
+
+def eight(**changes: RdmaPort) -> RdmaFacts:
+    """An HGX node: mlx5_0..mlx5_7, NDR InfiniBand, healthy unless a port is given."""
+    return rdma(*(hca(f"mlx5_{i}", changes.get(f"mlx5_{i}", port())) for i in range(8)))
+
+
+def job(environ: dict[str, str] | None = None, conf: dict[str, str] | None = None) -> JobFacts:
+    return JobFacts(environ or {}, "", (NcclConfFile("/etc/nccl.conf", tuple((conf or {}).items())),))
+
+
+def subjects(observations: Iterable[Observation], status: Status = Status.PRESENT) -> set[str]:
+    return {o.subject for o in observations if o.status is status}
+
+
+# -- NCCL_IB_HCA grammar ----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("value", "exclude", "exact", "entries"),
+    [
+        (None, False, False, ()),
+        ("mlx5_0,mlx5_1:1", False, False, (("mlx5_0", None), ("mlx5_1", 1))),
+        ("^=mlx5_bond_0", True, True, (("mlx5_bond_0", None),)),
+        ("=^mlx5_0", False, True, (("^mlx5_0", None),)),  # '^' only counts first
+        ("mlx5_0,,mlx5_1:", False, False, (("mlx5_0", None), ("mlx5_1", None))),  # empty entries and ports dropped
+        ("mlx5_0:x", False, False, (("mlx5_0", 0),)),  # atoi("x") == 0: no port matches
+        ("mlx5_0:1:2:3", False, False, (("mlx5_0", 1),)),  # rail and plane follow the port
+        ("mlx5_0, mlx5_1", False, False, (("mlx5_0", None), (" mlx5_1", None))),  # no trimming
+        (":1,mlx5_2", False, False, (("mlx5_2", None),)),  # an entry without a name is dropped
+        ("^", True, False, ()),
+    ],
+)
+def test_parse_nccl_ib_hca(value: str | None, exclude: bool, exact: bool, entries: tuple[tuple[str, int | None], ...]) -> None:
+    parsed = parse_nccl_ib_hca(value)
+    assert (parsed.exclude, parsed.exact) == (exclude, exact)
+    assert tuple((e.name, e.port) for e in parsed.entries) == entries
+
+
+def test_prefix_exact_and_exclusion_matching() -> None:
+    assert parse_nccl_ib_hca("mlx5_1").selects("mlx5_10", 1)
+    assert not parse_nccl_ib_hca("=mlx5_1").selects("mlx5_10", 1)
+    assert parse_nccl_ib_hca("mlx5_1:2").selects("mlx5_1", 2) and not parse_nccl_ib_hca("mlx5_1:2").selects("mlx5_1", 1)
+    assert not parse_nccl_ib_hca("^mlx5_1").selects("mlx5_10", 1) and parse_nccl_ib_hca("^mlx5_1").selects("mlx5_2", 1)
+    assert not parse_nccl_ib_hca("^").selects("mlx5_0", 1)  # an empty exclusion list excludes everything
+    assert parse_nccl_ib_hca("").selects("mlx5_0", 1) and parse_nccl_ib_hca("=").selects("mlx5_0", 1)
+
+
+def test_accidental_prefix_is_a_prefix_ending_inside_a_number() -> None:
+    assert accidental_prefix(HcaEntry("mlx5_1", "mlx5_1", None), "mlx5_10")
+    assert not accidental_prefix(HcaEntry("mlx5", "mlx5", None), "mlx5_10")
+    assert not accidental_prefix(HcaEntry("mlx5_", "mlx5_", None), "mlx5_10")
+    assert not accidental_prefix(HcaEntry("mlx5_1", "mlx5_1", None), "mlx5_1")
+
+
+def test_selection_keeps_active_ib_and_ethernet_ports_only() -> None:
+    facts = rdma(hca("mlx5_0"), hca("mlx5_1", port(state=1, phys=2)), hca("efa_0", port(link_layer="Unknown"), efa=True),
+                 hca("mlx5_2", port(link_layer="Ethernet")))
+    assert [p.subject for p in nccl_selection(facts, job()).ports] == ["mlx5_0/1", "mlx5_2/1"]
+
+
+# -- IB009 ------------------------------------------------------------------------------------
+def test_ib009_present_for_down_port_and_degraded_rate() -> None:
+    facts = eight(mlx5_3=port(state=1, phys=2, rate=None), mlx5_5=port(rate=PortRate(200.0, 2, "NDR")))
+    found = list(rdma_userspace_stack_broken(facts, Expectations()))
+    assert subjects(found) == {"mlx5_3/1", "mlx5_5/1"}
+    degraded = next(o for o in found if o.subject == "mlx5_5/1")
+    assert "200 Gb/sec (2X NDR)" in degraded.evidence[0].observed
+    assert "400 Gb/sec (4X NDR) like 6 of 7 active InfiniBand MT4129 ports" in degraded.evidence[0].expected
+
+
+def test_ib009_present_for_missing_expected_hca_and_rate_below_expectation() -> None:
+    facts = eight()
+    expect = Expectations(hcas=("mlx5_0", "mlx5_8"), rate_gbps=800)
+    assert subjects(rdma_userspace_stack_broken(facts, expect)) == {"mlx5_8", "mlx5_0/1"}
+
+
+def test_ib009_width_below_peers_at_the_same_rate() -> None:
+    facts = eight(mlx5_1=port(rate=PortRate(400.0, 2, "XDR")))
+    assert subjects(rdma_userspace_stack_broken(facts, Expectations())) == {"mlx5_1/1"}
+
+
+def test_ib009_absent_on_healthy_node_and_for_plausibly_unused_ports() -> None:
+    assert list(rdma_userspace_stack_broken(eight(), Expectations())) == []
+    # A storage pair with one uncabled port: no majority of its kind is ACTIVE, so it is not judged.
+    storage = (hca("mlx5_8", port(link_layer="Ethernet"), hca_type="MT4125"),
+               hca("mlx5_9", port(state=1, phys=2, link_layer="Ethernet", rate=None), hca_type="MT4125"))
+    facts = replace(eight(), devices=eight().devices + storage)
+    assert list(rdma_userspace_stack_broken(facts, Expectations())) == []
+    # ...unless the site says it is a data HCA.
+    assert subjects(rdma_userspace_stack_broken(facts, Expectations(hcas=("mlx5_9",)))) == {"mlx5_9/1"}
+
+
+def test_ib009_ignores_nvswitch_management_functions() -> None:
+    lpf = hca("mlx5_8", port(state=2, lid=0, sm_lid=0), management=True)
+    facts = replace(eight(), devices=eight().devices + (lpf,))
+    assert list(rdma_userspace_stack_broken(facts, Expectations())) == []
+
+
+def test_ib009_judges_every_port_when_none_is_active() -> None:
+    facts = rdma(hca("mlx5_0", port(state=1, phys=3)))
+    assert subjects(rdma_userspace_stack_broken(facts, Expectations())) == {"mlx5_0/1"}
+
+
+def test_ib009_not_applicable_and_unknown() -> None:
+    with pytest.raises(NotApplicable):
+        list(rdma_userspace_stack_broken(rdma(), Expectations()))
+    with pytest.raises(Unknown, match="EACCES"):
+        list(rdma_userspace_stack_broken(rdma(problems=(Problem("/sys/class/infiniband", "permission denied (EACCES)"),)), Expectations()))
+    broken = port(state=None, problems=(Problem("/sys/class/infiniband/mlx5_2/ports/1/state", "invalid argument (EINVAL)"),))
+    found = list(rdma_userspace_stack_broken(eight(mlx5_2=broken), Expectations()))
+    assert [(o.subject, o.status) for o in found] == [("mlx5_2/1", Status.UNKNOWN)]
+    assert found[0].reason == "/sys/class/infiniband/mlx5_2/ports/1/state: invalid argument (EINVAL)"
+    no_rate = port(rate=None, problems=(Problem("/sys/class/infiniband/mlx5_1/ports/1/rate", "empty"),))
+    assert subjects(rdma_userspace_stack_broken(eight(mlx5_1=no_rate), Expectations()), Status.UNKNOWN) == {"mlx5_1/1"}
+
+
+# -- IB008 ------------------------------------------------------------------------------------
+def test_ib008_present_for_init_and_for_active_without_lids() -> None:
+    facts = eight(mlx5_0=port(state=2, lid=0, sm_lid=0), mlx5_1=port(state=3), mlx5_2=port(sm_lid=0))
+    found = list(ib_subnet_manager_sweep_failure(facts))
+    assert subjects(found) == {"mlx5_0/1", "mlx5_1/1", "mlx5_2/1"}
+    assert "state 2: INIT" in found[0].evidence[0].observed and "sm_lid 0x0" in found[0].evidence[0].observed
+
+
+def test_ib008_absent_for_healthy_down_and_management_ports() -> None:
+    assert list(ib_subnet_manager_sweep_failure(eight())) == []
+    down = eight(mlx5_4=port(state=1, phys=2, lid=0, sm_lid=0))  # no link: IB009's business, not the SM's
+    assert list(ib_subnet_manager_sweep_failure(down)) == []
+    lpf = hca("mlx5_8", port(state=2, lid=0, sm_lid=0), management=True)
+    assert list(ib_subnet_manager_sweep_failure(replace(eight(), devices=eight().devices + (lpf,)))) == []
+
+
+def test_ib008_not_applicable_without_infiniband_ports() -> None:
+    with pytest.raises(NotApplicable, match="no InfiniBand"):
+        list(ib_subnet_manager_sweep_failure(rdma(hca("mlx5_0", port(link_layer="Ethernet", lid=0, sm_lid=0)))))
+
+
+def test_ib008_unknown_when_lids_or_link_layer_unreadable() -> None:
+    bad = port(sm_lid=None, problems=(Problem("/sys/class/infiniband/mlx5_1/ports/1/sm_lid", "unparseable 'zz'"),))
+    found = list(ib_subnet_manager_sweep_failure(eight(mlx5_1=bad)))
+    assert [(o.subject, o.status, o.reason) for o in found] == [("mlx5_1/1", Status.UNKNOWN, "/sys/class/infiniband/mlx5_1/ports/1/sm_lid: unparseable 'zz'")]
+    only = rdma(hca("mlx5_0", port(link_layer=None, problems=(Problem("/sys/class/infiniband/mlx5_0/ports/1/link_layer", "missing"),))))
+    with pytest.raises(Unknown, match="link_layer: missing"):
+        list(ib_subnet_manager_sweep_failure(only))
+
+
+# -- IB007 ------------------------------------------------------------------------------------
+def test_ib007_present_when_container_has_no_dev_infiniband() -> None:
+    facts = rdma(hca("mlx5_0"), hca("mlx5_1"), dev=None, nodes={})
+    found = list(rdma_device_nodes_missing(replace(facts, dev_infiniband=None)))
+    assert subjects(found) == {"/dev/infiniband"}
+    assert found[0].evidence[0].observed == "mlx5_0, mlx5_1"
+
+
+def test_ib007_present_for_missing_node_permissions_and_rdma_cm() -> None:
+    facts = rdma(hca("mlx5_0"), hca("mlx5_1"), hca("mlx5_2"),
+                 nodes={"/dev/infiniband/uverbs0": CHAR, "/dev/infiniband/uverbs1": stat.S_IFCHR | 0o600,
+                        "/dev/infiniband/uverbs2": stat.S_IFREG | 0o666})
+    found = list(rdma_device_nodes_missing(facts))
+    assert subjects(found) == {"mlx5_1", "mlx5_2", "rdma_cm"}
+    assert next(o for o in found if o.subject == "rdma_cm").severity is Severity.WARNING
+    denied = next(o for o in found if o.subject == "mlx5_1").evidence[0]
+    assert denied.observed == "mode crw------- owner 0:0" and "uid 1001" in denied.expected
+
+
+def test_ib007_present_without_ib_uverbs_or_a_uverbs_device() -> None:
+    assert subjects(rdma_device_nodes_missing(rdma(hca("mlx5_0"), verbs=False))) == {"ib_uverbs"}
+    assert subjects(rdma_device_nodes_missing(rdma(hca("mlx5_0"), hca("mlx5_1", uverbs=None)))) == {"mlx5_1"}
+
+
+def test_ib007_absent_for_root_prolog_and_world_writable_nodes() -> None:
+    assert list(rdma_device_nodes_missing(rdma(hca("mlx5_0"), hca("mlx5_1")))) == []
+    root_only = rdma(hca("mlx5_0"), nodes={"/dev/infiniband/uverbs0": stat.S_IFCHR | 0o600, "/dev/infiniband/rdma_cm": CHAR},
+                     identity=JobIdentity(0, (0,), "/proc/self/status"))
+    assert list(rdma_device_nodes_missing(root_only)) == []
+    # EFA needs no rdma_cm.
+    efa = rdma(hca("efa_0", port(link_layer="Unknown"), efa=True), nodes={"/dev/infiniband/uverbs0": CHAR})
+    assert list(rdma_device_nodes_missing(efa)) == []
+
+
+def test_ib007_not_applicable_and_unknown() -> None:
+    with pytest.raises(NotApplicable):
+        list(rdma_device_nodes_missing(rdma()))
+    with pytest.raises(NotApplicable, match="NVSwitch management"):
+        list(rdma_device_nodes_missing(rdma(hca("mlx5_0", management=True))))
+    found = list(rdma_device_nodes_missing(rdma(hca("mlx5_0"), identity=None)))
+    assert subjects(found, Status.UNKNOWN) == {"mlx5_0", "rdma_cm"} and "identity" in found[0].reason
+    broken = rdma(hca("mlx5_0"), nodes={}, problems=(Problem(".preflight/devices.json", "malformed recording"),))
+    assert subjects(rdma_device_nodes_missing(broken), Status.UNKNOWN) == {"mlx5_0", "rdma_cm"}
+    unlisted = rdma(hca("mlx5_0"), problems=(Problem("/dev/infiniband", "permission denied (EACCES)"),))
+    with pytest.raises(Unknown, match="EACCES"):
+        list(rdma_device_nodes_missing(replace(unlisted, dev_infiniband=None)))
+
+
+# -- IB004 ------------------------------------------------------------------------------------
+def twelve() -> RdmaFacts:
+    return rdma(*(hca(f"mlx5_{i}") for i in range(12)))
+
+
+def test_ib004_accidental_prefix_unmatched_entries_and_down_ports() -> None:
+    facts = replace(twelve(), devices=tuple(
+        replace(d, ports=(replace(d.ports[0], state=1, phys_state=2),)) if d.name == "mlx5_3" else d for d in twelve().devices
+    ))
+    found = list(ib_hca_selection_mismatch(facts, job(conf={"NCCL_IB_HCA": "mlx5_1,mlx5_3,mlx5_12, mlx5_2,mlx5_0:2"})))
+    assert subjects(found) == {"NCCL_IB_HCA 'mlx5_1'", "mlx5_3/1", "NCCL_IB_HCA 'mlx5_12'", "NCCL_IB_HCA ' mlx5_2'", "NCCL_IB_HCA 'mlx5_0:2'"}
+    prefix = next(o for o in found if o.subject == "NCCL_IB_HCA 'mlx5_1'")
+    assert prefix.severity is None and "also selects mlx5_10, mlx5_11" in prefix.evidence[1].observed
+    assert prefix.evidence[0].source == "/etc/nccl.conf NCCL_IB_HCA"
+    spaced = next(o for o in found if o.subject == "NCCL_IB_HCA ' mlx5_2'")
+    assert spaced.severity is Severity.WARNING and "does not trim spaces" in spaced.evidence[1].observed
+
+
+def test_ib004_exclusion_prefix_and_empty_selection() -> None:
+    excluded = list(ib_hca_selection_mismatch(twelve(), job({"NCCL_IB_HCA": "^mlx5_1"})))
+    assert subjects(excluded) == {"NCCL_IB_HCA 'mlx5_1'"} and "also excludes" in excluded[0].evidence[1].observed
+    assert excluded[0].evidence[0].source == "/proc/self/environ NCCL_IB_HCA"
+    nothing = list(ib_hca_selection_mismatch(twelve(), job({"NCCL_IB_HCA": "=^mlx5_1"})))
+    assert subjects(nothing) == {"NCCL_IB_HCA '^mlx5_1'", "NCCL_IB_HCA"}
+    assert "'^' must come first" in nothing[0].evidence[1].observed
+
+
+def test_ib004_mixed_link_layers_and_management_functions() -> None:
+    mixed = rdma(hca("mlx5_0"), hca("mlx5_bond_0", port(link_layer="Ethernet")), hca("mlx5_1", management=True))
+    explicit = list(ib_hca_selection_mismatch(mixed, job({"NCCL_IB_HCA": "mlx5"})))
+    assert [(o.subject, o.severity) for o in explicit] == [("NCCL IB selection", None), ("NCCL IB selection", Severity.WARNING)]
+    default = list(ib_hca_selection_mismatch(mixed, job()))
+    assert [o.severity for o in default] == [Severity.WARNING, Severity.WARNING]
+
+
+def test_ib004_absent_for_exact_lists_family_prefixes_and_unset() -> None:
+    assert list(ib_hca_selection_mismatch(twelve(), job({"NCCL_IB_HCA": "=mlx5_0,mlx5_1"}))) == []
+    assert list(ib_hca_selection_mismatch(twelve(), job({"NCCL_IB_HCA": "mlx5"}))) == []
+    assert list(ib_hca_selection_mismatch(twelve(), job())) == []
+
+
+def test_ib004_not_applicable_on_efa_and_unknown_for_unreadable_ports() -> None:
+    efa = rdma(hca("efa_0", port(link_layer="Unknown"), efa=True))
+    with pytest.raises(NotApplicable):
+        list(ib_hca_selection_mismatch(efa, job({"NCCL_IB_HCA": "mlx5_0"})))
+    unreadable = port(state=None, problems=(Problem("/sys/class/infiniband/mlx5_0/ports/1/state", "empty"),))
+    found = list(ib_hca_selection_mismatch(eight(mlx5_0=unreadable), job({"NCCL_IB_HCA": "=mlx5_0"})))
+    assert [(o.subject, o.status) for o in found] == [("mlx5_0/1", Status.UNKNOWN)]
+
+
+# -- IB003 ------------------------------------------------------------------------------------
+def test_ib003_present_for_exactly_three_selected_ports() -> None:
+    found = list(ib_odd_nic_count_rail_hang(eight(), job({"NCCL_IB_HCA": "=mlx5_0,mlx5_1,mlx5_4"})))
+    assert [(o.subject, o.severity) for o in found] == [("node", Severity.WARNING)]
+    assert "NCCL would use 3: mlx5_0/1 InfiniBand, mlx5_1/1 InfiniBand, mlx5_4/1 InfiniBand" == found[0].evidence[1].observed
+    down = rdma(hca("mlx5_0"), hca("mlx5_1"), hca("mlx5_2"), hca("mlx5_3", port(state=1, phys=2)))
+    assert subjects(ib_odd_nic_count_rail_hang(down, job())) == {"node"}
+
+
+def test_ib003_absent_not_applicable_and_unknown() -> None:
+    assert list(ib_odd_nic_count_rail_hang(eight(), job())) == []
+    assert list(ib_odd_nic_count_rail_hang(eight(), job({"NCCL_IB_HCA": "=mlx5_0,mlx5_1"}))) == []
+    with pytest.raises(NotApplicable):
+        list(ib_odd_nic_count_rail_hang(rdma(hca("efa_0", port(link_layer="Unknown"), efa=True)), job()))
+    unreadable = port(link_layer=None, problems=(Problem("/sys/class/infiniband/mlx5_5/ports/1/link_layer", "unparseable 'IB'"),))
+    with pytest.raises(Unknown, match="unparseable 'IB'"):
+        list(ib_odd_nic_count_rail_hang(eight(mlx5_5=unreadable), job()))
+
+
+# -- IB005 ------------------------------------------------------------------------------------
+def shuffled() -> RdmaFacts:
+    """mlx5_2 sits on a later bus than mlx5_3."""
+    return rdma(hca("mlx5_0"), hca("mlx5_1"), hca("mlx5_2", bus=0x9c), hca("mlx5_3", bus=0x5f))
+
+
+def test_ib005_present_with_severity_by_setting() -> None:
+    unset = list(ib_device_order_differs_across_nodes(shuffled(), job()))
+    assert [(o.subject, o.severity) for o in unset] == [("node", Severity.WARNING)]
+    assert unset[0].evidence[0].expected == "names numbered in PCI address order: mlx5_0, mlx5_1, mlx5_3, mlx5_2"
+    forced = list(ib_device_order_differs_across_nodes(shuffled(), job({"NCCL_IB_DEVICE_PCI_ORDER": "0"})))
+    assert [(o.subject, o.severity) for o in forced] == [("node", None)]
+
+
+def test_ib005_absent_in_order_when_sorted_or_when_the_odd_device_is_not_selected() -> None:
+    assert list(ib_device_order_differs_across_nodes(eight(), job())) == []
+    assert list(ib_device_order_differs_across_nodes(shuffled(), job({"NCCL_IB_DEVICE_PCI_ORDER": "1"}))) == []
+    assert list(ib_device_order_differs_across_nodes(shuffled(), job({"NCCL_IB_HCA": "^=mlx5_2"}))) == []
+
+
+def test_ib005_not_applicable_and_unknown() -> None:
+    with pytest.raises(NotApplicable):
+        list(ib_device_order_differs_across_nodes(rdma(), job()))
+    link = Problem("/sys/class/infiniband/mlx5_3/device", "not a PCI function: 'garbage'")
+    broken = replace(shuffled(), devices=shuffled().devices[:3] + (replace(shuffled().devices[3], pci_address=None, problems=(link,)),))
+    with pytest.raises(Unknown, match="not a PCI function"):
+        list(ib_device_order_differs_across_nodes(broken, job()))
+
+
+# -- EFA001 -----------------------------------------------------------------------------------
+EFA_NODE = rdma(*(hca(f"rdmap{16 * (i + 1)}s27", port(link_layer="Unknown", lid=0, sm_lid=0), efa=True, hca_type=None) for i in range(4)))
+LIBS = EfaFacts(("/opt/amazon/efa/lib", "/opt/amazon/ofi-nccl/lib"),
+                ("/opt/amazon/efa/lib/libfabric.so.1", "/opt/amazon/ofi-nccl/lib/libnccl-net.so", "/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so"), ())
+
+
+def test_efa001_present_for_provider_net_and_plugin_settings() -> None:
+    bad = job({"FI_PROVIDER": "tcp", "NCCL_NET": "Socket"}, conf={"NCCL_NET_PLUGIN": "none"})
+    found = list(efa_provider_unavailable(EFA_NODE, LIBS, bad))
+    assert subjects(found) == {"FI_PROVIDER", "NCCL_NET", "NCCL_NET_PLUGIN"}
+    assert next(o for o in found if o.subject == "NCCL_NET_PLUGIN").evidence[1].source == "/etc/nccl.conf NCCL_NET_PLUGIN"
+
+
+def test_efa001_present_warning_for_missing_libraries() -> None:
+    found = list(efa_provider_unavailable(EFA_NODE, replace(LIBS, libraries=()), job()))
+    assert [(o.subject, o.severity) for o in found] == [("aws-ofi-nccl", Severity.WARNING), ("libfabric", Severity.WARNING)]
+    named = list(efa_provider_unavailable(EFA_NODE, LIBS, job({"NCCL_NET_PLUGIN": "aws-ofi"})))
+    assert subjects(named) == {"aws-ofi-nccl"} and "libnccl-net-aws-ofi.so" in named[0].evidence[1].observed
+
+
+def test_efa001_absent_with_plugin_and_efa_provider() -> None:
+    assert list(efa_provider_unavailable(EFA_NODE, LIBS, job({"FI_PROVIDER": "efa"}))) == []
+    assert list(efa_provider_unavailable(EFA_NODE, LIBS, job({"NCCL_NET_PLUGIN": "ofi"}))) == []
+    assert list(efa_provider_unavailable(EFA_NODE, LIBS, job({"NCCL_NET_PLUGIN": "/opt/amazon/ofi-nccl/lib/libnccl-net.so"}))) == []
+
+
+def test_efa001_not_applicable_and_unknown() -> None:
+    with pytest.raises(NotApplicable):
+        list(efa_provider_unavailable(eight(), None, job()))
+    unreadable = EfaFacts(LIBS.library_dirs, (), ("/opt/amazon/ofi-nccl/lib: too many levels of symbolic links (ELOOP)",))
+    found = list(efa_provider_unavailable(EFA_NODE, unreadable, job()))
+    assert subjects(found, Status.UNKNOWN) == {"aws-ofi-nccl", "libfabric"} and "ELOOP" in found[0].reason
+
+
+def test_plugin_names_and_ld_so_conf() -> None:
+    assert plugin_names(None) == ["libnccl-net.so"]
+    assert plugin_names(Setting("ofi,libfoo.so", "environment")) == ["ofi", "libnccl-net-ofi.so", "libfoo.so"]
+    assert plugin_names(Setting("NONE", "environment")) is None
+    assert parse_ld_so_conf("# comment\ninclude /etc/ld.so.conf.d/*.conf\n/opt/lib\n") == (["/opt/lib"], ["/etc/ld.so.conf.d/*.conf"])
