@@ -17,6 +17,7 @@
     gpu_count = 8
     mtu = 4200
     hcas = ["mlx5_0", "mlx5_1"]
+    lossless_priority = 3   # the RoCE priority PFC protects (0-7)
 
     [severity]              # per-reference severity overrides
     MEM002 = "error"
@@ -66,6 +67,7 @@ class Expectations:
     gpu_count: int | None = None
     mtu: int | None = None
     hcas: tuple[str, ...] | None = None
+    lossless_priority: int | None = None  # the 802.1p priority RoCE traffic is lossless on (PFC)
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,12 @@ def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
     return parse
 
 
+def _priority(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 7:
+        raise ValueError("must be a priority from 0 to 7")
+    return value
+
+
 def _memlock(value: Any) -> int:
     if isinstance(value, bool):
         raise ValueError("must be bytes, a size like \"64GiB\", or \"unlimited\"")
@@ -129,6 +137,7 @@ _EXPECT_KEYS: dict[str, Callable[[Any], Any]] = {
     "gpu_count": _positive_int,
     "mtu": _positive_int,
     "hcas": _string_list,
+    "lossless_priority": _priority,
 }
 _RUN_KEYS: dict[str, Callable[[Any], Any]] = {
     "timeout": _positive_float,
