@@ -196,7 +196,8 @@ def _scan_gids(fs: NodeFS, reader: FactReader, base: str) -> tuple[int, list[Gid
             continue  # an empty slot; its gid_attrs reads would fail with EINVAL by design
         roce_type, type_error = _read_attr(fs, f"{base}/gid_attrs/types/{index}")
         if roce_type is not None and roce_version(roce_type) is None:
-            roce_type, type_error = None, f"unexpected value {roce_type[:32]!r}"
+            type_error = f"unexpected value {roce_type[:32]!r}"
+            roce_type = None
         netdev, _ = _read_attr(fs, f"{base}/gid_attrs/ndevs/{index}")
         entries.append(GidEntry(index, text or "", roce_type, type_error, netdev or None, ipv4_of(raw)))
     return (indices[-1] + 1 if indices else 0), entries, unreadable
@@ -355,7 +356,7 @@ def _usable(entry: GidEntry | None) -> bool:
 def roce_gid_index_mismatch(roce: RoceFacts, job: JobFacts) -> Iterator[Observation]:
     """The GID NCCL would use on a RoCE port is empty, RoCE v1 or link-local, or a fixed
     NCCL_IB_GID_INDEX means different things on different ports."""
-    forced_meanings: dict[tuple[int | None, int], list[str]] = {}
+    forced_families: dict[int, list[str]] = {}  # address family of a fixed index's usable GID -> ports
     for item in _ports_nccl_uses(roce, job):
         if isinstance(item, Observation):
             yield item
@@ -375,7 +376,7 @@ def roce_gid_index_mismatch(roce: RoceFacts, job: JobFacts) -> Iterator[Observat
             continue
         if _usable(entry):
             if choice.forced and entry is not None:
-                forced_meanings.setdefault((entry.version, 4 if entry.ipv4 else 6), []).append(port.subject)
+                forced_families.setdefault(4 if entry.ipv4 else 6, []).append(port.subject)
             continue
         how = "NCCL_IB_GID_INDEX fixes" if choice.forced else "NCCL 2.21+ would choose"
         if entry is None:
@@ -388,8 +389,8 @@ def roce_gid_index_mismatch(roce: RoceFacts, job: JobFacts) -> Iterator[Observat
             if routable else "a routable RoCE v2 GID (this port has no IPv4 RoCE v2 GID: no IPv4 address on its netdev?)"
         )
         yield present(port.subject, *_variable_evidence(roce), Evidence(where, observed, expected))
-    if len(forced_meanings) > 1:
-        described = "; ".join(f"RoCE v{version} IPv{family} on {', '.join(ports)}" for (version, family), ports in forced_meanings.items())
+    if len(forced_families) > 1:
+        described = "; ".join(f"RoCE v2 IPv{family} on {', '.join(ports)}" for family, ports in sorted(forced_families.items()))
         yield present(
             "NCCL_IB_GID_INDEX",
             *_variable_evidence(roce),
