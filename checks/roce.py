@@ -186,6 +186,9 @@ def _scan_gids(fs: NodeFS, reader: FactReader, base: str) -> tuple[int, list[Gid
     indices = sorted(int(name) for name in reader.listing(f"{base}/gids") if name.isdigit())
     entries: list[GidEntry] = []
     unreadable: list[str] = []
+    table_size = indices[-1] + 1 if indices else 0
+    # The kernel lists every slot up to the table length; a gap is a damaged or partial copy.
+    unreadable += [f"{base}/gids/{index}: missing" for index in sorted(set(range(table_size)) - set(indices))]
     for index in indices:
         text, reason = _read_attr(fs, f"{base}/gids/{index}")
         raw = parse_gid(text) if text is not None else None
@@ -200,7 +203,7 @@ def _scan_gids(fs: NodeFS, reader: FactReader, base: str) -> tuple[int, list[Gid
             roce_type = None
         netdev, _ = _read_attr(fs, f"{base}/gid_attrs/ndevs/{index}")
         entries.append(GidEntry(index, text or "", roce_type, type_error, netdev or None, ipv4_of(raw)))
-    return (indices[-1] + 1 if indices else 0), entries, unreadable
+    return table_size, entries, unreadable
 
 
 def _nccl_choice(entries: list[GidEntry], table_size: int, settings: GidSettings) -> NcclGid:
