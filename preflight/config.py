@@ -19,6 +19,7 @@
     hcas = ["mlx5_0", "mlx5_1"]  # the data HCAs; their ports are judged even when down
     rate_gbps = 400         # expected active rate of each data RDMA port
     peers = ["gpu[001-064]", "10.0.0.5"]  # hosts routes must reach, beyond the job's own
+    lossless_priority = 3   # the RoCE priority PFC protects (0-7)
 
     [severity]              # per-reference severity overrides
     MEM002 = "error"
@@ -72,6 +73,7 @@ class Expectations:
     # job's own peers (SLURM_JOB_NODELIST, MASTER_ADDR, NCCL_COMM_ID).
     peers: tuple[str, ...] = ()
     rate_gbps: float | None = None  # per RDMA port, as /sys/class/infiniband/*/ports/*/rate shows it
+    lossless_priority: int | None = None  # the 802.1p priority RoCE traffic is lossless on (PFC)
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,12 @@ def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
     return parse
 
 
+def _priority(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 7:
+        raise ValueError("must be a priority from 0 to 7")
+    return value
+
+
 def _memlock(value: Any) -> int:
     if isinstance(value, bool):
         raise ValueError("must be bytes, a size like \"64GiB\", or \"unlimited\"")
@@ -153,6 +161,7 @@ _EXPECT_KEYS: dict[str, Callable[[Any], Any]] = {
     "hcas": _string_list,
     "peers": _hostlists,
     "rate_gbps": _positive_number,
+    "lossless_priority": _priority,
 }
 _RUN_KEYS: dict[str, Callable[[Any], Any]] = {
     "timeout": _positive_float,

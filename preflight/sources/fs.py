@@ -20,11 +20,24 @@ plain placeholder file at the node's path (so directory listings match the node)
 ``stat`` of a recorded ``/dev`` path answers from that file (``type`` is ``char``, ``block``,
 ``file`` or ``dir``; ``mode`` the permission bits in octal); paths it does not list are stat'ed in
 the tree.
+
+Some kernel files exist but fail to read by design (``gid_attrs/types/<i>`` of an empty GID slot
+answers ``EINVAL``), which a copied tree cannot hold. A recorded root lists them in
+``<root>/.preflight/read-errors.json``::
+
+    {"format": "preflight-read-errors/1",
+     "errors": {"/sys/class/infiniband/*/ports/*/gid_attrs/*/*": "EINVAL"}}
+
+Keys are node paths or ``fnmatch`` patterns of them, values errno names. A plain path fails
+whenever it is read (its file may stay in the tree so that directory listings show it, as sysfs
+does); a pattern applies only to paths *absent* from the tree, since files that were readable
+were recorded as files. Live nodes never consult it.
 """
 
 from __future__ import annotations
 
 import errno as errno_codes
+import fnmatch
 import json
 import os
 import stat as stat_codes
@@ -81,6 +94,7 @@ class NodeFS:
         # (operation, path, limit) -> result or SourceError; dict operations are atomic under
         # the GIL, and two probe threads racing on one path only read it twice.
         self._memo: dict[tuple[str, str, int], object] = {}
+        self._read_errors: list[tuple[str, int]] | None = None  # loaded on first use
 
     def _remembered(self, operation: str, path: str, limit: int, compute: Callable[[], _T]) -> _T:
         key = (operation, path, limit)
@@ -136,12 +150,14 @@ class NodeFS:
         return self._remembered("read", path, limit, lambda: self._read_bytes(path, limit))
 
     def _read_bytes(self, path: str, limit: int) -> bytes | None:
+        self._raise_recorded_error(path, exact_only=True)
         try:
             real = self._resolve(path)
             # O_NONBLOCK keeps a FIFO planted in a recorded root from blocking the open.
             fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
         except OSError as error:
             if error.errno in _ABSENT_ERRNOS:
+                self._raise_recorded_error(path)
                 return None
             raise SourceError(path, describe_os_error(error)) from None
         try:
@@ -225,6 +241,19 @@ class NodeFS:
         """True when ``path`` exists; an unreadable parent counts as an error, not absence."""
         return self.stat(path) is not None
 
+    def _raise_recorded_error(self, path: str, exact_only: bool = False) -> None:
+        """Raise the error ``read-errors.json`` records for ``path``: a plain-path entry for any
+        read (``exact_only``), a pattern only once the file turned out to be absent."""
+        if self.is_live:
+            return
+        if self._read_errors is None:
+            self._read_errors = _load_read_errors(self.replay_file("read-errors.json"))
+        host = self._host_path(path)
+        for pattern, code in self._read_errors:
+            is_pattern = any(char in pattern for char in "*?[")
+            if (pattern == host) if (exact_only or not is_pattern) else fnmatch.fnmatchcase(host, pattern):
+                raise SourceError(path, describe_os_error(OSError(code, os.strerror(code))))
+
     def replay_file(self, name: str) -> str | None:
         """Path of a recorded answer file (``<root>/.preflight/<name>``) in root mode, if any."""
         if self.is_live:
@@ -252,3 +281,16 @@ def _load_device_recording(recording: str) -> dict[str, FileStat]:
         raise SourceError(where, describe_os_error(error)) from None
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise SourceError(where, f"malformed recording ({type(error).__name__}: {error})") from None
+
+
+def _load_read_errors(path: str | None) -> list[tuple[str, int]]:
+    """``(pattern, errno)`` pairs of a ``read-errors.json``; a broken file records nothing."""
+    if path is None:
+        return []
+    try:
+        with open(path, encoding="utf-8") as handle:
+            document = json.load(handle)
+        errors = document["errors"]
+        return [(str(pattern), getattr(errno_codes, str(name))) for pattern, name in errors.items()]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []

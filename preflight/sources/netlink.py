@@ -11,8 +11,15 @@ The file fallback lets a plain copied root work without a recording:
   addresses), attached to the interface of the most specific gateway-less route in
   ``/proc/net/route`` that contains them.
 
-Replay format: ``{"format": "preflight-netlink/1", "links": [Link...], "addresses": [Address...]}``
-with the field names of the dataclasses below.
+DCB (Data Center Bridging: PFC, ETS and the APP table that carries the DSCP-to-priority map)
+comes from rtnetlink ``RTM_GETDCB`` with ``DCB_CMD_IEEE_GET`` (``include/uapi/linux/dcbnl.h``,
+``net/dcb/dcbnl.c``). pyroute2 has no message class for it, so :class:`dcbmsg` defines one on
+pyroute2's ``nlmsg`` base and :func:`query_dcb` sends it on a plain netlink socket with a
+deadline. The kernel exposes no files for it, so a copied root without a recording cannot answer.
+
+Replay format: ``{"format": "preflight-netlink/1", "links": [Link...], "addresses": [Address...],
+"dcb": {"<ifname>": DcbConfig | {"error": "<reason>"}}}`` with the field names of the dataclasses
+below; ``dcb`` is optional.
 
 Route lookups (:meth:`Netlink.route_get`) live in ``preflight.sources.routes``, which documents
 their replay entries (``"routes"`` in the same file) and what the file fallback can answer.
@@ -20,8 +27,11 @@ their replay entries (``"routes"`` in the same file) and what the file fallback 
 
 from __future__ import annotations
 
+import errno as errno_codes
 import ipaddress
 import json
+import os
+import struct
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
@@ -61,6 +71,17 @@ class Address:
     scope: str  # "global", "link", "host"
 
 
+@dataclass(frozen=True)
+class DcbConfig:
+    """The IEEE 802.1Qaz state of one interface (``DCB_CMD_IEEE_GET``)."""
+
+    ifname: str
+    pfc_cap: int  # struct ieee_pfc.pfc_cap: how many priorities may be lossless at once
+    pfc_enabled: tuple[int, ...]  # priorities whose bit is set in struct ieee_pfc.pfc_en
+    dscp_to_priority: tuple[tuple[int, int], ...]  # APP table entries with selector 5 (DSCP)
+    dcbx: int | None  # DCB_ATTR_DCBX flags (0x1 host/OS controlled, 0x8 IEEE); None if not reported
+
+
 class Netlink(Protocol):
     """What probes may ask about interfaces."""
 
@@ -70,6 +91,9 @@ class Netlink(Protocol):
 
     def route_get(self, destination: str, source: str = "") -> Route:
         """``ip route get <destination> [from <source>]``; SourceError when it cannot be asked."""
+
+    def dcb(self, ifname: str) -> DcbConfig:
+        """DCB state of ``ifname``; SourceError when it cannot be read (no DCB support...)."""
         ...
 
 
@@ -125,6 +149,9 @@ class LiveNetlink:
     def route_get(self, destination: str, source: str = "") -> Route:
         return live_route_get(destination, source)
 
+    def dcb(self, ifname: str) -> DcbConfig:
+        return query_dcb(ifname)
+
 
 class ReplayNetlink:
     """Links and addresses from a recorded ``netlink.json``."""
@@ -166,10 +193,36 @@ class ReplayNetlink:
     def route_get(self, destination: str, source: str = "") -> Route:
         return replay_route(self._checked().get("routes", {}), self._origin, destination, source)
 
+    def dcb(self, ifname: str) -> DcbConfig:
+        source = f"{self._origin} dcb {ifname}"
+        recorded = self._checked().get("dcb", {})
+        item = recorded.get(ifname) if isinstance(recorded, dict) else None
+        if not isinstance(item, dict):
+            raise SourceError(source, "no DCB state recorded for this interface")
+        if "error" in item:
+            raise SourceError(f"RTM_GETDCB {ifname}", str(item["error"]))
+        try:
+            return DcbConfig(
+                ifname=str(item["ifname"]),
+                pfc_cap=int(item["pfc_cap"]),
+                pfc_enabled=tuple(int(p) for p in item["pfc_enabled"]),
+                dscp_to_priority=tuple((int(d), int(p)) for d, p in item["dscp_to_priority"]),
+                dcbx=None if item.get("dcbx") is None else int(item["dcbx"]),
+            )
+        except (KeyError, TypeError, ValueError) as error:
+            raise SourceError(source, f"malformed DCB entry: {error!r}") from None
 
-def dump(netlink: Netlink, destinations: Iterable[str] = ()) -> dict[str, Any]:
-    """The replay document for what ``netlink`` answers now (used by recordings and tests),
-    with route lookups for ``destinations`` (``"<dst>"`` or ``"<dst> from <src>"``)."""
+
+def dump(netlink: Netlink, destinations: Iterable[str] = (), dcb_interfaces: Iterable[str] = ()) -> dict[str, Any]:
+    """The replay document for what ``netlink`` answers now (used by recordings and tests), with
+    route lookups for ``destinations`` (``"<dst>"`` or ``"<dst> from <src>"``) and DCB state for
+    ``dcb_interfaces`` (with the reason where it cannot be read)."""
+    dcb: dict[str, Any] = {}
+    for ifname in dcb_interfaces:
+        try:
+            dcb[ifname] = asdict(netlink.dcb(ifname))
+        except SourceError as error:
+            dcb[ifname] = {"error": error.reason}
     document: dict[str, Any] = {
         "format": "preflight-netlink/1",
         "links": [asdict(link) for link in netlink.links()],
@@ -185,6 +238,8 @@ def dump(netlink: Netlink, destinations: Iterable[str] = ()) -> dict[str, Any]:
         routes[key] = {"error": route.error} if route.error else recorded
     if routes:
         document["routes"] = routes
+    if dcb:
+        document["dcb"] = dcb
     return document
 
 
@@ -219,6 +274,12 @@ class FileNetlink:
                 )
             )
         return sorted(links, key=lambda link: link.index)
+
+    def dcb(self, ifname: str) -> DcbConfig:
+        raise SourceError(
+            f"RTM_GETDCB {ifname}",
+            "DCB state is only exposed through netlink; this root has no recording (.preflight/netlink.json)",
+        )
 
     def addresses(self) -> list[Address]:
         found = parse_if_inet6(self._fs.read("/proc/net/if_inet6") or "")
@@ -317,3 +378,113 @@ def _attach_ipv4(local: str, routes: list[_Route]) -> Address:
         return Address("", 4, local, 32, "global")
     best = max(matches, key=lambda route: route.network.prefixlen)
     return Address(best.ifname, 4, local, best.network.prefixlen, "global")
+
+
+# -- DCB netlink (include/uapi/linux/dcbnl.h) ------------------------------------------------------
+RTM_GETDCB = 78
+DCB_CMD_IEEE_GET = 21
+IEEE_8021QAZ_APP_SEL_DSCP = 5
+_NLMSG_ERROR = 2
+_NETLINK_ROUTE = 0
+_DCB_TIMEOUT_S = 1.0
+
+
+def _dcbmsg_class() -> Any:
+    """``struct dcbmsg`` and the attributes preflight reads, on pyroute2's message base (imported
+    here: pyroute2 costs ~0.2 s to import and only the full profile asks for DCB)."""
+    from pyroute2.netlink import nla, nlmsg
+
+    class dcbmsg(nlmsg):  # type: ignore[misc]  # pyroute2 ships no type hints
+        fields = (("family", "B"), ("cmd", "B"), ("pad", "H"))
+        nla_map = (
+            (0, "DCB_ATTR_UNDEFINED", "none"),
+            (1, "DCB_ATTR_IFNAME", "asciiz"),
+            (13, "DCB_ATTR_IEEE", "ieee"),
+            (14, "DCB_ATTR_DCBX", "uint8"),
+        )
+
+        class ieee(nla):  # type: ignore[misc]
+            nla_map = (
+                (0, "DCB_ATTR_IEEE_UNSPEC", "none"),
+                (1, "DCB_ATTR_IEEE_ETS", "cdata"),
+                (2, "DCB_ATTR_IEEE_PFC", "cdata"),  # struct ieee_pfc
+                (3, "DCB_ATTR_IEEE_APP_TABLE", "app_table"),
+            )
+
+            class app_table(nla):  # type: ignore[misc]
+                nla_map = ((0, "DCB_ATTR_IEEE_APP_UNSPEC", "none"), (1, "DCB_ATTR_IEEE_APP", "cdata"))  # struct dcb_app
+
+    return dcbmsg
+
+
+def encode_dcb_request(ifname: str, sequence: int = 1) -> bytes:
+    """An ``RTM_GETDCB``/``DCB_CMD_IEEE_GET`` request for ``ifname``."""
+    from pyroute2.netlink import NLM_F_REQUEST
+
+    msg = _dcbmsg_class()()
+    msg["family"] = 0  # AF_UNSPEC
+    msg["cmd"] = DCB_CMD_IEEE_GET
+    msg["attrs"] = [("DCB_ATTR_IFNAME", ifname)]
+    msg["header"]["type"] = RTM_GETDCB
+    msg["header"]["flags"] = NLM_F_REQUEST
+    msg["header"]["sequence_number"] = sequence
+    msg.encode()
+    return bytes(msg.data)
+
+
+def decode_dcb_reply(ifname: str, data: bytes) -> DcbConfig:
+    """Parse the kernel's answer to :func:`encode_dcb_request`; SourceError for an error reply."""
+    source = f"RTM_GETDCB {ifname}"
+    if len(data) < 16:
+        raise SourceError(source, f"short netlink reply ({len(data)} bytes)")
+    (msg_type,) = struct.unpack_from("=H", data, 4)
+    if msg_type == _NLMSG_ERROR:
+        code = -struct.unpack_from("=i", data, 16)[0] if len(data) >= 20 else errno_codes.EIO
+        name = "EOPNOTSUPP" if code == errno_codes.EOPNOTSUPP else errno_codes.errorcode.get(code, str(code))
+        reason = f"{os.strerror(code).lower()} ({name})"
+        if code == errno_codes.EOPNOTSUPP:
+            reason += "; the driver has no DCB support (or the kernel lacks CONFIG_DCB)"
+        raise SourceError(source, reason)
+    if msg_type != RTM_GETDCB:
+        raise SourceError(source, f"unexpected netlink message type {msg_type}")
+    msg = _dcbmsg_class()(data)
+    try:
+        msg.decode()
+    except Exception as error:  # pyroute2 raises assorted errors on truncated attributes
+        raise SourceError(source, f"undecodable DCB reply: {error}") from None
+    ieee = msg.get_attr("DCB_ATTR_IEEE")
+    pfc = ieee.get_attr("DCB_ATTR_IEEE_PFC") if ieee is not None else None
+    if not pfc or len(pfc) < 2:
+        raise SourceError(source, "the reply carries no PFC configuration (DCB_ATTR_IEEE_PFC)")
+    mapping = []
+    table = ieee.get_attr("DCB_ATTR_IEEE_APP_TABLE")
+    for entry in table.get_attrs("DCB_ATTR_IEEE_APP") if table is not None else []:
+        if len(entry) >= 4:
+            selector, priority, protocol = struct.unpack_from("=BBH", entry)
+            if selector == IEEE_8021QAZ_APP_SEL_DSCP:
+                mapping.append((protocol, priority))
+    return DcbConfig(
+        ifname=ifname,
+        pfc_cap=pfc[0],
+        pfc_enabled=tuple(p for p in range(8) if pfc[1] >> p & 1),
+        dscp_to_priority=tuple(sorted(mapping)),
+        dcbx=msg.get_attr("DCB_ATTR_DCBX"),
+    )
+
+
+def query_dcb(ifname: str) -> DcbConfig:
+    """Ask the kernel for ``ifname``'s DCB state, waiting at most a second."""
+    import socket
+
+    source = f"RTM_GETDCB {ifname}"
+    try:
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, _NETLINK_ROUTE) as sock:
+            sock.settimeout(_DCB_TIMEOUT_S)
+            sock.bind((0, 0))
+            sock.send(encode_dcb_request(ifname))
+            data = sock.recv(65536)
+    except socket.timeout:
+        raise SourceError(source, f"no answer within {_DCB_TIMEOUT_S} s") from None
+    except OSError as error:
+        raise SourceError(source, str(error)) from None
+    return decode_dcb_reply(ifname, data)
