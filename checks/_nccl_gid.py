@@ -205,28 +205,8 @@ def nccl_would_pick_gid(slots: Mapping[int, Slot], table_size: int, settings: Gi
 
 
 def ib_hca_selects(setting: str | None, device: str, port: int) -> bool:
-    """Whether ``NCCL_IB_HCA`` lets NCCL use ``device`` port ``port`` (``parseStringList`` and
-    ``matchIfList`` in ``src/misc/utils.cc``): comma-separated ``name[:port]`` entries, a leading
-    ``^`` excludes, a leading ``=`` (after ``^``) asks for exact names, otherwise names are
-    prefixes (``mlx5_1`` also matches ``mlx5_10``); unset or empty selects everything."""
-    if not setting:
-        return True
-    text = setting
-    exclude = text.startswith("^")
-    text = text[1:] if exclude else text
-    exact = text.startswith("=")
-    text = text[1:] if exact else text
-    entries = []
-    for entry in text.split(","):
-        name, _, rest = entry.partition(":")
-        if name:
-            port_text = rest.partition(":")[0]
-            number = re.match(r"\s*[+-]?\d+", port_text)  # atoi
-            entries.append((name, int(number.group()) if number else (0 if port_text else -1)))
-    if not entries:
-        return not exclude  # an empty list matches everything, so "^" alone selects nothing
-    matched = any(
-        (device == name if exact else device.startswith(name)) and (wanted == -1 or wanted == port)
-        for name, wanted in entries
-    )
-    return matched != exclude
+    """Whether ``NCCL_IB_HCA`` lets NCCL use ``device`` port ``port`` (NCCL's grammar, parsed by
+    :func:`preflight.checks.nccl_ib.parse_nccl_ib_hca`); unset or empty selects everything."""
+    from preflight.checks.nccl_ib import parse_nccl_ib_hca
+
+    return parse_nccl_ib_hca(setting).selects(device, port)

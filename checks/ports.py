@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import ipaddress
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 from dataclasses import dataclass
 
 from preflight.checks.job import JobFacts
@@ -200,24 +201,27 @@ def _read_setting(fs: NodeFS, path: str, problems: list[str]) -> str | None:
     return text
 
 
+T = TypeVar("T")
+
+
+def _parsed_setting(fs: NodeFS, path: str, parse: Callable[[str], T], problems: list[str]) -> T | None:
+    """A sysctl parsed with ``parse``; None (and the reason in ``problems``) when it cannot be."""
+    text = _read_setting(fs, path, problems)
+    if text is None:
+        return None
+    try:
+        return parse(text)
+    except ValueError as error:
+        problems.append(f"{path}: {error}")
+        return None
+
+
 @probe("sockets")
 def probe_sockets(fs: NodeFS) -> SocketFacts:
     """Read the ephemeral port settings and the TCP tables of this network namespace."""
     problems: list[str] = []
-    port_range: tuple[int, int] | None = None
-    reserved: tuple[tuple[int, int], ...] = ()
-    text = _read_setting(fs, PORT_RANGE, problems)
-    if text is not None:
-        try:
-            port_range = parse_port_range(text)
-        except ValueError as error:
-            problems.append(f"{PORT_RANGE}: {error}")
-    text = _read_setting(fs, RESERVED_PORTS, problems)
-    if text is not None:
-        try:
-            reserved = parse_reserved_ports(text)
-        except ValueError as error:
-            problems.append(f"{RESERVED_PORTS}: {error}")
+    port_range = _parsed_setting(fs, PORT_RANGE, parse_port_range, problems)
+    reserved = _parsed_setting(fs, RESERVED_PORTS, parse_reserved_ports, problems) or ()
     tables: list[str] = []
     parsed: list[TcpTable] = []
     for path in TCP_TABLES:

@@ -355,19 +355,28 @@ def _usable(entry: GidEntry | None) -> bool:
     return entry is not None and entry.version == 2 and not entry.link_local
 
 
+def _ports_with_choice(roce: RoceFacts, job: JobFacts) -> Iterator[Observation | tuple[RocePort, NcclGid]]:
+    """The ports NCCL uses with the GID choice for the job's settings; a port whose table could
+    not be read comes out as an undecided observation instead."""
+    for item in _ports_nccl_uses(roce, job):
+        if isinstance(item, Observation):
+            yield item
+        elif item.nccl_job is None:
+            yield undecided(item.subject, "; ".join(item.unreadable_gids))
+        else:
+            yield item, item.nccl_job
+
+
 @check("ROCE005", profiles=("prolog",))
 def roce_gid_index_mismatch(roce: RoceFacts, job: JobFacts) -> Iterator[Observation]:
     """The GID NCCL would use on a RoCE port is empty, RoCE v1 or link-local, or a fixed
     NCCL_IB_GID_INDEX means different things on different ports."""
     forced_families: dict[int, list[str]] = {}  # address family of a fixed index's usable GID -> ports
-    for item in _ports_nccl_uses(roce, job):
+    for item in _ports_with_choice(roce, job):
         if isinstance(item, Observation):
             yield item
             continue
-        port, choice = item, item.nccl_job
-        if choice is None:
-            yield undecided(port.subject, "; ".join(port.unreadable_gids))
-            continue
+        port, choice = item
         if choice.index is None:
             if not _OS_ERROR.search(choice.error):
                 yield undecided(port.subject, f"{port.path}/gid_attrs/types/{choice.failed_read}: {choice.error}")
@@ -405,14 +414,11 @@ def roce_gid_index_mismatch(roce: RoceFacts, job: JobFacts) -> Iterator[Observat
 def roce_gid_type_read_einval(roce: RoceFacts, job: JobFacts) -> Iterator[Observation]:
     """NCCL's automatic GID scan reads a gid_attrs/types file that fails, or the GID table looks
     like a container's, whose hidden leading slots make NCCL 2.21-2.25 abort."""
-    for item in _ports_nccl_uses(roce, job):
+    for item in _ports_with_choice(roce, job):
         if isinstance(item, Observation):
             yield item
             continue
-        port, choice = item, item.nccl_job
-        if choice is None:
-            yield undecided(port.subject, "; ".join(port.unreadable_gids))
-            continue
+        port, choice = item
         if choice.forced:
             continue  # a fixed NCCL_IB_GID_INDEX skips the scan
         if choice.failed_read is not None:
