@@ -101,3 +101,13 @@ def test_every_signature_is_linear_on_adversarial_lines() -> None:
                 if time.perf_counter() - begin > 0.05:
                     slow.append(f"{reference.id} signature #{number}")
     assert not slow, slow
+
+
+def test_packaged_index_matches_the_toml_files() -> None:
+    """references/index.json is what the prolog reads; rewrite it with
+    ``python -m preflight.catalogue references`` after editing a reference."""
+    import json
+
+    from preflight.catalogue import build_index
+
+    assert json.loads((REFERENCES / "index.json").read_text()) == build_index(str(REFERENCES))

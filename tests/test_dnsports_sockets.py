@@ -237,3 +237,19 @@ def test_live_ipv6_listener_is_read_from_tcp6() -> None:
         port = server.getsockname()[1]
         facts = probe_sockets(NodeFS("/"))
     assert any(s.address == "::1" and s.port == port and s.source.startswith("/proc/net/tcp6:") for s in facts.listening)
+
+
+def test_usable_ports_counts_intervals_exactly() -> None:
+    import random
+
+    from preflight.checks.ports import usable_ports
+
+    def by_enumeration(port_range: tuple[int, int], reserved: tuple[tuple[int, int], ...]) -> int:
+        return sum(1 for port in range(port_range[0], port_range[1] + 1) if not any(a <= port <= b for a, b in reserved))
+
+    generator = random.Random(7)
+    for _ in range(300):
+        low = generator.randint(1, 60000)
+        port_range = (low, low + generator.randint(0, 3000))
+        reserved = tuple((a, a + generator.randint(0, 400)) for a in (generator.randint(1, 64000) for _ in range(generator.randint(0, 6))))
+        assert usable_ports(port_range, reserved) == by_enumeration(port_range, reserved)

@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
+from preflight.catalogue import CatalogueError
 from preflight.explain.prefixes import strip_ansi
 from preflight.explain.reader import MAX_LINE, Chunk
 from preflight.model import Reference
@@ -62,8 +63,14 @@ class Matcher:
         generic = [("", number, {"pattern": p, "role": "symptom"}) for number, p in enumerate(GENERIC_FAILURES, 1)]
         catalogued = [(r.id, number, item) for r in references for number, item in enumerate(r.signatures, 1)]
         for reference_id, number, item in [*catalogued, *generic]:
-            literals = required_literals(item["pattern"])
-            signature = Signature(reference_id, number, item["role"], re.compile(item["pattern"]), literals)
+            try:
+                literals = required_literals(item["pattern"])
+                compiled = re.compile(item["pattern"])
+            except re.error as error:
+                raise CatalogueError(f"{reference_id}: signature #{number} does not compile: {error}") from None
+            if not literals:
+                raise CatalogueError(f"{reference_id}: signature #{number} has no required literal to scan for")
+            signature = Signature(reference_id, number, item["role"], compiled, literals)
             self.signatures.append(signature)
             for literal in literals:
                 by_literal.setdefault(literal, []).append(signature)

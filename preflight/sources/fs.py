@@ -95,6 +95,7 @@ class NodeFS:
         # the GIL, and two probe threads racing on one path only read it twice.
         self._memo: dict[tuple[str, str, int], object] = {}
         self._read_errors: list[tuple[str, int]] | None = None  # loaded on first use
+        self._dirs: dict[str, tuple[str, ...]] = {}  # resolved directories, see _resolve
 
     def _remembered(self, operation: str, path: str, limit: int, compute: Callable[[], _T]) -> _T:
         key = (operation, path, limit)
@@ -115,12 +116,28 @@ class NodeFS:
         return os.path.normpath(path)
 
     def _resolve(self, path: str, follow_last: bool = True) -> str:
-        """Map a host path to a real path, following symlinks as if ``root`` were ``/``."""
+        """Map a host path to a real path, following symlinks as if ``root`` were ``/``.
+
+        Directories are resolved once per view and remembered: a probe reads many files under
+        the same deep sysfs directories, and walking every component with ``lstat`` for every
+        read was most of what a recorded root cost."""
         host = self._host_path(path)
         if self.is_live:
             return host
-        parts = [part for part in host.split("/") if part]
-        resolved: list[str] = []
+        parent, name = os.path.split(host)
+        if not name:
+            return self.root
+        return os.path.join(self.root, *self._walk(list(self._resolve_dir(parent)), [name], follow_last, path))
+
+    def _resolve_dir(self, directory: str) -> tuple[str, ...]:
+        known = self._dirs.get(directory)
+        if known is None:
+            parts = [part for part in directory.split("/") if part]
+            known = tuple(self._walk([], parts, True, directory))
+            self._dirs[directory] = known
+        return known
+
+    def _walk(self, resolved: list[str], parts: list[str], follow_last: bool, path: str) -> list[str]:
         hops = 0
         while parts:
             part = parts.pop(0)
@@ -141,7 +158,7 @@ class NodeFS:
                 parts = [p for p in target.split("/") if p] + parts
                 continue
             resolved.append(part)
-        return os.path.join(self.root, *resolved)
+        return resolved
 
     # -- reads --------------------------------------------------------------------------------
     def read_bytes(self, path: str, max_bytes: int | None = None) -> bytes | None:
