@@ -499,7 +499,7 @@ def _degraded(port: RdmaPort, active: list[RdmaPort], rdma: RdmaFacts, expect: E
 
 
 @check("IB009", profiles=("prolog",))
-def rdma_userspace_stack_broken(rdma: RdmaFacts, expect: Expectations) -> Iterator[Observation]:
+def rdma_stack_or_ports_misconfigured(rdma: RdmaFacts, expect: Expectations) -> Iterator[Observation]:
     """Expected HCAs missing, data ports down, or links trained below their rate or width."""
     require_rdma(rdma)
     for name in expect.hcas or ():

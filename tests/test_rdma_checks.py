@@ -29,7 +29,7 @@ from preflight.checks.rdma import (
     RdmaPort,
     ib_subnet_manager_sweep_failure,
     rdma_device_nodes_missing,
-    rdma_userspace_stack_broken,
+    rdma_stack_or_ports_misconfigured,
 )
 from preflight.config import Expectations
 from preflight.model import NotApplicable, Observation, Severity, Status, Unknown
@@ -129,7 +129,7 @@ def test_selection_keeps_active_ib_and_ethernet_ports_only() -> None:
 # -- IB009 ------------------------------------------------------------------------------------
 def test_ib009_present_for_down_port_and_degraded_rate() -> None:
     facts = eight(mlx5_3=port(state=1, phys=2, rate=None), mlx5_5=port(rate=PortRate(200.0, 2, "NDR")))
-    found = list(rdma_userspace_stack_broken(facts, Expectations()))
+    found = list(rdma_stack_or_ports_misconfigured(facts, Expectations()))
     assert subjects(found) == {"mlx5_3/1", "mlx5_5/1"}
     degraded = next(o for o in found if o.subject == "mlx5_5/1")
     assert "200 Gb/sec (2X NDR)" in degraded.evidence[0].observed
@@ -139,47 +139,47 @@ def test_ib009_present_for_down_port_and_degraded_rate() -> None:
 def test_ib009_present_for_missing_expected_hca_and_rate_below_expectation() -> None:
     facts = eight()
     expect = Expectations(hcas=("mlx5_0", "mlx5_8"), rate_gbps=800)
-    assert subjects(rdma_userspace_stack_broken(facts, expect)) == {"mlx5_8", "mlx5_0/1"}
+    assert subjects(rdma_stack_or_ports_misconfigured(facts, expect)) == {"mlx5_8", "mlx5_0/1"}
 
 
 def test_ib009_width_below_peers_at_the_same_rate() -> None:
     facts = eight(mlx5_1=port(rate=PortRate(400.0, 2, "XDR")))
-    assert subjects(rdma_userspace_stack_broken(facts, Expectations())) == {"mlx5_1/1"}
+    assert subjects(rdma_stack_or_ports_misconfigured(facts, Expectations())) == {"mlx5_1/1"}
 
 
 def test_ib009_absent_on_healthy_node_and_for_plausibly_unused_ports() -> None:
-    assert list(rdma_userspace_stack_broken(eight(), Expectations())) == []
+    assert list(rdma_stack_or_ports_misconfigured(eight(), Expectations())) == []
     # A storage pair with one uncabled port: no majority of its kind is ACTIVE, so it is not judged.
     storage = (hca("mlx5_8", port(link_layer="Ethernet"), hca_type="MT4125"),
                hca("mlx5_9", port(state=1, phys=2, link_layer="Ethernet", rate=None), hca_type="MT4125"))
     facts = replace(eight(), devices=eight().devices + storage)
-    assert list(rdma_userspace_stack_broken(facts, Expectations())) == []
+    assert list(rdma_stack_or_ports_misconfigured(facts, Expectations())) == []
     # ...unless the site says it is a data HCA.
-    assert subjects(rdma_userspace_stack_broken(facts, Expectations(hcas=("mlx5_9",)))) == {"mlx5_9/1"}
+    assert subjects(rdma_stack_or_ports_misconfigured(facts, Expectations(hcas=("mlx5_9",)))) == {"mlx5_9/1"}
 
 
 def test_ib009_ignores_nvswitch_management_functions() -> None:
     lpf = hca("mlx5_8", port(state=2, lid=0, sm_lid=0), management=True)
     facts = replace(eight(), devices=eight().devices + (lpf,))
-    assert list(rdma_userspace_stack_broken(facts, Expectations())) == []
+    assert list(rdma_stack_or_ports_misconfigured(facts, Expectations())) == []
 
 
 def test_ib009_judges_every_port_when_none_is_active() -> None:
     facts = rdma(hca("mlx5_0", port(state=1, phys=3)))
-    assert subjects(rdma_userspace_stack_broken(facts, Expectations())) == {"mlx5_0/1"}
+    assert subjects(rdma_stack_or_ports_misconfigured(facts, Expectations())) == {"mlx5_0/1"}
 
 
 def test_ib009_not_applicable_and_unknown() -> None:
     with pytest.raises(NotApplicable):
-        list(rdma_userspace_stack_broken(rdma(), Expectations()))
+        list(rdma_stack_or_ports_misconfigured(rdma(), Expectations()))
     with pytest.raises(Unknown, match="EACCES"):
-        list(rdma_userspace_stack_broken(rdma(problems=(Problem("/sys/class/infiniband", "permission denied (EACCES)"),)), Expectations()))
+        list(rdma_stack_or_ports_misconfigured(rdma(problems=(Problem("/sys/class/infiniband", "permission denied (EACCES)"),)), Expectations()))
     broken = port(state=None, problems=(Problem("/sys/class/infiniband/mlx5_2/ports/1/state", "invalid argument (EINVAL)"),))
-    found = list(rdma_userspace_stack_broken(eight(mlx5_2=broken), Expectations()))
+    found = list(rdma_stack_or_ports_misconfigured(eight(mlx5_2=broken), Expectations()))
     assert [(o.subject, o.status) for o in found] == [("mlx5_2/1", Status.UNKNOWN)]
     assert found[0].reason == "/sys/class/infiniband/mlx5_2/ports/1/state: invalid argument (EINVAL)"
     no_rate = port(rate=None, problems=(Problem("/sys/class/infiniband/mlx5_1/ports/1/rate", "empty"),))
-    assert subjects(rdma_userspace_stack_broken(eight(mlx5_1=no_rate), Expectations()), Status.UNKNOWN) == {"mlx5_1/1"}
+    assert subjects(rdma_stack_or_ports_misconfigured(eight(mlx5_1=no_rate), Expectations()), Status.UNKNOWN) == {"mlx5_1/1"}
 
 
 # -- IB008 ------------------------------------------------------------------------------------
