@@ -129,7 +129,7 @@ def build(root: str) -> None:
     if os.path.exists(root):
         shutil.rmtree(root)
     os.makedirs(root)
-    nvml_devices: dict[str, dict[str, object]] = {"name": {}, "pci": {}, "uuid": {}, "bar1": {}, "fabric": {}}
+    nvml_devices: dict[str, dict[str, object]] = {"name": {}, "pci": {}, "uuid": {}, "bar1": {}, "fabric": {}, "rows": {}}
     for index, (gpu, nic, switch, port) in enumerate(PAIRS):
         numa = 0 if index < 4 else 1
         domain_root = f"pci0000:{port}"
@@ -169,6 +169,7 @@ def build(root: str) -> None:
               + "0x0000000000000000 0x0000000000000000 0x0000000000000000\n" * 10)
         nvml_devices["bar1"][str(index)] = {"result": {"bar1Total": 128 << 30, "bar1Free": (128 << 30) - (2 << 20), "bar1Used": 2 << 20}}
         nvml_devices["fabric"][str(index)] = {"result": {"clusterUuid": [0] * 16, "status": 0, "cliqueId": 0, "state": 3}}
+        nvml_devices["rows"][str(index)] = {"result": [0, 0, 0, 0]}  # correctable, uncorrectable, pending, failure
         nvml_devices["name"][str(index)] = {"result": "NVIDIA H100 80GB HBM3"}
         nvml_devices["pci"][str(index)] = {"result": {"busId": f"0000{gpu_bdf.upper()}", "domain": 0, "bus": int(gpu, 16), "device": 0}}
         nvml_devices["uuid"][str(index)] = {"result": f"GPU-5f1c7e2a-0c3b-4d7e-9a61-00000000000{index}"}
@@ -265,6 +266,7 @@ def build(root: str) -> None:
             "nvmlDeviceGetUUID": nvml_devices["uuid"],
             "nvmlDeviceGetBAR1MemoryInfo": nvml_devices["bar1"],
             "nvmlDeviceGetGpuFabricInfo": nvml_devices["fabric"],
+            "nvmlDeviceGetRemappedRows": nvml_devices["rows"],
         },
     }
     write(root, "/.preflight/nvml.json", json.dumps(nvml, indent=1) + "\n")
