@@ -212,6 +212,14 @@ def build(root: str) -> None:
     site = "/usr/local/lib/python3.10/dist-packages"
     write(root, f"{site}/nvidia/nccl/lib/libnccl.so.2", b"")
     write(root, f"{site}/nvidia_nccl_cu12-{NCCL_VERSION}.dist-info/METADATA", f"Name: nvidia-nccl-cu12\nVersion: {NCCL_VERSION}\n")
+    # The kernel log since boot as /dev/kmsg hands it out (priority,sequence,microseconds,flags;text).
+    write(root, "/.preflight/kmsg", "".join(f"{pri},{seq},{usec},-;{text}\n" for seq, (pri, usec, text) in enumerate((
+        (5, 0, "Linux version 5.15.0-105-generic (buildd@lcy02-amd64-054) (gcc (Ubuntu 11.4.0-1ubuntu1~22.04) 11.4.0) #115-Ubuntu SMP"),
+        (6, 8123456, "nvidia: module license 'NVIDIA' taints kernel."),
+        (6, 9234567, f"NVRM: loading NVIDIA UNIX x86_64 Kernel Module  {DRIVER}  Thu Feb 22 01:44:30 UTC 2024"),
+        (6, 11345678, "mlx5_core 0000:1a:00.0: firmware version: 28.39.1002"),
+        (6, 15456789, "mlx5_core 0000:1a:00.0 ibp26s0: renamed from ib0"),
+    ))))
     write(root, f"/proc/{FABRIC_MANAGER_PID}/comm", "nv-fabricmanage\n")  # the kernel keeps 15 characters
     write(root, "/proc/cmdline", "BOOT_IMAGE=/vmlinuz-5.15.0-105-generic root=/dev/md0 ro quiet\n")
     write(root, "/proc/cpuinfo", "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n"

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import TypeVar, cast
 
 #: Reads stop here: sysfs attributes are one page, and a 10 GB "file" must not fill memory.
+KERNEL_LOG_MAX_BYTES = 8 << 20  # a full default kernel ring buffer is 1-4 MiB
 DEFAULT_MAX_BYTES = 4 * 1024 * 1024
 _MAX_SYMLINK_HOPS = 40
 _ABSENT_ERRNOS = frozenset({errno_codes.ENOENT, errno_codes.ENOTDIR})
@@ -270,6 +271,48 @@ class NodeFS:
             is_pattern = any(char in pattern for char in "*?[")
             if (pattern == host) if (exact_only or not is_pattern) else fnmatch.fnmatchcase(host, pattern):
                 raise SourceError(path, describe_os_error(OSError(code, os.strerror(code))))
+
+    def read_kernel_log(self, max_bytes: int = KERNEL_LOG_MAX_BYTES) -> list[str] | None:
+        """The kernel's log records since boot, one ``pri,seq,usec,flags;message`` line each.
+
+        Live: ``/dev/kmsg``, opened non-blocking (each read returns one record; EAGAIN ends the
+        buffer, EPIPE means a record was overwritten while reading and is skipped). Reading it
+        needs root where ``kernel.dmesg_restrict`` is 1. A recorded root replays
+        ``.preflight/kmsg`` (the same lines). ``None`` when there is no log to read."""
+        if not self.is_live:
+            replay = self.replay_file("kmsg")
+            if replay is None:
+                return None
+            try:
+                with open(replay, "rb") as handle:
+                    return handle.read(max_bytes).decode("utf-8", "replace").splitlines()
+            except OSError as error:
+                raise SourceError(".preflight/kmsg", describe_os_error(error)) from None
+        try:
+            descriptor = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return None
+        except OSError as error:
+            raise SourceError("/dev/kmsg", describe_os_error(error)) from None
+        records: list[str] = []
+        total = 0
+        try:
+            while total < max_bytes:
+                try:
+                    record = os.read(descriptor, 8192)
+                except BlockingIOError:
+                    break
+                except OSError as error:
+                    if error.errno == errno_codes.EPIPE:
+                        continue
+                    raise SourceError("/dev/kmsg", describe_os_error(error)) from None
+                if not record:
+                    break
+                total += len(record)
+                records.append(record.decode("utf-8", "replace").rstrip("\n"))
+        finally:
+            os.close(descriptor)
+        return records
 
     def replay_file(self, name: str) -> str | None:
         """Path of a recorded answer file (``<root>/.preflight/<name>``) in root mode, if any."""
