@@ -19,62 +19,13 @@ Sources:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from preflight.model import Evidence, NotApplicable, Observation, Unknown, present, undecided
 from preflight.registry import check, probe
-from preflight.sources import NodeFS, SourceError
+from preflight.checks.kernel_log import HARDWARE_XIDS, KernelLogFacts, XidEvent
 from preflight.sources.nvml import Nvml, NvmlError
-
-_XID = re.compile(r"NVRM: Xid \(PCI:(?P<bus>[0-9A-Fa-f:.]{7,16})\): (?P<code>\d{1,3}),(?P<rest>.{0,200})")
-# Hardware and driver Xids (NVIDIA's Xid catalogue, docs.nvidia.com/deploy/xid-errors):
-# ECC and row remapping, fallen off the bus, NVLink, GSP and other firmware faults.
-HARDWARE_XIDS = {
-    48: "double-bit ECC error", 63: "row remapping event", 64: "row remapping failure", 74: "NVLink error",
-    79: "GPU has fallen off the bus", 92: "high single-bit ECC error rate", 94: "contained ECC error",
-    95: "uncontained ECC error", 119: "GSP RPC timeout", 120: "GSP error",
-}
-
-
-@dataclass(frozen=True)
-class XidEvent:
-    bus: str  # as the driver prints it, e.g. 0000:5d:00
-    code: int
-    text: str
-
-
-@dataclass(frozen=True)
-class KernelLogFacts:
-    xids: tuple[XidEvent, ...]
-    error: str  # why the kernel log could not be read, "" when it was (or is not recorded)
-    read: bool  # whether any log was read at all
-
-
-def parse_xids(records: list[str]) -> tuple[XidEvent, ...]:
-    """Xid events in kernel log records (``pri,seq,usec,flags;message`` or plain lines)."""
-    found = []
-    for record in records:
-        if "Xid" not in record:
-            continue
-        match = _XID.search(record)
-        if match:
-            found.append(XidEvent(match.group("bus").lower(), int(match.group("code")), record.split(";", 1)[-1][:300]))
-    return tuple(found)
-
-
-@probe("kernel_log")
-def probe_kernel_log(fs: NodeFS) -> KernelLogFacts:
-    """Hardware Xid events since boot."""
-    try:
-        records = fs.read_kernel_log()
-    except SourceError as error:
-        return KernelLogFacts((), str(error), False)
-    if records is None:
-        return KernelLogFacts((), "", False)
-    return KernelLogFacts(parse_xids(records), "", True)
-
 
 @dataclass(frozen=True)
 class RemappedRows:

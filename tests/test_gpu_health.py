@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from preflight.checks.gpu_health import nccl_cuda_call_failed, parse_xids, probe_gpu_health, probe_kernel_log
+from preflight.checks.gpu_health import nccl_cuda_call_failed, probe_gpu_health
+from preflight.checks.kernel_log import parse_xids, probe_kernel_log
 from preflight.model import NotApplicable, Status
 from preflight.sources import Sources
 

@@ -151,6 +151,7 @@ def build(root: str) -> None:
             ("ports/1/state", "4: ACTIVE"), ("ports/1/phys_state", "5: LinkUp"),
             ("ports/1/rate", "400 Gb/sec (4X NDR)"), ("ports/1/link_layer", "InfiniBand"),
             ("ports/1/lid", f"0x{0x41 + index:x}"), ("ports/1/sm_lid", "0x1"),
+            ("ports/1/counters/link_downed", "0"), ("ports/1/counters/link_error_recovery", "0"),
         ):
             write(root, f"{ib}/{name}", value + "\n")
         netdev = f"ibp{int(nic, 16)}s0"

@@ -1,0 +1,88 @@
+"""The kernel log since boot, read once and shared: hardware Xid events of the NVIDIA driver
+(GPU002) and link-downs of mlx5 Ethernet/RoCE ports (IB006).
+
+Source: ``NodeFS.read_kernel_log`` - ``/dev/kmsg`` on a live node (root where
+``kernel.dmesg_restrict`` is set), ``.preflight/kmsg`` in a recorded root. Message formats:
+``NVRM: Xid (PCI:0000:5d:00): 79, pid=..., GPU has fallen off the bus.`` (the NVIDIA driver) and
+mlx5e's ``netdev_info(priv->netdev, "Link down\\n")`` in ``mlx5e_update_carrier``
+(``drivers/net/ethernet/mellanox/mlx5/core/en_main.c``), which the kernel prints as
+``mlx5_core 0000:c1:00.0 ens1f0np0: Link down``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from preflight.registry import probe
+from preflight.sources import NodeFS, SourceError
+
+_LINK_DOWN = re.compile(r"mlx5_core (?P<bus>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.\d) (?P<netdev>[\w.-]{1,15}): Link down")
+_XID = re.compile(r"NVRM: Xid \(PCI:(?P<bus>[0-9A-Fa-f:.]{7,16})\): (?P<code>\d{1,3}),(?P<rest>.{0,200})")
+# Hardware and driver Xids (NVIDIA's Xid catalogue, docs.nvidia.com/deploy/xid-errors):
+# ECC and row remapping, fallen off the bus, NVLink, GSP and other firmware faults.
+HARDWARE_XIDS = {
+    48: "double-bit ECC error", 63: "row remapping event", 64: "row remapping failure", 74: "NVLink error",
+    79: "GPU has fallen off the bus", 92: "high single-bit ECC error rate", 94: "contained ECC error",
+    95: "uncontained ECC error", 119: "GSP RPC timeout", 120: "GSP error",
+}
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    bus: str  # as the driver prints it, e.g. 0000:5d:00
+    code: int
+    text: str
+
+
+@dataclass(frozen=True)
+class LinkEvent:
+    bus: str  # PCI function of the NIC, e.g. 0000:c1:00.0
+    netdev: str
+    text: str
+
+
+@dataclass(frozen=True)
+class KernelLogFacts:
+    xids: tuple[XidEvent, ...]
+    link_downs: tuple[LinkEvent, ...]
+    error: str  # why the kernel log could not be read, "" when it was (or is not recorded)
+    read: bool  # whether any log was read at all
+
+
+def parse_xids(records: list[str]) -> tuple[XidEvent, ...]:
+    """Xid events in kernel log records (``pri,seq,usec,flags;message`` or plain lines)."""
+    found = []
+    for record in records:
+        if "Xid" not in record:
+            continue
+        match = _XID.search(record)
+        if match:
+            found.append(XidEvent(match.group("bus").lower(), int(match.group("code")), record.split(";", 1)[-1][:300]))
+    return tuple(found)
+
+
+def parse_link_downs(records: list[str]) -> tuple[LinkEvent, ...]:
+    """mlx5e's carrier messages (``mlx5_core 0000:c1:00.0 ens1f0np0: Link down``)."""
+    found = []
+    for record in records:
+        if "Link down" not in record:
+            continue
+        match = _LINK_DOWN.search(record)
+        if match:
+            found.append(LinkEvent(match.group("bus").lower(), match.group("netdev"), record.split(";", 1)[-1][:300]))
+    return tuple(found)
+
+
+@probe("kernel_log")
+def probe_kernel_log(fs: NodeFS) -> KernelLogFacts:
+    """Hardware Xid events and RDMA NIC link-downs since boot."""
+    try:
+        records = fs.read_kernel_log()
+    except SourceError as error:
+        return KernelLogFacts((), (), str(error), False)
+    if records is None:
+        return KernelLogFacts((), (), "", False)
+    return KernelLogFacts(parse_xids(records), parse_link_downs(records), "", True)
+
+

@@ -1,0 +1,114 @@
+"""Link-down history of RDMA ports and retry settings that make a short outage fatal (IB006).
+
+When a link goes down, or retrains, while a queue pair is sending, the HCA retries until its
+timeout and retry count run out and then completes the work request with "transport retry
+counter exceeded" (status 12, vendor err 129): the job dies although the link is back a moment
+later. A port that has gone down since boot is likely to do it again under load, and a job that
+shortens NCCL_IB_TIMEOUT or NCCL_IB_RETRY_CNT turns a blip into a failure.
+
+Sources:
+
+* ``/sys/class/infiniband/<dev>/ports/<n>/counters/link_downed`` and ``link_error_recovery``:
+  the port's PMA counters (since the driver loaded, or since ``perfquery -R``);
+* the kernel log since boot (:mod:`preflight.checks.kernel_log`): mlx5e's ``Link down`` messages
+  for Ethernet/RoCE ports, matched to the RDMA device by PCI function;
+* the job's ``NCCL_IB_TIMEOUT`` and ``NCCL_IB_RETRY_CNT``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from preflight.checks.job import JobFacts
+from preflight.checks.kernel_log import KernelLogFacts
+from preflight.model import Evidence, NotApplicable, Observation, Severity, present, undecided
+from preflight.probing import FactReader
+from preflight.registry import check, probe
+from preflight.sources import NodeFS
+
+IB_SYSFS = "/sys/class/infiniband"
+# NCCL_IB_TIMEOUT is an exponent: 4.096 us * 2**value per try. NCCL's default is 20 (about 4 s);
+# below 14 (about 67 ms) a link retraining outlasts every retry.
+MIN_IB_TIMEOUT = 14
+MIN_RETRY_COUNT = 7  # NCCL's default and the verbs maximum
+
+
+@dataclass(frozen=True)
+class PortHistory:
+    device: str
+    port: str
+    bus: str  # PCI function of the device, "" for virtual devices
+    link_downed: int | None
+    link_error_recovery: int | None
+    problem: str  # why the counters could not be read, "" when they were
+
+
+@dataclass(frozen=True)
+class LinkHistoryFacts:
+    ports: tuple[PortHistory, ...]
+
+
+def _counter(reader: FactReader, path: str) -> int | None:
+    text = reader.text(path)
+    if text is None:
+        return None
+    try:
+        return int(text.strip())
+    except ValueError:
+        reader.problems.append(f"{path}: not a number ({text.strip()[:40]!r})")
+        return None
+
+
+@probe("link_history")
+def probe_link_history(fs: NodeFS) -> LinkHistoryFacts:
+    """The link-down counters of every RDMA port."""
+    reader = FactReader(fs)
+    ports = []
+    for device in reader.listing(IB_SYSFS):
+        target = fs.readlink(f"{IB_SYSFS}/{device}/device") or ""
+        bus = target.rsplit("/", 1)[-1] if target else ""
+        for port in reader.listing(f"{IB_SYSFS}/{device}/ports"):
+            base = f"{IB_SYSFS}/{device}/ports/{port}/counters"
+            before = len(reader.problems)
+            downed = _counter(reader, f"{base}/link_downed")
+            recovered = _counter(reader, f"{base}/link_error_recovery")
+            problem = "; ".join(reader.problems[before:])
+            if downed is None and not problem:
+                problem = f"{base}/link_downed: missing"
+            ports.append(PortHistory(device, port, bus, downed, recovered, problem))
+    return LinkHistoryFacts(tuple(ports))
+
+
+@check("IB006", profiles=("prolog",))
+def ib_transport_retry_exceeded(link_history: LinkHistoryFacts, kernel_log: KernelLogFacts, job: JobFacts) -> Iterator[Observation]:
+    """RDMA ports that went down since boot, and retry settings that cannot ride out a retrain."""
+    if not link_history.ports:
+        raise NotApplicable("no RDMA ports on this node")
+    for port in link_history.ports:
+        subject = f"{port.device}/{port.port}"
+        if port.problem:
+            yield undecided(subject, port.problem)
+        elif port.link_downed:
+            evidence = [Evidence(f"{IB_SYSFS}/{subject.replace('/', '/ports/')}/counters/link_downed", str(port.link_downed), "0 since the counters were cleared")]
+            if port.link_error_recovery:
+                evidence.append(Evidence("link_error_recovery", str(port.link_error_recovery)))
+            yield present(subject, *evidence, severity=Severity.WARNING)
+    by_bus = {port.bus: port.device for port in link_history.ports if port.bus}
+    downs: dict[str, list[str]] = {}
+    for event in kernel_log.link_downs:
+        if event.bus in by_bus:
+            downs.setdefault(f"{by_bus[event.bus]} ({event.netdev})", []).append(event.text)
+    for subject, texts in sorted(downs.items()):
+        yield present(subject, Evidence("kernel log since boot", f"{len(texts)} link-down(s), last: {texts[-1]}", "no link-down since boot"), severity=Severity.WARNING)
+    for name, minimum in (("NCCL_IB_TIMEOUT", MIN_IB_TIMEOUT), ("NCCL_IB_RETRY_CNT", MIN_RETRY_COUNT)):
+        setting = job.nccl(name)
+        if setting is None:
+            continue
+        try:
+            value = int(setting.value.strip())
+        except ValueError:
+            yield undecided(name, f"{setting.origin}: {setting.value!r} is not a number")
+            continue
+        if value < minimum:
+            yield present(name, Evidence(f"{name} ({setting.origin})", str(value), f"unset (NCCL's default) or at least {minimum}"))

@@ -1,0 +1,61 @@
+"""IB006: RDMA ports that went down since boot (PMA counters, mlx5e kernel messages) and retry
+settings too short to ride out a retrain, on copies of the example node."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from preflight.checks.job import probe_job
+from preflight.checks.kernel_log import parse_link_downs, probe_kernel_log
+from preflight.checks.links import ib_transport_retry_exceeded, probe_link_history
+from preflight.model import NotApplicable, Status
+from preflight.sources import NodeFS
+
+from conftest import write
+
+PORT = "sys/devices/pci0000:5a/0000:5a:01.0/0000:5c:00.0/0000:5f:00.0/infiniband/mlx5_3/ports/1/counters"
+
+
+def verdicts(root: Path) -> list[tuple[str, Status, str]]:
+    fs = NodeFS(str(root))
+    found = ib_transport_retry_exceeded(probe_link_history(fs), probe_kernel_log(fs), probe_job(fs))
+    return [(o.subject, o.status, " ".join(e.observed for e in o.evidence) + o.reason) for o in found]
+
+
+def test_example_node_ports_never_went_down(example_root: Path) -> None:
+    assert verdicts(example_root) == []
+
+
+def test_counted_link_downs_are_present_as_warnings(node_copy: Path) -> None:
+    (node_copy / PORT / "link_downed").write_text("3\n")
+    (node_copy / PORT / "link_error_recovery").write_text("12\n")
+    fs = NodeFS(str(node_copy))
+    found = list(ib_transport_retry_exceeded(probe_link_history(fs), probe_kernel_log(fs), probe_job(fs)))
+    assert [(o.subject, o.severity and o.severity.value) for o in found] == [("mlx5_3/1", "warning")]
+    assert found[0].evidence[0].observed == "3"
+
+
+def test_kernel_link_downs_are_matched_to_the_rdma_device(node_copy: Path) -> None:
+    kmsg = node_copy / ".preflight/kmsg"
+    kmsg.write_text(kmsg.read_text() + "6,900,912345678,-;mlx5_core 0000:5f:00.0 ibp95s0: Link down\n"
+                    "6,901,912345999,-;mlx5_core 0000:5f:00.0 ibp95s0: Link up\n"
+                    "6,902,999999999,-;mlx5_core 0000:77:00.0 eth9: Link down\n")  # not an RDMA device here
+    found = verdicts(node_copy)
+    assert [(s, st) for s, st, _ in found] == [("mlx5_3 (ibp95s0)", Status.PRESENT)] and "1 link-down(s)" in found[0][2]
+    assert len(parse_link_downs(kmsg.read_text().splitlines())) == 2
+
+
+def test_short_timeouts_in_the_job_are_present(node_copy: Path) -> None:
+    write(node_copy, "/proc/self/environ", b"NCCL_IB_TIMEOUT=12\0NCCL_IB_RETRY_CNT=abc\0")
+    found = {s: (st, text) for s, st, text in verdicts(node_copy)}
+    assert found["NCCL_IB_TIMEOUT"][0] is Status.PRESENT and found["NCCL_IB_RETRY_CNT"][0] is Status.UNKNOWN
+
+
+def test_garbage_counters_are_unknown_and_no_rdma_is_not_applicable(node_copy: Path, tmp_path: Path) -> None:
+    (node_copy / PORT / "link_downed").write_text("lots\n")
+    found = verdicts(node_copy)
+    assert [(s, st) for s, st, _ in found] == [("mlx5_3/1", Status.UNKNOWN)] and "not a number" in found[0][2]
+    with pytest.raises(NotApplicable):
+        verdicts(tmp_path)
