@@ -1,5 +1,6 @@
 """The kernel log since boot, read once and shared: hardware Xid events of the NVIDIA driver
-(GPU002) and link-downs of mlx5 Ethernet/RoCE ports (IB006).
+(GPU002), link-downs of mlx5 Ethernet/RoCE ports (IB006) and mlx5 lossless-buffer setup errors
+(ROCE001).
 
 Source: ``NodeFS.read_kernel_log`` - ``/dev/kmsg`` on a live node (root where
 ``kernel.dmesg_restrict`` is set), ``.preflight/kmsg`` in a recorded root. Message formats:
@@ -17,6 +18,9 @@ from dataclasses import dataclass
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
 
+# pr_err() in update_xoff_threshold() (mlx5/core/en/port_buffer.c): a lossless priority's port
+# buffer cannot hold the xoff threshold plus one MTU, so the PFC setup the site asked for failed.
+_LOSSLESS_BUFFER = re.compile(r"buffer[_ ]size(?:\[\d\]=| )\d+ is not enough for lossless buffer")
 _LINK_DOWN = re.compile(r"mlx5_core (?P<bus>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.\d) (?P<netdev>[\w.-]{1,15}): Link down")
 _XID = re.compile(r"NVRM: Xid \(PCI:(?P<bus>[0-9A-Fa-f:.]{7,16})\): (?P<code>\d{1,3}),(?P<rest>.{0,200})")
 # Hardware and driver Xids (NVIDIA's Xid catalogue, docs.nvidia.com/deploy/xid-errors):
@@ -46,8 +50,12 @@ class LinkEvent:
 class KernelLogFacts:
     xids: tuple[XidEvent, ...]
     link_downs: tuple[LinkEvent, ...]
+    lossless_buffer_errors: tuple[str, ...]
     error: str  # why the kernel log could not be read, "" when it was (or is not recorded)
     read: bool  # whether any log was read at all
+
+
+NOT_READ = KernelLogFacts((), (), (), "", False)
 
 
 def parse_xids(records: list[str]) -> tuple[XidEvent, ...]:
@@ -80,9 +88,10 @@ def probe_kernel_log(fs: NodeFS) -> KernelLogFacts:
     try:
         records = fs.read_kernel_log()
     except SourceError as error:
-        return KernelLogFacts((), (), str(error), False)
+        return KernelLogFacts((), (), (), str(error), False)
     if records is None:
-        return KernelLogFacts((), (), "", False)
-    return KernelLogFacts(parse_xids(records), parse_link_downs(records), "", True)
+        return KernelLogFacts((), (), (), "", False)
+    lossless = tuple(record.split(";", 1)[-1][:300] for record in records if "lossless buffer" in record and _LOSSLESS_BUFFER.search(record))
+    return KernelLogFacts(parse_xids(records), parse_link_downs(records), lossless, "", True)
 
 

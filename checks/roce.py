@@ -45,6 +45,7 @@ from preflight.checks._nccl_gid import (
     parse_gid_settings,
     roce_version,
 )
+from preflight.checks.kernel_log import NOT_READ, KernelLogFacts
 from preflight.checks.job import JobFacts, probe_job
 from preflight.config import Expectations
 from preflight.model import Evidence, NotApplicable, Observation, Severity, present, undecided
@@ -488,16 +489,25 @@ def _trust(port_trust: str | None, config: DcbConfig) -> str:
 
 
 @check("ROCE001")
-def roce_pfc_pause_storm(roce: RoceFacts, roce_dcb: RoceDcbFacts, job: JobFacts, expect: Expectations) -> Iterator[Observation]:
+def roce_pfc_pause_storm(
+    roce: RoceFacts, roce_dcb: RoceDcbFacts, job: JobFacts, expect: Expectations, kernel_log: KernelLogFacts = NOT_READ
+) -> Iterator[Observation]:
     """The lossless setup a RoCE port needs against pause storms is off or inconsistent: PFC not on
     the site's lossless priority (or on others too), ECN off there, NCCL_IB_TC mapped to a lossy
-    priority, or PFC priorities that differ between rails."""
+    priority, PFC priorities that differ between rails, or the driver failing to size a lossless
+    buffer."""
     used = []
     for item in _ports_nccl_uses(roce, job):
         if isinstance(item, Observation):
             yield item
         else:
             used.append(item)
+    if used and kernel_log.lossless_buffer_errors:
+        yield present(
+            "port buffers",
+            Evidence("kernel log since boot", kernel_log.lossless_buffer_errors[-1], "no lossless-buffer errors (mlx5 port_buffer.c)"),
+            Evidence("kernel log since boot", f"{len(kernel_log.lossless_buffer_errors)} such error(s)"),
+        )
     used_subjects = {port.subject for port in used}
     trust_of = {port.subject: port.trust for port in used}
     wanted = expect.lossless_priority

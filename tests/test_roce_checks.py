@@ -298,3 +298,13 @@ def test_prolog_profile_leaves_dcb_alone(run_cli: Runner) -> None:
 
 def test_infiniband_example_node_is_not_applicable(run_cli: Runner) -> None:
     assert {status for _, status, _, _ in run_roce(run_cli, EXAMPLE_ROOT)} == {"not_applicable"}
+
+
+
+def test_lossless_buffer_errors_in_the_kernel_log_are_present() -> None:
+    from preflight.checks.kernel_log import KernelLogFacts
+
+    log = KernelLogFacts((), (), ("buffer_size[3]=0 is not enough for lossless buffer",), "", True)
+    readings = dcb(("ens1f0np0", (3,), DSCP_MAP))
+    found = [o for o in roce_pfc_pause_storm(facts(port()), readings, job(), Expectations(lossless_priority=3), log) if o.subject == "port buffers"]
+    assert len(found) == 1 and "is not enough for lossless buffer" in found[0].evidence[0].observed
