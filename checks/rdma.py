@@ -103,6 +103,9 @@ class RdmaPort:
     netdevs: tuple[str, ...]  # gid_attrs/ndevs/* in slot order, else device/net/*
     netdev_source: str  # "gid_attrs/ndevs", "device/net" or "" when none
     problems: tuple[Problem, ...]
+    # IPoIB netdevs only: /sys/class/net/<if>/mode, "datagram" (MTU up to 4092) or "connected"
+    # (up to 65520); recorded so a fleet comparison shows nodes that differ.
+    ipoib_mode: str | None = None
 
     @property
     def subject(self) -> str:
@@ -321,7 +324,19 @@ def _read_port(fs: NodeFS, device: str, device_path: str, number: int, port_coun
         netdevs=netdevs,
         netdev_source=source if netdevs else "",
         problems=reader.take(),
+        ipoib_mode=_ipoib_mode(fs, netdevs) if link_layer == "InfiniBand" else None,
     )
+
+
+def _ipoib_mode(fs: NodeFS, netdevs: tuple[str, ...]) -> str | None:
+    for netdev in netdevs:
+        try:
+            mode = fs.read(f"/sys/class/net/{netdev}/mode")
+        except SourceError:
+            return None
+        if mode is not None and mode.strip() in ("datagram", "connected"):
+            return mode.strip()
+    return None
 
 
 def _management_function(fs: NodeFS, path: str, reader: _Attributes) -> bool | None:

@@ -164,3 +164,20 @@ def test_unreadable_class_directory_is_a_problem_not_an_empty_node(tmp_path: Pat
     assert facts.devices == () and facts.problems[0].path == "/sys/class/infiniband"
     assert "ELOOP" in facts.problems[0].reason or "symbolic links" in facts.problems[0].reason
     assert Problem("/x", "empty").__str__() == "/x: empty"
+
+
+def test_ipoib_mode_is_recorded_for_infiniband_ports(tmp_path: Path) -> None:
+    import shutil
+
+    from preflight.checks.rdma import probe_rdma
+    from preflight.sources import NodeFS
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "nodes" / "hgx-h100"
+    root = tmp_path / "node"
+    shutil.copytree(example, root, symlinks=True)
+    facts = probe_rdma(NodeFS(str(root)))
+    assert {port.ipoib_mode for device in facts.devices for port in device.ports} == {"datagram"}
+    (root / "sys/class/net/ibp26s0/mode").write_text("connected\n")
+    facts = probe_rdma(NodeFS(str(root)))
+    modes = {port.subject: port.ipoib_mode for device in facts.devices for port in device.ports}
+    assert modes["mlx5_0/1"] == "connected" and modes["mlx5_1/1"] == "datagram"

@@ -157,7 +157,7 @@ def build(root: str) -> None:
         netdev = f"ibp{int(nic, 16)}s0"
         net = f"{nic_path}/net/{netdev}"
         link(root, f"/sys/class/net/{netdev}", f"../../devices{net[len('/sys/devices'):]}")
-        for name, value in (("ifindex", str(4 + index)), ("mtu", "4092"), ("operstate", "up"), ("type", "32"),
+        for name, value in (("ifindex", str(4 + index)), ("mtu", "4092"), ("operstate", "up"), ("type", "32"), ("mode", "datagram"),
                             ("address", f"00:00:10:29:fe:80:00:00:00:00:00:00:a0:88:c2:03:00:{index:02x}:1e:2c"),
                             ("uevent", f"INTERFACE={netdev}\nIFINDEX={4 + index}\n")):
             write(root, f"{net}/{name}", value + "\n")
