@@ -97,11 +97,12 @@ def run_node(args: NodeArgs) -> int:
         hostname = _hostname(fs)
         config = load_host_config(fs, args.config, hostname)
         sources = Sources.for_fs(fs, config.dns)
-        registry = build_registry((*config.checks_dirs, *args.checks_dirs))
+        profile = args.profile or config.profile
+        registry = build_registry((*config.checks_dirs, *args.checks_dirs), profile=profile)
         _check_tokens(args.select, args.ignore)
         timeout = args.timeout if args.timeout is not None else config.timeout_s
         options = RunOptions(
-            profile=args.profile or config.profile,
+            profile=profile,
             select=args.select,
             ignore=args.ignore,
             timeout_s=timeout,

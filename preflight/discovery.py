@@ -20,7 +20,14 @@ from preflight.registry import RegistrationError, Registry
 ENTRY_POINT_GROUP = "preflight.checks"
 
 
-def builtin_modules() -> list[ModuleType]:
+# Built-in modules whose checks all run in the full profile only and whose probes are gathered
+# only there. A prolog run, which happens before every job, skips importing them (~20 ms);
+# tests/test_engine.py keeps this list true.
+FULL_ONLY_MODULES = frozenset({"fabric", "interfaces", "nccl_libs", "routing", "sockets"})
+
+
+def builtin_modules(profile: str | None = None) -> list[ModuleType]:
+    """The built-in check modules; for ``profile="prolog"``, only those it can use."""
     import preflight.checks as package
 
     names = sorted(
@@ -29,6 +36,8 @@ def builtin_modules() -> list[ModuleType]:
         for name in os.listdir(directory)
         if name.endswith(".py") and not name.startswith("_")
     )
+    if profile == "prolog":
+        names = [name for name in names if name not in FULL_ONLY_MODULES]
     return [importlib.import_module(f"preflight.checks.{name}") for name in names]
 
 
@@ -128,10 +137,10 @@ def directory_modules(directory: str) -> list[ModuleType]:
     return modules
 
 
-def build_registry(checks_dirs: Iterable[str] = (), plugins: bool = True) -> Registry:
+def build_registry(checks_dirs: Iterable[str] = (), plugins: bool = True, profile: str | None = None) -> Registry:
     """All probes and checks, validated against the catalogue; raises RegistrationError."""
     registry = Registry()
-    modules = builtin_modules()
+    modules = builtin_modules(profile)
     if plugins:
         modules += plugin_modules()
     for directory in checks_dirs:

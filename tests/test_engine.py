@@ -229,3 +229,24 @@ def test_many_runs_in_one_process_do_not_leak_threads(example_root: Path) -> Non
         report = run(registry, Sources.for_node(str(example_root)), HostConfig(), RunOptions(), "gpu017")
         assert len(report.findings) >= 6
     assert threading.active_count() <= before + 1
+
+
+def test_modules_a_prolog_run_skips_have_nothing_for_the_prolog() -> None:
+    """discovery.FULL_ONLY_MODULES must only list modules whose checks and gathered probes are
+    all full-profile, and whose probes no prolog check needs; otherwise a prolog would silently
+    lose a check."""
+    from preflight.discovery import FULL_ONLY_MODULES, build_registry
+
+    full = build_registry(profile="full")
+    prolog = build_registry(profile="prolog")
+    skipped = {f"preflight.checks.{name}" for name in FULL_ONLY_MODULES}
+    for ref_id, spec in full.checks.items():
+        if spec.origin in skipped:
+            assert "prolog" not in spec.profiles, f"{ref_id} runs in the prolog but {spec.origin} is skipped there"
+        else:
+            assert ref_id in prolog.checks
+    prolog_needs = {name for spec in prolog.checks.values() if "prolog" in spec.profiles for name in spec.probes}
+    for name, probe_spec in full.probes.items():
+        if probe_spec.origin in skipped:
+            assert "prolog" not in probe_spec.gather_in and name not in prolog_needs, name
+    assert set(full.checks) - set(prolog.checks) >= {"NET001", "NVL006", "NCCL016"}
