@@ -1,0 +1,131 @@
+"""The topology XML a job hands NCCL with NCCL_TOPO_FILE, checked against this node (TOPO004).
+
+NCCL reads the file instead of probing (VMs whose virtual PCI tree hides the real one use it).
+Every NIC must sit under a ``<pci busid="...">`` node so NCCL can place it; one directly under
+``<cpu>`` stops communicator setup with "Attribute busid of node nic not found". And a file
+written for another machine names bus IDs this node does not have, so NCCL attaches GPUs and
+NICs to the wrong places.
+
+The format is what ``NCCL_TOPO_DUMP_FILE`` writes (``src/graph/xml.cc``)::
+
+    <system version="1">
+      <cpu numaid="0" ...>
+        <pci busid="0000:17:00.0" ...>
+          <pci busid="0000:18:00.0" class="0x030200" ...><gpu dev="0" .../></pci>
+          <pci busid="0000:1a:00.0" class="0x020700" ...><nic><net name="mlx5_0" .../></nic></pci>
+
+The file is read through the node's filesystem (bounded) and parsed with the standard library's
+expat-based parser, which refuses entity expansion bombs.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ElementTree
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from preflight.checks.job import Setting, probe_job
+from preflight.model import Evidence, NotApplicable, Observation, Severity, present, undecided
+from preflight.probing import FactReader
+from preflight.registry import check, probe
+from preflight.sources import NodeFS, SourceError
+
+
+@dataclass(frozen=True)
+class TopoNic:
+    names: tuple[str, ...]  # <net name="..."> children
+    busid: str | None  # busid of the nearest enclosing <pci>, None when there is none
+
+
+@dataclass(frozen=True)
+class TopoFileFacts:
+    setting: Setting | None  # NCCL_TOPO_FILE and where it came from
+    exists: bool
+    parse_error: str
+    read_error: str
+    nics: tuple[TopoNic, ...]
+    device_busids: tuple[str, ...]  # busids of <pci> nodes holding a <gpu> or <nic>
+    node_busids: tuple[str, ...]  # /sys/bus/pci/devices on this node
+
+
+def parse_topology(text: str) -> tuple[tuple[TopoNic, ...], tuple[str, ...]]:
+    """NICs with their enclosing bus ID, and the bus IDs of GPU/NIC PCI nodes; ValueError on XML errors."""
+    try:
+        root = ElementTree.fromstring(text)
+    except ElementTree.ParseError as error:
+        raise ValueError(str(error)) from None
+    nics: list[TopoNic] = []
+    devices: list[str] = []
+
+    def walk(node: ElementTree.Element, busid: str | None) -> None:
+        if node.tag == "pci" and node.get("busid"):
+            busid = node.get("busid", "").lower()
+            if any(child.tag in ("gpu", "nic") for child in node):
+                devices.append(busid)
+        if node.tag == "nic":
+            nics.append(TopoNic(tuple(net.get("name", "?") for net in node if net.tag == "net"), busid))
+        for child in node:
+            walk(child, busid)
+
+    walk(root, None)
+    return tuple(nics), tuple(devices)
+
+
+@probe("topo_file")
+def probe_topo_file(fs: NodeFS) -> TopoFileFacts:
+    """The job's NCCL_TOPO_FILE (environment or nccl.conf, NCCL's precedence), parsed."""
+    reader = FactReader(fs)
+    setting = probe_job(fs).nccl("NCCL_TOPO_FILE")  # the same reads as the job probe, remembered by fs
+    node_busids = tuple(name.lower() for name in reader.listing("/sys/bus/pci/devices"))
+    if setting is None or not setting.value.strip():
+        return TopoFileFacts(None, False, "", "", (), (), node_busids)
+    path = setting.value.strip()
+    if not path.startswith("/"):
+        return TopoFileFacts(setting, False, "", "a relative path: NCCL opens it from each rank's working directory", (), (), node_busids)
+    try:
+        text = fs.read(path)
+    except SourceError as error:
+        return TopoFileFacts(setting, True, "", error.reason, (), (), node_busids)
+    if text is None:
+        return TopoFileFacts(setting, False, "", "", (), (), node_busids)
+    try:
+        nics, devices = parse_topology(text)
+    except ValueError as error:
+        return TopoFileFacts(setting, True, str(error), "", (), (), node_busids)
+    return TopoFileFacts(setting, True, "", "", nics, devices, node_busids)
+
+
+@check("TOPO004", profiles=("prolog",))
+def nccl_topo_xml_nic_without_busid(topo_file: TopoFileFacts) -> Iterator[Observation]:
+    """NCCL_TOPO_FILE missing or unparsable, NICs in it without a PCI bus ID, or GPU/NIC bus IDs
+    this node does not have."""
+    setting = topo_file.setting
+    if setting is None:
+        raise NotApplicable("the job sets no NCCL_TOPO_FILE")
+    where = Evidence(f"NCCL_TOPO_FILE ({setting.origin})", setting.value.strip())
+    if topo_file.read_error:
+        if topo_file.exists:
+            yield undecided("NCCL_TOPO_FILE", topo_file.read_error, where)
+        else:
+            yield present("NCCL_TOPO_FILE", where, Evidence("path", topo_file.read_error, "an absolute path"), severity=Severity.WARNING)
+        return
+    if not topo_file.exists:
+        yield present("NCCL_TOPO_FILE", where, Evidence(setting.value.strip(), "does not exist on this node", "the topology file for this node type"))
+        return
+    if topo_file.parse_error:
+        yield present("NCCL_TOPO_FILE", where, Evidence(setting.value.strip(), f"not valid XML: {topo_file.parse_error}", "NCCL's topology XML"))
+        return
+    for nic in topo_file.nics:
+        if nic.busid is None:
+            yield present(
+                f"nic {','.join(nic.names) or '?'}",
+                where,
+                Evidence(setting.value.strip(), "<nic> outside any <pci busid=...> node", "each <nic> inside the <pci> node of its PCI function"),
+            )
+    missing = sorted(set(topo_file.device_busids) - set(topo_file.node_busids))
+    if missing and topo_file.node_busids:
+        yield present(
+            "NCCL_TOPO_FILE",
+            where,
+            Evidence(setting.value.strip(), f"GPU/NIC bus IDs not on this node: {', '.join(missing)}", "the bus IDs in /sys/bus/pci/devices"),
+        )
