@@ -15,6 +15,8 @@ from preflight.discovery import build_registry
 from preflight.engine import RunOptions, run
 from preflight.sources import Sources
 
+from test_bad_input import mutate as mutate_file
+
 NODE = Path(__file__).resolve().parent / "fixtures" / "nodes" / "roce-v1v2"
 PORT = "/sys/class/infiniband/mlx5_0/ports/1"
 NET = "/sys/class/net/ens1f0np0"
@@ -37,19 +39,11 @@ def real_path(root: Path, host: str) -> Path:
 
 
 def mutate(root: Path, host: str, how: str) -> None:
-    target = real_path(root, host)
-    if target.is_dir():
-        shutil.rmtree(target)
-    elif target.exists():
-        target.unlink()
-    if how == "empty":
-        target.write_bytes(b"")
-    elif how == "garbage":
-        target.write_bytes(b"\xff\xfe\x00garbage\x80\n" * 20)
-    elif how == "directory":
-        target.mkdir()
-    elif how == "einval":
-        target.write_text("kept\n")  # listed, as sysfs lists it; reads fail
+    """The shared mutations of tests/test_bad_input.py, plus EINVAL on read, which only a
+    recorded root's read-errors.json can express."""
+    mutate_file(root, host.lstrip("/"), "empty" if how == "einval" else how)
+    if how == "einval":
+        real_path(root, host).write_text("kept\n")  # listed, as sysfs lists it; reads fail
         errors = root / ".preflight/read-errors.json"
         document = json.loads(errors.read_text())
         document["errors"] = {host: "EINVAL", **document["errors"]}
