@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 from preflight.sources import NodeFS, SourceError
 from preflight.sources.netlink import FileNetlink, LiveNetlink, ReplayNetlink, dump
-from preflight.sources.nvml import NvmlError, ReplayNvml
+from preflight.sources.nvml import Gpu, LiveNvml, NvmlError, ReplayNvml
 
 
 def test_live_netlink_agrees_with_the_kernel_files() -> None:
@@ -77,6 +78,43 @@ def test_replayed_nvml_answers_errors_and_missing_entries() -> None:
     broken = ReplayNvml({"init": {"error": "NVML_ERROR_DRIVER_NOT_LOADED"}})
     with pytest.raises(NvmlError, match="DRIVER_NOT_LOADED"):
         broken.call("nvmlDeviceGetCount")
+
+
+def test_replayed_nvml_calls_with_arguments_use_slash_keys() -> None:
+    nvml = ReplayNvml({"calls": {
+        "nvmlDeviceGetNvLinkState": {"0/0": {"result": 1}, "0/1": {"error": "NVML_ERROR_NOT_SUPPORTED"}},
+        "nvmlDeviceGetP2PStatus": {"0/gpu1/0": {"result": 0}},
+    }})
+    assert nvml.call("nvmlDeviceGetNvLinkState", 0, 0) == 1
+    assert nvml.call("nvmlDeviceGetP2PStatus", 0, Gpu(1), 0) == 0
+    with pytest.raises(NvmlError, match="NOT_SUPPORTED"):
+        nvml.call("nvmlDeviceGetNvLinkState", 0, 1)
+    with pytest.raises(NvmlError, match=r"nvmlDeviceGetNvLinkState\[0/2\] is not in"):
+        nvml.call("nvmlDeviceGetNvLinkState", 0, 2)
+
+
+def test_live_nvml_passes_arguments_and_second_device_handles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The live source turns ``Gpu(n)`` into that device's handle, as the C API wants."""
+    import types
+
+    calls: list[tuple[object, ...]] = []
+    fake = types.ModuleType("pynvml")
+
+    class NVMLError(Exception):
+        value = 0
+
+    fake.NVMLError = NVMLError  # type: ignore[attr-defined]
+    fake.nvmlInit = lambda: None  # type: ignore[attr-defined]
+    fake.nvmlDeviceGetHandleByIndex = lambda index: f"handle{index}"  # type: ignore[attr-defined]
+
+    def p2p(*arguments: object) -> int:
+        calls.append(arguments)
+        return 0
+
+    fake.nvmlDeviceGetP2PStatus = p2p  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    assert LiveNvml().call("nvmlDeviceGetP2PStatus", 0, Gpu(3), 2) == 0
+    assert calls == [("handle0", "handle3", 2)]
 
 
 def test_one_view_reads_each_file_once(tmp_path: Path) -> None:

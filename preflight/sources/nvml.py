@@ -1,9 +1,13 @@
 """NVML answers, live through pynvml (package ``nvidia-ml-py``) or replayed from a recording.
 
-The boundary is one call: ``call("nvmlDeviceGetName", index)``. Live, it runs the pynvml function
-of that name on the device handle for ``index`` (or without a handle when ``index`` is None) and
-returns plain Python values (bytes become str, ctypes structs become dicts). Replayed, it looks up
-the same key in ``<root>/.preflight/nvml.json``:
+The boundary is one call: ``call("nvmlDeviceGetName", index, *args)``. Live, it runs the pynvml
+function of that name on the device handle for ``index`` (or without a handle when ``index`` is
+None), followed by ``args`` - integers such as a link number or an NVML enum value, or
+:class:`Gpu` for a second device's handle (``nvmlDeviceGetP2PStatus(h0, h1, caps)``) - and returns
+plain Python values (bytes become str, ctypes structs become dicts). Replayed, it looks up the same
+key in ``<root>/.preflight/nvml.json``; with extra arguments the per-device key is the index and
+the arguments joined by ``/`` (``"0/3"`` is link 3 of GPU 0, ``"0/gpu1/0"`` a P2P query from GPU 0
+to GPU 1 for capability 0):
 
 .. code-block:: json
 
@@ -14,7 +18,8 @@ the same key in ``<root>/.preflight/nvml.json``:
         "nvmlDeviceGetCount": {"result": 8},
         "nvmlDeviceGetName": {"0": {"result": "NVIDIA H100 80GB HBM3"},
                               "1": {"error": "NVML_ERROR_GPU_IS_LOST"},
-                              "2": {"hang": true}}}}
+                              "2": {"hang": true}},
+        "nvmlDeviceGetNvLinkState": {"0/0": {"result": 1}, "0/1": {"result": 0}}}}
 
 ``error`` names an ``NVML_ERROR_*`` constant; ``hang`` blocks forever, as a wedged driver does
 (the engine's deadline must cope). A call that was never recorded raises ``NVML_NOT_RECORDED``.
@@ -26,7 +31,8 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol, Union
 
 
 class NvmlError(Exception):
@@ -37,12 +43,30 @@ class NvmlError(Exception):
         self.code = code
 
 
+@dataclass(frozen=True)
+class Gpu:
+    """An extra argument meaning "the handle of GPU ``index``" (for calls relating two GPUs)."""
+
+    index: int
+
+    def __str__(self) -> str:
+        return f"gpu{self.index}"
+
+
+Argument = Union[int, Gpu]
+
+
 class Nvml(Protocol):
     """What probes may ask of NVML."""
 
-    def call(self, function: str, index: int | None = None) -> Any:
-        """Run ``function`` (for device ``index``) and return a plain Python value."""
+    def call(self, function: str, index: int | None = None, *args: Argument) -> Any:
+        """Run ``function`` (for device ``index``, with ``args``) and return a plain Python value."""
         ...
+
+
+def replay_key(index: int, args: tuple[Argument, ...]) -> str:
+    """The per-device key of a recorded answer: ``"3"``, or ``"3/1"`` with arguments."""
+    return "/".join([str(index), *(str(argument) for argument in args)])
 
 
 def plain(value: Any) -> Any:
@@ -87,7 +111,7 @@ class LiveNvml:
                 raise self._init_error
             return self._module
 
-    def call(self, function: str, index: int | None = None) -> Any:
+    def call(self, function: str, index: int | None = None, *args: Argument) -> Any:
         pynvml = self._pynvml()
         target = getattr(pynvml, function, None)
         if target is None or not function.startswith("nvml"):
@@ -96,12 +120,16 @@ class LiveNvml:
             if index is None:
                 return plain(target())
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            extra = [
+                pynvml.nvmlDeviceGetHandleByIndex(argument.index) if isinstance(argument, Gpu) else argument
+                for argument in args
+            ]
             out_struct = _OUT_STRUCTS.get(function)
             if out_struct is not None:  # the caller allocates the result, as in the C API
                 result = getattr(pynvml, out_struct)()
-                target(handle, result)
+                target(handle, *extra, result)
                 return plain(result)
-            return plain(target(handle))
+            return plain(target(handle, *extra))
         except pynvml.NVMLError as error:
             raise NvmlError(_error_name(pynvml, error), str(error)) from None
 
@@ -138,14 +166,14 @@ class ReplayNvml:
             return cls({"init": {"error": "NVML_REPLAY_UNREADABLE", "detail": f"{path}: not an object"}})
         return cls(document, origin=path)
 
-    def call(self, function: str, index: int | None = None) -> Any:
+    def call(self, function: str, index: int | None = None, *args: Argument) -> Any:
         if self._init_answer is not None:
             _answer(self._init_answer, "nvmlInit")
         entry = self._calls.get(function)
         if entry is not None and index is not None:
-            entry = entry.get(str(index)) if isinstance(entry, dict) else None
+            entry = entry.get(replay_key(index, args)) if isinstance(entry, dict) else None
         if not isinstance(entry, dict):
-            where = function if index is None else f"{function}[{index}]"
+            where = function if index is None else f"{function}[{replay_key(index, args)}]"
             raise NvmlError("NVML_NOT_RECORDED", f"{where} is not in {self._origin}")
         return _answer(entry, function)
 
@@ -164,5 +192,5 @@ class NoNvml:
     def __init__(self, reason: str) -> None:
         self.reason = reason
 
-    def call(self, function: str, index: int | None = None) -> Any:
+    def call(self, function: str, index: int | None = None, *args: Argument) -> Any:
         raise NvmlError("NVML_NOT_RECORDED", self.reason)
