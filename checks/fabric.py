@@ -25,7 +25,7 @@ from preflight.model import Evidence, NotApplicable, Observation, Unknown, prese
 from preflight.probing import FactReader
 from preflight.registry import check, probe
 from preflight.sources import NodeFS
-from preflight.sources.nvml import Nvml, NvmlError
+from preflight.sources.nvml import UNANSWERED, Nvml, NvmlError
 
 _NVSWITCH_CLASS = "0x0680"
 _FABRIC_MANAGER_COMM = "nv-fabricmanag"
@@ -95,7 +95,7 @@ def nvls_multicast_init_failure(fabric: FabricFacts, job: JobFacts) -> Iterator[
     """GPUs outside a completed NVLink fabric on an NVSwitch system, where NVLS cannot start."""
     if not fabric.nvswitches:
         raise NotApplicable("no NVSwitch on this node")
-    if fabric.nvml_error == "NVML_NOT_RECORDED":
+    if fabric.nvml_error in UNANSWERED:
         raise Unknown("no NVML answers recorded for this root")
     if fabric.nvml_error:
         raise Unknown(f"NVML unavailable ({fabric.nvml_error}); the fabric state cannot be read")

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from preflight.model import Evidence, NotApplicable, Observation, Unknown, present, undecided
 from preflight.registry import check, probe
 from preflight.checks.kernel_log import HARDWARE_XIDS, KernelLogFacts, XidEvent
-from preflight.sources.nvml import Nvml, NvmlError
+from preflight.sources.nvml import UNANSWERED, Nvml, NvmlError
 
 @dataclass(frozen=True)
 class RemappedRows:
@@ -72,9 +72,9 @@ def nccl_cuda_call_failed(gpu_health: GpuHealthFacts, kernel_log: KernelLogFacts
     since boot."""
     xids = list(_hardware_xids(kernel_log))
     yield from xids
-    if gpu_health.nvml_error == "NVML_NOT_RECORDED":
+    if gpu_health.nvml_error in UNANSWERED:
         if not xids:
-            raise Unknown("no NVML answers recorded for this root")
+            raise Unknown(f"no NVML answers recorded for this root ({gpu_health.nvml_error})")
         return
     unsupported = all(gpu.error == "NVML_ERROR_NOT_SUPPORTED" for gpu in gpu_health.gpus)
     if gpu_health.nvml_error or not gpu_health.gpus or unsupported:

@@ -23,7 +23,7 @@ from preflight.model import Evidence, NotApplicable, Observation, Unknown, prese
 from preflight.probing import FactReader
 from preflight.registry import check, probe
 from preflight.sources import NodeFS
-from preflight.sources.nvml import Nvml, NvmlError
+from preflight.sources.nvml import UNANSWERED, Nvml, NvmlError
 
 NVIDIA_VENDOR = 0x10DE
 # NVML start-up errors that mean "the driver stack is broken", not "this node has no GPUs".
@@ -120,7 +120,7 @@ def probe_gpus(fs: NodeFS, nvml: Nvml) -> GpuFacts:
 @check("GPU001", profiles=("prolog",))
 def gpu_unusable_by_driver(gpus: GpuFacts, expect: Expectations) -> Iterator[Observation]:
     """A GPU is on the bus but unusable: lost, invisible to NVML, or the driver stack is broken."""
-    if gpus.nvml_error == "NVML_NOT_RECORDED":
+    if gpus.nvml_error in UNANSWERED:
         raise Unknown(gpus.nvml_detail)
     if not gpus.pci_gpus and gpus.nvml_error:
         raise NotApplicable(f"no NVIDIA GPU on the PCI bus and NVML unavailable ({gpus.nvml_error})")

@@ -483,6 +483,8 @@ def hostname_resolution_broken(hostname: HostnameFacts) -> Iterator[Observation]
             yield observation
     if hostname.peers_error:
         yield undecided("job peers", hostname.peers_error)
+    if hostname.dns_error and not hostname.nameservers:
+        yield undecided("nameservers", f"not queried: {hostname.dns_error}")
     for server in hostname.nameservers:
         observation = _judge_nameserver(server, hostname)
         if observation is not None:

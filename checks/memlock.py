@@ -291,6 +291,9 @@ def memlock_limit_too_low(memlock: MemlockFacts, job: JobFacts, expect: Expectat
     for problem in memlock.problems:
         if "/limits" in problem:
             yield undecided(problem.split(":", 1)[0], problem)
+        elif problem.split(":", 1)[0].endswith("/comm") and memlock.slurmd_pid is None:
+            # slurmd's pid file names a process whose name cannot be read: slurmd or not, unknown.
+            yield undecided("slurmd", problem)
     run_by_slurmd = job.environ.get("SLURM_SCRIPT_CONTEXT") in _SLURMD_SCRIPT_CONTEXTS and memlock.slurmd is not None
     if memlock.process is not None and memlock.process.soft < minimum and not run_by_slurmd:
         yield present("process", _limit_evidence(memlock.process, minimum))

@@ -465,6 +465,14 @@ def _kind(port: RdmaPort, rdma: RdmaFacts) -> tuple[str, str]:
     return (port.link_layer or "?", (device.hca_type if device else None) or "?")
 
 
+def _kind_unreadable(port: RdmaPort, rdma: RdmaFacts) -> str:
+    """The read problem that hides a port's kind (its link layer or its HCA's type), if any."""
+    device = rdma.device(port.device)
+    wanted = {f"{port.path}/link_layer"} | ({f"{device.path}/hca_type"} if device else set())
+    problems = [*port.problems, *(device.problems if device else ())]
+    return next((str(problem) for problem in problems if problem.path in wanted), "")
+
+
 def judged_ports(rdma: RdmaFacts, expect: Expectations) -> list[RdmaPort]:
     """The data ports whose health matters (see the module docstring)."""
     if expect.hcas is not None:
@@ -503,6 +511,9 @@ def _degraded(port: RdmaPort, active: list[RdmaPort], rdma: RdmaFacts, expect: E
         return None
     reference = _reference_rate(port, active, rdma)
     if reference is None:
+        unreadable = _kind_unreadable(port, rdma)
+        if unreadable:
+            return undecided(port.subject, f"{unreadable}; cannot tell which ports its rate should match")
         return None
     rate, holders, peers = reference
     if port.rate.gbps < rate.gbps or port.rate.width < rate.width:

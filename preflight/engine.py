@@ -124,7 +124,7 @@ def run_probes(
         try:
             facts = _call_probe(spec, sources, config)
             outcome = ProbeOutcome(spec.name, "ok", clock.monotonic() - begin, facts)
-        except SourceError as error:
+        except (SourceError, Unknown) as error:  # a fact the probe needs could not be had
             outcome = ProbeOutcome(spec.name, "error", clock.monotonic() - begin, error=str(error))
         except Exception as error:  # a probe bug must not crash the run
             outcome = ProbeOutcome(
