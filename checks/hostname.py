@@ -118,7 +118,8 @@ def parse_hosts(text: str, path: str = "/etc/hosts") -> list[HostsEntry]:
     entries = []
     for number, line in enumerate(text.splitlines(), 1):
         fields = line.split("#", 1)[0].split()
-        if len(fields) >= 2:
+        # glibc's files service skips lines whose address does not parse (inet_pton).
+        if len(fields) >= 2 and _is_ip(fields[0]):
             entries.append(HostsEntry(fields[0], tuple(fields[1:]), f"{path}:{number}"))
     return entries
 

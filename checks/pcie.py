@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from preflight.checks.job import JobFacts
-from preflight.model import Evidence, NotApplicable, Observation, present, undecided
+from preflight.model import Evidence, NotApplicable, Observation, Unknown, present, undecided
 from preflight.probing import FactReader
 from preflight.registry import check, probe
 from preflight.sources import NodeFS, SourceError
@@ -251,6 +251,12 @@ def _bridge(fs: NodeFS, bdf: str) -> Bridge:
 @check("PCI001", profiles=("prolog",))
 def acs_redirect_breaks_gpudirect_rdma(pcie: PcieFacts) -> Iterator[Observation]:
     """ACS P2P redirect on a bridge between a GPU and its nearest RDMA NIC, on bare metal."""
+    # A device whose vendor, class or entries could not be read may be a GPU or NIC not seen.
+    unclassified = [p for p in pcie.problems if p.startswith("/sys/bus/pci/devices") and not p.split(": ", 1)[0].endswith("/numa_node")]
+    if unclassified and not (pcie.gpus and pcie.nics and pcie.pairs):
+        raise Unknown(f"cannot tell which PCI devices are GPUs and RDMA NICs: {unclassified[0]}")
+    if unclassified:
+        yield undecided("PCI devices", f"cannot tell which PCI devices are GPUs and RDMA NICs: {unclassified[0]}")
     if not pcie.gpus or not pcie.nics:
         raise NotApplicable("needs NVIDIA GPUs and RDMA NICs on this node")
     if pcie.hypervisor:

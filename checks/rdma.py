@@ -486,8 +486,9 @@ def judged_ports(rdma: RdmaFacts, expect: Expectations) -> list[RdmaPort]:
     return [
         port
         for group in groups.values()
-        if 2 * sum(1 for p in group if p.state == PORT_ACTIVE) > len(group)
         for port in group
+        # A port of unreadable kind stays: the check says unknown rather than drop it unseen.
+        if 2 * sum(1 for p in group if p.state == PORT_ACTIVE) > len(group) or _kind_unreadable(port, rdma)
     ]
 
 
@@ -509,11 +510,14 @@ def _degraded(port: RdmaPort, active: list[RdmaPort], rdma: RdmaFacts, expect: E
                 port_evidence(port, "rate", expected=f"{expect.rate_gbps:g} Gb/sec (expect.rate_gbps)"),
             )
         return None
+    unreadable = _kind_unreadable(port, rdma)
+    if unreadable:
+        rates = [p.rate for p in active if p.rate is not None]
+        if all(port.rate.gbps >= rate.gbps and port.rate.width >= rate.width for rate in rates):
+            return None  # as fast and wide as every active port: not degraded, whatever its kind
+        return undecided(port.subject, f"{unreadable}; cannot tell which ports its rate should match")
     reference = _reference_rate(port, active, rdma)
     if reference is None:
-        unreadable = _kind_unreadable(port, rdma)
-        if unreadable:
-            return undecided(port.subject, f"{unreadable}; cannot tell which ports its rate should match")
         return None
     rate, holders, peers = reference
     if port.rate.gbps < rate.gbps or port.rate.width < rate.width:
@@ -537,7 +541,10 @@ def rdma_stack_or_ports_misconfigured(rdma: RdmaFacts, expect: Expectations) -> 
             )
     active = []
     for port in judged_ports(rdma, expect):
-        if port.state is not None and port.state != PORT_ACTIVE:
+        unreadable = _kind_unreadable(port, rdma) if expect.hcas is None else ""
+        if unreadable and port.state != PORT_ACTIVE:
+            yield undecided(port.subject, f"{unreadable}; cannot tell whether ports of its kind are in use")
+        elif port.state is not None and port.state != PORT_ACTIVE:
             yield present(port.subject, port_evidence(port, "state", "phys_state", expected="4: ACTIVE, 5: LinkUp"))
         elif port.state is None or port.phys_state is None:
             yield undecided(port.subject, port.why("state" if port.state is None else "phys_state"))

@@ -336,8 +336,11 @@ def read_recording(path: str, max_bytes: int = RECORDING_MAX_BYTES, cut: bool = 
     OSError, with a readable ``strerror`` for the two refusals."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
-        if not stat_codes.S_ISREG(os.fstat(fd).st_mode):
+        status = os.fstat(fd)
+        if not stat_codes.S_ISREG(status.st_mode):
             raise OSError(errno_codes.EINVAL, "not a regular file")
+        if status.st_size > max_bytes and not cut:
+            raise OSError(errno_codes.EFBIG, f"larger than {max_bytes} bytes")
         chunks: list[bytes] = []
         remaining = max_bytes + 1
         while remaining > 0:
