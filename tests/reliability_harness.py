@@ -32,26 +32,30 @@ import os
 import random
 import re
 import shutil
+import socket
 import stat
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 from preflight.config import HostConfig
 from preflight.discovery import build_registry
 from preflight.engine import Report, RunOptions, run
 from preflight.model import Status
 from preflight.registry import Registry
-from preflight.sources import NodeFS, Sources
+from preflight.sources import NodeFS, SourceError, Sources
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "nodes" / "hgx-h100"
 FIXTURE_NODES = REPO / "tests" / "fixtures" / "nodes"
 RUN_TIMEOUT_S = 10.0
-#: Bigger than NodeFS's 4 MiB read cap; sparse, so it costs no disk.
-HUGE_BYTES = 64 * 1024 * 1024
+#: Bigger than every read cap (NodeFS's 4 MiB, the 64 MiB TCP tables, 32 MiB recordings);
+#: sparse, so it costs no disk.
+HUGE_BYTES = 96 * 1024 * 1024
 READ_ERRNOS = ("EACCES", "EIO", "EINVAL", "EPERM", "ENODEV", "ENXIO")
 
 CONTENT_KINDS = ("delete", "truncate", "garble")
@@ -369,3 +373,121 @@ def random_mutations(rng: random.Random, bench: MutationBench, name: str, most: 
 
 def errno_name(code: int) -> str:
     return errno_codes.errorcode.get(code, str(code))
+
+
+# -- hung sources -----------------------------------------------------------------------------
+# Stubs injected through ``Sources`` for what a recorded root cannot make hang by itself. Each
+# blocks until ``release()`` so that a test can end its stuck threads when it is done; the
+# NVML replay's ``{"hang": true}`` blocks for good, as a wedged driver does.
+
+
+class HangingNetlink:
+    """A netlink source whose every dump never returns (a kernel that never answers)."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.calls = 0
+
+    def _hang(self) -> Any:
+        self.calls += 1
+        self.gate.wait()
+        raise SourceError("netlink", "released after hanging")
+
+    def links(self) -> list[Any]:
+        return cast("list[Any]", self._hang())
+
+    def addresses(self) -> list[Any]:
+        return cast("list[Any]", self._hang())
+
+    def route_get(self, destination: str, source: str = "") -> Any:
+        return self._hang()
+
+    def dcb(self, ifname: str) -> Any:
+        return self._hang()
+
+    def pause(self, ifname: str) -> Any:
+        return self._hang()
+
+    def release(self) -> None:
+        self.gate.set()
+
+
+class BlockingFS(NodeFS):
+    """A recorded root whose reads under ``blocked`` never return (a sysfs read in D state)."""
+
+    def __init__(self, root: str, blocked: tuple[str, ...], gate: threading.Event) -> None:
+        super().__init__(root)
+        self.blocked = blocked
+        self.gate = gate
+
+    def read_bytes(self, path: str, max_bytes: int | None = None) -> bytes | None:
+        if path.startswith(self.blocked):
+            self.gate.wait()
+            raise SourceError(path, "released after blocking")
+        return super().read_bytes(path, max_bytes)
+
+
+class SilentDnsServer:
+    """A UDP socket on loopback that reads queries and never answers."""
+
+    def __init__(self, address: str = "127.0.0.79") -> None:
+        self.socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.socket.bind((address, 0))
+        self.socket.settimeout(0.2)
+        self.address, self.port = self.socket.getsockname()
+        self.stop = threading.Event()
+        self.queries = 0
+        self.thread = threading.Thread(target=self._swallow, name="silent-dns", daemon=True)
+        self.thread.start()
+
+    def _swallow(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self.socket.recvfrom(4096)
+                self.queries += 1
+            except OSError:
+                continue
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.socket.close()
+
+
+def hang_nvml(root: Path) -> None:
+    """Make the root's NVML recording block forever on the first calls every NVML probe makes."""
+    path = root / ".preflight" / "nvml.json"
+    document = json.loads(path.read_text())
+    for function in ("nvmlSystemGetDriverVersion", "nvmlDeviceGetCount"):
+        document["calls"][function] = {"hang": True}
+    path.write_text(json.dumps(document))
+
+
+@dataclass
+class HungSources:
+    """Every source of one recorded root hung at once: NVML (replay hang), netlink (stub), DNS
+    (a live resolver asking a server that never answers), and the reads of ``BLOCKED_PATHS``."""
+
+    root: Path
+    dns_server: SilentDnsServer
+    netlink: HangingNetlink = field(default_factory=HangingNetlink)
+    fs_gate: threading.Event = field(default_factory=threading.Event)
+
+    BLOCKED_PATHS = ("/proc/net/tcp",)
+
+    def sources(self) -> Sources:
+        from preflight.sources.dns import LiveDns, ResolvConf
+        from preflight.sources.nvml import ReplayNvml
+
+        fs = BlockingFS(str(self.root), self.BLOCKED_PATHS, self.fs_gate)
+        nvml = ReplayNvml.from_file(str(self.root / ".preflight" / "nvml.json"))
+        dns = LiveDns(ResolvConf((self.dns_server.address,), ("cluster",)), self.dns_server.port, lifetime=30.0)
+        return Sources(fs, nvml, self.netlink, dns)
+
+    def release(self) -> None:
+        self.netlink.release()
+        self.fs_gate.set()
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
