@@ -96,7 +96,7 @@ def nvls_multicast_init_failure(fabric: FabricFacts, job: JobFacts) -> Iterator[
     if not fabric.nvswitches:
         raise NotApplicable("no NVSwitch on this node")
     if fabric.nvml_error in UNANSWERED:
-        raise Unknown("no NVML answers recorded for this root")
+        raise Unknown(f"no NVML answers recorded for this root ({fabric.nvml_error})")
     if fabric.nvml_error:
         raise Unknown(f"NVML unavailable ({fabric.nvml_error}); the fabric state cannot be read")
     nvls = job.nccl("NCCL_NVLS_ENABLE")

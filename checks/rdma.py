@@ -442,6 +442,15 @@ def require_rdma(rdma: RdmaFacts) -> None:
         raise NotApplicable(f"no RDMA devices in {IB_CLASS}")
 
 
+def unlisted_ports(rdma: RdmaFacts) -> Iterator[Observation]:
+    """An undecided observation for each data device whose ports directory could not be listed:
+    its ports are unknown, not absent."""
+    for device in rdma.data_devices:
+        unlisted = [p for p in device.problems if p.path == f"{device.path}/ports" and p.reason != "no ports"]
+        if unlisted and not device.ports:
+            yield undecided(device.name, str(unlisted[0]))
+
+
 def port_evidence(port: RdmaPort, *attributes: str, expected: str = "") -> Evidence:
     """One evidence line with several port attributes, read from ``ports/<n>/``."""
     shown = []
@@ -533,6 +542,7 @@ def _degraded(port: RdmaPort, active: list[RdmaPort], rdma: RdmaFacts, expect: E
 def rdma_stack_or_ports_misconfigured(rdma: RdmaFacts, expect: Expectations) -> Iterator[Observation]:
     """Expected HCAs missing, data ports down, or links trained below their rate or width."""
     require_rdma(rdma)
+    yield from unlisted_ports(rdma)
     for name in expect.hcas or ():
         if rdma.device(name) is None:
             yield present(
@@ -568,11 +578,15 @@ def ib_subnet_manager_sweep_failure(rdma: RdmaFacts, kernel_log: KernelLogFacts 
     and IPoIB multicast joins the subnet administrator refused or never answered since boot."""
     require_rdma(rdma)
     ports = [port for port in rdma.data_ports if port.link_layer in ("InfiniBand", None)]
+    unlisted = list(unlisted_ports(rdma))
     if not any(port.link_layer == "InfiniBand" for port in ports):
         unreadable = [port for port in ports if port.link_layer is None]
         if unreadable:
             raise Unknown(unreadable[0].why("link_layer"))
+        if unlisted:
+            raise Unknown(unlisted[0].reason)
         raise NotApplicable("no InfiniBand link-layer ports (RoCE and EFA have no subnet manager)")
+    yield from unlisted
     yield from _refused_joins(kernel_log)
     for port in ports:
         if port.link_layer is None:
