@@ -491,3 +491,58 @@ class HungSources:
 
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
+
+
+# -- untrusted inputs -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Measured:
+    """One command's exit status, output, wall time and peak resident memory."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+    max_rss_mb: float
+
+
+# Runs the command as its only child and reports RUSAGE_CHILDREN's peak RSS, which in the test
+# process would be the largest of every child it ever waited for.
+_MEASURE = """
+import json, resource, subprocess, sys, time
+begin = time.monotonic()
+result = subprocess.run(sys.argv[2:], stdin=subprocess.DEVNULL, timeout=float(sys.argv[1]))
+peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+sys.stderr.write("\\n@@measure " + json.dumps([result.returncode, time.monotonic() - begin, peak]) + "\\n")
+"""
+
+
+def measure(command: list[str], timeout: float = 600) -> Measured:
+    import subprocess
+    import sys
+
+    wrapped = subprocess.run(
+        [sys.executable, "-c", _MEASURE, str(timeout), *command],
+        capture_output=True, text=True, errors="replace", timeout=timeout + 30, cwd="/",
+    )
+    stderr, _, tail = wrapped.stderr.rpartition("\n@@measure ")
+    returncode, seconds, peak = json.loads(tail)
+    return Measured(returncode, wrapped.stdout, stderr, seconds, peak)
+
+
+def repetitive_log(path: Path, size: int) -> None:
+    """NCCL setup chatter with the catalogue's own example lines spread through it."""
+    from preflight.catalogue import load_all
+
+    examples = [e for r in load_all() for item in r.signatures for e in item.get("examples", [])]
+    chatter = "gpu017:2187:2301 [3] NCCL INFO Channel 05/0 : 3[3] -> 4[4] via P2P/CUMEM/read\n" * 200
+    block = "".join(chatter + example + "\n" for example in examples).encode()
+    with open(path, "wb") as handle:
+        written = 0
+        while written < size:
+            handle.write(block)
+            written += len(block)
+
+
+def sparse_file(path: Path, size: int) -> None:
+    with open(path, "wb") as handle:
+        handle.truncate(size)
