@@ -1,5 +1,7 @@
-"""Mutated recorded roots: the machinery shared by ``tests/test_reliability_mutations.py`` (a
-bounded hypothesis run) and ``bench/reliability.py`` (thousands of seeded mutations).
+"""The machinery of the reliability tests (``tests/test_reliability_*.py``), shared with
+``bench/reliability.py``, which runs the same checks at larger scale: mutated recorded roots,
+sources that hang (:class:`HungSources`), and measured commands for untrusted inputs
+(:func:`measure`).
 
 A *mutation* breaks one file the probes read in a writable copy of a recorded root: deletes it,
 truncates it, garbles it, plants non-UTF-8 bytes, records a read error for it in
@@ -534,13 +536,13 @@ def repetitive_log(path: Path, size: int) -> None:
     from preflight.catalogue import load_all
 
     examples = [e for r in load_all() for item in r.signatures for e in item.get("examples", [])]
-    chatter = "gpu017:2187:2301 [3] NCCL INFO Channel 05/0 : 3[3] -> 4[4] via P2P/CUMEM/read\n" * 200
+    chatter = "gpu017:2187:2301 [3] NCCL INFO Channel 05/0 : 3[3] -> 4[4] via P2P/CUMEM/read\n" * 20
     block = "".join(chatter + example + "\n" for example in examples).encode()
     with open(path, "wb") as handle:
         written = 0
         while written < size:
-            handle.write(block)
-            written += len(block)
+            handle.write(block[: size - written])
+            written += min(len(block), size - written)
 
 
 def sparse_file(path: Path, size: int) -> None:
