@@ -65,7 +65,8 @@ def test_endless_line_is_scanned_in_pieces(tmp_path: Path) -> None:
 
 def test_repetitive_log_and_gzip_bomb_stay_bounded(tmp_path: Path) -> None:
     """20 MB of chatter with every catalogue example spread through it, plain and as a gzip
-    stream that inflates 100x: memory does not grow with the input, candidates are found."""
+    stream that inflates over 20x (the bench inflates one to 1 GiB): memory does not grow with
+    the input, candidates are found."""
     log = tmp_path / "rank0.log"
     repetitive_log(log, 20 << 20)
     code, report, _, seconds, rss = explain(str(log))
@@ -74,7 +75,7 @@ def test_repetitive_log_and_gzip_bomb_stay_bounded(tmp_path: Path) -> None:
     bomb = tmp_path / "rank1.log.gz"
     with gzip.open(bomb, "wb", compresslevel=9) as handle:
         handle.write(log.read_bytes())
-    assert os.path.getsize(bomb) * 50 < os.path.getsize(log)
+    assert os.path.getsize(bomb) * 20 < os.path.getsize(log)
     code, report, _, seconds, rss = explain(str(bomb))
     assert code == 1 and report["candidates"]
     assert seconds < 90 and rss < MAX_RSS_MB
