@@ -360,7 +360,8 @@ def render(figures: dict[str, Any], args: argparse.Namespace) -> str:
         "## Mutated recorded roots",
         "",
         f"{m['runs']} runs over {m['roots']} recorded roots ({m['targets']} files the probes read), one to three "
-        "mutations each, every full-profile check run in-process through the engine. A run is judged against the "
+        "mutations each plus a broken `.preflight` recording in every fourth run, every full-profile check run "
+        "in-process through the engine. A run is judged against the "
         "unmutated root: no exception, nothing caught by the engine's safety net, every `unknown` with a reason, and, "
         "where every mutation made evidence unreadable, no reference turned healthier (a `present` finding vanishing "
         "without an `unknown`, or a checked reference becoming only `absent`/`not_applicable`). "
