@@ -50,7 +50,7 @@ from typing import Any
 from preflight.hostlist import HostlistError, expand, matches, split_top_level
 from preflight.model import REFERENCE_ID, Severity
 from preflight.sources import DnsSettings
-from preflight.tomlcompat import TOMLDecodeError, loads
+from preflight.tomlcompat import TomlError, parse_toml
 from preflight.units import UNLIMITED, parse_size
 
 DEFAULT_CONFIG_PATH = "/etc/preflight/preflight.toml"
@@ -244,8 +244,8 @@ class _Reader:
 def parse_config(text: str, path: str, hostname: str) -> HostConfig:
     """Parse and validate a configuration file and merge the sections matching ``hostname``."""
     try:
-        document = loads(text)
-    except TOMLDecodeError as error:
+        document = parse_toml(text)
+    except TomlError as error:
         raise ConfigError(f"{path}: not valid TOML: {error}") from None
     reader = _Reader(path, text)
     reader.keys(document, _TOP_KEYS, "")
