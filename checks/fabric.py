@@ -215,6 +215,9 @@ def _manager_missing(manager: FabricManager) -> Evidence:
 @check("NVL006", profiles=("full",))
 def nvls_multicast_init_failure(fabric: FabricFacts, job: JobFacts) -> Iterator[Observation]:
     """GPUs outside a completed NVLink fabric, or an NVSwitch system without its fabric manager."""
+    if not fabric.nvswitches and fabric.nvml_error:
+        # GPU001 reports a broken NVML; here it only means a GB200-style tray cannot be recognised.
+        raise NotApplicable(f"no NVSwitch on this node (NVML unavailable, {fabric.nvml_error}, to look for a multi-node fabric)")
     if not fabric.nvswitches and not fabric.multi_node_tray:
         raise NotApplicable("no NVSwitch on this node and no GPU in a multi-node NVLink fabric")
     if fabric.nvml_error == "NVML_NOT_RECORDED":
