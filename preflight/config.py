@@ -20,6 +20,7 @@
     rate_gbps = 400         # expected active rate of each data RDMA port
     peers = ["gpu[001-064]", "10.0.0.5"]  # hosts routes must reach, beyond the job's own
     lossless_priority = 3   # the RoCE priority PFC protects (0-7)
+    nvlinks_per_gpu = 18    # active NVLinks each GPU should have (H100/H200/B200 SXM: 18)
 
     [severity]              # per-reference severity overrides
     MEM002 = "error"
@@ -74,6 +75,9 @@ class Expectations:
     peers: tuple[str, ...] = ()
     rate_gbps: float | None = None  # per RDMA port, as /sys/class/infiniband/*/ports/*/rate shows it
     lossless_priority: int | None = None  # the 802.1p priority RoCE traffic is lossless on (PFC)
+    # Active NVLinks per GPU (nvmlDeviceGetNvLinkState); without it GPUs of one model on a node
+    # are compared with each other.
+    nvlinks_per_gpu: int | None = None
 
 
 @dataclass(frozen=True)
@@ -162,6 +166,7 @@ _EXPECT_KEYS: dict[str, Callable[[Any], Any]] = {
     "peers": _hostlists,
     "rate_gbps": _positive_number,
     "lossless_priority": _priority,
+    "nvlinks_per_gpu": _positive_int,
 }
 _RUN_KEYS: dict[str, Callable[[Any], Any]] = {
     "timeout": _positive_float,

@@ -35,7 +35,7 @@ def test_blocking_nvml_becomes_unknown_within_deadline(run_cli: Runner, node_cop
     assert report["duration_s"] < 2.5
     assert elapsed < 2.0 + 0.5 + 1.5  # interpreter start-up on a 2-core machine included
     # The other NVML references wait for the same stuck library; every other reference is still decided.
-    nvml_references = {"GPU001", "GPU002", "GDR003", "NVL006"}
+    nvml_references = {"GPU001", "GPU002", "GDR003", "NVL003", "NVL004", "NVL006", "PCI004", "PCI005"}
     assert {f["status"] for f in report["findings"] if f["id"] in nvml_references} == {"unknown"}
     assert {f["status"] for f in report["findings"] if f["id"] not in nvml_references} <= {"present", "absent", "not_applicable"}
 
