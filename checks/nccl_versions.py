@@ -24,6 +24,7 @@ Sources beyond the other probes (``nccl_platform``):
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -56,6 +57,7 @@ from preflight.units import UNLIMITED, format_size
 
 FABRIC_COMPLETED = 3
 SAFE_STACK = 8192 * 1024  # NCCL's SAFE_STACK_SIZE: the Linux default limit, known to be enough
+PCI_DEVICES = "/sys/bus/pci/devices"
 _NVIDIA, _GPU_CLASSES = "0x10de", ("0x0300", "0x0302")
 _SLURM_CONF_PATHS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf")
 # Scripts slurmd runs itself carry slurmd's limits, not the job's (Slurm's prolog/epilog guide).
@@ -81,7 +83,8 @@ class NcclPlatformFacts:
     slurm_conf: str | None  # the slurm.conf read
     stack_propagated: bool | None  # whether slurm.conf lets the submitting shell's STACK through
     propagation_setting: str  # the deciding slurm.conf line
-    gpus_without_link_speed: tuple[str, ...]  # NVIDIA GPUs with no max_link_speed (own or parent's)
+    pci_gpus: tuple[str, ...]  # NVIDIA display/3D functions in /sys/bus/pci/devices
+    gpus_without_link_speed: tuple[str, ...]  # those with no max_link_speed (own or parent's)
     problems: tuple[str, ...]
 
     @property
@@ -149,17 +152,28 @@ def _fabric_cliques(nvml: Nvml) -> tuple[tuple[GpuClique, ...], str]:
     return tuple(gpus), ""
 
 
-def _gpus_without_link_speed(reader: FactReader) -> tuple[str, ...]:
-    missing = []
-    for bdf in reader.listing("/sys/bus/pci/devices"):
-        base = f"/sys/bus/pci/devices/{bdf}"
+def _pci_gpus(fs: NodeFS, reader: FactReader) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """NVIDIA GPUs on the PCI bus, and those whose own or parent's ``max_link_speed`` is missing
+    (NCCL reads both)."""
+    gpus, missing = [], []
+    for bdf in reader.listing(PCI_DEVICES):
+        base = f"{PCI_DEVICES}/{bdf}"
         if (reader.text(f"{base}/vendor") or "").strip() != _NVIDIA:
             continue
         if not (reader.text(f"{base}/class") or "").strip().startswith(_GPU_CLASSES):
             continue
-        if not reader.exists(f"{base}/max_link_speed") or not reader.exists(f"{base}/../max_link_speed"):
+        gpus.append(bdf)
+        try:
+            target = fs.readlink(base)
+        except SourceError as error:
+            reader.problems.append(str(error))
+            continue
+        # The parent is the bridge above the function in /sys/devices; paths are normalised
+        # lexically, so ".." must be taken off the resolved link, not off the bus directory.
+        real = posixpath.normpath(posixpath.join(PCI_DEVICES, target)) if target else base
+        if not reader.exists(f"{real}/max_link_speed") or not reader.exists(f"{posixpath.dirname(real)}/max_link_speed"):
             missing.append(bdf)
-    return tuple(missing)
+    return tuple(gpus), tuple(missing)
 
 
 @probe("nccl_platform", gather_in=("full",))
@@ -172,6 +186,7 @@ def probe_nccl_platform(fs: NodeFS, nvml: Nvml) -> NcclPlatformFacts:
         conf_override = parse_environ(fs.read_bytes("/proc/self/environ") or b"").get("SLURM_CONF", "")
     except SourceError:
         conf_override = ""  # the job probe reports an unreadable environment
+    pci_gpus, without_link_speed = _pci_gpus(fs, reader)
     slurm_conf, propagated, setting = None, None, ""
     for path in ((conf_override,) if conf_override.startswith("/") else ()) + _SLURM_CONF_PATHS:
         text = reader.text(path)
@@ -186,7 +201,8 @@ def probe_nccl_platform(fs: NodeFS, nvml: Nvml) -> NcclPlatformFacts:
         slurm_conf=slurm_conf,
         stack_propagated=propagated,
         propagation_setting=setting,
-        gpus_without_link_speed=_gpus_without_link_speed(reader),
+        pci_gpus=pci_gpus,
+        gpus_without_link_speed=without_link_speed,
         problems=tuple(reader.problems),
     )
 
@@ -315,6 +331,11 @@ def mnnvl_init_stack_overrun(nccl_libs: NcclLibFacts, nccl_platform: NcclPlatfor
     """NCCL before 2.28.3 on a multi-node NVLink GPU with a stack limit that is unlimited (glibc
     then gives threads 2 MiB) or below 8 MiB."""
     require_nccl(nccl_libs)
+    if not nccl_platform.pci_gpus:
+        raise NotApplicable("no NVIDIA GPU in /sys/bus/pci/devices")
+    carrying, unnamed = affected(nccl_libs, MNNVL_STACK)
+    if not carrying and not unnamed:
+        return  # every copy is 2.28.3 or newer (or older than MNNVL), whatever the fabric
     if nccl_platform.nvml_error:
         raise Unknown(f"NVML unavailable ({nccl_platform.nvml_error}); the NVLink fabric cannot be read")
     unanswered = [gpu for gpu in nccl_platform.gpus if gpu.error]
@@ -328,7 +349,6 @@ def mnnvl_init_stack_overrun(nccl_libs: NcclLibFacts, nccl_platform: NcclPlatfor
     stack, source, unknown = _job_stack(nccl_platform, job)
     clique = Evidence("nvmlDeviceGetGpuFabricInfo", f"{len(cliques)} GPUs in clique {cliques[0].clique_id} of a multi-node NVLink fabric")
     if stack is None:
-        carrying, unnamed = affected(nccl_libs, MNNVL_STACK)
         for copy in carrying + unnamed:
             yield undecided(copy.path, unknown, clique)
         return

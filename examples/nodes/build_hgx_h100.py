@@ -84,7 +84,9 @@ def link(root: str, path: str, target: str) -> None:
 def pci_device(root: str, bdf: str, parent: str, vendor: str, device: str, klass: str, numa: int) -> str:
     """A PCI function under /sys/devices with a /sys/bus/pci/devices link; returns its path."""
     path = f"/sys/devices/{parent}/{bdf}"
-    for name, value in (("vendor", vendor), ("device", device), ("class", klass), ("numa_node", str(numa))):
+    # PCIe Gen5 x16 links (H100 SXM, ConnectX-7, the switches); NVSwitches left without them.
+    speed = (("max_link_speed", "32.0 GT/s PCIe"), ("max_link_width", "16")) if klass != "0x068000" else ()
+    for name, value in (("vendor", vendor), ("device", device), ("class", klass), ("numa_node", str(numa)), *speed):
         write(root, f"{path}/{name}", value + "\n")
     link(root, f"/sys/bus/pci/devices/{bdf}", f"../../..{path[len('/sys'):]}")
     return path
@@ -291,6 +293,10 @@ def build(root: str) -> None:
     dns["answers"].update(NAME_SERVICE_ANSWERS)
     dns["servers"] = {"10.10.0.2": {"rcode": "NOERROR", "elapsed_s": 0.0011}, "10.10.0.3": {"rcode": "NOERROR", "elapsed_s": 0.0014}}
     write(root, "/.preflight/dns.json", json.dumps(dns, indent=1) + "\n")
+    # /dev/shm: the host's tmpfs, half of RAM by default (tmpfs(5)), a few MiB in use.
+    shm_blocks = 1056703794 * 1024 // 4096
+    write(root, "/.preflight/statvfs.json", json.dumps({"format": "preflight-statvfs/1", "mounts": {
+        "/dev/shm": {"f_frsize": 4096, "f_blocks": shm_blocks, "f_bfree": shm_blocks - 1536, "f_bavail": shm_blocks - 1536}}}, indent=1) + "\n")
     name_service_and_sockets(root)
 
 
