@@ -8,7 +8,7 @@ unsafe stack limit for NVL002, a non-blocking or split-sharing job for NCCL018, 
 NCCL013 (as NCCL012 does). Copies whose release the node does not name are ``unknown`` where the
 rest of the conditions hold.
 
-Sources beyond the other probes (``nccl_platform``):
+Sources beyond the other probes (``nvlink_cliques``, ``nccl_platform``):
 
 * NVML ``nvmlDeviceGetGpuFabricInfo`` per GPU: ``state`` (3 = completed), ``clusterUuid`` (16
   bytes; all zero when the GPU is in no multi-node fabric; the replay format lists integers),
@@ -18,7 +18,9 @@ Sources beyond the other probes (``nccl_platform``):
   uses 2 MiB when it is unlimited. A Slurm prolog inherits slurmd's limits (Slurm's unit file sets
   ``LimitSTACK=infinity``); the job gets the submitting shell's stack limit unless ``slurm.conf``
   excludes STACK from ``PropagateResourceLimits`` (slurm.conf(5)), in which case it gets slurmd's.
-* ``/sys/bus/pci/devices/<gpu>/max_link_speed`` and the parent bridge's: NCCL's topology
+* ``/sys/bus/pci/devices/*/{vendor,class}``: NVSwitches (NVIDIA, class 0x0680, as
+  ``preflight.checks.fabric`` finds them, but without waiting on NVML) and GPUs;
+  ``/sys/bus/pci/devices/<gpu>/max_link_speed`` and the parent bridge's: NCCL's topology
   detection reads both and logs "could not read ..., ignoring" without them (VMs, passthrough).
 """
 
@@ -42,7 +44,6 @@ from preflight.checks._nccl_releases import (
     release_evidence,
     require_nccl,
 )
-from preflight.checks.fabric import FabricFacts
 from preflight.checks.frameworks import FrameworkFacts, parse_version
 from preflight.checks.job import JobFacts, Setting, parse_environ
 from preflight.checks.nccl_ib import nccl_selection
@@ -58,7 +59,7 @@ from preflight.units import UNLIMITED, format_size
 FABRIC_COMPLETED = 3
 SAFE_STACK = 8192 * 1024  # NCCL's SAFE_STACK_SIZE: the Linux default limit, known to be enough
 PCI_DEVICES = "/sys/bus/pci/devices"
-_NVIDIA, _GPU_CLASSES = "0x10de", ("0x0300", "0x0302")
+_NVIDIA, _GPU_CLASSES, _NVSWITCH_CLASS = "0x10de", ("0x0300", "0x0302"), "0x0680"
 _SLURM_CONF_PATHS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf")
 # Scripts slurmd runs itself carry slurmd's limits, not the job's (Slurm's prolog/epilog guide).
 _SLURMD_SCRIPT_CONTEXTS = frozenset({"prolog_slurmd", "epilog_slurmd"})
@@ -74,22 +75,29 @@ class GpuClique:
 
 
 @dataclass(frozen=True)
-class NcclPlatformFacts:
-    """What makes known NCCL bugs reachable on this node, beyond the other probes' facts."""
+class NvlinkCliqueFacts:
+    """Each GPU's place in a multi-node NVLink fabric (NVML)."""
 
     gpus: tuple[GpuClique, ...]
     nvml_error: str  # nvmlDeviceGetCount's error, "" when it answered
-    stack_soft: int | None  # /proc/self/limits "Max stack size" soft, bytes (UNLIMITED)
-    slurm_conf: str | None  # the slurm.conf read
-    stack_propagated: bool | None  # whether slurm.conf lets the submitting shell's STACK through
-    propagation_setting: str  # the deciding slurm.conf line
-    pci_gpus: tuple[str, ...]  # NVIDIA display/3D functions in /sys/bus/pci/devices
-    gpus_without_link_speed: tuple[str, ...]  # those with no max_link_speed (own or parent's)
-    problems: tuple[str, ...]
 
     @property
     def mnnvl_gpus(self) -> tuple[GpuClique, ...]:
         return tuple(gpu for gpu in self.gpus if gpu.state == FABRIC_COMPLETED and gpu.in_cluster)
+
+
+@dataclass(frozen=True)
+class NcclPlatformFacts:
+    """What makes known NCCL bugs reachable on this node, from its files."""
+
+    stack_soft: int | None  # /proc/self/limits "Max stack size" soft, bytes (UNLIMITED)
+    slurm_conf: str | None  # the slurm.conf read
+    stack_propagated: bool | None  # whether slurm.conf lets the submitting shell's STACK through
+    propagation_setting: str  # the deciding slurm.conf line
+    nvswitches: tuple[str, ...]  # NVIDIA bridges of class 0x0680 in /sys/bus/pci/devices (NVLS-capable)
+    pci_gpus: tuple[str, ...]  # NVIDIA display/3D functions in /sys/bus/pci/devices
+    gpus_without_link_speed: tuple[str, ...]  # those with no max_link_speed (own or parent's)
+    problems: tuple[str, ...]
 
 
 def parse_stack_limit(text: str) -> int | None:
@@ -131,11 +139,13 @@ def cluster_uuid_set(value: object) -> bool | None:
     return None
 
 
-def _fabric_cliques(nvml: Nvml) -> tuple[tuple[GpuClique, ...], str]:
+@probe("nvlink_cliques", gather_in=("full",))
+def probe_nvlink_cliques(nvml: Nvml) -> NvlinkCliqueFacts:
+    """Fabric state, cluster UUID and clique of every GPU."""
     try:
         count = nvml.call("nvmlDeviceGetCount")
     except NvmlError as error:
-        return (), error.code
+        return NvlinkCliqueFacts((), error.code)
     gpus = []
     for index in range(count if isinstance(count, int) else 0):
         try:
@@ -149,18 +159,21 @@ def _fabric_cliques(nvml: Nvml) -> tuple[tuple[GpuClique, ...], str]:
             index, state if isinstance(state, int) else None, cluster_uuid_set(info.get("clusterUuid")),
             clique if isinstance(clique, int) else None, "",
         ))
-    return tuple(gpus), ""
+    return NvlinkCliqueFacts(tuple(gpus), "")
 
 
-def _pci_gpus(fs: NodeFS, reader: FactReader) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """NVIDIA GPUs on the PCI bus, and those whose own or parent's ``max_link_speed`` is missing
-    (NCCL reads both)."""
-    gpus, missing = [], []
+def _nvidia_functions(fs: NodeFS, reader: FactReader) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """NVSwitches and GPUs on the PCI bus, and the GPUs whose own or parent's ``max_link_speed``
+    is missing (NCCL reads both). Read from sysfs, not NVML, so a wedged driver holds none of it."""
+    switches, gpus, missing = [], [], []
     for bdf in reader.listing(PCI_DEVICES):
         base = f"{PCI_DEVICES}/{bdf}"
         if (reader.text(f"{base}/vendor") or "").strip() != _NVIDIA:
             continue
-        if not (reader.text(f"{base}/class") or "").strip().startswith(_GPU_CLASSES):
+        klass = (reader.text(f"{base}/class") or "").strip()
+        if klass.startswith(_NVSWITCH_CLASS):
+            switches.append(bdf)
+        if not klass.startswith(_GPU_CLASSES):
             continue
         gpus.append(bdf)
         try:
@@ -173,20 +186,19 @@ def _pci_gpus(fs: NodeFS, reader: FactReader) -> tuple[tuple[str, ...], tuple[st
         real = posixpath.normpath(posixpath.join(PCI_DEVICES, target)) if target else base
         if not reader.exists(f"{real}/max_link_speed") or not reader.exists(f"{posixpath.dirname(real)}/max_link_speed"):
             missing.append(bdf)
-    return tuple(gpus), tuple(missing)
+    return tuple(switches), tuple(gpus), tuple(missing)
 
 
 @probe("nccl_platform", gather_in=("full",))
-def probe_nccl_platform(fs: NodeFS, nvml: Nvml) -> NcclPlatformFacts:
-    """Multi-node NVLink cliques, the stack limit threads will get, and GPUs without PCI speeds."""
+def probe_nccl_platform(fs: NodeFS) -> NcclPlatformFacts:
+    """The stack limit NCCL's threads will get, and GPUs without PCI link speeds."""
     reader = FactReader(fs)
-    gpus, nvml_error = _fabric_cliques(nvml)
     limits = reader.text("/proc/self/limits")
     try:
         conf_override = parse_environ(fs.read_bytes("/proc/self/environ") or b"").get("SLURM_CONF", "")
     except SourceError:
         conf_override = ""  # the job probe reports an unreadable environment
-    pci_gpus, without_link_speed = _pci_gpus(fs, reader)
+    nvswitches, pci_gpus, without_link_speed = _nvidia_functions(fs, reader)
     slurm_conf, propagated, setting = None, None, ""
     for path in ((conf_override,) if conf_override.startswith("/") else ()) + _SLURM_CONF_PATHS:
         text = reader.text(path)
@@ -195,12 +207,11 @@ def probe_nccl_platform(fs: NodeFS, nvml: Nvml) -> NcclPlatformFacts:
             propagated, setting = parse_stack_propagation(text)
             break
     return NcclPlatformFacts(
-        gpus=gpus,
-        nvml_error=nvml_error,
         stack_soft=parse_stack_limit(limits) if limits else None,
         slurm_conf=slurm_conf,
         stack_propagated=propagated,
         propagation_setting=setting,
+        nvswitches=nvswitches,
         pci_gpus=pci_gpus,
         gpus_without_link_speed=without_link_speed,
         problems=tuple(reader.problems),
@@ -233,11 +244,11 @@ def _releases(libs: NcclLibFacts, bug: KnownBug, *context: Evidence, severity: S
 
 # -- checks -------------------------------------------------------------------------------------
 @check("NVL005", profiles=("full",))
-def nvls_dual_port_nic_corruption(nccl_libs: NcclLibFacts, fabric: FabricFacts, rdma: RdmaFacts, job: JobFacts) -> Iterator[Observation]:
+def nvls_dual_port_nic_corruption(nccl_libs: NcclLibFacts, nccl_platform: NcclPlatformFacts, rdma: RdmaFacts, job: JobFacts) -> Iterator[Observation]:
     """NCCL 2.18-2.20.2 with NVLS on an NVSwitch node whose NCCL selection uses both ports of a
     dual-port NIC."""
     require_nccl(nccl_libs)
-    if not fabric.nvswitches:
+    if not nccl_platform.nvswitches:
         raise NotApplicable("no NVSwitch on this node: NVLS cannot run")
     if not rdma.devices:
         raise NotApplicable("no RDMA devices: NVLS runs within the node only")
@@ -258,7 +269,7 @@ def nvls_dual_port_nic_corruption(nccl_libs: NcclLibFacts, fabric: FabricFacts, 
         return
     yield from _releases(
         nccl_libs, NVLS_DUAL_PORT,
-        Evidence("/sys/bus/pci/devices", f"{len(fabric.nvswitches)} NVSwitches (NVLS)"),
+        Evidence("/sys/bus/pci/devices", f"{len(nccl_platform.nvswitches)} NVSwitches (NVLS)"),
         Evidence("/sys/class/infiniband", "; ".join(f"adapter {adapter}: {', '.join(ports)}" for adapter, ports in sorted(dual.items())), "one port per adapter in NCCL's selection, or NVLS off"),
         _env(job, "NCCL_NVLS_ENABLE", "0 until NCCL is upgraded"),
     )
@@ -327,7 +338,9 @@ def _job_stack(platform: NcclPlatformFacts, job: JobFacts) -> tuple[int | None, 
 
 
 @check("NVL002", profiles=("full",))
-def mnnvl_init_stack_overrun(nccl_libs: NcclLibFacts, nccl_platform: NcclPlatformFacts, job: JobFacts) -> Iterator[Observation]:
+def mnnvl_init_stack_overrun(
+    nccl_libs: NcclLibFacts, nvlink_cliques: NvlinkCliqueFacts, nccl_platform: NcclPlatformFacts, job: JobFacts
+) -> Iterator[Observation]:
     """NCCL before 2.28.3 on a multi-node NVLink GPU with a stack limit that is unlimited (glibc
     then gives threads 2 MiB) or below 8 MiB."""
     require_nccl(nccl_libs)
@@ -336,12 +349,12 @@ def mnnvl_init_stack_overrun(nccl_libs: NcclLibFacts, nccl_platform: NcclPlatfor
     carrying, unnamed = affected(nccl_libs, MNNVL_STACK)
     if not carrying and not unnamed:
         return  # every copy is 2.28.3 or newer (or older than MNNVL), whatever the fabric
-    if nccl_platform.nvml_error:
-        raise Unknown(f"NVML unavailable ({nccl_platform.nvml_error}); the NVLink fabric cannot be read")
-    unanswered = [gpu for gpu in nccl_platform.gpus if gpu.error]
-    cliques = nccl_platform.mnnvl_gpus
+    if nvlink_cliques.nvml_error:
+        raise Unknown(f"NVML unavailable ({nvlink_cliques.nvml_error}); the NVLink fabric cannot be read")
+    unanswered = [gpu for gpu in nvlink_cliques.gpus if gpu.error]
+    cliques = nvlink_cliques.mnnvl_gpus
     if not cliques:
-        if unanswered and len(unanswered) == len(nccl_platform.gpus) and unanswered[0].error not in ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND"):
+        if unanswered and len(unanswered) == len(nvlink_cliques.gpus) and unanswered[0].error not in ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND"):
             raise Unknown(f"nvmlDeviceGetGpuFabricInfo: {unanswered[0].error}")
         raise NotApplicable("no GPU in a multi-node NVLink fabric (fabric state completed with a cluster UUID)")
     if _switched_off(job, "NCCL_MNNVL_ENABLE"):
@@ -362,16 +375,16 @@ def mnnvl_init_stack_overrun(nccl_libs: NcclLibFacts, nccl_platform: NcclPlatfor
 
 @check("TOPO003", profiles=("full",))
 def nccl_topology_search_regression(
-    nccl_libs: NcclLibFacts, nccl_platform: NcclPlatformFacts, fabric: FabricFacts, rdma: RdmaFacts, job: JobFacts
+    nccl_libs: NcclLibFacts, nccl_platform: NcclPlatformFacts, rdma: RdmaFacts, job: JobFacts
 ) -> Iterator[Observation]:
     """NCCL 2.18.3-2.19.3 where its known topology regressions apply: the NVLS search crash on
     NVSwitch nodes with network devices (before 2.18.5), and run-to-run differences where sysfs
     has no PCI link speed for a GPU (before 2.19.4)."""
     require_nccl(nccl_libs)
-    if fabric.nvswitches and rdma.devices and not _switched_off(job, "NCCL_NVLS_ENABLE"):
+    if nccl_platform.nvswitches and rdma.devices and not _switched_off(job, "NCCL_NVLS_ENABLE"):
         yield from _releases(
             nccl_libs, NVLS_SEARCH,
-            Evidence("/sys/bus/pci/devices", f"{len(fabric.nvswitches)} NVSwitches (NVLS) and {len(rdma.devices)} RDMA devices"),
+            Evidence("/sys/bus/pci/devices", f"{len(nccl_platform.nvswitches)} NVSwitches (NVLS) and {len(rdma.devices)} RDMA devices"),
         )
     missing = nccl_platform.gpus_without_link_speed
     if missing and job.nccl("NCCL_TOPO_FILE") is None:  # a topology file replaces sysfs detection

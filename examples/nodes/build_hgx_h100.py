@@ -13,7 +13,9 @@ Planted misconfigurations (what ``preflight node --root`` finds):
 * proprietary driver and no nvidia-peermem: no GPUDirect RDMA path (GDR001);
 * ``/etc/nccl.conf`` enables GDRCopy, but gdrdrv is not loaded (GDR002);
 * ``/etc/hosts`` maps the host name to 127.0.1.1 before its real address (DNS001);
-* the PCIe switch above GPU 3 and mlx5_3 (0000:5c:00.0) has ACS P2P redirect on (PCI001).
+* the PCIe switch above GPU 3 and mlx5_3 (0000:5c:00.0) has ACS P2P redirect on (PCI001);
+* NCCL 2.21.5 (system package and wheel) retries a failed connect on the same socket (SOCK002,
+  a warning: fixed in 2.24.3).
 
 Healthy on purpose: the peer gpu018 and the nameservers (DNS001), the TCP sockets and the
 ephemeral port range (SOCK001, SOCK005); see ``name_service_and_sockets``.
