@@ -117,6 +117,8 @@ def compare_values(values: dict[str, str | None]) -> tuple[str, str | None, tupl
 
 
 def _expectations(fact: Fact, nodes: Sequence[NodeReport]) -> tuple[Expectation, ...]:
+    if not fact.references:
+        return ()
     found = []
     for node in nodes:
         for finding in node.findings:

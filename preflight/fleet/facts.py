@@ -18,13 +18,13 @@ same hardware class (:class:`HardwareClass`) hold another one.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from preflight.units import UNLIMITED, format_size
 
-Facts = Mapping[str, Any]
+Facts = dict[str, Any]  # JSON objects parse to dict: cheaper to test than Mapping
 Extractor = Callable[[Facts], "str | None"]
 
 NONE = "none"  # a known, empty value (no RoCE ports, no nccl.conf): it is compared like any other
@@ -52,17 +52,17 @@ class Fact:
 def dig(value: Any, *keys: str) -> Any:
     """``value[k1][k2]...`` through objects only; None when any step is missing or not an object."""
     for key in keys:
-        if not isinstance(value, Mapping):
+        if not isinstance(value, dict):
             return None
         value = value.get(key)
     return value
 
 
-def records(value: Any) -> list[Mapping[str, Any]] | None:
+def records(value: Any) -> list[dict[str, Any]] | None:
     """The objects of a list (other items dropped); None when ``value`` is not a list."""
     if not isinstance(value, list):
         return None
-    return [item for item in value if isinstance(item, Mapping)]
+    return [item for item in value if isinstance(item, dict)]
 
 
 def text(value: Any) -> str | None:
@@ -100,7 +100,7 @@ def canonical(value: str) -> str:
 
 # -- shared views of the facts --------------------------------------------------------------------
 
-def data_hcas(facts: Facts) -> list[Mapping[str, Any]] | None:
+def data_hcas(facts: Facts) -> list[dict[str, Any]] | None:
     """RDMA devices that carry data: NVSwitch management NICs are left out (checks/rdma.py)."""
     devices = records(dig(facts, "rdma", "devices"))
     if devices is None:
@@ -108,9 +108,9 @@ def data_hcas(facts: Facts) -> list[Mapping[str, Any]] | None:
     return [device for device in devices if device.get("nvswitch_management") is not True]
 
 
-def nvml_gpus(facts: Facts) -> list[Mapping[str, Any]] | None:
+def nvml_gpus(facts: Facts) -> list[dict[str, Any]] | None:
     gpus = dig(facts, "gpus")
-    if not isinstance(gpus, Mapping) or text(gpus.get("nvml_error")):
+    if not isinstance(gpus, dict) or text(gpus.get("nvml_error")):
         return None
     return records(gpus.get("devices"))
 
@@ -208,7 +208,7 @@ def _hca_firmware(facts: Facts) -> str | None:
     return joined(text(device.get("fw_ver")) or "unreadable" for device in devices) if devices is not None else None
 
 
-def _data_ports(facts: Facts) -> list[Mapping[str, Any]] | None:
+def _data_ports(facts: Facts) -> list[dict[str, Any]] | None:
     devices = data_hcas(facts)
     if devices is None:
         return None
@@ -253,7 +253,7 @@ def _nccl_gid_index(facts: Facts) -> str | None:
         return None
     chosen = []
     for port in ports:
-        if not isinstance(port.get("nccl_job"), Mapping):
+        if not isinstance(port.get("nccl_job"), dict):
             chosen.append("unreadable")
             continue
         index = integer(dig(port, "nccl_job", "index"))
@@ -306,7 +306,7 @@ def _limit(value: Any) -> str | None:
 
 def _memlock_slurmd(facts: Facts) -> str | None:
     memlock = dig(facts, "memlock")
-    if not isinstance(memlock, Mapping):
+    if not isinstance(memlock, dict):
         return None
     if memlock.get("slurmd") is None:
         return "no slurmd" if memlock.get("slurmd_pid") is None else None
