@@ -91,6 +91,15 @@ def test_an_agreeing_clean_fleet_exits_zero_and_lists_nothing_odd(tmp_path: Path
         ("acs_redirect", lambda d: d["facts"]["pcie"]["bridges"][0]["acs"].update(control=0x1D), "on at 0000:17:00.0, 0000:5c:00.0"),
         ("hca_names", lambda d: d["facts"]["rdma"]["devices"][7].update(name="mlx5_9"), "mlx5_0, mlx5_1, mlx5_2, mlx5_3, mlx5_4, mlx5_5, mlx5_6, mlx5_9"),
         ("gpu_count_nvml", lambda d: d["facts"]["gpus"].update(devices=d["facts"]["gpus"]["devices"][:7]), "7"),
+        ("hca_count", lambda d: d["facts"]["rdma"]["devices"].pop(), "7"),
+        ("port_rates", lambda d: d["facts"]["rdma"]["devices"][1]["ports"][0]["rate"].update(gbps=200.0, speed="HDR"),
+         "200 Gb/s (4X HDR), 400 Gb/s (4X NDR)"),
+        ("ipoib_mode", lambda d: d["facts"]["rdma"]["devices"][0]["ports"][0].update(ipoib_mode="connected"), "connected, datagram"),
+        ("driver_flavour", lambda d: d["facts"]["gpudirect"].update(driver_flavour="open"), "open"),
+        ("gdrdrv", lambda d: d["facts"]["gpudirect"].update(gdrdrv_loaded=True), "yes"),
+        ("memlock_propagated", lambda d: d["facts"]["memlock"].update(memlock_propagated=False), "no"),
+        ("nvswitches", lambda d: d["facts"]["fabric"].update(nvswitches=d["facts"]["fabric"]["nvswitches"][:3]), "3"),
+        ("fabric_manager", lambda d: d["facts"]["fabric"].update(fabric_manager_running=False), "no"),
     ],
 )
 def test_each_compared_fact_flags_the_node_that_differs(tmp_path: Path, key: str, change: Any, odd_value: str) -> None:
@@ -100,7 +109,27 @@ def test_each_compared_fact_flags_the_node_that_differs(tmp_path: Path, key: str
     found = comparison(fleet, key)
     assert found.verdict == ODD and found.odd == ("node4",)
     assert [g.value for g in found.values if "node4" in g.hosts] == [odd_value]
-    assert {c.fact.key for c in fleet.disagreements} == {key}
+    follows = {"hca_count": {"hca_names"}}.get(key, set())  # a missing HCA is also a missing name
+    assert {c.fact.key for c in fleet.disagreements} == {key} | follows
+
+
+def roce_port(device: str, index: int | None) -> dict[str, Any]:
+    """The parts of a RocePort (checks/roce.py) the fleet reads."""
+    return {"device": device, "port": 1, "nccl_job": {"index": index, "forced": False}, "mtu": 4200}
+
+
+def test_the_gid_index_nccl_picks_is_compared_on_roce_nodes(tmp_path: Path) -> None:
+    documents = [report(f"roce{i}") for i in range(1, 6)]
+    for document in documents:
+        document["facts"]["roce"]["ports"] = [roce_port("mlx5_0", 3), roce_port("mlx5_1", 3)]
+    documents[1]["facts"]["roce"]["ports"][1]["nccl_job"]["index"] = 0  # a port without its RoCE v2 IPv4 GID
+    documents[2]["facts"]["roce"]["ports"][0]["nccl_job"] = None  # the table was unreadable
+    documents[3]["facts"]["roce"]["ports"][0]["nccl_job"]["index"] = None  # no GID NCCL can use
+    found = comparison(audit([str(write_all(tmp_path / "r", documents))]), "nccl_gid_index")
+    assert (found.verdict, found.common, found.odd) == (ODD, "3", ("roce2", "roce3", "roce4"))
+    assert [(g.value, g.hosts) for g in found.values] == [
+        ("3", ("roce1", "roce5")), ("0, 3", ("roce2",)), ("3, no usable GID", ("roce4",)), ("3, unreadable", ("roce3",)),
+    ]
 
 
 def test_nodes_are_compared_only_within_their_hardware_class(tmp_path: Path) -> None:

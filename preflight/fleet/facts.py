@@ -78,6 +78,11 @@ def strings(value: Any) -> list[str]:
     return [item for item in value if isinstance(item, str)] if isinstance(value, list) else []
 
 
+def count(value: Any) -> str | None:
+    """How many items a list has; None when it is not a list."""
+    return str(len(value)) if isinstance(value, list) else None
+
+
 def flag(value: Any) -> str | None:
     return ("yes" if value else "no") if isinstance(value, bool) else None
 
@@ -127,8 +132,7 @@ def _gpu_model(facts: Facts) -> str:
 
 
 def _gpu_count_pci(facts: Facts) -> str | None:
-    pci = dig(facts, "gpus", "pci_gpus")
-    return str(len(pci)) if isinstance(pci, list) else None
+    return count(dig(facts, "gpus", "pci_gpus"))
 
 
 def _nic_model(facts: Facts) -> str:
@@ -169,33 +173,11 @@ def hardware_class(facts: Facts) -> HardwareClass:
 
 # -- extractors ------------------------------------------------------------------------------------
 
-def _gpu_count_nvml(facts: Facts) -> str | None:
-    devices = nvml_gpus(facts)
-    return str(len(devices)) if devices is not None else None
-
-
-def _nvidia_driver(facts: Facts) -> str | None:
-    return text(dig(facts, "gpus", "driver_version")) or text(dig(facts, "gpudirect", "nvidia_driver"))
-
-
-def _driver_flavour(facts: Facts) -> str | None:
-    return text(dig(facts, "gpudirect", "driver_flavour"))
-
-
-def _kernel(facts: Facts) -> str | None:
-    return text(dig(facts, "gpudirect", "kernel_release"))
-
-
 def _nccl_libraries(facts: Facts) -> str | None:
     copies = records(dig(facts, "nccl_libs", "copies"))
     if copies is None:
         return None
     return joined(f"{text(copy.get('version')) or 'unversioned'} ({text(copy.get('origin')) or '?'})" for copy in copies)
-
-
-def _hca_count(facts: Facts) -> str | None:
-    devices = data_hcas(facts)
-    return str(len(devices)) if devices is not None else None
 
 
 def _hca_names(facts: Facts) -> str | None:
@@ -291,10 +273,6 @@ def _peer_memory(facts: Facts) -> str | None:
     return joined(names)
 
 
-def _gdrdrv(facts: Facts) -> str | None:
-    return flag(dig(facts, "gpudirect", "gdrdrv_loaded"))
-
-
 def _limit(value: Any) -> str | None:
     soft, hard = integer(dig(value, "soft")), integer(dig(value, "hard"))
     if soft is None or hard is None:
@@ -313,10 +291,6 @@ def _memlock_slurmd(facts: Facts) -> str | None:
     return _limit(memlock.get("slurmd"))
 
 
-def _memlock_propagated(facts: Facts) -> str | None:
-    return flag(dig(facts, "memlock", "memlock_propagated"))
-
-
 def _acs_redirect(facts: Facts) -> str | None:
     bridges = records(dig(facts, "pcie", "bridges"))
     if bridges is None:
@@ -333,24 +307,15 @@ def _acs_redirect(facts: Facts) -> str | None:
     return f"on at {joined(redirecting)}" if redirecting else f"off on all {len(bridges)} bridges"
 
 
-def _nvswitches(facts: Facts) -> str | None:
-    switches = dig(facts, "fabric", "nvswitches")
-    return str(len(switches)) if isinstance(switches, list) else None
-
-
-def _fabric_manager(facts: Facts) -> str | None:
-    return flag(dig(facts, "fabric", "fabric_manager_running"))
-
-
 #: The comparison table: one line per fact.
 FACTS: tuple[Fact, ...] = (
     Fact("gpu_count_pci", "GPUs on the PCI bus", _gpu_count_pci, scope="family", references=("GPU001",)),
-    Fact("gpu_count_nvml", "GPUs NVML sees", _gpu_count_nvml, references=("GPU001",)),
-    Fact("nvidia_driver", "NVIDIA driver", _nvidia_driver),
-    Fact("driver_flavour", "NVIDIA kernel module flavour", _driver_flavour),
-    Fact("kernel", "Kernel release", _kernel),
+    Fact("gpu_count_nvml", "GPUs NVML sees", lambda f: count(nvml_gpus(f)), references=("GPU001",)),
+    Fact("nvidia_driver", "NVIDIA driver", lambda f: text(dig(f, "gpus", "driver_version")) or text(dig(f, "gpudirect", "nvidia_driver"))),
+    Fact("driver_flavour", "NVIDIA kernel module flavour", lambda f: text(dig(f, "gpudirect", "driver_flavour"))),
+    Fact("kernel", "Kernel release", lambda f: text(dig(f, "gpudirect", "kernel_release"))),
     Fact("nccl_libraries", "NCCL libraries", _nccl_libraries),
-    Fact("hca_count", "RDMA NICs (data)", _hca_count, references=("IB009",)),
+    Fact("hca_count", "RDMA NICs (data)", lambda f: count(data_hcas(f)), references=("IB009",)),
     Fact("hca_names", "RDMA NIC names", _hca_names, references=("IB009",)),
     Fact("hca_firmware", "RDMA NIC firmware", _hca_firmware),
     Fact("port_rates", "RDMA port rates", _port_rates),
@@ -359,12 +324,12 @@ FACTS: tuple[Fact, ...] = (
     Fact("nccl_gid_index", "GID index NCCL picks (RoCE)", _nccl_gid_index),
     Fact("nccl_conf", "nccl.conf", _nccl_conf),
     Fact("peer_memory", "GPUDirect peer memory", _peer_memory),
-    Fact("gdrdrv", "gdrdrv loaded", _gdrdrv),
+    Fact("gdrdrv", "gdrdrv loaded", lambda f: flag(dig(f, "gpudirect", "gdrdrv_loaded"))),
     Fact("memlock_slurmd", "memlock of slurmd (jobs inherit it)", _memlock_slurmd),
-    Fact("memlock_propagated", "slurm.conf propagates memlock", _memlock_propagated),
+    Fact("memlock_propagated", "slurm.conf propagates memlock", lambda f: flag(dig(f, "memlock", "memlock_propagated"))),
     Fact("acs_redirect", "ACS redirect on GPU-NIC paths", _acs_redirect),
-    Fact("nvswitches", "NVSwitches", _nvswitches),
-    Fact("fabric_manager", "Fabric manager running", _fabric_manager),
+    Fact("nvswitches", "NVSwitches", lambda f: count(dig(f, "fabric", "nvswitches"))),
+    Fact("fabric_manager", "Fabric manager running", lambda f: flag(dig(f, "fabric", "fabric_manager_running"))),
 )
 
 
