@@ -344,3 +344,17 @@ def test_cli_usage_errors_exit_three(run_cli: Runner, tmp_path: Path) -> None:
     assert run_cli("fleet", "--format", "html", str(empty)).returncode == ExitCode.NO_VERDICT
     result = run_cli("fleet", "--output", str(tmp_path / "no" / "such" / "dir" / "f.txt"), str(empty))
     assert result.returncode == ExitCode.NO_VERDICT and "--output" in result.stderr
+
+
+def test_many_reports_load_in_worker_processes_with_the_same_result(tmp_path: Path) -> None:
+    from preflight.fleet.load import PARALLEL_AFTER_FILES, load_reports
+
+    documents = [report(f"n{i:03d}") for i in range(PARALLEL_AFTER_FILES + 20)]
+    set_mtu(documents[5], "ibp26s0", 2044)
+    directory = write_all(tmp_path / "r", documents)
+    (directory / "zz-broken.json").write_text("{")
+    (directory / "zz-duplicate.json").write_text(json.dumps(documents[0]))
+    serial = load_reports([str(directory)], workers=1)
+    parallel = load_reports([str(directory)], workers=2)
+    assert serial == parallel
+    assert len(parallel[0]) == len(documents) and [Path(s.file).name for s in parallel[1]] == ["zz-broken.json", "zz-duplicate.json"]

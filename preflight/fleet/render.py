@@ -178,7 +178,7 @@ def render_table(fleet: Fleet) -> str:
     if disagreements:
         sections.append(
             "\nODD ONE OUT\n"
-            + tabulate(_odd_rows(disagreements), headers=["Fact", "Class", "Odd nodes", "Their value", "Most nodes have"], maxcolwidths=[None, 30, 40, 40, 40])
+            + tabulate(_odd_rows(disagreements), headers=["Fact", "Class", "Odd nodes", "Their value", "Most nodes have"], maxcolwidths=[None, 40, 40, 40, 40])
         )
     expectations = [e for c in fleet.comparisons for e in c.expectations]
     if expectations:
