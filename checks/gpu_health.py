@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from preflight.checks.gpus import GpuFacts
+from preflight.checks.gpus import UNEXPECTED_ANSWER, GpuFacts
 from preflight.checks.kernel_log import HARDWARE_XIDS, KernelLogFacts, XidEvent
 from preflight.model import Evidence, NotApplicable, Observation, Unknown, present, undecided
 from preflight.registry import check, probe
@@ -157,7 +157,7 @@ def probe_gpu_health(nvml: Nvml) -> GpuHealthFacts:
     except NvmlError as error:
         return GpuHealthFacts((), error.code)
     if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-        return GpuHealthFacts((), f"NVML_ERROR_UNKNOWN (device count {str(count)[:40]!r})")
+        return GpuHealthFacts((), f"{UNEXPECTED_ANSWER} (device count {repr(count)[:40]})")
     return GpuHealthFacts(tuple(_gpu_health(nvml, index) for index in range(count)), "")
 
 

@@ -40,8 +40,9 @@ BROKEN_DRIVER_ERRORS = frozenset(
 # NVML start-up errors that say nothing about the driver: preflight could not ask it (the library
 # is not installed where preflight runs, /dev/nvidiactl is not open to this user, a recording is
 # unreadable).
+UNEXPECTED_ANSWER = "NVML_UNEXPECTED_ANSWER"  # an answer pynvml never gives: a damaged recording
 CANNOT_ASK_ERRORS = frozenset(
-    {"NVML_ERROR_LIBRARY_NOT_FOUND", "NVML_ERROR_NO_PERMISSION", "NVML_ERROR_FUNCTION_NOT_FOUND", "NVML_REPLAY_UNREADABLE"}
+    {"NVML_ERROR_LIBRARY_NOT_FOUND", "NVML_ERROR_NO_PERMISSION", "NVML_ERROR_FUNCTION_NOT_FOUND", "NVML_REPLAY_UNREADABLE", UNEXPECTED_ANSWER}
 )
 PERSISTENCE_FIX = (
     "Keep the GPUs initialised between jobs: enable and start nvidia-persistenced "
@@ -129,7 +130,7 @@ def probe_gpus(fs: NodeFS, nvml: Nvml) -> GpuFacts:
     except NvmlError as error:
         return GpuFacts(pci, error.code, str(error), None, (), tuple(reader.problems))
     if not isinstance(count, int) or count < 0:
-        return GpuFacts(pci, "NVML_ERROR_UNKNOWN", f"device count {count!r}", str(driver), (), tuple(reader.problems))
+        return GpuFacts(pci, UNEXPECTED_ANSWER, f"device count {repr(count)[:40]}", str(driver), (), tuple(reader.problems))
     devices = tuple(_device(nvml, index) for index in range(count))
     return GpuFacts(pci, "", "", str(driver), devices, tuple(reader.problems))
 
@@ -167,7 +168,9 @@ def gpu_unusable_by_driver(gpus: GpuFacts, gpu_health: GpuHealthFacts, expect: E
             yield present(f"GPU{health.index}", Evidence(health.lost_in, "NVML_ERROR_GPU_IS_LOST", "NVML_SUCCESS"))
     seen = {device.bus_id for device in gpus.devices if device.bus_id}
     missing = [bdf for bdf in gpus.pci_gpus if bdf not in seen]
-    if missing and (seen or not gpus.devices):
+    # A device whose PCI info NVML would not give may be any of the unmatched GPUs on the bus.
+    unidentified = sum(1 for device in gpus.devices if not device.bus_id)
+    if len(missing) > unidentified and (seen or not gpus.devices):
         yield present(
             "node",
             Evidence("nvmlDeviceGetCount", f"{len(gpus.devices)} GPUs", f"{len(gpus.pci_gpus)} (as on the PCI bus)"),
