@@ -33,14 +33,11 @@ if TYPE_CHECKING:  # gpu_health imports this module at run time
     from preflight.checks.gpu_health import GpuHealthFacts
 
 NVIDIA_VENDOR = 0x10DE
-# NVML start-up errors that mean "the driver stack is broken", not "this node has no GPUs".
-BROKEN_DRIVER_ERRORS = frozenset(
-    {"NVML_ERROR_LIB_RM_VERSION_MISMATCH", "NVML_ERROR_DRIVER_NOT_LOADED", "NVML_ERROR_GPU_IS_LOST", "NVML_ERROR_UNKNOWN"}
-)
+UNEXPECTED_ANSWER = "NVML_UNEXPECTED_ANSWER"  # an answer pynvml never gives: a damaged recording
 # NVML start-up errors that say nothing about the driver: preflight could not ask it (the library
 # is not installed where preflight runs, /dev/nvidiactl is not open to this user, a recording is
-# unreadable).
-UNEXPECTED_ANSWER = "NVML_UNEXPECTED_ANSWER"  # an answer pynvml never gives: a damaged recording
+# unreadable). Every other start-up error with GPUs on the bus (LIB_RM_VERSION_MISMATCH,
+# DRIVER_NOT_LOADED, GPU_IS_LOST, UNKNOWN...) means the driver stack is broken.
 CANNOT_ASK_ERRORS = frozenset(
     {"NVML_ERROR_LIBRARY_NOT_FOUND", "NVML_ERROR_NO_PERMISSION", "NVML_ERROR_FUNCTION_NOT_FOUND", "NVML_REPLAY_UNREADABLE", UNEXPECTED_ANSWER}
 )

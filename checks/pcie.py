@@ -109,9 +109,9 @@ class PciEndpoint:
     chain: tuple[str, ...]  # bridges from the root port down to the parent of this function
     numa_node: int | None  # None: not reported (-1) or unreadable
     link: PcieLink
-    iommu_group: str | None  # the number of the group iommu_group links to; None: no IOMMU for it
+    iommu_group: str | None  # the number of the group iommu_group links to; None: no IOMMU for it (or unreadable)
     iommu_domain: str  # /sys/kernel/iommu_groups/<n>/type; "" when absent (kernels before 5.11)
-    iommu_problem: str  # why the domain type could not be read, "" otherwise
+    iommu_problem: str  # why the group link or its domain type could not be read, "" otherwise
     rdma_devices: tuple[str, ...] = ()  # infiniband/<name> of a NIC, e.g. ("mlx5_0",)
 
 
@@ -284,23 +284,15 @@ def probe_pcie(fs: NodeFS) -> PcieFacts:
 
 def _endpoint(fs: NodeFS, reader: FactReader, bdf: str, chain: tuple[str, ...], rdma: tuple[str, ...] = ()) -> PciEndpoint:
     base = f"/sys/bus/pci/devices/{bdf}"
-    group = _iommu_group(fs, f"{base}/iommu_group")
-    domain, problem = "", ""
-    if group is not None:
-        path = f"/sys/kernel/iommu_groups/{group}/type"
-        try:
-            domain = (fs.read(path) or "").strip()
-        except SourceError as error:
-            problem = str(error)
-    return PciEndpoint(bdf, chain[:-1], _numa(reader.text(f"{base}/numa_node")), _link(reader, base), group, domain, problem, rdma)
-
-
-def _iommu_group(fs: NodeFS, path: str) -> str | None:
+    group, domain, problem = None, "", ""
     try:
-        target = fs.readlink(path)
-    except SourceError:
-        return None
-    return target.rstrip("/").rsplit("/", 1)[-1] if target else None
+        target = fs.readlink(f"{base}/iommu_group")
+        if target:
+            group = target.rstrip("/").rsplit("/", 1)[-1]
+            domain = (fs.read(f"/sys/kernel/iommu_groups/{group}/type") or "").strip()
+    except SourceError as error:
+        problem = str(error)
+    return PciEndpoint(bdf, chain[:-1], _numa(reader.text(f"{base}/numa_node")), _link(reader, base), group, domain, problem, rdma)
 
 
 def parse_width(text: str | None) -> int | None:
@@ -470,12 +462,12 @@ def _translating_iommu(pcie: PcieFacts) -> Iterator[Observation]:
     passthrough = [word for word in pcie.cmdline.split() if word in PASSTHROUGH_PARAMETERS]
     translated: dict[str, list[str]] = {}
     for gpu in pcie.gpus:
-        if gpu.iommu_group is None:
+        if gpu.iommu_group is None and not gpu.iommu_problem:
             continue  # not behind an IOMMU
         if gpu.iommu_domain in TRANSLATED_DOMAINS:
             translated.setdefault(gpu.iommu_domain, []).append(f"GPU {gpu.bdf} (group {gpu.iommu_group})")
         elif gpu.iommu_problem:
-            yield undecided(f"GPU {gpu.bdf}", f"IOMMU domain type unreadable: {gpu.iommu_problem}")
+            yield undecided(f"GPU {gpu.bdf}", f"IOMMU group or domain type unreadable: {gpu.iommu_problem}")
         elif not gpu.iommu_domain and not passthrough:
             yield undecided(
                 f"GPU {gpu.bdf}",
