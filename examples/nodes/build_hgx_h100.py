@@ -83,13 +83,18 @@ def link(root: str, path: str, target: str) -> None:
     os.symlink(target, full)
 
 
-def pci_device(root: str, bdf: str, parent: str, vendor: str, device: str, klass: str, numa: int) -> str:
-    """A PCI function under /sys/devices with a /sys/bus/pci/devices link; returns its path."""
+def pci_device(root: str, bdf: str, parent: str, vendor: str, device: str, klass: str, numa: int,
+               link_speed: tuple[str, str] | None = None) -> str:
+    """A PCI function under /sys/devices with a /sys/bus/pci/devices link; returns its path.
+    ``link_speed`` is (current, max) link speed of a x16 PCIe function, as pci-sysfs.c prints them."""
     path = f"/sys/devices/{parent}/{bdf}"
     # PCIe Gen5 x16 links (H100 SXM, ConnectX-7, the switches); NVSwitches left without them.
     speed = (("max_link_speed", "32.0 GT/s PCIe"), ("max_link_width", "16")) if klass != "0x068000" else ()
     for name, value in (("vendor", vendor), ("device", device), ("class", klass), ("numa_node", str(numa)), *speed):
         write(root, f"{path}/{name}", value + "\n")
+    if link_speed is not None:
+        for name, value in (("current_link_speed", link_speed[0]), ("max_link_speed", link_speed[1]), ("current_link_width", "16"), ("max_link_width", "16")):
+            write(root, f"{path}/{name}", value + "\n")
     link(root, f"/sys/bus/pci/devices/{bdf}", f"../../..{path[len('/sys'):]}")
     return path
 
@@ -133,7 +138,9 @@ def build(root: str) -> None:
     if os.path.exists(root):
         shutil.rmtree(root)
     os.makedirs(root)
-    nvml_devices: dict[str, dict[str, object]] = {"name": {}, "pci": {}, "uuid": {}, "bar1": {}, "fabric": {}, "rows": {}}
+    nvml_devices: dict[str, dict[str, object]] = {
+        "name": {}, "pci": {}, "uuid": {}, "bar1": {}, "fabric": {}, "rows": {}, "persistence": {}, "ecc_mode": {}, "ecc_volatile": {},
+    }
     for index, (gpu, nic, switch, port) in enumerate(PAIRS):
         numa = 0 if index < 4 else 1
         domain_root = f"pci0000:{port}"
@@ -143,9 +150,10 @@ def build(root: str) -> None:
         write(root, f"{switch_up}/config", bridge_config(ACS_ON if switch == ACS_REDIRECT_SWITCH else 0))
         parent = switch_up[len("/sys/devices/"):]
         gpu_bdf, nic_bdf = f"0000:{gpu}:00.0", f"0000:{nic}:00.0"
-        pci_device(root, gpu_bdf, parent, "0x10de", "0x2330", "0x030200", numa)
+        # An idle H100 keeps its x16 width but drops the link to 2.5 GT/s until work arrives.
+        pci_device(root, gpu_bdf, parent, "0x10de", "0x2330", "0x030200", numa, link_speed=("2.5 GT/s PCIe", "32.0 GT/s PCIe"))
         write(root, f"/proc/driver/nvidia/gpus/{gpu_bdf}/information", f"Model: \t\t NVIDIA H100 80GB HBM3\nBus Location: \t {gpu_bdf}\n")
-        nic_path = pci_device(root, nic_bdf, parent, "0x15b3", "0x1021", "0x020700", numa)
+        nic_path = pci_device(root, nic_bdf, parent, "0x15b3", "0x1021", "0x020700", numa, link_speed=("32.0 GT/s PCIe", "32.0 GT/s PCIe"))
         dev = f"mlx5_{index}"
         ib = f"{nic_path}/infiniband/{dev}"
         link(root, f"/sys/class/infiniband/{dev}", f"../../devices{ib[len('/sys/devices'):]}")
@@ -175,6 +183,10 @@ def build(root: str) -> None:
         nvml_devices["bar1"][str(index)] = {"result": {"bar1Total": 128 << 30, "bar1Free": (128 << 30) - (2 << 20), "bar1Used": 2 << 20}}
         nvml_devices["fabric"][str(index)] = {"result": {"clusterUuid": [0] * 16, "status": 0, "cliqueId": 0, "state": 3}}
         nvml_devices["rows"][str(index)] = {"result": [0, 0, 0, 0]}  # correctable, uncorrectable, pending, failure
+        nvml_devices["persistence"][str(index)] = {"result": 1}  # nvidia-persistenced keeps the GPUs initialised
+        nvml_devices["ecc_mode"][str(index)] = {"result": [1, 1]}  # current, pending
+        # nvmlDeviceGetTotalEccErrors(UNCORRECTED=1, VOLATILE=0): extra arguments join the key
+        nvml_devices["ecc_volatile"][f"{index}/1/0"] = {"result": 0}
         nvml_devices["name"][str(index)] = {"result": "NVIDIA H100 80GB HBM3"}
         nvml_devices["pci"][str(index)] = {"result": {"busId": f"0000{gpu_bdf.upper()}", "domain": 0, "bus": int(gpu, 16), "device": 0}}
         nvml_devices["uuid"][str(index)] = {"result": f"GPU-5f1c7e2a-0c3b-4d7e-9a61-00000000000{index}"}
@@ -281,6 +293,9 @@ def build(root: str) -> None:
             "nvmlDeviceGetGpuFabricInfo": nvml_devices["fabric"],
             "nvmlDeviceGetRemappedRows": nvml_devices["rows"],
             **nvlink_and_p2p_answers(len(PAIRS)),
+            "nvmlDeviceGetPersistenceMode": nvml_devices["persistence"],
+            "nvmlDeviceGetEccMode": nvml_devices["ecc_mode"],
+            "nvmlDeviceGetTotalEccErrors": nvml_devices["ecc_volatile"],
         },
     }
     write(root, "/.preflight/nvml.json", json.dumps(nvml, indent=1) + "\n")
