@@ -20,12 +20,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from preflight.checks.gpus import normalise_bus_id
+from preflight.checks.gpus import GpuFacts, normalise_bus_id
 from preflight.model import Evidence, NotApplicable, Observation, Unknown, present, undecided
 from preflight.probing import FactReader
 from preflight.registry import check, probe
 from preflight.sources import NodeFS
-from preflight.sources.nvml import UNANSWERED, Nvml, NvmlError
+from preflight.sources.nvml import Nvml, NvmlError
 from preflight.units import format_size
 
 _MEM, _PREFETCH, _MEM_64 = 0x200, 0x2000, 0x100000  # IORESOURCE_* (include/linux/ioport.h)
@@ -108,13 +108,18 @@ def _bytes(info: object, key: str) -> int | None:
 
 
 @check("GDR003", profiles=("prolog",))
-def peermem_gpu_mapping_rejected(bar1: Bar1Facts) -> Iterator[Observation]:
+def peermem_gpu_mapping_rejected(bar1: Bar1Facts, gpus: GpuFacts) -> Iterator[Observation]:
     """BAR1 too small for GPUDirect RDMA, or mostly mapped before the job starts."""
-    if bar1.nvml_error in UNANSWERED:
-        raise Unknown(f"no NVML answers recorded for this root ({bar1.nvml_error})")
+    if bar1.nvml_error == "NVML_NOT_RECORDED":
+        raise Unknown("no NVML answers recorded for this root")
+    on_bus = len(gpus.pci_gpus)
     if bar1.nvml_error:
-        raise NotApplicable(f"no GPUs visible to NVML ({bar1.nvml_error})")
+        if on_bus:
+            raise Unknown(f"NVML unavailable ({bar1.nvml_error}): BAR1 of the {on_bus} GPUs on the PCI bus cannot be read")
+        raise NotApplicable(f"no NVIDIA GPUs (NVML: {bar1.nvml_error})")
     if not bar1.gpus:
+        if on_bus:
+            raise Unknown(f"NVML lists no GPUs, but {on_bus} are on the PCI bus (GPU001)")
         raise NotApplicable("no NVIDIA GPUs")
     if all(gpu.error == "NVML_ERROR_NOT_SUPPORTED" and _unified(gpu) for gpu in bar1.gpus):
         raise NotApplicable("unified-memory GPUs: NICs reach their memory without BAR1")

@@ -1,100 +1,232 @@
-"""GPU health that turns into CUDA failures inside NCCL (reference GPU002).
+"""GPU health that turns into CUDA failures inside NCCL (reference GPU002), and the per-GPU NVML
+state GPU001 reads as well (persistence mode, GPUs the driver reports lost).
 
 A GPU whose HBM row remapping is pending has retired a bad row but needs a reset before the
 replacement takes effect; until then, kernels touching that memory can fault, and every CUDA
 call in the context - NCCL's included - returns the sticky error. A failed remapping means the
-GPU has run out of spare rows and needs service. Hardware Xid events since boot (the driver's
-``NVRM: Xid (PCI:<bus>): <code>, ...`` kernel messages) say the same from the driver's side.
+GPU has run out of spare rows and needs service. Uncorrectable ECC errors counted since the GPU
+was last initialised, and hardware Xid events since boot (the driver's
+``NVRM: Xid (PCI:<bus>): <code>, ...`` kernel messages) say the same from other sides.
 
 Sources:
 
 * NVML ``nvmlDeviceGetRemappedRows`` per GPU, ``(correctable, uncorrectable, pending, failure)``
   (Ampere and later; earlier GPUs answer ``NVML_ERROR_NOT_SUPPORTED`` and use page retirement
   instead, which this check leaves alone);
+* NVML ``nvmlDeviceGetEccMode`` (``[current, pending]``, 1 enabled) and
+  ``nvmlDeviceGetTotalEccErrors(handle, NVML_MEMORY_ERROR_TYPE_UNCORRECTED (1),
+  NVML_VOLATILE_ECC (0))``. Volatile counts restart whenever the driver initialises the GPU:
+  once per boot with persistence mode on, once per job with it off (NVML's ``nvmlEccCounterType_t``
+  note; https://docs.nvidia.com/deploy/driver-persistence/data-persistence.html). The count
+  needs ECC enabled; GPUs without ECC answer ``NOT_SUPPORTED``;
+* NVML ``nvmlDeviceGetPersistenceMode`` (1 enabled), read here for GPU001;
 * the kernel log since boot (``/dev/kmsg``, root; ``.preflight/kmsg`` in a recorded root). Only
   Xids NVIDIA's Xid catalogue attributes to hardware or the driver count; application faults
-  (13, 31, 43: an illegal address in someone's kernel) say nothing about the node. An
-  unreadable log leaves the NVML part of the verdict standing and is recorded in the facts.
+  (13, 31, 43: an illegal address in someone's kernel, reference GPU003) say nothing about the
+  node and stay in the kernel-log facts as context. An unreadable log makes the Xid half of the
+  verdict ``unknown`` ("needs root") while the NVML half still decides.
+
+Any call answering ``NVML_ERROR_GPU_IS_LOST`` marks the GPU lost; GPU001 reports it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
+from preflight.checks.gpus import UNEXPECTED_ANSWER, GpuFacts
+from preflight.checks.kernel_log import HARDWARE_XIDS, KernelLogFacts, XidEvent
 from preflight.model import Evidence, NotApplicable, Observation, Unknown, present, undecided
 from preflight.registry import check, probe
-from preflight.checks.kernel_log import HARDWARE_XIDS, KernelLogFacts, XidEvent
-from preflight.sources.nvml import UNANSWERED, Nvml, NvmlError
+from preflight.sources.nvml import Nvml, NvmlError
+
+# nvmlMemoryErrorType_t and nvmlEccCounterType_t (nvml.h; pynvml NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+# NVML_VOLATILE_ECC).
+MEMORY_ERROR_TYPE_UNCORRECTED = 1
+VOLATILE_ECC = 0
+GPU_IS_LOST = "NVML_ERROR_GPU_IS_LOST"
+NOT_RECORDED = "NVML_NOT_RECORDED"
+# The GPU or this driver lacks the feature: nothing to judge, not a failure to read.
+FEATURE_ABSENT = frozenset({"NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND"})
+
 
 @dataclass(frozen=True)
-class RemappedRows:
+class GpuHealth:
     index: int
-    correctable: int | None
-    uncorrectable: int | None
-    pending: bool | None
-    failed: bool | None
-    error: str  # NVML error code, "" when NVML answered
+    # nvmlDeviceGetRemappedRows
+    rows_correctable: int | None
+    rows_uncorrectable: int | None
+    remap_pending: bool | None
+    remap_failed: bool | None
+    rows_error: str  # NVML error code, "" when NVML answered
+    # nvmlDeviceGetPersistenceMode
+    persistence: bool | None
+    persistence_error: str
+    # nvmlDeviceGetEccMode
+    ecc_current: bool | None
+    ecc_pending: bool | None
+    ecc_mode_error: str
+    # nvmlDeviceGetTotalEccErrors(UNCORRECTED, VOLATILE)
+    volatile_uncorrected: int | None
+    volatile_error: str
+
+    @property
+    def lost_in(self) -> str:
+        """The first NVML call that answered GPU_IS_LOST, "" when none did."""
+        for call, error in (
+            ("nvmlDeviceGetRemappedRows", self.rows_error),
+            ("nvmlDeviceGetPersistenceMode", self.persistence_error),
+            ("nvmlDeviceGetEccMode", self.ecc_mode_error),
+            ("nvmlDeviceGetTotalEccErrors", self.volatile_error),
+        ):
+            if error == GPU_IS_LOST:
+                return call
+        return ""
 
 
 @dataclass(frozen=True)
 class GpuHealthFacts:
-    gpus: tuple[RemappedRows, ...]
+    gpus: tuple[GpuHealth, ...]
     nvml_error: str
+
+
+def _ask(nvml: Nvml, function: str, index: int, *args: int) -> tuple[Any, str]:
+    try:
+        return nvml.call(function, index, *args), ""
+    except NvmlError as failure:
+        return None, failure.code
+
+
+def _flag(value: Any) -> bool | None:
+    return bool(value) if isinstance(value, int) and not isinstance(value, bool) and value in (0, 1) else None
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _unexpected(answer: Any) -> str:
+    return f"unexpected answer {repr(answer)[:60]}"
+
+
+def _gpu_health(nvml: Nvml, index: int) -> GpuHealth:
+    rows, rows_error = _ask(nvml, "nvmlDeviceGetRemappedRows", index)
+    values = list(rows) if isinstance(rows, (list, tuple)) and len(rows) == 4 else None
+    if not rows_error and (values is None or any(_count(value) is None for value in values)):
+        rows_error, values = _unexpected(rows), None
+    correctable, uncorrectable, pending, failed = values if values is not None else (None, None, None, None)
+
+    mode, persistence_error = _ask(nvml, "nvmlDeviceGetPersistenceMode", index)
+    persistence = _flag(mode)
+    if not persistence_error and persistence is None:
+        persistence_error = _unexpected(mode)
+
+    ecc, ecc_mode_error = _ask(nvml, "nvmlDeviceGetEccMode", index)
+    ecc_modes = [_flag(value) for value in ecc] if isinstance(ecc, (list, tuple)) and len(ecc) == 2 else [None, None]
+    if not ecc_mode_error and None in ecc_modes:
+        ecc_mode_error = _unexpected(ecc)
+
+    volatile, volatile_error = _ask(nvml, "nvmlDeviceGetTotalEccErrors", index, MEMORY_ERROR_TYPE_UNCORRECTED, VOLATILE_ECC)
+    if not volatile_error and _count(volatile) is None:
+        volatile_error = _unexpected(volatile)
+
+    return GpuHealth(
+        index=index,
+        rows_correctable=correctable,
+        rows_uncorrectable=uncorrectable,
+        remap_pending=bool(pending) if pending is not None else None,
+        remap_failed=bool(failed) if failed is not None else None,
+        rows_error=rows_error,
+        persistence=persistence,
+        persistence_error=persistence_error,
+        ecc_current=ecc_modes[0],
+        ecc_pending=ecc_modes[1],
+        ecc_mode_error=ecc_mode_error,
+        volatile_uncorrected=_count(volatile),
+        volatile_error=volatile_error,
+    )
 
 
 @probe("gpu_health")
 def probe_gpu_health(nvml: Nvml) -> GpuHealthFacts:
-    """Row-remapping state of every GPU NVML knows."""
+    """Row remapping, ECC mode and volatile uncorrectable ECC count, and persistence mode of every
+    GPU NVML knows."""
     try:
         count = nvml.call("nvmlDeviceGetCount")
     except NvmlError as error:
         return GpuHealthFacts((), error.code)
-    gpus = []
-    for index in range(count if isinstance(count, int) else 0):
-        try:
-            answer = nvml.call("nvmlDeviceGetRemappedRows", index)
-        except NvmlError as failure:
-            gpus.append(RemappedRows(index, None, None, None, None, failure.code))
-            continue
-        values = list(answer) if isinstance(answer, (list, tuple)) and len(answer) == 4 else None
-        if values is None or not all(isinstance(value, int) for value in values):
-            gpus.append(RemappedRows(index, None, None, None, None, f"unexpected answer {answer!r}"))
-            continue
-        correctable, uncorrectable, pending, failed = values
-        gpus.append(RemappedRows(index, correctable, uncorrectable, bool(pending), bool(failed), ""))
-    return GpuHealthFacts(tuple(gpus), "")
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        return GpuHealthFacts((), f"{UNEXPECTED_ANSWER} (device count {repr(count)[:40]})")
+    return GpuHealthFacts(tuple(_gpu_health(nvml, index) for index in range(count)), "")
 
 
 @check("GPU002", profiles=("prolog",))
-def nccl_cuda_call_failed(gpu_health: GpuHealthFacts, kernel_log: KernelLogFacts) -> Iterator[Observation]:
-    """A GPU waiting for a reset to apply a row remap, out of spare rows, or with hardware Xids
-    since boot."""
-    xids = list(_hardware_xids(kernel_log))
-    yield from xids
-    if gpu_health.nvml_error in UNANSWERED:
-        if not xids:
-            raise Unknown(f"no NVML answers recorded for this root ({gpu_health.nvml_error})")
+def nccl_cuda_call_failed(gpu_health: GpuHealthFacts, kernel_log: KernelLogFacts, gpus: GpuFacts) -> Iterator[Observation]:
+    """A GPU waiting for a reset to apply a row remap, out of spare rows, with uncorrectable ECC
+    errors since it was initialised, or with hardware Xids since boot."""
+    found = list(_hardware_xids(kernel_log))
+    if kernel_log.error:
+        found.append(undecided("kernel log", f"Xid history since boot unreadable: {kernel_log.error}"))
+    nvml_unusable = _nvml_unusable(gpu_health, gpus)
+    if nvml_unusable is not None:
+        if isinstance(nvml_unusable, NotApplicable) and not found:
+            raise nvml_unusable
+        if isinstance(nvml_unusable, Unknown):
+            if not found:
+                raise nvml_unusable
+            found.append(undecided("NVML", str(nvml_unusable)))
+        yield from found
         return
-    unsupported = all(gpu.error == "NVML_ERROR_NOT_SUPPORTED" for gpu in gpu_health.gpus)
-    if gpu_health.nvml_error or not gpu_health.gpus or unsupported:
-        if xids:
-            return
-        if gpu_health.nvml_error:
-            raise NotApplicable(f"no GPUs visible to NVML ({gpu_health.nvml_error})")
-        raise NotApplicable("no NVIDIA GPUs" if not gpu_health.gpus else "the GPUs do not remap rows (before Ampere)")
     for gpu in gpu_health.gpus:
-        subject = f"GPU{gpu.index}"
-        if gpu.error == "NVML_ERROR_NOT_SUPPORTED":
-            continue
-        if gpu.error:
-            yield undecided(subject, f"nvmlDeviceGetRemappedRows: {gpu.error}")
-            continue
-        counts = f"{gpu.uncorrectable} rows remapped for uncorrectable errors, {gpu.correctable} for correctable"
-        if gpu.failed:
+        found.extend(_gpu_verdicts(gpu))
+    if not found and all(gpu.rows_error in FEATURE_ABSENT and gpu.volatile_error in FEATURE_ABSENT for gpu in gpu_health.gpus):
+        raise NotApplicable("the GPUs neither remap rows (before Ampere) nor count ECC errors")
+    yield from found
+
+
+def _nvml_unusable(gpu_health: GpuHealthFacts, gpus: GpuFacts) -> NotApplicable | Unknown | None:
+    """Why NVML cannot judge any GPU, as the exception the check raises; None when it can."""
+    if gpu_health.nvml_error == NOT_RECORDED:
+        return Unknown("no NVML answers recorded for this root")
+    if gpu_health.nvml_error:
+        if gpus.pci_gpus:
+            return Unknown(f"NVML unavailable ({gpu_health.nvml_error}): the health of the {len(gpus.pci_gpus)} GPUs on the PCI bus cannot be read")
+        return NotApplicable(f"no NVIDIA GPUs (NVML: {gpu_health.nvml_error})")
+    if not gpu_health.gpus:
+        if gpus.pci_gpus:
+            return Unknown(f"NVML lists no GPUs, but {len(gpus.pci_gpus)} are on the PCI bus (GPU001)")
+        return NotApplicable("no NVIDIA GPUs")
+    return None
+
+
+def _gpu_verdicts(gpu: GpuHealth) -> Iterator[Observation]:
+    subject = f"GPU{gpu.index}"
+    if gpu.lost_in:
+        yield undecided(subject, f"{gpu.lost_in}: {GPU_IS_LOST} (GPU001 reports the lost GPU)")
+        return
+    if gpu.rows_error and gpu.rows_error not in FEATURE_ABSENT:
+        yield undecided(subject, f"nvmlDeviceGetRemappedRows: {gpu.rows_error}")
+    elif not gpu.rows_error:
+        counts = f"{gpu.rows_uncorrectable} rows remapped for uncorrectable errors, {gpu.rows_correctable} for correctable"
+        if gpu.remap_failed:
             yield present(subject, Evidence("nvmlDeviceGetRemappedRows", f"remapping failed; {counts}", "no failure (spare rows left)"))
-        elif gpu.pending:
+        elif gpu.remap_pending:
             yield present(subject, Evidence("nvmlDeviceGetRemappedRows", f"remap pending; {counts}", "no remap pending (reset the GPU to apply it)"))
+    if gpu.ecc_current is False or gpu.volatile_error in FEATURE_ABSENT:
+        return  # ECC off or absent: there is nothing to count
+    if gpu.volatile_error:
+        yield undecided(subject, f"nvmlDeviceGetTotalEccErrors (uncorrected, volatile): {gpu.volatile_error}")
+    elif gpu.volatile_uncorrected:
+        since = {
+            True: "since the driver initialised the GPU (persistence mode on: since boot or the last reset)",
+            False: "since the GPU was initialised for the current or last client (persistence mode off)",
+            None: "since the driver initialised the GPU",
+        }[gpu.persistence]
+        yield present(
+            subject,
+            Evidence("nvmlDeviceGetTotalEccErrors(UNCORRECTED, VOLATILE)", f"{gpu.volatile_uncorrected} uncorrectable ECC errors {since}", "0"),
+        )
 
 
 def _hardware_xids(kernel_log: KernelLogFacts) -> Iterator[Observation]:

@@ -1,10 +1,15 @@
-"""The PCIe paths between GPUs and RDMA NICs: ACS redirect on them (PCI001), and GPUs whose
-nearest NIC is across the CPU or on another socket (TOPO005).
+"""The PCIe paths between GPUs and RDMA NICs and between GPUs: ACS redirect on GPU-to-NIC paths
+(PCI001), links trained narrower than they can run (PCI002), ACS redirect on GPU-to-GPU paths and
+an IOMMU that translates the GPUs' DMA (PCI003), and GPUs whose nearest NIC is across the CPU or
+on another socket (TOPO005).
 
 GPUDirect RDMA needs the NIC's reads and writes of GPU memory to turn around inside the PCIe
 switch the two share. ACS "P2P Request Redirect" (RR) or "Completion Redirect" (CR) on a bridge
 of that path sends them up to the root complex instead, where the IOMMU rejects them: the NIC
-reports a local protection error (vendor err 81) or the job crawls.
+reports a local protection error (vendor err 81) or the job crawls. The same bits between two
+GPUs under one switch, or an IOMMU in a translating (``DMA``/``DMA-FQ``) domain for the GPUs,
+make CUDA peer-to-peer hang or fault while ``cudaDeviceCanAccessPeer`` still says yes; on
+NVSwitch systems GPU peer traffic runs over NVLink and neither applies.
 
 Sources:
 
@@ -20,6 +25,15 @@ Sources:
   enables ACS on every capable bridge when an IOMMU is active, and ``iommu=pt`` keeps the IOMMU
   active, so it does not turn ACS off.
 * ``/sys/bus/pci/devices/<bdf>/numa_node``: the socket a device hangs off (-1: not reported).
+* ``/sys/bus/pci/devices/<bdf>/{current,max}_link_{width,speed}`` (``drivers/pci/pci-sysfs.c``:
+  the negotiated width and speed from Link Status, the maximum from Link Capabilities; speed as
+  ``16.0 GT/s PCIe``, older kernels ``8 GT/s``). A width below the maximum is a link that trained
+  narrow (seating, riser, slot wiring, BIOS). GPUs lower their link *speed* when idle to save
+  power, so speed is recorded, never judged, in a prolog.
+* ``/sys/bus/pci/devices/<bdf>/iommu_group`` (a link to ``/sys/kernel/iommu_groups/<n>``, absent
+  without an IOMMU) and ``/sys/kernel/iommu_groups/<n>/type`` (Linux 5.11+: ``identity`` for
+  passthrough, ``DMA``/``DMA-FQ`` when the IOMMU translates the group's DMA).
+* NVSwitches: NVIDIA (0x10de) bridges of class 0x0680.
 * Virtual machines: the ``hypervisor`` CPU flag in ``/proc/cpuinfo``. In a guest the emulated
   bridges' ACS bits do not decide where P2P traffic goes; the host's do.
 """
@@ -39,6 +53,10 @@ from preflight.sources import NodeFS, SourceError
 _BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 _NVIDIA = "0x10de"
 _DISPLAY_CLASSES = ("0x0300", "0x0302")  # VGA and 3D controllers
+_NVSWITCH_CLASS = "0x0680"
+TRANSLATED_DOMAINS = ("DMA", "DMA-FQ")  # iommu_groups/<n>/type values that translate DMA
+# Kernel parameters that make the default IOMMU domain passthrough (identity).
+PASSTHROUGH_PARAMETERS = ("iommu=pt", "iommu.passthrough=1", "iommu.passthrough=y", "amd_iommu=pt")
 EXTENDED_CONFIG_START = 0x100
 _ACS_ID = 0x000D
 _MAX_CAPABILITIES = 64  # a garbage chain must not loop forever
@@ -75,18 +93,36 @@ class Bridge:
 
 
 @dataclass(frozen=True)
+class PcieLink:
+    """A function's PCIe link as the kernel reports it (Link Status and Link Capabilities)."""
+
+    current_width: int | None  # current_link_width: lanes negotiated; 0 when the link is down
+    max_width: int | None  # max_link_width
+    current_speed: str  # current_link_speed, e.g. "16.0 GT/s PCIe"; "" when not read
+    max_speed: str  # max_link_speed
+    problem: str  # why the widths are not known, "" when both were read
+
+
+@dataclass(frozen=True)
 class PciEndpoint:
     bdf: str
     chain: tuple[str, ...]  # bridges from the root port down to the parent of this function
     numa_node: int | None  # None: not reported (-1) or unreadable
+    link: PcieLink
+    iommu_group: str | None  # the number of the group iommu_group links to; None: no IOMMU for it (or unreadable)
+    iommu_domain: str  # /sys/kernel/iommu_groups/<n>/type; "" when absent (kernels before 5.11)
+    iommu_problem: str  # why the group link or its domain type could not be read, "" otherwise
+    rdma_devices: tuple[str, ...] = ()  # infiniband/<name> of a NIC, e.g. ("mlx5_0",)
 
 
 @dataclass(frozen=True)
 class PcieFacts:
     gpus: tuple[PciEndpoint, ...]
     nics: tuple[PciEndpoint, ...]
-    bridges: tuple[Bridge, ...]  # every bridge on a GPU-to-nearest-NIC path inside a switch
+    bridges: tuple[Bridge, ...]  # every bridge on a GPU-to-nearest-NIC or GPU-to-GPU path inside a switch
     pairs: tuple[tuple[str, str, tuple[str, ...]], ...]  # (gpu, nic, bridges between them)
+    gpu_pairs: tuple[tuple[str, str, tuple[str, ...]], ...]  # (gpu, gpu, bridges between them), same root port
+    nvswitches: tuple[str, ...]  # NVIDIA bridges of class 0x0680
     nearest_nic: tuple[tuple[str, str, str], ...]  # (gpu, its nearest NIC, NCCL path class)
     hypervisor: bool
     iommu_units: tuple[str, ...]
@@ -185,6 +221,7 @@ def probe_pcie(fs: NodeFS) -> PcieFacts:
     reader = FactReader(fs)
     gpus: list[PciEndpoint] = []
     nics: list[PciEndpoint] = []
+    nvswitches: list[str] = []
     chains: dict[str, tuple[str, ...]] = {}
     for bdf in reader.listing("/sys/bus/pci/devices"):
         base = f"/sys/bus/pci/devices/{bdf}"
@@ -198,9 +235,11 @@ def probe_pcie(fs: NodeFS) -> PcieFacts:
         vendor = (reader.text(f"{base}/vendor") or "").strip()
         klass = (reader.text(f"{base}/class") or "").strip()
         if vendor == _NVIDIA and klass.startswith(_DISPLAY_CLASSES):
-            gpus.append(PciEndpoint(bdf, chain[:-1], _numa(reader.text(f"{base}/numa_node"))))
+            gpus.append(_endpoint(fs, reader, bdf, chain))
+        elif vendor == _NVIDIA and klass.startswith(_NVSWITCH_CLASS):
+            nvswitches.append(bdf)
         elif "infiniband" in reader.listing(base):
-            nics.append(PciEndpoint(bdf, chain[:-1], _numa(reader.text(f"{base}/numa_node"))))
+            nics.append(_endpoint(fs, reader, bdf, chain, tuple(sorted(reader.listing(f"{base}/infiniband")))))
     sockets = sum(1 for name in reader.listing("/sys/devices/system/node") if re.fullmatch(r"node\d+", name))
     pairs = []
     nearest_nic = []
@@ -218,6 +257,13 @@ def probe_pcie(fs: NodeFS) -> PcieFacts:
             if between is not None:
                 pairs.append((gpu.bdf, nic.bdf, between))
                 wanted.update(between)
+    gpu_pairs = []
+    for number, first in enumerate(gpus):
+        for second in gpus[number + 1 :]:
+            between = bridges_between(chains[first.bdf], chains[second.bdf])
+            if between is not None:
+                gpu_pairs.append((first.bdf, second.bdf, between))
+                wanted.update(between)
     bridges = tuple(_bridge(fs, bdf) for bdf in sorted(wanted))
     cpuinfo = reader.text("/proc/cpuinfo") or ""
     flags = next((line for line in cpuinfo.splitlines() if line.startswith("flags")), "")
@@ -226,12 +272,48 @@ def probe_pcie(fs: NodeFS) -> PcieFacts:
         nics=tuple(nics),
         bridges=bridges,
         pairs=tuple(pairs),
+        gpu_pairs=tuple(gpu_pairs),
+        nvswitches=tuple(nvswitches),
         nearest_nic=tuple(nearest_nic),
         hypervisor=" hypervisor" in f" {flags.partition(':')[2]} ",
         iommu_units=tuple(reader.listing("/sys/class/iommu")),
         cmdline=(reader.text("/proc/cmdline") or "").strip(),
         problems=tuple(reader.problems),
     )
+
+
+def _endpoint(fs: NodeFS, reader: FactReader, bdf: str, chain: tuple[str, ...], rdma: tuple[str, ...] = ()) -> PciEndpoint:
+    base = f"/sys/bus/pci/devices/{bdf}"
+    group, domain, problem = None, "", ""
+    try:
+        target = fs.readlink(f"{base}/iommu_group")
+        if target:
+            group = target.rstrip("/").rsplit("/", 1)[-1]
+            domain = (fs.read(f"/sys/kernel/iommu_groups/{group}/type") or "").strip()
+    except SourceError as error:
+        problem = str(error)
+    return PciEndpoint(bdf, chain[:-1], _numa(reader.text(f"{base}/numa_node")), _link(reader, base), group, domain, problem, rdma)
+
+
+def parse_width(text: str | None) -> int | None:
+    """``current_link_width``/``max_link_width``: a decimal lane count ("16")."""
+    try:
+        width = int((text or "").strip())
+    except ValueError:
+        return None
+    return width if 0 <= width <= 32 else None
+
+
+def _link(reader: FactReader, base: str) -> PcieLink:
+    texts = {name: reader.text(f"{base}/{name}") for name in ("current_link_width", "max_link_width", "current_link_speed", "max_link_speed")}
+    current, maximum = parse_width(texts["current_link_width"]), parse_width(texts["max_link_width"])
+    problem = ""
+    if texts["current_link_width"] is None and texts["max_link_width"] is None:
+        problem = f"{base}/current_link_width and max_link_width are missing or unreadable"
+    elif current is None or maximum is None:
+        shown = ", ".join(f"{name} {str(texts[name])[:20]!r}" for name in ("current_link_width", "max_link_width"))
+        problem = f"{base}: link width not a lane count ({shown})"
+    return PcieLink(current, maximum, (texts["current_link_speed"] or "").strip(), (texts["max_link_speed"] or "").strip(), problem)
 
 
 def _bridge(fs: NodeFS, bdf: str) -> Bridge:
@@ -272,6 +354,8 @@ def acs_redirect_breaks_gpudirect_rdma(pcie: PcieFacts) -> Iterator[Observation]
             partners.setdefault(bdf, []).append(f"GPU {gpu} <-> NIC {nic}")
     iommu = _iommu_note(pcie)
     for bridge in pcie.bridges:
+        if bridge.bdf not in partners:
+            continue  # only on a GPU-to-GPU path: PCI003's
         if bridge.unreadable:
             yield undecided(f"bridge {bridge.bdf}", bridge.unreadable)
         elif bridge.acs is not None and bridge.acs.control & REDIRECT_BITS:
@@ -319,3 +403,87 @@ def gpu_hca_cross_numa_gdr(pcie: PcieFacts, job: JobFacts) -> Iterator[Observati
                 Evidence("NCCL_NET_GDR_LEVEL", f"{gdr_level}: GPUDirect RDMA forced over a {distance} path to NIC {nic}",
                          f"unset (NCCL's default {DEFAULT_GDR_LEVEL} stages such transfers through host memory)"),
             )
+
+
+@check("PCI002", profiles=("prolog",))
+def p2p_bandwidth_degraded(pcie: PcieFacts) -> Iterator[Observation]:
+    """A GPU or RDMA NIC whose PCIe link trained narrower than it can run."""
+    endpoints = [("GPU", gpu) for gpu in pcie.gpus] + [("NIC", nic) for nic in pcie.nics]
+    if not endpoints:
+        raise NotApplicable("no NVIDIA GPUs or RDMA NICs on the PCI bus")
+    if all(endpoint.link.problem for _, endpoint in endpoints):
+        raise Unknown(f"no link width readable for any of the {len(endpoints)} GPUs and NICs ({endpoints[0][1].link.problem})")
+    for kind, endpoint in endpoints:
+        subject = f"{kind} {endpoint.bdf}" + (f" ({', '.join(endpoint.rdma_devices)})" if endpoint.rdma_devices else "")
+        link = endpoint.link
+        if link.problem or link.current_width is None or link.max_width is None:
+            yield undecided(subject, link.problem or "link width not read")
+        elif link.current_width == 0:
+            yield undecided(subject, f"/sys/bus/pci/devices/{endpoint.bdf}/current_link_width is 0: the link is down or the device is powered off")
+        elif link.current_width < link.max_width:
+            speed = f"; speed {link.current_speed or '?'} of {link.max_speed or '?'} (speed drops at idle and is not judged)"
+            yield present(
+                subject,
+                Evidence(f"/sys/bus/pci/devices/{endpoint.bdf}/current_link_width", f"x{link.current_width}{speed}", f"x{link.max_width} (max_link_width)"),
+            )
+
+
+@check("PCI003", profiles=("prolog",))
+def p2p_transfers_hang_or_fault(pcie: PcieFacts) -> Iterator[Observation]:
+    """ACS redirect on a bridge between two GPUs, or an IOMMU translating the GPUs' DMA, on bare
+    metal without NVSwitches."""
+    if len(pcie.gpus) < 2:
+        raise NotApplicable("fewer than two NVIDIA GPUs: no GPU peer-to-peer traffic inside the node")
+    if pcie.hypervisor:
+        raise NotApplicable(
+            "inside a virtual machine: the guest's emulated bridges and IOMMU do not route GPU peer traffic; "
+            "check ACS and the IOMMU on the host"
+        )
+    if pcie.nvswitches:
+        raise NotApplicable(
+            f"GPU peer traffic runs over NVLink through {len(pcie.nvswitches)} NVSwitches, not through PCIe bridges or the IOMMU"
+        )
+    partners: dict[str, list[str]] = {}
+    for first, second, between in pcie.gpu_pairs:
+        for bdf in between:
+            partners.setdefault(bdf, []).append(f"GPU {first} <-> GPU {second}")
+    for bridge in pcie.bridges:
+        if bridge.bdf not in partners:
+            continue
+        if bridge.unreadable:
+            yield undecided(f"bridge {bridge.bdf}", bridge.unreadable)
+        elif bridge.acs is not None and bridge.acs.control & REDIRECT_BITS:
+            yield present(
+                f"bridge {bridge.bdf}",
+                Evidence(f"/sys/bus/pci/devices/{bridge.bdf}/config", f"ACSCtl 0x{bridge.acs.control:04x}: {bridge.acs.describe()}",
+                         "ReqRedir- CmpltRedir- on GPU-to-GPU paths"),
+                Evidence("path", "; ".join(sorted(set(partners[bridge.bdf])))),
+            )
+    yield from _translating_iommu(pcie)
+
+
+def _translating_iommu(pcie: PcieFacts) -> Iterator[Observation]:
+    if not pcie.iommu_units:
+        return  # no IOMMU: nothing translates
+    passthrough = [word for word in pcie.cmdline.split() if word in PASSTHROUGH_PARAMETERS]
+    translated: dict[str, list[str]] = {}
+    for gpu in pcie.gpus:
+        if gpu.iommu_group is None and not gpu.iommu_problem:
+            continue  # not behind an IOMMU
+        if gpu.iommu_domain in TRANSLATED_DOMAINS:
+            translated.setdefault(gpu.iommu_domain, []).append(f"GPU {gpu.bdf} (group {gpu.iommu_group})")
+        elif gpu.iommu_problem:
+            yield undecided(f"GPU {gpu.bdf}", f"IOMMU group or domain type unreadable: {gpu.iommu_problem}")
+        elif not gpu.iommu_domain and not passthrough:
+            yield undecided(
+                f"GPU {gpu.bdf}",
+                f"/sys/kernel/iommu_groups/{gpu.iommu_group}/type is missing (Linux before 5.11) and /proc/cmdline has no iommu=pt: "
+                "whether the IOMMU translates this GPU's DMA is not known",
+            )
+    if translated:
+        observed = "; ".join(f"{domain}: {', '.join(gpus)}" for domain, gpus in sorted(translated.items()))
+        yield present(
+            "IOMMU",
+            Evidence("/sys/kernel/iommu_groups/*/type", f"translating domain for {observed}", "identity (passthrough, iommu=pt)"),
+            Evidence("/proc/cmdline", pcie.cmdline or "(empty)"),
+        )

@@ -249,3 +249,22 @@ def render_reference(reference: Reference) -> str:
     detect = ", ".join(reference.detect) + (f" (checks: {', '.join(reference.checks)})" if reference.checks else "")
     lines += ["", f"Detectable from: {detect}"]
     return "\n".join(lines)
+
+
+@app.command()
+def fleet(
+    inputs: List[str] = typer.Argument(None, metavar="REPORT...|DIR", help="`preflight node --format json` reports, or directories of *.json reports."),
+    output_format: str = typer.Option("table", "--format", help="table or json (schema preflight-fleet/1)."),
+    output: Optional[str] = typer.Option(None, "--output", help="Write the fleet report to FILE (replaced whole) instead of stdout."),
+    ignore_fact: List[str] = typer.Option([], "--ignore-fact", help="Do not compare this fact (its key, as in the JSON), comma-separated."),
+) -> None:
+    """Aggregate node reports: which nodes have each reference present or unknown, and the odd
+    one out within each hardware class (driver, firmware, NCCL, MTU, GID index, memlock, ACS...).
+
+    Exit codes: 0 all agree and nothing at warning or above, 1 warnings present or a file
+    skipped, 2 an error/critical finding present or a node is the odd one out (or a tie),
+    3 no verdict (no usable report, bad arguments).
+    """
+    from preflight.fleet import run_fleet
+
+    raise typer.Exit(run_fleet(list(inputs or []), output_format, output, split_tokens(ignore_fact)))

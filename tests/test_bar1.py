@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from preflight.checks.bar1 import largest_prefetchable, peermem_gpu_mapping_rejected, probe_bar1
+from preflight.checks.gpus import probe_gpus
 from preflight.model import NotApplicable, Status, Unknown
 from preflight.sources import Sources
 
@@ -19,7 +20,8 @@ GIB, MIB = 1 << 30, 1 << 20
 def verdicts(root: Path) -> list[tuple[str, Status, str]]:
     sources = Sources.for_node(str(root), None)
     facts = probe_bar1(sources.fs, sources.nvml)
-    return [(o.subject, o.status, " ".join(e.observed for e in o.evidence) + o.reason) for o in peermem_gpu_mapping_rejected(facts)]
+    found = peermem_gpu_mapping_rejected(facts, probe_gpus(sources.fs, sources.nvml))
+    return [(o.subject, o.status, " ".join(e.observed for e in o.evidence) + o.reason) for o in found]
 
 
 def edit_nvml(root: Path, change: Any) -> None:
@@ -84,5 +86,10 @@ def test_without_nvml_answers(node_copy: Path) -> None:
     with pytest.raises(Unknown):
         verdicts(node_copy)
     (node_copy / ".preflight/nvml.json").write_text(json.dumps({"format": "preflight-nvml/1", "init": {"error": "NVML_ERROR_DRIVER_NOT_LOADED"}}))
-    with pytest.raises(NotApplicable, match="DRIVER_NOT_LOADED"):
+    with pytest.raises(Unknown, match="DRIVER_NOT_LOADED.*8 GPUs on the PCI bus"):
+        verdicts(node_copy)  # the GPUs are there; only NVML cannot be asked
+    for bdf in [link.name for link in (node_copy / "sys/bus/pci/devices").iterdir()]:
+        if (node_copy / "sys/bus/pci/devices" / bdf / "vendor").read_text().strip() == "0x10de":
+            (node_copy / "sys/bus/pci/devices" / bdf).unlink()
+    with pytest.raises(NotApplicable, match="no NVIDIA GPUs.*DRIVER_NOT_LOADED"):
         verdicts(node_copy)

@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 
 from preflight.checks.gpudirect import DeviceNode, GpuDirectFacts, JobIdentity, gdrcopy_driver_unusable, gpudirect_rdma_unavailable, probe_gpudirect
+from preflight.checks.gpu_health import GpuHealthFacts, probe_gpu_health
 from preflight.checks.gpus import GpuFacts, NvmlDevice, gpu_unusable_by_driver, probe_gpus
 from preflight.checks.hostname import HostnameFacts, HostsEntry, hostname_resolution_broken
 from preflight.checks.job import JobFacts, NcclConfFile, probe_job
+from preflight.checks.nccl_libs import NcclCopy, NcclLibFacts
 from preflight.checks.memlock import Limit, MemlockFacts, PamLimit, memlock_limit_too_low, nccl_buffsize_exceeds_pinned_memory, probe_memlock
 from preflight.config import Expectations
 from preflight.model import NotApplicable, Severity, Status, Unknown
@@ -39,6 +41,11 @@ def gpudirect() -> GpuDirectFacts:
 @pytest.fixture(scope="module")
 def gpus() -> GpuFacts:
     return probe_gpus(NodeFS(str(EXAMPLE)), Sources.for_node(str(EXAMPLE)).nvml)
+
+
+@pytest.fixture(scope="module")
+def health() -> GpuHealthFacts:
+    return probe_gpu_health(Sources.for_node(str(EXAMPLE)).nvml)
 
 
 def job(environ: dict[str, str] | None = None, conf: dict[str, str] | None = None) -> JobFacts:
@@ -123,27 +130,43 @@ def test_mem002_garbage_value_is_present(memlock: MemlockFacts, gpudirect: GpuDi
 
 
 # GDR001 ------------------------------------------------------------------------------------
+NCCL_2_28 = NcclLibFacts((NcclCopy("/usr/lib/x86_64-linux-gnu/libnccl.so.2.28.9", "2.28.9", "system"),), ())
+NCCL_2_21 = NcclLibFacts((NcclCopy("/usr/lib/x86_64-linux-gnu/libnccl.so.2.21.5", "2.21.5", "system"),), ())
+
+
 def test_gdr001_present_without_peermem_on_proprietary_driver(gpudirect: GpuDirectFacts) -> None:
-    found = list(gpudirect_rdma_unavailable(gpudirect, job()))
+    found = list(gpudirect_rdma_unavailable(gpudirect, job(), NCCL_2_28))
     assert [o.subject for o in found] == ["node"]
 
 
 def test_gdr001_absent_with_peermem_or_dmabuf(gpudirect: GpuDirectFacts) -> None:
     with_peermem = replace(gpudirect, peer_memory_files=("/sys/module/nvidia_peermem/version",))
-    assert list(gpudirect_rdma_unavailable(with_peermem, job())) == []
+    assert list(gpudirect_rdma_unavailable(with_peermem, job(), NCCL_2_28)) == []
+    with_peer_client = replace(gpudirect, peer_memory_files=("/sys/kernel/mm/memory_peers/nv_mem/version", "/sys/module/nvidia_peermem/version"))
+    assert list(gpudirect_rdma_unavailable(with_peer_client, job(), NCCL_2_21)) == []
     open_modules = replace(gpudirect, driver_flavour="open")
-    assert list(gpudirect_rdma_unavailable(open_modules, job())) == []
+    assert list(gpudirect_rdma_unavailable(open_modules, job(), NCCL_2_28)) == []
     disabled = job(environ={"NCCL_DMABUF_ENABLE": "0"})
-    assert len(list(gpudirect_rdma_unavailable(open_modules, disabled))) == 1
+    assert len(list(gpudirect_rdma_unavailable(open_modules, disabled, NCCL_2_28))) == 1
     old_kernel = replace(open_modules, kernel_release="4.18.0-553.el8.x86_64")
-    assert len(list(gpudirect_rdma_unavailable(old_kernel, job()))) == 1
+    assert len(list(gpudirect_rdma_unavailable(old_kernel, job(), NCCL_2_28))) == 1
+
+
+def test_gdr001_nvidia_peermem_alone_with_nccl_before_2_23_4(gpudirect: GpuDirectFacts) -> None:
+    with_peermem = replace(gpudirect, peer_memory_files=("/sys/module/nvidia_peermem/version",))
+    [found] = gpudirect_rdma_unavailable(with_peermem, job(), NCCL_2_21)
+    assert found.subject == "/usr/lib/x86_64-linux-gnu/libnccl.so.2.21.5" and "2.23.4" in found.evidence[0].expected
+    unnamed = NcclLibFacts((NcclCopy("/opt/nccl/lib/libnccl.so.2", None, "system"),), ())
+    [found] = gpudirect_rdma_unavailable(with_peermem, job(), unnamed)
+    assert found.status is Status.UNKNOWN and "not named" in found.reason
+    assert list(gpudirect_rdma_unavailable(replace(with_peermem, driver_flavour="open"), job(), NCCL_2_21)) == []  # DMA-BUF instead
 
 
 def test_gdr001_not_applicable_without_driver_or_rdma(gpudirect: GpuDirectFacts) -> None:
     with pytest.raises(NotApplicable):
-        list(gpudirect_rdma_unavailable(replace(gpudirect, nvidia_driver=None), job()))
+        list(gpudirect_rdma_unavailable(replace(gpudirect, nvidia_driver=None), job(), NCCL_2_28))
     with pytest.raises(NotApplicable):
-        list(gpudirect_rdma_unavailable(replace(gpudirect, rdma_devices=()), job()))
+        list(gpudirect_rdma_unavailable(replace(gpudirect, rdma_devices=()), job(), NCCL_2_28))
 
 
 # GDR002 ------------------------------------------------------------------------------------
@@ -171,27 +194,50 @@ def test_gdr002_absent_when_not_requested(gpudirect: GpuDirectFacts) -> None:
 
 
 # GPU001 ------------------------------------------------------------------------------------
-def test_gpu001_absent_on_healthy_node(gpus: GpuFacts) -> None:
-    assert len(gpus.devices) == 8 and len(gpus.pci_gpus) == 8
-    assert list(gpu_unusable_by_driver(gpus, Expectations(gpu_count=8))) == []
+def test_gpu001_absent_on_healthy_node(gpus: GpuFacts, health: GpuHealthFacts) -> None:
+    assert len(gpus.devices) == 8 and len(gpus.pci_gpus) == 8 and len(health.gpus) == 8
+    assert list(gpu_unusable_by_driver(gpus, health, Expectations(gpu_count=8))) == []
 
 
-def test_gpu001_lost_gpu_missing_gpu_and_version_mismatch(gpus: GpuFacts) -> None:
+def test_gpu001_lost_gpu_missing_gpu_and_version_mismatch(gpus: GpuFacts, health: GpuHealthFacts) -> None:
     lost = replace(gpus, devices=gpus.devices[:3] + (replace(gpus.devices[3], error="NVML_ERROR_GPU_IS_LOST"),) + gpus.devices[4:])
-    assert [o.subject for o in gpu_unusable_by_driver(lost, Expectations())] == ["GPU3"]
+    assert [o.subject for o in gpu_unusable_by_driver(lost, health, Expectations())] == ["GPU3"]
     missing = replace(gpus, devices=gpus.devices[:7])
-    found = list(gpu_unusable_by_driver(missing, Expectations()))
+    found = list(gpu_unusable_by_driver(missing, health, Expectations()))
     assert found and gpus.pci_gpus[7] in found[0].evidence[1].observed
     mismatch = replace(gpus, nvml_error="NVML_ERROR_LIB_RM_VERSION_MISMATCH", nvml_detail="RM has detected an NVML/RM version mismatch.", devices=())
-    assert [o.subject for o in gpu_unusable_by_driver(mismatch, Expectations())] == ["node"]
-    assert [o.subject for o in gpu_unusable_by_driver(gpus, Expectations(gpu_count=16))] == ["node"]
+    assert [o.subject for o in gpu_unusable_by_driver(mismatch, health, Expectations())] == ["node"]
+    assert [o.subject for o in gpu_unusable_by_driver(gpus, health, Expectations(gpu_count=16))] == ["node"]
 
 
-def test_gpu001_not_applicable_and_unknown(gpus: GpuFacts) -> None:
+def test_gpu001_lost_in_a_health_query_is_present_once(gpus: GpuFacts, health: GpuHealthFacts) -> None:
+    lost_ecc = replace(health, gpus=health.gpus[:5] + (replace(health.gpus[5], volatile_error="NVML_ERROR_GPU_IS_LOST"),) + health.gpus[6:])
+    (found,) = gpu_unusable_by_driver(gpus, lost_ecc, Expectations())
+    assert found.subject == "GPU5" and found.evidence[0].source == "nvmlDeviceGetTotalEccErrors"
+    both = replace(gpus, devices=gpus.devices[:5] + (replace(gpus.devices[5], error="NVML_ERROR_GPU_IS_LOST"),) + gpus.devices[6:])
+    assert [o.subject for o in gpu_unusable_by_driver(both, lost_ecc, Expectations())] == ["GPU5"]
+
+
+def test_gpu001_persistence_off_is_one_warning(gpus: GpuFacts, health: GpuHealthFacts) -> None:
+    off = replace(health, gpus=tuple(replace(gpu, persistence=gpu.index >= 6) for gpu in health.gpus))
+    (found,) = gpu_unusable_by_driver(gpus, off, Expectations())
+    assert found.subject == "nvidia-persistenced" and found.severity is Severity.WARNING
+    assert "disabled on GPU0, GPU1, GPU2, GPU3, GPU4, GPU5 (6 of 8)" in found.evidence[0].observed and "nvidia-persistenced" in found.fix
+    refused = replace(health, gpus=(replace(health.gpus[0], persistence=None, persistence_error="NVML_ERROR_NO_PERMISSION"),) + health.gpus[1:])
+    (unknown,) = gpu_unusable_by_driver(gpus, refused, Expectations())
+    assert unknown.status is Status.UNKNOWN and "NO_PERMISSION" in unknown.reason
+    unsupported = replace(health, gpus=tuple(replace(gpu, persistence=None, persistence_error="NVML_ERROR_NOT_SUPPORTED") for gpu in health.gpus))
+    assert list(gpu_unusable_by_driver(gpus, unsupported, Expectations())) == []
+
+
+def test_gpu001_not_applicable_and_unknown(gpus: GpuFacts, health: GpuHealthFacts) -> None:
     with pytest.raises(NotApplicable):
-        list(gpu_unusable_by_driver(GpuFacts((), "NVML_ERROR_LIBRARY_NOT_FOUND", "", None, (), ()), Expectations()))
+        list(gpu_unusable_by_driver(GpuFacts((), "NVML_ERROR_LIBRARY_NOT_FOUND", "", None, (), ()), health, Expectations()))
     with pytest.raises(Unknown):
-        list(gpu_unusable_by_driver(replace(gpus, nvml_error="NVML_NOT_RECORDED"), Expectations()))
+        list(gpu_unusable_by_driver(replace(gpus, nvml_error="NVML_NOT_RECORDED"), health, Expectations()))
+    no_library = replace(gpus, nvml_error="NVML_ERROR_LIBRARY_NOT_FOUND", nvml_detail="libnvidia-ml.so.1: cannot open shared object file", devices=())
+    with pytest.raises(Unknown, match="cannot ask the driver about the 8 NVIDIA GPUs"):
+        list(gpu_unusable_by_driver(no_library, health, Expectations()))
 
 
 # DNS001 ------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""GPU002: row remapping pending or failed (replayed NVML answers) and hardware Xids since boot
-(a recorded kernel log in /dev/kmsg's record format)."""
+"""GPU002: row remapping pending or failed, uncorrectable volatile ECC errors (replayed NVML
+answers) and hardware Xids since boot (a recorded kernel log in /dev/kmsg's record format)."""
 
 from __future__ import annotations
 
@@ -8,23 +8,35 @@ from pathlib import Path
 
 import pytest
 
-from preflight.checks.gpu_health import nccl_cuda_call_failed, probe_gpu_health
-from preflight.checks.kernel_log import parse_xids, probe_kernel_log
-from preflight.model import NotApplicable, Status
+from preflight.checks.gpu_health import GpuHealth, nccl_cuda_call_failed, probe_gpu_health
+from preflight.checks.gpus import probe_gpus
+from preflight.checks.kernel_log import KernelLogFacts, parse_xids, probe_kernel_log
+from preflight.model import NotApplicable, Status, Unknown
 from preflight.sources import Sources
 
 
-def verdicts(root: Path) -> list[tuple[str, Status, str]]:
+def verdicts(root: Path, kernel_log: KernelLogFacts | None = None) -> list[tuple[str, Status, str]]:
     sources = Sources.for_node(str(root), None)
-    found = nccl_cuda_call_failed(probe_gpu_health(sources.nvml), probe_kernel_log(sources.fs))
+    log = kernel_log if kernel_log is not None else probe_kernel_log(sources.fs)
+    found = nccl_cuda_call_failed(probe_gpu_health(sources.nvml), log, probe_gpus(sources.fs, sources.nvml))
     return [(o.subject, o.status, " ".join(e.observed for e in o.evidence) + o.reason) for o in found]
 
 
-def set_rows(root: Path, answers: dict[str, object]) -> None:
+def set_answers(root: Path, function: str, answers: dict[str, object]) -> None:
     path = root / ".preflight/nvml.json"
     document = json.loads(path.read_text())
-    document["calls"]["nvmlDeviceGetRemappedRows"].update(answers)
+    document["calls"].setdefault(function, {}).update(answers)
     path.write_text(json.dumps(document))
+
+
+def set_rows(root: Path, answers: dict[str, object]) -> None:
+    set_answers(root, "nvmlDeviceGetRemappedRows", answers)
+
+
+def test_probe_reads_every_health_query_of_the_example(example_root: Path) -> None:
+    facts = probe_gpu_health(Sources.for_node(str(example_root)).nvml)
+    assert facts.nvml_error == "" and len(facts.gpus) == 8
+    assert facts.gpus[3] == GpuHealth(3, 0, 0, False, False, "", True, "", True, True, "", 0, "")
 
 
 def test_healthy_gpus_are_absent(example_root: Path) -> None:
@@ -42,6 +54,8 @@ def test_pending_and_failed_remaps_are_present(node_copy: Path) -> None:
 
 def test_gpus_without_row_remapping_are_not_applicable(node_copy: Path) -> None:
     set_rows(node_copy, {str(i): {"error": "NVML_ERROR_NOT_SUPPORTED"} for i in range(8)})
+    assert verdicts(node_copy) == []  # pre-Ampere GPUs with ECC: the ECC counts still decide
+    set_answers(node_copy, "nvmlDeviceGetTotalEccErrors", {f"{i}/1/0": {"error": "NVML_ERROR_NOT_SUPPORTED"} for i in range(8)})
     with pytest.raises(NotApplicable, match="before Ampere"):
         verdicts(node_copy)
 
@@ -62,7 +76,7 @@ def test_hardware_xids_since_boot_are_present_and_application_faults_are_not(nod
     assert [e.code for e in parse_xids(KMSG.splitlines())] == [79, 13, 79]
 
 
-def test_unreadable_kernel_log_leaves_the_nvml_verdict(node_copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unreadable_kernel_log_is_unknown_beside_the_nvml_verdict(node_copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
     from preflight.sources import NodeFS
@@ -74,7 +88,48 @@ def test_unreadable_kernel_log_leaves_the_nvml_verdict(node_copy: Path, monkeypa
     facts = probe_kernel_log(NodeFS("/"))
     assert "permission denied (EACCES); needs root" in facts.error and not facts.read
     monkeypatch.undo()
-    assert verdicts(node_copy) == []  # no recorded log: the NVML part alone decides
+    set_rows(node_copy, {"2": {"result": [0, 1, 1, 0]}})
+    found = {subject: (status, text) for subject, status, text in verdicts(node_copy, facts)}
+    assert found["kernel log"][0] is Status.UNKNOWN and "Xid history since boot unreadable" in found["kernel log"][1]
+    assert "needs root" in found["kernel log"][1] and found["GPU2"][0] is Status.PRESENT  # the NVML half still decides
+    (node_copy / ".preflight/kmsg").unlink()
+    assert [s for s, _, _ in verdicts(node_copy)] == ["GPU2"]  # no recorded log at all: nothing to say about Xids
+
+
+def test_uncorrectable_volatile_ecc_errors_are_present(node_copy: Path) -> None:
+    set_answers(node_copy, "nvmlDeviceGetTotalEccErrors", {"4/1/0": {"result": 3}, "6/1/0": {"result": 2}})
+    set_answers(node_copy, "nvmlDeviceGetPersistenceMode", {"6": {"result": 0}})
+    set_answers(node_copy, "nvmlDeviceGetEccMode", {"6": {"result": [0, 1]}})  # ECC off now: nothing is counted
+    found = verdicts(node_copy)
+    assert [(s, st) for s, st, _ in found] == [("GPU4", Status.PRESENT)]
+    assert "3 uncorrectable ECC errors since the driver initialised the GPU (persistence mode on" in found[0][2]
+    set_answers(node_copy, "nvmlDeviceGetEccMode", {"6": {"result": [1, 1]}})
+    found = dict((s, text) for s, _, text in verdicts(node_copy))
+    assert "initialised for the current or last client (persistence mode off)" in found["GPU6"]
+
+
+def test_ecc_and_persistence_errors_and_garbage(node_copy: Path) -> None:
+    set_answers(node_copy, "nvmlDeviceGetTotalEccErrors", {
+        "0/1/0": {"error": "NVML_ERROR_NOT_SUPPORTED"}, "1/1/0": {"error": "NVML_ERROR_NO_PERMISSION"},
+        "2/1/0": {"result": -4}, "3/1/0": {"error": "NVML_ERROR_GPU_IS_LOST"},
+    })
+    set_answers(node_copy, "nvmlDeviceGetEccMode", {"5": {"result": "on"}})
+    found = {subject: (status, text) for subject, status, text in verdicts(node_copy)}
+    assert set(found) == {"GPU1", "GPU2", "GPU3"} and all(status is Status.UNKNOWN for status, _ in found.values())
+    assert "NO_PERMISSION" in found["GPU1"][1] and "unexpected answer -4" in found["GPU2"][1]
+    assert "GPU001 reports the lost GPU" in found["GPU3"][1]
+    facts = probe_gpu_health(Sources.for_node(str(node_copy)).nvml)
+    assert facts.gpus[5].ecc_current is None and "unexpected answer" in facts.gpus[5].ecc_mode_error
+
+
+def test_nvml_unavailable_is_unknown_with_gpus_on_the_bus(node_copy: Path) -> None:
+    path = node_copy / ".preflight/nvml.json"
+    path.write_text(json.dumps({"format": "preflight-nvml/1", "init": {"error": "NVML_ERROR_LIBRARY_NOT_FOUND"}}))
+    with pytest.raises(Unknown, match="LIBRARY_NOT_FOUND.*8 GPUs on the PCI bus"):
+        verdicts(node_copy)
+    (node_copy / ".preflight/kmsg").write_text(KMSG)
+    found = verdicts(node_copy)  # the kernel log still speaks; NVML's half is unknown
+    assert [(s, st) for s, st, _ in found] == [("GPU 0000:5d:00", Status.PRESENT), ("NVML", Status.UNKNOWN)]
 
 
 def test_live_kernel_log_reads_or_names_the_privilege(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
 """PCI001: ACS redirect between a GPU and its nearest RDMA NIC, on recorded PCI trees built with
-real config-space layouts (extended capability chains from offset 0x100)."""
+real config-space layouts (extended capability chains from offset 0x100); TOPO005; PCI002 and
+PCI003 on hand-built facts (the recorded A100 root has the rest: tests/test_a100_node.py)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,21 @@ import pytest
 from preflight.checks.job import probe_job
 from preflight.checks.pcie import (
     AcsRegisters,
+    Bridge,
+    PcieFacts,
+    PciEndpoint,
+    PcieLink,
     acs_redirect_breaks_gpudirect_rdma,
-    gpu_hca_cross_numa_gdr,
     bridges_between,
     device_chain,
+    gpu_hca_cross_numa_gdr,
+    p2p_bandwidth_degraded,
+    p2p_transfers_hang_or_fault,
     parse_acs,
+    parse_width,
     probe_pcie,
 )
-from preflight.model import NotApplicable, Status
+from preflight.model import NotApplicable, Status, Unknown
 from preflight.sources import NodeFS
 
 AER, ACS = 0x0001, 0x000D
@@ -175,3 +183,71 @@ def test_nic_on_the_same_socket_is_phb_and_only_flagged_when_gdr_is_forced(tmp_p
     forced = topo_verdicts(root, {"NCCL_NET_GDR_LEVEL": "SYS"})
     assert [s for s, _ in forced] == ["GPU 0000:9a:00.0"] and "forced over a PHB path" in forced[0][1]
     assert topo_verdicts(root, {"NCCL_NET_GDR_LEVEL": "2"}) == []
+
+
+# PCI002 / PCI003 on hand-built facts -------------------------------------------------------------
+FULL = PcieLink(16, 16, "2.5 GT/s PCIe", "16.0 GT/s PCIe", "")
+
+
+def endpoint(bdf: str, chain: tuple[str, ...], link: PcieLink = FULL, domain: str = "identity", rdma: tuple[str, ...] = ()) -> PciEndpoint:
+    return PciEndpoint(bdf, chain, 0, link, bdf[5:7], domain, "", rdma)
+
+
+def facts(gpus: tuple[PciEndpoint, ...], nics: tuple[PciEndpoint, ...] = (), bridges: tuple[Bridge, ...] = (),
+          gpu_pairs: tuple[tuple[str, str, tuple[str, ...]], ...] = (), pairs: tuple[tuple[str, str, tuple[str, ...]], ...] = (),
+          iommu: tuple[str, ...] = ("dmar0",), cmdline: str = "intel_iommu=on iommu=pt") -> PcieFacts:
+    return PcieFacts(gpus, nics, bridges, pairs, gpu_pairs, (), (), False, iommu, cmdline, ())
+
+
+SWITCH = ("0000:15:01.0", "0000:16:00.0")
+TWO_GPUS = (endpoint("0000:18:00.0", (*SWITCH, "0000:17:00.0")), endpoint("0000:19:00.0", (*SWITCH, "0000:17:01.0")))
+GPU_PATH = ("0000:16:00.0", "0000:17:00.0", "0000:17:01.0")
+
+
+def test_parse_width_takes_lane_counts_only() -> None:
+    assert [parse_width(text) for text in ("16\n", "8", " 4 ", "0")] == [16, 8, 4, 0]
+    assert [parse_width(text) for text in ("x16", "", None, "64", "-1")] == [None] * 5
+
+
+def test_pci002_width_below_max_is_present_and_speed_never() -> None:
+    narrow = PcieLink(8, 16, "16.0 GT/s PCIe", "16.0 GT/s PCIe", "")
+    slow = PcieLink(16, 16, "2.5 GT/s PCIe", "32.0 GT/s PCIe", "")
+    nic = endpoint("0000:1a:00.0", (*SWITCH, "0000:17:02.0"), narrow, rdma=("mlx5_0",))
+    found = list(p2p_bandwidth_degraded(facts((endpoint("0000:18:00.0", SWITCH, slow), TWO_GPUS[1]), (nic,))))
+    assert [(o.subject, o.status) for o in found] == [("NIC 0000:1a:00.0 (mlx5_0)", Status.PRESENT)]
+    assert found[0].evidence[0].observed.startswith("x8;") and found[0].evidence[0].expected == "x16 (max_link_width)"
+    with pytest.raises(NotApplicable):
+        list(p2p_bandwidth_degraded(facts(())))
+
+
+def test_pci003_acs_on_a_gpu_only_path_is_not_pci001() -> None:
+    redirect = tuple(Bridge(bdf, AcsRegisters(0x5F, 0x001D if bdf == "0000:17:01.0" else 0), "") for bdf in GPU_PATH)
+    nic = endpoint("0000:1a:00.0", (*SWITCH, "0000:17:00.0"), rdma=("mlx5_0",))
+    both = facts(TWO_GPUS, (nic,), redirect, ((TWO_GPUS[0].bdf, TWO_GPUS[1].bdf, GPU_PATH),),
+                 ((TWO_GPUS[0].bdf, nic.bdf, ("0000:17:00.0",)),))
+    assert list(acs_redirect_breaks_gpudirect_rdma(both)) == []  # 17:01.0 is not between GPU 18 and its NIC
+    (found,) = p2p_transfers_hang_or_fault(both)
+    assert found.subject == "bridge 0000:17:01.0" and "GPU 0000:18:00.0 <-> GPU 0000:19:00.0" in found.evidence[1].observed
+    unreadable = facts(TWO_GPUS, bridges=(Bridge("0000:16:00.0", None, "config: permission denied"),), gpu_pairs=both.gpu_pairs)
+    (unknown,) = p2p_transfers_hang_or_fault(unreadable)
+    assert unknown.status is Status.UNKNOWN and "permission denied" in unknown.reason
+
+
+def test_pci003_iommu_domain_types() -> None:
+    translated = (endpoint("0000:18:00.0", SWITCH, domain="DMA"), endpoint("0000:9a:00.0", ("0000:97:01.0",), domain="DMA-FQ"))
+    (found,) = p2p_transfers_hang_or_fault(facts(translated, cmdline="intel_iommu=on"))
+    assert found.subject == "IOMMU" and "DMA: GPU 0000:18:00.0 (group 18); DMA-FQ: GPU 0000:9a:00.0" in found.evidence[0].observed
+    assert list(p2p_transfers_hang_or_fault(facts(translated, iommu=()))) == []  # no IOMMU unit is active
+    unread = tuple(PciEndpoint(gpu.bdf, gpu.chain, 0, FULL, "7", "", "/sys/kernel/iommu_groups/7/type: permission denied", ()) for gpu in TWO_GPUS)
+    assert {o.status for o in p2p_transfers_hang_or_fault(facts(unread))} == {Status.UNKNOWN}
+    outside = tuple(PciEndpoint(gpu.bdf, gpu.chain, 0, FULL, None, "", "", ()) for gpu in TWO_GPUS)
+    assert list(p2p_transfers_hang_or_fault(facts(outside, cmdline="intel_iommu=on"))) == []  # not behind the IOMMU
+
+
+def test_pcie_probe_records_links_and_gpu_pairs(tmp_path: Path) -> None:
+    root = hgx_tree(tmp_path)
+    facts_ = probe_pcie(NodeFS(str(root)))
+    assert facts_.gpu_pairs == () and facts_.nvswitches == ()  # the two GPUs sit under different root ports
+    assert facts_.gpus[0].link.problem.endswith("current_link_width and max_link_width are missing or unreadable")
+    with pytest.raises(Unknown, match="no link width readable"):
+        list(p2p_bandwidth_degraded(facts_))

@@ -1,0 +1,85 @@
+"""``preflight fleet REPORT... | DIR``: aggregate node reports and find the odd one out.
+
+* :mod:`preflight.fleet.load` reads reports as untrusted input;
+* :mod:`preflight.fleet.facts` is the table of compared facts (one line each);
+* :mod:`preflight.fleet.compare` groups nodes by hardware class and decides disagreements;
+* :mod:`preflight.fleet.render` writes the table and the JSON (``preflight-fleet/1``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+
+from preflight.exitcodes import ExitCode
+from preflight.fleet.compare import Fleet, build_fleet, fleet_exit_code
+from preflight.fleet.facts import FACTS
+from preflight.fleet.load import MAX_REPORT_BYTES, load_reports
+from preflight.fleet.render import printable, render
+
+FLEET_FORMATS = ("table", "json")
+
+__all__ = ["FLEET_FORMATS", "Fleet", "audit", "run_fleet"]
+
+
+class FleetUsageError(Exception):
+    """The command cannot run as asked."""
+
+
+def audit(inputs: Sequence[str], ignore_facts: Sequence[str] = (), max_bytes: int = MAX_REPORT_BYTES) -> Fleet:
+    known = {fact.key for fact in FACTS}
+    unknown = [key for key in ignore_facts if key not in known]
+    if unknown:
+        raise FleetUsageError(f"--ignore-fact {', '.join(unknown)}: not a compared fact (choose from {', '.join(sorted(known))})")
+    nodes, skipped = load_reports(inputs, max_bytes)
+    return build_fleet(nodes, skipped, ignore_facts)
+
+
+def _write(path: str, text: str) -> None:
+    """Replace ``path`` whole, so that a reader never sees half a report."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, temporary = tempfile.mkstemp(prefix=".fleet-", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+
+
+def run_fleet(
+    inputs: Sequence[str],
+    output_format: str = "table",
+    output: str | None = None,
+    ignore_facts: Sequence[str] = (),
+    max_bytes: int = MAX_REPORT_BYTES,
+) -> int:
+    """The command: write the fleet report, return the exit code (see :func:`fleet_exit_code`)."""
+    try:
+        if output_format not in FLEET_FORMATS:
+            raise FleetUsageError(f"--format {output_format!r}: choose one of {', '.join(FLEET_FORMATS)}")
+        if not inputs:
+            raise FleetUsageError("give report files or a directory of them")
+        fleet = audit(inputs, ignore_facts, max_bytes)
+    except FleetUsageError as error:
+        print(f"preflight: error: {error}", file=sys.stderr)
+        return ExitCode.NO_VERDICT
+    for skipped in fleet.skipped:
+        print(f"preflight fleet: skipped {printable(skipped.file, 300)}: {printable(skipped.reason, 300)}", file=sys.stderr)
+    if not fleet.nodes:
+        print("preflight: error: no usable node report"
+              + (f" among {len(fleet.skipped)} files" if fleet.skipped else " (no *.json files found)"), file=sys.stderr)
+    text = render(fleet, output_format)
+    if output:
+        try:
+            _write(output, text)
+        except OSError as error:
+            print(f"preflight: error: --output {output}: {error.strerror or error}", file=sys.stderr)
+            return ExitCode.NO_VERDICT
+    else:
+        sys.stdout.write(text)
+    return fleet_exit_code(fleet)

@@ -1,0 +1,326 @@
+"""Read ``preflight node --format json`` reports as untrusted input.
+
+A fleet audit reads files fetched from many hosts; any of them can be truncated, hand-edited,
+from a newer preflight, or hostile. Each file is read under a size cap (a regular file only: a
+FIFO or a device would block or never end), parsed with the standard library's JSON parser
+(whose nesting limit turns ``[[[[...`` into an error, and whose digit limit turns a 10,000-digit
+integer into one), and checked for the few fields the audit relies on. A file that fails any
+step becomes a :class:`Skipped` entry naming the file and the reason, never an exception.
+
+Facts are not kept: each report's compared values are extracted as soon as it is parsed (see
+:mod:`preflight.fleet.facts`), so memory grows with the number of nodes, not with report size.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import re
+import stat
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from preflight.fleet.facts import FACTS, HardwareClass, extract_all, hardware_class
+from preflight.model import REFERENCE_ID, SYMBOL, Severity, Status
+
+REPORT_SCHEMA = "preflight-report/1"
+#: A full report of an 8-GPU, 8-HCA node is about 40 KB; 16 MiB leaves room for very large
+#: nodes while keeping one hostile file from costing gigabytes once parsed.
+MAX_REPORT_BYTES = 16 * 1024 * 1024
+#: Host names as the kernel and DNS allow them; anything else (a "/", "..", a control character,
+#: an escape sequence meant for the terminal that shows the fleet table) is refused.
+HOST_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,252})$")
+#: Only the findings a fleet report shows are kept; absent and not_applicable ones are counted.
+_KEPT = (Status.PRESENT.value, Status.UNKNOWN.value)
+_SEVERITIES = frozenset(s.value for s in Severity)
+_STATUSES = frozenset(s.value for s in Status)
+_TEXT_CAP = 2000  # characters kept of one finding's title, subject, reason or evidence field
+
+
+class ReportError(Exception):
+    """This file cannot be used as a node report; the message says why."""
+
+
+@dataclass(frozen=True)
+class Skipped:
+    file: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class EvidenceLine:
+    source: str
+    observed: str
+    expected: str
+
+
+@dataclass(frozen=True)
+class NodeFinding:
+    """A present or unknown finding of one node, as its report gave it."""
+
+    id: str
+    symbol: str
+    title: str
+    status: str
+    severity: str
+    subject: str
+    reason: str
+    evidence: tuple[EvidenceLine, ...]
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    """What the audit keeps of one node's report."""
+
+    host: str
+    file: str
+    profile: str
+    tool_version: str
+    counts: dict[str, int]  # findings by status
+    findings: tuple[NodeFinding, ...]  # present and unknown only
+    hardware: HardwareClass
+    values: dict[str, str | None]  # fact key -> canonical value, None when unknown
+    failed_probes: dict[str, str]  # probe name -> why it gave no facts
+
+
+def report_paths(inputs: Sequence[str]) -> tuple[list[str], list[Skipped]]:
+    """Files named on the command line, and the ``*.json`` files directly inside named
+    directories (sorted, so the audit does not depend on directory order)."""
+    paths: list[str] = []
+    skipped: list[Skipped] = []
+    for item in inputs:
+        if os.path.isdir(item):
+            try:
+                names = sorted(os.listdir(item))
+            except OSError as error:
+                skipped.append(Skipped(item, f"cannot list the directory: {error.strerror or error}"))
+                continue
+            paths.extend(os.path.join(item, name) for name in names if name.endswith(".json"))
+        else:
+            paths.append(item)
+    return paths, skipped
+
+
+def read_capped(path: str, max_bytes: int) -> bytes:
+    """The bytes of a regular file of at most ``max_bytes``; ReportError otherwise."""
+    try:
+        # O_NONBLOCK: opening a FIFO planted under a report's name must not wait for a writer.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as error:
+        raise ReportError(f"cannot open: {error.strerror or error}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ReportError("not a regular file")
+        if info.st_size > max_bytes:
+            raise ReportError(f"{info.st_size} bytes, over the {max_bytes}-byte limit for a report")
+        chunks: list[bytes] = []
+        total = 0
+        while True:  # the file may grow after fstat: keep to the cap whatever it does
+            chunk = os.read(fd, min(1 << 20, max_bytes + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > max_bytes:
+                raise ReportError(f"over the {max_bytes}-byte limit for a report")
+        return b"".join(chunks)
+    except OSError as error:
+        raise ReportError(f"cannot read: {error.strerror or error}") from None
+    finally:
+        os.close(fd)
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+_MAX_INT_DIGITS = 4300  # Python 3.11's default limit; int() of longer strings is quadratic
+
+
+def _bounded_int(digits: str) -> int:
+    if len(digits) > _MAX_INT_DIGITS:
+        raise ValueError(f"an integer of {len(digits)} digits")
+    return int(digits)
+
+
+# Python >= 3.11 enforces the digit limit in C; older ones need the (slower) Python-level hook.
+_PARSE_INT = None if hasattr(sys, "get_int_max_str_digits") else _bounded_int
+
+
+def parse_json(data: bytes) -> Any:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ReportError(f"not UTF-8 (byte {error.start})") from None
+    try:
+        return json.loads(text, parse_constant=_no_constants, parse_int=_PARSE_INT)
+    except RecursionError:
+        raise ReportError("not JSON: nested too deeply") from None
+    except ValueError as error:  # JSONDecodeError, integer digit limit, NaN/Infinity
+        raise ReportError(f"not JSON: {str(error)[:200]}") from None
+
+
+def _text(value: Any, where: str, cap: int = _TEXT_CAP) -> str:
+    if not isinstance(value, str):
+        raise ReportError(f"{where}: expected a string, got {type(value).__name__}")
+    return value[:cap]
+
+
+def _finding(item: Any, where: str) -> NodeFinding | str:
+    """A kept finding, or the status of one that is counted only."""
+    if not isinstance(item, dict):
+        raise ReportError(f"{where}: expected an object")
+    status = item.get("status")
+    if status not in _STATUSES:
+        raise ReportError(f"{where}.status: {_shown(status)} is not one of {', '.join(sorted(_STATUSES))}")
+    ref_id = item.get("id")
+    if not isinstance(ref_id, str) or not REFERENCE_ID.match(ref_id):
+        raise ReportError(f"{where}.id: {_shown(ref_id)} is not a reference ID")
+    if status not in _KEPT:
+        return str(status)
+    severity = item.get("severity")
+    if severity not in _SEVERITIES:
+        raise ReportError(f"{where}.severity: {_shown(severity)} is not one of {', '.join(sorted(_SEVERITIES))}")
+    symbol = item.get("symbol")
+    if not isinstance(symbol, str) or not SYMBOL.match(symbol):
+        raise ReportError(f"{where}.symbol: {_shown(symbol)} is not a reference symbol")
+    evidence_items = item.get("evidence", [])
+    if not isinstance(evidence_items, list):
+        raise ReportError(f"{where}.evidence: expected a list")
+    evidence = []
+    for number, line in enumerate(evidence_items[:50]):
+        if not isinstance(line, dict):
+            raise ReportError(f"{where}.evidence[{number}]: expected an object")
+        evidence.append(EvidenceLine(
+            _text(line.get("source", ""), f"{where}.evidence[{number}].source"),
+            _text(line.get("observed", ""), f"{where}.evidence[{number}].observed"),
+            _text(line.get("expected", ""), f"{where}.evidence[{number}].expected"),
+        ))
+    return NodeFinding(
+        id=ref_id,
+        symbol=symbol,
+        title=_text(item.get("title", ""), f"{where}.title"),
+        status=str(status),
+        severity=str(severity),
+        subject=_text(item.get("subject", ""), f"{where}.subject", 200),
+        reason=_text(item.get("reason", ""), f"{where}.reason"),
+        evidence=tuple(evidence),
+    )
+
+
+def _shown(value: Any) -> str:
+    """A short, printable rendering of an untrusted value for an error message."""
+    text = ascii(value) if isinstance(value, str) else type(value).__name__
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _failed_probes(probes: Any) -> dict[str, str]:
+    failed: dict[str, str] = {}
+    if not isinstance(probes, list):
+        return failed
+    for probe in probes:
+        if isinstance(probe, dict) and probe.get("status") != "ok" and isinstance(probe.get("name"), str):
+            error = probe.get("error")
+            failed[probe["name"][:100]] = (error if isinstance(error, str) else str(probe.get("status")))[:300]
+    return failed
+
+
+def node_report(document: Any, file: str) -> NodeReport:
+    """Check the parsed document and keep what the audit needs."""
+    if not isinstance(document, dict):
+        raise ReportError("not a preflight node report (the top level is not an object)")
+    schema = document.get("schema")
+    if schema is None:
+        raise ReportError("not a preflight node report (no \"schema\" field)")
+    if schema != REPORT_SCHEMA:
+        raise ReportError(f"report schema {_shown(schema)} is not supported (this preflight reads {REPORT_SCHEMA})")
+    host = document.get("host")
+    if not isinstance(host, str) or not HOST_NAME.match(host):
+        raise ReportError(f"host {_shown(host)} is not a plain host name (letters, digits, '.', '-', '_')")
+    findings_in = document.get("findings")
+    if not isinstance(findings_in, list):
+        raise ReportError("\"findings\" is not a list")
+    counts = {status: 0 for status in sorted(_STATUSES)}
+    kept: list[NodeFinding] = []
+    for number, item in enumerate(findings_in):
+        finding = _finding(item, f"findings[{number}]")
+        if isinstance(finding, NodeFinding):
+            counts[finding.status] += 1
+            kept.append(finding)
+        else:
+            counts[finding] += 1
+    facts = document.get("facts")
+    if not isinstance(facts, dict):
+        raise ReportError("\"facts\" is not an object")
+    tool = document.get("tool")
+    version = tool.get("version") if isinstance(tool, dict) else None
+    profile = document.get("profile")
+    return NodeReport(
+        host=host,
+        file=file,
+        profile=profile if profile in ("prolog", "full") else "unknown",
+        tool_version=version[:50] if isinstance(version, str) else "unknown",
+        counts=counts,
+        findings=tuple(kept),
+        hardware=hardware_class(facts),
+        values=extract_all(facts, FACTS),
+        failed_probes=_failed_probes(document.get("probes")),
+    )
+
+
+def load_report(path: str, max_bytes: int = MAX_REPORT_BYTES) -> NodeReport:
+    return node_report(parse_json(read_capped(path, max_bytes)), path)
+
+
+def _load_one(job: tuple[str, int]) -> NodeReport | Skipped:
+    path, max_bytes = job
+    try:
+        return load_report(path, max_bytes)
+    except ReportError as error:
+        return Skipped(path, str(error))
+
+
+#: Parsing is CPU-bound (about 1 ms of CPU for a full 40 KB report): from this many files on,
+#: forked workers share them out. Results come back in input order, so the outcome is the same.
+PARALLEL_AFTER_FILES = 256
+
+
+def _load_many(paths: list[str], max_bytes: int, workers: int | None) -> list[NodeReport | Skipped]:
+    jobs = [(path, max_bytes) for path in paths]
+    count = workers if workers is not None else min(os.cpu_count() or 1, 8)
+    if count > 1 and len(jobs) >= PARALLEL_AFTER_FILES:
+        try:
+            pool = multiprocessing.get_context("fork").Pool(count)
+        except (OSError, ValueError, ImportError):  # no fork, no /dev/shm: load them here
+            pool = None
+        if pool is not None:
+            try:
+                return pool.map(_load_one, jobs, chunksize=max(1, min(64, len(jobs) // (count * 4))))
+            finally:
+                pool.terminate()
+    return [_load_one(job) for job in jobs]
+
+
+def load_reports(
+    inputs: Iterable[str], max_bytes: int = MAX_REPORT_BYTES, workers: int | None = None
+) -> tuple[list[NodeReport], list[Skipped]]:
+    """Every usable report, and every file skipped with the reason (a second report for a host
+    already read is skipped too: which of the two is current cannot be told safely)."""
+    paths, skipped = report_paths(list(inputs))
+    reports: list[NodeReport] = []
+    first_file: dict[str, str] = {}
+    for report in _load_many(paths, max_bytes, workers):
+        if isinstance(report, Skipped):
+            skipped.append(report)
+            continue
+        path = report.file
+        if report.host in first_file:
+            skipped.append(Skipped(path, f"a second report for host {report.host} (first: {first_file[report.host]})"))
+            continue
+        first_file[report.host] = path
+        reports.append(report)
+    return reports, skipped

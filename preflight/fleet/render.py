@@ -1,0 +1,214 @@
+"""Fleet reports for people (table) and machines (JSON, schema ``preflight-fleet/1`` in
+``preflight/schemas/fleet-v1.schema.json``).
+
+Everything shown comes from untrusted reports: the table escapes characters a terminal would
+act on (escape sequences, carriage returns) and shortens long cells; JSON escapes them itself.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from preflight import __version__
+from preflight.fleet.compare import DISAGREEMENTS, SAME, TIE, Comparison, Fleet, NodeMention, fleet_exit_code
+
+FLEET_SCHEMA = "preflight-fleet/1"
+_NUMBERED = re.compile(r"^(.*?)(\d+)$")
+_HOSTS_SHOWN = 120  # characters of a host list in a table cell
+
+
+def printable(value: str, limit: int = 200) -> str:
+    """Control and other non-printable characters as ``\\xNN`` escapes; long text shortened."""
+    shown = "".join(char if char.isprintable() else ascii(char)[1:-1] for char in value)
+    return shown if len(shown) <= limit else shown[: limit - 3] + "..."
+
+
+def compress_hosts(hosts: Iterable[str]) -> str:
+    """``gpu001 gpu002 gpu003 gpu007 login`` -> ``gpu[001-003,007],login`` (Slurm hostlist)."""
+    runs: dict[tuple[str, int], list[int]] = {}
+    plain: list[str] = []
+    for host in sorted(set(hosts)):
+        match = _NUMBERED.match(host)
+        if match:
+            prefix, digits = match.groups()
+            runs.setdefault((prefix, len(digits)), []).append(int(digits))
+        else:
+            plain.append(host)
+    items = list(plain)
+    for (prefix, width), numbers in runs.items():
+        numbers.sort()
+        ranges: list[str] = []
+        start = previous = numbers[0]
+        for number in [*numbers[1:], None]:
+            if number is not None and number == previous + 1:
+                previous = number
+                continue
+            ranges.append(f"{start:0{width}d}" if start == previous else f"{start:0{width}d}-{previous:0{width}d}")
+            if number is not None:
+                start = previous = number
+        single = len(numbers) == 1
+        items.append(f"{prefix}{numbers[0]:0{width}d}" if single else f"{prefix}[{','.join(ranges)}]")
+    return ",".join(sorted(items))
+
+
+def _hosts_cell(hosts: Sequence[str]) -> str:
+    text = compress_hosts(hosts)
+    return text if len(text) <= _HOSTS_SHOWN else f"{text[:_HOSTS_SHOWN - 20]}... ({len(hosts)} nodes)"
+
+
+# -- JSON ------------------------------------------------------------------------------------------
+
+def _mention_json(mention: NodeMention) -> dict[str, Any]:
+    return {"host": mention.host, "severity": mention.severity, "subjects": list(mention.subjects), "detail": list(mention.detail)}
+
+
+def _comparison_json(comparison: Comparison) -> dict[str, Any]:
+    return {
+        "fact": comparison.fact.key,
+        "label": comparison.fact.label,
+        "scope": comparison.fact.scope,
+        "group": comparison.group,
+        "verdict": comparison.verdict,
+        "common": comparison.common,
+        "values": [{"value": group.value, "hosts": list(group.hosts)} for group in comparison.values],
+        "odd": list(comparison.odd),
+        "unknown": list(comparison.unknown),
+        "expectations": [
+            {"host": e.host, "reference": e.reference_id, "observed": e.observed, "expected": e.expected}
+            for e in comparison.expectations
+        ],
+    }
+
+
+def fleet_json(fleet: Fleet) -> dict[str, Any]:
+    return {
+        "schema": FLEET_SCHEMA,
+        "tool": {"name": "preflight", "version": __version__},
+        "summary": {
+            "nodes": len(fleet.nodes),
+            "classes": len(fleet.classes),
+            "skipped": len(fleet.skipped),
+            "disagreements": len(fleet.disagreements),
+            "odd_nodes": sorted({host for c in fleet.disagreements for host in c.odd}),
+            "nodes_with_present": sorted({m.host for row in fleet.references for m in row.present}),
+            "exit_code": int(fleet_exit_code(fleet)),
+        },
+        "facts": [{"key": fact.key, "label": fact.label, "scope": fact.scope} for fact in fleet.facts],
+        "classes": [
+            {
+                "label": group.hardware.label,
+                "gpu_model": group.hardware.gpu_model,
+                "gpu_count": group.hardware.gpu_count,
+                "nic_model": group.hardware.nic_model,
+                "hosts": list(group.hosts),
+            }
+            for group in fleet.classes
+        ],
+        "nodes": [
+            {
+                "host": node.host,
+                "file": node.file,
+                "profile": node.profile,
+                "tool_version": node.tool_version,
+                "class": node.hardware.label,
+                "findings": dict(node.counts),
+                "failed_probes": dict(node.failed_probes),
+            }
+            for node in fleet.nodes
+        ],
+        "references": [
+            {
+                "id": row.id,
+                "symbol": row.symbol,
+                "title": row.title,
+                "worst_severity": row.worst.value if row.worst else None,
+                "present": [_mention_json(m) for m in row.present],
+                "unknown": [_mention_json(m) for m in row.unknown],
+            }
+            for row in fleet.references
+        ],
+        "comparisons": [_comparison_json(c) for c in fleet.comparisons],
+        "skipped": [{"file": s.file, "reason": s.reason} for s in fleet.skipped],
+    }
+
+
+def render_json(fleet: Fleet) -> str:
+    return json.dumps(fleet_json(fleet), indent=2) + "\n"
+
+
+# -- table -----------------------------------------------------------------------------------------
+
+def _odd_rows(comparisons: Sequence[Comparison]) -> list[list[str]]:
+    rows = []
+    for c in comparisons:
+        if c.verdict == TIE:
+            split = "; ".join(f"{printable(g.value, 60)}: {_hosts_cell(g.hosts)}" for g in c.values)
+            rows.append([c.fact.label, printable(c.group, 60), "(tie: no majority)", split, ""])
+            continue
+        majority = f"{printable(c.common or '', 60)} ({len(c.values[0].hosts)} nodes)"
+        for group in c.values[1:]:
+            rows.append([c.fact.label, printable(c.group, 60), _hosts_cell(group.hosts), printable(group.value, 60), majority])
+    return rows
+
+
+def _reference_rows(fleet: Fleet) -> list[list[str]]:
+    rows = []
+    for row in fleet.references:
+        present = _hosts_cell([m.host for m in row.present]) if row.present else ""
+        unknown = _hosts_cell([m.host for m in row.unknown]) if row.unknown else ""
+        worst = row.worst.value if row.worst else ""
+        rows.append([row.id, row.symbol, worst, present, unknown])
+    return rows
+
+
+def render_table(fleet: Fleet) -> str:
+    from tabulate import tabulate
+
+    disagreements = fleet.disagreements
+    sections = [
+        f"preflight {__version__} fleet · {len(fleet.nodes)} nodes · {len(fleet.classes)} hardware "
+        f"{'class' if len(fleet.classes) == 1 else 'classes'} · {len(fleet.skipped)} files skipped"
+    ]
+    if fleet.classes:
+        rows = [[len(g.hosts), printable(g.hardware.label, 80), _hosts_cell(g.hosts)] for g in fleet.classes]
+        sections.append("\nHARDWARE CLASSES (nodes are compared within their class)\n" + tabulate(rows, headers=["Nodes", "Class", "Hosts"]))
+    if disagreements:
+        sections.append(
+            "\nODD ONE OUT\n"
+            + tabulate(_odd_rows(disagreements), headers=["Fact", "Class", "Odd nodes", "Their value", "Most nodes have"], maxcolwidths=[None, 40, 40, 40, 40])
+        )
+    expectations = [e for c in fleet.comparisons for e in c.expectations]
+    if expectations:
+        rows = [[printable(e.host), e.reference_id, printable(e.observed, 60), printable(e.expected, 60)] for e in expectations]
+        sections.append("\nEXPECTED VS ACTUAL (site expectations, from the nodes' findings)\n" + tabulate(rows, headers=["Host", "ID", "Observed", "Expected"]))
+    if fleet.references:
+        sections.append(
+            "\nREFERENCES PRESENT OR UNKNOWN\n"
+            + tabulate(_reference_rows(fleet), headers=["ID", "Symbol", "Worst", "Present on", "Unknown on"], maxcolwidths=[None, None, None, 50, 50])
+        )
+    failed = sorted({(name, node.host) for node in fleet.nodes for name in node.failed_probes})
+    if failed:
+        by_probe: dict[str, list[str]] = {}
+        for name, host in failed:
+            by_probe.setdefault(name, []).append(host)
+        sections.append("\nPROBES THAT GAVE NO FACTS (their facts count as unknown)\n" + "\n".join(
+            f"  {printable(name, 60)}: {_hosts_cell(hosts)}" for name, hosts in sorted(by_probe.items())
+        ))
+    if fleet.skipped:
+        sections.append("\nSKIPPED FILES\n" + "\n".join(f"  {printable(s.file, 120)}: {printable(s.reason, 200)}" for s in fleet.skipped))
+    agree = sum(1 for c in fleet.comparisons if c.verdict == SAME)
+    compared = sum(1 for c in fleet.comparisons if c.verdict == SAME or c.verdict in DISAGREEMENTS)
+    nodes_with_present = {m.host for row in fleet.references for m in row.present}
+    sections.append(
+        f"\n{agree} of {compared} comparisons agree, {len(disagreements)} disagree; "
+        f"{len(nodes_with_present)} of {len(fleet.nodes)} nodes have present findings. "
+        f"Exit code {int(fleet_exit_code(fleet))}."
+    )
+    return "\n".join(sections) + "\n"
+
+
+def render(fleet: Fleet, output_format: str) -> str:
+    return render_json(fleet) if output_format == "json" else render_table(fleet)
