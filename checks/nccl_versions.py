@@ -146,8 +146,10 @@ def probe_nvlink_cliques(nvml: Nvml) -> NvlinkCliqueFacts:
         count = nvml.call("nvmlDeviceGetCount")
     except NvmlError as error:
         return NvlinkCliqueFacts((), error.code)
+    if not isinstance(count, int) or count < 0:
+        return NvlinkCliqueFacts((), "NVML_UNEXPECTED_ANSWER")  # a damaged recording, not "no GPUs"
     gpus = []
-    for index in range(count if isinstance(count, int) else 0):
+    for index in range(count):
         try:
             info = nvml.call("nvmlDeviceGetGpuFabricInfo", index)
         except NvmlError as error:

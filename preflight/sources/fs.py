@@ -447,12 +447,8 @@ def _load_statvfs_recording(recording: str) -> dict[str, FsUsage | SourceError]:
     """Parse ``.preflight/statvfs.json``; a broken recording fails every replayed ``statvfs``."""
     where = f".preflight/{STATVFS_RECORDING}"
     try:
-        with open(recording, "rb") as handle:
-            data = handle.read(DEFAULT_MAX_BYTES + 1)
-        if len(data) > DEFAULT_MAX_BYTES:
-            raise ValueError(f"larger than {DEFAULT_MAX_BYTES} bytes")
         mounts: dict[str, FsUsage | SourceError] = {}
-        for mount, entry in json.loads(data)["mounts"].items():
+        for mount, entry in json.loads(read_recording(recording, DEFAULT_MAX_BYTES))["mounts"].items():
             host = os.path.normpath(mount)
             if "error" in entry:
                 code = getattr(errno_codes, str(entry["error"]))
@@ -465,6 +461,8 @@ def _load_statvfs_recording(recording: str) -> dict[str, FsUsage | SourceError]:
         return mounts
     except OSError as error:
         raise SourceError(where, describe_os_error(error)) from None
+    except RecursionError:
+        raise SourceError(where, "malformed recording (JSON nested too deeply)") from None
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise SourceError(where, f"malformed recording ({type(error).__name__}: {error})") from None
 

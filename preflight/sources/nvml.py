@@ -157,7 +157,8 @@ class ReplayNvml:
 
     def __init__(self, document: dict[str, Any], origin: str = "nvml.json") -> None:
         self._origin = origin
-        self._calls: dict[str, Any] = document.get("calls", {}) if isinstance(document, dict) else {}
+        calls = document.get("calls", {}) if isinstance(document, dict) else {}
+        self._calls: dict[str, Any] = calls if isinstance(calls, dict) else {}
         init = document.get("init") if isinstance(document, dict) else None
         self._init_answer = init if isinstance(init, dict) else None
 
@@ -167,8 +168,8 @@ class ReplayNvml:
             document = load_recording(path)
         except ValueError as error:
             return cls({"init": {"error": "NVML_REPLAY_UNREADABLE", "detail": str(error)}})
-        if not isinstance(document, dict):
-            return cls({"init": {"error": "NVML_REPLAY_UNREADABLE", "detail": f"{path}: not an object"}})
+        if not isinstance(document, dict) or not isinstance(document.get("calls", {}), dict):
+            return cls({"init": {"error": "NVML_REPLAY_UNREADABLE", "detail": f"{path}: not an object with a 'calls' object"}})
         return cls(document, origin=path)
 
     def call(self, function: str, index: int | None = None, *args: Argument) -> Any:
