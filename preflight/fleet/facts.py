@@ -291,6 +291,27 @@ def _memlock_slurmd(facts: Facts) -> str | None:
     return _limit(memlock.get("slurmd"))
 
 
+def _fabric_manager_running(facts: Facts) -> str | None:
+    manager = dig(facts, "fabric", "fabric_manager")
+    if not isinstance(manager, dict) or not isinstance(manager.get("pids"), list):
+        return None
+    return flag(bool(manager["pids"]) or text(manager.get("listening")) is not None)
+
+
+def _active_nvlinks(facts: Facts) -> str | None:
+    """``GPU0 18, GPU1 18, ...``: a GPU that lost links stands out against its siblings' nodes."""
+    gpus = records(dig(facts, "nvlink", "gpus"))
+    if gpus is None:
+        return None
+    counts = []
+    for gpu in gpus:
+        index, active = integer(gpu.get("index")), integer(gpu.get("active_count"))
+        if index is None or active is None:
+            return None  # a GPU whose links could not be read
+        counts.append(f"GPU{index} {active}")
+    return ", ".join(counts) if counts else NONE
+
+
 def _acs_redirect(facts: Facts) -> str | None:
     bridges = records(dig(facts, "pcie", "bridges"))
     if bridges is None:
@@ -329,7 +350,8 @@ FACTS: tuple[Fact, ...] = (
     Fact("memlock_propagated", "slurm.conf propagates memlock", lambda f: flag(dig(f, "memlock", "memlock_propagated"))),
     Fact("acs_redirect", "ACS redirect on GPU-NIC paths", _acs_redirect),
     Fact("nvswitches", "NVSwitches", lambda f: count(dig(f, "fabric", "nvswitches"))),
-    Fact("fabric_manager", "Fabric manager running", lambda f: flag(dig(f, "fabric", "fabric_manager_running"))),
+    Fact("fabric_manager", "Fabric manager running", _fabric_manager_running),
+    Fact("nvlinks_active", "Active NVLinks per GPU", _active_nvlinks),
 )
 
 
