@@ -27,6 +27,7 @@ ALLOWED = {
     "preflight/catalogue.py": "reads the packaged reference catalogue",
     "preflight/discovery.py": "lists check modules to import them",
     "preflight/explain/reader.py": "reads the log files a user hands to explain, not the node",
+    "preflight/slurm.py": "the Slurm boundary, like a source: runs scontrol, writes the last-result file, sends syslog",
 }
 
 
