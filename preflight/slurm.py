@@ -550,7 +550,7 @@ def _healthcheck_actions(session: _Session, verdict: Verdict) -> None:
         return
     outcome.message = f"preflight ok (healthcheck): {verdict.outcome}, node {state.state}" + (
         f" with reason {state.reason!r}" if state.reason else ""
-    )
+    ) + ("; not preflight's reason, left alone" if state.held_by_someone_else else "")
 
 
 # ---- preflight slurm config --------------------------------------------------------------------
