@@ -441,6 +441,8 @@ def run_slurm(args: SlurmArgs, environ: Mapping[str, str] | None = None) -> int:
         return _judge_node(session, fs, config, _hostname(fs))
     except (UsageProblem, RegistrationError, CatalogueError) as error:
         return _no_verdict(session, str(error))
+    except Exception as error:  # a bug in preflight must not fail jobs or drain nodes
+        return _no_verdict(session, f"internal error: {type(error).__name__}: {error}")
 
 
 def _no_verdict(session: _Session, problem: str) -> int:

@@ -597,3 +597,22 @@ def test_slurm_prolog_does_not_import_the_cli_framework(example_root: Path, site
     assert result.returncode == 2, result.stderr[-2000:]
     modules = {line.rsplit("|", 1)[1].strip().split(".")[0] for line in result.stderr.splitlines() if line.startswith("import time:") and "|" in line}
     assert "preflight" in modules and modules & HEAVY == set()
+
+
+def test_a_broken_plugin_or_a_bug_in_preflight_never_fails_a_job(run_cli: Runner, clean_root: Path, site: Site, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "broken.py").write_text("this is not python\n")
+    result = run_cli("slurm", "prolog", "--root", str(clean_root), "--config", str(site.config), "--checks-dir", str(plugins), env=JOB)
+    assert result.returncode == 0 and "no verdict" in result.stderr and "broken" in result.stderr
+    assert site.result("prolog")["verdict"] == "no-verdict" and site.made_calls() == []
+
+    import preflight.slurm as slurm
+
+    def crash(*_: object) -> int:
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr(slurm, "_judge_node", crash)
+    code = slurm.run_slurm(slurm.SlurmArgs("prolog", str(clean_root), str(site.config)), JOB)
+    assert code == 0 and "internal error: ZeroDivisionError" in capsys.readouterr().err
+    assert slurm.run_slurm(slurm.SlurmArgs("healthcheck", str(clean_root), str(site.config)), JOB) == 3
