@@ -376,10 +376,12 @@ class _Outcome:
 class _Session:
     """One ``preflight slurm`` run: its settings, environment and budget."""
 
-    def __init__(self, args: SlurmArgs, environ: Mapping[str, str], settings: SlurmSettings) -> None:
+    def __init__(self, args: SlurmArgs, environ: Mapping[str, str], settings: SlurmSettings, configured: bool = True) -> None:
         self.args = args
         self.environ = environ
         self.settings = settings
+        # Without a readable config, the site's last-result path is unknown: write nothing then.
+        self.configured = configured
         self.begin = time.monotonic()
         self.budget = args.timeout if args.timeout is not None else (
             settings.healthcheck_timeout_s if args.mode == "healthcheck" else settings.timeout_s
@@ -401,6 +403,8 @@ class _Session:
 
     def finish(self) -> int:
         """Write the last-result file and return the exit code."""
+        if not self.configured:
+            return self.outcome.exit_code
         path = self.settings.last_result.replace("{mode}", self.args.mode)
         problem = write_atomically(path, json.dumps(self.outcome.to_json(), indent=2) + "\n")
         if problem:
@@ -434,8 +438,7 @@ def run_slurm(args: SlurmArgs, environ: Mapping[str, str] | None = None) -> int:
         config = load_host_config(fs, args.config, _hostname(fs))
         settings = config.slurm
     except (UsageProblem, RootError, ConfigError) as error:
-        session = _Session(args, environ, settings)
-        return _no_verdict(session, str(error))
+        return _no_verdict(_Session(args, environ, settings, configured=False), str(error))
     session = _Session(args, environ, settings)
     try:
         return _judge_node(session, fs, config, _hostname(fs))

@@ -460,15 +460,16 @@ def test_hanging_probe_does_not_drain_by_default_but_does_fail_closed(run_cli: R
     assert len(closed.made_calls()) == 1
 
 
-def test_broken_config_never_fails_a_job(run_cli: Runner, example_root: Path, tmp_path: Path) -> None:
+def test_broken_config_never_fails_a_job(run_cli: Runner, example_root: Path, site: Site, tmp_path: Path) -> None:
     broken = tmp_path / "broken.toml"
     broken.write_text("[slurm]\ndrain_severity = \"fatal\"\n")
     prolog = run_cli("slurm", "prolog", "--root", str(example_root), "--config", str(broken), env=JOB)
     assert prolog.returncode == 0 and "no verdict" in prolog.stderr and "slurm.drain_severity" in prolog.stderr
     healthcheck = run_cli("slurm", "healthcheck", "--root", str(example_root), "--config", str(broken), env=JOB)
     assert healthcheck.returncode == 3
-    missing_root = run_cli("slurm", "prolog", "--root", str(tmp_path / "nope"), env=JOB)
+    missing_root = run_cli("slurm", "prolog", "--root", str(tmp_path / "nope"), "--config", str(site.config), env=JOB)
     assert missing_root.returncode == 0 and "no verdict" in missing_root.stderr
+    assert not (site.base / "results").exists()  # where the site wants results is unknown
 
 
 def test_unwritable_last_result_is_reported_but_does_not_change_the_verdict(run_cli: Runner, clean_root: Path, tmp_path: Path) -> None:
