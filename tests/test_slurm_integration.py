@@ -143,7 +143,8 @@ def write_wrapper(path: Path, mode: str, base: Path) -> None:
 
 
 def slurm_conf(base: Path, ctld_port: int, slurmd_port: int, munge_socket: Path) -> str:
-    cpus = os.cpu_count() or 1
+    # CPUs=1: a node that registers with fewer CPUs than configured is drained by slurmctld; one
+    # is always there, and the tests run one job at a time.
     return f"""\
 ClusterName=preflighttest
 SlurmctldHost=localhost(127.0.0.1)
@@ -182,7 +183,7 @@ PrologEpilogTimeout={int(PROLOG_BUDGET_S) + 10}
 HealthCheckProgram={base}/preflight-healthcheck
 HealthCheckInterval=3600
 HealthCheckNodeState=ANY
-NodeName={NODE} NodeAddr=127.0.0.1 NodeHostname={socket.gethostname().split('.')[0]} CPUs={cpus} Gres=gpu:2 State=UNKNOWN
+NodeName={NODE} NodeAddr=127.0.0.1 NodeHostname={socket.gethostname().split('.')[0]} CPUs=1 Gres=gpu:2 State=UNKNOWN
 PartitionName=debug Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
 """
 
@@ -195,6 +196,8 @@ def start(cluster: Cluster, argv: list[str], log: str) -> subprocess.Popen[bytes
 
 
 def stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    """Stop the daemons the tests started, by PID, newest first; then anything left in the process
+    group each was started in (slurmctld's slurmscriptd, a slurmstepd)."""
     for process in reversed(processes):
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
@@ -204,6 +207,10 @@ def stop(processes: list[subprocess.Popen[bytes]]) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=5)
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def build_roots(base: Path) -> dict[str, Path]:
