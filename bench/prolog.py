@@ -14,6 +14,7 @@ the test extra). Run with the interpreter of the venv preflight is installed in:
 from __future__ import annotations
 
 import argparse
+import resource
 import shutil
 import statistics
 import subprocess
@@ -29,16 +30,21 @@ EXAMPLE = REPO / "examples" / "nodes" / "hgx-h100"
 Case = tuple[list[str], dict[str, str] | None]  # command, environment (None: inherit)
 
 
-def medians(cases: dict[str, Case], runs: int) -> dict[str, float]:
-    """Median wall time of each command. Rounds interleave the commands, so that a busy machine
-    slows them all alike and the ratios stay meaningful."""
-    samples: dict[str, list[float]] = {name: [] for name in cases}
+def medians(cases: dict[str, Case], runs: int) -> dict[str, tuple[float, float]]:
+    """Median wall time and median CPU time (user + system) of each command. Rounds interleave
+    the commands, so that a busy machine slows them all alike and the ratios stay meaningful; CPU
+    time is the figure least disturbed by other load."""
+    walls: dict[str, list[float]] = {name: [] for name in cases}
+    cpus: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(runs):
         for name, (command, env) in cases.items():
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
             begin = time.perf_counter()
             subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, env=env)
-            samples[name].append(time.perf_counter() - begin)
-    return {name: statistics.median(values) for name, values in samples.items()}
+            walls[name].append(time.perf_counter() - begin)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpus[name].append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    return {name: (statistics.median(walls[name]), statistics.median(cpus[name])) for name in cases}
 
 
 def main() -> None:
@@ -62,10 +68,13 @@ def main() -> None:
             "preflight slurm prolog, planted root (drains)": ([*slurm, str(EXAMPLE)], job),
         }
         results = medians(cases, args.runs)
-    bare = results.pop("python -c pass")
-    print(f"python -c pass: {bare * 1000:.1f} ms (median of {args.runs})")
-    for name, seconds in results.items():
-        print(f"{name}: {seconds * 1000:.1f} ms = {seconds / bare:.1f}x python -c pass")
+    bare, bare_cpu = results.pop("python -c pass")
+    print(f"python -c pass: {bare * 1000:.1f} ms, CPU {bare_cpu * 1000:.1f} ms (medians of {args.runs})")
+    for name, (seconds, cpu) in results.items():
+        print(
+            f"{name}: {seconds * 1000:.1f} ms = {seconds / bare:.1f}x python -c pass; "
+            f"CPU {cpu * 1000:.1f} ms = {cpu / bare_cpu:.1f}x"
+        )
 
 
 def slurm_site(work: Path) -> Path:
