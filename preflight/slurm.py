@@ -511,8 +511,8 @@ def _summary(outcome: _Outcome, findings: Sequence[Finding], verdict: Verdict, s
     job = f" job {outcome.scope.job_id}" if outcome.scope.job_id else ""
     extra = f"; {len(verdict.out_of_scope)} about GPUs outside the job" if verdict.out_of_scope else ""
     return (
-        f"preflight ok ({outcome.mode}{job}): {len(findings)} findings, {present} present below the drain "
-        f"severity, {unknown} unknown{extra}, {seconds:.2f} s"
+        f"preflight ok ({outcome.mode}{job}): {len(findings)} findings, {present} present (none drains), "
+        f"{unknown} unknown{extra}, {seconds:.2f} s"
     )
 
 
