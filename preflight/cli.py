@@ -268,3 +268,83 @@ def fleet(
     from preflight.fleet import run_fleet
 
     raise typer.Exit(run_fleet(list(inputs or []), output_format, output, split_tokens(ignore_fact)))
+
+
+# ---- preflight slurm -----------------------------------------------------------------------
+# prolog, epilog and healthcheck usually start through the launcher's fast path (no typer import);
+# these commands serve --help, errors and `slurm config`. A test keeps the option sets equal.
+
+slurm_app = typer.Typer(help="Run under Slurm: prolog, epilog, health check; print slurm.conf lines.", no_args_is_help=True)
+app.add_typer(slurm_app, name="slurm")
+_SLURM_EXIT_CODES = (
+    "Exit codes: 0 the job may run (also when preflight itself could not decide); 2 findings at or above "
+    "the configured drain_severity are present: the node is drained (reason printed, sent to syslog, set "
+    "with one bounded scontrol call) and Slurm requeues the job."
+)
+
+
+def _run_slurm_mode(mode: str, root: str, config: Optional[str], timeout: Optional[float], checks_dir: List[str]) -> None:
+    from preflight.slurm import SlurmArgs, run_slurm
+
+    finish(run_slurm(SlurmArgs(mode=mode, root=root, config=config, timeout=timeout, checks_dirs=tuple(checks_dir))))
+
+
+_ROOT_OPTION = typer.Option("/", "--root", help="Treat this directory (a recorded node) as /.")
+_CONFIG_OPTION = typer.Option(None, "--config", help="Site config (default: /etc/preflight/preflight.toml on the node).")
+_TIMEOUT_OPTION = typer.Option(None, "--timeout", help="Budget for the whole run, scontrol included (default: the config's slurm timeout).")
+_CHECKS_DIR_OPTION = typer.Option([], "--checks-dir", help="Also load check modules from this directory.")
+
+
+@slurm_app.command("prolog", help=f"Slurm Prolog: the prolog profile, scoped to the job (SLURM_JOB_GPUS).\n\n{_SLURM_EXIT_CODES}")
+def slurm_prolog(
+    root: str = _ROOT_OPTION, config: Optional[str] = _CONFIG_OPTION,
+    timeout: Optional[float] = _TIMEOUT_OPTION, checks_dir: List[str] = _CHECKS_DIR_OPTION,
+) -> None:
+    _run_slurm_mode("prolog", root, config, timeout, checks_dir)
+
+
+@slurm_app.command("epilog", help=f"Slurm Epilog: the configured epilog_profile (default prolog), scoped to the job.\n\n{_SLURM_EXIT_CODES}")
+def slurm_epilog(
+    root: str = _ROOT_OPTION, config: Optional[str] = _CONFIG_OPTION,
+    timeout: Optional[float] = _TIMEOUT_OPTION, checks_dir: List[str] = _CHECKS_DIR_OPTION,
+) -> None:
+    _run_slurm_mode("epilog", root, config, timeout, checks_dir)
+
+
+@slurm_app.command("healthcheck")
+def slurm_healthcheck(
+    root: str = _ROOT_OPTION, config: Optional[str] = _CONFIG_OPTION,
+    timeout: Optional[float] = _TIMEOUT_OPTION, checks_dir: List[str] = _CHECKS_DIR_OPTION,
+) -> None:
+    """HealthCheckProgram or cron: the full profile; drains the node with a "preflight:" reason, resumes a node it drained once clean, never touches a reason someone else set.
+
+    Exit codes: 0 nothing drains the node, 2 it has findings that drain it, 3 no verdict.
+    """
+    _run_slurm_mode("healthcheck", root, config, timeout, checks_dir)
+
+
+@slurm_app.command("config")
+def slurm_config(
+    config: Optional[str] = typer.Option(None, "--config", help="Site config whose [slurm] timeouts to use; passed on to the wrappers."),
+    wrapper_dir: str = typer.Option("/etc/slurm", "--wrapper-dir", help="Where the wrapper scripts will be installed."),
+    interval: int = typer.Option(300, "--interval", min=1, help="HealthCheckInterval, seconds."),
+) -> None:
+    """Print the slurm.conf lines (Prolog, Epilog, PrologFlags, PrologEpilogTimeout, HealthCheckProgram, HealthCheckInterval) and the wrapper scripts they name."""
+    import os
+
+    from preflight.commands import load_host_config
+    from preflight.config import ConfigError, SlurmSettings
+    from preflight.slurm import preflight_program, slurm_conf_lines
+    from preflight.sources import NodeFS
+
+    settings = SlurmSettings()
+    if config is not None:
+        try:
+            settings = load_host_config(NodeFS("/"), config, "").slurm
+        except ConfigError as error:
+            _fail(str(error))
+            return
+        config = os.path.abspath(config)
+    if not wrapper_dir.startswith("/"):
+        _fail("--wrapper-dir must be an absolute path")
+    typer.echo(slurm_conf_lines(settings, preflight_program(), wrapper_dir.rstrip("/") or "/", config, interval), nl=False)
