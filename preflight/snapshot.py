@@ -110,7 +110,7 @@ def record_node(args: SnapshotArgs) -> Snapshot:
         members, notes = recorded_members(recorders, config_text)
     if config.checks_dirs or args.checks_dirs:
         notes.append("site check modules (--checks-dir, [run] checks_dirs) are not part of the snapshot")
-    manifest = {
+    manifest: dict[str, Any] = {
         "format": SNAPSHOT_FORMAT,
         "preflight": __version__,
         "taken_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(report.started_at)),
@@ -130,8 +130,9 @@ def _site_config_text(path: str | None) -> bytes | None:
     with the same expectations."""
     if path is None:
         return None
+    machine_fs = NodeFS("/")  # --config names a file on this machine, not under --root
     try:
-        return NodeFS("/").read_bytes(os.path.abspath(path), max_bytes=1024 * 1024)
+        return machine_fs.read_bytes(os.path.abspath(path), max_bytes=1024 * 1024)
     except SourceError:
         return None  # load_host_config has already reported an unreadable file
 
