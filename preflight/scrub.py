@@ -388,7 +388,7 @@ class Scrubber:
         else:
             keys = self.scrub_path if name in ("devices.json", "read-errors.json") else (lambda key: self.scrub_text(key, hostnames))
             document = _map_json(document, lambda text: self.scrub_text(text, hostnames), keys)
-        return (json.dumps(document, indent=1) + "\n").encode("utf-8")
+        return (json.dumps(document) + "\n").encode("utf-8")
 
     def _scrub_nvml(self, document: Any) -> Any:
         calls = document.get("calls") if isinstance(document, dict) else None

@@ -60,7 +60,7 @@ def write_archive(destination: str, members: Iterable[Member], mtime: float) -> 
     try:
         with os.fdopen(handle, "wb") as raw:
             with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=int(mtime), compresslevel=6) as packed:
-                with tarfile.open(fileobj=packed, mode="w", format=tarfile.PAX_FORMAT) as tar:
+                with tarfile.open(fileobj=packed, mode="w", format=tarfile.GNU_FORMAT) as tar:
                     for member in sorted(members, key=lambda item: item.path):
                         info = tarfile.TarInfo(member.path)
                         info.mtime = int(mtime)
