@@ -241,7 +241,8 @@ class Scrubber:
             return token
         length = match.group("plen6")
         mapped = ipaddress.IPv6Address(self._network_aware(self.map_ipv6(value), value, 128, length))
-        return str(mapped) + (f"/{length}" if length else "")
+        text = f"::ffff:{mapped.ipv4_mapped}" if "." in address and mapped.ipv4_mapped else str(mapped)
+        return text + (f"/{length}" if length else "")
 
     @staticmethod
     def _network_aware(mapped: int, original: int, bits: int, length: str | None) -> int:
