@@ -39,7 +39,9 @@ MANIFEST = ".preflight/snapshot.json"
 CONFIG_PATH = "/etc/preflight/preflight.toml"
 REDACTED = b"<redacted>"
 # Names of environment variables whose values are never written into a snapshot.
-SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|PRIVATE|API_?KEY|ACCESS_?KEY|AUTH|COOKIE|SESSION", re.IGNORECASE)
+# Matching harmless ones (SSH_AUTH_SOCK) costs nothing: no check reads them; missing one
+# (PREFLIGHT_SCRUB_KEY itself) would leak it into every bug report.
+SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|PRIVATE|KEY|AUTH|COOKIE|SESSION|JWT", re.IGNORECASE)
 _ENVIRON_PATH = re.compile(r"^proc/[^/]+/environ$")
 _STAT_TYPES = {
     stat_codes.S_IFCHR: "char", stat_codes.S_IFBLK: "block", stat_codes.S_IFDIR: "dir",

@@ -378,6 +378,18 @@ def test_secret_looking_environment_values_are_redacted(node_copy: Path, tmp_pat
     assert normalised(node_report(archive, capsys)) == normalised(node_report(node_copy, capsys))
 
 
+def test_the_scrub_key_never_enters_the_snapshot(run_cli: Runner, tmp_path: Path) -> None:
+    """Given through the environment, the key is in the recording process's /proc/self/environ."""
+    archive = tmp_path / "live.tar.gz"
+    result = run_cli("snapshot", str(archive), "--scrub", "all", env={"PREFLIGHT_SCRUB_KEY": "supersecret-4711"}, timeout=120)
+    assert result.returncode == 0, result.stderr
+    with tarfile.open(archive) as tar:
+        contents = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
+    assert not any(b"supersecret-4711" in data for data in contents.values())
+    manifest = json.loads(contents[MANIFEST])
+    assert "PREFLIGHT_SCRUB_KEY" in manifest["redacted_environment"] and manifest["scrub"]["key"] == "given"
+
+
 # -- size and time --------------------------------------------------------------------------------
 def test_snapshot_of_the_8_gpu_example_is_small_and_fast(tmp_path: Path) -> None:
     archive = tmp_path / "node.tar.gz"
