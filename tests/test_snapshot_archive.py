@@ -76,8 +76,8 @@ def test_garbage_and_truncated_archives(tmp_path: Path, run_cli: Runner) -> None
     take_snapshot(SnapshotArgs(output=str(good), root=str(EXAMPLE_ROOT)))
     data = good.read_bytes()
     cases = {
-        "garbage.tar.gz": (b"this is not an archive\n" * 100, "not a readable snapshot archive"),
-        "empty.tar.gz": (b"", "not a readable snapshot archive"),
+        "garbage.tar.gz": (b"this is not an archive\n" * 100, "neither a directory nor a snapshot archive"),
+        "empty.tar.gz": (b"", "neither a directory nor a snapshot archive"),
         "truncated.tar.gz": (data[: len(data) // 2], "corrupt or truncated archive"),
         "gzip-header-only.tar.gz": (data[:20], "archive"),
         "flipped.tar.gz": (data[:200] + bytes(b ^ 0xFF for b in data[200:400]) + data[400:], "archive"),

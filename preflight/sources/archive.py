@@ -27,6 +27,7 @@ ARCHIVE_SUFFIXES = (".tar.gz", ".tgz")
 MAX_MEMBERS = 200_000
 MAX_TOTAL_BYTES = 512 << 20
 _COPY_CHUNK = 1 << 16
+_GZIP_MAGIC = b"\x1f\x8b"
 
 
 class ArchiveError(Exception):
@@ -132,11 +133,18 @@ def extract_archive(archive: str, destination: str) -> None:
         return ArchiveError(f"--root {archive}: {reason}")
 
     try:
-        tar = tarfile.open(archive, mode="r:*")
+        with open(archive, "rb") as handle:
+            magic = handle.read(2)
+    except OSError as error:
+        raise fail(f"cannot read it ({describe_os_error(error)})") from None
+    if magic != _GZIP_MAGIC:
+        raise fail("neither a directory nor a snapshot archive (a gzip-compressed tar, as `preflight snapshot` writes)")
+    try:
+        tar = tarfile.open(archive, mode="r:gz")
     except (tarfile.TarError, EOFError, zlib.error) as error:
         raise fail(f"not a readable snapshot archive ({error or type(error).__name__})") from None
     except OSError as error:
-        raise fail(f"cannot read it ({describe_os_error(error)})") from None
+        raise fail(f"not a readable snapshot archive ({describe_os_error(error) if error.errno else error})") from None
     members = 0
     total = 0
     try:
