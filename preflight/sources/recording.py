@@ -73,8 +73,7 @@ class TreeRecording:
     placeholders: set[str] = field(default_factory=set)  # exist (listed, stat'ed) but never read
     stats: dict[str, FileStat] = field(default_factory=dict)  # requested path -> stat answer
     errors: dict[str, dict[str, str]] = field(default_factory=dict)  # operation -> path -> errno name
-    kernel_log: list[str] | None = None
-    kernel_log_read: bool = False
+    kernel_log: list[str] | None = None  # None: no log (or not asked); written as .preflight/kmsg
     inexact: list[str] = field(default_factory=list)  # answers a recorded root cannot reproduce
     unrecorded: set[str] = field(default_factory=set)  # NodeFS methods called that nothing records
 
@@ -270,7 +269,6 @@ class RecordingFS(NodeFS):
             raise
         with self._lock:
             self.recording.kernel_log = None if records is None else list(records)
-            self.recording.kernel_log_read = True
         return records
 
 
