@@ -1,17 +1,33 @@
-"""The NVLink fabric on NVSwitch systems: NVLS (NVLink SHARP) multicast needs it (NVL006).
+"""The NVLink fabric: NVLS (NVLink SHARP) multicast needs it configured and served (NVL006), and a
+fabric manager restarted after boot can leave multicast state invalid (NVL004).
 
-On HGX systems with NVSwitches the GPUs join the NVLink fabric only after the fabric manager
-(``nv-fabricmanager``) has programmed the switches; until then, or when it fails, peer-to-peer
-and NVLS multicast setup fail and NCCL either falls back or, from 2.29, aborts.
+On HGX systems with NVSwitches on the baseboard the GPUs join the NVLink fabric only after the
+fabric manager (``nv-fabricmanager``) has programmed the switches, and it keeps serving NVLS
+multicast team setup requests while jobs run (its log shows "Team setup request" and "multicast
+group N is allocated" lines, as in leptonai/gpud's fabricmanager.log test data). Until it has
+done so, or once it is gone, peer-to-peer and NVLS multicast setup fail and NCCL either falls
+back or, from 2.29, aborts. GB200/GB300 compute trays have no NVSwitch of their own: the fabric
+is run from the NVLink switch trays, the compute tray's GPUs report their fabric through NVML
+(cluster UUID and clique ID) and the fabric manager is not run there (it exits with
+NV_WARN_NOTHING_TO_DO without NVSwitches).
 
 Sources:
 
-* ``/sys/bus/pci/devices/*``: NVSwitches are NVIDIA (0x10de) bridges of class 0x0680.
+* ``/sys/bus/pci/devices/*``: NVSwitches are NVIDIA (0x10de) bridges of class 0x0680. (Grace's
+  own PCIe root ports are NVIDIA bridges of class 0x0604 and are not NVSwitches.)
 * NVML ``nvmlDeviceGetGpuFabricInfo`` per GPU: ``state`` (0 not supported, 1 not started,
-  2 in progress, 3 completed) and ``status`` (an NVML return code; 0 is success). Drivers before
-  the fabric-info API answer ``NVML_ERROR_FUNCTION_NOT_FOUND`` or ``NOT_SUPPORTED``.
-* ``/proc/<pid>/comm``: a running fabric manager (``nv-fabricmanager``, cut to 15 characters
-  by the kernel), for drivers without the fabric-info API.
+  2 in progress, 3 completed), ``status`` (an NVML return code; 0 is success), ``clusterUuid``
+  and ``cliqueId`` (non-zero on multi-node NVLink trays). Drivers before the fabric-info API
+  answer ``NVML_ERROR_FUNCTION_NOT_FOUND`` or ``NOT_SUPPORTED``.
+* The fabric manager without systemd (containers and prologs have no D-Bus): a process whose
+  ``/proc/<pid>/comm`` is ``nv-fabricmanage`` (the kernel keeps 15 characters), or its command
+  socket listening: TCP ``FM_CMD_PORT_NUMBER`` (default 6666, bound to ``FM_CMD_BIND_INTERFACE``,
+  default 127.0.0.1) in ``/proc/net/tcp``, or ``FM_CMD_UNIX_SOCKET_PATH`` in ``/proc/net/unix``,
+  as configured in ``/usr/share/nvidia/nvswitch/fabricmanager.cfg``. The process table is only
+  the host's when PID 1 is the init system (``/proc/1/comm`` systemd or init); in a container's
+  own PID namespace a missing process proves nothing.
+* ``/proc/<pid>/stat`` field 22 (``starttime``, clock ticks after boot; USER_HZ is 100 on Linux):
+  when the fabric manager started.
 * The job's ``NCCL_NVLS_ENABLE``.
 """
 
@@ -21,7 +37,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from preflight.checks.job import JobFacts
-from preflight.model import Evidence, NotApplicable, Observation, Unknown, present, undecided
+from preflight.checks.ports import TableError, parse_tcp_table
+from preflight.model import Evidence, NotApplicable, Observation, Severity, Unknown, present, undecided
 from preflight.probing import FactReader
 from preflight.registry import check, probe
 from preflight.sources import NodeFS
@@ -29,6 +46,14 @@ from preflight.sources.nvml import Nvml, NvmlError
 
 _NVSWITCH_CLASS = "0x0680"
 _FABRIC_MANAGER_COMM = "nv-fabricmanag"
+_HOST_INITS = ("systemd", "init")
+FABRIC_MANAGER_CONFIG = "/usr/share/nvidia/nvswitch/fabricmanager.cfg"
+DEFAULT_FM_PORT = 6666  # FM_CMD_PORT_NUMBER (nv_fm_types.h)
+USER_HZ = 100  # clock ticks per second of /proc/<pid>/stat times on Linux
+# A fabric manager that first started this long after boot was restarted (or started by hand);
+# at boot it starts with the driver, within a minute or two. Generous, so that a driver
+# container installing the driver after boot does not count.
+LATE_START_S = 30 * 60
 FABRIC_STATES = {0: "not supported", 1: "not started", 2: "in progress", 3: "completed"}
 _COMPLETED = 3
 _API_MISSING = ("NVML_ERROR_FUNCTION_NOT_FOUND", "NVML_ERROR_NOT_SUPPORTED")
@@ -39,7 +64,25 @@ class GpuFabric:
     index: int
     state: int | None
     status: int | None
+    cluster_uuid: str | None  # hex of clusterUuid; None when all zero (no multi-node fabric)
+    clique_id: int | None
     error: str  # NVML error code of the fabric query, "" when it answered
+
+
+@dataclass(frozen=True)
+class FabricManager:
+    """What the node shows of a running fabric manager."""
+
+    pids: tuple[int, ...]  # processes named nv-fabricmanage
+    host_view: bool | None  # PID 1 is the init system; None: /proc could not be scanned
+    pid1: str | None  # /proc/1/comm
+    listening: str | None  # "127.0.0.1:6666 (/proc/net/tcp:3)" or the unix socket path
+    started_after_boot_s: float | None  # of the first pid, from /proc/<pid>/stat
+    problems: tuple[str, ...]
+
+    @property
+    def running(self) -> bool:
+        return bool(self.pids) or self.listening is not None
 
 
 @dataclass(frozen=True)
@@ -47,8 +90,102 @@ class FabricFacts:
     nvswitches: tuple[str, ...]
     gpus: tuple[GpuFabric, ...]
     nvml_error: str
-    fabric_manager_running: bool | None  # None: /proc could not be scanned
+    fabric_manager: FabricManager
     problems: tuple[str, ...]
+
+    @property
+    def multi_node_tray(self) -> bool:
+        """A GB200/GB300-style compute tray: no NVSwitch here, GPUs in a multi-node NVLink fabric."""
+        return not self.nvswitches and any(gpu.cluster_uuid is not None for gpu in self.gpus)
+
+
+def _uuid(value: object) -> str | None:
+    if isinstance(value, list) and all(type(part) is int for part in value) and any(value):
+        return "".join(f"{part & 0xFF:02x}" for part in value)
+    return None
+
+
+def _gpu_fabric(nvml: Nvml, index: int) -> GpuFabric:
+    try:
+        info = nvml.call("nvmlDeviceGetGpuFabricInfo", index)
+    except NvmlError as failure:
+        return GpuFabric(index, None, None, None, None, failure.code)
+    if not isinstance(info, dict):
+        return GpuFabric(index, None, None, None, None, f"unexpected answer {info!r}")
+    state, status, clique = info.get("state"), info.get("status"), info.get("cliqueId")
+    return GpuFabric(
+        index,
+        state if type(state) is int else None,
+        status if type(status) is int else None,
+        _uuid(info.get("clusterUuid")),
+        clique if type(clique) is int else None,
+        "",
+    )
+
+
+def parse_fm_config(text: str) -> tuple[int, str, str]:
+    """(port, bind address, unix socket path) from fabricmanager.cfg ``KEY=value`` lines."""
+    values = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and not key.lstrip().startswith("#"):
+            values[key.strip()] = value.strip()
+    try:
+        port = int(values.get("FM_CMD_PORT_NUMBER", DEFAULT_FM_PORT))
+    except ValueError:
+        port = DEFAULT_FM_PORT
+    return port, values.get("FM_CMD_BIND_INTERFACE", "127.0.0.1"), values.get("FM_CMD_UNIX_SOCKET_PATH", "")
+
+
+def parse_start_after_boot(stat: str) -> float:
+    """Seconds after boot a process started, from ``/proc/<pid>/stat`` (field 22, after the
+    parenthesised command name, which may itself contain spaces and parentheses)."""
+    fields = stat.rpartition(")")[2].split()
+    if len(fields) < 20:
+        raise ValueError("fewer than 22 fields")
+    return int(fields[19]) / USER_HZ
+
+
+def _listening(reader: FactReader) -> str | None:
+    port, _, unix_path = parse_fm_config(reader.text(FABRIC_MANAGER_CONFIG) or "")
+    if unix_path:
+        for line in (reader.text("/proc/net/unix") or "").splitlines()[1:]:
+            if line.split()[-1:] == [unix_path]:
+                return unix_path
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        text = reader.text(table)
+        if not text:
+            continue
+        try:
+            parsed = parse_tcp_table(text, table)
+        except TableError:
+            reader.problems.append(f"{table}: not a TCP table")
+            continue
+        for socket in parsed.listening:
+            if socket.port == port:
+                return f"{socket.address}:{socket.port} ({socket.source})"
+    return None
+
+
+def _fabric_manager(reader: FactReader) -> FabricManager:
+    pids = sorted(int(name) for name in reader.listing("/proc") if name.isdigit())
+    if not pids:
+        return FabricManager((), None, None, _listening(reader), None, tuple(reader.problems))
+    pid1 = reader.text("/proc/1/comm")
+    found = []
+    for pid in pids:
+        comm = reader.text(f"/proc/{pid}/comm")
+        if comm is not None and comm.strip().startswith(_FABRIC_MANAGER_COMM):
+            found.append(pid)
+    started = None
+    if found:
+        stat = reader.text(f"/proc/{found[0]}/stat")
+        try:
+            started = parse_start_after_boot(stat) if stat is not None else None
+        except ValueError as error:
+            reader.problems.append(f"/proc/{found[0]}/stat: {error}")
+    host = pid1 is not None and pid1.strip() in _HOST_INITS
+    return FabricManager(tuple(found), host, pid1.strip() if pid1 else None, _listening(reader), started, tuple(reader.problems))
 
 
 @probe("fabric", gather_in=("full",))
@@ -61,63 +198,83 @@ def probe_fabric(fs: NodeFS, nvml: Nvml) -> FabricFacts:
         if (reader.text(f"/sys/bus/pci/devices/{bdf}/vendor") or "").strip() == "0x10de"
         and (reader.text(f"/sys/bus/pci/devices/{bdf}/class") or "").strip().startswith(_NVSWITCH_CLASS)
     )
-    running = _fabric_manager_running(fs, reader)
+    manager = _fabric_manager(FactReader(fs))
     try:
         count = nvml.call("nvmlDeviceGetCount")
     except NvmlError as error:
-        return FabricFacts(nvswitches, (), error.code, running, tuple(reader.problems))
-    gpus = []
-    for index in range(count if isinstance(count, int) else 0):
-        try:
-            info = nvml.call("nvmlDeviceGetGpuFabricInfo", index)
-        except NvmlError as failure:
-            gpus.append(GpuFabric(index, None, None, failure.code))
-            continue
-        state = info.get("state") if isinstance(info, dict) else None
-        status = info.get("status") if isinstance(info, dict) else None
-        gpus.append(GpuFabric(index, state if isinstance(state, int) else None, status if isinstance(status, int) else None, ""))
-    return FabricFacts(nvswitches, tuple(gpus), "", running, tuple(reader.problems))
+        return FabricFacts(nvswitches, (), error.code, manager, tuple(reader.problems))
+    gpus = tuple(_gpu_fabric(nvml, index) for index in range(count if isinstance(count, int) else 0))
+    return FabricFacts(nvswitches, gpus, "", manager, tuple(reader.problems))
 
 
-def _fabric_manager_running(fs: NodeFS, reader: FactReader) -> bool | None:
-    pids = [name for name in reader.listing("/proc") if name.isdigit()]
-    if not pids:
-        return None
-    for pid in pids:
-        comm = fs.read(f"/proc/{pid}/comm") if fs.exists(f"/proc/{pid}/comm") else None
-        if comm is not None and comm.strip().startswith(_FABRIC_MANAGER_COMM):
-            return True
-    return False
+def _manager_missing(manager: FabricManager) -> Evidence:
+    return Evidence("/proc/*/comm, /proc/net/tcp", "no nv-fabricmanager process and nothing listening on its command port",
+                    "nvidia-fabricmanager running on NVSwitch systems")
 
 
 @check("NVL006", profiles=("full",))
 def nvls_multicast_init_failure(fabric: FabricFacts, job: JobFacts) -> Iterator[Observation]:
-    """GPUs outside a completed NVLink fabric on an NVSwitch system, where NVLS cannot start."""
-    if not fabric.nvswitches:
-        raise NotApplicable("no NVSwitch on this node")
+    """GPUs outside a completed NVLink fabric, or an NVSwitch system without its fabric manager."""
+    if not fabric.nvswitches and fabric.nvml_error:
+        # GPU001 reports a broken NVML; here it only means a GB200-style tray cannot be recognised.
+        raise NotApplicable(f"no NVSwitch on this node (NVML unavailable, {fabric.nvml_error}, to look for a multi-node fabric)")
+    if not fabric.nvswitches and not fabric.multi_node_tray:
+        raise NotApplicable("no NVSwitch on this node and no GPU in a multi-node NVLink fabric")
     if fabric.nvml_error == "NVML_NOT_RECORDED":
         raise Unknown("no NVML answers recorded for this root")
     if fabric.nvml_error:
         raise Unknown(f"NVML unavailable ({fabric.nvml_error}); the fabric state cannot be read")
     nvls = job.nccl("NCCL_NVLS_ENABLE")
     forced = [Evidence(f"NCCL_NVLS_ENABLE ({nvls.origin})", nvls.value, "unset, or 0 until the fabric is fixed")] if nvls and nvls.value.strip() == "1" else []
+    manager = fabric.fabric_manager
+    if fabric.nvswitches:
+        # The fabric manager serves NVLS multicast setup while jobs run: a fabric that completed
+        # at boot is not enough once it is gone.
+        if not manager.running:
+            if manager.host_view:
+                yield present("fabric manager", _manager_missing(manager),
+                              Evidence("/sys/bus/pci/devices", f"{len(fabric.nvswitches)} NVSwitches"), *forced)
+            else:
+                why = "/proc could not be scanned" if manager.host_view is None else f"PID 1 is {manager.pid1 or 'unreadable'}, not the host's init"
+                yield undecided("fabric manager", f"no nv-fabricmanager process seen, but {why}: this is not the host's process table")
     if fabric.gpus and all(gpu.error in _API_MISSING for gpu in fabric.gpus):
-        if fabric.fabric_manager_running is None:
-            yield undecided("fabric manager", "the driver has no fabric-info API and /proc could not be scanned")
-        elif not fabric.fabric_manager_running:
-            yield present(
-                "fabric manager",
-                Evidence("/proc/*/comm", "no nv-fabricmanager process", "nvidia-fabricmanager running on NVSwitch systems"),
-                Evidence("/sys/bus/pci/devices", f"{len(fabric.nvswitches)} NVSwitches"),
-                *forced,
-            )
-        return
+        return  # a driver without the fabric-info API: the fabric manager is all there is to check
     for gpu in fabric.gpus:
         if gpu.error:
             yield undecided(f"GPU{gpu.index}", f"nvmlDeviceGetGpuFabricInfo: {gpu.error}")
         elif gpu.state != _COMPLETED or gpu.status != 0:
             state = FABRIC_STATES.get(gpu.state or 0, f"state {gpu.state}")
             evidence = [Evidence("nvmlDeviceGetGpuFabricInfo", f"fabric {state}, status {gpu.status}", "completed, status 0 (success)")]
-            if fabric.fabric_manager_running is False:
-                evidence.append(Evidence("/proc/*/comm", "no nv-fabricmanager process", "nvidia-fabricmanager running"))
+            if fabric.multi_node_tray:
+                evidence.append(Evidence("nvmlDeviceGetGpuFabricInfo", f"cluster {gpu.cluster_uuid}, clique {gpu.clique_id}",
+                                         "registered with the NVLink switch trays' fabric manager"))
             yield present(f"GPU{gpu.index}", *evidence, *forced)
+
+
+def _duration(seconds: float) -> str:
+    minutes = int(seconds // 60)
+    return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
+
+
+@check("NVL004", profiles=("full",))
+def nvls_cuda_invalid_argument(fabric: FabricFacts) -> Iterator[Observation]:
+    """A fabric manager on an NVSwitch system that started long after boot: restarted, so NVLS
+    multicast state may be invalid until the node reboots."""
+    if not fabric.nvswitches:
+        raise NotApplicable("no NVSwitch on this node: no fabric manager runs here")
+    manager = fabric.fabric_manager
+    if not manager.pids:
+        if manager.running:
+            yield undecided("fabric manager", f"its command socket listens ({manager.listening}) but no process is visible to date its start")
+            return
+        raise NotApplicable("no fabric manager process running (NVL006 reports that)")
+    pid = manager.pids[0]
+    if manager.started_after_boot_s is None:
+        yield undecided("fabric manager", f"/proc/{pid}/stat could not be read to tell when nv-fabricmanager started")
+    elif manager.started_after_boot_s > LATE_START_S:
+        yield present(
+            "fabric manager",
+            Evidence(f"/proc/{pid}/stat", f"nv-fabricmanager (pid {pid}) started {_duration(manager.started_after_boot_s)} after boot",
+                     f"started at boot (within {LATE_START_S // 60} min), not restarted since"),
+            severity=Severity.WARNING,
+        )

@@ -8,7 +8,9 @@ Sources (all readable without root):
 * Peer-memory path, the files NCCL itself tests (``src/transport/net_ib/gdr.cc``):
   ``/sys/kernel/mm/memory_peers/nv_mem/version``, ``.../nv_mem_nc/version`` (MLNX_OFED's peer
   memory API with ``nv_peer_mem``) and ``/sys/module/nvidia_peermem/version`` (tested by NCCL
-  since 2.23.4); the legacy ``/sys/module/nv_peer_mem``.
+  since 2.23.4); the legacy ``/sys/module/nv_peer_mem``. So with only ``nvidia_peermem`` loaded
+  (no ``memory_peers``, as on kernels without MLNX_OFED's peer-memory API), an NCCL copy older
+  than 2.23.4 (``preflight.checks.nccl_libs``) still reports GPUDirect RDMA disabled.
 * DMA-BUF path: kernel >= 5.12 (``/proc/sys/kernel/osrelease``; dma-buf memory regions landed in
   5.12) with the open kernel modules, unless ``NCCL_DMABUF_ENABLE=0``.
 * GDRCopy: ``/sys/module/gdrdrv`` and the device node ``/dev/gdrdrv`` (mode, owner, group), which
@@ -24,16 +26,19 @@ import stat as stat_codes
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from preflight.checks._nccl_releases import PEERMEM_DETECTION, affected, release_evidence
 from preflight.checks.job import JobFacts, parse_environ
-from preflight.model import Evidence, NotApplicable, Observation, present
+from preflight.checks.nccl_libs import NcclLibFacts
+from preflight.model import Evidence, NotApplicable, Observation, present, undecided
 from preflight.probing import FactReader
 from preflight.registry import check, probe
 from preflight.sources import NodeFS, SourceError
 
+NVIDIA_PEERMEM_VERSION = "/sys/module/nvidia_peermem/version"
 _PEER_MEMORY_FILES = (
     "/sys/kernel/mm/memory_peers/nv_mem/version",
     "/sys/kernel/mm/memory_peers/nv_mem_nc/version",
-    "/sys/module/nvidia_peermem/version",
+    NVIDIA_PEERMEM_VERSION,
 )
 DMABUF_MIN_KERNEL = (5, 12)
 
@@ -177,31 +182,42 @@ def _require_nvidia(gpudirect: GpuDirectFacts) -> None:
 
 
 @check("GDR001", profiles=("prolog",))
-def gpudirect_rdma_unavailable(gpudirect: GpuDirectFacts, job: JobFacts) -> Iterator[Observation]:
-    """Neither the peer-memory nor the DMA-BUF path to GPUDirect RDMA is available."""
+def gpudirect_rdma_unavailable(gpudirect: GpuDirectFacts, job: JobFacts, nccl_libs: NcclLibFacts) -> Iterator[Observation]:
+    """Neither the peer-memory nor the DMA-BUF path to GPUDirect RDMA is available, or only
+    nvidia_peermem is, which NCCL before 2.23.4 does not look for."""
     _require_nvidia(gpudirect)
     if not gpudirect.rdma_devices:
         raise NotApplicable("no RDMA devices in /sys/class/infiniband")
-    if gpudirect.peer_memory_files or gpudirect.nv_peer_mem_loaded:
-        return
+    peer_clients = [path for path in gpudirect.peer_memory_files if path != NVIDIA_PEERMEM_VERSION]
+    if peer_clients or gpudirect.nv_peer_mem_loaded:
+        return  # every NCCL release finds a memory_peers client
     kernel = parse_kernel_version(gpudirect.kernel_release or "")
     dmabuf_setting = job.nccl("NCCL_DMABUF_ENABLE")
     dmabuf_disabled = dmabuf_setting is not None and dmabuf_setting.value.strip() == "0"
     kernel_ok = kernel is not None and kernel >= DMABUF_MIN_KERNEL
     if kernel_ok and gpudirect.driver_flavour == "open" and not dmabuf_disabled:
         return
-    evidence = [
+    dmabuf = Evidence(
+        "/proc/driver/nvidia/version",
+        f"{gpudirect.driver_flavour or 'unknown'} kernel modules, kernel {gpudirect.kernel_release or 'unknown'}",
+        "open kernel modules and Linux >= 5.12 for the DMA-BUF path",
+    )
+    dmabuf_off = [Evidence(f"{dmabuf_setting.origin} NCCL_DMABUF_ENABLE", "0", "unset or 1")] if dmabuf_disabled and dmabuf_setting else []
+    if NVIDIA_PEERMEM_VERSION in gpudirect.peer_memory_files:
+        old, unnamed = affected(nccl_libs, PEERMEM_DETECTION)
+        loaded = Evidence(NVIDIA_PEERMEM_VERSION, "present, but no /sys/kernel/mm/memory_peers client", "a memory_peers client (nv_mem), or NCCL 2.23.4 or newer")
+        for copy in old:
+            yield present(copy.path, release_evidence(copy, PEERMEM_DETECTION), loaded, dmabuf, *dmabuf_off)
+        for copy in unnamed:
+            yield undecided(copy.path, f"the NCCL release of {copy.path} is not named by its file or wheel", loaded)
+        return
+    yield present(
+        "node",
         Evidence("/sys/module/nvidia_peermem", "not loaded", "loaded (modprobe nvidia-peermem)"),
         Evidence("/sys/kernel/mm/memory_peers", "no nv_mem/nv_mem_nc peer client", "present with MLNX_OFED nv_peer_mem"),
-        Evidence(
-            "/proc/driver/nvidia/version",
-            f"{gpudirect.driver_flavour or 'unknown'} kernel modules, kernel {gpudirect.kernel_release or 'unknown'}",
-            "open kernel modules and Linux >= 5.12 for the DMA-BUF path",
-        ),
-    ]
-    if dmabuf_disabled and dmabuf_setting is not None:
-        evidence.append(Evidence(f"{dmabuf_setting.origin} NCCL_DMABUF_ENABLE", "0", "unset or 1"))
-    yield present("node", *evidence)
+        dmabuf,
+        *dmabuf_off,
+    )
 
 
 @check("GDR002", profiles=("prolog",))

@@ -22,8 +22,14 @@ from preflight.sources import NodeFS, SourceError
 SYSTEM_NCCL_CONF = "/etc/nccl.conf"
 # Only variables that steer communication are kept: reports travel to fleet dashboards and bug
 # trackers, and a job environment can hold tokens and passwords.
-KEPT_PREFIXES = ("NCCL_", "SLURM_", "CUDA_", "TORCH_", "GLOO_", "UCX_", "FI_", "OMPI_", "PMIX_", "NVSHMEM_", "GDRCOPY_")
-KEPT_NAMES = frozenset({"HOME", "USER", "LD_LIBRARY_PATH", "LD_PRELOAD", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"})
+KEPT_PREFIXES = ("NCCL_", "SLURM_", "CUDA_", "TORCH_", "TORCHELASTIC_", "GLOO_", "UCX_", "FI_", "OMPI_", "PMIX_", "NVSHMEM_", "GDRCOPY_")
+KEPT_NAMES = frozenset({
+    "HOME", "USER", "LD_LIBRARY_PATH", "LD_PRELOAD",
+    # torch.distributed's env:// rendezvous, and what torchrun adds for each worker
+    "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+    # the job's Python environment, where its frameworks and NCCL wheel live
+    "VIRTUAL_ENV", "CONDA_PREFIX",
+})
 
 
 @dataclass(frozen=True)

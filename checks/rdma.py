@@ -39,6 +39,7 @@ from typing import TypeVar
 
 from preflight.checks.gpudirect import DeviceNode, JobIdentity, can_read_write, read_job_identity
 from preflight.checks.job import parse_environ
+from preflight.checks.kernel_log import NOT_READ, JoinFailure, KernelLogFacts
 from preflight.config import Expectations
 from preflight.model import Evidence, NotApplicable, Observation, Severity, Unknown, present, undecided
 from preflight.probing import FactReader
@@ -544,8 +545,9 @@ def rdma_stack_or_ports_misconfigured(rdma: RdmaFacts, expect: Expectations) -> 
 
 # -- IB008 ------------------------------------------------------------------------------------
 @check("IB008", profiles=("prolog",))
-def ib_subnet_manager_sweep_failure(rdma: RdmaFacts) -> Iterator[Observation]:
-    """InfiniBand ports the subnet manager has not brought up (INIT/ARMED, or ACTIVE without LIDs)."""
+def ib_subnet_manager_sweep_failure(rdma: RdmaFacts, kernel_log: KernelLogFacts = NOT_READ) -> Iterator[Observation]:
+    """InfiniBand ports the subnet manager has not brought up (INIT/ARMED, or ACTIVE without LIDs),
+    and IPoIB multicast joins the subnet administrator refused or never answered since boot."""
     require_rdma(rdma)
     ports = [port for port in rdma.data_ports if port.link_layer in ("InfiniBand", None)]
     if not any(port.link_layer == "InfiniBand" for port in ports):
@@ -553,6 +555,7 @@ def ib_subnet_manager_sweep_failure(rdma: RdmaFacts) -> Iterator[Observation]:
         if unreadable:
             raise Unknown(unreadable[0].why("link_layer"))
         raise NotApplicable("no InfiniBand link-layer ports (RoCE and EFA have no subnet manager)")
+    yield from _refused_joins(kernel_log)
     for port in ports:
         if port.link_layer is None:
             yield undecided(port.subject, port.why("link_layer"))
@@ -568,6 +571,22 @@ def ib_subnet_manager_sweep_failure(rdma: RdmaFacts) -> Iterator[Observation]:
                 yield undecided(port.subject, port.why("lid" if port.lid is None else "sm_lid"))
             elif port.lid == 0 or port.sm_lid == 0:
                 yield present(port.subject, port_evidence(port, "state", "lid", "sm_lid", expected="non-zero lid and sm_lid"))
+
+
+def _refused_joins(kernel_log: KernelLogFacts) -> Iterator[Observation]:
+    """One warning per IPoIB interface whose multicast joins failed: without the broadcast group
+    the interface has no carrier, and bootstrap traffic over it goes nowhere."""
+    by_netdev: dict[str, list[JoinFailure]] = {}
+    for failure in kernel_log.join_failures:
+        by_netdev.setdefault(failure.netdev, []).append(failure)
+    for netdev, failures in sorted(by_netdev.items()):
+        statuses = ", ".join(sorted({str(f.status) for f in failures}))
+        yield present(
+            netdev,
+            Evidence("kernel log since boot", f"{len(failures)} multicast join failure(s) (status {statuses}); last: {failures[-1].text}",
+                     "joins granted by the subnet administrator"),
+            severity=Severity.WARNING,
+        )
 
 
 # -- IB007 ------------------------------------------------------------------------------------

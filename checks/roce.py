@@ -17,6 +17,9 @@ world-readable):
   enable/<prio>`` (``en_sysfs.c`` of MLNX_OFED; upstream kernels have neither);
 * DCB netlink (``RTM_GETDCB``, full profile): PFC priorities and the DSCP-to-priority map, asked of
   the RoCE netdev, or of the members of a bond and the parent of a VLAN;
+* the ethtool ioctl on the same interfaces (``preflight.sources.ethtool``): mlx5's pause-storm
+  counters ``tx_pause_storm_warning_events`` / ``tx_pause_storm_error_events`` since the driver
+  loaded, and the ``pfc-prevention-tout`` stall watchdog (0 turns it off);
 * the job's NCCL variables (``preflight.checks.job``): ``NCCL_IB_GID_INDEX``,
   ``NCCL_IB_ROCE_VERSION_NUM``, ``NCCL_IB_ADDR_FAMILY``, ``NCCL_IB_ADDR_RANGE``, ``NCCL_IB_HCA``,
   ``NCCL_IB_TC``.
@@ -28,8 +31,9 @@ job's settings and for NCCL's defaults, so fleet reports can compare nodes.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 from preflight.checks._nccl_gid import (
     AF_INET,
@@ -52,12 +56,14 @@ from preflight.model import Evidence, NotApplicable, Observation, Severity, pres
 from preflight.probing import FactReader
 from preflight.registry import check, probe
 from preflight.sources import NodeFS, SourceError
+from preflight.sources.ethtool import PauseState
 from preflight.sources.netlink import DcbConfig, Netlink
 
 IB_SYSFS = "/sys/class/infiniband"
 GID_VARIABLES = ("NCCL_IB_GID_INDEX", "NCCL_IB_ROCE_VERSION_NUM", "NCCL_IB_ADDR_FAMILY", "NCCL_IB_ADDR_RANGE")
 #: GRH 40 + UDP 8 + BTH 12 + XRC ext 4 + AtomicETH 28 + ICRC 4 (include/rdma/ib_pack.h).
 ROCE_HEADER_BYTES = 96
+T = TypeVar("T")
 IB_MTUS = (4096, 2048, 1024, 512, 256)
 _LINK_LAYERS = ("InfiniBand", "Ethernet", "Unknown")
 _OS_ERROR = re.compile(r"\(E[A-Z0-9]+\)")
@@ -164,6 +170,8 @@ class DcbReading:
     ports: tuple[str, ...]  # RoCE ports ("mlx5_0/1") carried by it
     config: DcbConfig | None
     error: str  # why it could not be read, "" when it was
+    pause: PauseState | None = None  # pause-storm counters and stall watchdog (ethtool ioctl)
+    pause_error: str = ""  # why those could not be read
 
 
 @dataclass(frozen=True)
@@ -322,11 +330,18 @@ def probe_roce_dcb(fs: NodeFS, netlink: Netlink) -> RoceDcbFacts:
             carried.setdefault(ifname, []).append(port.subject)
     readings = []
     for ifname, subjects in carried.items():
-        try:
-            readings.append(DcbReading(ifname, tuple(subjects), netlink.dcb(ifname), ""))
-        except SourceError as error:
-            readings.append(DcbReading(ifname, tuple(subjects), None, f"{error.source}: {error.reason}"))
+        config, error = _ask(netlink.dcb, ifname)
+        pause, pause_error = _ask(netlink.pause, ifname)
+        readings.append(DcbReading(ifname, tuple(subjects), config, error, pause, pause_error))
     return RoceDcbFacts(tuple(readings))
+
+
+def _ask(query: Callable[[str], T], ifname: str) -> tuple[T | None, str]:
+    """``query(ifname)``, or None and the reason it could not be answered."""
+    try:
+        return query(ifname), ""
+    except SourceError as error:
+        return None, f"{error.source}: {error.reason}"
 
 
 # -- checks ---------------------------------------------------------------------------------------
@@ -483,6 +498,34 @@ def roce_path_mtu_mismatch(roce: RoceFacts, job: JobFacts, expect: Expectations)
         yield present("RoCE rails", *evidence)
 
 
+def _pause_storms(reading: DcbReading, pfc_on: bool) -> Iterator[Observation]:
+    """The NIC's own record of pause storms since the driver loaded, and a stall watchdog that
+    was switched off while PFC is on."""
+    subject = reading.netdev
+    pause = reading.pause
+    if pause is None:
+        yield undecided(subject, reading.pause_error)
+        return
+    source = f"ethtool -S {subject} (SIOCETHTOOL)"
+    errors = pause.counter("tx_pause_storm_error_events")
+    warnings = pause.counter("tx_pause_storm_warning_events")
+    if errors:
+        yield present(
+            subject,
+            Evidence(source, f"tx_pause_storm_error_events {errors}, tx_pause_storm_warning_events {warnings or 0}", "0 since the driver loaded"),
+        )
+    elif warnings:
+        yield present(
+            subject, Evidence(source, f"tx_pause_storm_warning_events {warnings}", "0 since the driver loaded"), severity=Severity.WARNING
+        )
+    if pfc_on and pause.prevention_timeout_ms == 0:
+        yield present(
+            subject,
+            Evidence(f"ethtool --get-tunable {subject} pfc-prevention-tout", "0 (stall watchdog off)", "a timeout (the driver default, or the site's value)"),
+            severity=Severity.WARNING,
+        )
+
+
 def _trust(port_trust: str | None, config: DcbConfig) -> str:
     """mlnx_qos's rule: qos/trust where MLNX_OFED has it, else dscp iff the APP table maps DSCP."""
     return port_trust or ("dscp" if config.dscp_to_priority else "pcp")
@@ -492,10 +535,10 @@ def _trust(port_trust: str | None, config: DcbConfig) -> str:
 def roce_pfc_pause_storm(
     roce: RoceFacts, roce_dcb: RoceDcbFacts, job: JobFacts, expect: Expectations, kernel_log: KernelLogFacts = NOT_READ
 ) -> Iterator[Observation]:
-    """The lossless setup a RoCE port needs against pause storms is off or inconsistent: PFC not on
-    the site's lossless priority (or on others too), ECN off there, NCCL_IB_TC mapped to a lossy
-    priority, PFC priorities that differ between rails, or the driver failing to size a lossless
-    buffer."""
+    """The NIC recorded pause storms since the driver loaded, or the lossless setup a RoCE port
+    needs against them is off or inconsistent: stall watchdog off, PFC not on the site's lossless
+    priority (or on others too), ECN off there, NCCL_IB_TC mapped to a lossy priority, PFC
+    priorities that differ between rails, or the driver failing to size a lossless buffer."""
     used = []
     for item in _ports_nccl_uses(roce, job):
         if isinstance(item, Observation):
@@ -522,6 +565,7 @@ def roce_pfc_pause_storm(
         if config is None:
             yield undecided(subject, reading.error)
             continue
+        yield from _pause_storms(reading, bool(config.pfc_enabled))
         source = f"RTM_GETDCB {reading.netdev} (mlnx_qos -i {reading.netdev})"
         pfc = ", ".join(map(str, config.pfc_enabled)) or "none"
         pfc_sets.setdefault(config.pfc_enabled, []).append(subject)

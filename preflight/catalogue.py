@@ -16,7 +16,7 @@ from typing import Any
 
 from preflight.model import REFERENCE_ID, SYMBOL, Reference, Severity
 from preflight.signatures import MIN_LITERAL, ROLES, required_literals, safety_problems
-from preflight.tomlcompat import TOMLDecodeError, loads
+from preflight.tomlcompat import TomlError, parse_toml
 
 DETECT_MODES = ("node", "config", "runtime")
 _REQUIRED_STRINGS = ("id", "symbol", "title", "area", "severity", "summary")
@@ -71,10 +71,10 @@ def _read_document(ref_id: str, directory: str | None) -> tuple[dict[str, Any], 
             return document, path
     try:
         with open(path, encoding="utf-8") as handle:
-            return loads(handle.read()), path
+            return parse_toml(handle.read()), path
     except FileNotFoundError:
         raise CatalogueError(f"no reference {ref_id} ({path} is missing)") from None
-    except (OSError, UnicodeDecodeError, TOMLDecodeError) as error:
+    except (OSError, UnicodeDecodeError, TomlError) as error:
         raise CatalogueError(f"{path}: {error}") from None
 
 
@@ -83,7 +83,7 @@ def build_index(directory: str) -> dict[str, Any]:
     references = {}
     for ref_id in reference_ids(directory):
         with open(os.path.join(directory, f"{ref_id}.toml"), encoding="utf-8") as handle:
-            references[ref_id] = loads(handle.read())
+            references[ref_id] = parse_toml(handle.read())
     return {"format": INDEX_FORMAT, "references": references}
 
 

@@ -20,6 +20,7 @@
     rate_gbps = 400         # expected active rate of each data RDMA port
     peers = ["gpu[001-064]", "10.0.0.5"]  # hosts routes must reach, beyond the job's own
     lossless_priority = 3   # the RoCE priority PFC protects (0-7)
+    nvlinks_per_gpu = 18    # active NVLinks each GPU should have (H100/H200/B200 SXM: 18)
 
     [severity]              # per-reference severity overrides
     MEM002 = "error"
@@ -50,7 +51,7 @@ from typing import Any
 from preflight.hostlist import HostlistError, expand, matches, split_top_level
 from preflight.model import REFERENCE_ID, Severity
 from preflight.sources import DnsSettings
-from preflight.tomlcompat import TOMLDecodeError, loads
+from preflight.tomlcompat import TomlError, parse_toml
 from preflight.units import UNLIMITED, parse_size
 
 DEFAULT_CONFIG_PATH = "/etc/preflight/preflight.toml"
@@ -74,6 +75,9 @@ class Expectations:
     peers: tuple[str, ...] = ()
     rate_gbps: float | None = None  # per RDMA port, as /sys/class/infiniband/*/ports/*/rate shows it
     lossless_priority: int | None = None  # the 802.1p priority RoCE traffic is lossless on (PFC)
+    # Active NVLinks per GPU (nvmlDeviceGetNvLinkState); without it GPUs of one model on a node
+    # are compared with each other.
+    nvlinks_per_gpu: int | None = None
 
 
 @dataclass(frozen=True)
@@ -162,6 +166,7 @@ _EXPECT_KEYS: dict[str, Callable[[Any], Any]] = {
     "peers": _hostlists,
     "rate_gbps": _positive_number,
     "lossless_priority": _priority,
+    "nvlinks_per_gpu": _positive_int,
 }
 _RUN_KEYS: dict[str, Callable[[Any], Any]] = {
     "timeout": _positive_float,
@@ -244,8 +249,8 @@ class _Reader:
 def parse_config(text: str, path: str, hostname: str) -> HostConfig:
     """Parse and validate a configuration file and merge the sections matching ``hostname``."""
     try:
-        document = loads(text)
-    except TOMLDecodeError as error:
+        document = parse_toml(text)
+    except TomlError as error:
         raise ConfigError(f"{path}: not valid TOML: {error}") from None
     reader = _Reader(path, text)
     reader.keys(document, _TOP_KEYS, "")

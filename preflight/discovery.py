@@ -23,7 +23,7 @@ ENTRY_POINT_GROUP = "preflight.checks"
 # Built-in modules whose checks all run in the full profile only and whose probes are gathered
 # only there. A prolog run, which happens before every job, skips importing them (~20 ms);
 # tests/test_engine.py keeps this list true.
-FULL_ONLY_MODULES = frozenset({"fabric", "interfaces", "nccl_libs", "routing", "sockets"})
+FULL_ONLY_MODULES = frozenset({"fabric", "interfaces", "nccl_versions", "p2p", "routing", "sockets"})
 
 
 def builtin_modules(profile: str | None = None) -> list[ModuleType]:

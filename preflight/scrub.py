@@ -387,7 +387,7 @@ class Scrubber:
         if name == "nvml.json":
             document = self._scrub_nvml(document)
         else:
-            keys = self.scrub_path if name in ("devices.json", "read-errors.json") else (lambda key: self.scrub_text(key, hostnames))
+            keys = self.scrub_path if name in ("devices.json", "read-errors.json", "statvfs.json") else (lambda key: self.scrub_text(key, hostnames))
             document = _map_json(document, lambda text: self.scrub_text(text, hostnames), keys)
         return (json.dumps(document) + "\n").encode("utf-8")
 

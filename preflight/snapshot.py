@@ -8,6 +8,7 @@ whose sources are wrapped by ``preflight.sources.recording``; the recorded answe
 * every file read, at its resolved path, with the symlinks that lead to it; every directory
   listing (entries not read become empty placeholder files, directories or links);
 * ``.preflight/devices.json``: every ``stat`` answer (an archive keeps no owners or sysfs sizes);
+* ``.preflight/statvfs.json``: every ``statvfs`` answer (file-system size and free space);
 * ``.preflight/read-errors.json``: every read, listing, stat or readlink that failed, by errno;
 * ``.preflight/kmsg``: the kernel log as read;
 * ``.preflight/nvml.json``, ``netlink.json``, ``dns.json``: the answers of those sources;
@@ -167,6 +168,8 @@ def recorded_members(recorders: Recorders, config_text: bytes | None = None) -> 
             "format": "preflight-devices/1",
             "nodes": {path: _stat_entry(answer) for path, answer in sorted(tree.stats.items())},
         }
+    if tree.statvfs:
+        documents["statvfs.json"] = {"format": "preflight-statvfs/1", "mounts": dict(sorted(tree.statvfs.items()))}
     if tree.errors:
         errors: dict[str, Any] = {"format": "preflight-read-errors/1", "errors": dict(sorted(tree.errors.get("read", {}).items()))}
         for operation in ("listdir", "stat", "readlink"):

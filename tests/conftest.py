@@ -49,6 +49,20 @@ def write(root: Path, path: str, text: str | bytes) -> None:
         full.write_text(text)
 
 
+CLEAN_NCCL = "2.28.9"
+
+
+def upgrade_nccl(root: Path, old: str, new: str) -> None:
+    """Replace the example's NCCL release, system package and wheel alike."""
+    system = root / "usr/lib/x86_64-linux-gnu"
+    (system / f"libnccl.so.{old}").rename(system / f"libnccl.so.{new}")
+    (system / "libnccl.so.2").unlink()
+    (system / "libnccl.so.2").symlink_to(f"libnccl.so.{new}")
+    site = root / "usr/local/lib/python3.10/dist-packages"
+    (site / f"nvidia_nccl_cu12-{old}.dist-info").rename(site / f"nvidia_nccl_cu12-{new}.dist-info")
+    write(root, f"/usr/local/lib/python3.10/dist-packages/nvidia_nccl_cu12-{new}.dist-info/METADATA", f"Name: nvidia-nccl-cu12\nVersion: {new}\n")
+
+
 def make_clean(root: Path) -> Path:
     """Repair every planted misconfiguration of the example node."""
     for path in ("proc/self/limits", "proc/2187/limits"):
@@ -58,6 +72,9 @@ def make_clean(root: Path) -> Path:
     write(root, "/etc/slurm/slurm.conf", (root / "etc/slurm/slurm.conf").read_text() + "PropagateResourceLimitsExcept=MEMLOCK\n")
     write(root, "/etc/nccl.conf", "NCCL_IB_HCA=mlx5\n")
     write(root, "/sys/module/nvidia_peermem/version", "550.54.15\n")
+    # With MLNX_OFED, nvidia_peermem registers as the "nv_mem" peer-memory client.
+    write(root, "/sys/kernel/mm/memory_peers/nv_mem/version", "1.3\n")
+    upgrade_nccl(root, "2.21.5", CLEAN_NCCL)  # 2.21.5 carries known bugs (SOCK002)
     hosts = (root / "etc/hosts").read_text().replace("127.0.1.1\tgpu017.cluster\tgpu017\n", "")
     write(root, "/etc/hosts", hosts)
     switch_config = root / "sys/devices/pci0000:5a/0000:5a:01.0/0000:5c:00.0/config"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from preflight.catalogue import load_all, validate_document
 from preflight.discovery import build_registry
-from preflight.tomlcompat import loads
+from preflight.tomlcompat import parse_toml
 
 REFERENCES = Path(__file__).resolve().parent.parent / "references"
 
@@ -16,7 +16,7 @@ def test_every_reference_file_validates() -> None:
     files = sorted(REFERENCES.glob("*.toml"))
     assert files
     for path in files:
-        assert validate_document(loads(path.read_text()), expected_id=path.stem) == [], path.name
+        assert validate_document(parse_toml(path.read_text()), expected_id=path.stem) == [], path.name
 
 
 def test_ids_symbols_unique_and_links_resolve() -> None:
@@ -39,7 +39,7 @@ def test_checks_and_references_point_at_each_other() -> None:
 
 
 def test_validation_reports_schema_breaks() -> None:
-    document = loads((REFERENCES / "MEM001.toml").read_text())
+    document = parse_toml((REFERENCES / "MEM001.toml").read_text())
     broken = {**document, "severity": "fatal", "surprise": 1, "signatures": [{"pattern": "a(", "examples": ["a"]}]}
     problems = validate_document(broken, expected_id="MEM002")
     assert any("severity" in p for p in problems) and any("surprise" in p for p in problems)
@@ -72,7 +72,7 @@ def test_references_cite_sources_and_name_no_other_product() -> None:
     for path in sorted(REFERENCES.glob("*.toml")):
         text = path.read_text()
         assert "denpex" not in text.lower(), path.name
-        document = loads(text)
+        document = parse_toml(text)
         assert len(document["sources"]) >= 2, path.name
         assert document["signatures"], f"{path.name} has no log signature for explain"
 

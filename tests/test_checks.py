@@ -15,6 +15,7 @@ from preflight.checks.gpudirect import DeviceNode, GpuDirectFacts, JobIdentity, 
 from preflight.checks.gpus import GpuFacts, NvmlDevice, gpu_unusable_by_driver, probe_gpus
 from preflight.checks.hostname import HostnameFacts, HostsEntry, hostname_resolution_broken
 from preflight.checks.job import JobFacts, NcclConfFile, probe_job
+from preflight.checks.nccl_libs import NcclCopy, NcclLibFacts
 from preflight.checks.memlock import Limit, MemlockFacts, PamLimit, memlock_limit_too_low, nccl_buffsize_exceeds_pinned_memory, probe_memlock
 from preflight.config import Expectations
 from preflight.model import NotApplicable, Severity, Status, Unknown
@@ -123,27 +124,43 @@ def test_mem002_garbage_value_is_present(memlock: MemlockFacts, gpudirect: GpuDi
 
 
 # GDR001 ------------------------------------------------------------------------------------
+NCCL_2_28 = NcclLibFacts((NcclCopy("/usr/lib/x86_64-linux-gnu/libnccl.so.2.28.9", "2.28.9", "system"),), ())
+NCCL_2_21 = NcclLibFacts((NcclCopy("/usr/lib/x86_64-linux-gnu/libnccl.so.2.21.5", "2.21.5", "system"),), ())
+
+
 def test_gdr001_present_without_peermem_on_proprietary_driver(gpudirect: GpuDirectFacts) -> None:
-    found = list(gpudirect_rdma_unavailable(gpudirect, job()))
+    found = list(gpudirect_rdma_unavailable(gpudirect, job(), NCCL_2_28))
     assert [o.subject for o in found] == ["node"]
 
 
 def test_gdr001_absent_with_peermem_or_dmabuf(gpudirect: GpuDirectFacts) -> None:
     with_peermem = replace(gpudirect, peer_memory_files=("/sys/module/nvidia_peermem/version",))
-    assert list(gpudirect_rdma_unavailable(with_peermem, job())) == []
+    assert list(gpudirect_rdma_unavailable(with_peermem, job(), NCCL_2_28)) == []
+    with_peer_client = replace(gpudirect, peer_memory_files=("/sys/kernel/mm/memory_peers/nv_mem/version", "/sys/module/nvidia_peermem/version"))
+    assert list(gpudirect_rdma_unavailable(with_peer_client, job(), NCCL_2_21)) == []
     open_modules = replace(gpudirect, driver_flavour="open")
-    assert list(gpudirect_rdma_unavailable(open_modules, job())) == []
+    assert list(gpudirect_rdma_unavailable(open_modules, job(), NCCL_2_28)) == []
     disabled = job(environ={"NCCL_DMABUF_ENABLE": "0"})
-    assert len(list(gpudirect_rdma_unavailable(open_modules, disabled))) == 1
+    assert len(list(gpudirect_rdma_unavailable(open_modules, disabled, NCCL_2_28))) == 1
     old_kernel = replace(open_modules, kernel_release="4.18.0-553.el8.x86_64")
-    assert len(list(gpudirect_rdma_unavailable(old_kernel, job()))) == 1
+    assert len(list(gpudirect_rdma_unavailable(old_kernel, job(), NCCL_2_28))) == 1
+
+
+def test_gdr001_nvidia_peermem_alone_with_nccl_before_2_23_4(gpudirect: GpuDirectFacts) -> None:
+    with_peermem = replace(gpudirect, peer_memory_files=("/sys/module/nvidia_peermem/version",))
+    [found] = gpudirect_rdma_unavailable(with_peermem, job(), NCCL_2_21)
+    assert found.subject == "/usr/lib/x86_64-linux-gnu/libnccl.so.2.21.5" and "2.23.4" in found.evidence[0].expected
+    unnamed = NcclLibFacts((NcclCopy("/opt/nccl/lib/libnccl.so.2", None, "system"),), ())
+    [found] = gpudirect_rdma_unavailable(with_peermem, job(), unnamed)
+    assert found.status is Status.UNKNOWN and "not named" in found.reason
+    assert list(gpudirect_rdma_unavailable(replace(with_peermem, driver_flavour="open"), job(), NCCL_2_21)) == []  # DMA-BUF instead
 
 
 def test_gdr001_not_applicable_without_driver_or_rdma(gpudirect: GpuDirectFacts) -> None:
     with pytest.raises(NotApplicable):
-        list(gpudirect_rdma_unavailable(replace(gpudirect, nvidia_driver=None), job()))
+        list(gpudirect_rdma_unavailable(replace(gpudirect, nvidia_driver=None), job(), NCCL_2_28))
     with pytest.raises(NotApplicable):
-        list(gpudirect_rdma_unavailable(replace(gpudirect, rdma_devices=()), job()))
+        list(gpudirect_rdma_unavailable(replace(gpudirect, rdma_devices=()), job(), NCCL_2_28))
 
 
 # GDR002 ------------------------------------------------------------------------------------

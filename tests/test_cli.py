@@ -25,6 +25,7 @@ def test_example_node_json_is_valid_and_finds_planted_problems(run_cli: Runner, 
     assert findings(report) == {
         ("MEM001", "slurmd"), ("MEM001", "slurm.conf"), ("MEM002", "NCCL_BUFFSIZE"),
         ("GDR001", "node"), ("GDR002", "gdrdrv"), ("DNS001", "gpu017"), ("PCI001", "bridge 0000:5c:00.0"),
+        ("SOCK002", "/usr/lib/x86_64-linux-gnu/libnccl.so.2.21.5"), ("SOCK002", "/usr/local/lib/python3.10/dist-packages/nvidia/nccl/lib/libnccl.so.2"),
     }
     assert findings(report, "absent") >= {("GPU001", "node"), ("TOPO005", "node")}
     assert report["host"] == "gpu017" and {p["status"] for p in report["probes"]} == {"ok"}

@@ -35,7 +35,7 @@ def test_blocking_nvml_becomes_unknown_within_deadline(run_cli: Runner, node_cop
     assert report["duration_s"] < 2.5
     assert elapsed < 2.0 + 0.5 + 1.5  # interpreter start-up on a 2-core machine included
     # The other NVML references wait for the same stuck library; every other reference is still decided.
-    nvml_references = {"GPU001", "GPU002", "GDR003", "NVL006"}
+    nvml_references = {"GPU001", "GPU002", "GDR003", "NVL002", "NVL003", "NVL004", "NVL006", "PCI004", "PCI005"}
     assert {f["status"] for f in report["findings"] if f["id"] in nvml_references} == {"unknown"}
     assert {f["status"] for f in report["findings"] if f["id"] not in nvml_references} <= {"present", "absent", "not_applicable"}
 
@@ -249,4 +249,4 @@ def test_modules_a_prolog_run_skips_have_nothing_for_the_prolog() -> None:
     for name, probe_spec in full.probes.items():
         if probe_spec.origin in skipped:
             assert "prolog" not in probe_spec.gather_in and name not in prolog_needs, name
-    assert set(full.checks) - set(prolog.checks) >= {"NET001", "NVL006", "NCCL016"}
+    assert set(full.checks) - set(prolog.checks) >= {"NET001", "NVL006", "NCCL018"}

@@ -369,3 +369,24 @@ def test_recorded_namespace_replays_to_the_same_findings(ns: Namespace, tmp_path
     assert {("NET001", "docker0"), ("NET004", "10.98.0.5"), ("NET004", "10.60.0.1"), ("NET005", "ens2f0")} <= present(live)
     assert verdicts(replayed) == verdicts(live)
     assert [f["evidence"] for f in replayed["findings"]] == [f["evidence"] for f in live["findings"]]
+
+
+def test_ethtool_ioctl_reads_real_driver_statistics(ns: Namespace) -> None:
+    """The pause-storm source asks the kernel as ethtool -S does: veth's statistics name the peer's
+    ifindex; veth and loopback have no pause counters and no stall watchdog; a missing device is
+    a clear error."""
+    ns.ipr.link("add", ifname="st-a", kind="veth", peer="st-b")
+    peer = ns.index("st-b")
+    code = (
+        "import json\n"
+        "from preflight.sources.ethtool import driver_statistics, query_pause\n"
+        "from preflight.sources import SourceError\n"
+        "stats = dict(driver_statistics('st-a'))\n"
+        "states = [query_pause(name) for name in ('st-a', 'lo')]\n"
+        "try:\n    query_pause('st-none')\n    missing = ''\nexcept SourceError as error:\n    missing = str(error)\n"
+        "print(json.dumps({'peer': stats.get('peer_ifindex'), 'states': [[s.counters, s.prevention_timeout_ms] for s in states], 'missing': missing}))\n"
+    )
+    answer = json.loads(ns.python(code))
+    assert answer["peer"] == peer
+    assert answer["states"] == [[[], None], [[], None]]
+    assert "st-none" in answer["missing"] and "No such device" in answer["missing"]

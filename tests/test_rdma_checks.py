@@ -21,6 +21,7 @@ from preflight.checks.nccl_ib import (
     nccl_selection,
     parse_nccl_ib_hca,
 )
+from preflight.checks.kernel_log import KernelLogFacts, parse_join_failures
 from preflight.checks.rdma import (
     PortRate,
     Problem,
@@ -196,6 +197,26 @@ def test_ib008_absent_for_healthy_down_and_management_ports() -> None:
     assert list(ib_subnet_manager_sweep_failure(down)) == []
     lpf = hca("mlx5_8", port(state=2, lid=0, sm_lid=0), management=True)
     assert list(ib_subnet_manager_sweep_failure(replace(eight(), devices=eight().devices + (lpf,)))) == []
+
+
+JOIN_LOG = [
+    "6,2210,91022311,-;mlx5_core 0000:1a:00.0: mlx5_core_set_hca_defaults:...",
+    "4,2231,95123002,-;ib0: multicast join failed for ff12:401b:ffff:0000:0000:0000:ffff:ffff, status -22",
+    "4,2240,99123002,-;ib0: multicast join failed for ff12:401b:ffff:0000:0000:0000:ffff:ffff, status -110, retry in 2000 msecs",
+    "4,2241,99123010,-;ib1.8001: multicast join failed for ff12:401b:8001:0000:0000:0000:0000:0001, status -22",
+    "4,2242,99123011,-;ib2: multicast join failed for the group, status -22",  # not the kernel's format
+]
+
+
+def test_ib008_ipoib_joins_the_subnet_administrator_refused() -> None:
+    failures = parse_join_failures(JOIN_LOG)
+    assert [(f.netdev, f.status) for f in failures] == [("ib0", -22), ("ib0", -110), ("ib1.8001", -22)]
+    log = KernelLogFacts((), (), (), "", True, failures)
+    found = list(ib_subnet_manager_sweep_failure(eight(), log))
+    assert [(o.subject, o.status, o.severity) for o in found] == [("ib0", Status.PRESENT, Severity.WARNING), ("ib1.8001", Status.PRESENT, Severity.WARNING)]
+    assert found[0].evidence[0].observed.startswith("2 multicast join failure(s) (status -110, -22); last: ib0: multicast join failed")
+    with pytest.raises(NotApplicable):  # RoCE-only node: IPoIB messages cannot be about a subnet manager here
+        list(ib_subnet_manager_sweep_failure(rdma(hca("mlx5_0", port(link_layer="Ethernet"))), log))
 
 
 def test_ib008_not_applicable_without_infiniband_ports() -> None:

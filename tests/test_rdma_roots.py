@@ -212,3 +212,16 @@ def test_unreadable_attribute_gives_unknown_with_reason(tmp_path: Path, attribut
     if expected or attribute in ("node_type", "fw_ver") and not (attribute == "fw_ver" and how == "nonsense"):
         assert path in facts  # the problem is recorded with the facts
     assert {f.status.value for f in report.findings} <= {"absent", "not_applicable", "unknown"}
+
+
+def test_refused_ipoib_join_in_the_recorded_kernel_log(tmp_path: Path) -> None:
+    """The example node's SM is healthy; a broadcast-group join the SA refused since boot (as
+    ipoib_multicast.c prints it) makes IB008 a warning on that interface, nothing else."""
+    root = copy(EXAMPLE, tmp_path)
+    assert verdicts(judge(root))["IB008"] == {("absent", "node")}
+    log = root / ".preflight/kmsg"
+    log.write_text(log.read_text() + "4,9001,120000000,-;ibp26s0: multicast join failed for ff12:401b:ffff:0000:0000:0000:ffff:ffff, status -22\n")
+    report = judge(root)
+    assert verdicts(report)["IB008"] == {("present", "ibp26s0")}
+    (finding,) = [f for f in report.findings if f.reference_id == "IB008"]
+    assert finding.severity.value == "warning" and "status -22" in finding.evidence[0].observed

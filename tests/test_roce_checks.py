@@ -4,6 +4,7 @@ the recorded roots in tests/fixtures/nodes."""
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from preflight.checks.roce import (
 )
 from preflight.config import ConfigError, Expectations, parse_config
 from preflight.model import NotApplicable, Observation, Severity, Status
+from preflight.sources.ethtool import PauseState
 from preflight.sources.netlink import DcbConfig
 
 NODES = Path(__file__).resolve().parent / "fixtures" / "nodes"
@@ -209,10 +211,23 @@ def test_mtu_unknown() -> None:
 
 
 # -- ROCE001 ------------------------------------------------------------------------------------
-def dcb(*readings: tuple[str, tuple[int, ...] | None, tuple[tuple[int, int], ...]], error: str = "") -> RoceDcbFacts:
+def mlx5_pause(name: str, warnings: int = 0, errors: int = 0, timeout_ms: int | None = 8000) -> PauseState:
+    counters = (("rx_prio3_pause", 1841), ("tx_prio3_pause", 312), ("tx_pause_storm_warning_events", warnings), ("tx_pause_storm_error_events", errors))
+    return PauseState(name, counters, timeout_ms)
+
+
+def dcb(
+    *readings: tuple[str, tuple[int, ...] | None, tuple[tuple[int, int], ...]], error: str = "", pause: dict[str, PauseState | str] | None = None
+) -> RoceDcbFacts:
+    """DCB readings; each interface's pause state is a healthy mlx5 one unless ``pause`` gives a
+    state or the reason it could not be read."""
     ports = {"ens1f0np0": ("mlx5_0/1",), "ens2f0np0": ("mlx5_1/1",)}
+    chosen = {name: (pause or {}).get(name, mlx5_pause(name)) for name, _, _ in readings}
     return RoceDcbFacts(tuple(
-        DcbReading(name, ports[name], DcbConfig(name, 8, pfc, dscp_map, 9) if pfc is not None else None, error)
+        DcbReading(
+            name, ports[name], DcbConfig(name, 8, pfc, dscp_map, 9) if pfc is not None else None, error,
+            *((chosen[name], "") if isinstance(chosen[name], PauseState) else (None, str(chosen[name]))),
+        )
         for name, pfc, dscp_map in readings
     ))
 
@@ -257,6 +272,37 @@ def test_pfc_unknown_where_dcb_is_not_exposed() -> None:
     assert observe(roce_pfc_pause_storm(broken_ecn, healthy, job(), Expectations(lossless_priority=3))) == [("ens1f0np0", Status.UNKNOWN, None)]
 
 
+def test_pause_storms_the_nic_recorded_since_the_driver_loaded() -> None:
+    stormy = dcb(
+        ("ens1f0np0", (3,), DSCP_MAP), ("ens2f0np0", (3,), DSCP_MAP),
+        pause={"ens1f0np0": mlx5_pause("ens1f0np0", warnings=17, errors=3), "ens2f0np0": mlx5_pause("ens2f0np0", warnings=2)},
+    )
+    findings = list(roce_pfc_pause_storm(TWO_RAILS, stormy, job(), Expectations(lossless_priority=3)))
+    assert [(f.subject, f.status, f.severity) for f in findings] == [
+        ("ens1f0np0", Status.PRESENT, None), ("ens2f0np0", Status.PRESENT, Severity.WARNING),
+    ]
+    assert findings[0].evidence[0].observed == "tx_pause_storm_error_events 3, tx_pause_storm_warning_events 17"
+    assert findings[0].evidence[0].source == "ethtool -S ens1f0np0 (SIOCETHTOOL)"
+
+
+def test_stall_watchdog_off_matters_only_with_pfc_on() -> None:
+    off = {"ens1f0np0": mlx5_pause("ens1f0np0", timeout_ms=0)}
+    findings = list(roce_pfc_pause_storm(facts(port()), dcb(("ens1f0np0", (3,), DSCP_MAP), pause=off), job(), Expectations()))
+    assert [(f.subject, f.severity, f.evidence[0].observed) for f in findings] == [("ens1f0np0", Severity.WARNING, "0 (stall watchdog off)")]
+    assert observe(roce_pfc_pause_storm(facts(port()), dcb(("ens1f0np0", (), DSCP_MAP), pause=off), job(), Expectations())) == []
+
+
+def test_nics_without_storm_counters_or_watchdog_are_not_judged_on_them() -> None:
+    other_driver = {"ens1f0np0": PauseState("ens1f0np0", (("rx_pause_ctrl_phy", 4),), None)}
+    assert observe(roce_pfc_pause_storm(facts(port()), dcb(("ens1f0np0", (3,), DSCP_MAP), pause=other_driver), job(), Expectations())) == []
+
+
+def test_unreadable_pause_counters_are_unknown_not_absent() -> None:
+    unreadable = {"ens1f0np0": "SIOCETHTOOL ens1f0np0: Operation not permitted"}
+    findings = list(roce_pfc_pause_storm(facts(port()), dcb(("ens1f0np0", (3,), DSCP_MAP), pause=unreadable), job(), Expectations()))
+    assert [(f.subject, f.status, f.reason) for f in findings] == [("ens1f0np0", Status.UNKNOWN, "SIOCETHTOOL ens1f0np0: Operation not permitted")]
+
+
 def test_lossless_priority_in_the_config() -> None:
     assert parse_config("[expect]\nlossless_priority = 3\n", "p.toml", "gpu1").expect.lossless_priority == 3
     with pytest.raises(ConfigError, match="expect.lossless_priority"):
@@ -288,6 +334,21 @@ def test_recorded_roots_end_to_end(run_cli: Runner, tmp_path: Path) -> None:
         ("ROCE001", "present", "critical", "RoCE rails"), ("ROCE001", "present", "critical", "ens1f0np0"),
         ("ROCE001", "present", "critical", "ens2f0np0"), ("ROCE001", "present", "critical", "ens2f0np0"),
         ("ROCE001", "present", "warning", "ens2f0np0"),
+    ]
+
+
+def test_recorded_pause_storm_end_to_end(run_cli: Runner, tmp_path: Path) -> None:
+    root = tmp_path / "node"
+    shutil.copytree(NODES / "roce-v1v2", root, symlinks=True)
+    recording = root / ".preflight/netlink.json"
+    document = json.loads(recording.read_text())
+    document["pause"]["ens2f0np0"]["counters"]["tx_pause_storm_error_events"] = 5
+    recording.write_text(json.dumps(document))
+    assert [f for f in run_roce(run_cli, root) if f[0] == "ROCE001"] == [("ROCE001", "present", "critical", "ens2f0np0")]
+    del document["pause"]
+    recording.write_text(json.dumps(document))
+    assert [f for f in run_roce(run_cli, root) if f[0] == "ROCE001"] == [
+        ("ROCE001", "unknown", "critical", "ens1f0np0"), ("ROCE001", "unknown", "critical", "ens2f0np0"),
     ]
 
 

@@ -13,7 +13,9 @@ Planted misconfigurations (what ``preflight node --root`` finds):
 * proprietary driver and no nvidia-peermem: no GPUDirect RDMA path (GDR001);
 * ``/etc/nccl.conf`` enables GDRCopy, but gdrdrv is not loaded (GDR002);
 * ``/etc/hosts`` maps the host name to 127.0.1.1 before its real address (DNS001);
-* the PCIe switch above GPU 3 and mlx5_3 (0000:5c:00.0) has ACS P2P redirect on (PCI001).
+* the PCIe switch above GPU 3 and mlx5_3 (0000:5c:00.0) has ACS P2P redirect on (PCI001);
+* NCCL 2.21.5 (system package and wheel) retries a failed connect on the same socket (SOCK002,
+  a warning: fixed in 2.24.3).
 
 Healthy on purpose: the peer gpu018 and the nameservers (DNS001), the TCP sockets and the
 ephemeral port range (SOCK001, SOCK005); see ``name_service_and_sockets``.
@@ -84,7 +86,9 @@ def link(root: str, path: str, target: str) -> None:
 def pci_device(root: str, bdf: str, parent: str, vendor: str, device: str, klass: str, numa: int) -> str:
     """A PCI function under /sys/devices with a /sys/bus/pci/devices link; returns its path."""
     path = f"/sys/devices/{parent}/{bdf}"
-    for name, value in (("vendor", vendor), ("device", device), ("class", klass), ("numa_node", str(numa))):
+    # PCIe Gen5 x16 links (H100 SXM, ConnectX-7, the switches); NVSwitches left without them.
+    speed = (("max_link_speed", "32.0 GT/s PCIe"), ("max_link_width", "16")) if klass != "0x068000" else ()
+    for name, value in (("vendor", vendor), ("device", device), ("class", klass), ("numa_node", str(numa)), *speed):
         write(root, f"{path}/{name}", value + "\n")
     link(root, f"/sys/bus/pci/devices/{bdf}", f"../../..{path[len('/sys'):]}")
     return path
@@ -221,7 +225,7 @@ def build(root: str) -> None:
         (6, 11345678, "mlx5_core 0000:1a:00.0: firmware version: 28.39.1002"),
         (6, 15456789, "mlx5_core 0000:1a:00.0 ibp26s0: renamed from ib0"),
     ))))
-    write(root, f"/proc/{FABRIC_MANAGER_PID}/comm", "nv-fabricmanage\n")  # the kernel keeps 15 characters
+    fabric_manager_process(root)
     write(root, "/proc/cmdline", "BOOT_IMAGE=/vmlinuz-5.15.0-105-generic root=/dev/md0 ro quiet\n")
     write(root, "/proc/cpuinfo", "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n"
           "flags\t\t: fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat pse36 clflush dts acpi mmx fxsr sse sse2 ss ht tm pbe syscall nx\n\n")
@@ -276,6 +280,7 @@ def build(root: str) -> None:
             "nvmlDeviceGetBAR1MemoryInfo": nvml_devices["bar1"],
             "nvmlDeviceGetGpuFabricInfo": nvml_devices["fabric"],
             "nvmlDeviceGetRemappedRows": nvml_devices["rows"],
+            **nvlink_and_p2p_answers(len(PAIRS)),
         },
     }
     write(root, "/.preflight/nvml.json", json.dumps(nvml, indent=1) + "\n")
@@ -290,6 +295,10 @@ def build(root: str) -> None:
     dns["answers"].update(NAME_SERVICE_ANSWERS)
     dns["servers"] = {"10.10.0.2": {"rcode": "NOERROR", "elapsed_s": 0.0011}, "10.10.0.3": {"rcode": "NOERROR", "elapsed_s": 0.0014}}
     write(root, "/.preflight/dns.json", json.dumps(dns, indent=1) + "\n")
+    # /dev/shm: the host's tmpfs, half of RAM by default (tmpfs(5)), a few MiB in use.
+    shm_blocks = 1056703794 * 1024 // 4096
+    write(root, "/.preflight/statvfs.json", json.dumps({"format": "preflight-statvfs/1", "mounts": {
+        "/dev/shm": {"f_frsize": 4096, "f_blocks": shm_blocks, "f_bfree": shm_blocks - 1536, "f_bavail": shm_blocks - 1536}}}, indent=1) + "\n")
     name_service_and_sockets(root)
 
 
@@ -334,11 +343,53 @@ def name_service_and_sockets(root: str) -> None:
     sockets = [
         (("0.0.0.0", 22), ("0.0.0.0", 0), 0x0A, 0, 21786),  # sshd
         (("0.0.0.0", 6818), ("0.0.0.0", 0), 0x0A, 0, 24410),  # slurmd
+        (("127.0.0.1", 6666), ("0.0.0.0", 0), 0x0A, 0, 23311),  # nv-fabricmanager's command port
         (("10.10.1.17", 22), ("10.10.0.5", 51544), 0x01, 0, 88122),  # an admin's ssh session
         (("10.10.1.17", 41822), ("10.10.0.1", 6817), 0x06, 0, 0),  # slurmd -> slurmctld, closed
     ]
     write(root, "/proc/net/tcp", "\n".join([TCP_HEADER] + [tcp_line(n, *s) for n, s in enumerate(sockets)]) + "\n")
     write(root, "/proc/net/tcp6", TCP6_HEADER + "\n" + tcp_line(0, ("::", 22), ("::", 0), 0x0A, 0, 21788) + "\n")
+
+
+# -- NVLink, P2P and the fabric manager (NVL003, NVL004, NVL006, PCI004) ------------------------
+# Healthy: every H100 SXM has 18 NVLinks, all active, to the four NVSwitches; the driver reports
+# P2P read, write and NVLink OK between every pair; the fabric manager started with the driver
+# 42 s after boot and listens on its command port.
+NVLINKS_PER_GPU = 18
+NVML_NVLINK_MAX_LINKS = 36
+H100_COMPUTE_CAPABILITY = [9, 0]
+
+
+def nvlink_and_p2p_answers(gpus: int) -> dict[str, dict[str, object]]:
+    """NVML answers as the live source records them: link numbers past the GPU's last link answer
+    INVALID_ARGUMENT; P2P keys are "<gpu>/gpu<peer>/<caps index>" (read 0, write 1, NVLink 2)."""
+    links: dict[str, object] = {}
+    p2p: dict[str, object] = {}
+    capability: dict[str, object] = {}
+    for index in range(gpus):
+        capability[str(index)] = {"result": H100_COMPUTE_CAPABILITY}
+        for link in range(NVML_NVLINK_MAX_LINKS):
+            links[f"{index}/{link}"] = {"result": 1} if link < NVLINKS_PER_GPU else {"error": "NVML_ERROR_INVALID_ARGUMENT"}
+        for peer in range(gpus):
+            if peer != index:
+                for caps in (0, 1, 2):
+                    p2p[f"{index}/gpu{peer}/{caps}"] = {"result": 0}  # NVML_P2P_STATUS_OK
+    return {"nvmlDeviceGetNvLinkState": links, "nvmlDeviceGetP2PStatus": p2p, "nvmlDeviceGetCudaComputeCapability": capability}
+
+
+def proc_stat(pid: int, comm: str, ppid: int, start_ticks: int) -> str:
+    """``/proc/<pid>/stat`` as do_task_stat() prints it; field 22 is the start time in clock
+    ticks after boot."""
+    fields = ["S", ppid, pid, pid, 0, -1, 4194560, 2543, 0, 0, 0, 12, 31, 0, 0, 20, 0, 32, 0, start_ticks,
+              1789771776, 3456, 18446744073709551615, 1, 1, 0, 0, 0, 0, 0, 4096, 16384, 0, 0, 0, 17, 3, 0, 0, 0, 0, 0]
+    return f"{pid} ({comm}) " + " ".join(str(field) for field in fields) + "\n"
+
+
+def fabric_manager_process(root: str) -> None:
+    write(root, "/proc/1/comm", "systemd\n")
+    write(root, "/proc/1/stat", proc_stat(1, "systemd", 0, 12))
+    write(root, f"/proc/{FABRIC_MANAGER_PID}/comm", "nv-fabricmanage\n")  # the kernel keeps 15 characters
+    write(root, f"/proc/{FABRIC_MANAGER_PID}/stat", proc_stat(FABRIC_MANAGER_PID, "nv-fabricmanage", 1, 4215))
 
 
 if __name__ == "__main__":

@@ -36,6 +36,15 @@ does); a pattern applies only to paths *absent* from the tree, since files that 
 were recorded as files. Optional sections ``listdir``, ``stat`` and ``readlink`` map node paths
 (exact, no patterns) to the errno that listing, stat'ing or reading the link of that path failed
 with; ``"/dev/kmsg"`` under ``errors`` fails the kernel log. Live nodes never consult it.
+
+File-system usage (``statvfs(2)``, e.g. of ``/dev/shm``) is no file either. A recorded root keeps
+it in ``<root>/.preflight/statvfs.json``, keyed by mount point, with ``statvfs``'s own fields::
+
+    {"format": "preflight-statvfs/1",
+     "mounts": {"/dev/shm": {"f_frsize": 4096, "f_blocks": 16384, "f_bfree": 16000, "f_bavail": 16000}}}
+
+A path the recording does not list is absent (``None``) when the tree has no such directory, and
+"not recorded" otherwise; an entry may be ``{"error": "EACCES"}`` to replay a failing call.
 """
 
 from __future__ import annotations
@@ -55,6 +64,8 @@ DEFAULT_MAX_BYTES = 4 * 1024 * 1024
 _MAX_SYMLINK_HOPS = 40
 _ABSENT_ERRNOS = frozenset({errno_codes.ENOENT, errno_codes.ENOTDIR})
 DEVICE_RECORDING = "devices.json"
+STATVFS_RECORDING = "statvfs.json"
+_STATVFS_FIELDS = ("f_frsize", "f_blocks", "f_bfree", "f_bavail")
 _DEVICE_TYPES = {
     "char": stat_codes.S_IFCHR, "block": stat_codes.S_IFBLK, "file": stat_codes.S_IFREG,
     "dir": stat_codes.S_IFDIR, "fifo": stat_codes.S_IFIFO, "socket": stat_codes.S_IFSOCK,
@@ -92,6 +103,15 @@ class FileStat:
     uid: int
     gid: int
     size: int
+
+
+@dataclass(frozen=True)
+class FsUsage:
+    """The parts of ``statvfs(2)`` the checks use, in bytes."""
+
+    size: int  # f_blocks * f_frsize
+    free: int  # f_bfree * f_frsize (root may use it all)
+    available: int  # f_bavail * f_frsize (what an unprivileged process may still allocate)
 
 
 class NodeFS:
@@ -269,6 +289,29 @@ class NodeFS:
             raise SourceError(path, describe_os_error(error)) from None
         return FileStat(result.st_mode, result.st_uid, result.st_gid, result.st_size)
 
+    def statvfs(self, path: str) -> FsUsage | None:
+        """Size and free space of the file system holding ``path``; ``None`` when the path does
+        not exist. A recorded root answers from ``.preflight/statvfs.json`` (module docstring)."""
+        host = self._host_path(path)
+        if not self.is_live:
+            recording = self.replay_file(STATVFS_RECORDING)
+            mounts = {} if recording is None else self._remembered("statvfs", recording, 0, lambda: _load_statvfs_recording(recording))
+            if host in mounts:
+                answer = mounts[host]
+                if isinstance(answer, SourceError):
+                    raise SourceError(path, answer.reason)
+                return answer
+            if self.stat(path) is None:
+                return None
+            raise SourceError(path, f"no statvfs answer recorded in .preflight/{STATVFS_RECORDING}")
+        try:
+            result = os.statvfs(host)
+        except OSError as error:
+            if error.errno in _ABSENT_ERRNOS:
+                return None
+            raise SourceError(path, describe_os_error(error)) from None
+        return FsUsage(result.f_blocks * result.f_frsize, result.f_bfree * result.f_frsize, result.f_bavail * result.f_frsize)
+
     def _recorded_devices(self) -> dict[str, FileStat]:
         recording = self.replay_file(DEVICE_RECORDING)
         if recording is None:
@@ -388,6 +431,32 @@ def _load_device_recording(recording: str) -> dict[str, FileStat]:
             )
             for node_path, entry in nodes.items()
         }
+    except OSError as error:
+        raise SourceError(where, describe_os_error(error)) from None
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise SourceError(where, f"malformed recording ({type(error).__name__}: {error})") from None
+
+
+def _load_statvfs_recording(recording: str) -> dict[str, FsUsage | SourceError]:
+    """Parse ``.preflight/statvfs.json``; a broken recording fails every replayed ``statvfs``."""
+    where = f".preflight/{STATVFS_RECORDING}"
+    try:
+        with open(recording, "rb") as handle:
+            data = handle.read(DEFAULT_MAX_BYTES + 1)
+        if len(data) > DEFAULT_MAX_BYTES:
+            raise ValueError(f"larger than {DEFAULT_MAX_BYTES} bytes")
+        mounts: dict[str, FsUsage | SourceError] = {}
+        for mount, entry in json.loads(data)["mounts"].items():
+            host = os.path.normpath(mount)
+            if "error" in entry:
+                code = getattr(errno_codes, str(entry["error"]))
+                mounts[host] = SourceError(host, describe_os_error(OSError(code, os.strerror(code))))
+                continue
+            frsize, blocks, bfree, bavail = (int(entry[name]) for name in _STATVFS_FIELDS)
+            if min(frsize, blocks, bfree, bavail) < 0:
+                raise ValueError(f"{mount}: negative field")
+            mounts[host] = FsUsage(blocks * frsize, bfree * frsize, bavail * frsize)
+        return mounts
     except OSError as error:
         raise SourceError(where, describe_os_error(error)) from None
     except (ValueError, KeyError, TypeError, AttributeError) as error:

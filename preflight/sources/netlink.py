@@ -17,11 +17,16 @@ comes from rtnetlink ``RTM_GETDCB`` with ``DCB_CMD_IEEE_GET`` (``include/uapi/li
 pyroute2's ``nlmsg`` base and :func:`query_dcb` sends it on a plain netlink socket with a
 deadline. The kernel exposes no files for it, so a copied root without a recording cannot answer.
 
+Pause-storm counters and the stall-prevention timeout come from the ethtool ioctl
+(:mod:`preflight.sources.ethtool`); like DCB, the kernel exposes no files for them.
+
 Replay format: ``{"format": "preflight-netlink/1", "links": [Link...], "addresses": [Address...],
-"dcb": {"<ifname>": DcbConfig | {"error": "<reason>", "source": "<where>"}}}`` with the field
-names of the dataclasses below; ``dcb`` is optional, and so is ``source`` (default
-``RTM_GETDCB <ifname>``). A dump that failed is recorded as ``"errors": {"links": {"source": ...,
-"reason": ...}}`` (likewise ``addresses``) and fails the same way on replay.
+"dcb": {"<ifname>": DcbConfig | {"error": "<reason>", "source": "<where>"}},
+"pause": {"<ifname>": {"counters": {"<name>": <value>...}, "prevention_timeout_ms": <int|null>}
+| {"error": "<reason>", "source": "<where>"}}}`` with the field names of the dataclasses below;
+``dcb`` and ``pause`` are optional, and so is ``source`` (default ``RTM_GETDCB <ifname>`` /
+``SIOCETHTOOL <ifname>``). A dump that failed is recorded as ``"errors": {"links": {"source":
+..., "reason": ...}}`` (likewise ``addresses``) and fails the same way on replay.
 
 Route lookups (:meth:`Netlink.route_get`) live in ``preflight.sources.routes``, which documents
 their replay entries (``"routes"`` in the same file) and what the file fallback can answer.
@@ -38,6 +43,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
+from preflight.sources.ethtool import PauseState, query_pause
 from preflight.sources.fs import NodeFS, SourceError
 from preflight.sources.routes import Route, file_route_get, live_route_get, replay_route
 
@@ -98,6 +104,10 @@ class Netlink(Protocol):
         """DCB state of ``ifname``; SourceError when it cannot be read (no DCB support...)."""
         ...
 
+    def pause(self, ifname: str) -> PauseState:
+        """Pause-storm counters of ``ifname``; SourceError when they cannot be read."""
+        ...
+
 
 class LiveNetlink:
     """rtnetlink dumps in the caller's network namespace."""
@@ -153,6 +163,9 @@ class LiveNetlink:
 
     def dcb(self, ifname: str) -> DcbConfig:
         return query_dcb(ifname)
+
+    def pause(self, ifname: str) -> PauseState:
+        return query_pause(ifname)
 
 
 class ReplayNetlink:
@@ -222,17 +235,42 @@ class ReplayNetlink:
         except (KeyError, TypeError, ValueError) as error:
             raise SourceError(source, f"malformed DCB entry: {error!r}") from None
 
+    def pause(self, ifname: str) -> PauseState:
+        source = f"{self._origin} pause {ifname}"
+        recorded = self._checked().get("pause", {})
+        item = recorded.get(ifname) if isinstance(recorded, dict) else None
+        if not isinstance(item, dict):
+            raise SourceError(source, "no pause counters recorded for this interface")
+        if "error" in item:
+            raise SourceError(str(item.get("source", f"SIOCETHTOOL {ifname}")), str(item["error"]))
+        try:
+            counters = item["counters"]
+            timeout = item.get("prevention_timeout_ms")
+            return PauseState(
+                ifname,
+                tuple((str(name), int(value)) for name, value in counters.items()),
+                None if timeout is None else int(timeout),
+            )
+        except (AttributeError, KeyError, TypeError, ValueError) as error:
+            raise SourceError(source, f"malformed pause entry: {error!r}") from None
+
 
 def dump(netlink: Netlink, destinations: Iterable[str] = (), dcb_interfaces: Iterable[str] = ()) -> dict[str, Any]:
     """The replay document for what ``netlink`` answers now (used by recordings and tests), with
     route lookups for ``destinations`` (``"<dst>"`` or ``"<dst> from <src>"``) and DCB state for
     ``dcb_interfaces`` (with the reason where it cannot be read)."""
     dcb: dict[str, Any] = {}
+    pause: dict[str, Any] = {}
     for ifname in dcb_interfaces:
         try:
             dcb[ifname] = asdict(netlink.dcb(ifname))
         except SourceError as error:
             dcb[ifname] = {"error": error.reason}
+        try:
+            state = netlink.pause(ifname)
+            pause[ifname] = {"counters": dict(state.counters), "prevention_timeout_ms": state.prevention_timeout_ms}
+        except SourceError as error:
+            pause[ifname] = {"error": error.reason}
     document: dict[str, Any] = {
         "format": "preflight-netlink/1",
         "links": [asdict(link) for link in netlink.links()],
@@ -250,6 +288,7 @@ def dump(netlink: Netlink, destinations: Iterable[str] = (), dcb_interfaces: Ite
         document["routes"] = routes
     if dcb:
         document["dcb"] = dcb
+        document["pause"] = pause
     return document
 
 
@@ -289,6 +328,12 @@ class FileNetlink:
         raise SourceError(
             f"RTM_GETDCB {ifname}",
             "DCB state is only exposed through netlink; this root has no recording (.preflight/netlink.json)",
+        )
+
+    def pause(self, ifname: str) -> PauseState:
+        raise SourceError(
+            f"SIOCETHTOOL {ifname}",
+            "pause counters are only exposed through the ethtool ioctl; this root has no recording (.preflight/netlink.json)",
         )
 
     def addresses(self) -> list[Address]:

@@ -31,7 +31,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
 from preflight.sources.dns import Dns, DnsAnswer, NameserverCheck
-from preflight.sources.fs import KERNEL_LOG_MAX_BYTES, FileStat, NodeFS, SourceError, describe_os_error
+from preflight.sources.fs import KERNEL_LOG_MAX_BYTES, FileStat, FsUsage, NodeFS, SourceError, describe_os_error
+from preflight.sources.ethtool import PauseState
 from preflight.sources.netlink import Address, DcbConfig, FileNetlink, Link, Netlink
 from preflight.sources.nvml import Argument, Nvml, NvmlError, replay_key
 from preflight.sources.routes import Route, route_key
@@ -43,7 +44,7 @@ _TOO_LARGE = re.compile(r"^larger than (\d+) bytes")
 # NodeFS methods that answer from other recorded methods (read -> read_bytes, exists -> stat) or
 # only locate the replay files the sources open themselves.
 DERIVED_METHODS = frozenset({"read", "exists", "replay_file"})
-RECORDED_METHODS = frozenset({"read_bytes", "listdir", "readlink", "stat", "read_kernel_log"})
+RECORDED_METHODS = frozenset({"read_bytes", "listdir", "readlink", "stat", "statvfs", "read_kernel_log"})
 
 
 def errno_name(reason: str) -> str | None:
@@ -72,6 +73,7 @@ class TreeRecording:
     dirs: set[str] = field(default_factory=set)
     placeholders: set[str] = field(default_factory=set)  # exist (listed, stat'ed) but never read
     stats: dict[str, FileStat] = field(default_factory=dict)  # requested path -> stat answer
+    statvfs: dict[str, dict[str, Any]] = field(default_factory=dict)  # path -> statvfs.json entry
     errors: dict[str, dict[str, str]] = field(default_factory=dict)  # operation -> path -> errno name
     kernel_log: list[str] | None = None  # None: no log (or not asked); written as .preflight/kmsg
     inexact: list[str] = field(default_factory=list)  # answers a recorded root cannot reproduce
@@ -261,6 +263,30 @@ class RecordingFS(NodeFS):
                 self._note_entry(resolved)
         return answer
 
+    def statvfs(self, path: str) -> FsUsage | None:
+        host = os.path.normpath(path)
+        try:
+            usage = super().statvfs(path)
+        except SourceError as error:
+            if error.reason.startswith("no statvfs answer recorded"):
+                # A recorded root without an answer for an existing path: leave it unanswered,
+                # so the replay says the same (the stat before recorded the path itself).
+                raise
+            name = errno_name(error.reason)
+            with self._lock:
+                if name is None or not _replays_exactly(name, error.reason):
+                    self.recording.inexact.append(f"statvfs {path}: {error.reason} (recorded as {name or 'EIO'})")
+                self.recording.statvfs[host] = {"error": name or "EIO"}
+            raise
+        if usage is not None:
+            # In bytes: a fragment size of 1 makes the replay's products exact.
+            with self._lock:
+                self.recording.statvfs[host] = {"f_frsize": 1, "f_blocks": usage.size, "f_bfree": usage.free, "f_bavail": usage.available}
+            resolved = self._trace(path)
+            if resolved is not None:
+                self._note_entry(resolved)
+        return usage
+
     def read_kernel_log(self, max_bytes: int = KERNEL_LOG_MAX_BYTES) -> list[str] | None:
         try:
             records = super().read_kernel_log(max_bytes)
@@ -392,6 +418,9 @@ class RecordingNetlink:
     def dcb(self, ifname: str) -> DcbConfig:
         return self._dump(f"dcb {ifname}", lambda: self.inner.dcb(ifname))
 
+    def pause(self, ifname: str) -> PauseState:
+        return self._dump(f"pause {ifname}", lambda: self.inner.pause(ifname))
+
     def document(self) -> dict[str, Any]:
         answers = dict(self._calls.answers)
         document: dict[str, Any] = {"format": "preflight-netlink/1", "links": [], "addresses": []}
@@ -404,6 +433,7 @@ class RecordingNetlink:
                 document[dump_name] = [asdict(item) for item in answer]
         routes: dict[str, Any] = {}
         dcb: dict[str, Any] = {}
+        pause: dict[str, Any] = {}
         for key, answer in sorted(answers.items()):
             kind, _, name = key.partition(" ")
             if kind == "route":
@@ -418,12 +448,20 @@ class RecordingNetlink:
                     routes[name] = recorded
             elif kind == "dcb":
                 dcb[name] = {"error": answer.reason, "source": answer.source} if isinstance(answer, SourceError) else asdict(answer)
+            elif kind == "pause":
+                pause[name] = (
+                    {"error": answer.reason, "source": answer.source}
+                    if isinstance(answer, SourceError)
+                    else {"counters": dict(answer.counters), "prevention_timeout_ms": answer.prevention_timeout_ms}
+                )
         if errors:
             document["errors"] = errors
         if routes:
             document["routes"] = routes
         if dcb:
             document["dcb"] = dcb
+        if pause:
+            document["pause"] = pause
         return document
 
     def hung(self) -> list[str]:
