@@ -539,7 +539,7 @@ def _map_json(value: Any, text: Callable[[str], str], key: Callable[[str], str])
 
 def _names_in(members: dict[str, Member]) -> list[str]:
     """Host and domain names (and hostlist expressions) the recorded root mentions."""
-    from preflight.tomlcompat import loads
+    from preflight.tomlcompat import parse_toml
 
     def text(path: str) -> str:
         member = members.get(path)
@@ -564,7 +564,7 @@ def _names_in(members: dict[str, Member]) -> list[str]:
         elif path.startswith("etc/slurm/") and path.endswith(".conf"):
             names += [match.group(1) for match in _SLURM_HOSTS.finditer(text(path))]
     try:
-        config = loads(text("etc/preflight/preflight.toml"))
+        config = parse_toml(text("etc/preflight/preflight.toml"))
         names += [str(peer) for peer in config.get("expect", {}).get("peers", [])]
         names += [str(section.get("match", "")) for section in config.get("hosts", [])]
     except (ValueError, AttributeError, TypeError):
