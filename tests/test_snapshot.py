@@ -352,6 +352,18 @@ def test_every_filesystem_question_is_recorded() -> None:
     assert public <= RECORDED_METHODS | DERIVED_METHODS, sorted(public - RECORDED_METHODS - DERIVED_METHODS)
 
 
+def test_every_netlink_nvml_and_dns_question_is_recorded() -> None:
+    """Likewise for the other sources: a question the recorder lacks would fail the run."""
+    from preflight.sources.dns import LiveDns
+    from preflight.sources.netlink import LiveNetlink
+    from preflight.sources.nvml import LiveNvml
+    from preflight.sources.recording import RecordingDns, RecordingNetlink, RecordingNvml
+
+    for live, recording in ((LiveNetlink, RecordingNetlink), (LiveDns, RecordingDns), (LiveNvml, RecordingNvml)):
+        questions = {name for name in dir(live) if not name.startswith("_") and callable(getattr(live, name))}
+        assert questions <= set(dir(recording)), (recording.__name__, sorted(questions - set(dir(recording))))
+
+
 def test_unrecorded_questions_are_named_in_the_manifest(tmp_path: Path) -> None:
     class NewView(RecordingFS):
         pass
