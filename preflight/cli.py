@@ -74,6 +74,39 @@ def node(
 
 
 @app.command()
+def snapshot(
+    output: str = typer.Argument(..., metavar="OUT.tar.gz", help="Where to write the snapshot."),
+    root: str = typer.Option("/", "--root", help="Record this recorded root (directory or snapshot) instead of the live node."),
+    config: Optional[str] = typer.Option(None, "--config", help="Site config; it is stored in the snapshot as the node's own."),
+    profile: Optional[str] = typer.Option(None, "--profile", help="prolog or full (default: full, which reads everything prolog does)."),
+    scrub: List[str] = typer.Option([], "--scrub", help="Replace identifiers: hostnames,addresses,guids,macs,serials or all."),
+    scrub_key: Optional[str] = typer.Option(
+        None, "--scrub-key", envvar="PREFLIGHT_SCRUB_KEY", show_envvar=False,
+        help="Secret key of the scrub mapping; the same key maps the same value to the same placeholder on every node "
+        "(default: a random key, consistent within this snapshot only). Also read from $PREFLIGHT_SCRUB_KEY.",
+    ),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="Deadline for the recording run, seconds (default 10)."),
+) -> None:
+    """Record what the checks read on this node into OUT.tar.gz, to replay with
+    `preflight node --root OUT.tar.gz` anywhere (bug reports, test fixtures).
+
+    Exit codes: 0 written, 3 nothing written (bad arguments, unreadable root, unwritable OUT).
+    """
+    from preflight.snapshot import SnapshotArgs, run_snapshot
+
+    args = SnapshotArgs(
+        output=output,
+        root=root,
+        config=config,
+        profile=profile,
+        scrub=split_tokens(scrub),
+        scrub_key=scrub_key,
+        timeout=timeout,
+    )
+    raise typer.Exit(run_snapshot(args))
+
+
+@app.command()
 def explain(
     inputs: List[str] = typer.Argument(None, metavar="[FILE|DIR|-]...", help="Log files, .gz files, directories of per-rank logs, or - for stdin (the default)."),
     output_format: str = typer.Option("text", "--format", help="text or json."),
