@@ -1,5 +1,5 @@
-"""Fleet reports for people (table) and machines (JSON, schema ``preflight-fleet/1`` in
-``preflight/schemas/fleet-v1.schema.json``).
+"""Fleet reports for people (table; Markdown and HTML in :mod:`preflight.fleet.pages`) and
+machines (JSON, schema ``preflight-fleet/1`` in ``preflight/schemas/fleet-v1.schema.json``).
 
 Everything shown comes from untrusted reports: the table escapes characters a terminal would
 act on (escape sequences, carriage returns) and shortens long cells; JSON escapes them itself.
@@ -221,4 +221,11 @@ def render_table(fleet: Fleet) -> str:
 
 
 def render(fleet: Fleet, output_format: str) -> str:
-    return render_json(fleet) if output_format == "json" else render_table(fleet)
+    """``output_format``: table, json, markdown or html."""
+    if output_format == "json":
+        return render_json(fleet)
+    if output_format in ("markdown", "html"):
+        from preflight.fleet.pages import render_html, render_markdown
+
+        return render_markdown(fleet) if output_format == "markdown" else render_html(fleet)
+    return render_table(fleet)
