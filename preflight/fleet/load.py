@@ -182,7 +182,7 @@ def _finding(item: Any, where: str) -> NodeFinding | str:
     if not isinstance(item, dict):
         raise ReportError(f"{where}: expected an object")
     status = item.get("status")
-    if status not in _STATUSES:
+    if not isinstance(status, str) or status not in _STATUSES:  # a list is not even hashable
         raise ReportError(f"{where}.status: {_shown(status)} is not one of {', '.join(sorted(_STATUSES))}")
     ref_id = item.get("id")
     if not isinstance(ref_id, str) or not REFERENCE_ID.match(ref_id):
@@ -190,7 +190,7 @@ def _finding(item: Any, where: str) -> NodeFinding | str:
     if status not in _KEPT:
         return str(status)
     severity = item.get("severity")
-    if severity not in _SEVERITIES:
+    if not isinstance(severity, str) or severity not in _SEVERITIES:
         raise ReportError(f"{where}.severity: {_shown(severity)} is not one of {', '.join(sorted(_SEVERITIES))}")
     symbol = item.get("symbol")
     if not isinstance(symbol, str) or not SYMBOL.match(symbol):
@@ -272,6 +272,8 @@ def _findings(findings_in: list[Any]) -> tuple[dict[str, int], tuple[NodeFinding
     for number, item in enumerate(findings_in):
         key: tuple[Any, ...] | None = None
         status = item.get("status") if type(item) is dict else None
+        if type(status) is not str:
+            status = None  # the slow path says what is wrong
         if status in _COUNTED_ONLY and type(ref_id := item.get("id")) is str and ref_id in _valid_ids:
             counts[status] += 1
             continue
