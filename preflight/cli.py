@@ -287,7 +287,7 @@ def render_reference(reference: Reference) -> str:
 @app.command()
 def fleet(
     inputs: List[str] = typer.Argument(None, metavar="REPORT...|DIR", help="`preflight node --format json` reports, or directories of *.json reports."),
-    output_format: str = typer.Option("table", "--format", help="table or json (schema preflight-fleet/1)."),
+    output_format: str = typer.Option("table", "--format", help="table, json (schema preflight-fleet/1), markdown or html (one static page)."),
     output: Optional[str] = typer.Option(None, "--output", help="Write the fleet report to FILE (replaced whole) instead of stdout."),
     ignore_fact: List[str] = typer.Option([], "--ignore-fact", help="Do not compare this fact (its key, as in the JSON), comma-separated."),
 ) -> None:

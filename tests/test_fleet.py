@@ -343,7 +343,7 @@ def test_cli_usage_errors_exit_three(run_cli: Runner, tmp_path: Path) -> None:
     result = run_cli("fleet", str(empty))
     assert result.returncode == ExitCode.NO_VERDICT and "no usable node report" in result.stderr
     (empty / "a.json").write_text(json.dumps(report("a")))
-    assert run_cli("fleet", "--format", "html", str(empty)).returncode == ExitCode.NO_VERDICT
+    assert run_cli("fleet", "--format", "pdf", str(empty)).returncode == ExitCode.NO_VERDICT
     result = run_cli("fleet", "--output", str(tmp_path / "no" / "such" / "dir" / "f.txt"), str(empty))
     assert result.returncode == ExitCode.NO_VERDICT and "--output" in result.stderr
 
