@@ -8,12 +8,9 @@ unsafe stack limit for NVL002, a non-blocking or split-sharing job for NCCL018, 
 NCCL013 (as NCCL012 does). Copies whose release the node does not name are ``unknown`` where the
 rest of the conditions hold.
 
-Sources beyond the other probes (``nvlink_cliques``, ``nccl_platform``):
-
-* NVML ``nvmlDeviceGetGpuFabricInfo`` per GPU: ``state`` (3 = completed), ``clusterUuid`` (16
-  bytes; all zero when the GPU is in no multi-node fabric; the replay format lists integers),
-  ``cliqueId``. NCCL enables MNNVL when every rank's fabric state is completed and the cluster
-  UUIDs are non-zero and equal (``src/mnnvl.cc``).
+The multi-node NVLink fabric comes from the ``fabric`` probe (NVML ``nvmlDeviceGetGpuFabricInfo``:
+NCCL enables MNNVL when every rank's fabric state is completed and the cluster UUIDs are non-zero
+and equal, ``src/mnnvl.cc``). Sources beyond the other probes (``nccl_platform``):
 * ``/proc/self/limits`` ``Max stack size``: glibc sizes new threads' stacks from RLIMIT_STACK, but
   uses 2 MiB when it is unlimited. A Slurm prolog inherits slurmd's limits (Slurm's unit file sets
   ``LimitSTACK=infinity``); the job gets the submitting shell's stack limit unless ``slurm.conf``
@@ -45,6 +42,7 @@ from preflight.checks._nccl_releases import (
     require_nccl,
 )
 from preflight.checks.frameworks import FrameworkFacts, parse_version
+from preflight.checks.fabric import FabricFacts
 from preflight.checks.job import JobFacts, Setting, parse_environ
 from preflight.checks.nccl_ib import nccl_selection
 from preflight.checks.nccl_libs import NcclLibFacts
@@ -53,7 +51,6 @@ from preflight.model import Evidence, NotApplicable, Observation, Severity, Unkn
 from preflight.probing import FactReader
 from preflight.registry import check, probe
 from preflight.sources import NodeFS, SourceError
-from preflight.sources.nvml import Nvml, NvmlError
 from preflight.units import UNLIMITED, format_size
 
 FABRIC_COMPLETED = 3
@@ -63,27 +60,6 @@ _NVIDIA, _GPU_CLASSES, _NVSWITCH_CLASS = "0x10de", ("0x0300", "0x0302"), "0x0680
 _SLURM_CONF_PATHS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf")
 # Scripts slurmd runs itself carry slurmd's limits, not the job's (Slurm's prolog/epilog guide).
 _SLURMD_SCRIPT_CONTEXTS = frozenset({"prolog_slurmd", "epilog_slurmd"})
-
-
-@dataclass(frozen=True)
-class GpuClique:
-    index: int
-    state: int | None  # nvmlDeviceGetGpuFabricInfo state
-    in_cluster: bool | None  # clusterUuid non-zero; None when unanswered
-    clique_id: int | None
-    error: str  # NVML error code, "" when it answered
-
-
-@dataclass(frozen=True)
-class NvlinkCliqueFacts:
-    """Each GPU's place in a multi-node NVLink fabric (NVML)."""
-
-    gpus: tuple[GpuClique, ...]
-    nvml_error: str  # nvmlDeviceGetCount's error, "" when it answered
-
-    @property
-    def mnnvl_gpus(self) -> tuple[GpuClique, ...]:
-        return tuple(gpu for gpu in self.gpus if gpu.state == FABRIC_COMPLETED and gpu.in_cluster)
 
 
 @dataclass(frozen=True)
@@ -127,41 +103,6 @@ def parse_stack_propagation(text: str) -> tuple[bool, str]:
         names = {item.strip().upper() for item in value.split(",")}
         return bool(names & {"STACK", "ALL"}), line
     return True, "(neither PropagateResourceLimits nor PropagateResourceLimitsExcept set: ALL)"
-
-
-def cluster_uuid_set(value: object) -> bool | None:
-    """A fabric info ``clusterUuid``: a list of byte values (replay) or ctypes bytes as text (live,
-    cut at the first NUL); zero means no multi-node fabric."""
-    if isinstance(value, list):
-        return any(isinstance(byte, int) and byte != 0 for byte in value)
-    if isinstance(value, str):
-        return value.strip("\0") != ""
-    return None
-
-
-@probe("nvlink_cliques", gather_in=("full",))
-def probe_nvlink_cliques(nvml: Nvml) -> NvlinkCliqueFacts:
-    """Fabric state, cluster UUID and clique of every GPU."""
-    try:
-        count = nvml.call("nvmlDeviceGetCount")
-    except NvmlError as error:
-        return NvlinkCliqueFacts((), error.code)
-    if not isinstance(count, int) or count < 0:
-        return NvlinkCliqueFacts((), "NVML_UNEXPECTED_ANSWER")  # a damaged recording, not "no GPUs"
-    gpus = []
-    for index in range(count):
-        try:
-            info = nvml.call("nvmlDeviceGetGpuFabricInfo", index)
-        except NvmlError as error:
-            gpus.append(GpuClique(index, None, None, None, error.code))
-            continue
-        info = info if isinstance(info, dict) else {}
-        state, clique = info.get("state"), info.get("cliqueId")
-        gpus.append(GpuClique(
-            index, state if isinstance(state, int) else None, cluster_uuid_set(info.get("clusterUuid")),
-            clique if isinstance(clique, int) else None, "",
-        ))
-    return NvlinkCliqueFacts(tuple(gpus), "")
 
 
 def _nvidia_functions(fs: NodeFS, reader: FactReader) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
@@ -341,7 +282,7 @@ def _job_stack(platform: NcclPlatformFacts, job: JobFacts) -> tuple[int | None, 
 
 @check("NVL002", profiles=("full",))
 def mnnvl_init_stack_overrun(
-    nccl_libs: NcclLibFacts, nvlink_cliques: NvlinkCliqueFacts, nccl_platform: NcclPlatformFacts, job: JobFacts
+    nccl_libs: NcclLibFacts, fabric: FabricFacts, nccl_platform: NcclPlatformFacts, job: JobFacts
 ) -> Iterator[Observation]:
     """NCCL before 2.28.3 on a multi-node NVLink GPU with a stack limit that is unlimited (glibc
     then gives threads 2 MiB) or below 8 MiB."""
@@ -351,12 +292,12 @@ def mnnvl_init_stack_overrun(
     carrying, unnamed = affected(nccl_libs, MNNVL_STACK)
     if not carrying and not unnamed:
         return  # every copy is 2.28.3 or newer (or older than MNNVL), whatever the fabric
-    if nvlink_cliques.nvml_error:
-        raise Unknown(f"NVML unavailable ({nvlink_cliques.nvml_error}); the NVLink fabric cannot be read")
-    unanswered = [gpu for gpu in nvlink_cliques.gpus if gpu.error]
-    cliques = nvlink_cliques.mnnvl_gpus
+    if fabric.nvml_error:
+        raise Unknown(f"NVML unavailable ({fabric.nvml_error}); the NVLink fabric cannot be read")
+    unanswered = [gpu for gpu in fabric.gpus if gpu.error]
+    cliques = [gpu for gpu in fabric.gpus if gpu.state == FABRIC_COMPLETED and gpu.cluster_uuid is not None]
     if not cliques:
-        if unanswered and len(unanswered) == len(nvlink_cliques.gpus) and unanswered[0].error not in ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND"):
+        if unanswered and len(unanswered) == len(fabric.gpus) and unanswered[0].error not in ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND"):
             raise Unknown(f"nvmlDeviceGetGpuFabricInfo: {unanswered[0].error}")
         raise NotApplicable("no GPU in a multi-node NVLink fabric (fabric state completed with a cluster UUID)")
     if _switched_off(job, "NCCL_MNNVL_ENABLE"):

@@ -74,6 +74,39 @@ def node(
 
 
 @app.command()
+def snapshot(
+    output: str = typer.Argument(..., metavar="OUT.tar.gz", help="Where to write the snapshot."),
+    root: str = typer.Option("/", "--root", help="Record this recorded root (directory or snapshot) instead of the live node."),
+    config: Optional[str] = typer.Option(None, "--config", help="Site config; it is stored in the snapshot as the node's own."),
+    profile: Optional[str] = typer.Option(None, "--profile", help="prolog or full (default: full, which reads everything prolog does)."),
+    scrub: List[str] = typer.Option([], "--scrub", help="Replace identifiers: hostnames,addresses,guids,macs,serials or all."),
+    scrub_key: Optional[str] = typer.Option(
+        None, "--scrub-key", envvar="PREFLIGHT_SCRUB_KEY", show_envvar=False,
+        help="Secret key of the scrub mapping; the same key maps the same value to the same placeholder on every node "
+        "(default: a random key, consistent within this snapshot only). Also read from $PREFLIGHT_SCRUB_KEY.",
+    ),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="Deadline for the recording run, seconds (default 10)."),
+) -> None:
+    """Record what the checks read on this node into OUT.tar.gz, to replay with
+    `preflight node --root OUT.tar.gz` anywhere (bug reports, test fixtures).
+
+    Exit codes: 0 written, 3 nothing written (bad arguments, unreadable root, unwritable OUT).
+    """
+    from preflight.snapshot import SnapshotArgs, run_snapshot
+
+    args = SnapshotArgs(
+        output=output,
+        root=root,
+        config=config,
+        profile=profile,
+        scrub=split_tokens(scrub),
+        scrub_key=scrub_key,
+        timeout=timeout,
+    )
+    raise typer.Exit(run_snapshot(args))
+
+
+@app.command()
 def explain(
     inputs: List[str] = typer.Argument(None, metavar="[FILE|DIR|-]...", help="Log files, .gz files, directories of per-rank logs, or - for stdin (the default)."),
     output_format: str = typer.Option("text", "--format", help="text or json."),
@@ -254,7 +287,7 @@ def render_reference(reference: Reference) -> str:
 @app.command()
 def fleet(
     inputs: List[str] = typer.Argument(None, metavar="REPORT...|DIR", help="`preflight node --format json` reports, or directories of *.json reports."),
-    output_format: str = typer.Option("table", "--format", help="table or json (schema preflight-fleet/1)."),
+    output_format: str = typer.Option("table", "--format", help="table, json (schema preflight-fleet/1), markdown or html (one static page)."),
     output: Optional[str] = typer.Option(None, "--output", help="Write the fleet report to FILE (replaced whole) instead of stdout."),
     ignore_fact: List[str] = typer.Option([], "--ignore-fact", help="Do not compare this fact (its key, as in the JSON), comma-separated."),
 ) -> None:
@@ -268,3 +301,83 @@ def fleet(
     from preflight.fleet import run_fleet
 
     raise typer.Exit(run_fleet(list(inputs or []), output_format, output, split_tokens(ignore_fact)))
+
+
+# ---- preflight slurm -----------------------------------------------------------------------
+# prolog, epilog and healthcheck usually start through the launcher's fast path (no typer import);
+# these commands serve --help, errors and `slurm config`. A test keeps the option sets equal.
+
+slurm_app = typer.Typer(help="Run under Slurm: prolog, epilog, health check; print slurm.conf lines.", no_args_is_help=True)
+app.add_typer(slurm_app, name="slurm")
+_SLURM_EXIT_CODES = (
+    "Exit codes: 0 the job may run (also when preflight itself could not decide); 2 findings at or above "
+    "the configured drain_severity are present: the node is drained (reason printed, sent to syslog, set "
+    "with one bounded scontrol call) and Slurm requeues the job."
+)
+
+
+def _run_slurm_mode(mode: str, root: str, config: Optional[str], timeout: Optional[float], checks_dir: List[str]) -> None:
+    from preflight.slurm import SlurmArgs, run_slurm
+
+    finish(run_slurm(SlurmArgs(mode=mode, root=root, config=config, timeout=timeout, checks_dirs=tuple(checks_dir))))
+
+
+_ROOT_OPTION = typer.Option("/", "--root", help="Treat this directory (a recorded node) as /.")
+_CONFIG_OPTION = typer.Option(None, "--config", help="Site config (default: /etc/preflight/preflight.toml on the node).")
+_TIMEOUT_OPTION = typer.Option(None, "--timeout", help="Budget for the whole run, scontrol included (default: the config's slurm timeout).")
+_CHECKS_DIR_OPTION = typer.Option([], "--checks-dir", help="Also load check modules from this directory.")
+
+
+@slurm_app.command("prolog", help=f"Slurm Prolog: the prolog profile, scoped to the job (SLURM_JOB_GPUS).\n\n{_SLURM_EXIT_CODES}")
+def slurm_prolog(
+    root: str = _ROOT_OPTION, config: Optional[str] = _CONFIG_OPTION,
+    timeout: Optional[float] = _TIMEOUT_OPTION, checks_dir: List[str] = _CHECKS_DIR_OPTION,
+) -> None:
+    _run_slurm_mode("prolog", root, config, timeout, checks_dir)
+
+
+@slurm_app.command("epilog", help=f"Slurm Epilog: the configured epilog_profile (default prolog), scoped to the job.\n\n{_SLURM_EXIT_CODES}")
+def slurm_epilog(
+    root: str = _ROOT_OPTION, config: Optional[str] = _CONFIG_OPTION,
+    timeout: Optional[float] = _TIMEOUT_OPTION, checks_dir: List[str] = _CHECKS_DIR_OPTION,
+) -> None:
+    _run_slurm_mode("epilog", root, config, timeout, checks_dir)
+
+
+@slurm_app.command("healthcheck")
+def slurm_healthcheck(
+    root: str = _ROOT_OPTION, config: Optional[str] = _CONFIG_OPTION,
+    timeout: Optional[float] = _TIMEOUT_OPTION, checks_dir: List[str] = _CHECKS_DIR_OPTION,
+) -> None:
+    """HealthCheckProgram or cron: the full profile; drains the node with a "preflight:" reason, resumes a node it drained once clean, never touches a reason someone else set.
+
+    Exit codes: 0 nothing drains the node, 2 it has findings that drain it, 3 no verdict.
+    """
+    _run_slurm_mode("healthcheck", root, config, timeout, checks_dir)
+
+
+@slurm_app.command("config")
+def slurm_config(
+    config: Optional[str] = typer.Option(None, "--config", help="Site config whose [slurm] timeouts to use; passed on to the wrappers."),
+    wrapper_dir: str = typer.Option("/etc/slurm", "--wrapper-dir", help="Where the wrapper scripts will be installed."),
+    interval: int = typer.Option(300, "--interval", min=1, help="HealthCheckInterval, seconds."),
+) -> None:
+    """Print the slurm.conf lines (Prolog, Epilog, PrologFlags, PrologEpilogTimeout, HealthCheckProgram, HealthCheckInterval) and the wrapper scripts they name."""
+    import os
+
+    from preflight.commands import load_host_config
+    from preflight.config import ConfigError, SlurmSettings
+    from preflight.slurm import preflight_program, slurm_conf_lines
+    from preflight.sources import NodeFS
+
+    settings = SlurmSettings()
+    if config is not None:
+        try:
+            settings = load_host_config(NodeFS("/"), config, "").slurm
+        except ConfigError as error:
+            _fail(str(error))
+            return
+        config = os.path.abspath(config)
+    if not wrapper_dir.startswith("/"):
+        _fail("--wrapper-dir must be an absolute path")
+    typer.echo(slurm_conf_lines(settings, preflight_program(), wrapper_dir.rstrip("/") or "/", config, interval), nl=False)

@@ -10,14 +10,15 @@ import math
 import os
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from preflight.catalogue import CatalogueError, load_all
 from preflight.config import DEFAULT_CONFIG_PATH, ConfigError, HostConfig, parse_config
-from preflight.engine import RunOptions, run, selects
+from preflight.engine import Report, RunOptions, run, selects
 from preflight.exitcodes import ExitCode, exit_code
 from preflight.registry import PROFILES, RegistrationError
 from preflight.sources import NodeFS, RootError, SourceError, Sources, open_root
+from preflight.sources.archive import ArchiveError, opened_root
 
 OUTPUT_FORMATS = ("table", "json", "prometheus", "junit")
 
@@ -83,8 +84,8 @@ def _check_tokens(select: tuple[str, ...], ignore: tuple[str, ...]) -> None:
 
 
 def run_node(args: NodeArgs) -> int:
-    """``preflight node``: print the report, return the exit code. Never raises."""
-    from preflight.discovery import build_registry
+    """``preflight node``: print the report, return the exit code. Never raises. ``--root`` may
+    name a snapshot archive, replayed from a private temporary copy removed afterwards."""
     from preflight.reporters import render
 
     try:
@@ -94,28 +95,38 @@ def run_node(args: NodeArgs) -> int:
             raise UsageProblem(f"--profile {args.profile!r}: choose one of {', '.join(PROFILES)}")
         if args.timeout is not None and not 0 < args.timeout < math.inf:
             raise UsageProblem("--timeout must be a positive number of seconds")
-        fs = open_root(args.root)
-        hostname = _hostname(fs)
-        config = load_host_config(fs, args.config, hostname)
-        sources = Sources.for_fs(fs, config.dns)
-        profile = args.profile or config.profile
-        registry = build_registry((*config.checks_dirs, *args.checks_dirs), profile=profile)
-        _check_tokens(args.select, args.ignore)
-        timeout = args.timeout if args.timeout is not None else config.timeout_s
-        options = RunOptions(
-            profile=profile,
-            select=args.select,
-            ignore=args.ignore,
-            timeout_s=timeout,
-            probe_timeout_s=min(config.probe_timeout_s, timeout),
-        )
-        report = run(registry, sources, config, options, hostname)
-        output = render(report, args.output_format, args.show_all)
-    except (UsageProblem, RootError, ConfigError, RegistrationError, CatalogueError) as error:
+        with opened_root(args.root) as (directory, label):
+            report, unknown_policy = _judge(args, directory)
+            if label != directory:
+                report = replace(report, root=label)  # the archive, not its temporary copy
+            output = render(report, args.output_format, args.show_all)
+    except (UsageProblem, RootError, ConfigError, RegistrationError, CatalogueError, ArchiveError) as error:
         print(f"preflight: error: {error}", file=sys.stderr)
         return ExitCode.NO_VERDICT
     sys.stdout.write(output)
-    return exit_code(report.findings, config.unknown_policy)
+    return exit_code(report.findings, unknown_policy)
+
+
+def _judge(args: NodeArgs, root: str) -> tuple[Report, str]:
+    """One engine run on the directory ``root``; the report and the site's unknown policy."""
+    from preflight.discovery import build_registry
+
+    fs = open_root(root)
+    hostname = _hostname(fs)
+    config = load_host_config(fs, args.config, hostname)
+    sources = Sources.for_fs(fs, config.dns)
+    profile = args.profile or config.profile
+    registry = build_registry((*config.checks_dirs, *args.checks_dirs), profile=profile)
+    _check_tokens(args.select, args.ignore)
+    timeout = args.timeout if args.timeout is not None else config.timeout_s
+    options = RunOptions(
+        profile=profile,
+        select=args.select,
+        ignore=args.ignore,
+        timeout_s=timeout,
+        probe_timeout_s=min(config.probe_timeout_s, timeout),
+    )
+    return run(registry, sources, config, options, hostname), config.unknown_policy
 
 
 def finish(code: int) -> None:

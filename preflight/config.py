@@ -32,6 +32,23 @@
     port = 53
     lifetime = 2.0
 
+    [slurm]                 # `preflight slurm prolog|epilog|healthcheck` (README: Slurm)
+    timeout = 8.0           # prolog/epilog budget, scontrol included; below PrologEpilogTimeout
+    healthcheck_timeout = 50.0  # HealthCheckProgram budget; Slurm kills it at 60 s
+    scontrol_timeout = 3.0  # one scontrol call; never retried
+    drain_severity = "error"    # present findings at or above this drain the node
+    fail_closed = false     # true: unknown findings at or above drain_severity drain too
+    drain = true            # false: exit code only, never call scontrol
+    scontrol = "scontrol"   # program name (PATH, then /usr/bin, /usr/sbin...) or absolute path
+    node_name = ""          # Slurm's name for this node; default $SLURMD_NODENAME, then hostname -s
+    opt_out = "preflight=off"   # item in a job's extra/comment that skips checks ("" = no opt-out)
+    opt_out_variables = ["SLURM_JOB_EXTRA", "SLURM_JOB_COMMENT"]
+    cpu_job_ignore = ["GPU", "GDR", "NVL", "IB", "ROCE", "EFA", "PCI", "TOPO", "MEM", "NCCL"]
+    epilog_profile = "prolog"
+    last_result = "/var/lib/preflight/slurm-{mode}.json"  # {mode}: prolog, epilog, healthcheck
+    syslog = true
+    syslog_socket = "/dev/log"
+
     [[hosts]]               # later sections override earlier ones for matching hosts
     match = "gpu[001-064]"  # Slurm hostlist, globs, comma-separated
     expect = { gpu_count = 4 }
@@ -81,6 +98,31 @@ class Expectations:
     nvlinks_per_gpu: int | None = None
 
 
+#: References that only matter to jobs with GPUs or RDMA: a CPU-only job's prolog skips them.
+CPU_JOB_IGNORE = ("GPU", "GDR", "NVL", "IB", "ROCE", "EFA", "PCI", "TOPO", "MEM", "NCCL")
+
+
+@dataclass(frozen=True)
+class SlurmSettings:
+    """How ``preflight slurm ...`` runs under Slurm (``[slurm]``); see README, "Slurm"."""
+
+    timeout_s: float = 8.0  # prolog/epilog: everything, the scontrol call included
+    healthcheck_timeout_s: float = 50.0  # HealthCheckProgram is killed by slurmd after 60 s
+    scontrol_timeout_s: float = 3.0
+    drain_severity: Severity = Severity.ERROR
+    fail_closed: bool = False  # unknown never drains unless the site asks for it
+    drain: bool = True
+    scontrol: str = "scontrol"
+    node_name: str = ""
+    opt_out: str = "preflight=off"
+    opt_out_variables: tuple[str, ...] = ("SLURM_JOB_EXTRA", "SLURM_JOB_COMMENT")
+    cpu_job_ignore: tuple[str, ...] = CPU_JOB_IGNORE
+    epilog_profile: str = "prolog"
+    last_result: str = "/var/lib/preflight/slurm-{mode}.json"
+    syslog: bool = True
+    syslog_socket: str = "/dev/log"
+
+
 @dataclass(frozen=True)
 class HostConfig:
     """The configuration that applies to one host after host sections are merged."""
@@ -94,6 +136,7 @@ class HostConfig:
     unknown_policy: str = "ignore"
     checks_dirs: tuple[str, ...] = ()
     dns: DnsSettings = field(default_factory=DnsSettings)
+    slurm: SlurmSettings = field(default_factory=SlurmSettings)
     origin: str = ""  # the file this came from, "" for built-in defaults
 
 
@@ -120,6 +163,60 @@ def _string_list(value: Any) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
         raise ValueError("must be a list of strings")
     return tuple(value)
+
+
+def _boolean(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError("must be true or false")
+    return value
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError("must be a string")
+    return value
+
+
+def _absolute_path(value: Any) -> str:
+    if not isinstance(value, str) or not value.startswith("/") or "\0" in value:
+        raise ValueError("must be an absolute path")
+    return value
+
+
+def _program(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip() or "\0" in value or (("/" in value) and not value.startswith("/")):
+        raise ValueError("must be a program name or an absolute path")
+    return value
+
+
+def _severity(value: Any) -> Severity:
+    try:
+        return Severity(value)
+    except ValueError:
+        raise ValueError(f"must be one of {[s.value for s in Severity]}") from None
+
+
+def _node_name(value: Any) -> str:
+    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9._-]*", value):
+        raise ValueError("must be a Slurm node name (letters, digits, '.', '_', '-')")
+    return value
+
+
+def _variable_names(value: Any) -> tuple[str, ...]:
+    names = _string_list(value)
+    for name in names:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise ValueError(f"{name!r} is not an environment variable name")
+    return names
+
+
+def _last_result(value: Any) -> str:
+    path = _absolute_path(value)
+    try:
+        path.format(mode="prolog")
+    except (KeyError, IndexError, ValueError):
+        raise ValueError("may contain no placeholder other than {mode}") from None
+    return path
 
 
 def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
@@ -181,7 +278,25 @@ _DNS_KEYS: dict[str, Callable[[Any], Any]] = {
     "port": _port,
     "lifetime": _positive_float,
 }
-_TOP_KEYS = ("run", "policy", "expect", "severity", "disable", "dns", "hosts")
+# [slurm] key -> (SlurmSettings field, parser)
+_SLURM_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "timeout": ("timeout_s", _positive_float),
+    "healthcheck_timeout": ("healthcheck_timeout_s", _positive_float),
+    "scontrol_timeout": ("scontrol_timeout_s", _positive_float),
+    "drain_severity": ("drain_severity", _severity),
+    "fail_closed": ("fail_closed", _boolean),
+    "drain": ("drain", _boolean),
+    "scontrol": ("scontrol", _program),
+    "node_name": ("node_name", _node_name),
+    "opt_out": ("opt_out", _text),
+    "opt_out_variables": ("opt_out_variables", _variable_names),
+    "cpu_job_ignore": ("cpu_job_ignore", lambda value: () if value == [] else _string_list(value)),
+    "epilog_profile": ("epilog_profile", _choice(("prolog", "full"))),
+    "last_result": ("last_result", _last_result),
+    "syslog": ("syslog", _boolean),
+    "syslog_socket": ("syslog_socket", _absolute_path),
+}
+_TOP_KEYS = ("run", "policy", "expect", "severity", "disable", "dns", "slurm", "hosts")
 _HOST_KEYS = ("match", "expect", "severity", "disable")
 
 
@@ -270,6 +385,7 @@ def parse_config(text: str, path: str, hostname: str) -> HostConfig:
     config = replace(config, unknown_policy=policy.get("unknown", config.unknown_policy))
     dns = reader.values(reader.table(document.get("dns", {}), "dns"), _DNS_KEYS, "dns.")
     config = replace(config, dns=replace(config.dns, **dns))
+    config = replace(config, slurm=_slurm_settings(reader, document.get("slurm", {})))
     config = _apply_section(config, reader, document, "")
 
     hosts = document.get("hosts", [])
@@ -303,3 +419,16 @@ def _apply_section(config: HostConfig, reader: _Reader, section: dict[str, Any],
     if "disable" in section:
         config = replace(config, disabled=config.disabled | reader.disabled(section["disable"], f"{prefix}disable"))
     return config
+
+
+def _slurm_settings(reader: _Reader, table: Any) -> SlurmSettings:
+    parsers = {key: parser for key, (_, parser) in _SLURM_KEYS.items()}
+    values = reader.values(reader.table(table, "slurm"), parsers, "slurm.")
+    settings = replace(SlurmSettings(), **{_SLURM_KEYS[key][0]: value for key, value in values.items()})
+    # The drain call must fit inside the budget it is part of, with time left for the checks.
+    for key, budget in (("timeout", settings.timeout_s), ("healthcheck_timeout", settings.healthcheck_timeout_s)):
+        if settings.scontrol_timeout_s * 2 >= budget:
+            raise reader.fail(f"slurm.{key}", f"{budget:g} must be more than twice slurm.scontrol_timeout ({settings.scontrol_timeout_s:g})")
+    if settings.healthcheck_timeout_s >= 60:
+        raise reader.fail("slurm.healthcheck_timeout", f"{settings.healthcheck_timeout_s:g} must be below 60 (slurmd kills HealthCheckProgram at 60 s)")
+    return settings

@@ -1,11 +1,12 @@
 """Console entry point ``preflight``.
 
-The prolog runs ``preflight node`` before every job, and typer costs ~250 ms to import (it pulls
-in pydantic and rich), about 15x a bare interpreter. So this module parses the common, well-formed
-``preflight node ...`` command lines itself and calls :func:`preflight.commands.run_node`
-directly. Anything it does not fully understand (``--help``, a typo, a missing value, any other
-command) goes to the typer application, which prints proper help and errors. A test keeps the
-option set here equal to the typer command's.
+The prolog runs ``preflight node`` (or ``preflight slurm prolog``) before every job, and typer
+costs ~250 ms to import (it pulls in pydantic and rich), about 15x a bare interpreter. So this
+module parses the common, well-formed ``preflight node ...`` and ``preflight slurm
+prolog|epilog|healthcheck ...`` command lines itself and calls :func:`preflight.commands.run_node`
+or :func:`preflight.slurm.run_slurm` directly. Anything it does not fully understand (``--help``,
+a typo, a missing value, any other command) goes to the typer application, which prints proper
+help and errors. Tests keep the option sets here equal to the typer commands'.
 """
 
 from __future__ import annotations
@@ -25,15 +26,31 @@ NODE_OPTIONS: dict[str, tuple[str, bool, bool]] = {
     "--checks-dir": ("checks_dirs", True, True),
 }
 
+# option -> (SlurmArgs field, takes a value, repeatable); the same for prolog, epilog, healthcheck
+SLURM_OPTIONS: dict[str, tuple[str, bool, bool]] = {
+    "--root": ("root", True, False),
+    "--config": ("config", True, False),
+    "--timeout": ("timeout", True, False),
+    "--checks-dir": ("checks_dirs", True, True),
+}
+SLURM_FAST_MODES = ("prolog", "epilog", "healthcheck")
 
-def parse_node_args(argv: list[str]) -> dict[str, str | bool | list[str]] | None:
+Parsed = dict[str, str | bool | list[str]]
+
+
+def parse_node_args(argv: list[str]) -> Parsed | None:
     """Options after ``node`` by NodeArgs field, or None to let typer handle it."""
+    return parse_options(argv, NODE_OPTIONS)
+
+
+def parse_options(argv: list[str], options: dict[str, tuple[str, bool, bool]]) -> Parsed | None:
+    """Options by field name, or None when anything is not a well-formed known option."""
     values: dict[str, str | bool | list[str]] = {}
     index = 0
     while index < len(argv):
         item = argv[index]
         name, has_inline, inline = item.partition("=")
-        spec = NODE_OPTIONS.get(name)
+        spec = options.get(name)
         if spec is None:
             return None
         field, takes_value, repeatable = spec
@@ -95,15 +112,43 @@ def _fast_node(argv: list[str]) -> int | None:
     return run_node(args)
 
 
+def _fast_slurm(mode: str, argv: list[str]) -> int | None:
+    parsed = parse_options(argv, SLURM_OPTIONS)
+    if parsed is None:
+        return None
+    root, config, timeout_text = parsed.get("root", "/"), parsed.get("config"), parsed.get("timeout")
+    checks_dirs = parsed.get("checks_dirs", [])
+    timeout: float | None = None
+    if isinstance(timeout_text, str):
+        try:
+            timeout = float(timeout_text)
+        except ValueError:
+            return None  # typer reports the bad number properly
+    from preflight.slurm import SlurmArgs, run_slurm
+
+    return run_slurm(
+        SlurmArgs(
+            mode=mode,
+            root=root if isinstance(root, str) else "/",
+            config=config if isinstance(config, str) else None,
+            timeout=timeout,
+            checks_dirs=tuple(checks_dirs) if isinstance(checks_dirs, list) else (),
+        )
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run ``preflight``; exits the process."""
     arguments = list(sys.argv[1:] if argv is None else argv)
+    code: int | None = None
     if arguments[:1] == ["node"]:
         code = _fast_node(arguments[1:])
-        if code is not None:
-            from preflight.commands import finish
+    elif arguments[:1] == ["slurm"] and len(arguments) > 1 and arguments[1] in SLURM_FAST_MODES:
+        code = _fast_slurm(arguments[1], arguments[2:])
+    if code is not None:
+        from preflight.commands import finish
 
-            finish(code)
+        finish(code)
     _typer_main(arguments)
 
 

@@ -77,6 +77,9 @@ def test_root_that_is_a_file_or_unreadable(run_cli: Runner, tmp_path: Path) -> N
     a_file = tmp_path / "file"
     a_file.write_text("x")
     result = run_cli("node", "--root", str(a_file))
+    # a file may be a snapshot archive; this one is not (tests/test_snapshot_archive.py has more)
+    assert result.returncode == 3 and "neither a directory nor a snapshot archive" in result.stderr
+    result = run_cli("node", "--root", str(tmp_path / "missing"))
     assert result.returncode == 3 and "no such directory" in result.stderr
 
 

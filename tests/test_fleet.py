@@ -99,7 +99,9 @@ def test_an_agreeing_clean_fleet_exits_zero_and_lists_nothing_odd(tmp_path: Path
         ("gdrdrv", lambda d: d["facts"]["gpudirect"].update(gdrdrv_loaded=True), "yes"),
         ("memlock_propagated", lambda d: d["facts"]["memlock"].update(memlock_propagated=False), "no"),
         ("nvswitches", lambda d: d["facts"]["fabric"].update(nvswitches=d["facts"]["fabric"]["nvswitches"][:3]), "3"),
-        ("fabric_manager", lambda d: d["facts"]["fabric"].update(fabric_manager_running=False), "no"),
+        ("fabric_manager", lambda d: d["facts"]["fabric"]["fabric_manager"].update(pids=[], listening=None), "no"),
+        ("nvlinks_active", lambda d: d["facts"]["nvlink"]["gpus"][5].update(active_count=12),
+         "GPU0 18, GPU1 18, GPU2 18, GPU3 18, GPU4 18, GPU5 12, GPU6 18, GPU7 18"),
     ],
 )
 def test_each_compared_fact_flags_the_node_that_differs(tmp_path: Path, key: str, change: Any, odd_value: str) -> None:
@@ -341,7 +343,7 @@ def test_cli_usage_errors_exit_three(run_cli: Runner, tmp_path: Path) -> None:
     result = run_cli("fleet", str(empty))
     assert result.returncode == ExitCode.NO_VERDICT and "no usable node report" in result.stderr
     (empty / "a.json").write_text(json.dumps(report("a")))
-    assert run_cli("fleet", "--format", "html", str(empty)).returncode == ExitCode.NO_VERDICT
+    assert run_cli("fleet", "--format", "pdf", str(empty)).returncode == ExitCode.NO_VERDICT
     result = run_cli("fleet", "--output", str(tmp_path / "no" / "such" / "dir" / "f.txt"), str(empty))
     assert result.returncode == ExitCode.NO_VERDICT and "--output" in result.stderr
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from preflight.checks._nccl_releases import KNOWN_BUGS, carries, version_tuple
-from preflight.checks.nccl_versions import cluster_uuid_set, parse_stack_limit, parse_stack_propagation
+from preflight.checks.nccl_versions import parse_stack_limit, parse_stack_propagation
 from preflight.config import HostConfig
 from preflight.discovery import build_registry
 from preflight.engine import RunOptions, run
@@ -80,8 +80,6 @@ def test_parsers_on_kernel_and_nvml_formats() -> None:
     assert parse_stack_propagation("PropagateResourceLimitsExcept=MEMLOCK,STACK\n") == (False, "PropagateResourceLimitsExcept=MEMLOCK,STACK")
     assert parse_stack_propagation("PropagateResourceLimits=NONE # site\n")[0] is False
     assert parse_stack_propagation("PropagateResourceLimits=CORE,STACK\n")[0] is True
-    assert cluster_uuid_set([0] * 16) is False and cluster_uuid_set([0] * 15 + [7]) is True
-    assert cluster_uuid_set("") is False and cluster_uuid_set("\x9a>A") is True and cluster_uuid_set(None) is None
 
 
 # -- SOCK002 ------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 
 from preflight.sources import NodeFS, SourceError
 from preflight.sources.netlink import FileNetlink, LiveNetlink, ReplayNetlink, dump
-from preflight.sources.nvml import Gpu, LiveNvml, NvmlError, ReplayNvml
+from preflight.sources.nvml import Gpu, LiveNvml, NvmlError, ReplayNvml, plain
 
 
 def test_live_netlink_agrees_with_the_kernel_files() -> None:
@@ -115,6 +115,20 @@ def test_live_nvml_passes_arguments_and_second_device_handles(monkeypatch: pytes
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     assert LiveNvml().call("nvmlDeviceGetP2PStatus", 0, Gpu(3), 2) == 0
     assert calls == [("handle0", "handle3", 2)]
+
+
+def test_plain_keeps_every_byte_of_a_binary_uuid_field() -> None:
+    """A cluster UUID with a zero byte early on stays 16 bytes (ctypes would cut it at the NUL);
+    text fields stay text."""
+    import ctypes
+
+    class FabricInfo(ctypes.Structure):
+        _fields_ = [("clusterUuid", ctypes.c_char * 16), ("state", ctypes.c_uint), ("name", ctypes.c_char * 8)]
+
+    info = FabricInfo(b"", 3, b"gb200")
+    # as the driver fills it; a bytes initialiser would itself stop at the NUL
+    ctypes.memmove(ctypes.addressof(info) + FabricInfo.clusterUuid.offset, bytes([0x9A, 0, 0x41]), 3)
+    assert plain(info) == {"clusterUuid": [0x9A, 0, 0x41] + [0] * 13, "state": 3, "name": "gb200"}
 
 
 def test_one_view_reads_each_file_once(tmp_path: Path) -> None:

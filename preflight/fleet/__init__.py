@@ -3,7 +3,8 @@
 * :mod:`preflight.fleet.load` reads reports as untrusted input;
 * :mod:`preflight.fleet.facts` is the table of compared facts (one line each);
 * :mod:`preflight.fleet.compare` groups nodes by hardware class and decides disagreements;
-* :mod:`preflight.fleet.render` writes the table and the JSON (``preflight-fleet/1``).
+* :mod:`preflight.fleet.render` writes the table and the JSON (``preflight-fleet/1``);
+* :mod:`preflight.fleet.pages` writes Markdown and a static HTML page (nodes x references).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from preflight.fleet.facts import FACTS
 from preflight.fleet.load import MAX_REPORT_BYTES, load_reports
 from preflight.fleet.render import printable, render
 
-FLEET_FORMATS = ("table", "json")
+FLEET_FORMATS = ("table", "json", "markdown", "html")
 
 __all__ = ["FLEET_FORMATS", "Fleet", "audit", "run_fleet"]
 

@@ -22,6 +22,8 @@ from preflight.model import Severity, Status
 #: Verdicts of one comparison.
 SAME, ODD, TIE, ALONE = "same", "odd", "tie", "alone"
 DISAGREEMENTS = (ODD, TIE)
+#: Severity value -> rank, without building an enum member per finding.
+_RANK = {severity.value: severity.rank for severity in Severity}
 
 
 @dataclass(frozen=True)
@@ -76,8 +78,8 @@ class ReferenceRow:
 
     @property
     def worst(self) -> Severity | None:
-        severities = [Severity(mention.severity) for mention in self.present]
-        return max(severities, key=lambda s: s.rank) if severities else None
+        severities = {mention.severity for mention in self.present}
+        return Severity(max(severities, key=_RANK.__getitem__)) if severities else None
 
 
 @dataclass(frozen=True)
@@ -145,8 +147,15 @@ def compare(nodes: Sequence[NodeReport], facts: Sequence[Fact]) -> tuple[Compari
     return tuple(comparisons)
 
 
-def _mention(host: str, findings: list[NodeFinding]) -> NodeMention:
-    worst = max((Severity(f.severity) for f in findings), key=lambda s: s.rank)
+def _mention(host: str, findings: list[NodeFinding], known: dict[tuple[int, ...], NodeMention]) -> NodeMention:
+    """What one node shows for one reference. Nodes of a fleet mostly repeat the same findings
+    (the same objects, as the workers intern them): the parts that do not depend on the host are
+    worked out once per distinct set of findings."""
+    key = tuple(map(id, findings))  # the findings are held by their nodes, so ids stay unique
+    same = known.get(key)
+    if same is not None:
+        return NodeMention(host, same.severity, same.subjects, same.detail)
+    worst = max((f.severity for f in findings), key=_RANK.__getitem__)
     detail = []
     for finding in findings:
         if finding.status == Status.UNKNOWN.value:
@@ -156,7 +165,9 @@ def _mention(host: str, findings: list[NodeFinding]) -> NodeMention:
                 line.observed + (f" (expected {line.expected})" if line.expected else "") for line in finding.evidence[:2]
             )
     subjects = tuple(dict.fromkeys(f.subject for f in findings))
-    return NodeMention(host, worst.value, subjects, tuple(dict.fromkeys(detail))[:5])
+    mention = NodeMention(host, worst, subjects, tuple(dict.fromkeys(detail))[:5])
+    known[key] = mention
+    return mention
 
 
 def reference_rows(nodes: Sequence[NodeReport]) -> tuple[ReferenceRow, ...]:
@@ -167,10 +178,11 @@ def reference_rows(nodes: Sequence[NodeReport]) -> tuple[ReferenceRow, ...]:
             titles.setdefault(finding.id, (finding.symbol, finding.title))
             found[finding.id][finding.status].setdefault(node.host, []).append(finding)
     rows = []
+    known: dict[tuple[int, ...], NodeMention] = {}
     for ref_id in sorted(found):
         symbol, title = titles[ref_id]
-        present = tuple(_mention(host, items) for host, items in sorted(found[ref_id]["present"].items()))
-        unknown = tuple(_mention(host, items) for host, items in sorted(found[ref_id]["unknown"].items()))
+        present = tuple(_mention(host, items, known) for host, items in sorted(found[ref_id]["present"].items()))
+        unknown = tuple(_mention(host, items, known) for host, items in sorted(found[ref_id]["unknown"].items()))
         rows.append(ReferenceRow(ref_id, symbol, title, present, unknown))
     return tuple(rows)
 

@@ -105,12 +105,31 @@ def canonical(value: str) -> str:
 
 # -- shared views of the facts --------------------------------------------------------------------
 
-def data_hcas(facts: Facts) -> list[dict[str, Any]] | None:
-    """RDMA devices that carry data: NVSwitch management NICs are left out (checks/rdma.py)."""
+#: Several facts read the same view (the data HCAs, their ports): the last one computed is kept,
+#: with the facts object it came from (held, so that its id cannot be reused meanwhile).
+_last_view: dict[str, tuple[Facts, Any]] = {}
+
+
+def _view(name: str, facts: Facts, compute: Callable[[Facts], Any]) -> Any:
+    last = _last_view.get(name)
+    if last is not None and last[0] is facts:
+        return last[1]
+    value = compute(facts)
+    _last_view[name] = (facts, value)
+    return value
+
+
+def _data_hcas(facts: Facts) -> list[dict[str, Any]] | None:
     devices = records(dig(facts, "rdma", "devices"))
     if devices is None:
         return None
     return [device for device in devices if device.get("nvswitch_management") is not True]
+
+
+def data_hcas(facts: Facts) -> list[dict[str, Any]] | None:
+    """RDMA devices that carry data: NVSwitch management NICs are left out (checks/rdma.py).
+    The list is shared between callers: do not change it."""
+    return _view("data_hcas", facts, _data_hcas)  # type: ignore[no-any-return]
 
 
 def nvml_gpus(facts: Facts) -> list[dict[str, Any]] | None:
@@ -190,25 +209,30 @@ def _hca_firmware(facts: Facts) -> str | None:
     return joined(text(device.get("fw_ver")) or "unreadable" for device in devices) if devices is not None else None
 
 
-def _data_ports(facts: Facts) -> list[dict[str, Any]] | None:
+def _compute_data_ports(facts: Facts) -> list[dict[str, Any]] | None:
     devices = data_hcas(facts)
     if devices is None:
         return None
     return [port for device in devices for port in records(device.get("ports")) or ()]
 
 
+def _data_ports(facts: Facts) -> list[dict[str, Any]] | None:
+    return _view("data_ports", facts, _compute_data_ports)  # type: ignore[no-any-return]
+
+
 def _port_rates(facts: Facts) -> str | None:
     ports = _data_ports(facts)
     if ports is None:
         return None
-    rates = []
+    rates = set()
     for port in ports:
-        rate = dig(port, "rate")
-        gbps, width, speed = dig(rate, "gbps"), integer(dig(rate, "width")), text(dig(rate, "speed"))
-        if isinstance(gbps, (int, float)) and not isinstance(gbps, bool) and width is not None and speed:
-            rates.append(f"{gbps:g} Gb/s ({width}X {speed})")
-        else:
-            rates.append("unreadable")
+        rate = port.get("rate")
+        if type(rate) is dict:
+            gbps, width, speed = rate.get("gbps"), rate.get("width"), rate.get("speed")
+            if type(gbps) in (int, float) and type(width) is int and type(speed) is str and speed:
+                rates.add(f"{gbps:g} Gb/s ({width}X {speed})")
+                continue
+        rates.add("unreadable")
     return joined(rates)
 
 
@@ -291,6 +315,27 @@ def _memlock_slurmd(facts: Facts) -> str | None:
     return _limit(memlock.get("slurmd"))
 
 
+def _fabric_manager_running(facts: Facts) -> str | None:
+    manager = dig(facts, "fabric", "fabric_manager")
+    if not isinstance(manager, dict) or not isinstance(manager.get("pids"), list):
+        return None
+    return flag(bool(manager["pids"]) or text(manager.get("listening")) is not None)
+
+
+def _active_nvlinks(facts: Facts) -> str | None:
+    """``GPU0 18, GPU1 18, ...``: a GPU that lost links stands out against its siblings' nodes."""
+    gpus = records(dig(facts, "nvlink", "gpus"))
+    if gpus is None:
+        return None
+    counts = []
+    for gpu in gpus:
+        index, active = integer(gpu.get("index")), integer(gpu.get("active_count"))
+        if index is None or active is None:
+            return None  # a GPU whose links could not be read
+        counts.append(f"GPU{index} {active}")
+    return ", ".join(counts) if counts else NONE
+
+
 def _acs_redirect(facts: Facts) -> str | None:
     bridges = records(dig(facts, "pcie", "bridges"))
     if bridges is None:
@@ -329,7 +374,8 @@ FACTS: tuple[Fact, ...] = (
     Fact("memlock_propagated", "slurm.conf propagates memlock", lambda f: flag(dig(f, "memlock", "memlock_propagated"))),
     Fact("acs_redirect", "ACS redirect on GPU-NIC paths", _acs_redirect),
     Fact("nvswitches", "NVSwitches", lambda f: count(dig(f, "fabric", "nvswitches"))),
-    Fact("fabric_manager", "Fabric manager running", lambda f: flag(dig(f, "fabric", "fabric_manager_running"))),
+    Fact("fabric_manager", "Fabric manager running", _fabric_manager_running),
+    Fact("nvlinks_active", "Active NVLinks per GPU", _active_nvlinks),
 )
 
 

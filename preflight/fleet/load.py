@@ -34,9 +34,11 @@ MAX_REPORT_BYTES = 16 * 1024 * 1024
 #: an escape sequence meant for the terminal that shows the fleet table) is refused.
 HOST_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,252})$")
 #: Only the findings a fleet report shows are kept; absent and not_applicable ones are counted.
-_KEPT = (Status.PRESENT.value, Status.UNKNOWN.value)
+_KEPT = frozenset((Status.PRESENT.value, Status.UNKNOWN.value))
 _SEVERITIES = frozenset(s.value for s in Severity)
 _STATUSES = frozenset(s.value for s in Status)
+_COUNTED_ONLY = _STATUSES - _KEPT
+_STATUS_ORDER = tuple(sorted(_STATUSES))
 _TEXT_CAP = 2000  # characters kept of one finding's title, subject, reason or evidence field
 
 
@@ -117,9 +119,14 @@ def read_capped(path: str, max_bytes: int) -> bytes:
             raise ReportError("not a regular file")
         if info.st_size > max_bytes:
             raise ReportError(f"{info.st_size} bytes, over the {max_bytes}-byte limit for a report")
-        chunks: list[bytes] = []
-        total = 0
-        while True:  # the file may grow after fstat: keep to the cap whatever it does
+        # One read for the whole file: a short read of a regular file means its end. Asking one
+        # byte more than its size tells whether it grew since (or is a /proc file, size 0).
+        first = os.read(fd, info.st_size + 1)
+        if len(first) <= info.st_size:
+            return first
+        chunks: list[bytes] = [first]
+        total = len(first)
+        while True:  # the file may grow or shrink after fstat: keep to the cap whatever it does
             chunk = os.read(fd, min(1 << 20, max_bytes + 1 - total))
             if not chunk:
                 break
@@ -175,7 +182,7 @@ def _finding(item: Any, where: str) -> NodeFinding | str:
     if not isinstance(item, dict):
         raise ReportError(f"{where}: expected an object")
     status = item.get("status")
-    if status not in _STATUSES:
+    if not isinstance(status, str) or status not in _STATUSES:  # a list is not even hashable
         raise ReportError(f"{where}.status: {_shown(status)} is not one of {', '.join(sorted(_STATUSES))}")
     ref_id = item.get("id")
     if not isinstance(ref_id, str) or not REFERENCE_ID.match(ref_id):
@@ -183,7 +190,7 @@ def _finding(item: Any, where: str) -> NodeFinding | str:
     if status not in _KEPT:
         return str(status)
     severity = item.get("severity")
-    if severity not in _SEVERITIES:
+    if not isinstance(severity, str) or severity not in _SEVERITIES:
         raise ReportError(f"{where}.severity: {_shown(severity)} is not one of {', '.join(sorted(_SEVERITIES))}")
     symbol = item.get("symbol")
     if not isinstance(symbol, str) or not SYMBOL.match(symbol):
@@ -229,6 +236,69 @@ def _failed_probes(probes: Any) -> dict[str, str]:
     return failed
 
 
+#: Reports of one fleet repeat the same findings, IDs and fact values node after node. A worker
+#: keeps one object per distinct value (bounded, so a hostile set of reports cannot grow it
+#: without limit): validation runs once per distinct finding, and identical objects pickle once
+#: per chunk on their way back to the parent.
+_CACHE_LIMIT = 20_000
+_kept_findings: dict[tuple[Any, ...], NodeFinding] = {}
+_valid_ids: set[str] = set()
+_interned: dict[Any, Any] = {}
+
+
+def _intern(value: Any) -> Any:
+    if len(_interned) < _CACHE_LIMIT:
+        return _interned.setdefault(value, value)
+    return _interned.get(value, value)
+
+
+def _finding_key(item: dict[str, Any]) -> tuple[Any, ...]:
+    """The fields of a kept finding, as a hashable key (TypeError when one is not hashable:
+    the slow path then says what is wrong)."""
+    evidence = item.get("evidence", ())
+    lines = tuple((line.get("source"), line.get("observed"), line.get("expected")) for line in evidence[:50]) \
+        if type(evidence) is list and all(type(line) is dict for line in evidence[:50]) else evidence
+    key = (item.get("id"), item.get("symbol"), item.get("title"), item.get("status"), item.get("severity"),
+           item.get("subject"), item.get("reason"), lines)
+    hash(key)
+    return key
+
+
+def _findings(findings_in: list[Any]) -> tuple[dict[str, int], tuple[NodeFinding, ...]]:
+    """Counts by status and the kept findings. The common case (a well-formed finding seen
+    before) costs a few dictionary lookups; anything else goes through :func:`_finding`."""
+    counts = dict.fromkeys(_STATUS_ORDER, 0)
+    kept: list[NodeFinding] = []
+    for number, item in enumerate(findings_in):
+        key: tuple[Any, ...] | None = None
+        status = item.get("status") if type(item) is dict else None
+        if type(status) is not str:
+            status = None  # the slow path says what is wrong
+        if status in _COUNTED_ONLY and type(ref_id := item.get("id")) is str and ref_id in _valid_ids:
+            counts[status] += 1
+            continue
+        if status in _KEPT:
+            try:
+                known = _kept_findings.get(key := _finding_key(item))
+            except TypeError:  # a list or object where a string belongs
+                known = None
+            if known is not None:
+                counts[status] += 1
+                kept.append(known)
+                continue
+        finding = _finding(item, f"findings[{number}]")  # raises ReportError for a bad one
+        if isinstance(finding, NodeFinding):
+            counts[finding.status] += 1
+            kept.append(finding)
+            if key is not None and len(_kept_findings) < _CACHE_LIMIT:
+                _kept_findings[key] = finding
+        else:
+            counts[finding] += 1
+            if len(_valid_ids) < _CACHE_LIMIT:
+                _valid_ids.add(item["id"])
+    return counts, tuple(kept)
+
+
 def node_report(document: Any, file: str) -> NodeReport:
     """Check the parsed document and keep what the audit needs."""
     if not isinstance(document, dict):
@@ -244,30 +314,23 @@ def node_report(document: Any, file: str) -> NodeReport:
     findings_in = document.get("findings")
     if not isinstance(findings_in, list):
         raise ReportError("\"findings\" is not a list")
-    counts = {status: 0 for status in sorted(_STATUSES)}
-    kept: list[NodeFinding] = []
-    for number, item in enumerate(findings_in):
-        finding = _finding(item, f"findings[{number}]")
-        if isinstance(finding, NodeFinding):
-            counts[finding.status] += 1
-            kept.append(finding)
-        else:
-            counts[finding] += 1
+    counts, kept = _findings(findings_in)
     facts = document.get("facts")
     if not isinstance(facts, dict):
         raise ReportError("\"facts\" is not an object")
     tool = document.get("tool")
     version = tool.get("version") if isinstance(tool, dict) else None
     profile = document.get("profile")
+    values = extract_all(facts, FACTS)
     return NodeReport(
         host=host,
         file=file,
         profile=profile if profile in ("prolog", "full") else "unknown",
-        tool_version=version[:50] if isinstance(version, str) else "unknown",
+        tool_version=_intern(version[:50]) if isinstance(version, str) else "unknown",
         counts=counts,
-        findings=tuple(kept),
-        hardware=hardware_class(facts),
-        values=extract_all(facts, FACTS),
+        findings=kept,
+        hardware=_intern(hardware_class(facts)),
+        values={key: _intern(value) for key, value in values.items()},
         failed_probes=_failed_probes(document.get("probes")),
     )
 
@@ -289,10 +352,24 @@ def _load_one(job: tuple[str, int]) -> NodeReport | Skipped:
 PARALLEL_AFTER_FILES = 256
 
 
+def worker_count(files: int, workers: int | None = None) -> int:
+    """How many processes load ``files`` reports: one per CPU this process may run on (at most
+    8), or only this one for a few files."""
+    if files < PARALLEL_AFTER_FILES:
+        return 1
+    if workers is not None:
+        return workers
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return min(cpus, 8)
+
+
 def _load_many(paths: list[str], max_bytes: int, workers: int | None) -> list[NodeReport | Skipped]:
     jobs = [(path, max_bytes) for path in paths]
-    count = workers if workers is not None else min(os.cpu_count() or 1, 8)
-    if count > 1 and len(jobs) >= PARALLEL_AFTER_FILES:
+    count = worker_count(len(jobs), workers)
+    if count > 1:
         try:
             pool = multiprocessing.get_context("fork").Pool(count)
         except (OSError, ValueError, ImportError):  # no fork, no /dev/shm: load them here

@@ -31,7 +31,10 @@ Replay format::
                  "gpu002.cluster A": {"hang": true}}}
 
 ``error`` is one of ``NXDOMAIN``, ``NOANSWER``, ``TIMEOUT``, ``NO_NAMESERVERS``, ``SERVFAIL`` for
-answers, and ``TIMEOUT`` or ``UNREACHABLE`` for servers.
+answers, and ``TIMEOUT`` or ``UNREACHABLE`` for servers. An answer or server entry
+``{"source_error": {"source": ..., "reason": ...}}`` records a question that could not be asked at
+all (``preflight snapshot`` writes it); it raises SourceError on replay, and so does
+``"errors": {"check_nameservers": {"source": ..., "reason": ...}}`` for the health check.
 """
 
 from __future__ import annotations
@@ -273,6 +276,9 @@ class ReplayDns:
             raise SourceError(self._origin, f"no recorded {table[:-1]} for {key}")
         if entry.get("hang"):
             threading.Event().wait()  # a server that never answers and a resolver without a lifetime
+        failure = entry.get("source_error")
+        if isinstance(failure, dict):
+            raise SourceError(str(failure.get("source", self._origin)), str(failure.get("reason", "failed")))
         return entry
 
     def resolve(self, name: str, rdtype: str, nameservers: Sequence[str] | None = None) -> DnsAnswer:
@@ -290,6 +296,10 @@ class ReplayDns:
         return [self.resolve(name, rdtype) for name, rdtype in questions]
 
     def check_nameservers(self, name: str) -> list[NameserverCheck]:
+        errors = self._checked().get("errors")
+        failure = errors.get("check_nameservers") if isinstance(errors, dict) else None
+        if isinstance(failure, dict):
+            raise SourceError(str(failure.get("source", self._origin)), str(failure.get("reason", "failed")))
         checks = []
         for server in self.nameservers():
             entry = self._entry("servers", server)

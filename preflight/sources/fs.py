@@ -17,9 +17,11 @@ plain placeholder file at the node's path (so directory listings match the node)
     {"format": "preflight-devices/1",
      "nodes": {"/dev/infiniband/uverbs0": {"type": "char", "mode": "0666", "uid": 0, "gid": 0}}}
 
-``stat`` of a recorded ``/dev`` path answers from that file (``type`` is ``char``, ``block``,
-``file`` or ``dir``; ``mode`` the permission bits in octal); paths it does not list are stat'ed in
-the tree.
+``stat`` of a path listed there answers from that file (``type`` is ``char``, ``block``,
+``file``, ``dir``, ``fifo`` or ``socket``; ``mode`` the permission bits in octal; an optional
+``size`` in bytes, 0 when missing); paths it does not list are stat'ed in the tree. ``preflight
+snapshot`` lists every path the probes stat'ed, since an extracted archive keeps neither owners
+nor the sizes sysfs reports.
 
 Some kernel files exist but fail to read by design (``gid_attrs/types/<i>`` of an empty GID slot
 answers ``EINVAL``), which a copied tree cannot hold. A recorded root lists them in
@@ -31,7 +33,9 @@ answers ``EINVAL``), which a copied tree cannot hold. A recorded root lists them
 Keys are node paths or ``fnmatch`` patterns of them, values errno names. A plain path fails
 whenever it is read (its file may stay in the tree so that directory listings show it, as sysfs
 does); a pattern applies only to paths *absent* from the tree, since files that were readable
-were recorded as files. Live nodes never consult it.
+were recorded as files. Optional sections ``listdir``, ``stat`` and ``readlink`` map node paths
+(exact, no patterns) to the errno that listing, stat'ing or reading the link of that path failed
+with; ``"/dev/kmsg"`` under ``errors`` fails the kernel log. Live nodes never consult it.
 
 File-system usage (``statvfs(2)``, e.g. of ``/dev/shm``) is no file either. A recorded root keeps
 it in ``<root>/.preflight/statvfs.json``, keyed by mount point, with ``statvfs``'s own fields::
@@ -62,7 +66,12 @@ _ABSENT_ERRNOS = frozenset({errno_codes.ENOENT, errno_codes.ENOTDIR})
 DEVICE_RECORDING = "devices.json"
 STATVFS_RECORDING = "statvfs.json"
 _STATVFS_FIELDS = ("f_frsize", "f_blocks", "f_bfree", "f_bavail")
-_DEVICE_TYPES = {"char": stat_codes.S_IFCHR, "block": stat_codes.S_IFBLK, "file": stat_codes.S_IFREG, "dir": stat_codes.S_IFDIR}
+_DEVICE_TYPES = {
+    "char": stat_codes.S_IFCHR, "block": stat_codes.S_IFBLK, "file": stat_codes.S_IFREG,
+    "dir": stat_codes.S_IFDIR, "fifo": stat_codes.S_IFIFO, "socket": stat_codes.S_IFSOCK,
+}
+#: Operations besides reads whose recorded errors ``read-errors.json`` may carry.
+RECORDED_ERROR_OPERATIONS = ("listdir", "stat", "readlink")
 _T = TypeVar("_T")
 
 
@@ -116,7 +125,9 @@ class NodeFS:
         # the GIL, and two probe threads racing on one path only read it twice.
         self._memo: dict[tuple[str, str, int], object] = {}
         self._read_errors: list[tuple[str, int]] | None = None  # loaded on first use
+        self._operation_errors: dict[str, dict[str, int]] | None = None  # likewise
         self._dirs: dict[str, tuple[str, ...]] = {}  # resolved directories, see _resolve
+        self._replay_files: dict[str, str | None] = {}  # stat stays cheap with a recorded devices.json
 
     def _remembered(self, operation: str, path: str, limit: int, compute: Callable[[], _T]) -> _T:
         key = (operation, path, limit)
@@ -238,6 +249,7 @@ class NodeFS:
         return None if entries is None else list(entries)
 
     def _listdir(self, path: str) -> list[str] | None:
+        self._raise_operation_error("listdir", path)
         try:
             return sorted(os.listdir(self._resolve(path)))
         except OSError as error:
@@ -247,6 +259,7 @@ class NodeFS:
 
     def readlink(self, path: str) -> str | None:
         """The raw target of a symlink; ``None`` if ``path`` is absent or not a link."""
+        self._raise_operation_error("readlink", path)
         try:
             return os.readlink(self._resolve(path, follow_last=False))
         except OSError as error:
@@ -256,10 +269,17 @@ class NodeFS:
 
     def stat(self, path: str) -> FileStat | None:
         """``stat`` following links inside the root; ``None`` when absent. In a recorded root,
-        device nodes answer from ``.preflight/devices.json`` (see the module docstring)."""
+        device nodes (and every path a snapshot stat'ed) answer from ``.preflight/devices.json``
+        (see the module docstring)."""
         host = self._host_path(path)
-        if not self.is_live and host.startswith("/dev/"):
-            recorded = self._recorded_devices()
+        if not self.is_live:
+            self._raise_operation_error("stat", path)
+            try:
+                recorded = self._recorded_devices()
+            except SourceError:
+                if host.startswith("/dev/"):
+                    raise
+                recorded = {}  # a broken recording concerns device nodes; the tree answers the rest
             if host in recorded:
                 return recorded[host]
         try:
@@ -316,14 +336,27 @@ class NodeFS:
             if (pattern == host) if (exact_only or not is_pattern) else fnmatch.fnmatchcase(host, pattern):
                 raise SourceError(path, describe_os_error(OSError(code, os.strerror(code))))
 
+    def _raise_operation_error(self, operation: str, path: str) -> None:
+        """Raise the error ``read-errors.json`` records for listing/stat'ing/readlink of ``path``."""
+        if self.is_live:
+            return
+        if self._operation_errors is None:
+            self._operation_errors = _load_operation_errors(self.replay_file("read-errors.json"))
+        code = self._operation_errors.get(operation, {}).get(self._host_path(path))
+        if code is not None:
+            raise SourceError(path, describe_os_error(OSError(code, os.strerror(code))))
+
     def read_kernel_log(self, max_bytes: int = KERNEL_LOG_MAX_BYTES) -> list[str] | None:
         """The kernel's log records since boot, one ``pri,seq,usec,flags;message`` line each.
 
         Live: ``/dev/kmsg``, opened non-blocking (each read returns one record; EAGAIN ends the
         buffer, EPIPE means a record was overwritten while reading and is skipped). Reading it
         needs root where ``kernel.dmesg_restrict`` is 1. A recorded root replays
-        ``.preflight/kmsg`` (the same lines). ``None`` when there is no log to read."""
+        ``.preflight/kmsg`` (the same lines; a line starting with a space continues the record
+        before it, as the ``KEY=value`` dictionary lines of a ``/dev/kmsg`` record do). ``None``
+        when there is no log to read."""
         if not self.is_live:
+            self._raise_recorded_error("/dev/kmsg", exact_only=True)
             replay = self.replay_file("kmsg")
             if replay is None:
                 return None
@@ -331,7 +364,7 @@ class NodeFS:
                 data = read_recording(replay, max_bytes, cut=True)
             except OSError as error:
                 raise SourceError(".preflight/kmsg", describe_os_error(error)) from None
-            return data.decode("utf-8", "replace").splitlines()
+            return join_kmsg_continuations(data.decode("utf-8", "replace").splitlines())
         try:
             descriptor = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
         except FileNotFoundError:
@@ -362,10 +395,12 @@ class NodeFS:
         """Path of a recorded answer file (``<root>/.preflight/<name>``) in root mode, if any."""
         if self.is_live:
             return None
-        candidate = os.path.join(self.root, ".preflight", name)
-        # Anything at the name counts: a recording that is a directory, a FIFO or a symlink loop
-        # is a broken recording (its reader says so), not a missing one with a fallback.
-        return candidate if os.path.lexists(candidate) else None
+        if name not in self._replay_files:
+            candidate = os.path.join(self.root, ".preflight", name)
+            # Anything at the name counts: a recording that is a directory, a FIFO or a symlink
+            # loop is a broken recording (its reader says so), not a missing one with a fallback.
+            self._replay_files[name] = candidate if os.path.lexists(candidate) else None
+        return self._replay_files[name]
 
 
 #: Recordings of whole NVML, netlink and DNS answers stay far below this (a snapshot of an
@@ -424,6 +459,18 @@ def _refuse_special(path: str, mode: int) -> None:
         raise SourceError(path, f"not a regular file ({kind}); not opened")
 
 
+def join_kmsg_continuations(lines: list[str]) -> list[str]:
+    """Lines of a kmsg file as ``/dev/kmsg`` records: continuation lines (leading space) are
+    appended to the record before them with a newline, as one read of ``/dev/kmsg`` returns them."""
+    records: list[str] = []
+    for line in lines:
+        if line.startswith(" ") and records:
+            records[-1] += "\n" + line
+        else:
+            records.append(line)
+    return records
+
+
 def _load_device_recording(recording: str) -> dict[str, FileStat]:
     """Parse ``.preflight/devices.json``; a broken recording fails every ``/dev`` stat."""
     where = f".preflight/{DEVICE_RECORDING}"
@@ -431,7 +478,10 @@ def _load_device_recording(recording: str) -> dict[str, FileStat]:
         nodes = json.loads(read_recording(recording, DEFAULT_MAX_BYTES))["nodes"]
         return {
             os.path.normpath(node_path): FileStat(
-                _DEVICE_TYPES[entry["type"]] | (int(entry["mode"], 8) & 0o7777), int(entry["uid"]), int(entry["gid"]), 0
+                _DEVICE_TYPES[entry["type"]] | (int(entry["mode"], 8) & 0o7777),
+                int(entry["uid"]),
+                int(entry["gid"]),
+                int(entry.get("size", 0)),
             )
             for node_path, entry in nodes.items()
         }
@@ -476,3 +526,19 @@ def _load_read_errors(path: str | None) -> list[tuple[str, int]]:
         return [(str(pattern), getattr(errno_codes, str(name))) for pattern, name in errors.items()]
     except (ValueError, KeyError, TypeError, AttributeError):
         return []
+
+
+def _load_operation_errors(path: str | None) -> dict[str, dict[str, int]]:
+    """``operation -> {path: errno}`` from the optional sections of a ``read-errors.json``."""
+    if path is None:
+        return {}
+    try:
+        with open(path, encoding="utf-8") as handle:
+            document = json.load(handle)
+        return {
+            operation: {os.path.normpath(str(node_path)): getattr(errno_codes, str(name)) for node_path, name in document[operation].items()}
+            for operation in RECORDED_ERROR_OPERATIONS
+            if isinstance(document.get(operation), dict)
+        }
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}

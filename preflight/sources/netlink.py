@@ -21,10 +21,12 @@ Pause-storm counters and the stall-prevention timeout come from the ethtool ioct
 (:mod:`preflight.sources.ethtool`); like DCB, the kernel exposes no files for them.
 
 Replay format: ``{"format": "preflight-netlink/1", "links": [Link...], "addresses": [Address...],
-"dcb": {"<ifname>": DcbConfig | {"error": "<reason>"}},
+"dcb": {"<ifname>": DcbConfig | {"error": "<reason>", "source": "<where>"}},
 "pause": {"<ifname>": {"counters": {"<name>": <value>...}, "prevention_timeout_ms": <int|null>}
-| {"error": "<reason>"}}}`` with the field names of the dataclasses below; ``dcb`` and ``pause``
-are optional.
+| {"error": "<reason>", "source": "<where>"}}}`` with the field names of the dataclasses below;
+``dcb`` and ``pause`` are optional, and so is ``source`` (default ``RTM_GETDCB <ifname>`` /
+``SIOCETHTOOL <ifname>``). A dump that failed is recorded as ``"errors": {"links": {"source":
+..., "reason": ...}}`` (likewise ``addresses``) and fails the same way on replay.
 
 Route lookups (:meth:`Netlink.route_get`) live in ``preflight.sources.routes``, which documents
 their replay entries (``"routes"`` in the same file) and what the file fallback can answer.
@@ -189,13 +191,21 @@ class ReplayNetlink:
             return cls({}, path, "netlink recording is not a JSON object")
         return cls(document, origin=path)
 
+    def _recorded_failure(self, dump_name: str) -> None:
+        errors = self._checked().get("errors")
+        failure = errors.get(dump_name) if isinstance(errors, dict) else None
+        if isinstance(failure, dict):
+            raise SourceError(str(failure.get("source", self._origin)), str(failure.get("reason", "failed")))
+
     def links(self) -> list[Link]:
+        self._recorded_failure("links")
         try:
             return [Link(**item) for item in self._checked().get("links", [])]
         except TypeError as error:
             raise SourceError(self._origin, f"malformed link entry: {error}") from None
 
     def addresses(self) -> list[Address]:
+        self._recorded_failure("addresses")
         try:
             return [Address(**item) for item in self._checked().get("addresses", [])]
         except TypeError as error:
@@ -211,7 +221,7 @@ class ReplayNetlink:
         if not isinstance(item, dict):
             raise SourceError(source, "no DCB state recorded for this interface")
         if "error" in item:
-            raise SourceError(f"RTM_GETDCB {ifname}", str(item["error"]))
+            raise SourceError(str(item.get("source", f"RTM_GETDCB {ifname}")), str(item["error"]))
         try:
             return DcbConfig(
                 ifname=str(item["ifname"]),
@@ -230,7 +240,7 @@ class ReplayNetlink:
         if not isinstance(item, dict):
             raise SourceError(source, "no pause counters recorded for this interface")
         if "error" in item:
-            raise SourceError(f"SIOCETHTOOL {ifname}", str(item["error"]))
+            raise SourceError(str(item.get("source", f"SIOCETHTOOL {ifname}")), str(item["error"]))
         try:
             counters = item["counters"]
             timeout = item.get("prevention_timeout_ms")

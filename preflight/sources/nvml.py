@@ -82,7 +82,16 @@ def plain(value: Any) -> Any:
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     if isinstance(value, ctypes.Structure):
-        return {name: plain(getattr(value, name)) for name, *_ in value._fields_}
+        fields = {}
+        for name, *_ in value._fields_:
+            if name in _BINARY_FIELDS:
+                # ctypes hands a char array back as bytes cut at the first NUL, which would turn a
+                # UUID with a zero byte into a shorter one (or into nothing): take the raw bytes.
+                field = getattr(type(value), name)
+                fields[name] = list(ctypes.string_at(ctypes.addressof(value) + field.offset, field.size))
+            else:
+                fields[name] = plain(getattr(value, name))
+        return fields
     if isinstance(value, ctypes.Array):
         return [plain(item) for item in value]
     if isinstance(value, (list, tuple)):
@@ -139,6 +148,10 @@ class LiveNvml:
         except pynvml.NVMLError as error:
             raise NvmlError(_error_name(pynvml, error), str(error)) from None
 
+
+# char-array struct fields that hold bytes, not text (nvmlGpuFabricInfo_t.clusterUuid); the replay
+# format lists their byte values.
+_BINARY_FIELDS = frozenset({"clusterUuid"})
 
 # Functions whose pynvml wrapper fills a struct passed in by the caller instead of returning one.
 _OUT_STRUCTS = {"nvmlDeviceGetGpuFabricInfo": "c_nvmlGpuFabricInfo_t"}

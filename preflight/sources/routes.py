@@ -20,6 +20,10 @@ Replay entries live under ``"routes"`` in ``netlink.json``, keyed ``"<destinatio
     "routes": {"10.10.1.18": {"route_type": "unicast", "ifname": "eno1", "prefsrc": "10.10.1.17",
                               "gateway": "", "table": 254},
                "10.99.0.1": {"error": "ENETUNREACH"}}
+
+An entry may name the ``origin`` its answer came from (``"netlink"`` for a snapshot of a live
+node; the default is the recording's path), and ``{"source_error": {"source": ..., "reason": ...}}``
+records a lookup that could not be asked at all (it raises SourceError on replay).
 """
 
 from __future__ import annotations
@@ -137,6 +141,9 @@ def replay_route(routes: object, origin: str, destination: str, source: str = ""
     entry = routes.get(key) if isinstance(routes, dict) else None
     if not isinstance(entry, dict):
         raise SourceError(origin, f"no recorded route for {key}")
+    failure = entry.get("source_error")
+    if isinstance(failure, dict):
+        raise SourceError(str(failure.get("source", origin)), str(failure.get("reason", "failed")))
     error = str(entry.get("error", ""))
     if error and error not in ROUTE_ERRORS:
         raise SourceError(origin, f"unknown route error {error!r} for {key}")
@@ -150,7 +157,7 @@ def replay_route(routes: object, origin: str, destination: str, source: str = ""
         str(entry.get("gateway", "")),
         table if isinstance(table, int) else None,
         error=error,
-        origin=origin,
+        origin=str(entry.get("origin", origin)),
     )
 
 

@@ -1,0 +1,603 @@
+"""``preflight slurm prolog|epilog|healthcheck|config``: running under Slurm.
+
+Slurm facts this module is built on (``/work/shared/research/peers.md``, Slurm's prolog/epilog
+guide and slurm.conf man page):
+
+* A Prolog that exits non-zero drains the node and requeues the job; an Epilog that exits non-zero
+  drains the node. Slurm asks prologs not to call Slurm commands (a slow controller would stall
+  every job start), so a clean prolog run calls nothing. Only a failing run makes one bounded
+  ``scontrol update ... State=DRAIN Reason="preflight: ..."`` call (never retried), so the node
+  carries a meaningful reason; Slurm keeps a reason already set when the prolog then fails.
+* The prolog runs outside the job's cgroup with a minimal environment (no ``PATH``): the job's
+  GPUs are ``SLURM_JOB_GPUS`` (``CUDA_VISIBLE_DEVICES`` there is not the job's view), the job's
+  ``--extra`` and ``--comment`` are ``SLURM_JOB_EXTRA`` and ``SLURM_JOB_COMMENT``, the node is
+  ``SLURMD_NODENAME``.
+* ``HealthCheckProgram`` is killed after 60 s and also runs when slurmd starts, before the node
+  has registered, when ``scontrol`` can hang (NHC issue #159): every call here has a timeout.
+  It drains NHC-style: the reason prefix ``preflight:`` marks the drains it owns; it never
+  overwrites a reason someone else set and resumes only nodes it drained.
+
+This module is the one place besides ``preflight/sources`` that acts on the node (it runs
+``scontrol``, writes the last-result file and sends syslog lines), like a source: checks never
+call Slurm.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from preflight.config import ConfigError, HostConfig, SlurmSettings
+from preflight.exitcodes import ExitCode
+from preflight.model import Finding, Status
+from preflight.sources import NodeFS
+
+MODES = ("prolog", "epilog", "healthcheck")
+RESULT_SCHEMA = "preflight-slurm-result/1"
+#: Drain reasons preflight sets start with this; a reason that does not is someone else's.
+REASON_PREFIX = "preflight:"
+#: sinfo -R shows reasons in a narrow column and slurmctld keeps them in its state file: stay short.
+REASON_MAX = 160
+#: The prolog and HealthCheckProgram environments have no PATH.
+FALLBACK_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_GPU_SUBJECT = re.compile(r"^GPU(\d+)$")
+# syslog priorities (RFC 3164): facility daemon (3) * 8 + severity
+SYSLOG_ERR, SYSLOG_NOTICE, SYSLOG_INFO = 3 * 8 + 3, 3 * 8 + 5, 3 * 8 + 6
+
+
+@dataclass(frozen=True)
+class SlurmArgs:
+    """Arguments of ``preflight slurm prolog|epilog|healthcheck``."""
+
+    mode: str
+    root: str = "/"
+    config: str | None = None
+    timeout: float | None = None  # overrides [slurm] timeout / healthcheck_timeout
+    checks_dirs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class JobScope:
+    """What part of the node one job uses, from the prolog's environment."""
+
+    job_id: str = ""  # "" for the healthcheck (no job)
+    gpus: tuple[int, ...] | None = None  # SLURM_JOB_GPUS; None: no GPUs (CPU-only) or not a job
+    gpus_text: str | None = None  # SLURM_JOB_GPUS as given; None when unset
+    opted_out_by: str = ""  # "SLURM_JOB_COMMENT=preflight=off" when the job opted out
+    ignore: tuple[str, ...] = ()  # reference tokens skipped for this job (CPU-only jobs)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "gpus": None if self.gpus is None else list(self.gpus),
+            "slurm_job_gpus": self.gpus_text,
+            "opted_out_by": self.opted_out_by,
+            "ignored": list(self.ignore),
+        }
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the findings mean for the node under the site's drain policy."""
+
+    drain: tuple[Finding, ...]  # present (or, fail-closed, unknown) at or above drain severity
+    undecided: tuple[Finding, ...]  # unknown at or above drain severity, not draining
+    out_of_scope: tuple[Finding, ...]  # about GPUs the job was not given
+
+    @property
+    def outcome(self) -> str:
+        return "drain" if self.drain else "undecided" if self.undecided else "clean"
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """One bounded external command and how it ended."""
+
+    argv: tuple[str, ...]
+    status: str  # "ok", "failed", "timeout", "not-run"
+    returncode: int | None = None
+    output: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"argv": list(self.argv), "status": self.status, "returncode": self.returncode, "output": self.output}
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """``scontrol show node -o NAME``: the node's state flags and reason."""
+
+    state: str  # "IDLE+DRAIN", "DOWN*", "MIXED"...
+    reason: str  # "" when none
+
+    @property
+    def drained(self) -> bool:
+        return "DRAIN" in self.state
+
+    @property
+    def down(self) -> bool:
+        return self.state.startswith("DOWN") or "+DOWN" in self.state
+
+    @property
+    def ours(self) -> bool:
+        return self.reason.startswith(REASON_PREFIX)
+
+    @property
+    def held_by_someone_else(self) -> bool:
+        """Drained or down with a reason preflight did not set: never touch it."""
+        return (self.drained or self.down) and bool(self.reason) and not self.ours
+
+
+# ---- pure logic: scope, opt-out, verdict, reason, parsing ----------------------------------------
+
+
+def parse_gpu_indices(text: str) -> tuple[int, ...] | None:
+    """``SLURM_JOB_GPUS`` ("0,1,3"; Slurm also writes ranges "0-3" in some versions) -> indices,
+    or None when it is not such a list."""
+    indices: list[int] = []
+    for item in text.split(","):
+        item = item.strip()
+        low, dash, high = item.partition("-")
+        if low.isdigit() and (not dash or high.isdigit()):
+            end = int(high) if dash else int(low)
+            if end < int(low) or end - int(low) > 4096:
+                return None
+            indices.extend(range(int(low), end + 1))
+        else:
+            return None
+    return tuple(sorted(set(indices)))
+
+
+def opt_out_source(environ: Mapping[str, str], settings: SlurmSettings) -> str:
+    """``NAME=item`` for the variable whose comma/space-separated items include the opt-out
+    token (``SLURM_JOB_EXTRA=foo=1,preflight=off``), else ""."""
+    token = settings.opt_out.strip().lower()
+    if not token:
+        return ""
+    for name in settings.opt_out_variables:
+        items = re.split(r"[,;\s]+", environ.get(name, "").lower())
+        if token in items:
+            return f"{name}={settings.opt_out.strip()}"
+    return ""
+
+
+def job_scope(mode: str, environ: Mapping[str, str], settings: SlurmSettings) -> JobScope:
+    """The job's part of the node (prolog, epilog) or the whole node (healthcheck)."""
+    if mode == "healthcheck":
+        return JobScope()
+    job_id = environ.get("SLURM_JOB_ID", "")
+    opted_out_by = opt_out_source(environ, settings)
+    gpus_text = environ.get("SLURM_JOB_GPUS")
+    if gpus_text is None or not gpus_text.strip():
+        # A job without GPUs cannot be hurt by GPU, GPUDirect or RDMA misconfigurations.
+        return JobScope(job_id, None, gpus_text, opted_out_by, tuple(settings.cpu_job_ignore))
+    # Unparsable: judge every GPU rather than guess which are the job's.
+    return JobScope(job_id, parse_gpu_indices(gpus_text), gpus_text, opted_out_by)
+
+
+def in_scope(finding: Finding, scope: JobScope) -> bool:
+    """Findings about one GPU count only when the job was given that GPU."""
+    match = _GPU_SUBJECT.match(finding.subject)
+    return scope.gpus is None or match is None or int(match.group(1)) in scope.gpus
+
+
+def judge_findings(findings: Sequence[Finding], settings: SlurmSettings, scope: JobScope) -> Verdict:
+    """Split findings into those that drain, those that leave the node undecided, and those about
+    GPUs the job does not use. ``unknown`` drains only when the site chose fail-closed."""
+    threshold = settings.drain_severity.rank
+    drain, undecided, out_of_scope = [], [], []
+    for finding in findings:
+        if finding.status not in (Status.PRESENT, Status.UNKNOWN) or finding.severity.rank < threshold:
+            continue
+        if not in_scope(finding, scope):
+            out_of_scope.append(finding)
+        elif finding.status is Status.PRESENT or settings.fail_closed:
+            drain.append(finding)
+        else:
+            undecided.append(finding)
+    return Verdict(tuple(drain), tuple(undecided), tuple(out_of_scope))
+
+
+def sanitise_reason(text: str, limit: int = REASON_MAX) -> str:
+    """One printable ASCII line without quotes or backslashes, at most ``limit`` characters."""
+    text = re.sub(r"[^\x20-\x7e]|[\"'\\`]", " ", text)
+    text = re.sub(r"\s+", " ", text).strip()
+    return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
+
+
+def drain_reason(findings: Sequence[Finding], mode: str, job_id: str = "", limit: int = REASON_MAX) -> str:
+    """``preflight: MEM001,DNS001 memlock-limit-too-low on slurmd (prolog job 42)``: the reference
+    IDs first, worst first, so that truncation keeps them."""
+    ordered = sorted(findings, key=lambda f: (-f.severity.rank, f.status is not Status.PRESENT, f.reference_id))
+    ids = list(dict.fromkeys(f.reference_id for f in ordered))
+    context = f"({mode} job {job_id})" if job_id else f"({mode})"
+    shown, rest = ids, list[str]()
+    while len(f"{REASON_PREFIX} {','.join(shown)}{',+99' if rest else ''} {context}") > limit and len(shown) > 1:
+        shown, rest = shown[:-1], [shown[-1], *rest]
+    id_text = ",".join(shown) + (f",+{len(rest)}" if rest else "")
+    first = ordered[0]
+    what = first.symbol if first.status is Status.PRESENT else f"{first.symbol} unknown"
+    detail = f"{what} on {first.subject}"
+    room = limit - len(f"{REASON_PREFIX} {id_text}  {context}")
+    if room < len(detail):
+        detail = detail[: max(room - 3, 0)] + "..." if room > 8 else ""
+    return sanitise_reason(" ".join(part for part in (REASON_PREFIX, id_text, detail, context) if part), limit)
+
+
+def parse_show_node(text: str) -> NodeState | None:
+    """``scontrol show node -o NAME``: one line of ``Key=value`` pairs; the reason runs to the
+    end of the line (it may contain spaces) followed by `` [user@time]``."""
+    line = next((line for line in text.splitlines() if "NodeName=" in line), "")
+    state = re.search(r"(?:^|\s)State=(\S+)", line)
+    if state is None:
+        return None
+    reason = ""
+    found = re.search(r"(?:^|\s)Reason=(.*)$", line)
+    if found:
+        reason = re.sub(r"\s*\[[^\[\]@]*@[^\[\]]*\]\s*$", "", found.group(1)).strip()
+        reason = "" if reason == "(null)" else reason
+    return NodeState(state.group(1), reason)
+
+
+# ---- acting on the node: scontrol, syslog, the last-result file ---------------------------------
+
+
+def resolve_program(program: str, environ: Mapping[str, str]) -> str:
+    """An absolute path for ``program``: as given when absolute, else searched in PATH and the
+    usual system directories (Slurm starts prologs without PATH)."""
+    if program.startswith("/"):
+        return program
+    import shutil
+
+    search = ":".join(part for part in (environ.get("PATH", ""), FALLBACK_PATH) if part)
+    return shutil.which(program, path=search) or program
+
+
+def run_command(argv: Sequence[str], timeout_s: float) -> CommandResult:
+    """Run one command with a timeout, never retried; its own failure is a result, not an error."""
+    import subprocess
+
+    if timeout_s <= 0:
+        return CommandResult(tuple(argv), "not-run", output="no time left in the run's budget")
+    try:
+        completed = subprocess.run(
+            list(argv), stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace",
+            timeout=timeout_s, check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return CommandResult(tuple(argv), "timeout", output=f"timed out after {timeout_s:.1f} s")
+    except OSError as error:
+        return CommandResult(tuple(argv), "failed", output=f"{type(error).__name__}: {error.strerror or error}")
+    output = (completed.stdout + completed.stderr).strip()[-2000:]
+    return CommandResult(tuple(argv), "ok" if completed.returncode == 0 else "failed", completed.returncode, output)
+
+
+def send_syslog(socket_path: str, priority: int, message: str) -> None:
+    """One RFC 3164 line to the local syslog socket; never blocks, never fails the run (no
+    /dev/log in a container, a stuck journald)."""
+    import socket
+
+    data = f"<{priority}>preflight[{os.getpid()}]: {message}".encode("utf-8", "replace")[:2048]
+    for kind in (socket.SOCK_DGRAM, socket.SOCK_STREAM):
+        sock = socket.socket(socket.AF_UNIX, kind)
+        try:
+            sock.setblocking(False)
+            sock.connect(socket_path)
+            sock.send(data if kind == socket.SOCK_DGRAM else data + b"\0")
+            return
+        except OSError as error:
+            if kind == socket.SOCK_DGRAM and error.errno == 91:  # EPROTOTYPE: a stream socket
+                continue
+            return
+        finally:
+            sock.close()
+
+
+def write_atomically(path: str, text: str) -> str:
+    """Replace ``path`` with ``text`` so that readers see the old or the new file, never half of
+    one. Returns "" on success, else why it failed."""
+    temporary = f"{path}.{os.getpid()}.tmp"
+    try:
+        directory = os.path.dirname(path)
+        if directory:
+            os.makedirs(directory, mode=0o755, exist_ok=True)
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except OSError as error:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        return f"{path}: {error.strerror or error}"
+    return ""
+
+
+def node_name(settings: SlurmSettings, environ: Mapping[str, str]) -> str:
+    """Slurm's name for this node: config, then ``SLURMD_NODENAME`` (set for prologs, epilogs
+    and HealthCheckProgram), then the short host name."""
+    if settings.node_name:
+        return settings.node_name
+    if environ.get("SLURMD_NODENAME"):
+        return environ["SLURMD_NODENAME"]
+    import socket
+
+    return socket.gethostname().split(".")[0]
+
+
+# ---- the commands ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Outcome:
+    """What one run did, for stdout, syslog and the last-result file."""
+
+    mode: str
+    node: str
+    started_at: float
+    verdict: str = "no-verdict"  # drain, clean, undecided, opted-out, no-verdict
+    reason: str = ""
+    message: str = ""
+    exit_code: int = 0
+    scope: JobScope = field(default_factory=JobScope)
+    node_state: NodeState | None = None
+    actions: list[CommandResult] = field(default_factory=list)
+    report: dict[str, Any] | None = None
+    errors: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": RESULT_SCHEMA,
+            "mode": self.mode,
+            "node": self.node,
+            "finished_at": round(time.time(), 3),
+            "duration_s": round(time.time() - self.started_at, 3),
+            "verdict": self.verdict,
+            "reason": self.reason,
+            "message": self.message,
+            "exit_code": self.exit_code,
+            "job": self.scope.to_json(),
+            "node_state": None if self.node_state is None else {"state": self.node_state.state, "reason": self.node_state.reason},
+            "actions": [action.to_json() for action in self.actions],
+            "errors": self.errors,
+            "report": self.report,
+        }
+
+
+class _Session:
+    """One ``preflight slurm`` run: its settings, environment and budget."""
+
+    def __init__(self, args: SlurmArgs, environ: Mapping[str, str], settings: SlurmSettings, configured: bool = True) -> None:
+        self.args = args
+        self.environ = environ
+        self.settings = settings
+        # Without a readable config, the site's last-result path is unknown: write nothing then.
+        self.configured = configured
+        self.begin = time.monotonic()
+        self.budget = args.timeout if args.timeout is not None else (
+            settings.healthcheck_timeout_s if args.mode == "healthcheck" else settings.timeout_s
+        )
+        self.outcome = _Outcome(args.mode, node_name(settings, environ), time.time())
+
+    def remaining(self) -> float:
+        return self.budget - (time.monotonic() - self.begin)
+
+    def scontrol(self, *arguments: str) -> CommandResult:
+        program = resolve_program(self.settings.scontrol, self.environ)
+        result = run_command([program, *arguments], min(self.settings.scontrol_timeout_s, self.remaining()))
+        self.outcome.actions.append(result)
+        return result
+
+    def log(self, priority: int, message: str) -> None:
+        if self.settings.syslog:
+            send_syslog(self.settings.syslog_socket, priority, message)
+
+    def finish(self) -> int:
+        """Write the last-result file and return the exit code."""
+        if not self.configured:
+            return self.outcome.exit_code
+        path = self.settings.last_result.replace("{mode}", self.args.mode)
+        problem = write_atomically(path, json.dumps(self.outcome.to_json(), indent=2) + "\n")
+        if problem:
+            print(f"preflight: cannot write the last-result file {problem}", file=sys.stderr)
+        return self.outcome.exit_code
+
+
+def run_slurm(args: SlurmArgs, environ: Mapping[str, str] | None = None) -> int:
+    """``preflight slurm prolog|epilog|healthcheck``: returns the exit code, never raises.
+
+    0: the job may run / nothing to drain (also when preflight itself could not decide: a broken
+    config must not drain a fleet); 2: the node has findings that drain it (prolog and epilog
+    then fail, which makes Slurm drain the node); 3 (healthcheck only): no verdict.
+    """
+    from preflight.catalogue import CatalogueError
+    from preflight.commands import UsageProblem, _hostname, load_host_config
+    from preflight.registry import RegistrationError
+    from preflight.sources import RootError
+
+    environ = os.environ if environ is None else environ
+    if args.mode not in MODES:
+        print(f"preflight: error: unknown mode {args.mode!r}; choose one of {', '.join(MODES)}", file=sys.stderr)
+        return ExitCode.NO_VERDICT
+    settings = SlurmSettings()
+    try:
+        if args.timeout is not None and not args.timeout > 0:
+            raise UsageProblem("--timeout must be a positive number of seconds")
+        from preflight.sources import open_root
+
+        fs = open_root(args.root)
+        config = load_host_config(fs, args.config, _hostname(fs))
+        settings = config.slurm
+    except (UsageProblem, RootError, ConfigError) as error:
+        return _no_verdict(_Session(args, environ, settings, configured=False), str(error))
+    session = _Session(args, environ, settings)
+    try:
+        return _judge_node(session, fs, config, _hostname(fs))
+    except (UsageProblem, RegistrationError, CatalogueError) as error:
+        return _no_verdict(session, str(error))
+    except Exception as error:  # a bug in preflight must not fail jobs or drain nodes
+        return _no_verdict(session, f"internal error: {type(error).__name__}: {error}")
+
+
+def _no_verdict(session: _Session, problem: str) -> int:
+    outcome = session.outcome
+    outcome.verdict, outcome.message = "no-verdict", f"preflight: no verdict ({session.args.mode}): {problem}"
+    outcome.errors.append(problem)
+    # A checker that cannot run must not fail jobs (a typo in the config would drain the fleet).
+    outcome.exit_code = ExitCode.NO_VERDICT if session.args.mode == "healthcheck" else ExitCode.OK
+    print(outcome.message, file=sys.stderr)
+    session.log(SYSLOG_ERR, outcome.message)
+    return session.finish()
+
+
+def _judge_node(session: _Session, fs: NodeFS, config: HostConfig, hostname: str) -> int:
+    from preflight.discovery import build_registry
+    from preflight.engine import RunOptions, run
+    from preflight.sources import Sources
+
+    args, settings, outcome = session.args, session.settings, session.outcome
+    scope = job_scope(args.mode, session.environ, settings)
+    outcome.scope = scope
+    if scope.opted_out_by:
+        outcome.verdict = "opted-out"
+        outcome.message = f"preflight: skipped, job {scope.job_id or '?'} opted out ({scope.opted_out_by})"
+        print(outcome.message)
+        session.log(SYSLOG_INFO, outcome.message)
+        return session.finish()
+
+    profile = {"prolog": "prolog", "epilog": settings.epilog_profile, "healthcheck": "full"}[args.mode]
+    # The scontrol calls this run may make get their time before the checks do.
+    calls = (2 if args.mode == "healthcheck" else 1) if settings.drain else 0
+    check_budget = max(session.remaining() - calls * settings.scontrol_timeout_s - 0.2, 0.5)
+    registry = build_registry((*config.checks_dirs, *args.checks_dirs), profile=profile)
+    options = RunOptions(
+        profile=profile,
+        ignore=scope.ignore,
+        timeout_s=check_budget,
+        probe_timeout_s=min(config.probe_timeout_s, check_budget),
+    )
+    report = run(registry, Sources.for_fs(fs, config.dns), config, options, hostname)
+    outcome.report = report.to_json()
+    verdict = judge_findings(report.findings, settings, scope)
+    outcome.verdict = verdict.outcome
+    if verdict.drain:
+        outcome.reason = drain_reason(verdict.drain, args.mode, scope.job_id)
+        outcome.exit_code = ExitCode.ERROR
+    if args.mode == "healthcheck":
+        _healthcheck_actions(session, verdict)
+    elif verdict.drain:
+        if settings.drain:
+            session.scontrol("update", f"NodeName={outcome.node}", "State=DRAIN", f"Reason={outcome.reason}")
+        outcome.message = outcome.reason
+        session.log(SYSLOG_ERR, _with_actions(outcome))
+    else:
+        outcome.message = _summary(outcome, report.findings, verdict, report.duration_s)
+    print(outcome.message)
+    return session.finish()
+
+
+def _summary(outcome: _Outcome, findings: Sequence[Finding], verdict: Verdict, seconds: float) -> str:
+    present = sum(1 for f in findings if f.status is Status.PRESENT)
+    unknown = sum(1 for f in findings if f.status is Status.UNKNOWN)
+    job = f" job {outcome.scope.job_id}" if outcome.scope.job_id else ""
+    extra = f"; {len(verdict.out_of_scope)} about GPUs outside the job" if verdict.out_of_scope else ""
+    return (
+        f"preflight ok ({outcome.mode}{job}): {len(findings)} findings, {present} present (none drains), "
+        f"{unknown} unknown{extra}, {seconds:.2f} s"
+    )
+
+
+def _with_actions(outcome: _Outcome) -> str:
+    done = [f"{action.argv[1] if len(action.argv) > 1 else action.argv[0]} {action.status}" for action in outcome.actions]
+    return outcome.reason + (f" [scontrol {', '.join(done)}]" if done else "")
+
+
+def _healthcheck_actions(session: _Session, verdict: Verdict) -> None:
+    """Drain or resume the node NHC-style, owning only reasons that start with ``preflight:``."""
+    settings, outcome = session.settings, session.outcome
+    node = outcome.node
+    if not settings.drain:
+        outcome.message = outcome.reason or f"preflight ok (healthcheck): {verdict.outcome}"
+        return
+    shown = session.scontrol("show", "node", "-o", node)
+    state = parse_show_node(shown.output) if shown.status == "ok" else None
+    outcome.node_state = state
+    if state is None:
+        # Not registered yet (first run at slurmd start), controller unreachable, unknown node:
+        # leave the node alone rather than guess whose reason is there.
+        why = shown.output.splitlines()[0] if shown.output else shown.status
+        outcome.message = f"{outcome.reason or 'preflight: ' + verdict.outcome} (node state unreadable: {why}; left alone)"
+        session.log(SYSLOG_ERR if verdict.drain else SYSLOG_INFO, outcome.message)
+        return
+    if verdict.drain:
+        if state.held_by_someone_else:
+            outcome.message = f"{outcome.reason} (node already {state.state} with reason {state.reason!r}; left alone)"
+        elif state.drained and state.reason == outcome.reason:
+            outcome.message = f"{outcome.reason} (already drained with this reason)"
+        else:
+            session.scontrol("update", f"NodeName={node}", "State=DRAIN", f"Reason={outcome.reason}")
+            outcome.message = outcome.reason
+        session.log(SYSLOG_ERR, _with_actions(outcome))
+        return
+    if verdict.outcome == "clean" and state.drained and state.ours:
+        result = session.scontrol("update", f"NodeName={node}", "State=RESUME")
+        outcome.message = f"preflight: resumed {node} (was {state.reason!r}): {result.status}"
+        session.log(SYSLOG_NOTICE, outcome.message)
+        return
+    outcome.message = f"preflight ok (healthcheck): {verdict.outcome}, node {state.state}" + (
+        f" with reason {state.reason!r}" if state.reason else ""
+    ) + ("; not preflight's reason, left alone" if state.held_by_someone_else else "")
+
+
+# ---- preflight slurm config --------------------------------------------------------------------
+
+
+def preflight_program() -> str:
+    """The installed ``preflight`` script that is running now, for the wrappers to exec."""
+    argv0 = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    if os.path.basename(argv0) == "preflight":
+        return argv0
+    import shutil
+
+    return shutil.which("preflight") or f"{sys.executable} -m preflight"
+
+
+def slurm_conf_lines(
+    settings: SlurmSettings, program: str, wrapper_dir: str = "/etc/slurm", config: str | None = None,
+    interval_s: int = 300,
+) -> str:
+    """The slurm.conf lines and the wrapper scripts to install (Slurm runs Prolog, Epilog and
+    HealthCheckProgram without arguments, so each mode gets a two-line wrapper)."""
+    # Slurm's timeout must cover ours plus interpreter start and writing the result.
+    prolog_epilog_timeout = math.ceil(settings.timeout_s) + 5
+    config_arg = f" --config {config}" if config else ""
+    lines = [
+        "# slurm.conf lines for preflight (generated by `preflight slurm config`)",
+        f"Prolog={wrapper_dir}/preflight-prolog",
+        f"Epilog={wrapper_dir}/preflight-epilog",
+        "# Run the prolog when the job is allocated, before any step starts on the node.",
+        "PrologFlags=Alloc",
+        f"# preflight's prolog budget is {settings.timeout_s:g} s ([slurm] timeout), scontrol included.",
+        f"PrologEpilogTimeout={prolog_epilog_timeout}",
+        f"HealthCheckProgram={wrapper_dir}/preflight-healthcheck",
+        f"HealthCheckInterval={interval_s}",
+        "HealthCheckNodeState=ANY",
+        "",
+    ]
+    for mode in MODES:
+        lines += [
+            f"# {wrapper_dir}/preflight-{mode} (root-owned, mode 0755)",
+            "#!/bin/sh",
+            f"exec {program} slurm {mode}{config_arg}",
+            "",
+        ]
+    return "\n".join(lines)

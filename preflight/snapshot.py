@@ -1,0 +1,286 @@
+"""``preflight snapshot``: record what the probes read on this node (or on a recorded root) and
+write it as a recorded root packed in a ``.tar.gz``, which ``preflight node --root`` replays with
+the same findings. The format is described in the README ("Snapshots").
+
+The run is an ordinary ``preflight node`` run (all checks of the profile, ``full`` by default)
+whose sources are wrapped by ``preflight.sources.recording``; the recorded answers become files:
+
+* every file read, at its resolved path, with the symlinks that lead to it; every directory
+  listing (entries not read become empty placeholder files, directories or links);
+* ``.preflight/devices.json``: every ``stat`` answer (an archive keeps no owners or sysfs sizes);
+* ``.preflight/statvfs.json``: every ``statvfs`` answer (file-system size and free space);
+* ``.preflight/read-errors.json``: every read, listing, stat or readlink that failed, by errno;
+* ``.preflight/kmsg``: the kernel log as read;
+* ``.preflight/nvml.json``, ``netlink.json``, ``dns.json``: the answers of those sources;
+* ``.preflight/snapshot.json``: the manifest (format, version, time, profile, scrubbing, the
+  findings of the recording run, and anything that could not be recorded exactly).
+
+The job environment (``/proc/<pid>/environ``) is recorded too, because checks read it, but values
+of variables whose names look like secrets are replaced by ``<redacted>`` (no check reads them).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat as stat_codes
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from preflight import __version__
+from preflight.engine import Report, RunOptions, run
+from preflight.sources import NodeFS, RootError, SourceError, Sources, open_root
+from preflight.sources.archive import Member
+from preflight.sources.fs import FileStat
+from preflight.sources.recording import Recorders, RecordingFS, record
+
+SNAPSHOT_FORMAT = "preflight-snapshot/1"
+MANIFEST = ".preflight/snapshot.json"
+CONFIG_PATH = "/etc/preflight/preflight.toml"
+REDACTED = b"<redacted>"
+# Names of environment variables whose values are never written into a snapshot.
+# Matching harmless ones (SSH_AUTH_SOCK) costs nothing: no check reads them; missing one
+# (PREFLIGHT_SCRUB_KEY itself) would leak it into every bug report.
+SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|PRIVATE|KEY|AUTH|COOKIE|SESSION|JWT", re.IGNORECASE)
+_ENVIRON_PATH = re.compile(r"^proc/[^/]+/environ$")
+_STAT_TYPES = {
+    stat_codes.S_IFCHR: "char", stat_codes.S_IFBLK: "block", stat_codes.S_IFDIR: "dir",
+    stat_codes.S_IFIFO: "fifo", stat_codes.S_IFSOCK: "socket", stat_codes.S_IFREG: "file",
+}
+
+
+@dataclass(frozen=True)
+class SnapshotArgs:
+    """Arguments of ``preflight snapshot``."""
+
+    output: str
+    root: str = "/"
+    config: str | None = None
+    profile: str | None = None
+    scrub: tuple[str, ...] = ()
+    scrub_key: str | None = None
+    timeout: float | None = None
+    checks_dirs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A recorded root in memory, before it is written."""
+
+    members: dict[str, Member]
+    manifest: dict[str, Any]
+    report: Report
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class SnapshotResult:
+    path: str
+    size: int
+    members: int
+    seconds: float
+    snapshot: Snapshot
+
+
+def record_node(args: SnapshotArgs) -> Snapshot:
+    """Run every check of the profile on ``args.root`` through recording sources; the recorded
+    root (not yet scrubbed). Raises RootError, ConfigError, RegistrationError, CatalogueError,
+    ArchiveError or UsageProblem."""
+    from preflight.commands import UsageProblem, _hostname, load_host_config
+    from preflight.discovery import build_registry
+    from preflight.registry import PROFILES
+    from preflight.sources.archive import opened_root
+
+    if args.profile is not None and args.profile not in PROFILES:
+        raise UsageProblem(f"--profile {args.profile!r}: choose one of {', '.join(PROFILES)}")
+    if args.timeout is not None and not args.timeout > 0:
+        raise UsageProblem("--timeout must be a positive number of seconds")
+    with opened_root(args.root) as (directory, _label):
+        open_root(directory)  # the same RootError as `preflight node` for a missing root
+        fs = RecordingFS(os.path.abspath(directory))
+        hostname = _hostname(fs)
+        config = load_host_config(fs, args.config, hostname)
+        config_text = _site_config_text(args.config)
+        plain = Sources.for_fs(fs, config.dns)
+        recorders = record(fs, plain.nvml, plain.netlink, plain.dns)
+        sources = Sources(fs, recorders.nvml or plain.nvml, recorders.netlink or plain.netlink, recorders.dns or plain.dns)
+        profile = args.profile or "full"  # full runs every check: a superset of prolog's reads
+        registry = build_registry((*config.checks_dirs, *args.checks_dirs), profile=profile)
+        timeout = args.timeout if args.timeout is not None else config.timeout_s
+        options = RunOptions(profile=profile, timeout_s=timeout, probe_timeout_s=min(config.probe_timeout_s, timeout))
+        report = run(registry, sources, config, options, hostname)
+        members, notes = recorded_members(recorders, config_text)
+    if config.checks_dirs or args.checks_dirs:
+        notes.append("site check modules (--checks-dir, [run] checks_dirs) are not part of the snapshot")
+    manifest: dict[str, Any] = {
+        "format": SNAPSHOT_FORMAT,
+        "preflight": __version__,
+        "taken_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(report.started_at)),
+        "profile": profile,
+        "source": "live node" if fs.is_live else "recorded root",
+        "scrub": {"categories": []},
+        "redacted_environment": sorted(_redact_environments(members)),
+        "summary": {status: sum(1 for f in report.findings if f.status.value == status) for status in ("present", "absent", "not_applicable", "unknown")},
+        "findings": [[f.reference_id, f.subject, f.status.value] for f in report.findings],
+        "inexact": notes,
+    }
+    return Snapshot(members, manifest, report, notes)
+
+
+def _site_config_text(path: str | None) -> bytes | None:
+    """``--config FILE`` goes into the snapshot as the node's own config, so the replay judges
+    with the same expectations."""
+    if path is None:
+        return None
+    machine_fs = NodeFS("/")  # --config names a file on this machine, not under --root
+    try:
+        return machine_fs.read_bytes(os.path.abspath(path), max_bytes=1024 * 1024)
+    except SourceError:
+        return None  # load_host_config has already reported an unreadable file
+
+
+def recorded_members(recorders: Recorders, config_text: bytes | None = None) -> tuple[dict[str, Member], list[str]]:
+    """The recorded root as archive members (paths relative to the root), and notes on what the
+    format could not reproduce exactly."""
+    tree = recorders.fs.recording
+    notes = list(dict.fromkeys(tree.inexact))
+    members: dict[str, Member] = {}
+
+    def add(member: Member) -> None:
+        if member.path and member.path not in members:
+            members[member.path] = member
+
+    for path, target in sorted(tree.links.items()):
+        add(Member(_relative(path), "link", target=target))
+    for path in sorted(tree.dirs):
+        add(Member(_relative(path), "dir"))
+    for path, data in sorted(tree.files.items()):
+        add(Member(_relative(path), "file", data))
+    for path in sorted(tree.placeholders):
+        add(Member(_relative(path), "file"))
+    if config_text is not None:
+        members[_relative(CONFIG_PATH)] = Member(_relative(CONFIG_PATH), "file", config_text)
+
+    documents: dict[str, Any] = {}
+    if tree.stats:
+        documents["devices.json"] = {
+            "format": "preflight-devices/1",
+            "nodes": {path: _stat_entry(answer) for path, answer in sorted(tree.stats.items())},
+        }
+    if tree.statvfs:
+        documents["statvfs.json"] = {"format": "preflight-statvfs/1", "mounts": dict(sorted(tree.statvfs.items()))}
+    if tree.errors:
+        errors: dict[str, Any] = {"format": "preflight-read-errors/1", "errors": dict(sorted(tree.errors.get("read", {}).items()))}
+        for operation in ("listdir", "stat", "readlink"):
+            if operation in tree.errors:
+                errors[operation] = dict(sorted(tree.errors[operation].items()))
+        documents["read-errors.json"] = errors
+    if recorders.nvml is not None:
+        documents["nvml.json"] = recorders.nvml.document()
+    if recorders.netlink is not None:
+        documents["netlink.json"] = recorders.netlink.document()
+        notes += [f"netlink {key}: still running when recorded; replays as missing" for key in recorders.netlink.hung()]
+    if recorders.dns is not None:
+        documents["dns.json"] = recorders.dns.document()
+    for name, document in documents.items():
+        members[f".preflight/{name}"] = Member(f".preflight/{name}", "file", _json_bytes(document))
+    if tree.kernel_log is not None:
+        text = "".join(f"{record}\n" for record in tree.kernel_log)
+        members[".preflight/kmsg"] = Member(".preflight/kmsg", "file", text.encode("utf-8"))
+    notes += [f"NodeFS.{name} was called but is not recorded by this version" for name in sorted(tree.unrecorded)]
+    _add_parents(members)
+    return members, notes
+
+
+def _relative(path: str) -> str:
+    return path.strip("/")
+
+
+def _stat_entry(answer: FileStat) -> dict[str, Any]:
+    return {
+        "type": _STAT_TYPES.get(stat_codes.S_IFMT(answer.mode), "file"),
+        "mode": f"{stat_codes.S_IMODE(answer.mode):04o}",
+        "uid": answer.uid,
+        "gid": answer.gid,
+        "size": answer.size,
+    }
+
+
+def _json_bytes(document: Any) -> bytes:
+    import json
+
+    return (json.dumps(document) + "\n").encode("utf-8")  # the C encoder: indent would cost ~10x
+
+
+def _add_parents(members: dict[str, Member]) -> None:
+    for path in list(members):
+        parent = os.path.dirname(path)
+        while parent and parent not in members:
+            members[parent] = Member(parent, "dir")
+            parent = os.path.dirname(parent)
+
+
+def _redact_environments(members: dict[str, Member]) -> set[str]:
+    """Replace the values of secret-looking variables in every recorded ``environ``; their names."""
+    redacted: set[str] = set()
+    for path, member in list(members.items()):
+        if member.kind != "file" or not _ENVIRON_PATH.match(path):
+            continue
+        items = []
+        for item in member.data.split(b"\0"):
+            name, equals, _value = item.partition(b"=")
+            if equals and SECRET_NAME.search(name.decode("utf-8", "replace")):
+                redacted.add(name.decode("utf-8", "replace"))
+                item = name + b"=" + REDACTED
+            items.append(item)
+        members[path] = replace(member, data=b"\0".join(items))
+    return redacted
+
+
+def take_snapshot(args: SnapshotArgs) -> SnapshotResult:
+    """Record, scrub as asked, and write the archive. Raises what :func:`record_node` raises,
+    ArchiveError for an unwritable destination, ScrubError for bad scrub options."""
+    from preflight.scrub import Scrubber, parse_categories
+    from preflight.sources.archive import write_archive
+
+    begin = time.monotonic()
+    categories = parse_categories(args.scrub)  # before recording: a typo must fail fast
+    snapshot = record_node(args)
+    members, manifest = snapshot.members, snapshot.manifest
+    if categories:
+        scrubber = Scrubber(categories, args.scrub_key)
+        members = scrubber.scrub_members(members)
+        manifest = scrubber.scrub_manifest(manifest)
+    members[MANIFEST] = Member(MANIFEST, "file", _json_bytes(manifest))
+    size = write_archive(args.output, members.values(), snapshot.report.started_at)
+    final = Snapshot(members, manifest, snapshot.report, snapshot.notes)
+    return SnapshotResult(os.path.abspath(args.output), size, len(members), time.monotonic() - begin, final)
+
+
+def run_snapshot(args: SnapshotArgs) -> int:
+    """``preflight snapshot``: write the archive and say where; the exit code. Never raises."""
+    import sys
+
+    from preflight.catalogue import CatalogueError
+    from preflight.commands import UsageProblem
+    from preflight.config import ConfigError
+    from preflight.exitcodes import ExitCode
+    from preflight.registry import RegistrationError
+    from preflight.scrub import ScrubError
+    from preflight.sources.archive import ArchiveError
+
+    try:
+        result = take_snapshot(args)
+    except (UsageProblem, RootError, ConfigError, RegistrationError, CatalogueError, ArchiveError, ScrubError) as error:
+        print(f"preflight: error: {error}", file=sys.stderr)
+        return ExitCode.NO_VERDICT
+    summary = result.snapshot.manifest["summary"]
+    print(
+        f"wrote {result.path}: {result.size} bytes, {result.members} entries, in {result.seconds:.2f} s "
+        f"({summary['present']} present, {summary['unknown']} unknown); replay with: preflight node --root {result.path}",
+        file=sys.stderr,
+    )
+    for note in result.snapshot.manifest.get("inexact", [])[:10]:
+        print(f"preflight: note: {note}", file=sys.stderr)
+    return ExitCode.OK

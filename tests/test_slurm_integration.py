@@ -1,0 +1,412 @@
+"""``preflight slurm`` under a real Slurm: munged, slurmctld and slurmd started by the tests on a
+single-node cluster written to a temporary directory, real ``srun``/``sbatch`` jobs.
+
+The node's Prolog and HealthCheckProgram are wrapper scripts that run the installed ``preflight
+slurm ...`` with ``--root`` pointing at a symlink the tests switch between recorded roots (clean,
+planted with misconfigurations, with an NVML call that hangs), and a config that sends syslog
+lines to a socket the tests listen on. Two fake GPUs (gres backed by /dev/null and /dev/zero;
+TaskPlugin=task/none constrains nothing) make Slurm give jobs ``SLURM_JOB_GPUS``.
+
+Needs root (slurmd runs prologs as root; the daemons here run as root) and Debian's munge,
+slurmctld, slurmd and slurm-client packages, which ``.ci/run`` installs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from conftest import EXAMPLE_ROOT, make_clean, preflight_command
+
+pytestmark = pytest.mark.integration
+
+NODE = "pfnode"
+SBIN = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")
+PROGRAMS = ("munged", "slurmctld", "slurmd", "srun", "sbatch", "scontrol", "squeue", "scancel")
+PROLOG_BUDGET_S = 4.0
+
+
+def find_program(name: str) -> str | None:
+    return shutil.which(name) or next((f"{d}/{name}" for d in SBIN if os.access(f"{d}/{name}", os.X_OK)), None)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class Cluster:
+    """The running test cluster and what it needs to drive jobs."""
+
+    base: Path
+    conf: Path
+    env: dict[str, str]
+    roots: dict[str, Path]
+    syslog: socket.socket
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def use_root(self, name: str) -> None:
+        """Point the prolog and health check at one of the recorded roots."""
+        link = self.base / "root"
+        temporary = self.base / "root.new"
+        temporary.unlink(missing_ok=True)
+        temporary.symlink_to(self.roots[name])
+        os.replace(temporary, link)
+
+    def run(self, *argv: str, timeout: float = 60, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        program = find_program(argv[0]) or argv[0]
+        return subprocess.run(
+            [program, *argv[1:]], capture_output=True, text=True, timeout=timeout, env={**self.env, **(extra_env or {})},
+            cwd=self.base,
+        )
+
+    def node(self) -> tuple[str, str]:
+        """(state, reason) as scontrol shows them."""
+        from preflight.slurm import parse_show_node
+
+        shown = self.run("scontrol", "show", "node", "-o", NODE, timeout=15)
+        state = parse_show_node(shown.stdout)
+        assert state is not None, shown.stdout + shown.stderr
+        return state.state, state.reason
+
+    def wait_for(self, predicate: Callable[[], bool], what: str, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            time.sleep(0.25)
+        raise AssertionError(f"timed out waiting for {what}; node: {self.node()}; logs:\n{self.logs()}")
+
+    def logs(self) -> str:
+        parts = []
+        for name in ("slurmctld.log", "slurmd.log"):
+            path = self.base / "log" / name
+            if path.exists():
+                parts.append(f"--- {name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-25:]))
+        return "\n".join(parts)
+
+    def result(self, mode: str) -> dict[str, object]:
+        data: dict[str, object] = json.loads((self.base / "results" / f"slurm-{mode}.json").read_text())
+        return data
+
+    def syslog_lines(self) -> list[str]:
+        lines = []
+        while True:
+            try:
+                lines.append(self.syslog.recv(4096).decode())
+            except BlockingIOError:
+                return lines
+
+    def healthcheck(self, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        """The health check as slurmd or cron runs it: the wrapper, environment SLURMD_NODENAME only."""
+        return subprocess.run(
+            [str(self.base / "preflight-healthcheck")], capture_output=True, text=True, timeout=60,
+            env={"SLURMD_NODENAME": NODE, **(extra_env or {})},
+        )
+
+    def resume(self) -> None:
+        self.run("scontrol", "update", f"NodeName={NODE}", "State=RESUME")
+        self.wait_for(lambda: "DRAIN" not in self.node()[0], "the node to resume")
+
+
+def skip_reason() -> str:
+    if os.geteuid() != 0:
+        return "needs root: slurmd runs the prolog as root and the test daemons run as root"
+    missing = [name for name in PROGRAMS if find_program(name) is None]
+    if missing:
+        return f"Slurm binaries missing ({', '.join(missing)}): apt-get install munge slurmctld slurmd slurm-client"
+    return ""
+
+
+def write_wrapper(path: Path, mode: str, base: Path) -> None:
+    preflight = " ".join(preflight_command())
+    path.write_text(
+        "#!/bin/sh\n"
+        "# Slurm runs prologs and HealthCheckProgram without arguments and without SLURM_CONF for the latter.\n"
+        f"export SLURM_CONF={base}/slurm.conf\n"
+        f"exec {preflight} slurm {mode} --root {base}/root --config {base}/preflight.toml\n"
+    )
+    path.chmod(0o755)
+
+
+def slurm_conf(base: Path, ctld_port: int, slurmd_port: int, munge_socket: Path) -> str:
+    # CPUs=1: a node that registers with fewer CPUs than configured is drained by slurmctld; one
+    # is always there, and the tests run one job at a time.
+    return f"""\
+ClusterName=preflighttest
+SlurmctldHost=localhost(127.0.0.1)
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={munge_socket}
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
+StateSaveLocation={base}/state
+SlurmdSpoolDir={base}/spool
+SlurmctldPidFile={base}/slurmctld.pid
+SlurmdPidFile={base}/slurmd.pid
+SlurmctldLogFile={base}/log/slurmctld.log
+SlurmdLogFile={base}/log/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/builtin
+MpiDefault=none
+JobCompType=jobcomp/none
+AccountingStorageType=accounting_storage/none
+ReturnToService=2
+SlurmctldTimeout=30
+SlurmdTimeout=30
+MessageTimeout=5
+InactiveLimit=0
+KillWait=2
+MinJobAge=2
+GresTypes=gpu
+Prolog={base}/preflight-prolog
+PrologFlags=Alloc
+PrologEpilogTimeout={int(PROLOG_BUDGET_S) + 10}
+HealthCheckProgram={base}/preflight-healthcheck
+HealthCheckInterval=3600
+HealthCheckNodeState=ANY
+NodeName={NODE} NodeAddr=127.0.0.1 NodeHostname={socket.gethostname().split('.')[0]} CPUs=1 Gres=gpu:2 State=UNKNOWN
+PartitionName=debug Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+def start(cluster: Cluster, argv: list[str], log: str) -> subprocess.Popen[bytes]:
+    with open(cluster.base / "log" / log, "wb") as output:
+        process = subprocess.Popen(argv, stdout=output, stderr=subprocess.STDOUT, env=cluster.env, start_new_session=True)
+    cluster.processes.append(process)
+    return process
+
+
+def stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    """Stop the daemons the tests started, by PID, newest first; then anything left in the process
+    group each was started in (slurmctld's slurmscriptd, a slurmstepd)."""
+    for process in reversed(processes):
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    for process in reversed(processes):
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5)
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def build_roots(base: Path) -> dict[str, Path]:
+    planted = base / "roots" / "planted"
+    shutil.copytree(EXAMPLE_ROOT, planted, symlinks=True)
+    clean = base / "roots" / "clean"
+    shutil.copytree(EXAMPLE_ROOT, clean, symlinks=True)
+    make_clean(clean)
+    hanging = base / "roots" / "hanging"
+    shutil.copytree(clean, hanging, symlinks=True)
+    nvml_path = hanging / ".preflight" / "nvml.json"
+    nvml = json.loads(nvml_path.read_text())
+    nvml["calls"]["nvmlDeviceGetCount"] = {"hang": True}  # a wedged driver
+    nvml_path.write_text(json.dumps(nvml))
+    return {"clean": clean, "planted": planted, "hanging": hanging}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    base = tmp_path_factory.mktemp("slurm")
+    base.chmod(0o755)
+    for name in ("state", "spool", "log", "results"):
+        (base / name).mkdir()
+    munge_dir = base / "munge"
+    munge_dir.mkdir(mode=0o700)
+    key = munge_dir / "munge.key"
+    key.write_bytes(os.urandom(1024))
+    key.chmod(0o400)
+    munge_socket = munge_dir / "munge.socket"
+    ctld_port, slurmd_port = free_port(), free_port()
+    conf = base / "slurm.conf"
+    conf.write_text(slurm_conf(base, ctld_port, slurmd_port, munge_socket))
+    (base / "gres.conf").write_text(f"NodeName={NODE} Name=gpu File=/dev/null\nNodeName={NODE} Name=gpu File=/dev/zero\n")
+    (base / "preflight.toml").write_text(
+        f"""\
+[run]
+probe_timeout = 2.0
+
+[slurm]
+timeout = {PROLOG_BUDGET_S}
+scontrol_timeout = 1.5
+last_result = "{base}/results/slurm-{{mode}}.json"
+syslog_socket = "{base}/syslog.socket"
+"""
+    )
+    for mode in ("prolog", "healthcheck"):
+        write_wrapper(base / f"preflight-{mode}", mode, base)
+    syslog = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    syslog.bind(str(base / "syslog.socket"))
+    syslog.setblocking(False)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin") + ":/usr/sbin:/sbin", "SLURM_CONF": str(conf), "HOME": str(base)}
+    cluster = Cluster(base, conf, env, build_roots(base), syslog)
+    cluster.use_root("clean")
+    try:
+        munged = start(cluster, [find_program("munged") or "munged", "--foreground", "--force", f"--socket={munge_socket}",
+                                 f"--key-file={key}", f"--pid-file={munge_dir}/munged.pid", f"--seed-file={munge_dir}/seed",
+                                 f"--log-file={base}/log/munged.log"], "munged.out")
+        cluster.wait_for(lambda: munge_socket.exists() or munged.poll() is not None, "munged's socket", 15)
+        assert munged.poll() is None, (base / "log" / "munged.out").read_text()
+        start(cluster, [find_program("slurmctld") or "slurmctld", "-D", "-i"], "slurmctld.out")
+        cluster.wait_for(lambda: cluster.run("scontrol", "ping", timeout=15).returncode == 0, "slurmctld", 30)
+        start(cluster, [find_program("slurmd") or "slurmd", "-D", "-N", NODE], "slurmd.out")
+        cluster.wait_for(lambda: cluster.node()[0].startswith("IDLE") and "*" not in cluster.node()[0], "slurmd to register", 30)
+        yield cluster
+    finally:
+        subprocess.run([find_program("scancel") or "scancel", "--partition=debug"], env=env, capture_output=True, timeout=15, check=False)
+        stop(cluster.processes)
+        syslog.close()
+
+
+def test_healthcheck_ran_when_slurmd_started_and_left_the_clean_node_alone(cluster: Cluster) -> None:
+    result = cluster.result("healthcheck")
+    assert result["verdict"] == "clean", result
+    assert result["node"] == NODE
+    assert all(action["argv"][1] == "show" for action in result["actions"]), result["actions"]  # type: ignore[index]
+
+
+def test_1_clean_root_job_runs(cluster: Cluster) -> None:
+    cluster.use_root("clean")
+    job = cluster.run("srun", "--gres=gpu:1", "-N1", "echo", "job ran")
+    assert job.returncode == 0 and "job ran" in job.stdout, job.stderr + cluster.logs()
+    result = cluster.result("prolog")
+    assert result["verdict"] == "clean" and result["exit_code"] == 0, result
+    assert result["job"]["gpus"] == [0] and result["job"]["slurm_job_gpus"] == "0"  # type: ignore[index]
+    assert result["actions"] == []  # a clean prolog calls nothing
+    assert "DRAIN" not in cluster.node()[0]
+
+
+def test_cpu_only_job_skips_gpu_and_rdma_checks(cluster: Cluster) -> None:
+    cluster.use_root("clean")
+    job = cluster.run("srun", "-N1", "true")
+    assert job.returncode == 0, job.stderr
+    result = cluster.result("prolog")
+    assert result["job"]["gpus"] is None and "MEM" in result["job"]["ignored"]  # type: ignore[index]
+    judged = {finding["id"] for finding in result["report"]["findings"]}  # type: ignore[index]
+    assert "DNS001" in judged and not judged & {"MEM001", "GDR001", "GPU001", "PCI001"}
+
+
+def test_3_opted_out_job_runs_on_the_planted_root(cluster: Cluster) -> None:
+    cluster.use_root("planted")
+    job = cluster.run("srun", "--gres=gpu:1", "--comment=preflight=off", "-N1", "echo", "opted out")
+    assert job.returncode == 0 and "opted out" in job.stdout, job.stderr + cluster.logs()
+    result = cluster.result("prolog")
+    assert result["verdict"] == "opted-out" and result["job"]["opted_out_by"] == "SLURM_JOB_COMMENT=preflight=off"  # type: ignore[index]
+    assert "DRAIN" not in cluster.node()[0]
+
+
+def test_2_planted_misconfiguration_drains_the_node_and_the_job_does_not_start(cluster: Cluster) -> None:
+    cluster.use_root("planted")
+    cluster.syslog_lines()
+    marker = cluster.base / "job-ran"
+    submitted = cluster.run("sbatch", "--parsable", "--gres=gpu:1", f"--output={cluster.base}/job.out", "--wrap", f"touch {marker}")
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip().split(";")[0]
+    cluster.wait_for(lambda: "DRAIN" in cluster.node()[0], "the node to drain")
+    state, reason = cluster.node()
+    assert reason.startswith("preflight: ") and f"(prolog job {job_id})" in reason, reason
+    for ref_id in ("MEM001", "DNS001", "GDR001", "PCI001"):
+        assert ref_id in reason
+    cluster.wait_for(lambda: cluster.run("squeue", "-h", "-j", job_id, "-o", "%T").stdout.strip() == "PENDING", "the job to be requeued")
+    time.sleep(1)
+    assert not marker.exists()
+    result = cluster.result("prolog")
+    assert result["verdict"] == "drain" and result["reason"] == reason and result["exit_code"] == 2
+    assert [action["status"] for action in result["actions"]] == ["ok"]  # type: ignore[index]
+    assert any(reason in line for line in cluster.syslog_lines())
+    cluster.run("scancel", job_id)
+
+
+def test_4_healthcheck_resumes_its_own_drain_once_the_root_is_clean(cluster: Cluster) -> None:
+    if "DRAIN" not in cluster.node()[0]:
+        cluster.run("scontrol", "update", f"NodeName={NODE}", "State=DRAIN", "Reason=preflight: MEM001 (prolog job 1)")
+    cluster.use_root("planted")
+    still_bad = cluster.healthcheck()
+    assert still_bad.returncode == 2, still_bad.stdout + still_bad.stderr
+    state, reason = cluster.node()
+    assert "DRAIN" in state and reason.startswith("preflight: ") and "(healthcheck)" in reason
+    cluster.use_root("clean")
+    clean = cluster.healthcheck()
+    assert clean.returncode == 0 and "resumed" in clean.stdout, clean.stdout + clean.stderr
+    state, reason = cluster.node()
+    assert "DRAIN" not in state and reason == "", (state, reason)
+    job = cluster.run("srun", "--gres=gpu:1", "-N1", "echo", "back")
+    assert job.returncode == 0 and "back" in job.stdout
+
+
+def test_4_healthcheck_leaves_an_admin_drain_alone(cluster: Cluster) -> None:
+    admin = "admin: replacing DIMM B3"
+    cluster.run("scontrol", "update", f"NodeName={NODE}", "State=DRAIN", f"Reason={admin}")
+    try:
+        for root in ("planted", "clean"):
+            cluster.use_root(root)
+            checked = cluster.healthcheck()
+            assert checked.returncode in (0, 2), checked.stderr
+            assert "left alone" in checked.stdout or root == "clean", checked.stdout
+            state, reason = cluster.node()
+            assert "DRAIN" in state and reason == admin, (root, state, reason)
+        assert [action["argv"][1] for action in cluster.result("healthcheck")["actions"]] == ["show"]  # type: ignore[index]
+    finally:
+        cluster.use_root("clean")
+        cluster.resume()
+
+
+def test_5_hanging_probe_prolog_returns_within_its_deadline_and_the_job_runs(cluster: Cluster) -> None:
+    cluster.use_root("hanging")
+    began = time.monotonic()
+    job = cluster.run("srun", "--gres=gpu:2", "-N1", "echo", "ran anyway")
+    elapsed = time.monotonic() - began
+    assert job.returncode == 0 and "ran anyway" in job.stdout, job.stderr + cluster.logs()
+    result = cluster.result("prolog")
+    assert result["verdict"] in ("clean", "undecided") and result["exit_code"] == 0, result
+    assert float(result["duration_s"]) < PROLOG_BUDGET_S  # type: ignore[arg-type]
+    assert elapsed < PROLOG_BUDGET_S + 5
+    probes = {probe["name"]: probe for probe in result["report"]["probes"]}  # type: ignore[index]
+    assert any(probe["status"] == "timeout" for probe in probes.values()), probes
+    unknown = [f["id"] for f in result["report"]["findings"] if f["status"] == "unknown"]  # type: ignore[index]
+    assert "GPU001" in unknown
+    assert "DRAIN" not in cluster.node()[0]
+
+
+def test_healthcheck_without_a_reachable_controller_returns_within_its_budget(cluster: Cluster) -> None:
+    unreachable = cluster.base / "unreachable.conf"
+    unreachable.write_text(cluster.conf.read_text().replace(f"SlurmctldPort={cluster.conf.read_text().split('SlurmctldPort=')[1].split()[0]}", f"SlurmctldPort={free_port()}"))
+    cluster.use_root("planted")
+    began = time.monotonic()
+    checked = subprocess.run(
+        [*preflight_command(), "slurm", "healthcheck", "--root", str(cluster.base / "root"), "--config", str(cluster.base / "preflight.toml"), "--timeout", "6"],
+        capture_output=True, text=True, timeout=60, env={"SLURMD_NODENAME": NODE, "SLURM_CONF": str(unreachable)},
+    )
+    elapsed = time.monotonic() - began
+    cluster.use_root("clean")
+    assert elapsed < 6 + 2, elapsed
+    assert checked.returncode == 2 and "left alone" in checked.stdout, checked.stdout + checked.stderr
+    actions = cluster.result("healthcheck")["actions"]
+    assert [action["status"] for action in actions] in (["timeout"], ["failed"]), actions  # type: ignore[index]
+    assert "DRAIN" not in cluster.node()[0]
