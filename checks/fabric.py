@@ -271,6 +271,10 @@ def nvls_cuda_invalid_argument(fabric: FabricFacts) -> Iterator[Observation]:
         if manager.running:
             yield undecided("fabric manager", f"its command socket listens ({manager.listening}) but no process is visible to date its start")
             return
+        unread = [p for p in manager.problems if p.split(": ", 1)[0].endswith("/comm")]
+        if unread:  # the process may be the one whose name could not be read
+            yield undecided("fabric manager", f"cannot tell whether nv-fabricmanager runs: {unread[0]}")
+            return
         raise NotApplicable("no fabric manager process running (NVL006 reports that)")
     pid = manager.pids[0]
     if manager.started_after_boot_s is None:
