@@ -533,8 +533,7 @@ def _load_operation_errors(path: str | None) -> dict[str, dict[str, int]]:
     if path is None:
         return {}
     try:
-        with open(path, encoding="utf-8") as handle:
-            document = json.load(handle)
+        document = load_recording(path)
         return {
             operation: {os.path.normpath(str(node_path)): getattr(errno_codes, str(name)) for node_path, name in document[operation].items()}
             for operation in RECORDED_ERROR_OPERATIONS
