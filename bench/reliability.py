@@ -378,7 +378,7 @@ def render(figures: dict[str, Any], args: argparse.Namespace) -> str:
         *(f"- {v}" for v in m["violations"][:20]),
         "",
         f"Known gaps, not counted as violations (`KNOWN_GAP_REFERENCES` in `tests/reliability_harness.py`): "
-        f"{len(m['known_gaps'])} runs' findings in which a reference that decides \"no GPU / no NVSwitch here\" from PCI "
+        f"{len(m['known_gaps'])} findings in which a reference that decides \"no GPU / no NVSwitch here\" from PCI "
         "`vendor`/`class` files turned `not_applicable` (or lost a finding) when such a file became unreadable. "
         "Those checks do not yet notice an unreadable PCI classification; the first few:",
         "",
