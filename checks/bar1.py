@@ -25,7 +25,7 @@ from preflight.model import Evidence, NotApplicable, Observation, Unknown, prese
 from preflight.probing import FactReader
 from preflight.registry import check, probe
 from preflight.sources import NodeFS
-from preflight.sources.nvml import Nvml, NvmlError
+from preflight.sources.nvml import UNANSWERED, Nvml, NvmlError
 from preflight.units import format_size
 
 _MEM, _PREFETCH, _MEM_64 = 0x200, 0x2000, 0x100000  # IORESOURCE_* (include/linux/ioport.h)
@@ -110,8 +110,8 @@ def _bytes(info: object, key: str) -> int | None:
 @check("GDR003", profiles=("prolog",))
 def peermem_gpu_mapping_rejected(bar1: Bar1Facts, gpus: GpuFacts) -> Iterator[Observation]:
     """BAR1 too small for GPUDirect RDMA, or mostly mapped before the job starts."""
-    if bar1.nvml_error == "NVML_NOT_RECORDED":
-        raise Unknown("no NVML answers recorded for this root")
+    if bar1.nvml_error in UNANSWERED:  # no recording, or a broken one
+        raise Unknown(f"no NVML answers recorded for this root ({bar1.nvml_error})")
     on_bus = len(gpus.pci_gpus)
     if bar1.nvml_error:
         if on_bus:

@@ -203,7 +203,9 @@ def probe_fabric(fs: NodeFS, nvml: Nvml) -> FabricFacts:
         count = nvml.call("nvmlDeviceGetCount")
     except NvmlError as error:
         return FabricFacts(nvswitches, (), error.code, manager, tuple(reader.problems))
-    gpus = tuple(_gpu_fabric(nvml, index) for index in range(count if isinstance(count, int) else 0))
+    if not isinstance(count, int) or count < 0:  # a damaged recording, not "no GPUs"
+        return FabricFacts(nvswitches, (), "NVML_UNEXPECTED_ANSWER", manager, tuple(reader.problems))
+    gpus = tuple(_gpu_fabric(nvml, index) for index in range(count))
     return FabricFacts(nvswitches, gpus, "", manager, tuple(reader.problems))
 
 
@@ -215,6 +217,8 @@ def _manager_missing(manager: FabricManager) -> Evidence:
 @check("NVL006", profiles=("full",))
 def nvls_multicast_init_failure(fabric: FabricFacts, job: JobFacts) -> Iterator[Observation]:
     """GPUs outside a completed NVLink fabric, or an NVSwitch system without its fabric manager."""
+    if not fabric.nvswitches and fabric.nvml_error in ("NVML_REPLAY_UNREADABLE", "NVML_UNEXPECTED_ANSWER"):
+        raise Unknown(f"the NVML recording is broken ({fabric.nvml_error}): a multi-node fabric cannot be looked for")
     if not fabric.nvswitches and fabric.nvml_error:
         # GPU001 reports a broken NVML; here it only means a GB200-style tray cannot be recognised.
         raise NotApplicable(f"no NVSwitch on this node (NVML unavailable, {fabric.nvml_error}, to look for a multi-node fabric)")
@@ -266,6 +270,10 @@ def nvls_cuda_invalid_argument(fabric: FabricFacts) -> Iterator[Observation]:
     if not manager.pids:
         if manager.running:
             yield undecided("fabric manager", f"its command socket listens ({manager.listening}) but no process is visible to date its start")
+            return
+        unread = [p for p in manager.problems if p.split(": ", 1)[0].endswith("/comm")]
+        if unread:  # the process may be the one whose name could not be read
+            yield undecided("fabric manager", f"cannot tell whether nv-fabricmanager runs: {unread[0]}")
             return
         raise NotApplicable("no fabric manager process running (NVL006 reports that)")
     pid = manager.pids[0]

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from preflight.checks.job import parse_environ
 from preflight.checks.nccl_libs import PYTHON_ROOTS
+from preflight.model import Unknown
 from preflight.probing import FactReader
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
@@ -31,6 +32,7 @@ from preflight.sources import NodeFS, SourceError
 #: Distribution names (normalised as PEP 503 does) whose versions some reference depends on.
 FRAMEWORKS = frozenset({"torch", "deepspeed", "megatron-core", "vllm"})
 _METADATA_BYTES = 256 * 1024  # headers come first; torch's METADATA is ~40 KiB with its long description
+_UNREAD_METADATA = re.compile(r"/(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*?)-[^-/]+?\.(?:dist-info|egg-info)/")
 _INSTALLED = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*?)-(?P<version>[^-/]+?)\.(?P<kind>dist-info|egg-info)$")
 
 
@@ -48,7 +50,15 @@ class FrameworkFacts:
     problems: tuple[str, ...]  # metadata or directories that exist but could not be read
 
     def versions(self, name: str) -> tuple[PythonPackage, ...]:
-        return tuple(package for package in self.packages if package.name == name)
+        """The installed versions of ``name``; Unknown when none was read but a metadata file of
+        ``name`` could not be: "not installed" would be a guess."""
+        found = tuple(package for package in self.packages if package.name == name)
+        if not found:
+            for problem in self.problems:
+                entry = _UNREAD_METADATA.search(problem)
+                if entry and normalise(entry.group("name")) == name:
+                    raise Unknown(f"{name}: {problem}")
+        return found
 
 
 def normalise(name: str) -> str:

@@ -39,7 +39,7 @@ from preflight.checks.gpus import UNEXPECTED_ANSWER, GpuFacts
 from preflight.checks.kernel_log import HARDWARE_XIDS, KernelLogFacts, XidEvent
 from preflight.model import Evidence, NotApplicable, Observation, Unknown, present, undecided
 from preflight.registry import check, probe
-from preflight.sources.nvml import Nvml, NvmlError
+from preflight.sources.nvml import UNANSWERED, Nvml, NvmlError
 
 # nvmlMemoryErrorType_t and nvmlEccCounterType_t (nvml.h; pynvml NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
 # NVML_VOLATILE_ECC).
@@ -187,8 +187,8 @@ def nccl_cuda_call_failed(gpu_health: GpuHealthFacts, kernel_log: KernelLogFacts
 
 def _nvml_unusable(gpu_health: GpuHealthFacts, gpus: GpuFacts) -> NotApplicable | Unknown | None:
     """Why NVML cannot judge any GPU, as the exception the check raises; None when it can."""
-    if gpu_health.nvml_error == NOT_RECORDED:
-        return Unknown("no NVML answers recorded for this root")
+    if gpu_health.nvml_error in UNANSWERED:  # no recording, or a broken one
+        return Unknown(f"no NVML answers recorded for this root ({gpu_health.nvml_error})")
     if gpu_health.nvml_error:
         if gpus.pci_gpus:
             return Unknown(f"NVML unavailable ({gpu_health.nvml_error}): the health of the {len(gpus.pci_gpus)} GPUs on the PCI bus cannot be read")

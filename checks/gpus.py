@@ -27,7 +27,7 @@ from preflight.model import Evidence, NotApplicable, Observation, Severity, Unkn
 from preflight.probing import FactReader
 from preflight.registry import check, probe
 from preflight.sources import NodeFS
-from preflight.sources.nvml import Nvml, NvmlError
+from preflight.sources.nvml import UNANSWERED, Nvml, NvmlError
 
 if TYPE_CHECKING:  # gpu_health imports this module at run time
     from preflight.checks.gpu_health import GpuHealthFacts
@@ -136,8 +136,8 @@ def probe_gpus(fs: NodeFS, nvml: Nvml) -> GpuFacts:
 def gpu_unusable_by_driver(gpus: GpuFacts, gpu_health: GpuHealthFacts, expect: Expectations) -> Iterator[Observation]:
     """A GPU is on the bus but unusable: lost, invisible to NVML, or the driver stack is broken;
     a warning when persistence mode is off."""
-    if gpus.nvml_error == "NVML_NOT_RECORDED":
-        raise Unknown(gpus.nvml_detail)
+    if gpus.nvml_error in UNANSWERED:  # no recording, or a broken one
+        raise Unknown(gpus.nvml_detail or gpus.nvml_error)
     if not gpus.pci_gpus and gpus.nvml_error:
         raise NotApplicable(f"no NVIDIA GPU on the PCI bus and NVML unavailable ({gpus.nvml_error})")
     if gpus.nvml_error in CANNOT_ASK_ERRORS:

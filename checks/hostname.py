@@ -118,7 +118,8 @@ def parse_hosts(text: str, path: str = "/etc/hosts") -> list[HostsEntry]:
     entries = []
     for number, line in enumerate(text.splitlines(), 1):
         fields = line.split("#", 1)[0].split()
-        if len(fields) >= 2:
+        # glibc's files service skips lines whose address does not parse (inet_pton).
+        if len(fields) >= 2 and _is_ip(fields[0]):
             entries.append(HostsEntry(fields[0], tuple(fields[1:]), f"{path}:{number}"))
     return entries
 
@@ -483,6 +484,8 @@ def hostname_resolution_broken(hostname: HostnameFacts) -> Iterator[Observation]
             yield observation
     if hostname.peers_error:
         yield undecided("job peers", hostname.peers_error)
+    if hostname.dns_error and not hostname.nameservers:
+        yield undecided("nameservers", f"not queried: {hostname.dns_error}")
     for server in hostname.nameservers:
         observation = _judge_nameserver(server, hostname)
         if observation is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from preflight.model import Unknown
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
 
@@ -56,10 +57,14 @@ class JobFacts:
     nccl_conf_files: tuple[NcclConfFile, ...]  # in NCCL's precedence order
 
     def nccl(self, name: str) -> Setting | None:
-        """What NCCL would use for ``name``: the environment first, then the files in order."""
+        """What NCCL would use for ``name``: the environment first, then the files in order.
+        Raises Unknown when a file that could set it could not be read (root-squashed NFS
+        homes, a broken recording): "unset" would be a guess."""
         if name in self.environ:
             return Setting(self.environ[name], "environment")
         for conf in self.nccl_conf_files:
+            if conf.error:
+                raise Unknown(f"{name}: {conf.path} could not be read ({conf.error}) and may set it")
             for key, value in conf.entries:
                 if key == name:
                     return Setting(value, conf.path)
@@ -106,12 +111,13 @@ def _read_conf(fs: NodeFS, path: str) -> NcclConfFile | None:
 
 @probe("job")
 def probe_job(fs: NodeFS) -> JobFacts:
-    """Read the job environment and the NCCL configuration files it selects."""
-    environ_error = ""
-    try:
-        environ = parse_environ(fs.read_bytes("/proc/self/environ") or b"")
-    except SourceError as error:
-        environ, environ_error = {}, error.reason
+    """Read the job environment and the NCCL configuration files it selects.
+
+    Raises SourceError when the environment cannot be read: every NCCL setting, and which
+    files NCCL reads, is unknown then, and reporting them as unset would judge a node NCCL sees
+    otherwise. An unreadable configuration file only makes the settings it might hold unknown
+    (:meth:`JobFacts.nccl`)."""
+    environ = parse_environ(fs.read_bytes("/proc/self/environ") or b"")
     user_file = environ.get("NCCL_CONF_FILE") or (
         f"{environ['HOME'].rstrip('/')}/.nccl.conf" if environ.get("HOME", "").startswith("/") else ""
     )
@@ -121,4 +127,4 @@ def probe_job(fs: NodeFS) -> JobFacts:
             conf = _read_conf(fs, path)
             if conf is not None:
                 files.append(conf)
-    return JobFacts(environ, environ_error, tuple(files))
+    return JobFacts(environ, "", tuple(files))

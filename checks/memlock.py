@@ -283,14 +283,32 @@ def _require_rdma(memlock: MemlockFacts) -> None:
 _SLURMD_SCRIPT_CONTEXTS = frozenset({"prolog_slurmd", "epilog_slurmd"})
 
 
+def _unread_subject(path: str, memlock: MemlockFacts) -> str:
+    """The MEM001 subject an unreadable file leaves undecided ("" for files MEM001 does not use)."""
+    if path.endswith("/limits"):
+        return path
+    if path.endswith(("/comm", "/slurmd.pid")) and memlock.slurmd_pid is None:
+        return "slurmd"  # whether slurmd runs, and so its limit, is unknown
+    if path in _SLURM_CONF_PATHS:
+        return "slurm.conf"
+    if "/slurmd.service" in path:
+        return "slurmd.service"
+    if path.startswith("/etc/security/limits"):
+        return "limits.conf"
+    if path.startswith(("/etc/systemd/system.conf", "/usr/lib/systemd/system.conf")):
+        return "slurmd.service" if memlock.slurmd_unit is not None else ""
+    return ""
+
+
 @check("MEM001", profiles=("prolog",))
 def memlock_limit_too_low(memlock: MemlockFacts, job: JobFacts, expect: Expectations) -> Iterator[Observation]:
     """The locked-memory limit a job gets is below the site minimum."""
     _require_rdma(memlock)
     minimum = expect.memlock_min
     for problem in memlock.problems:
-        if "/limits" in problem:
-            yield undecided(problem.split(":", 1)[0], problem)
+        subject = _unread_subject(problem.split(":", 1)[0], memlock)
+        if subject:
+            yield undecided(subject, problem)
     run_by_slurmd = job.environ.get("SLURM_SCRIPT_CONTEXT") in _SLURMD_SCRIPT_CONTEXTS and memlock.slurmd is not None
     if memlock.process is not None and memlock.process.soft < minimum and not run_by_slurmd:
         yield present("process", _limit_evidence(memlock.process, minimum))

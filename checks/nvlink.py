@@ -25,7 +25,7 @@ from preflight.checks.gpus import GpuFacts
 from preflight.config import Expectations
 from preflight.model import Evidence, NotApplicable, Observation, Unknown, present, undecided
 from preflight.registry import check, probe
-from preflight.sources.nvml import Nvml, NvmlError
+from preflight.sources.nvml import UNANSWERED, Nvml, NvmlError
 
 NVLINK_MAX_LINKS = 36  # NVML_NVLINK_MAX_LINKS in nvidia-ml-py 13.x (nvml.h)
 # Answers that mean "this GPU has no link with that number", not "the query failed".
@@ -91,9 +91,11 @@ def probe_nvlink(nvml: Nvml) -> NvlinkFacts:
 
 def require_nvml(nvml_error: str, nvml_detail: str, gpus: GpuFacts, what: str) -> None:
     """Raise NotApplicable on a node without NVIDIA GPUs, Unknown when NVML could not answer."""
-    if nvml_error == "NVML_NOT_RECORDED":
-        raise Unknown(nvml_detail or "no NVML answers recorded for this root")
+    if nvml_error in UNANSWERED:  # no recording, or a broken one
+        raise Unknown(nvml_detail or f"no NVML answers recorded for this root ({nvml_error})")
     if nvml_error:
+        if not gpus.pci_gpus and gpus.problems:
+            raise Unknown(f"NVML unavailable ({nvml_error}) and the PCI bus not fully read: {gpus.problems[0]}")
         if not gpus.pci_gpus:
             raise NotApplicable(f"no NVIDIA GPU on the PCI bus and NVML unavailable ({nvml_error})")
         raise Unknown(f"NVML unavailable ({nvml_error}); {what} cannot be read")

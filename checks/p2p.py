@@ -35,7 +35,7 @@ from preflight.checks.job import JobFacts, Setting
 from preflight.checks.nccl_libs import NcclLibFacts
 from preflight.checks.nvlink import require_nvml
 from preflight.config import Expectations
-from preflight.model import Evidence, NotApplicable, Observation, Severity, present, undecided
+from preflight.model import Evidence, NotApplicable, Observation, Severity, Unknown, present, undecided
 from preflight.probing import FactReader
 from preflight.registry import check, probe
 from preflight.sources import NodeFS
@@ -228,6 +228,8 @@ def p2p_transport_disabled(p2p: P2pFacts, job: JobFacts, gpus: GpuFacts, expect:
         if not gpus.pci_gpus:
             require_nvml(p2p.nvml_error, p2p.nvml_detail, gpus, "the driver's P2P status")
         if len(gpus.pci_gpus) < 2:
+            if gpus.problems:  # a GPU whose vendor or class could not be read is not counted
+                raise Unknown(f"NVML unavailable ({p2p.nvml_error}) and the PCI bus not fully read: {gpus.problems[0]}")
             raise NotApplicable("one GPU on this node: no peer-to-peer traffic inside it")
         override = p2p_switched_off(job, None)
         if override is None:

@@ -330,9 +330,25 @@ def _bridge(fs: NodeFS, bdf: str) -> Bridge:
         return Bridge(bdf, None, f"{path}: {error}")
 
 
+def _unclassified(pcie: PcieFacts) -> str:
+    """Why some PCI device may be a GPU or RDMA NIC not seen (its vendor, class or entries could
+    not be read); "" when every device was classified."""
+    for problem in pcie.problems:
+        path = problem.split(": ", 1)[0]
+        device_file = path.startswith("/sys/bus/pci/devices/") and (path.endswith(("/vendor", "/class")) or path.count("/") == 5)
+        if path == "/sys/bus/pci/devices" or device_file:
+            return f"cannot tell which PCI devices are GPUs and RDMA NICs: {problem}"
+    return ""
+
+
 @check("PCI001", profiles=("prolog",))
 def acs_redirect_breaks_gpudirect_rdma(pcie: PcieFacts) -> Iterator[Observation]:
     """ACS P2P redirect on a bridge between a GPU and its nearest RDMA NIC, on bare metal."""
+    unclassified = _unclassified(pcie)
+    if unclassified and not (pcie.gpus and pcie.nics and pcie.pairs):
+        raise Unknown(unclassified)
+    if unclassified:
+        yield undecided("PCI devices", unclassified)
     if not pcie.gpus or not pcie.nics:
         raise NotApplicable("needs NVIDIA GPUs and RDMA NICs on this node")
     if pcie.hypervisor:
@@ -378,8 +394,13 @@ def _iommu_note(pcie: PcieFacts) -> str:
 @check("TOPO005", profiles=("prolog",))
 def gpu_hca_cross_numa_gdr(pcie: PcieFacts, job: JobFacts) -> Iterator[Observation]:
     """A GPU whose nearest RDMA NIC is on another socket, or GPUDirect RDMA forced across the CPU."""
+    unclassified = _unclassified(pcie)
     if not pcie.gpus or not pcie.nics:
+        if unclassified:
+            raise Unknown(unclassified)
         raise NotApplicable("needs NVIDIA GPUs and RDMA NICs on this node")
+    if unclassified:
+        yield undecided("PCI devices", unclassified)
     gdr_level = _setting(job, "NCCL_NET_GDR_LEVEL")
     forced = _LEVEL_NUMBERS.get(gdr_level, gdr_level.upper())
     for gpu, nic, distance in pcie.nearest_nic:
@@ -403,8 +424,13 @@ def gpu_hca_cross_numa_gdr(pcie: PcieFacts, job: JobFacts) -> Iterator[Observati
 def p2p_bandwidth_degraded(pcie: PcieFacts) -> Iterator[Observation]:
     """A GPU or RDMA NIC whose PCIe link trained narrower than it can run."""
     endpoints = [("GPU", gpu) for gpu in pcie.gpus] + [("NIC", nic) for nic in pcie.nics]
+    unclassified = _unclassified(pcie)
     if not endpoints:
+        if unclassified:
+            raise Unknown(unclassified)
         raise NotApplicable("no NVIDIA GPUs or RDMA NICs on the PCI bus")
+    if unclassified:
+        yield undecided("PCI devices", unclassified)
     if all(endpoint.link.problem for _, endpoint in endpoints):
         raise Unknown(f"no link width readable for any of the {len(endpoints)} GPUs and NICs ({endpoints[0][1].link.problem})")
     for kind, endpoint in endpoints:
@@ -426,8 +452,13 @@ def p2p_bandwidth_degraded(pcie: PcieFacts) -> Iterator[Observation]:
 def p2p_transfers_hang_or_fault(pcie: PcieFacts) -> Iterator[Observation]:
     """ACS redirect on a bridge between two GPUs, or an IOMMU translating the GPUs' DMA, on bare
     metal without NVSwitches."""
+    unclassified = _unclassified(pcie)
     if len(pcie.gpus) < 2:
+        if unclassified:
+            raise Unknown(unclassified)
         raise NotApplicable("fewer than two NVIDIA GPUs: no GPU peer-to-peer traffic inside the node")
+    if unclassified:
+        yield undecided("PCI devices", unclassified)
     if pcie.hypervisor:
         raise NotApplicable(
             "inside a virtual machine: the guest's emulated bridges and IOMMU do not route GPU peer traffic; "

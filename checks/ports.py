@@ -290,9 +290,11 @@ def _master_port(job: JobFacts) -> tuple[int | None, str]:
     value = job.environ.get("MASTER_PORT")
     if value is None:
         return TORCH_DEFAULT_PORT, f"MASTER_PORT unset: torchrun's default {TORCH_DEFAULT_PORT}"
-    if not value.strip().isdigit() or not 0 < int(value) <= 65535:
+    text = value.strip()
+    # isdigit() alone accepts "²" and other digits int() refuses.
+    if not (text.isascii() and text.isdigit()) or not 0 < int(text) <= 65535:
         return None, f"MASTER_PORT={value!r} is not a port number"
-    return int(value), f"MASTER_PORT={int(value)} (job environment)"
+    return int(text), f"MASTER_PORT={int(text)} (job environment)"
 
 
 @check("SOCK001", profiles=("prolog",))

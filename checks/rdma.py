@@ -442,6 +442,15 @@ def require_rdma(rdma: RdmaFacts) -> None:
         raise NotApplicable(f"no RDMA devices in {IB_CLASS}")
 
 
+def unlisted_ports(rdma: RdmaFacts) -> Iterator[Observation]:
+    """An undecided observation for each data device whose ports directory could not be listed:
+    its ports are unknown, not absent."""
+    for device in rdma.data_devices:
+        unlisted = [p for p in device.problems if p.path == f"{device.path}/ports" and p.reason != "no ports"]
+        if unlisted and not device.ports:
+            yield undecided(device.name, str(unlisted[0]))
+
+
 def port_evidence(port: RdmaPort, *attributes: str, expected: str = "") -> Evidence:
     """One evidence line with several port attributes, read from ``ports/<n>/``."""
     shown = []
@@ -465,6 +474,14 @@ def _kind(port: RdmaPort, rdma: RdmaFacts) -> tuple[str, str]:
     return (port.link_layer or "?", (device.hca_type if device else None) or "?")
 
 
+def _kind_unreadable(port: RdmaPort, rdma: RdmaFacts) -> str:
+    """The read problem that hides a port's kind (its link layer or its HCA's type), if any."""
+    device = rdma.device(port.device)
+    wanted = {f"{port.path}/link_layer"} | ({f"{device.path}/hca_type"} if device else set())
+    problems = [*port.problems, *(device.problems if device else ())]
+    return next((str(problem) for problem in problems if problem.path in wanted), "")
+
+
 def judged_ports(rdma: RdmaFacts, expect: Expectations) -> list[RdmaPort]:
     """The data ports whose health matters (see the module docstring)."""
     if expect.hcas is not None:
@@ -478,8 +495,9 @@ def judged_ports(rdma: RdmaFacts, expect: Expectations) -> list[RdmaPort]:
     return [
         port
         for group in groups.values()
-        if 2 * sum(1 for p in group if p.state == PORT_ACTIVE) > len(group)
         for port in group
+        # A port of unreadable kind stays: the check says unknown rather than drop it unseen.
+        if 2 * sum(1 for p in group if p.state == PORT_ACTIVE) > len(group) or _kind_unreadable(port, rdma)
     ]
 
 
@@ -501,6 +519,12 @@ def _degraded(port: RdmaPort, active: list[RdmaPort], rdma: RdmaFacts, expect: E
                 port_evidence(port, "rate", expected=f"{expect.rate_gbps:g} Gb/sec (expect.rate_gbps)"),
             )
         return None
+    unreadable = _kind_unreadable(port, rdma)
+    if unreadable:
+        rates = [p.rate for p in active if p.rate is not None]
+        if all(port.rate.gbps >= rate.gbps and port.rate.width >= rate.width for rate in rates):
+            return None  # as fast and wide as every active port: not degraded, whatever its kind
+        return undecided(port.subject, f"{unreadable}; cannot tell which ports its rate should match")
     reference = _reference_rate(port, active, rdma)
     if reference is None:
         return None
@@ -518,6 +542,7 @@ def _degraded(port: RdmaPort, active: list[RdmaPort], rdma: RdmaFacts, expect: E
 def rdma_stack_or_ports_misconfigured(rdma: RdmaFacts, expect: Expectations) -> Iterator[Observation]:
     """Expected HCAs missing, data ports down, or links trained below their rate or width."""
     require_rdma(rdma)
+    yield from unlisted_ports(rdma)
     for name in expect.hcas or ():
         if rdma.device(name) is None:
             yield present(
@@ -526,7 +551,10 @@ def rdma_stack_or_ports_misconfigured(rdma: RdmaFacts, expect: Expectations) -> 
             )
     active = []
     for port in judged_ports(rdma, expect):
-        if port.state is not None and port.state != PORT_ACTIVE:
+        unreadable = _kind_unreadable(port, rdma) if expect.hcas is None else ""
+        if unreadable and port.state != PORT_ACTIVE:
+            yield undecided(port.subject, f"{unreadable}; cannot tell whether ports of its kind are in use")
+        elif port.state is not None and port.state != PORT_ACTIVE:
             yield present(port.subject, port_evidence(port, "state", "phys_state", expected="4: ACTIVE, 5: LinkUp"))
         elif port.state is None or port.phys_state is None:
             yield undecided(port.subject, port.why("state" if port.state is None else "phys_state"))
@@ -550,11 +578,15 @@ def ib_subnet_manager_sweep_failure(rdma: RdmaFacts, kernel_log: KernelLogFacts 
     and IPoIB multicast joins the subnet administrator refused or never answered since boot."""
     require_rdma(rdma)
     ports = [port for port in rdma.data_ports if port.link_layer in ("InfiniBand", None)]
+    unlisted = list(unlisted_ports(rdma))
     if not any(port.link_layer == "InfiniBand" for port in ports):
         unreadable = [port for port in ports if port.link_layer is None]
         if unreadable:
             raise Unknown(unreadable[0].why("link_layer"))
+        if unlisted:
+            raise Unknown(unlisted[0].reason)
         raise NotApplicable("no InfiniBand link-layer ports (RoCE and EFA have no subnet manager)")
+    yield from unlisted
     yield from _refused_joins(kernel_log)
     for port in ports:
         if port.link_layer is None:

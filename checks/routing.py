@@ -349,6 +349,10 @@ def _route_mismatch(facts: NcclSocketFacts, routing: RoutingFacts) -> Iterator[O
         (peer, route) for peer in routing.peers for route in peer.routes[:1]
         if route.reachable and route.route_type != "local" and route.ifname != picked.ifname
     ]
+    unresolved = [peer.name for peer in routing.peers if not peer.addresses]
+    if not elsewhere and unresolved and routing.problems:
+        # A peer may be unresolved only because /etc/hosts could not be read.
+        yield undecided(picked.ifname, f"peers {', '.join(unresolved[:4])} unresolved; {routing.problems[0]}")
     if elsewhere:
         chosen = facts.socket_ifname is not None and len(facts.socket_ifname.value) > 1
         yield present(

@@ -6,6 +6,7 @@ Both the typer CLI (``preflight.cli``) and the launcher's fast path for ``prefli
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
@@ -92,7 +93,7 @@ def run_node(args: NodeArgs) -> int:
             raise UsageProblem(f"--format {args.output_format!r}: choose one of {', '.join(OUTPUT_FORMATS)}")
         if args.profile is not None and args.profile not in PROFILES:
             raise UsageProblem(f"--profile {args.profile!r}: choose one of {', '.join(PROFILES)}")
-        if args.timeout is not None and not args.timeout > 0:
+        if args.timeout is not None and not 0 < args.timeout < math.inf:
             raise UsageProblem("--timeout must be a positive number of seconds")
         with opened_root(args.root) as (directory, label):
             report, unknown_policy = _judge(args, directory)

@@ -60,6 +60,7 @@ Every unknown key or bad value is an error naming the file, the line and the key
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -140,7 +141,8 @@ class HostConfig:
 
 
 def _positive_float(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+    # TOML has nan and inf: neither bounds a run.
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
         raise ValueError("must be a positive number of seconds")
     return float(value)
 
@@ -152,7 +154,7 @@ def _positive_int(value: Any) -> int:
 
 
 def _positive_number(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
         raise ValueError("must be a positive number")
     return float(value)
 

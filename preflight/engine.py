@@ -4,12 +4,16 @@ Probes run in daemon threads: a thread stuck in the kernel (a wedged NVML call, 
 that never answers, a sysfs read in D state) cannot be killed, so the engine stops waiting for
 it at its deadline, marks what it feeds ``unknown`` and moves on; the CLI exits with
 ``os._exit`` when such a thread is still alive so that interpreter shutdown cannot wait on it.
+In a process that runs many times, a probe whose earlier thread is still stuck on the same
+node and kind of source is not started again (it is ``unknown`` at once), so stuck threads stay
+bounded by the number of distinct stuck probes instead of growing with every run.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -110,6 +114,31 @@ def _call_probe(spec: ProbeSpec, sources: Sources, config: HostConfig) -> Any:
     return spec.func(**arguments)
 
 
+# Probe threads a run stopped waiting for, by what they were asked (see _abandon_key), with
+# when they started. A later run in the same process does not start the same probe against
+# the same kind of source while its predecessor is still stuck: a wedged driver or a dead
+# server would only swallow one more thread per run, and a long-lived process (a daemon, a
+# test suite, a fleet replay) would collect them without bound.
+_ABANDONED: dict[tuple[str, ...], tuple[threading.Thread, float]] = {}
+_ABANDONED_LOCK = threading.Lock()
+
+
+def _abandon_key(spec: ProbeSpec, sources: Sources) -> tuple[str, ...]:
+    """The probe, the node, and the classes of the sources it reads: a run on another root, or
+    with another NVML/netlink/DNS implementation, is not held back by this one's stuck call."""
+    kinds = tuple(type(sources.by_name(name)).__qualname__ for name in spec.sources if name != "settings")
+    return (spec.name, sources.fs.root, *kinds)
+
+
+def _still_stuck(key: tuple[str, ...]) -> float | None:
+    """When the stuck thread for ``key`` started (monotonic), or None if there is none."""
+    with _ABANDONED_LOCK:
+        for known in [k for k, (thread, _) in _ABANDONED.items() if not thread.is_alive()]:
+            del _ABANDONED[known]
+        entry = _ABANDONED.get(key)
+    return entry[1] if entry else None
+
+
 def run_probes(
     specs: list[ProbeSpec], sources: Sources, config: HostConfig, options: RunOptions, deadline: float
 ) -> dict[str, ProbeOutcome]:
@@ -117,14 +146,17 @@ def run_probes(
     clock = sources.clock
     results: dict[str, ProbeOutcome] = {}
     done = {spec.name: threading.Event() for spec in specs}
+    threads: dict[str, threading.Thread] = {}
+    outcomes: dict[str, ProbeOutcome] = {}
     started = clock.monotonic()
+    now = time.monotonic()
 
     def work(spec: ProbeSpec) -> None:
         begin = clock.monotonic()
         try:
             facts = _call_probe(spec, sources, config)
             outcome = ProbeOutcome(spec.name, "ok", clock.monotonic() - begin, facts)
-        except SourceError as error:
+        except (SourceError, Unknown) as error:  # a fact the probe needs could not be had
             outcome = ProbeOutcome(spec.name, "error", clock.monotonic() - begin, error=str(error))
         except Exception as error:  # a probe bug must not crash the run
             outcome = ProbeOutcome(
@@ -134,10 +166,20 @@ def run_probes(
         done[spec.name].set()
 
     for spec in specs:
-        threading.Thread(target=work, args=(spec,), name=f"probe-{spec.name}", daemon=True).start()
+        stuck_since = _still_stuck(_abandon_key(spec, sources))
+        if stuck_since is not None:
+            outcomes[spec.name] = ProbeOutcome(
+                spec.name, "timeout", 0.0,
+                error=f"timed out: the same probe has been stuck for {now - stuck_since:.1f} s in an earlier run; not started again",
+            )
+            continue
+        thread = threading.Thread(target=work, args=(spec,), name=f"probe-{spec.name}", daemon=True)
+        threads[spec.name] = thread
+        thread.start()
 
-    outcomes: dict[str, ProbeOutcome] = {}
     for spec in specs:
+        if spec.name in outcomes:
+            continue
         limit = spec.timeout_s if spec.timeout_s is not None else options.probe_timeout_s
         probe_deadline = min(started + limit, deadline)
         finished = done[spec.name].wait(max(0.0, probe_deadline - clock.monotonic()))
@@ -148,6 +190,8 @@ def run_probes(
             outcomes[spec.name] = ProbeOutcome(
                 spec.name, "timeout", waited, error=f"timed out after {waited:.1f} s"
             )
+            with _ABANDONED_LOCK:
+                _ABANDONED[_abandon_key(spec, sources)] = (threads[spec.name], now)
     return outcomes
 
 

@@ -30,7 +30,10 @@ def parse_size(value: Any) -> int:
     if not match:
         raise ValueError("must be bytes, a size like \"64GiB\", or \"unlimited\"")
     number, unit, _ = match.groups()
-    return int(float(number) * 1024 ** _POWERS[unit.upper()])
+    try:
+        return int(float(number) * 1024 ** _POWERS[unit.upper()])
+    except OverflowError:  # more digits than a float holds: inf
+        raise ValueError("is too large") from None
 
 
 def format_size(value: int | None) -> str:

@@ -39,14 +39,13 @@ all (``preflight snapshot`` writes it); it raises SourceError on replay, and so 
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from preflight.sources.fs import SourceError, describe_os_error
+from preflight.sources.fs import SourceError, describe_os_error, load_recording
 
 DNS_ERRORS = ("NXDOMAIN", "NOANSWER", "TIMEOUT", "NO_NAMESERVERS", "SERVFAIL")
 SERVER_ERRORS = ("TIMEOUT", "UNREACHABLE")
@@ -260,9 +259,8 @@ class ReplayDns:
     @classmethod
     def from_file(cls, path: str) -> ReplayDns:
         try:
-            with open(path, encoding="utf-8") as handle:
-                document = json.load(handle)
-        except (OSError, ValueError) as error:
+            document = load_recording(path)
+        except ValueError as error:
             return cls({}, path, f"unreadable DNS recording: {error}")
         if not isinstance(document, dict):
             return cls({}, path, "DNS recording is not a JSON object")

@@ -56,7 +56,7 @@ import os
 import stat as stat_codes
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 #: Reads stop here: sysfs attributes are one page, and a 10 GB "file" must not fill memory.
 KERNEL_LOG_MAX_BYTES = 8 << 20  # a full default kernel ring buffer is 1-4 MiB
@@ -202,7 +202,11 @@ class NodeFS:
         self._raise_recorded_error(path, exact_only=True)
         try:
             real = self._resolve(path)
-            # O_NONBLOCK keeps a FIFO planted in a recorded root from blocking the open.
+            # Only regular files are read (sysfs and procfs attributes are): a FIFO planted in a
+            # recorded root would read as empty or block, and opening a device node can have
+            # side effects (opening /dev/watchdog arms it), so neither is even opened.
+            _refuse_special(path, os.stat(real).st_mode)
+            # O_NONBLOCK keeps a FIFO swapped in after the stat from blocking the open.
             fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
         except OSError as error:
             if error.errno in _ABSENT_ERRNOS:
@@ -210,8 +214,7 @@ class NodeFS:
                 return None
             raise SourceError(path, describe_os_error(error)) from None
         try:
-            if stat_codes.S_ISDIR(os.fstat(fd).st_mode):
-                raise SourceError(path, "is a directory (EISDIR)")
+            _refuse_special(path, os.fstat(fd).st_mode)
             chunks: list[bytes] = []
             remaining = limit + 1
             while remaining > 0:
@@ -220,8 +223,6 @@ class NodeFS:
                     break
                 chunks.append(chunk)
                 remaining -= len(chunk)
-        except BlockingIOError:
-            raise SourceError(path, "not a regular file (read would block)") from None
         except OSError as error:
             raise SourceError(path, describe_os_error(error)) from None
         finally:
@@ -360,11 +361,10 @@ class NodeFS:
             if replay is None:
                 return None
             try:
-                with open(replay, "rb") as handle:
-                    lines = handle.read(max_bytes).decode("utf-8", "replace").splitlines()
+                data = read_recording(replay, max_bytes, cut=True)
             except OSError as error:
                 raise SourceError(".preflight/kmsg", describe_os_error(error)) from None
-            return join_kmsg_continuations(lines)
+            return join_kmsg_continuations(data.decode("utf-8", "replace").splitlines())
         try:
             descriptor = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
         except FileNotFoundError:
@@ -397,8 +397,66 @@ class NodeFS:
             return None
         if name not in self._replay_files:
             candidate = os.path.join(self.root, ".preflight", name)
-            self._replay_files[name] = candidate if os.path.isfile(candidate) else None
+            # Anything at the name counts: a recording that is a directory, a FIFO or a symlink
+            # loop is a broken recording (its reader says so), not a missing one with a fallback.
+            self._replay_files[name] = candidate if os.path.lexists(candidate) else None
         return self._replay_files[name]
+
+
+#: Recordings of whole NVML, netlink and DNS answers stay far below this (a snapshot of an
+#: 8-GPU node is under 1 MB); anything larger is not read into memory.
+RECORDING_MAX_BYTES = 32 * 1024 * 1024
+
+
+def read_recording(path: str, max_bytes: int = RECORDING_MAX_BYTES, cut: bool = False) -> bytes:
+    """A ``.preflight`` recording's bytes: regular files only (never blocks on a FIFO), at most
+    ``max_bytes`` (``cut``: the first ``max_bytes``; otherwise a larger file fails). Raises
+    OSError, with a readable ``strerror`` for the two refusals."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        status = os.fstat(fd)
+        if not stat_codes.S_ISREG(status.st_mode):
+            raise OSError(errno_codes.EINVAL, "not a regular file")
+        if status.st_size > max_bytes and not cut:
+            raise OSError(errno_codes.EFBIG, f"larger than {max_bytes} bytes")
+        chunks: list[bytes] = []
+        remaining = max_bytes + 1
+        while remaining > 0:
+            chunk = os.read(fd, min(remaining, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            remaining -= len(chunk)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > max_bytes:
+        if not cut:
+            raise OSError(errno_codes.EFBIG, f"larger than {max_bytes} bytes")
+        data = data[:max_bytes]
+    return data
+
+
+def load_recording(path: str) -> Any:
+    """A JSON recording, parsed; ValueError (with the file and the reason) for anything that is
+    not a readable, bounded, UTF-8 JSON document, including nesting deep enough to exhaust
+    Python's recursion limit."""
+    try:
+        return json.loads(read_recording(path).decode("utf-8"))
+    except OSError as error:
+        raise ValueError(f"{path}: {error.strerror or error}") from None
+    except RecursionError:
+        raise ValueError(f"{path}: JSON nested too deeply") from None
+    except ValueError as error:  # JSONDecodeError and UnicodeDecodeError
+        raise ValueError(f"{path}: {error}") from None
+
+
+def _refuse_special(path: str, mode: int) -> None:
+    if stat_codes.S_ISDIR(mode):
+        raise SourceError(path, "is a directory (EISDIR)")
+    if not stat_codes.S_ISREG(mode):
+        kind = "a FIFO" if stat_codes.S_ISFIFO(mode) else "a device node" if stat_codes.S_ISCHR(mode) or stat_codes.S_ISBLK(mode) else "a socket"
+        raise SourceError(path, f"not a regular file ({kind}); not opened")
 
 
 def join_kmsg_continuations(lines: list[str]) -> list[str]:
@@ -417,11 +475,7 @@ def _load_device_recording(recording: str) -> dict[str, FileStat]:
     """Parse ``.preflight/devices.json``; a broken recording fails every ``/dev`` stat."""
     where = f".preflight/{DEVICE_RECORDING}"
     try:
-        with open(recording, "rb") as handle:
-            data = handle.read(DEFAULT_MAX_BYTES + 1)
-        if len(data) > DEFAULT_MAX_BYTES:
-            raise ValueError(f"larger than {DEFAULT_MAX_BYTES} bytes")
-        nodes = json.loads(data)["nodes"]
+        nodes = json.loads(read_recording(recording, DEFAULT_MAX_BYTES))["nodes"]
         return {
             os.path.normpath(node_path): FileStat(
                 _DEVICE_TYPES[entry["type"]] | (int(entry["mode"], 8) & 0o7777),
@@ -433,6 +487,8 @@ def _load_device_recording(recording: str) -> dict[str, FileStat]:
         }
     except OSError as error:
         raise SourceError(where, describe_os_error(error)) from None
+    except RecursionError:
+        raise SourceError(where, "malformed recording (JSON nested too deeply)") from None
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise SourceError(where, f"malformed recording ({type(error).__name__}: {error})") from None
 
@@ -441,12 +497,8 @@ def _load_statvfs_recording(recording: str) -> dict[str, FsUsage | SourceError]:
     """Parse ``.preflight/statvfs.json``; a broken recording fails every replayed ``statvfs``."""
     where = f".preflight/{STATVFS_RECORDING}"
     try:
-        with open(recording, "rb") as handle:
-            data = handle.read(DEFAULT_MAX_BYTES + 1)
-        if len(data) > DEFAULT_MAX_BYTES:
-            raise ValueError(f"larger than {DEFAULT_MAX_BYTES} bytes")
         mounts: dict[str, FsUsage | SourceError] = {}
-        for mount, entry in json.loads(data)["mounts"].items():
+        for mount, entry in json.loads(read_recording(recording, DEFAULT_MAX_BYTES))["mounts"].items():
             host = os.path.normpath(mount)
             if "error" in entry:
                 code = getattr(errno_codes, str(entry["error"]))
@@ -459,6 +511,8 @@ def _load_statvfs_recording(recording: str) -> dict[str, FsUsage | SourceError]:
         return mounts
     except OSError as error:
         raise SourceError(where, describe_os_error(error)) from None
+    except RecursionError:
+        raise SourceError(where, "malformed recording (JSON nested too deeply)") from None
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise SourceError(where, f"malformed recording ({type(error).__name__}: {error})") from None
 
@@ -468,11 +522,9 @@ def _load_read_errors(path: str | None) -> list[tuple[str, int]]:
     if path is None:
         return []
     try:
-        with open(path, encoding="utf-8") as handle:
-            document = json.load(handle)
-        errors = document["errors"]
+        errors = load_recording(path)["errors"]
         return [(str(pattern), getattr(errno_codes, str(name))) for pattern, name in errors.items()]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         return []
 
 
@@ -481,8 +533,7 @@ def _load_operation_errors(path: str | None) -> dict[str, dict[str, int]]:
     if path is None:
         return {}
     try:
-        with open(path, encoding="utf-8") as handle:
-            document = json.load(handle)
+        document = load_recording(path)
         return {
             operation: {os.path.normpath(str(node_path)): getattr(errno_codes, str(name)) for node_path, name in document[operation].items()}
             for operation in RECORDED_ERROR_OPERATIONS

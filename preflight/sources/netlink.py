@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import errno as errno_codes
 import ipaddress
-import json
 import os
 import struct
 from collections.abc import Iterable
@@ -44,7 +43,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from preflight.sources.ethtool import PauseState, query_pause
-from preflight.sources.fs import NodeFS, SourceError
+from preflight.sources.fs import NodeFS, SourceError, load_recording
 from preflight.sources.routes import Route, file_route_get, live_route_get, replay_route
 
 # ARPHRD_* from include/uapi/linux/if_arp.h, as in /sys/class/net/<if>/type and ifi_type.
@@ -185,9 +184,8 @@ class ReplayNetlink:
     @classmethod
     def from_file(cls, path: str) -> ReplayNetlink:
         try:
-            with open(path, encoding="utf-8") as handle:
-                document = json.load(handle)
-        except (OSError, ValueError) as error:
+            document = load_recording(path)
+        except ValueError as error:
             return cls({}, path, f"unreadable netlink recording: {error}")
         if not isinstance(document, dict):
             return cls({}, path, "netlink recording is not a JSON object")

@@ -29,10 +29,16 @@ pynvml is imported only when the live source is first used: it costs ~20 ms and 
 
 from __future__ import annotations
 
-import json
 import threading
 from dataclasses import dataclass
 from typing import Any, Protocol, Union
+
+from preflight.sources.fs import load_recording
+
+
+#: Codes meaning "the recording cannot say" (never what a driver answers): checks make them
+#: ``unknown``, where a real NVML error may mean "no GPU here".
+UNANSWERED = frozenset({"NVML_NOT_RECORDED", "NVML_REPLAY_UNREADABLE"})
 
 
 class NvmlError(Exception):
@@ -164,19 +170,19 @@ class ReplayNvml:
 
     def __init__(self, document: dict[str, Any], origin: str = "nvml.json") -> None:
         self._origin = origin
-        self._calls: dict[str, Any] = document.get("calls", {}) if isinstance(document, dict) else {}
+        calls = document.get("calls", {}) if isinstance(document, dict) else {}
+        self._calls: dict[str, Any] = calls if isinstance(calls, dict) else {}
         init = document.get("init") if isinstance(document, dict) else None
         self._init_answer = init if isinstance(init, dict) else None
 
     @classmethod
     def from_file(cls, path: str) -> ReplayNvml:
         try:
-            with open(path, encoding="utf-8") as handle:
-                document = json.load(handle)
-        except (OSError, ValueError) as error:
-            return cls({"init": {"error": "NVML_REPLAY_UNREADABLE", "detail": f"{path}: {error}"}})
-        if not isinstance(document, dict):
-            return cls({"init": {"error": "NVML_REPLAY_UNREADABLE", "detail": f"{path}: not an object"}})
+            document = load_recording(path)
+        except ValueError as error:
+            return cls({"init": {"error": "NVML_REPLAY_UNREADABLE", "detail": str(error)}})
+        if not isinstance(document, dict) or not isinstance(document.get("calls", {}), dict):
+            return cls({"init": {"error": "NVML_REPLAY_UNREADABLE", "detail": f"{path}: not an object with a 'calls' object"}})
         return cls(document, origin=path)
 
     def call(self, function: str, index: int | None = None, *args: Argument) -> Any:
