@@ -177,3 +177,30 @@ def test_load_report_raises_report_error_only(tmp_path: Path) -> None:
     path.write_text("{}")
     with pytest.raises(ReportError):
         load_report(str(path))
+
+
+@pytest.mark.parametrize("data", [
+    b'{"a": NaN}', b'{"a": Infinity}', b"[" * 5000 + b"]" * 5000, b'{"n": ' + b"9" * 5000 + b"}",
+    b'{"host": "\xff\xfe"}', b'{"a": 1,}', b"",
+])
+def test_the_fast_parser_refuses_what_the_standard_one_refuses_with_the_same_words(data: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
+    """orjson speeds the fleet up, but a file it refuses is judged by the standard parser, so the
+    reason a bad report is skipped does not depend on whether orjson is installed."""
+    from preflight.fleet import load
+
+    assert load._FAST_LOADS is not None  # a dependency: installed with preflight
+    with pytest.raises(load.ReportError) as fast:
+        load.parse_json(data)
+    monkeypatch.setattr(load, "_FAST_LOADS", None)
+    with pytest.raises(load.ReportError) as standard:
+        load.parse_json(data)
+    assert str(fast.value) == str(standard.value)
+
+
+def test_the_fast_parser_reads_a_report_as_the_standard_one_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    from preflight.fleet import load
+
+    data = (Path(__file__).resolve().parent / "golden" / "hgx-h100.json").read_bytes()
+    fast = load.parse_json(data)
+    monkeypatch.setattr(load, "_FAST_LOADS", None)
+    assert fast == load.parse_json(data)

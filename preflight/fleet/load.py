@@ -19,7 +19,7 @@ import os
 import re
 import stat
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,7 +158,28 @@ def _bounded_int(digits: str) -> int:
 _PARSE_INT = None if hasattr(sys, "get_int_max_str_digits") else _bounded_int
 
 
+def _fast_loads() -> Callable[[bytes], Any] | None:
+    """orjson's parser when it is installed: it decodes a report 3-4x faster than the standard
+    library, which is most of the fleet's time at 10,000 nodes. Like ``parse_json`` it refuses NaN,
+    Infinity and invalid UTF-8; it also refuses integers beyond 64 bits and nesting beyond 1,024
+    levels, which the standard parser then judges (and names) on its own terms."""
+    try:
+        import orjson
+    except ImportError:
+        return None
+    loads: Callable[[bytes], Any] = orjson.loads
+    return loads
+
+
+_FAST_LOADS = _fast_loads()
+
+
 def parse_json(data: bytes) -> Any:
+    if _FAST_LOADS is not None:
+        try:
+            return _FAST_LOADS(data)
+        except ValueError:  # orjson.JSONDecodeError: let the standard parser say what is wrong
+            pass
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
