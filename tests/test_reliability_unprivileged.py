@@ -11,12 +11,14 @@ contents and modification times. The report goes to stdout, the only report path
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
 import stat
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,31 +34,72 @@ from preflight.model import Finding, Severity, Status
 NOBODY = 65534
 WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm")
 SCHEMA = json.loads((REPO / "preflight" / "schemas" / "report-v1.schema.json").read_text())
-BIN = Path(sys.executable).parent
 # NVML_REPLAY_UNREADABLE: the NVML recording could not be read (GPU001 carries the errno).
 PERMISSION_WORDS = ("permission denied", "needs root", "eacces", "eperm", "nvml_replay_unreadable")
 RUNUSER = shutil.which("runuser") or shutil.which("runuser", path="/usr/sbin:/sbin") or "runuser"
 
 
-def _unprivileged_ready() -> str:
-    """Why this machine cannot run the CLI as nobody ("" when it can)."""
-    if os.geteuid() != 0:
-        return "needs root to switch to the unprivileged user nobody"
-    if not os.path.isabs(RUNUSER):
-        return "runuser (util-linux) is not installed"
+def _nobody_cannot_run(bin_dir: Path) -> str:
+    """Why ``nobody`` cannot import preflight with ``bin_dir``'s interpreter ("" when it can)."""
     probe = subprocess.run(
-        [RUNUSER, "-u", "nobody", "--", str(BIN / "python"), "-c", "import preflight"],
+        [RUNUSER, "-u", "nobody", "--", str(bin_dir / "python"), "-c", "import preflight"],
         capture_output=True, text=True, timeout=60, cwd="/",
     )
-    if probe.returncode != 0:
-        return (
-            f"nobody cannot run this virtualenv's interpreter ({BIN / 'python'}: {probe.stderr.strip()[-200:]}); "
-            "make the venv and the interpreter it links to readable by others (e.g. a venv made from /usr/bin/python3)"
-        )
-    return ""
+    if probe.returncode == 0:
+        return ""
+    return probe.stderr.strip()[-200:] or f"exit code {probe.returncode}"
 
 
-pytestmark = pytest.mark.skipif(bool(_unprivileged_ready()), reason=_unprivileged_ready() or "ready")
+# Not needed by the CLI, and most of the copy's size.
+_NOT_COPIED = ("__pycache__", "mypy", "mypyc", "*__mypyc*", "ansible", "ansible_*", "pip", "setuptools", "hypothesis", "_pytest", "cryptography")
+
+
+def _system_python_venv() -> tuple[Path | None, str]:
+    """A venv ``nobody`` can run when this one cannot (CI's interpreter lives under /root): made
+    from the system's interpreter of the same minor version, so compiled extensions still load,
+    reading a world-readable copy of this venv's packages through a .pth file."""
+    minor = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    system = shutil.which(minor, path="/usr/bin:/bin")
+    if system is None:
+        return None, f"there is no /usr/bin/{minor} to make a venv nobody can run"
+    base = Path(tempfile.mkdtemp(prefix="preflight-nobody-"))
+    atexit.register(shutil.rmtree, base, True)
+    base.chmod(0o755)
+    shutil.copytree(sysconfig.get_paths()["purelib"], base / "site", symlinks=True, ignore=shutil.ignore_patterns(*_NOT_COPIED))
+    made = subprocess.run([system, "-m", "venv", "--without-pip", str(base / "venv")], capture_output=True, text=True, timeout=120)
+    if made.returncode:
+        return None, f"{system} -m venv failed: {made.stderr.strip()[-200:]}"
+    bin_dir = base / "venv" / "bin"
+    purelib = subprocess.run(
+        [str(bin_dir / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout.strip()
+    Path(purelib, "preflight-tests.pth").write_text(f"{base / 'site'}\n")
+    script = bin_dir / "preflight"
+    script.write_text(f"#!{bin_dir / 'python'}\nimport sys\nfrom preflight.launcher import main\nsys.exit(main())\n")
+    script.chmod(0o755)
+    return bin_dir, ""
+
+
+def _nobody_bin() -> tuple[Path | None, str]:
+    """The bin directory whose ``python`` and ``preflight`` nobody can run, or None and why not."""
+    if os.geteuid() != 0:
+        return None, "needs root to switch to the unprivileged user nobody"
+    if not os.path.isabs(RUNUSER):
+        return None, "runuser (util-linux) is not installed"
+    own = Path(sys.executable).parent
+    problem = _nobody_cannot_run(own)
+    if not problem:
+        return own, ""
+    made, why = _system_python_venv()
+    if made is None:
+        return None, f"nobody cannot run this virtualenv's interpreter ({own / 'python'}: {problem}), and {why}"
+    problem = _nobody_cannot_run(made)
+    return (made, "") if not problem else (None, f"nobody cannot run {made / 'python'} either: {problem}")
+
+
+BIN, _WHY_NOT = _nobody_bin()
+pytestmark = pytest.mark.skipif(BIN is None, reason=_WHY_NOT or "ready")
 
 
 def nobody_files() -> set[str]:
