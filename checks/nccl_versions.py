@@ -74,6 +74,14 @@ class NcclPlatformFacts:
     pci_gpus: tuple[str, ...]  # NVIDIA display/3D functions in /sys/bus/pci/devices
     gpus_without_link_speed: tuple[str, ...]  # those with no max_link_speed (own or parent's)
     problems: tuple[str, ...]
+    # PCI functions whose vendor or class could not be read: any of them may be a GPU or NVSwitch.
+    unclassified: tuple[str, ...] = ()
+
+    def require_classified(self, missing: str) -> None:
+        """Unknown rather than "no such device" when ``missing`` may hide among unreadable functions."""
+        if self.unclassified:
+            raise Unknown(f"{missing} among the classified PCI functions, but {len(self.unclassified)} could not be "
+                          f"classified (vendor or class unreadable), e.g. {self.unclassified[0]}")
 
 
 def parse_stack_limit(text: str) -> int | None:
@@ -105,15 +113,21 @@ def parse_stack_propagation(text: str) -> tuple[bool, str]:
     return True, "(neither PropagateResourceLimits nor PropagateResourceLimitsExcept set: ALL)"
 
 
-def _nvidia_functions(fs: NodeFS, reader: FactReader) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
-    """NVSwitches and GPUs on the PCI bus, and the GPUs whose own or parent's ``max_link_speed``
-    is missing (NCCL reads both). Read from sysfs, not NVML, so a wedged driver holds none of it."""
-    switches, gpus, missing = [], [], []
+def _nvidia_functions(fs: NodeFS, reader: FactReader) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """NVSwitches and GPUs on the PCI bus, the GPUs whose own or parent's ``max_link_speed`` is
+    missing (NCCL reads both), and the functions that could not be classified. Read from sysfs,
+    not NVML, so a wedged driver holds none of it."""
+    switches, gpus, missing, unclassified = [], [], [], []
     for bdf in reader.listing(PCI_DEVICES):
         base = f"{PCI_DEVICES}/{bdf}"
-        if (reader.text(f"{base}/vendor") or "").strip() != _NVIDIA:
+        known_problems = len(reader.problems)
+        vendor = (reader.text(f"{base}/vendor") or "").strip()
+        klass = (reader.text(f"{base}/class") or "").strip() if vendor in (_NVIDIA, "") else ""
+        if len(reader.problems) > known_problems:
+            unclassified.append(bdf)
             continue
-        klass = (reader.text(f"{base}/class") or "").strip()
+        if vendor != _NVIDIA:
+            continue
         if klass.startswith(_NVSWITCH_CLASS):
             switches.append(bdf)
         if not klass.startswith(_GPU_CLASSES):
@@ -129,7 +143,7 @@ def _nvidia_functions(fs: NodeFS, reader: FactReader) -> tuple[tuple[str, ...], 
         real = posixpath.normpath(posixpath.join(PCI_DEVICES, target)) if target else base
         if not reader.exists(f"{real}/max_link_speed") or not reader.exists(f"{posixpath.dirname(real)}/max_link_speed"):
             missing.append(bdf)
-    return tuple(switches), tuple(gpus), tuple(missing)
+    return tuple(switches), tuple(gpus), tuple(missing), tuple(unclassified)
 
 
 @probe("nccl_platform", gather_in=("full",))
@@ -141,7 +155,7 @@ def probe_nccl_platform(fs: NodeFS) -> NcclPlatformFacts:
         conf_override = parse_environ(fs.read_bytes("/proc/self/environ") or b"").get("SLURM_CONF", "")
     except SourceError:
         conf_override = ""  # the job probe reports an unreadable environment
-    nvswitches, pci_gpus, without_link_speed = _nvidia_functions(fs, reader)
+    nvswitches, pci_gpus, without_link_speed, unclassified = _nvidia_functions(fs, reader)
     slurm_conf, propagated, setting = None, None, ""
     for path in ((conf_override,) if conf_override.startswith("/") else ()) + _SLURM_CONF_PATHS:
         text = reader.text(path)
@@ -156,6 +170,7 @@ def probe_nccl_platform(fs: NodeFS) -> NcclPlatformFacts:
         propagation_setting=setting,
         nvswitches=nvswitches,
         pci_gpus=pci_gpus,
+        unclassified=unclassified,
         gpus_without_link_speed=without_link_speed,
         problems=tuple(reader.problems),
     )
@@ -192,6 +207,7 @@ def nvls_dual_port_nic_corruption(nccl_libs: NcclLibFacts, nccl_platform: NcclPl
     dual-port NIC."""
     require_nccl(nccl_libs)
     if not nccl_platform.nvswitches:
+        nccl_platform.require_classified("no NVSwitch")
         raise NotApplicable("no NVSwitch on this node: NVLS cannot run")
     if not rdma.devices:
         raise NotApplicable("no RDMA devices: NVLS runs within the node only")
@@ -288,6 +304,7 @@ def mnnvl_init_stack_overrun(
     then gives threads 2 MiB) or below 8 MiB."""
     require_nccl(nccl_libs)
     if not nccl_platform.pci_gpus:
+        nccl_platform.require_classified("no NVIDIA GPU")
         raise NotApplicable("no NVIDIA GPU in /sys/bus/pci/devices")
     carrying, unnamed = affected(nccl_libs, MNNVL_STACK)
     if not carrying and not unnamed:
@@ -329,6 +346,11 @@ def nccl_topology_search_regression(
             nccl_libs, NVLS_SEARCH,
             Evidence("/sys/bus/pci/devices", f"{len(nccl_platform.nvswitches)} NVSwitches (NVLS) and {len(rdma.devices)} RDMA devices"),
         )
+    at_risk = any(part for bug in (NVLS_SEARCH, PCI_SPEED_DETECTION) for part in affected(nccl_libs, bug))
+    if at_risk and nccl_platform.unclassified and not (nccl_platform.nvswitches and nccl_platform.pci_gpus):
+        # an unreadable function may be the NVSwitch or the GPU without a link speed
+        yield undecided("node", f"{len(nccl_platform.unclassified)} PCI function(s) could not be classified "
+                                f"(vendor or class unreadable), e.g. {nccl_platform.unclassified[0]}")
     missing = nccl_platform.gpus_without_link_speed
     if missing and job.nccl("NCCL_TOPO_FILE") is None:  # a topology file replaces sysfs detection
         yield from _releases(

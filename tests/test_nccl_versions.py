@@ -267,3 +267,18 @@ def test_nvidia_peermem_alone_is_invisible_to_nccl_before_2_23_4(clean_root: Pat
 def test_full_profile_only(ref_id: str) -> None:
     """The job's settings these depend on are not in a prolog's environment; the periodic full run judges them."""
     assert REGISTRY.checks[ref_id].profiles == ("full",)
+
+
+def test_unclassifiable_pci_functions_are_unknown_not_no_gpu(tmp_path: Path) -> None:
+    """A GPU whose vendor file cannot be read may still be there: NVL002 and NVL005 say unknown
+    instead of "no GPU / no NVSwitch here"."""
+    root = fixture("gb200-mnnvl", tmp_path)
+    errors = root / ".preflight/read-errors.json"
+    document = json.loads(errors.read_text()) if errors.exists() else {"format": "preflight-read-errors/1", "errors": {}}
+    for function in os.listdir(root / "sys/bus/pci/devices"):  # plain paths: they fail even though the files exist
+        document["errors"][f"/sys/bus/pci/devices/{function}/vendor"] = "EACCES"
+    errors.write_text(json.dumps(document))
+    found = judge(root, "NVL002", "NVL005")
+    assert found["NVL002"] == {("unknown", "node")} and found["NVL005"] == {("unknown", "node")}
+    [finding] = findings(root, "NVL002")
+    assert "could not be classified" in str(finding["reason"])
