@@ -207,9 +207,8 @@ def _cmdline_has(pid: str, marker: str) -> bool:
 def bench_unprivileged() -> dict[str, Any]:
     import test_reliability_unprivileged as unprivileged
 
-    reason = unprivileged._unprivileged_ready()
-    if reason:
-        return {"skipped": reason}
+    if unprivileged.BIN is None:
+        return {"skipped": unprivileged._WHY_NOT}
     figures: dict[str, Any] = {}
     base = Path(tempfile.mkdtemp(prefix="preflight-unprivileged-"))
     try:
@@ -379,8 +378,8 @@ def render(figures: dict[str, Any], args: argparse.Namespace) -> str:
         "",
         f"Known gaps, not counted as violations (`KNOWN_GAP_REFERENCES` in `tests/reliability_harness.py`): "
         f"{len(m['known_gaps'])} findings in which a reference that decides \"no GPU / no NVSwitch here\" from PCI "
-        "`vendor`/`class` files turned `not_applicable` (or lost a finding) when such a file became unreadable. "
-        "Those checks do not yet notice an unreadable PCI classification; the first few:",
+        "`vendor`/`class` files turned `not_applicable` (or lost a finding) when such a file became unreadable"
+        + ("; the first few:" if m["known_gaps"] else "."),
         "",
         *(f"- {v}" for v in m["known_gaps"][:8]),
         "",
