@@ -3,9 +3,11 @@ and JSON-decoding the same files.
 
 Each report is the example node's golden report (``tests/golden/hgx-h100.json``: what
 ``preflight node --format json`` writes for a full-profile run on an 8-GPU, 8-HCA node, indented,
-about 95 KB) under its own host name, with its own run time. A few nodes differ so that the audit
-has odd ones out to find: every 500th has one RDMA netdev's MTU changed, every 700th another
-driver, every 900th one HCA's firmware; every 300th has one more present finding.
+about 95 KB) made into another node: its own host name (in the facts and in DNS001's finding), run
+time, slurmd PID (in MEM001's and MEM002's evidence), MAC addresses, GPU UUIDs and address, as
+real reports of different nodes differ. A few nodes differ so that the audit has odd ones out to
+find: every 500th has one RDMA netdev's MTU changed, every 700th another driver, every 900th one
+HCA's firmware; every 300th has one more present finding.
 
 Four commands run in interleaved rounds (so that a busy machine slows them all alike), each as a
 child process, and the medians of wall time and CPU time (user + system, self and children) are
@@ -29,6 +31,7 @@ import argparse
 import copy
 import json
 import os
+import re
 import resource
 import shutil
 import statistics
@@ -63,6 +66,24 @@ else:
 """
 
 
+def as_node(text: str, host: str, number: int) -> str:
+    """The example node's report text with this node's identity: what differs between the
+    reports of two nodes of one fleet besides what the audit compares."""
+    low, high = number % 256, number // 256 % 256
+    text = EXAMPLE_HOST.sub(host, text)
+    text = EXAMPLE_SLURMD_PID.sub(str(1000 + number * 7 % 60000), text)
+    text = EXAMPLE_ADDRESS.sub(lambda m: f"10.{10 + number // 65536}.{high}.{(low + int(m[1])) % 256}", text)
+    text = GPU_UUID_TAIL.sub(lambda m: f"{m[1]}{number:06x}{m[2]}", text)
+    return MAC.sub(lambda m: m[0] if m[0] == "00:00:00:00:00:00" else f"{m[0][:9]}{high:02x}:{low:02x}:{m[0][15:]}", text)
+
+
+EXAMPLE_HOST = re.compile(r"\bgpu017\b")
+EXAMPLE_SLURMD_PID = re.compile(r"(?<![\d.])2187(?![\d.])")
+EXAMPLE_ADDRESS = re.compile(r"\b10\.10\.1\.(1[78])\b")
+GPU_UUID_TAIL = re.compile(r"(GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-)0{6}([0-9a-f]{6})")
+MAC = re.compile(r"\b[0-9a-f]{2}(?::[0-9a-f]{2}){5}\b")
+
+
 def generate(directory: str, nodes: int) -> None:
     with open(os.path.join(REPO, "tests", "golden", "hgx-h100.json"), encoding="utf-8") as handle:
         golden = json.load(handle)
@@ -87,6 +108,7 @@ def generate(directory: str, nodes: int) -> None:
                 "profile": document["profile"], "config": document["config"],
                 "started_at": 1796050000.0 + number, "duration_s": 4.2 + (number % 97) / 100}
         text = json.dumps({**head, **{k: v for k, v in document.items() if k not in head}}, indent=2) + "\n"
+        text = as_node(text, host, number)
         with open(os.path.join(directory, f"{host}.json"), "w", encoding="utf-8") as handle:
             handle.write(text)
 

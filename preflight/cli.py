@@ -15,7 +15,8 @@ import typer
 
 from preflight import __version__
 from preflight.catalogue import CatalogueError, load_all, load_reference
-from preflight.commands import NodeArgs, UsageProblem, finish, run_node, split_tokens
+from preflight.commands import NodeArgs, UsageProblem, finish, run_node
+from preflight.launcher import split_tokens
 from preflight.exitcodes import ExitCode
 from preflight.model import REFERENCE_ID, Reference
 

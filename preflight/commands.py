@@ -16,6 +16,7 @@ from preflight.catalogue import CatalogueError, load_all
 from preflight.config import DEFAULT_CONFIG_PATH, ConfigError, HostConfig, parse_config
 from preflight.engine import Report, RunOptions, run, selects
 from preflight.exitcodes import ExitCode, exit_code
+from preflight.launcher import split_tokens
 from preflight.registry import PROFILES, RegistrationError
 from preflight.sources import NodeFS, RootError, SourceError, Sources, open_root
 from preflight.sources.archive import ArchiveError, opened_root
@@ -40,11 +41,6 @@ class NodeArgs:
 
 class UsageProblem(Exception):
     """The command cannot run as asked; the message is shown to the user as is."""
-
-
-def split_tokens(values: tuple[str, ...] | list[str]) -> tuple[str, ...]:
-    """``--select MEM,GDR001 --select dns`` -> ``("MEM", "GDR001", "dns")``."""
-    return tuple(token.strip() for value in values for token in value.split(",") if token.strip())
 
 
 def _hostname(fs: NodeFS) -> str:

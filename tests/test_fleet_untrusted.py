@@ -3,6 +3,7 @@ with a reason naming it, in bounded time and memory, and the other reports are s
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import time
@@ -204,3 +205,40 @@ def test_the_fast_parser_reads_a_report_as_the_standard_one_does(monkeypatch: py
     fast = load.parse_json(data)
     monkeypatch.setattr(load, "_FAST_LOADS", None)
     assert fast == load.parse_json(data)
+
+
+def test_the_fast_encoder_writes_what_the_standard_one_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """orjson writes the fleet JSON; without it (or for a string it refuses) the standard encoder
+    must give the same document."""
+    render = importlib.import_module("preflight.fleet.render")  # the package's `render` is the function
+
+    directory = tmp_path / "reports"
+    odd = report("gpu003")
+    odd["facts"]["gpus"]["driver_version"] = "550.54.15-é"
+    odd["findings"].append(finding("MEM001", status="present"))
+    write_all(directory, [report("gpu001"), report("gpu002"), odd])
+    fleet = audit([str(directory)])
+    fast = json.loads(render.render_json(fleet))
+    monkeypatch.setattr(render, "_ORJSON_DUMPS", None)
+    assert json.loads(render.render_json(fleet)) == fast
+    (driver,) = [c for c in fast["comparisons"] if c["fact"] == "nvidia_driver"]
+    assert driver["values"][1] == {"value": "550.54.15-é", "hosts": ["gpu003"]}
+    assert fast["references"][0]["present"][0]["host"] == "gpu003"
+
+
+def test_a_lone_surrogate_and_non_ascii_text_reach_the_json_output_whatever_the_locale(tmp_path: Path, run_cli: Runner) -> None:
+    """The standard parser lets a report carry "\\ud800", which orjson will not encode: the fleet
+    falls back to the standard encoder. JSON on stdout is UTF-8 even under a Latin-1 locale."""
+    directory = tmp_path / "reports"
+    odd = report("gpu003")
+    odd["facts"]["gpus"]["driver_version"] = "550\ud800"
+    wide = report("gpu004")
+    wide["facts"]["gpus"]["driver_version"] = "550-日本"
+    good_pair(directory)
+    (directory / "gpu003.json").write_text(json.dumps(odd))  # ensure_ascii: "\ud800" as an escape
+    write_all(directory, [wide])
+    result = run_cli("fleet", "--format", "json", str(directory), env={"PYTHONIOENCODING": "latin-1", "LC_ALL": "C"})
+    assert "Traceback" not in result.stderr, result.stderr
+    document = json.loads(result.stdout)
+    drivers = {group["value"] for c in document["comparisons"] if c["fact"] == "nvidia_driver" for group in c["values"]}
+    assert {"550\ud800", "550-日本"} <= drivers

@@ -16,14 +16,12 @@ from dataclasses import dataclass
 
 from preflight.exitcodes import ExitCode
 from preflight.fleet.facts import FACTS, Fact, HardwareClass
-from preflight.fleet.load import NodeFinding, NodeReport, Skipped
+from preflight.fleet.load import SEVERITY_RANK, NodeReport, Skipped
 from preflight.model import Severity, Status
 
 #: Verdicts of one comparison.
 SAME, ODD, TIE, ALONE = "same", "odd", "tie", "alone"
 DISAGREEMENTS = (ODD, TIE)
-#: Severity value -> rank, without building an enum member per finding.
-_RANK = {severity.value: severity.rank for severity in Severity}
 
 
 @dataclass(frozen=True)
@@ -60,8 +58,8 @@ class ClassGroup:
     hosts: tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class NodeMention:
+@dataclass(slots=True)  # not frozen: a fleet makes one per node and reference (70,000 for 10,000 nodes),
+class NodeMention:     # and a frozen dataclass's __init__ costs 3-4x as much
     host: str
     severity: str
     subjects: tuple[str, ...]
@@ -79,7 +77,7 @@ class ReferenceRow:
     @property
     def worst(self) -> Severity | None:
         severities = {mention.severity for mention in self.present}
-        return Severity(max(severities, key=_RANK.__getitem__)) if severities else None
+        return Severity(max(severities, key=SEVERITY_RANK.__getitem__)) if severities else None
 
 
 @dataclass(frozen=True)
@@ -98,13 +96,37 @@ class Fleet:
 
 def compare_values(values: dict[str, str | None]) -> tuple[str, str | None, tuple[ValueGroup, ...], tuple[str, ...], tuple[str, ...]]:
     """(verdict, common value, groups, odd hosts, unknown hosts) for host -> value."""
-    unknown = tuple(sorted(host for host, value in values.items() if value is None))
-    hosts_by_value: dict[str, list[str]] = defaultdict(list)
+    hosts_by_value: dict[str | None, list[str]] = {}
     for host, value in values.items():
-        if value is not None:
-            hosts_by_value[value].append(host)
+        hosts = hosts_by_value.get(value)
+        if hosts is None:
+            hosts_by_value[value] = [host]
+        else:
+            hosts.append(host)
+    return _verdict(hosts_by_value)
+
+
+def _hosts_by_value(members: Sequence[NodeReport], key: str) -> dict[str | None, list[str]]:
+    values = [node.values.get(key) for node in members]
+    if len(distinct := set(values)) == 1:  # the common case, at C speed
+        return {distinct.pop(): [node.host for node in members]}
+    grouped: dict[str | None, list[str]] = {}
+    for node in members:
+        value = node.values.get(key)
+        hosts = grouped.get(value)
+        if hosts is None:
+            grouped[value] = [node.host]
+        else:
+            hosts.append(node.host)
+    return grouped
+
+
+def _verdict(hosts_by_value: dict[str | None, list[str]]) -> tuple[str, str | None, tuple[ValueGroup, ...], tuple[str, ...], tuple[str, ...]]:
+    """:func:`compare_values` for hosts grouped by value (None: unknown); changes the dict."""
+    # sorted() of hosts already in order (the audit passes nodes sorted) is one linear pass
+    unknown = tuple(sorted(hosts_by_value.pop(None, ())))
     groups = tuple(sorted(
-        (ValueGroup(value, tuple(sorted(hosts))) for value, hosts in hosts_by_value.items()),
+        (ValueGroup(value, tuple(sorted(hosts))) for value, hosts in hosts_by_value.items() if value is not None),
         key=lambda group: (-len(group.hosts), group.value),
     ))
     known = sum(len(group.hosts) for group in groups)
@@ -118,73 +140,66 @@ def compare_values(values: dict[str, str | None]) -> tuple[str, str | None, tupl
     return ODD, groups[0].value, groups, odd, unknown
 
 
-def _expectations(fact: Fact, nodes: Sequence[NodeReport]) -> tuple[Expectation, ...]:
-    if not fact.references:
-        return ()
-    found = []
+def _by_host(nodes: Sequence[NodeReport]) -> list[NodeReport]:
+    return sorted(nodes, key=lambda node: node.host)
+
+
+def _expectation_lines(nodes: Sequence[NodeReport], references: set[str]) -> dict[str, list[Expectation]]:
+    """host -> expectations stated by its present findings of ``references``, in host order."""
+    found: dict[str, list[Expectation]] = {}
     for node in nodes:
         for finding in node.findings:
-            if finding.id in fact.references and finding.status == Status.PRESENT.value:
-                for line in finding.evidence:
-                    if line.expected:
-                        found.append(Expectation(node.host, finding.id, line.observed, line.expected))
-    return tuple(found)
+            if finding.id in references and finding.status == Status.PRESENT.value:
+                found.setdefault(node.host, []).extend(
+                    Expectation(node.host, finding.id, line.observed, line.expected)
+                    for line in finding.evidence if line.expected
+                )
+    return found
 
 
 def compare(nodes: Sequence[NodeReport], facts: Sequence[Fact]) -> tuple[Comparison, ...]:
+    ordered = _by_host(nodes)
     by_class: dict[str, list[NodeReport]] = defaultdict(list)
     by_family: dict[str, list[NodeReport]] = defaultdict(list)
-    for node in nodes:
-        by_class[node.hardware.label].append(node)
-        by_family[node.hardware.family].append(node)
+    labels: dict[HardwareClass, tuple[str, str]] = {}  # properties cost a format each: once per class
+    for node in ordered:
+        label = labels.get(node.hardware)
+        if label is None:
+            label = labels[node.hardware] = (node.hardware.label, node.hardware.family)
+        by_class[label[0]].append(node)
+        by_family[label[1]].append(node)
+    stated = _expectation_lines(ordered, {ref for fact in facts for ref in fact.references})
     comparisons = []
     for fact in facts:
         groups = by_family if fact.scope == "family" else by_class
+        key = fact.key
         for label in sorted(groups):
             members = groups[label]
-            verdict, common, values, odd, unknown = compare_values({node.host: node.values.get(fact.key) for node in members})
-            comparisons.append(Comparison(fact, label, verdict, common, values, odd, unknown, _expectations(fact, members)))
+            verdict, common, values, odd, unknown = _verdict(_hosts_by_value(members, key))
+            expectations = tuple(
+                e for node in members if node.host in stated for e in stated[node.host] if e.reference_id in fact.references
+            ) if fact.references else ()
+            comparisons.append(Comparison(fact, label, verdict, common, values, odd, unknown, expectations))
     return tuple(comparisons)
 
 
-def _mention(host: str, findings: list[NodeFinding], known: dict[tuple[int, ...], NodeMention]) -> NodeMention:
-    """What one node shows for one reference. Nodes of a fleet mostly repeat the same findings
-    (the same objects, as the workers intern them): the parts that do not depend on the host are
-    worked out once per distinct set of findings."""
-    key = tuple(map(id, findings))  # the findings are held by their nodes, so ids stay unique
-    same = known.get(key)
-    if same is not None:
-        return NodeMention(host, same.severity, same.subjects, same.detail)
-    worst = max((f.severity for f in findings), key=_RANK.__getitem__)
-    detail = []
-    for finding in findings:
-        if finding.status == Status.UNKNOWN.value:
-            detail.append(finding.reason or "no reason given")
-        else:
-            detail.extend(
-                line.observed + (f" (expected {line.expected})" if line.expected else "") for line in finding.evidence[:2]
-            )
-    subjects = tuple(dict.fromkeys(f.subject for f in findings))
-    mention = NodeMention(host, worst, subjects, tuple(dict.fromkeys(detail))[:5])
-    known[key] = mention
-    return mention
-
-
 def reference_rows(nodes: Sequence[NodeReport]) -> tuple[ReferenceRow, ...]:
-    found: dict[str, dict[str, dict[str, list[NodeFinding]]]] = defaultdict(lambda: {"present": {}, "unknown": {}})
+    """Per reference, the nodes that have it present or unknown, in host order (each node's
+    mentions were worked out by the worker that read its report)."""
+    mentions: dict[str, tuple[list[NodeMention], list[NodeMention]]] = {}  # id -> (present, unknown)
     titles: dict[str, tuple[str, str]] = {}
-    for node in nodes:
-        for finding in node.findings:
-            titles.setdefault(finding.id, (finding.symbol, finding.title))
-            found[finding.id][finding.status].setdefault(node.host, []).append(finding)
-    rows = []
-    known: dict[tuple[int, ...], NodeMention] = {}
-    for ref_id in sorted(found):
-        symbol, title = titles[ref_id]
-        present = tuple(_mention(host, items, known) for host, items in sorted(found[ref_id]["present"].items()))
-        unknown = tuple(_mention(host, items, known) for host, items in sorted(found[ref_id]["unknown"].items()))
-        rows.append(ReferenceRow(ref_id, symbol, title, present, unknown))
-    return tuple(rows)
+    present = Status.PRESENT.value
+    for node in _by_host(nodes):
+        for ref_id, status, (severity, subjects, detail) in node.mentions:
+            row = mentions.get(ref_id)
+            if row is None:
+                row = mentions[ref_id] = ([], [])
+                titles[ref_id] = next((f.symbol, f.title) for f in node.findings if f.id == ref_id)
+            row[status != present].append(NodeMention(node.host, severity, subjects, detail))
+    return tuple(
+        ReferenceRow(ref_id, *titles[ref_id], tuple(mentions[ref_id][0]), tuple(mentions[ref_id][1]))
+        for ref_id in sorted(mentions)
+    )
 
 
 def build_fleet(nodes: Sequence[NodeReport], skipped: Sequence[Skipped], ignore_facts: Sequence[str] = ()) -> Fleet:

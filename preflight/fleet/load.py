@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from preflight.fleet import fastjson
 from preflight.fleet.facts import FACTS, HardwareClass, extract_all, hardware_class
 from preflight.model import REFERENCE_ID, SYMBOL, Severity, Status
 
@@ -73,6 +74,13 @@ class NodeFinding:
     evidence: tuple[EvidenceLine, ...]
 
 
+#: What one node shows for one reference, less the host: (worst severity, subjects, detail), where
+#: detail is evidence ("observed (expected ...)") for present findings and reasons for unknown.
+MentionBody = tuple[str, tuple[str, ...], tuple[str, ...]]
+#: Severity value -> rank, without building an enum member per finding.
+SEVERITY_RANK = {severity.value: severity.rank for severity in Severity}
+
+
 @dataclass(frozen=True)
 class NodeReport:
     """What the audit keeps of one node's report."""
@@ -83,6 +91,7 @@ class NodeReport:
     tool_version: str
     counts: dict[str, int]  # findings by status
     findings: tuple[NodeFinding, ...]  # present and unknown only
+    mentions: tuple[tuple[str, str, MentionBody], ...]  # (reference ID, status, body) per reference
     hardware: HardwareClass
     values: dict[str, str | None]  # fact key -> canonical value, None when unknown
     failed_probes: dict[str, str]  # probe name -> why it gave no facts
@@ -158,20 +167,9 @@ def _bounded_int(digits: str) -> int:
 _PARSE_INT = None if hasattr(sys, "get_int_max_str_digits") else _bounded_int
 
 
-def _fast_loads() -> Callable[[bytes], Any] | None:
-    """orjson's parser when it is installed: it decodes a report 3-4x faster than the standard
-    library, which is most of the fleet's time at 10,000 nodes. Like ``parse_json`` it refuses NaN,
-    Infinity and invalid UTF-8; it also refuses integers beyond 64 bits and nesting beyond 1,024
-    levels, which the standard parser then judges (and names) on its own terms."""
-    try:
-        import orjson
-    except ImportError:
-        return None
-    loads: Callable[[bytes], Any] = orjson.loads
-    return loads
-
-
-_FAST_LOADS = _fast_loads()
+# Looked up on each call, so that tests can take orjson away.
+_FAST_LOADS = fastjson.loads
+_FAST_DUMPS = fastjson.dumps
 
 
 def parse_json(data: bytes) -> Any:
@@ -262,7 +260,7 @@ def _failed_probes(probes: Any) -> dict[str, str]:
 #: without limit): validation runs once per distinct finding, and identical objects pickle once
 #: per chunk on their way back to the parent.
 _CACHE_LIMIT = 20_000
-_kept_findings: dict[tuple[Any, ...], NodeFinding] = {}
+_kept_findings: dict[bytes, NodeFinding] = {}
 _valid_ids: set[str] = set()
 _interned: dict[Any, Any] = {}
 
@@ -273,40 +271,45 @@ def _intern(value: Any) -> Any:
     return _interned.get(value, value)
 
 
-def _finding_key(item: dict[str, Any]) -> tuple[Any, ...]:
-    """The fields of a kept finding, as a hashable key (TypeError when one is not hashable:
-    the slow path then says what is wrong)."""
-    evidence = item.get("evidence", ())
-    lines = tuple((line.get("source"), line.get("observed"), line.get("expected")) for line in evidence[:50]) \
-        if type(evidence) is list and all(type(line) is dict for line in evidence[:50]) else evidence
-    key = (item.get("id"), item.get("symbol"), item.get("title"), item.get("status"), item.get("severity"),
-           item.get("subject"), item.get("reason"), lines)
-    hash(key)
-    return key
+_FINDING_KEY_BYTES = 4096  # a longer finding is validated every time rather than cached
+
+
+def _finding_key(item: Any) -> bytes | None:
+    """A kept finding's identity: its compact JSON (the same bytes for the same finding, as one
+    preflight version writes its fields in one order). None when the encoder refuses it (an
+    integer past 64 bits, a lone surrogate) or it is too long to be worth caching."""
+    if _FAST_DUMPS is None:
+        return None
+    try:
+        key = _FAST_DUMPS(item)
+    except TypeError:  # orjson.JSONEncodeError
+        return None
+    return key if len(key) <= _FINDING_KEY_BYTES else None
 
 
 def _findings(findings_in: list[Any]) -> tuple[dict[str, int], tuple[NodeFinding, ...]]:
-    """Counts by status and the kept findings. The common case (a well-formed finding seen
-    before) costs a few dictionary lookups; anything else goes through :func:`_finding`."""
+    """Counts by status and the kept findings. A well-formed finding seen before costs a few
+    dictionary lookups; anything else goes through :func:`_finding`, which validates it (and
+    raises ReportError for a bad one)."""
     counts = dict.fromkeys(_STATUS_ORDER, 0)
     kept: list[NodeFinding] = []
     for number, item in enumerate(findings_in):
-        key: tuple[Any, ...] | None = None
-        status = item.get("status") if type(item) is dict else None
-        if type(status) is not str:
-            status = None  # the slow path says what is wrong
-        if status in _COUNTED_ONLY and type(ref_id := item.get("id")) is str and ref_id in _valid_ids:
-            counts[status] += 1
-            continue
-        if status in _KEPT:
-            try:
-                known = _kept_findings.get(key := _finding_key(item))
-            except TypeError:  # a list or object where a string belongs
-                known = None
-            if known is not None:
+        try:
+            # Only validated IDs are in _valid_ids, so a hit means a well-formed counted finding;
+            # a non-object item or an unhashable value raises TypeError, a missing field KeyError.
+            status = item["status"]
+            if status in _COUNTED_ONLY and item["id"] in _valid_ids:
                 counts[status] += 1
-                kept.append(known)
                 continue
+        except (TypeError, KeyError):
+            pass
+        status = item.get("status") if type(item) is dict else None
+        key = _finding_key(item) if type(status) is str and status in _KEPT else None
+        known = _kept_findings.get(key) if key is not None else None
+        if known is not None:
+            counts[known.status] += 1
+            kept.append(known)
+            continue
         finding = _finding(item, f"findings[{number}]")  # raises ReportError for a bad one
         if isinstance(finding, NodeFinding):
             counts[finding.status] += 1
@@ -318,6 +321,44 @@ def _findings(findings_in: list[Any]) -> tuple[dict[str, int], tuple[NodeFinding
             if len(_valid_ids) < _CACHE_LIMIT:
                 _valid_ids.add(item["id"])
     return counts, tuple(kept)
+
+
+_bodies: dict[tuple[int, ...], tuple[tuple[NodeFinding, ...], MentionBody]] = {}
+
+
+def _mention_body(findings: Sequence[NodeFinding]) -> MentionBody:
+    worst = max((f.severity for f in findings), key=SEVERITY_RANK.__getitem__)
+    detail = []
+    for finding in findings:
+        if finding.status == Status.UNKNOWN.value:
+            detail.append(finding.reason or "no reason given")
+        else:
+            detail.extend(
+                line.observed + (f" (expected {line.expected})" if line.expected else "") for line in finding.evidence[:2]
+            )
+    return worst, tuple(dict.fromkeys(f.subject for f in findings)), tuple(dict.fromkeys(detail))[:5]
+
+
+def _mentions(kept: tuple[NodeFinding, ...]) -> tuple[tuple[str, str, MentionBody], ...]:
+    """(reference ID, status, mention body) for each reference this node has findings of. The
+    findings are mostly the cached objects node after node, so a body is worked out once per
+    distinct group of them, keyed by their ids (the cache holds the findings, so their ids cannot
+    be reused meanwhile); the shared bodies also pickle once per chunk on the way back."""
+    grouped: dict[tuple[str, str], list[NodeFinding]] = {}
+    for finding in kept:
+        grouped.setdefault((finding.id, finding.status), []).append(finding)
+    mentions = []
+    for (ref_id, status), items in grouped.items():
+        key = tuple(map(id, items))
+        cached = _bodies.get(key)
+        if cached is None:
+            body = _mention_body(items)
+            if len(_bodies) < _CACHE_LIMIT:
+                _bodies[key] = (tuple(items), body)
+        else:
+            body = cached[1]
+        mentions.append((ref_id, status, body))
+    return tuple(mentions)
 
 
 def node_report(document: Any, file: str) -> NodeReport:
@@ -350,6 +391,7 @@ def node_report(document: Any, file: str) -> NodeReport:
         tool_version=_intern(version[:50]) if isinstance(version, str) else "unknown",
         counts=counts,
         findings=kept,
+        mentions=_mentions(kept),
         hardware=_intern(hardware_class(facts)),
         values={key: _intern(value) for key, value in values.items()},
         failed_probes=_failed_probes(document.get("probes")),
