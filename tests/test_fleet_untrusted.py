@@ -50,7 +50,7 @@ def with_host(host: Any) -> str:
         ("", "not JSON"),
         ('{"schema": "preflight-report/1", "host": "gpu003", "findings": [', "not JSON"),  # truncated
         ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
-        ('{"schema": "preflight-report/1", "n": ' + "9" * 100_000 + "}", "not JSON"),  # over the int digit limit
+        ('{"schema": "preflight-report/1", "host": ' + "9" * 100_000 + "}", "not JSON"),  # over the int digit limit
         ('{"schema": "preflight-report/1", "n": NaN}', "NaN is not JSON"),
         (b"\xff\xfe{}", "not UTF-8"),
         ("[1, 2, 3]", "top level is not an object"),
@@ -181,21 +181,24 @@ def test_load_report_raises_report_error_only(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("data", [
-    b'{"a": NaN}', b'{"a": Infinity}', b"[" * 5000 + b"]" * 5000, b'{"n": ' + b"9" * 5000 + b"}",
+    b'{"a": NaN}', b'{"a": Infinity}', b"[" * 5000 + b"]" * 5000, b'{"schema": ' + b"9" * 5000 + b"}",
     b'{"host": "\xff\xfe"}', b'{"a": 1,}', b"",
 ])
 def test_the_fast_parser_refuses_what_the_standard_one_refuses_with_the_same_words(data: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
-    """orjson speeds the fleet up, but a file it refuses is judged by the standard parser, so the
-    reason a bad report is skipped does not depend on whether orjson is installed."""
+    """msgspec speeds the fleet up, but a file it refuses is judged by the standard parser, so the
+    reason a bad report is skipped does not depend on which decoder ran."""
     from preflight.fleet import load
 
-    assert load._FAST_LOADS is not None  # a dependency: installed with preflight
-    with pytest.raises(load.ReportError) as fast:
+    assert load._FAST_LOADS is not None and load._FAST_PARTS is not None  # msgspec: a dependency
+    with pytest.raises(load.ReportError) as whole:
         load.parse_json(data)
+    with pytest.raises(load.ReportError) as parts:
+        load.parse_report(data)
     monkeypatch.setattr(load, "_FAST_LOADS", None)
+    monkeypatch.setattr(load, "_FAST_PARTS", None)
     with pytest.raises(load.ReportError) as standard:
         load.parse_json(data)
-    assert str(fast.value) == str(standard.value)
+    assert str(whole.value) == str(parts.value) == str(standard.value)
 
 
 def test_the_fast_parser_reads_a_report_as_the_standard_one_does(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -208,7 +211,7 @@ def test_the_fast_parser_reads_a_report_as_the_standard_one_does(monkeypatch: py
 
 
 def test_the_fast_encoder_writes_what_the_standard_one_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """orjson writes the fleet JSON; without it (or for a string it refuses) the standard encoder
+    """msgspec writes the fleet JSON; without it (or for a string it refuses) the standard encoder
     must give the same document."""
     render = importlib.import_module("preflight.fleet.render")  # the package's `render` is the function
 
@@ -219,7 +222,7 @@ def test_the_fast_encoder_writes_what_the_standard_one_writes(tmp_path: Path, mo
     write_all(directory, [report("gpu001"), report("gpu002"), odd])
     fleet = audit([str(directory)])
     fast = json.loads(render.render_json(fleet))
-    monkeypatch.setattr(render, "_ORJSON_DUMPS", None)
+    monkeypatch.setattr(render, "_FAST_DUMPS", None)
     assert json.loads(render.render_json(fleet)) == fast
     (driver,) = [c for c in fast["comparisons"] if c["fact"] == "nvidia_driver"]
     assert driver["values"][1] == {"value": "550.54.15-é", "hosts": ["gpu003"]}
@@ -227,7 +230,7 @@ def test_the_fast_encoder_writes_what_the_standard_one_writes(tmp_path: Path, mo
 
 
 def test_a_lone_surrogate_and_non_ascii_text_reach_the_json_output_whatever_the_locale(tmp_path: Path, run_cli: Runner) -> None:
-    """The standard parser lets a report carry "\\ud800", which orjson will not encode: the fleet
+    """The standard parser lets a report carry "\\ud800", which msgspec will not encode: the fleet
     falls back to the standard encoder. JSON on stdout is UTF-8 even under a Latin-1 locale."""
     directory = tmp_path / "reports"
     odd = report("gpu003")

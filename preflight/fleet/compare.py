@@ -144,17 +144,12 @@ def _by_host(nodes: Sequence[NodeReport]) -> list[NodeReport]:
     return sorted(nodes, key=lambda node: node.host)
 
 
-def _expectation_lines(nodes: Sequence[NodeReport], references: set[str]) -> dict[str, list[Expectation]]:
-    """host -> expectations stated by its present findings of ``references``, in host order."""
-    found: dict[str, list[Expectation]] = {}
-    for node in nodes:
-        for finding in node.findings:
-            if finding.id in references and finding.status == Status.PRESENT.value:
-                found.setdefault(node.host, []).extend(
-                    Expectation(node.host, finding.id, line.observed, line.expected)
-                    for line in finding.evidence if line.expected
-                )
-    return found
+def _expectation_lines(nodes: Sequence[NodeReport]) -> dict[str, list[Expectation]]:
+    """host -> the expectations its present findings state, in host order."""
+    return {
+        node.host: [Expectation(node.host, ref_id, observed, expected) for ref_id, observed, expected in node.expectations]
+        for node in nodes if node.expectations
+    }
 
 
 def compare(nodes: Sequence[NodeReport], facts: Sequence[Fact]) -> tuple[Comparison, ...]:
@@ -163,12 +158,12 @@ def compare(nodes: Sequence[NodeReport], facts: Sequence[Fact]) -> tuple[Compari
     by_family: dict[str, list[NodeReport]] = defaultdict(list)
     labels: dict[HardwareClass, tuple[str, str]] = {}  # properties cost a format each: once per class
     for node in ordered:
-        label = labels.get(node.hardware)
-        if label is None:
-            label = labels[node.hardware] = (node.hardware.label, node.hardware.family)
-        by_class[label[0]].append(node)
-        by_family[label[1]].append(node)
-    stated = _expectation_lines(ordered, {ref for fact in facts for ref in fact.references})
+        names = labels.get(node.hardware)
+        if names is None:
+            names = labels[node.hardware] = (node.hardware.label, node.hardware.family)
+        by_class[names[0]].append(node)
+        by_family[names[1]].append(node)
+    stated = _expectation_lines(ordered)
     comparisons = []
     for fact in facts:
         groups = by_family if fact.scope == "family" else by_class
@@ -190,11 +185,11 @@ def reference_rows(nodes: Sequence[NodeReport]) -> tuple[ReferenceRow, ...]:
     titles: dict[str, tuple[str, str]] = {}
     present = Status.PRESENT.value
     for node in _by_host(nodes):
-        for ref_id, status, (severity, subjects, detail) in node.mentions:
+        for ref_id, status, symbol, title, (severity, subjects, detail) in node.mentions:
             row = mentions.get(ref_id)
             if row is None:
                 row = mentions[ref_id] = ([], [])
-                titles[ref_id] = next((f.symbol, f.title) for f in node.findings if f.id == ref_id)
+                titles[ref_id] = (symbol, title)
             row[status != present].append(NodeMention(node.host, severity, subjects, detail))
     return tuple(
         ReferenceRow(ref_id, *titles[ref_id], tuple(mentions[ref_id][0]), tuple(mentions[ref_id][1]))

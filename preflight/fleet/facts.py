@@ -228,7 +228,7 @@ def _port_rates(facts: Facts) -> str | None:
     ports = _data_ports(facts)
     if ports is None:
         return None
-    rates: set[tuple[float, int, str] | None] = set()  # None: unreadable
+    rates: set[tuple[Any, int, str] | None] = set()  # (gbps, width, speed); None: unreadable
     for port in ports:
         rate = port.get("rate")
         if type(rate) is dict:

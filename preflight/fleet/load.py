@@ -21,10 +21,11 @@ import stat
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from preflight.fleet import fastjson
+from preflight.fleet import shape
 from preflight.fleet.facts import FACTS, HardwareClass, extract_all, hardware_class
+from preflight.fleet.shape import EVIDENCE_CAP, SUBJECT_CAP, TEXT_CAP, EvidenceLine, NodeFinding, SeverityValue, StatusValue
 from preflight.model import REFERENCE_ID, SYMBOL, Severity, Status
 
 REPORT_SCHEMA = "preflight-report/1"
@@ -40,7 +41,6 @@ _SEVERITIES = frozenset(s.value for s in Severity)
 _STATUSES = frozenset(s.value for s in Status)
 _COUNTED_ONLY = _STATUSES - _KEPT
 _STATUS_ORDER = tuple(sorted(_STATUSES))
-_TEXT_CAP = 2000  # characters kept of one finding's title, subject, reason or evidence field
 
 
 class ReportError(Exception):
@@ -53,30 +53,13 @@ class Skipped:
     reason: str
 
 
-@dataclass(frozen=True)
-class EvidenceLine:
-    source: str
-    observed: str
-    expected: str
-
-
-@dataclass(frozen=True)
-class NodeFinding:
-    """A present or unknown finding of one node, as its report gave it."""
-
-    id: str
-    symbol: str
-    title: str
-    status: str
-    severity: str
-    subject: str
-    reason: str
-    evidence: tuple[EvidenceLine, ...]
-
 
 #: What one node shows for one reference, less the host: (worst severity, subjects, detail), where
 #: detail is evidence ("observed (expected ...)") for present findings and reasons for unknown.
 MentionBody = tuple[str, tuple[str, ...], tuple[str, ...]]
+#: What one node shows for one reference: (reference ID, status, symbol, title, body). Plain
+#: tuples: a worker sends tens of thousands of them back to the parent.
+Mention = tuple[str, str, str, str, MentionBody]
 #: Severity value -> rank, without building an enum member per finding.
 SEVERITY_RANK = {severity.value: severity.rank for severity in Severity}
 
@@ -90,8 +73,8 @@ class NodeReport:
     profile: str
     tool_version: str
     counts: dict[str, int]  # findings by status
-    findings: tuple[NodeFinding, ...]  # present and unknown only
-    mentions: tuple[tuple[str, str, MentionBody], ...]  # (reference ID, status, body) per reference
+    mentions: tuple[Mention, ...]  # one per reference present or unknown here
+    expectations: tuple[tuple[str, str, str], ...]  # (reference ID, observed, expected): see FACTS
     hardware: HardwareClass
     values: dict[str, str | None]  # fact key -> canonical value, None when unknown
     failed_probes: dict[str, str]  # probe name -> why it gave no facts
@@ -167,16 +150,19 @@ def _bounded_int(digits: str) -> int:
 _PARSE_INT = None if hasattr(sys, "get_int_max_str_digits") else _bounded_int
 
 
-# Looked up on each call, so that tests can take orjson away.
-_FAST_LOADS = fastjson.loads
-_FAST_DUMPS = fastjson.dumps
+# Module attributes, looked up on each call, so that tests can send every report down the
+# careful path (the standard parser, then load.py's own checks).
+_FAST_PARTS: Callable[[bytes], Any] | None = shape.decode_report_parts
+_FAST_LOADS: Callable[[bytes], Any] | None = shape.decode_any
 
 
 def parse_json(data: bytes) -> Any:
+    """The whole document. A file the fast decoder refuses goes to the standard parser, whose
+    refusal names what is wrong (the same words whichever decoder is installed)."""
     if _FAST_LOADS is not None:
         try:
             return _FAST_LOADS(data)
-        except ValueError:  # orjson.JSONDecodeError: let the standard parser say what is wrong
+        except shape.DECODE_FAILURES:
             pass
     try:
         text = data.decode("utf-8")
@@ -190,7 +176,18 @@ def parse_json(data: bytes) -> Any:
         raise ReportError(f"not JSON: {str(error)[:200]}") from None
 
 
-def _text(value: Any, where: str, cap: int = _TEXT_CAP) -> str:
+def parse_report(data: bytes) -> Any:
+    """The parts of a report the audit reads (:mod:`preflight.fleet.shape`); the whole document
+    when they do not have the declared shape, so that the audit judges it as it would anyway."""
+    if _FAST_PARTS is not None:
+        try:
+            return _FAST_PARTS(data)
+        except shape.DECODE_FAILURES:
+            pass
+    return parse_json(data)
+
+
+def _text(value: Any, where: str, cap: int = TEXT_CAP) -> str:
     if not isinstance(value, str):
         raise ReportError(f"{where}: expected a string, got {type(value).__name__}")
     return value[:cap]
@@ -218,21 +215,21 @@ def _finding(item: Any, where: str) -> NodeFinding | str:
     if not isinstance(evidence_items, list):
         raise ReportError(f"{where}.evidence: expected a list")
     evidence = []
-    for number, line in enumerate(evidence_items[:50]):
+    for number, line in enumerate(evidence_items[:EVIDENCE_CAP]):
         if not isinstance(line, dict):
             raise ReportError(f"{where}.evidence[{number}]: expected an object")
         evidence.append(EvidenceLine(
-            _text(line.get("source", ""), f"{where}.evidence[{number}].source"),
-            _text(line.get("observed", ""), f"{where}.evidence[{number}].observed"),
-            _text(line.get("expected", ""), f"{where}.evidence[{number}].expected"),
+            source=_text(line.get("source", ""), f"{where}.evidence[{number}].source"),
+            observed=_text(line.get("observed", ""), f"{where}.evidence[{number}].observed"),
+            expected=_text(line.get("expected", ""), f"{where}.evidence[{number}].expected"),
         ))
     return NodeFinding(
         id=ref_id,
         symbol=symbol,
         title=_text(item.get("title", ""), f"{where}.title"),
-        status=str(status),
-        severity=str(severity),
-        subject=_text(item.get("subject", ""), f"{where}.subject", 200),
+        status=cast(StatusValue, status),  # checked against Status above
+        severity=cast(SeverityValue, severity),
+        subject=_text(item.get("subject", ""), f"{where}.subject", SUBJECT_CAP),
         reason=_text(item.get("reason", ""), f"{where}.reason"),
         evidence=tuple(evidence),
     )
@@ -255,13 +252,11 @@ def _failed_probes(probes: Any) -> dict[str, str]:
     return failed
 
 
-#: Reports of one fleet repeat the same findings, IDs and fact values node after node. A worker
-#: keeps one object per distinct value (bounded, so a hostile set of reports cannot grow it
-#: without limit): validation runs once per distinct finding, and identical objects pickle once
-#: per chunk on their way back to the parent.
+#: Reports of one fleet repeat the same findings and fact values node after node. A worker keeps
+#: one object per distinct value (bounded, so a hostile set of reports cannot grow it without
+#: limit): equal findings become one object, whose mention is worked out once, and identical
+#: objects pickle once per chunk on their way back to the parent.
 _CACHE_LIMIT = 20_000
-_kept_findings: dict[bytes, NodeFinding] = {}
-_valid_ids: set[str] = set()
 _interned: dict[Any, Any] = {}
 
 
@@ -271,58 +266,51 @@ def _intern(value: Any) -> Any:
     return _interned.get(value, value)
 
 
-_FINDING_KEY_BYTES = 4096  # a longer finding is validated every time rather than cached
+class _Careful(Exception):
+    """The fast decoder's findings hold something the careful path must judge (and name)."""
 
 
-def _finding_key(item: Any) -> bytes | None:
-    """A kept finding's identity: its compact JSON (the same bytes for the same finding, as one
-    preflight version writes its fields in one order). None when the encoder refuses it (an
-    integer past 64 bits, a lone surrogate) or it is too long to be worth caching."""
-    if _FAST_DUMPS is None:
-        return None
-    try:
-        key = _FAST_DUMPS(item)
-    except TypeError:  # orjson.JSONEncodeError
-        return None
-    return key if len(key) <= _FINDING_KEY_BYTES else None
+_valid_ids: set[str] = set()
+_valid_symbols: set[str] = set()
+
+
+def _valid(value: str, pattern: re.Pattern[str], known: set[str]) -> bool:
+    if value in known:
+        return True
+    if not pattern.match(value):
+        return False
+    if len(known) < _CACHE_LIMIT:
+        known.add(value)
+    return True
 
 
 def _findings(findings_in: list[Any]) -> tuple[dict[str, int], tuple[NodeFinding, ...]]:
-    """Counts by status and the kept findings. A well-formed finding seen before costs a few
-    dictionary lookups; anything else goes through :func:`_finding`, which validates it (and
-    raises ReportError for a bad one)."""
+    """Counts by status and the kept (present and unknown) findings. The fast decoder gives
+    :class:`NodeFinding` objects, whose types it checked; the careful path gives JSON objects,
+    which :func:`_finding` checks one by one (raising ReportError for a bad one)."""
     counts = dict.fromkeys(_STATUS_ORDER, 0)
     kept: list[NodeFinding] = []
     for number, item in enumerate(findings_in):
-        try:
-            # Only validated IDs are in _valid_ids, so a hit means a well-formed counted finding;
-            # a non-object item or an unhashable value raises TypeError, a missing field KeyError.
-            status = item["status"]
-            if status in _COUNTED_ONLY and item["id"] in _valid_ids:
-                counts[status] += 1
+        if type(item) is not NodeFinding:
+            finding = _finding(item, f"findings[{number}]")
+            if isinstance(finding, str):  # counted only
+                counts[finding] += 1
                 continue
-        except (TypeError, KeyError):
-            pass
-        status = item.get("status") if type(item) is dict else None
-        key = _finding_key(item) if type(status) is str and status in _KEPT else None
-        known = _kept_findings.get(key) if key is not None else None
-        if known is not None:
-            counts[known.status] += 1
-            kept.append(known)
-            continue
-        finding = _finding(item, f"findings[{number}]")  # raises ReportError for a bad one
-        if isinstance(finding, NodeFinding):
-            counts[finding.status] += 1
-            kept.append(finding)
-            if key is not None and len(_kept_findings) < _CACHE_LIMIT:
-                _kept_findings[key] = finding
+        elif not _valid(item.id, REFERENCE_ID, _valid_ids):
+            raise _Careful
         else:
-            counts[finding] += 1
-            if len(_valid_ids) < _CACHE_LIMIT:
-                _valid_ids.add(item["id"])
+            finding = item
+        status = finding.status
+        counts[status] += 1
+        if status in _KEPT:
+            if not _valid(finding.symbol, SYMBOL, _valid_symbols):
+                raise _Careful
+            kept.append(_intern(finding))
     return counts, tuple(kept)
 
 
+#: Mention bodies by the ids of the findings they were worked out from (the cache holds the
+#: findings, so their ids cannot be reused meanwhile).
 _bodies: dict[tuple[int, ...], tuple[tuple[NodeFinding, ...], MentionBody]] = {}
 
 
@@ -339,26 +327,40 @@ def _mention_body(findings: Sequence[NodeFinding]) -> MentionBody:
     return worst, tuple(dict.fromkeys(f.subject for f in findings)), tuple(dict.fromkeys(detail))[:5]
 
 
-def _mentions(kept: tuple[NodeFinding, ...]) -> tuple[tuple[str, str, MentionBody], ...]:
-    """(reference ID, status, mention body) for each reference this node has findings of. The
-    findings are mostly the cached objects node after node, so a body is worked out once per
-    distinct group of them, keyed by their ids (the cache holds the findings, so their ids cannot
-    be reused meanwhile); the shared bodies also pickle once per chunk on the way back."""
+def _body(items: Sequence[NodeFinding]) -> MentionBody:
+    key = tuple(map(id, items))
+    cached = _bodies.get(key)
+    if cached is not None:
+        return cached[1]
+    body = _mention_body(items)
+    if len(_bodies) < _CACHE_LIMIT:
+        _bodies[key] = (tuple(items), body)
+    return body
+
+
+def _mentions(kept: tuple[NodeFinding, ...]) -> tuple[Mention, ...]:
+    """One mention per reference (and status) this node has findings of. The findings are
+    mostly the interned objects node after node, so a body is worked out once per distinct group
+    of them; the shared bodies also pickle once per chunk on the way back."""
+    if len({(f.id, f.status) for f in kept}) == len(kept):  # the common case: one finding each
+        return tuple((f.id, f.status, f.symbol, f.title, _body((f,))) for f in kept)
     grouped: dict[tuple[str, str], list[NodeFinding]] = {}
     for finding in kept:
         grouped.setdefault((finding.id, finding.status), []).append(finding)
-    mentions = []
-    for (ref_id, status), items in grouped.items():
-        key = tuple(map(id, items))
-        cached = _bodies.get(key)
-        if cached is None:
-            body = _mention_body(items)
-            if len(_bodies) < _CACHE_LIMIT:
-                _bodies[key] = (tuple(items), body)
-        else:
-            body = cached[1]
-        mentions.append((ref_id, status, body))
-    return tuple(mentions)
+    return tuple((ref_id, status, items[0].symbol, items[0].title, _body(items)) for (ref_id, status), items in grouped.items())
+
+
+#: References whose present findings state, in their evidence's "expected", what the site
+#: expects of a compared fact (shown beside the comparison).
+_STATING = frozenset(ref for fact in FACTS for ref in fact.references)
+
+
+def _expectations(kept: tuple[NodeFinding, ...]) -> tuple[tuple[str, str, str], ...]:
+    return tuple(
+        (finding.id, line.observed, line.expected)
+        for finding in kept if finding.id in _STATING and finding.status == Status.PRESENT.value
+        for line in finding.evidence if line.expected
+    )
 
 
 def node_report(document: Any, file: str) -> NodeReport:
@@ -390,16 +392,24 @@ def node_report(document: Any, file: str) -> NodeReport:
         profile=profile if profile in ("prolog", "full") else "unknown",
         tool_version=_intern(version[:50]) if isinstance(version, str) else "unknown",
         counts=counts,
-        findings=kept,
         mentions=_mentions(kept),
+        expectations=_expectations(kept),
         hardware=_intern(hardware_class(facts)),
         values={key: _intern(value) for key, value in values.items()},
         failed_probes=_failed_probes(document.get("probes")),
     )
 
 
+def report_from_bytes(data: bytes, file: str) -> NodeReport:
+    """The audit's view of one report file's bytes; ReportError when it cannot be used."""
+    try:
+        return node_report(parse_report(data), file)
+    except _Careful:  # an ID or symbol the fast path will not vouch for: judge the whole document
+        return node_report(parse_json(data), file)
+
+
 def load_report(path: str, max_bytes: int = MAX_REPORT_BYTES) -> NodeReport:
-    return node_report(parse_json(read_capped(path, max_bytes)), path)
+    return report_from_bytes(read_capped(path, max_bytes), path)
 
 
 def _load_one(job: tuple[str, int]) -> NodeReport | Skipped:

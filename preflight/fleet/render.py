@@ -10,11 +10,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from preflight import __version__
-from preflight.fleet import fastjson
+from preflight.fleet import shape
 from preflight.fleet.compare import DISAGREEMENTS, SAME, TIE, Comparison, Fleet, fleet_exit_code
 
 FLEET_SCHEMA = "preflight-fleet/1"
@@ -65,7 +65,7 @@ def _hosts_cell(hosts: Sequence[str]) -> str:
 
 def _plain(value: Any) -> Any:
     """The JSON object of a dataclass :func:`fleet_json` leaves in place (``json.dumps``'s
-    ``default``; orjson writes dataclasses itself, with the same fields in the same order)."""
+    ``default``; msgspec writes dataclasses itself, with the same fields in the same order)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {field.name: getattr(value, field.name) for field in dataclasses.fields(value)}
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
@@ -143,17 +143,17 @@ def fleet_json(fleet: Fleet) -> dict[str, Any]:
     }
 
 
-_ORJSON_DUMPS = fastjson.dumps  # a module attribute, so that tests can take orjson away
+_FAST_DUMPS: Callable[[Any], bytes] | None = shape.encode  # tests take it away: the fallback must agree
 
 
 def dumps(value: Any) -> str:
-    """Compact JSON of ``value`` (from :func:`fleet_json`). orjson writes the 20 MB of a
+    """Compact JSON of ``value`` (from :func:`fleet_json`). msgspec writes the 20 MB of a
     10,000-node report several times faster than the standard encoder; a string it refuses (a
     lone surrogate, which the standard parser lets a report carry) goes to the standard one."""
-    if _ORJSON_DUMPS is not None:
+    if _FAST_DUMPS is not None:
         try:
-            return _ORJSON_DUMPS(value).decode("utf-8")
-        except TypeError:  # orjson.JSONEncodeError
+            return _FAST_DUMPS(value).decode("utf-8")
+        except (TypeError, ValueError):  # a lone surrogate, which the standard encoder escapes
             pass
     return json.dumps(value, default=_plain, separators=(",", ":"))
 
