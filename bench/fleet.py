@@ -17,7 +17,7 @@ printed with ratios to the baselines:
 * ``json.loads`` of every file in one process (the decode alone, on one core);
 * ``json.loads`` of every file in as many forked processes as ``preflight fleet`` uses (the
   decode alone, on every core: the floor for any audit that decodes each report whole);
-* ``preflight fleet DIR --format json --output FILE``.
+* ``preflight fleet DIR --format json --output FILE``, and the same with the other formats.
 
 Target (issue 6): 10,000 reports in <= 3 s. Run with the interpreter of the venv preflight is
 installed in:
@@ -152,6 +152,8 @@ def main() -> None:
             "json.loads, 1 process": [sys.executable, "-c", DECODE_ONLY, "1", reports],
             f"json.loads, {workers} processes": [sys.executable, "-c", DECODE_ONLY, str(workers), reports],
             "preflight fleet": [preflight, "fleet", reports, "--format", "json", "--output", output],
+            **{f"  same, --format {kind}": [preflight, "fleet", reports, "--format", kind, "--output", f"{output}.{kind}"]
+               for kind in ("table", "markdown", "html")},
         }
         measure(cases["cat"])  # the page cache holds them from here on
         walls: dict[str, list[float]] = {name: [] for name in cases}

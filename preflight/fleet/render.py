@@ -24,7 +24,7 @@ _HOSTS_SHOWN = 120  # characters of a host list in a table cell
 
 def printable(value: str, limit: int = 200) -> str:
     """Control and other non-printable characters as ``\\xNN`` escapes; long text shortened."""
-    shown = "".join(char if char.isprintable() else ascii(char)[1:-1] for char in value)
+    shown = value if value.isprintable() else "".join(char if char.isprintable() else ascii(char)[1:-1] for char in value)
     return shown if len(shown) <= limit else shown[: limit - 3] + "..."
 
 

@@ -113,19 +113,64 @@ class NvlinkShape(TypedDict, total=False):
     gpus: list[NvlinkGpuShape] | None
 
 
+class GpuShape(TypedDict, total=False):
+    name: Any
+
+
+class GpusShape(TypedDict, total=False):
+    pci_gpus: Any
+    nvml_error: Any
+    driver_version: Any
+    devices: list[GpuShape] | None
+
+
+class GpudirectShape(TypedDict, total=False):
+    nvidia_driver: Any
+    driver_flavour: Any
+    kernel_release: Any
+    peer_memory_files: Any
+    nv_peer_mem_loaded: Any
+    gdrdrv_loaded: Any
+
+
+class NcclLibsShape(TypedDict, total=False):
+    copies: Any
+
+
+class RocePortShape(TypedDict, total=False):
+    nccl_job: Any
+
+
+class RoceShape(TypedDict, total=False):
+    ports: list[RocePortShape] | None  # GID tables, the bulk of a RoCE port's facts, are not read
+
+
+class JobShape(TypedDict, total=False):
+    nccl_conf_files: Any
+
+
+class MemlockShape(TypedDict, total=False):
+    slurmd: Any
+    slurmd_pid: Any
+    memlock_propagated: Any
+
+
+class FabricShape(TypedDict, total=False):
+    nvswitches: Any
+    fabric_manager: Any
+
+
 class FactsShape(TypedDict, total=False):
-    # read whole: small, or read in many places
-    gpus: Any
-    gpudirect: Any
-    nccl_libs: Any
-    roce: Any
-    job: Any
-    memlock: Any
-    fabric: Any
-    # pruned: the large ones
+    gpus: GpusShape
+    gpudirect: GpudirectShape
+    nccl_libs: NcclLibsShape
     rdma: RdmaShape
     interfaces: InterfacesShape
+    roce: RoceShape
+    job: JobShape
+    memlock: MemlockShape
     pcie: PcieShape
+    fabric: FabricShape
     nvlink: NvlinkShape
 
 
