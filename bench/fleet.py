@@ -173,7 +173,7 @@ def main() -> None:
           f"{workers} workers, medians of {args.runs} runs on {os.cpu_count()} CPUs:")
     single = "json.loads, 1 process"
     for name in cases:
-        print(f"  {name:24} wall {wall[name]:6.2f} s  CPU {cpu[name]:6.2f} s  "
+        print(f"  {name:26} wall {wall[name]:6.2f} s  CPU {cpu[name]:6.2f} s  "
               f"({wall[name] / wall[single]:.2f}x / {cpu[name] / cpu[single]:.2f}x json.loads in 1 process)")
     print(f"  fleet found {len(summary['odd_nodes'])} odd nodes, {len(summary['nodes_with_present'])} with present "
           f"findings, {summary['skipped']} files skipped")
