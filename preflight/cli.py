@@ -112,7 +112,7 @@ def explain(
     inputs: List[str] = typer.Argument(None, metavar="[FILE|DIR|-]...", help="Log files, .gz files, directories of per-rank logs, or - for stdin (the default)."),
     output_format: str = typer.Option("text", "--format", help="text or json."),
     check: bool = typer.Option(False, "--check", help="Run the node checks that can confirm or refute each candidate."),
-    root: str = typer.Option("/", "--root", help="With --check: the node (or recorded root) to check."),
+    root: str = typer.Option("/", "--root", help="With --check: the node to check (a recorded root, or a snapshot archive)."),
     config: Optional[str] = typer.Option(None, "--config", help="With --check: site config."),
 ) -> None:
     """Match a failed run's logs to catalogued references, best first, with evidence and fixes.

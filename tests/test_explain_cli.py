@@ -147,6 +147,22 @@ def test_check_confirms_and_refutes_on_a_recorded_node(run_cli: Runner, example_
     assert broken["check_error"] and code == 1
 
 
+def test_check_replays_a_snapshot_archive(run_cli: Runner, example_root: Path, tmp_path: Path) -> None:
+    """`--root` takes a `preflight snapshot` archive, as `preflight node --root` does; a broken
+    archive is a check error, not a traceback."""
+    archive = tmp_path / "gpu017.tar.gz"
+    assert run_cli("snapshot", str(archive), "--root", str(example_root)).returncode == 0
+    path = next(p for p in CORPUS_FILES if p.name.startswith("MEM001__"))
+    code, replayed = explain_json(run_cli, str(path), "--check", "--root", str(archive))
+    top = replayed["candidates"][0]
+    assert code == 2 and top["verdict"]["status"] == "confirmed", replayed.get("check_error")
+    assert any("8 MiB" in line["observed"] for f in top["verdict"]["findings"] for line in f["evidence"])
+    broken = tmp_path / "broken.tar.gz"
+    broken.write_bytes(archive.read_bytes()[:300])
+    code, failed = explain_json(run_cli, str(path), "--check", "--root", str(broken))
+    assert code == 1 and "broken.tar.gz" in failed["check_error"]
+
+
 @pytest.mark.parametrize("name", ["adversarial"])
 def test_adversarial_lines_stay_fast(run_cli: Runner, tmp_path: Path, name: str) -> None:
     """Lines built from the catalogue's own literals, repeated, cannot blow up the matcher."""

@@ -26,7 +26,8 @@ class NodeCheckError(Exception):
 
 
 def node_findings(check_ids: set[str], root: str, config_path: str | None) -> dict[str, list[Finding]]:
-    """Run exactly ``check_ids`` on ``root`` with the full profile; findings by reference ID."""
+    """Run exactly ``check_ids`` on ``root`` (a directory, or a snapshot archive) with the full
+    profile; findings by reference ID."""
     from preflight.catalogue import CatalogueError
     from preflight.commands import _hostname, load_host_config
     from preflight.config import ConfigError
@@ -34,20 +35,23 @@ def node_findings(check_ids: set[str], root: str, config_path: str | None) -> di
     from preflight.engine import RunOptions, run
     from preflight.registry import RegistrationError
     from preflight.sources import RootError, Sources, open_root
+    from preflight.sources.archive import ArchiveError, opened_root
 
     if not check_ids:
         return {}
     try:
-        fs = open_root(root)
-        hostname = _hostname(fs)
-        config = load_host_config(fs, config_path, hostname)
-        registry = build_registry(config.checks_dirs)
-        wanted = tuple(sorted(check_ids & set(registry.checks)))
-        if not wanted:
-            return {}
-        options = RunOptions(profile="full", select=wanted, timeout_s=config.timeout_s, probe_timeout_s=config.probe_timeout_s)
-        report = run(registry, Sources.for_fs(fs, config.dns), config, options, hostname)
-    except (RootError, ConfigError, RegistrationError, CatalogueError) as error:
+        # A snapshot archive (preflight snapshot) is replayed as `preflight node --root` does.
+        with opened_root(root) as (directory, _label):
+            fs = open_root(directory)
+            hostname = _hostname(fs)
+            config = load_host_config(fs, config_path, hostname)
+            registry = build_registry(config.checks_dirs)
+            wanted = tuple(sorted(check_ids & set(registry.checks)))
+            if not wanted:
+                return {}
+            options = RunOptions(profile="full", select=wanted, timeout_s=config.timeout_s, probe_timeout_s=config.probe_timeout_s)
+            report = run(registry, Sources.for_fs(fs, config.dns), config, options, hostname)
+    except (RootError, ConfigError, RegistrationError, CatalogueError, ArchiveError) as error:
         raise NodeCheckError(str(error)) from None
     by_reference: dict[str, list[Finding]] = {}
     for finding in report.findings:
