@@ -22,8 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from preflight.checks.job import parse_environ
-from preflight.checks.nccl_libs import PYTHON_ROOTS
+from preflight.checks.nccl_libs import job_python_prefixes, site_dirs
 from preflight.model import Unknown
 from preflight.probing import FactReader
 from preflight.registry import probe
@@ -85,28 +84,11 @@ def parse_version(text: str) -> tuple[int, ...] | None:
     return tuple(int(part) for part in match.group(1).split(".")) if match else None
 
 
-def _site_dirs(reader: FactReader, prefixes: list[str]) -> list[str]:
-    found = []
-    for base in [*PYTHON_ROOTS, *(f"{prefix.rstrip('/')}/lib" for prefix in prefixes)]:
-        for python in reader.listing(base):
-            if python.startswith("python3"):
-                for packages in ("site-packages", "dist-packages"):
-                    folder = f"{base}/{python}/{packages}"
-                    if folder not in found and reader.exists(folder):
-                        found.append(folder)
-    return found
-
-
 @probe("frameworks", gather_in=("full",))
 def probe_frameworks(fs: NodeFS) -> FrameworkFacts:
     """Versions of PyTorch, DeepSpeed, Megatron Core and vLLM in the job's Python environments."""
     reader = FactReader(fs)
-    try:
-        environ = parse_environ(fs.read_bytes("/proc/self/environ") or b"")
-    except SourceError:
-        environ = {}  # the job probe reports an unreadable environment
-    prefixes = [environ[name] for name in ("VIRTUAL_ENV", "CONDA_PREFIX") if environ.get(name, "").startswith("/")]
-    sites = _site_dirs(reader, prefixes)
+    sites = site_dirs(reader, job_python_prefixes(fs))
     packages = []
     for site in sites:
         for entry in reader.listing(site):

@@ -8,9 +8,10 @@ Sources, read through the node's filesystem:
 
 * system library directories, and those listed in ``/etc/ld.so.conf.d/*.conf``: ``libnccl.so.*``
   files, the version from the file name (``libnccl.so.2.21.5``) or the ``libnccl.so.2`` link;
-* Python environments (``/usr/lib/python3*``, ``/usr/local/lib/python3*``, ``/opt/conda/lib``):
-  the ``nvidia-nccl-cu*`` wheel installs ``nvidia/nccl/lib/libnccl.so.2``, its version is in the
-  name of the ``nvidia_nccl_cu12-2.27.3.dist-info`` directory beside it;
+* Python environments (``/usr/lib/python3*``, ``/usr/local/lib/python3*``, ``/opt/conda/lib``,
+  and the job's ``$VIRTUAL_ENV`` and ``$CONDA_PREFIX``): the ``nvidia-nccl-cu*`` wheel installs
+  ``nvidia/nccl/lib/libnccl.so.2``, its version is in the name of the
+  ``nvidia_nccl_cu12-2.27.3.dist-info`` directory beside it;
 * the job's ``LD_LIBRARY_PATH`` and ``LD_PRELOAD`` (the job environment), which put a copy ahead
   of the one the framework was built with.
 """
@@ -21,11 +22,11 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from preflight.checks.job import JobFacts
+from preflight.checks.job import JobFacts, parse_environ
 from preflight.model import Evidence, NotApplicable, Observation, present
 from preflight.probing import FactReader
 from preflight.registry import check, probe
-from preflight.sources import NodeFS
+from preflight.sources import NodeFS, SourceError
 
 SYSTEM_DIRS = (
     "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib",
@@ -76,21 +77,40 @@ def _copies_in(fs: NodeFS, reader: FactReader, directory: str, origin: str) -> l
     return found
 
 
+def job_python_prefixes(fs: NodeFS) -> list[str]:
+    """The Python environments the job environment names (``$VIRTUAL_ENV``, ``$CONDA_PREFIX``);
+    an unreadable environment names none (the job probe reports it)."""
+    try:
+        environ = parse_environ(fs.read_bytes("/proc/self/environ") or b"")
+    except SourceError:
+        return []
+    return [environ[name] for name in ("VIRTUAL_ENV", "CONDA_PREFIX") if environ.get(name, "").startswith("/")]
+
+
+def site_dirs(reader: FactReader, prefixes: list[str]) -> list[str]:
+    """The ``site-packages``/``dist-packages`` directories of the system Pythons and of the
+    environments under ``prefixes`` (``<prefix>/lib/python3*/...``) that exist on the node."""
+    found = []
+    for base in [*PYTHON_ROOTS, *(f"{prefix.rstrip('/')}/lib" for prefix in prefixes)]:
+        for python in reader.listing(base):
+            if python.startswith("python3"):
+                for packages in ("site-packages", "dist-packages"):
+                    folder = f"{base}/{python}/{packages}"
+                    if folder not in found and reader.exists(folder):
+                        found.append(folder)
+    return found
+
+
 def _python_copies(fs: NodeFS, reader: FactReader) -> list[NcclCopy]:
     found = []
-    for base in PYTHON_ROOTS:
-        for python in reader.listing(base):
-            if not python.startswith("python3"):
-                continue
-            for packages in ("site-packages", "dist-packages"):
-                folder = f"{base}/{python}/{packages}"
-                entries = reader.listing(folder)
-                if "nvidia" not in entries:
-                    continue
-                versions = [m.group(1) for m in map(_WHEEL.match, entries) if m]
-                library = f"{folder}/nvidia/nccl/lib/libnccl.so.2"
-                if fs.exists(library):
-                    found.append(NcclCopy(library, versions[0] if len(versions) == 1 else None, "python"))
+    for folder in site_dirs(reader, job_python_prefixes(fs)):
+        entries = reader.listing(folder)
+        if "nvidia" not in entries:
+            continue
+        versions = [m.group(1) for m in map(_WHEEL.match, entries) if m]
+        library = f"{folder}/nvidia/nccl/lib/libnccl.so.2"
+        if fs.exists(library):
+            found.append(NcclCopy(library, versions[0] if len(versions) == 1 else None, "python"))
     return found
 
 
@@ -117,13 +137,22 @@ def job_copies(libs: NcclLibFacts, job: JobFacts) -> list[NcclCopy]:
     return chosen
 
 
+def framework_copies(libs: NcclLibFacts, job: JobFacts) -> list[NcclCopy]:
+    """The NCCL wheels the job's frameworks load: those in the environment the job names
+    (``$VIRTUAL_ENV``, ``$CONDA_PREFIX``) when it has one, else every Python environment's."""
+    wheels = [copy for copy in libs.copies if copy.origin == "python"]
+    prefixes = tuple(job.environ[name].rstrip("/") + "/" for name in ("VIRTUAL_ENV", "CONDA_PREFIX") if job.environ.get(name, "").startswith("/"))
+    own = [copy for copy in wheels if copy.path.startswith(prefixes)] if prefixes else []
+    return own or wheels
+
+
 @check("NCCL016", profiles=("full",))
 def nccl_library_conflict(nccl_libs: NcclLibFacts, job: JobFacts) -> Iterator[Observation]:
     """A job here can load two different NCCL builds: its search path overrides the framework's
     copy, or the system library path itself holds different versions."""
     if not nccl_libs.copies:
         raise NotApplicable("no libnccl on this node's library path or in its Python environments")
-    wheel = {c.version for c in nccl_libs.copies if c.origin == "python" and c.version}
+    wheel = {c.version for c in framework_copies(nccl_libs, job) if c.version}
     overrides = [c for c in job_copies(nccl_libs, job) if c.version and wheel and c.version not in wheel]
     if overrides:
         yield present(

@@ -41,6 +41,22 @@ def test_job_search_path_ahead_of_the_wheel_is_present(node_copy: Path) -> None:
     assert "2 versions: 2.18.3, 2.21.5" in found["library path"]
 
 
+def test_the_wheel_in_the_jobs_virtualenv_is_the_frameworks(node_copy: Path) -> None:
+    """A job whose venv ships NCCL 2.26.2, with the system's 2.21.5 on its LD_LIBRARY_PATH, loads
+    two builds: the venv's wheel is found through $VIRTUAL_ENV, and it is the one compared (the
+    system Python's 2.21.5 wheel is not the job's)."""
+    venv = "/home/alice/venvs/train/lib/python3.11/site-packages"
+    write(node_copy, f"{venv}/nvidia/nccl/lib/libnccl.so.2", b"")
+    (node_copy / venv.lstrip("/") / "nvidia_nccl_cu12-2.26.2.dist-info").mkdir()
+    environ(node_copy, VIRTUAL_ENV="/home/alice/venvs/train", LD_LIBRARY_PATH="/usr/lib/x86_64-linux-gnu")
+    facts = probe_nccl_libs(NodeFS(str(node_copy)))
+    assert (f"{venv}/nvidia/nccl/lib/libnccl.so.2", "2.26.2", "python") in {(c.path, c.version, c.origin) for c in facts.copies}
+    found = dict(verdicts(node_copy, "NCCL016"))
+    assert "/usr/lib/x86_64-linux-gnu/libnccl.so.2.21.5 (NCCL 2.21.5)" in found["job environment"]
+    environ(node_copy, LD_LIBRARY_PATH="/usr/lib/x86_64-linux-gnu")  # no venv: the system wheel agrees
+    assert verdicts(node_copy, "NCCL016") == []
+
+
 def test_ras_crash_release_unless_ras_is_off(node_copy: Path) -> None:
     wheel = node_copy / SITE.lstrip("/")
     os.rename(wheel / "nvidia_nccl_cu12-2.21.5.dist-info", wheel / "nvidia_nccl_cu12-2.27.3.dist-info")
