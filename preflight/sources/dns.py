@@ -45,7 +45,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from preflight.sources.fs import SourceError, describe_os_error, load_recording
+from preflight.sources.fs import RecordedDocument, SourceError, describe_os_error
 
 DNS_ERRORS = ("NXDOMAIN", "NOANSWER", "TIMEOUT", "NO_NAMESERVERS", "SERVFAIL")
 SERVER_ERRORS = ("TIMEOUT", "UNREACHABLE")
@@ -242,29 +242,11 @@ class LiveDns:
         return NameserverCheck(server, dns.rcode.to_text(response.rcode()), elapsed)
 
 
-class ReplayDns:
+class ReplayDns(RecordedDocument):
     """Answers from a recorded ``dns.json``."""
 
-    def __init__(self, document: dict[str, Any], origin: str = "dns.json", error: str = "") -> None:
-        self._document = document
-        self._origin = origin
-        # A broken recording fails the probes that use it (as unknown), not the whole run.
-        self._error = error
-
-    def _checked(self) -> dict[str, Any]:
-        if self._error:
-            raise SourceError(self._origin, self._error)
-        return self._document
-
-    @classmethod
-    def from_file(cls, path: str) -> ReplayDns:
-        try:
-            document = load_recording(path)
-        except ValueError as error:
-            return cls({}, path, f"unreadable DNS recording: {error}")
-        if not isinstance(document, dict):
-            return cls({}, path, "DNS recording is not a JSON object")
-        return cls(document, origin=path)
+    KIND = "DNS"
+    FILE = "dns.json"
 
     def nameservers(self) -> list[str]:
         return [str(item) for item in self._checked().get("nameservers", [])]

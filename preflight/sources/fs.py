@@ -451,6 +451,37 @@ def load_recording(path: str) -> Any:
         raise ValueError(f"{path}: {error}") from None
 
 
+_Recorded = TypeVar("_Recorded", bound="RecordedDocument")
+
+
+class RecordedDocument:
+    """The recorded JSON object behind a replay source (``<root>/.preflight/<FILE>``). A broken
+    recording fails the probes that use it (they say unknown), not the whole run."""
+
+    KIND = "recorded"  # names the recording in errors ("unreadable DNS recording: ...")
+    FILE = "recording.json"
+
+    def __init__(self, document: dict[str, Any], origin: str = "", error: str = "") -> None:
+        self._document = document
+        self._origin = origin or self.FILE
+        self._error = error
+
+    def _checked(self) -> dict[str, Any]:
+        if self._error:
+            raise SourceError(self._origin, self._error)
+        return self._document
+
+    @classmethod
+    def from_file(cls: type[_Recorded], path: str) -> _Recorded:
+        try:
+            document = load_recording(path)
+        except ValueError as error:
+            return cls({}, path, f"unreadable {cls.KIND} recording: {error}")
+        if not isinstance(document, dict):
+            return cls({}, path, f"{cls.KIND} recording is not a JSON object")
+        return cls(document, origin=path)
+
+
 def _refuse_special(path: str, mode: int) -> None:
     if stat_codes.S_ISDIR(mode):
         raise SourceError(path, "is a directory (EISDIR)")

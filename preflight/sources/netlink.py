@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from preflight.sources.ethtool import PauseState, query_pause
-from preflight.sources.fs import NodeFS, SourceError, load_recording
+from preflight.sources.fs import NodeFS, RecordedDocument, SourceError
 from preflight.sources.routes import Route, file_route_get, live_route_get, replay_route
 
 # ARPHRD_* from include/uapi/linux/if_arp.h, as in /sys/class/net/<if>/type and ifi_type.
@@ -167,29 +167,11 @@ class LiveNetlink:
         return query_pause(ifname)
 
 
-class ReplayNetlink:
+class ReplayNetlink(RecordedDocument):
     """Links and addresses from a recorded ``netlink.json``."""
 
-    def __init__(self, document: dict[str, Any], origin: str = "netlink.json", error: str = "") -> None:
-        self._document = document
-        self._origin = origin
-        # A broken recording fails the probes that use it (as unknown), not the whole run.
-        self._error = error
-
-    def _checked(self) -> dict[str, Any]:
-        if self._error:
-            raise SourceError(self._origin, self._error)
-        return self._document
-
-    @classmethod
-    def from_file(cls, path: str) -> ReplayNetlink:
-        try:
-            document = load_recording(path)
-        except ValueError as error:
-            return cls({}, path, f"unreadable netlink recording: {error}")
-        if not isinstance(document, dict):
-            return cls({}, path, "netlink recording is not a JSON object")
-        return cls(document, origin=path)
+    KIND = "netlink"
+    FILE = "netlink.json"
 
     def _recorded_failure(self, dump_name: str) -> None:
         errors = self._checked().get("errors")
