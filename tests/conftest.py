@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -50,6 +51,16 @@ def write(root: Path, path: str, text: str | bytes) -> None:
 
 
 CLEAN_NCCL = "2.28.9"
+
+
+def drain_datagrams(sock: socket.socket) -> list[str]:
+    """Every datagram waiting on a non-blocking socket (a test's stand-in for /dev/log)."""
+    lines = []
+    while True:
+        try:
+            lines.append(sock.recv(4096).decode())
+        except BlockingIOError:
+            return lines
 
 
 def upgrade_nccl(root: Path, old: str, new: str) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from conftest import EXAMPLE_ROOT, Runner
+from conftest import EXAMPLE_ROOT, Runner, drain_datagrams
 from preflight.config import CPU_JOB_IGNORE, ConfigError, SlurmSettings, parse_config
 from preflight.model import Evidence, Finding, Severity, Status
 from preflight.slurm import (
@@ -362,12 +362,7 @@ class Site:
         return data
 
     def logged(self) -> list[str]:
-        lines = []
-        while True:
-            try:
-                lines.append(self.syslog.recv(4096).decode())
-            except BlockingIOError:
-                return lines
+        return drain_datagrams(self.syslog)
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLE_ROOT, make_clean, preflight_command
+from conftest import EXAMPLE_ROOT, drain_datagrams, make_clean, preflight_command
 
 pytestmark = pytest.mark.integration
 
@@ -103,12 +103,7 @@ class Cluster:
         return data
 
     def syslog_lines(self) -> list[str]:
-        lines = []
-        while True:
-            try:
-                lines.append(self.syslog.recv(4096).decode())
-            except BlockingIOError:
-                return lines
+        return drain_datagrams(self.syslog)
 
     def healthcheck(self, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         """The health check as slurmd or cron runs it: the wrapper, environment SLURMD_NODENAME only."""
