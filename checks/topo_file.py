@@ -20,8 +20,8 @@ expat-based parser, which refuses entity expansion bombs.
 
 from __future__ import annotations
 
-import xml.etree.ElementTree as ElementTree
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 from dataclasses import dataclass
 
 from preflight.checks.job import Setting, probe_job
@@ -29,6 +29,9 @@ from preflight.model import Evidence, NotApplicable, Observation, Severity, pres
 from preflight.probing import FactReader
 from preflight.registry import check, probe
 from preflight.sources import NodeFS, SourceError
+
+if TYPE_CHECKING:  # imported where a topology file is parsed: most nodes have none
+    from xml.etree import ElementTree
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,8 @@ class TopoFileFacts:
 
 def parse_topology(text: str) -> tuple[tuple[TopoNic, ...], tuple[str, ...]]:
     """NICs with their enclosing bus ID, and the bus IDs of GPU/NIC PCI nodes; ValueError on XML errors."""
+    from xml.etree import ElementTree
+
     try:
         root = ElementTree.fromstring(text)
     except ElementTree.ParseError as error:

@@ -172,6 +172,12 @@ def test_registration_errors_are_loud() -> None:
         check("mem1")
     with pytest.raises(RegistrationError, match=r"\*args"):
         check("MEM001")(lambda *facts: [])
+    with pytest.raises(RegistrationError, match=r"\*\*kwargs"):
+        check("MEM001")(lambda **facts: [])
+    with pytest.raises(RegistrationError, match="positional-only"):
+        probe("positional")(lambda fs, /: None)
+    with pytest.raises(RegistrationError, match="not a Python function"):
+        probe("callable_object")(type("Probe", (), {"__call__": lambda self, fs: None})())
 
     @check("ZZZ999")
     def nothing_here(memlock):  # type: ignore[no-untyped-def]
@@ -186,6 +192,25 @@ def test_registration_errors_are_loud() -> None:
 
     with pytest.raises(RegistrationError, match="must be named memlock_limit_too_low.*name no probe"):
         registry_of(misnamed, symbols={"MEM001": "memlock-limit-too-low"})
+
+
+def test_a_wrapped_probe_is_called_with_the_wrapped_functions_parameters() -> None:
+    import functools
+
+    def traced(func):  # type: ignore[no-untyped-def]
+        @functools.wraps(func)
+        def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
+            return func(*args, **kwargs)
+        return wrapper
+
+    @probe("wrapped_probe")
+    @traced
+    def wrapped_probe(fs, nvml):  # type: ignore[no-untyped-def]
+        return None
+
+    from preflight.registry import _parameters
+
+    assert _parameters(wrapped_probe, "probe") == ["fs", "nvml"]
 
 
 def test_entry_point_plugin_is_discovered(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
