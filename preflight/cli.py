@@ -80,7 +80,7 @@ def snapshot(
     root: str = typer.Option("/", "--root", help="Record this recorded root (directory or snapshot) instead of the live node."),
     config: Optional[str] = typer.Option(None, "--config", help="Site config; it is stored in the snapshot as the node's own."),
     profile: Optional[str] = typer.Option(None, "--profile", help="prolog or full (default: full, which reads everything prolog does)."),
-    scrub: List[str] = typer.Option([], "--scrub", help="Replace identifiers: hostnames,addresses,guids,macs,serials or all."),
+    scrub: List[str] = typer.Option([], "--scrub", help="Replace identifiers: hostnames,addresses,guids,macs,serials,users or all."),
     scrub_key: Optional[str] = typer.Option(
         None, "--scrub-key", envvar="PREFLIGHT_SCRUB_KEY", show_envvar=False,
         help="Secret key of the scrub mapping; the same key maps the same value to the same placeholder on every node "

@@ -28,6 +28,13 @@ Categories (``--scrub all`` is every one):
   is kept (``gpu017`` -> ``hqxmvzra017``), so hostlists such as ``gpu[001-064]`` in the node list,
   Slurm's config and ``[[hosts]] match`` keep matching the same nodes.
 
+* ``users``: account names, learned from the recorded job environments (``USER``, ``LOGNAME``,
+  ``SLURM_JOB_USER``, ``SUDO_USER``, and the directory after ``/home/`` in ``HOME``,
+  ``VIRTUAL_ENV``, ``CONDA_PREFIX`` and recorded paths), are replaced as whole words in ``/etc``,
+  the job environments and preflight's recordings, and as path components everywhere (so a
+  virtualenv recorded under ``/home/alice/`` is still found at its new place). Service accounts
+  (``root``, ``slurm``, ``nobody``...) are kept: they name no person.
+
 Placeholders come from HMAC-SHA256 under a key: the same key gives the same placeholder for the
 same value on every node, so snapshots of several nodes stay comparable (the key stays with the
 operator; without it a placeholder cannot be reversed by guessing names or addresses, which an
@@ -52,7 +59,7 @@ from typing import Any
 from preflight.hostlist import split_top_level
 from preflight.sources.archive import Member
 
-CATEGORIES = ("hostnames", "addresses", "guids", "macs", "serials")
+CATEGORIES = ("hostnames", "addresses", "guids", "macs", "serials", "users")
 
 _HEX = "[0-9A-Fa-f]"
 _TOKENS = re.compile(
@@ -73,6 +80,18 @@ _SERIAL_FILE = re.compile(r"(?:^|/)(?:[\w-]*_serial|serial|serial_number)$|^etc/
 _HOSTNAME_SCOPE = re.compile(r"^(?:etc/|proc/sys/kernel/(?:hostname|domainname)$|proc/[^/]+/environ$|\.preflight/(?:dns|snapshot)\.json$)")
 _SLURM_HOSTS = re.compile(r"(?i)\b(?:NodeName|NodeHostname|NodeAddr|Nodes|SlurmctldHost|ControlMachine|BackupController)=(\S+)")
 _HOST_VARIABLES = ("MASTER_ADDR", "SLURMD_NODENAME", "SLURM_SUBMIT_HOST", "SLURM_CLUSTER_NAME", "HOSTNAME", "NCCL_COMM_ID")
+_USER_VARIABLES = ("USER", "LOGNAME", "USERNAME", "SLURM_JOB_USER", "SUDO_USER")
+_HOME_VARIABLES = ("HOME", "VIRTUAL_ENV", "CONDA_PREFIX", "PWD", "SLURM_SUBMIT_DIR")
+_HOME_DIR = re.compile(r"(?:^|/)home/(?P<name>[^/\0\s:]+)")
+_ACCOUNT = re.compile(r"[a-z_][a-z0-9_.-]{0,31}", re.IGNORECASE)
+# Where account names are replaced inside files: configuration, job environments, recordings.
+_USER_SCOPE = re.compile(r"^(?:etc/|proc/[^/]+/environ$|\.preflight/)")
+# Accounts that name a service, not a person: kept so that the snapshot still reads naturally.
+_SERVICE_ACCOUNTS = frozenset({
+    "root", "nobody", "daemon", "bin", "sys", "sync", "adm", "admin", "slurm", "munge", "nvidia",
+    "nvidia-persistenced", "systemd-network", "systemd-resolve", "messagebus", "sshd", "www-data",
+    "ubuntu", "debian", "ec2-user", "centos", "rocky", "cloud-user", "user", "shared", "local", "opt",
+})
 # Labels that name no site: kept so that localhost entries and public suffixes read the same.
 _KEPT_LABELS = frozenset({
     "localhost", "localdomain", "local", "lan", "home", "internal", "arpa", "in-addr", "ip6", "com", "net", "org",
@@ -123,6 +142,8 @@ class Scrubber:
         self._memo: dict[tuple[str, str], str] = {}
         self.host_labels: set[str] = set()  # whole labels known to name hosts or domains
         self.host_prefixes: set[str] = set()  # alphabetic stems of numbered host names ("gpu")
+        self.user_names: set[str] = set()  # account names to replace (see learn_users)
+        self._user_pattern: re.Pattern[str] | None = None
 
     # -- keyed functions --------------------------------------------------------------------------
     def _digest(self, *parts: bytes) -> bytes:
@@ -335,11 +356,35 @@ class Scrubber:
             self._memo[memo_key] = f"h{letters}"
         return self._memo[memo_key]
 
+    # -- account names -----------------------------------------------------------------------------------
+    def learn_users(self, names: Iterable[str]) -> None:
+        """Remember account names to replace; service accounts and non-names are ignored."""
+        for name in names:
+            if _ACCOUNT.fullmatch(name) and name.lower() not in _SERVICE_ACCOUNTS:
+                self.user_names.add(name)
+        # Longest first, so that "alice" never shadows "alice2" in the alternation.
+        alternatives = "|".join(re.escape(name) for name in sorted(self.user_names, key=lambda n: (-len(n), n)))
+        # Whole words: not inside "alice2", "malice" or "alice.smith" (a dot before a word char).
+        self._user_pattern = re.compile(rf"(?<![\w.-])(?:{alternatives})(?![\w-]|\.\w)") if alternatives else None
+
+    def user_placeholder(self, name: str) -> str:
+        memo_key = ("user", name)
+        if memo_key not in self._memo:
+            self._memo[memo_key] = "u" + "".join(chr(ord("a") + byte % 26) for byte in self._stream("user", name, 7))
+        return self._memo[memo_key]
+
+    def scrub_users(self, text: str) -> str:
+        if self._user_pattern is None:
+            return text
+        return self._user_pattern.sub(lambda match: self.user_placeholder(match.group(0)), text)
+
     # -- whole snapshots ---------------------------------------------------------------------------------
     def scrub_members(self, members: dict[str, Member]) -> dict[str, Member]:
         """A scrubbed copy of a recorded root (paths, link targets, contents)."""
         if "hostnames" in self.categories:
             self.learn_names(_names_in(members))
+        if "users" in self.categories:
+            self.learn_users(_users_in(members))
         scrubbed: dict[str, Member] = {}
         for path, member in members.items():
             new_path = self.scrub_path(path)
@@ -352,7 +397,13 @@ class Scrubber:
         return scrubbed
 
     def scrub_path(self, path: str) -> str:
-        return "/".join(_TOKENS.sub(self._token, part) for part in path.split("/"))
+        # sysfs, procfs and /dev name kernel objects, never accounts: a user called "net" must not
+        # rename /sys/class/net.
+        accounts = self.user_names if not path.lstrip("/").startswith(("sys/", "proc/", "dev/")) else ()
+        return "/".join(
+            self.user_placeholder(part) if part in accounts else _TOKENS.sub(self._token, part)
+            for part in path.split("/")
+        )
 
     def scrub_file(self, path: str, data: bytes) -> bytes:
         if path.startswith(".preflight/") and path.endswith(".json"):
@@ -375,6 +426,8 @@ class Scrubber:
         if proc_net and self._addresses():
             text = self._scrub_proc_net(proc_net.group("name"), text)
         hostnames = _HOSTNAME_SCOPE.match(path) is not None
+        if _USER_SCOPE.match(path):
+            text = self.scrub_users(text)
         return "\0".join(self.scrub_text(part, hostnames) for part in text.split("\0")).encode("utf-8")
 
     def _scrub_json_file(self, path: str, data: bytes) -> bytes:
@@ -387,8 +440,8 @@ class Scrubber:
         if name == "nvml.json":
             document = self._scrub_nvml(document)
         else:
-            keys = self.scrub_path if name in ("devices.json", "read-errors.json", "statvfs.json") else (lambda key: self.scrub_text(key, hostnames))
-            document = _map_json(document, lambda text: self.scrub_text(text, hostnames), keys)
+            keys = self.scrub_path if name in ("devices.json", "read-errors.json", "statvfs.json") else (lambda key: self.scrub_text(self.scrub_users(key), hostnames))
+            document = _map_json(document, lambda text: self.scrub_text(self.scrub_users(text), hostnames), keys)
         return (json.dumps(document) + "\n").encode("utf-8")
 
     def _scrub_nvml(self, document: Any) -> Any:
@@ -404,7 +457,7 @@ class Scrubber:
         return document
 
     def scrub_manifest(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        scrubbed: dict[str, Any] = _map_json(manifest, lambda text: self.scrub_text(text, hostnames=True), lambda key: key)
+        scrubbed: dict[str, Any] = _map_json(manifest, lambda text: self.scrub_text(self.scrub_users(text), hostnames=True), lambda key: key)
         scrubbed["scrub"] = {"categories": sorted(self.categories), "key": "given" if self.key_given else "random (consistent within this snapshot only)"}
         if self.key_given:
             scrubbed["scrub"]["key_id"] = self.key_id()
@@ -577,3 +630,20 @@ def _names_in(members: dict[str, Member]) -> list[str]:
     except (ValueError, AttributeError, TypeError):
         pass
     return [name for name in names if name and name.lower() not in ("none", "localhost")]
+
+
+def _users_in(members: dict[str, Member]) -> list[str]:
+    """Account names the recorded root mentions: in job environments, and as home directories."""
+    names = [match.group("name") for path in members for match in _HOME_DIR.finditer(path)]
+    for path, member in members.items():
+        if member.kind == "link":
+            names += [match.group("name") for match in _HOME_DIR.finditer(member.target)]
+        if member.kind != "file" or not re.fullmatch(r"proc/[^/]+/environ", path):
+            continue
+        for item in member.data.split(b"\0"):
+            name, _, value = item.decode("utf-8", "replace").partition("=")
+            if name in _USER_VARIABLES:
+                names.append(value)
+            elif name in _HOME_VARIABLES:
+                names += [match.group("name") for match in _HOME_DIR.finditer(value)]
+    return names

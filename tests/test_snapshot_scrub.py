@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from conftest import EXAMPLE_ROOT, REPO, Runner
+from conftest import EXAMPLE_ROOT, REPO, Runner, write
 from preflight.scrub import Scrubber, ScrubError, parse_categories
 from preflight.snapshot import SnapshotArgs, take_snapshot
 from preflight.sources.archive import Member
@@ -58,6 +58,7 @@ def test_scrubbed_example_holds_no_original_identifiers(scrubbed_example: Path) 
     original = {
         "gpu017", "gpu018", "10.10.1.17", "10.10.1.18", "10.10.0.2", "gpu017.cluster",
         "5f1c7e2a-0c3b-4d7e-9a61",  # GPU UUIDs
+        "alice",  # SLURM_JOB_USER in the job environment
     }
     for path, data in members_of(scrubbed_example).items():
         text = data.decode("utf-8", "replace")
@@ -246,6 +247,51 @@ def test_host_names_are_replaced_label_by_label_keeping_numbers() -> None:
     assert f"MASTER_ADDR={host}\0" in scrubbed["proc/self/environ"]
     assert f'match = "{stem}[001-064]"' in scrubbed["etc/preflight/preflight.toml"]
     assert "sys/devices/system/node/node0/cpulist" in scrubbed  # sysfs is never treated as host names
+
+
+def test_account_names_are_replaced_in_environments_configs_and_paths() -> None:
+    scrub = scrubber(categories=frozenset({"users"}))
+    environ = b"USER=alice\0HOME=/home/alice\0VIRTUAL_ENV=/home/bob/venvs/train\0SLURM_JOB_USER=alice\0LOGNAME=root\0"
+    members = {
+        "proc/self/environ": Member("proc/self/environ", "file", environ),
+        "home/bob/venvs/train/lib/python3.11/site-packages/nvidia/nccl/lib/libnccl.so.2": Member(
+            "home/bob/venvs/train/lib/python3.11/site-packages/nvidia/nccl/lib/libnccl.so.2", "file", b""),
+        "etc/slurm/slurm.conf": Member("etc/slurm/slurm.conf", "file", b"SlurmUser=slurm\n# maintained by alice, not alice2 or malice\n"),
+        "sys/class/net/alice": Member("sys/class/net/alice", "file", b"alice\n"),  # sysfs: never an account
+        ".preflight/statvfs.json": Member(".preflight/statvfs.json", "file", b'{"/home/alice": {"size": 1}}'),
+    }
+    scrubbed = {path: member.data.decode() for path, member in scrub.scrub_members(members).items()}
+    alice, bob = scrub.user_placeholder("alice"), scrub.user_placeholder("bob")
+    assert scrub.user_names == {"alice", "bob"}  # root is a service account
+    assert scrubbed["proc/self/environ"] == (
+        f"USER={alice}\0HOME=/home/{alice}\0VIRTUAL_ENV=/home/{bob}/venvs/train\0SLURM_JOB_USER={alice}\0LOGNAME=root\0"
+    )
+    assert f"home/{bob}/venvs/train/lib/python3.11/site-packages/nvidia/nccl/lib/libnccl.so.2" in scrubbed
+    assert scrubbed["etc/slurm/slurm.conf"] == f"SlurmUser=slurm\n# maintained by {alice}, not alice2 or malice\n"
+    assert scrubbed["sys/class/net/alice"] == "alice\n"
+    assert json.loads(scrubbed[".preflight/statvfs.json"]) == {f"/home/{alice}": {"size": 1}}
+    assert alice != bob and alice == scrubber(categories=frozenset({"users"})).user_placeholder("alice")  # keyed
+
+
+def test_a_scrubbed_virtualenv_is_still_the_jobs_nccl(tmp_path: Path, node_copy: Path, run_cli: Runner) -> None:
+    """The job's venv ships NCCL 2.26.2 under /home/alice; the system's 2.21.5 is on its
+    LD_LIBRARY_PATH (NCCL016). After scrubbing, the venv has moved with its owner's name and the
+    finding is the same."""
+    venv = "/home/alice/venvs/train/lib/python3.11/site-packages"
+    write(node_copy, f"{venv}/nvidia/nccl/lib/libnccl.so.2", b"")
+    write(node_copy, f"{venv}/nvidia_nccl_cu12-2.26.2.dist-info/METADATA", "Name: nvidia-nccl-cu12\nVersion: 2.26.2\n")
+    environ = (node_copy / "proc/self/environ").read_bytes()
+    write(node_copy, "/proc/self/environ", environ + b"VIRTUAL_ENV=/home/alice/venvs/train\0USER=alice\0LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu\0")
+    archive = tmp_path / "node.tar.gz"
+    take_snapshot(SnapshotArgs(output=str(archive), root=str(node_copy), scrub=("all",), scrub_key="k"))
+    assert not any("alice" in path or b"alice" in data for path, data in members_of(archive).items())
+    direct = json.loads(run_cli("node", "--root", str(node_copy), "--format", "json").stdout)
+    replayed = json.loads(run_cli("node", "--root", str(archive), "--format", "json").stdout)
+    statuses = [(f["id"], f["status"]) for f in direct["findings"]]
+    assert ("NCCL016", "present") in statuses
+    assert [(f["id"], f["status"]) for f in replayed["findings"]] == statuses
+    (conflict,) = [f for f in replayed["findings"] if f["id"] == "NCCL016" and f["subject"] == "job environment"]
+    assert "2.26.2" in conflict["evidence"][0]["expected"]
 
 
 def test_config_hosts_sections_still_match_after_scrubbing(tmp_path: Path, run_cli: Runner) -> None:

@@ -162,10 +162,12 @@ class NodeFS:
         return os.path.join(self.root, *self._walk(list(self._resolve_dir(parent)), [name], follow_last, path))
 
     def _resolve_dir(self, directory: str) -> tuple[str, ...]:
+        """A normalised directory's real components: its parent's (remembered), then its own
+        name, so that each directory costs one lstat however deep it is."""
         known = self._dirs.get(directory)
         if known is None:
-            parts = [part for part in directory.split("/") if part]
-            known = tuple(self._walk([], parts, True, directory))
+            parent, name = os.path.split(directory)
+            known = tuple(self._walk(list(self._resolve_dir(parent)), [name], True, directory)) if name else ()
             self._dirs[directory] = known
         return known
 
