@@ -14,9 +14,9 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from preflight import __version__
 from preflight.catalogue import load_reference
@@ -139,6 +139,35 @@ def _still_stuck(key: tuple[str, ...]) -> float | None:
     return entry[1] if entry else None
 
 
+_T = TypeVar("_T")
+#: How long after a run starts its probe threads take turns (see _Turns).
+TURN_TAKING_S = 0.15
+
+
+class _Turns:
+    """Probe threads take turns for the first moments of a run instead of all contending for the
+    GIL. Probes are mostly Python reading many small files, and every read releases the GIL: with
+    twenty threads runnable, each read became a hand-over between threads, and the example node's
+    prolog probes took twice as long together (49 ms) as one after another (24 ms). A thread
+    waiting for its turn sleeps on a lock, so the one running keeps the GIL across its reads.
+
+    Turn-taking ends ``TURN_TAKING_S`` after the run starts: a probe still running then (hung in a
+    driver, waiting on a dead DNS server, or just slow) holds nobody back any longer, and everyone
+    still waiting goes ahead at once. Deadlines are unchanged."""
+
+    def __init__(self, until: float) -> None:
+        self._lock = threading.Lock()
+        self._until = until  # time.monotonic(): lock timeouts are real time, whatever the clock
+
+    def run(self, func: Callable[[], _T]) -> _T:
+        taken = self._lock.acquire(timeout=max(0.0, self._until - time.monotonic()))
+        try:
+            return func()
+        finally:
+            if taken:
+                self._lock.release()
+
+
 def run_probes(
     specs: list[ProbeSpec], sources: Sources, config: HostConfig, options: RunOptions, deadline: float
 ) -> dict[str, ProbeOutcome]:
@@ -150,19 +179,20 @@ def run_probes(
     outcomes: dict[str, ProbeOutcome] = {}
     started = clock.monotonic()
     now = time.monotonic()
+    turns = _Turns(now + TURN_TAKING_S)
 
-    def work(spec: ProbeSpec) -> None:
-        begin = clock.monotonic()
+    def attempt(spec: ProbeSpec) -> ProbeOutcome:
+        begin = clock.monotonic()  # the probe's own time, not its wait for a turn
         try:
             facts = _call_probe(spec, sources, config)
-            outcome = ProbeOutcome(spec.name, "ok", clock.monotonic() - begin, facts)
+            return ProbeOutcome(spec.name, "ok", clock.monotonic() - begin, facts)
         except (SourceError, Unknown) as error:  # a fact the probe needs could not be had
-            outcome = ProbeOutcome(spec.name, "error", clock.monotonic() - begin, error=str(error))
+            return ProbeOutcome(spec.name, "error", clock.monotonic() - begin, error=str(error))
         except Exception as error:  # a probe bug must not crash the run
-            outcome = ProbeOutcome(
-                spec.name, "error", clock.monotonic() - begin, error=f"{type(error).__name__}: {error}"
-            )
-        results[spec.name] = outcome
+            return ProbeOutcome(spec.name, "error", clock.monotonic() - begin, error=f"{type(error).__name__}: {error}")
+
+    def work(spec: ProbeSpec) -> None:
+        results[spec.name] = turns.run(lambda: attempt(spec))
         done[spec.name].set()
 
     for spec in specs:

@@ -8,6 +8,7 @@ import sys
 import textwrap
 import threading
 import time
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -275,3 +276,68 @@ def test_modules_a_prolog_run_skips_have_nothing_for_the_prolog() -> None:
         if probe_spec.origin in skipped:
             assert "prolog" not in probe_spec.gather_in and name not in prolog_needs, name
     assert set(full.checks) - set(prolog.checks) >= {"NET001", "NVL006", "NCCL018"}
+
+
+def _probe_specs(*functions: object) -> list[Any]:
+    return [function.__preflight_probe__ for function in functions]  # type: ignore[attr-defined]
+
+
+def test_probes_take_turns_and_a_hung_one_holds_nobody_back_for_long(example_root: Path) -> None:
+    """Probe threads run one at a time at first (no GIL hand-over at every file read), but a
+    probe stuck in a call lets the others go after engine.TURN_TAKING_S, far within deadlines."""
+    from preflight import engine
+    from preflight.config import HostConfig
+    from preflight.engine import RunOptions
+    from preflight.sources import Sources
+
+    spans: dict[str, tuple[float, float]] = {}
+    release = threading.Event()
+
+    def timed(name: str, seconds: float = 0.01, wait: threading.Event | None = None) -> None:
+        begin = time.monotonic()
+        if wait is not None:
+            wait.wait(3)
+        else:
+            while time.monotonic() - begin < seconds:  # busy, as parsing files is
+                pass
+        spans[name] = (begin, time.monotonic())
+
+    @probe("turn_a")
+    def probe_turn_a(fs):  # type: ignore[no-untyped-def]
+        timed("a")
+
+    @probe("turn_b")
+    def probe_turn_b(fs):  # type: ignore[no-untyped-def]
+        timed("b")
+
+    @probe("turn_c")
+    def probe_turn_c(fs):  # type: ignore[no-untyped-def]
+        timed("c")
+
+    sources = Sources.for_node(str(example_root))
+    start = time.monotonic()
+    outcomes = engine.run_probes(_probe_specs(probe_turn_a, probe_turn_b, probe_turn_c), sources, HostConfig(), RunOptions(), start + 5)
+    assert all(outcome.status == "ok" for outcome in outcomes.values())
+    ordered = sorted(spans.values())
+    assert all(first[1] <= second[0] for first, second in zip(ordered, ordered[1:])), "turns overlapped"
+    assert all(outcomes[name].duration_s < 0.1 for name in outcomes)  # their own time, not the wait
+
+    spans.clear()
+
+    @probe("turn_hung")
+    def probe_turn_hung(fs):  # type: ignore[no-untyped-def]
+        timed("hung", wait=release)
+
+    @probe("turn_quick")
+    def probe_turn_quick(fs):  # type: ignore[no-untyped-def]
+        timed("quick")
+
+    specs = _probe_specs(probe_turn_hung, probe_turn_quick)
+    try:
+        start = time.monotonic()
+        outcomes = engine.run_probes(specs, sources, HostConfig(), RunOptions(probe_timeout_s=1.0), start + 5)
+    finally:
+        release.set()
+    assert outcomes["turn_quick"].status == "ok" and outcomes["turn_hung"].status == "timeout"
+    quick_end = spans["quick"][1] - start
+    assert quick_end < engine.TURN_TAKING_S + 0.3, f"the quick probe waited {quick_end:.2f} s"
