@@ -125,30 +125,49 @@ def _markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> st
     return "\n".join(lines)
 
 
-def render_markdown(fleet: Fleet) -> str:
-    sections = [f"# preflight fleet\n\npreflight {__version__} · {markdown_cell(_summary(fleet))}"]
+#: One table of a page: (title, headers, rows); None stands where the findings matrix goes,
+#: which each format draws its own way.
+Section = tuple[str, Sequence[str], list[list[str]]] | None
+
+
+def _sections(fleet: Fleet) -> list[Section]:
+    """The tables of a fleet page, in order, for both formats."""
+    sections: list[Section] = []
     odd = odd_rows(fleet.disagreements)
     if odd:
-        sections.append("## Odd one out\n\n" + _markdown_table(
-            ["Fact", "Class", "Odd nodes", "Their value", "Most nodes have"],
-            [[r.fact, r.group, r.hosts, r.value, r.majority] for r in odd]))
+        sections.append(("Odd one out", ["Fact", "Class", "Odd nodes", "Their value", "Most nodes have"],
+                         [[r.fact, r.group, r.hosts, r.value, r.majority] for r in odd]))
     if fleet.references:
-        headers = ["Node", *(row.id for row in fleet.references)]
-        blocks = []
-        for label, hosts in matrix(fleet):
-            rows = [[host, *(f"{_SHORT[c.kind]} {c.detail}" if c else "" for c in cells)] for host, cells in hosts]
-            blocks.append(f"### {markdown_cell(printable(label, 200))}\n\n" + _markdown_table(headers, rows))
-        legend = ", ".join(f"{short} {kind}" for kind, short in _SHORT.items())
-        sections.append(f"## Findings per node\n\nPresent findings by severity ({legend}), with their evidence.\n\n"
-                        + "\n\n".join(blocks))
-        sections.append("## References\n\n" + _markdown_table(_REFERENCE_HEADERS, _reference_rows(fleet)))
+        sections.append(None)
+        sections.append(("References", _REFERENCE_HEADERS, _reference_rows(fleet)))
     if fleet.classes:
-        sections.append("## Hardware classes\n\n" + _markdown_table(
-            ["Nodes", "Class", "Hosts"], [[str(len(g.hosts)), printable(g.hardware.label, 200), _hosts(g.hosts)] for g in fleet.classes]))
+        sections.append(("Hardware classes", ["Nodes", "Class", "Hosts"],
+                         [[str(len(g.hosts)), printable(g.hardware.label, 200), _hosts(g.hosts)] for g in fleet.classes]))
     if fleet.skipped:
-        sections.append("## Skipped files\n\n" + _markdown_table(
-            ["File", "Reason"], [[printable(s.file, 200), printable(s.reason, 300)] for s in fleet.skipped]))
-    return "\n\n".join(sections) + "\n"
+        sections.append(("Skipped files", ["File", "Reason"],
+                         [[printable(s.file, 200), printable(s.reason, 300)] for s in fleet.skipped]))
+    return sections
+
+
+def _markdown_matrix(fleet: Fleet) -> str:
+    headers = ["Node", *(row.id for row in fleet.references)]
+    blocks = []
+    for label, hosts in matrix(fleet):
+        rows = [[host, *(f"{_SHORT[c.kind]} {c.detail}" if c else "" for c in cells)] for host, cells in hosts]
+        blocks.append(f"### {markdown_cell(printable(label, 200))}\n\n" + _markdown_table(headers, rows))
+    legend = ", ".join(f"{short} {kind}" for kind, short in _SHORT.items())
+    return f"## Findings per node\n\nPresent findings by severity ({legend}), with their evidence.\n\n" + "\n\n".join(blocks)
+
+
+def render_markdown(fleet: Fleet) -> str:
+    parts = [f"# preflight fleet\n\npreflight {__version__} · {markdown_cell(_summary(fleet))}"]
+    for section in _sections(fleet):
+        if section is None:
+            parts.append(_markdown_matrix(fleet))
+        else:
+            title, headers, rows = section
+            parts.append(f"## {title}\n\n" + _markdown_table(headers, rows))
+    return "\n\n".join(parts) + "\n"
 
 
 # -- HTML ------------------------------------------------------------------------------------------
@@ -206,21 +225,13 @@ def render_html(fleet: Fleet) -> str:
         "<body>",
         f"<h1>preflight fleet</h1>\n<p>preflight {_e(__version__)} · {_e(_summary(fleet))}</p>",
     ]
-    odd = odd_rows(fleet.disagreements)
-    if odd:
-        parts.append("<h2>Odd one out</h2>\n" + _html_table(
-            ["Fact", "Class", "Odd nodes", "Their value", "Most nodes have"],
-            [[r.fact, r.group, r.hosts, r.value, r.majority] for r in odd]))
-    if fleet.references:
-        legend = "".join(f'<span class="{kind}">{_SHORT[kind]} {kind}</span>' for kind in KINDS)
-        parts.append(f'<h2>Findings per node</h2>\n<p class="legend">{legend} · hover a cell for its evidence</p>\n'
-                     + _matrix_html(fleet))
-        parts.append("<h2>References</h2>\n" + _html_table(_REFERENCE_HEADERS, _reference_rows(fleet)))
-    if fleet.classes:
-        parts.append("<h2>Hardware classes</h2>\n" + _html_table(
-            ["Nodes", "Class", "Hosts"], [[str(len(g.hosts)), printable(g.hardware.label, 200), _hosts(g.hosts)] for g in fleet.classes]))
-    if fleet.skipped:
-        parts.append("<h2>Skipped files</h2>\n" + _html_table(
-            ["File", "Reason"], [[printable(s.file, 200), printable(s.reason, 300)] for s in fleet.skipped]))
+    for section in _sections(fleet):
+        if section is None:
+            legend = "".join(f'<span class="{kind}">{_SHORT[kind]} {kind}</span>' for kind in KINDS)
+            parts.append(f'<h2>Findings per node</h2>\n<p class="legend">{legend} · hover a cell for its evidence</p>\n'
+                         + _matrix_html(fleet))
+        else:
+            title, headers, rows = section
+            parts.append(f"<h2>{title}</h2>\n" + _html_table(headers, rows))
     parts.append("</body>\n</html>\n")
     return "\n".join(parts)
