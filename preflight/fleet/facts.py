@@ -3,7 +3,8 @@
 Each entry of :data:`FACTS` is one line: a stable key (used in JSON and ``--ignore-fact``), a
 label for people, and an extractor from the report's ``facts`` object (``{probe name: facts}``,
 as ``preflight node --format json`` writes it) to a canonical string. A new probe's fact is one
-more line here.
+more line here, and the keys its extractor reads are declared in :mod:`preflight.fleet.shape`
+(the fast decoder reads nothing else; ``tests/test_fleet_shape.py`` fails when one is missing).
 
 Reports are untrusted and may come from older preflight versions or failed probes, so an
 extractor only reads through the accessors below (:func:`dig`, :func:`records`, :func:`text`,
