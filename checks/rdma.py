@@ -15,6 +15,10 @@ Sources (kernel ``drivers/infiniband/core/sysfs.c``; all world-readable except `
 * ``/sys/class/infiniband_verbs/uverbs<N>/ibdev``: which verbs device node belongs to which RDMA
   device; ``/dev/infiniband/uverbs<N>`` and ``/dev/infiniband/rdma_cm`` (mode, owner) against the
   job's identity (``preflight.checks.gpudirect.read_job_identity``).
+* ``/sys/module/mlx5_core/version``: the mlx5 driver's own version. MLNX_OFED and DOCA-OFED
+  build their modules with one (``24.10-1.1.4``); the kernel's in-tree mlx5 has none (the
+  kernel dropped per-driver versions), which is how NVIDIA's nic-feature-discovery tells an
+  inbox driver apart. A fleet compares it as the node's RDMA stack.
 * NVSwitch management functions: on HGX/DGX B200 the baseboard's ConnectX bridge exposes
   "limited physical functions" (LPFs) as extra ``mlx5_*`` devices that Fabric Manager and NVLSM
   use to manage the NVSwitches; they are not data NICs. NVIDIA's Fabric Manager guide says their
@@ -50,6 +54,7 @@ IB_CLASS = "/sys/class/infiniband"
 VERBS_CLASS = "/sys/class/infiniband_verbs"
 DEV_INFINIBAND = "/dev/infiniband"
 RDMA_CM = f"{DEV_INFINIBAND}/rdma_cm"
+MLX5_MODULE = "/sys/module/mlx5_core"
 PORT_ACTIVE = 4
 PORT_INIT, PORT_ARMED = 2, 3
 PHYS_LINK_UP = 5
@@ -152,6 +157,9 @@ class RdmaFacts:
     device_nodes: tuple[DeviceNode, ...]  # stat of the uverbs nodes of our devices and rdma_cm
     job_identity: JobIdentity | None
     problems: tuple[Problem, ...]  # node-level: unreadable class or /dev directories
+    # /sys/module/mlx5_core/version: MLNX_OFED/DOCA-OFED's version, "" for a loaded in-tree
+    # (inbox) mlx5 without one, None when mlx5_core is not loaded or the file is unreadable
+    mlx5_driver_version: str | None = None
 
     @property
     def data_devices(self) -> tuple[RdmaDevice, ...]:
@@ -402,6 +410,18 @@ def _stat_node(fs: NodeFS, path: str, reader: _Attributes) -> DeviceNode | None:
     return DeviceNode(path, stat.mode, stat.uid, stat.gid) if stat else None
 
 
+def _mlx5_driver_version(reader: _Attributes) -> str | None:
+    """See :attr:`RdmaFacts.mlx5_driver_version`; an unreadable file is a problem, not inbox."""
+    try:
+        if reader.fs.listdir(MLX5_MODULE) is None:
+            return None  # mlx5_core not loaded
+        text = reader.fs.read(f"{MLX5_MODULE}/version", max_bytes=_SYSFS_ATTRIBUTE_BYTES)
+    except SourceError as error:
+        reader.problems.append(Problem(error.source, error.reason))
+        return None
+    return "" if text is None else text.strip()[:100]
+
+
 @probe("rdma", gather_in=("full",))
 def probe_rdma(fs: NodeFS) -> RdmaFacts:
     """Read every RDMA device, its ports and netdevs, and the job's device nodes."""
@@ -422,6 +442,7 @@ def probe_rdma(fs: NodeFS) -> RdmaFacts:
     for problem in identity_reader.problems:
         path, _, reason = problem.partition(": ")
         reader.problems.append(Problem(path, reason))
+    mlx5_version = _mlx5_driver_version(reader)
     return RdmaFacts(
         devices=devices,
         verbs_class_present=verbs_entries is not None,
@@ -429,6 +450,7 @@ def probe_rdma(fs: NodeFS) -> RdmaFacts:
         device_nodes=nodes,
         job_identity=identity,
         problems=reader.take(),
+        mlx5_driver_version=mlx5_version,
     )
 
 

@@ -70,6 +70,14 @@ def test_a_minority_value_is_flagged_with_the_majority_value(tmp_path: Path) -> 
     assert "ODD ONE OUT" in table and "gpu003" in table and "4092 (3 nodes)" in table
 
 
+def test_an_unreadable_or_unrecorded_rdma_stack_is_unknown_not_odd(tmp_path: Path) -> None:
+    documents = [report(f"gpu00{i}") for i in range(1, 5)]
+    documents[1]["facts"]["rdma"].update(mlx5_driver_version=None, problems=[{"path": "/sys/module/mlx5_core/version", "reason": "permission denied (EACCES)"}])
+    del documents[2]["facts"]["rdma"]["mlx5_driver_version"]  # a report from an older preflight
+    stack = comparison(audit([str(write_all(tmp_path / "r", documents))]), "rdma_stack")
+    assert (stack.verdict, stack.common, stack.unknown) == (SAME, "24.01-0.3.3", ("gpu002", "gpu003"))
+
+
 def test_an_agreeing_clean_fleet_exits_zero_and_lists_nothing_odd(tmp_path: Path) -> None:
     fleet = audit([str(write_all(tmp_path / "r", [report(f"gpu00{i}") for i in range(1, 4)]))])
     assert not fleet.disagreements and not fleet.references
@@ -84,6 +92,10 @@ def test_an_agreeing_clean_fleet_exits_zero_and_lists_nothing_odd(tmp_path: Path
         ("nccl_libraries", lambda d: d["facts"]["nccl_libs"]["copies"][0].update(version="2.18.3"), "2.18.3 (system), 2.21.5 (python)"),
         ("nvidia_driver", lambda d: d["facts"]["gpus"].update(driver_version="535.104.05"), "535.104.05"),
         ("hca_firmware", lambda d: d["facts"]["rdma"]["devices"][5].update(fw_ver="28.36.1010"), "28.36.1010, 28.39.1002"),
+        ("rdma_stack", lambda d: d["facts"]["rdma"].update(mlx5_driver_version="23.10-1.1.9"), "23.10-1.1.9"),
+        ("rdma_stack", lambda d: d["facts"]["rdma"].update(mlx5_driver_version=""), "inbox"),
+        ("rdma_stack", lambda d: d["facts"]["rdma"].update(mlx5_driver_version=d["facts"]["gpudirect"]["kernel_release"]), "inbox"),
+        ("rdma_stack", lambda d: d["facts"]["rdma"].update(mlx5_driver_version=None), "mlx5_core not loaded"),
         ("kernel", lambda d: d["facts"]["gpudirect"].update(kernel_release="5.15.0-91-generic"), "5.15.0-91-generic"),
         ("memlock_slurmd", lambda d: d["facts"]["memlock"]["slurmd"].update(soft=65536, hard=65536), "soft 64 KiB, hard 64 KiB"),
         ("nccl_conf", lambda d: d["facts"]["job"]["nccl_conf_files"][0].update(entries=[["NCCL_IB_HCA", "mlx5_0"]]), "/etc/nccl.conf: NCCL_IB_HCA=mlx5_0"),

@@ -181,3 +181,20 @@ def test_ipoib_mode_is_recorded_for_infiniband_ports(tmp_path: Path) -> None:
     facts = probe_rdma(NodeFS(str(root)))
     modes = {port.subject: port.ipoib_mode for device in facts.devices for port in device.ports}
     assert modes["mlx5_0/1"] == "connected" and modes["mlx5_1/1"] == "datagram"
+
+
+def test_mlx5_driver_version_tells_ofed_from_inbox(tmp_path: Path) -> None:
+    """MLNX_OFED/DOCA build mlx5_core with a version; the in-tree driver has none. Not loaded is
+    None, and so is an unreadable file, which is also a problem (never taken for inbox)."""
+    assert probe_rdma(NodeFS(str(tmp_path))).mlx5_driver_version is None  # not loaded
+    module = tmp_path / "sys/module/mlx5_core"
+    module.mkdir(parents=True)
+    (module / "refcnt").write_text("1\n")
+    assert probe_rdma(NodeFS(str(tmp_path))).mlx5_driver_version == ""  # inbox
+    (module / "version").write_text("24.10-1.1.4\n")
+    assert probe_rdma(NodeFS(str(tmp_path))).mlx5_driver_version == "24.10-1.1.4"
+    (module / "version").unlink()
+    (module / "version").mkdir()  # EISDIR: unreadable
+    facts = probe_rdma(NodeFS(str(tmp_path)))
+    assert facts.mlx5_driver_version is None
+    assert [problem.path for problem in facts.problems] == ["/sys/module/mlx5_core/version"]

@@ -242,6 +242,23 @@ def _port_rates(facts: Facts) -> str | None:
     return joined(f"{rate[0]:g} Gb/s ({rate[1]}X {rate[2]})" if rate else "unreadable" for rate in rates)
 
 
+def _rdma_stack(facts: Facts) -> str | None:
+    """MLNX_OFED/DOCA-OFED's version of mlx5_core, or "inbox" (the in-tree driver has no version
+    of its own, or one equal to the kernel release)."""
+    rdma = dig(facts, "rdma")
+    if type(rdma) is not dict or "mlx5_driver_version" not in rdma:
+        return None  # a report from before preflight read it
+    version = rdma["mlx5_driver_version"]
+    if version is None:
+        problems = records(rdma.get("problems")) or []
+        if any(str(problem.get("path", "")).startswith("/sys/module/mlx5_core") for problem in problems):
+            return None  # unreadable
+        return "mlx5_core not loaded"
+    if type(version) is not str:
+        return None
+    return "inbox" if version in ("", text(dig(facts, "gpudirect", "kernel_release"))) else version
+
+
 def _ipoib_modes(facts: Facts) -> str | None:
     ports = _data_ports(facts)
     if ports is None:
@@ -371,6 +388,7 @@ FACTS: tuple[Fact, ...] = (
     Fact("hca_count", "RDMA NICs (data)", lambda f: count(data_hcas(f)), references=("IB009",)),
     Fact("hca_names", "RDMA NIC names", _hca_names, references=("IB009",)),
     Fact("hca_firmware", "RDMA NIC firmware", _hca_firmware),
+    Fact("rdma_stack", "mlx5 driver (MLNX_OFED/DOCA version, or inbox)", _rdma_stack),
     Fact("port_rates", "RDMA port rates", _port_rates),
     Fact("ipoib_mode", "IPoIB mode", _ipoib_modes),
     Fact("rdma_mtu", "MTU of RDMA netdevs", _rdma_mtu),

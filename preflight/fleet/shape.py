@@ -83,6 +83,8 @@ class HcaShape(TypedDict, total=False):
 
 class RdmaShape(TypedDict, total=False):
     devices: list[HcaShape] | None
+    mlx5_driver_version: Any
+    problems: Any
 
 
 class LinkShape(TypedDict, total=False):
