@@ -7,7 +7,7 @@ about 95 KB) made into another node: its own host name (in the facts and in DNS0
 time, slurmd PID (in MEM001's and MEM002's evidence), MAC addresses, GPU UUIDs and address, as
 real reports of different nodes differ. A few nodes differ so that the audit has odd ones out to
 find: every 500th has one RDMA netdev's MTU changed, every 700th another driver, every 900th one
-HCA's firmware; every 300th has one more present finding.
+HCA's firmware, every 1100th another MLNX_OFED; every 300th has one more present finding.
 
 Four commands run in interleaved rounds (so that a busy machine slows them all alike), each as a
 child process, and the medians of wall time and CPU time (user + system, self and children) are
@@ -101,6 +101,8 @@ def generate(directory: str, nodes: int) -> None:
             document["facts"]["gpus"]["driver_version"] = "535.104.05"
         if number % 900 == 7:
             document["facts"]["rdma"]["devices"][3]["fw_ver"] = "28.36.1010"
+        if number % 1100 == 7:
+            document["facts"]["rdma"]["mlx5_driver_version"] = "23.10-1.1.9"
         if number % 300 == 7:
             document["findings"] = [*document["findings"], extra_finding]
         # The fields the golden normalisation drops, as a real run writes them.
