@@ -23,7 +23,8 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+
+from preflight.records import frozen
 
 AF_INET, AF_INET6 = 4, 6
 _ZERO = bytes(16)
@@ -91,7 +92,7 @@ def nccl_int(value: str | None, default: int) -> int:
     return number if -(2**63) <= number < 2**63 else default
 
 
-@dataclass(frozen=True)
+@frozen
 class GidSettings:
     """The job's GID-selection variables as NCCL parses them."""
 
@@ -144,7 +145,7 @@ def in_addr_range(family: int, prefix: tuple[bytes, int] | None, gid: bytes) -> 
     return int.from_bytes(base, "big") & mask == int.from_bytes(value, "big") & mask
 
 
-@dataclass(frozen=True)
+@frozen
 class Slot:
     """One GID table slot as the emulation needs it."""
 
@@ -153,7 +154,7 @@ class Slot:
     type_error: str = ""  # why not, e.g. "invalid argument (EINVAL)"
 
 
-@dataclass(frozen=True)
+@frozen
 class GidChoice:
     """What NCCL would do on one port."""
 

@@ -10,13 +10,13 @@ that use it decide that from the node's hardware and the job's settings.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from preflight.checks.nccl_libs import NcclCopy, NcclLibFacts
 from preflight.model import Evidence, NotApplicable, Unknown
+from preflight.records import frozen
 
 
-@dataclass(frozen=True)
+@frozen
 class KnownBug:
     reference_id: str
     first: str  # first release that carries the bug

@@ -18,11 +18,11 @@ Sources:
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from preflight.checks.gpus import GpuFacts, normalise_bus_id
 from preflight.model import Evidence, NotApplicable, Observation, Unknown, present, undecided
 from preflight.probing import FactReader
+from preflight.records import frozen
 from preflight.registry import check, probe
 from preflight.sources import NodeFS
 from preflight.sources.nvml import UNANSWERED, Nvml, NvmlError
@@ -34,7 +34,7 @@ MOSTLY_MAPPED = 0.5  # share of BAR1 mapped on an idle GPU that means leaked map
 _UNIFIED_MEMORY = ("GH200", "GB10", "GB200")
 
 
-@dataclass(frozen=True)
+@frozen
 class Bar1:
     index: int
     name: str | None
@@ -45,7 +45,7 @@ class Bar1:
     aperture: int | None  # bytes, largest 64-bit prefetchable region in sysfs
 
 
-@dataclass(frozen=True)
+@frozen
 class Bar1Facts:
     gpus: tuple[Bar1, ...]
     nvml_error: str

@@ -24,12 +24,12 @@ from __future__ import annotations
 import fnmatch
 import posixpath
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from preflight.checks.job import JobFacts, Setting, parse_environ
 from preflight.checks.rdma import IB_CLASS, RdmaFacts, looks_like_efa, require_rdma
 from preflight.model import Evidence, NotApplicable, Observation, Severity, present, undecided
 from preflight.probing import FactReader
+from preflight.records import frozen
 from preflight.registry import check, probe
 from preflight.sources import NodeFS, SourceError
 
@@ -45,7 +45,7 @@ LIBFABRIC = "libfabric.so.1"
 BUILTIN_NETS = ("socket", "ib")
 
 
-@dataclass(frozen=True)
+@frozen
 class EfaFacts:
     library_dirs: tuple[str, ...]  # directories searched, in loader order
     libraries: tuple[str, ...]  # paths of libnccl-net*.so* and libfabric.so* found there

@@ -34,12 +34,12 @@ Sources:
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from preflight.checks.job import JobFacts
 from preflight.checks.ports import TableError, parse_tcp_table
 from preflight.model import Evidence, NotApplicable, Observation, Severity, Unknown, present, undecided
 from preflight.probing import FactReader
+from preflight.records import frozen
 from preflight.registry import check, probe
 from preflight.sources import NodeFS
 from preflight.sources.nvml import Nvml, NvmlError
@@ -59,7 +59,7 @@ _COMPLETED = 3
 _API_MISSING = ("NVML_ERROR_FUNCTION_NOT_FOUND", "NVML_ERROR_NOT_SUPPORTED")
 
 
-@dataclass(frozen=True)
+@frozen
 class GpuFabric:
     index: int
     state: int | None
@@ -69,7 +69,7 @@ class GpuFabric:
     error: str  # NVML error code of the fabric query, "" when it answered
 
 
-@dataclass(frozen=True)
+@frozen
 class FabricManager:
     """What the node shows of a running fabric manager."""
 
@@ -85,7 +85,7 @@ class FabricManager:
         return bool(self.pids) or self.listening is not None
 
 
-@dataclass(frozen=True)
+@frozen
 class FabricFacts:
     nvswitches: tuple[str, ...]
     gpus: tuple[GpuFabric, ...]

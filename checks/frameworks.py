@@ -20,11 +20,11 @@ Sources, read through the node's filesystem:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from preflight.checks.nccl_libs import job_python_prefixes, site_dirs
 from preflight.model import Unknown
 from preflight.probing import FactReader
+from preflight.records import frozen
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
 
@@ -35,14 +35,14 @@ _UNREAD_METADATA = re.compile(r"/(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*?)-[^-/]+?\.
 _INSTALLED = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*?)-(?P<version>[^-/]+?)\.(?P<kind>dist-info|egg-info)$")
 
 
-@dataclass(frozen=True)
+@frozen
 class PythonPackage:
     name: str  # normalised distribution name: "torch", "megatron-core"
     version: str  # Version: header ("2.6.0+cu124")
     metadata: str  # the METADATA/PKG-INFO file it was read from
 
 
-@dataclass(frozen=True)
+@frozen
 class FrameworkFacts:
     site_dirs: tuple[str, ...]  # package directories that exist and were listed
     packages: tuple[PythonPackage, ...]  # installed FRAMEWORKS, in site order

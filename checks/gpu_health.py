@@ -32,12 +32,12 @@ Any call answering ``NVML_ERROR_GPU_IS_LOST`` marks the GPU lost; GPU001 reports
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from preflight.checks.gpus import UNEXPECTED_ANSWER, GpuFacts
 from preflight.checks.kernel_log import HARDWARE_XIDS, KernelLogFacts, XidEvent
 from preflight.model import Evidence, NotApplicable, Observation, Unknown, present, undecided
+from preflight.records import frozen
 from preflight.registry import check, probe
 from preflight.sources.nvml import UNANSWERED, Nvml, NvmlError
 
@@ -51,7 +51,7 @@ NOT_RECORDED = "NVML_NOT_RECORDED"
 FEATURE_ABSENT = frozenset({"NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND"})
 
 
-@dataclass(frozen=True)
+@frozen
 class GpuHealth:
     index: int
     # nvmlDeviceGetRemappedRows
@@ -85,7 +85,7 @@ class GpuHealth:
         return ""
 
 
-@dataclass(frozen=True)
+@frozen
 class GpuHealthFacts:
     gpus: tuple[GpuHealth, ...]
     nvml_error: str

@@ -24,13 +24,13 @@ from __future__ import annotations
 import re
 import stat as stat_codes
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from preflight.checks._nccl_releases import PEERMEM_DETECTION, affected, release_evidence
 from preflight.checks.job import JobFacts, parse_environ
 from preflight.checks.nccl_libs import NcclLibFacts
 from preflight.model import Evidence, NotApplicable, Observation, present, undecided
 from preflight.probing import FactReader
+from preflight.records import frozen
 from preflight.registry import check, probe
 from preflight.sources import NodeFS, SourceError
 
@@ -43,7 +43,7 @@ _PEER_MEMORY_FILES = (
 DMABUF_MIN_KERNEL = (5, 12)
 
 
-@dataclass(frozen=True)
+@frozen
 class DeviceNode:
     """``stat`` of a device file."""
 
@@ -53,7 +53,7 @@ class DeviceNode:
     gid: int
 
 
-@dataclass(frozen=True)
+@frozen
 class JobIdentity:
     """Who the job runs as: the credentials that open device files."""
 
@@ -62,7 +62,7 @@ class JobIdentity:
     source: str
 
 
-@dataclass(frozen=True)
+@frozen
 class GpuDirectFacts:
     nvidia_driver: str | None  # /sys/module/nvidia/version; None when the driver is not loaded
     driver_flavour: str | None  # "open" | "proprietary" from /proc/driver/nvidia/version

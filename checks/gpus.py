@@ -19,12 +19,12 @@ inside the next job, 1-3 s per GPU, and that start-up is where a failing GPU or 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from preflight.config import Expectations
 from preflight.model import Evidence, NotApplicable, Observation, Severity, Unknown, present, undecided
 from preflight.probing import FactReader
+from preflight.records import frozen
 from preflight.registry import check, probe
 from preflight.sources import NodeFS
 from preflight.sources.nvml import UNANSWERED, Nvml, NvmlError
@@ -47,7 +47,7 @@ PERSISTENCE_FIX = (
 )
 
 
-@dataclass(frozen=True)
+@frozen
 class NvmlDevice:
     index: int
     name: str | None  # nvmlDeviceGetName
@@ -56,7 +56,7 @@ class NvmlDevice:
     error: str  # NVML error code of the first failing call, "" when all succeeded
 
 
-@dataclass(frozen=True)
+@frozen
 class GpuFacts:
     pci_gpus: tuple[str, ...]  # /sys/bus/pci/devices with vendor 0x10de and class 0x03xxxx
     nvml_error: str  # NVML_ERROR_* of nvmlInit / nvmlDeviceGetCount, "" when NVML answered

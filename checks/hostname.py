@@ -33,13 +33,14 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from preflight.checks.job import parse_environ
 from preflight.config import HostConfig
 from preflight.hostlist import HostlistError, expand
 from preflight.model import Evidence, Observation, Severity, present, undecided
 from preflight.probing import FactReader
+from preflight.records import frozen
 from preflight.registry import check, probe
 from preflight.sources import NodeFS, SourceError
 from preflight.sources.dns import Dns, DnsAnswer, NameserverCheck
@@ -59,14 +60,14 @@ ROLE_MASTER = "MASTER_ADDR"
 ROLE_PEER = "peer"
 
 
-@dataclass(frozen=True)
+@frozen
 class HostsEntry:
     address: str
     names: tuple[str, ...]
     source: str  # "/etc/hosts:3"
 
 
-@dataclass(frozen=True)
+@frozen
 class NssService:
     """One service of the nsswitch.conf ``hosts:`` line and the action items after it."""
 
@@ -78,7 +79,7 @@ class NssService:
 FILES_THEN_DNS = (NssService("files"), NssService("dns"))
 
 
-@dataclass(frozen=True)
+@frozen
 class NameLookup:
     """One name the job needs: its /etc/hosts lines, DNS answers and its addresses' PTR answers."""
 
@@ -89,7 +90,7 @@ class NameLookup:
     reverse: tuple[DnsAnswer, ...] = ()  # PTR for the addresses libc returns
 
 
-@dataclass(frozen=True)
+@frozen
 class HostnameFacts:
     hostname: str | None  # /proc/sys/kernel/hostname
     hosts_entries: tuple[HostsEntry, ...]  # /etc/hosts lines naming this host exactly (any case)
@@ -205,7 +206,7 @@ def select_peers(hostname: str | None, nodes: Sequence[str], master_addr: str) -
 
 
 # -- what libc would answer -------------------------------------------------------------------
-@dataclass(frozen=True)
+@frozen
 class LibcResult:
     """getaddrinfo(name) as emulated from nsswitch.conf, /etc/hosts and the DNS answers."""
 

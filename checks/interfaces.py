@@ -7,13 +7,13 @@ or ``/sys/class/net`` with ``/proc/net/{if_inet6,fib_trie,route}`` (a copied roo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
+from preflight.records import frozen
 from preflight.registry import probe
 from preflight.sources.netlink import Address, Link, Netlink
 
 
-@dataclass(frozen=True)
+@frozen
 class InterfaceFacts:
     links: tuple[Link, ...]
     addresses: tuple[Address, ...]

@@ -14,9 +14,9 @@ Sources:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from preflight.model import Unknown
+from preflight.records import frozen
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
 
@@ -33,7 +33,7 @@ KEPT_NAMES = frozenset({
 })
 
 
-@dataclass(frozen=True)
+@frozen
 class Setting:
     """The value NCCL would see for one variable, and where it came from."""
 
@@ -41,14 +41,14 @@ class Setting:
     origin: str  # "environment" or the configuration file's path
 
 
-@dataclass(frozen=True)
+@frozen
 class NcclConfFile:
     path: str
     entries: tuple[tuple[str, str], ...]  # (name, value) in file order; names untrimmed
     error: str = ""  # why the file could not be read, "" when it was read
 
 
-@dataclass(frozen=True)
+@frozen
 class JobFacts:
     """The job environment and NCCL's configuration files."""
 

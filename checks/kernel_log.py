@@ -16,8 +16,8 @@ for %pI6, status %d\n", ...)`` in ``ipoib_mcast_join_complete``
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
+from preflight.records import frozen
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
 
@@ -38,21 +38,21 @@ HARDWARE_XIDS = {
 }
 
 
-@dataclass(frozen=True)
+@frozen
 class XidEvent:
     bus: str  # as the driver prints it, e.g. 0000:5d:00
     code: int
     text: str
 
 
-@dataclass(frozen=True)
+@frozen
 class LinkEvent:
     bus: str  # PCI function of the NIC, e.g. 0000:c1:00.0
     netdev: str
     text: str
 
 
-@dataclass(frozen=True)
+@frozen
 class JoinFailure:
     """An IPoIB multicast group join the subnet administrator did not grant."""
 
@@ -62,7 +62,7 @@ class JoinFailure:
     text: str
 
 
-@dataclass(frozen=True)
+@frozen
 class KernelLogFacts:
     xids: tuple[XidEvent, ...]
     link_downs: tuple[LinkEvent, ...]

@@ -21,18 +21,18 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from preflight.checks.job import JobFacts
 from preflight.hostlist import expand
 from preflight.model import Evidence, NotApplicable, Observation, Severity, present
+from preflight.records import frozen
 from preflight.registry import check
 
 LAUNCH_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK")
 NCCL_ALGORITHMS = ("tree", "ring", "collnetdirect", "collnetchain", "nvls", "nvlstree", "pat")
 
 
-@dataclass(frozen=True)
+@frozen
 class SlurmView:
     """What Slurm says about this task and its step; None where a variable is unset or garbled."""
 

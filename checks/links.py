@@ -18,12 +18,12 @@ Sources:
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from preflight.checks.job import JobFacts
 from preflight.checks.kernel_log import KernelLogFacts
 from preflight.model import Evidence, NotApplicable, Observation, Severity, present, undecided
 from preflight.probing import FactReader
+from preflight.records import frozen
 from preflight.registry import check, probe
 from preflight.sources import NodeFS
 
@@ -34,7 +34,7 @@ MIN_IB_TIMEOUT = 14
 MIN_RETRY_COUNT = 7  # NCCL's default and the verbs maximum
 
 
-@dataclass(frozen=True)
+@frozen
 class PortHistory:
     device: str
     port: str
@@ -44,7 +44,7 @@ class PortHistory:
     problem: str  # why the counters could not be read, "" when they were
 
 
-@dataclass(frozen=True)
+@frozen
 class LinkHistoryFacts:
     ports: tuple[PortHistory, ...]
 

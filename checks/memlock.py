@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from preflight.checks.gpudirect import GpuDirectFacts
 from preflight.checks.job import JobFacts, parse_environ
 from preflight.config import Expectations
 from preflight.model import Evidence, NotApplicable, Observation, Severity, present, undecided
 from preflight.probing import FactReader
+from preflight.records import frozen
 from preflight.registry import check, probe
 from preflight.sources import NodeFS, SourceError
 from preflight.units import UNLIMITED, format_size, parse_size
@@ -40,7 +40,7 @@ _UNIT_DIRS = ("/etc/systemd/system", "/run/systemd/system", "/usr/lib/systemd/sy
 _SLURM_CONF_PATHS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf")
 
 
-@dataclass(frozen=True)
+@frozen
 class Limit:
     """A soft/hard pair in bytes (``UNLIMITED`` for unlimited) and where it was read."""
 
@@ -49,7 +49,7 @@ class Limit:
     source: str
 
 
-@dataclass(frozen=True)
+@frozen
 class PamLimit:
     """One ``memlock`` line of limits.conf or limits.d."""
 
@@ -59,7 +59,7 @@ class PamLimit:
     source: str  # "/etc/security/limits.conf:12"
 
 
-@dataclass(frozen=True)
+@frozen
 class MemlockFacts:
     """Every place the job's RLIMIT_MEMLOCK can come from."""
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from preflight.checks.job import JobFacts, Setting
 from preflight.checks.rdma import (
@@ -35,6 +34,7 @@ from preflight.checks.rdma import (
     require_rdma,
 )
 from preflight.model import Evidence, NotApplicable, Observation, Severity, Unknown, present, undecided
+from preflight.records import frozen
 from preflight.registry import check
 
 NCCL_LINK_LAYERS = ("InfiniBand", "Ethernet")
@@ -42,7 +42,7 @@ _ATOI = re.compile(r"^\s*([+-]?\d+)")
 RAIL_NIC_COUNTS = "2, 4 or 8 NICs, identical on every node"
 
 
-@dataclass(frozen=True)
+@frozen
 class HcaEntry:
     """One ``NCCL_IB_HCA`` entry."""
 
@@ -51,7 +51,7 @@ class HcaEntry:
     port: int | None  # None: any port
 
 
-@dataclass(frozen=True)
+@frozen
 class HcaList:
     """``NCCL_IB_HCA`` as NCCL parses it."""
 
@@ -90,7 +90,7 @@ def parse_nccl_ib_hca(value: str | None) -> HcaList:
     return HcaList(exclude, exact, tuple(entries))
 
 
-@dataclass(frozen=True)
+@frozen
 class Selection:
     """What NCCL's IB transport would open on this node."""
 

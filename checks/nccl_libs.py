@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from preflight.checks.job import JobFacts, parse_environ
 from preflight.model import Evidence, NotApplicable, Observation, present
 from preflight.probing import FactReader
+from preflight.records import frozen
 from preflight.registry import check, probe
 from preflight.sources import NodeFS, SourceError
 
@@ -39,14 +39,14 @@ _WHEEL = re.compile(r"^nvidia_nccl_cu\d+-(\d+\.\d+\.\d+)[^/]*\.dist-info$")
 RAS_CRASH_VERSIONS = frozenset({"2.27.3"})
 
 
-@dataclass(frozen=True)
+@frozen
 class NcclCopy:
     path: str
     version: str | None  # None: a libnccl file whose version the node does not name
     origin: str  # "system", "python" or "job" (a directory the job's environment adds)
 
 
-@dataclass(frozen=True)
+@frozen
 class NcclLibFacts:
     copies: tuple[NcclCopy, ...]
     problems: tuple[str, ...]

@@ -26,7 +26,6 @@ from __future__ import annotations
 import posixpath
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from preflight.checks._nccl_releases import (
     CONNECT_RETRY,
@@ -49,6 +48,7 @@ from preflight.checks.nccl_libs import NcclLibFacts
 from preflight.checks.rdma import RdmaFacts
 from preflight.model import Evidence, NotApplicable, Observation, Severity, Unknown, present, undecided
 from preflight.probing import FactReader
+from preflight.records import frozen
 from preflight.registry import check, probe
 from preflight.sources import NodeFS, SourceError
 from preflight.units import UNLIMITED, format_size
@@ -62,7 +62,7 @@ _SLURM_CONF_PATHS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf")
 _SLURMD_SCRIPT_CONTEXTS = frozenset({"prolog_slurmd", "epilog_slurmd"})
 
 
-@dataclass(frozen=True)
+@frozen
 class NcclPlatformFacts:
     """What makes known NCCL bugs reachable on this node, from its files."""
 

@@ -19,11 +19,11 @@ The facts keep each GPU's active count: the fleet report compares them across no
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from preflight.checks.gpus import GpuFacts
 from preflight.config import Expectations
 from preflight.model import Evidence, NotApplicable, Observation, Unknown, present, undecided
+from preflight.records import frozen
 from preflight.registry import check, probe
 from preflight.sources.nvml import UNANSWERED, Nvml, NvmlError
 
@@ -33,7 +33,7 @@ NO_SUCH_LINK = frozenset({"NVML_ERROR_INVALID_ARGUMENT", "NVML_ERROR_NOT_SUPPORT
 _ACTIVE, _INACTIVE = 1, 0  # nvmlEnableState_t
 
 
-@dataclass(frozen=True)
+@frozen
 class GpuNvlinks:
     index: int
     name: str | None  # nvmlDeviceGetName; None when it failed
@@ -43,7 +43,7 @@ class GpuNvlinks:
     error: str  # "NVML_ERROR_X (link N)" of the first failed link query, "" when all answered
 
 
-@dataclass(frozen=True)
+@frozen
 class NvlinkFacts:
     gpus: tuple[GpuNvlinks, ...]
     nvml_error: str  # NVML_ERROR_* of nvmlInit / nvmlDeviceGetCount, "" when NVML answered

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from preflight.checks.gpus import GpuFacts, normalise_bus_id
 from preflight.checks.job import JobFacts, Setting
@@ -37,6 +36,7 @@ from preflight.checks.nvlink import require_nvml
 from preflight.config import Expectations
 from preflight.model import Evidence, NotApplicable, Observation, Severity, Unknown, present, undecided
 from preflight.probing import FactReader
+from preflight.records import frozen
 from preflight.registry import check, probe
 from preflight.sources import NodeFS
 from preflight.sources.nvml import Gpu, Nvml, NvmlError
@@ -54,7 +54,7 @@ SM120_MIN_NCCL = (2, 26, 2)
 _TRANSLATED_DOMAINS = ("DMA", "DMA-FQ")  # /sys/kernel/iommu_groups/*/type
 
 
-@dataclass(frozen=True)
+@frozen
 class P2pGpu:
     index: int
     name: str | None  # nvmlDeviceGetName
@@ -63,7 +63,7 @@ class P2pGpu:
     iommu_domain: str | None  # /sys/bus/pci/devices/<bdf>/iommu_group/type; None: no IOMMU group
 
 
-@dataclass(frozen=True)
+@frozen
 class P2pStatus:
     """nvmlDeviceGetP2PStatus from ``source`` to ``target``; None where the query failed."""
 
@@ -75,7 +75,7 @@ class P2pStatus:
     error: str  # NVML error code of the first failed query, "" when all three answered
 
 
-@dataclass(frozen=True)
+@frozen
 class P2pFacts:
     gpus: tuple[P2pGpu, ...]
     statuses: tuple[P2pStatus, ...]  # every ordered pair of different GPUs
@@ -162,7 +162,7 @@ def _strtol(text: str) -> int | None:
     return -value if match.group(1) == "-" else value
 
 
-@dataclass(frozen=True)
+@frozen
 class P2pOverride:
     """A job setting that switches NCCL's P2P transport off for every GPU pair on this node."""
 

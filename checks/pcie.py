@@ -42,11 +42,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from preflight.checks.job import JobFacts
 from preflight.model import Evidence, NotApplicable, Observation, Unknown, present, undecided
 from preflight.probing import FactReader
+from preflight.records import frozen
 from preflight.registry import check, probe
 from preflight.sources import NodeFS, SourceError
 
@@ -74,7 +74,7 @@ ACS_BITS = (
 REDIRECT_BITS = 0x0004 | 0x0008
 
 
-@dataclass(frozen=True)
+@frozen
 class AcsRegisters:
     capability: int
     control: int
@@ -83,7 +83,7 @@ class AcsRegisters:
         return " ".join(f"{name}{'+' if self.control & bit else '-'}" for bit, name in ACS_BITS)
 
 
-@dataclass(frozen=True)
+@frozen
 class Bridge:
     """A bridge on some GPU-to-NIC path and what its config space says about ACS."""
 
@@ -92,7 +92,7 @@ class Bridge:
     unreadable: str  # why the ACS state is not known; "" when it is
 
 
-@dataclass(frozen=True)
+@frozen
 class PcieLink:
     """A function's PCIe link as the kernel reports it (Link Status and Link Capabilities)."""
 
@@ -103,7 +103,7 @@ class PcieLink:
     problem: str  # why the widths are not known, "" when both were read
 
 
-@dataclass(frozen=True)
+@frozen
 class PciEndpoint:
     bdf: str
     chain: tuple[str, ...]  # bridges from the root port down to the parent of this function
@@ -115,7 +115,7 @@ class PciEndpoint:
     rdma_devices: tuple[str, ...] = ()  # infiniband/<name> of a NIC, e.g. ("mlx5_0",)
 
 
-@dataclass(frozen=True)
+@frozen
 class PcieFacts:
     gpus: tuple[PciEndpoint, ...]
     nics: tuple[PciEndpoint, ...]

@@ -21,10 +21,10 @@ import ipaddress
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import TypeVar
-from dataclasses import dataclass
 
 from preflight.checks.job import JobFacts
 from preflight.model import Evidence, Observation, Severity, present, undecided
+from preflight.records import frozen
 from preflight.registry import check, probe
 from preflight.sources import NodeFS, SourceError
 
@@ -54,7 +54,7 @@ PRESSURE_WARNING = 0.5
 PRESSURE_ERROR = 0.8
 
 
-@dataclass(frozen=True)
+@frozen
 class ListeningSocket:
     address: str  # local address as text ("0.0.0.0", "::", "127.0.0.1")
     port: int
@@ -63,14 +63,14 @@ class ListeningSocket:
     source: str  # "/proc/net/tcp:4" (line number)
 
 
-@dataclass(frozen=True)
+@frozen
 class Destination:
     address: str
     port: int
     sockets: int  # sockets from ephemeral local ports to this endpoint
 
 
-@dataclass(frozen=True)
+@frozen
 class TcpTable:
     """What one table holds, reduced to what the checks need."""
 
@@ -82,7 +82,7 @@ class TcpTable:
     bad_count: int
 
 
-@dataclass(frozen=True)
+@frozen
 class SocketFacts:
     port_range: tuple[int, int] | None  # ip_local_port_range; None when unread
     reserved: tuple[tuple[int, int], ...]  # ip_local_reserved_ports as inclusive ranges

@@ -38,7 +38,6 @@ import re
 import stat as stat_codes
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from typing import TypeVar
 
 from preflight.checks.gpudirect import DeviceNode, JobIdentity, can_read_write, read_job_identity
@@ -47,6 +46,7 @@ from preflight.checks.kernel_log import NOT_READ, JoinFailure, KernelLogFacts
 from preflight.config import Expectations
 from preflight.model import Evidence, NotApplicable, Observation, Severity, Unknown, present, undecided
 from preflight.probing import FactReader
+from preflight.records import frozen
 from preflight.registry import check, probe
 from preflight.sources import NodeFS, SourceError
 
@@ -70,7 +70,7 @@ _RATE = re.compile(r"^(\d+)(\.5)? Gb/sec \((\d+)X(?: (\w+))?\)$")
 _T = TypeVar("_T")
 
 
-@dataclass(frozen=True)
+@frozen
 class Problem:
     """A node file that exists (or should) but gave no usable value."""
 
@@ -81,7 +81,7 @@ class Problem:
         return f"{self.path}: {self.reason}"
 
 
-@dataclass(frozen=True)
+@frozen
 class PortRate:
     """``ports/<n>/rate``: ``400 Gb/sec (4X NDR)``."""
 
@@ -93,7 +93,7 @@ class PortRate:
         return f"{self.gbps:g} Gb/sec ({self.width}X {self.speed})"
 
 
-@dataclass(frozen=True)
+@frozen
 class RdmaPort:
     device: str
     number: int
@@ -128,7 +128,7 @@ class RdmaPort:
         return f"{number}: {name}" if number is not None else "unknown"
 
 
-@dataclass(frozen=True)
+@frozen
 class RdmaDevice:
     name: str
     path: str  # /sys/class/infiniband/<dev>
@@ -149,7 +149,7 @@ class RdmaDevice:
         return self.nvswitch_management is not True
 
 
-@dataclass(frozen=True)
+@frozen
 class RdmaFacts:
     devices: tuple[RdmaDevice, ...]  # /sys/class/infiniband, in name order
     verbs_class_present: bool  # /sys/class/infiniband_verbs exists (ib_uverbs loaded)

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import TypeVar
 
 from preflight.checks._nccl_gid import (
@@ -54,6 +53,7 @@ from preflight.checks.job import JobFacts, probe_job
 from preflight.config import Expectations
 from preflight.model import Evidence, NotApplicable, Observation, Severity, present, undecided
 from preflight.probing import FactReader
+from preflight.records import frozen
 from preflight.registry import check, probe
 from preflight.sources import NodeFS, SourceError
 from preflight.sources.ethtool import PauseState
@@ -75,7 +75,7 @@ def roce_mtu(netdev_mtu: int) -> int | None:
     return next((mtu for mtu in IB_MTUS if netdev_mtu - ROCE_HEADER_BYTES >= mtu), None)
 
 
-@dataclass(frozen=True)
+@frozen
 class GidEntry:
     """One configured GID table slot."""
 
@@ -102,7 +102,7 @@ class GidEntry:
         return f"index {self.index}: {self.gid} ({address}, {kind}{where})"
 
 
-@dataclass(frozen=True)
+@frozen
 class NcclGid:
     """NCCL's GID choice on one port under one set of variables."""
 
@@ -114,7 +114,7 @@ class NcclGid:
     error: str  # how that read fails, "" when none does
 
 
-@dataclass(frozen=True)
+@frozen
 class EcnState:
     """MLNX_OFED's per-priority DCQCN switches (``/sys/class/net/<if>/ecn``)."""
 
@@ -123,7 +123,7 @@ class EcnState:
     error: str  # why the ecn files could not be read, "" when they were (or do not exist)
 
 
-@dataclass(frozen=True)
+@frozen
 class RocePort:
     """One RDMA port whose link layer is Ethernet."""
 
@@ -155,14 +155,14 @@ class RocePort:
         return next((entry for entry in self.gids if entry.index == index), None)
 
 
-@dataclass(frozen=True)
+@frozen
 class RoceFacts:
     ports: tuple[RocePort, ...]
     unreadable_ports: tuple[tuple[str, str], ...]  # (subject, reason): link layer not readable
     gid_variables: tuple[tuple[str, str, str], ...]  # (name, value, origin) of the job's GID variables
 
 
-@dataclass(frozen=True)
+@frozen
 class DcbReading:
     """The DCB state of one interface under a RoCE port."""
 
@@ -174,7 +174,7 @@ class DcbReading:
     pause_error: str = ""  # why those could not be read
 
 
-@dataclass(frozen=True)
+@frozen
 class RoceDcbFacts:
     readings: tuple[DcbReading, ...]
 

@@ -23,7 +23,6 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from itertools import chain
-from dataclasses import dataclass
 
 from preflight.checks.hostname import parse_hosts
 from preflight.checks.job import probe_job
@@ -32,6 +31,7 @@ from preflight.config import HostConfig
 from preflight.hostlist import HostlistError, expand
 from preflight.model import Evidence, NotApplicable, Observation, Severity, Status, present, undecided
 from preflight.probing import FactReader
+from preflight.records import frozen
 from preflight.registry import check, probe
 from preflight.sources import NodeFS, SourceError
 from preflight.sources.dns import Dns
@@ -47,7 +47,7 @@ ARP_FIX = (
 )
 
 
-@dataclass(frozen=True)
+@frozen
 class Peer:
     """One peer, its addresses and the routes to them."""
 
@@ -60,7 +60,7 @@ class Peer:
     route_errors: tuple[str, ...]  # lookups that could not be made
 
 
-@dataclass(frozen=True)
+@frozen
 class Sysctl:
     """One ``net.ipv4.conf`` knob for an interface: its own value and ``all``'s."""
 
@@ -73,7 +73,7 @@ class Sysctl:
         return None if self.interface is None or self.all is None else max(self.interface, self.all)
 
 
-@dataclass(frozen=True)
+@frozen
 class RailMember:
     """An interface that shares its IPv4 subnet with another running interface."""
 
@@ -87,7 +87,7 @@ class RailMember:
     return_route_error: str
 
 
-@dataclass(frozen=True)
+@frozen
 class RoutingFacts:
     hostname: str  # /proc/sys/kernel/hostname
     peers: tuple[Peer, ...]

@@ -18,10 +18,10 @@ Sources:
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from preflight.checks.frameworks import FrameworkFacts
 from preflight.model import Evidence, NotApplicable, Observation, Severity, Unknown, present
+from preflight.records import frozen
 from preflight.registry import check, probe
 from preflight.sources import NodeFS, SourceError
 from preflight.sources.fs import FsUsage
@@ -35,7 +35,7 @@ SHM_MIN_SIZE = 1 << 30
 VLLM_RING_BYTES = 10 * 10 * (1 << 20) + (1 << 20)
 
 
-@dataclass(frozen=True)
+@frozen
 class ShmFacts:
     path: str
     usage: FsUsage | None  # statvfs(/dev/shm); None when absent or unreadable

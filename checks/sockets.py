@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from preflight.checks.hostname import parse_hosts
 from preflight.checks.job import JobFacts, Setting, probe_job
 from preflight.model import Evidence, Observation, Severity, present
 from preflight.probing import FactReader
+from preflight.records import frozen
 from preflight.registry import check, probe
 from preflight.sources import NodeFS, SourceError
 from preflight.sources.netlink import Address, Link, Netlink
@@ -61,7 +61,7 @@ VIRTUAL_KINDS = {
 }
 
 
-@dataclass(frozen=True)
+@frozen
 class IfnameList:
     """An interface list as ``ncclOsFindInterfaces()`` reads it."""
 
@@ -70,7 +70,7 @@ class IfnameList:
     entries: tuple[str, ...]  # name prefixes (or exact names), at most MAX_IFS
 
 
-@dataclass(frozen=True)
+@frozen
 class IfAddr:
     """One AF_INET/AF_INET6 entry of ``getifaddrs()``."""
 
@@ -85,7 +85,7 @@ class IfAddr:
     link_type: str  # "ether", "infiniband", "loopback"
 
 
-@dataclass(frozen=True)
+@frozen
 class SocketChoice:
     """Interfaces NCCL would use for one purpose and the rule that chose them."""
 
@@ -94,7 +94,7 @@ class SocketChoice:
     interfaces: tuple[IfAddr, ...]
 
 
-@dataclass(frozen=True)
+@frozen
 class NcclSocketFacts:
     """NCCL's socket settings on this node and what they select."""
 
@@ -287,7 +287,7 @@ def probe_nccl_socket(fs: NodeFS, netlink: Netlink) -> NcclSocketFacts:
 
 
 # -- helpers shared by the checks -------------------------------------------------------------
-@dataclass(frozen=True)
+@frozen
 class Use:
     """One interface NCCL would use, and for what."""
 

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
-from dataclasses import dataclass
 
 from preflight.checks.job import Setting, probe_job
 from preflight.model import Evidence, NotApplicable, Observation, Severity, present, undecided
 from preflight.probing import FactReader
+from preflight.records import frozen
 from preflight.registry import check, probe
 from preflight.sources import NodeFS, SourceError
 
@@ -34,13 +34,13 @@ if TYPE_CHECKING:  # imported where a topology file is parsed: most nodes have n
     from xml.etree import ElementTree
 
 
-@dataclass(frozen=True)
+@frozen
 class TopoNic:
     names: tuple[str, ...]  # <net name="..."> children
     busid: str | None  # busid of the nearest enclosing <pci>, None when there is none
 
 
-@dataclass(frozen=True)
+@frozen
 class TopoFileFacts:
     setting: Setting | None  # NCCL_TOPO_FILE and where it came from
     exists: bool

@@ -10,13 +10,14 @@ import math
 import os
 import sys
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from preflight.catalogue import CatalogueError, load_all
 from preflight.config import DEFAULT_CONFIG_PATH, ConfigError, HostConfig, parse_config
 from preflight.engine import Report, RunOptions, run, selects
 from preflight.exitcodes import ExitCode, exit_code
 from preflight.launcher import split_tokens
+from preflight.records import frozen
 from preflight.registry import PROFILES, RegistrationError
 from preflight.sources import NodeFS, RootError, SourceError, Sources, open_root
 from preflight.sources.archive import ArchiveError, opened_root
@@ -24,7 +25,7 @@ from preflight.sources.archive import ArchiveError, opened_root
 OUTPUT_FORMATS = ("table", "json", "prometheus", "junit")
 
 
-@dataclass(frozen=True)
+@frozen
 class NodeArgs:
     """Arguments of ``preflight node``; ``None`` means "take the config's value"."""
 

@@ -63,11 +63,12 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Any
 
 from preflight.hostlist import HostlistError, expand, matches, split_top_level
 from preflight.model import REFERENCE_ID, Severity
+from preflight.records import frozen
 from preflight.sources import DnsSettings
 from preflight.tomlcompat import TomlError, parse_toml
 from preflight.units import UNLIMITED, parse_size
@@ -80,7 +81,7 @@ class ConfigError(Exception):
     """The configuration file cannot be used; the message names file, line and key."""
 
 
-@dataclass(frozen=True)
+@frozen
 class Expectations:
     """What the site expects of this host; ``None`` means "no expectation"."""
 
@@ -102,7 +103,7 @@ class Expectations:
 CPU_JOB_IGNORE = ("GPU", "GDR", "NVL", "IB", "ROCE", "EFA", "PCI", "TOPO", "MEM", "NCCL")
 
 
-@dataclass(frozen=True)
+@frozen
 class SlurmSettings:
     """How ``preflight slurm ...`` runs under Slurm (``[slurm]``); see README, "Slurm"."""
 
@@ -123,7 +124,7 @@ class SlurmSettings:
     syslog_socket: str = "/dev/log"
 
 
-@dataclass(frozen=True)
+@frozen
 class HostConfig:
     """The configuration that applies to one host after host sections are merged."""
 

@@ -15,7 +15,6 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from preflight import __version__
@@ -31,13 +30,14 @@ from preflight.model import (
     Status,
     Unknown,
 )
+from preflight.records import frozen
 from preflight.registry import CheckSpec, ProbeSpec, Registry
 from preflight.sources import SourceError, Sources
 
 REPORT_SCHEMA = "preflight-report/1"
 
 
-@dataclass(frozen=True)
+@frozen
 class RunOptions:
     """What the user asked for on the command line (config supplies the defaults)."""
 
@@ -48,7 +48,7 @@ class RunOptions:
     probe_timeout_s: float = 3.0
 
 
-@dataclass(frozen=True)
+@frozen
 class Report:
     """Everything one run found, ready for the reporters."""
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import enum
 import re
-from dataclasses import dataclass
 from typing import Any
+
+from preflight.records import frozen
 
 #: Stable reference IDs look like lint codes: an area of 2-5 capitals and three digits.
 REFERENCE_ID = re.compile(r"^[A-Z]{2,5}[0-9]{3}$")
@@ -42,7 +43,7 @@ class Severity(str, enum.Enum):
 _SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.ERROR: 2, Severity.CRITICAL: 3}
 
 
-@dataclass(frozen=True)
+@frozen
 class Evidence:
     """One observation behind a finding: what was seen, what was expected, and where."""
 
@@ -54,7 +55,7 @@ class Evidence:
         return {"source": self.source, "observed": self.observed, "expected": self.expected}
 
 
-@dataclass(frozen=True)
+@frozen
 class Finding:
     """The verdict of one check for one subject on one node."""
 
@@ -82,7 +83,7 @@ class Finding:
         }
 
 
-@dataclass(frozen=True)
+@frozen
 class Observation:
     """What a check yields: a present finding about one subject, before the engine adds the
     reference's title, fix and (site-adjusted) severity."""
@@ -121,7 +122,7 @@ class Unknown(Exception):
     """Raised by a check when the facts it needs could not be read."""
 
 
-@dataclass(frozen=True)
+@frozen
 class ProbeOutcome:
     """How one probe went: its facts (or None), status, duration and the reason it failed."""
 
@@ -140,7 +141,7 @@ class ProbeOutcome:
         }
 
 
-@dataclass(frozen=True)
+@frozen
 class Reference:
     """One catalogued failure mode, loaded from ``references/<ID>.toml``."""
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from preflight.model import REFERENCE_ID
+from preflight.records import frozen
 
 #: Profiles in increasing scope: ``prolog`` runs before every job, ``full`` is the audit.
 PROFILES = ("prolog", "full")
@@ -35,7 +35,7 @@ class RegistrationError(Exception):
     """A probe or check is declared wrongly; raised at import or discovery, never at run time."""
 
 
-@dataclass(frozen=True)
+@frozen
 class ProbeSpec:
     name: str
     func: Callable[..., Any]
@@ -45,7 +45,7 @@ class ProbeSpec:
     origin: str  # module that defined it
 
 
-@dataclass(frozen=True)
+@frozen
 class CheckSpec:
     reference_id: str
     func: Callable[..., Any]

@@ -37,6 +37,7 @@ from typing import Any
 from preflight.config import ConfigError, HostConfig, SlurmSettings
 from preflight.exitcodes import ExitCode
 from preflight.model import Finding, Status
+from preflight.records import frozen
 from preflight.sources import NodeFS
 
 MODES = ("prolog", "epilog", "healthcheck")
@@ -52,7 +53,7 @@ _GPU_SUBJECT = re.compile(r"^GPU(\d+)$")
 SYSLOG_ERR, SYSLOG_NOTICE, SYSLOG_INFO = 3 * 8 + 3, 3 * 8 + 5, 3 * 8 + 6
 
 
-@dataclass(frozen=True)
+@frozen
 class SlurmArgs:
     """Arguments of ``preflight slurm prolog|epilog|healthcheck``."""
 
@@ -63,7 +64,7 @@ class SlurmArgs:
     checks_dirs: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@frozen
 class JobScope:
     """What part of the node one job uses, from the prolog's environment."""
 
@@ -83,7 +84,7 @@ class JobScope:
         }
 
 
-@dataclass(frozen=True)
+@frozen
 class Verdict:
     """What the findings mean for the node under the site's drain policy."""
 
@@ -96,7 +97,7 @@ class Verdict:
         return "drain" if self.drain else "undecided" if self.undecided else "clean"
 
 
-@dataclass(frozen=True)
+@frozen
 class CommandResult:
     """One bounded external command and how it ended."""
 
@@ -109,7 +110,7 @@ class CommandResult:
         return {"argv": list(self.argv), "status": self.status, "returncode": self.returncode, "output": self.output}
 
 
-@dataclass(frozen=True)
+@frozen
 class NodeState:
     """``scontrol show node -o NAME``: the node's state flags and reason."""
 

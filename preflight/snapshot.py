@@ -25,11 +25,12 @@ import os
 import re
 import stat as stat_codes
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Any
 
 from preflight import __version__
 from preflight.engine import Report, RunOptions, run
+from preflight.records import frozen
 from preflight.sources import NodeFS, RootError, SourceError, Sources, open_root
 from preflight.sources.archive import Member
 from preflight.sources.fs import FileStat
@@ -50,7 +51,7 @@ _STAT_TYPES = {
 }
 
 
-@dataclass(frozen=True)
+@frozen
 class SnapshotArgs:
     """Arguments of ``preflight snapshot``."""
 
@@ -64,7 +65,7 @@ class SnapshotArgs:
     checks_dirs: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@frozen
 class Snapshot:
     """A recorded root in memory, before it is written."""
 
@@ -74,7 +75,7 @@ class Snapshot:
     notes: list[str] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
+@frozen
 class SnapshotResult:
     path: str
     size: int

@@ -21,12 +21,13 @@ from preflight.catalogue import CatalogueError
 from preflight.explain.prefixes import strip_ansi
 from preflight.explain.reader import MAX_LINE, Chunk
 from preflight.model import Reference
+from preflight.records import frozen
 from preflight.signatures import required_literals
 
 _MIN_WRAP_WIDTH = 60  # shorter lines are not the first half of a hard wrap
 
 
-@dataclass(frozen=True)
+@frozen
 class Signature:
     reference_id: str
     number: int  # 1-based position in the reference file, for messages and JSON

@@ -18,19 +18,20 @@ from preflight.exitcodes import ExitCode
 from preflight.fleet.facts import FACTS, Fact, HardwareClass
 from preflight.fleet.load import SEVERITY_RANK, NodeReport, Skipped
 from preflight.model import Severity, Status
+from preflight.records import frozen
 
 #: Verdicts of one comparison.
 SAME, ODD, TIE, ALONE = "same", "odd", "tie", "alone"
 DISAGREEMENTS = (ODD, TIE)
 
 
-@dataclass(frozen=True)
+@frozen
 class ValueGroup:
     value: str
     hosts: tuple[str, ...]
 
 
-@dataclass(frozen=True)
+@frozen
 class Expectation:
     """A present finding on one node that states what the site expects of a compared fact."""
 
@@ -40,7 +41,7 @@ class Expectation:
     expected: str
 
 
-@dataclass(frozen=True)
+@frozen
 class Comparison:
     fact: Fact
     group: str  # the hardware class label, or the family label for family-scoped facts
@@ -52,7 +53,7 @@ class Comparison:
     expectations: tuple[Expectation, ...]
 
 
-@dataclass(frozen=True)
+@frozen
 class ClassGroup:
     hardware: HardwareClass
     hosts: tuple[str, ...]
@@ -66,7 +67,7 @@ class NodeMention:     # and a frozen dataclass's __init__ costs 3-4x as much
     detail: tuple[str, ...]  # evidence ("observed (expected ...)") for present, reasons for unknown
 
 
-@dataclass(frozen=True)
+@frozen
 class ReferenceRow:
     id: str
     symbol: str
@@ -80,7 +81,7 @@ class ReferenceRow:
         return Severity(max(severities, key=SEVERITY_RANK.__getitem__)) if severities else None
 
 
-@dataclass(frozen=True)
+@frozen
 class Fleet:
     nodes: tuple[NodeReport, ...]
     skipped: tuple[Skipped, ...]

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
+from preflight.records import frozen
 from preflight.units import UNLIMITED, format_size
 
 Facts = dict[str, Any]  # JSON objects parse to dict: cheaper to test than Mapping
@@ -35,7 +35,7 @@ _MAX_VALUE = 400  # longer values are shortened, with a digest so that different
 _ACS_REDIRECT_BITS = 0x0004 | 0x0008
 
 
-@dataclass(frozen=True)
+@frozen
 class Fact:
     key: str
     label: str
@@ -167,7 +167,7 @@ def _nic_model(facts: Facts) -> str:
     return joined(models, " + ") if models else "no RDMA NIC"
 
 
-@dataclass(frozen=True)
+@frozen
 class HardwareClass:
     """Nodes are only compared with nodes of the same class."""
 

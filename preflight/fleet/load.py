@@ -20,13 +20,13 @@ import re
 import stat
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any, cast
 
 from preflight.fleet import shape
 from preflight.fleet.facts import FACTS, HardwareClass, extract_all, hardware_class
 from preflight.fleet.shape import EVIDENCE_CAP, SUBJECT_CAP, TEXT_CAP, EvidenceLine, NodeFinding, SeverityValue, StatusValue
 from preflight.model import REFERENCE_ID, SYMBOL, Severity, Status
+from preflight.records import frozen
 
 REPORT_SCHEMA = "preflight-report/1"
 #: A full report of an 8-GPU, 8-HCA node is about 40 KB; 16 MiB leaves room for very large
@@ -47,7 +47,7 @@ class ReportError(Exception):
     """This file cannot be used as a node report; the message says why."""
 
 
-@dataclass(frozen=True)
+@frozen
 class Skipped:
     file: str
     reason: str
@@ -64,7 +64,7 @@ Mention = tuple[str, str, str, str, MentionBody]
 SEVERITY_RANK = {severity.value: severity.rank for severity in Severity}
 
 
-@dataclass(frozen=True)
+@frozen
 class NodeReport:
     """What the audit keeps of one node's report."""
 

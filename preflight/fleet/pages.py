@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import html
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from preflight import __version__
 from preflight.fleet.compare import TIE, Comparison, Fleet, NodeMention, fleet_exit_code
 from preflight.fleet.render import compress_hosts, printable
+from preflight.records import frozen
 
 #: Cell kinds, worst first: a present finding's severity, or "unknown".
 KINDS = ("critical", "error", "warning", "info", "unknown")
@@ -28,13 +28,13 @@ _SHORT = {"critical": "C", "error": "E", "warning": "W", "info": "I", "unknown":
 _HOSTS_SHOWN = 300  # characters of a host list in a cell
 
 
-@dataclass(frozen=True)
+@frozen
 class Cell:
     kind: str  # one of KINDS
     detail: str  # subjects and evidence (present) or reasons (unknown), one per line
 
 
-@dataclass(frozen=True)
+@frozen
 class OddRow:
     fact: str
     group: str

@@ -13,6 +13,7 @@ import os
 import time
 from dataclasses import dataclass, field, replace
 
+from preflight.records import frozen
 from preflight.sources.dns import Dns, LiveDns, NoDns, ReplayDns, ResolvConf, parse_resolv_conf
 from preflight.sources.fs import NodeFS, SourceError
 from preflight.sources.netlink import FileNetlink, LiveNetlink, Netlink, ReplayNetlink
@@ -28,7 +29,7 @@ class Clock:
         return time.monotonic()
 
 
-@dataclass(frozen=True)
+@frozen
 class DnsSettings:
     """Site overrides for the live resolver (``[dns]`` in the config)."""
 

@@ -17,9 +17,9 @@ import os
 import stat as stat_codes
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import IO, Any
 
+from preflight.records import frozen
 from preflight.sources.fs import describe_os_error
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz")
@@ -34,7 +34,7 @@ class ArchiveError(Exception):
     """The archive cannot be written or opened; the message is shown to the user as is."""
 
 
-@dataclass(frozen=True)
+@frozen
 class Member:
     """One entry of a recorded root: ``path`` relative to the root (``sys/class/net``)."""
 

@@ -42,9 +42,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from preflight.records import frozen
 from preflight.sources.fs import RecordedDocument, SourceError, describe_os_error
 
 DNS_ERRORS = ("NXDOMAIN", "NOANSWER", "TIMEOUT", "NO_NAMESERVERS", "SERVFAIL")
@@ -54,7 +54,7 @@ _JOIN_SLACK_S = 0.5
 _T = TypeVar("_T")
 
 
-@dataclass(frozen=True)
+@frozen
 class DnsAnswer:
     """The answer for (name, type), or why there is none."""
 
@@ -66,7 +66,7 @@ class DnsAnswer:
     names: tuple[str, ...] = ()  # PTR records (absolute names, trailing dot)
 
 
-@dataclass(frozen=True)
+@frozen
 class NameserverCheck:
     """How one nameserver answered one query sent to it alone."""
 
@@ -91,7 +91,7 @@ class Dns(Protocol):
     def check_nameservers(self, name: str) -> list[NameserverCheck]: ...
 
 
-@dataclass(frozen=True)
+@frozen
 class ResolvConf:
     """The parts of resolv.conf(5) the resolver and the checks need."""
 

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import errno as errno_codes
 import struct
-from dataclasses import dataclass
 
+from preflight.records import frozen
 from preflight.sources.fs import SourceError
 
 SIOCETHTOOL = 0x8946
@@ -43,7 +43,7 @@ _MAX_STATS = 65536
 IFNAMSIZ = 16
 
 
-@dataclass(frozen=True)
+@frozen
 class PauseState:
     """Pause counters and the stall-prevention timeout of one interface."""
 

@@ -55,8 +55,9 @@ import json
 import os
 import stat as stat_codes
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar, cast
+
+from preflight.records import frozen
 
 #: Reads stop here: sysfs attributes are one page, and a 10 GB "file" must not fill memory.
 KERNEL_LOG_MAX_BYTES = 8 << 20  # a full default kernel ring buffer is 1-4 MiB
@@ -95,7 +96,7 @@ def describe_os_error(error: OSError) -> str:
     return f"{os.strerror(code).lower()} ({name})"
 
 
-@dataclass(frozen=True)
+@frozen
 class FileStat:
     """The parts of ``stat(2)`` the checks use."""
 
@@ -105,7 +106,7 @@ class FileStat:
     size: int
 
 
-@dataclass(frozen=True)
+@frozen
 class FsUsage:
     """The parts of ``statvfs(2)`` the checks use, in bytes."""
 

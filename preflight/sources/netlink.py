@@ -39,9 +39,10 @@ import ipaddress
 import os
 import struct
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any, Protocol
 
+from preflight.records import frozen
 from preflight.sources.ethtool import PauseState, query_pause
 from preflight.sources.fs import NodeFS, RecordedDocument, SourceError
 from preflight.sources.routes import Route, file_route_get, live_route_get, replay_route
@@ -53,7 +54,7 @@ _RT_SCOPES = {0: "global", 200: "site", 253: "link", 254: "host", 255: "nowhere"
 _INET6_SCOPES = {0x00: "global", 0x10: "host", 0x20: "link", 0x40: "site"}
 
 
-@dataclass(frozen=True)
+@frozen
 class Link:
     """One network interface."""
 
@@ -67,7 +68,7 @@ class Link:
     mac: str  # IFLA_ADDRESS / .../address
 
 
-@dataclass(frozen=True)
+@frozen
 class Address:
     """One address assigned to an interface."""
 
@@ -78,7 +79,7 @@ class Address:
     scope: str  # "global", "link", "host"
 
 
-@dataclass(frozen=True)
+@frozen
 class DcbConfig:
     """The IEEE 802.1Qaz state of one interface (``DCB_CMD_IEEE_GET``)."""
 
@@ -374,7 +375,7 @@ def parse_fib_trie_locals(text: str) -> list[str]:
     return locals_
 
 
-@dataclass(frozen=True)
+@frozen
 class _Route:
     ifname: str
     network: ipaddress.IPv4Network

@@ -30,9 +30,9 @@ pynvml is imported only when the live source is first used: it costs ~20 ms and 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 from typing import Any, Protocol, Union
 
+from preflight.records import frozen
 from preflight.sources.fs import load_recording
 
 
@@ -49,7 +49,7 @@ class NvmlError(Exception):
         self.code = code
 
 
-@dataclass(frozen=True)
+@frozen
 class Gpu:
     """An extra argument meaning "the handle of GPU ``index``" (for calls relating two GPUs)."""
 

@@ -31,9 +31,9 @@ from __future__ import annotations
 import errno as errno_codes
 import ipaddress
 import os
-from dataclasses import dataclass
 from typing import Any
 
+from preflight.records import frozen
 from preflight.sources.fs import NodeFS, SourceError
 
 # rtm_type (include/uapi/linux/rtnetlink.h)
@@ -48,7 +48,7 @@ _RTF_REJECT = 0x0200
 FILE_ORIGIN = "/proc/net/route"
 
 
-@dataclass(frozen=True)
+@frozen
 class Route:
     """The kernel's answer for one destination."""
 
@@ -162,7 +162,7 @@ def replay_route(routes: object, origin: str, destination: str, source: str = ""
 
 
 # -- files --------------------------------------------------------------------------------------
-@dataclass(frozen=True)
+@frozen
 class RouteEntry:
     """One line of ``/proc/net/route``."""
 
