@@ -19,7 +19,7 @@ Sources, read through the node's filesystem:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from preflight.checks.job import JobFacts, parse_environ
 from preflight.model import Evidence, NotApplicable, Observation, present
@@ -77,21 +77,25 @@ def _copies_in(fs: NodeFS, reader: FactReader, directory: str, origin: str) -> l
     return found
 
 
+def python_prefixes(environ: Mapping[str, str]) -> list[str]:
+    """The Python environments a job environment names (``$VIRTUAL_ENV``, ``$CONDA_PREFIX``)."""
+    return [environ[name].rstrip("/") for name in ("VIRTUAL_ENV", "CONDA_PREFIX") if environ.get(name, "").startswith("/")]
+
+
 def job_python_prefixes(fs: NodeFS) -> list[str]:
-    """The Python environments the job environment names (``$VIRTUAL_ENV``, ``$CONDA_PREFIX``);
-    an unreadable environment names none (the job probe reports it)."""
+    """:func:`python_prefixes` of the node's job environment; an unreadable environment names
+    none (the job probe reports it)."""
     try:
-        environ = parse_environ(fs.read_bytes("/proc/self/environ") or b"")
+        return python_prefixes(parse_environ(fs.read_bytes("/proc/self/environ") or b""))
     except SourceError:
         return []
-    return [environ[name] for name in ("VIRTUAL_ENV", "CONDA_PREFIX") if environ.get(name, "").startswith("/")]
 
 
 def site_dirs(reader: FactReader, prefixes: list[str]) -> list[str]:
     """The ``site-packages``/``dist-packages`` directories of the system Pythons and of the
     environments under ``prefixes`` (``<prefix>/lib/python3*/...``) that exist on the node."""
     found = []
-    for base in [*PYTHON_ROOTS, *(f"{prefix.rstrip('/')}/lib" for prefix in prefixes)]:
+    for base in [*PYTHON_ROOTS, *(f"{prefix}/lib" for prefix in prefixes)]:
         for python in reader.listing(base):
             if python.startswith("python3"):
                 for packages in ("site-packages", "dist-packages"):
@@ -141,7 +145,7 @@ def framework_copies(libs: NcclLibFacts, job: JobFacts) -> list[NcclCopy]:
     """The NCCL wheels the job's frameworks load: those in the environment the job names
     (``$VIRTUAL_ENV``, ``$CONDA_PREFIX``) when it has one, else every Python environment's."""
     wheels = [copy for copy in libs.copies if copy.origin == "python"]
-    prefixes = tuple(job.environ[name].rstrip("/") + "/" for name in ("VIRTUAL_ENV", "CONDA_PREFIX") if job.environ.get(name, "").startswith("/"))
+    prefixes = tuple(f"{prefix}/" for prefix in python_prefixes(job.environ))
     own = [copy for copy in wheels if copy.path.startswith(prefixes)] if prefixes else []
     return own or wheels
 

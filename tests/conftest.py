@@ -13,7 +13,8 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,20 @@ def write(root: Path, path: str, text: str | bytes) -> None:
 
 
 CLEAN_NCCL = "2.28.9"
+
+
+@contextmanager
+def example_copy_for_nobody(prefix: str) -> Iterator[tuple[Path, Path]]:
+    """(working directory, root): a copy of the example node that ``nobody`` can walk into
+    (pytest's tmp_path is not), removed afterwards."""
+    base = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        base.chmod(0o755)
+        root = base / "node"
+        shutil.copytree(EXAMPLE_ROOT, root, symlinks=True)
+        yield base, root
+    finally:
+        shutil.rmtree(base)
 
 
 def drain_datagrams(sock: socket.socket) -> list[str]:

@@ -8,13 +8,12 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import jsonschema
 import pytest
 
-from conftest import EXAMPLE_ROOT, REPO, Runner
+from conftest import EXAMPLE_ROOT, REPO, Runner, example_copy_for_nobody
 
 SCHEMA = json.loads((REPO / "preflight" / "schemas" / "report-v1.schema.json").read_text())
 FILES = [
@@ -121,11 +120,7 @@ def test_permission_denied_as_unprivileged_user() -> None:
     """On a root-owned copy with an unreadable slurmd limits file, running as ``nobody``."""
     if os.geteuid() != 0:
         pytest.skip("needs root to switch to an unprivileged user")
-    base = Path(tempfile.mkdtemp(prefix="preflight-unpriv-"))
-    try:
-        base.chmod(0o755)
-        root = base / "node"
-        shutil.copytree(EXAMPLE_ROOT, root, symlinks=True)
+    with example_copy_for_nobody("preflight-unpriv-") as (base, root):
         (root / "proc/2187/limits").chmod(0o000)
         result = subprocess.run(
             [sys.executable, "-c", UNPRIVILEGED_RUN, str(root)],
@@ -136,5 +131,3 @@ def test_permission_denied_as_unprivileged_user() -> None:
         unknown = [f for f in findings if f["status"] == "unknown"]
         assert [f["subject"] for f in unknown] == ["/proc/2187/limits"]
         assert "permission denied" in unknown[0]["reason"] and "needs root" in unknown[0]["reason"]
-    finally:
-        shutil.rmtree(base)

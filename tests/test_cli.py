@@ -182,6 +182,24 @@ def test_fast_path_and_typer_accept_the_same_node_options() -> None:
     assert typer_options - {"--help"} == set(NODE_OPTIONS)
 
 
+def test_fast_path_and_typer_accept_the_same_fleet_options(tmp_path: Path, run_cli: Runner) -> None:
+    """`preflight fleet` starts without typer when its command line is well formed; typer still
+    answers anything else (here: no report given)."""
+    import typer.main
+
+    from preflight.cli import app
+    from preflight.launcher import FLEET_OPTIONS, parse_options
+
+    command = typer.main.get_command(app).commands["fleet"]  # type: ignore[attr-defined]
+    assert {opt for param in command.params for opt in param.opts if opt.startswith("-")} - {"--help"} == set(FLEET_OPTIONS)
+    assert parse_options(["a.json", "--format=json", "dir", "--ignore-fact", "kernel"], FLEET_OPTIONS, positional="inputs") == {
+        "inputs": ["a.json", "dir"], "output_format": "json", "ignore_fact": ["kernel"],
+    }
+    assert parse_options(["dir", "--bogus"], FLEET_OPTIONS, positional="inputs") is None
+    missing = run_cli("fleet")
+    assert missing.returncode == 3 and "give report files" in missing.stderr and "Traceback" not in missing.stderr
+
+
 def test_live_node_runs_without_crashing(run_cli: Runner) -> None:
     result = run_cli("node", "--format", "json", "--show-all")
     assert result.returncode in (0, 1, 2), result.stderr

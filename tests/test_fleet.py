@@ -372,3 +372,26 @@ def test_many_reports_load_in_worker_processes_with_the_same_result(tmp_path: Pa
     parallel = load_reports([str(directory)], workers=2)
     assert serial == parallel
     assert len(parallel[0]) == len(documents) and [Path(s.file).name for s in parallel[1]] == ["zz-broken.json", "zz-duplicate.json"]
+
+
+def test_the_cyclic_collector_is_paused_for_the_audit_and_restored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+
+    from preflight import fleet as fleet_package
+
+    seen: list[bool] = []
+    real_audit = fleet_package.audit
+
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        seen.append(gc.isenabled())
+        return real_audit(*args, **kwargs)
+
+    monkeypatch.setattr(fleet_package, "audit", watched)
+    directory = write_all(tmp_path / "r", [report("gpu001"), report("gpu002")])
+    assert gc.isenabled()
+    assert fleet_package.run_fleet([str(directory)], "json", str(tmp_path / "out.json")) == ExitCode.OK
+    assert seen == [False] and gc.isenabled()
+    monkeypatch.setattr(fleet_package, "audit", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    with pytest.raises(RuntimeError):
+        fleet_package.run_fleet([str(directory)], "json")
+    assert gc.isenabled()  # restored on the way out of an error too

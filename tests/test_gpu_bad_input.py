@@ -7,17 +7,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import EXAMPLE_ROOT, Runner, write
+from conftest import Runner, example_copy_for_nobody, write
 from preflight.config import HostConfig
 from preflight.discovery import build_registry
 from preflight.engine import RunOptions, run
@@ -178,16 +176,10 @@ print(json.dumps([f.to_json() for f in report.findings]))
 def test_unreadable_kernel_log_is_unknown_with_the_reason() -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root to switch to an unprivileged user")
-    base = Path(tempfile.mkdtemp(prefix="preflight-kmsg-"))
-    try:
-        base.chmod(0o755)
-        root = base / "node"
-        shutil.copytree(EXAMPLE_ROOT, root, symlinks=True)
+    with example_copy_for_nobody("preflight-kmsg-") as (base, root):
         (root / ".preflight/kmsg").chmod(0o000)
         result = subprocess.run([sys.executable, "-c", UNPRIVILEGED_RUN, str(root)], capture_output=True, text=True, timeout=60, cwd=str(base))
         assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
         (finding,) = json.loads(result.stdout)
         assert (finding["subject"], finding["status"]) == ("kernel log", "unknown")
         assert "Xid history since boot unreadable" in finding["reason"] and "permission denied" in finding["reason"]
-    finally:
-        shutil.rmtree(base)

@@ -41,3 +41,11 @@ def test_table_output_imports_tabulate_but_not_the_cli_framework(example_root: P
 def test_live_nvml_is_imported_only_by_the_probe_that_uses_it(example_root: Path) -> None:
     modules = imported_top_level(["node", "--root", str(example_root), "--profile", "prolog", "--format", "json", "--select", "MEM"])
     assert "pynvml" not in modules and "dns" not in modules
+
+
+def test_fleet_imports_neither_the_cli_framework_nor_node_probing(tmp_path: Path) -> None:
+    """A 10,000-node audit has a 3 s budget: typer's start-up alone would be a tenth of it."""
+    (tmp_path / "gpu001.json").write_text((Path(__file__).resolve().parent / "golden" / "hgx-h100.json").read_text())
+    modules = imported_top_level(["fleet", str(tmp_path), "--format", "json"])
+    assert "preflight" in modules and "msgspec" in modules
+    assert modules & HEAVY == set()

@@ -36,16 +36,15 @@ def audit(inputs: Sequence[str], ignore_facts: Sequence[str] = (), max_bytes: in
     unknown = [key for key in ignore_facts if key not in known]
     if unknown:
         raise FleetUsageError(f"--ignore-fact {', '.join(unknown)}: not a compared fact (choose from {', '.join(sorted(known))})")
-    with _cyclic_gc_paused():
-        nodes, skipped = load_reports(inputs, max_bytes)
-        return build_fleet(nodes, skipped, ignore_facts)
+    nodes, skipped = load_reports(inputs, max_bytes)
+    return build_fleet(nodes, skipped, ignore_facts)
 
 
 @contextlib.contextmanager
 def _cyclic_gc_paused() -> Iterator[None]:
-    """An audit makes millions of objects and no reference cycles: the cyclic collector would
-    walk them again and again (about a tenth of a 10,000-node audit) and free nothing. Reference
-    counting still frees everything; forked workers inherit the pause."""
+    """An audit and its rendering make millions of objects and no reference cycles: the cyclic
+    collector would walk them again and again (about a tenth of a 10,000-node audit) and free
+    nothing. Reference counting still frees everything; forked workers inherit the pause."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -82,7 +81,7 @@ def run_fleet(
             raise FleetUsageError(f"--format {output_format!r}: choose one of {', '.join(FLEET_FORMATS)}")
         if not inputs:
             raise FleetUsageError("give report files or a directory of them")
-        with _cyclic_gc_paused():  # rendering makes hundreds of thousands of objects too
+        with _cyclic_gc_paused():
             fleet = audit(inputs, ignore_facts, max_bytes)
             text = render(fleet, output_format)
     except FleetUsageError as error:

@@ -95,25 +95,13 @@ class Fleet:
         return tuple(c for c in self.comparisons if c.verdict in DISAGREEMENTS)
 
 
-def compare_values(values: dict[str, str | None]) -> tuple[str, str | None, tuple[ValueGroup, ...], tuple[str, ...], tuple[str, ...]]:
-    """(verdict, common value, groups, odd hosts, unknown hosts) for host -> value."""
-    hosts_by_value: dict[str | None, list[str]] = {}
-    for host, value in values.items():
-        hosts = hosts_by_value.get(value)
-        if hosts is None:
-            hosts_by_value[value] = [host]
-        else:
-            hosts.append(host)
-    return _verdict(hosts_by_value)
-
-
 def _hosts_by_value(members: Sequence[NodeReport], key: str) -> dict[str | None, list[str]]:
+    """The members' hosts by their value of one fact (None: unknown), in the members' order."""
     values = [node.values.get(key) for node in members]
     if len(distinct := set(values)) == 1:  # the common case, at C speed
         return {distinct.pop(): [node.host for node in members]}
     grouped: dict[str | None, list[str]] = {}
-    for node in members:
-        value = node.values.get(key)
+    for node, value in zip(members, values):
         hosts = grouped.get(value)
         if hosts is None:
             grouped[value] = [node.host]
@@ -123,7 +111,8 @@ def _hosts_by_value(members: Sequence[NodeReport], key: str) -> dict[str | None,
 
 
 def _verdict(hosts_by_value: dict[str | None, list[str]]) -> tuple[str, str | None, tuple[ValueGroup, ...], tuple[str, ...], tuple[str, ...]]:
-    """:func:`compare_values` for hosts grouped by value (None: unknown); changes the dict."""
+    """(verdict, common value, groups, odd hosts, unknown hosts) for hosts grouped by value
+    (None: unknown); changes the dict."""
     # sorted() of hosts already in order (the audit passes nodes sorted) is one linear pass
     unknown = tuple(sorted(hosts_by_value.pop(None, ())))
     groups = tuple(sorted(
@@ -141,10 +130,6 @@ def _verdict(hosts_by_value: dict[str | None, list[str]]) -> tuple[str, str | No
     return ODD, groups[0].value, groups, odd, unknown
 
 
-def _by_host(nodes: Sequence[NodeReport]) -> list[NodeReport]:
-    return sorted(nodes, key=lambda node: node.host)
-
-
 def _expectation_lines(nodes: Sequence[NodeReport]) -> dict[str, list[Expectation]]:
     """host -> the expectations its present findings state, in host order."""
     return {
@@ -153,8 +138,8 @@ def _expectation_lines(nodes: Sequence[NodeReport]) -> dict[str, list[Expectatio
     }
 
 
-def compare(nodes: Sequence[NodeReport], facts: Sequence[Fact]) -> tuple[Comparison, ...]:
-    ordered = _by_host(nodes)
+def compare(ordered: Sequence[NodeReport], facts: Sequence[Fact]) -> tuple[Comparison, ...]:
+    """Every fact compared within each group of comparable nodes (``ordered`` by host)."""
     by_class: dict[str, list[NodeReport]] = defaultdict(list)
     by_family: dict[str, list[NodeReport]] = defaultdict(list)
     labels: dict[HardwareClass, tuple[str, str]] = {}  # properties cost a format each: once per class
@@ -179,13 +164,13 @@ def compare(nodes: Sequence[NodeReport], facts: Sequence[Fact]) -> tuple[Compari
     return tuple(comparisons)
 
 
-def reference_rows(nodes: Sequence[NodeReport]) -> tuple[ReferenceRow, ...]:
-    """Per reference, the nodes that have it present or unknown, in host order (each node's
-    mentions were worked out by the worker that read its report)."""
+def reference_rows(ordered: Sequence[NodeReport]) -> tuple[ReferenceRow, ...]:
+    """Per reference, the nodes that have it present or unknown, in the order of ``ordered``
+    (by host; each node's mentions were worked out by the worker that read its report)."""
     mentions: dict[str, tuple[list[NodeMention], list[NodeMention]]] = {}  # id -> (present, unknown)
     titles: dict[str, tuple[str, str]] = {}
     present = Status.PRESENT.value
-    for node in _by_host(nodes):
+    for node in ordered:
         for ref_id, status, symbol, title, (severity, subjects, detail) in node.mentions:
             row = mentions.get(ref_id)
             if row is None:
@@ -207,12 +192,13 @@ def build_fleet(nodes: Sequence[NodeReport], skipped: Sequence[Skipped], ignore_
         (ClassGroup(hardware, tuple(sorted(hosts))) for hardware, hosts in members.items()),
         key=lambda group: (-len(group.hosts), group.hardware.label),
     ))
+    ordered = tuple(sorted(nodes, key=lambda node: node.host))
     return Fleet(
-        nodes=tuple(sorted(nodes, key=lambda node: node.host)),
+        nodes=ordered,
         skipped=tuple(skipped),
         classes=classes,
-        references=reference_rows(nodes),
-        comparisons=compare(nodes, facts),
+        references=reference_rows(ordered),
+        comparisons=compare(ordered, facts),
         facts=facts,
     )
 
