@@ -27,7 +27,7 @@ from collections.abc import Iterator
 
 from preflight.checks.job import JobFacts, Setting, parse_environ
 from preflight.checks.rdma import IB_CLASS, RdmaFacts, looks_like_efa, require_rdma
-from preflight.model import Evidence, NotApplicable, Observation, Severity, present, undecided
+from preflight.model import Unknown, Evidence, NotApplicable, Observation, Severity, present, undecided
 from preflight.probing import FactReader
 from preflight.records import frozen
 from preflight.registry import check, probe
@@ -71,7 +71,7 @@ def _conf_dirs(reader: FactReader) -> list[str]:
     for pattern in includes:
         pattern = pattern if pattern.startswith("/") else posixpath.join(posixpath.dirname(LD_SO_CONF), pattern)
         folder, name = posixpath.split(pattern)
-        for entry in reader.listing(folder):
+        for entry in reader.listing(folder) or []:  # unlisted: in problems, the check says unknown
             if fnmatch.fnmatch(entry, name):
                 directories += parse_ld_so_conf(reader.text(f"{folder}/{entry}") or "")[0]
     return directories
@@ -81,7 +81,7 @@ def _conf_dirs(reader: FactReader) -> list[str]:
 def probe_efa(fs: NodeFS) -> EfaFacts | None:
     """List the libraries NCCL needs for EFA; ``None`` (nothing read) on nodes without EFA."""
     reader = FactReader(fs)
-    if not any(looks_like_efa(name, reader.text(f"{IB_CLASS}/{name}/device/vendor")) for name in reader.listing(IB_CLASS)):
+    if not any(looks_like_efa(name, reader.text(f"{IB_CLASS}/{name}/device/vendor")) for name in reader.listing(IB_CLASS) or []):
         return None
     try:
         environ = parse_environ(fs.read_bytes("/proc/self/environ") or b"")
@@ -92,7 +92,7 @@ def probe_efa(fs: NodeFS) -> EfaFacts | None:
     found = [
         f"{folder.rstrip('/')}/{entry}"
         for folder in directories
-        for entry in reader.listing(folder)
+        for entry in reader.listing(folder) or []
         if entry.startswith((PLUGIN_PREFIX, "libfabric.so"))
     ]
     return EfaFacts(tuple(directories), tuple(found), tuple(reader.problems))
@@ -129,6 +129,11 @@ def efa_provider_unavailable(rdma: RdmaFacts, efa: EfaFacts | None, job: JobFact
     """The job's settings or the node's libraries keep NCCL off the EFA devices."""
     require_rdma(rdma)
     devices = [device.name for device in rdma.devices if device.efa]
+    if not devices:
+        # A device whose PCI vendor could not be read may be an EFA with a non-"efa" name.
+        unread = [p for d in rdma.devices for p in d.problems if p.path in (f"{d.path}/device", f"{d.path}/device/vendor")]
+        if unread:
+            raise Unknown(f"cannot tell whether {unread[0].path.split('/')[4]} is an EFA: {unread[0]}")
     if not devices or efa is None:
         raise NotApplicable("no EFA devices in /sys/class/infiniband")
     on_node = Evidence(IB_CLASS, f"EFA devices: {', '.join(devices)}")

@@ -92,6 +92,8 @@ class FabricFacts:
     nvml_error: str
     fabric_manager: FabricManager
     problems: tuple[str, ...]
+    nvswitch_problem: str = ""  # why some PCI function might be an NVSwitch not counted, "" if none
+    nvidia_functions: int = 0  # NVIDIA PCI functions (GPUs, NVSwitches) on /sys/bus/pci/devices
 
     @property
     def multi_node_tray(self) -> bool:
@@ -168,7 +170,8 @@ def _listening(reader: FactReader) -> str | None:
 
 
 def _fabric_manager(reader: FactReader) -> FabricManager:
-    pids = sorted(int(name) for name in reader.listing("/proc") if name.isdigit())
+    # Unlisted /proc stays in problems: the checks cannot tell whether the manager runs.
+    pids = sorted(int(name) for name in reader.listing("/proc") or [] if name.isdigit())
     if not pids:
         return FabricManager((), None, None, _listening(reader), None, tuple(reader.problems))
     pid1 = reader.text("/proc/1/comm")
@@ -192,21 +195,22 @@ def _fabric_manager(reader: FactReader) -> FabricManager:
 def probe_fabric(fs: NodeFS, nvml: Nvml) -> FabricFacts:
     """NVSwitches on the bus, each GPU's fabric state, and whether a fabric manager runs."""
     reader = FactReader(fs)
-    nvswitches = tuple(
+    nvidia = [
         bdf
-        for bdf in reader.listing("/sys/bus/pci/devices")
+        for bdf in reader.listing("/sys/bus/pci/devices") or []  # unlisted: nvswitch_problem
         if (reader.text(f"/sys/bus/pci/devices/{bdf}/vendor") or "").strip() == "0x10de"
-        and (reader.text(f"/sys/bus/pci/devices/{bdf}/class") or "").strip().startswith(_NVSWITCH_CLASS)
-    )
+    ]
+    nvswitches = tuple(bdf for bdf in nvidia if (reader.text(f"/sys/bus/pci/devices/{bdf}/class") or "").strip().startswith(_NVSWITCH_CLASS))
+    unclassified = next((p for p in reader.problems if p.startswith("/sys/bus/pci/devices")), "")
     manager = _fabric_manager(FactReader(fs))
     try:
         count = nvml.call("nvmlDeviceGetCount")
     except NvmlError as error:
-        return FabricFacts(nvswitches, (), error.code, manager, tuple(reader.problems))
+        return FabricFacts(nvswitches, (), error.code, manager, tuple(reader.problems), unclassified, len(nvidia))
     if not isinstance(count, int) or count < 0:  # a damaged recording, not "no GPUs"
-        return FabricFacts(nvswitches, (), "NVML_UNEXPECTED_ANSWER", manager, tuple(reader.problems))
+        return FabricFacts(nvswitches, (), "NVML_UNEXPECTED_ANSWER", manager, tuple(reader.problems), unclassified, len(nvidia))
     gpus = tuple(_gpu_fabric(nvml, index) for index in range(count))
-    return FabricFacts(nvswitches, gpus, "", manager, tuple(reader.problems))
+    return FabricFacts(nvswitches, gpus, "", manager, tuple(reader.problems), unclassified, len(nvidia))
 
 
 def _manager_missing(manager: FabricManager) -> Evidence:
@@ -217,8 +221,12 @@ def _manager_missing(manager: FabricManager) -> Evidence:
 @check("NVL006", profiles=("full",))
 def nvls_multicast_init_failure(fabric: FabricFacts, job: JobFacts) -> Iterator[Observation]:
     """GPUs outside a completed NVLink fabric, or an NVSwitch system without its fabric manager."""
-    if not fabric.nvswitches and fabric.nvml_error in ("NVML_REPLAY_UNREADABLE", "NVML_UNEXPECTED_ANSWER"):
-        raise Unknown(f"the NVML recording is broken ({fabric.nvml_error}): a multi-node fabric cannot be looked for")
+    if not fabric.nvswitches and fabric.nvswitch_problem:
+        raise Unknown(f"cannot tell whether this node has NVSwitches: {fabric.nvswitch_problem}")
+    if not fabric.nvidia_functions and not fabric.gpus:
+        raise NotApplicable("no NVIDIA GPU or NVSwitch on this node's PCI bus")
+    if not fabric.nvswitches and fabric.nvml_error in ("NVML_REPLAY_UNREADABLE", "NVML_UNEXPECTED_ANSWER", "NVML_NOT_RECORDED"):
+        raise Unknown(f"NVML answers are not available ({fabric.nvml_error}): a multi-node fabric cannot be looked for")
     if not fabric.nvswitches and fabric.nvml_error:
         # GPU001 reports a broken NVML; here it only means a GB200-style tray cannot be recognised.
         raise NotApplicable(f"no NVSwitch on this node (NVML unavailable, {fabric.nvml_error}, to look for a multi-node fabric)")
@@ -264,6 +272,8 @@ def _duration(seconds: float) -> str:
 def nvls_cuda_invalid_argument(fabric: FabricFacts) -> Iterator[Observation]:
     """A fabric manager on an NVSwitch system that started long after boot: restarted, so NVLS
     multicast state may be invalid until the node reboots."""
+    if not fabric.nvswitches and fabric.nvswitch_problem:
+        raise Unknown(f"cannot tell whether this node has NVSwitches: {fabric.nvswitch_problem}")
     if not fabric.nvswitches:
         raise NotApplicable("no NVSwitch on this node: no fabric manager runs here")
     manager = fabric.fabric_manager
@@ -271,7 +281,7 @@ def nvls_cuda_invalid_argument(fabric: FabricFacts) -> Iterator[Observation]:
         if manager.running:
             yield undecided("fabric manager", f"its command socket listens ({manager.listening}) but no process is visible to date its start")
             return
-        unread = [p for p in manager.problems if p.split(": ", 1)[0].endswith("/comm")]
+        unread = [p for p in manager.problems if p.split(": ", 1)[0].endswith("/comm") or p.split(": ", 1)[0] == "/proc"]
         if unread:  # the process may be the one whose name could not be read
             yield undecided("fabric manager", f"cannot tell whether nv-fabricmanager runs: {unread[0]}")
             return

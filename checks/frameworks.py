@@ -53,6 +53,9 @@ class FrameworkFacts:
         ``name`` could not be: "not installed" would be a guess."""
         found = tuple(package for package in self.packages if package.name == name)
         if not found:
+            unlisted = next((p for p in self.problems if p.split(": ", 1)[0] in self.site_dirs), None)
+            if unlisted:
+                raise Unknown(f"{name}: {unlisted}")
             for problem in self.problems:
                 entry = _UNREAD_METADATA.search(problem)
                 if entry and normalise(entry.group("name")) == name:
@@ -91,7 +94,7 @@ def probe_frameworks(fs: NodeFS) -> FrameworkFacts:
     sites = site_dirs(reader, job_python_prefixes(fs))
     packages = []
     for site in sites:
-        for entry in reader.listing(site):
+        for entry in reader.listing(site) or []:  # unlisted: in problems
             match = _INSTALLED.match(entry)
             if not match or normalise(match.group("name")) not in FRAMEWORKS:
                 continue

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from preflight.checks._nccl_releases import PEERMEM_DETECTION, affected, release_evidence
 from preflight.checks.job import JobFacts, parse_environ
 from preflight.checks.nccl_libs import NcclLibFacts
-from preflight.model import Evidence, NotApplicable, Observation, present, undecided
+from preflight.model import Evidence, NotApplicable, Observation, Unknown, present, undecided
 from preflight.probing import FactReader
 from preflight.records import frozen
 from preflight.registry import check, probe
@@ -64,17 +64,28 @@ class JobIdentity:
 
 @frozen
 class GpuDirectFacts:
-    nvidia_driver: str | None  # /sys/module/nvidia/version; None when the driver is not loaded
+    """What the node has of each GPUDirect path. ``None`` in a field means unknown (its source
+    could not be read or was not captured; the reason is in ``problems``), never "absent"."""
+
+    nvidia_driver: str | None  # /sys/module/nvidia/version; "unknown" when loaded without one
+    nvidia_loaded: bool | None  # /sys/module/nvidia or /proc/driver/nvidia/version exists
     driver_flavour: str | None  # "open" | "proprietary" from /proc/driver/nvidia/version
-    nvidia_gpus: int  # entries in /proc/driver/nvidia/gpus
+    nvidia_gpus: int | None  # entries in /proc/driver/nvidia/gpus
     kernel_release: str | None  # /proc/sys/kernel/osrelease
     peer_memory_files: tuple[str, ...]  # which of _PEER_MEMORY_FILES exist
-    nv_peer_mem_loaded: bool  # /sys/module/nv_peer_mem
-    rdma_devices: tuple[str, ...]  # /sys/class/infiniband
-    gdrdrv_loaded: bool  # /sys/module/gdrdrv
-    gdrdrv_node: DeviceNode | None  # /dev/gdrdrv
+    peer_memory_unknown: tuple[str, ...]  # which of them could not be looked up
+    nv_peer_mem_loaded: bool | None  # /sys/module/nv_peer_mem
+    rdma_devices: tuple[str, ...] | None  # /sys/class/infiniband
+    gdrdrv_loaded: bool | None  # /sys/module/gdrdrv
+    gdrdrv_node: DeviceNode | None  # /dev/gdrdrv; None when absent or unknown (see problems)
     job_identity: JobIdentity | None
-    problems: tuple[str, ...]  # files that exist but could not be read
+    problems: tuple[str, ...]  # "path: reason" of everything that could not be read
+
+    def why(self, path: str) -> str:
+        """The recorded problem of ``path`` (or of the first unreadable thing when none names it)."""
+        prefix = f"{path}: "
+        named = [problem for problem in self.problems if problem.startswith(prefix)]
+        return (named or list(self.problems) or [f"{path}: not read"])[0]
 
 
 def parse_kernel_version(release: str) -> tuple[int, int] | None:
@@ -135,7 +146,10 @@ def read_job_identity(reader: FactReader, job_environ: dict[str, str]) -> JobIde
         gids = [int(job_environ["SLURM_JOB_GID"])] if job_environ.get("SLURM_JOB_GID", "").isdigit() else []
         user = job_environ.get("SLURM_JOB_USER", "")
         if user:
-            gids += parse_group_membership(reader.text("/etc/group") or "", user)
+            known, groups = reader.known_text("/etc/group")
+            if not known:
+                return None  # supplementary groups unknown: permissions cannot be judged
+            gids += parse_group_membership(groups or "", user)
         return JobIdentity(int(job_uid), tuple(dict.fromkeys(gids)), "SLURM_JOB_UID, SLURM_JOB_GID, /etc/group")
     if own is None:
         return None
@@ -147,7 +161,7 @@ def probe_gpudirect(fs: NodeFS) -> GpuDirectFacts:
     """Gather the kernel pieces GPUDirect RDMA and GDRCopy need."""
     reader = FactReader(fs)
     version = reader.text("/sys/module/nvidia/version")
-    flavour_text = reader.text("/proc/driver/nvidia/version")
+    flavour_known, flavour_text = reader.known_text("/proc/driver/nvidia/version")
     release = reader.text("/proc/sys/kernel/osrelease")
     node = None
     try:
@@ -158,26 +172,46 @@ def probe_gpudirect(fs: NodeFS) -> GpuDirectFacts:
     if stat is not None:
         node = DeviceNode("/dev/gdrdrv", stat.mode, stat.uid, stat.gid)
     try:
-        environ = parse_environ(fs.read_bytes("/proc/self/environ") or b"")
-    except SourceError:
-        environ = {}  # the job probe reports an unreadable environment
+        environ: dict[str, str] | None = parse_environ(fs.read_bytes("/proc/self/environ") or b"")
+    except SourceError as error:
+        reader.problems.append(str(error))
+        environ = None
+    # The driver creates both; a capture may hold only one of them.
+    loaded = _either(reader.presence("/sys/module/nvidia"), (flavour_text is not None) if flavour_known else None)
+    gpus = reader.listing("/proc/driver/nvidia/gpus")
+    peer = {path: reader.presence(path) for path in _PEER_MEMORY_FILES}
     return GpuDirectFacts(
-        nvidia_driver=version.strip() if version else ("unknown" if reader.exists("/sys/module/nvidia") else None),
+        nvidia_driver=version.strip() if version else ("unknown" if loaded else None),
+        nvidia_loaded=loaded,
         driver_flavour=parse_driver_flavour(flavour_text) if flavour_text else None,
-        nvidia_gpus=len(reader.listing("/proc/driver/nvidia/gpus")),
+        nvidia_gpus=None if gpus is None else len(gpus),
         kernel_release=release.strip() if release else None,
-        peer_memory_files=tuple(path for path in _PEER_MEMORY_FILES if reader.exists(path)),
-        nv_peer_mem_loaded=reader.exists("/sys/module/nv_peer_mem"),
-        rdma_devices=tuple(reader.listing("/sys/class/infiniband")),
-        gdrdrv_loaded=reader.exists("/sys/module/gdrdrv"),
+        peer_memory_files=tuple(path for path, there in peer.items() if there),
+        peer_memory_unknown=tuple(path for path, there in peer.items() if there is None),
+        nv_peer_mem_loaded=reader.presence("/sys/module/nv_peer_mem"),
+        rdma_devices=_tuple_or_none(reader.listing("/sys/class/infiniband")),
+        gdrdrv_loaded=reader.presence("/sys/module/gdrdrv"),
         gdrdrv_node=node,
-        job_identity=read_job_identity(reader, environ),
+        job_identity=read_job_identity(reader, environ) if environ is not None else None,
         problems=tuple(reader.problems),
     )
 
 
+def _either(first: bool | None, second: bool | None) -> bool | None:
+    """True when either source says so, else False when one says not, None when neither knows."""
+    if first or second:
+        return True
+    return False if first is False or second is False else None
+
+
+def _tuple_or_none(items: list[str] | None) -> tuple[str, ...] | None:
+    return None if items is None else tuple(items)
+
+
 def _require_nvidia(gpudirect: GpuDirectFacts) -> None:
-    if gpudirect.nvidia_driver is None:
+    if gpudirect.nvidia_loaded is None:
+        raise Unknown(f"whether the NVIDIA driver is loaded: {gpudirect.why('/sys/module/nvidia')}")
+    if not gpudirect.nvidia_loaded:
         raise NotApplicable("the NVIDIA kernel driver is not loaded (/sys/module/nvidia is absent)")
 
 
@@ -186,6 +220,8 @@ def gpudirect_rdma_unavailable(gpudirect: GpuDirectFacts, job: JobFacts, nccl_li
     """Neither the peer-memory nor the DMA-BUF path to GPUDirect RDMA is available, or only
     nvidia_peermem is, which NCCL before 2.23.4 does not look for."""
     _require_nvidia(gpudirect)
+    if gpudirect.rdma_devices is None:
+        raise Unknown(gpudirect.why("/sys/class/infiniband"))
     if not gpudirect.rdma_devices:
         raise NotApplicable("no RDMA devices in /sys/class/infiniband")
     peer_clients = [path for path in gpudirect.peer_memory_files if path != NVIDIA_PEERMEM_VERSION]
@@ -197,6 +233,11 @@ def gpudirect_rdma_unavailable(gpudirect: GpuDirectFacts, job: JobFacts, nccl_li
     kernel_ok = kernel is not None and kernel >= DMABUF_MIN_KERNEL
     if kernel_ok and gpudirect.driver_flavour == "open" and not dmabuf_disabled:
         return
+    unread = [*gpudirect.peer_memory_unknown, *(["/sys/module/nv_peer_mem"] if gpudirect.nv_peer_mem_loaded is None else [])]
+    if not dmabuf_disabled:
+        unread += [path for path, value in (("/proc/sys/kernel/osrelease", kernel), ("/proc/driver/nvidia/version", gpudirect.driver_flavour)) if value is None]
+    if unread:
+        raise Unknown(f"neither GPUDirect path is confirmed, and {gpudirect.why(unread[0])}")
     dmabuf = Evidence(
         "/proc/driver/nvidia/version",
         f"{gpudirect.driver_flavour or 'unknown'} kernel modules, kernel {gpudirect.kernel_release or 'unknown'}",
@@ -228,16 +269,26 @@ def gdrcopy_driver_unusable(gpudirect: GpuDirectFacts, job: JobFacts) -> Iterato
     if setting is None or setting.value.strip() in ("", "0"):
         return  # NCCL only loads GDRCopy when NCCL_GDRCOPY_ENABLE=1 (default 0)
     requested = Evidence(f"{setting.origin} NCCL_GDRCOPY_ENABLE", setting.value)
+    if gpudirect.gdrdrv_loaded is None:
+        yield undecided("gdrdrv", gpudirect.why("/sys/module/gdrdrv"), requested)
+        return
     if not gpudirect.gdrdrv_loaded:
         yield present("gdrdrv", requested, Evidence("/sys/module/gdrdrv", "not loaded", "loaded"))
         return
     node = gpudirect.gdrdrv_node
+    unreadable_node = next((p for p in gpudirect.problems if p.startswith("/dev/gdrdrv: ")), None)
+    if node is None and unreadable_node:
+        yield undecided("/dev/gdrdrv", unreadable_node, requested)
+        return
     if node is None or not stat_codes.S_ISCHR(node.mode):
         observed = "missing" if node is None else "not a character device"
         yield present("/dev/gdrdrv", requested, Evidence("/dev/gdrdrv", observed, "character device"))
         return
     identity = gpudirect.job_identity
-    if identity is not None and not can_read_write(node, identity):
+    if identity is None:
+        yield undecided("/dev/gdrdrv", f"who the job runs as is unknown: {gpudirect.why('/proc/self/status')}", requested)
+        return
+    if not can_read_write(node, identity):
         yield present(
             "/dev/gdrdrv",
             requested,

@@ -87,7 +87,7 @@ def _hex(text: str | None) -> int | None:
 
 def _pci_gpus(reader: FactReader) -> tuple[str, ...]:
     found = []
-    for bdf in reader.listing("/sys/bus/pci/devices"):
+    for bdf in reader.listing("/sys/bus/pci/devices") or []:  # unlisted: in problems, checks say unknown
         base = f"/sys/bus/pci/devices/{bdf}"
         if _hex(reader.text(f"{base}/vendor")) != NVIDIA_VENDOR:
             continue

@@ -42,7 +42,7 @@ from preflight.model import Evidence, Observation, Severity, present, undecided
 from preflight.probing import FactReader
 from preflight.records import frozen
 from preflight.registry import check, probe
-from preflight.sources import NodeFS, SourceError
+from preflight.sources import NodeFS, NotCaptured, SourceError
 from preflight.sources.dns import Dns, DnsAnswer, NameserverCheck
 
 #: Peers resolved by one node besides MASTER_ADDR and the first node of the job.
@@ -102,6 +102,7 @@ class HostnameFacts:
     peers_error: str = ""  # why the job's peers are not known (environ unreadable, bad node list)
     hosts_order: tuple[NssService, ...] = FILES_THEN_DNS  # /etc/nsswitch.conf hosts:
     hosts_error: str = ""  # why /etc/hosts could not be read, "" when it was
+    hosts_order_error: str = ""  # why /etc/nsswitch.conf's order is unknown (not captured), "" when known
     nameservers: tuple[NameserverCheck, ...] = ()  # one timed query to each nameserver
     nameserver_origin: str = "/etc/resolv.conf"  # or the site config's [dns] nameservers
     dns_error: str = ""  # why DNS answers could not be had at all (no recording...)
@@ -252,9 +253,14 @@ def libc_lookup(lookup: NameLookup, facts: HostnameFacts) -> LibcResult:
     """Walk the nsswitch.conf hosts services as glibc does for ``lookup.name``."""
     status, service, detail = "NOTFOUND", "", ""
     addresses: tuple[str, ...] = ()
+    if facts.hosts_order_error:
+        return LibcResult("undetermined", (), "", facts.hosts_order_error)
     for service_entry in facts.hosts_order:
         service = service_entry.name
         if service == "files":
+            if facts.hosts_error.startswith("not captured"):
+                # glibc reads the node's /etc/hosts; a capture without one says nothing of it.
+                return LibcResult("undetermined", (), service, f"/etc/hosts: {facts.hosts_error}")
             if facts.hosts_error:
                 status, addresses, detail = "UNAVAIL", (), f"/etc/hosts: {facts.hosts_error}"
             elif lookup.hosts_entries:
@@ -299,7 +305,13 @@ def probe_hostname(fs: NodeFS, dns: Dns, settings: HostConfig) -> HostnameFacts:
         all_entries = parse_hosts(fs.read("/etc/hosts") or "")
     except SourceError as error:
         all_entries, hosts_error = [], error.reason
-    order = parse_nsswitch_hosts(reader.text("/etc/nsswitch.conf") or "")
+    try:
+        order_error, order = "", parse_nsswitch_hosts(fs.read("/etc/nsswitch.conf") or "")
+    except NotCaptured as error:
+        order_error, order = str(error), FILES_THEN_DNS
+    except SourceError as error:  # glibc falls back to its defaults too
+        reader.problems.append(str(error))
+        order_error, order = "", parse_nsswitch_hosts("")
     peers_error = ""
     try:
         environ = parse_environ(fs.read_bytes("/proc/self/environ") or b"")
@@ -321,7 +333,7 @@ def probe_hostname(fs: NodeFS, dns: Dns, settings: HostConfig) -> HostnameFacts:
     origin = f"[dns] nameservers in {settings.origin or 'the site config'}" if settings.dns.nameservers else "/etc/resolv.conf"
     facts = HostnameFacts(
         hostname, (), (), (), nodes_in_job=len(nodes), peers_error=peers_error, hosts_order=order,
-        hosts_error=hosts_error, nameserver_origin=origin,
+        hosts_error=hosts_error, hosts_order_error=order_error, nameserver_origin=origin,
     )
     checks: list[NameserverCheck] = []
     try:

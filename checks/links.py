@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 from preflight.checks.job import JobFacts
 from preflight.checks.kernel_log import KernelLogFacts
-from preflight.model import Evidence, NotApplicable, Observation, Severity, present, undecided
+from preflight.model import Evidence, NotApplicable, Observation, Severity, Unknown, present, undecided
 from preflight.probing import FactReader
 from preflight.records import frozen
 from preflight.registry import check, probe
@@ -47,6 +47,7 @@ class PortHistory:
 @frozen
 class LinkHistoryFacts:
     ports: tuple[PortHistory, ...]
+    unlisted: str = ""  # why the RDMA devices could not be listed, "" when they were
 
 
 def _counter(reader: FactReader, path: str) -> int | None:
@@ -65,10 +66,17 @@ def probe_link_history(fs: NodeFS) -> LinkHistoryFacts:
     """The link-down counters of every RDMA port."""
     reader = FactReader(fs)
     ports = []
-    for device in reader.listing(IB_SYSFS):
+    devices = reader.listing(IB_SYSFS)
+    if devices is None:
+        return LinkHistoryFacts((), reader.problems[0])
+    for device in devices:
         target = fs.readlink(f"{IB_SYSFS}/{device}/device") or ""
         bus = target.rsplit("/", 1)[-1] if target else ""
-        for port in reader.listing(f"{IB_SYSFS}/{device}/ports"):
+        numbers = reader.listing(f"{IB_SYSFS}/{device}/ports")
+        if numbers is None:
+            ports.append(PortHistory(device, "*", bus, None, None, reader.problems[-1]))
+            continue
+        for port in numbers:
             base = f"{IB_SYSFS}/{device}/ports/{port}/counters"
             before = len(reader.problems)
             downed = _counter(reader, f"{base}/link_downed")
@@ -83,6 +91,8 @@ def probe_link_history(fs: NodeFS) -> LinkHistoryFacts:
 @check("IB006", profiles=("prolog",))
 def ib_transport_retry_exceeded(link_history: LinkHistoryFacts, kernel_log: KernelLogFacts, job: JobFacts) -> Iterator[Observation]:
     """RDMA ports that went down since boot, and retry settings that cannot ride out a retrain."""
+    if link_history.unlisted:
+        raise Unknown(link_history.unlisted)
     if not link_history.ports:
         raise NotApplicable("no RDMA ports on this node")
     for port in link_history.ports:

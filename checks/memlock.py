@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from preflight.checks.gpudirect import GpuDirectFacts
 from preflight.checks.job import JobFacts, parse_environ
 from preflight.config import Expectations
-from preflight.model import Evidence, NotApplicable, Observation, Severity, present, undecided
+from preflight.model import Evidence, NotApplicable, Observation, Severity, Unknown, present, undecided
 from preflight.probing import FactReader
 from preflight.records import frozen
 from preflight.registry import check, probe
@@ -74,8 +74,8 @@ class MemlockFacts:
     memlock_propagated: bool | None  # whether slurm.conf lets the submit host's MEMLOCK through
     propagation_setting: str  # the deciding slurm.conf line, or "(default: ALL)"
     mem_total: int | None  # /proc/meminfo MemTotal, bytes
-    rdma_devices: tuple[str, ...]  # /sys/class/infiniband
-    problems: tuple[str, ...]  # files that exist but could not be read: "path: reason"
+    rdma_devices: tuple[str, ...] | None  # /sys/class/infiniband; None when unknown
+    problems: tuple[str, ...]  # files that could not be read or were not captured: "path: reason"
 
 
 def parse_limits_memlock(text: str, source: str) -> Limit | None:
@@ -91,8 +91,15 @@ def parse_limits_memlock(text: str, source: str) -> Limit | None:
     return None
 
 
+#: The kernel prints RLIM_INFINITY as "unlimited", but a limit set to it through a path that
+#: rounds to pages shows as 18446744073708503040 (2**64 - 1 MiB) on some systems: anything this
+#: large is no limit on a machine that exists.
+EFFECTIVELY_UNLIMITED = 1 << 62
+
+
 def _limit_value(text: str) -> int:
-    return UNLIMITED if text == "unlimited" else int(text)
+    value = UNLIMITED if text == "unlimited" else int(text)
+    return UNLIMITED if value >= EFFECTIVELY_UNLIMITED else value
 
 
 def parse_systemd_limit(value: str, source: str) -> Limit | None:
@@ -134,6 +141,7 @@ def parse_pam_limits(text: str, path: str) -> list[PamLimit]:
             size = UNLIMITED if value in ("unlimited", "infinity", "-1") else int(value) * 1024
         except ValueError:
             continue
+        size = UNLIMITED if size >= EFFECTIVELY_UNLIMITED else size
         entries.append(PamLimit(domain, kind, size, f"{path}:{number}"))
     return entries
 
@@ -170,7 +178,7 @@ def _find_slurmd(reader: FactReader) -> int | None:
             pid = int(text.strip())
             if (reader.text(f"/proc/{pid}/comm") or "").strip() == "slurmd":
                 return pid
-    for entry in reader.listing("/proc"):
+    for entry in reader.listing("/proc") or []:  # unlisted: the problem makes slurmd undecided
         if entry.isdigit():
             try:
                 comm = reader.fs.read(f"/proc/{entry}/comm")
@@ -182,7 +190,9 @@ def _find_slurmd(reader: FactReader) -> int | None:
 
 
 def _drop_in_files(reader: FactReader, directory: str) -> list[str]:
-    return [f"{directory}/{name}" for name in reader.listing(directory) if name.endswith(".conf")]
+    """``*.conf`` in ``directory``; an unlisted directory is in ``problems``, which undecide the
+    subjects it could have changed (:func:`_unread_subject`)."""
+    return [f"{directory}/{name}" for name in reader.listing(directory) or [] if name.endswith(".conf")]
 
 
 def _systemd_default(reader: FactReader) -> Limit | None:
@@ -248,6 +258,7 @@ def probe_memlock(fs: NodeFS) -> MemlockFacts:
             propagated, setting = parse_slurm_propagation(text)
             break
     meminfo = reader.text("/proc/meminfo")
+    rdma = reader.listing("/sys/class/infiniband")
     return MemlockFacts(
         process=process,
         slurmd_pid=slurmd_pid,
@@ -260,7 +271,7 @@ def probe_memlock(fs: NodeFS) -> MemlockFacts:
         memlock_propagated=propagated,
         propagation_setting=setting,
         mem_total=parse_meminfo_total(meminfo) if meminfo else None,
-        rdma_devices=tuple(reader.listing("/sys/class/infiniband")),
+        rdma_devices=None if rdma is None else tuple(rdma),
         problems=tuple(reader.problems),
     )
 
@@ -274,6 +285,8 @@ def _limit_evidence(limit: Limit, minimum: int) -> Evidence:
 
 
 def _require_rdma(memlock: MemlockFacts) -> None:
+    if memlock.rdma_devices is None:
+        raise Unknown(next((p for p in memlock.problems if p.startswith("/sys/class/infiniband")), "RDMA devices not read"))
     if not memlock.rdma_devices:
         raise NotApplicable("no RDMA devices in /sys/class/infiniband; memlock limits only bind RDMA registration")
 
@@ -287,7 +300,7 @@ def _unread_subject(path: str, memlock: MemlockFacts) -> str:
     """The MEM001 subject an unreadable file leaves undecided ("" for files MEM001 does not use)."""
     if path.endswith("/limits"):
         return path
-    if path.endswith(("/comm", "/slurmd.pid")) and memlock.slurmd_pid is None:
+    if (path == "/proc" or path.endswith(("/comm", "/slurmd.pid"))) and memlock.slurmd_pid is None:
         return "slurmd"  # whether slurmd runs, and so its limit, is unknown
     if path in _SLURM_CONF_PATHS:
         return "slurm.conf"
@@ -305,13 +318,17 @@ def memlock_limit_too_low(memlock: MemlockFacts, job: JobFacts, expect: Expectat
     """The locked-memory limit a job gets is below the site minimum."""
     _require_rdma(memlock)
     minimum = expect.memlock_min
+    slurmd_script = job.environ.get("SLURM_SCRIPT_CONTEXT") in _SLURMD_SCRIPT_CONTEXTS
+    # A script slurmd runs (the prolog) has slurmd's limit: its own limit decides slurmd's.
+    decided_by_process = {"slurmd"} if slurmd_script and memlock.process is not None else set()
     for problem in memlock.problems:
         subject = _unread_subject(problem.split(":", 1)[0], memlock)
-        if subject:
+        if subject and subject not in decided_by_process:
             yield undecided(subject, problem)
-    run_by_slurmd = job.environ.get("SLURM_SCRIPT_CONTEXT") in _SLURMD_SCRIPT_CONTEXTS and memlock.slurmd is not None
-    if memlock.process is not None and memlock.process.soft < minimum and not run_by_slurmd:
-        yield present("process", _limit_evidence(memlock.process, minimum))
+    slurmd_undecided = memlock.slurmd_pid is None and any(_unread_subject(p.split(":", 1)[0], memlock) == "slurmd" for p in memlock.problems)
+    if memlock.process is not None and memlock.process.soft < minimum and not (slurmd_script and memlock.slurmd is not None):
+        # A script slurmd runs has slurmd's limit: without slurmd's own entry it is the evidence.
+        yield present("slurmd" if slurmd_script else "process", _limit_evidence(memlock.process, minimum))
     if memlock.slurmd is not None and min(memlock.slurmd.soft, memlock.slurmd.hard) < minimum:
         yield present(
             "slurmd",
@@ -319,7 +336,7 @@ def memlock_limit_too_low(memlock: MemlockFacts, job: JobFacts, expect: Expectat
             fix="Set LimitMEMLOCK=infinity for slurmd (systemctl edit slurmd), then restart slurmd; "
             "jobs inherit slurmd's limit and cannot raise it above slurmd's hard limit.",
         )
-    elif memlock.slurmd_pid is None and memlock.slurmd_unit is not None:
+    elif memlock.slurmd_pid is None and memlock.slurmd_unit is not None and not slurmd_undecided:
         unit_limit = memlock.slurmd_unit_limit or memlock.systemd_default
         soft = unit_limit.soft if unit_limit else SYSTEMD_DEFAULT_MEMLOCK
         if soft < minimum:
@@ -378,6 +395,10 @@ def nccl_buffsize_exceeds_pinned_memory(
     smallest = 2 * buffsize
     # slurmd first: on a tie its limit is the one jobs inherit, the clearer evidence.
     limits = [limit for limit in (memlock.slurmd, memlock.process) if limit is not None]
+    if memlock.rdma_devices is None and limits and min(limit.soft for limit in limits) < smallest:
+        # Too low for registration, if the node has RDMA devices: that is not known.
+        yield undecided("NCCL_BUFFSIZE", next((p for p in memlock.problems if p.startswith("/sys/class/infiniband")), "RDMA devices not read"))
+        return
     if memlock.rdma_devices and limits:
         tightest = min(limits, key=lambda limit: limit.soft)
         if tightest.soft < smallest:
@@ -389,7 +410,7 @@ def nccl_buffsize_exceeds_pinned_memory(
             return
     # The largest footprint: every channel of every local GPU with a send and a receive buffer
     # in pinned host memory (the case without GPUDirect RDMA).
-    gpus = max(1, gpudirect.nvidia_gpus)
+    gpus = max(1, gpudirect.nvidia_gpus or 0)  # unknown: the smallest footprint, still a lower bound
     largest = 2 * buffsize * NCCL_MAX_CHANNELS * gpus
     if memlock.mem_total is not None and largest > memlock.mem_total // 2:
         yield present(

@@ -31,6 +31,7 @@ from preflight.checks.rdma import (
     RdmaPort,
     natural_key,
     port_evidence,
+    ports_unlisted,
     require_rdma,
 )
 from preflight.model import Evidence, NotApplicable, Observation, Severity, Unknown, present, undecided
@@ -98,6 +99,7 @@ class Selection:
     hca: HcaList
     ports: tuple[RdmaPort, ...]  # kept ports, in device order
     undecided: tuple[RdmaPort, ...]  # listed ports whose state or link layer is unknown
+    unlisted: tuple[str, ...] = ()  # "path: reason" of selected devices whose ports are unknown
 
     @property
     def devices(self) -> list[str]:
@@ -110,8 +112,11 @@ class Selection:
 def nccl_selection(rdma: RdmaFacts, job: JobFacts) -> Selection:
     setting = job.nccl("NCCL_IB_HCA")
     hca = parse_nccl_ib_hca(setting.value if setting else None)
-    kept, unknown = [], []
+    kept, unknown, unlisted = [], [], []
     for device in rdma.devices:
+        problem = ports_unlisted(device)
+        if problem is not None and (hca.exclude or not hca.entries or any(device.name.startswith(e.name.strip()) for e in hca.entries)):
+            unlisted.append(str(problem))
         for port in device.ports:
             if not hca.selects(device.name, port.number):
                 continue
@@ -119,7 +124,7 @@ def nccl_selection(rdma: RdmaFacts, job: JobFacts) -> Selection:
                 unknown.append(port)
             elif port.state == PORT_ACTIVE and port.link_layer in NCCL_LINK_LAYERS:
                 kept.append(port)
-    return Selection(setting, hca, tuple(kept), tuple(unknown))
+    return Selection(setting, hca, tuple(kept), tuple(unknown), tuple(unlisted))
 
 
 def _selected_devices(rdma: RdmaFacts, selection: Selection) -> list[RdmaDevice]:
@@ -131,11 +136,16 @@ def require_ib_transport(rdma: RdmaFacts) -> None:
     """NotApplicable when no port could ever be NCCL's (EFA-only or soft devices)."""
     require_rdma(rdma)
     ports = [port for device in rdma.devices for port in device.ports]
+    unlisted = [problem for device in rdma.devices if (problem := ports_unlisted(device)) is not None]
+    if unlisted and not ports:
+        raise Unknown(str(unlisted[0]))
     if not any(port.link_layer in NCCL_LINK_LAYERS or port.link_layer is None for port in ports):
         raise NotApplicable("no InfiniBand or RoCE ports; NCCL's IB transport does not use them")
 
 
 def _decided(selection: Selection) -> None:
+    if selection.unlisted:
+        raise Unknown(selection.unlisted[0])
     if selection.undecided:
         port = selection.undecided[0]
         raise Unknown(port.why("state" if port.state is None else "link_layer"))
@@ -177,6 +187,9 @@ def _entry_findings(rdma: RdmaFacts, selection: Selection) -> Iterator[Observati
             if any(hca.entry_matches(entry, device.name, port.number) for port in device.ports)
         ]
         subject = f"NCCL_IB_HCA {entry.text!r}"
+        if not matched and selection.unlisted:
+            yield undecided(subject, f"no device with listed ports matches, and {selection.unlisted[0]}")
+            continue
         if not matched:
             names = ", ".join(device.name for device in rdma.devices)
             yield present(
@@ -239,11 +252,13 @@ def ib_hca_selection_mismatch(rdma: RdmaFacts, job: JobFacts) -> Iterator[Observ
     selection = nccl_selection(rdma, job)
     for port in selection.undecided:
         yield undecided(port.subject, port.why("state" if port.state is None else "link_layer"))
+    for problem in selection.unlisted:
+        yield undecided(problem.split(": ", 1)[0], problem)
     if selection.setting is None:
         yield from _mixed_and_management(rdma, selection, Severity.WARNING)
         return
     yield from _entry_findings(rdma, selection)
-    if not selection.ports and not selection.undecided:
+    if not selection.ports and not selection.undecided and not selection.unlisted:
         yield present(
             "NCCL_IB_HCA",
             _setting_evidence(selection.setting, "at least one ACTIVE InfiniBand or RoCE port"),

@@ -54,7 +54,8 @@ class NcclLibFacts:
 
 def _library_dirs(reader: FactReader) -> list[str]:
     dirs = list(SYSTEM_DIRS)
-    for name in reader.listing("/etc/ld.so.conf.d"):
+    # Unlisted directories stay in ``problems``: "no libnccl found, and ..." is unknown, not absent.
+    for name in reader.listing("/etc/ld.so.conf.d") or []:
         if name.endswith(".conf"):
             for line in (reader.text(f"/etc/ld.so.conf.d/{name}") or "").splitlines():
                 entry = line.split("#", 1)[0].strip()
@@ -64,7 +65,7 @@ def _library_dirs(reader: FactReader) -> list[str]:
 
 
 def _copies_in(fs: NodeFS, reader: FactReader, directory: str, origin: str) -> list[NcclCopy]:
-    names = reader.listing(directory)
+    names = reader.listing(directory) or []
     found = []
     for name in names:
         match = _VERSIONED.match(name)
@@ -96,11 +97,11 @@ def site_dirs(reader: FactReader, prefixes: list[str]) -> list[str]:
     environments under ``prefixes`` (``<prefix>/lib/python3*/...``) that exist on the node."""
     found = []
     for base in [*PYTHON_ROOTS, *(f"{prefix}/lib" for prefix in prefixes)]:
-        for python in reader.listing(base):
+        for python in reader.listing(base) or []:
             if python.startswith("python3"):
                 for packages in ("site-packages", "dist-packages"):
                     folder = f"{base}/{python}/{packages}"
-                    if folder not in found and reader.exists(folder):
+                    if folder not in found and reader.presence(folder):
                         found.append(folder)
     return found
 
@@ -108,7 +109,7 @@ def site_dirs(reader: FactReader, prefixes: list[str]) -> list[str]:
 def _python_copies(fs: NodeFS, reader: FactReader) -> list[NcclCopy]:
     found = []
     for folder in site_dirs(reader, job_python_prefixes(fs)):
-        entries = reader.listing(folder)
+        entries = reader.listing(folder) or []
         if "nvidia" not in entries:
             continue
         versions = [m.group(1) for m in map(_WHEEL.match, entries) if m]

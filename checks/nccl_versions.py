@@ -45,7 +45,7 @@ from preflight.checks.fabric import FabricFacts
 from preflight.checks.job import JobFacts, Setting, parse_environ
 from preflight.checks.nccl_ib import nccl_selection
 from preflight.checks.nccl_libs import NcclLibFacts
-from preflight.checks.rdma import RdmaFacts
+from preflight.checks.rdma import IB_CLASS, RdmaFacts, require_rdma
 from preflight.model import Evidence, NotApplicable, Observation, Severity, Unknown, present, undecided
 from preflight.probing import FactReader
 from preflight.records import frozen
@@ -118,7 +118,10 @@ def _nvidia_functions(fs: NodeFS, reader: FactReader) -> tuple[tuple[str, ...], 
     missing (NCCL reads both), and the functions that could not be classified. Read from sysfs,
     not NVML, so a wedged driver holds none of it."""
     switches, gpus, missing, unclassified = [], [], [], []
-    for bdf in reader.listing(PCI_DEVICES):
+    listed = reader.listing(PCI_DEVICES)
+    if listed is None:
+        unclassified.append(PCI_DEVICES)  # the whole bus: nothing is known to be absent
+    for bdf in listed or []:
         base = f"{PCI_DEVICES}/{bdf}"
         known_problems = len(reader.problems)
         vendor = (reader.text(f"{base}/vendor") or "").strip()
@@ -141,7 +144,10 @@ def _nvidia_functions(fs: NodeFS, reader: FactReader) -> tuple[tuple[str, ...], 
         # The parent is the bridge above the function in /sys/devices; paths are normalised
         # lexically, so ".." must be taken off the resolved link, not off the bus directory.
         real = posixpath.normpath(posixpath.join(PCI_DEVICES, target)) if target else base
-        if not reader.exists(f"{real}/max_link_speed") or not reader.exists(f"{posixpath.dirname(real)}/max_link_speed"):
+        speeds = {reader.presence(f"{real}/max_link_speed"), reader.presence(f"{posixpath.dirname(real)}/max_link_speed")}
+        if None in speeds:
+            unclassified.append(bdf)  # not captured or unreadable: not known to be missing
+        elif False in speeds:
             missing.append(bdf)
     return tuple(switches), tuple(gpus), tuple(missing), tuple(unclassified)
 
@@ -209,11 +215,12 @@ def nvls_dual_port_nic_corruption(nccl_libs: NcclLibFacts, nccl_platform: NcclPl
     if not nccl_platform.nvswitches:
         nccl_platform.require_classified("no NVSwitch")
         raise NotApplicable("no NVSwitch on this node: NVLS cannot run")
-    if not rdma.devices:
-        raise NotApplicable("no RDMA devices: NVLS runs within the node only")
+    require_rdma(rdma)  # unknown when the RDMA devices could not be listed
     if _switched_off(job, "NCCL_NVLS_ENABLE"):
         return
     selection = nccl_selection(rdma, job)
+    if selection.unlisted:
+        raise Unknown(selection.unlisted[0])
     if selection.undecided:
         port = selection.undecided[0]
         raise Unknown(port.why("state" if port.state is None else "link_layer"))
@@ -341,6 +348,9 @@ def nccl_topology_search_regression(
     NVSwitch nodes with network devices (before 2.18.5), and run-to-run differences where sysfs
     has no PCI link speed for a GPU (before 2.19.4)."""
     require_nccl(nccl_libs)
+    rdma_unread = next((str(p) for p in rdma.problems if p.path == IB_CLASS), "")
+    if nccl_platform.nvswitches and rdma_unread and any(affected(nccl_libs, NVLS_SEARCH)):
+        yield undecided("node", f"NVSwitches present, but whether RDMA devices are: {rdma_unread}")
     if nccl_platform.nvswitches and rdma.devices and not _switched_off(job, "NCCL_NVLS_ENABLE"):
         yield from _releases(
             nccl_libs, NVLS_SEARCH,
@@ -352,7 +362,9 @@ def nccl_topology_search_regression(
         yield undecided("node", f"{len(nccl_platform.unclassified)} PCI function(s) could not be classified "
                                 f"(vendor or class unreadable), e.g. {nccl_platform.unclassified[0]}")
     missing = nccl_platform.gpus_without_link_speed
-    if missing and job.nccl("NCCL_TOPO_FILE") is None:  # a topology file replaces sysfs detection
+    speed_risk = any(affected(nccl_libs, PCI_SPEED_DETECTION))
+    # A topology file replaces sysfs detection; asked only where some copy could carry the bug.
+    if missing and speed_risk and job.nccl("NCCL_TOPO_FILE") is None:
         yield from _releases(
             nccl_libs, PCI_SPEED_DETECTION,
             Evidence("/sys/bus/pci/devices/*/max_link_speed", f"missing for GPU {', '.join(missing)} or its parent bridge", "readable (or an NCCL_TOPO_FILE)"),

@@ -223,7 +223,9 @@ def probe_pcie(fs: NodeFS) -> PcieFacts:
     nics: list[PciEndpoint] = []
     nvswitches: list[str] = []
     chains: dict[str, tuple[str, ...]] = {}
-    for bdf in reader.listing("/sys/bus/pci/devices"):
+    # An unlisted bus or device directory stays in ``problems``: _unclassified() makes the
+    # verdicts unknown instead of "no GPUs here".
+    for bdf in reader.listing("/sys/bus/pci/devices") or []:
         base = f"/sys/bus/pci/devices/{bdf}"
         target = fs.readlink(base)
         if target is None:
@@ -238,9 +240,11 @@ def probe_pcie(fs: NodeFS) -> PcieFacts:
             gpus.append(_endpoint(fs, reader, bdf, chain))
         elif vendor == _NVIDIA and klass.startswith(_NVSWITCH_CLASS):
             nvswitches.append(bdf)
-        elif "infiniband" in reader.listing(base):
-            nics.append(_endpoint(fs, reader, bdf, chain, tuple(sorted(reader.listing(f"{base}/infiniband")))))
-    sockets = sum(1 for name in reader.listing("/sys/devices/system/node") if re.fullmatch(r"node\d+", name))
+        elif "infiniband" in (reader.listing(base) or []):
+            nics.append(_endpoint(fs, reader, bdf, chain, tuple(sorted(reader.listing(f"{base}/infiniband") or []))))
+    nodes = reader.listing("/sys/devices/system/node")
+    # Unlisted NUMA nodes: as if several sockets, so an unplaced path is UNKNOWN, not PHB.
+    sockets = 2 if nodes is None else sum(1 for name in nodes if re.fullmatch(r"node\d+", name))
     pairs = []
     nearest_nic = []
     wanted: set[str] = set()
@@ -276,7 +280,7 @@ def probe_pcie(fs: NodeFS) -> PcieFacts:
         nvswitches=tuple(nvswitches),
         nearest_nic=tuple(nearest_nic),
         hypervisor=" hypervisor" in f" {flags.partition(':')[2]} ",
-        iommu_units=tuple(reader.listing("/sys/class/iommu")),
+        iommu_units=tuple(reader.listing("/sys/class/iommu") or []),  # only annotates evidence
         cmdline=(reader.text("/proc/cmdline") or "").strip(),
         problems=tuple(reader.problems),
     )

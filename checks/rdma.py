@@ -152,7 +152,7 @@ class RdmaDevice:
 @frozen
 class RdmaFacts:
     devices: tuple[RdmaDevice, ...]  # /sys/class/infiniband, in name order
-    verbs_class_present: bool  # /sys/class/infiniband_verbs exists (ib_uverbs loaded)
+    verbs_class_present: bool | None  # ib_uverbs loaded: /sys/class/infiniband_verbs, else /sys/module/ib_uverbs; None: unknown
     dev_infiniband: tuple[str, ...] | None  # entries of /dev/infiniband; None when absent
     device_nodes: tuple[DeviceNode, ...]  # stat of the uverbs nodes of our devices and rdma_cm
     job_identity: JobIdentity | None
@@ -384,7 +384,7 @@ def _read_device(fs: NodeFS, name: str, uverbs: dict[str, str]) -> RdmaDevice:
         efa=looks_like_efa(name, vendor),
         nvswitch_management=management,
         netdevs=tuple(reader.listing(f"{path}/device/net") or []) if link else (),
-        uverbs=uverbs.get(name),
+        uverbs=uverbs.get(name) or (_device_verbs(fs, path, name) if link else None),
         ports=ports,
         problems=reader.take(),
     )
@@ -399,6 +399,34 @@ def _verbs_devices(reader: _Attributes, entries: Iterable[str]) -> dict[str, str
             if ibdev:
                 mapping[ibdev] = entry
     return mapping
+
+
+def _device_verbs(fs: NodeFS, path: str, name: str) -> str | None:
+    """``uverbsN`` from the PCI function's own ``infiniband_verbs/`` directory: the class
+    directory's links point there, and a capture may hold one without the other."""
+    try:
+        for entry in fs.listdir(f"{path}/device/infiniband_verbs") or []:
+            if entry.startswith("uverbs") and (fs.read(f"{path}/device/infiniband_verbs/{entry}/ibdev") or "").strip() == name:
+                return entry
+    except SourceError:
+        return None  # the class directory decides, or the check says unknown
+    return None
+
+
+def _uverbs_loaded(reader: _Attributes) -> bool | None:
+    """Whether ib_uverbs is loaded when its class directory is not there: a capture may lack the
+    class directory, so only ``/sys/module`` (captured, without ``ib_uverbs``) says "not loaded"."""
+    # The class directory's problem: explained by the module's absence, or kept.
+    unlisted = [reader.problems.pop()] if reader.problems and reader.problems[-1].path == VERBS_CLASS else []
+    try:
+        module = reader.fs.exists("/sys/module/ib_uverbs")
+    except SourceError as error:
+        reader.problems += [*unlisted, Problem("/sys/module/ib_uverbs", error.reason)]
+        return None
+    if module:
+        reader.problems += unlisted or [Problem(VERBS_CLASS, "missing although ib_uverbs is loaded")]
+        return None
+    return False
 
 
 def _stat_node(fs: NodeFS, path: str, reader: _Attributes) -> DeviceNode | None:
@@ -428,8 +456,12 @@ def probe_rdma(fs: NodeFS) -> RdmaFacts:
     reader = _Attributes(fs)
     names = reader.listing(IB_CLASS) or []
     verbs_entries = reader.listing(VERBS_CLASS)
+    verbs_loaded = _uverbs_loaded(reader) if verbs_entries is None else True
     uverbs = _verbs_devices(reader, verbs_entries or [])
     devices = tuple(_read_device(fs, name, uverbs) for name in sorted(names, key=natural_key))
+    if verbs_loaded is not True and any(device.uverbs for device in devices):
+        verbs_loaded = True  # found under the devices themselves
+        reader.problems = [p for p in reader.problems if not p.path.startswith((VERBS_CLASS, "/sys/module/ib_uverbs"))]
     listing = reader.listing(DEV_INFINIBAND)
     wanted = [f"{DEV_INFINIBAND}/{device.uverbs}" for device in devices if device.uverbs] + [RDMA_CM]
     nodes = tuple(node for node in (_stat_node(fs, path, reader) for path in wanted) if node is not None)
@@ -445,7 +477,7 @@ def probe_rdma(fs: NodeFS) -> RdmaFacts:
     mlx5_version = _mlx5_driver_version(reader)
     return RdmaFacts(
         devices=devices,
-        verbs_class_present=verbs_entries is not None,
+        verbs_class_present=verbs_loaded,
         dev_infiniband=tuple(listing) if listing is not None else None,
         device_nodes=nodes,
         job_identity=identity,
@@ -464,13 +496,20 @@ def require_rdma(rdma: RdmaFacts) -> None:
         raise NotApplicable(f"no RDMA devices in {IB_CLASS}")
 
 
+def ports_unlisted(device: RdmaDevice) -> Problem | None:
+    """Why ``device``'s ports directory could not be listed (its ports are unknown, not absent)."""
+    if device.ports:
+        return None
+    return next((p for p in device.problems if p.path == f"{device.path}/ports" and p.reason != "no ports"), None)
+
+
 def unlisted_ports(rdma: RdmaFacts) -> Iterator[Observation]:
     """An undecided observation for each data device whose ports directory could not be listed:
     its ports are unknown, not absent."""
     for device in rdma.data_devices:
-        unlisted = [p for p in device.problems if p.path == f"{device.path}/ports" and p.reason != "no ports"]
-        if unlisted and not device.ports:
-            yield undecided(device.name, str(unlisted[0]))
+        unlisted = ports_unlisted(device)
+        if unlisted is not None:
+            yield undecided(device.name, str(unlisted))
 
 
 def port_evidence(port: RdmaPort, *attributes: str, expected: str = "") -> Evidence:
@@ -673,10 +712,13 @@ def rdma_device_nodes_missing(rdma: RdmaFacts) -> Iterator[Observation]:
             Evidence(DEV_INFINIBAND, "missing", "uverbs device nodes for every RDMA device, and rdma_cm"),
         )
         return
+    if rdma.verbs_class_present is None:
+        problem = next((p for p in rdma.problems if p.path.startswith((VERBS_CLASS, "/sys/module/ib_uverbs"))), None)
+        raise Unknown(f"whether ib_uverbs is loaded: {problem or 'not read'}")
     if not rdma.verbs_class_present:
         yield present(
             "ib_uverbs",
-            Evidence(VERBS_CLASS, "missing: the ib_uverbs module is not loaded", "one uverbsN per RDMA device"),
+            Evidence(VERBS_CLASS, "missing, and /sys/module has no ib_uverbs: the module is not loaded", "one uverbsN per RDMA device"),
         )
         return
     identity = rdma.job_identity

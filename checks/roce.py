@@ -192,7 +192,10 @@ def _read_attr(fs: NodeFS, path: str) -> tuple[str | None, str]:
 
 
 def _scan_gids(fs: NodeFS, reader: FactReader, base: str) -> tuple[int, list[GidEntry], list[str]]:
-    indices = sorted(int(name) for name in reader.listing(f"{base}/gids") if name.isdigit())
+    names = reader.listing(f"{base}/gids")
+    if names is None:
+        return 0, [], [reader.problems.pop()]  # the table is unknown, not empty
+    indices = sorted(int(name) for name in names if name.isdigit())
     entries: list[GidEntry] = []
     unreadable: list[str] = []
     table_size = indices[-1] + 1 if indices else 0
@@ -207,6 +210,11 @@ def _scan_gids(fs: NodeFS, reader: FactReader, base: str) -> tuple[int, list[Gid
         if raw == bytes(16) or (raw[:4] == b"\xfe\x80\x00\x00" and raw[4:] == bytes(12)):
             continue  # an empty slot; its gid_attrs reads would fail with EINVAL by design
         roce_type, type_error = _read_attr(fs, f"{base}/gid_attrs/types/{index}")
+        if type_error.startswith("not captured") or "(ENOENT)" in type_error:
+            # A read that fails on the node decides NCCL's choice; one never made (the kernel
+            # has a types file for every slot) decides nothing.
+            unreadable.append(f"{base}/gid_attrs/types/{index}: {type_error}")
+            continue
         if roce_type is not None and roce_version(roce_type) is None:
             type_error = f"unexpected value {roce_type[:32]!r}"
             roce_type = None
@@ -233,7 +241,7 @@ def _netdev(fs: NodeFS, reader: FactReader, device: str, port: int, entries: lis
     for entry in entries:
         if entry.netdev:
             return entry.netdev, f"{base}/gid_attrs/ndevs/{entry.index}"
-    names = reader.listing(f"{IB_SYSFS}/{device}/device/net")
+    names = reader.listing(f"{IB_SYSFS}/{device}/device/net") or []  # unlisted: no netdev, MTU unknown
     if len(names) > 1:
         # Several netdevs on one PCI function (mlx4 dual port): dev_port counts from 0.
         names = [name for name in names if (_read_attr(fs, f"/sys/class/net/{name}/dev_port")[0] or "") == str(port - 1)]
@@ -243,7 +251,10 @@ def _netdev(fs: NodeFS, reader: FactReader, device: str, port: int, entries: lis
 
 
 def _ecn(fs: NodeFS, reader: FactReader, netdev: str) -> EcnState:
-    if not reader.listing(f"/sys/class/net/{netdev}/ecn"):
+    entries = reader.listing(f"/sys/class/net/{netdev}/ecn")
+    if entries is None:
+        return EcnState(None, None, reader.problems.pop())
+    if not entries:
         return EcnState(None, None, "")
     found: list[tuple[int, ...] | None] = []
     for point in ("roce_np", "roce_rp"):
@@ -295,8 +306,9 @@ def probe_roce(fs: NodeFS) -> RoceFacts:
     job_settings = parse_gid_settings({name: value for name, value, _ in variables})
     ports: list[RocePort] = []
     unreadable: list[tuple[str, str]] = []
-    for device in reader.listing(IB_SYSFS):
-        for name in reader.listing(f"{IB_SYSFS}/{device}/ports"):
+    # Unlisted directories stay in reader.problems and become unreadable_ports below.
+    for device in reader.listing(IB_SYSFS) or []:
+        for name in reader.listing(f"{IB_SYSFS}/{device}/ports") or []:
             if not name.isdigit():
                 continue
             layer, reason = _read_attr(fs, f"{IB_SYSFS}/{device}/ports/{name}/link_layer")

@@ -254,7 +254,7 @@ def _ipv6_state(reader: FactReader) -> str:
     disabled = reader.text("/proc/sys/net/ipv6/conf/all/disable_ipv6")
     if disabled is not None:
         return "disabled" if disabled.strip() == "1" else "enabled"
-    if reader.exists("/proc/sys/net/ipv4") and not reader.exists("/proc/sys/net/ipv6"):
+    if reader.presence("/proc/sys/net/ipv4") and reader.presence("/proc/sys/net/ipv6") is False:
         return "off at boot"
     return "unknown"
 

@@ -81,7 +81,8 @@ def probe_topo_file(fs: NodeFS) -> TopoFileFacts:
     """The job's NCCL_TOPO_FILE (environment or nccl.conf, NCCL's precedence), parsed."""
     reader = FactReader(fs)
     setting = probe_job(fs).nccl("NCCL_TOPO_FILE")  # the same reads as the job probe, remembered by fs
-    node_busids = tuple(name.lower() for name in reader.listing("/sys/bus/pci/devices"))
+    # Unlisted: empty, and TOPO004 then compares nothing (it only reports bus IDs it saw missing).
+    node_busids = tuple(name.lower() for name in reader.listing("/sys/bus/pci/devices") or [])
     if setting is None or not setting.value.strip():
         return TopoFileFacts(None, False, "", "", (), (), node_busids)
     path = setting.value.strip()

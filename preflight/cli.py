@@ -374,7 +374,7 @@ def slurm_config(
     settings = SlurmSettings()
     if config is not None:
         try:
-            settings = load_host_config(NodeFS("/"), config, "").slurm
+            settings = load_host_config(config, "").slurm
         except ConfigError as error:
             _fail(str(error))
             return

@@ -52,21 +52,19 @@ def _hostname(fs: NodeFS) -> str:
     return (text or "").strip() or "unknown"
 
 
-def load_host_config(fs: NodeFS, path: str | None, hostname: str) -> HostConfig:
-    """``--config FILE`` from the real filesystem, else the node's own config (root-aware)."""
-    if path is not None:
-        reader = NodeFS("/")
-        target = os.path.abspath(path)
-        missing = f"--config {path}: no such file"
-    else:
-        reader, target, missing = fs, DEFAULT_CONFIG_PATH, ""
+def load_host_config(path: str | None, hostname: str) -> HostConfig:
+    """``--config FILE``, else ``/etc/preflight/preflight.toml`` of the machine preflight runs on.
+
+    Never a config inside ``--root``: a recorded root or snapshot is evidence from someone else's
+    node, and its config would choose check directories to import and servers to query."""
+    target = os.path.abspath(path) if path is not None else DEFAULT_CONFIG_PATH
     try:
-        text = reader.read(target, max_bytes=1024 * 1024)
+        text = NodeFS("/").read(target, max_bytes=1024 * 1024)
     except SourceError as error:
         raise ConfigError(f"{path or DEFAULT_CONFIG_PATH}: {error.reason}") from None
     if text is None:
-        if missing:
-            raise ConfigError(missing)
+        if path is not None:
+            raise ConfigError(f"--config {path}: no such file")
         return HostConfig()
     return parse_config(text, path or DEFAULT_CONFIG_PATH, hostname)
 
@@ -110,7 +108,7 @@ def _judge(args: NodeArgs, root: str) -> tuple[Report, str]:
 
     fs = open_root(root)
     hostname = _hostname(fs)
-    config = load_host_config(fs, args.config, hostname)
+    config = load_host_config(args.config, hostname)
     sources = Sources.for_fs(fs, config.dns)
     profile = args.profile or config.profile
     registry = build_registry((*config.checks_dirs, *args.checks_dirs), profile=profile)

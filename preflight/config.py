@@ -1,5 +1,6 @@
-"""Site configuration: ``/etc/preflight/preflight.toml`` on the node (``--root`` aware) or
-``--config FILE``.
+"""Site configuration: ``--config FILE``, else ``/etc/preflight/preflight.toml`` of the machine
+preflight runs on. A config inside ``--root`` or a snapshot is never read as settings: a root is
+evidence from another node, not instructions (``docs/security.md``).
 
 .. code-block:: toml
 

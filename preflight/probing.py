@@ -1,4 +1,12 @@
-"""Helpers for probes that read many files and must survive some of them being unreadable."""
+"""Helpers for probes that read many files and must survive some of them being unreadable.
+
+Three answers, never two: a file or directory has *content* (possibly empty), is *absent* (the
+node has no such thing: its capture unit is there, see :mod:`preflight.sources.capture`), or is
+*unknown* (unreadable, or its source was not captured). :class:`FactReader` keeps the third apart
+from the first two in its return types (``None`` from :meth:`FactReader.listing` and
+:meth:`FactReader.presence`) and remembers why in ``problems``, so a probe that wants "absent"
+and "unknown" to look alike has to write so.
+"""
 
 from __future__ import annotations
 
@@ -6,31 +14,50 @@ from preflight.sources import NodeFS, SourceError
 
 
 class FactReader:
-    """Reads through a :class:`NodeFS`, treating absent files as ``None``/empty and remembering
-    files that exist but cannot be read (``problems``), so that a probe returns what it could
-    read and its checks can say ``unknown`` for the rest instead of a silent ``absent``."""
+    """Reads through a :class:`NodeFS`, remembering files that could not be read (or whose
+    source was not captured) in ``problems``, so that a probe returns what it could read and its
+    checks can say ``unknown`` for the rest instead of a silent ``absent``."""
 
     def __init__(self, fs: NodeFS) -> None:
         self.fs = fs
         self.problems: list[str] = []
 
     def text(self, path: str) -> str | None:
+        """The file's text; ``None`` when absent *or* unknown (then the reason is in
+        ``problems``: use :meth:`known_text` where the two must differ)."""
         try:
             return self.fs.read(path)
         except SourceError as error:
             self.problems.append(str(error))
             return None
 
-    def exists(self, path: str) -> bool:
+    def known_text(self, path: str) -> tuple[bool, str | None]:
+        """``(True, text or None when absent)`` when known, ``(False, None)`` when unknown."""
+        try:
+            return True, self.fs.read(path)
+        except SourceError as error:
+            self.problems.append(str(error))
+            return False, None
+
+    def presence(self, path: str) -> bool | None:
+        """True when ``path`` exists, False when the node has no such path, None when that is
+        unknown (the reason in ``problems``)."""
         try:
             return self.fs.exists(path)
         except SourceError as error:
             self.problems.append(str(error))
-            return False
+            return None
 
-    def listing(self, path: str) -> list[str]:
+    def listing(self, path: str) -> list[str] | None:
+        """A directory's entries: ``[]`` when the directory is absent or empty, ``None`` when
+        unknown (the reason in ``problems``)."""
         try:
             return self.fs.listdir(path) or []
         except SourceError as error:
             self.problems.append(str(error))
-            return []
+            return None
+
+    def problem_for(self, path: str) -> str | None:
+        """The recorded problem of ``path`` (its first), if any."""
+        prefix = f"{path}: "
+        return next((problem for problem in self.problems if problem.startswith(prefix)), None)

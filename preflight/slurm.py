@@ -436,7 +436,7 @@ def run_slurm(args: SlurmArgs, environ: Mapping[str, str] | None = None) -> int:
         from preflight.sources import open_root
 
         fs = open_root(args.root)
-        config = load_host_config(fs, args.config, _hostname(fs))
+        config = load_host_config(args.config, _hostname(fs))
         settings = config.slurm
     except (UsageProblem, RootError, ConfigError) as error:
         return _no_verdict(_Session(args, environ, settings, configured=False), str(error))

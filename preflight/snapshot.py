@@ -101,7 +101,7 @@ def record_node(args: SnapshotArgs) -> Snapshot:
         open_root(directory)  # the same RootError as `preflight node` for a missing root
         fs = RecordingFS(os.path.abspath(directory))
         hostname = _hostname(fs)
-        config = load_host_config(fs, args.config, hostname)
+        config = load_host_config(args.config, hostname)
         config_text = _site_config_text(args.config)
         plain = Sources.for_fs(fs, config.dns)
         recorders = record(fs, plain.nvml, plain.netlink, plain.dns)
@@ -164,7 +164,7 @@ def recorded_members(recorders: Recorders, config_text: bytes | None = None) -> 
         members[_relative(CONFIG_PATH)] = Member(_relative(CONFIG_PATH), "file", config_text)
 
     documents: dict[str, Any] = {}
-    if tree.stats:
+    if tree.device_nodes_known:  # even with no stat: it says the node's /dev was looked at
         documents["devices.json"] = {
             "format": "preflight-devices/1",
             "nodes": {path: _stat_entry(answer) for path, answer in sorted(tree.stats.items())},

@@ -560,3 +560,122 @@ def repetitive_log(path: Path, size: int) -> None:
 def sparse_file(path: Path, size: int) -> None:
     with open(path, "wb") as handle:
         handle.truncate(size)
+
+
+# -- capture units ----------------------------------------------------------------------------
+# The property of issue "missing is not empty": deleting a whole capture unit (a source a partial
+# capture, a container or an old kernel may lack) never creates a problem and never turns
+# "could not tell" into "fine". Units come from preflight.sources.capture.CAPTURE_UNITS, plus
+# each .preflight recording.
+
+
+@dataclass(frozen=True)
+class UnitInstance:
+    """One capture unit found in a root: the node path and the real path to delete."""
+
+    node_path: str
+    relative: str  # inside the root's directory
+
+
+def capture_unit_instances(root: Path) -> list[UnitInstance]:
+    """Every capture unit present in ``root`` (patterns expanded through the root's links, as
+    the probes see it), and each ``.preflight`` recording."""
+    from preflight.sources.capture import CAPTURE_UNITS
+
+    fs = NodeFS(str(root))
+    found: dict[str, UnitInstance] = {}
+    for pattern, _ in CAPTURE_UNITS:
+        if "**" in pattern:
+            continue  # per-device config files are covered by the mutation tests
+        for node_path in _expand(fs, pattern.split("/")[1:], ""):
+            real = Path(fs._resolve(node_path))
+            if not (real.exists() or real.is_symlink()):
+                continue
+            relative = os.path.relpath(real, root)
+            if relative.startswith(".."):
+                continue
+            found.setdefault(relative, UnitInstance(node_path, relative))
+    recordings = root / ".preflight"
+    if recordings.is_dir():
+        for name in sorted(os.listdir(recordings)):
+            found.setdefault(f".preflight/{name}", UnitInstance(f".preflight/{name}", f".preflight/{name}"))
+    return sorted(found.values(), key=lambda unit: unit.relative)
+
+
+def _expand(fs: NodeFS, parts: list[str], prefix: str) -> list[str]:
+    if not parts:
+        return [prefix]
+    head, rest = parts[0], parts[1:]
+    if head in ("*", "<pid>"):
+        try:
+            entries = fs.listdir(prefix or "/") or []
+        except SourceError:
+            return []
+        names = [e for e in entries if head == "*" or e.isdigit()]
+    else:
+        names = [head]
+    paths: list[str] = []
+    for name in names:
+        paths += _expand(fs, rest, f"{prefix}/{name}")
+    return paths
+
+
+@contextmanager
+def deleted(root: Path, unit: UnitInstance) -> Iterator[None]:
+    """``unit`` moved out of ``root`` for the duration (a rename: cheap and exact to undo)."""
+    path = root / unit.relative
+    aside = root.parent / f".aside-{root.name}"
+    os.rename(path, aside)
+    try:
+        yield
+    finally:
+        os.rename(aside, path)
+
+
+_PROCESS_ENTRY = re.compile(r"^/proc/[0-9]+$")
+
+
+def capture_violations(baseline: Report, report: Report, unit: UnitInstance | None = None) -> list[str]:
+    """What deleting a capture unit must never do: make a finding ``present`` that was not,
+    turn an ``unknown`` into ``absent`` or ``not_applicable``, or let a reference that had a
+    present or unknown finding end with only healthy ones. A deleted ``/proc/<pid>`` only has to
+    keep the first rule: a process without its entry is, to every observer, not running."""
+    before = {(f.reference_id, f.subject): f.status.value for f in baseline.findings}
+    after = {(f.reference_id, f.subject): f.status.value for f in report.findings}
+    problems = safety_net_catches(report)
+    process_gone = unit is not None and _PROCESS_ENTRY.match(unit.node_path) is not None
+    for key, status in sorted(after.items()):
+        was = before.get(key)
+        if status == "present" and was != "present":
+            problems.append(f"{key[0]} {key[1]}: {was or 'no finding'} -> present")
+        elif process_gone:
+            continue
+        elif was == "unknown" and status in _HEALTHY:
+            problems.append(f"{key[0]} {key[1]}: unknown -> {status}")
+    for reference in sorted({ref for ref, _ in before}) if not process_gone else ():
+        old = {s for (ref, _), s in before.items() if ref == reference}
+        new = {s for (ref, _), s in after.items() if ref == reference}
+        if old & {"present", "unknown"} and new and new <= _HEALTHY:
+            problems.append(f"{reference}: {sorted(old)} -> {sorted(new)}")
+    return problems
+
+
+REAL_ROOTS = REPO / "tests" / "data" / "real-roots"
+
+
+def real_root_archives() -> list[Path]:
+    """The real captures of ``tests/data/real-roots`` (see its README and PROVENANCE.toml)."""
+    return sorted(REAL_ROOTS.glob("*.tar.gz"))
+
+
+def extracted_real_roots(workdir: Path) -> list[Path]:
+    """Every real capture extracted under ``workdir`` (with preflight's own safe extractor)."""
+    from preflight.sources.archive import extract_archive
+
+    roots = []
+    for archive in real_root_archives():
+        target = workdir / archive.name[: -len(".tar.gz")]
+        target.mkdir()
+        extract_archive(str(archive), str(target))
+        roots.append(target)
+    return roots

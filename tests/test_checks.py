@@ -164,9 +164,26 @@ def test_gdr001_nvidia_peermem_alone_with_nccl_before_2_23_4(gpudirect: GpuDirec
 
 def test_gdr001_not_applicable_without_driver_or_rdma(gpudirect: GpuDirectFacts) -> None:
     with pytest.raises(NotApplicable):
-        list(gpudirect_rdma_unavailable(replace(gpudirect, nvidia_driver=None), job(), NCCL_2_28))
+        list(gpudirect_rdma_unavailable(replace(gpudirect, nvidia_driver=None, nvidia_loaded=False), job(), NCCL_2_28))
     with pytest.raises(NotApplicable):
         list(gpudirect_rdma_unavailable(replace(gpudirect, rdma_devices=()), job(), NCCL_2_28))
+
+
+def test_gdr001_unknown_where_a_source_was_not_read(gpudirect: GpuDirectFacts) -> None:
+    """Missing is not empty: no driver, no RDMA class, no peer-memory client are claims that
+    need their source; unread, each makes GDR001 unknown, never not_applicable or present."""
+    why = ("/sys/module/nvidia: not captured: this root has no /sys/module (kernel modules)",)
+    with pytest.raises(Unknown, match="not captured"):
+        list(gpudirect_rdma_unavailable(replace(gpudirect, nvidia_driver=None, nvidia_loaded=None, problems=why), job(), NCCL_2_28))
+    with pytest.raises(Unknown):
+        list(gpudirect_rdma_unavailable(replace(gpudirect, rdma_devices=None), job(), NCCL_2_28))
+    unread = replace(gpudirect, peer_memory_unknown=("/sys/kernel/mm/memory_peers/nv_mem/version",))
+    with pytest.raises(Unknown, match="neither GPUDirect path is confirmed"):
+        list(gpudirect_rdma_unavailable(unread, job(), NCCL_2_28))
+    with pytest.raises(Unknown):
+        list(gpudirect_rdma_unavailable(replace(gpudirect, kernel_release=None), job(), NCCL_2_28))
+    # an open driver on a new kernel needs no peer client: unread peer files change nothing
+    assert list(gpudirect_rdma_unavailable(replace(unread, driver_flavour="open"), job(), NCCL_2_28)) == []
 
 
 # GDR002 ------------------------------------------------------------------------------------

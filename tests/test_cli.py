@@ -133,13 +133,19 @@ def test_config_typo_names_file_line_and_key(run_cli: Runner, example_root: Path
     assert f"{config}:5: expect.memlock_minimum: unknown key" in result.stderr
 
 
-def test_config_on_the_node_sets_expectations_and_severity(run_cli: Runner, node_copy: Path) -> None:
+def test_config_given_sets_expectations_and_severity_but_one_inside_the_root_is_ignored(run_cli: Runner, node_copy: Path) -> None:
+    """A config recorded inside --root is evidence from another node, never settings: only
+    --config (or this machine's /etc/preflight/preflight.toml) is obeyed."""
     write(node_copy, "/etc/preflight/preflight.toml", '[expect]\nmemlock_min = "4MiB"\n\n[[hosts]]\nmatch = "gpu[001-032]"\nseverity = { DNS001 = "warning" }\ndisable = ["GDR002"]\n')
-    report = json.loads(run_cli("node", "--root", str(node_copy), "--format", "json").stdout)
+    ignored = json.loads(run_cli("node", "--root", str(node_copy), "--format", "json").stdout)
+    assert ("MEM001", "slurmd") in findings(ignored) and "GDR002" in {f["id"] for f in ignored["findings"]}
+    assert ignored["config"] == ""
+    config = str(node_copy / "etc" / "preflight" / "preflight.toml")
+    report = json.loads(run_cli("node", "--root", str(node_copy), "--config", config, "--format", "json").stdout)
     assert ("MEM001", "slurmd") not in findings(report)  # 8 MiB satisfies a 4 MiB minimum
     assert "GDR002" not in {f["id"] for f in report["findings"]}
     assert {f["severity"] for f in report["findings"] if f["id"] == "DNS001"} == {"warning"}
-    assert report["config"] == "/etc/preflight/preflight.toml"
+    assert report["config"] == config
 
 
 def test_references_list_and_show(run_cli: Runner) -> None:

@@ -131,12 +131,14 @@ def test_site_config_given_to_snapshot_is_replayed(tmp_path: Path, capsys: pytes
     direct = node_report(EXAMPLE_ROOT, capsys, config=str(config))
     archive = tmp_path / "node.tar.gz"
     take_snapshot(SnapshotArgs(output=str(archive), root=str(EXAMPLE_ROOT), config=str(config)))
-    replayed = node_report(archive, capsys)
-    assert replayed["config"] == "/etc/preflight/preflight.toml"
-    for report in (direct, replayed):
-        report.pop("config")
+    with tarfile.open(archive) as tar:  # kept as the record of what the node was judged with
+        assert tar.extractfile("etc/preflight/preflight.toml").read() == config.read_bytes()  # type: ignore[union-attr]
+    replayed = node_report(archive, capsys, config=str(config))
     assert normalised(replayed) == normalised(direct)
     assert ("GPU001", "present") in {(f["id"], f["status"]) for f in replayed["findings"]}  # 8 GPUs, 16 expected
+    # A config inside a snapshot is evidence, never settings: without --config it is not obeyed.
+    unconfigured = node_report(archive, capsys)
+    assert unconfigured["config"] == "" and ("GPU001", "present") not in {(f["id"], f["status"]) for f in unconfigured["findings"]}
 
 
 def test_snapshot_of_a_snapshot_is_the_same_node(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -213,7 +215,7 @@ def test_snapshot_of_a_network_namespace_replays_to_the_live_findings(tmp_path: 
         ipr.close()
         netns.remove(name)
     replay = subprocess.run(
-        [*preflight_command(), "node", "--root", str(archive), "--select", "NET", "--format", "json"],
+        [*preflight_command(), "node", "--root", str(archive), "--select", "NET", "--format", "json", "--config", str(config)],
         capture_output=True, text=True, timeout=60, cwd=tempfile.gettempdir(),
     )
     live_report, replayed = json.loads(live.stdout), json.loads(replay.stdout)

@@ -299,5 +299,9 @@ def test_config_hosts_sections_still_match_after_scrubbing(tmp_path: Path, run_c
     config.write_text('[[hosts]]\nmatch = "gpu[001-020]"\nexpect = { gpu_count = 16 }\n')
     archive = tmp_path / "node.tar.gz"
     take_snapshot(SnapshotArgs(output=str(archive), root=str(EXAMPLE_ROOT), config=str(config), scrub=("all",), scrub_key="k"))
-    report: dict[str, Any] = json.loads(run_cli("node", "--root", str(archive), "--format", "json").stdout)
+    # The snapshot keeps the config it was judged with, scrubbed like the host names; a replay
+    # obeys it only when the operator passes it with --config.
+    recorded = tmp_path / "recorded.toml"
+    recorded.write_bytes(members_of(archive)["etc/preflight/preflight.toml"])
+    report: dict[str, Any] = json.loads(run_cli("node", "--root", str(archive), "--config", str(recorded), "--format", "json").stdout)
     assert ("GPU001", "present") in {(f["id"], f["status"]) for f in report["findings"]}  # the section still applies

@@ -128,6 +128,7 @@ def rdma_device_nodes(root: str) -> None:
             write(root, f"{verbs}/{name}", value + "\n")
         nodes[f"/dev/infiniband/uverbs{index}"] = {"type": "char", "mode": "0666", "uid": 0, "gid": 0}
     write(root, "/sys/class/infiniband_verbs/abi_version", "6\n")
+    write(root, "/sys/module/ib_uverbs/refcnt", "4\n")  # every loaded module has its /sys/module entry
     nodes["/dev/infiniband/rdma_cm"] = {"type": "char", "mode": "0666", "uid": 0, "gid": 0}
     for path in nodes:
         write(root, path, "")
@@ -244,6 +245,8 @@ def build(root: str) -> None:
     write(root, "/sys/module/nvidia/version", DRIVER + "\n")
     write(root, "/sys/module/mlx5_core/version", "24.01-0.3.3\n")
     write(root, "/sys/module/ib_core/refcnt", "6\n")
+    # /sys/kernel without mm/memory_peers: no peer-memory client (GDR001's plant)
+    write(root, "/sys/kernel/mm/transparent_hugepage/enabled", "always [madvise] never\n")
     write(root, "/proc/driver/nvidia/version",
           f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {DRIVER}  Tue Mar  5 22:23:56 UTC 2024\n"
           "GCC version:  gcc version 12.3.0 (Ubuntu 12.3.0-1ubuntu1~22.04)\n")

@@ -44,7 +44,7 @@ def node_findings(check_ids: set[str], root: str, config_path: str | None) -> di
         with opened_root(root) as (directory, _label):
             fs = open_root(directory)
             hostname = _hostname(fs)
-            config = load_host_config(fs, config_path, hostname)
+            config = load_host_config(config_path, hostname)
             registry = build_registry(config.checks_dirs)
             wanted = tuple(sorted(check_ids & set(registry.checks)))
             if not wanted:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from preflight.records import frozen
 from preflight.sources.dns import Dns, LiveDns, NoDns, ReplayDns, ResolvConf, parse_resolv_conf
-from preflight.sources.fs import NodeFS, SourceError
+from preflight.sources.fs import NodeFS, NotCaptured, SourceError
 from preflight.sources.netlink import FileNetlink, LiveNetlink, Netlink, ReplayNetlink
 from preflight.sources.nvml import LiveNvml, NoNvml, Nvml, ReplayNvml
 
@@ -36,6 +36,10 @@ class DnsSettings:
     nameservers: tuple[str, ...] = ()
     port: int = 53
     lifetime: float = 2.0
+
+
+#: A recorded root holds at least one of these; anything else is some other directory.
+NODE_ROOT_DIRECTORIES = ("sys", "proc", "etc")
 
 
 class RootError(Exception):
@@ -90,6 +94,8 @@ def open_root(root: str) -> NodeFS:
         raise RootError(f"--root {root}: no such directory")
     if not os.access(path, os.R_OK | os.X_OK):
         raise RootError(f"--root {root}: not readable")
+    if path != "/" and not any(os.path.isdir(os.path.join(path, top)) for top in NODE_ROOT_DIRECTORIES):
+        raise RootError(f"--root {root}: not a node root (it has none of {', '.join(d + '/' for d in NODE_ROOT_DIRECTORIES)})")
     return NodeFS(path)
 
 
@@ -113,6 +119,7 @@ __all__ = [
     "Clock",
     "DnsSettings",
     "NodeFS",
+    "NotCaptured",
     "RootError",
     "SourceError",
     "Sources",

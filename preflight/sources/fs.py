@@ -58,6 +58,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 from preflight.records import frozen
+from preflight.sources.capture import unit_of
 
 #: Reads stop here: sysfs attributes are one page, and a 10 GB "file" must not fill memory.
 KERNEL_LOG_MAX_BYTES = 8 << 20  # a full default kernel ring buffer is 1-4 MiB
@@ -83,6 +84,12 @@ class SourceError(Exception):
         super().__init__(f"{source}: {reason}")
         self.source = source
         self.reason = reason
+
+
+class NotCaptured(SourceError):
+    """A path is not there, and neither is a source it belongs to (a capture unit of
+    :mod:`preflight.sources.capture`, or the target of a dangling link): nothing is known about
+    it, which is not the same as knowing it is absent."""
 
 
 def describe_os_error(error: OSError) -> str:
@@ -213,6 +220,7 @@ class NodeFS:
             fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
         except OSError as error:
             if error.errno in _ABSENT_ERRNOS:
+                self._absent(path)  # a source not captured says nothing, not even a recorded errno
                 self._raise_recorded_error(path)
                 return None
             raise SourceError(path, describe_os_error(error)) from None
@@ -257,6 +265,7 @@ class NodeFS:
             return sorted(os.listdir(self._resolve(path)))
         except OSError as error:
             if error.errno in _ABSENT_ERRNOS:
+                self._absent(path)
                 return None
             raise SourceError(path, describe_os_error(error)) from None
 
@@ -266,7 +275,10 @@ class NodeFS:
         try:
             return os.readlink(self._resolve(path, follow_last=False))
         except OSError as error:
-            if error.errno in _ABSENT_ERRNOS or error.errno == errno_codes.EINVAL:
+            if error.errno == errno_codes.EINVAL:
+                return None  # there, but not a link
+            if error.errno in _ABSENT_ERRNOS:
+                self._absent(path, follow_last=False)
                 return None
             raise SourceError(path, describe_os_error(error)) from None
 
@@ -289,8 +301,13 @@ class NodeFS:
             result = os.stat(self._resolve(path))
         except OSError as error:
             if error.errno in _ABSENT_ERRNOS:
+                self._absent(path)
                 return None
             raise SourceError(path, describe_os_error(error)) from None
+        if not self.is_live and host.startswith("/dev/") and not stat_codes.S_ISDIR(result.st_mode):
+            # Trees and archives keep no device nodes, owners or modes: what stands at a /dev
+            # path of a recorded root is a placeholder, and only devices.json knows the node.
+            raise NotCaptured(path, f"its type, mode and owner are not recorded (.preflight/{DEVICE_RECORDING})")
         return FileStat(result.st_mode, result.st_uid, result.st_gid, result.st_size)
 
     def statvfs(self, path: str) -> FsUsage | None:
@@ -305,13 +322,15 @@ class NodeFS:
                 if isinstance(answer, SourceError):
                     raise SourceError(path, answer.reason)
                 return answer
-            if self.stat(path) is None:
+            if self._exists_in_tree(path) is False:
+                self._absent(path)
                 return None
             raise SourceError(path, f"no statvfs answer recorded in .preflight/{STATVFS_RECORDING}")
         try:
             result = os.statvfs(host)
         except OSError as error:
             if error.errno in _ABSENT_ERRNOS:
+                self._absent(path)
                 return None
             raise SourceError(path, describe_os_error(error)) from None
         return FsUsage(result.f_blocks * result.f_frsize, result.f_bfree * result.f_frsize, result.f_bavail * result.f_frsize)
@@ -323,8 +342,61 @@ class NodeFS:
         return self._remembered("devices", recording, 0, lambda: _load_device_recording(recording))
 
     def exists(self, path: str) -> bool:
-        """True when ``path`` exists; an unreadable parent counts as an error, not absence."""
+        """True when ``path`` exists; an unreadable parent counts as an error, not absence, and
+        so does a path whose source was not captured (:class:`NotCaptured`)."""
         return self.stat(path) is not None
+
+    # -- absence ------------------------------------------------------------------------------
+    def _absent(self, path: str, follow_last: bool = True) -> None:
+        """Return for a path the node does not have; raise :class:`NotCaptured` for one whose source
+        is not there: the first component missing along the path is a capture unit
+        (:mod:`preflight.sources.capture`) or a link whose target was not copied."""
+        host = self._host_path(path)
+        if not self.is_live and host.startswith("/dev/") and self.replay_file(DEVICE_RECORDING) is None:
+            # A tree keeps no device nodes: only a recording of them says what /dev lacked.
+            raise NotCaptured(path, f"not captured: this root records no device nodes (.preflight/{DEVICE_RECORDING})")
+        parts = host.split("/")
+        for end in range(2, len(parts) + 1):
+            prefix = "/".join(parts[:end])
+            last = end == len(parts)
+            state = self._prefix_state(prefix, follow_last or not last)
+            if state == "there":
+                continue
+            where = "this node" if self.is_live else "this root"
+            if state == "dangling":
+                raise NotCaptured(path, f"not captured: {prefix} links to a path {where} does not have")
+            what = unit_of(prefix)
+            if what is not None:
+                raise NotCaptured(path, f"not captured: {where} has no {prefix} ({what})")
+            return
+        # Every component is there after all (it appeared while we looked): absent when read.
+
+    def _prefix_state(self, prefix: str, follow: bool) -> str:
+        """"there", "missing" or "dangling" (a link whose target is missing) for a node path."""
+        key = ("prefix", prefix, int(follow))
+        known = self._memo.get(key)
+        if isinstance(known, str):
+            return known
+        try:
+            real = self._resolve(prefix, follow_last=False)
+        except SourceError:
+            return "there"  # a link loop is an error its own read reports, not an absence
+        if not os.path.lexists(real):
+            state = "missing"
+        elif follow and os.path.islink(real) and not self._exists_in_tree(prefix):
+            state = "dangling"
+        else:
+            state = "there"
+        self._memo[key] = state
+        return state
+
+    def _exists_in_tree(self, path: str) -> bool | None:
+        """Whether ``path`` resolves to something, links followed inside the root; None when
+        the answer is an error (a loop, no permission)."""
+        try:
+            return os.path.exists(self._resolve(path))
+        except (SourceError, OSError):
+            return None
 
     def _raise_recorded_error(self, path: str, exact_only: bool = False) -> None:
         """Raise the error ``read-errors.json`` records for ``path``: a plain-path entry for any

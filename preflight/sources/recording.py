@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
 from preflight.sources.dns import Dns, DnsAnswer, NameserverCheck
-from preflight.sources.fs import KERNEL_LOG_MAX_BYTES, FileStat, FsUsage, NodeFS, SourceError, describe_os_error
+from preflight.sources.fs import DEVICE_RECORDING, KERNEL_LOG_MAX_BYTES, FileStat, FsUsage, NodeFS, NotCaptured, SourceError, describe_os_error
 from preflight.sources.ethtool import PauseState
 from preflight.sources.netlink import Address, DcbConfig, FileNetlink, Link, Netlink
 from preflight.sources.nvml import Argument, Nvml, NvmlError, replay_key
@@ -78,6 +78,9 @@ class TreeRecording:
     kernel_log: list[str] | None = None  # None: no log (or not asked); written as .preflight/kmsg
     inexact: list[str] = field(default_factory=list)  # answers a recorded root cannot reproduce
     unrecorded: set[str] = field(default_factory=set)  # NodeFS methods called that nothing records
+    # Whether the recorded node could answer for device nodes: a live node, or a root that has a
+    # devices.json; otherwise the replay must not claim that /dev lacked anything.
+    device_nodes_known: bool = True
 
 
 class RecordingFS(NodeFS):
@@ -88,7 +91,7 @@ class RecordingFS(NodeFS):
             super().__init__(root)
         else:
             super().__init__(root, max_bytes)
-        self.recording = TreeRecording()
+        self.recording = TreeRecording(device_nodes_known=self.is_live or self.replay_file(DEVICE_RECORDING) is not None)
         self._lock = threading.Lock()
         self._traced_dirs: dict[str, str | None] = {"/": "/"}
 
@@ -174,7 +177,26 @@ class RecordingFS(NodeFS):
             elif host not in self.recording.files:
                 self.recording.placeholders.add(host)
 
+    def _note_absence(self, path: str) -> None:
+        """Record the deepest directory above an absent ``path`` (and the links on the way): a
+        replay then finds the capture units around it and answers "absent" too, not "not
+        captured" (:meth:`NodeFS._absent`)."""
+        directory = os.path.dirname(os.path.normpath(path))
+        while directory != "/":
+            resolved = self._trace(directory)
+            if resolved is not None and os.path.isdir(self._real(resolved)):
+                with self._lock:
+                    self.recording.dirs.add(resolved)
+                return
+            directory = os.path.dirname(directory)
+
     def _record_error(self, operation: str, path: str, error: SourceError) -> None:
+        if isinstance(error, NotCaptured):
+            # Keep the links and directories on the way (a dangling link stays dangling): the
+            # recording then lacks the same source and replays the same answer.
+            self._trace(path)
+            self._note_absence(path)
+            return
         name = errno_name(error.reason)
         with self._lock:
             if name is None:
@@ -195,7 +217,9 @@ class RecordingFS(NodeFS):
             else:
                 self._record_error("read", path, error)
             raise
-        if data is not None:
+        if data is None:
+            self._note_absence(path)
+        else:
             resolved = self._trace(path)
             if resolved is not None:
                 with self._lock:
@@ -227,7 +251,9 @@ class RecordingFS(NodeFS):
         except SourceError as error:
             self._record_error("listdir", path, error)
             raise
-        if entries is not None:
+        if entries is None:
+            self._note_absence(path)
+        else:
             resolved = self._trace(path)
             if resolved is not None:
                 with self._lock:
@@ -242,7 +268,9 @@ class RecordingFS(NodeFS):
         except SourceError as error:
             self._record_error("readlink", path, error)
             raise
-        if target is not None:
+        if target is None:
+            self._note_absence(path)
+        else:
             location = self._trace(path, follow_last=False)
             if location is not None:
                 with self._lock:
@@ -255,7 +283,9 @@ class RecordingFS(NodeFS):
         except SourceError as error:
             self._record_error("stat", path, error)
             raise
-        if answer is not None:
+        if answer is None:
+            self._note_absence(path)
+        else:
             resolved = self._trace(path)
             with self._lock:
                 self.recording.stats[os.path.normpath(path)] = answer
@@ -268,7 +298,7 @@ class RecordingFS(NodeFS):
         try:
             usage = super().statvfs(path)
         except SourceError as error:
-            if error.reason.startswith("no statvfs answer recorded"):
+            if error.reason.startswith("no statvfs answer recorded") or isinstance(error, NotCaptured):
                 # A recorded root without an answer for an existing path: leave it unanswered,
                 # so the replay says the same (the stat before recorded the path itself).
                 raise

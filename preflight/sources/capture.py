@@ -1,0 +1,119 @@
+"""Capture units: the parts of a node whose absence is no evidence about the node.
+
+A missing file means two different things. ``/sys/module/nvidia_peermem`` missing from a node's
+``/sys/module`` says the module is not loaded; the same path missing from a copied root that has
+no ``sys/module`` at all says only that nobody copied it. A partial capture, a container without
+``/dev``, an old kernel, a snapshot taken by someone else: all lack whole sources. So
+:class:`~preflight.sources.fs.NodeFS` answers "absent" (``None``) only when the path's capture
+units are there, and raises :class:`~preflight.sources.fs.NotCaptured` otherwise; probes that turn ``None`` into "empty"
+can then only do so for absences the node really reported.
+
+A unit is a node path pattern (components separated by ``/``; ``*`` is one component, ``<pid>``
+one all-digit component, ``**`` any number of components) of one of two kinds:
+
+* a **directory** the kernel (or the distribution) always has when the source it belongs to
+  exists: ``/dev``, ``/etc``, ``/proc/net``, ``/sys/module``, a port's ``gids/``. Missing, it
+  means the source was not captured, and nothing below it can be judged absent;
+* a **file** the kernel always creates beside its siblings: ``/proc/net/fib_trie``,
+  ``/proc/self/limits``, an interface's ``mtu``. Missing while its directory is there, the
+  capture is partial.
+
+``/sys/class/infiniband_verbs`` is a unit although a node without ``ib_uverbs`` lacks it:
+whether the module is loaded is decided from ``/sys/module`` (its absence there is evidence once
+``/sys/module`` itself was captured), never from a class directory a capture may have skipped.
+
+Probes that add a source add its units here. The reliability property
+(``tests/test_capture_units.py``) deletes each unit from every recorded root and requires that
+no finding becomes ``present`` and no ``unknown`` becomes ``absent``.
+"""
+
+from __future__ import annotations
+
+import re
+
+#: (pattern, what it is) — the second part completes "this root has no ..." in reasons.
+CAPTURE_UNITS: tuple[tuple[str, str], ...] = (
+    # whole trees
+    ("/dev", "device nodes"),
+    ("/etc", "configuration files"),
+    ("/proc", "procfs"),
+    ("/sys", "sysfs"),
+    # procfs
+    ("/proc/net", "network tables"),
+    ("/proc/net/fib_trie", "IPv4 address table"),
+    ("/proc/net/route", "IPv4 routing table"),
+    ("/proc/net/tcp", "TCP socket table"),
+    ("/proc/net/dev", "interface statistics"),
+    ("/proc/self", "the reading process's own entries"),
+    ("/proc/self/limits", "resource limits"),
+    ("/proc/self/status", "process status"),
+    ("/proc/self/environ", "environment"),
+    ("/proc/<pid>", "process entry"),
+    ("/proc/<pid>/limits", "resource limits"),
+    ("/proc/<pid>/status", "process status"),
+    ("/proc/<pid>/stat", "process status"),
+    ("/proc/<pid>/comm", "process name"),
+    ("/proc/cpuinfo", "CPU description"),
+    ("/proc/meminfo", "memory counters"),
+    ("/proc/cmdline", "kernel command line"),
+    ("/proc/sys", "sysctls"),
+    ("/proc/sys/kernel/hostname", "host name"),
+    ("/proc/sys/kernel/osrelease", "kernel release"),
+    ("/proc/sys/net", "network sysctls"),
+    ("/proc/sys/net/ipv4/ip_local_port_range", "ephemeral port range"),
+    ("/proc/sys/net/ipv4/conf/all", "IPv4 interface settings"),
+    # sysfs
+    ("/sys/class", "device classes"),
+    ("/sys/class/net", "network interfaces"),
+    ("/sys/class/net/*/ifindex", "interface index"),
+    ("/sys/class/net/*/mtu", "interface MTU"),
+    ("/sys/class/net/*/type", "interface type"),
+    ("/sys/class/net/*/operstate", "interface state"),
+    ("/sys/class/infiniband/*/ports", "RDMA ports"),
+    ("/sys/class/infiniband/*/ports/*/gids", "GID table"),
+    ("/sys/class/infiniband/*/ports/*/gid_attrs", "GID attributes"),
+    ("/sys/class/infiniband/*/ports/*/gid_attrs/types", "GID types"),
+    ("/sys/class/infiniband/*/ports/*/gid_attrs/ndevs", "GID netdevs"),
+    ("/sys/class/infiniband/*/ports/*/state", "port state"),
+    ("/sys/class/infiniband/*/ports/*/phys_state", "port physical state"),
+    ("/sys/class/infiniband/*/ports/*/link_layer", "port link layer"),
+    ("/sys/class/infiniband_verbs", "verbs devices (ib_uverbs)"),
+    ("/sys/module", "kernel modules"),
+    ("/sys/kernel", "kernel objects"),
+    ("/sys/bus/pci/devices", "PCI devices"),
+    ("/sys/bus/pci/devices/*/vendor", "PCI vendor"),
+    ("/sys/bus/pci/devices/*/device", "PCI device ID"),
+    ("/sys/bus/pci/devices/*/class", "PCI class"),
+    ("/sys/bus/pci/devices/*/config", "PCI configuration space"),
+    ("/sys/devices", "device tree"),
+    ("/sys/devices/**/config", "PCI configuration space"),
+)
+
+
+_COMPONENT = {"*": "[^/]+", "<pid>": "[0-9]+", "**": ".+"}
+
+
+def _compile(pattern: str) -> str:
+    return "/".join(_COMPONENT.get(part, re.escape(part)) for part in pattern.split("/"))
+
+
+_UNITS = re.compile("|".join(f"(?P<u{index}>{_compile(p)})" for index, (p, _) in enumerate(CAPTURE_UNITS)))
+_WHAT = {f"u{index}": what for index, (_, what) in enumerate(CAPTURE_UNITS)}
+
+
+def unit_of(path: str) -> str | None:
+    """What the unit ``path`` is (its description), or None when it is none."""
+    match = _UNITS.fullmatch(path)
+    return _WHAT[match.lastgroup] if match is not None and match.lastgroup else None
+
+
+def units_along(path: str) -> list[tuple[str, str]]:
+    """The units ``path`` lies in or is, outermost first: ``(unit path, description)``."""
+    found = []
+    parts = path.split("/")
+    for end in range(2, len(parts) + 1):
+        prefix = "/".join(parts[:end])
+        what = unit_of(prefix)
+        if what is not None:
+            found.append((prefix, what))
+    return found
