@@ -51,6 +51,34 @@ DOC = REPO / "docs" / "reliability.md"
 PREFLIGHT = str(Path(sys.executable).parent / "preflight")
 
 
+# -- capture units ----------------------------------------------------------------------------
+def bench_capture_units(workdir: Path) -> dict[str, Any]:
+    """Every capture unit of every recorded root and real capture deleted in turn (the property
+    of tests/test_capture_units.py, which samples two instances of each pattern)."""
+    registry = harness.build_registry(plugins=False)
+    roots = [*harness.recorded_roots()]
+    copies = workdir / "capture-units"
+    copies.mkdir()
+    sources = [*roots, *harness.extracted_real_roots(copies)]
+    tried = 0
+    violations: list[str] = []
+    slowest = 0.0
+    for source in sources:
+        root = source if source.is_relative_to(copies) else copies / source.name
+        if root != source:
+            shutil.copytree(source, root, symlinks=True)
+        baseline = harness.run_root(registry, root)
+        for unit in harness.capture_unit_instances(root):
+            begin = time.monotonic()
+            with harness.deleted(root, unit):
+                report = harness.run_root(registry, root)
+            slowest = max(slowest, time.monotonic() - begin)
+            tried += 1
+            violations += [f"{root.name} without {unit.node_path}: {v}" for v in harness.capture_violations(baseline, report, unit)]
+    return {"roots": len(sources), "recorded": len(roots), "real": len(sources) - len(roots), "tried": tried,
+            "violations": violations, "slowest_s": round(slowest, 3)}
+
+
 # -- mutations --------------------------------------------------------------------------------
 def bench_mutations(workdir: Path, count: int, seed: int) -> dict[str, Any]:
     bench = harness.MutationBench(workdir / "mutations")
@@ -349,6 +377,8 @@ def render(figures: dict[str, Any], args: argparse.Namespace) -> str:
         "## Summary",
         "",
         table(["figure", "value"], [
+            ["capture units deleted (roots x units), property violations",
+             f"{figures['capture_units']['tried']} over {figures['capture_units']['roots']} roots, {len(figures['capture_units']['violations'])}"],
             ["mutated-root runs", m["runs"]],
             ["mutations tried", sum(m["tried"].values())],
             ["oracle violations (silent absent, lost findings, unknown without reason)", len(m["violations"])],
@@ -358,6 +388,17 @@ def render(figures: dict[str, Any], args: argparse.Namespace) -> str:
             ["slowest hung run / deadline (target: deadline + 0.5 s)", f"{h['slowest_s']} s / {h['deadline_s']} s"],
             ["unsafe subprocess uses in the package", s["problems"]],
         ]),
+        "",
+        "## Capture units deleted",
+        "",
+        f"Every capture unit (`preflight/sources/capture.py`) of {figures['capture_units']['roots']} roots "
+        f"({figures['capture_units']['recorded']} recorded roots and {figures['capture_units']['real']} real captures of "
+        f"`tests/data/real-roots`) moved out of the root in turn, {figures['capture_units']['tried']} runs: no finding may "
+        "become `present`, no `unknown` may become `absent` or `not_applicable`, no reference with a present or unknown "
+        f"finding may end with only healthy ones. Violations: {len(figures['capture_units']['violations'])}; "
+        f"slowest run {figures['capture_units']['slowest_s']} s.",
+        "",
+        *(f"- {v}" for v in figures["capture_units"]["violations"][:20]),
         "",
         "## Mutated recorded roots",
         "",
@@ -454,6 +495,7 @@ def main() -> None:
     figures: dict[str, Any] = {}
     try:
         steps = [
+            ("capture_units", lambda: bench_capture_units(workdir)),
             ("mutations", lambda: bench_mutations(workdir, args.mutations, args.seed)),
             ("hangs", lambda: bench_hangs(workdir, args.hung_runs, 1.0)),
             ("processes", lambda: bench_process_loop(workdir, args.process_runs, 1.0)),

@@ -124,6 +124,11 @@ def _found(efa: EfaFacts, names: list[str]) -> list[str]:
     return [path for path in efa.libraries if posixpath.basename(path) in wanted or path in absolute]
 
 
+#: Device names the kernel's other RDMA drivers give: never an EFA, whatever the vendor file
+#: says. A name from rdma-core's rename policy (``rdmap16s27``) could be either.
+_OTHER_DRIVERS = ("mlx", "hfi1", "qib", "irdma", "i40iw", "bnxt_re", "rxe", "siw", "hns", "qedr", "erdma", "mana", "cxgb", "ocrdma", "vmw_pvrdma", "usnic", "ionic")
+
+
 @check("EFA001", profiles=("prolog",))
 def efa_provider_unavailable(rdma: RdmaFacts, efa: EfaFacts | None, job: JobFacts) -> Iterator[Observation]:
     """The job's settings or the node's libraries keep NCCL off the EFA devices."""
@@ -131,7 +136,10 @@ def efa_provider_unavailable(rdma: RdmaFacts, efa: EfaFacts | None, job: JobFact
     devices = [device.name for device in rdma.devices if device.efa]
     if not devices:
         # A device whose PCI vendor could not be read may be an EFA with a non-"efa" name.
-        unread = [p for d in rdma.devices for p in d.problems if p.path in (f"{d.path}/device", f"{d.path}/device/vendor")]
+        unread = [
+            p for d in rdma.devices if not d.name.startswith(_OTHER_DRIVERS)
+            for p in d.problems if p.path in (f"{d.path}/device", f"{d.path}/device/vendor")
+        ]
         if unread:
             raise Unknown(f"cannot tell whether {unread[0].path.split('/')[4]} is an EFA: {unread[0]}")
     if not devices or efa is None:

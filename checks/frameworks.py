@@ -53,7 +53,9 @@ class FrameworkFacts:
         ``name`` could not be: "not installed" would be a guess."""
         found = tuple(package for package in self.packages if package.name == name)
         if not found:
-            unlisted = next((p for p in self.problems if p.split(": ", 1)[0] in self.site_dirs), None)
+            # A directory that could not be listed (a site, or where sites are looked for) may
+            # hold any package; an unreadable metadata file only its own (below).
+            unlisted = next((p for p in self.problems if not _UNREAD_METADATA.search(p)), None)
             if unlisted:
                 raise Unknown(f"{name}: {unlisted}")
             for problem in self.problems:

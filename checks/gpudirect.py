@@ -176,9 +176,14 @@ def probe_gpudirect(fs: NodeFS) -> GpuDirectFacts:
     except SourceError as error:
         reader.problems.append(str(error))
         environ = None
-    # The driver creates both; a capture may hold only one of them.
-    loaded = _either(reader.presence("/sys/module/nvidia"), (flavour_text is not None) if flavour_known else None)
+    # The driver creates /sys/module/nvidia and /proc/driver/nvidia/{version,gpus/}; a capture
+    # may hold only some of them. /proc says "not loaded" only when /proc/driver/nvidia is absent.
     gpus = reader.listing("/proc/driver/nvidia/gpus")
+    if (flavour_known and flavour_text is not None) or gpus:
+        procfs: bool | None = True
+    else:
+        procfs = False if reader.presence("/proc/driver/nvidia") is False else None
+    loaded = _either(reader.presence("/sys/module/nvidia"), procfs)
     peer = {path: reader.presence(path) for path in _PEER_MEMORY_FILES}
     return GpuDirectFacts(
         nvidia_driver=version.strip() if version else ("unknown" if loaded else None),

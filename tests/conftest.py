@@ -51,6 +51,25 @@ def write(root: Path, path: str, text: str | bytes) -> None:
         full.write_text(text)
 
 
+def bare_node(root: Path) -> Path:
+    """``root`` made a node with nothing on it: the sources are captured (so their absence is
+    evidence, see preflight.sources.capture) but hold no RDMA device, GPU, NCCL or setting."""
+    for directory in ("dev", "usr/lib", "sys/class", "sys/module", "sys/bus/pci/devices", "sys/devices/system/node"):
+        (root / directory).mkdir(parents=True, exist_ok=True)
+    write(root, "/etc/hostname", "bare\n")
+    write(root, "/proc/self/environ", b"")
+    write(root, "/.preflight/devices.json", '{"format": "preflight-devices/1", "nodes": {}}')  # /dev looked at: no devices
+    return root
+
+
+def site_config(root: Path, text: str) -> str:
+    """A site config for a run on ``root``, written beside it (a config inside a root is never
+    read) and passed with ``--config``."""
+    path = root.parent / f"{root.name}.site.toml"
+    path.write_text(text)
+    return str(path)
+
+
 CLEAN_NCCL = "2.28.9"
 
 

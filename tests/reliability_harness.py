@@ -577,9 +577,10 @@ class UnitInstance:
     relative: str  # inside the root's directory
 
 
-def capture_unit_instances(root: Path) -> list[UnitInstance]:
+def capture_unit_instances(root: Path, per_pattern: int | None = None) -> list[UnitInstance]:
     """Every capture unit present in ``root`` (patterns expanded through the root's links, as
-    the probes see it), and each ``.preflight`` recording."""
+    the probes see it), and each ``.preflight`` recording. ``per_pattern`` keeps the first and
+    last instances of each pattern only (each interface's ``mtu`` is the same kind of unit)."""
     from preflight.sources.capture import CAPTURE_UNITS
 
     fs = NodeFS(str(root))
@@ -587,7 +588,10 @@ def capture_unit_instances(root: Path) -> list[UnitInstance]:
     for pattern, _ in CAPTURE_UNITS:
         if "**" in pattern:
             continue  # per-device config files are covered by the mutation tests
-        for node_path in _expand(fs, pattern.split("/")[1:], ""):
+        expanded = _expand(fs, pattern.split("/")[1:], "")
+        if per_pattern is not None and len(expanded) > per_pattern:
+            expanded = expanded[: per_pattern - 1] + expanded[-1:]
+        for node_path in expanded:
             real = Path(fs._resolve(node_path))
             if not (real.exists() or real.is_symlink()):
                 continue

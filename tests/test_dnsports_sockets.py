@@ -133,7 +133,7 @@ def test_clean_example_root_is_absent(run_cli: Runner, clean_root: Path) -> None
 @pytest.mark.parametrize(
     ("path", "content", "reason"),
     [
-        ("proc/net/tcp", None, "/proc/net/tcp: missing"),
+        ("proc/net/tcp", None, "/proc/net/tcp: not captured"),
         ("proc/net/tcp", b"", "not a /proc/net/tcp table"),
         ("proc/net/tcp", b"\xff\xfe\x00garbage\x80\n" * 50, "not UTF-8 text"),
         ("proc/net/tcp", HEADER + "   0: 0100007F:733C\n" + "nonsense here\n", "2 unparseable lines"),

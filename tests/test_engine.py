@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Runner, write
+from conftest import Runner, site_config, write
 from preflight.discovery import build_registry, directory_modules
 from preflight.registry import RegistrationError, Registry, check, probe
 
@@ -26,9 +26,9 @@ def _hang_nvml(root: Path) -> None:
 
 def test_blocking_nvml_becomes_unknown_within_deadline(run_cli: Runner, node_copy: Path) -> None:
     _hang_nvml(node_copy)
-    write(node_copy, "/etc/preflight/preflight.toml", "[run]\nprobe_timeout = 1.0\n")
+    config = site_config(node_copy, "[run]\nprobe_timeout = 1.0\n")
     begin = time.monotonic()
-    result = run_cli("node", "--root", str(node_copy), "--format", "json", "--timeout", "2")
+    result = run_cli("node", "--root", str(node_copy), "--config", config, "--format", "json", "--timeout", "2")
     elapsed = time.monotonic() - begin
     report = json.loads(result.stdout)
     gpu = [f for f in report["findings"] if f["id"] == "GPU001"]
@@ -80,9 +80,9 @@ def test_dns_server_that_never_answers(run_cli: Runner, node_copy: Path, silent_
     write(node_copy, "/etc/hosts", hosts)  # force a DNS query for this host's name
     (node_copy / ".preflight/dns.json").unlink()
     config = f'[run]\nprobe_timeout = 1.0\n\n[dns]\nnameservers = ["{address}"]\nport = {port}\nlifetime = 30\n'
-    write(node_copy, "/etc/preflight/preflight.toml", config)
+    given = site_config(node_copy, config)
     begin = time.monotonic()
-    report = json.loads(run_cli("node", "--root", str(node_copy), "--format", "json", "--select", "DNS").stdout)
+    report = json.loads(run_cli("node", "--root", str(node_copy), "--config", given, "--format", "json", "--select", "DNS").stdout)
     assert time.monotonic() - begin < 1.0 + 0.5 + 1.5
     finding = report["findings"][0]
     assert finding["status"] == "unknown" and "timed out after 1.0 s" in finding["reason"]
@@ -92,8 +92,8 @@ def test_dns_lifetime_shorter_than_deadline_reports_timeout(run_cli: Runner, nod
     address, port = silent_dns_server
     write(node_copy, "/etc/hosts", "127.0.0.1 localhost\n")
     (node_copy / ".preflight/dns.json").unlink()
-    write(node_copy, "/etc/preflight/preflight.toml", f'[dns]\nnameservers = ["{address}"]\nport = {port}\nlifetime = 0.3\n')
-    report = json.loads(run_cli("node", "--root", str(node_copy), "--format", "json", "--select", "DNS001").stdout)
+    config = site_config(node_copy, f'[dns]\nnameservers = ["{address}"]\nport = {port}\nlifetime = 0.3\n')
+    report = json.loads(run_cli("node", "--root", str(node_copy), "--config", config, "--format", "json", "--select", "DNS001").stdout)
     finding = report["findings"][0]
     assert finding["status"] == "unknown" and "TIMEOUT" in finding["reason"]
 

@@ -101,7 +101,7 @@ def test_mutated_reports_are_audited_alike_both_ways(seed: int, monkeypatch: pyt
     document = json.loads(GOLDEN)
     every = paths(document)
     outcomes = {"audited": 0, "refused": 0}
-    for _ in range(60):
+    for _ in range(90):
         data = json.dumps(mutated(document, rng, every)).encode()
         fast, careful = both_ways(data, monkeypatch)
         assert fast == careful, data[:300]

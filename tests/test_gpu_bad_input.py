@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from conftest import Runner, example_copy_for_nobody, write
+from conftest import Runner, example_copy_for_nobody, site_config, write
 from preflight.config import HostConfig
 from preflight.discovery import build_registry
 from preflight.engine import RunOptions, run
@@ -111,9 +111,9 @@ def test_failing_call_for_one_gpu(node_copy: Path, function: str, key: str, erro
 def test_hanging_call_times_out_and_the_run_finishes(run_cli: Runner, node_copy: Path, function: str, probe: str, references: set[str]) -> None:
     key = "2/1/0" if function == "nvmlDeviceGetTotalEccErrors" else "2"
     edit_nvml(node_copy, lambda document: document["calls"][function].update({key: {"hang": True}}))
-    write(node_copy, "/etc/preflight/preflight.toml", "[run]\nprobe_timeout = 1.0\n")
+    config = site_config(node_copy, "[run]\nprobe_timeout = 1.0\n")
     begin = time.monotonic()
-    result = run_cli("node", "--root", str(node_copy), "--format", "json", "--timeout", "3")
+    result = run_cli("node", "--root", str(node_copy), "--config", config, "--format", "json", "--timeout", "3")
     elapsed = time.monotonic() - begin
     report = json.loads(result.stdout)
     assert next(p for p in report["probes"] if p["name"] == probe)["status"] == "timeout"

@@ -13,7 +13,7 @@ from preflight.checks.links import ib_transport_retry_exceeded, probe_link_histo
 from preflight.model import NotApplicable, Status
 from preflight.sources import NodeFS
 
-from conftest import write
+from conftest import bare_node, write
 
 PORT = "sys/devices/pci0000:5a/0000:5a:01.0/0000:5c:00.0/0000:5f:00.0/infiniband/mlx5_3/ports/1/counters"
 
@@ -58,4 +58,4 @@ def test_garbage_counters_are_unknown_and_no_rdma_is_not_applicable(node_copy: P
     found = verdicts(node_copy)
     assert [(s, st) for s, st, _ in found] == [("mlx5_3/1", Status.UNKNOWN)] and "not a number" in found[0][2]
     with pytest.raises(NotApplicable):
-        verdicts(tmp_path)
+        verdicts(bare_node(tmp_path))

@@ -13,7 +13,7 @@ from preflight.checks.nccl_libs import nccl_library_conflict, nccl_ras_query_cra
 from preflight.model import NotApplicable
 from preflight.sources import NodeFS
 
-from conftest import write
+from conftest import bare_node, write
 
 SITE = "/usr/local/lib/python3.10/dist-packages"
 
@@ -77,4 +77,4 @@ def test_version_from_the_so2_link_and_unknown_versions(tmp_path: Path) -> None:
 
 def test_not_applicable_without_nccl(tmp_path: Path) -> None:
     with pytest.raises(NotApplicable):
-        verdicts(tmp_path, "NCCL016")
+        verdicts(bare_node(tmp_path), "NCCL016")

@@ -20,7 +20,7 @@ from preflight.engine import RunOptions, run
 from preflight.sources import NodeFS, Sources
 from preflight.units import UNLIMITED
 
-from conftest import upgrade_nccl, write
+from conftest import bare_node, upgrade_nccl, write
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "nodes"
 REGISTRY = build_registry(plugins=False)
@@ -92,14 +92,13 @@ def test_connect_retry_release_on_the_example_and_fixed_after_upgrade(example_ro
 def test_unnamed_release_is_unknown_and_no_nccl_is_not_applicable(node_copy: Path, tmp_path: Path) -> None:
     shutil.rmtree(node_copy / SITE.lstrip("/") / "nvidia_nccl_cu12-2.21.5.dist-info")  # the wheel's version is gone
     assert judge(node_copy, "SOCK002")["SOCK002"] == {("present", SYSTEM_COPY), ("unknown", WHEEL_COPY)}
-    write(tmp_path / "bare", "/proc/self/environ", b"")
-    assert judge(tmp_path / "bare", "SOCK002")["SOCK002"] == {("not_applicable", "node")}
+    assert judge(bare_node(tmp_path / "bare"), "SOCK002")["SOCK002"] == {("not_applicable", "node")}
 
 
 def test_unreadable_library_directory_without_any_copy_is_unknown(tmp_path: Path) -> None:
-    root = tmp_path / "node"
+    root = bare_node(tmp_path / "node")
     write(root, "/usr/lib64/libc.so.6", b"")
-    (root / "usr/lib").mkdir(parents=True)
+    (root / "usr/lib").mkdir(parents=True, exist_ok=True)
     os.symlink("x86_64-linux-gnu", root / "usr/lib/x86_64-linux-gnu")  # present, but a link loop: ELOOP
     found = findings(root, "SOCK002")
     assert [(f["status"], f["subject"]) for f in found] == [("unknown", "node")]

@@ -57,6 +57,10 @@ class Node:
         self.addresses: list[dict[str, Any]] = [ip("lo", "127.0.0.1/8", "host"), ip("lo", "::1/128", "host")]
         self.routes: dict[str, Any] = {}
         self.file("/proc/sys/kernel/hostname", "node1\n")
+        # What every node has: an /etc (here without nccl.conf) and a job environment (empty)
+        self.file("/etc/hostname", "node1\n")
+        self.env()
+        (self.root / "sys" / "class").mkdir(parents=True)  # no RDMA class: no RDMA devices
 
     def file(self, path: str, text: str | bytes) -> None:
         full = self.root / path.lstrip("/")

@@ -18,7 +18,10 @@ FIXTURES = REPO / "tests" / "fixtures" / "nodes"
 
 
 def report(run_cli: Runner, root: Path) -> dict[str, Any]:
-    result = run_cli("node", "--root", str(root), "--select", "NET", "--format", "json")
+    # A config recorded in a root is never obeyed; the fixture's is the site config it was made for.
+    config = root / "etc" / "preflight" / "preflight.toml"
+    given = ("--config", str(config)) if config.is_file() else ()
+    result = run_cli("node", "--root", str(root), "--select", "NET", "--format", "json", *given)
     assert result.returncode in (0, 1, 2), result.stderr
     parsed: dict[str, Any] = json.loads(result.stdout)
     return parsed

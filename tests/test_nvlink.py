@@ -16,7 +16,7 @@ from preflight.config import ConfigError, Expectations, parse_config
 from preflight.model import NotApplicable, Status, Unknown
 from preflight.sources import Sources
 
-from conftest import Runner
+from conftest import Runner, bare_node
 
 NODES = Path(__file__).resolve().parent / "fixtures" / "nodes"
 H100 = "NVIDIA H100 80GB HBM3"
@@ -132,7 +132,7 @@ def test_nvml_that_does_not_start_is_unknown(node_copy: Path) -> None:
 
 
 def test_node_without_gpus_or_driver_is_not_applicable(tmp_path: Path) -> None:
-    (tmp_path / ".preflight").mkdir()
+    bare_node(tmp_path)  # its .preflight holds the device recording
     (tmp_path / ".preflight/nvml.json").write_text(json.dumps({"init": {"error": "NVML_ERROR_LIBRARY_NOT_FOUND"}}))
     with pytest.raises(NotApplicable, match="no NVIDIA GPU"):
         verdicts(tmp_path)

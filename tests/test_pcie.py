@@ -29,6 +29,8 @@ from preflight.checks.pcie import (
 from preflight.model import NotApplicable, Status, Unknown
 from preflight.sources import NodeFS
 
+from conftest import bare_node, write
+
 AER, ACS = 0x0001, 0x000D
 
 
@@ -44,12 +46,6 @@ def config_space(acs_control: int | None, size: int = 4096, acs_capability: int 
             data[0x14C:0x14E] = acs_capability.to_bytes(2, "little")
             data[0x14E:0x150] = acs_control.to_bytes(2, "little")
     return bytes(data)
-
-
-def write(root: Path, path: str, data: str | bytes) -> None:
-    full = root / path.lstrip("/")
-    full.parent.mkdir(parents=True, exist_ok=True)
-    full.write_bytes(data if isinstance(data, bytes) else data.encode())
 
 
 def pci(root: Path, chain: list[str], vendor: str, klass: str, config: bytes | None = None, rdma: bool = False) -> None:
@@ -70,6 +66,7 @@ def pci(root: Path, chain: list[str], vendor: str, klass: str, config: bytes | N
 def hgx_tree(root: Path, switch_acs: int | None = 0, config_size: int = 4096, hypervisor: bool = False) -> Path:
     """Root port 15:01.0 -> switch upstream 16:00.0 -> downstream ports 17:00.0 / 17:01.0 ->
     GPU 18:00.0 and NIC 1a:00.0; a second GPU under another root port with no NIC."""
+    bare_node(root)
     bridge = config_space(0x001D, config_size)  # root ports keep ACS on, as with an IOMMU
     pci(root, ["0000:15:01.0"], "0x8086", "0x060400", bridge)
     pci(root, ["0000:15:01.0", "0000:16:00.0"], "0x10b5", "0x060400", config_space(switch_acs, config_size))
@@ -132,7 +129,7 @@ def test_not_applicable_in_a_vm_or_without_gpus_and_nics(tmp_path: Path) -> None
     with pytest.raises(NotApplicable, match="virtual machine"):
         verdicts(hgx_tree(tmp_path / "vm", switch_acs=0x001D, hypervisor=True))
     with pytest.raises(NotApplicable, match="GPUs and RDMA NICs"):
-        verdicts(tmp_path / "empty")
+        verdicts(bare_node(tmp_path / "empty"))
 
 
 @pytest.mark.parametrize("damage", ["missing", "empty", "garbage"])

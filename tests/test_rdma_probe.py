@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 from pathlib import Path
 
@@ -27,6 +28,8 @@ from preflight.checks.rdma import (
     probe_rdma,
 )
 from preflight.sources import NodeFS, SourceError
+
+from conftest import bare_node
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "nodes"
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "nodes" / "hgx-h100"
@@ -167,7 +170,6 @@ def test_unreadable_class_directory_is_a_problem_not_an_empty_node(tmp_path: Pat
 
 
 def test_ipoib_mode_is_recorded_for_infiniband_ports(tmp_path: Path) -> None:
-    import shutil
 
     from preflight.checks.rdma import probe_rdma
     from preflight.sources import NodeFS
@@ -186,6 +188,7 @@ def test_ipoib_mode_is_recorded_for_infiniband_ports(tmp_path: Path) -> None:
 def test_mlx5_driver_version_tells_ofed_from_inbox(tmp_path: Path) -> None:
     """MLNX_OFED/DOCA build mlx5_core with a version; the in-tree driver has none. Not loaded is
     None, and so is an unreadable file, which is also a problem (never taken for inbox)."""
+    bare_node(tmp_path)
     assert probe_rdma(NodeFS(str(tmp_path))).mlx5_driver_version is None  # not loaded
     module = tmp_path / "sys/module/mlx5_core"
     module.mkdir(parents=True)
@@ -198,3 +201,26 @@ def test_mlx5_driver_version_tells_ofed_from_inbox(tmp_path: Path) -> None:
     facts = probe_rdma(NodeFS(str(tmp_path)))
     assert facts.mlx5_driver_version is None
     assert [problem.path for problem in facts.problems] == ["/sys/module/mlx5_core/version"]
+
+
+def test_ib_uverbs_not_loaded_only_from_a_captured_sys_module(tmp_path: Path) -> None:
+    """Missing is not empty: without /sys/class/infiniband_verbs, ib_uverbs is "not loaded" only
+    when /sys/module was captured without it; otherwise unknown, and the devices' own
+    infiniband_verbs/ directories answer for a capture that skipped the class directory."""
+    root = bare_node(tmp_path / "node")
+    device = root / "sys/devices/pci0000:00/0000:00:02.0/infiniband/mlx5_0"
+    (device / "ports/1").mkdir(parents=True)
+    (root / "sys/class/infiniband").mkdir()
+    os.symlink("../../devices/pci0000:00/0000:00:02.0/infiniband/mlx5_0", root / "sys/class/infiniband/mlx5_0")
+    assert probe_rdma(NodeFS(str(root))).verbs_class_present is False  # /sys/module has no ib_uverbs
+    (root / "sys/module/ib_uverbs").mkdir()
+    facts = probe_rdma(NodeFS(str(root)))
+    assert facts.verbs_class_present is None and any(p.path == "/sys/class/infiniband_verbs" for p in facts.problems)
+    shutil.rmtree(root / "sys/module")
+    assert probe_rdma(NodeFS(str(root))).verbs_class_present is None
+    verbs = root / "sys/devices/pci0000:00/0000:00:02.0/infiniband_verbs/uverbs0"
+    verbs.mkdir(parents=True)
+    (verbs / "ibdev").write_text("mlx5_0\n")
+    os.symlink("../../../0000:00:02.0", device / "device")
+    facts = probe_rdma(NodeFS(str(root)))
+    assert facts.verbs_class_present is True and facts.devices[0].uverbs == "uverbs0"

@@ -17,6 +17,8 @@ from preflight.discovery import build_registry
 from preflight.engine import Report, RunOptions, run
 from preflight.sources import NodeFS, SourceError, Sources
 
+from conftest import bare_node
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "nodes"
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "nodes" / "hgx-h100"
 IDS = ("IB003", "IB004", "IB005", "IB007", "IB008", "IB009", "EFA001")
@@ -127,8 +129,7 @@ def test_unknown_on_mutated_roots(tmp_path: Path, fixture: str, mutation: str, r
 
 
 def test_no_rdma_devices_is_not_applicable(tmp_path: Path) -> None:
-    (tmp_path / "proc/sys/kernel").mkdir(parents=True)
-    found = verdicts(judge(tmp_path))
+    found = verdicts(judge(bare_node(tmp_path)))
     assert found == {ref: {("not_applicable", "node")} for ref in IDS}
 
 

@@ -210,7 +210,8 @@ def test_recorded_root_as_nobody(guarded_root: Path) -> None:
         if finding["id"] in changed and finding["status"] == "unknown":
             assert any(word in finding["reason"].lower() for word in PERMISSION_WORDS), finding
     reasons = " ".join(f["reason"] for f in unprivileged["findings"] if f["status"] == "unknown").lower()
-    for private in ("/proc/2187", "nvml.json", "/sys/class/infiniband/mlx5_0", "nccl.conf"):
+    # (slurmd's unreadable /proc/2187 decides nothing here: the prolog's own limit is slurmd's.)
+    for private in ("nvml.json", "/sys/class/infiniband/mlx5_0", "nccl.conf"):
         assert private in reasons, private
 
 

@@ -155,7 +155,7 @@ def test_bad_link_layer_makes_the_port_unreadable(tmp_path: Path, how: str) -> N
     assert [port.subject for port in facts.ports] == ["mlx5_1/1"]
     ((subject, reason),) = facts.unreadable_ports
     assert subject == "mlx5_0/1" and "link_layer" in reason
-    assert {"missing": "ENOENT", "empty": "''", "garbage": "UTF-8", "einval": "EINVAL"}[how] in reason
+    assert {"missing": "not captured", "empty": "''", "garbage": "UTF-8", "einval": "EINVAL"}[how] in reason
 
 
 @pytest.mark.parametrize("how", ["empty", "garbage", "einval"])
@@ -169,7 +169,17 @@ def test_bad_gid_slot_is_recorded_not_guessed(tmp_path: Path, how: str) -> None:
     assert port.nccl_job is None and port.mtu == 9000  # the MTU still comes from the other slots
 
 
-@pytest.mark.parametrize(("how", "error"), [("missing", "ENOENT"), ("empty", "unexpected value ''"), ("garbage", "UTF-8"), ("einval", "EINVAL")])
+def test_missing_gid_type_is_a_partial_copy_not_a_failing_read(tmp_path: Path) -> None:
+    """The kernel has a types file for every slot: one missing beside its gids/ entry was not
+    copied, and decides nothing about NCCL's choice (unlike a read that fails on the node)."""
+    root = copy_node(tmp_path, "roce-v1v2")
+    plant(root, f"{PORT}/gid_attrs/types/3", "missing")
+    port = mlx5_0(root)
+    assert port.nccl_job is None
+    assert port.unreadable_gids == ("/sys/class/infiniband/mlx5_0/ports/1/gid_attrs/types/3: no such file or directory (ENOENT)",)
+
+
+@pytest.mark.parametrize(("how", "error"), [("empty", "unexpected value ''"), ("garbage", "UTF-8"), ("einval", "EINVAL")])
 def test_bad_gid_type(tmp_path: Path, how: str, error: str) -> None:
     root = copy_node(tmp_path, "roce-v1v2")
     plant(root, f"{PORT}/gid_attrs/types/3", how)
@@ -183,7 +193,7 @@ def test_bad_gid_type(tmp_path: Path, how: str, error: str) -> None:
         assert (port.nccl_job.index, port.nccl_job.failed_read) == (None, 3)
 
 
-@pytest.mark.parametrize(("how", "error"), [("missing", "ENOENT"), ("empty", "not a number"), ("garbage", "UTF-8"), ("einval", "EINVAL")])
+@pytest.mark.parametrize(("how", "error"), [("missing", "not captured"), ("empty", "not a number"), ("garbage", "UTF-8"), ("einval", "EINVAL")])
 def test_bad_netdev_mtu(tmp_path: Path, how: str, error: str) -> None:
     root = copy_node(tmp_path, "roce-v1v2")
     plant(root, f"{NET}/mtu", how)

@@ -13,7 +13,8 @@ one all-digit component, ``**`` any number of components) of one of two kinds:
 
 * a **directory** the kernel (or the distribution) always has when the source it belongs to
   exists: ``/dev``, ``/etc``, ``/proc/net``, ``/sys/module``, a port's ``gids/``. Missing, it
-  means the source was not captured, and nothing below it can be judged absent;
+  means the source was not captured, and nothing below it can be judged absent. The directories
+  above a unit without wildcards are units too (``/sys/bus`` above ``/sys/bus/pci/devices``);
 * a **file** the kernel always creates beside its siblings: ``/proc/net/fib_trie``,
   ``/proc/self/limits``, an interface's ``mtu``. Missing while its directory is there, the
   capture is partial.
@@ -36,6 +37,7 @@ CAPTURE_UNITS: tuple[tuple[str, str], ...] = (
     # whole trees
     ("/dev", "device nodes"),
     ("/etc", "configuration files"),
+    ("/usr/lib", "installed software"),
     ("/proc", "procfs"),
     ("/sys", "sysfs"),
     # procfs
@@ -101,10 +103,23 @@ _UNITS = re.compile("|".join(f"(?P<u{index}>{_compile(p)})" for index, (p, _) in
 _WHAT = {f"u{index}": what for index, (_, what) in enumerate(CAPTURE_UNITS)}
 
 
+# A unit without wildcards is there on every node, and so is every directory above it
+# (/sys/bus and /sys/bus/pci, for /sys/bus/pci/devices); above a wildcard nothing follows
+# (/sys/class/infiniband is absent on a node without RDMA devices).
+_ALWAYS_ABOVE = {
+    "/".join(pattern.split("/")[:end]): what
+    for pattern, what in CAPTURE_UNITS
+    if not any(part in _COMPONENT for part in pattern.split("/"))
+    for end in range(2, pattern.count("/") + 1)
+}
+
+
 def unit_of(path: str) -> str | None:
     """What the unit ``path`` is (its description), or None when it is none."""
     match = _UNITS.fullmatch(path)
-    return _WHAT[match.lastgroup] if match is not None and match.lastgroup else None
+    if match is not None and match.lastgroup:
+        return _WHAT[match.lastgroup]
+    return _ALWAYS_ABOVE.get(path)
 
 
 def units_along(path: str) -> list[tuple[str, str]]:

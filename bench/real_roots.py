@@ -1,0 +1,64 @@
+"""Survey: ``preflight node`` on every real capture of ``tests/data/real-roots``.
+
+Prints, per capture, the exit code and the ``present`` findings by severity, then the totals:
+the figure the "missing is not empty" work is judged by (a real capture with nothing planted
+should give no ``present`` at error or above unless the capture itself shows it). Give another
+build's command to compare, e.g. the last release installed in another venv:
+
+    .venv/bin/python bench/real_roots.py [--preflight /path/to/other/venv/bin/preflight] [--details]
+
+Each run gets an empty ``--config`` so that this machine's /etc/preflight does not colour it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+CAPTURES = REPO / "tests" / "data" / "real-roots"
+
+
+def survey(preflight: list[str], archive: Path, config: str) -> tuple[int, list[dict[str, str]], Counter[str]]:
+    result = subprocess.run(
+        [*preflight, "node", "--root", str(archive), "--format", "json", "--config", config],
+        capture_output=True, text=True, timeout=120,
+    )
+    if result.returncode not in (0, 1, 2):
+        return result.returncode, [{"id": "-", "severity": "refused", "subject": result.stderr.strip()[:120]}], Counter()
+    report = json.loads(result.stdout)
+    present = [f for f in report["findings"] if f["status"] == "present"]
+    return result.returncode, present, Counter(f["status"] for f in report["findings"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preflight", default=str(Path(sys.executable).parent / "preflight"))
+    parser.add_argument("--details", action="store_true", help="list every present finding")
+    args = parser.parse_args()
+    totals: Counter[str] = Counter()
+    statuses: Counter[str] = Counter()
+    with tempfile.NamedTemporaryFile("w", suffix=".toml") as config:
+        archives = sorted(CAPTURES.glob("*.tar.gz"))
+        for archive in archives:
+            code, present, counted = survey([args.preflight], archive, config.name)
+            statuses.update(counted)
+            by_severity = Counter(f["severity"] for f in present)
+            totals.update(by_severity)
+            shown = ", ".join(f"{n} {s}" for s, n in sorted(by_severity.items())) or "-"
+            print(f"{archive.name[:-7]:48} exit {code}  present: {shown}")
+            if args.details:
+                for finding in present:
+                    print(f"    {finding['id']} {finding['severity']} {finding['subject']}")
+    errors = totals["error"] + totals["critical"]
+    print(f"\n{len(archives)} captures: present at error or above {errors}, warnings {totals['warning']}, "
+          f"refused {totals['refused']}; all findings {dict(sorted(statuses.items()))}")
+
+
+if __name__ == "__main__":
+    main()
