@@ -356,7 +356,10 @@ class NodeFS:
             # A tree keeps no device nodes: only a recording of them says what /dev lacked.
             raise NotCaptured(path, f"not captured: this root records no device nodes (.preflight/{DEVICE_RECORDING})")
         parts = host.split("/")
-        for end in range(2, len(parts) + 1):
+        # Most absent paths sit in a directory that is there: then only the last component can
+        # be the missing one, and the walk from / (a few lstat calls a prefix) is not needed.
+        first = len(parts) if self._directory_there(os.path.dirname(host)) else 2
+        for end in range(first, len(parts) + 1):
             prefix = "/".join(parts[:end])
             last = end == len(parts)
             state = self._prefix_state(prefix, follow_last or not last)
@@ -370,6 +373,19 @@ class NodeFS:
                 raise NotCaptured(path, f"not captured: {where} has no {prefix} ({what})")
             return
         # Every component is there after all (it appeared while we looked): absent when read.
+
+    def _directory_there(self, directory: str) -> bool:
+        """Whether ``directory`` (links followed inside the root) is a directory; remembered."""
+        key = ("dir", directory, 1)
+        known = self._memo.get(key)
+        if isinstance(known, bool):
+            return known
+        try:
+            there = os.path.isdir(self._resolve(directory))
+        except SourceError:
+            there = False
+        self._memo[key] = there
+        return there
 
     def _prefix_state(self, prefix: str, follow: bool) -> str:
         """"there", "missing" or "dangling" (a link whose target is missing) for a node path."""
