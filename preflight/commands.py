@@ -10,6 +10,7 @@ import math
 import os
 import sys
 import threading
+import time
 from dataclasses import replace
 
 from preflight.catalogue import CatalogueError, load_all
@@ -20,7 +21,7 @@ from preflight.launcher import split_tokens
 from preflight.records import frozen
 from preflight.registry import PROFILES, RegistrationError
 from preflight.sources import NodeFS, RootError, SourceError, Sources, open_root
-from preflight.sources.archive import ArchiveError, opened_root
+from preflight.sources.archive import ArchiveError, is_archive, opened_root
 
 OUTPUT_FORMATS = ("table", "json", "prometheus", "junit")
 
@@ -90,8 +91,9 @@ def run_node(args: NodeArgs) -> int:
             raise UsageProblem(f"--profile {args.profile!r}: choose one of {', '.join(PROFILES)}")
         if args.timeout is not None and not 0 < args.timeout < math.inf:
             raise UsageProblem("--timeout must be a positive number of seconds")
-        with opened_root(args.root) as (directory, label):
-            report, unknown_policy = _judge(args, directory)
+        begin = time.monotonic()
+        with opened_root(args.root, begin + unpack_budget(args.root, args.timeout, args.config)) as (directory, label):
+            report, unknown_policy = _judge(args, directory, time.monotonic() - begin)
             if label != directory:
                 report = replace(report, root=label)  # the archive, not its temporary copy
             output = render(report, args.output_format, args.show_all)
@@ -102,8 +104,19 @@ def run_node(args: NodeArgs) -> int:
     return exit_code(report.findings, unknown_policy)
 
 
-def _judge(args: NodeArgs, root: str) -> tuple[Report, str]:
-    """One engine run on the directory ``root``; the report and the site's unknown policy."""
+def unpack_budget(root: str, timeout: float | None, config_path: str | None) -> float:
+    """Seconds a snapshot archive may take to unpack: the run's whole ``--timeout`` (or the
+    config's), of which the run gets what is left. Nothing is read for a directory root."""
+    if timeout is not None:
+        return timeout
+    if not is_archive(root):
+        return math.inf
+    return load_host_config(config_path, "").timeout_s
+
+
+def _judge(args: NodeArgs, root: str, spent: float = 0.0) -> tuple[Report, str]:
+    """One engine run on the directory ``root``; the report and the site's unknown policy.
+    ``spent``: seconds of the run's timeout already used (unpacking a snapshot)."""
     from preflight.discovery import build_registry
 
     fs = open_root(root)
@@ -113,7 +126,9 @@ def _judge(args: NodeArgs, root: str) -> tuple[Report, str]:
     profile = args.profile or config.profile
     registry = build_registry((*config.checks_dirs, *args.checks_dirs), profile=profile)
     _check_tokens(args.select, args.ignore)
-    timeout = args.timeout if args.timeout is not None else config.timeout_s
+    timeout = (args.timeout if args.timeout is not None else config.timeout_s) - spent
+    if timeout <= 0:
+        raise UsageProblem("unpacking the snapshot used the whole --timeout")
     options = RunOptions(
         profile=profile,
         select=args.select,

@@ -8,7 +8,10 @@ trusts nothing in the archive: member names must be relative without ``..``; onl
 directories and symbolic links are accepted (no hard links, devices or FIFOs); a relative link
 target must stay inside the archive (an absolute one means a path *inside* the recorded root, as
 in any recorded root, and preflight's filesystem view never follows it out); nothing is written
-through a link extracted earlier; duplicates are refused; member count and total size are capped.
+through a link extracted earlier; duplicates are refused; member count, total size, path depth, the size of
+every header record (GNU long names, pax headers) and the time taken are capped, all checked
+while the stream is read, before anything is kept in memory or on disk. Clean-up never recurses
+and also runs when SIGTERM ends the run.
 """
 
 from __future__ import annotations
@@ -17,12 +20,17 @@ import os
 import stat as stat_codes
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import IO, Any
+from dataclasses import dataclass
+from typing import IO
 
 from preflight.records import frozen
 from preflight.sources.fs import describe_os_error
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz")
+#: Recorded roots are shallow (the deepest sysfs path of a real node has about 20 components);
+#: deeper members are refused, so that nothing deep is ever created or has to be cleaned up.
+MAX_DEPTH = 64
+MAX_NAME_CHARACTERS = 4096
 #: A snapshot of an 8-GPU node is well under 1 MB; these caps stop archive bombs, not snapshots.
 MAX_MEMBERS = 200_000
 MAX_TOTAL_BYTES = 512 << 20
@@ -98,103 +106,292 @@ def is_archive(root: str) -> bool:
 
 
 @contextmanager
-def opened_root(root: str) -> Iterator[tuple[str, str]]:
+def opened_root(root: str, deadline: float | None = None) -> Iterator[tuple[str, str]]:
     """``(directory, label)`` for ``--root``: a directory as it is, or an archive extracted into
-    a private temporary directory that is removed on exit. ArchiveError when it cannot be used."""
+    a private temporary directory that is removed on exit, also when SIGTERM or SIGINT ends the
+    run. ArchiveError when it cannot be used, or when unpacking passes ``deadline``."""
     if not is_archive(root):
         yield root, root
         return
-    import shutil
     import tempfile
 
     workspace = tempfile.mkdtemp(prefix="preflight-replay-")
     try:
-        # Named after the archive, so that evidence naming a recorded file says where it came from.
-        base = os.path.basename(root)
-        for suffix in (*ARCHIVE_SUFFIXES, ".tar"):
-            if base.endswith(suffix):
-                base = base[: -len(suffix)]
-                break
-        target = os.path.join(workspace, "".join(c if c.isalnum() or c in "-_." else "_" for c in base).strip(".") or "snapshot")
-        os.mkdir(target, 0o700)
-        extract_archive(root, target)
-        yield target, os.path.abspath(root)
+        with _signals_end_the_run():
+            # Named after the archive, so that evidence naming a recorded file says where it came from.
+            base = os.path.basename(root)
+            for suffix in (*ARCHIVE_SUFFIXES, ".tar"):
+                if base.endswith(suffix):
+                    base = base[: -len(suffix)]
+                    break
+            target = os.path.join(workspace, "".join(c if c.isalnum() or c in "-_." else "_" for c in base).strip(".") or "snapshot")
+            os.mkdir(target, 0o700)
+            extract_archive(root, target, deadline)
+            yield target, os.path.abspath(root)
     finally:
-        shutil.rmtree(workspace, ignore_errors=True)
+        remove_tree(workspace)
 
 
-def extract_archive(archive: str, destination: str) -> None:
+@contextmanager
+def _signals_end_the_run() -> Iterator[None]:
+    """SIGTERM (Slurm's kill, systemd's stop) raises SystemExit in the main thread for the
+    duration, so that the clean-up around it runs; SIGINT already raises KeyboardInterrupt."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def end(number: int, _frame: object) -> None:
+        raise SystemExit(128 + number)
+
+    previous = signal.signal(signal.SIGTERM, end)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def extract_archive(archive: str, destination: str, deadline: float | None = None) -> None:
     """Extract ``archive`` into the empty directory ``destination`` under the rules of the module
-    docstring; ArchiveError naming the archive (and member) otherwise."""
-    import tarfile
-    import zlib
+    docstring; ArchiveError naming the archive (and member) otherwise. ``deadline`` (a
+    ``time.monotonic()`` value) bounds the time it may take."""
 
     def fail(reason: str) -> ArchiveError:
         return ArchiveError(f"--root {archive}: {reason}")
 
     try:
-        with open(archive, "rb") as handle:
-            magic = handle.read(2)
+        handle = open(archive, "rb")  # noqa: SIM115 (closed below; the stream borrows it)
     except OSError as error:
         raise fail(f"cannot read it ({describe_os_error(error)})") from None
-    if magic != _GZIP_MAGIC:
-        raise fail("neither a directory nor a snapshot archive (a gzip-compressed tar, as `preflight snapshot` writes)")
-    try:
-        tar = tarfile.open(archive, mode="r:gz")
-    except (tarfile.TarError, EOFError, zlib.error) as error:
-        raise fail(f"not a readable snapshot archive ({error or type(error).__name__})") from None
-    except OSError as error:
-        raise fail(f"not a readable snapshot archive ({describe_os_error(error) if error.errno else error})") from None
-    members = 0
-    total = 0
-    try:
-        with tar:
-            for info in tar:
+    with handle:
+        if handle.read(2) != _GZIP_MAGIC:
+            raise fail("neither a directory nor a snapshot archive (a gzip-compressed tar, as `preflight snapshot` writes)")
+        handle.seek(0)
+        members = 0
+        total = 0
+        try:
+            for entry in _tar_entries(_GzipStream(handle, deadline)):
                 members += 1
                 if members > MAX_MEMBERS:
                     raise fail(f"more than {MAX_MEMBERS} members; refusing to extract it")
-                name = _safe_name(info.name)
+                name = _safe_name(entry.name)
                 if name is None:
+                    entry.skip()
                     continue  # the archive's own "." entry
-                where = f"member {info.name!r}"
-                if info.isdir():
+                where = f"member {entry.name!r}"
+                if entry.kind == "dir":
                     _make_directories(destination, name, where)
-                elif info.isreg():
-                    total += info.size
+                elif entry.kind == "file":
+                    total += entry.size
                     if total > MAX_TOTAL_BYTES:
                         raise fail(f"more than {MAX_TOTAL_BYTES >> 20} MiB uncompressed; refusing to extract it")
                     parent = _make_directories(destination, os.path.dirname(name), where)
-                    source = tar.extractfile(info)
-                    if source is None:
-                        raise fail(f"{where}: unreadable file entry")
-                    _copy(source, os.path.join(parent, os.path.basename(name)), info.size, where)
-                elif info.issym():
-                    _check_link(name, info.linkname, where)
+                    _copy(entry, os.path.join(parent, os.path.basename(name)), where)
+                elif entry.kind == "link":
+                    _check_link(name, entry.linkname, where)
                     parent = _make_directories(destination, os.path.dirname(name), where)
                     try:
-                        os.symlink(info.linkname, os.path.join(parent, os.path.basename(name)))
+                        os.symlink(entry.linkname, os.path.join(parent, os.path.basename(name)))
                     except FileExistsError:
                         raise ArchiveError(f"{where}: duplicate entry") from None
                 else:
-                    raise ArchiveError(f"{where}: {_kind(info)} entries are not allowed (only files, directories and symbolic links)")
-    except ArchiveError as error:
-        if str(error).startswith("--root"):
-            raise
-        raise fail(str(error)) from None
-    except (tarfile.TarError, EOFError, zlib.error) as error:
-        raise fail(f"corrupt or truncated archive ({error or type(error).__name__})") from None
-    except OSError as error:
-        raise fail(f"cannot extract it ({describe_os_error(error)})") from None
+                    raise ArchiveError(f"{where}: {entry.kind} entries are not allowed (only files, directories and symbolic links)")
+        except ArchiveError as error:
+            if str(error).startswith("--root"):
+                raise
+            raise fail(str(error)) from None
+        except OSError as error:
+            raise fail(f"cannot extract it ({describe_os_error(error)})") from None
 
 
-def _kind(info: Any) -> str:
-    if info.islnk():
-        return "hard link"
-    if info.ischr() or info.isblk():
-        return "device"
-    if info.isfifo():
-        return "FIFO"
-    return f"type {info.type!r}"
+# -- reading: a tar stream parsed here, so that every cap applies before anything is kept --------
+# tarfile reads a GNU long name or a pax header whole into memory before any caller can look at
+# it (a 1 MB archive can carry a 1 GiB name), so the archive is parsed by these few lines instead:
+# the ustar/GNU/pax subset that archivers write for files, directories and symbolic links.
+_BLOCK = 512
+_TYPES = {b"0": "file", b"\0": "file", b"7": "file", b"5": "dir", b"2": "symlink-entry", b"1": "hard link",
+          b"3": "device", b"4": "device", b"6": "FIFO"}
+_KIND_NAMES = {"symlink-entry": "link"}
+#: A GNU long name or link, or a pax extended header, is at most this long: PATH_MAX-sized names
+#: and a few attributes. Larger ones are refused before they are read.
+MAX_HEADER_RECORD_BYTES = 64 << 10
+
+
+class _GzipStream:
+    """The decompressed bytes of a gzip file (several members allowed), read in bounded steps
+    with the deadline checked as it goes."""
+
+    def __init__(self, handle: IO[bytes], deadline: float | None) -> None:
+        import zlib
+
+        self._zlib = zlib
+        self._handle = handle
+        self._deadline = deadline
+        self._inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        self._buffer = b""
+        self._pending = b""  # compressed input not yet given to the decompressor
+        self._eof = False
+
+    def _fill(self, wanted: int) -> None:
+        import time
+
+        while len(self._buffer) < wanted and not self._eof:
+            if self._deadline is not None and time.monotonic() > self._deadline:
+                raise ArchiveError("unpacking did not finish within the --timeout")
+            if not self._pending:
+                self._pending = self._handle.read(_COPY_CHUNK)
+                if not self._pending:
+                    if not self._inflate.eof:
+                        raise ArchiveError("corrupt or truncated archive (compressed data ends early)")
+                    self._eof = True
+                    break
+            try:
+                produced = self._inflate.decompress(self._pending, max(wanted - len(self._buffer), _COPY_CHUNK))
+            except self._zlib.error as error:
+                raise ArchiveError(f"corrupt or truncated archive ({error})") from None
+            self._pending = self._inflate.unconsumed_tail
+            self._buffer += produced
+            if self._inflate.eof:
+                rest = self._inflate.unused_data + self._pending
+                self._pending = b""
+                if rest.strip(b"\0"):  # another gzip member follows
+                    self._inflate = self._zlib.decompressobj(16 + self._zlib.MAX_WBITS)
+                    self._pending = rest
+                else:
+                    self._eof = True
+
+    def read(self, size: int) -> bytes:
+        """Exactly ``size`` bytes; ArchiveError when the stream ends first."""
+        self._fill(size)
+        if len(self._buffer) < size:
+            raise ArchiveError("corrupt or truncated archive (tar data ends early)")
+        data, self._buffer = self._buffer[:size], self._buffer[size:]
+        return data
+
+    def at_end(self) -> bool:
+        self._fill(1)
+        return not self._buffer
+
+
+@dataclass
+class _Entry:
+    """One tar member as the extractor sees it; ``read``/``skip`` consume its data."""
+
+    name: str
+    kind: str  # "file", "dir", "link" or a refused kind ("hard link", "device", "FIFO", "type 'S'")
+    size: int
+    linkname: str
+    stream: _GzipStream
+    left: int = 0
+
+    def read(self, size: int) -> bytes:
+        size = min(size, self.left)
+        self.left -= size
+        return self.stream.read(size)
+
+    def skip(self) -> None:
+        while self.left:
+            self.read(_COPY_CHUNK)
+
+
+def _tar_entries(stream: _GzipStream) -> Iterator[_Entry]:
+    overrides: dict[str, str] = {}  # from a pax header or GNU long name/link, for the next member
+    while True:
+        if stream.at_end():
+            raise ArchiveError("corrupt or truncated archive (no end-of-archive marker)")
+        header = stream.read(_BLOCK)
+        if header == bytes(_BLOCK):
+            return  # end of archive; what follows (padding, a second zero block) is not read
+        _check_checksum(header)
+        size = _number(header[124:136])
+        kind_byte = header[156:157]
+        padded = -(-size // _BLOCK) * _BLOCK
+        if kind_byte in (b"L", b"K", b"x", b"g"):
+            if size > MAX_HEADER_RECORD_BYTES:
+                raise ArchiveError(f"a {_RECORD_NAMES[kind_byte]} of {size} bytes (more than {MAX_HEADER_RECORD_BYTES}); refusing it")
+            record = stream.read(padded)[:size]
+            if kind_byte == b"L":
+                overrides["path"] = _text(record.split(b"\0", 1)[0])
+            elif kind_byte == b"K":
+                overrides["linkpath"] = _text(record.split(b"\0", 1)[0])
+            elif kind_byte == b"x":
+                overrides.update(_pax_records(record))
+            continue  # a global pax header ("g") changes nothing preflight reads
+        name = _text(header[0:100].split(b"\0", 1)[0])
+        if header[257:262] == b"ustar":
+            prefix = _text(header[345:500].split(b"\0", 1)[0])
+            name = f"{prefix}/{name}" if prefix else name
+        name = overrides.pop("path", name)
+        linkname = overrides.pop("linkpath", _text(header[157:257].split(b"\0", 1)[0]))
+        if "size" in overrides:
+            try:
+                size = int(overrides.pop("size"))
+            except ValueError:
+                raise ArchiveError("a pax header with a size that is not a number") from None
+            padded = -(-size // _BLOCK) * _BLOCK
+        overrides.clear()
+        kind = _KIND_NAMES.get(_TYPES.get(kind_byte, ""), _TYPES.get(kind_byte, f"type {kind_byte!r}"))
+        if kind != "file" and size and kind in ("dir", "link"):
+            raise ArchiveError(f"member {name!r}: a {kind} with {size} bytes of data")
+        entry = _Entry(name, kind, size, linkname, stream, left=size)
+        yield entry
+        entry.skip()
+        stream.read(padded - size)
+
+
+_RECORD_NAMES = {b"L": "GNU long name", b"K": "GNU long link name", b"x": "pax header", b"g": "global pax header"}
+
+
+def _check_checksum(header: bytes) -> None:
+    try:
+        recorded = int(header[148:156].split(b"\0", 1)[0].strip() or b"-1", 8)
+    except ValueError:
+        raise ArchiveError("corrupt or truncated archive (a tar header's checksum is not a number)") from None
+    unsigned = sum(header[:148]) + 8 * 32 + sum(header[156:])
+    signed = unsigned - sum(b for b in header[:148] + header[156:] if b > 127) * 2  # old tars summed signed bytes
+    if recorded not in (unsigned, signed):
+        raise ArchiveError("corrupt or truncated archive (a tar header's checksum does not match)")
+
+
+def _number(field: bytes) -> int:
+    """A tar numeric field: octal text, or GNU base-256 (high bit set) for large values."""
+    if field[:1] and field[0] & 0x80:
+        if field[0] != 0x80:
+            raise ArchiveError("a tar header with a negative size")
+        return int.from_bytes(field[1:], "big")
+    text = field.split(b"\0", 1)[0].strip()
+    try:
+        return int(text, 8) if text else 0
+    except ValueError:
+        raise ArchiveError("corrupt or truncated archive (a tar header's size is not a number)") from None
+
+
+def _text(raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ArchiveError(f"a member name that is not UTF-8 ({raw[:60]!r})") from None
+
+
+def _pax_records(record: bytes) -> dict[str, str]:
+    """``"%d %s=%s\\n"`` records of a pax extended header (POSIX.1-2001); the ones preflight uses."""
+    found: dict[str, str] = {}
+    offset = 0
+    while offset < len(record) and record[offset:offset + 1] not in (b"", b"\0"):
+        space = record.find(b" ", offset, offset + 20)
+        try:
+            length = int(record[offset:space])
+        except ValueError:
+            raise ArchiveError("a pax header record without its length") from None
+        if space < 0 or length <= space - offset or offset + length > len(record):
+            raise ArchiveError("a pax header record longer than its header")
+        key, _, value = record[space + 1 : offset + length - 1].partition(b"=")
+        if key in (b"path", b"linkpath", b"size"):
+            found[key.decode("ascii")] = _text(value)
+        offset += length
+    return found
 
 
 def _safe_name(name: str) -> str | None:
@@ -206,6 +403,8 @@ def _safe_name(name: str) -> str | None:
     parts = [part for part in name.split("/") if part not in ("", ".")]
     if ".." in parts:
         raise ArchiveError(f"member {name!r}: '..' in its path")
+    if len(parts) > MAX_DEPTH or len(name) > MAX_NAME_CHARACTERS:
+        raise ArchiveError(f"member {name[:80]!r}...: deeper than {MAX_DEPTH} directories or longer than {MAX_NAME_CHARACTERS} characters")
     return "/".join(parts) or None
 
 
@@ -238,17 +437,86 @@ def _make_directories(destination: str, relative: str, where: str) -> str:
     return current
 
 
-def _copy(source: IO[bytes], path: str, size: int, where: str) -> None:
+def _copy(source: _Entry, path: str, where: str) -> None:
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         handle = os.open(path, flags, 0o644)
     except FileExistsError:
         raise ArchiveError(f"{where}: duplicate entry") from None
     with os.fdopen(handle, "wb") as out:
-        remaining = size
-        while remaining > 0:
-            chunk = source.read(min(_COPY_CHUNK, remaining))
-            if not chunk:
-                raise ArchiveError(f"{where}: truncated data")
-            out.write(chunk)
-            remaining -= len(chunk)
+        while source.left:
+            out.write(source.read(_COPY_CHUNK))
+
+
+#: remove_tree keeps at most this many directories open; a deeper subtree is moved up first.
+_MAX_OPEN_LEVELS = 32
+
+
+def remove_tree(path: str) -> None:
+    """Remove ``path`` and everything below it, best effort: without recursion, without
+    following links, at any depth (past PATH_MAX and the descriptor limit: a subtree deeper than
+    ``_MAX_OPEN_LEVELS`` is moved up into ``path`` and taken apart from there). What cannot be
+    removed stays, silently."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        top = os.open(path, flags)
+    except OSError:
+        try:
+            os.unlink(path)  # a file or a link in its place
+        except OSError:
+            pass
+        return
+    stack: list[tuple[int, str]] = [(top, "")]  # open directories, each with its name in the one above
+    given_up: set[tuple[int, int]] = set()  # (device, inode) of directories that would not go
+    moved = 0
+    try:
+        while stack:
+            fd = stack[-1][0]
+            child = _clear_files(fd, given_up)
+            if child is None:  # nothing but what would not go is left in it
+                identity = _identity(fd)
+                _, name = stack.pop()
+                os.close(fd)
+                if stack:
+                    try:
+                        os.rmdir(name, dir_fd=stack[-1][0])
+                    except OSError:
+                        given_up.add(identity)
+                continue
+            try:
+                if len(stack) < _MAX_OPEN_LEVELS:
+                    stack.append((os.open(child, flags, dir_fd=fd), child))
+                else:
+                    moved += 1
+                    os.rename(child, f".deep-{moved}", src_dir_fd=fd, dst_dir_fd=top)
+            except OSError:
+                given_up.add(_identity(fd, child))
+    finally:
+        for fd, _ in stack:
+            os.close(fd)
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
+
+
+def _clear_files(fd: int, given_up: set[tuple[int, int]]) -> str | None:
+    """Unlink every non-directory in the directory ``fd``; the name of a subdirectory still to
+    take apart, or None."""
+    for entry in os.scandir(fd):
+        try:
+            if not entry.is_dir(follow_symlinks=False):
+                os.unlink(entry.name, dir_fd=fd)
+            elif _identity(fd, entry.name) not in given_up:
+                return entry.name
+        except OSError:
+            continue
+    return None
+
+
+def _identity(fd: int, name: str | None = None) -> tuple[int, int]:
+    try:
+        status = os.fstat(fd) if name is None else os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except OSError:
+        return (-1, -1)
+    return status.st_dev, status.st_ino

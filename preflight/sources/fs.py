@@ -100,7 +100,9 @@ def describe_os_error(error: OSError) -> str:
     name = errno_codes.errorcode.get(code, str(code))
     if code in (errno_codes.EACCES, errno_codes.EPERM):
         return f"permission denied ({name}); needs root"
-    return f"{os.strerror(code).lower()} ({name})"
+    # preflight's own refusals carry their reason in strerror ("a symbolic link; ...")
+    said = error.strerror if error.strerror and error.strerror != os.strerror(code) else os.strerror(code).lower()
+    return f"{said} ({name})"
 
 
 @frozen
@@ -502,8 +504,17 @@ RECORDING_MAX_BYTES = 32 * 1024 * 1024
 def read_recording(path: str, max_bytes: int = RECORDING_MAX_BYTES, cut: bool = False) -> bytes:
     """A ``.preflight`` recording's bytes: regular files only (never blocks on a FIFO), at most
     ``max_bytes`` (``cut``: the first ``max_bytes``; otherwise a larger file fails). Raises
-    OSError, with a readable ``strerror`` for the two refusals."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    OSError, with a readable ``strerror`` for the refusals. Neither the file nor its directory
+    (``.preflight``) may be a symbolic link: a recording is part of the root, and a link would
+    read a file of this machine into the report (or into a new snapshot)."""
+    if os.path.islink(os.path.dirname(path)):
+        raise OSError(errno_codes.ELOOP, "a symbolic link; recordings are never followed out of the root")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as error:
+        if error.errno == errno_codes.ELOOP:
+            raise OSError(errno_codes.ELOOP, "a symbolic link; recordings are never followed out of the root") from None
+        raise
     try:
         status = os.fstat(fd)
         if not stat_codes.S_ISREG(status.st_mode):
