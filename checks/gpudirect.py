@@ -26,7 +26,7 @@ import stat as stat_codes
 from collections.abc import Iterator
 
 from preflight.checks._nccl_releases import PEERMEM_DETECTION, affected, release_evidence
-from preflight.checks.job import JobFacts, parse_environ
+from preflight.checks.job import JobFacts, parse_environ, parse_group_membership
 from preflight.checks.nccl_libs import NcclLibFacts
 from preflight.model import Evidence, NotApplicable, Observation, Unknown, present, undecided
 from preflight.probing import FactReader
@@ -110,19 +110,6 @@ def parse_status_ids(text: str) -> tuple[int, tuple[int, ...]] | None:
     except (KeyError, IndexError, ValueError):
         return None
     return uid, tuple(dict.fromkeys(gids))
-
-
-def parse_group_membership(text: str, user: str) -> tuple[int, ...]:
-    """Gids of ``/etc/group`` entries that list ``user`` as a member."""
-    gids = []
-    for line in text.splitlines():
-        fields = line.split(":")
-        if len(fields) == 4 and user in fields[3].split(","):
-            try:
-                gids.append(int(fields[2]))
-            except ValueError:
-                continue
-    return tuple(gids)
 
 
 def can_read_write(node: DeviceNode, identity: JobIdentity) -> bool:

@@ -19,6 +19,7 @@ from preflight.model import Unknown
 from preflight.records import frozen
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
+from preflight.sources.fs import FileUser
 
 SYSTEM_NCCL_CONF = "/etc/nccl.conf"
 # Only variables that steer communication are kept: reports travel to fleet dashboards and bug
@@ -55,6 +56,9 @@ class JobFacts:
     environ: dict[str, str]  # /proc/self/environ, communication-related variables only
     environ_error: str  # why /proc/self/environ could not be read, "" when it was read
     nccl_conf_files: tuple[NcclConfFile, ...]  # in NCCL's precedence order
+    # Whose rights files the environment names are read with (another user's job, seen by a
+    # prolog running as root): SLURM_JOB_UID, SLURM_JOB_GID and the user's groups in /etc/group.
+    file_user: FileUser | None = None
 
     def nccl(self, name: str) -> Setting | None:
         """What NCCL would use for ``name``: the environment first, then the files in order.
@@ -101,12 +105,43 @@ def parse_nccl_conf(text: str) -> tuple[tuple[str, str], ...]:
     return tuple(entries)
 
 
-def _read_conf(fs: NodeFS, path: str) -> NcclConfFile | None:
+def _read_conf(fs: NodeFS, path: str, user: FileUser | None) -> NcclConfFile | None:
     try:
-        text = fs.read(path, max_bytes=1024 * 1024)
+        text = fs.read_for(path, user, max_bytes=1024 * 1024)
     except SourceError as error:
         return NcclConfFile(path, (), error.reason)
     return None if text is None else NcclConfFile(path, parse_nccl_conf(text))
+
+
+def parse_group_membership(text: str, user: str) -> tuple[int, ...]:
+    """Gids of ``/etc/group`` entries that list ``user`` as a member."""
+    gids = []
+    for line in text.splitlines():
+        fields = line.split(":")
+        if len(fields) == 4 and user in fields[3].split(","):
+            try:
+                gids.append(int(fields[2]))
+            except ValueError:
+                continue
+    return tuple(gids)
+
+
+def job_file_user(fs: NodeFS, environ: dict[str, str]) -> FileUser | None:
+    """The user a Slurm job runs as (``SLURM_JOB_UID``, ``SLURM_JOB_GID``, and the groups that
+    ``/etc/group`` lists ``SLURM_JOB_USER`` in); None outside a job (the environment is then
+    preflight's own). Groups that cannot be read are left out: a permission they would grant
+    is then refused, never assumed."""
+    uid = environ.get("SLURM_JOB_UID", "")
+    if not uid.isdigit():
+        return None
+    gids = [int(environ["SLURM_JOB_GID"])] if environ.get("SLURM_JOB_GID", "").isdigit() else []
+    user = environ.get("SLURM_JOB_USER", "")
+    if user:
+        try:
+            gids += parse_group_membership(fs.read("/etc/group") or "", user)
+        except SourceError:
+            pass
+    return FileUser(int(uid), tuple(dict.fromkeys(gids)))
 
 
 @probe("job")
@@ -118,13 +153,14 @@ def probe_job(fs: NodeFS) -> JobFacts:
     otherwise. An unreadable configuration file only makes the settings it might hold unknown
     (:meth:`JobFacts.nccl`)."""
     environ = parse_environ(fs.read_bytes("/proc/self/environ") or b"")
+    user = job_file_user(fs, environ)
     user_file = environ.get("NCCL_CONF_FILE") or (
         f"{environ['HOME'].rstrip('/')}/.nccl.conf" if environ.get("HOME", "").startswith("/") else ""
     )
     files = []
-    for path in (user_file, SYSTEM_NCCL_CONF):
+    for path, reader in ((user_file, user), (SYSTEM_NCCL_CONF, None)):
         if path.startswith("/"):
-            conf = _read_conf(fs, path)
+            conf = _read_conf(fs, path, reader)
             if conf is not None:
                 files.append(conf)
-    return JobFacts(environ, "", tuple(files))
+    return JobFacts(environ, "", tuple(files), user)

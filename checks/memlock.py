@@ -24,7 +24,7 @@ import re
 from collections.abc import Iterator
 
 from preflight.checks.gpudirect import GpuDirectFacts
-from preflight.checks.job import JobFacts, parse_environ
+from preflight.checks.job import JobFacts, job_file_user, parse_environ
 from preflight.config import Expectations
 from preflight.model import Evidence, NotApplicable, Observation, Severity, Unknown, present, undecided
 from preflight.probing import FactReader
@@ -184,9 +184,20 @@ def _find_slurmd(reader: FactReader) -> int | None:
                 comm = reader.fs.read(f"/proc/{entry}/comm")
             except SourceError:
                 continue  # processes come and go, and hidepid hides others
-            if (comm or "").strip() == "slurmd":
+            if (comm or "").strip() == "slurmd" and _runs_as_root(reader, entry):
                 return int(entry)
     return None
+
+
+def _runs_as_root(reader: FactReader, pid: str) -> bool:
+    """A process any user can start and name ``slurmd`` is no evidence of slurmd's limits: only
+    one running as root (real uid 0 in ``/proc/<pid>/status``) is taken for it."""
+    try:
+        status = reader.fs.read(f"/proc/{pid}/status")
+    except SourceError:
+        return False
+    uid = next((line.split()[1:2] for line in (status or "").splitlines() if line.startswith("Uid:")), [])
+    return uid == ["0"]
 
 
 def _drop_in_files(reader: FactReader, directory: str) -> list[str]:
@@ -246,13 +257,18 @@ def probe_memlock(fs: NodeFS) -> MemlockFacts:
     for path in ["/etc/security/limits.conf"] + _drop_in_files(reader, "/etc/security/limits.d"):
         pam.extend(parse_pam_limits(reader.text(path) or "", path))
     try:
-        conf_override = parse_environ(fs.read_bytes("/proc/self/environ") or b"").get("SLURM_CONF", "")
+        environ = parse_environ(fs.read_bytes("/proc/self/environ") or b"")
     except SourceError:
-        conf_override = ""  # the job probe reports an unreadable environment
+        environ = {}  # the job probe reports an unreadable environment
+    conf_override, user = environ.get("SLURM_CONF", ""), job_file_user(fs, environ)
     slurm_conf = propagated = None
     setting = ""
     for path in ((conf_override,) if conf_override.startswith("/") else ()) + _SLURM_CONF_PATHS:
-        text = reader.text(path)
+        try:  # $SLURM_CONF is the job's to name: read with its user's rights
+            text = fs.read_for(path, user if path == conf_override else None)
+        except SourceError as error:
+            reader.problems.append(str(error))
+            text = None
         if text is not None:
             slurm_conf = path
             propagated, setting = parse_slurm_propagation(text)

@@ -80,7 +80,8 @@ def parse_topology(text: str) -> tuple[tuple[TopoNic, ...], tuple[str, ...]]:
 def probe_topo_file(fs: NodeFS) -> TopoFileFacts:
     """The job's NCCL_TOPO_FILE (environment or nccl.conf, NCCL's precedence), parsed."""
     reader = FactReader(fs)
-    setting = probe_job(fs).nccl("NCCL_TOPO_FILE")  # the same reads as the job probe, remembered by fs
+    job = probe_job(fs)  # the same reads as the job probe, remembered by fs
+    setting = job.nccl("NCCL_TOPO_FILE")
     # Unlisted: empty, and TOPO004 then compares nothing (it only reports bus IDs it saw missing).
     node_busids = tuple(name.lower() for name in reader.listing("/sys/bus/pci/devices") or [])
     if setting is None or not setting.value.strip():
@@ -89,7 +90,7 @@ def probe_topo_file(fs: NodeFS) -> TopoFileFacts:
     if not path.startswith("/"):
         return TopoFileFacts(setting, False, "", "a relative path: NCCL opens it from each rank's working directory", (), (), node_busids)
     try:
-        text = fs.read(path)
+        text = fs.read_for(path, job.file_user)  # named by the job: read with the job user's rights
     except SourceError as error:
         return TopoFileFacts(setting, True, "", error.reason, (), (), node_busids)
     if text is None:

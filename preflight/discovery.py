@@ -104,8 +104,24 @@ def plugin_modules() -> list[ModuleType]:
     return modules
 
 
+def require_trusted(path: str, what: str) -> None:
+    """RegistrationError unless ``path`` (links followed) belongs to root or to whoever runs
+    preflight and nobody else may write it: preflight runs as root before every job, and a
+    check module runs with its rights."""
+    try:
+        status = os.stat(path)
+    except OSError as error:
+        raise RegistrationError(f"{what} {path}: {error.strerror}") from None
+    if status.st_uid not in (0, os.geteuid()):
+        raise RegistrationError(f"{what} {path}: owned by uid {status.st_uid}, not by root or the user running preflight; refusing to import from it")
+    if status.st_mode & 0o022:
+        raise RegistrationError(f"{what} {path}: writable by its group or by everyone (mode {status.st_mode & 0o7777:04o}); refusing to import from it")
+
+
 def directory_modules(directory: str) -> list[ModuleType]:
-    """Every ``*.py`` in a site checks directory, imported under a private module name."""
+    """Every ``*.py`` in a site checks directory, imported under a private module name. The
+    directory and each module must be trusted (:func:`require_trusted`)."""
+    require_trusted(directory, "--checks-dir")
     try:
         names = sorted(name for name in os.listdir(directory) if name.endswith(".py"))
     except OSError as error:
@@ -113,6 +129,7 @@ def directory_modules(directory: str) -> list[ModuleType]:
     modules = []
     for name in names:
         path = os.path.join(directory, name)
+        require_trusted(path, "check module")
         import hashlib  # only site directories need it; keeps the common path lean
 
         digest = hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:12]

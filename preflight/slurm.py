@@ -308,7 +308,8 @@ def write_atomically(path: str, text: str) -> str:
         directory = os.path.dirname(path)
         if directory:
             os.makedirs(directory, mode=0o755, exist_ok=True)
-        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        # 0600: the result names the previous job's user, comment and nodes
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()

@@ -15,8 +15,10 @@ whose sources are wrapped by ``preflight.sources.recording``; the recorded answe
 * ``.preflight/snapshot.json``: the manifest (format, version, time, profile, scrubbing, the
   findings of the recording run, and anything that could not be recorded exactly).
 
-The job environment (``/proc/<pid>/environ``) is recorded too, because checks read it, but values
-of variables whose names look like secrets are replaced by ``<redacted>`` (no check reads them).
+The job environment (``/proc/<pid>/environ``) is recorded too, because checks read it, by allow-list:
+the values of the variables checks read are kept (without credentials in URLs), every other
+variable keeps only its name (its value becomes ``<redacted>``), and so does any whose name looks
+like a secret.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ REDACTED = b"<redacted>"
 # (PREFLIGHT_SCRUB_KEY itself) would leak it into every bug report.
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|PRIVATE|KEY|AUTH|COOKIE|SESSION|JWT", re.IGNORECASE)
 _ENVIRON_PATH = re.compile(r"^proc/[^/]+/environ$")
+# user:password@ (or a token@) after a URL scheme, wherever it sits in a value
+_URL_CREDENTIALS = re.compile(rb"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
 _STAT_TYPES = {
     stat_codes.S_IFCHR: "char", stat_codes.S_IFBLK: "block", stat_codes.S_IFDIR: "dir",
     stat_codes.S_IFIFO: "fifo", stat_codes.S_IFSOCK: "socket", stat_codes.S_IFREG: "file",
@@ -88,7 +92,7 @@ def record_node(args: SnapshotArgs) -> Snapshot:
     """Run every check of the profile on ``args.root`` through recording sources; the recorded
     root (not yet scrubbed). Raises RootError, ConfigError, RegistrationError, CatalogueError,
     ArchiveError or UsageProblem."""
-    from preflight.commands import UsageProblem, _hostname, load_host_config
+    from preflight.commands import UsageProblem, _hostname, load_host_config, unpack_budget
     from preflight.discovery import build_registry
     from preflight.registry import PROFILES
     from preflight.sources.archive import opened_root
@@ -97,7 +101,7 @@ def record_node(args: SnapshotArgs) -> Snapshot:
         raise UsageProblem(f"--profile {args.profile!r}: choose one of {', '.join(PROFILES)}")
     if args.timeout is not None and not args.timeout > 0:
         raise UsageProblem("--timeout must be a positive number of seconds")
-    with opened_root(args.root) as (directory, _label):
+    with opened_root(args.root, time.monotonic() + unpack_budget(args.root, args.timeout, args.config)) as (directory, _label):
         open_root(directory)  # the same RootError as `preflight node` for a missing root
         fs = RecordingFS(os.path.abspath(directory))
         hostname = _hostname(fs)
@@ -223,17 +227,27 @@ def _add_parents(members: dict[str, Member]) -> None:
 
 
 def _redact_environments(members: dict[str, Member]) -> set[str]:
-    """Replace the values of secret-looking variables in every recorded ``environ``; their names."""
+    """Keep in every recorded ``environ`` only the values checks read (the allow-list of
+    :mod:`preflight.checks.job`: NCCL, CUDA, torch, UCX, libfabric, Slurm... and a few plain names),
+    without credentials in URLs; every other variable keeps its name, its value becomes
+    ``<redacted>``. Returns the names whose values were not recorded."""
+    from preflight.checks.job import KEPT_NAMES, KEPT_PREFIXES
+
     redacted: set[str] = set()
     for path, member in list(members.items()):
         if member.kind != "file" or not _ENVIRON_PATH.match(path):
             continue
         items = []
         for item in member.data.split(b"\0"):
-            name, equals, _value = item.partition(b"=")
-            if equals and SECRET_NAME.search(name.decode("utf-8", "replace")):
-                redacted.add(name.decode("utf-8", "replace"))
-                item = name + b"=" + REDACTED
+            raw_name, equals, value = item.partition(b"=")
+            name = raw_name.decode("utf-8", "replace")
+            if equals:
+                kept = (name in KEPT_NAMES or name.startswith(KEPT_PREFIXES)) and not SECRET_NAME.search(name)
+                if kept:
+                    item = raw_name + b"=" + _URL_CREDENTIALS.sub(rb"\1<redacted>@", value)
+                else:
+                    redacted.add(name)
+                    item = raw_name + b"=" + REDACTED
             items.append(item)
         members[path] = replace(member, data=b"\0".join(items))
     return redacted
@@ -242,11 +256,14 @@ def _redact_environments(members: dict[str, Member]) -> set[str]:
 def take_snapshot(args: SnapshotArgs) -> SnapshotResult:
     """Record, scrub as asked, and write the archive. Raises what :func:`record_node` raises,
     ArchiveError for an unwritable destination, ScrubError for bad scrub options."""
-    from preflight.scrub import Scrubber, parse_categories
+    from preflight.scrub import Scrubber, ScrubError, parse_categories
     from preflight.sources.archive import write_archive
 
     begin = time.monotonic()
     categories = parse_categories(args.scrub)  # before recording: a typo must fail fast
+    if args.scrub_key and not categories:
+        raise ScrubError("--scrub-key (or PREFLIGHT_SCRUB_KEY) given without --scrub: nothing would be scrubbed; "
+                         "name what to replace, e.g. --scrub all")
     snapshot = record_node(args)
     members, manifest = snapshot.members, snapshot.manifest
     if categories:

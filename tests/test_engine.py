@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import sys
 import textwrap
@@ -128,6 +129,26 @@ def test_duplicate_probe_from_site_dir_is_rejected(run_cli: Runner, example_root
     ''')
     result = run_cli("node", "--root", str(example_root), "--checks-dir", str(plugin))
     assert result.returncode == 3 and "probe memlock is defined twice" in result.stderr
+
+
+def test_check_directories_others_can_write_are_refused(run_cli: Runner, example_root: Path, tmp_path: Path) -> None:
+    """preflight runs as root before every job: a check module anyone could change, or one that
+    belongs to another user, would run as root. Both are refused before anything is imported."""
+    marker = tmp_path / "imported"
+    plugin = site_directory(tmp_path, f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n")
+    plugin.chmod(0o777)
+    result = run_cli("node", "--root", str(example_root), "--checks-dir", str(plugin))
+    assert result.returncode == 3 and "writable by its group or by everyone" in result.stderr
+    plugin.chmod(0o755)
+    (plugin / "site.py").chmod(0o666)
+    result = run_cli("node", "--root", str(example_root), "--checks-dir", str(plugin))
+    assert result.returncode == 3 and "writable by its group or by everyone" in result.stderr
+    if os.geteuid() == 0:
+        (plugin / "site.py").chmod(0o644)
+        os.chown(plugin / "site.py", 12345, 12345)
+        result = run_cli("node", "--root", str(example_root), "--checks-dir", str(plugin))
+        assert result.returncode == 3 and "owned by uid 12345" in result.stderr
+    assert not marker.exists()
 
 
 def test_probe_that_raises_makes_its_references_unknown(example_root: Path) -> None:

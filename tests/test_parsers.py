@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from preflight.checks.gpudirect import can_read_write, DeviceNode, JobIdentity, parse_group_membership, parse_kernel_version, parse_status_ids
+from preflight.checks.gpudirect import can_read_write, DeviceNode, JobIdentity, parse_kernel_version, parse_status_ids
+from preflight.checks.job import parse_group_membership
 from preflight.checks.gpus import normalise_bus_id
 from preflight.checks.hostname import parse_hosts
 from preflight.checks.job import parse_environ, parse_nccl_conf

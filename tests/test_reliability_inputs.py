@@ -91,6 +91,27 @@ def test_fifo_in_a_log_directory_is_not_waited_on(tmp_path: Path) -> None:
     assert code in (0, 1) and seconds < 30
 
 
+def test_a_fifo_named_on_the_command_line_is_refused_not_waited_on(tmp_path: Path) -> None:
+    pipe = tmp_path / "rank0.log"
+    os.mkfifo(pipe)
+    code, report, stderr, seconds, _ = explain(str(pipe))
+    assert seconds < 30 and "not a regular file (a FIFO)" in json.dumps(report) + stderr
+
+
+def test_a_gzip_bomb_is_not_inflated_in_full(tmp_path: Path) -> None:
+    """A 1 GiB stream of one log line that compresses 1000x: inflated up to 100x its size (or
+    256 MiB), then scanned no further, with a note."""
+    bomb = tmp_path / "rank0.log.gz"
+    line = b"[rank0]: NCCL INFO Channel 00/32 : 0 1 2 3 4 5 6 7\n"
+    with gzip.open(bomb, "wb", compresslevel=9) as handle:
+        block = line * ((1 << 20) // len(line))
+        for _ in range(1024):
+            handle.write(block)
+    code, report, stderr, seconds, rss = explain(str(bomb))
+    assert "gzip bomb" in json.dumps(report) + stderr
+    assert report["inputs"]["bytes"] < 300 << 20 and rss < MAX_RSS_MB
+
+
 # -- config files -----------------------------------------------------------------------------
 # Values of every TOML type, and the numbers TOML allows that bound nothing.
 WRONG_VALUES = ('"a string"', "true", "[1, 2]", '["", "x"]', "{ a = 1 }", "-1", "0", "1.5", "nan", "inf", "-inf", "1e999", "99999999999999999999")

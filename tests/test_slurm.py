@@ -381,6 +381,8 @@ def test_prolog_on_a_clean_root_calls_nothing(run_cli: Runner, clean_root: Path,
     written = site.result("prolog")
     assert written["schema"] == "preflight-slurm-result/1" and written["verdict"] == "clean" and written["actions"] == []
     jsonschema.validate(written["report"], REPORT_SCHEMA)
+    # root's alone: it names the previous job's user, comment and nodes
+    assert stat.S_IMODE((site.base / "results" / "prolog.json").stat().st_mode) == 0o600
 
 
 def test_prolog_on_the_planted_root_drains_once_with_the_reason(run_cli: Runner, example_root: Path, site: Site) -> None:

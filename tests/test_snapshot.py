@@ -379,17 +379,36 @@ def test_unrecorded_questions_are_named_in_the_manifest(tmp_path: Path) -> None:
         del NodeFS.newly_added  # type: ignore[attr-defined]
 
 
-def test_secret_looking_environment_values_are_redacted(node_copy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_environment_is_recorded_by_allow_list(node_copy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Only the values checks read are kept, and without URL credentials; every other variable
+    keeps its name only. A list of suspicious names let https_proxy, DATABASE_URL and friends
+    through before."""
     environ = (node_copy / "proc/self/environ").read_bytes()
-    (node_copy / "proc/self/environ").write_bytes(environ + b"AWS_SECRET_ACCESS_KEY=abc123\0HF_TOKEN=hf_xyz\0NCCL_DEBUG=INFO\0")
+    leaks = {
+        b"AWS_SECRET_ACCESS_KEY": b"abc123", b"HF_TOKEN": b"hf_xyz", b"https_proxy": b"http://alice:pw1@proxy:3128",
+        b"DATABASE_URL": b"postgres://svc:pw2@db/prod", b"MLFLOW_TRACKING_URI": b"https://tok3@mlflow.example",
+        b"PIP_INDEX_URL": b"https://u:pw4@pypi.example/simple", b"GITHUB_PAT": b"ghp_pw5", b"SENTRY_DSN": b"https://pw6@sentry.example/1",
+    }
+    extra = b"".join(name + b"=" + value + b"\0" for name, value in leaks.items())
+    extra += b"NCCL_DEBUG=INFO\0TORCHELASTIC_RDZV_ENDPOINT=etcd://root:pw7@etcd:2379\0"
+    (node_copy / "proc/self/environ").write_bytes(environ + extra)
     archive = tmp_path / "snap.tar.gz"
     result = take_snapshot(SnapshotArgs(output=str(archive), root=str(node_copy)))
     with tarfile.open(archive) as tar:
         recorded = tar.extractfile("proc/self/environ").read()  # type: ignore[union-attr]
-    assert b"abc123" not in recorded and b"hf_xyz" not in recorded
-    assert b"AWS_SECRET_ACCESS_KEY=<redacted>" in recorded and b"NCCL_DEBUG=INFO" in recorded
-    assert result.snapshot.manifest["redacted_environment"] == ["AWS_SECRET_ACCESS_KEY", "HF_TOKEN"]
-    assert normalised(node_report(archive, capsys)) == normalised(node_report(node_copy, capsys))
+    for secret in (b"abc123", b"hf_xyz", b"pw1", b"pw2", b"tok3", b"pw4", b"pw5", b"pw6", b"pw7"):
+        assert secret not in recorded, secret
+    for name in leaks:
+        assert name + b"=<redacted>" in recorded
+    assert b"NCCL_DEBUG=INFO" in recorded and b"TORCHELASTIC_RDZV_ENDPOINT=etcd://<redacted>@etcd:2379" in recorded
+    assert set(result.snapshot.manifest["redacted_environment"]) >= {name.decode() for name in leaks}
+    # the same verdicts; the recorded environment itself lacks the credentials on purpose
+    assert node_report(archive, capsys)["findings"] == node_report(node_copy, capsys)["findings"]
+
+
+def test_a_scrub_key_without_scrubbing_is_an_error(run_cli: Runner, tmp_path: Path) -> None:
+    result = run_cli("snapshot", "--root", str(EXAMPLE_ROOT), "--scrub-key", "k", str(tmp_path / "x.tar.gz"))
+    assert result.returncode == 3 and "without --scrub" in result.stderr and not (tmp_path / "x.tar.gz").exists()
 
 
 def test_the_scrub_key_never_enters_the_snapshot(run_cli: Runner, tmp_path: Path) -> None:

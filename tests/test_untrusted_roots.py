@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tarfile
 from pathlib import Path
 
@@ -83,3 +84,19 @@ def test_a_recording_directory_that_is_a_link_is_not_followed(node_copy: Path, t
     report = json.loads(run_cli("node", "--root", str(node_copy), "--format", "json").stdout)
     gpu = [f for f in report["findings"] if f["id"] == "GPU001"]
     assert {f["status"] for f in gpu} == {"unknown"} and "never followed" in gpu[0]["reason"]
+
+
+def test_a_users_process_named_slurmd_is_not_taken_for_slurmd(node_copy: Path, run_cli: Runner) -> None:
+    """Without a pid file, slurmd is looked for by name; any user can name a process "slurmd"
+    (prctl, or a copied binary) and set its memlock limit. Only a root process counts."""
+    (node_copy / "run/slurmd.pid").unlink()
+    shutil.rmtree(node_copy / "proc/2187")
+    impostor = node_copy / "proc/4321"
+    write(node_copy, "/proc/4321/comm", "slurmd\n")
+    write(node_copy, "/proc/4321/status", "Name:\tslurmd\nUid:\t1000\t1000\t1000\t1000\nGid:\t1000\t1000\t1000\t1000\n")
+    write(node_copy, "/proc/4321/limits", "Max locked memory         unlimited            unlimited            bytes\n")
+    report = json.loads(run_cli("node", "--root", str(node_copy), "--format", "json", "--select", "MEM001").stdout)
+    assert "/proc/4321" not in json.dumps(report["findings"]) and report["facts"]["memlock"]["slurmd_pid"] is None
+    (impostor / "status").write_text("Name:\tslurmd\nUid:\t0\t0\t0\t0\nGid:\t0\t0\t0\t0\n")
+    report = json.loads(run_cli("node", "--root", str(node_copy), "--format", "json", "--select", "MEM001").stdout)
+    assert report["facts"]["memlock"]["slurmd_pid"] == 4321

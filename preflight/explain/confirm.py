@@ -9,6 +9,8 @@ reach a verdict).
 
 from __future__ import annotations
 
+import time
+
 from dataclasses import dataclass, field
 
 from preflight.model import Finding, Reference, Status
@@ -29,7 +31,7 @@ def node_findings(check_ids: set[str], root: str, config_path: str | None) -> di
     """Run exactly ``check_ids`` on ``root`` (a directory, or a snapshot archive) with the full
     profile; findings by reference ID."""
     from preflight.catalogue import CatalogueError
-    from preflight.commands import _hostname, load_host_config
+    from preflight.commands import _hostname, load_host_config, unpack_budget
     from preflight.config import ConfigError
     from preflight.discovery import build_registry
     from preflight.engine import RunOptions, run
@@ -41,7 +43,7 @@ def node_findings(check_ids: set[str], root: str, config_path: str | None) -> di
         return {}
     try:
         # A snapshot archive (preflight snapshot) is replayed as `preflight node --root` does.
-        with opened_root(root) as (directory, _label):
+        with opened_root(root, time.monotonic() + unpack_budget(root, None, config_path)) as (directory, _label):
             fs = open_root(directory)
             hostname = _hostname(fs)
             config = load_host_config(config_path, hostname)

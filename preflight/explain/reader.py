@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import gzip
 import os
+import stat
 import sys
 import zlib
 from dataclasses import dataclass, field
@@ -19,6 +20,10 @@ from typing import BinaryIO, Generator, Iterator, cast
 
 CHUNK = 1 << 20
 MAX_LINE = 64 * 1024
+#: A gzip input stops after this many times its compressed size (real logs compress 5-30x; a
+#: gzip bomb 1000x), and never below MIN_DECOMPRESSED (stdin's size is unknown).
+MAX_RATIO = 100
+MIN_DECOMPRESSED = 256 << 20
 _GZIP_MAGIC = b"\x1f\x8b"
 _BINARY_SAMPLE = 8192
 
@@ -66,15 +71,24 @@ def _walk(directory: str, stats: ReadStats) -> Iterator[Chunk]:
 
 def _open_and_stream(path: str, stats: ReadStats) -> Iterator[Chunk]:
     try:
-        handle = open(path, "rb")
+        # Non-blocking, then checked: opening a FIFO for reading would wait for a writer forever,
+        # and a device node can be endless or act when opened. Only regular files are read
+        # (``-`` reads stdin, which may be a pipe on purpose).
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as error:
         stats.problems.append(f"{path}: cannot read ({_reason(error)})")
         return
-    with handle:
-        yield from _stream(path, handle, stats)
+    mode = os.fstat(descriptor).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(descriptor)
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device node"
+        stats.problems.append(f"{path}: not a regular file ({kind}); not read (use - for a pipe)")
+        return
+    with os.fdopen(descriptor, "rb") as handle:
+        yield from _stream(path, handle, stats, os.fstat(descriptor).st_size)
 
 
-def _stream(name: str, handle: BinaryIO, stats: ReadStats) -> Iterator[Chunk]:
+def _stream(name: str, handle: BinaryIO, stats: ReadStats, compressed_size: int = 0) -> Iterator[Chunk]:
     try:
         head = handle.read(_BINARY_SAMPLE)
     except OSError as error:
@@ -82,7 +96,8 @@ def _stream(name: str, handle: BinaryIO, stats: ReadStats) -> Iterator[Chunk]:
         return
     source: BinaryIO = handle
     if head.startswith(_GZIP_MAGIC):
-        source = cast(BinaryIO, gzip.GzipFile(fileobj=cast(BinaryIO, _Prepend(head, handle)), mode="rb"))
+        unpacked = cast(BinaryIO, gzip.GzipFile(fileobj=cast(BinaryIO, _Prepend(head, handle)), mode="rb"))
+        source = cast(BinaryIO, _Capped(unpacked, name, max(MIN_DECOMPRESSED, MAX_RATIO * compressed_size), stats))
         try:
             head = source.read(_BINARY_SAMPLE)
         except (OSError, EOFError, zlib.error) as error:
@@ -145,6 +160,29 @@ def _reason(error: OSError) -> str:
     if error.errno is not None and error.errno in errno.errorcode:
         return f"{error.strerror or os.strerror(error.errno)} ({errno.errorcode[error.errno]})"
     return str(error)
+
+
+class _Capped:
+    """A decompressed stream that ends, with a note in the stats, after ``limit`` bytes."""
+
+    def __init__(self, source: BinaryIO, name: str, limit: int, stats: ReadStats) -> None:
+        self._source, self._name, self._left, self._stats = source, name, limit, stats
+        self._limit = limit
+
+    def read(self, size: int = -1) -> bytes:
+        if self._left <= 0:
+            return b""
+        data = self._source.read(min(size if size >= 0 else CHUNK, self._left))
+        self._left -= len(data)
+        if self._left <= 0:
+            self._stats.problems.append(
+                f"{self._name}: decompresses to more than {self._limit >> 20} MiB ({MAX_RATIO} times its size, a gzip "
+                "bomb or an unusual log); scanned the first part only"
+            )
+        return data
+
+    def readable(self) -> bool:
+        return True
 
 
 class _Prepend:

@@ -8,6 +8,7 @@ from typing import Any
 
 from preflight.explain import Explanation
 from preflight.explain.analysis import Candidate, Evidence
+from preflight.text import printable_lines
 
 SCHEMA = "preflight-explain/1"
 DETAILED = 3  # candidates shown in full; the rest get one line each
@@ -59,13 +60,13 @@ def render_text(explanation: Explanation) -> str:
     scanned = f"{stats.lines:,} lines of {stats.files} input{'s' if stats.files != 1 else ''} in {explanation.duration_s:.2f} s"
     if not stats.files:
         out.append("No input could be read; nothing was explained.")
-        return "\n".join(out) + "\n"
+        return printable_lines("\n".join(out)) + "\n"
     if not count:
         out.append(f"No catalogued failure found ({scanned}).")
         out.append("The logs match none of the catalogue's signatures; preflight does not guess beyond them.")
         if explanation.settings_seen:
             out.append("Settings noted (not failures): " + ", ".join(explanation.settings_seen))
-        return "\n".join(out) + "\n"
+        return printable_lines("\n".join(out)) + "\n"
     out.append(f"{count} candidate{'s' if count != 1 else ''}, best first ({scanned}).")
     out.append("A matching message alone does not confirm a cause; each candidate lists how to check it.")
     if stats.split_lines:
@@ -87,7 +88,8 @@ def render_text(explanation: Explanation) -> str:
             out.extend(_detailed(position, candidate, explanation))
         else:
             out.append(_one_line(position, candidate, explanation))
-    return "\n".join(out) + "\n"
+    # Log lines, host names and actors come from the logs: shown, never obeyed by the terminal.
+    return printable_lines("\n".join(out)) + "\n"
 
 
 def _header(position: int, candidate: Candidate, explanation: Explanation) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 from preflight import __version__
 from preflight.fleet import shape
 from preflight.fleet.compare import DISAGREEMENTS, SAME, TIE, Comparison, Fleet, fleet_exit_code
+from preflight.text import printable as _printable
 
 FLEET_SCHEMA = "preflight-fleet/1"
 _NUMBERED = re.compile(r"^(.*?)(\d+)$")
@@ -23,9 +24,8 @@ _HOSTS_SHOWN = 120  # characters of a host list in a table cell
 
 
 def printable(value: str, limit: int = 200) -> str:
-    """Control and other non-printable characters as ``\\xNN`` escapes; long text shortened."""
-    shown = value if value.isprintable() else "".join(char if char.isprintable() else ascii(char)[1:-1] for char in value)
-    return shown if len(shown) <= limit else shown[: limit - 3] + "..."
+    """:func:`preflight.text.printable` with the fleet pages' default length."""
+    return _printable(value, limit)
 
 
 def compress_hosts(hosts: Iterable[str]) -> str:

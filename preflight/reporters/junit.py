@@ -7,6 +7,7 @@ from xml.etree import ElementTree
 
 from preflight.engine import Report
 from preflight.model import Finding, Status
+from preflight.text import printable, printable_lines
 
 
 def _details(findings: list[Finding]) -> str:
@@ -53,4 +54,10 @@ def render(report: Report, show_all: bool) -> str:
             ElementTree.SubElement(case, "skipped", message=first.reason or "not applicable")
     for key, value in counts.items():
         suite.set(key, str(value))
+    # Node data may hold escape sequences and characters XML cannot carry: shown as escapes.
+    for element in suite.iter():
+        if element.text:
+            element.text = printable_lines(element.text)
+        for name, attribute in element.attrib.items():
+            element.set(name, printable(attribute))
     return ElementTree.tostring(suite, encoding="unicode", xml_declaration=True) + "\n"

@@ -10,6 +10,7 @@ from tabulate import tabulate
 from preflight import __version__
 from preflight.engine import Report
 from preflight.model import Finding, Severity, Status
+from preflight.text import printable, printable_lines
 
 _EVIDENCE_WIDTH = 72
 
@@ -25,7 +26,9 @@ def _evidence(finding: Finding) -> str:
 
 
 def _rows(findings: list[Finding]) -> list[list[str]]:
-    return [[f.reference_id, f.symbol, f.subject, _evidence(f)] for f in findings]
+    # Subjects, evidence and reasons come from the node (interface names, environment values,
+    # file contents): escape sequences in them are shown, never obeyed by the terminal.
+    return [[f.reference_id, f.symbol, printable_lines(f.subject), printable_lines(_evidence(f))] for f in findings]
 
 
 def _summary(report: Report) -> str:
@@ -47,8 +50,8 @@ def _summary(report: Report) -> str:
 
 def render(report: Report, show_all: bool) -> str:
     header = (
-        f"preflight {__version__} · host {report.hostname} · profile {report.profile} · "
-        f"root {report.root} · {len({f.reference_id for f in report.findings})} checks in {report.duration_s:.2f} s"
+        f"preflight {__version__} · host {printable(report.hostname)} · profile {report.profile} · "
+        f"root {printable(report.root)} · {len({f.reference_id for f in report.findings})} checks in {report.duration_s:.2f} s"
     )
     sections = [header]
     headers = ["ID", "Symbol", "Subject", "Evidence"]
@@ -64,7 +67,7 @@ def render(report: Report, show_all: bool) -> str:
         for status, title in ((Status.ABSENT, "ABSENT"), (Status.NOT_APPLICABLE, "NOT APPLICABLE")):
             group = [f for f in report.findings if f.status is status]
             if group:
-                rows = [[f.reference_id, f.symbol, f.subject, f.reason] for f in group]
+                rows = [[f.reference_id, f.symbol, printable_lines(f.subject), printable_lines(f.reason)] for f in group]
                 sections.append(f"\n{title}\n" + tabulate(rows, headers=headers))
     if present:
         fixes = ["\nHOW TO FIX"]
@@ -79,6 +82,6 @@ def render(report: Report, show_all: bool) -> str:
         sections.append("\n".join(fixes))
     failed = [p for p in report.probes if p.status != "ok"]
     if failed:
-        sections.append("\nPROBES THAT DID NOT FINISH\n" + "\n".join(f"  {p.name}: {p.error or p.status}" for p in failed))
+        sections.append("\nPROBES THAT DID NOT FINISH\n" + "\n".join(f"  {p.name}: {printable(p.error or p.status)}" for p in failed))
     sections.append("\n" + _summary(report))
     return "\n".join(sections) + "\n"

@@ -249,7 +249,13 @@ class ReplayDns(RecordedDocument):
     FILE = "dns.json"
 
     def nameservers(self) -> list[str]:
-        return [str(item) for item in self._checked().get("nameservers", [])]
+        return list(self._strings(self._checked().get("nameservers", []), "nameservers"))
+
+    def _strings(self, value: object, what: str) -> tuple[str, ...]:
+        """A recorded list of text items; SourceError for anything else (a broken recording)."""
+        if not isinstance(value, list) or not all(isinstance(item, (str, int, float)) for item in value):
+            raise SourceError(self._origin, f"malformed recording: {what} is not a list of strings")
+        return tuple(str(item) for item in value)
 
     def _entry(self, table: str, key: str) -> dict[str, Any]:
         entries = self._checked().get(table, {})
@@ -268,8 +274,8 @@ class ReplayDns(RecordedDocument):
         error = str(entry.get("error", ""))
         if error and error not in DNS_ERRORS:
             raise SourceError(self._origin, f"unknown DNS error {error!r} for {name} {rdtype}")
-        addresses = tuple(str(item) for item in entry.get("addresses", []))
-        names = tuple(str(item) for item in entry.get("names", []))
+        addresses = self._strings(entry.get("addresses", []), f"addresses of {name} {rdtype}")
+        names = self._strings(entry.get("names", []), f"names of {name} {rdtype}")
         return DnsAnswer(name, rdtype, addresses, error, str(entry.get("detail", "")), names)
 
     def resolve_many(

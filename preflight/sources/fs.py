@@ -226,24 +226,26 @@ class NodeFS:
                 self._raise_recorded_error(path)
                 return None
             raise SourceError(path, describe_os_error(error)) from None
+        return _read_descriptor(fd, path, limit)
+
+    def read_for(self, path: str, user: FileUser | None, max_bytes: int | None = None) -> str | None:
+        """:meth:`read` of a file that a job's environment names (``NCCL_CONF_FILE``,
+        ``$HOME/.nccl.conf``, ``NCCL_TOPO_FILE``, ``SLURM_CONF``). On a live node where preflight
+        runs as root for another user's job, the file is opened only as that user could open it,
+        and only if it belongs to that user or root: a job must not make root read someone
+        else's 0600 file into a report through a link. Elsewhere (a recorded root, an
+        unprivileged run, a job of root's) this is :meth:`read`."""
+        if user is None or user.uid == 0 or not self.is_live or os.geteuid() != 0:
+            return self.read(path, max_bytes)
+        limit = self.max_bytes if max_bytes is None else max_bytes
+        fd = _open_as_user(self._host_path(path), user)
+        if fd is None:
+            return None
+        data = _read_descriptor(fd, path, limit)
         try:
-            _refuse_special(path, os.fstat(fd).st_mode)
-            chunks: list[bytes] = []
-            remaining = limit + 1
-            while remaining > 0:
-                chunk = os.read(fd, min(remaining, 65536))
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                remaining -= len(chunk)
-        except OSError as error:
-            raise SourceError(path, describe_os_error(error)) from None
-        finally:
-            os.close(fd)
-        data = b"".join(chunks)
-        if len(data) > limit:
-            raise SourceError(path, f"larger than {limit} bytes; refusing to read it whole")
-        return data
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise SourceError(path, "not UTF-8 text (binary or garbled content)") from None
 
     def read(self, path: str, max_bytes: int | None = None) -> str | None:
         """Whole-file text read; ``None`` when absent. Text must be UTF-8 without NUL bytes
@@ -582,6 +584,105 @@ class RecordedDocument:
         if not isinstance(document, dict):
             return cls({}, path, f"{cls.KIND} recording is not a JSON object")
         return cls(document, origin=path)
+
+
+def _read_descriptor(fd: int, path: str, limit: int) -> bytes:
+    """The whole content of an open regular file, at most ``limit`` bytes; closes ``fd``."""
+    try:
+        _refuse_special(path, os.fstat(fd).st_mode)
+        chunks: list[bytes] = []
+        remaining = limit + 1
+        while remaining > 0:
+            chunk = os.read(fd, min(remaining, 65536))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            remaining -= len(chunk)
+    except OSError as error:
+        raise SourceError(path, describe_os_error(error)) from None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > limit:
+        raise SourceError(path, f"larger than {limit} bytes; refusing to read it whole")
+    return data
+
+
+@frozen
+class FileUser:
+    """Whose rights a read of a job-named file is checked against (:meth:`NodeFS.read_for`)."""
+
+    uid: int
+    gids: tuple[int, ...]  # primary first, then supplementary
+
+
+def _may(status: os.stat_result, user: FileUser, bits: int) -> bool:
+    """Unix permission bits for ``user`` (owner, else group, else others), as the kernel checks."""
+    if status.st_uid == user.uid:
+        granted = status.st_mode >> 6
+    elif status.st_gid in user.gids:
+        granted = status.st_mode >> 3
+    else:
+        granted = status.st_mode
+    return granted & bits == bits
+
+
+def _open_as_user(path: str, user: FileUser) -> int | None:
+    """Open ``path`` read-only as ``user`` would, walking it component by component: links only
+    when root or the user owns them, directories only when the user may enter them, and the file
+    only when it is regular, root's or the user's, and readable by the user. ``None`` when it is
+    absent; SourceError for every refusal. The open itself follows no link, and the file opened
+    must be the one checked."""
+    pending = [part for part in path.split("/") if part]
+    current = "/"
+    hops = 0
+    while pending:
+        name = pending.pop(0)
+        if name in ("", "."):
+            continue
+        if name == "..":
+            current = os.path.dirname(current)
+            continue
+        candidate = os.path.join(current, name)
+        try:
+            status = os.lstat(candidate)
+        except OSError as error:
+            if error.errno in _ABSENT_ERRNOS:
+                return None
+            raise SourceError(path, describe_os_error(error)) from None
+        if stat_codes.S_ISLNK(status.st_mode):
+            if status.st_uid not in (0, user.uid):
+                raise SourceError(path, f"{candidate} is a link owned by uid {status.st_uid}: not followed for the job's user (uid {user.uid})")
+            hops += 1
+            if hops > _MAX_SYMLINK_HOPS:
+                raise SourceError(path, "too many levels of symbolic links (ELOOP)")
+            target = os.readlink(candidate)
+            current = "/" if target.startswith("/") else current
+            pending = [part for part in target.split("/") if part] + pending
+            continue
+        if pending:
+            if not stat_codes.S_ISDIR(status.st_mode):
+                return None
+            if not _may(status, user, 0o1):
+                raise SourceError(path, f"{candidate}: the job's user (uid {user.uid}) may not enter it; not read")
+            current = candidate
+            continue
+        if not stat_codes.S_ISREG(status.st_mode):
+            _refuse_special(path, status.st_mode)
+        if status.st_uid not in (0, user.uid):
+            raise SourceError(path, f"owned by uid {status.st_uid}, neither root nor the job's user (uid {user.uid}); not read")
+        if not _may(status, user, 0o4):
+            raise SourceError(path, f"the job's user (uid {user.uid}) may not read it (mode {status.st_mode & 0o7777:04o}); not read")
+        try:
+            fd = os.open(candidate, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        except OSError as error:
+            raise SourceError(path, describe_os_error(error)) from None
+        opened = os.fstat(fd)
+        if (opened.st_dev, opened.st_ino) != (status.st_dev, status.st_ino):
+            os.close(fd)
+            raise SourceError(path, "replaced while it was being opened; not read")
+        return fd
+    return None  # the path names a directory ("/")
 
 
 def _refuse_special(path: str, mode: int) -> None:

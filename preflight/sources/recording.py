@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
 from preflight.sources.dns import Dns, DnsAnswer, NameserverCheck
-from preflight.sources.fs import DEVICE_RECORDING, KERNEL_LOG_MAX_BYTES, FileStat, FsUsage, NodeFS, NotCaptured, SourceError, describe_os_error
+from preflight.sources.fs import DEVICE_RECORDING, KERNEL_LOG_MAX_BYTES, FileStat, FileUser, FsUsage, NodeFS, NotCaptured, SourceError, describe_os_error
 from preflight.sources.ethtool import PauseState
 from preflight.sources.netlink import Address, DcbConfig, FileNetlink, Link, Netlink
 from preflight.sources.nvml import Argument, Nvml, NvmlError, replay_key
@@ -44,7 +44,7 @@ _TOO_LARGE = re.compile(r"^larger than (\d+) bytes")
 # NodeFS methods that answer from other recorded methods (read -> read_bytes, exists -> stat) or
 # only locate the replay files the sources open themselves.
 DERIVED_METHODS = frozenset({"read", "exists", "replay_file"})
-RECORDED_METHODS = frozenset({"read_bytes", "listdir", "readlink", "stat", "statvfs", "read_kernel_log"})
+RECORDED_METHODS = frozenset({"read_bytes", "read_for", "listdir", "readlink", "stat", "statvfs", "read_kernel_log"})
 
 
 def errno_name(reason: str) -> str | None:
@@ -228,6 +228,21 @@ class RecordingFS(NodeFS):
                         self.recording.files[resolved] = data
                     self.recording.placeholders.discard(resolved)
         return data
+
+    def read_for(self, path: str, user: FileUser | None, max_bytes: int | None = None) -> str | None:
+        if user is None or user.uid == 0 or not self.is_live or os.geteuid() != 0:
+            return self.read(path, max_bytes)  # recorded by read_bytes
+        try:
+            text = super().read_for(path, user, max_bytes)
+        except SourceError as error:
+            self._record_error("read", path, error)
+            raise
+        if text is None:
+            self._note_absence(path)
+        else:  # what the job's user could read, as a plain file at the path the job named
+            with self._lock:
+                self.recording.files[os.path.normpath(path)] = text.encode("utf-8")
+        return text
 
     def _record_prefix(self, path: str, size: int) -> None:
         """Keep the first ``size`` bytes of a file too large to read whole, so that the replay

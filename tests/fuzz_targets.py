@@ -1,0 +1,179 @@
+"""Fuzz targets for everything preflight reads from someone else: snapshot archives, the replay
+recordings inside them (NVML, netlink, DNS, devices, statvfs, read errors), site configs and
+fleet reports. Each target takes one input and returns normally when preflight either used it
+or refused it with its own error; any other exception is a bug (the target lets it through).
+
+``tests/test_fuzz_untrusted.py`` runs them under hypothesis, bounded for CI; ``bench/fuzz.py``
+runs many more seeded inputs with time and memory measured.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import random
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from preflight.config import ConfigError, parse_config
+from preflight.fleet.load import ReportError, report_from_bytes
+from preflight.sources import NodeFS, SourceError
+from preflight.sources.archive import ArchiveError, extract_archive, remove_tree
+from preflight.sources.dns import ReplayDns
+from preflight.sources.netlink import ReplayNetlink
+from preflight.sources.nvml import NvmlError, ReplayNvml
+
+REPO = Path(__file__).resolve().parent.parent
+GOLDEN_REPORT = (REPO / "tests" / "golden" / "hgx-h100.json").read_bytes()
+_ROOTS = REPO / "tests" / "fixtures" / "nodes"
+#: A real-shaped recording of each kind to start mutations from.
+RECORDING_SEEDS = {
+    name: json.loads((root / ".preflight" / name).read_text())
+    for name, root in (
+        ("nvml.json", REPO / "examples" / "nodes" / "hgx-h100"), ("dns.json", REPO / "examples" / "nodes" / "hgx-h100"),
+        ("devices.json", REPO / "examples" / "nodes" / "hgx-h100"), ("statvfs.json", REPO / "examples" / "nodes" / "hgx-h100"),
+        ("netlink.json", _ROOTS / "roce-pfc-misconfigured"), ("read-errors.json", _ROOTS / "roce-v1v2"),
+    )
+}
+
+
+# -- archives -----------------------------------------------------------------------------------
+def fuzz_archive(data: bytes) -> None:
+    """Extract ``data`` as a snapshot archive into a fresh directory, then remove it."""
+    with tempfile.TemporaryDirectory(prefix="preflight-fuzz-") as scratch:
+        path = os.path.join(scratch, "input.tar.gz")
+        with open(path, "wb") as handle:
+            handle.write(data)
+        target = os.path.join(scratch, "root")
+        os.mkdir(target)
+        try:
+            extract_archive(path, target)
+        except ArchiveError:
+            pass
+        finally:
+            remove_tree(target)
+
+
+def tar_bytes(entries: list[tuple[str, bytes, str]]) -> bytes:
+    """A gzip tar of (name, data, type) entries; the name and type are used as given."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz", format=tarfile.GNU_FORMAT) as tar:
+        for name, data, kind in entries:
+            info = tarfile.TarInfo(name)
+            info.type = kind.encode("latin-1")
+            if info.type == tarfile.REGTYPE:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+            else:
+                info.linkname = data.decode("latin-1")
+                tar.addfile(info)
+    return buffer.getvalue()
+
+
+def mutate_bytes(data: bytes, rng: random.Random) -> bytes:
+    """A few random byte edits, cuts or splices of ``data`` (inside the gzip stream or not)."""
+    raw = bytearray(gzip.decompress(data)) if rng.random() < 0.7 else bytearray(data)
+    for _ in range(rng.randint(1, 6)):
+        choice = rng.random()
+        if choice < 0.5 and raw:
+            raw[rng.randrange(len(raw))] = rng.randrange(256)
+        elif choice < 0.7:
+            raw = raw[: rng.randrange(len(raw) + 1)]
+        elif raw:
+            at = rng.randrange(len(raw))
+            raw[at:at] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 600)))
+    return gzip.compress(bytes(raw)) if raw[:2] != b"\x1f\x8b" else bytes(raw)
+
+
+# -- recordings ---------------------------------------------------------------------------------
+def fuzz_recording(name: str, document: Any) -> None:
+    """Replay a (possibly broken) recording through its source, asking what probes ask."""
+    with tempfile.TemporaryDirectory(prefix="preflight-fuzz-") as scratch:
+        recordings = Path(scratch) / ".preflight"
+        recordings.mkdir()
+        (Path(scratch) / "sys").mkdir()
+        (Path(scratch) / "dev").mkdir()
+        (recordings / name).write_text(json.dumps(document))
+        path = str(recordings / name)
+        if name == "nvml.json":
+            nvml = ReplayNvml.from_file(path)
+            for call, args in (("nvmlSystemGetDriverVersion", ()), ("nvmlDeviceGetCount", ()), ("nvmlDeviceGetName", (0,)),
+                               ("nvmlDeviceGetNvLinkState", (0, 3)), ("nvmlDeviceGetP2PStatus", (0, "gpu1", 0))):
+                try:
+                    nvml.call(call, *args)  # type: ignore[arg-type]
+                except NvmlError:
+                    pass
+        elif name == "netlink.json":
+            netlink = ReplayNetlink.from_file(path)
+            for ask in (netlink.links, netlink.addresses, lambda: netlink.route_get("10.0.0.9"), lambda: netlink.dcb("eth0"), lambda: netlink.pause("eth0")):
+                try:
+                    ask()
+                except SourceError:
+                    pass
+        elif name == "dns.json":
+            dns = ReplayDns.from_file(path)
+            for ask in (dns.nameservers, lambda: dns.resolve("gpu017", "A"), lambda: dns.check_nameservers("gpu017"),
+                        lambda: dns.resolve_many([("gpu017", "A"), ("gpu018", "AAAA")])):
+                try:
+                    ask()
+                except SourceError:
+                    pass
+        else:  # devices.json, statvfs.json, read-errors.json: NodeFS answers from them
+            fs = NodeFS(scratch)
+            for ask in (lambda: fs.stat("/dev/infiniband/uverbs0"), lambda: fs.statvfs("/dev/shm"), lambda: fs.read("/sys/x")):
+                try:
+                    ask()
+                except SourceError:
+                    pass
+
+
+def mutate_document(document: Any, rng: random.Random) -> Any:
+    """``document`` with a few values replaced by values of other JSON types, or removed."""
+    replacements: list[Any] = [None, True, -1, 0, 2**70, 1.5, "", "x" * 300, [], {}, [None], {"a": None}, "NVML_ERROR_UNKNOWN"]
+    copy = json.loads(json.dumps(document))
+    paths: list[list[Any]] = []
+
+    def walk(value: Any, path: list[Any]) -> None:
+        paths.append(path)
+        if isinstance(value, dict):
+            for key, item in list(value.items())[:40]:
+                walk(item, [*path, key])
+        elif isinstance(value, list):
+            for index, item in enumerate(value[:10]):
+                walk(item, [*path, index])
+
+    walk(copy, [])
+    for _ in range(rng.randint(1, 4)):
+        path = rng.choice(paths)
+        if not path:
+            return rng.choice(replacements)
+        parent = copy
+        try:
+            for step in path[:-1]:
+                parent = parent[step]
+            if isinstance(parent, dict) and rng.random() < 0.3:
+                parent.pop(path[-1], None)
+            else:
+                parent[path[-1]] = rng.choice(replacements)
+        except (KeyError, IndexError, TypeError):
+            continue
+    return copy
+
+
+# -- configs and fleet reports ---------------------------------------------------------------------
+def fuzz_config(text: str) -> None:
+    try:
+        parse_config(text, "fuzz.toml", "gpu017")
+    except ConfigError:
+        pass
+
+
+def fuzz_fleet_report(data: bytes) -> None:
+    try:
+        report_from_bytes(data, "fuzz.json")
+    except ReportError:
+        pass
