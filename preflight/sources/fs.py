@@ -54,6 +54,7 @@ import fnmatch
 import json
 import os
 import stat as stat_codes
+import struct
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
@@ -138,6 +139,7 @@ class NodeFS:
         self._operation_errors: dict[str, dict[str, int]] | None = None  # likewise
         self._dirs: dict[str, tuple[str, ...]] = {}  # resolved directories, see _resolve
         self._replay_files: dict[str, str | None] = {}  # stat stays cheap with a recorded devices.json
+        self._root_fd: int | None = None  # O_PATH descriptor of a recorded root, opened on first read
 
     def _remembered(self, operation: str, path: str, limit: int, compute: Callable[[], _T]) -> _T:
         key = (operation, path, limit)
@@ -219,7 +221,8 @@ class NodeFS:
             # side effects (opening /dev/watchdog arms it), so neither is even opened.
             _refuse_special(path, os.stat(real).st_mode)
             # O_NONBLOCK keeps a FIFO swapped in after the stat from blocking the open.
-            fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+            flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+            fd = os.open(real, flags) if self.is_live else self._open_in_root(real, flags)
         except OSError as error:
             if error.errno in _ABSENT_ERRNOS:
                 self._absent(path)  # a source not captured says nothing, not even a recorded errno
@@ -246,6 +249,28 @@ class NodeFS:
             return data.decode("utf-8")
         except UnicodeDecodeError:
             raise SourceError(path, "not UTF-8 text (binary or garbled content)") from None
+
+    def _open_in_root(self, real: str, flags: int) -> int:
+        """Open ``real`` (a path :meth:`_resolve` made, with no link left in it) so that no link
+        can be swapped in on the way: ``openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`` from the
+        root where the kernel has it (5.6 and later), else with ``O_NOFOLLOW`` on the file."""
+        if self._root_fd is None:
+            self._root_fd = os.open(self.root, os.O_PATH | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+        relative = real[len(self.root) + 1 :] if real.startswith(self.root + "/") else os.path.relpath(real, self.root)
+        fd = _openat2_beneath(self._root_fd, relative, flags)
+        return fd if fd is not None else os.open(real, flags | getattr(os, "O_NOFOLLOW", 0))
+
+    def close(self) -> None:
+        """Release the root's descriptor; dropping the view does too."""
+        if self._root_fd is not None:
+            os.close(self._root_fd)
+            self._root_fd = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except (OSError, AttributeError):  # half-built, or at interpreter exit
+            pass
 
     def read(self, path: str, max_bytes: int | None = None) -> str | None:
         """Whole-file text read; ``None`` when absent. Text must be UTF-8 without NUL bytes
@@ -584,6 +609,44 @@ class RecordedDocument:
         if not isinstance(document, dict):
             return cls({}, path, f"{cls.KIND} recording is not a JSON object")
         return cls(document, origin=path)
+
+
+_OPENAT2 = 437  # the same on every architecture: added after the syscall tables were unified
+_RESOLVE_NO_SYMLINKS, _RESOLVE_BENEATH = 0x04, 0x08
+# ctypes' syscall() and the open_how structs by flags, set up on the first read of a recorded
+# root (ctypes costs 3 ms to import, which live runs never pay); False where openat2 is absent.
+_openat2: Any = None
+_open_how: dict[int, Any] = {}
+
+
+def _openat2_beneath(directory_fd: int, relative: str, flags: int) -> int | None:
+    """``openat2(directory_fd, relative, {flags, 0, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS})``;
+    None where the kernel or libc has no openat2 (the caller falls back); OSError otherwise."""
+    global _openat2
+    if _openat2 is None:
+        try:
+            import ctypes
+
+            syscall = ctypes.CDLL(None, use_errno=True).syscall
+            syscall.restype = ctypes.c_long
+            syscall.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t]
+            _openat2 = syscall, ctypes
+        except (OSError, AttributeError):
+            _openat2 = False
+    if _openat2 is False:
+        return None
+    syscall, ctypes = _openat2
+    how = _open_how.get(flags)
+    if how is None:
+        how = _open_how[flags] = ctypes.create_string_buffer(struct.pack("QQQ", flags, 0, _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS), 24)
+    fd = syscall(_OPENAT2, directory_fd, relative.encode(), how, 24)
+    if fd >= 0:
+        return int(fd)
+    code = ctypes.get_errno()
+    if code == errno_codes.ENOSYS:  # an old kernel, or a seccomp filter that does not know it
+        _openat2 = False
+        return None
+    raise OSError(code, os.strerror(code))
 
 
 def _read_descriptor(fd: int, path: str, limit: int) -> bytes:
