@@ -90,7 +90,8 @@ def test_runs_in_one_process_do_not_pile_up_threads_or_descriptors(hung: HungSou
     assert slowest < DEADLINE_S + 0.5
     assert threading.active_count() <= threads_after_first + 2  # + DNS helper threads still in flight
     assert open_fds() <= fds_after_first + 2
-    assert fds_after_first <= fds_before + 4  # a stuck probe may hold the socket it waits on
+    # a stuck probe may hold the socket it waits on, and its view of the root that root's descriptor
+    assert fds_after_first <= fds_before + 5
     hung.release()
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and any(t.name in ("probe-interfaces", "probe-sockets") for t in threading.enumerate()):

@@ -311,7 +311,7 @@ def test_write_atomically_replaces_whole_files(tmp_path: Path) -> None:
     assert write_atomically(str(target), "one\n") == ""
     assert write_atomically(str(target), "two\n") == ""
     assert target.read_text() == "two\n" and [p.name for p in target.parent.iterdir()] == ["last.json"]
-    assert stat.S_IMODE(target.stat().st_mode) == 0o644
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600  # root's alone: it names the previous job's user and nodes
     blocked = tmp_path / "file"
     blocked.write_text("")
     assert "last.json" in write_atomically(str(blocked / "last.json"), "x")

@@ -631,7 +631,7 @@ def _openat2_beneath(directory_fd: int, relative: str, flags: int) -> int | None
             syscall.restype = ctypes.c_long
             syscall.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t]
             _openat2 = syscall, ctypes
-        except (OSError, AttributeError):
+        except (ImportError, OSError, AttributeError):  # no ctypes (or none reachable after a setuid)
             _openat2 = False
     if _openat2 is False:
         return None

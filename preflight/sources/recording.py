@@ -43,7 +43,7 @@ _ERRNO_IN_REASON = re.compile(r"\(([A-Z][A-Z0-9]+)\)(?:;.*)?$")
 _TOO_LARGE = re.compile(r"^larger than (\d+) bytes")
 # NodeFS methods that answer from other recorded methods (read -> read_bytes, exists -> stat) or
 # only locate the replay files the sources open themselves.
-DERIVED_METHODS = frozenset({"read", "exists", "replay_file"})
+DERIVED_METHODS = frozenset({"read", "exists", "replay_file", "close"})
 RECORDED_METHODS = frozenset({"read_bytes", "read_for", "listdir", "readlink", "stat", "statvfs", "read_kernel_log"})
 
 
