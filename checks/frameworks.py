@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import re
 
-from preflight.checks.nccl_libs import job_python_prefixes, site_dirs
+from preflight.checks.job import job_file_user, parse_environ
+from preflight.checks.nccl_libs import python_prefixes, site_dirs
 from preflight.model import Unknown
 from preflight.probing import FactReader
 from preflight.records import frozen
@@ -93,16 +94,23 @@ def parse_version(text: str) -> tuple[int, ...] | None:
 def probe_frameworks(fs: NodeFS) -> FrameworkFacts:
     """Versions of PyTorch, DeepSpeed, Megatron Core and vLLM in the job's Python environments."""
     reader = FactReader(fs)
-    sites = site_dirs(reader, job_python_prefixes(fs))
+    try:
+        environ = parse_environ(fs.read_bytes("/proc/self/environ") or b"")
+    except SourceError:
+        environ = {}  # the job probe reports an unreadable environment
+    prefixes = python_prefixes(environ)
+    user = job_file_user(fs, environ)  # the job's own environments are read with its user's rights
+    sites = site_dirs(reader, prefixes)
     packages = []
     for site in sites:
+        owner = user if any(site.startswith(f"{prefix}/") for prefix in prefixes) else None
         for entry in reader.listing(site) or []:  # unlisted: in problems
             match = _INSTALLED.match(entry)
             if not match or normalise(match.group("name")) not in FRAMEWORKS:
                 continue
             path = f"{site}/{entry}/{'METADATA' if match.group('kind') == 'dist-info' else 'PKG-INFO'}"
             try:
-                text = fs.read(path, max_bytes=_METADATA_BYTES)
+                text = fs.read_for(path, owner, max_bytes=_METADATA_BYTES)
             except SourceError as error:
                 reader.problems.append(str(error))
                 continue

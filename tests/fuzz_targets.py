@@ -147,10 +147,13 @@ def mutate_document(document: Any, rng: random.Random) -> Any:
                 walk(item, [*path, index])
 
     walk(copy, [])
+    def fresh() -> Any:  # a new object each time: a shared one would let a later edit make a cycle
+        return json.loads(json.dumps(rng.choice(replacements)))
+
     for _ in range(rng.randint(1, 4)):
         path = rng.choice(paths)
         if not path:
-            return rng.choice(replacements)
+            return fresh()
         parent = copy
         try:
             for step in path[:-1]:
@@ -158,7 +161,7 @@ def mutate_document(document: Any, rng: random.Random) -> Any:
             if isinstance(parent, dict) and rng.random() < 0.3:
                 parent.pop(path[-1], None)
             else:
-                parent[path[-1]] = rng.choice(replacements)
+                parent[path[-1]] = fresh()
         except (KeyError, IndexError, TypeError):
             continue
     return copy
