@@ -55,6 +55,7 @@ import json
 import os
 import stat as stat_codes
 import struct
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
@@ -147,7 +148,10 @@ class NodeFS:
             try:
                 self._memo[key] = compute()
             except SourceError as error:
-                self._memo[key] = error
+                # Kept without its traceback and context: their frames hold this view, and the
+                # cycle would keep the view (and its root's descriptor) alive until a GC pass.
+                self._memo[key] = error.with_traceback(None)
+                error.__context__ = error.__cause__ = None
         value = self._memo[key]
         if isinstance(value, SourceError):
             raise value
@@ -255,7 +259,9 @@ class NodeFS:
         can be swapped in on the way: ``openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`` from the
         root where the kernel has it (5.6 and later), else with ``O_NOFOLLOW`` on the file."""
         if self._root_fd is None:
-            self._root_fd = os.open(self.root, os.O_PATH | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+            with _ROOT_FD_LOCK:  # probe threads read at once: open it once, or the rest would leak
+                if self._root_fd is None:
+                    self._root_fd = os.open(self.root, os.O_PATH | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
         relative = real[len(self.root) + 1 :] if real.startswith(self.root + "/") else os.path.relpath(real, self.root)
         fd = _openat2_beneath(self._root_fd, relative, flags)
         return fd if fd is not None else os.open(real, flags | getattr(os, "O_NOFOLLOW", 0))
@@ -611,6 +617,7 @@ class RecordedDocument:
         return cls(document, origin=path)
 
 
+_ROOT_FD_LOCK = threading.Lock()
 _OPENAT2 = 437  # the same on every architecture: added after the syscall tables were unified
 _RESOLVE_NO_SYMLINKS, _RESOLVE_BENEATH = 0x04, 0x08
 # ctypes' syscall() and the open_how structs by flags, set up on the first read of a recorded
