@@ -27,7 +27,7 @@ from collections.abc import Iterator
 
 from preflight.checks.job import JobFacts, Setting, parse_environ
 from preflight.checks.rdma import IB_CLASS, RdmaFacts, looks_like_efa, require_rdma
-from preflight.model import Unknown, Evidence, NotApplicable, Observation, Severity, present, undecided
+from preflight.model import Evidence, NotApplicable, Observation, Severity, Unknown, present, undecided
 from preflight.probing import FactReader
 from preflight.records import frozen
 from preflight.registry import check, probe

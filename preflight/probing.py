@@ -56,8 +56,3 @@ class FactReader:
         except SourceError as error:
             self.problems.append(str(error))
             return None
-
-    def problem_for(self, path: str) -> str | None:
-        """The recorded problem of ``path`` (its first), if any."""
-        prefix = f"{path}: "
-        return next((problem for problem in self.problems if problem.startswith(prefix)), None)

@@ -94,8 +94,8 @@ def test_fifo_in_a_log_directory_is_not_waited_on(tmp_path: Path) -> None:
 def test_a_fifo_named_on_the_command_line_is_refused_not_waited_on(tmp_path: Path) -> None:
     pipe = tmp_path / "rank0.log"
     os.mkfifo(pipe)
-    code, report, stderr, seconds, _ = explain(str(pipe))
-    assert seconds < 30 and "not a regular file (a FIFO)" in json.dumps(report) + stderr
+    code, report, stderr, _, _ = explain(str(pipe))  # a hang would end in explain()'s timeout
+    assert "not a regular file (a FIFO)" in json.dumps(report) + stderr
 
 
 def test_a_gzip_bomb_is_not_inflated_in_full(tmp_path: Path) -> None:
@@ -107,7 +107,7 @@ def test_a_gzip_bomb_is_not_inflated_in_full(tmp_path: Path) -> None:
         block = line * ((1 << 20) // len(line))
         for _ in range(1024):
             handle.write(block)
-    code, report, stderr, seconds, rss = explain(str(bomb))
+    code, report, stderr, _, rss = explain(str(bomb))
     assert "gzip bomb" in json.dumps(report) + stderr
     assert report["inputs"]["bytes"] < 300 << 20 and rss < MAX_RSS_MB
 

@@ -106,10 +106,8 @@ def test_deep_nesting_is_refused_and_cleaned_up(tmp_path: Path, run_cli: Runner)
             tar.addfile(info)
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    begin = time.monotonic()
-    result = run_cli("node", "--root", str(path), env={"TMPDIR": str(scratch)})
+    result = run_cli("node", "--root", str(path), env={"TMPDIR": str(scratch)})  # run_cli's timeout bounds it
     assert result.returncode == 3 and "deeper than 64 directories" in result.stderr and "Traceback" not in result.stderr
-    assert time.monotonic() - begin < 30
     assert list(scratch.iterdir()) == []  # nothing left behind
 
 

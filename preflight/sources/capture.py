@@ -120,15 +120,3 @@ def unit_of(path: str) -> str | None:
     if match is not None and match.lastgroup:
         return _WHAT[match.lastgroup]
     return _ALWAYS_ABOVE.get(path)
-
-
-def units_along(path: str) -> list[tuple[str, str]]:
-    """The units ``path`` lies in or is, outermost first: ``(unit path, description)``."""
-    found = []
-    parts = path.split("/")
-    for end in range(2, len(parts) + 1):
-        prefix = "/".join(parts[:end])
-        what = unit_of(prefix)
-        if what is not None:
-            found.append((prefix, what))
-    return found
