@@ -117,8 +117,9 @@ def explain(
 ) -> None:
     """Match a failed run's logs to catalogued references, best first, with evidence and fixes.
 
-    Exit codes: 0 nothing catalogued found, 1 candidates found, 2 a candidate confirmed by
-    --check, 3 no input could be read or bad arguments.
+    Exit codes: 0 no failure found, 1 candidates found, or a failure no reference describes
+    (its first line is named), 2 a candidate confirmed by --check, 3 no input could be read or
+    bad arguments.
     """
     from preflight.explain import check_candidates
     from preflight.explain import explain as run_explain
@@ -136,7 +137,7 @@ def explain(
     if check and explanation.candidates:
         check_candidates(explanation, root, config)
     typer.echo(render_json(explanation) if output_format == "json" else render_text(explanation), nl=False)
-    codes = {"no-input": ExitCode.NO_VERDICT, "nothing-found": ExitCode.OK, "candidates": 1, "confirmed": 2}
+    codes = {"no-input": ExitCode.NO_VERDICT, "nothing-found": ExitCode.OK, "uncatalogued": 1, "candidates": 1, "confirmed": 2}
     raise typer.Exit(int(codes[exit_status(explanation)]))
 
 

@@ -127,3 +127,28 @@ def _is_broad(items: list[tuple[Any, Any]]) -> bool:
             for kind, value_ in value
         )
     return False
+
+
+def specificity(pattern: str) -> int:
+    """How much a match of ``pattern`` pins down: the characters every match must contain.
+
+    Literal characters count one each and digits two, because a number in a message (``vendor
+    err 129``, ``status=12``, ``GID index 3``, a ``fe80:`` prefix) is what separates one cause
+    from another that prints the same words. An alternation counts its poorest branch, an
+    optional part nothing. Ranking uses it so that, on one line, the signature that says the
+    most beats the one that says the least."""
+    return _specificity(list(sre_parse.parse(pattern)))
+
+
+def _specificity(items: list[tuple[Any, Any]]) -> int:
+    total = 0
+    for op, value in items:
+        if op is _OP.LITERAL:
+            total += 2 if chr(value).isdigit() else 1
+        elif op is _OP.SUBPATTERN:
+            total += _specificity(list(value[-1]))
+        elif op is _OP.BRANCH:
+            total += min(_specificity(list(branch)) for branch in value[1])
+        elif op in (_OP.MAX_REPEAT, _OP.MIN_REPEAT, getattr(_OP, "POSSESSIVE_REPEAT", None)) and value[0] >= 1:
+            total += min(value[0], 4) * _specificity(list(value[2]))
+    return total

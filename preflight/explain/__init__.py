@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-from preflight.explain.analysis import Analysis, Candidate, Cascade
+from preflight.explain.analysis import Analysis, Candidate, Cascade, Evidence
 from preflight.explain.confirm import Verdict
 from preflight.explain.reader import ReadStats, iter_inputs
 from preflight.model import Reference
@@ -26,6 +26,7 @@ class Explanation:
     cascade: Cascade | None
     settings_seen: list[str]
     duration_s: float
+    first_failure: Evidence | None = None  # the earliest failing line, catalogued or not
     verdicts: dict[str, Verdict] = field(default_factory=dict)
     check_error: str | None = None
 
@@ -40,12 +41,14 @@ def explain(paths: list[str], stdin: BinaryIO | None = None, catalogue_dir: str 
     references = {reference.id: reference for reference in load_all(catalogue_dir)}
     matcher = Matcher(references.values())
     stats = ReadStats()
-    analysis = Analysis()
+    analysis = Analysis(related={reference.id: tuple(reference.related) for reference in references.values()})
     for hit in scan_chunks(matcher, iter_inputs(paths, stats, stdin), stats):
         analysis.add(hit)
     candidates = [c for c in analysis.candidates() if c.reference_id in references]
     settings = [entry.reference_id for entry in analysis.settings_seen()]
-    return Explanation(stats, candidates, references, analysis.cascade(), settings, time.perf_counter() - started)
+    return Explanation(
+        stats, candidates, references, analysis.cascade(), settings, time.perf_counter() - started, analysis.first_failure()
+    )
 
 
 def check_candidates(explanation: Explanation, root: str, config_path: str | None) -> None:

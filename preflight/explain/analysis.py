@@ -10,8 +10,12 @@ every other rank prints afterwards are symptoms of it. So candidates are ordered
    Direct RDMA disabled) appeared in a log that also shows a failure;
 3. ``symptom`` - only generic downstream signatures matched;
 
-then by a score over the distinct signatures matched, a bonus when the cause was logged by the
-first actor (host or rank) to fail, and the time of the first hit.
+then by a score: the specificity of the best signature matched in that tier (its literal
+characters, digits counted twice, so ``vendor err 129 ... localGid fe80:`` beats ``vendor err
+129``), a little for each further distinct signature, and a bonus when the reference is on the
+first line of the first actor (host or rank) to fail. Equal scores go to the reference that
+fewer of the other candidates list as related (a hub such as the cascade or a generic timeout
+is a symptom of the others), then to the earliest first hit. Never to the alphabet.
 
 Memory stays bounded: each reference keeps a few example lines and counters, and the cascade
 keeps one first failure per actor, up to ``MAX_ACTORS`` actors.
@@ -27,8 +31,8 @@ from preflight.explain.prefixes import LineMeta, parse_line
 
 TIERS = ("cause", "context", "symptom")
 _DISPLAY_ORDER = ("cause", "symptom", "context")  # failures first, settings after
-_WEIGHTS = {"cause": 10, "context": 4, "symptom": 3}
-_FIRST_ACTOR_BONUS = 5
+_OTHER_SIGNATURES = 0.25  # share of each further signature's worth added to the best one's
+_FIRST_ACTOR_BONUS = 10
 _UNEXPLAINED_CASCADE_BONUS = 100
 GENERIC_FAILURE = ""  # reference ID of the matcher's built-in, uncatalogued failure signatures
 MAX_EXAMPLES_PER_ROLE = 3  # example lines kept per reference and role: memory stays bounded
@@ -56,6 +60,8 @@ class Evidence:
 class ReferenceHits:
     reference_id: str
     roles: dict[int, str] = field(default_factory=dict)  # signature number -> role
+    specificity: dict[int, int] = field(default_factory=dict)  # signature number -> specificity
+    first_line: dict[int, str] = field(default_factory=dict)  # signature number -> first location
     lines: int = 0
     examples: list[Evidence] = field(default_factory=list)
     first: tuple[float, int] = (float("inf"), 0)  # (time or inf, arrival order)
@@ -94,10 +100,17 @@ class Candidate:
 class Analysis:
     """Feed hits in input order; ``candidates()`` and ``cascade()`` summarise them."""
 
-    def __init__(self, year: int | None = None) -> None:
+    def __init__(self, year: int | None = None, related: dict[str, tuple[str, ...]] | None = None) -> None:
         self._year = year or time.gmtime().tm_year
+        self._related = related or {}
         self.by_reference: dict[str, ReferenceHits] = {}
         self.first_failures: dict[str, FirstFailure] = {}
+        # Lines without any prefix belong to the process that wrote the file's other lines: the
+        # last actor named in the same source. Before any is named they wait under the source's
+        # name and join its actor when the source turns out to have exactly one.
+        self._last_actor: dict[str, str] = {}
+        self._actors_in: dict[str, set[str]] = {}
+        self.weak_first: Evidence | None = None  # first uncatalogued error-ish line (NCCL WARN, "error:")
         self.failure_lines = 0
         self._order = 0
         self._all_timed = True
@@ -108,8 +121,12 @@ class Analysis:
         signature = hit.signature
         if signature.reference_id == GENERIC_FAILURE:
             meta, _message = parse_line(hit.text, self._year)
-            actor = meta.actor or _actor_from_source(hit.source)
+            actor = self._actor(meta, hit.source)
             evidence = Evidence(hit.source, hit.line_number, hit.text, "symptom", 0, meta.time_text, actor, meta.host)
+            if signature.role == "context":  # weak: names a failing line, says nothing of order
+                if self.weak_first is None:
+                    self.weak_first = evidence
+                return
             self._note_failure(actor, evidence, "", meta, (meta.time if meta.time is not None else float("inf"), self._order), hit.source)
             return
         entry = self.by_reference.get(signature.reference_id)
@@ -118,10 +135,12 @@ class Analysis:
             entry.lines += 1  # a setting repeated by every rank: count it, skip the prefix parse
             return
         meta, _message = parse_line(hit.text, self._year)
-        actor = meta.actor or _actor_from_source(hit.source)
+        actor = self._actor(meta, hit.source)
         evidence = Evidence(hit.source, hit.line_number, hit.text, signature.role, signature.number, meta.time_text, actor, meta.host)
         entry = self.by_reference.setdefault(signature.reference_id, ReferenceHits(signature.reference_id))
         entry.roles[signature.number] = signature.role
+        entry.specificity[signature.number] = signature.specificity
+        entry.first_line.setdefault(signature.number, evidence.location)
         entry.lines += 1
         if _examples_of(entry, signature.role) < MAX_EXAMPLES_PER_ROLE and all(e.location != evidence.location for e in entry.examples):
             entry.examples.append(evidence)
@@ -132,6 +151,34 @@ class Analysis:
             entry.actors.add(actor)
         if signature.role != "context":
             self._note_failure(actor, evidence, signature.reference_id, meta, key, hit.source)
+
+    def _actor(self, meta: LineMeta, source: str) -> str:
+        """Who wrote a line: its prefixes' actor, else the source's last named actor, else the
+        source itself (a per-rank file, or a single process that never names itself)."""
+        actor = meta.actor
+        if actor is None:
+            return self._last_actor.get(source) or _actor_from_source(source)
+        self._last_actor[source] = actor
+        known = self._actors_in.setdefault(source, set())
+        if len(known) < 2:
+            known.add(actor)  # only "none, one or several" matters
+        return actor
+
+    def _merged_failures(self) -> dict[str, FirstFailure]:
+        """First failures per actor, with each source's unnamed lines joined to the one actor
+        that source names (a single process's traceback is not another rank)."""
+        merged = dict(self.first_failures)
+        for source, actors in self._actors_in.items():
+            unnamed = _actor_from_source(source)
+            if len(actors) != 1 or unnamed not in merged or unnamed in actors:
+                continue
+            (owner,) = actors
+            orphan = merged.pop(unnamed)
+            known = merged.get(owner)
+            if known is None or orphan.sort_key < known.sort_key:
+                orphan.actor = owner
+                merged[owner] = orphan
+        return merged
 
     def _note_failure(self, actor: str, evidence: Evidence, reference_id: str, meta: LineMeta, key: tuple[float, int], source: str) -> None:
         self.failure_lines += 1
@@ -152,7 +199,8 @@ class Analysis:
             self.first_failures[actor] = FirstFailure(actor, evidence, reference_id, key, {reference_id})
 
     def cascade(self) -> Cascade | None:
-        if len(self.first_failures) < 2:
+        failures = self._merged_failures()
+        if len(failures) < 2:
             return None
         if self._all_timed:
             ordered_by = "timestamps"
@@ -160,7 +208,7 @@ class Analysis:
             ordered_by = "line order"  # one interleaved file: earlier lines were written earlier
         else:
             return None  # separate files without timestamps cannot be put in order
-        ordered = sorted(self.first_failures.values(), key=lambda f: f.sort_key if ordered_by == "timestamps" else (0, f.sort_key[1]))
+        ordered = sorted(failures.values(), key=lambda f: f.sort_key if ordered_by == "timestamps" else (0, f.sort_key[1]))
         return Cascade(ordered[0], len(ordered) - 1, ordered[-1].evidence.time_text, ordered_by)
 
     def candidates(self) -> list[Candidate]:
@@ -168,12 +216,13 @@ class Analysis:
         cascade = self.cascade()
         first_actor = cascade.first.actor if cascade else None
         result = []
+        sharing = self._line_sharing()
         for entry in self.by_reference.values():
             roles = set(entry.roles.values())
             tier = next((t for t in TIERS if t in roles), "context")
             if tier == "context" and not failure_seen:
                 continue  # a setting seen in a healthy log is not a failure candidate
-            score = sum(_WEIGHTS[role] for role in entry.roles.values())
+            score = _tier_score(entry, tier, sharing)
             on_first = first_actor is not None and first_actor in entry.actors and tier != "context"
             if on_first and cascade and entry.reference_id in cascade.first.references_on_line:
                 score += _FIRST_ACTOR_BONUS
@@ -183,8 +232,32 @@ class Analysis:
         if cascade and CASCADE_REFERENCE not in self.by_reference:
             bonus = _UNEXPLAINED_CASCADE_BONUS if self._cascade_unexplained(cascade) else 0
             result.append(Candidate(CASCADE_REFERENCE, "symptom", bonus, ReferenceHits(CASCADE_REFERENCE), False, synthesized=True))
-        result.sort(key=lambda c: (TIERS.index(c.tier), -c.score, c.hits.first, c.reference_id))
+        named = {c.reference_id for c in result}
+        listed_by = {
+            c.reference_id: sum(1 for other in named if other != c.reference_id and c.reference_id in self._related.get(other, ()))
+            for c in result
+        }
+        result.sort(key=lambda c: (TIERS.index(c.tier), -c.score, listed_by[c.reference_id], c.hits.first))
         return result
+
+    def _line_sharing(self) -> dict[str, int]:
+        """For each line some signature first matched, how many references matched it."""
+        counts: dict[str, int] = {}
+        for entry in self.by_reference.values():
+            for location in set(entry.first_line.values()):
+                counts[location] = counts.get(location, 0) + 1
+        return counts
+
+    def first_failure(self) -> Evidence | None:
+        """The earliest failing line of the run, catalogued or not: what to read first when no
+        candidate explains the log."""
+        cascade = self.cascade()
+        if cascade is not None:
+            return cascade.first.evidence
+        failures = sorted(self._merged_failures().values(), key=lambda f: f.sort_key)
+        if failures:
+            return failures[0].evidence
+        return self.weak_first
 
     def _cascade_unexplained(self, cascade: Cascade) -> bool:
         """The first actor failed with an exception or traceback no reference describes, and the
@@ -196,6 +269,24 @@ class Analysis:
         if self.failure_lines:
             return []
         return [e for e in self.by_reference.values() if set(e.roles.values()) == {"context"}]
+
+
+def _tier_score(entry: ReferenceHits, tier: str, sharing: dict[str, int]) -> int:
+    """How strongly the log points at this reference in its tier.
+
+    Each matched signature is worth its specificity divided by the number of references whose
+    signatures matched the same line: a message three references share tells them apart no
+    better than a coin, while a line only this reference explains is worth all of it. The best
+    signature of the tier counts in full, the others (context included) a quarter each."""
+    worth = {
+        number: entry.specificity.get(number, 0) / max(1, sharing.get(entry.first_line.get(number, ""), 1))
+        for number in entry.roles
+    }
+    in_tier = [number for number, role in entry.roles.items() if role == tier]
+    if not in_tier:
+        return 0
+    best = max(in_tier, key=lambda number: worth[number])
+    return round(worth[best] + _OTHER_SIGNATURES * sum(value for number, value in worth.items() if number != best))
 
 
 def _examples_of(entry: ReferenceHits, role: str) -> int:

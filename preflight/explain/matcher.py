@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 from preflight.catalogue import CatalogueError
-from preflight.explain.prefixes import strip_ansi
+from preflight.explain.posts import normalise, segments
 from preflight.explain.reader import MAX_LINE, Chunk
 from preflight.model import Reference
 from preflight.records import frozen
-from preflight.signatures import required_literals
+from preflight.signatures import required_literals, specificity
 
 _MIN_WRAP_WIDTH = 60  # shorter lines are not the first half of a hard wrap
 
@@ -34,6 +34,7 @@ class Signature:
     role: str
     pattern: re.Pattern[str]
     literals: tuple[str, ...]
+    specificity: int  # see preflight.signatures.specificity: ranking prefers the higher
 
 
 @dataclass
@@ -55,6 +56,16 @@ GENERIC_FAILURES = (
     r"slurmstepd: error: \*\*\* (?:STEP|JOB) \S+ ON \S+ CANCELLED AT",  # time limit, scancel, node failure
     r"srun: error: \S+: tasks? [\d,-]+: (?:Exited with exit code|Killed|Terminated|Segmentation fault)",
 )
+# Lines that say something went wrong without saying that this process failed (NCCL warns on
+# healthy runs too). They never order a cascade; when nothing else failed, the first of them is
+# the line ``explain`` names as uncatalogued instead of saying nothing.
+GENERIC_WARNINGS = (
+    r"NCCL WARN ",
+    r"\bnccl(?:UnhandledCuda|System|Internal|InvalidArgument|InvalidUsage|Remote)Error\b",
+    r"\b(?:Segmentation fault|SIGSEGV|SIGABRT|SIGBUS|core dumped)\b",
+    r"\b(?:CUDA|NCCL|UCX|OFI|EFA|NET/\w+) ?(?:error|ERROR|failure)\b",
+    r"(?:^|[\s\]:])(?:ERROR|FATAL|Fatal error|fatal error|error):? ",
+)
 
 
 class Matcher:
@@ -62,6 +73,7 @@ class Matcher:
         self.signatures: list[Signature] = []
         by_literal: dict[str, list[Signature]] = {}
         generic = [("", number, {"pattern": p, "role": "symptom"}) for number, p in enumerate(GENERIC_FAILURES, 1)]
+        generic += [("", number, {"pattern": p, "role": "context"}) for number, p in enumerate(GENERIC_WARNINGS, 101)]
         catalogued = [(r.id, number, item) for r in references for number, item in enumerate(r.signatures, 1)]
         for reference_id, number, item in [*catalogued, *generic]:
             try:
@@ -71,7 +83,7 @@ class Matcher:
                 raise CatalogueError(f"{reference_id}: signature #{number} does not compile: {error}") from None
             if not literals:
                 raise CatalogueError(f"{reference_id}: signature #{number} has no required literal to scan for")
-            signature = Signature(reference_id, number, item["role"], compiled, literals)
+            signature = Signature(reference_id, number, item["role"], compiled, literals, specificity(item["pattern"]))
             self.signatures.append(signature)
             for literal in literals:
                 by_literal.setdefault(literal, []).append(signature)
@@ -103,8 +115,8 @@ class Matcher:
             counted_to = start
             line = _decode(raw)
             hits = list(self._match_line(line, candidates, chunk.source, line_number))
-            if not hits:
-                hits = list(self._match_wrapped(data, start, end, line, chunk.source, line_number))
+            if not any(hit.signature.reference_id for hit in hits):  # generic hits do not end the search
+                hits += self._match_wrapped(data, start, end, line, chunk.source, line_number)
             yield from hits
 
     def _candidates(self, raw: bytes, position: int = 0) -> list[Signature]:
@@ -126,27 +138,31 @@ class Matcher:
         return list(found.values())
 
     def _match_line(self, line: str, candidates: list[Signature], source: str, line_number: int) -> Iterator[Hit]:
-        for signature in candidates:
-            if signature.pattern.search(line):
-                yield Hit(signature, source, line_number, line)
+        for text in segments(line):
+            for signature in candidates:
+                if signature.pattern.search(text):
+                    yield Hit(signature, source, line_number, text)
 
     def _match_joined(self, joined: str, source: str, line_number: int) -> Iterator[Hit]:
         raw = joined.encode("utf-8", "replace")
-        yield from self._match_line(joined, self._candidates(raw), source, line_number)
+        for signature in self._candidates(raw):
+            if signature.pattern.search(joined):
+                yield Hit(signature, source, line_number, joined)
 
     def _match_wrapped(self, data: bytes, start: int, end: int, line: str, source: str, line_number: int) -> Iterator[Hit]:
         """Try the line joined with the previous or the next line (a hard-wrapped message).
 
         Only a line that starts without any log prefix can be a continuation; two consecutive
         records of an interleaved log are never joined."""
+        line = normalise(line)
         if start > 0 and _is_continuation(line):
             previous_start = data.rfind(b"\n", 0, start - 1) + 1
-            previous = _decode(data[previous_start : start - 1])
+            previous = normalise(_decode(data[previous_start : start - 1]))
             if len(previous) >= _MIN_WRAP_WIDTH:
                 yield from self._match_joined(previous + line, source, line_number - 1)
         if len(line) >= _MIN_WRAP_WIDTH and end < len(data):
             next_end = data.find(b"\n", end + 1)
-            following = _decode(data[end + 1 : len(data) if next_end < 0 else next_end])
+            following = normalise(_decode(data[end + 1 : len(data) if next_end < 0 else next_end]))
             if _is_continuation(following):
                 yield from self._match_joined(line + following, source, line_number)
 
@@ -208,7 +224,8 @@ def _is_continuation(line: str) -> bool:
 
 
 def _decode(raw: bytes) -> str:
-    return strip_ansi(raw[:MAX_LINE].decode("utf-8", "replace").rstrip("\r"))
+    """The line as text; colours, quoting and redraws are left to :mod:`posts`."""
+    return raw[:MAX_LINE].decode("utf-8", "replace")
 
 
 def _trie_pattern(literals: list[bytes]) -> bytes:

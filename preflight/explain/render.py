@@ -45,7 +45,8 @@ def exit_status(explanation: Explanation) -> str:
     if not explanation.stats.files:
         return "no-input"
     if not explanation.candidates:
-        return "nothing-found"
+        # A log that fails in a way no reference describes is not a log without failures.
+        return "uncatalogued" if explanation.first_failure else "nothing-found"
     if any(v.status == "confirmed" for v in explanation.verdicts.values()):
         return "confirmed"
     return "candidates"
@@ -61,9 +62,19 @@ def render_text(explanation: Explanation) -> str:
     if not stats.files:
         out.append("No input could be read; nothing was explained.")
         return printable_lines("\n".join(out)) + "\n"
+    first = explanation.first_failure
+    if not count and first is not None:
+        out.append(f"The run failed in a way the catalogue does not describe ({scanned}).")
+        who = f" ({first.actor})" if first.actor and first.actor not in first.source else ""
+        out.append(f"First failing line, not catalogued{who}:")
+        out.append(f"  {_evidence_line(first)}")
+        out.append("preflight names no cause for it; read the log from that line.")
+        if explanation.settings_seen:
+            out.append("Settings noted (not failures): " + ", ".join(explanation.settings_seen))
+        return printable_lines("\n".join(out)) + "\n"
     if not count:
-        out.append(f"No catalogued failure found ({scanned}).")
-        out.append("The logs match none of the catalogue's signatures; preflight does not guess beyond them.")
+        out.append(f"No failure found ({scanned}).")
+        out.append("The logs match none of the catalogue's signatures and show no error; preflight does not guess beyond them.")
         if explanation.settings_seen:
             out.append("Settings noted (not failures): " + ", ".join(explanation.settings_seen))
         return printable_lines("\n".join(out)) + "\n"
@@ -145,6 +156,7 @@ def _evidence_line(item: Evidence) -> str:
 def render_json(explanation: Explanation) -> str:
     stats = explanation.stats
     cascade = explanation.cascade
+    first = explanation.first_failure
     document: dict[str, Any] = {
         "schema": SCHEMA,
         "status": exit_status(explanation),
@@ -168,6 +180,9 @@ def render_json(explanation: Explanation) -> str:
             "last_time": cascade.last_time_text,
             "ordered_by": cascade.ordered_by,
         },
+        "first_failure": None
+        if first is None
+        else {"location": first.location, "time": first.time_text, "actor": first.actor, "text": first.text[:2000]},
         "candidates": [_candidate_json(p, c, explanation) for p, c in enumerate(explanation.candidates, 1)],
         "settings_seen": explanation.settings_seen,
         "check_error": explanation.check_error,

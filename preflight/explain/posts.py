@@ -1,0 +1,62 @@
+"""Undo what posting a log does to it, before a line is matched or its prefixes are read.
+
+Logs reach ``explain`` copied out of terminals, CI pages and issue threads, and each of those
+leaves marks on the text that no signature should have to know about:
+
+* Markdown quoting: ``> `` (or ``>>``) in front of every line of a quoted reply;
+* Markdown autolinks: GitHub turns ``net_ib.cc:101`` and ``10.1.3.201`` into
+  ``[net_ib.cc:101](http://net_ib.cc:101/)``, so a copied line carries both;
+* code fences (```` ``` ````), which are whole lines of their own and match nothing;
+* terminal colours (handled by :func:`preflight.explain.prefixes.strip_ansi`);
+* carriage returns: a progress bar redraws itself with ``\\r`` and the error that follows is
+  written onto the same line of the file, so a line is really several, and the last one is the
+  message.
+
+The scanner finds candidate lines on the raw bytes (autolinks repeat their text, quoting only
+adds a prefix, so every literal survives), then matches the normalised text.
+"""
+
+from __future__ import annotations
+
+import re
+
+from preflight.explain.prefixes import strip_ansi
+
+_QUOTE = re.compile(r"[ \t]{0,3}>(?:[ \t]{0,3}>)*[ \t]?")
+# "[text](http://text/)": only links whose text is a single token (a host, an address, a
+# file:line), which is how GitHub autolinks look; a prose link keeps its words either way.
+_AUTOLINK = re.compile(r"\[([^\[\]\s]{1,200})\]\((?:https?|ftp|mailto):[^()\s]{0,400}\)")
+_FENCE = re.compile(r"[ \t]{0,3}(?:```|~~~)")
+
+
+def normalise(line: str) -> str:
+    """The message a posted line carries: no quote markers, autolinks, colours or redraws."""
+    if "\r" in line:
+        line = _last_segment(line)
+    line = strip_ansi(line)
+    if line[:4].lstrip(" \t")[:1] == ">":
+        line = _QUOTE.sub("", line, count=1)
+    if "](" in line:
+        line = _AUTOLINK.sub(r"\1", line)
+    if "`" in line[:8] and _FENCE.match(line):
+        line = line.lstrip(" \t").lstrip("`~")
+        if " " not in line.strip():
+            return ""  # an opening fence with its language tag ("```text") carries nothing
+    return line
+
+
+def _last_segment(line: str) -> str:
+    """The text a terminal would show: what follows the last carriage return that has text
+    after it (a trailing ``\\r`` of a CRLF line ends the line, it does not redraw it)."""
+    segments = [segment for segment in line.split("\r") if segment.strip()]
+    return segments[-1] if segments else ""
+
+
+def segments(line: str) -> list[str]:
+    """Every redraw of a line, each normalised; the line itself when it has no redraws.
+
+    A signature may sit in a segment before the last (an error printed, then a progress bar
+    drawn over it), so the matcher tries each."""
+    if "\r" not in line.rstrip("\r"):
+        return [normalise(line.rstrip("\r"))]
+    return [normalise(part) for part in line.split("\r") if part.strip()]

@@ -1,0 +1,576 @@
+#!/usr/bin/env python3
+"""Extract the log-message format strings that NCCL prints, from every release tag in a range.
+
+Usage::
+
+    python3 references/coverage/extract_nccl.py /work/.mirror/NVIDIA+nccl/repo
+
+The argument is a git directory (bare or not) of NVIDIA/nccl with its release tags. For every tag
+from ``--first`` to ``--last`` (ordered by version) the script reads the C/C++/CUDA sources under
+``src/`` straight from git (nothing is checked out), plus the C code that build-time generator
+scripts there hold in their string literals, and collects the format string of
+
+* every ``WARN(...)`` call;
+* every ``INFO(...)``, ``INFO_LOC(...)`` and ``INFO_LOC_FN(...)`` call that sits inside a
+  ``#define`` body (the failure-reporting macros of ``checks.h`` and their kind: back traces such
+  as ``%s:%d -> %d``, "Call to ... returned %s, retrying"), except in the definitions of the
+  logging macros themselves;
+* every other INFO-family call whose format contains one of the words of :data:`INFO_KEYWORDS`
+  (ignoring case), or, in the InfiniBand verbs, ``net_ib`` and socket code, names an ``NCCL_``
+  setting (the hints NCCL prints next to a failure).
+
+Adjacent string literals are joined, continued lines spliced and C escapes decoded. Conversions
+are kept as written; ``PRIu64``-style macros become what they expand to on Linux x86-64 (``lu``),
+and a macro that names a string literal (``#define SYMBOL "text"``) becomes that text. When a
+checking macro pastes one of its parameters into the format (``"Call to " name " failed: %s"``
+in ``SYSCHECK``, ``#name "() failed: %s"`` in the NVML wrapper) the macro's own format is
+recorded with ``%s`` in that place, and so is every call site's format with the argument it
+passes (``Call to bind failed: %s``), following macros that hand the parameter on to another
+macro. Any other identifier pasted into a literal becomes ``%s``. A call whose format is not
+made of literals (``WARN(msg)``) has no format to record and is skipped.
+
+Formats are deduplicated by their text; each record gives the macro (``WARN`` when any
+occurrence is a WARN, else ``INFO``), the file of the newest tag that has it (the first in sort
+order when several do), and the first and last tag that contain it. The result is written,
+sorted by text, to ``nccl-formats.json`` beside this script (or ``--output``).
+
+Only message formats, paths and tag names are recorded; no NCCL code is copied.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Union
+
+FIRST_TAG = "v2.18.3-1"
+LAST_TAG = "v2.30.7-1"
+SOURCE_DIR = "src"
+SOURCE_SUFFIXES = (".h", ".hpp", ".hh", ".c", ".cc", ".cpp", ".cxx", ".cu", ".cuh", ".inl")
+HEADER_SUFFIXES = (".h", ".hpp", ".hh", ".cuh", ".inl")
+#: Build-time generators whose string literals hold C code that ends up in the library.
+GENERATOR_SUFFIXES = (".py",)
+
+#: Index of the format argument of each logging macro.
+FORMAT_ARG = {"WARN": 0, "INFO": 1, "INFO_LOC": 1, "INFO_LOC_FN": 4}
+LOGGING_MACROS = frozenset(FORMAT_ARG) | {"TRACE", "TRACE_CALL", "TRACE_LOC", "TRACE_LOC_FN", "VERSION"}
+#: Words (matched ignoring case) that make an INFO format a failure report or a hint next to one.
+INFO_KEYWORDS = re.compile(r"hint|failed|error|timeout|retrying|abort", re.IGNORECASE)
+#: Path fragments of the code whose ``NCCL_`` hints are kept even without a keyword.
+HINT_PATHS = ("ibvwrap", "net_ib", "socket")
+#: What the ``<inttypes.h>`` format macros expand to on Linux x86-64 (glibc, LP64).
+INTTYPES = {
+    f"PRI{conv}{width}": ("l" if width == "64" else "") + conv
+    for conv in "diouxX"
+    for width in ("8", "16", "32", "64")
+}
+INTTYPES.update({f"PRI{conv}PTR": "l" + conv for conv in "diouxX"})
+#: Rounds of following a parameter from one checking macro into another that calls it.
+MAX_MACRO_NESTING = 5
+
+VERSION_TAG = re.compile(r"^v(\d+)\.(\d+)\.(\d+)-(\d+)$")
+ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "a": "\a", "b": "\b", "f": "\f", "v": "\v",
+           "\\": "\\", "'": "'", '"': '"', "?": "?",
+           "\n": ""}  # a backslash-newline inside a literal splices the two lines
+MACRO_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
+
+# One token of C source after optional blanks; comments are matched so they can be skipped.
+TOKEN = re.compile(
+    r"""
+    [ \t\r\f\v]*
+    (?:
+      (?P<comment>//[^\n]*|/\*.*?\*/)
+    | (?P<string>(?:u8|[uUL])?"(?:[^"\\\n]|\\.)*")
+    | (?P<char>(?:u8|[uUL])?'(?:[^'\\\n]|\\.)*')
+    | (?P<ident>[A-Za-z_]\w*)
+    | (?P<number>\.?\d(?:[\w.]|[eEpP][+-])*)
+    | (?P<continuation>\\\n)
+    | (?P<newline>\n)
+    | (?P<punct>\.\.\.|.)
+    )
+    """,
+    re.VERBOSE | re.DOTALL,
+)
+#: A single- or double-quoted Python string literal (generators quote C code with the other quote).
+PYTHON_STRING = re.compile(r"""(?P<quote>['"])(?P<body>(?:(?!(?P=quote))[^\\\n]|\\.)*)(?P=quote)""")
+#: A logging macro name followed by '(' somewhere in a file: files without one are not tokenized.
+CALL_HINT = re.compile(r"\b(?:WARN|INFO(?:_LOC(?:_FN)?)?)\s*\(")
+
+
+@dataclass(frozen=True)
+class Token:
+    kind: str
+    text: str
+    define: str  # name of the macro whose #define body holds the token, "" outside one
+    params: tuple[str, ...] = ()  # that macro's parameters
+
+
+@dataclass(frozen=True)
+class Pasted:
+    """An identifier pasted between the literals of a format: a macro parameter or constant."""
+
+    name: str
+    stringized: bool  # written as #name: the spelling of the argument, not its value
+
+
+Part = Union[str, Pasted]
+Args = tuple[tuple[Token, ...], ...]
+
+
+@dataclass(frozen=True)
+class Call:
+    """One logging call whose format argument is made of string literals (and pasted names)."""
+
+    macro: str
+    parts: tuple[Part, ...]
+    define: str = ""
+    params: tuple[str, ...] = ()
+    via: str = ""  # the checking macro whose body holds the logging call, for a macro use
+
+    @property
+    def is_template(self) -> bool:
+        """Whether the format pastes in a parameter of the macro whose body holds the call."""
+        return any(isinstance(part, Pasted) and part.name in self.params for part in self.parts)
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """A use of a checking macro: its name and its arguments."""
+
+    name: str
+    args: Args
+    define: str = ""
+    params: tuple[str, ...] = ()
+
+
+@dataclass
+class BlobInfo:
+    calls: list[Call] = field(default_factory=list)
+    strings: dict[str, str] = field(default_factory=dict)  # #define NAME "literal"
+    nested: list[Invocation] = field(default_factory=list)  # macro uses inside #define bodies
+
+
+@dataclass
+class Record:
+    macros: set[str] = field(default_factory=set)
+    tags: set[str] = field(default_factory=set)
+    files: dict[str, set[str]] = field(default_factory=dict)  # tag -> paths
+
+
+def version_key(tag: str) -> tuple[int, ...]:
+    match = VERSION_TAG.match(tag)
+    if match is None:
+        raise ValueError(f"not a release tag: {tag}")
+    return tuple(int(part) for part in match.groups())
+
+
+def git(repo: Path, *args: str, data: bytes | None = None) -> bytes:
+    result = subprocess.run(["git", "-C", str(repo), *args], input=data, capture_output=True, check=True)
+    return result.stdout
+
+
+def release_tags(repo: Path, first: str, last: str) -> list[str]:
+    """Every ``vX.Y.Z-N`` tag from ``first`` to ``last`` inclusive, oldest first."""
+    low, high = version_key(first), version_key(last)
+    names = git(repo, "tag", "--list").decode().split()
+    tags = [name for name in names if VERSION_TAG.match(name) and low <= version_key(name) <= high]
+    return sorted(tags, key=version_key)
+
+
+def source_blobs(repo: Path, tag: str) -> dict[str, str]:
+    """Path -> blob id of every C/C++/CUDA source (and generator script) under ``src/`` in ``tag``."""
+    listing = git(repo, "ls-tree", "-r", "-z", tag, "--", SOURCE_DIR).decode()
+    blobs: dict[str, str] = {}
+    for entry in filter(None, listing.split("\0")):
+        meta, path = entry.split("\t", 1)
+        _mode, kind, blob = meta.split()
+        if kind == "blob" and path.endswith(SOURCE_SUFFIXES + GENERATOR_SUFFIXES):
+            blobs[path] = blob
+    return blobs
+
+
+def read_blobs(repo: Path, blobs: Iterable[str]) -> dict[str, str]:
+    """Contents of the given blobs, read in one ``git cat-file --batch`` run."""
+    wanted_blobs = sorted(set(blobs))
+    output = git(repo, "cat-file", "--batch", data="".join(f"{blob}\n" for blob in wanted_blobs).encode())
+    contents: dict[str, str] = {}
+    position = 0
+    for blob in wanted_blobs:
+        header_end = output.index(b"\n", position)
+        name, kind, size = output[position:header_end].decode().split()
+        if name != blob or kind != "blob":
+            raise RuntimeError(f"unexpected cat-file header for {blob}: {name} {kind}")
+        start = header_end + 1
+        contents[blob] = output[start:start + int(size)].decode("utf-8", errors="replace")
+        position = start + int(size) + 1
+    return contents
+
+
+def c_sources(text: str, generator: bool) -> list[str]:
+    """The C code in a file: the file itself, or the string literals of a generator script."""
+    if not generator:
+        return [text]
+    bodies = (match.group("body") for match in PYTHON_STRING.finditer(text))
+    return [body.replace("\\\\", "\\") for body in bodies if "(" in body]
+
+
+def tokens(source: str) -> list[Token]:
+    """Significant tokens of ``source``, each marked with the ``#define`` whose body holds it."""
+    result: list[Token] = []
+    at_line_start = True
+    directive: str | None = None  # name of the preprocessor directive being read, "" right after '#'
+    defining = ""  # name of the macro a #define directive defines
+    params: list[str] | None = None  # its parameter list while it is being read
+    signature_done = False
+    for match in TOKEN.finditer(source):
+        kind = match.lastgroup or "punct"
+        if kind == "newline":
+            at_line_start, directive, defining, params, signature_done = True, None, "", None, False
+            continue
+        if kind == "continuation":
+            continue
+        text = match.group(kind)
+        if kind == "comment":
+            if directive is None and "\n" in text:
+                at_line_start = True
+            continue
+        if at_line_start and text == "#" and kind == "punct":
+            directive = ""
+        elif directive == "" and kind == "ident":
+            directive = text
+        elif directive == "define" and not defining and kind == "ident":
+            defining = text
+            result.append(Token(kind, text, defining))
+            at_line_start = False
+            continue
+        elif defining and not signature_done:
+            # '(' right after the name opens the parameter list of a function-like macro
+            if params is None and text == "(" and match.group().startswith("("):
+                params = []
+                continue
+            if params is not None and text != ")":
+                if kind == "ident" or text == "...":
+                    params.append("__VA_ARGS__" if text == "..." else text)
+                continue
+            signature_done = True
+            if params is not None:
+                continue  # the ')' that closes the parameter list
+        at_line_start = False
+        result.append(Token(kind, text, defining, tuple(params or ())))
+    return result
+
+
+def split_arguments(toks: list[Token], open_index: int) -> list[list[Token]] | None:
+    """The comma-separated arguments of the call whose '(' is at ``open_index``."""
+    depth = 0
+    arguments: list[list[Token]] = [[]]
+    for index in range(open_index, len(toks)):
+        token = toks[index]
+        if token.kind == "punct" and token.text in "([{":
+            depth += 1
+            if depth == 1:
+                continue
+        elif token.kind == "punct" and token.text in ")]}":
+            depth -= 1
+            if depth == 0:
+                return arguments
+        elif token.kind == "punct" and token.text == "," and depth == 1:
+            arguments.append([])
+            continue
+        arguments[-1].append(token)
+    return None
+
+
+def decode_literal(literal: str) -> str:
+    """The characters a C string literal stands for."""
+    body = literal[literal.index('"') + 1:-1]
+    out: list[str] = []
+    index = 0
+    while index < len(body):
+        char = body[index]
+        if char != "\\":
+            out.append(char)
+            index += 1
+            continue
+        escape = body[index + 1]
+        if escape in ESCAPES:
+            out.append(ESCAPES[escape])
+            index += 2
+        elif escape == "x":
+            digits = re.match(r"[0-9A-Fa-f]+", body[index + 2:])
+            assert digits is not None, literal
+            out.append(chr(int(digits.group(), 16)))
+            index += 2 + len(digits.group())
+        else:
+            digits = re.match(r"[0-7]{1,3}", body[index + 1:])
+            assert digits is not None, literal
+            out.append(chr(int(digits.group(), 8)))
+            index += 1 + len(digits.group())
+    return "".join(out)
+
+
+def format_parts(argument: list[Token]) -> tuple[Part, ...] | None:
+    """The pieces of a format argument made of adjacent literals, or None when it is not one."""
+    if not argument or not any(token.kind == "string" for token in argument):
+        return None
+    parts: list[Part] = []
+    for index, token in enumerate(argument):
+        if token.kind == "string":
+            parts.append(decode_literal(token.text))
+        elif token.kind == "ident" and token.text in INTTYPES:
+            parts.append(INTTYPES[token.text])
+        elif token.kind == "ident":
+            parts.append(Pasted(token.text, index > 0 and argument[index - 1].text == "#"))
+        elif token.text == "#" and index + 1 < len(argument) and argument[index + 1].kind == "ident":
+            continue  # the stringizing operator: #name prints the macro argument's spelling
+        else:
+            return None
+    return tuple(parts)
+
+
+def invocations(toks: list[Token], names: frozenset[str] | None) -> Iterable[Invocation]:
+    """Uses of the macros in ``names`` with their arguments; when None, of the logging macros
+    anywhere and of any upper-case macro inside a ``#define`` body."""
+    for index, token in enumerate(toks[:-1]):
+        if token.kind != "ident" or toks[index + 1].text != "(":
+            continue
+        if names is not None:
+            if token.text not in names:
+                continue
+        elif token.text not in FORMAT_ARG and not (token.define and MACRO_NAME.match(token.text)):
+            continue
+        arguments = split_arguments(toks, index + 1)
+        if arguments is not None:
+            args = tuple(tuple(argument) for argument in arguments)
+            yield Invocation(token.text, args, token.define, token.params)
+
+
+def analyse(source: str) -> BlobInfo:
+    """Logging calls, string constants and macro uses inside macro bodies of one C source."""
+    info = BlobInfo()
+    if not CALL_HINT.search(source) and "#define" not in source:
+        return info
+    toks = tokens(source)
+    for index, token in enumerate(toks[:-2]):
+        if token.kind == "ident" and token.define == token.text and not token.params \
+                and toks[index + 1].kind == "string" and toks[index + 1].define == token.text \
+                and toks[index + 2].define != token.text:
+            info.strings[token.text] = decode_literal(toks[index + 1].text)
+    for use in invocations(toks, None):
+        if use.name in FORMAT_ARG:
+            position = FORMAT_ARG[use.name]
+            parts = format_parts(list(use.args[position])) if len(use.args) > position else None
+            if parts is not None:
+                info.calls.append(Call(use.name, parts, use.define, use.params))
+        elif use.define and use.define != use.name:
+            info.nested.append(use)
+    return info
+
+
+def argument_part(argument: tuple[Token, ...], stringized: bool, use: Invocation,
+                  strings: dict[str, str]) -> Part:
+    """What a macro argument puts into a format where the macro pastes the parameter."""
+    if len(argument) == 1 and argument[0].kind == "ident" and argument[0].text in use.params:
+        return Pasted(argument[0].text, stringized)  # handed on from the enclosing macro
+    if stringized:
+        return " ".join(token.text for token in argument)
+    if argument and all(token.kind == "string" for token in argument):
+        return "".join(decode_literal(token.text) for token in argument)
+    if len(argument) == 1 and argument[0].text in strings:
+        return strings[argument[0].text]
+    return "%s"
+
+
+def substitute(template: Call, use: Invocation, strings: dict[str, str]) -> Call:
+    """The call a checking macro makes when it is used with the arguments of ``use``."""
+    parts: list[Part] = []
+    for part in template.parts:
+        if isinstance(part, Pasted) and part.name in template.params:
+            position = template.params.index(part.name)
+            if part.name == "__VA_ARGS__" or position >= len(use.args):
+                parts.append("%s")
+            else:
+                parts.append(argument_part(use.args[position], part.stringized, use, strings))
+        else:
+            parts.append(part)
+    return Call(template.macro, tuple(parts), use.define, use.params, template.via or template.define)
+
+
+def render(call: Call, strings: dict[str, str]) -> str:
+    """The format text of a call: pasted constants resolved, anything else as ``%s``."""
+    out: list[str] = []
+    for part in call.parts:
+        if isinstance(part, str):
+            out.append(part)
+        elif not part.stringized and part.name not in call.params and part.name in strings:
+            out.append(strings[part.name])
+        else:
+            out.append("%s")
+    return "".join(out)
+
+
+def wanted(call: Call, path: str, text: str) -> bool:
+    """Whether a call prints a failure (or a hint next to one) and belongs in the table."""
+    if call.define in LOGGING_MACROS:
+        return False  # the logging macros' own definitions (INFO_LOC_FN's location prefix)
+    if call.macro == "WARN" or call.define or call.via:
+        return True
+    if INFO_KEYWORDS.search(text):
+        return True
+    return "NCCL_" in text and any(part in path for part in HINT_PATHS)
+
+
+class Extractor:
+    """Reads the tags of one repository, caching what each distinct file version holds."""
+
+    def __init__(self, repo: Path, tags: list[str]) -> None:
+        self.repo = repo
+        self.tags = tags
+        self.per_tag = {tag: source_blobs(repo, tag) for tag in tags}
+        everything = (blob for blobs in self.per_tag.values() for blob in blobs.values())
+        self.contents = read_blobs(repo, everything)
+        self.infos: dict[tuple[str, bool], BlobInfo] = {}
+        self.uses: dict[tuple[str, bool, frozenset[str]], list[Invocation]] = {}
+
+    def sources(self, blob: str, path: str) -> tuple[tuple[str, bool], list[str]]:
+        generator = path.endswith(GENERATOR_SUFFIXES)
+        return (blob, generator), c_sources(self.contents[blob], generator)
+
+    def info(self, blob: str, path: str) -> BlobInfo:
+        key, sources = self.sources(blob, path)
+        if key not in self.infos:
+            merged = BlobInfo()
+            for source in sources:
+                part = analyse(source)
+                merged.calls.extend(part.calls)
+                merged.strings.update(part.strings)
+                merged.nested.extend(part.nested)
+            self.infos[key] = merged
+        return self.infos[key]
+
+    def macro_uses(self, blob: str, path: str, names: frozenset[str]) -> list[Invocation]:
+        """Uses of the checking macros ``names`` in one file (cached per file version)."""
+        (blob_key, generator), sources = self.sources(blob, path)
+        key = (blob_key, generator, names)
+        if key not in self.uses:
+            found: list[Invocation] = []
+            hint = re.compile(r"\b(?:" + "|".join(sorted(names)) + r")\s*\(")
+            for source in sources:
+                if hint.search(source):
+                    found.extend(invocations(tokens(source), names))
+            self.uses[key] = found
+        return self.uses[key]
+
+    def templates(self, tag: str, strings: dict[str, str]) -> dict[str, list[tuple[str, Call]]]:
+        """Checking macros of a tag that paste a parameter into a format, with where they are defined."""
+        found: dict[str, list[tuple[str, Call]]] = {}
+        blobs = self.per_tag[tag]
+        for path, blob in sorted(blobs.items()):
+            for call in self.info(blob, path).calls:
+                if call.is_template and call.define not in LOGGING_MACROS:
+                    found.setdefault(call.define, []).append((path, call))
+        for _ in range(MAX_MACRO_NESTING):
+            added = False
+            for path, blob in sorted(blobs.items()):
+                for use in self.info(blob, path).nested:
+                    for _, template in definitions(found, use.name, path):
+                        call = substitute(template, use, strings)
+                        entry = (path, call)
+                        if call.is_template and entry not in found.get(use.define, []):
+                            found.setdefault(use.define, []).append(entry)
+                            added = True
+            if not added:
+                break
+        return found
+
+    def calls(self, tag: str) -> Iterable[tuple[str, Call, str]]:
+        """(path, call, format text) of every logging call a tag makes, macro uses expanded."""
+        blobs = self.per_tag[tag]
+        strings: dict[str, str] = {}
+        for path, blob in sorted(blobs.items(), reverse=True):
+            strings.update(self.info(blob, path).strings)
+        templates = self.templates(tag, strings)
+        names = frozenset(templates)
+        for path, blob in sorted(blobs.items()):
+            for call in self.info(blob, path).calls:
+                yield path, call, render(call, strings)
+            if not names:
+                continue
+            for use in self.macro_uses(blob, path, names):
+                for _, template in definitions(templates, use.name, path):
+                    call = substitute(template, use, strings)
+                    if not call.is_template:
+                        yield path, call, render(call, strings)
+
+
+def definitions(templates: dict[str, list[tuple[str, Call]]], name: str, path: str) -> list[tuple[str, Call]]:
+    """The definitions of macro ``name`` that a use in ``path`` sees: its own file's, else the headers'."""
+    entries = templates.get(name, [])
+    local = [entry for entry in entries if entry[0] == path]
+    if local:
+        return local
+    return [entry for entry in entries if entry[0].endswith(HEADER_SUFFIXES)]
+
+
+def collect(repo: Path, tags: list[str]) -> dict[str, Record]:
+    extractor = Extractor(repo, tags)
+    records: dict[str, Record] = {}
+    for tag in tags:
+        for path, call, text in extractor.calls(tag):
+            if not wanted(call, path, text):
+                continue
+            record = records.setdefault(text, Record())
+            record.macros.add("WARN" if call.macro == "WARN" else "INFO")
+            record.tags.add(tag)
+            record.files.setdefault(tag, set()).add(path)
+    return records
+
+
+def table(records: dict[str, Record]) -> list[dict[str, str]]:
+    rows: list[dict[str, str]] = []
+    for text, record in records.items():
+        ordered = sorted(record.tags, key=version_key)
+        rows.append({
+            "text": text,
+            "macro": "WARN" if "WARN" in record.macros else "INFO",
+            "file": min(record.files[ordered[-1]]),
+            "first": ordered[0],
+            "last": ordered[-1],
+        })
+    return sorted(rows, key=lambda row: (row["text"], row["macro"]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("repo", type=Path, help="git directory of NVIDIA/nccl with its release tags")
+    parser.add_argument("--first", default=FIRST_TAG, help=f"oldest tag to read (default {FIRST_TAG})")
+    parser.add_argument("--last", default=LAST_TAG, help=f"newest tag to read (default {LAST_TAG})")
+    parser.add_argument("--output", type=Path, default=Path(__file__).with_name("nccl-formats.json"))
+    args = parser.parse_args(argv)
+
+    tags = release_tags(args.repo, args.first, args.last)
+    if not tags:
+        parser.error(f"no release tags between {args.first} and {args.last} in {args.repo}")
+    rows = table(collect(args.repo, tags))
+    document = {
+        "source": "https://github.com/NVIDIA/nccl",
+        "generator": "references/coverage/extract_nccl.py",
+        "tags": tags,
+        "formats": rows,
+    }
+    args.output.write_text(json.dumps(document, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row["macro"]] = counts.get(row["macro"], 0) + 1
+    summary = ", ".join(f"{macro} {count}" for macro, count in sorted(counts.items()))
+    print(f"{len(rows)} formats from {len(tags)} tags ({tags[0]} .. {tags[-1]}): {summary}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
