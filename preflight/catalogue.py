@@ -225,7 +225,9 @@ def _validate_signatures(items: Any, analyse: bool = True) -> list[str]:
                 " that every match contains (explain scans for it before running the pattern)"
             )
         problems.extend(f"signature #{number}: {problem}" for problem in safety_problems(item["pattern"]))
-        for key in set(item) - {"pattern", "examples", "role"}:
+        if "source" in item and not isinstance(item["source"], str):
+            problems.append(f"signature #{number}: 'source' names where the message is printed, as a string")
+        for key in set(item) - {"pattern", "examples", "role", "source"}:
             problems.append(f"signature #{number}: unknown key {key!r}")
     return problems
 

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from preflight.explain.analysis import Analysis, Candidate, Cascade, Evidence
 from preflight.explain.confirm import Verdict
 from preflight.explain.reader import ReadStats, iter_inputs
 from preflight.model import Reference
+
+if TYPE_CHECKING:
+    from preflight.explain.matcher import Matcher
 
 
 @dataclass
@@ -31,18 +34,34 @@ class Explanation:
     check_error: str | None = None
 
 
-def explain(paths: list[str], stdin: BinaryIO | None = None, catalogue_dir: str | None = None) -> Explanation:
-    """Scan ``paths`` (``-`` or none for stdin) and rank the candidates."""
+@dataclass
+class Catalogue:
+    """The references and their compiled matcher: built once, reused for many inputs."""
+
+    references: dict[str, Reference]
+    matcher: "Matcher"
+
+
+def load_catalogue(catalogue_dir: str | None = None) -> Catalogue:
     from preflight.catalogue import load_all
     from preflight.explain.matcher import Matcher
+
+    references = {reference.id: reference for reference in load_all(catalogue_dir)}
+    return Catalogue(references, Matcher(references.values()))
+
+
+def explain(
+    paths: list[str], stdin: BinaryIO | None = None, catalogue_dir: str | None = None, catalogue: Catalogue | None = None
+) -> Explanation:
+    """Scan ``paths`` (``-`` or none for stdin) and rank the candidates."""
     from preflight.explain.parallel import scan_chunks
 
     started = time.perf_counter()
-    references = {reference.id: reference for reference in load_all(catalogue_dir)}
-    matcher = Matcher(references.values())
+    catalogue = catalogue or load_catalogue(catalogue_dir)
+    references = catalogue.references
     stats = ReadStats()
     analysis = Analysis(related={reference.id: tuple(reference.related) for reference in references.values()})
-    for hit in scan_chunks(matcher, iter_inputs(paths, stats, stdin), stats):
+    for hit in scan_chunks(catalogue.matcher, iter_inputs(paths, stats, stdin), stats):
         analysis.add(hit)
     candidates = [c for c in analysis.candidates() if c.reference_id in references]
     settings = [entry.reference_id for entry in analysis.settings_seen()]

@@ -40,6 +40,7 @@ Only message formats, paths and tag names are recorded; no NCCL code is copied.
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import re
 import subprocess
@@ -77,15 +78,13 @@ VERSION_TAG = re.compile(r"^v(\d+)\.(\d+)\.(\d+)-(\d+)$")
 ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "a": "\a", "b": "\b", "f": "\f", "v": "\v",
            "\\": "\\", "'": "'", '"': '"', "?": "?",
            "\n": ""}  # a backslash-newline inside a literal splices the two lines
-MACRO_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
 
-# One token of C source after optional blanks; comments are matched so they can be skipped.
+# One token of C source after optional blanks.
 TOKEN = re.compile(
     r"""
     [ \t\r\f\v]*
     (?:
-      (?P<comment>//[^\n]*|/\*.*?\*/)
-    | (?P<string>(?:u8|[uUL])?"(?:[^"\\\n]|\\.)*")
+      (?P<string>(?:u8|[uUL])?"(?:[^"\\\n]|\\.)*")
     | (?P<char>(?:u8|[uUL])?'(?:[^'\\\n]|\\.)*')
     | (?P<ident>[A-Za-z_]\w*)
     | (?P<number>\.?\d(?:[\w.]|[eEpP][+-])*)
@@ -96,18 +95,39 @@ TOKEN = re.compile(
     """,
     re.VERBOSE | re.DOTALL,
 )
+#: String and character literals (kept) and comments (blanked out before anything else is read).
+LITERAL_OR_COMMENT = re.compile(r"""(?P<literal>"(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*')|//[^\n]*|/\*.*?\*/""",
+                                re.DOTALL)
+#: A #define directive with its continuation lines.
+DEFINE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+(?P<name>\w+)(?P<params>\([^)\n]*\))?(?P<body>(?:[^\n]*\\\n)*[^\n]*)",
+                    re.MULTILINE)
+DEFINE_HEAD = re.compile(r"[ \t]*#[ \t]*define[ \t]+")
+STRING_BODY = re.compile(r"""\s*("(?:[^"\\\n]|\\.)*")\s*""")
 #: A single- or double-quoted Python string literal (generators quote C code with the other quote).
 PYTHON_STRING = re.compile(r"""(?P<quote>['"])(?P<body>(?:(?!(?P=quote))[^\\\n]|\\.)*)(?P=quote)""")
-#: A logging macro name followed by '(' somewhere in a file: files without one are not tokenized.
-CALL_HINT = re.compile(r"\b(?:WARN|INFO(?:_LOC(?:_FN)?)?)\s*\(")
+#: A use of a logging macro.
+LOGGING_USE = re.compile(r"\b(?:WARN|INFO|INFO_LOC|INFO_LOC_FN)\s*\(")
+#: A use of an upper-case (macro) name.
+MACRO_USE = re.compile(r"\b[A-Z][A-Z0-9_]*\s*\(")
+#: Longest macro use read, in tokens (a guard against unbalanced parentheses).
+MAX_USE_TOKENS = 4000
 
 
 @dataclass(frozen=True)
 class Token:
     kind: str
     text: str
-    define: str  # name of the macro whose #define body holds the token, "" outside one
-    params: tuple[str, ...] = ()  # that macro's parameters
+
+
+@dataclass(frozen=True)
+class Define:
+    """A #define directive: the macro's name, its parameters and where its body lies."""
+
+    name: str
+    params: tuple[str, ...]
+    function_like: bool
+    body_start: int
+    end: int
 
 
 @dataclass(frozen=True)
@@ -140,7 +160,7 @@ class Call:
 
 @dataclass(frozen=True)
 class Invocation:
-    """A use of a checking macro: its name and its arguments."""
+    """A use of a macro: its name, its arguments and the #define body it sits in, if any."""
 
     name: str
     args: Args
@@ -219,71 +239,87 @@ def c_sources(text: str, generator: bool) -> list[str]:
     return [body.replace("\\\\", "\\") for body in bodies if "(" in body]
 
 
-def tokens(source: str) -> list[Token]:
-    """Significant tokens of ``source``, each marked with the ``#define`` whose body holds it."""
-    result: list[Token] = []
-    at_line_start = True
-    directive: str | None = None  # name of the preprocessor directive being read, "" right after '#'
-    defining = ""  # name of the macro a #define directive defines
-    params: list[str] | None = None  # its parameter list while it is being read
-    signature_done = False
-    for match in TOKEN.finditer(source):
-        kind = match.lastgroup or "punct"
-        if kind == "newline":
-            at_line_start, directive, defining, params, signature_done = True, None, "", None, False
-            continue
-        if kind == "continuation":
-            continue
-        text = match.group(kind)
-        if kind == "comment":
-            if directive is None and "\n" in text:
-                at_line_start = True
-            continue
-        if at_line_start and text == "#" and kind == "punct":
-            directive = ""
-        elif directive == "" and kind == "ident":
-            directive = text
-        elif directive == "define" and not defining and kind == "ident":
-            defining = text
-            result.append(Token(kind, text, defining))
-            at_line_start = False
-            continue
-        elif defining and not signature_done:
-            # '(' right after the name opens the parameter list of a function-like macro
-            if params is None and text == "(" and match.group().startswith("("):
-                params = []
-                continue
-            if params is not None and text != ")":
-                if kind == "ident" or text == "...":
-                    params.append("__VA_ARGS__" if text == "..." else text)
-                continue
-            signature_done = True
-            if params is not None:
-                continue  # the ')' that closes the parameter list
-        at_line_start = False
-        result.append(Token(kind, text, defining, tuple(params or ())))
-    return result
+class Source:
+    """One C source with its comments blanked out and its literals and #define directives located."""
 
+    def __init__(self, text: str) -> None:
+        pieces: list[str] = []
+        self.literals: list[tuple[int, int]] = []
+        position = 0
+        for match in LITERAL_OR_COMMENT.finditer(text):
+            pieces.append(text[position:match.start()])
+            if match.group("literal") is not None:
+                self.literals.append(match.span())
+                pieces.append(match.group())
+            else:  # same length, line breaks kept, so positions and line structure stay valid
+                pieces.append(re.sub(r"[^\n]", " ", match.group()))
+            position = match.end()
+        pieces.append(text[position:])
+        self.text = "".join(pieces)
+        self.literal_starts = [start for start, _ in self.literals]
+        self.defines: list[Define] = []
+        for match in DEFINE.finditer(self.text):
+            raw = match.group("params")
+            params = tuple("__VA_ARGS__" if name.strip() == "..." else name.strip()
+                           for name in (raw[1:-1].split(",") if raw else []) if name.strip())
+            self.defines.append(Define(match.group("name"), params, raw is not None,
+                                       match.start("body"), match.end()))
+        self.define_starts = [define.body_start for define in self.defines]
 
-def split_arguments(toks: list[Token], open_index: int) -> list[list[Token]] | None:
-    """The comma-separated arguments of the call whose '(' is at ``open_index``."""
-    depth = 0
-    arguments: list[list[Token]] = [[]]
-    for index in range(open_index, len(toks)):
-        token = toks[index]
-        if token.kind == "punct" and token.text in "([{":
-            depth += 1
-            if depth == 1:
+    def in_literal(self, position: int) -> bool:
+        index = bisect.bisect_right(self.literal_starts, position) - 1
+        return index >= 0 and position < self.literals[index][1]
+
+    def is_define_head(self, position: int) -> bool:
+        """Whether ``position`` is the name of the macro a #define directive defines."""
+        line_start = self.text.rfind("\n", 0, position) + 1
+        return DEFINE_HEAD.fullmatch(self.text, line_start, position) is not None
+
+    def define_at(self, position: int) -> Define | None:
+        index = bisect.bisect_right(self.define_starts, position) - 1
+        if index >= 0 and position < self.defines[index].end:
+            return self.defines[index]
+        return None
+
+    def uses(self, pattern: re.Pattern[str], start: int = 0, end: int | None = None) -> Iterable[Invocation]:
+        """Macro uses whose name and '(' the pattern finds, outside string literals."""
+        for match in pattern.finditer(self.text, start, len(self.text) if end is None else end):
+            if self.in_literal(match.start()) or self.is_define_head(match.start()):
                 continue
-        elif token.kind == "punct" and token.text in ")]}":
-            depth -= 1
-            if depth == 0:
-                return arguments
-        elif token.kind == "punct" and token.text == "," and depth == 1:
-            arguments.append([])
-            continue
-        arguments[-1].append(token)
-    return None
+            name = match.group().rstrip("( \t\r\n")
+            arguments = self.arguments(match.end() - 1)
+            if arguments is None:
+                continue
+            define = self.define_at(match.start())
+            if define is None:
+                yield Invocation(name, arguments)
+            elif define.name != name:
+                yield Invocation(name, arguments, define.name, define.params)
+
+    def arguments(self, open_paren: int) -> Args | None:
+        """The comma-separated arguments of the parenthesis opened at ``open_paren``."""
+        depth = 0
+        arguments: list[list[Token]] = [[]]
+        for count, match in enumerate(TOKEN.finditer(self.text, open_paren)):
+            kind = match.lastgroup or "punct"
+            if count > MAX_USE_TOKENS:
+                return None
+            if kind in ("newline", "continuation"):
+                continue
+            text = match.group(kind)
+            if kind == "punct" and text in "([{":
+                depth += 1
+                if depth == 1:
+                    continue
+            elif kind == "punct" and text in ")]}":
+                depth -= 1
+                if depth == 0:
+                    return tuple(tuple(argument) for argument in arguments)
+            elif kind == "punct" and text == "," and depth == 1:
+                arguments.append([])
+                continue
+            arguments[-1].append(Token(kind, text))
+        return None
 
 
 def decode_literal(literal: str) -> str:
@@ -314,7 +350,7 @@ def decode_literal(literal: str) -> str:
     return "".join(out)
 
 
-def format_parts(argument: list[Token]) -> tuple[Part, ...] | None:
+def format_parts(argument: tuple[Token, ...]) -> tuple[Part, ...] | None:
     """The pieces of a format argument made of adjacent literals, or None when it is not one."""
     if not argument or not any(token.kind == "string" for token in argument):
         return None
@@ -333,42 +369,25 @@ def format_parts(argument: list[Token]) -> tuple[Part, ...] | None:
     return tuple(parts)
 
 
-def invocations(toks: list[Token], names: frozenset[str] | None) -> Iterable[Invocation]:
-    """Uses of the macros in ``names`` with their arguments; when None, of the logging macros
-    anywhere and of any upper-case macro inside a ``#define`` body."""
-    for index, token in enumerate(toks[:-1]):
-        if token.kind != "ident" or toks[index + 1].text != "(":
-            continue
-        if names is not None:
-            if token.text not in names:
-                continue
-        elif token.text not in FORMAT_ARG and not (token.define and MACRO_NAME.match(token.text)):
-            continue
-        arguments = split_arguments(toks, index + 1)
-        if arguments is not None:
-            args = tuple(tuple(argument) for argument in arguments)
-            yield Invocation(token.text, args, token.define, token.params)
-
-
-def analyse(source: str) -> BlobInfo:
+def analyse(text: str) -> BlobInfo:
     """Logging calls, string constants and macro uses inside macro bodies of one C source."""
     info = BlobInfo()
-    if not CALL_HINT.search(source) and "#define" not in source:
+    if "WARN" not in text and "INFO" not in text and "#define" not in text:
         return info
-    toks = tokens(source)
-    for index, token in enumerate(toks[:-2]):
-        if token.kind == "ident" and token.define == token.text and not token.params \
-                and toks[index + 1].kind == "string" and toks[index + 1].define == token.text \
-                and toks[index + 2].define != token.text:
-            info.strings[token.text] = decode_literal(toks[index + 1].text)
-    for use in invocations(toks, None):
-        if use.name in FORMAT_ARG:
-            position = FORMAT_ARG[use.name]
-            parts = format_parts(list(use.args[position])) if len(use.args) > position else None
-            if parts is not None:
-                info.calls.append(Call(use.name, parts, use.define, use.params))
-        elif use.define and use.define != use.name:
-            info.nested.append(use)
+    source = Source(text)
+    for use in source.uses(LOGGING_USE):
+        position = FORMAT_ARG[use.name]
+        parts = format_parts(use.args[position]) if len(use.args) > position else None
+        if parts is not None:
+            info.calls.append(Call(use.name, parts, use.define, use.params))
+    for define in source.defines:
+        body = source.text[define.body_start:define.end]
+        literal = STRING_BODY.fullmatch(body.replace("\\\n", " "))
+        if not define.function_like and literal is not None:
+            info.strings[define.name] = decode_literal(literal.group(1))
+        for use in source.uses(MACRO_USE, define.body_start, define.end):
+            if use.name not in FORMAT_ARG:
+                info.nested.append(use)
     return info
 
 
@@ -459,10 +478,10 @@ class Extractor:
         key = (blob_key, generator, names)
         if key not in self.uses:
             found: list[Invocation] = []
-            hint = re.compile(r"\b(?:" + "|".join(sorted(names)) + r")\s*\(")
+            pattern = re.compile(r"\b(?:" + "|".join(sorted(names)) + r")\s*\(")
             for source in sources:
-                if hint.search(source):
-                    found.extend(invocations(tokens(source), names))
+                if pattern.search(source):
+                    found.extend(Source(source).uses(pattern))
             self.uses[key] = found
         return self.uses[key]
 

@@ -1,0 +1,40 @@
+"""How well ``explain`` names the cause of real failure logs (tests/data/real-logs).
+
+Prints the figures of both parts, and per-log results of the development part only: signatures
+are written while looking at those, never at the held-back test part.
+
+    .venv/bin/python bench/explain_accuracy.py [--misses]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from real_logs import OUTSIDE, corpus, evaluate, figures  # noqa: E402
+
+from preflight.explain import load_catalogue  # noqa: E402
+
+
+def main() -> int:
+    catalogue = load_catalogue()
+    show_misses = "--misses" in sys.argv
+    for split in ("dev", "test"):
+        outcomes = evaluate(corpus(split), catalogue)
+        print(f"== {split} ({len(outcomes)} logs)")
+        for line in figures(outcomes).lines():
+            print("  " + line)
+        if split == "dev" and show_misses:
+            for outcome in outcomes:
+                log = outcome.log
+                wrong = (not outcome.top1) if log.reference != OUTSIDE else outcome.catalogued_cause
+                if wrong or outcome.silent:
+                    shown = ", ".join(f"{r}/{t[0]}" for r, t in zip(outcome.ranking[:4], outcome.tiers))
+                    print(f"  MISS {log.id} [{log.reference}] -> {shown or outcome.status}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
