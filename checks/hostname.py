@@ -16,11 +16,15 @@ Sources:
   timed query to each nameserver on its own, then ``A``/``AAAA`` for every name and ``PTR`` for
   the addresses libc would hand out, through the nameservers that answered.
 
-Why it matters: torchrun, Gloo and NCCL's bootstrap resolve host names with ``getaddrinfo`` and
-advertise the first address. glibc sorts an IPv4 loopback address ahead of a routable one for the
-same name wherever the lines sit in /etc/hosts (RFC 6724 rule 8 with glibc's scope table, which
-puts 127/8 in link-local scope; reproduced with glibc 2.36), so a Debian-style
-``127.0.1.1 <hostname>`` line makes every peer dial its own loopback. ``socket.getfqdn()``, which
+Why it matters: torchrun's c10d rendezvous, Gloo and the ``MASTER_ADDR`` store resolve host names
+with ``getaddrinfo`` and use (or advertise) the first address. glibc sorts an IPv4 loopback
+address ahead of a routable one for the same name wherever the lines sit in /etc/hosts (RFC 6724
+rule 8 with glibc's scope table, which puts 127/8 in link-local scope; reproduced with glibc
+2.36), so a Debian-style ``127.0.1.1 <hostname>`` line makes Gloo peers and the rendezvous dial
+their own loopback. NCCL's own bootstrap never resolves this host's name: it advertises the
+address of the interface it picks (``NCCL_SOCKET_IFNAME``, else ``ib*``, else the first interface
+that is not docker, lo or virbr; ``src/misc/socket.cc``), so NCCL is hurt only through the
+rendezvous that carries its unique ID. ``socket.getfqdn()``, which
 torch elastic uses to name the local agent, follows the reverse (PTR) answer.
 
 Peers are sampled, not all resolved: each node asks for ``MASTER_ADDR``, the first node of the
@@ -437,7 +441,11 @@ def _judge_name(lookup: NameLookup, facts: HostnameFacts) -> Observation | None:
     errors: list[Evidence] = []
     loopback = [a for a in result.addresses if _is_loopback(a)]
     if loopback and (ROLE_HOST in lookup.roles or ROLE_PEER in lookup.roles or facts.nodes_in_job > 1):
-        expected = "a routable address of this node" if ROLE_HOST in lookup.roles else "the peer's routable address"
+        expected = (
+            "a routable address of this node (Gloo, torchrun's c10d store and MASTER_ADDR users advertise it; NCCL picks an interface instead)"
+            if ROLE_HOST in lookup.roles
+            else "the peer's routable address (the c10d rendezvous and Gloo dial it; NCCL's unique ID travels through it)"
+        )
         entry = next((e for e in lookup.hosts_entries if _is_loopback(e.address)), None)
         if result.service == "files" and entry is not None:
             # libc returns every matching line and sorts loopback first, wherever the line is.

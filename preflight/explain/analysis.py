@@ -31,7 +31,7 @@ from preflight.explain.prefixes import LineMeta, parse_line
 
 TIERS = ("cause", "context", "symptom")
 _DISPLAY_ORDER = ("cause", "symptom", "context")  # failures first, settings after
-_OTHER_SIGNATURES = 0.25  # share of each further signature's worth added to the best one's
+_OTHER_SIGNATURES = 0.5  # share of each further signature's worth added to the best one's
 _FIRST_ACTOR_BONUS = 10
 _UNEXPLAINED_CASCADE_BONUS = 100
 GENERIC_FAILURE = ""  # reference ID of the matcher's built-in, uncatalogued failure signatures
@@ -225,7 +225,10 @@ class Analysis:
             score = _tier_score(entry, tier, sharing)
             on_first = first_actor is not None and first_actor in entry.actors and tier != "context"
             if on_first and cascade and entry.reference_id in cascade.first.references_on_line:
-                score += _FIRST_ACTOR_BONUS
+                # Shared out like specificity: a first line three references claim tells them
+                # apart no better than it tells them from the rest.
+                claimants = len(cascade.first.references_on_line - {GENERIC_FAILURE})
+                score += round(_FIRST_ACTOR_BONUS / max(1, claimants))
             if cascade and entry.reference_id == CASCADE_REFERENCE and self._cascade_unexplained(cascade):
                 score += _UNEXPLAINED_CASCADE_BONUS
             result.append(Candidate(entry.reference_id, tier, score, entry, on_first))

@@ -65,6 +65,7 @@ GENERIC_WARNINGS = (
     r"\b(?:Segmentation fault|SIGSEGV|SIGABRT|SIGBUS|core dumped)\b",
     r"\b(?:CUDA|NCCL|UCX|OFI|EFA|NET/\w+) ?(?:error|ERROR|failure)\b",
     r"(?:^|[\s\]:])(?:ERROR|FATAL|Fatal error|fatal error|error):? ",
+    r"\b(?:[Ff]ailed|FAILED|[Aa]borted|Killed|[Ii]nsufficient|Unable to|[Tt]imed out)\b",
 )
 
 
@@ -97,6 +98,11 @@ class Matcher:
         if self.gate is None:
             return
         data = chunk.data
+        if b"](" in data:
+            # GitHub autolinks split a literal ("peer [10.1.3.201](http://10.1.3.201/)<41937>");
+            # the link text alone is what the program printed. No newline is touched, so line
+            # numbers stay those of the input.
+            data = _AUTOLINK.sub(rb"\1", data)
         line_number = chunk.first_line
         counted_to = 0
         next_line_start = -1
@@ -165,6 +171,9 @@ class Matcher:
             following = normalise(_decode(data[end + 1 : len(data) if next_end < 0 else next_end]))
             if _is_continuation(following):
                 yield from self._match_joined(line + following, source, line_number)
+
+
+_AUTOLINK = re.compile(rb"\[([^\[\]\s]{1,200})\]\((?:https?|ftp|mailto):[^()\s]{0,400}\)")
 
 
 # Printable bytes from the most to the least frequent in GPU job logs (measured on the test

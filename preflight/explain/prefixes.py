@@ -22,7 +22,9 @@ from datetime import datetime, timezone
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Z0-9]|\[[0-9][0-9;]{0,7}m")
 
 _ISO = re.compile(
-    r"\[?(?P<iso>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d)(?P<frac>[.,]\d{1,9})?(?P<tz>Z|[+-]\d\d:?\d\d)?\]?[ \t]*"
+    r"\[?(?P<iso>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d)(?P<frac>[.,]\d{1,9})?(?P<tz>Z|[+-]\d\d:?\d\d)?"
+    # SGLang puts its parallel ranks inside the bracket: "[2025-05-19 06:08:25 TP3 EP3] "
+    r"(?P<parallel>(?: (?:TP|DP|PP|EP|CP)\d{1,5}){1,4})?\]?[ \t]*"
 )
 _SYSLOG = re.compile(r"(?P<mon>[A-Z][a-z]{2}) +(?P<day>\d{1,2}) (?P<hms>\d\d:\d\d:\d\d)(?:\.\d+)? (?P<host>[\w.-]+) [\w./-]+(?:\[\d+\])?: ")
 # "[ 1234.567890] " is dmesg's seconds since boot; "[1773480093.123456] " (UCX) is epoch time.
@@ -37,9 +39,13 @@ _POD = re.compile(r"\[pod/(?P<pod>[\w.-]+)/[\w.-]+\] ")
 _SRUN = re.compile(r" *(?P<rank>\d{1,6}): ")
 _LEVEL = re.compile(r"(?:\[?(?:INFO|WARNING|WARN|ERROR|CRITICAL|DEBUG)\]?[: ] ?|[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ )")
 _PYLOG_SOURCE = re.compile(r"\[[\w./-]+\.py:\d+(?::\w+)?\] ")
+# A launcher's "[1763] " process-id prefix (DeepSpeed, some MPI wrappers); dmesg's has a dot.
+_PID = re.compile(r"\[(?P<pid>\d{1,7})\] ")
+# A tqdm bar a rank drew on the same line before its error: "Loading:  45%|####5  | 9/20 [00:01<00:02, 6.1it/s]"
+_PROGRESS = re.compile(r"[^|\n]{0,80}?\d{1,3}%\|[^|]{0,200}\| *[\d.]+[kMG]?/[\d.?]+[kMG]? ?(?:\[[^\]]{0,120}\])?")
 # NCCL's header; WARN lines of many releases put the source "file.cc:line " before "NCCL".
 _NCCL = re.compile(r"(?P<host>[\w.-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>-?\d*)\] (?:[\w./-]{1,80}:\d+ )?NCCL (?P<level>[A-Z]+) ")
-_HOST = re.compile(r"(?P<host>[a-zA-Z][\w-]*(?:\.[\w-]+)*): ")
+_HOST = re.compile(r"(?P<host>[a-zA-Z][\w-]*(?:\.[\w-]+)*|\d{1,3}(?:\.\d{1,3}){3}): ")
 _CLOUDWATCH = re.compile(r"[^\t]{1,200}\t")
 _MONTHS = {m: i for i, m in enumerate("Jan Feb Mar Apr May Jun Jul Aug Sep Oct Nov Dec".split(), 1)}
 _MAX_PEELS = 12
@@ -55,6 +61,8 @@ class LineMeta:
     rank: int | None = None
     pid: int | None = None
     nccl_level: str | None = None
+    parallel: str | None = None  # SGLang's "TP3 EP3": the parallel ranks of the process
+
 
     @property
     def actor(self) -> str | None:
@@ -63,7 +71,9 @@ class LineMeta:
             return f"rank {self.rank}"  # ranks are unique in a job; hosts and pids repeat them
         if self.host and self.pid is not None:
             return f"{self.host} pid {self.pid}"
-        return self.host
+        if self.parallel:
+            return self.parallel
+        return self.host or (f"pid {self.pid}" if self.pid is not None else None)
 
 
 def strip_ansi(text: str) -> str:
@@ -97,8 +107,12 @@ def _peel_one(rest: str, meta: LineMeta, year: int) -> str | None:
         if match and meta.rank is None:
             meta.rank = int(match.group("rank"))
             return rest[match.end() :]
+    if "%|" in rest[:120]:
+        match = _PROGRESS.match(rest)
+        if match and match.end() > 0:
+            return rest[match.end() :]
     if first == "[":
-        for pattern in (_ISO, _RANK, _MPI, _POD, _DMESG, _UCX, _GLOG, _PYLOG_SOURCE):
+        for pattern in (_ISO, _RANK, _MPI, _POD, _DMESG, _UCX, _GLOG, _PYLOG_SOURCE, _PID):
             match = pattern.match(rest)
             if match:
                 _record(pattern, match, meta, year)
@@ -131,6 +145,10 @@ def _peel_one(rest: str, meta: LineMeta, year: int) -> str | None:
 def _record(pattern: re.Pattern[str], match: re.Match[str], meta: LineMeta, year: int) -> None:
     if pattern is _ISO:
         _set_time(meta, _iso_epoch(match), _iso_text(match))
+        if match.group("parallel") and meta.rank is None:
+            meta.parallel = match.group("parallel").strip()
+    elif pattern is _PID:
+        meta.pid = int(match.group("pid"))
     elif pattern in (_RANK, _MPI):
         meta.rank = int(match.group("rank"))
     elif pattern is _DMESG:

@@ -16,8 +16,9 @@ scripts there hold in their string literals, and collects the format string of
   as ``%s:%d -> %d``, "Call to ... returned %s, retrying"), except in the definitions of the
   logging macros themselves;
 * every other INFO-family call whose format contains one of the words of :data:`INFO_KEYWORDS`
-  (ignoring case), or, in the InfiniBand verbs, ``net_ib`` and socket code, names an ``NCCL_``
-  setting (the hints NCCL prints next to a failure).
+  ("failed", "error", "HINT", ...) or of :data:`CONDITION_WORDS` ("could not", "disabled",
+  "not found", ...), ignoring case, or, in the InfiniBand verbs, ``net_ib`` and socket code,
+  names an ``NCCL_`` setting (the hints NCCL prints next to a failure).
 
 Adjacent string literals are joined, continued lines spliced and C escapes decoded. Conversions
 are kept as written; ``PRIu64``-style macros become what they expand to on Linux x86-64 (``lu``),
@@ -62,6 +63,11 @@ FORMAT_ARG = {"WARN": 0, "INFO": 1, "INFO_LOC": 1, "INFO_LOC_FN": 4}
 LOGGING_MACROS = frozenset(FORMAT_ARG) | {"TRACE", "TRACE_CALL", "TRACE_LOC", "TRACE_LOC_FN", "VERSION"}
 #: Words (matched ignoring case) that make an INFO format a failure report or a hint next to one.
 INFO_KEYWORDS = re.compile(r"hint|failed|error|timeout|retrying|abort", re.IGNORECASE)
+#: Words (ignoring case) of INFO formats that report a degraded condition NCCL works around: a
+#: library or device it cannot open, a feature it disables, a value it cannot read or rejects.
+CONDITION_WORDS = re.compile(r"could not|count not|cannot|can't|unable|disabled|not available|no device"
+                             r"|not found|not supported|unsafe|mismatch|invalid|falling back|fall back",
+                             re.IGNORECASE)
 #: Path fragments of the code whose ``NCCL_`` hints are kept even without a keyword.
 HINT_PATHS = ("ibvwrap", "net_ib", "socket")
 #: What the ``<inttypes.h>`` format macros expand to on Linux x86-64 (glibc, LP64).
@@ -439,7 +445,7 @@ def wanted(call: Call, path: str, text: str) -> bool:
         return False  # the logging macros' own definitions (INFO_LOC_FN's location prefix)
     if call.macro == "WARN" or call.define or call.via:
         return True
-    if INFO_KEYWORDS.search(text):
+    if INFO_KEYWORDS.search(text) or CONDITION_WORDS.search(text):
         return True
     return "NCCL_" in text and any(part in path for part in HINT_PATHS)
 
