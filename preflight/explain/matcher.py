@@ -66,6 +66,7 @@ GENERIC_WARNINGS = (
     r"\b(?:CUDA|NCCL|UCX|OFI|EFA|NET/\w+) ?(?:error|ERROR|failure)\b",
     r"(?:^|[\s\]:])(?:ERROR|FATAL|Fatal error|fatal error|error):? ",
     r"\b(?:[Ff]ailed|FAILED|[Aa]borted|Killed|[Ii]nsufficient|Unable to|[Tt]imed out)\b",
+    r"\b(?:Error|Exception|WARN|Traceback)\b|\berror:",
 )
 
 
