@@ -55,6 +55,9 @@ GENERIC_FAILURES = (
     r"(?:^|[\s:\]])(?:[A-Za-z_][\w.]{0,100}\.)?[A-Z]\w{0,60}(?:Error|Exception): \S",
     r"slurmstepd: error: \*\*\* (?:STEP|JOB) \S+ ON \S+ CANCELLED AT",  # time limit, scancel, node failure
     r"srun: error: \S+: tasks? [\d,-]+: (?:Exited with exit code|Killed|Terminated|Segmentation fault)",
+    # A crash belongs to no one reference: many causes end in one, so it orders the cascade
+    # and names the first failing line without pointing anywhere.
+    r"Caught signal 11 \(Segmentation fault|Signal: Segmentation fault \(11\)|Fatal Python error: Segmentation fault",
 )
 # Lines that say something went wrong without saying that this process failed (NCCL warns on
 # healthy runs too). They never order a cascade; when nothing else failed, the first of them is
