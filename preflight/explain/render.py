@@ -86,11 +86,11 @@ def render_text(explanation: Explanation) -> str:
         out.append(f"Node checks could not run: {explanation.check_error}")
     cascade = explanation.cascade
     if cascade:
-        first = cascade.first
-        when = f" at {first.evidence.time_text}" if first.evidence.time_text else ""
-        where = f" on {first.evidence.host}" if first.evidence.host and first.evidence.host not in first.actor else ""
+        leader = cascade.first
+        when = f" at {leader.evidence.time_text}" if leader.evidence.time_text else ""
+        where = f" on {leader.evidence.host}" if leader.evidence.host and leader.evidence.host not in leader.actor else ""
         out.append("")
-        out.append(f"First failure: {first.actor}{where}{when} ({first.evidence.location}, {first.reference_id}).")
+        out.append(f"First failure: {leader.actor}{where}{when} ({leader.evidence.location}, {leader.reference_id or "not catalogued"}).")
         until = f", the last at {cascade.last_time_text}" if cascade.last_time_text else ""
         out.append(f"  Then {cascade.later} other rank(s)/host(s) failed{until} (ordered by {cascade.ordered_by}).")
     for position, candidate in enumerate(explanation.candidates, 1):
