@@ -90,7 +90,7 @@ def render_text(explanation: Explanation) -> str:
         when = f" at {leader.evidence.time_text}" if leader.evidence.time_text else ""
         where = f" on {leader.evidence.host}" if leader.evidence.host and leader.evidence.host not in leader.actor else ""
         out.append("")
-        out.append(f"First failure: {leader.actor}{where}{when} ({leader.evidence.location}, {leader.reference_id or "not catalogued"}).")
+        out.append(f"First failure: {leader.actor}{where}{when} ({leader.evidence.location}, {leader.reference_id or 'not catalogued'}).")
         until = f", the last at {cascade.last_time_text}" if cascade.last_time_text else ""
         out.append(f"  Then {cascade.later} other rank(s)/host(s) failed{until} (ordered by {cascade.ordered_by}).")
     for position, candidate in enumerate(explanation.candidates, 1):
