@@ -8,6 +8,7 @@ serves help, errors, and every other command.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import List, Optional
 
@@ -76,7 +77,7 @@ def node(
 
 @app.command()
 def snapshot(
-    output: str = typer.Argument(..., metavar="OUT.tar.gz", help="Where to write the snapshot."),
+    output: str = typer.Argument(..., metavar="OUT.tar.gz", help="Where to write the snapshot: a name ending in .tar.gz or .tgz."),
     root: str = typer.Option("/", "--root", help="Record this recorded root (directory or snapshot) instead of the live node."),
     config: Optional[str] = typer.Option(None, "--config", help="Site config; it is stored in the snapshot as the node's own."),
     profile: Optional[str] = typer.Option(None, "--profile", help="prolog or full (default: full, which reads everything prolog does)."),
@@ -112,14 +113,14 @@ def explain(
     inputs: List[str] = typer.Argument(None, metavar="[FILE|DIR|-]...", help="Log files, .gz files, directories of per-rank logs, or - for stdin (the default)."),
     output_format: str = typer.Option("text", "--format", help="text or json."),
     check: bool = typer.Option(False, "--check", help="Run the node checks that can confirm or refute each candidate."),
-    root: str = typer.Option("/", "--root", help="With --check: the node to check (a recorded root, or a snapshot archive)."),
+    root: Optional[str] = typer.Option(None, "--root", help="With --check: the node to check (a recorded root, or a snapshot archive; default /)."),
     config: Optional[str] = typer.Option(None, "--config", help="With --check: site config."),
 ) -> None:
     """Match a failed run's logs to catalogued references, best first, with evidence and fixes.
 
     Exit codes: 0 no failure found, 1 candidates found, or a failure no reference describes
-    (its first line is named), 2 a candidate confirmed by --check, 3 no input could be read or
-    bad arguments.
+    (its first line is named), 2 a candidate confirmed by --check, 3 no input could be read,
+    bad arguments, or --check could not examine the node (the candidates are still shown).
     """
     from preflight.explain import check_candidates
     from preflight.explain import explain as run_explain
@@ -127,6 +128,11 @@ def explain(
 
     if output_format not in ("text", "json"):
         _fail("--format must be text or json")
+    for option, value, role in (("--root", root, "the node --check examines"), ("--config", config, "the site config --check runs with")):
+        if value is not None and not check:
+            _fail(f"{option} needs --check (it gives {role})")
+    if check and root is not None:
+        _check_root(root)
     if not inputs and sys.stdin.isatty():
         _fail("give log files or directories, or pipe a log in (preflight explain FILE... | -)")
     try:
@@ -135,10 +141,25 @@ def explain(
         _fail(str(error))
         return
     if check and explanation.candidates:
-        check_candidates(explanation, root, config)
+        check_candidates(explanation, root or "/", config)
     typer.echo(render_json(explanation) if output_format == "json" else render_text(explanation), nl=False)
+    if explanation.check_error:  # the candidates stand, but the node asked about gave no verdict
+        _fail(f"--check: {explanation.check_error}")
     codes = {"no-input": ExitCode.NO_VERDICT, "nothing-found": ExitCode.OK, "uncatalogued": 1, "candidates": 1, "confirmed": 2}
     raise typer.Exit(int(codes[exit_status(explanation)]))
+
+
+def _check_root(root: str) -> None:
+    """Refuse a ``--root`` directory that is no node root before reading any log."""
+    from preflight.sources import RootError, open_root
+    from preflight.sources.archive import is_archive
+
+    if is_archive(root):
+        return  # a snapshot archive is unpacked (and judged) by --check itself
+    try:
+        open_root(root)
+    except RootError as error:
+        _fail(str(error))
 
 
 def _reference_json(reference: Reference) -> dict[str, object]:
@@ -179,10 +200,10 @@ def references_list(
         return
     if output_format != "table":
         _fail("--format must be table or json")
-    from tabulate import tabulate
+    from preflight.reporters.table import fit_table
 
     rows = [[r.id, r.severity.value, r.symbol, r.title] for r in references]
-    typer.echo(tabulate(rows, headers=["ID", "Severity", "Symbol", "Title"]))
+    typer.echo(fit_table(rows, ["ID", "Severity", "Symbol", "Title"], wrap={2: 1, 3: 2}))
 
 
 @references_app.command("search")
@@ -205,9 +226,9 @@ def references_search(
     if not found:
         typer.echo(f"No reference mentions {' '.join(words)!r}.")
         raise typer.Exit(1)
-    from tabulate import tabulate
+    from preflight.reporters.table import fit_table
 
-    typer.echo(tabulate([[r.id, r.severity.value, r.title] for r in found], headers=["ID", "Severity", "Title"]))
+    typer.echo(fit_table([[r.id, r.severity.value, r.title] for r in found], ["ID", "Severity", "Title"], wrap={2: 1}))
 
 
 def search_references(references: list[Reference], words: List[str]) -> list[Reference]:
@@ -249,36 +270,41 @@ def references_show(
 
 
 def render_reference(reference: Reference) -> str:
-    """A reference as a person reads it in a terminal."""
+    """A reference as a person reads it in a terminal: prose wrapped at spaces to the terminal's
+    width (96 columns at most), never inside a word, path or URL; shell commands and log patterns
+    whole, each on a line of its own, so that they can be pasted."""
     import textwrap
 
-    def block(title: str, items: list[str], bullet: str = "-") -> list[str]:
+    from preflight.reporters.table import terminal_width
+
+    width = min(96, terminal_width())
+
+    def fill(text: str, first: str = "", rest: str = "") -> str:
+        return textwrap.fill(text, width, initial_indent=first, subsequent_indent=rest, break_long_words=False, break_on_hyphens=False)
+
+    def block(title: str, items: list[str], numbered: bool = False, commands: list[str] | None = None) -> list[str]:
         if not items:
             return []
         out = [f"\n{title}"]
         for number, item in enumerate(items, 1):
-            marker = f"{number}." if bullet == "#" else bullet
-            out.append(textwrap.fill(item, 96, initial_indent=f"  {marker} ", subsequent_indent="     "))
+            first = f"  {f'{number}.' if numbered else '-'} "
+            out.append(fill(item, first, " " * len(first)))
+            if commands and commands[number - 1]:
+                out.append(f"{' ' * len(first)}$ {commands[number - 1]}")
         return out
 
     lines = [
-        f"{reference.id} {reference.symbol} [{reference.severity.value}, {reference.area}]",
-        reference.title,
+        fill(f"{reference.id} {reference.symbol} [{reference.severity.value}, {reference.area}]"),
+        fill(reference.title),
         "",
-        textwrap.fill(reference.summary, 96),
+        fill(reference.summary),
     ]
     lines += block("Causes", list(reference.causes))
-    evidence = []
-    for item in reference.evidence:
-        text = item["what"]
-        if item.get("command"):
-            text += f"  $ {item['command']}"
-        if item.get("check"):
-            text += f"  [checked by {item['check']}]"
-        evidence.append(text)
-    lines += block("Evidence to collect", evidence)
-    lines += block("Fix", list(reference.fix), bullet="#")
-    lines += block("Log signatures (for preflight explain)", [f"[{s['role']}] {s['pattern']}" for s in reference.signatures])
+    evidence = [item["what"] + (f"  [checked by {item['check']}]" if item.get("check") else "") for item in reference.evidence]
+    lines += block("Evidence to collect", evidence, commands=[item.get("command", "") for item in reference.evidence])
+    lines += block("Fix", list(reference.fix), numbered=True)
+    if reference.signatures:
+        lines += ["\nLog signatures (for preflight explain)", *(f"  - [{s['role']}] {s['pattern']}" for s in reference.signatures)]
     lines += block("Related", list(reference.related))
     lines += block("Sources", list(reference.sources))
     detect = ", ".join(reference.detect) + (f" (checks: {', '.join(reference.checks)})" if reference.checks else "")
@@ -292,6 +318,7 @@ def fleet(
     output_format: str = typer.Option("table", "--format", help="table, json (schema preflight-fleet/1), markdown or html (one static page)."),
     output: Optional[str] = typer.Option(None, "--output", help="Write the fleet report to FILE (replaced whole) instead of stdout."),
     ignore_fact: List[str] = typer.Option([], "--ignore-fact", help="Do not compare this fact (its key, as in the JSON), comma-separated."),
+    node_names: str = typer.Option("host", "--node-names", help="Name nodes by the host name in each report (host) or by the report's file name less .json (file: the inventory name, for reports the Ansible role collected)."),
 ) -> None:
     """Aggregate node reports: which nodes have each reference present or unknown, and the odd
     one out within each hardware class (driver, firmware, NCCL, MTU, GID index, memlock, ACS...).
@@ -302,7 +329,7 @@ def fleet(
     """
     from preflight.fleet import run_fleet
 
-    raise typer.Exit(run_fleet(list(inputs or []), output_format, output, split_tokens(ignore_fact)))
+    raise typer.Exit(run_fleet(list(inputs or []), output_format, output, split_tokens(ignore_fact), node_names=node_names))
 
 
 # ---- preflight slurm -----------------------------------------------------------------------
@@ -311,10 +338,16 @@ def fleet(
 
 slurm_app = typer.Typer(help="Run under Slurm: prolog, epilog, health check; print slurm.conf lines.", no_args_is_help=True)
 app.add_typer(slurm_app, name="slurm")
-_SLURM_EXIT_CODES = (
-    "Exit codes: 0 the job may run (also when preflight itself could not decide); 2 findings at or above "
-    "the configured drain_severity are present: the node is drained (reason printed, sent to syslog, set "
-    "with one bounded scontrol call) and Slurm requeues the job."
+_PROLOG_EXIT_CODES = (
+    "Exit codes: 0 the job may run (also when preflight itself could not decide: the reason goes to stderr, "
+    "syslog and the last-result file); 2 findings at or above the configured drain_severity are present: the "
+    "node is drained (reason printed, sent to syslog, set with one bounded scontrol call), Slurm requeues a "
+    "batch job held and cancels an srun job."
+)
+_EPILOG_EXIT_CODES = (
+    "Exit codes: 0 nothing drains the node (also when preflight itself could not decide); 2 findings at or "
+    "above the configured drain_severity are present: the node is drained with a preflight reason, unless it "
+    "is already drained or down with a reason (the failed prolog's, an operator's), which is kept."
 )
 
 
@@ -326,11 +359,14 @@ def _run_slurm_mode(mode: str, root: str, config: Optional[str], timeout: Option
 
 _ROOT_OPTION = typer.Option("/", "--root", help="Treat this directory (a recorded node) as /.")
 _CONFIG_OPTION = typer.Option(None, "--config", help="Site config (default: /etc/preflight/preflight.toml on the node).")
-_TIMEOUT_OPTION = typer.Option(None, "--timeout", help="Budget for the whole run, scontrol included (default: the config's slurm timeout).")
+_TIMEOUT_OPTION = typer.Option(None, "--timeout", help="Budget for the whole run, scontrol included (default: the config's slurm.timeout, 8 s).")
+_HEALTHCHECK_TIMEOUT_OPTION = typer.Option(
+    None, "--timeout", help="Budget for the whole run, scontrol included; below 60 (default: the config's slurm.healthcheck_timeout, 50 s)."
+)
 _CHECKS_DIR_OPTION = typer.Option([], "--checks-dir", help="Also load check modules from this directory.")
 
 
-@slurm_app.command("prolog", help=f"Slurm Prolog: the prolog profile, scoped to the job (SLURM_JOB_GPUS).\n\n{_SLURM_EXIT_CODES}")
+@slurm_app.command("prolog", help=f"Slurm Prolog: the prolog profile, scoped to the job (SLURM_JOB_GPUS).\n\n{_PROLOG_EXIT_CODES}")
 def slurm_prolog(
     root: str = _ROOT_OPTION, config: Optional[str] = _CONFIG_OPTION,
     timeout: Optional[float] = _TIMEOUT_OPTION, checks_dir: List[str] = _CHECKS_DIR_OPTION,
@@ -338,7 +374,11 @@ def slurm_prolog(
     _run_slurm_mode("prolog", root, config, timeout, checks_dir)
 
 
-@slurm_app.command("epilog", help=f"Slurm Epilog: the configured epilog_profile (default prolog), scoped to the job.\n\n{_SLURM_EXIT_CODES}")
+@slurm_app.command(
+    "epilog",
+    help="Slurm Epilog: after each job (also one whose prolog failed), the configured epilog_profile (default "
+    f"prolog) scoped to the job's GPUs, so a node the job left broken takes no further job.\n\n{_EPILOG_EXIT_CODES}",
+)
 def slurm_epilog(
     root: str = _ROOT_OPTION, config: Optional[str] = _CONFIG_OPTION,
     timeout: Optional[float] = _TIMEOUT_OPTION, checks_dir: List[str] = _CHECKS_DIR_OPTION,
@@ -349,7 +389,7 @@ def slurm_epilog(
 @slurm_app.command("healthcheck")
 def slurm_healthcheck(
     root: str = _ROOT_OPTION, config: Optional[str] = _CONFIG_OPTION,
-    timeout: Optional[float] = _TIMEOUT_OPTION, checks_dir: List[str] = _CHECKS_DIR_OPTION,
+    timeout: Optional[float] = _HEALTHCHECK_TIMEOUT_OPTION, checks_dir: List[str] = _CHECKS_DIR_OPTION,
 ) -> None:
     """HealthCheckProgram or cron: the full profile; drains the node with a "preflight:" reason, resumes a node it drained once clean, never touches a reason someone else set.
 
@@ -360,26 +400,40 @@ def slurm_healthcheck(
 
 @slurm_app.command("config")
 def slurm_config(
-    config: Optional[str] = typer.Option(None, "--config", help="Site config whose [slurm] timeouts to use; passed on to the wrappers."),
-    wrapper_dir: str = typer.Option("/etc/slurm", "--wrapper-dir", help="Where the wrapper scripts will be installed."),
+    config: Optional[str] = typer.Option(None, "--config", help="Site config whose [slurm] timeouts to use (default: /etc/preflight/preflight.toml if present); passed on to the wrappers."),
+    wrapper_dir: Optional[str] = typer.Option(None, "--wrapper-dir", help="Write the three wrapper scripts into this existing directory (mode 0755) and name them there; without it they are printed as comments, named in /etc/slurm."),
     interval: int = typer.Option(300, "--interval", min=1, help="HealthCheckInterval, seconds."),
+    message_timeout: int = typer.Option(10, "--message-timeout", min=1, help="The cluster's MessageTimeout (Slurm's default: 10); PrologEpilogTimeout stays within it."),
 ) -> None:
-    """Print the slurm.conf lines (Prolog, Epilog, PrologFlags, PrologEpilogTimeout, HealthCheckProgram, HealthCheckInterval) and the wrapper scripts they name."""
+    """Print the slurm.conf lines (Prolog, Epilog, PrologFlags, PrologEpilogTimeout, HealthCheckProgram, HealthCheckInterval), ready to include, and write or show the wrapper scripts they name.
+
+    Exit codes: 0 done, 3 refused (a broken config, a [slurm] timeout that PrologEpilogTimeout cannot cover, an unusable --wrapper-dir).
+    """
     import os
 
     from preflight.commands import load_host_config
-    from preflight.config import ConfigError, SlurmSettings
-    from preflight.slurm import preflight_program, slurm_conf_lines
-    from preflight.sources import NodeFS
+    from preflight.config import ConfigError
+    from preflight.slurm import (
+        commented_wrappers, preflight_program, prolog_timeout_problem, slurm_conf_lines, wrapper_dir_problem, wrapper_scripts,
+        write_wrappers,
+    )
 
-    settings = SlurmSettings()
-    if config is not None:
-        try:
-            settings = load_host_config(config, "").slurm
-        except ConfigError as error:
-            _fail(str(error))
-            return
-        config = os.path.abspath(config)
-    if not wrapper_dir.startswith("/"):
-        _fail("--wrapper-dir must be an absolute path")
-    typer.echo(slurm_conf_lines(settings, preflight_program(), wrapper_dir.rstrip("/") or "/", config, interval), nl=False)
+    try:
+        settings = load_host_config(config, "").slurm
+    except ConfigError as error:
+        _fail(str(error))
+        return
+    problem = prolog_timeout_problem(settings, message_timeout) or (wrapper_dir_problem(wrapper_dir) if wrapper_dir is not None else "")
+    if problem:
+        _fail(problem)
+    directory = (wrapper_dir or "/etc/slurm").rstrip("/") or "/"
+    wrappers = wrapper_scripts(preflight_program(), directory, os.path.abspath(config) if config else None)
+    lines = slurm_conf_lines(settings, directory, interval, message_timeout)
+    if wrapper_dir is None:
+        typer.echo(lines + commented_wrappers(wrappers), nl=False)
+        return
+    problem = write_wrappers(wrappers)
+    if problem:
+        _fail(problem)
+    typer.echo(lines, nl=False)
+    typer.echo(f"preflight: wrote {', '.join(wrappers)} (mode 0755)", err=True)

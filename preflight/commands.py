@@ -13,13 +13,13 @@ import threading
 import time
 from dataclasses import replace
 
-from preflight.catalogue import CatalogueError, load_all
+from preflight.catalogue import CatalogueError, load_all, load_reference
 from preflight.config import DEFAULT_CONFIG_PATH, ConfigError, HostConfig, parse_config
-from preflight.engine import Report, RunOptions, run, selects
+from preflight.engine import Report, RunOptions, run, select_checks, selects
 from preflight.exitcodes import ExitCode, exit_code
 from preflight.launcher import split_tokens
 from preflight.records import frozen
-from preflight.registry import PROFILES, RegistrationError
+from preflight.registry import PROFILES, RegistrationError, Registry
 from preflight.sources import NodeFS, RootError, SourceError, Sources, open_root
 from preflight.sources.archive import ArchiveError, is_archive, opened_root
 
@@ -136,7 +136,34 @@ def _judge(args: NodeArgs, root: str, spent: float = 0.0) -> tuple[Report, str]:
         timeout_s=timeout,
         probe_timeout_s=min(config.probe_timeout_s, timeout),
     )
+    if not select_checks(registry, config, options):
+        # Every check, so that the reason can name the profile a skipped check runs in.
+        everything = registry if profile == "full" else build_registry((*config.checks_dirs, *args.checks_dirs))
+        raise UsageProblem(nothing_to_run(everything, config, options))
     return run(registry, sources, config, options, hostname), config.unknown_policy
+
+
+def nothing_to_run(registry: Registry, config: HostConfig, options: RunOptions) -> str:
+    """Why a run would decide no reference, for each one ``--select`` names (every check without
+    it): a report of zero checks would read as a healthy node."""
+    if options.select:
+        named = [r for r in load_all() if any(selects(token, r) for token in options.select)]
+    else:
+        named = [load_reference(ref_id) for ref_id in sorted(registry.checks)]
+    reasons: dict[str, list[str]] = {}
+    for reference in named:
+        spec = registry.checks.get(reference.id)
+        if spec is None:
+            why = "no node check" + (" (preflight explain finds it in logs)" if reference.signatures else "")
+        elif options.profile not in spec.profiles:
+            why = f"not in the {options.profile} profile (runs in: {', '.join(spec.profiles)})"
+        elif reference.id in config.disabled:
+            why = f"disabled by {config.origin}"
+        else:
+            why = "removed by --ignore " + ",".join(token for token in options.ignore if selects(token, reference))
+        reasons.setdefault(why, []).append(reference.id)
+    shown = [", ".join(ids[:6]) + (f" and {len(ids) - 6} more" if len(ids) > 6 else "") + f": {why}" for why, ids in reasons.items()]
+    return "no check left to run: " + "; ".join(shown)
 
 
 def finish(code: int) -> None:

@@ -4,6 +4,8 @@ evidence from another node, not instructions (``docs/security.md``).
 
 .. code-block:: toml
 
+    disable = ["GDR002"]    # references never reported (top-level keys go before every [table])
+
     [run]
     timeout = 10.0          # whole-run deadline, seconds
     probe_timeout = 3.0     # default deadline of one probe
@@ -25,8 +27,6 @@ evidence from another node, not instructions (``docs/security.md``).
 
     [severity]              # per-reference severity overrides
     MEM002 = "error"
-
-    disable = ["GDR002"]    # references never reported on these hosts
 
     [dns]
     nameservers = ["10.0.0.2"]
@@ -67,6 +67,7 @@ from collections.abc import Callable
 from dataclasses import field, replace
 from typing import Any
 
+from preflight.catalogue import reference_ids
 from preflight.hostlist import HostlistError, expand, matches, split_top_level
 from preflight.model import REFERENCE_ID, Severity
 from preflight.records import frozen
@@ -308,6 +309,7 @@ class _Reader:
     def __init__(self, path: str, text: str) -> None:
         self.path = path
         self.lines = text.splitlines()
+        self.known_ids: list[str] | None = None  # the catalogue's IDs, read once when needed
 
     def line_of(self, key: str) -> int | None:
         pattern = re.compile(rf"^\s*(\[+\s*)?[\"']?{re.escape(key)}[\"']?\s*(=|\])")
@@ -343,11 +345,25 @@ class _Reader:
                 raise self.fail(f"{prefix}{key}", f"{value!r} {error}") from None
         return parsed
 
+    def unknown_reference(self, ref_id: str) -> str | None:
+        """Why ``ref_id`` names no catalogued reference (with the nearest ID), or None: an
+        override or a disable of a misspelt ID would otherwise be accepted and do nothing."""
+        if self.known_ids is None:
+            self.known_ids = reference_ids()
+        if ref_id in self.known_ids:
+            return None
+        import difflib  # only a wrong config pays for it
+
+        close = difflib.get_close_matches(ref_id.upper(), self.known_ids, n=1)
+        problem = "is no reference in the catalogue" if REFERENCE_ID.match(ref_id) else "is not a reference ID like MEM001"
+        return problem + (f" (did you mean {close[0]}?)" if close else "")
+
     def severities(self, table: Any, prefix: str) -> dict[str, Severity]:
         result = {}
         for ref_id, value in self.table(table, prefix.rstrip(".")).items():
-            if not REFERENCE_ID.match(ref_id):
-                raise self.fail(f"{prefix}{ref_id}", "is not a reference ID like MEM001")
+            problem = self.unknown_reference(ref_id)
+            if problem:
+                raise self.fail(f"{prefix}{ref_id}", problem)
             try:
                 result[ref_id] = Severity(value)
             except ValueError:
@@ -360,8 +376,9 @@ class _Reader:
         except ValueError as error:
             raise self.fail(key, str(error)) from None
         for item in items:
-            if not REFERENCE_ID.match(item):
-                raise self.fail(key, f"{item!r} is not a reference ID like MEM001")
+            problem = self.unknown_reference(item)
+            if problem:
+                raise self.fail(key, f"{item!r} {problem}")
         return frozenset(items)
 
 
@@ -431,6 +448,38 @@ def _slurm_settings(reader: _Reader, table: Any) -> SlurmSettings:
     for key, budget in (("timeout", settings.timeout_s), ("healthcheck_timeout", settings.healthcheck_timeout_s)):
         if settings.scontrol_timeout_s * 2 >= budget:
             raise reader.fail(f"slurm.{key}", f"{budget:g} must be more than twice slurm.scontrol_timeout ({settings.scontrol_timeout_s:g})")
-    if settings.healthcheck_timeout_s >= 60:
-        raise reader.fail("slurm.healthcheck_timeout", f"{settings.healthcheck_timeout_s:g} must be below 60 (slurmd kills HealthCheckProgram at 60 s)")
+    problem = healthcheck_budget_problem(settings.healthcheck_timeout_s)
+    if problem:
+        raise reader.fail("slurm.healthcheck_timeout", problem)
     return settings
+
+
+#: slurmd kills HealthCheckProgram after this many seconds (slurm.conf(5), HealthCheckProgram).
+HEALTHCHECK_KILL_S = 60.0
+
+
+def healthcheck_budget_problem(seconds: float) -> str:
+    """Why a health-check budget cannot work ("" when it can): shared by ``[slurm]
+    healthcheck_timeout`` and ``preflight slurm healthcheck --timeout``."""
+    if seconds < HEALTHCHECK_KILL_S:
+        return ""
+    return f"{seconds:g} must be below {HEALTHCHECK_KILL_S:g} (slurmd kills HealthCheckProgram at {HEALTHCHECK_KILL_S:g} s)"
+
+
+def salvage_slurm_settings(text: str) -> SlurmSettings:
+    """The ``[slurm]`` keys that are valid on their own in a config that failed validation, the
+    defaults for the rest: a prolog that cannot decide still leaves its trace (last-result file,
+    syslog) where the site looks for it."""
+    try:
+        table = parse_toml(text).get("slurm")
+    except TomlError:
+        table = None
+    values: dict[str, Any] = {}
+    for key, value in (table.items() if isinstance(table, dict) else ()):
+        if key in _SLURM_KEYS:
+            name, parser = _SLURM_KEYS[key]
+            try:
+                values[name] = parser(value)
+            except ValueError:
+                pass  # this key keeps its default
+    return replace(SlurmSettings(), **values)

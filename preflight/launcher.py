@@ -42,6 +42,7 @@ FLEET_OPTIONS: dict[str, tuple[str, bool, bool]] = {
     "--format": ("output_format", True, False),
     "--output": ("output", True, False),
     "--ignore-fact": ("ignore_fact", True, True),
+    "--node-names": ("node_names", True, False),
 }
 
 Parsed = dict[str, str | bool | list[str]]
@@ -170,11 +171,13 @@ def _fast_fleet(argv: list[str]) -> int | None:
 
     output_format, output = parsed.get("output_format", "table"), parsed.get("output")
     inputs, ignored = parsed["inputs"], parsed.get("ignore_fact", [])
+    node_names = parsed.get("node_names", "host")
     return run_fleet(
         inputs if isinstance(inputs, list) else [],
         output_format if isinstance(output_format, str) else "table",
         output if isinstance(output, str) else None,
         split_tokens(ignored if isinstance(ignored, list) else []),
+        node_names=node_names if isinstance(node_names, str) else "host",
     )
 
 

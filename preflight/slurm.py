@@ -3,11 +3,17 @@
 Slurm facts this module is built on (``/work/shared/research/peers.md``, Slurm's prolog/epilog
 guide and slurm.conf man page):
 
-* A Prolog that exits non-zero drains the node and requeues the job; an Epilog that exits non-zero
-  drains the node. Slurm asks prologs not to call Slurm commands (a slow controller would stall
-  every job start), so a clean prolog run calls nothing. Only a failing run makes one bounded
-  ``scontrol update ... State=DRAIN Reason="preflight: ..."`` call (never retried), so the node
-  carries a meaningful reason; Slurm keeps a reason already set when the prolog then fails.
+* A Prolog that exits non-zero drains the node; slurmctld requeues a batch job held ("launch
+  failed requeued held", until ``scontrol release``; ``SchedulerParameters=nohold_on_prolog_fail``
+  drops the hold) and cancels an srun/salloc job, then slurmd runs the Epilog of that job anyway.
+  An Epilog that exits non-zero drains the node. Either way Slurm keeps a reason already set
+  (checked on Slurm 22.05), and slurmd logs the script's output at error level; a Prolog's that
+  exits 0 only at debug2.
+* Slurm asks prologs not to call Slurm commands (a slow controller would stall every job start),
+  so a clean prolog run calls nothing. Only a failing run makes one bounded ``scontrol update ...
+  State=DRAIN Reason="preflight: ..."`` call (never retried), so the node carries a meaningful
+  reason; a failing epilog first reads the node's state, so as not to replace a reason already
+  there (the failed prolog's, for a job that never ran).
 * The prolog runs outside the job's cgroup with a minimal environment (no ``PATH``): the job's
   GPUs are ``SLURM_JOB_GPUS`` (``CUDA_VISIBLE_DEVICES`` there is not the job's view), the job's
   ``--extra`` and ``--comment`` are ``SLURM_JOB_EXTRA`` and ``SLURM_JOB_COMMENT``, the node is
@@ -34,11 +40,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from preflight.config import ConfigError, HostConfig, SlurmSettings
+from preflight.config import (
+    DEFAULT_CONFIG_PATH,
+    ConfigError,
+    HostConfig,
+    SlurmSettings,
+    healthcheck_budget_problem,
+    salvage_slurm_settings,
+)
 from preflight.exitcodes import ExitCode
 from preflight.model import Finding, Status
 from preflight.records import frozen
-from preflight.sources import NodeFS
+from preflight.sources import NodeFS, SourceError
 
 MODES = ("prolog", "epilog", "healthcheck")
 RESULT_SCHEMA = "preflight-slurm-result/1"
@@ -130,9 +143,14 @@ class NodeState:
         return self.reason.startswith(REASON_PREFIX)
 
     @property
+    def explained(self) -> bool:
+        """Drained or down with a reason, anyone's."""
+        return (self.drained or self.down) and bool(self.reason)
+
+    @property
     def held_by_someone_else(self) -> bool:
         """Drained or down with a reason preflight did not set: never touch it."""
-        return (self.drained or self.down) and bool(self.reason) and not self.ours
+        return self.explained and not self.ours
 
 
 # ---- pure logic: scope, opt-out, verdict, reason, parsing ----------------------------------------
@@ -300,17 +318,18 @@ def send_syslog(socket_path: str, priority: int, message: str) -> None:
             sock.close()
 
 
-def write_atomically(path: str, text: str) -> str:
+def write_atomically(path: str, text: str, mode: int = 0o600) -> str:
     """Replace ``path`` with ``text`` so that readers see the old or the new file, never half of
-    one. Returns "" on success, else why it failed."""
+    one. Returns "" on success, else why it failed. The default mode 0600 keeps a last-result
+    file root's alone: it names the previous job's user, comment and nodes."""
     temporary = f"{path}.{os.getpid()}.tmp"
     try:
         directory = os.path.dirname(path)
         if directory:
             os.makedirs(directory, mode=0o755, exist_ok=True)
-        # 0600: the result names the previous job's user, comment and nodes
         descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            os.fchmod(handle.fileno(), mode)  # exactly this mode, whatever the umask
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
@@ -378,17 +397,15 @@ class _Outcome:
 class _Session:
     """One ``preflight slurm`` run: its settings, environment and budget."""
 
-    def __init__(self, args: SlurmArgs, environ: Mapping[str, str], settings: SlurmSettings, configured: bool = True) -> None:
+    def __init__(self, args: SlurmArgs, environ: Mapping[str, str], settings: SlurmSettings) -> None:
         self.args = args
         self.environ = environ
         self.settings = settings
-        # Without a readable config, the site's last-result path is unknown: write nothing then.
-        self.configured = configured
         self.begin = time.monotonic()
         self.budget = args.timeout if args.timeout is not None else (
             settings.healthcheck_timeout_s if args.mode == "healthcheck" else settings.timeout_s
         )
-        self.outcome = _Outcome(args.mode, node_name(settings, environ), time.time())
+        self.outcome = _Outcome(args.mode, node_name(settings, environ), time.time(), scope=job_scope(args.mode, environ, settings))
 
     def remaining(self) -> float:
         return self.budget - (time.monotonic() - self.begin)
@@ -405,8 +422,6 @@ class _Session:
 
     def finish(self) -> int:
         """Write the last-result file and return the exit code."""
-        if not self.configured:
-            return self.outcome.exit_code
         path = self.settings.last_result.replace("{mode}", self.args.mode)
         problem = write_atomically(path, json.dumps(self.outcome.to_json(), indent=2) + "\n")
         if problem:
@@ -430,17 +445,20 @@ def run_slurm(args: SlurmArgs, environ: Mapping[str, str] | None = None) -> int:
     if args.mode not in MODES:
         print(f"preflight: error: unknown mode {args.mode!r}; choose one of {', '.join(MODES)}", file=sys.stderr)
         return ExitCode.NO_VERDICT
-    settings = SlurmSettings()
     try:
         if args.timeout is not None and not args.timeout > 0:
             raise UsageProblem("--timeout must be a positive number of seconds")
+        # The same limit as [slurm] healthcheck_timeout: slurmd would kill the run first.
+        problem = healthcheck_budget_problem(args.timeout) if args.mode == "healthcheck" and args.timeout else ""
+        if problem:
+            raise UsageProblem(f"--timeout {problem}")
         from preflight.sources import open_root
 
         fs = open_root(args.root)
         config = load_host_config(args.config, _hostname(fs))
         settings = config.slurm
     except (UsageProblem, RootError, ConfigError) as error:
-        return _no_verdict(_Session(args, environ, settings, configured=False), str(error))
+        return _no_verdict(_Session(args, environ, trace_settings(args.config)), str(error))
     session = _Session(args, environ, settings)
     try:
         return _judge_node(session, fs, config, _hostname(fs))
@@ -450,11 +468,22 @@ def run_slurm(args: SlurmArgs, environ: Mapping[str, str] | None = None) -> int:
         return _no_verdict(session, f"internal error: {type(error).__name__}: {error}")
 
 
+def trace_settings(config_path: str | None) -> SlurmSettings:
+    """Where a run that cannot decide (a wrong --root, a typo in the config) leaves its trace:
+    the config's ``[slurm]`` keys that are valid on their own, the defaults for the rest."""
+    try:
+        text = NodeFS("/").read(os.path.abspath(config_path or DEFAULT_CONFIG_PATH), max_bytes=1024 * 1024)
+    except SourceError:
+        text = None
+    return salvage_slurm_settings(text or "")
+
+
 def _no_verdict(session: _Session, problem: str) -> int:
     outcome = session.outcome
     outcome.verdict, outcome.message = "no-verdict", f"preflight: no verdict ({session.args.mode}): {problem}"
     outcome.errors.append(problem)
     # A checker that cannot run must not fail jobs (a typo in the config would drain the fleet).
+    # The line on stderr is what slurmd logs (at SlurmdDebug=debug2 for a prolog that exits 0).
     outcome.exit_code = ExitCode.NO_VERDICT if session.args.mode == "healthcheck" else ExitCode.OK
     print(outcome.message, file=sys.stderr)
     session.log(SYSLOG_ERR, outcome.message)
@@ -467,8 +496,7 @@ def _judge_node(session: _Session, fs: NodeFS, config: HostConfig, hostname: str
     from preflight.sources import Sources
 
     args, settings, outcome = session.args, session.settings, session.outcome
-    scope = job_scope(args.mode, session.environ, settings)
-    outcome.scope = scope
+    scope = outcome.scope
     if scope.opted_out_by:
         outcome.verdict = "opted-out"
         outcome.message = f"preflight: skipped, job {scope.job_id or '?'} opted out ({scope.opted_out_by})"
@@ -478,7 +506,7 @@ def _judge_node(session: _Session, fs: NodeFS, config: HostConfig, hostname: str
 
     profile = {"prolog": "prolog", "epilog": settings.epilog_profile, "healthcheck": "full"}[args.mode]
     # The scontrol calls this run may make get their time before the checks do.
-    calls = (2 if args.mode == "healthcheck" else 1) if settings.drain else 0
+    calls = (1 if args.mode == "prolog" else 2) if settings.drain else 0
     check_budget = max(session.remaining() - calls * settings.scontrol_timeout_s - 0.2, 0.5)
     registry = build_registry((*config.checks_dirs, *args.checks_dirs), profile=profile)
     options = RunOptions(
@@ -497,9 +525,9 @@ def _judge_node(session: _Session, fs: NodeFS, config: HostConfig, hostname: str
     if args.mode == "healthcheck":
         _healthcheck_actions(session, verdict)
     elif verdict.drain:
-        if settings.drain:
-            session.scontrol("update", f"NodeName={outcome.node}", "State=DRAIN", f"Reason={outcome.reason}")
         outcome.message = outcome.reason
+        if settings.drain:
+            _drain_for_job(session)
         session.log(SYSLOG_ERR, _with_actions(outcome))
     else:
         outcome.message = _summary(outcome, report.findings, verdict, report.duration_s)
@@ -520,7 +548,40 @@ def _summary(outcome: _Outcome, findings: Sequence[Finding], verdict: Verdict, s
 
 def _with_actions(outcome: _Outcome) -> str:
     done = [f"{action.argv[1] if len(action.argv) > 1 else action.argv[0]} {action.status}" for action in outcome.actions]
-    return outcome.reason + (f" [scontrol {', '.join(done)}]" if done else "")
+    return outcome.message + (f" [scontrol {', '.join(done)}]" if done else "")
+
+
+def _read_node_state(session: _Session) -> tuple[NodeState | None, CommandResult]:
+    """``scontrol show node -o``: None when the state cannot be read (not registered yet, the
+    controller unreachable, an unknown node name)."""
+    shown = session.scontrol("show", "node", "-o", session.outcome.node)
+    state = parse_show_node(shown.output) if shown.status == "ok" else None
+    session.outcome.node_state = state
+    return state, shown
+
+
+def _drain_for_job(session: _Session) -> None:
+    """The prolog's and the epilog's drain call. The epilog first reads the node: after a failed
+    prolog (the job never ran) or an operator's drain, the reason already there is the one that
+    explains the node, and Slurm keeps it when the epilog then fails."""
+    outcome = session.outcome
+    if session.args.mode == "epilog":
+        state, _ = _read_node_state(session)
+        if state is not None and state.explained:
+            outcome.message = f"{outcome.reason} (node already {state.state} with reason {state.reason!r}; kept)"
+            return
+    session.scontrol("update", f"NodeName={outcome.node}", "State=DRAIN", f"Reason={outcome.reason}")
+
+
+def describe_unknowns(findings: Sequence[Finding], limit: int = 4) -> str:
+    """``GPU001 gpu-unusable-by-driver on node (probe gpus: timed out after 3.0 s), ...``: the
+    findings still unknown, worst first, with why: what keeps a node from being decided."""
+    worst_first = sorted(findings, key=lambda f: (-f.severity.rank, f.reference_id, f.subject))
+    shown = [
+        f"{f.reference_id} {f.symbol} on {f.subject}" + (f" ({sanitise_reason(f.reason, 80)})" if f.reason else "")
+        for f in worst_first[:limit]
+    ]
+    return ", ".join(shown) + (f" and {len(findings) - limit} more" if len(findings) > limit else "")
 
 
 def _healthcheck_actions(session: _Session, verdict: Verdict) -> None:
@@ -530,9 +591,7 @@ def _healthcheck_actions(session: _Session, verdict: Verdict) -> None:
     if not settings.drain:
         outcome.message = outcome.reason or f"preflight ok (healthcheck): {verdict.outcome}"
         return
-    shown = session.scontrol("show", "node", "-o", node)
-    state = parse_show_node(shown.output) if shown.status == "ok" else None
-    outcome.node_state = state
+    state, shown = _read_node_state(session)
     if state is None:
         # Not registered yet (first run at slurmd start), controller unreachable, unknown node:
         # leave the node alone rather than guess whose reason is there.
@@ -555,7 +614,15 @@ def _healthcheck_actions(session: _Session, verdict: Verdict) -> None:
         outcome.message = f"preflight: resumed {node} (was {state.reason!r}): {result.status}"
         session.log(SYSLOG_NOTICE, outcome.message)
         return
-    outcome.message = f"preflight ok (healthcheck): {verdict.outcome}, node {state.state}" + (
+    if verdict.outcome == "undecided" and state.drained and state.ours:
+        # Resuming needs every drain-severity finding decided: say which ones are not.
+        outcome.message = (
+            f"preflight: {node} stays drained ({state.reason!r}) while unknown: {describe_unknowns(verdict.undecided)}"
+        )
+        session.log(SYSLOG_NOTICE, outcome.message)
+        return
+    undecided = f" ({describe_unknowns(verdict.undecided)})" if verdict.undecided else ""
+    outcome.message = f"preflight ok (healthcheck): {verdict.outcome}{undecided}, node {state.state}" + (
         f" with reason {state.reason!r}" if state.reason else ""
     ) + ("; not preflight's reason, left alone" if state.held_by_someone_else else "")
 
@@ -573,33 +640,103 @@ def preflight_program() -> str:
     return shutil.which("preflight") or f"{sys.executable} -m preflight"
 
 
+#: Slurm's default MessageTimeout (slurm.conf(5)).
+SLURM_MESSAGE_TIMEOUT_S = 10
+#: Between the end of preflight's budget and Slurm's kill: interpreter start and imports before
+#: the budget starts (about 0.2 s on the 2-core development machine), writing the result file
+#: after it, and room for a loaded node.
+STARTUP_MARGIN_S = 2.0
+
+
+def prolog_epilog_timeout(settings: SlurmSettings) -> int:
+    """``PrologEpilogTimeout``: the prolog/epilog budget plus the start-up margin, whole seconds."""
+    return math.ceil(settings.timeout_s + STARTUP_MARGIN_S)
+
+
+def prolog_timeout_problem(settings: SlurmSettings, message_timeout_s: int) -> str:
+    """Why ``[slurm] timeout`` cannot be covered ("" when it can). slurm.conf(5) expects a Prolog
+    to complete in less time than MessageTimeout, so PrologEpilogTimeout stays within it; a
+    budget it cannot cover would have Slurm kill the prolog before it writes its verdict."""
+    needed = prolog_epilog_timeout(settings)
+    if needed <= message_timeout_s:
+        return ""
+    return (
+        f"[slurm] timeout = {settings.timeout_s:g} needs PrologEpilogTimeout={needed} ({STARTUP_MARGIN_S:g} s more, to start "
+        f"and write the result), above MessageTimeout={message_timeout_s}, within which slurm.conf(5) expects a Prolog "
+        f"to finish: set [slurm] timeout to {message_timeout_s - STARTUP_MARGIN_S:g} or less, or give the cluster's "
+        "MessageTimeout with --message-timeout"
+    )
+
+
 def slurm_conf_lines(
-    settings: SlurmSettings, program: str, wrapper_dir: str = "/etc/slurm", config: str | None = None,
-    interval_s: int = 300,
+    settings: SlurmSettings, wrapper_dir: str = "/etc/slurm", interval_s: int = 300,
+    message_timeout_s: int = SLURM_MESSAGE_TIMEOUT_S,
 ) -> str:
-    """The slurm.conf lines and the wrapper scripts to install (Slurm runs Prolog, Epilog and
-    HealthCheckProgram without arguments, so each mode gets a two-line wrapper)."""
-    # Slurm's timeout must cover ours plus interpreter start and writing the result.
-    prolog_epilog_timeout = math.ceil(settings.timeout_s) + 5
-    config_arg = f" --config {config}" if config else ""
-    lines = [
-        "# slurm.conf lines for preflight (generated by `preflight slurm config`)",
+    """The slurm.conf lines, nothing else: the output can be included from slurm.conf as it is.
+    Call :func:`prolog_timeout_problem` first."""
+    return "\n".join([
+        "# slurm.conf lines for preflight (generated by `preflight slurm config`).",
         f"Prolog={wrapper_dir}/preflight-prolog",
         f"Epilog={wrapper_dir}/preflight-epilog",
         "# Run the prolog when the job is allocated, before any step starts on the node.",
         "PrologFlags=Alloc",
-        f"# preflight's prolog budget is {settings.timeout_s:g} s ([slurm] timeout), scontrol included.",
-        f"PrologEpilogTimeout={prolog_epilog_timeout}",
+        f"# Slurm kills Prolog and Epilog after this: preflight's budget of {settings.timeout_s:g} s ([slurm] timeout,",
+        f"# scontrol included) plus {STARTUP_MARGIN_S:g} s to start and write its result, within MessageTimeout",
+        f"# ({message_timeout_s} s), which slurm.conf(5) expects a Prolog to finish in.",
+        f"PrologEpilogTimeout={prolog_epilog_timeout(settings)}",
         f"HealthCheckProgram={wrapper_dir}/preflight-healthcheck",
         f"HealthCheckInterval={interval_s}",
         "HealthCheckNodeState=ANY",
+        "# When the prolog fails, the node drains (with preflight's reason) and slurmctld",
+        "# requeues a batch job held: squeue shows \"launch failed requeued held\" until",
+        "# `scontrol release JOBID`. srun and salloc jobs are cancelled. To requeue batch jobs",
+        "# without the hold, so that they start on another node, add nohold_on_prolog_fail to",
+        "# the cluster's SchedulerParameters (one comma-separated line):",
+        "#SchedulerParameters=nohold_on_prolog_fail",
         "",
+    ])
+
+
+def wrapper_scripts(program: str, wrapper_dir: str = "/etc/slurm", config: str | None = None) -> dict[str, str]:
+    """Path -> text of the three wrappers: Slurm runs Prolog, Epilog and HealthCheckProgram
+    without arguments (and prologs without PATH), so each mode gets an absolute ``exec``."""
+    import shlex
+
+    config_arg = f" --config {shlex.quote(config)}" if config else ""
+    return {
+        f"{wrapper_dir}/preflight-{mode}": (
+            f"#!/bin/sh\n# Slurm {mode} wrapper, generated by `preflight slurm config`\n"
+            f"exec {program} slurm {mode}{config_arg}\n"
+        )
+        for mode in MODES
+    }
+
+
+def commented_wrappers(wrappers: Mapping[str, str]) -> str:
+    """The wrappers as slurm.conf comments, each after a ``# ---- PATH`` line: the whole output of
+    ``preflight slurm config`` stays loadable, and ``sed -n 's/^# //p'`` between two markers
+    recovers a script."""
+    lines = [
+        "",
+        "# Wrapper scripts: install each root-owned, mode 0755, on every node (or let",
+        "# `preflight slurm config --wrapper-dir DIR` write them).",
     ]
-    for mode in MODES:
-        lines += [
-            f"# {wrapper_dir}/preflight-{mode} (root-owned, mode 0755)",
-            "#!/bin/sh",
-            f"exec {program} slurm {mode}{config_arg}",
-            "",
-        ]
-    return "\n".join(lines)
+    for path, text in wrappers.items():
+        lines += [f"# ---- {path}", *(f"# {line}" for line in text.splitlines())]
+    return "\n".join(lines) + "\n"
+
+
+def wrapper_dir_problem(directory: str) -> str:
+    """Why the wrappers cannot be written to ``directory`` ("" when they can)."""
+    if directory.startswith("/") and os.path.isdir(directory):
+        return ""
+    return f"--wrapper-dir {directory}: must be an existing directory, as an absolute path"
+
+
+def write_wrappers(wrappers: Mapping[str, str]) -> str:
+    """Write each wrapper atomically, mode 0755; "" on success, else the first failure."""
+    for path, text in wrappers.items():
+        problem = write_atomically(path, text, mode=0o755)
+        if problem:
+            return f"cannot write {problem}"
+    return ""

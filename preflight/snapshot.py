@@ -253,6 +253,18 @@ def _redact_environments(members: dict[str, Member]) -> set[str]:
     return redacted
 
 
+OUTPUT_SUFFIXES = (".tar.gz", ".tgz")
+
+
+def _check_output_name(output: str) -> None:
+    """A snapshot is a gzip-compressed tar: refuse a name that promises another format
+    (``x.zip``, ``x.tar``) or none (a directory), which would hold what its name does not say."""
+    from preflight.commands import UsageProblem
+
+    if not output.lower().endswith(OUTPUT_SUFFIXES):
+        raise UsageProblem(f"{output}: a snapshot is a gzip-compressed tar archive; name it *.tar.gz or *.tgz")
+
+
 def take_snapshot(args: SnapshotArgs) -> SnapshotResult:
     """Record, scrub as asked, and write the archive. Raises what :func:`record_node` raises,
     ArchiveError for an unwritable destination, ScrubError for bad scrub options."""
@@ -260,6 +272,7 @@ def take_snapshot(args: SnapshotArgs) -> SnapshotResult:
     from preflight.sources.archive import write_archive
 
     begin = time.monotonic()
+    _check_output_name(args.output)
     categories = parse_categories(args.scrub)  # before recording: a typo must fail fast
     if args.scrub_key and not categories:
         raise ScrubError("--scrub-key (or PREFLIGHT_SCRUB_KEY) given without --scrub: nothing would be scrubbed; "

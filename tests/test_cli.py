@@ -59,19 +59,27 @@ def test_warning_only_exits_one(run_cli: Runner, clean_root: Path) -> None:
 
 
 def test_table_groups_by_severity_and_hides_absent(run_cli: Runner, example_root: Path) -> None:
-    result = run_cli("node", "--root", str(example_root))
+    result = run_cli("node", "--root", str(example_root), env={"COLUMNS": "200"})  # the summary on one line
     out = result.stdout
     assert out.index("ERROR") < out.index("WARNING") < out.index("HOW TO FIX")
     assert "GPU001" not in out and "ABSENT" not in out
     report = json.loads(run_cli("node", "--root", str(example_root), "--format", "json").stdout)
-    counts = report["summary"]
     present = [f for f in report["findings"] if f["status"] == "present"]
     errors = sum(1 for f in present if f["severity"] in ("error", "critical"))
+    by_status: dict[str, set[str]] = {}
+    for finding in report["findings"]:
+        by_status.setdefault(finding["status"], set()).add(finding["id"])
+    checks = {f["id"] for f in report["findings"]}
+    with_problem = by_status["present"]
+    absent = by_status["absent"] - with_problem
+    # Checks are counted once each (MEM001 and SOCK002 have two present findings each), so the
+    # summary adds up to the header's count; findings are named as findings.
+    assert len(with_problem) == 7 and len(present) == 9 and len(checks) == 49
     expected = (
-        f"{counts['present']} present ({errors} error, {counts['present'] - errors} warning), {counts['unknown']} unknown, "
-        f"{counts['absent']} absent, {counts['not_applicable']} not applicable."
+        f"49 checks: 7 present (9 findings: {errors} error, {9 - errors} warning), 0 unknown, "
+        f"{len(absent)} absent, {49 - 7 - len(absent)} not applicable."
     )
-    assert expected in out
+    assert out.endswith(f"\n{expected}\n") and out.startswith("preflight ") and " 49 checks in " in out.replace("\n", " ")
     assert "GPU001" in run_cli("node", "--root", str(example_root), "--show-all").stdout
 
 
@@ -155,14 +163,14 @@ def test_references_list_and_show(run_cli: Runner) -> None:
     assert shown.returncode == 0 and "OFI Memlock Exhaustion" in shown.stdout and "Sources" in shown.stdout
     assert run_cli("references", "show", "XYZ999").returncode == 3
     assert len(listed) == 90
-    table = run_cli("references", "list")
+    table = run_cli("references", "list", env={"COLUMNS": "300"})  # wide enough for one line per row
     assert table.returncode == 0 and len(table.stdout.splitlines()) == 92  # header, rule, 90 rows
 
 
 def test_references_search(run_cli: Runner) -> None:
     found = run_cli("references", "search", "vendor", "err", "129")
     assert found.returncode == 0
-    ids = [line.split()[0] for line in found.stdout.splitlines()[2:]]
+    ids = [line.split()[0] for line in found.stdout.splitlines()[2:] if not line.startswith(" ")]  # not wrapped titles
     assert ids[0] == "IB006" and "ROCE006" in ids  # title matches first
     as_json = json.loads(run_cli("references", "search", "memlock", "--format", "json").stdout)
     assert "MEM001" in {r["id"] for r in as_json}
@@ -227,3 +235,106 @@ def test_every_reference_present_and_absent_on_recorded_roots(run_cli: Runner, e
     lost = json.loads(run_cli("node", "--root", str(clean_root), "--format", "json").stdout)
     assert findings(lost) == {("GPU001", "GPU3")}
     assert planted | {"GPU001"} >= {"DNS001", "GDR001", "GDR002", "GPU001", "MEM001", "MEM002"}
+
+
+@pytest.mark.parametrize(
+    ("args", "reason"),
+    [
+        (["--select", "GLOO001"], "GLOO001: no node check (preflight explain finds it in logs)"),
+        (["--profile", "prolog", "--select", "SOCK002"], "SOCK002: not in the prolog profile (runs in: full)"),
+        (["--select", "MEM001", "--ignore", "MEM"], "MEM001: removed by --ignore MEM"),
+        (["--select", "GLOO001,SOCK002", "--profile", "prolog"],
+         "GLOO001: no node check (preflight explain finds it in logs); SOCK002: not in the prolog profile (runs in: full)"),
+    ],
+)
+def test_a_selection_that_runs_nothing_is_no_verdict(run_cli: Runner, example_root: Path, args: list[str], reason: str) -> None:
+    """Zero checks and exit 0 would read as a healthy node."""
+    result = run_cli("node", "--root", str(example_root), *args)
+    assert (result.returncode, result.stdout) == (3, "")
+    assert result.stderr == f"preflight: error: no check left to run: {reason}\n"
+
+
+def test_a_selection_the_config_disables_is_no_verdict_but_a_partial_one_runs(run_cli: Runner, example_root: Path, tmp_path: Path) -> None:
+    config = tmp_path / "site.toml"
+    config.write_text('disable = ["MEM001"]\n')
+    disabled = run_cli("node", "--root", str(example_root), "--select", "MEM001", "--config", str(config))
+    assert disabled.returncode == 3 and disabled.stderr == f"preflight: error: no check left to run: MEM001: disabled by {config}\n"
+    partial = run_cli("node", "--root", str(example_root), "--profile", "prolog", "--select", "SOCK002,MEM001", "--format", "json")
+    assert partial.returncode == 2 and {f["id"] for f in json.loads(partial.stdout)["findings"]} == {"MEM001"}
+
+
+def widest_line(text: str) -> int:
+    return max(len(line) for line in text.splitlines())
+
+
+def test_tables_fit_the_terminal_width(run_cli: Runner, example_root: Path) -> None:
+    """At COLUMNS=80 every line fits (183 columns before); without COLUMNS, output into a pipe
+    gets 80 too; a wide terminal keeps one line per reference."""
+    for columns in ("80", "60"):
+        for args in (["node", "--root", str(example_root), "--show-all"], ["references", "list"], ["references", "search", "nccl"]):
+            result = run_cli(*args, env={"COLUMNS": columns})
+            assert result.returncode in (0, 2) and widest_line(result.stdout) <= int(columns), (args, columns)
+    piped = run_cli("node", "--root", str(example_root), env={"COLUMNS": ""})
+    assert widest_line(piped.stdout) <= 80
+    wide = run_cli("node", "--root", str(example_root), env={"COLUMNS": "250"}).stdout
+    assert "  /usr/local/lib/python3.10/dist-packages/nvidia/nccl/lib/libnccl.so.2  " in wide  # the whole subject in its cell
+    assert widest_line(wide) > 100
+    # Wrapped, nothing is lost: every word of the evidence is still there, in order.
+    narrow = run_cli("node", "--root", str(example_root), "--format", "table", env={"COLUMNS": "80"}).stdout
+    header, _rule, *rows = narrow.split("\nWARNING\n")[1].split("\n\nHOW TO FIX")[0].splitlines()
+    evidence_column = " ".join(row[header.index("Evidence"):] for row in rows)
+    assert "MEMLOCK propagated from the submitting shell: (neither PropagateResourceLimits" in " ".join(evidence_column.split())
+
+
+def test_reference_commands_are_printed_whole(monkeypatch: pytest.MonkeyPatch, run_cli: Runner) -> None:
+    """Every evidence command of every reference is on a line of its own, as written in the
+    catalogue, so it can be pasted; prose fits 80 columns unless a single word (a URL) is longer."""
+    from preflight.catalogue import load_all
+    from preflight.cli import render_reference
+
+    monkeypatch.setenv("COLUMNS", "80")
+    commands = 0
+    for reference in load_all():
+        lines = render_reference(reference).splitlines()
+        verbatim = {f"$ {item['command']}" for item in reference.evidence if item.get("command")}
+        verbatim |= {f"- [{s['role']}] {s['pattern']}".strip() for s in reference.signatures}
+        stripped = {line.strip() for line in lines}
+        assert verbatim <= stripped, reference.id
+        commands += len(verbatim)
+        for line in lines:
+            assert len(line) <= 80 or line.strip() in verbatim or " " not in line.strip().lstrip("-0123456789. ").strip(), (reference.id, line)
+    assert commands > 200
+    shown = run_cli("references", "show", "MEM001", env={"COLUMNS": "80"}).stdout
+    assert "\n    $ grep 'Max locked memory' /proc/$(pidof slurmd)/limits\n" in shown
+
+
+@pytest.mark.parametrize("name", ["x.zip", "x.tar", "snapshot", "x.gz"])
+def test_snapshot_refuses_a_name_that_promises_another_format(run_cli: Runner, example_root: Path, tmp_path: Path, name: str) -> None:
+    target = tmp_path / name
+    result = run_cli("snapshot", str(target), "--root", str(example_root))
+    assert result.returncode == 3
+    assert result.stderr == f"preflight: error: {target}: a snapshot is a gzip-compressed tar archive; name it *.tar.gz or *.tgz\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_snapshot_with_a_tgz_name_replays(run_cli: Runner, example_root: Path, tmp_path: Path) -> None:
+    target = tmp_path / "gpu017.TGZ"
+    assert run_cli("snapshot", str(target), "--root", str(example_root)).returncode == 0
+    assert target.read_bytes()[:2] == b"\x1f\x8b"  # gzip, as the name says
+    assert run_cli("node", "--root", str(target), "--select", "MEM001").returncode == 2
+
+
+def test_explain_refuses_node_options_without_check_and_a_missing_root(run_cli: Runner, example_root: Path) -> None:
+    log = REPO / "tests" / "explain" / "corpus"
+    path = str(next(p for p in sorted(log.iterdir()) if p.name.startswith("MEM001__")))
+    for args, message in (
+        (["--root", str(example_root)], "--root needs --check (it gives the node --check examines)"),
+        (["--config", "/etc/preflight/preflight.toml"], "--config needs --check (it gives the site config --check runs with)"),
+        (["--check", "--root", "/nonexistent"], "--root /nonexistent: no such directory"),
+        (["--check", "--root", str(REPO / "docs")], f"--root {REPO / 'docs'}: not a node root"),
+    ):
+        result = run_cli("explain", path, *args)
+        assert (result.returncode, result.stdout) == (3, ""), args
+        assert result.stderr.startswith(f"preflight: error: {message}") and result.stderr.count("\n") == 1, result.stderr
+    checked = run_cli("explain", path, "--check", "--root", str(example_root))
+    assert checked.returncode == 2  # confirmed: MEM001 is planted on the example node

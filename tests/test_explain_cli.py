@@ -147,8 +147,9 @@ def test_check_confirms_and_refutes_on_a_recorded_node(run_cli: Runner, example_
     assert clean["candidates"][0]["verdict"]["status"] == "refuted" and code == 1
     without_checks = [c for c in clean["candidates"] if not c["checks"]]
     assert all(c["verdict"]["status"] == "undecided" for c in without_checks)
-    code, broken = explain_json(run_cli, str(path), "--check", "--root", "/no/such/root")
-    assert broken["check_error"] and code == 1
+    refused = run_cli("explain", "--format", "json", str(path), "--check", "--root", "/no/such/root")
+    assert refused.returncode == 3 and refused.stdout == "" and "/no/such/root" in refused.stderr
+    assert "Traceback" not in refused.stderr
 
 
 def test_check_replays_a_snapshot_archive(run_cli: Runner, example_root: Path, tmp_path: Path) -> None:
@@ -164,7 +165,8 @@ def test_check_replays_a_snapshot_archive(run_cli: Runner, example_root: Path, t
     broken = tmp_path / "broken.tar.gz"
     broken.write_bytes(archive.read_bytes()[:300])
     code, failed = explain_json(run_cli, str(path), "--check", "--root", str(broken))
-    assert code == 1 and "broken.tar.gz" in failed["check_error"]
+    assert code == 3 and "broken.tar.gz" in failed["check_error"]  # candidates stand, no verdict
+    assert failed["candidates"]
 
 
 @pytest.mark.parametrize("name", ["adversarial"])

@@ -311,6 +311,36 @@ def test_json_output_follows_the_fleet_schema(tmp_path: Path) -> None:
     assert [f["key"] for f in document["facts"]] == [fact.key for fact in FACTS]
 
 
+def test_node_names_from_file_names_name_nodes_by_inventory_name_as_well_as_host(run_cli: Runner, tmp_path: Path) -> None:
+    """Reports saved under inventory names whose host names differ (two even share one, as
+    cloned images do): with --node-names file every node is kept and named by its file, and
+    the JSON and the table give its host name beside it."""
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    documents = {"rack1-a": report("localhost"), "rack1-b": report("localhost"), "rack1-c": report("gpu-c")}
+    set_mtu(documents["rack1-b"], "ibp26s0", 2044)
+    for name, document in documents.items():
+        (reports / f"{name}.json").write_text(json.dumps(document))
+    (reports / "bad name!.json").write_text(json.dumps(report("gpu-d")))
+
+    by_host = json.loads(run_cli("fleet", "--format", "json", str(reports)).stdout)
+    assert [n["name"] for n in by_host["nodes"]] == ["gpu-c", "gpu-d", "localhost"]  # one localhost dropped
+    assert any("a second report for host localhost" in s["reason"] for s in by_host["skipped"])
+
+    result = run_cli("fleet", "--node-names", "file", "--format", "json", str(reports))
+    document = json.loads(result.stdout)
+    jsonschema.validate(document, SCHEMA)
+    assert [(n["name"], n["host"]) for n in document["nodes"]] == [("rack1-a", "localhost"), ("rack1-b", "localhost"), ("rack1-c", "gpu-c")]
+    assert document["summary"]["odd_nodes"] == ["rack1-b"]
+    assert [(s["file"], s["reason"]) for s in document["skipped"]] == [
+        (str(reports / "bad name!.json"), "file name 'bad name!' is not a plain node name (letters, digits, '.', '-', '_')")
+    ]
+    table = run_cli("fleet", "--node-names", "file", str(reports)).stdout
+    assert "NODE NAMES" in table and "  rack1-a: localhost\n" in table and "  rack1-c: gpu-c\n" in table
+    refused = run_cli("fleet", "--node-names", "inventory", str(reports))
+    assert refused.returncode == ExitCode.NO_VERDICT and "--node-names 'inventory': choose one of host, file" in refused.stderr
+
+
 def test_fact_table_keys_and_labels_are_unique() -> None:
     assert len({fact.key for fact in FACTS}) == len({fact.label for fact in FACTS}) == len(FACTS)
     assert {fact.scope for fact in FACTS} <= {"class", "family"}

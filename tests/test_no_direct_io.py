@@ -28,6 +28,7 @@ ALLOWED = {
     "preflight/discovery.py": "lists check modules to import them",
     "preflight/explain/reader.py": "reads the log files a user hands to explain, not the node",
     "preflight/fleet/load.py": "reads the node reports a user hands to fleet, not the node",
+    "preflight/sourcetree.py": "looks at the package's own checkout (pyproject.toml, checks/), not the node",
     "preflight/slurm.py": "the Slurm boundary, like a source: runs scontrol, writes the last-result file, sends syslog",
 }
 

@@ -17,7 +17,7 @@ import jsonschema
 import pytest
 
 from conftest import EXAMPLE_ROOT, Runner, drain_datagrams
-from preflight.config import CPU_JOB_IGNORE, ConfigError, SlurmSettings, parse_config
+from preflight.config import CPU_JOB_IGNORE, ConfigError, SlurmSettings, parse_config, salvage_slurm_settings
 from preflight.model import Evidence, Finding, Severity, Status
 from preflight.slurm import (
     JobScope,
@@ -27,10 +27,12 @@ from preflight.slurm import (
     opt_out_source,
     parse_gpu_indices,
     parse_show_node,
+    prolog_timeout_problem,
     run_command,
     sanitise_reason,
     send_syslog,
     slurm_conf_lines,
+    wrapper_scripts,
     write_atomically,
 )
 
@@ -123,6 +125,17 @@ def test_slurm_section_rejects_bad_values_naming_line_and_key(body: str, message
         config(f"[run]\ntimeout = 10.0\n\n[slurm]\n{body}\n")
     assert message in str(error.value)
     assert str(error.value).startswith("/etc/preflight/preflight.toml:")
+
+
+def test_salvaged_slurm_keys_say_where_a_broken_config_leaves_its_trace() -> None:
+    """A config that fails validation still names the last-result file and syslog socket."""
+    salvaged = salvage_slurm_settings(
+        '[run]\nprobe_timout = 2\n[slurm]\nlast_result = "/srv/pf/{mode}.json"\ndrain_severity = "fatal"\n'
+        'syslog_socket = "/run/log"\ntimeout = "soon"\n'
+    )
+    assert salvaged == SlurmSettings(last_result="/srv/pf/{mode}.json", syslog_socket="/run/log")
+    assert salvage_slurm_settings("[slurm\nlast_result = 3") == SlurmSettings()  # not TOML: the defaults
+    assert salvage_slurm_settings("slurm = 3\n") == SlurmSettings()
 
 
 def test_slurm_section_must_be_a_table() -> None:
@@ -318,12 +331,27 @@ def test_write_atomically_replaces_whole_files(tmp_path: Path) -> None:
 
 
 def test_slurm_conf_lines_fit_the_budget() -> None:
-    text = slurm_conf_lines(SlurmSettings(timeout_s=6.0), "/usr/local/bin/preflight", "/etc/slurm", "/etc/preflight/site.toml", 600)
+    text = slurm_conf_lines(SlurmSettings(timeout_s=6.0), "/etc/slurm", 600)
     lines = text.splitlines()
     for expected in ("Prolog=/etc/slurm/preflight-prolog", "Epilog=/etc/slurm/preflight-epilog", "PrologFlags=Alloc",
-                     "PrologEpilogTimeout=11", "HealthCheckProgram=/etc/slurm/preflight-healthcheck", "HealthCheckInterval=600"):
+                     "PrologEpilogTimeout=8", "HealthCheckProgram=/etc/slurm/preflight-healthcheck", "HealthCheckInterval=600",
+                     "#SchedulerParameters=nohold_on_prolog_fail"):
         assert expected in lines
-    assert "exec /usr/local/bin/preflight slurm prolog --config /etc/preflight/site.toml" in lines
+    # only slurm.conf syntax: comments and Key=value lines
+    assert all(line == "" or line.startswith("#") or line.split("=", 1)[0].isalpha() for line in lines)
+    wrappers = wrapper_scripts("/usr/local/bin/preflight", "/etc/slurm", "/etc/preflight/site 2.toml")
+    assert list(wrappers) == [f"/etc/slurm/preflight-{mode}" for mode in ("prolog", "epilog", "healthcheck")]
+    assert wrappers["/etc/slurm/preflight-epilog"].startswith("#!/bin/sh\n")
+    assert "exec /usr/local/bin/preflight slurm epilog --config '/etc/preflight/site 2.toml'\n" in wrappers["/etc/slurm/preflight-epilog"]
+
+
+@pytest.mark.parametrize(
+    ("timeout", "message_timeout", "problem"),
+    [(8.0, 10, ""), (3.5, 10, ""), (8.5, 10, "needs PrologEpilogTimeout=11"), (9.0, 20, ""), (5.0, 5, "above MessageTimeout=5")],
+)
+def test_prolog_budget_must_fit_within_message_timeout(timeout: float, message_timeout: int, problem: str) -> None:
+    found = prolog_timeout_problem(SlurmSettings(timeout_s=timeout), message_timeout)
+    assert (problem in found) if problem else found == ""
 
 
 # ---- the commands end to end, with a stand-in scontrol ----------------------------------------
@@ -438,6 +466,51 @@ def test_epilog_uses_its_profile_and_its_own_result_file(run_cli: Runner, exampl
     assert written["mode"] == "epilog" and written["report"]["profile"] == "full"  # type: ignore[index]
 
 
+@pytest.mark.parametrize(
+    ("state", "reason", "updated"),
+    [
+        ("IDLE+DRAIN", "preflight: MEM001 memlock-limit-too-low on slurmd (prolog job 4242)", False),  # the job never ran
+        ("MIXED+DRAIN", "admin: replacing DIMM B3", False),
+        ("DOWN*", "Not responding", False),
+        ("IDLE", "", True),
+        ("", "", True),  # state unreadable: still leave a meaningful reason
+    ],
+)
+def test_epilog_keeps_a_reason_already_set(run_cli: Runner, example_root: Path, tmp_path: Path, state: str, reason: str, updated: bool) -> None:
+    site = Site(tmp_path, show=show_node(state, reason) if state else "slurm_load_node error: Unable to contact slurm controller")
+    result = run_cli("slurm", "epilog", "--root", str(example_root), "--config", str(site.config), env=JOB)
+    assert result.returncode == 2, result.stdout + result.stderr
+    calls = site.made_calls()
+    assert calls[0] == ["show", "node", "-o", "gpu017"]
+    if updated:
+        assert [call[:3] for call in calls[1:]] == [["update", "NodeName=gpu017", "State=DRAIN"]]
+        assert calls[1][3].endswith("(epilog job 4242)")
+    else:
+        assert len(calls) == 1
+        assert result.stdout.strip().endswith(f"(node already {state} with reason {reason!r}; kept)")
+        assert site.result("epilog")["node_state"] == {"state": state, "reason": reason}
+
+
+def test_healthcheck_timeout_follows_the_health_check_rule(run_cli: Runner, clean_root: Path, site: Site) -> None:
+    """--timeout is refused where [slurm] healthcheck_timeout would be: slurmd kills at 60 s."""
+    refused = run_cli("slurm", "healthcheck", "--root", str(clean_root), "--config", str(site.config), "--timeout", "120")
+    assert refused.returncode == 3
+    assert "--timeout 120 must be below 60 (slurmd kills HealthCheckProgram at 60 s)" in refused.stderr
+    with pytest.raises(ConfigError, match="slurm.healthcheck_timeout: 120 must be below 60 \\(slurmd kills HealthCheckProgram at 60 s\\)"):
+        config("[slurm]\nhealthcheck_timeout = 120\n")
+    assert site.made_calls() == []
+
+
+def test_slurm_help_texts_describe_each_mode(run_cli: Runner) -> None:
+    healthcheck = run_cli("slurm", "healthcheck", "--help", env={"COLUMNS": "200"}).stdout
+    assert "slurm.healthcheck_timeout, 50 s" in healthcheck and "below 60" in healthcheck and "slurm.timeout," not in healthcheck
+    prolog = run_cli("slurm", "prolog", "--help", env={"COLUMNS": "200"}).stdout
+    assert "slurm.timeout, 8 s" in prolog and "requeues a batch job held" in prolog
+    epilog = run_cli("slurm", "epilog", "--help", env={"COLUMNS": "200"}).stdout
+    assert "Slurm Epilog: after each job" in epilog and "which is kept" in epilog
+    assert "requeue" not in epilog and "the job may run" not in epilog
+
+
 def test_hanging_probe_does_not_drain_by_default_but_does_fail_closed(run_cli: Runner, clean_root: Path, tmp_path: Path) -> None:
     nvml_path = clean_root / ".preflight" / "nvml.json"
     nvml = json.loads(nvml_path.read_text())
@@ -457,16 +530,28 @@ def test_hanging_probe_does_not_drain_by_default_but_does_fail_closed(run_cli: R
     assert len(closed.made_calls()) == 1
 
 
-def test_broken_config_never_fails_a_job(run_cli: Runner, example_root: Path, site: Site, tmp_path: Path) -> None:
-    broken = tmp_path / "broken.toml"
-    broken.write_text("[slurm]\ndrain_severity = \"fatal\"\n")
-    prolog = run_cli("slurm", "prolog", "--root", str(example_root), "--config", str(broken), env=JOB)
-    assert prolog.returncode == 0 and "no verdict" in prolog.stderr and "slurm.drain_severity" in prolog.stderr
-    healthcheck = run_cli("slurm", "healthcheck", "--root", str(example_root), "--config", str(broken), env=JOB)
-    assert healthcheck.returncode == 3
-    missing_root = run_cli("slurm", "prolog", "--root", str(tmp_path / "nope"), "--config", str(site.config), env=JOB)
-    assert missing_root.returncode == 0 and "no verdict" in missing_root.stderr
-    assert not (site.base / "results").exists()  # where the site wants results is unknown
+def test_broken_config_never_fails_a_job_and_leaves_a_trace(run_cli: Runner, example_root: Path, site: Site) -> None:
+    """No verdict: the job runs (exit 0), and the reason is on stderr (slurmd logs it), in syslog
+    at error level and in the last-result file, which the broken config's valid keys still name."""
+    site.config.write_text(site.config.read_text() + 'drain_severity = "fatal"\n')
+    prolog = run_cli("slurm", "prolog", "--root", str(example_root), "--config", str(site.config), env=JOB)
+    assert prolog.returncode == 0 and prolog.stdout == ""
+    assert prolog.stderr.startswith("preflight: no verdict (prolog): ") and "slurm.drain_severity" in prolog.stderr
+    written = site.result("prolog")
+    assert written["verdict"] == "no-verdict" and written["exit_code"] == 0 and written["node"] == "gpu017"
+    assert "slurm.drain_severity: 'fatal' must be one of" in written["errors"][0]  # type: ignore[index]
+    assert [line.split(": ", 1)[1] for line in site.logged() if line.startswith("<27>preflight[")] == [prolog.stderr.strip()]
+    healthcheck = run_cli("slurm", "healthcheck", "--root", str(example_root), "--config", str(site.config), env=JOB)
+    assert healthcheck.returncode == 3 and site.result("healthcheck")["verdict"] == "no-verdict"
+    assert site.made_calls() == []
+
+
+def test_wrong_root_never_fails_a_job_and_leaves_a_trace(run_cli: Runner, site: Site, tmp_path: Path) -> None:
+    prolog = run_cli("slurm", "prolog", "--root", str(tmp_path / "nope"), "--config", str(site.config), env=JOB)
+    assert prolog.returncode == 0 and f"no verdict (prolog): --root {tmp_path / 'nope'}: no such directory" in prolog.stderr
+    written = site.result("prolog")
+    assert written["verdict"] == "no-verdict" and written["job"]["job_id"] == "4242"  # type: ignore[index]
+    assert any(line.startswith("<27>") and "no such directory" in line for line in site.logged())
 
 
 def test_unwritable_last_result_is_reported_but_does_not_change_the_verdict(run_cli: Runner, clean_root: Path, tmp_path: Path) -> None:
@@ -515,6 +600,21 @@ def test_healthcheck_does_not_repeat_an_identical_drain(run_cli: Runner, tmp_pat
     assert first.made_calls() == [["show", "node", "-o", "gpu017"]]
 
 
+def test_undecided_healthcheck_names_the_unknowns_that_keep_the_node_drained(run_cli: Runner, clean_root: Path, tmp_path: Path) -> None:
+    nvml_path = clean_root / ".preflight" / "nvml.json"
+    nvml = json.loads(nvml_path.read_text())
+    nvml["calls"]["nvmlDeviceGetCount"] = {"hang": True}
+    nvml_path.write_text(json.dumps(nvml))
+    site = Site(tmp_path, "healthcheck_timeout = 8.0\n", show=show_node("IDLE+DRAIN", "preflight: GPU001 (prolog job 3)"))
+    result = run_cli("slurm", "healthcheck", "--root", str(clean_root), "--config", str(site.config), env={"SLURMD_NODENAME": "gpu017"})
+    assert result.returncode == 0 and site.result("healthcheck")["verdict"] == "undecided"
+    message = result.stdout.strip()
+    assert message.startswith("preflight: gpu017 stays drained ('preflight: GPU001 (prolog job 3)') while unknown: GPU001 ")
+    assert "(probe gpus: timed out after " in message and message.endswith(" more")
+    assert site.made_calls() == [["show", "node", "-o", "gpu017"]]  # no resume
+    assert any(line.startswith("<29>preflight[") and message in line for line in site.logged())
+
+
 @pytest.mark.parametrize("show", ["", "Node gpu017 not found", "slurm_load_node error: Unable to contact slurm controller (connect failure)"])
 def test_healthcheck_leaves_the_node_alone_when_its_state_cannot_be_read(run_cli: Runner, tmp_path: Path, show: str) -> None:
     site = Site(tmp_path, show=show)
@@ -539,23 +639,56 @@ def test_node_name_comes_from_config_then_slurmd(run_cli: Runner, example_root: 
     assert site.made_calls()[0][1] == "NodeName=gpu-a17"
 
 
-def test_slurm_config_command_prints_lines_and_wrappers(run_cli: Runner, site: Site) -> None:
-    result = run_cli("slurm", "config", "--config", str(site.config), "--wrapper-dir", "/opt/site/slurm")
+def test_slurm_config_prints_only_slurm_conf_syntax_with_the_wrappers_as_comments(run_cli: Runner, site: Site) -> None:
+    result = run_cli("slurm", "config", "--config", str(site.config))
     assert result.returncode == 0, result.stderr
-    assert "Prolog=/opt/site/slurm/preflight-prolog" in result.stdout.splitlines()
-    assert "PrologEpilogTimeout=13" in result.stdout.splitlines()
-    assert f"slurm healthcheck --config {site.config}" in result.stdout
-    bad = run_cli("slurm", "config", "--wrapper-dir", "relative")
-    assert bad.returncode == 3
+    lines = result.stdout.splitlines()
+    assert "Prolog=/etc/slurm/preflight-prolog" in lines and "PrologEpilogTimeout=10" in lines
+    settings = [line for line in lines if line and not line.startswith("#")]
+    assert [line.split("=", 1)[0] for line in settings] == [
+        "Prolog", "Epilog", "PrologFlags", "PrologEpilogTimeout", "HealthCheckProgram", "HealthCheckInterval", "HealthCheckNodeState",
+    ]
+    # each wrapper is a separable section: the lines after its marker, uncommented
+    section = result.stdout.split("# ---- /etc/slurm/preflight-healthcheck\n", 1)[1]
+    script = [line[2:] for line in section.splitlines() if not line.startswith("# ---- ")]
+    assert script[0] == "#!/bin/sh" and script[-1].endswith(f"slurm healthcheck --config {site.config}")
 
 
-def test_slurm_wrapper_from_config_runs_the_prolog(run_cli: Runner, clean_root: Path, site: Site, tmp_path: Path) -> None:
-    """The wrapper `preflight slurm config` prints is a working script."""
-    text = run_cli("slurm", "config", "--config", str(site.config), "--wrapper-dir", str(tmp_path)).stdout
-    body = text.split(f"# {tmp_path}/preflight-prolog (root-owned, mode 0755)\n", 1)[1].split("\n\n", 1)[0]
-    wrapper = tmp_path / "preflight-prolog"
-    wrapper.write_text(body.replace(" slurm prolog ", f" slurm prolog --root {clean_root} ") + "\n")
-    wrapper.chmod(0o755)
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--wrapper-dir", "relative"], "--wrapper-dir relative: must be an existing directory"),
+        (["--wrapper-dir", "/nonexistent/slurm"], "must be an existing directory"),
+        (["--message-timeout", "8"], "needs PrologEpilogTimeout=10 (2 s more, to start and write the result), above MessageTimeout=8"),
+    ],
+)
+def test_slurm_config_refuses_what_cannot_work(run_cli: Runner, site: Site, arguments: list[str], message: str) -> None:
+    result = run_cli("slurm", "config", "--config", str(site.config), *arguments)
+    assert result.returncode == 3 and result.stdout == ""
+    assert result.stderr.startswith("preflight: error: ") and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_slurm_config_refuses_a_prolog_budget_slurm_would_cut_short(run_cli: Runner, tmp_path: Path) -> None:
+    site = Site(tmp_path, "timeout = 9.0\n")
+    refused = run_cli("slurm", "config", "--config", str(site.config))
+    assert refused.returncode == 3 and "[slurm] timeout = 9 needs PrologEpilogTimeout=11" in refused.stderr
+    assert "set [slurm] timeout to 8 or less" in refused.stderr
+    accepted = run_cli("slurm", "config", "--config", str(site.config), "--message-timeout", "15")
+    assert accepted.returncode == 0 and "PrologEpilogTimeout=11" in accepted.stdout.splitlines()
+
+
+def test_slurm_config_writes_working_wrappers_into_wrapper_dir(run_cli: Runner, clean_root: Path, site: Site, tmp_path: Path) -> None:
+    """--wrapper-dir: the wrappers are files (mode 0755) and stdout is only the slurm.conf lines."""
+    wrappers = tmp_path / "wrappers"
+    wrappers.mkdir()
+    result = run_cli("slurm", "config", "--config", str(site.config), "--wrapper-dir", str(wrappers))
+    assert result.returncode == 0, result.stderr
+    assert f"Prolog={wrappers}/preflight-prolog" in result.stdout.splitlines() and "#!/bin/sh" not in result.stdout
+    assert sorted(path.name for path in wrappers.iterdir()) == ["preflight-epilog", "preflight-healthcheck", "preflight-prolog"]
+    wrapper = wrappers / "preflight-prolog"
+    assert stat.S_IMODE(wrapper.stat().st_mode) == 0o755
+    # Point the generated wrapper at the clean recording; everything else is as generated.
+    wrapper.write_text(wrapper.read_text().replace(" slurm prolog ", f" slurm prolog --root {clean_root} "))
     ran = subprocess.run([str(wrapper)], capture_output=True, text=True, timeout=60, env=JOB, cwd=tempfile.gettempdir())
     assert ran.returncode == 0 and ran.stdout.startswith("preflight ok (prolog job 4242)"), ran.stdout + ran.stderr
 

@@ -1,10 +1,12 @@
 """``preflight slurm`` under a real Slurm: munged, slurmctld and slurmd started by the tests on a
 single-node cluster written to a temporary directory, real ``srun``/``sbatch`` jobs.
 
-The node's Prolog and HealthCheckProgram are wrapper scripts that run the installed ``preflight
-slurm ...`` with ``--root`` pointing at a symlink the tests switch between recorded roots (clean,
-planted with misconfigurations, with an NVML call that hangs), and a config that sends syslog
-lines to a socket the tests listen on. Two fake GPUs (gres backed by /dev/null and /dev/zero;
+The Prolog, Epilog and HealthCheck lines of ``slurm.conf`` are the ones ``preflight slurm config``
+generates (included from the test's ``slurm.conf``), and so are the wrapper scripts they name,
+with ``--root`` added: a symlink the tests switch between recorded roots (clean, planted with
+misconfigurations, with an NVML call that hangs, missing). The config sends syslog lines to a
+socket the tests listen on; slurmd logs at debug2, the level at which it logs what a prolog that
+exits 0 wrote. Two fake GPUs (gres backed by /dev/null and /dev/zero;
 TaskPlugin=task/none constrains nothing) make Slurm give jobs ``SLURM_JOB_GPUS``.
 
 Needs root (slurmd runs prologs as root; the daemons here run as root) and Debian's munge,
@@ -34,6 +36,7 @@ NODE = "pfnode"
 SBIN = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")
 PROGRAMS = ("munged", "slurmctld", "slurmd", "srun", "sbatch", "scontrol", "squeue", "scancel")
 PROLOG_BUDGET_S = 4.0
+MESSAGE_TIMEOUT_S = 10  # Slurm's default
 
 
 def find_program(name: str) -> str | None:
@@ -59,7 +62,12 @@ class Cluster:
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def use_root(self, name: str) -> None:
-        """Point the prolog and health check at one of the recorded roots."""
+        """Point the prolog, epilog and health check at one of the recorded roots, once the
+        epilogs of earlier jobs are done (srun returns before its job's epilog has run)."""
+        self.wait_for(lambda: "COMPLETING" not in self.node()[0], "earlier jobs' epilogs")
+        self.point_root(name)
+
+    def point_root(self, name: str) -> None:
         link = self.base / "root"
         temporary = self.base / "root.new"
         temporary.unlink(missing_ok=True)
@@ -102,6 +110,14 @@ class Cluster:
         data: dict[str, object] = json.loads((self.base / "results" / f"slurm-{mode}.json").read_text())
         return data
 
+    def result_for_job(self, mode: str, job_id: str) -> dict[str, object] | None:
+        """The last result of ``mode`` if it is about this job (earlier jobs wrote it too)."""
+        path = self.base / "results" / f"slurm-{mode}.json"
+        if not path.exists():
+            return None
+        result = self.result(mode)
+        return result if result["job"]["job_id"] == job_id else None  # type: ignore[index]
+
     def syslog_lines(self) -> list[str]:
         return drain_datagrams(self.syslog)
 
@@ -114,7 +130,9 @@ class Cluster:
 
     def resume(self) -> None:
         self.run("scontrol", "update", f"NodeName={NODE}", "State=RESUME")
-        self.wait_for(lambda: "DRAIN" not in self.node()[0], "the node to resume")
+        # slurmctld pings a resumed node (IDLE*) and allocates it only once slurmd answers; a job
+        # submitted before that waits for the next scheduling pass, up to a minute.
+        self.wait_for(lambda: "DRAIN" not in self.node()[0] and "*" not in self.node()[0], "the node to resume")
 
 
 def skip_reason() -> str:
@@ -126,15 +144,22 @@ def skip_reason() -> str:
     return ""
 
 
-def write_wrapper(path: Path, mode: str, base: Path) -> None:
-    preflight = " ".join(preflight_command())
-    path.write_text(
-        "#!/bin/sh\n"
-        "# Slurm runs prologs and HealthCheckProgram without arguments and without SLURM_CONF for the latter.\n"
-        f"export SLURM_CONF={base}/slurm.conf\n"
-        f"exec {preflight} slurm {mode} --root {base}/root --config {base}/preflight.toml\n"
+def generate_config(base: Path) -> Path:
+    """``preflight slurm config`` for this cluster: the slurm.conf lines to include, and the
+    wrappers, which get the test's --root and SLURM_CONF (HealthCheckProgram runs without it)."""
+    generated = subprocess.run(
+        [*preflight_command(), "slurm", "config", "--config", str(base / "preflight.toml"), "--wrapper-dir", str(base),
+         "--interval", "3600", "--message-timeout", str(MESSAGE_TIMEOUT_S)],
+        capture_output=True, text=True, timeout=60, check=True, cwd=base,
     )
-    path.chmod(0o755)
+    for mode in ("prolog", "epilog", "healthcheck"):
+        wrapper = base / f"preflight-{mode}"
+        shebang, rest = wrapper.read_text().split("\n", 1)
+        rest = rest.replace(f" slurm {mode} ", f" slurm {mode} --root {base}/root ")
+        wrapper.write_text(f"{shebang}\nexport SLURM_CONF={base}/slurm.conf\n{rest}")
+    included = base / "preflight-slurm.conf"
+    included.write_text(generated.stdout)
+    return included
 
 
 def slurm_conf(base: Path, ctld_port: int, slurmd_port: int, munge_socket: Path) -> str:
@@ -167,17 +192,13 @@ AccountingStorageType=accounting_storage/none
 ReturnToService=2
 SlurmctldTimeout=30
 SlurmdTimeout=30
-MessageTimeout=5
+MessageTimeout={MESSAGE_TIMEOUT_S}
 InactiveLimit=0
 KillWait=2
 MinJobAge=2
 GresTypes=gpu
-Prolog={base}/preflight-prolog
-PrologFlags=Alloc
-PrologEpilogTimeout={int(PROLOG_BUDGET_S) + 10}
-HealthCheckProgram={base}/preflight-healthcheck
-HealthCheckInterval=3600
-HealthCheckNodeState=ANY
+SlurmdDebug=debug2
+Include {base}/preflight-slurm.conf
 NodeName={NODE} NodeAddr=127.0.0.1 NodeHostname={socket.gethostname().split('.')[0]} CPUs=1 Gres=gpu:2 State=UNKNOWN
 PartitionName=debug Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
 """
@@ -220,7 +241,7 @@ def build_roots(base: Path) -> dict[str, Path]:
     nvml = json.loads(nvml_path.read_text())
     nvml["calls"]["nvmlDeviceGetCount"] = {"hang": True}  # a wedged driver
     nvml_path.write_text(json.dumps(nvml))
-    return {"clean": clean, "planted": planted, "hanging": hanging}
+    return {"clean": clean, "planted": planted, "hanging": hanging, "missing": base / "roots" / "missing"}
 
 
 @pytest.fixture(scope="module")
@@ -254,14 +275,13 @@ last_result = "{base}/results/slurm-{{mode}}.json"
 syslog_socket = "{base}/syslog.socket"
 """
     )
-    for mode in ("prolog", "healthcheck"):
-        write_wrapper(base / f"preflight-{mode}", mode, base)
+    generate_config(base)
     syslog = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     syslog.bind(str(base / "syslog.socket"))
     syslog.setblocking(False)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin") + ":/usr/sbin:/sbin", "SLURM_CONF": str(conf), "HOME": str(base)}
     cluster = Cluster(base, conf, env, build_roots(base), syslog)
-    cluster.use_root("clean")
+    cluster.point_root("clean")
     try:
         munged = start(cluster, [find_program("munged") or "munged", "--foreground", "--force", f"--socket={munge_socket}",
                                  f"--key-file={key}", f"--pid-file={munge_dir}/munged.pid", f"--seed-file={munge_dir}/seed",
@@ -328,14 +348,108 @@ def test_2_planted_misconfiguration_drains_the_node_and_the_job_does_not_start(c
     assert reason.startswith("preflight: ") and f"(prolog job {job_id})" in reason, reason
     for ref_id in ("MEM001", "DNS001", "GDR001", "PCI001"):
         assert ref_id in reason
-    cluster.wait_for(lambda: cluster.run("squeue", "-h", "-j", job_id, "-o", "%T").stdout.strip() == "PENDING", "the job to be requeued")
+    # What the README and `preflight slurm config` say: held until `scontrol release`.
+    cluster.wait_for(
+        lambda: cluster.run("squeue", "-h", "-j", job_id, "-o", "%T|%r").stdout.strip() == "PENDING|launch failed requeued held",
+        "the job to be requeued held",
+    )
     time.sleep(1)
     assert not marker.exists()
     result = cluster.result("prolog")
     assert result["verdict"] == "drain" and result["reason"] == reason and result["exit_code"] == 2
     assert [action["status"] for action in result["actions"]] == ["ok"]  # type: ignore[index]
     assert any(reason in line for line in cluster.syslog_lines())
+    # Slurm runs the epilog of the job that never ran; it finds the same problems but keeps the reason.
+    cluster.wait_for(lambda: cluster.result_for_job("epilog", job_id) is not None, "the epilog of the job that never ran")
+    epilog = cluster.result("epilog")
+    assert epilog["verdict"] == "drain" and str(epilog["reason"]).endswith(f"(epilog job {job_id})"), epilog
+    assert [action["argv"][1] for action in epilog["actions"]] == ["show"]  # type: ignore[index]
+    assert str(epilog["message"]).endswith(f"with reason {reason!r}; kept)")
+    time.sleep(1)  # slurmctld has the epilog's failure by now
+    state, kept = cluster.node()
+    assert "DRAIN" in state and kept == reason
     cluster.run("scancel", job_id)
+
+
+def test_2_srun_job_is_cancelled_when_the_prolog_fails(cluster: Cluster) -> None:
+    cluster.resume()
+    cluster.use_root("planted")
+    job = cluster.run("srun", "--gres=gpu:1", "-N1", "echo", "must not run")
+    assert job.returncode != 0 and "must not run" not in job.stdout
+    assert "Prolog failure" in job.stderr, job.stderr
+    job_id = str(cluster.result("prolog")["job"]["job_id"])  # type: ignore[index]
+    cluster.wait_for(lambda: cluster.result_for_job("epilog", job_id) is not None, "the epilog")
+    time.sleep(1)
+    state, reason = cluster.node()
+    assert "DRAIN" in state and reason.endswith(f"(prolog job {job_id})"), reason
+
+
+def test_2_nohold_on_prolog_fail_requeues_batch_jobs_without_the_hold(cluster: Cluster) -> None:
+    """The alternative `preflight slurm config` proposes, uncommented, loads and does what it says."""
+    included = cluster.base / "preflight-slurm.conf"
+    generated = included.read_text()
+    assert "\n#SchedulerParameters=nohold_on_prolog_fail\n" in generated
+    included.write_text(generated.replace("\n#SchedulerParameters=", "\nSchedulerParameters="))
+    try:
+        assert cluster.run("scontrol", "reconfigure").returncode == 0
+        cluster.wait_for(lambda: "nohold_on_prolog_fail" in cluster.run("scontrol", "show", "config").stdout, "the new SchedulerParameters")
+        cluster.resume()
+        cluster.use_root("planted")
+        submitted = cluster.run("sbatch", "--parsable", "--gres=gpu:1", "--output=/dev/null", "--wrap", "true")
+        job_id = submitted.stdout.strip().split(";")[0]
+        cluster.wait_for(lambda: cluster.result_for_job("epilog", job_id) is not None, "the prolog to fail and the epilog to run")
+        time.sleep(1)
+        shown = cluster.run("scontrol", "show", "job", job_id).stdout
+        assert "JobState=PENDING" in shown and "Restarts=1" in shown, shown
+        assert "launch_failed_requeued_held" not in shown and "Priority=0 " not in shown, shown
+    finally:
+        included.write_text(generated)
+        cluster.run("scontrol", "reconfigure")
+        cluster.run("scancel", "--partition=debug")
+        cluster.wait_for(lambda: "nohold_on_prolog_fail" not in cluster.run("scontrol", "show", "config").stdout, "the generated config back")
+
+
+def test_generated_slurm_conf_lines_are_what_slurmctld_runs(cluster: Cluster) -> None:
+    shown = {
+        key.strip(): value.strip()
+        for key, _, value in (line.partition("=") for line in cluster.run("scontrol", "show", "config").stdout.splitlines())
+    }
+    assert shown["Prolog"] == f"{cluster.base}/preflight-prolog" and shown["Epilog"] == f"{cluster.base}/preflight-epilog"
+    assert shown["PrologFlags"] == "Alloc" and shown["HealthCheckProgram"] == f"{cluster.base}/preflight-healthcheck"
+    assert shown["PrologEpilogTimeout"] == f"{int(PROLOG_BUDGET_S) + 2}" and shown["MessageTimeout"] == f"{MESSAGE_TIMEOUT_S} sec"
+    assert shown["HealthCheckInterval"] == "3600 sec" and shown["HealthCheckNodeState"] == "ANY"
+
+
+def test_no_verdict_prolog_lets_the_job_run_and_leaves_a_trace(cluster: Cluster) -> None:
+    """A wrong --root and a typo in the config: the job runs, and operators find the reason in
+    the last-result file, in syslog at error level and in slurmd.log (the prolog's stderr)."""
+    if "DRAIN" in cluster.node()[0]:
+        cluster.resume()
+    config = cluster.base / "preflight.toml"
+    original = config.read_text()
+    try:
+        for broken, problem in (
+            ("missing", f"--root {cluster.base}/root: no such directory"),
+            ("typo", "run.probe_timout: unknown key"),
+        ):
+            if broken == "typo":
+                cluster.use_root("clean")
+                config.write_text(original.replace("probe_timeout", "probe_timout"))
+            else:
+                cluster.use_root("missing")
+            cluster.syslog_lines()
+            job = cluster.run("srun", "-N1", "echo", "ran undecided")
+            assert job.returncode == 0 and "ran undecided" in job.stdout, job.stderr + cluster.logs()
+            result = cluster.result("prolog")
+            assert result["verdict"] == "no-verdict" and result["exit_code"] == 0, result
+            assert problem in result["errors"][0], result  # type: ignore[index]
+            line = f"preflight: no verdict (prolog): {result['errors'][0]}"  # type: ignore[index]
+            assert any(sent.startswith("<27>preflight[") and sent.endswith(line) for sent in cluster.syslog_lines())
+            slurmd_log = (cluster.base / "log" / "slurmd.log").read_text(errors="replace")
+            assert f"prolog success rc:0 output:{line}" in slurmd_log
+    finally:
+        config.write_text(original)
+        cluster.use_root("clean")
 
 
 def test_4_healthcheck_resumes_its_own_drain_once_the_root_is_clean(cluster: Cluster) -> None:

@@ -433,9 +433,11 @@ def test_snapshot_of_the_8_gpu_example_is_small_and_fast(tmp_path: Path) -> None
 
 
 def test_unwritable_destination_is_a_clear_error(run_cli: Runner, tmp_path: Path) -> None:
+    directory = tmp_path / "named-like-an-archive.tar.gz"
+    directory.mkdir()
     cases = {
         str(tmp_path / "missing" / "out.tar.gz"): "no such file or directory (ENOENT)",
-        str(tmp_path): "is a directory (EISDIR)",
+        str(directory): "is a directory (EISDIR)",
         "/proc/version/out.tar.gz": "not a directory (ENOTDIR)",
     }
     for target, reason in cases.items():
@@ -443,7 +445,7 @@ def test_unwritable_destination_is_a_clear_error(run_cli: Runner, tmp_path: Path
         assert result.returncode == 3, result.stderr
         assert f"preflight: error: cannot write {target}: {reason}" in result.stderr
         assert "Traceback" not in result.stderr
-    assert list(tmp_path.iterdir()) == []  # no partial file left behind
+    assert list(tmp_path.iterdir()) == [directory] and list(directory.iterdir()) == []  # no partial file left behind
 
 
 def test_full_disk_leaves_no_partial_snapshot(run_cli: Runner, tmp_path: Path) -> None:

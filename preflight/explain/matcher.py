@@ -25,6 +25,7 @@ from preflight.records import frozen
 from preflight.signatures import required_literals, specificity
 
 _MIN_WRAP_WIDTH = 60  # shorter lines are not the first half of a hard wrap
+_MAX_GATE_STEPS = 512  # gate occurrences stepped through in one line before asking per gate
 
 
 @frozen
@@ -109,14 +110,17 @@ class Matcher:
             data = _AUTOLINK.sub(rb"\1", data)
         line_number = chunk.first_line
         counted_to = 0
-        next_line_start = -1
-        for found in self.gate.finditer(data):
-            if found.start() < next_line_start:
-                continue  # this line was already tried against every candidate signature
+        position = 0
+        while True:
+            # One search per line that holds a gate; the rest of that line is _candidates' work,
+            # so a line with thousands of gates costs one step here, not thousands.
+            found = self.gate.search(data, position)
+            if found is None:
+                break
             start = data.rfind(b"\n", 0, found.start()) + 1
             end = data.find(b"\n", found.end())
             end = len(data) if end < 0 else end
-            next_line_start = end + 1
+            position = end + 1
             raw = data[start : min(end, start + MAX_LINE)]
             candidates = self._candidates(raw, found.start() - start)
             if not candidates:
@@ -133,12 +137,17 @@ class Matcher:
         """Signatures one of whose literals occurs in the raw line at or after ``position``."""
         assert self.gate is not None
         gates: set[bytes] = set()
-        while True:
+        for _ in range(_MAX_GATE_STEPS):
             match = self.gate.search(raw, position)
             if match is None:
                 break
             gates.add(match.group())
             position = match.start() + 1  # gates may overlap
+        else:
+            # A long line dense with gates (a literal repeated thousands of times): the rest is
+            # collected in one C-level pass. It does not see a gate that starts inside another
+            # one; a real message has long ended after this many steps.
+            gates.update(self.gate.findall(raw, position))
         found: dict[int, Signature] = {}
         for gate in gates:
             for literal in self._literals_by_gate[gate]:

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from preflight.exitcodes import ExitCode
 from preflight.fleet.compare import Fleet, build_fleet, fleet_exit_code
 from preflight.fleet.facts import FACTS
-from preflight.fleet.load import MAX_REPORT_BYTES, load_reports
+from preflight.fleet.load import MAX_REPORT_BYTES, NODE_NAMES, load_reports
 from preflight.fleet.render import printable, render
 
 FLEET_FORMATS = ("table", "json", "markdown", "html")
@@ -31,12 +31,16 @@ class FleetUsageError(Exception):
     """The command cannot run as asked."""
 
 
-def audit(inputs: Sequence[str], ignore_facts: Sequence[str] = (), max_bytes: int = MAX_REPORT_BYTES) -> Fleet:
+def audit(
+    inputs: Sequence[str], ignore_facts: Sequence[str] = (), max_bytes: int = MAX_REPORT_BYTES, node_names: str = "host"
+) -> Fleet:
     known = {fact.key for fact in FACTS}
     unknown = [key for key in ignore_facts if key not in known]
     if unknown:
         raise FleetUsageError(f"--ignore-fact {', '.join(unknown)}: not a compared fact (choose from {', '.join(sorted(known))})")
-    nodes, skipped = load_reports(inputs, max_bytes)
+    if node_names not in NODE_NAMES:
+        raise FleetUsageError(f"--node-names {node_names!r}: choose one of {', '.join(NODE_NAMES)}")
+    nodes, skipped = load_reports(inputs, max_bytes, node_names=node_names)
     return build_fleet(nodes, skipped, ignore_facts)
 
 
@@ -74,6 +78,7 @@ def run_fleet(
     output: str | None = None,
     ignore_facts: Sequence[str] = (),
     max_bytes: int = MAX_REPORT_BYTES,
+    node_names: str = "host",
 ) -> int:
     """The command: write the fleet report, return the exit code (see :func:`fleet_exit_code`)."""
     try:
@@ -82,7 +87,7 @@ def run_fleet(
         if not inputs:
             raise FleetUsageError("give report files or a directory of them")
         with _cyclic_gc_paused():
-            fleet = audit(inputs, ignore_facts, max_bytes)
+            fleet = audit(inputs, ignore_facts, max_bytes, node_names)
             text = render(fleet, output_format)
     except FleetUsageError as error:
         print(f"preflight: error: {error}", file=sys.stderr)

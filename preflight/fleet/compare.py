@@ -96,17 +96,17 @@ class Fleet:
 
 
 def _hosts_by_value(members: Sequence[NodeReport], key: str) -> dict[str | None, list[str]]:
-    """The members' hosts by their value of one fact (None: unknown), in the members' order."""
+    """The members' names by their value of one fact (None: unknown), in the members' order."""
     values = [node.values.get(key) for node in members]
     if len(distinct := set(values)) == 1:  # the common case, at C speed
-        return {distinct.pop(): [node.host for node in members]}
+        return {distinct.pop(): [node.name for node in members]}
     grouped: dict[str | None, list[str]] = {}
     for node, value in zip(members, values):
         hosts = grouped.get(value)
         if hosts is None:
-            grouped[value] = [node.host]
+            grouped[value] = [node.name]
         else:
-            hosts.append(node.host)
+            hosts.append(node.name)
     return grouped
 
 
@@ -131,15 +131,15 @@ def _verdict(hosts_by_value: dict[str | None, list[str]]) -> tuple[str, str | No
 
 
 def _expectation_lines(nodes: Sequence[NodeReport]) -> dict[str, list[Expectation]]:
-    """host -> the expectations its present findings state, in host order."""
+    """node name -> the expectations its present findings state, in name order."""
     return {
-        node.host: [Expectation(node.host, ref_id, observed, expected) for ref_id, observed, expected in node.expectations]
+        node.name: [Expectation(node.name, ref_id, observed, expected) for ref_id, observed, expected in node.expectations]
         for node in nodes if node.expectations
     }
 
 
 def compare(ordered: Sequence[NodeReport], facts: Sequence[Fact]) -> tuple[Comparison, ...]:
-    """Every fact compared within each group of comparable nodes (``ordered`` by host)."""
+    """Every fact compared within each group of comparable nodes (``ordered`` by name)."""
     by_class: dict[str, list[NodeReport]] = defaultdict(list)
     by_family: dict[str, list[NodeReport]] = defaultdict(list)
     labels: dict[HardwareClass, tuple[str, str]] = {}  # properties cost a format each: once per class
@@ -158,7 +158,7 @@ def compare(ordered: Sequence[NodeReport], facts: Sequence[Fact]) -> tuple[Compa
             members = groups[label]
             verdict, common, values, odd, unknown = _verdict(_hosts_by_value(members, key))
             expectations = tuple(
-                e for node in members if node.host in stated for e in stated[node.host] if e.reference_id in fact.references
+                e for node in members if node.name in stated for e in stated[node.name] if e.reference_id in fact.references
             ) if fact.references else ()
             comparisons.append(Comparison(fact, label, verdict, common, values, odd, unknown, expectations))
     return tuple(comparisons)
@@ -166,7 +166,7 @@ def compare(ordered: Sequence[NodeReport], facts: Sequence[Fact]) -> tuple[Compa
 
 def reference_rows(ordered: Sequence[NodeReport]) -> tuple[ReferenceRow, ...]:
     """Per reference, the nodes that have it present or unknown, in the order of ``ordered``
-    (by host; each node's mentions were worked out by the worker that read its report)."""
+    (by name; each node's mentions were worked out by the worker that read its report)."""
     mentions: dict[str, tuple[list[NodeMention], list[NodeMention]]] = {}  # id -> (present, unknown)
     titles: dict[str, tuple[str, str]] = {}
     present = Status.PRESENT.value
@@ -176,7 +176,7 @@ def reference_rows(ordered: Sequence[NodeReport]) -> tuple[ReferenceRow, ...]:
             if row is None:
                 row = mentions[ref_id] = ([], [])
                 titles[ref_id] = (symbol, title)
-            row[status != present].append(NodeMention(node.host, severity, subjects, detail))
+            row[status != present].append(NodeMention(node.name, severity, subjects, detail))
     return tuple(
         ReferenceRow(ref_id, *titles[ref_id], tuple(mentions[ref_id][0]), tuple(mentions[ref_id][1]))
         for ref_id in sorted(mentions)
@@ -187,12 +187,12 @@ def build_fleet(nodes: Sequence[NodeReport], skipped: Sequence[Skipped], ignore_
     facts = tuple(fact for fact in FACTS if fact.key not in ignore_facts)
     members: dict[HardwareClass, list[str]] = defaultdict(list)
     for node in nodes:
-        members[node.hardware].append(node.host)
+        members[node.hardware].append(node.name)
     classes = tuple(sorted(
         (ClassGroup(hardware, tuple(sorted(hosts))) for hardware, hosts in members.items()),
         key=lambda group: (-len(group.hosts), group.hardware.label),
     ))
-    ordered = tuple(sorted(nodes, key=lambda node: node.host))
+    ordered = tuple(sorted(nodes, key=lambda node: node.name))
     return Fleet(
         nodes=ordered,
         skipped=tuple(skipped),

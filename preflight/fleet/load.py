@@ -35,6 +35,10 @@ MAX_REPORT_BYTES = 16 * 1024 * 1024
 #: Host names as the kernel and DNS allow them; anything else (a "/", "..", a control character,
 #: an escape sequence meant for the terminal that shows the fleet table) is refused.
 HOST_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,252})$")
+#: How a fleet names its nodes: by the host name each report gives, or by the report's file name
+#: less ".json" (the Ansible role saves each report under the host's inventory name, which is
+#: how its operators know the node, and which differs from the host name on many fleets).
+NODE_NAMES = ("host", "file")
 #: Only the findings a fleet report shows are kept; absent and not_applicable ones are counted.
 _KEPT = frozenset((Status.PRESENT.value, Status.UNKNOWN.value))
 _SEVERITIES = frozenset(s.value for s in Severity)
@@ -68,7 +72,8 @@ SEVERITY_RANK = {severity.value: severity.rank for severity in Severity}
 class NodeReport:
     """What the audit keeps of one node's report."""
 
-    host: str
+    name: str  # the node's name throughout the fleet report (see NODE_NAMES)
+    host: str  # the host name the report gives
     file: str
     profile: str
     tool_version: str
@@ -363,8 +368,18 @@ def _expectations(kept: tuple[NodeFinding, ...]) -> tuple[tuple[str, str, str], 
     )
 
 
-def node_report(document: Any, file: str) -> NodeReport:
-    """Check the parsed document and keep what the audit needs."""
+def file_node_name(file: str) -> str:
+    """The node name a report's file name gives (``reports/gpu001.json`` -> ``gpu001``)."""
+    name = os.path.basename(file)
+    name = name[:-len(".json")] if name.endswith(".json") else name
+    if not HOST_NAME.match(name):
+        raise ReportError(f"file name {_shown(name)} is not a plain node name (letters, digits, '.', '-', '_')")
+    return name
+
+
+def node_report(document: Any, file: str, node_names: str = "host") -> NodeReport:
+    """Check the parsed document and keep what the audit needs; ``node_names`` is one of
+    :data:`NODE_NAMES`."""
     if not isinstance(document, dict):
         raise ReportError("not a preflight node report (the top level is not an object)")
     schema = document.get("schema")
@@ -387,6 +402,7 @@ def node_report(document: Any, file: str) -> NodeReport:
     profile = document.get("profile")
     values = extract_all(facts, FACTS)
     return NodeReport(
+        name=file_node_name(file) if node_names == "file" else host,
         host=host,
         file=file,
         profile=profile if profile in ("prolog", "full") else "unknown",
@@ -400,22 +416,22 @@ def node_report(document: Any, file: str) -> NodeReport:
     )
 
 
-def report_from_bytes(data: bytes, file: str) -> NodeReport:
+def report_from_bytes(data: bytes, file: str, node_names: str = "host") -> NodeReport:
     """The audit's view of one report file's bytes; ReportError when it cannot be used."""
     try:
-        return node_report(parse_report(data), file)
+        return node_report(parse_report(data), file, node_names)
     except _Careful:  # an ID or symbol the fast path will not vouch for: judge the whole document
-        return node_report(parse_json(data), file)
+        return node_report(parse_json(data), file, node_names)
 
 
-def load_report(path: str, max_bytes: int = MAX_REPORT_BYTES) -> NodeReport:
-    return report_from_bytes(read_capped(path, max_bytes), path)
+def load_report(path: str, max_bytes: int = MAX_REPORT_BYTES, node_names: str = "host") -> NodeReport:
+    return report_from_bytes(read_capped(path, max_bytes), path, node_names)
 
 
-def _load_one(job: tuple[str, int]) -> NodeReport | Skipped:
-    path, max_bytes = job
+def _load_one(job: tuple[str, int, str]) -> NodeReport | Skipped:
+    path, max_bytes, node_names = job
     try:
-        return load_report(path, max_bytes)
+        return load_report(path, max_bytes, node_names)
     except ReportError as error:
         return Skipped(path, str(error))
 
@@ -439,8 +455,8 @@ def worker_count(files: int, workers: int | None = None) -> int:
     return min(cpus, 8)
 
 
-def _load_many(paths: list[str], max_bytes: int, workers: int | None) -> list[NodeReport | Skipped]:
-    jobs = [(path, max_bytes) for path in paths]
+def _load_many(paths: list[str], max_bytes: int, workers: int | None, node_names: str) -> list[NodeReport | Skipped]:
+    jobs = [(path, max_bytes, node_names) for path in paths]
     count = worker_count(len(jobs), workers)
     if count > 1:
         try:
@@ -456,21 +472,22 @@ def _load_many(paths: list[str], max_bytes: int, workers: int | None) -> list[No
 
 
 def load_reports(
-    inputs: Iterable[str], max_bytes: int = MAX_REPORT_BYTES, workers: int | None = None
+    inputs: Iterable[str], max_bytes: int = MAX_REPORT_BYTES, workers: int | None = None, node_names: str = "host"
 ) -> tuple[list[NodeReport], list[Skipped]]:
-    """Every usable report, and every file skipped with the reason (a second report for a host
-    already read is skipped too: which of the two is current cannot be told safely)."""
+    """Every usable report, and every file skipped with the reason (a second report for a node
+    name already read is skipped too: which of the two is current cannot be told safely)."""
     paths, skipped = report_paths(list(inputs))
     reports: list[NodeReport] = []
     first_file: dict[str, str] = {}
-    for report in _load_many(paths, max_bytes, workers):
+    for report in _load_many(paths, max_bytes, workers, node_names):
         if isinstance(report, Skipped):
             skipped.append(report)
             continue
         path = report.file
-        if report.host in first_file:
-            skipped.append(Skipped(path, f"a second report for host {report.host} (first: {first_file[report.host]})"))
+        if report.name in first_file:
+            what = "host" if node_names == "host" else "node"
+            skipped.append(Skipped(path, f"a second report for {what} {report.name} (first: {first_file[report.name]})"))
             continue
-        first_file[report.host] = path
+        first_file[report.name] = path
         reports.append(report)
     return reports, skipped

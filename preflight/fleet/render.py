@@ -117,6 +117,7 @@ def fleet_json(fleet: Fleet) -> dict[str, Any]:
         ],
         "nodes": [
             {
+                "name": node.name,
                 "host": node.host,
                 "file": node.file,
                 "profile": node.profile,
@@ -221,13 +222,18 @@ def render_table(fleet: Fleet) -> str:
             "\nREFERENCES PRESENT OR UNKNOWN\n"
             + tabulate(_reference_rows(fleet), headers=["ID", "Symbol", "Worst", "Present on", "Unknown on"], maxcolwidths=[None, None, None, 50, 50])
         )
-    failed = sorted({(name, node.host) for node in fleet.nodes for name in node.failed_probes})
+    failed = sorted({(name, node.name) for node in fleet.nodes for name in node.failed_probes})
     if failed:
         by_probe: dict[str, list[str]] = {}
         for name, host in failed:
             by_probe.setdefault(name, []).append(host)
         sections.append("\nPROBES THAT GAVE NO FACTS (their facts count as unknown)\n" + "\n".join(
             f"  {printable(name, 60)}: {_hosts_cell(hosts)}" for name, hosts in sorted(by_probe.items())
+        ))
+    renamed = [node for node in fleet.nodes if node.name != node.host]
+    if renamed:
+        sections.append("\nNODE NAMES (the report file's name, then the host name the report gives)\n" + "\n".join(
+            f"  {node.name}: {node.host}" for node in renamed  # both match HOST_NAME: nothing to escape
         ))
     if fleet.skipped:
         sections.append("\nSKIPPED FILES\n" + "\n".join(f"  {printable(s.file, 120)}: {printable(s.reason, 200)}" for s in fleet.skipped))
