@@ -66,7 +66,7 @@ def test_a_minority_value_is_flagged_with_the_majority_value(tmp_path: Path) -> 
     assert [(g.value, g.hosts) for g in mtu.values] == [("4092", ("gpu001", "gpu002", "gpu004")), ("2044, 4092", ("gpu003",))]
     assert [c.fact.key for c in fleet.disagreements] == ["rdma_mtu"]
     assert fleet_exit_code(fleet) is ExitCode.ERROR
-    table = render_table(fleet)
+    table = render_table(fleet, width=200)  # wide: no cell wraps
     assert "ODD ONE OUT" in table and "gpu003" in table and "4092 (3 nodes)" in table
 
 
@@ -83,7 +83,7 @@ def test_an_agreeing_clean_fleet_exits_zero_and_lists_nothing_odd(tmp_path: Path
     assert not fleet.disagreements and not fleet.references
     assert {c.verdict for c in fleet.comparisons} == {SAME}
     assert fleet_exit_code(fleet) is ExitCode.OK
-    assert "ODD ONE OUT" not in render_table(fleet)
+    assert "ODD ONE OUT" not in render_table(fleet, width=200)
 
 
 @pytest.mark.parametrize(
@@ -192,9 +192,22 @@ def test_a_tie_names_no_node_but_counts_as_a_disagreement(tmp_path: Path) -> Non
     assert (kernel.verdict, kernel.odd, kernel.common) == (TIE, (), None)
     assert [g.hosts for g in kernel.values] == [("gpu001", "gpu002"), ("gpu003", "gpu004")]
     assert fleet_exit_code(fleet) is ExitCode.ERROR
-    table = render_table(fleet)
+    table = render_table(fleet, width=200)  # wide: no cell wraps
     assert "(tie: no majority)" in table and "6.8.0-45-generic: gpu[003-004]" in table
     assert fleet_json(fleet)["summary"]["odd_nodes"] == []
+
+
+def test_tables_fit_the_terminal_width_and_lose_no_word(tmp_path: Path) -> None:
+    documents = [report(f"gpu00{i}") for i in range(1, 8)]
+    long_release = "6.8.0-45-generic with a long vendor build tag"
+    documents[3]["facts"]["gpudirect"]["kernel_release"] = long_release
+    set_mtu(documents[5], "ibp26s0", 2044)
+    fleet = audit([str(write_all(tmp_path / "r", documents))])
+    for width in (80, 100):
+        table = render_table(fleet, width=width)
+        assert max(len(line) for line in table.splitlines()) <= width, table
+        words = set(table.split())
+        assert {"gpu004", "gpu006", "2044,"} <= words and set(long_release.split()) <= words
 
 
 def test_a_three_way_split_flags_everyone_outside_the_most_common_value(tmp_path: Path) -> None:
@@ -228,7 +241,7 @@ def test_missing_and_garbage_facts_are_unknown_never_odd(tmp_path: Path) -> None
     }
     node = next(n for n in fleet.nodes if n.host == "gpu001")
     assert node.failed_probes == {"nccl_libs": "timed out after 3.0 s"}
-    assert "nccl_libs: gpu001" in render_table(fleet)
+    assert "nccl_libs: gpu001" in render_table(fleet, width=200)
 
 
 def test_a_report_without_rdma_facts_gets_an_unknown_nic_class(tmp_path: Path) -> None:
@@ -282,7 +295,7 @@ def test_site_expectations_from_findings_are_shown_beside_the_count(tmp_path: Pa
     fleet = audit([str(write_all(tmp_path / "r", documents))])
     expectations = comparison(fleet, "gpu_count_nvml").expectations
     assert [(e.host, e.reference_id, e.observed, e.expected) for e in expectations] == [("gpu001", "GPU001", "8 GPUs", "16 (expect.gpu_count)")]
-    assert "EXPECTED VS ACTUAL" in render_table(fleet)
+    assert "EXPECTED VS ACTUAL" in render_table(fleet, width=200)
 
 
 def test_ignore_fact_leaves_a_fact_out(tmp_path: Path) -> None:

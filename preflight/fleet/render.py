@@ -7,6 +7,8 @@ act on (escape sequences, carriage returns) and shortens long cells; JSON escape
 
 from __future__ import annotations
 
+import textwrap
+
 import dataclasses
 import json
 import re
@@ -197,8 +199,10 @@ def _reference_rows(fleet: Fleet) -> list[list[str]]:
     return rows
 
 
-def render_table(fleet: Fleet) -> str:
-    from tabulate import tabulate
+def render_table(fleet: Fleet, width: int | None = None) -> str:
+    """The fleet as text tables that fit ``width`` columns (default: the terminal's, as node
+    tables do): long values wrap inside their column instead of running past the edge."""
+    from preflight.reporters.table import fit_table
 
     disagreements = fleet.disagreements
     sections = [
@@ -206,21 +210,24 @@ def render_table(fleet: Fleet) -> str:
         f"{'class' if len(fleet.classes) == 1 else 'classes'} · {len(fleet.skipped)} files skipped"
     ]
     if fleet.classes:
-        rows = [[len(g.hosts), printable(g.hardware.label, 80), _hosts_cell(g.hosts)] for g in fleet.classes]
-        sections.append("\nHARDWARE CLASSES (nodes are compared within their class)\n" + tabulate(rows, headers=["Nodes", "Class", "Hosts"]))
+        rows = [[str(len(g.hosts)), printable(g.hardware.label, 80), _hosts_cell(g.hosts)] for g in fleet.classes]
+        sections.append("\nHARDWARE CLASSES (nodes are compared within their class)\n" + fit_table(rows, ["Nodes", "Class", "Hosts"], {1: 1, 2: 1}, width=width))
     if disagreements:
+        headers = ["Fact", "Class", "Odd nodes", "Their value", "Most nodes have"]
         sections.append(
-            "\nODD ONE OUT\n"
-            + tabulate(_odd_rows(disagreements), headers=["Fact", "Class", "Odd nodes", "Their value", "Most nodes have"], maxcolwidths=[None, 40, 40, 40, 40])
+            "\nODD ONE OUT\n" + fit_table(_odd_rows(disagreements), headers, {1: 1, 2: 2, 3: 3, 4: 3}, {1: 40, 2: 40, 3: 40, 4: 40}, width)
         )
     expectations = [e for c in fleet.comparisons for e in c.expectations]
     if expectations:
         rows = [[printable(e.host), e.reference_id, printable(e.observed, 60), printable(e.expected, 60)] for e in expectations]
-        sections.append("\nEXPECTED VS ACTUAL (site expectations, from the nodes' findings)\n" + tabulate(rows, headers=["Host", "ID", "Observed", "Expected"]))
-    if fleet.references:
         sections.append(
-            "\nREFERENCES PRESENT OR UNKNOWN\n"
-            + tabulate(_reference_rows(fleet), headers=["ID", "Symbol", "Worst", "Present on", "Unknown on"], maxcolwidths=[None, None, None, 50, 50])
+            "\nEXPECTED VS ACTUAL (site expectations, from the nodes' findings)\n"
+            + fit_table(rows, ["Host", "ID", "Observed", "Expected"], {2: 1, 3: 1}, width=width)
+        )
+    if fleet.references:
+        headers = ["ID", "Symbol", "Worst", "Present on", "Unknown on"]
+        sections.append(
+            "\nREFERENCES PRESENT OR UNKNOWN\n" + fit_table(_reference_rows(fleet), headers, {3: 1, 4: 1}, {3: 50, 4: 50}, width)
         )
     failed = sorted({(name, node.name) for node in fleet.nodes for name in node.failed_probes})
     if failed:
@@ -245,7 +252,23 @@ def render_table(fleet: Fleet) -> str:
         f"{len(nodes_with_present)} of {len(fleet.nodes)} nodes have present findings. "
         f"Exit code {int(fleet_exit_code(fleet))}."
     )
-    return "\n".join(sections) + "\n"
+    return _fit_lines("\n".join(sections), width) + "\n"
+
+
+def _fit_lines(text: str, width: int | None) -> str:
+    """Wrap the plain lines (headings, lists, the summary) that are wider than the terminal; the
+    tables already fit. A wrapped line continues indented under its own start."""
+    from preflight.reporters.table import terminal_width
+
+    limit = terminal_width() if width is None else width
+    out = []
+    for line in text.split("\n"):
+        if len(line) <= limit:
+            out.append(line)
+            continue
+        indent = " " * (len(line) - len(line.lstrip(" ")))
+        out.extend(textwrap.wrap(line, limit, initial_indent="", subsequent_indent=indent + "    ", break_on_hyphens=False, break_long_words=False) or [line])
+    return "\n".join(out)
 
 
 def render(fleet: Fleet, output_format: str) -> str:

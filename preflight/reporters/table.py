@@ -47,7 +47,8 @@ def _shares(room: int, natural: dict[int, int], weights: dict[int, int]) -> dict
 
 
 def _wrap(cell: str, width: int) -> str:
-    lines = [part for line in cell.split("\n") for part in (textwrap.wrap(line, width) or [""])]
+    # Never at a hyphen: versions, host lists and paths stay whole where a space allows it.
+    lines = [part for line in cell.split("\n") for part in (textwrap.wrap(line, width, break_on_hyphens=False) or [""])]
     return "\n".join(lines)
 
 
