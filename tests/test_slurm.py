@@ -677,6 +677,23 @@ def test_slurm_config_refuses_a_prolog_budget_slurm_would_cut_short(run_cli: Run
     assert accepted.returncode == 0 and "PrologEpilogTimeout=11" in accepted.stdout.splitlines()
 
 
+def test_slurm_config_reads_the_node_config_by_default(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Without --config, the node's own config (/etc/preflight/preflight.toml) decides the
+    timeouts, as it does for the prolog the lines will run; a missing one means the defaults."""
+    from typer.testing import CliRunner
+
+    import preflight.commands
+    from preflight.cli import app
+
+    site = Site(tmp_path, "timeout = 9.0\n")
+    monkeypatch.setattr(preflight.commands, "DEFAULT_CONFIG_PATH", str(site.config))
+    refused = CliRunner().invoke(app, ["slurm", "config"])
+    assert refused.exit_code == 3 and "[slurm] timeout = 9 needs PrologEpilogTimeout=11" in refused.output
+    monkeypatch.setattr(preflight.commands, "DEFAULT_CONFIG_PATH", str(tmp_path / "absent.toml"))
+    defaults = CliRunner().invoke(app, ["slurm", "config"])
+    assert defaults.exit_code == 0 and "PrologEpilogTimeout=10" in defaults.output.splitlines()
+
+
 def test_slurm_config_writes_working_wrappers_into_wrapper_dir(run_cli: Runner, clean_root: Path, site: Site, tmp_path: Path) -> None:
     """--wrapper-dir: the wrappers are files (mode 0755) and stdout is only the slurm.conf lines."""
     wrappers = tmp_path / "wrappers"
