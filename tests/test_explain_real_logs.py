@@ -59,6 +59,25 @@ def test_split_is_by_thread_and_holds_back_a_third() -> None:
     assert held * 3 >= len(splits_of_thread) - 1, f"{held} of {len(splits_of_thread)} threads held back"
 
 
+def test_the_split_was_made_once_and_stands() -> None:
+    """Running the split tool again changes no log's part: a held-back log never moves to the
+    part signatures are written against, nor back."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("split_real_logs", CORPUS / "split.py")
+    assert spec is not None and spec.loader is not None
+    split = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(split)
+    entries = [entry for labels in sorted(CORPUS.glob("labels-*.toml")) for entry in tomllib.loads(labels.read_text())["log"]]
+    assigned = split.assign(entries)
+    assert all(assigned[entry["thread"]] == entry["split"] for entry in entries)
+    fresh = [dict(entry, thread=entry["thread"] + "#new") for entry in entries[:6]]
+    for entry in fresh:
+        del entry["split"]
+    dealt = split.assign([*entries, *fresh])
+    assert all(dealt[entry["thread"]] == entry["split"] for entry in entries)  # new threads move nobody
+
+
 def test_every_label_is_complete_and_names_a_real_reference() -> None:
     known = {reference.id for reference in load_all()}
     seen_ids: set[str] = set()

@@ -25,24 +25,29 @@ def thread_key(url: str) -> str:
     return hashlib.sha256(url.encode()).hexdigest()
 
 
-def main() -> int:
-    files = sorted(HERE.glob("labels-*.toml"))
-    logs = [(path, entry) for path in files for entry in tomllib.loads(path.read_text())["log"]]
+def assign(logs: list[dict[str, object]]) -> dict[str, str]:
+    """The split of every thread: kept where a log already has one, dealt for new threads."""
     split_of: dict[str, str] = {}
-    for _path, entry in logs:
+    for entry in logs:
         if "split" in entry:
-            split_of.setdefault(entry["thread"], entry["split"])
+            split_of.setdefault(str(entry["thread"]), str(entry["split"]))
     new_threads: dict[str, list[str]] = {}
-    for _path, entry in logs:
-        if entry["thread"] not in split_of:
-            bucket = new_threads.setdefault(entry["reference"], [])
-            if entry["thread"] not in bucket and all(entry["thread"] not in b for b in new_threads.values()):
-                bucket.append(entry["thread"])
-    dealt = sum(1 for split in split_of.values() if split)  # keeps the rhythm when threads are added
+    for entry in logs:
+        thread, reference = str(entry["thread"]), str(entry["reference"])
+        if thread not in split_of and all(thread not in bucket for bucket in new_threads.values()):
+            new_threads.setdefault(reference, []).append(thread)
+    dealt = len(split_of)  # keeps the rhythm when threads are added
     for reference in sorted(new_threads):
         for thread in sorted(new_threads[reference], key=thread_key):
             split_of[thread] = "test" if dealt % TEST_SHARE == 0 else "dev"
             dealt += 1
+    return split_of
+
+
+def main() -> int:
+    files = sorted(HERE.glob("labels-*.toml"))
+    logs = [entry for path in files for entry in tomllib.loads(path.read_text())["log"]]
+    split_of = assign(logs)
     for path in files:
         text = path.read_text()
         text = re.sub(r'\n(split = "[a-z]+"\n)', "\n", text)  # rewritten below from split_of
