@@ -136,11 +136,12 @@ def _judge(args: NodeArgs, root: str, spent: float = 0.0) -> tuple[Report, str]:
         timeout_s=timeout,
         probe_timeout_s=min(config.probe_timeout_s, timeout),
     )
-    if not select_checks(registry, config, options):
+    checks = select_checks(registry, config, options)
+    if not checks:
         # Every check, so that the reason can name the profile a skipped check runs in.
         everything = registry if profile == "full" else build_registry((*config.checks_dirs, *args.checks_dirs))
         raise UsageProblem(nothing_to_run(everything, config, options))
-    return run(registry, sources, config, options, hostname), config.unknown_policy
+    return run(registry, sources, config, options, hostname, checks), config.unknown_policy
 
 
 def nothing_to_run(registry: Registry, config: HostConfig, options: RunOptions) -> str:

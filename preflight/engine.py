@@ -291,13 +291,22 @@ def facts_to_json(value: Any) -> Any:
     return value
 
 
-def run(registry: Registry, sources: Sources, config: HostConfig, options: RunOptions, hostname: str) -> Report:
-    """One complete preflight run: never raises for node problems."""
+def run(
+    registry: Registry,
+    sources: Sources,
+    config: HostConfig,
+    options: RunOptions,
+    hostname: str,
+    checks: list[tuple[CheckSpec, Reference]] | None = None,
+) -> Report:
+    """One complete preflight run: never raises for node problems. ``checks``: the selection,
+    when the caller already made it (:func:`select_checks`)."""
     clock = sources.clock
     started_at = clock.now()
     begin = clock.monotonic()
     deadline = begin + options.timeout_s
-    checks = select_checks(registry, config, options)
+    if checks is None:
+        checks = select_checks(registry, config, options)
     probe_specs = _probes_to_run(registry, (spec for spec, _ in checks), options.profile)
     outcomes = run_probes(probe_specs, sources, config, options, deadline)
     findings: list[Finding] = []

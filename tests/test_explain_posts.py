@@ -13,7 +13,7 @@ import pytest
 
 from preflight.explain.analysis import Analysis
 from preflight.explain.matcher import Matcher
-from preflight.explain.posts import normalise, segments
+from preflight.explain.posts import normalise, segments, undo_autolinks
 from preflight.explain.prefixes import parse_line
 from preflight.explain.reader import ReadStats, iter_inputs
 from preflight.model import Reference, Severity
@@ -65,10 +65,11 @@ def test_posted_line_matches_like_the_original(posted: str) -> None:
 
 
 def test_normalise_undoes_quoting_autolinks_and_redraws() -> None:
-    assert normalise("> [10.0.0.1](http://10.0.0.1/): x") == "10.0.0.1: x"
+    assert normalise(undo_autolinks(b"> [10.0.0.1](http://10.0.0.1/): x").decode()) == "10.0.0.1: x"
+    assert undo_autolinks(b"a\n[x](http://x/)\nb") == b"a\nx\nb"  # line numbers stay
     assert normalise("```text") == ""
     assert normalise("bar 10%\rbar 20%\rRuntimeError: x") == "RuntimeError: x"
-    assert normalise("see [the docs](https://example.org/a b)") == "see [the docs](https://example.org/a b)"
+    assert undo_autolinks(b"see [the docs](https://example.org/a b)") == b"see [the docs](https://example.org/a b)"
     assert segments("error first\rbar 90%") == ["error first", "bar 90%"]
 
 
@@ -163,3 +164,17 @@ def test_a_warning_alone_is_named_when_nothing_else_failed() -> None:
 def test_a_healthy_log_has_no_first_failure() -> None:
     log = "node1:1:2 [0] NCCL INFO Init COMPLETE\nepoch 1 loss 2.3\ntraining finished\n"
     assert _analyse(log, PEER).first_failure() is None
+
+
+def test_the_cascade_is_worked_out_again_after_a_new_hit() -> None:
+    matcher = Matcher([PEER])
+    analysis = Analysis(year=2026)
+    stats = ReadStats()
+    for text in ("[rank0]: RuntimeError: boom\n", "[rank1]: RuntimeError: later\n"):
+        for chunk in iter_inputs(["-"], stats, io.BytesIO(text.encode())):
+            for hit in matcher.scan(chunk):
+                analysis.add(hit)
+        if text.startswith("[rank0]"):
+            assert analysis.cascade() is None  # one actor so far
+    cascade = analysis.cascade()
+    assert cascade is not None and cascade.later == 1

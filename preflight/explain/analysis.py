@@ -12,7 +12,8 @@ every other rank prints afterwards are symptoms of it. So candidates are ordered
 
 then by a score: the specificity of the best signature matched in that tier (its literal
 characters, digits counted twice, so ``vendor err 129 ... localGid fe80:`` beats ``vendor err
-129``), a little for each further distinct signature, and a bonus when the reference is on the
+129``) shared out among the references matching the same line, half the worth of each further
+signature, and a bonus when the reference is on the
 first line of the first actor (host or rank) to fail. Equal scores go to the reference that
 fewer of the other candidates list as related (a hub such as the cascade or a generic timeout
 is a symptom of the others), then to the earliest first hit. Never to the alphabet.
@@ -38,6 +39,7 @@ GENERIC_FAILURE = ""  # reference ID of the matcher's built-in, uncatalogued fai
 MAX_EXAMPLES_PER_ROLE = 3  # example lines kept per reference and role: memory stays bounded
 MAX_ACTORS = 10_000
 CASCADE_REFERENCE = "NCCL014"
+_UNSET = object()  # a cascade not worked out yet (None means: there is none)
 
 
 @dataclass
@@ -110,6 +112,7 @@ class Analysis:
         # name and join its actor when the source turns out to have exactly one.
         self._last_actor: dict[str, str] = {}
         self._actors_in: dict[str, set[str]] = {}
+        self._cascade: Cascade | None | object = _UNSET
         self.weak_first: Evidence | None = None  # first uncatalogued error-ish line (NCCL WARN, "error:")
         self.failure_lines = 0
         self._order = 0
@@ -118,6 +121,7 @@ class Analysis:
 
     def add(self, hit: Hit) -> None:
         self._order += 1
+        self._cascade = _UNSET
         signature = hit.signature
         if signature.reference_id == GENERIC_FAILURE:
             meta, _message = parse_line(hit.text, self._year)
@@ -199,6 +203,13 @@ class Analysis:
             self.first_failures[actor] = FirstFailure(actor, evidence, reference_id, key, {reference_id})
 
     def cascade(self) -> Cascade | None:
+        """Asked for by the ranking, the first failure and the report alike: worked out once
+        after the last hit."""
+        if self._cascade is _UNSET:
+            self._cascade = self._find_cascade()
+        return self._cascade  # type: ignore[return-value]
+
+    def _find_cascade(self) -> Cascade | None:
         failures = self._merged_failures()
         if len(failures) < 2:
             return None
@@ -280,7 +291,7 @@ def _tier_score(entry: ReferenceHits, tier: str, sharing: dict[str, int]) -> int
     Each matched signature is worth its specificity divided by the number of references whose
     signatures matched the same line: a message three references share tells them apart no
     better than a coin, while a line only this reference explains is worth all of it. The best
-    signature of the tier counts in full, the others (context included) a quarter each."""
+    signature of the tier counts in full, the others (context included) half each."""
     worth = {
         number: entry.specificity.get(number, 0) / max(1, sharing.get(entry.first_line.get(number, ""), 1))
         for number in entry.roles

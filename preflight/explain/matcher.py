@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 from preflight.catalogue import CatalogueError
-from preflight.explain.posts import normalise, segments
+from preflight.explain.posts import normalise, segments, undo_autolinks
 from preflight.explain.reader import MAX_LINE, Chunk
 from preflight.model import Reference
 from preflight.records import frozen
@@ -102,12 +102,7 @@ class Matcher:
         """Every signature hit in ``chunk``, in line order."""
         if self.gate is None:
             return
-        data = chunk.data
-        if b"](" in data:
-            # GitHub autolinks split a literal ("peer [10.1.3.201](http://10.1.3.201/)<41937>");
-            # the link text alone is what the program printed. No newline is touched, so line
-            # numbers stay those of the input.
-            data = _AUTOLINK.sub(rb"\1", data)
+        data = undo_autolinks(chunk.data)  # a link can split a literal: undone before the scan
         line_number = chunk.first_line
         counted_to = 0
         position = 0
@@ -184,9 +179,6 @@ class Matcher:
             following = normalise(_decode(data[end + 1 : len(data) if next_end < 0 else next_end]))
             if _is_continuation(following):
                 yield from self._match_joined(line + following, source, line_number)
-
-
-_AUTOLINK = re.compile(rb"\[([^\[\]\s]{1,200})\]\((?:https?|ftp|mailto):[^()\s]{0,400}\)")
 
 
 # Printable bytes from the most to the least frequent in GPU job logs (measured on the test

@@ -12,8 +12,10 @@ leaves marks on the text that no signature should have to know about:
   written onto the same line of the file, so a line is really several, and the last one is the
   message.
 
-The scanner finds candidate lines on the raw bytes (autolinks repeat their text, quoting only
-adds a prefix, so every literal survives), then matches the normalised text.
+Autolinks are undone on the raw bytes of a chunk (:func:`undo_autolinks`), before the scanner
+looks for literals, since a link can split one ("peer [10.1.3.201](http://...)<41937>"); the
+rest is undone on each candidate line (:func:`normalise`), where quoting only adds a prefix and
+every literal survives.
 """
 
 from __future__ import annotations
@@ -25,19 +27,24 @@ from preflight.explain.prefixes import strip_ansi
 _QUOTE = re.compile(r"[ \t]{0,3}>(?:[ \t]{0,3}>)*[ \t]?")
 # "[text](http://text/)": only links whose text is a single token (a host, an address, a
 # file:line), which is how GitHub autolinks look; a prose link keeps its words either way.
-_AUTOLINK = re.compile(r"\[([^\[\]\s]{1,200})\]\((?:https?|ftp|mailto):[^()\s]{0,400}\)")
+_AUTOLINK = re.compile(rb"\[([^\[\]\s]{1,200})\]\((?:https?|ftp|mailto):[^()\s]{0,400}\)")
 _FENCE = re.compile(r"[ \t]{0,3}(?:```|~~~)")
 
 
+def undo_autolinks(data: bytes) -> bytes:
+    """The link text alone, which is what the program printed. No newline is touched, so line
+    numbers stay those of the input."""
+    return _AUTOLINK.sub(rb"\1", data) if b"](" in data else data
+
+
 def normalise(line: str) -> str:
-    """The message a posted line carries: no quote markers, autolinks, colours or redraws."""
+    """The message a posted line carries: no quote markers, colours or redraws (autolinks are
+    gone already, see :func:`undo_autolinks`)."""
     if "\r" in line:
         line = _last_segment(line)
     line = strip_ansi(line)
     if line[:4].lstrip(" \t")[:1] == ">":
         line = _QUOTE.sub("", line, count=1)
-    if "](" in line:
-        line = _AUTOLINK.sub(r"\1", line)
     if "`" in line[:8] and _FENCE.match(line):
         line = line.lstrip(" \t").lstrip("`~")
         if " " not in line.strip():
