@@ -1,3 +1,3 @@
-from preflight.launcher import main
+from preflight.cli.start import main
 
 main()

@@ -20,25 +20,31 @@ from preflight.registry import RegistrationError, Registry
 ENTRY_POINT_GROUP = "preflight.checks"
 
 
-# Built-in modules whose checks all run in the full profile only and whose probes are gathered
-# only there. A prolog run, which happens before every job, skips importing them (~20 ms);
-# tests/test_engine.py keeps this list true.
-FULL_ONLY_MODULES = frozenset({"fabric", "interfaces", "nccl_versions", "p2p", "routing", "sockets"})
+#: Built-in modules a prolog run does not import: their checks run in the full profile only and
+#: their probes are gathered only there or by such checks (~20 ms saved before every job);
+#: tests/test_engine.py keeps this list true.
+FULL_ONLY_MODULES = frozenset({
+    "preflight.probes.fabric", "preflight.probes.interfaces", "preflight.probes.nccl_platform",
+    "preflight.probes.p2p", "preflight.probes.routing", "preflight.probes.nccl_socket", "preflight.checks.net",
+})
 
 
 def builtin_modules(profile: str | None = None) -> list[ModuleType]:
-    """The built-in check modules; for ``profile="prolog"``, only those it can use."""
-    import preflight.checks as package
+    """The built-in probe modules (``preflight.probes``) and check modules (``preflight.checks``);
+    for ``profile="prolog"``, only those it can use."""
+    import preflight.checks as checks
+    import preflight.probes as probes
 
-    names = sorted(
-        name[:-3]
+    names = [
+        f"{package.__name__}.{name[:-3]}"
+        for package in (probes, checks)
         for directory in package.__path__
-        for name in os.listdir(directory)
+        for name in sorted(os.listdir(directory))
         if name.endswith(".py") and not name.startswith("_")
-    )
+    ]
     if profile == "prolog":
         names = [name for name in names if name not in FULL_ONLY_MODULES]
-    return [importlib.import_module(f"preflight.checks.{name}") for name in names]
+    return [importlib.import_module(name) for name in names]
 
 
 def entry_point_specs(group: str = ENTRY_POINT_GROUP) -> list[tuple[str, str]]:
@@ -163,7 +169,7 @@ def build_registry(checks_dirs: Iterable[str] = (), plugins: bool = True, profil
     for directory in checks_dirs:
         modules += directory_modules(directory)
     for module in modules:
-        registry.collect(module)
+        registry.collect(module, profile)
     known = set(reference_ids())
     symbols = {ref_id: load_reference(ref_id).symbol for ref_id in registry.checks if ref_id in known}
     registry.validate(symbols)

@@ -62,6 +62,10 @@ class Report:
     facts: dict[str, Any]
     config_origin: str = ""
 
+    def with_root(self, root: str) -> Report:
+        """The same report, naming ``root`` (a snapshot archive, not its temporary copy)."""
+        return dataclasses.replace(self, root=root)
+
     def to_json(self) -> dict[str, Any]:
         counts = {status.value: 0 for status in Status}
         for finding in self.findings:
@@ -106,12 +110,12 @@ def select_checks(registry: Registry, config: HostConfig, options: RunOptions) -
 def _probes_to_run(registry: Registry, checks: Iterable[CheckSpec], profile: str) -> list[ProbeSpec]:
     names = {name for spec in checks for name in spec.probes}
     names |= {name for name, spec in registry.probes.items() if profile in spec.gather_in}
-    return [registry.probes[name] for name in sorted(names)]
+    return [registry.probes[name] for name in registry.needed_probes(names)]
 
 
-def _call_probe(spec: ProbeSpec, sources: Sources, config: HostConfig) -> Any:
+def _call_probe(spec: ProbeSpec, sources: Sources, config: HostConfig, needed: dict[str, Any]) -> Any:
     arguments = {name: (config if name == "settings" else sources.by_name(name)) for name in spec.sources}
-    return spec.func(**arguments)
+    return spec.func(**arguments, **needed)
 
 
 # Probe threads a run stopped waiting for, by what they were asked (see _abandon_key), with
@@ -181,18 +185,36 @@ def run_probes(
     now = time.monotonic()
     turns = _Turns(now + TURN_TAKING_S)
 
-    def attempt(spec: ProbeSpec) -> ProbeOutcome:
+    def attempt(spec: ProbeSpec, needed: dict[str, Any]) -> ProbeOutcome:
         begin = clock.monotonic()  # the probe's own time, not its wait for a turn
         try:
-            facts = _call_probe(spec, sources, config)
+            facts = _call_probe(spec, sources, config, needed)
             return ProbeOutcome(spec.name, "ok", clock.monotonic() - begin, facts)
         except (SourceError, Unknown) as error:  # a fact the probe needs could not be had
             return ProbeOutcome(spec.name, "error", clock.monotonic() - begin, error=str(error))
         except Exception as error:  # a probe bug must not crash the run
             return ProbeOutcome(spec.name, "error", clock.monotonic() - begin, error=f"{type(error).__name__}: {error}")
 
+    def needed_facts(spec: ProbeSpec) -> dict[str, Any] | ProbeOutcome:
+        """The facts of the probes ``spec`` needs, waited for (never while holding a turn), or
+        the outcome that says why ``spec`` cannot run."""
+        needed: dict[str, Any] = {}
+        for name in spec.needs:
+            limit = spec.timeout_s if spec.timeout_s is not None else options.probe_timeout_s
+            if name not in done or not done[name].wait(max(0.0, min(started + limit, deadline) - clock.monotonic())):
+                return ProbeOutcome(spec.name, "error", 0.0, error=f"needs probe {name}, which did not finish")
+            outcome = results[name]
+            if outcome.status != "ok":
+                return ProbeOutcome(spec.name, "error", 0.0, error=f"needs probe {name}: {outcome.error or outcome.status}")
+            needed[name] = outcome.facts
+        return needed
+
     def work(spec: ProbeSpec) -> None:
-        results[spec.name] = turns.run(lambda: attempt(spec))
+        needed = needed_facts(spec)
+        if isinstance(needed, ProbeOutcome):
+            results[spec.name] = needed
+        else:
+            results[spec.name] = turns.run(lambda: attempt(spec, needed))
         done[spec.name].set()
 
     for spec in specs:
@@ -202,6 +224,9 @@ def run_probes(
                 spec.name, "timeout", 0.0,
                 error=f"timed out: the same probe has been stuck for {now - stuck_since:.1f} s in an earlier run; not started again",
             )
+            del done[spec.name]  # probes that need it learn at once that it will not finish
+    for spec in specs:
+        if spec.name in outcomes:
             continue
         thread = threading.Thread(target=work, args=(spec,), name=f"probe-{spec.name}", daemon=True)
         threads[spec.name] = thread

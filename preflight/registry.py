@@ -1,7 +1,8 @@
 """Probes and checks, how they declare themselves, and the validation that makes mistakes loud.
 
 A probe gathers facts from sources; its parameters name the sources it reads (``fs``, ``nvml``,
-``netlink``, ``dns``, ``clock``) and may add ``settings`` for site configuration. A check decides
+``netlink``, ``dns``, ``clock``), may add ``settings`` for site configuration, and may name other
+probes whose facts it builds on (``job``): the engine runs those first and hands their facts over. A check decides
 one catalogued reference from facts; its parameters name the probes whose facts it reads, plus
 optionally ``expect`` (the site's expectations for this host). The engine injects arguments by
 name, so a signature is also a declaration of data dependencies.
@@ -41,6 +42,7 @@ class ProbeSpec:
     func: Callable[..., Any]
     sources: tuple[str, ...]
     timeout_s: float | None  # None: the run's per-probe default
+    needs: tuple[str, ...]  # probes whose facts this probe is given, by their names
     gather_in: tuple[str, ...]  # profiles that gather this probe even if no selected check needs it
     origin: str  # module that defined it
 
@@ -83,13 +85,11 @@ def probe(name: str, *, timeout_s: float | None = None, gather_in: Iterable[str]
 
     def decorate(func: F) -> F:
         parameters = _parameters(func, "probe")
-        unknown = [p for p in parameters if p not in SOURCE_PARAMETERS]
-        if unknown:
-            raise RegistrationError(
-                f"probe {name} ({func.__module__}.{func.__qualname__}): parameters {unknown} are not "
-                f"sources; use {sorted(SOURCE_PARAMETERS)}"
-            )
-        spec = ProbeSpec(name, func, tuple(parameters), timeout_s, gather, func.__module__)
+        needs = tuple(p for p in parameters if p not in SOURCE_PARAMETERS)
+        if name in needs:
+            raise RegistrationError(f"probe {name} ({func.__module__}.{func.__qualname__}) cannot need itself")
+        sources = tuple(p for p in parameters if p in SOURCE_PARAMETERS)
+        spec = ProbeSpec(name, func, sources, timeout_s, needs, gather, func.__module__)
         setattr(func, _PROBE_TAG, spec)
         return func
 
@@ -130,15 +130,17 @@ class Registry:
         self.probes: dict[str, ProbeSpec] = {}
         self.checks: dict[str, CheckSpec] = {}
 
-    def collect(self, module: Any) -> None:
-        """Add every tagged probe and check defined in ``module``."""
+    def collect(self, module: Any, profile: str | None = None) -> None:
+        """Add every tagged probe and check defined in ``module``; with ``profile``, only the
+        checks that run in it."""
         for value in vars(module).values():
             probe_spec = getattr(value, _PROBE_TAG, None)
             if isinstance(probe_spec, ProbeSpec) and probe_spec.origin == module.__name__:
                 self.add_probe(probe_spec)
             check_spec = getattr(value, _CHECK_TAG, None)
             if isinstance(check_spec, CheckSpec) and check_spec.origin == module.__name__:
-                self.add_check(check_spec)
+                if profile is None or profile in check_spec.profiles:
+                    self.add_check(check_spec)
 
     def add_probe(self, spec: ProbeSpec) -> None:
         existing = self.probes.get(spec.name)
@@ -159,7 +161,7 @@ class Registry:
 
         ``symbols`` maps every catalogued reference ID to its symbol.
         """
-        problems = []
+        problems = self._probe_problems()
         for ref_id, spec in sorted(self.checks.items()):
             where = f"check {ref_id} ({spec.origin}.{spec.func.__name__})"
             symbol = symbols.get(ref_id)
@@ -174,3 +176,42 @@ class Registry:
                 problems.append(f"{where}: parameters {missing} name no probe; known: {sorted(self.probes)}")
         if problems:
             raise RegistrationError("; ".join(problems))
+
+    def _probe_problems(self) -> list[str]:
+        """Probes that need unknown probes, or need each other in a circle."""
+        problems = []
+        for name, spec in sorted(self.probes.items()):
+            missing = [need for need in spec.needs if need not in self.probes]
+            if missing:
+                problems.append(
+                    f"probe {name} ({spec.origin}.{spec.func.__name__}): parameters {missing} are neither "
+                    f"sources ({sorted(SOURCE_PARAMETERS)}) nor probes"
+                )
+        state: dict[str, int] = {}  # 1: being visited, 2: done
+
+        def visit(name: str, path: tuple[str, ...]) -> None:
+            if state.get(name) == 2 or name not in self.probes:
+                return
+            if state.get(name) == 1:
+                circle = path[path.index(name):] + (name,)
+                problems.append(f"probes need each other in a circle: {' -> '.join(circle)}")
+                return
+            state[name] = 1
+            for need in self.probes[name].needs:
+                visit(need, (*path, name))
+            state[name] = 2
+
+        for name in sorted(self.probes):
+            visit(name, ())
+        return problems
+
+    def needed_probes(self, names: Iterable[str]) -> list[str]:
+        """``names`` and every probe they need, directly or through others, sorted."""
+        wanted: set[str] = set()
+        pending = list(names)
+        while pending:
+            name = pending.pop()
+            if name not in wanted:
+                wanted.add(name)
+                pending.extend(self.probes[name].needs)
+        return sorted(wanted)

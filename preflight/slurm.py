@@ -38,12 +38,11 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from preflight.config import (
     DEFAULT_CONFIG_PATH,
     ConfigError,
-    HostConfig,
     SlurmSettings,
     healthcheck_budget_problem,
     salvage_slurm_settings,
@@ -52,6 +51,9 @@ from preflight.exitcodes import ExitCode
 from preflight.model import Finding, Status
 from preflight.records import frozen
 from preflight.sources import NodeFS, SourceError
+
+if TYPE_CHECKING:
+    from preflight.run import OpenedNode
 
 MODES = ("prolog", "epilog", "healthcheck")
 RESULT_SCHEMA = "preflight-slurm-result/1"
@@ -437,8 +439,8 @@ def run_slurm(args: SlurmArgs, environ: Mapping[str, str] | None = None) -> int:
     then fail, which makes Slurm drain the node); 3 (healthcheck only): no verdict.
     """
     from preflight.catalogue import CatalogueError
-    from preflight.commands import UsageProblem, _hostname, load_host_config
     from preflight.registry import RegistrationError
+    from preflight.run import UsageProblem, open_node
     from preflight.sources import RootError
 
     environ = os.environ if environ is None else environ
@@ -452,16 +454,13 @@ def run_slurm(args: SlurmArgs, environ: Mapping[str, str] | None = None) -> int:
         problem = healthcheck_budget_problem(args.timeout) if args.mode == "healthcheck" and args.timeout else ""
         if problem:
             raise UsageProblem(f"--timeout {problem}")
-        from preflight.sources import open_root
-
-        fs = open_root(args.root)
-        config = load_host_config(args.config, _hostname(fs))
-        settings = config.slurm
+        node = open_node(args.root, args.config)
+        settings = node.config.slurm
     except (UsageProblem, RootError, ConfigError) as error:
         return _no_verdict(_Session(args, environ, trace_settings(args.config)), str(error))
     session = _Session(args, environ, settings)
     try:
-        return _judge_node(session, fs, config, _hostname(fs))
+        return _judge_node(session, node)
     except (UsageProblem, RegistrationError, CatalogueError) as error:
         return _no_verdict(session, str(error))
     except Exception as error:  # a bug in preflight must not fail jobs or drain nodes
@@ -490,10 +489,8 @@ def _no_verdict(session: _Session, problem: str) -> int:
     return session.finish()
 
 
-def _judge_node(session: _Session, fs: NodeFS, config: HostConfig, hostname: str) -> int:
-    from preflight.discovery import build_registry
-    from preflight.engine import RunOptions, run
-    from preflight.sources import Sources
+def _judge_node(session: _Session, node: OpenedNode) -> int:
+    from preflight.run import inspect_node
 
     args, settings, outcome = session.args, session.settings, session.outcome
     scope = outcome.scope
@@ -508,14 +505,7 @@ def _judge_node(session: _Session, fs: NodeFS, config: HostConfig, hostname: str
     # The scontrol calls this run may make get their time before the checks do.
     calls = (1 if args.mode == "prolog" else 2) if settings.drain else 0
     check_budget = max(session.remaining() - calls * settings.scontrol_timeout_s - 0.2, 0.5)
-    registry = build_registry((*config.checks_dirs, *args.checks_dirs), profile=profile)
-    options = RunOptions(
-        profile=profile,
-        ignore=scope.ignore,
-        timeout_s=check_budget,
-        probe_timeout_s=min(config.probe_timeout_s, check_budget),
-    )
-    report = run(registry, Sources.for_fs(fs, config.dns), config, options, hostname)
+    report = inspect_node(node, profile=profile, timeout_s=check_budget, ignore=scope.ignore, checks_dirs=args.checks_dirs)
     outcome.report = report.to_json()
     verdict = judge_findings(report.findings, settings, scope)
     outcome.verdict = verdict.outcome

@@ -31,9 +31,9 @@ from dataclasses import field, replace
 from typing import Any
 
 from preflight import __version__
-from preflight.engine import Report, RunOptions, run
+from preflight.engine import Report
 from preflight.records import frozen
-from preflight.sources import NodeFS, RootError, SourceError, Sources, open_root
+from preflight.sources import NodeFS, RootError, SourceError, Sources
 from preflight.sources.archive import Member
 from preflight.sources.fs import FileStat
 from preflight.sources.recording import Recorders, RecordingFS, record
@@ -92,29 +92,28 @@ def record_node(args: SnapshotArgs) -> Snapshot:
     """Run every check of the profile on ``args.root`` through recording sources; the recorded
     root (not yet scrubbed). Raises RootError, ConfigError, RegistrationError, CatalogueError,
     ArchiveError or UsageProblem."""
-    from preflight.commands import UsageProblem, _hostname, load_host_config, unpack_budget
-    from preflight.discovery import build_registry
-    from preflight.registry import PROFILES
+    from preflight.run import (
+        check_profile,
+        check_timeout,
+        inspect_node,
+        open_node,
+        unpack_budget,
+    )
     from preflight.sources.archive import opened_root
 
-    if args.profile is not None and args.profile not in PROFILES:
-        raise UsageProblem(f"--profile {args.profile!r}: choose one of {', '.join(PROFILES)}")
-    if args.timeout is not None and not args.timeout > 0:
-        raise UsageProblem("--timeout must be a positive number of seconds")
+    check_profile(args.profile)
+    check_timeout(args.timeout)
     with opened_root(args.root, time.monotonic() + unpack_budget(args.root, args.timeout, args.config)) as (directory, _label):
-        open_root(directory)  # the same RootError as `preflight node` for a missing root
+        # open_node gives the same RootError as `preflight node` for a missing root
         fs = RecordingFS(os.path.abspath(directory))
-        hostname = _hostname(fs)
-        config = load_host_config(args.config, hostname)
+        node = open_node(directory, args.config, fs)
+        config = node.config
         config_text = _site_config_text(args.config)
         plain = Sources.for_fs(fs, config.dns)
         recorders = record(fs, plain.nvml, plain.netlink, plain.dns)
         sources = Sources(fs, recorders.nvml or plain.nvml, recorders.netlink or plain.netlink, recorders.dns or plain.dns)
         profile = args.profile or "full"  # full runs every check: a superset of prolog's reads
-        registry = build_registry((*config.checks_dirs, *args.checks_dirs), profile=profile)
-        timeout = args.timeout if args.timeout is not None else config.timeout_s
-        options = RunOptions(profile=profile, timeout_s=timeout, probe_timeout_s=min(config.probe_timeout_s, timeout))
-        report = run(registry, sources, config, options, hostname)
+        report = inspect_node(node, profile=profile, timeout_s=args.timeout, checks_dirs=args.checks_dirs, sources=sources)
         members, notes = recorded_members(recorders, config_text)
     if config.checks_dirs or args.checks_dirs:
         notes.append("site check modules (--checks-dir, [run] checks_dirs) are not part of the snapshot")
@@ -228,10 +227,10 @@ def _add_parents(members: dict[str, Member]) -> None:
 
 def _redact_environments(members: dict[str, Member]) -> set[str]:
     """Keep in every recorded ``environ`` only the values checks read (the allow-list of
-    :mod:`preflight.checks.job`: NCCL, CUDA, torch, UCX, libfabric, Slurm... and a few plain names),
+    :mod:`preflight.probes.job`: NCCL, CUDA, torch, UCX, libfabric, Slurm... and a few plain names),
     without credentials in URLs; every other variable keeps its name, its value becomes
     ``<redacted>``. Returns the names whose values were not recorded."""
-    from preflight.checks.job import KEPT_NAMES, KEPT_PREFIXES
+    from preflight.probes.job import KEPT_NAMES, KEPT_PREFIXES
 
     redacted: set[str] = set()
     for path, member in list(members.items()):
@@ -259,7 +258,7 @@ OUTPUT_SUFFIXES = (".tar.gz", ".tgz")
 def _check_output_name(output: str) -> None:
     """A snapshot is a gzip-compressed tar: refuse a name that promises another format
     (``x.zip``, ``x.tar``) or none (a directory), which would hold what its name does not say."""
-    from preflight.commands import UsageProblem
+    from preflight.run import UsageProblem
 
     if not output.lower().endswith(OUTPUT_SUFFIXES):
         raise UsageProblem(f"{output}: a snapshot is a gzip-compressed tar archive; name it *.tar.gz or *.tgz")
@@ -294,10 +293,10 @@ def run_snapshot(args: SnapshotArgs) -> int:
     import sys
 
     from preflight.catalogue import CatalogueError
-    from preflight.commands import UsageProblem
     from preflight.config import ConfigError
     from preflight.exitcodes import ExitCode
     from preflight.registry import RegistrationError
+    from preflight.run import UsageProblem
     from preflight.scrub import ScrubError
     from preflight.sources.archive import ArchiveError
 

@@ -12,15 +12,13 @@ from typing import Any
 import pytest
 
 from conftest import REPO, Runner
-from preflight.checks.gpu_health import nccl_cuda_call_failed, probe_gpu_health
-from preflight.checks.gpus import gpu_unusable_by_driver, probe_gpus
-from preflight.checks.kernel_log import probe_kernel_log
-from preflight.checks.pcie import (
-    acs_redirect_breaks_gpudirect_rdma,
-    p2p_bandwidth_degraded,
-    p2p_transfers_hang_or_fault,
-    probe_pcie,
-)
+from preflight.checks.gpu import nccl_cuda_call_failed
+from preflight.probes.gpu_health import probe_gpu_health
+from preflight.checks.gpu import gpu_unusable_by_driver
+from preflight.probes.gpus import probe_gpus
+from preflight.probes.kernel_log import probe_kernel_log
+from preflight.checks.pci import acs_redirect_breaks_gpudirect_rdma, p2p_bandwidth_degraded, p2p_transfers_hang_or_fault
+from preflight.probes.pcie import probe_pcie
 from preflight.config import Expectations
 from preflight.model import NotApplicable, Severity, Status, Unknown
 from preflight.sources import Sources

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from preflight.checks.bar1 import largest_prefetchable, peermem_gpu_mapping_rejected, probe_bar1
-from preflight.checks.gpus import probe_gpus
+from preflight.probes.bar1 import largest_prefetchable, probe_bar1
+from preflight.checks.gdr import peermem_gpu_mapping_rejected
+from preflight.probes.gpus import probe_gpus
 from preflight.model import NotApplicable, Status, Unknown
 from preflight.sources import Sources
 

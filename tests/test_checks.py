@@ -11,13 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from preflight.checks.gpudirect import DeviceNode, GpuDirectFacts, JobIdentity, gdrcopy_driver_unusable, gpudirect_rdma_unavailable, probe_gpudirect
-from preflight.checks.gpu_health import GpuHealthFacts, probe_gpu_health
-from preflight.checks.gpus import GpuFacts, NvmlDevice, gpu_unusable_by_driver, probe_gpus
-from preflight.checks.hostname import HostnameFacts, HostsEntry, hostname_resolution_broken
-from preflight.checks.job import JobFacts, NcclConfFile, probe_job
-from preflight.checks.nccl_libs import NcclCopy, NcclLibFacts
-from preflight.checks.memlock import Limit, MemlockFacts, PamLimit, memlock_limit_too_low, nccl_buffsize_exceeds_pinned_memory, probe_memlock
+from preflight.probes.gpudirect import DeviceNode, GpuDirectFacts, JobIdentity, probe_gpudirect
+from preflight.checks.gdr import gdrcopy_driver_unusable, gpudirect_rdma_unavailable
+from preflight.probes.gpu_health import GpuHealthFacts, probe_gpu_health
+from preflight.probes.gpus import GpuFacts, NvmlDevice, probe_gpus
+from preflight.checks.gpu import gpu_unusable_by_driver
+from preflight.probes.hostname import HostnameFacts, HostsEntry
+from preflight.checks.dns import hostname_resolution_broken
+from preflight.probes.job import JobFacts, NcclConfFile, probe_job
+from preflight.probes.nccl_libs import NcclCopy, NcclLibFacts
+from preflight.probes.memlock import Limit, MemlockFacts, PamLimit, probe_memlock
+from preflight.checks.mem import memlock_limit_too_low, nccl_buffsize_exceeds_pinned_memory
 from preflight.config import Expectations
 from preflight.model import NotApplicable, Severity, Status, Unknown
 from preflight.sources import NodeFS, Sources

@@ -185,31 +185,43 @@ def test_version(run_cli: Runner) -> None:
     assert result.returncode == 0 and result.stdout.strip() == f"preflight {__version__}"
 
 
-def test_fast_path_and_typer_accept_the_same_node_options() -> None:
+def test_every_declared_command_is_served_by_typer_with_the_declared_options() -> None:
+    """The typer application is built from the declarations: each command, with exactly the
+    declared options, so the fast entry and typer cannot disagree about what a command takes."""
     import typer.main
 
-    from preflight.cli import app
-    from preflight.launcher import NODE_OPTIONS
+    from preflight.cli.app import build_app
+    from preflight.cli.start import COMMAND_MODULES, declared
 
-    command = typer.main.get_command(app).commands["node"]  # type: ignore[attr-defined]
-    typer_options = {opt for param in command.params for opt in param.opts}
-    assert typer_options - {"--help"} == set(NODE_OPTIONS)
+    root = typer.main.get_command(build_app())
+    seen = 0
+    for word in COMMAND_MODULES:
+        for command in declared(word):
+            node = root
+            for part in command.path:
+                node = node.commands[part]  # type: ignore[attr-defined]
+            flags = {opt for param in node.params for opt in param.opts if opt.startswith("-")} - {"--help"}
+            assert flags == {option.flag for option in command.options}, command.path
+            seen += 1
+    assert seen == 12  # node, snapshot, explain, fleet, probes list, references x3, slurm x4
 
 
-def test_fast_path_and_typer_accept_the_same_fleet_options(tmp_path: Path, run_cli: Runner) -> None:
-    """`preflight fleet` starts without typer when its command line is well formed; typer still
-    answers anything else (here: no report given)."""
-    import typer.main
+def test_the_fast_parser_reads_what_it_fully_understands_and_leaves_the_rest_to_typer(tmp_path: Path, run_cli: Runner) -> None:
+    """`preflight fleet` and `preflight node` start without typer when their command lines are well
+    formed; typer answers anything else (here: no report given)."""
+    from preflight.cli.fleet import FLEET
+    from preflight.cli.node import NODE
+    from preflight.cli.spec import parse
 
-    from preflight.cli import app
-    from preflight.launcher import FLEET_OPTIONS, parse_options
-
-    command = typer.main.get_command(app).commands["fleet"]  # type: ignore[attr-defined]
-    assert {opt for param in command.params for opt in param.opts if opt.startswith("-")} - {"--help"} == set(FLEET_OPTIONS)
-    assert parse_options(["a.json", "--format=json", "dir", "--ignore-fact", "kernel"], FLEET_OPTIONS, positional="inputs") == {
-        "inputs": ["a.json", "dir"], "output_format": "json", "ignore_fact": ["kernel"],
+    assert parse(FLEET, ["a.json", "--format=json", "dir", "--ignore-fact", "kernel,mtu"]) == {
+        "inputs": ("a.json", "dir"), "output_format": "json", "output": None, "ignore_fact": ("kernel", "mtu"), "node_names": "host",
     }
-    assert parse_options(["dir", "--bogus"], FLEET_OPTIONS, positional="inputs") is None
+    assert parse(FLEET, ["dir", "--bogus"]) is None
+    node = parse(NODE, ["--select", "MEM,GDR001", "--select=dns", "--timeout", "2.5", "--show-all"])
+    assert node is not None and node["select"] == ("MEM", "GDR001", "dns") and node["timeout"] == 2.5 and node["show_all"] is True
+    assert parse(NODE, ["--timeout", "soon"]) is None  # typer says what is wrong with the number
+    assert parse(NODE, ["--root", "/a", "--root", "/b"]) is None
+    assert parse(NODE, ["--root"]) is None
     missing = run_cli("fleet")
     assert missing.returncode == 3 and "give report files" in missing.stderr and "Traceback" not in missing.stderr
 
@@ -290,7 +302,7 @@ def test_reference_commands_are_printed_whole(monkeypatch: pytest.MonkeyPatch, r
     """Every evidence command of every reference is on a line of its own, as written in the
     catalogue, so it can be pasted; prose fits 80 columns unless a single word (a URL) is longer."""
     from preflight.catalogue import load_all
-    from preflight.cli import render_reference
+    from preflight.cli.references import render_reference
 
     monkeypatch.setenv("COLUMNS", "80")
     commands = 0

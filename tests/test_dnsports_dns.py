@@ -39,10 +39,8 @@ import dns.rrset
 import pytest
 
 from conftest import REPO, Runner, write
-from preflight.checks.hostname import (
-    FILES_THEN_DNS, HostnameFacts, HostsEntry, NameLookup, NssService, hostname_resolution_broken,
-    libc_lookup, parse_nsswitch_hosts, probe_hostname, select_peers,
-)
+from preflight.probes.hostname import FILES_THEN_DNS, HostnameFacts, HostsEntry, NameLookup, NssService, libc_lookup, parse_nsswitch_hosts, probe_hostname, select_peers
+from preflight.checks.dns import hostname_resolution_broken
 from preflight.config import HostConfig
 from preflight.model import Severity, Status
 from preflight.sources import DnsSettings, NodeFS

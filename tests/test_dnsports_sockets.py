@@ -12,11 +12,9 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, Runner, write
-from preflight.checks.job import JobFacts
-from preflight.checks.ports import (
-    Destination, ListeningSocket, SocketFacts, TableError, ephemeral_port_exhaustion, parse_port_range,
-    parse_reserved_ports, parse_tcp_table, probe_sockets, rendezvous_port_in_use,
-)
+from preflight.probes.job import JobFacts
+from preflight.probes.sockets import Destination, ListeningSocket, SocketFacts, TableError, parse_port_range, parse_reserved_ports, parse_tcp_table, probe_sockets
+from preflight.checks.sock import ephemeral_port_exhaustion, rendezvous_port_in_use
 from preflight.model import Severity, Status
 from preflight.sources import NodeFS
 
@@ -242,7 +240,7 @@ def test_live_ipv6_listener_is_read_from_tcp6() -> None:
 def test_usable_ports_counts_intervals_exactly() -> None:
     import random
 
-    from preflight.checks.ports import usable_ports
+    from preflight.checks.sock import usable_ports
 
     def by_enumeration(port_range: tuple[int, int], reserved: tuple[tuple[int, int], ...]) -> int:
         return sum(1 for port in range(port_range[0], port_range[1] + 1) if not any(a <= port <= b for a, b in reserved))

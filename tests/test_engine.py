@@ -188,8 +188,10 @@ def test_site_checks_dir_cannot_redefine_a_builtin_check(run_cli: Runner, exampl
 
 
 def test_registration_errors_are_loud() -> None:
-    with pytest.raises(RegistrationError, match="not sources"):
-        probe("x")(lambda sockets: None)
+    with pytest.raises(RegistrationError, match="neither sources .* nor probes"):
+        registry_of(probe("x")(lambda sockets: None), symbols={})
+    with pytest.raises(RegistrationError, match="cannot need itself"):
+        probe("selfish")(lambda selfish: None)
     with pytest.raises(RegistrationError, match="AREA"):
         check("mem1")
     with pytest.raises(RegistrationError, match=r"\*args"):
@@ -280,22 +282,21 @@ def test_many_runs_in_one_process_do_not_leak_threads(example_root: Path) -> Non
 
 def test_modules_a_prolog_run_skips_have_nothing_for_the_prolog() -> None:
     """discovery.FULL_ONLY_MODULES must only list modules whose checks and gathered probes are
-    all full-profile, and whose probes no prolog check needs; otherwise a prolog would silently
-    lose a check."""
+    all full-profile, and whose probes no prolog check needs, directly or through another probe;
+    otherwise a prolog would silently lose a check."""
     from preflight.discovery import FULL_ONLY_MODULES, build_registry
 
     full = build_registry(profile="full")
     prolog = build_registry(profile="prolog")
-    skipped = {f"preflight.checks.{name}" for name in FULL_ONLY_MODULES}
+    assert set(prolog.checks) == {ref_id for ref_id, spec in full.checks.items() if "prolog" in spec.profiles}
     for ref_id, spec in full.checks.items():
-        if spec.origin in skipped:
+        if spec.origin in FULL_ONLY_MODULES:
             assert "prolog" not in spec.profiles, f"{ref_id} runs in the prolog but {spec.origin} is skipped there"
-        else:
-            assert ref_id in prolog.checks
-    prolog_needs = {name for spec in prolog.checks.values() if "prolog" in spec.profiles for name in spec.probes}
-    for name, probe_spec in full.probes.items():
-        if probe_spec.origin in skipped:
-            assert "prolog" not in probe_spec.gather_in and name not in prolog_needs, name
+    gathered = {name for name, spec in full.probes.items() if "prolog" in spec.gather_in}
+    prolog_needs = full.needed_probes({name for spec in prolog.checks.values() for name in spec.probes} | gathered)
+    for name in prolog_needs:
+        assert full.probes[name].origin not in FULL_ONLY_MODULES, name
+        assert name in prolog.probes, name
     assert set(full.checks) - set(prolog.checks) >= {"NET001", "NVL006", "NCCL018"}
 
 
@@ -362,3 +363,52 @@ def test_probes_take_turns_and_a_hung_one_holds_nobody_back_for_long(example_roo
     assert outcomes["turn_quick"].status == "ok" and outcomes["turn_hung"].status == "timeout"
     quick_end = spans["quick"][1] - start
     assert quick_end < engine.TURN_TAKING_S + 0.3, f"the quick probe waited {quick_end:.2f} s"
+
+
+def test_a_probe_gets_the_facts_of_the_probes_it_needs_and_fails_with_them(example_root: Path) -> None:
+    """A probe that names another probe as a parameter runs after it, with its facts; when the
+    probe it needs fails, it reports that as its own error instead of running blind."""
+
+    @probe("base_facts")
+    def base_facts(fs):  # type: ignore[no-untyped-def]
+        return {"root": fs.root}
+
+    @probe("derived_facts")
+    def derived_facts(base_facts):  # type: ignore[no-untyped-def]
+        return {"derived_from": base_facts["root"]}
+
+    @probe("broken_base")
+    def broken_base(fs):  # type: ignore[no-untyped-def]
+        from preflight.model import Unknown
+
+        raise Unknown("nothing to read")
+
+    @probe("after_broken")
+    def after_broken(broken_base):  # type: ignore[no-untyped-def]
+        return broken_base
+
+    registry = registry_of(base_facts, derived_facts, broken_base, after_broken, symbols={})
+    assert registry.probes["derived_facts"].needs == ("base_facts",) and registry.probes["derived_facts"].sources == ()
+    assert registry.needed_probes(["derived_facts"]) == ["base_facts", "derived_facts"]
+    specs = [registry.probes[name] for name in registry.needed_probes(["derived_facts", "after_broken"])]
+    from preflight.config import HostConfig
+    from preflight.engine import RunOptions, run_probes
+    from preflight.sources import Sources
+
+    sources = Sources.for_node(str(example_root))
+    outcomes = run_probes(specs, sources, HostConfig(), RunOptions(), sources.clock.monotonic() + 5)
+    assert outcomes["derived_facts"].status == "ok" and outcomes["derived_facts"].facts == {"derived_from": sources.fs.root}
+    assert outcomes["after_broken"].status == "error" and "needs probe broken_base: nothing to read" in (outcomes["after_broken"].error or "")
+
+
+def test_probes_that_need_each_other_in_a_circle_are_refused() -> None:
+    @probe("chicken")
+    def chicken(egg):  # type: ignore[no-untyped-def]
+        return egg
+
+    @probe("egg")
+    def egg(chicken):  # type: ignore[no-untyped-def]
+        return chicken
+
+    with pytest.raises(RegistrationError, match="circle: chicken -> egg -> chicken"):
+        registry_of(chicken, egg, symbols={})

@@ -11,15 +11,9 @@ from typing import Any
 
 import pytest
 
-from preflight.checks.fabric import (
-    FabricFacts,
-    nvls_cuda_invalid_argument,
-    nvls_multicast_init_failure,
-    parse_fm_config,
-    parse_start_after_boot,
-    probe_fabric,
-)
-from preflight.checks.job import probe_job
+from preflight.probes.fabric import FabricFacts, parse_fm_config, parse_start_after_boot, probe_fabric
+from preflight.checks.nvl import nvls_cuda_invalid_argument, nvls_multicast_init_failure
+from preflight.probes.job import probe_job
 from preflight.model import NotApplicable, Severity, Status
 from preflight.sources import Sources
 

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from conftest import EXAMPLE_ROOT, REPO
-from preflight.commands import NodeArgs, run_node
+from preflight.cli.node import NODE, run_node
+from preflight.cli.spec import values_for
 from preflight.fleet import load
 from preflight.fleet.shape import NodeFinding
 from preflight.model import Severity, Status
@@ -50,7 +51,7 @@ def test_the_decoder_knows_every_status_and_severity() -> None:
 
 @pytest.mark.parametrize("root", ROOTS, ids=lambda path: path.name)
 def test_every_recorded_node_is_audited_alike_both_ways(root: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    code = run_node(NodeArgs(root=str(root), output_format="json"))
+    code = run_node(values_for(NODE, root=str(root), output_format="json"))
     data = capsys.readouterr().out.encode()
     assert code in (0, 1, 2)
     assert all(type(item) is NodeFinding for item in load.parse_report(data)["findings"])  # the fast path ran

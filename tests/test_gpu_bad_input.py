@@ -49,7 +49,7 @@ def test_nvml_library_missing_makes_every_nvml_reference_unknown(node_copy: Path
 
 def test_live_nvml_without_a_driver_is_library_not_found_not_a_crash() -> None:
     """This machine (and any CPU-only one) has pynvml but no libnvidia-ml.so.1."""
-    from preflight.checks.gpu_health import probe_gpu_health
+    from preflight.probes.gpu_health import probe_gpu_health
     from preflight.sources.nvml import LiveNvml, NvmlError
 
     nvml = LiveNvml()

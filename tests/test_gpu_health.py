@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from preflight.checks.gpu_health import GpuHealth, nccl_cuda_call_failed, probe_gpu_health
-from preflight.checks.gpus import probe_gpus
-from preflight.checks.kernel_log import KernelLogFacts, parse_xids, probe_kernel_log
+from preflight.probes.gpu_health import GpuHealth, probe_gpu_health
+from preflight.checks.gpu import nccl_cuda_call_failed
+from preflight.probes.gpus import probe_gpus
+from preflight.probes.kernel_log import KernelLogFacts, parse_xids, probe_kernel_log
 from preflight.model import NotApplicable, Status, Unknown
 from preflight.sources import Sources
 

@@ -15,7 +15,7 @@ def imported_top_level(args: list[str]) -> set[str]:
     # Run outside the repository: with "-c", the current directory comes first on sys.path and
     # the source tree (without checks/ mapped into it) would shadow the installed package.
     result = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", "import sys; from preflight.launcher import main; main(sys.argv[1:])", *args],
+        [sys.executable, "-X", "importtime", "-c", "import sys; from preflight.cli.start import main; main(sys.argv[1:])", *args],
         capture_output=True, text=True, timeout=60, cwd=tempfile.gettempdir(),
     )
     assert result.returncode in (0, 1, 2) and "Traceback" not in result.stderr, result.stderr[-2000:]

@@ -8,13 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from preflight.checks.job import JobFacts, NcclConfFile
-from preflight.checks.launch import (
-    allreduce_algorithms,
-    ddp_process_group_setup_invalid,
-    rank_to_gpu_mapping_wrong,
-    tree_algorithm_hang,
-)
+from preflight.probes.job import JobFacts, NcclConfFile
+from preflight.checks.nccl import allreduce_algorithms, tree_algorithm_hang
+from preflight.checks.torch import ddp_process_group_setup_invalid, rank_to_gpu_mapping_wrong
 from preflight.config import HostConfig
 from preflight.discovery import build_registry
 from preflight.engine import RunOptions, run

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from preflight.checks.job import probe_job
-from preflight.checks.kernel_log import parse_link_downs, probe_kernel_log
-from preflight.checks.links import ib_transport_retry_exceeded, probe_link_history
+from preflight.probes.job import probe_job
+from preflight.probes.kernel_log import parse_link_downs, probe_kernel_log
+from preflight.checks.ib import ib_transport_retry_exceeded
+from preflight.probes.link_history import probe_link_history
 from preflight.model import NotApplicable, Status
 from preflight.sources import NodeFS
 

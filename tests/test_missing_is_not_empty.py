@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from preflight.checks.memlock import parse_limits_memlock
+from preflight.probes.memlock import parse_limits_memlock
 from preflight.config import HostConfig
 from preflight.discovery import build_registry
 from preflight.engine import Report, RunOptions, run

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from preflight.checks.job import probe_job
-from preflight.checks.nccl_libs import nccl_library_conflict, nccl_ras_query_crash, probe_nccl_libs
+from preflight.probes.job import probe_job
+from preflight.checks.nccl import nccl_library_conflict, nccl_ras_query_crash
+from preflight.probes.nccl_libs import probe_nccl_libs
 from preflight.model import NotApplicable
 from preflight.sources import NodeFS
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from preflight.checks._nccl_releases import KNOWN_BUGS, carries, version_tuple
-from preflight.checks.nccl_versions import parse_stack_limit, parse_stack_propagation
+from preflight.nccl.releases import KNOWN_BUGS, carries, version_tuple
+from preflight.probes.nccl_platform import parse_stack_limit, parse_stack_propagation
 from preflight.config import HostConfig
 from preflight.discovery import build_registry
 from preflight.engine import RunOptions, run

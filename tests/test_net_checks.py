@@ -10,24 +10,11 @@ from typing import Any
 
 import pytest
 
-from preflight.checks.job import Setting
-from preflight.checks.routing import (
-    Peer,
-    RailMember,
-    RoutingFacts,
-    Sysctl,
-    merge_by_subject,
-    nccl_socket_network_unreachable,
-    nccl_wrong_socket_interface,
-    probe_routing,
-)
-from preflight.checks.sockets import (
-    NcclSocketFacts,
-    ipv6_address_family_mismatch,
-    nccl_proxy_connect_ipv6_link_local,
-    nccl_virtual_interface_selected,
-    probe_nccl_socket,
-)
+from preflight.probes.job import Setting
+from preflight.probes.routing import Peer, RailMember, RoutingFacts, Sysctl, probe_routing
+from preflight.checks.net import merge_by_subject, nccl_socket_network_unreachable, nccl_wrong_socket_interface
+from preflight.probes.nccl_socket import NcclSocketFacts, probe_nccl_socket
+from preflight.checks.net import ipv6_address_family_mismatch, nccl_proxy_connect_ipv6_link_local, nccl_virtual_interface_selected
 from preflight.config import Expectations, HostConfig
 from preflight.model import Evidence, NotApplicable, Observation, Severity, Status, present, undecided
 from preflight.sources import NodeFS

@@ -35,8 +35,8 @@ ENTER = "import os, sys\nfrom pyroute2 import netns\nnetns.setns(sys.argv[1], fl
 RECORD = """
 import json, sys
 from preflight.config import HostConfig, Expectations
-from preflight.checks.routing import probe_routing
-from preflight.checks.sockets import probe_nccl_socket
+from preflight.probes.routing import probe_routing
+from preflight.probes.nccl_socket import probe_nccl_socket
 from preflight.sources import Sources
 from preflight.sources.netlink import dump
 

@@ -9,19 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from preflight.checks.routing import Sysctl, collect_peers, resolve_in_dns, same_subnet_groups
-from preflight.checks.sockets import (
-    IfAddr,
-    bootstrap_choice,
-    comm_id_host,
-    find_interfaces,
-    getifaddrs_order,
-    list_selects,
-    match_subnet,
-    nccl_choice,
-    parse_ifname_list,
-)
-from preflight.checks.job import Setting
+from preflight.probes.routing import Sysctl, collect_peers, resolve_in_dns, same_subnet_groups
+from preflight.probes.nccl_socket import IfAddr, bootstrap_choice, comm_id_host, find_interfaces, getifaddrs_order, list_selects, match_subnet, nccl_choice, parse_ifname_list
+from preflight.probes.job import Setting
 from preflight.config import ConfigError, parse_config
 from preflight.sources import NodeFS, SourceError
 from preflight.sources.dns import ReplayDns

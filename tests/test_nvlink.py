@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from preflight.checks.gpus import probe_gpus
-from preflight.checks.nvlink import GpuNvlinks, NvlinkFacts, nvlink_ring_search_fallback, probe_nvlink
+from preflight.probes.gpus import probe_gpus
+from preflight.probes.nvlink import GpuNvlinks, NvlinkFacts, probe_nvlink
+from preflight.checks.nvl import nvlink_ring_search_fallback
 from preflight.config import ConfigError, Expectations, parse_config
 from preflight.model import NotApplicable, Status, Unknown
 from preflight.sources import Sources

@@ -11,16 +11,11 @@ from typing import Any
 
 import pytest
 
-from preflight.checks.gpus import probe_gpus
-from preflight.checks.job import probe_job
-from preflight.checks.nccl_libs import probe_nccl_libs
-from preflight.checks.p2p import (
-    P2pGpu,
-    P2pStatus,
-    blackwell_sm120_multi_gpu_failure,
-    p2p_transport_disabled,
-    probe_p2p,
-)
+from preflight.probes.gpus import probe_gpus
+from preflight.probes.job import probe_job
+from preflight.probes.nccl_libs import probe_nccl_libs
+from preflight.probes.p2p import P2pGpu, P2pStatus, probe_p2p
+from preflight.checks.pci import blackwell_sm120_multi_gpu_failure, p2p_transport_disabled
 from preflight.config import Expectations
 from preflight.model import NotApplicable, Observation, Severity, Status, Unknown
 from preflight.sources import Sources

@@ -4,20 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from preflight.checks.gpudirect import can_read_write, DeviceNode, JobIdentity, parse_kernel_version, parse_status_ids
-from preflight.checks.job import parse_group_membership
-from preflight.checks.gpus import normalise_bus_id
-from preflight.checks.hostname import parse_hosts
-from preflight.checks.job import parse_environ, parse_nccl_conf
-from preflight.checks.memlock import (
-    Limit,
-    parse_limits_memlock,
-    parse_meminfo_total,
-    parse_pam_limits,
-    parse_slurm_propagation,
-    parse_systemd_limit,
-    parse_unit_setting,
-)
+from preflight.probes.gpudirect import can_read_write, DeviceNode, JobIdentity, parse_status_ids
+from preflight.checks.gdr import parse_kernel_version
+from preflight.probes.job import parse_group_membership
+from preflight.probes.gpus import normalise_bus_id
+from preflight.probes.hostname import parse_hosts
+from preflight.probes.job import parse_environ, parse_nccl_conf
+from preflight.probes.memlock import Limit, parse_limits_memlock, parse_meminfo_total, parse_pam_limits, parse_slurm_propagation, parse_systemd_limit, parse_unit_setting
 from preflight.hostlist import HostlistError, expand, matches
 from preflight.sources.dns import parse_resolv_conf
 from preflight.sources.netlink import Address, parse_fib_trie_locals, parse_if_inet6, parse_proc_net_route

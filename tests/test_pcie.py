@@ -9,23 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from preflight.checks.job import probe_job
-from preflight.checks.pcie import (
-    AcsRegisters,
-    Bridge,
-    PcieFacts,
-    PciEndpoint,
-    PcieLink,
-    acs_redirect_breaks_gpudirect_rdma,
-    bridges_between,
-    device_chain,
-    gpu_hca_cross_numa_gdr,
-    p2p_bandwidth_degraded,
-    p2p_transfers_hang_or_fault,
-    parse_acs,
-    parse_width,
-    probe_pcie,
-)
+from preflight.probes.job import probe_job
+from preflight.probes.pcie import AcsRegisters, Bridge, PcieFacts, PciEndpoint, PcieLink, bridges_between, device_chain, parse_acs, parse_width, probe_pcie
+from preflight.checks.pci import acs_redirect_breaks_gpudirect_rdma, p2p_bandwidth_degraded, p2p_transfers_hang_or_fault
+from preflight.checks.topo import gpu_hca_cross_numa_gdr
 from preflight.model import NotApplicable, Status, Unknown
 from preflight.sources import NodeFS
 

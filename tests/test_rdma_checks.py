@@ -9,29 +9,15 @@ from dataclasses import replace
 
 import pytest
 
-from preflight.checks.efa import EfaFacts, efa_provider_unavailable, parse_ld_so_conf, plugin_names
-from preflight.checks.gpudirect import DeviceNode, JobIdentity
-from preflight.checks.job import JobFacts, NcclConfFile, Setting
-from preflight.checks.nccl_ib import (
-    HcaEntry,
-    accidental_prefix,
-    ib_device_order_differs_across_nodes,
-    ib_hca_selection_mismatch,
-    ib_odd_nic_count_rail_hang,
-    nccl_selection,
-    parse_nccl_ib_hca,
-)
-from preflight.checks.kernel_log import KernelLogFacts, parse_join_failures
-from preflight.checks.rdma import (
-    PortRate,
-    Problem,
-    RdmaDevice,
-    RdmaFacts,
-    RdmaPort,
-    ib_subnet_manager_sweep_failure,
-    rdma_device_nodes_missing,
-    rdma_stack_or_ports_misconfigured,
-)
+from preflight.probes.efa import EfaFacts, parse_ld_so_conf
+from preflight.checks.efa import efa_provider_unavailable, plugin_names
+from preflight.probes.gpudirect import DeviceNode, JobIdentity
+from preflight.probes.job import JobFacts, NcclConfFile, Setting
+from preflight.nccl.ib import HcaEntry, nccl_selection, parse_nccl_ib_hca
+from preflight.checks.ib import accidental_prefix, ib_device_order_differs_across_nodes, ib_hca_selection_mismatch, ib_odd_nic_count_rail_hang
+from preflight.probes.kernel_log import KernelLogFacts, parse_join_failures
+from preflight.probes.rdma import PortRate, Problem, RdmaDevice, RdmaFacts, RdmaPort
+from preflight.checks.ib import ib_subnet_manager_sweep_failure, rdma_device_nodes_missing, rdma_stack_or_ports_misconfigured
 from preflight.config import Expectations
 from preflight.model import NotApplicable, Observation, Severity, Status, Unknown
 

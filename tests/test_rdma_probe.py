@@ -11,22 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from preflight.checks.efa import probe_efa
-from preflight.checks.gpudirect import DeviceNode, JobIdentity
-from preflight.checks.rdma import (
-    PortRate,
-    Problem,
-    RdmaDevice,
-    RdmaFacts,
-    RdmaPort,
-    natural_key,
-    parse_hex,
-    parse_link_layer,
-    parse_numbered,
-    parse_pci_link,
-    parse_rate,
-    probe_rdma,
-)
+from preflight.probes.efa import probe_efa
+from preflight.probes.gpudirect import DeviceNode, JobIdentity
+from preflight.probes.rdma import PortRate, Problem, RdmaDevice, RdmaFacts, RdmaPort, natural_key, parse_hex, parse_link_layer, parse_numbered, parse_pci_link, parse_rate, probe_rdma
 from preflight.sources import NodeFS, SourceError
 
 from conftest import bare_node
@@ -171,7 +158,7 @@ def test_unreadable_class_directory_is_a_problem_not_an_empty_node(tmp_path: Pat
 
 def test_ipoib_mode_is_recorded_for_infiniband_ports(tmp_path: Path) -> None:
 
-    from preflight.checks.rdma import probe_rdma
+    from preflight.probes.rdma import probe_rdma
     from preflight.sources import NodeFS
 
     example = Path(__file__).resolve().parent.parent / "examples" / "nodes" / "hgx-h100"

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from preflight.checks.gpudirect import probe_gpudirect
-from preflight.checks.rdma import probe_rdma
+from preflight.probes.gpudirect import probe_gpudirect
+from preflight.probes.rdma import probe_rdma
 from preflight.discovery import build_registry
 from preflight.engine import Report
 from preflight.model import Severity, Status

@@ -76,7 +76,7 @@ def _system_python_venv() -> tuple[Path | None, str]:
     ).stdout.strip()
     Path(purelib, "preflight-tests.pth").write_text(f"{base / 'site'}\n")
     script = bin_dir / "preflight"
-    script.write_text(f"#!{bin_dir / 'python'}\nimport sys\nfrom preflight.launcher import main\nsys.exit(main())\n")
+    script.write_text(f"#!{bin_dir / 'python'}\nimport sys\nfrom preflight.cli.start import main\nsys.exit(main())\n")
     script.chmod(0o755)
     return bin_dir, ""
 

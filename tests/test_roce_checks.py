@@ -11,22 +11,10 @@ from pathlib import Path
 import pytest
 
 from conftest import EXAMPLE_ROOT, Runner
-from preflight.checks._nccl_gid import GidSettings, Slot, nccl_would_pick_gid, parse_gid, parse_gid_settings
-from preflight.checks.job import JobFacts
-from preflight.checks.roce import (
-    DcbReading,
-    EcnState,
-    GidEntry,
-    NcclGid,
-    RoceDcbFacts,
-    RoceFacts,
-    RocePort,
-    roce_gid_index_mismatch,
-    roce_gid_type_read_einval,
-    roce_mtu,
-    roce_path_mtu_mismatch,
-    roce_pfc_pause_storm,
-)
+from preflight.nccl.gid import GidSettings, Slot, nccl_would_pick_gid, parse_gid, parse_gid_settings
+from preflight.probes.job import JobFacts
+from preflight.probes.roce import DcbReading, EcnState, GidEntry, NcclGid, RoceDcbFacts, RoceFacts, RocePort, roce_mtu
+from preflight.checks.roce import roce_gid_index_mismatch, roce_gid_type_read_einval, roce_path_mtu_mismatch, roce_pfc_pause_storm
 from preflight.config import ConfigError, Expectations, parse_config
 from preflight.model import NotApplicable, Observation, Severity, Status
 from preflight.sources.ethtool import PauseState
@@ -363,7 +351,7 @@ def test_infiniband_example_node_is_not_applicable(run_cli: Runner) -> None:
 
 
 def test_lossless_buffer_errors_in_the_kernel_log_are_present() -> None:
-    from preflight.checks.kernel_log import KernelLogFacts
+    from preflight.probes.kernel_log import KernelLogFacts
 
     log = KernelLogFacts((), (), ("buffer_size[3]=0 is not enough for lossless buffer",), "", True)
     readings = dcb(("ens1f0np0", (3,), DSCP_MAP))

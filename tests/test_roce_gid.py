@@ -1,25 +1,10 @@
-"""NCCL's RoCE GID choice, emulated on short hand-built tables (``preflight.checks._nccl_gid``)."""
+"""NCCL's RoCE GID choice, emulated on short hand-built tables (``preflight.nccl.gid``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from preflight.checks._nccl_gid import (
-    AF_INET,
-    AF_INET6,
-    GidSettings,
-    Slot,
-    gid_family,
-    ib_hca_selects,
-    in_addr_range,
-    ipv4_of,
-    nccl_int,
-    nccl_would_pick_gid,
-    parse_addr_range,
-    parse_gid,
-    parse_gid_settings,
-    valid_gid,
-)
+from preflight.nccl.gid import AF_INET, AF_INET6, GidSettings, Slot, gid_family, ib_hca_selects, in_addr_range, ipv4_of, nccl_int, nccl_would_pick_gid, parse_addr_range, parse_gid, parse_gid_settings, valid_gid
 
 V1, V2 = "IB/RoCE v1", "RoCE v2"
 EINVAL = "invalid argument (EINVAL)"

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from preflight.checks._nccl_gid import GidSettings
-from preflight.checks.roce import EcnState, GidEntry, NcclGid, RocePort, probe_roce, probe_roce_dcb, roce_mtu
+from preflight.nccl.gid import GidSettings
+from preflight.probes.roce import EcnState, GidEntry, NcclGid, RocePort, probe_roce, probe_roce_dcb, roce_mtu
 from preflight.sources import NodeFS, SourceError, Sources
 from preflight.sources.netlink import (
     DcbConfig,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from preflight.checks.frameworks import normalise, parse_metadata, parse_version, probe_frameworks
+from preflight.probes.frameworks import normalise, parse_metadata, parse_version, probe_frameworks
 from preflight.config import HostConfig
 from preflight.discovery import build_registry
 from preflight.engine import RunOptions, run

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from conftest import EXAMPLE_ROOT, REPO, Runner, preflight_command, write
-from preflight.commands import NodeArgs, run_node
+from preflight.cli.node import NODE, run_node
+from preflight.cli.spec import values_for
 from preflight.snapshot import MANIFEST, SnapshotArgs, take_snapshot
 from preflight.sources import NodeFS, SourceError, Sources
 from preflight.sources.archive import opened_root
@@ -44,7 +45,7 @@ def normalised(report: dict[str, Any]) -> dict[str, Any]:
 
 def node_report(root: str | Path, capsys: pytest.CaptureFixture[str], **options: Any) -> dict[str, Any]:
     """``preflight node --root ROOT --format json`` in this process; the parsed report."""
-    code = run_node(NodeArgs(root=str(root), output_format="json", **options))
+    code = run_node(values_for(NODE, root=str(root), output_format="json", **options))
     captured = capsys.readouterr()
     assert code in (0, 1, 2), captured.err
     report: dict[str, Any] = json.loads(captured.out)

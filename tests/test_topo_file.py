@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from preflight.checks.topo_file import nccl_topo_xml_nic_without_busid, parse_topology, probe_topo_file
+from preflight.checks.topo import nccl_topo_xml_nic_without_busid
+from preflight.probes.topo_file import parse_topology, probe_topo_file
 from preflight.model import NotApplicable, Status
 from preflight.sources import NodeFS
 

@@ -70,13 +70,13 @@ def explain(
     )
 
 
-def check_candidates(explanation: Explanation, root: str, config_path: str | None) -> None:
+def check_candidates(explanation: Explanation, root: str, config_path: str | None, checks_dirs: tuple[str, ...] = ()) -> None:
     """Fill ``explanation.verdicts`` from the node checks of every candidate."""
     from preflight.explain.confirm import NodeCheckError, node_findings, verdict_for
 
     wanted = {check for c in explanation.candidates for check in explanation.references[c.reference_id].checks}
     try:
-        findings = node_findings(wanted, root, config_path)
+        findings = node_findings(wanted, root, config_path, checks_dirs)
     except NodeCheckError as error:
         explanation.check_error = str(error)
         return

@@ -10,7 +10,6 @@ reach a verdict).
 from __future__ import annotations
 
 import time
-
 from dataclasses import dataclass, field
 
 from preflight.model import Finding, Reference, Status
@@ -27,16 +26,16 @@ class NodeCheckError(Exception):
     """The node could not be checked at all (bad root, broken config or plugin)."""
 
 
-def node_findings(check_ids: set[str], root: str, config_path: str | None) -> dict[str, list[Finding]]:
+def node_findings(
+    check_ids: set[str], root: str, config_path: str | None, checks_dirs: tuple[str, ...] = ()
+) -> dict[str, list[Finding]]:
     """Run exactly ``check_ids`` on ``root`` (a directory, or a snapshot archive) with the full
     profile; findings by reference ID."""
     from preflight.catalogue import CatalogueError
-    from preflight.commands import _hostname, load_host_config, unpack_budget
     from preflight.config import ConfigError
-    from preflight.discovery import build_registry
-    from preflight.engine import RunOptions, run
     from preflight.registry import RegistrationError
-    from preflight.sources import RootError, Sources, open_root
+    from preflight.run import NothingToRun, inspect_node, open_node, unpack_budget
+    from preflight.sources import RootError
     from preflight.sources.archive import ArchiveError, opened_root
 
     if not check_ids:
@@ -44,15 +43,10 @@ def node_findings(check_ids: set[str], root: str, config_path: str | None) -> di
     try:
         # A snapshot archive (preflight snapshot) is replayed as `preflight node --root` does.
         with opened_root(root, time.monotonic() + unpack_budget(root, None, config_path)) as (directory, _label):
-            fs = open_root(directory)
-            hostname = _hostname(fs)
-            config = load_host_config(config_path, hostname)
-            registry = build_registry(config.checks_dirs)
-            wanted = tuple(sorted(check_ids & set(registry.checks)))
-            if not wanted:
-                return {}
-            options = RunOptions(profile="full", select=wanted, timeout_s=config.timeout_s, probe_timeout_s=config.probe_timeout_s)
-            report = run(registry, Sources.for_fs(fs, config.dns), config, options, hostname)
+            node = open_node(directory, config_path)
+            report = inspect_node(node, profile="full", select=tuple(sorted(check_ids)), checks_dirs=checks_dirs)
+    except NothingToRun:
+        return {}
     except (RootError, ConfigError, RegistrationError, CatalogueError, ArchiveError) as error:
         raise NodeCheckError(str(error)) from None
     by_reference: dict[str, list[Finding]] = {}

@@ -1,0 +1,153 @@
+"""Name resolution the job depends on (DNS references)."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import TYPE_CHECKING
+
+from preflight.model import Evidence, Observation, Severity, present, undecided
+from preflight.probes.hostname import (
+    HEALTHY_RCODES,
+    ROLE_HOST,
+    ROLE_PEER,
+    HostnameFacts,
+    NameLookup,
+    is_ip_literal,
+    is_loopback_address,
+    libc_lookup,
+    same_host,
+)
+from preflight.registry import check
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Sequence
+
+    from preflight.sources.dns import DnsAnswer, NameserverCheck
+
+#: A cluster resolver answers a name in its own zone in milliseconds; a second means overload or
+#: a forwarding chain timing out upstream, and every uncached lookup at job start pays it.
+SLOW_NAMESERVER_S = 1.0
+
+
+SYSTEMD_RESOLVED_STUB = "127.0.0.53"
+
+
+# -- check ------------------------------------------------------------------------------------
+def _dns_summary(answers: Sequence[DnsAnswer]) -> str:
+    return "; ".join(f"{a.rdtype}: {a.error} {a.detail}".strip() for a in answers)
+
+
+def _disagreement(lookup: NameLookup) -> Evidence | None:
+    """/etc/hosts and DNS both know the name but give different addresses for one family."""
+    hosts = {entry.address for entry in lookup.hosts_entries if not is_loopback_address(entry.address)}
+    dns = {address for answer in lookup.dns_answers for address in answer.addresses}
+    for family in (4, 6):
+        in_hosts = {a for a in hosts if is_ip_literal(a) and ipaddress.ip_address(a.split("%")[0]).version == family}
+        in_dns = {a for a in dns if is_ip_literal(a) and ipaddress.ip_address(a.split("%")[0]).version == family}
+        if in_hosts and in_dns and in_hosts != in_dns:
+            where = ", ".join(entry.source for entry in lookup.hosts_entries if entry.address in in_hosts)
+            return Evidence(
+                f"{where} vs DNS",
+                f"/etc/hosts: {', '.join(sorted(in_hosts))}; DNS: {', '.join(sorted(in_dns))}",
+                "the same addresses in both",
+            )
+    return None
+
+
+def _reverse_mismatches(lookup: NameLookup) -> list[Evidence]:
+    return [
+        Evidence(f"DNS PTR {answer.name}", ", ".join(answer.names), f"{lookup.name} (forward and reverse agree)")
+        for answer in lookup.reverse
+        if answer.names and not any(same_host(target, lookup.name) for target in answer.names)
+    ]
+
+
+def _judge_name(lookup: NameLookup, facts: HostnameFacts) -> Observation | None:
+    result = libc_lookup(lookup, facts)
+    subject = lookup.name
+    if result.status == "unavailable":
+        return undecided(subject, f"DNS did not answer for {subject}: {_dns_summary(lookup.dns_answers) or result.detail}")
+    if result.status == "not_found":
+        evidence = [
+            Evidence("/etc/hosts", facts.hosts_error or "no entry"),
+            Evidence("DNS", ", ".join(f"{a.rdtype} {a.error or ' '.join(a.addresses)}" for a in lookup.dns_answers),
+                     "an A or AAAA record"),
+        ]
+        if any(answer.addresses for answer in lookup.dns_answers):
+            # DNS knows the name, but the hosts line stops libc before asking it.
+            line = " ".join(s.name + "".join(f" [{a}]" for a in s.actions) for s in facts.hosts_order)
+            evidence.append(Evidence("/etc/nsswitch.conf", f"hosts: {line}", "a service order that reaches DNS"))
+        return present(subject, *evidence)
+    errors: list[Evidence] = []
+    loopback = [a for a in result.addresses if is_loopback_address(a)]
+    if loopback and (ROLE_HOST in lookup.roles or ROLE_PEER in lookup.roles or facts.nodes_in_job > 1):
+        expected = (
+            "a routable address of this node (Gloo, torchrun's c10d store and MASTER_ADDR users advertise it; NCCL picks an interface instead)"
+            if ROLE_HOST in lookup.roles
+            else "the peer's routable address (the c10d rendezvous and Gloo dial it; NCCL's unique ID travels through it)"
+        )
+        entry = next((e for e in lookup.hosts_entries if is_loopback_address(e.address)), None)
+        if result.service == "files" and entry is not None:
+            # libc returns every matching line and sorts loopback first, wherever the line is.
+            errors.append(Evidence(entry.source, f"{entry.address} {' '.join(entry.names)}", expected))
+        else:
+            errors.append(Evidence(result.service, f"{subject} -> {', '.join(loopback)}", expected))
+    warnings = _reverse_mismatches(lookup)
+    disagreement = _disagreement(lookup)
+    if disagreement is not None:
+        warnings.insert(0, disagreement)
+    if not (errors or warnings):
+        # What libc would answer is unknown (no DNS answers, an NSS service we cannot follow).
+        return undecided(subject, f"{subject}: {result.detail}") if result.status == "undetermined" else None
+    return present(subject, *errors, *warnings, severity=None if errors else Severity.WARNING)
+
+
+def _judge_nameserver(server: NameserverCheck, facts: HostnameFacts) -> Observation | None:
+    where = f"DNS query to {server.server} ({facts.nameserver_origin})"
+    if server.error:
+        observed = f"{server.error.lower()}: {server.detail}".strip(": ")
+        fix = ""
+        if is_loopback_address(server.server):
+            stub = "the systemd-resolved stub" if server.server == SYSTEMD_RESOLVED_STUB else "a resolver on loopback"
+            observed += f"; {server.server} is {stub}, reachable only where that resolver runs"
+            fix = (
+                f"Point resolv.conf at resolvers reachable from the job's network namespace: with systemd-resolved, "
+                f"use /run/systemd/resolve/resolv.conf (the upstream servers) instead of the {SYSTEMD_RESOLVED_STUB} "
+                "stub file, or give containers host networking or the cluster's DNS servers."
+            )
+        anyone = any(not c.error and c.rcode in HEALTHY_RCODES for c in facts.nameservers)
+        return present(
+            f"nameserver {server.server}",
+            Evidence(where, observed, "an answer"),
+            severity=Severity.WARNING if anyone else None,
+            fix=fix,
+        )
+    if server.rcode not in HEALTHY_RCODES:
+        return present(f"nameserver {server.server}", Evidence(where, f"answers {server.rcode}", "NOERROR or NXDOMAIN"),
+                       severity=Severity.WARNING)
+    if server.elapsed_s is not None and server.elapsed_s > SLOW_NAMESERVER_S:
+        return present(
+            f"nameserver {server.server}",
+            Evidence(where, f"answered in {server.elapsed_s:.2f} s", f"under {SLOW_NAMESERVER_S:g} s"),
+            severity=Severity.WARNING,
+        )
+    return None
+
+
+@check("DNS001", profiles=("prolog",))
+def hostname_resolution_broken(hostname: HostnameFacts) -> Iterator[Observation]:
+    """Names the job needs resolve to loopback, not at all, or inconsistently; nameservers fail."""
+    if hostname.hostname is None:
+        yield undecided("hostname", "; ".join(hostname.problems) or "/proc/sys/kernel/hostname is empty")
+    for lookup in hostname.lookups():
+        observation = _judge_name(lookup, hostname)
+        if observation is not None:
+            yield observation
+    if hostname.peers_error:
+        yield undecided("job peers", hostname.peers_error)
+    if hostname.dns_error and not hostname.nameservers:
+        yield undecided("nameservers", f"not queried: {hostname.dns_error}")
+    for server in hostname.nameservers:
+        observation = _judge_nameserver(server, hostname)
+        if observation is not None:
+            yield observation

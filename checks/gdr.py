@@ -1,0 +1,186 @@
+"""GPUDirect RDMA, GDRCopy and the BAR1 window peers map (GDR references)."""
+
+from __future__ import annotations
+
+import re
+import stat as stat_codes
+from typing import TYPE_CHECKING
+
+from preflight.model import (
+    Evidence,
+    NotApplicable,
+    Observation,
+    Unknown,
+    present,
+    undecided,
+)
+from preflight.nccl.releases import PEERMEM_DETECTION, affected, release_evidence
+from preflight.probes.gpudirect import (
+    NVIDIA_PEERMEM_VERSION,
+    GpuDirectFacts,
+    can_read_write,
+)
+from preflight.registry import check
+from preflight.sources.nvml import UNANSWERED
+from preflight.units import format_size
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from preflight.probes.bar1 import Bar1, Bar1Facts
+    from preflight.probes.gpus import GpuFacts
+    from preflight.probes.job import JobFacts
+    from preflight.probes.nccl_libs import NcclLibFacts
+
+SMALL_BAR1 = 256 << 20  # the legacy window consumer boards keep with Resizable BAR off
+
+
+MOSTLY_MAPPED = 0.5  # share of BAR1 mapped on an idle GPU that means leaked mappings
+
+
+_UNIFIED_MEMORY = ("GH200", "GB10", "GB200")
+
+
+@check("GDR003", profiles=("prolog",))
+def peermem_gpu_mapping_rejected(bar1: Bar1Facts, gpus: GpuFacts) -> Iterator[Observation]:
+    """BAR1 too small for GPUDirect RDMA, or mostly mapped before the job starts."""
+    if bar1.nvml_error in UNANSWERED:  # no recording, or a broken one
+        raise Unknown(f"no NVML answers recorded for this root ({bar1.nvml_error})")
+    on_bus = len(gpus.pci_gpus)
+    if bar1.nvml_error:
+        if on_bus:
+            raise Unknown(f"NVML unavailable ({bar1.nvml_error}): BAR1 of the {on_bus} GPUs on the PCI bus cannot be read")
+        raise NotApplicable(f"no NVIDIA GPUs (NVML: {bar1.nvml_error})")
+    if not bar1.gpus:
+        if on_bus:
+            raise Unknown(f"NVML lists no GPUs, but {on_bus} are on the PCI bus (GPU001)")
+        raise NotApplicable("no NVIDIA GPUs")
+    if all(gpu.error == "NVML_ERROR_NOT_SUPPORTED" and _unified(gpu) for gpu in bar1.gpus):
+        raise NotApplicable("unified-memory GPUs: NICs reach their memory without BAR1")
+    for gpu in bar1.gpus:
+        subject = f"GPU{gpu.index}"
+        source = "nvmlDeviceGetBAR1MemoryInfo"
+        if gpu.error == "NVML_ERROR_NOT_SUPPORTED" and _unified(gpu):
+            continue
+        if gpu.error or gpu.total is None:
+            if gpu.aperture is not None and gpu.aperture <= SMALL_BAR1:
+                yield present(subject, Evidence(f"/sys/bus/pci/devices/{gpu.bus_id}/resource", f"BAR1 aperture {format_size(gpu.aperture)}", "more than 256 MiB"))
+            else:
+                yield undecided(subject, f"NVML does not report BAR1 for a GPU that has one ({gpu.error or 'no size'})")
+            continue
+        if gpu.total <= SMALL_BAR1:
+            evidence = [Evidence(source, f"bar1Total {format_size(gpu.total)} ({gpu.name or 'GPU'})", "more than 256 MiB: large BAR enabled")]
+            if gpu.aperture is not None:
+                evidence.append(Evidence(f"/sys/bus/pci/devices/{gpu.bus_id}/resource", f"aperture {format_size(gpu.aperture)}"))
+            yield present(subject, *evidence)
+        elif gpu.used is not None and gpu.used > gpu.total * MOSTLY_MAPPED:
+            yield present(
+                subject,
+                Evidence(source, f"bar1Used {format_size(gpu.used)} of {format_size(gpu.total)} before the job",
+                         f"at most {int(MOSTLY_MAPPED * 100)}% mapped on an idle GPU"),
+            )
+
+
+def _unified(gpu: Bar1) -> bool:
+    return any(model in (gpu.name or "") for model in _UNIFIED_MEMORY)
+
+
+DMABUF_MIN_KERNEL = (5, 12)
+
+
+def parse_kernel_version(release: str) -> tuple[int, int] | None:
+    """``"5.15.0-105-generic"`` -> ``(5, 15)``."""
+    match = re.match(r"(\d+)\.(\d+)", release.strip())
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def _require_nvidia(gpudirect: GpuDirectFacts) -> None:
+    if gpudirect.nvidia_loaded is None:
+        raise Unknown(f"whether the NVIDIA driver is loaded: {gpudirect.why('/sys/module/nvidia')}")
+    if not gpudirect.nvidia_loaded:
+        raise NotApplicable("the NVIDIA kernel driver is not loaded (/sys/module/nvidia is absent)")
+
+
+@check("GDR001", profiles=("prolog",))
+def gpudirect_rdma_unavailable(gpudirect: GpuDirectFacts, job: JobFacts, nccl_libs: NcclLibFacts) -> Iterator[Observation]:
+    """Neither the peer-memory nor the DMA-BUF path to GPUDirect RDMA is available, or only
+    nvidia_peermem is, which NCCL before 2.23.4 does not look for."""
+    _require_nvidia(gpudirect)
+    if gpudirect.rdma_devices is None:
+        raise Unknown(gpudirect.why("/sys/class/infiniband"))
+    if not gpudirect.rdma_devices:
+        raise NotApplicable("no RDMA devices in /sys/class/infiniband")
+    peer_clients = [path for path in gpudirect.peer_memory_files if path != NVIDIA_PEERMEM_VERSION]
+    if peer_clients or gpudirect.nv_peer_mem_loaded:
+        return  # every NCCL release finds a memory_peers client
+    kernel = parse_kernel_version(gpudirect.kernel_release or "")
+    dmabuf_setting = job.nccl("NCCL_DMABUF_ENABLE")
+    dmabuf_disabled = dmabuf_setting is not None and dmabuf_setting.value.strip() == "0"
+    kernel_ok = kernel is not None and kernel >= DMABUF_MIN_KERNEL
+    if kernel_ok and gpudirect.driver_flavour == "open" and not dmabuf_disabled:
+        return
+    unread = [*gpudirect.peer_memory_unknown, *(["/sys/module/nv_peer_mem"] if gpudirect.nv_peer_mem_loaded is None else [])]
+    if not dmabuf_disabled:
+        unread += [path for path, value in (("/proc/sys/kernel/osrelease", kernel), ("/proc/driver/nvidia/version", gpudirect.driver_flavour)) if value is None]
+    if unread:
+        raise Unknown(f"neither GPUDirect path is confirmed, and {gpudirect.why(unread[0])}")
+    dmabuf = Evidence(
+        "/proc/driver/nvidia/version",
+        f"{gpudirect.driver_flavour or 'unknown'} kernel modules, kernel {gpudirect.kernel_release or 'unknown'}",
+        "open kernel modules and Linux >= 5.12 for the DMA-BUF path",
+    )
+    dmabuf_off = [Evidence(f"{dmabuf_setting.origin} NCCL_DMABUF_ENABLE", "0", "unset or 1")] if dmabuf_disabled and dmabuf_setting else []
+    if NVIDIA_PEERMEM_VERSION in gpudirect.peer_memory_files:
+        old, unnamed = affected(nccl_libs, PEERMEM_DETECTION)
+        loaded = Evidence(NVIDIA_PEERMEM_VERSION, "present, but no /sys/kernel/mm/memory_peers client", "a memory_peers client (nv_mem), or NCCL 2.23.4 or newer")
+        for copy in old:
+            yield present(copy.path, release_evidence(copy, PEERMEM_DETECTION), loaded, dmabuf, *dmabuf_off)
+        for copy in unnamed:
+            yield undecided(copy.path, f"the NCCL release of {copy.path} is not named by its file or wheel", loaded)
+        return
+    yield present(
+        "node",
+        Evidence("/sys/module/nvidia_peermem", "not loaded", "loaded (modprobe nvidia-peermem)"),
+        Evidence("/sys/kernel/mm/memory_peers", "no nv_mem/nv_mem_nc peer client", "present with MLNX_OFED nv_peer_mem"),
+        dmabuf,
+        *dmabuf_off,
+    )
+
+
+@check("GDR002", profiles=("prolog",))
+def gdrcopy_driver_unusable(gpudirect: GpuDirectFacts, job: JobFacts) -> Iterator[Observation]:
+    """The job asks NCCL for GDRCopy, but the gdrdrv driver or its device node is unusable."""
+    _require_nvidia(gpudirect)
+    setting = job.nccl("NCCL_GDRCOPY_ENABLE")
+    if setting is None or setting.value.strip() in ("", "0"):
+        return  # NCCL only loads GDRCopy when NCCL_GDRCOPY_ENABLE=1 (default 0)
+    requested = Evidence(f"{setting.origin} NCCL_GDRCOPY_ENABLE", setting.value)
+    if gpudirect.gdrdrv_loaded is None:
+        yield undecided("gdrdrv", gpudirect.why("/sys/module/gdrdrv"), requested)
+        return
+    if not gpudirect.gdrdrv_loaded:
+        yield present("gdrdrv", requested, Evidence("/sys/module/gdrdrv", "not loaded", "loaded"))
+        return
+    node = gpudirect.gdrdrv_node
+    unreadable_node = next((p for p in gpudirect.problems if p.startswith("/dev/gdrdrv: ")), None)
+    if node is None and unreadable_node:
+        yield undecided("/dev/gdrdrv", unreadable_node, requested)
+        return
+    if node is None or not stat_codes.S_ISCHR(node.mode):
+        observed = "missing" if node is None else "not a character device"
+        yield present("/dev/gdrdrv", requested, Evidence("/dev/gdrdrv", observed, "character device"))
+        return
+    identity = gpudirect.job_identity
+    if identity is None:
+        yield undecided("/dev/gdrdrv", f"who the job runs as is unknown: {gpudirect.why('/proc/self/status')}", requested)
+        return
+    if not can_read_write(node, identity):
+        yield present(
+            "/dev/gdrdrv",
+            requested,
+            Evidence(
+                "/dev/gdrdrv",
+                f"mode {stat_codes.filemode(node.mode)} owner {node.uid}:{node.gid}",
+                f"read-write for uid {identity.uid} (groups {','.join(map(str, identity.gids)) or 'none'})",
+            ),
+        )

@@ -1,0 +1,197 @@
+"""GPUs the driver can use and their health (GPU references)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from preflight.model import (
+    Evidence,
+    NotApplicable,
+    Observation,
+    Severity,
+    Unknown,
+    present,
+    undecided,
+)
+from preflight.registry import check
+from preflight.sources.nvml import UNANSWERED
+
+if TYPE_CHECKING:  # gpu_health imports this module at run time
+    from collections.abc import Iterator
+
+    from preflight.config import Expectations
+    from preflight.probes.gpu_health import GpuHealthFacts
+from preflight.probes.gpu_health import GPU_IS_LOST, GpuHealth, GpuHealthFacts
+from preflight.probes.gpus import UNEXPECTED_ANSWER, GpuFacts
+from preflight.probes.kernel_log import HARDWARE_XIDS, KernelLogFacts, XidEvent
+
+# The GPU or this driver lacks the feature: nothing to judge, not a failure to read.
+FEATURE_ABSENT = frozenset({"NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND"})
+
+
+@check("GPU002", profiles=("prolog",))
+def nccl_cuda_call_failed(gpu_health: GpuHealthFacts, kernel_log: KernelLogFacts, gpus: GpuFacts) -> Iterator[Observation]:
+    """A GPU waiting for a reset to apply a row remap, out of spare rows, with uncorrectable ECC
+    errors since it was initialised, or with hardware Xids since boot."""
+    found = list(_hardware_xids(kernel_log))
+    if kernel_log.error:
+        found.append(undecided("kernel log", f"Xid history since boot unreadable: {kernel_log.error}"))
+    nvml_unusable = _nvml_unusable(gpu_health, gpus)
+    if nvml_unusable is not None:
+        if isinstance(nvml_unusable, NotApplicable) and not found:
+            raise nvml_unusable
+        if isinstance(nvml_unusable, Unknown):
+            if not found:
+                raise nvml_unusable
+            found.append(undecided("NVML", str(nvml_unusable)))
+        yield from found
+        return
+    for gpu in gpu_health.gpus:
+        found.extend(_gpu_verdicts(gpu))
+    if not found and all(gpu.rows_error in FEATURE_ABSENT and gpu.volatile_error in FEATURE_ABSENT for gpu in gpu_health.gpus):
+        raise NotApplicable("the GPUs neither remap rows (before Ampere) nor count ECC errors")
+    yield from found
+
+
+def _nvml_unusable(gpu_health: GpuHealthFacts, gpus: GpuFacts) -> NotApplicable | Unknown | None:
+    """Why NVML cannot judge any GPU, as the exception the check raises; None when it can."""
+    if gpu_health.nvml_error in UNANSWERED:  # no recording, or a broken one
+        return Unknown(f"no NVML answers recorded for this root ({gpu_health.nvml_error})")
+    if gpu_health.nvml_error:
+        if gpus.pci_gpus:
+            return Unknown(f"NVML unavailable ({gpu_health.nvml_error}): the health of the {len(gpus.pci_gpus)} GPUs on the PCI bus cannot be read")
+        return NotApplicable(f"no NVIDIA GPUs (NVML: {gpu_health.nvml_error})")
+    if not gpu_health.gpus:
+        if gpus.pci_gpus:
+            return Unknown(f"NVML lists no GPUs, but {len(gpus.pci_gpus)} are on the PCI bus (GPU001)")
+        return NotApplicable("no NVIDIA GPUs")
+    return None
+
+
+def _gpu_verdicts(gpu: GpuHealth) -> Iterator[Observation]:
+    subject = f"GPU{gpu.index}"
+    if gpu.lost_in:
+        yield undecided(subject, f"{gpu.lost_in}: {GPU_IS_LOST} (GPU001 reports the lost GPU)")
+        return
+    if gpu.rows_error and gpu.rows_error not in FEATURE_ABSENT:
+        yield undecided(subject, f"nvmlDeviceGetRemappedRows: {gpu.rows_error}")
+    elif not gpu.rows_error:
+        counts = f"{gpu.rows_uncorrectable} rows remapped for uncorrectable errors, {gpu.rows_correctable} for correctable"
+        if gpu.remap_failed:
+            yield present(subject, Evidence("nvmlDeviceGetRemappedRows", f"remapping failed; {counts}", "no failure (spare rows left)"))
+        elif gpu.remap_pending:
+            yield present(subject, Evidence("nvmlDeviceGetRemappedRows", f"remap pending; {counts}", "no remap pending (reset the GPU to apply it)"))
+    if gpu.ecc_current is False or gpu.volatile_error in FEATURE_ABSENT:
+        return  # ECC off or absent: there is nothing to count
+    if gpu.volatile_error:
+        yield undecided(subject, f"nvmlDeviceGetTotalEccErrors (uncorrected, volatile): {gpu.volatile_error}")
+    elif gpu.volatile_uncorrected:
+        since = {
+            True: "since the driver initialised the GPU (persistence mode on: since boot or the last reset)",
+            False: "since the GPU was initialised for the current or last client (persistence mode off)",
+            None: "since the driver initialised the GPU",
+        }[gpu.persistence]
+        yield present(
+            subject,
+            Evidence("nvmlDeviceGetTotalEccErrors(UNCORRECTED, VOLATILE)", f"{gpu.volatile_uncorrected} uncorrectable ECC errors {since}", "0"),
+        )
+
+
+def _hardware_xids(kernel_log: KernelLogFacts) -> Iterator[Observation]:
+    by_bus: dict[str, list[XidEvent]] = {}
+    for event in kernel_log.xids:
+        if event.code in HARDWARE_XIDS:
+            by_bus.setdefault(event.bus, []).append(event)
+    for bus, events in sorted(by_bus.items()):
+        codes = sorted({event.code for event in events})
+        described = ", ".join(f"{code} ({HARDWARE_XIDS[code]})" for code in codes)
+        yield present(
+            f"GPU {bus}",
+            Evidence("kernel log since boot", f"Xid {described}; {len(events)} event(s), last: {events[-1].text}", "no hardware Xid since boot"),
+        )
+
+
+# NVML start-up errors that say nothing about the driver: preflight could not ask it (the library
+# is not installed where preflight runs, /dev/nvidiactl is not open to this user, a recording is
+# unreadable). Every other start-up error with GPUs on the bus (LIB_RM_VERSION_MISMATCH,
+# DRIVER_NOT_LOADED, GPU_IS_LOST, UNKNOWN...) means the driver stack is broken.
+CANNOT_ASK_ERRORS = frozenset(
+    {"NVML_ERROR_LIBRARY_NOT_FOUND", "NVML_ERROR_NO_PERMISSION", "NVML_ERROR_FUNCTION_NOT_FOUND", "NVML_REPLAY_UNREADABLE", UNEXPECTED_ANSWER}
+)
+
+
+PERSISTENCE_FIX = (
+    "Keep the GPUs initialised between jobs: enable and start nvidia-persistenced "
+    "(systemctl enable --now nvidia-persistenced), or set persistence mode with 'nvidia-smi -pm 1' at every boot."
+)
+
+
+@check("GPU001", profiles=("prolog",))
+def gpu_unusable_by_driver(gpus: GpuFacts, gpu_health: GpuHealthFacts, expect: Expectations) -> Iterator[Observation]:
+    """A GPU is on the bus but unusable: lost, invisible to NVML, or the driver stack is broken;
+    a warning when persistence mode is off."""
+    if gpus.nvml_error in UNANSWERED:  # no recording, or a broken one
+        raise Unknown(gpus.nvml_detail or gpus.nvml_error)
+    if not gpus.pci_gpus and gpus.nvml_error:
+        raise NotApplicable(f"no NVIDIA GPU on the PCI bus and NVML unavailable ({gpus.nvml_error})")
+    if gpus.nvml_error in CANNOT_ASK_ERRORS:
+        raise Unknown(
+            f"NVML unavailable ({gpus.nvml_detail or gpus.nvml_error}): cannot ask the driver about the "
+            f"{len(gpus.pci_gpus)} NVIDIA GPUs on the PCI bus"
+        )
+    if gpus.nvml_error:
+        yield present(
+            "node",
+            Evidence("nvmlInit", gpus.nvml_detail or gpus.nvml_error, "NVML_SUCCESS"),
+            Evidence("/sys/bus/pci/devices", f"{len(gpus.pci_gpus)} NVIDIA GPUs on the bus"),
+        )
+        return
+    lost = set()
+    for device in gpus.devices:
+        if device.error == "NVML_ERROR_GPU_IS_LOST":
+            lost.add(device.index)
+            yield present(f"GPU{device.index}", Evidence("nvmlDeviceGetName", device.error, "NVML_SUCCESS"))
+        elif device.error and device.error != "NVML_ERROR_NOT_SUPPORTED":
+            yield undecided(f"GPU{device.index}", f"NVML: {device.error}")
+    for health in gpu_health.gpus if not gpu_health.nvml_error else ():
+        if health.lost_in and health.index not in lost:
+            lost.add(health.index)
+            yield present(f"GPU{health.index}", Evidence(health.lost_in, "NVML_ERROR_GPU_IS_LOST", "NVML_SUCCESS"))
+    seen = {device.bus_id for device in gpus.devices if device.bus_id}
+    missing = [bdf for bdf in gpus.pci_gpus if bdf not in seen]
+    # A device whose PCI info NVML would not give may be any of the unmatched GPUs on the bus.
+    unidentified = sum(1 for device in gpus.devices if not device.bus_id)
+    if len(missing) > unidentified and (seen or not gpus.devices):
+        yield present(
+            "node",
+            Evidence("nvmlDeviceGetCount", f"{len(gpus.devices)} GPUs", f"{len(gpus.pci_gpus)} (as on the PCI bus)"),
+            Evidence("/sys/bus/pci/devices", "not visible to NVML: " + ", ".join(missing)),
+        )
+    if expect.gpu_count is not None and len(gpus.devices) < expect.gpu_count:
+        yield present(
+            "node",
+            Evidence("nvmlDeviceGetCount", f"{len(gpus.devices)} GPUs", f"{expect.gpu_count} (expect.gpu_count)"),
+        )
+    yield from _persistence(gpu_health, lost)
+
+
+def _persistence(gpu_health: GpuHealthFacts, lost: set[int]) -> Iterator[Observation]:
+    if gpu_health.nvml_error:
+        return
+    off = []
+    for health in gpu_health.gpus:
+        if health.index in lost or health.persistence_error in ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND"):
+            continue
+        if health.persistence_error:
+            yield undecided(f"GPU{health.index}", f"nvmlDeviceGetPersistenceMode: {health.persistence_error}")
+        elif health.persistence is False:
+            off.append(f"GPU{health.index}")
+    if off:
+        yield present(
+            "nvidia-persistenced",
+            Evidence("nvmlDeviceGetPersistenceMode", f"disabled on {', '.join(off)} ({len(off)} of {len(gpu_health.gpus)})", "enabled"),
+            Evidence("effect", "the driver deinitialises an idle GPU and initialises it again (1-3 s per GPU) at the next "
+                     "job's first CUDA call; volatile ECC counts restart with it"),
+            severity=Severity.WARNING,
+            fix=PERSISTENCE_FIX,
+        )

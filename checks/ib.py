@@ -1,0 +1,547 @@
+"""InfiniBand ports, the HCAs NCCL selects and the subnet's state (IB references)."""
+
+from __future__ import annotations
+
+import re
+import stat as stat_codes
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from preflight.model import (
+    Evidence,
+    NotApplicable,
+    Observation,
+    Severity,
+    Unknown,
+    present,
+    undecided,
+)
+from preflight.nccl.ib import (
+    NCCL_LINK_LAYERS,
+    HcaEntry,
+    HcaList,
+    Selection,
+    nccl_selection,
+)
+from preflight.probes.gpudirect import DeviceNode, JobIdentity, can_read_write
+from preflight.probes.kernel_log import NOT_READ, JoinFailure, KernelLogFacts
+from preflight.probes.link_history import IB_SYSFS, LinkHistoryFacts
+from preflight.probes.rdma import (
+    DEV_INFINIBAND,
+    IB_CLASS,
+    PORT_ACTIVE,
+    RDMA_CM,
+    VERBS_CLASS,
+    PortRate,
+    Problem,
+    RdmaDevice,
+    RdmaFacts,
+    RdmaPort,
+    natural_key,
+    port_evidence,
+    ports_unlisted,
+    require_rdma,
+)
+from preflight.registry import check
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from preflight.config import Expectations
+    from preflight.probes.job import JobFacts, Setting
+
+# NCCL_IB_TIMEOUT is an exponent: 4.096 us * 2**value per try. NCCL's default is 20 (about 4 s);
+# below 14 (about 67 ms) a link retraining outlasts every retry.
+MIN_IB_TIMEOUT = 14
+
+
+MIN_RETRY_COUNT = 7  # NCCL's default and the verbs maximum
+
+
+@check("IB006", profiles=("prolog",))
+def ib_transport_retry_exceeded(link_history: LinkHistoryFacts, kernel_log: KernelLogFacts, job: JobFacts) -> Iterator[Observation]:
+    """RDMA ports that went down since boot, and retry settings that cannot ride out a retrain."""
+    if link_history.unlisted:
+        raise Unknown(link_history.unlisted)
+    if not link_history.ports:
+        raise NotApplicable("no RDMA ports on this node")
+    for port in link_history.ports:
+        subject = f"{port.device}/{port.port}"
+        if port.problem:
+            yield undecided(subject, port.problem)
+        elif port.link_downed:
+            evidence = [Evidence(f"{IB_SYSFS}/{subject.replace('/', '/ports/')}/counters/link_downed", str(port.link_downed), "0 since the counters were cleared")]
+            if port.link_error_recovery:
+                evidence.append(Evidence("link_error_recovery", str(port.link_error_recovery)))
+            yield present(subject, *evidence, severity=Severity.WARNING)
+    by_bus = {port.bus: port.device for port in link_history.ports if port.bus}
+    downs: dict[str, list[str]] = {}
+    for event in kernel_log.link_downs:
+        if event.bus in by_bus:
+            downs.setdefault(f"{by_bus[event.bus]} ({event.netdev})", []).append(event.text)
+    for subject, texts in sorted(downs.items()):
+        yield present(subject, Evidence("kernel log since boot", f"{len(texts)} link-down(s), last: {texts[-1]}", "no link-down since boot"), severity=Severity.WARNING)
+    for name, minimum in (("NCCL_IB_TIMEOUT", MIN_IB_TIMEOUT), ("NCCL_IB_RETRY_CNT", MIN_RETRY_COUNT)):
+        setting = job.nccl(name)
+        if setting is None:
+            continue
+        try:
+            value = int(setting.value.strip())
+        except ValueError:
+            yield undecided(name, f"{setting.origin}: {setting.value!r} is not a number")
+            continue
+        if value < minimum:
+            yield present(name, Evidence(f"{name} ({setting.origin})", str(value), f"unset (NCCL's default) or at least {minimum}"))
+
+
+RAIL_NIC_COUNTS = "2, 4 or 8 NICs, identical on every node"
+
+
+def _selected_devices(rdma: RdmaFacts, selection: Selection) -> list[RdmaDevice]:
+    names = set(selection.devices)
+    return [device for device in rdma.devices if device.name in names]
+
+
+def require_ib_transport(rdma: RdmaFacts) -> None:
+    """NotApplicable when no port could ever be NCCL's (EFA-only or soft devices)."""
+    require_rdma(rdma)
+    ports = [port for device in rdma.devices for port in device.ports]
+    unlisted = [problem for device in rdma.devices if (problem := ports_unlisted(device)) is not None]
+    if unlisted and not ports:
+        raise Unknown(str(unlisted[0]))
+    if not any(port.link_layer in NCCL_LINK_LAYERS or port.link_layer is None for port in ports):
+        raise NotApplicable("no InfiniBand or RoCE ports; NCCL's IB transport does not use them")
+
+
+def _decided(selection: Selection) -> None:
+    if selection.unlisted:
+        raise Unknown(selection.unlisted[0])
+    if selection.undecided:
+        port = selection.undecided[0]
+        raise Unknown(port.why("state" if port.state is None else "link_layer"))
+
+
+def _setting_evidence(setting: Setting | None, expected: str = "") -> Evidence:
+    if setting is None:
+        return Evidence("NCCL_IB_HCA", "unset (every device)", expected)
+    where = "/proc/self/environ" if setting.origin == "environment" else setting.origin
+    return Evidence(f"{where} NCCL_IB_HCA", repr(setting.value), expected)
+
+
+# -- IB004 ------------------------------------------------------------------------------------
+def accidental_prefix(entry: HcaEntry, device: str) -> bool:
+    """``mlx5_1`` matching ``mlx5_10``: the prefix ends inside a number. ``mlx5`` matching
+    ``mlx5_0`` is a deliberate family prefix."""
+    return (
+        len(device) > len(entry.name)
+        and device.startswith(entry.name)
+        and entry.name[-1:].isdigit()
+        and device[len(entry.name)].isdigit()
+    )
+
+
+def _unmatched_note(entry: HcaEntry) -> str:
+    if entry.name != entry.name.strip():
+        return "; NCCL does not trim spaces"
+    if entry.name[:1] in ("^", "="):
+        return "; '^' must come first ('^=name'), anything later is part of the name"
+    return ""
+
+
+def _entry_findings(rdma: RdmaFacts, selection: Selection) -> Iterator[Observation]:
+    hca = selection.hca
+    for entry in hca.entries:
+        matched = [
+            device
+            for device in rdma.devices
+            if any(hca.entry_matches(entry, device.name, port.number) for port in device.ports)
+        ]
+        subject = f"NCCL_IB_HCA {entry.text!r}"
+        if not matched and selection.unlisted:
+            yield undecided(subject, f"no device with listed ports matches, and {selection.unlisted[0]}")
+            continue
+        if not matched:
+            names = ", ".join(device.name for device in rdma.devices)
+            yield present(
+                subject,
+                _setting_evidence(selection.setting),
+                Evidence(IB_CLASS, f"no device{' port' if entry.port is not None else ''} matches {entry.text!r}{_unmatched_note(entry)} (devices: {names})"),
+                severity=Severity.WARNING,
+            )
+            continue
+        extra = [device.name for device in matched if not hca.exact and accidental_prefix(entry, device.name)]
+        if extra:
+            verb = "also excludes" if hca.exclude else "also selects"
+            yield present(
+                subject,
+                _setting_evidence(selection.setting, f"exact names: {'^' if hca.exclude else ''}={','.join(e.text.strip() for e in hca.entries)}"),
+                Evidence(IB_CLASS, f"prefix {entry.name!r} {verb} {', '.join(extra)}"),
+            )
+        if not hca.exclude:
+            yield from _listed_but_down(hca, entry, matched, selection)
+
+
+def _listed_but_down(hca: HcaList, entry: HcaEntry, matched: list[RdmaDevice], selection: Selection) -> Iterator[Observation]:
+    """Ports an entry names outright (``mlx5_3``, ``mlx5_3:1``) that NCCL will skip; a family
+    prefix such as ``mlx5`` names no port in particular."""
+    for device in matched:
+        if device.name != entry.name:
+            continue
+        for port in device.ports:
+            if hca.entry_matches(entry, device.name, port.number) and port.state is not None and port.state != PORT_ACTIVE:
+                yield present(
+                    port.subject,
+                    _setting_evidence(selection.setting),
+                    port_evidence(port, "state", "phys_state", expected="4: ACTIVE (NCCL skips other ports)"),
+                )
+
+
+def _mixed_and_management(rdma: RdmaFacts, selection: Selection, severity: Severity | None) -> Iterator[Observation]:
+    layers = sorted({port.link_layer or "?" for port in selection.ports})
+    if len(layers) > 1:
+        yield present(
+            "NCCL IB selection",
+            _setting_evidence(selection.setting, "one link layer (NCCL 2.26 and later refuse IB/RoCE mixes)"),
+            Evidence(IB_CLASS, selection.describe()),
+            severity=severity,
+        )
+    management = [device.name for device in _selected_devices(rdma, selection) if device.nvswitch_management]
+    if management:
+        yield present(
+            "NCCL IB selection",
+            _setting_evidence(selection.setting, "data NICs only"),
+            Evidence(f"{IB_CLASS}/*/device/vpd", f"{', '.join(management)}: NVSwitch management function (SMDL=SW_MNG)"),
+            severity=Severity.WARNING,
+        )
+
+
+@check("IB004", profiles=("prolog",))
+def ib_hca_selection_mismatch(rdma: RdmaFacts, job: JobFacts) -> Iterator[Observation]:
+    """NCCL_IB_HCA entries that match nothing or too much, an empty or mixed selection."""
+    require_ib_transport(rdma)
+    selection = nccl_selection(rdma, job)
+    for port in selection.undecided:
+        yield undecided(port.subject, port.why("state" if port.state is None else "link_layer"))
+    for problem in selection.unlisted:
+        yield undecided(problem.split(": ", 1)[0], problem)
+    if selection.setting is None:
+        yield from _mixed_and_management(rdma, selection, Severity.WARNING)
+        return
+    yield from _entry_findings(rdma, selection)
+    if not selection.ports and not selection.undecided and not selection.unlisted:
+        yield present(
+            "NCCL_IB_HCA",
+            _setting_evidence(selection.setting, "at least one ACTIVE InfiniBand or RoCE port"),
+            Evidence(IB_CLASS, "selects nothing: NCCL logs 'NET/IB : No device found.' and falls back to sockets"),
+        )
+    yield from _mixed_and_management(rdma, selection, None)
+
+
+# -- IB003 ------------------------------------------------------------------------------------
+@check("IB003", profiles=("prolog",))
+def ib_odd_nic_count_rail_hang(rdma: RdmaFacts, job: JobFacts) -> Iterator[Observation]:
+    """NCCL would use exactly three IB/RoCE ports on this node."""
+    require_ib_transport(rdma)
+    selection = nccl_selection(rdma, job)
+    _decided(selection)
+    if len(selection.ports) == 3:
+        yield present(
+            "node",
+            _setting_evidence(selection.setting),
+            Evidence(f"{IB_CLASS}/*/ports/*/{{state,link_layer}}", f"NCCL would use 3: {selection.describe()}", RAIL_NIC_COUNTS),
+            severity=Severity.WARNING,
+        )
+
+
+# -- IB005 ------------------------------------------------------------------------------------
+def pci_key(address: str) -> tuple[int, ...]:
+    """``0000:1a:00.0`` -> ``(0, 26, 0, 0)``."""
+    return tuple(int(part, 16) for part in re.split(r"[:.]", address))
+
+
+def _pci_order_setting(job: JobFacts) -> tuple[Setting | None, bool]:
+    """NCCL_IB_DEVICE_PCI_ORDER and whether it asks for PCI order (NCCL_PARAM: integer, default 1)."""
+    setting = job.nccl("NCCL_IB_DEVICE_PCI_ORDER")
+    if setting is None:
+        return None, True
+    try:
+        return setting, int(setting.value.strip(), 0) != 0
+    except ValueError:
+        return setting, True  # NCCL warns and keeps the default
+
+
+@check("IB005", profiles=("prolog",))
+def ib_device_order_differs_across_nodes(rdma: RdmaFacts, job: JobFacts) -> Iterator[Observation]:
+    """The RDMA devices NCCL uses are not numbered in PCI address order."""
+    require_ib_transport(rdma)
+    selection = nccl_selection(rdma, job)
+    _decided(selection)
+    setting, pci_order = _pci_order_setting(job)
+    if setting is not None and pci_order:
+        return  # the job asks NCCL (2.29.7 and later) to sort by PCI address
+    devices = _selected_devices(rdma, selection)
+    unreadable = [p for device in devices for p in device.problems if p.path == f"{device.path}/device"]
+    if unreadable:
+        raise Unknown(str(unreadable[0]))
+    located = [device for device in devices if device.pci_address is not None]
+    by_name = sorted(located, key=lambda device: natural_key(device.name))
+    by_pci = sorted(located, key=lambda device: pci_key(device.pci_address or ""))
+    if [d.name for d in by_name] == [d.name for d in by_pci]:
+        return
+    if setting is None:
+        order = Evidence("NCCL_IB_DEVICE_PCI_ORDER", "unset: NCCL 2.29.7 and later sort by PCI address, earlier releases do not")
+    else:
+        where = "/proc/self/environ" if setting.origin == "environment" else setting.origin
+        order = Evidence(f"{where} NCCL_IB_DEVICE_PCI_ORDER", repr(setting.value), "1 (sort devices by PCI address)")
+    yield present(
+        "node",
+        Evidence(
+            f"{IB_CLASS}/*/device",
+            "; ".join(f"{d.name} {d.pci_address}" for d in by_name),
+            "names numbered in PCI address order: " + ", ".join(d.name for d in by_pci),
+        ),
+        order,
+        severity=Severity.WARNING if setting is None else None,
+    )
+
+
+PORT_INIT, PORT_ARMED = 2, 3
+
+
+PHYS_LINK_UP = 5
+
+
+def unlisted_ports(rdma: RdmaFacts) -> Iterator[Observation]:
+    """An undecided observation for each data device whose ports directory could not be listed:
+    its ports are unknown, not absent."""
+    for device in rdma.data_devices:
+        unlisted = ports_unlisted(device)
+        if unlisted is not None:
+            yield undecided(device.name, str(unlisted))
+
+
+# -- IB009 ------------------------------------------------------------------------------------
+def _kind(port: RdmaPort, rdma: RdmaFacts) -> tuple[str, str]:
+    device = rdma.device(port.device)
+    return (port.link_layer or "?", (device.hca_type if device else None) or "?")
+
+
+def _kind_unreadable(port: RdmaPort, rdma: RdmaFacts) -> str:
+    """The read problem that hides a port's kind (its link layer or its HCA's type), if any."""
+    device = rdma.device(port.device)
+    wanted = {f"{port.path}/link_layer"} | ({f"{device.path}/hca_type"} if device else set())
+    problems = [*port.problems, *(device.problems if device else ())]
+    return next((str(problem) for problem in problems if problem.path in wanted), "")
+
+
+def judged_ports(rdma: RdmaFacts, expect: Expectations) -> list[RdmaPort]:
+    """The data ports whose health matters (see the module docstring)."""
+    if expect.hcas is not None:
+        return [port for device in rdma.data_devices if device.name in expect.hcas for port in device.ports]
+    ports = list(rdma.data_ports)
+    if not any(port.state == PORT_ACTIVE for port in ports):
+        return ports
+    groups: dict[tuple[str, str], list[RdmaPort]] = {}
+    for port in ports:
+        groups.setdefault(_kind(port, rdma), []).append(port)
+    return [
+        port
+        for group in groups.values()
+        for port in group
+        # A port of unreadable kind stays: the check says unknown rather than drop it unseen.
+        if 2 * sum(1 for p in group if p.state == PORT_ACTIVE) > len(group) or _kind_unreadable(port, rdma)
+    ]
+
+
+def _reference_rate(port: RdmaPort, active: list[RdmaPort], rdma: RdmaFacts) -> tuple[PortRate, int, int] | None:
+    """The rate most active ports of this port's kind run at: (rate, holders, peers)."""
+    peers = [p.rate for p in active if p.rate is not None and _kind(p, rdma) == _kind(port, rdma)]
+    if not peers:
+        return None
+    rate, holders = Counter(peers).most_common(1)[0]
+    return (rate, holders, len(peers)) if 2 * holders > len(peers) else None
+
+
+def _degraded(port: RdmaPort, active: list[RdmaPort], rdma: RdmaFacts, expect: Expectations) -> Observation | None:
+    assert port.rate is not None
+    if expect.rate_gbps is not None:
+        if port.rate.gbps < expect.rate_gbps:
+            return present(
+                port.subject,
+                port_evidence(port, "rate", expected=f"{expect.rate_gbps:g} Gb/sec (expect.rate_gbps)"),
+            )
+        return None
+    unreadable = _kind_unreadable(port, rdma)
+    if unreadable:
+        rates = [p.rate for p in active if p.rate is not None]
+        if all(port.rate.gbps >= rate.gbps and port.rate.width >= rate.width for rate in rates):
+            return None  # as fast and wide as every active port: not degraded, whatever its kind
+        return undecided(port.subject, f"{unreadable}; cannot tell which ports its rate should match")
+    reference = _reference_rate(port, active, rdma)
+    if reference is None:
+        return None
+    rate, holders, peers = reference
+    if port.rate.gbps < rate.gbps or port.rate.width < rate.width:
+        link_layer, hca_type = _kind(port, rdma)
+        return present(
+            port.subject,
+            port_evidence(port, "rate", expected=f"{rate} like {holders} of {peers} active {link_layer} {hca_type} ports"),
+        )
+    return None
+
+
+@check("IB009", profiles=("prolog",))
+def rdma_stack_or_ports_misconfigured(rdma: RdmaFacts, expect: Expectations) -> Iterator[Observation]:
+    """Expected HCAs missing, data ports down, or links trained below their rate or width."""
+    require_rdma(rdma)
+    yield from unlisted_ports(rdma)
+    for name in expect.hcas or ():
+        if rdma.device(name) is None:
+            yield present(
+                name,
+                Evidence(IB_CLASS, f"no {name} (devices: {', '.join(d.name for d in rdma.devices)})", f"{name} (expect.hcas)"),
+            )
+    active = []
+    for port in judged_ports(rdma, expect):
+        unreadable = _kind_unreadable(port, rdma) if expect.hcas is None else ""
+        if unreadable and port.state != PORT_ACTIVE:
+            yield undecided(port.subject, f"{unreadable}; cannot tell whether ports of its kind are in use")
+        elif port.state is not None and port.state != PORT_ACTIVE:
+            yield present(port.subject, port_evidence(port, "state", "phys_state", expected="4: ACTIVE, 5: LinkUp"))
+        elif port.state is None or port.phys_state is None:
+            yield undecided(port.subject, port.why("state" if port.state is None else "phys_state"))
+        elif port.phys_state != PHYS_LINK_UP:
+            yield present(port.subject, port_evidence(port, "state", "phys_state", expected="5: LinkUp"))
+        else:
+            active.append(port)
+    for port in active:
+        if port.rate is None:
+            yield undecided(port.subject, port.why("rate"))
+            continue
+        observation = _degraded(port, active, rdma, expect)
+        if observation is not None:
+            yield observation
+
+
+# -- IB008 ------------------------------------------------------------------------------------
+@check("IB008", profiles=("prolog",))
+def ib_subnet_manager_sweep_failure(rdma: RdmaFacts, kernel_log: KernelLogFacts = NOT_READ) -> Iterator[Observation]:
+    """InfiniBand ports the subnet manager has not brought up (INIT/ARMED, or ACTIVE without LIDs),
+    and IPoIB multicast joins the subnet administrator refused or never answered since boot."""
+    require_rdma(rdma)
+    ports = [port for port in rdma.data_ports if port.link_layer in ("InfiniBand", None)]
+    unlisted = list(unlisted_ports(rdma))
+    if not any(port.link_layer == "InfiniBand" for port in ports):
+        unreadable = [port for port in ports if port.link_layer is None]
+        if unreadable:
+            raise Unknown(unreadable[0].why("link_layer"))
+        if unlisted:
+            raise Unknown(unlisted[0].reason)
+        raise NotApplicable("no InfiniBand link-layer ports (RoCE and EFA have no subnet manager)")
+    yield from unlisted
+    yield from _refused_joins(kernel_log)
+    for port in ports:
+        if port.link_layer is None:
+            yield undecided(port.subject, port.why("link_layer"))
+        elif port.state is None:
+            yield undecided(port.subject, port.why("state"))
+        elif port.state in (PORT_INIT, PORT_ARMED):
+            yield present(
+                port.subject,
+                port_evidence(port, "state", "phys_state", "lid", "sm_lid", expected="4: ACTIVE with non-zero lid and sm_lid"),
+            )
+        elif port.state == PORT_ACTIVE:
+            if port.lid is None or port.sm_lid is None:
+                yield undecided(port.subject, port.why("lid" if port.lid is None else "sm_lid"))
+            elif port.lid == 0 or port.sm_lid == 0:
+                yield present(port.subject, port_evidence(port, "state", "lid", "sm_lid", expected="non-zero lid and sm_lid"))
+
+
+def _refused_joins(kernel_log: KernelLogFacts) -> Iterator[Observation]:
+    """One warning per IPoIB interface whose multicast joins failed: without the broadcast group
+    the interface has no carrier, and bootstrap traffic over it goes nowhere."""
+    by_netdev: dict[str, list[JoinFailure]] = {}
+    for failure in kernel_log.join_failures:
+        by_netdev.setdefault(failure.netdev, []).append(failure)
+    for netdev, failures in sorted(by_netdev.items()):
+        statuses = ", ".join(sorted({str(f.status) for f in failures}))
+        yield present(
+            netdev,
+            Evidence("kernel log since boot", f"{len(failures)} multicast join failure(s) (status {statuses}); last: {failures[-1].text}",
+                     "joins granted by the subnet administrator"),
+            severity=Severity.WARNING,
+        )
+
+
+# -- IB007 ------------------------------------------------------------------------------------
+def _access(node: DeviceNode, identity: JobIdentity) -> Evidence:
+    return Evidence(
+        node.path,
+        f"mode {stat_codes.filemode(node.mode)} owner {node.uid}:{node.gid}",
+        f"read-write for uid {identity.uid} (groups {','.join(map(str, identity.gids)) or 'none'}; {identity.source})",
+    )
+
+
+def _node_problem(rdma: RdmaFacts, path: str) -> Problem | None:
+    return next((p for p in rdma.problems if p.path in (path, DEV_INFINIBAND, ".preflight/devices.json")), None)
+
+
+@check("IB007", profiles=("prolog",))
+def rdma_device_nodes_missing(rdma: RdmaFacts) -> Iterator[Observation]:
+    """RDMA devices the job can see in sysfs but cannot open through /dev/infiniband."""
+    require_rdma(rdma)
+    devices = rdma.data_devices
+    if not devices:
+        raise NotApplicable("only NVSwitch management functions, no data RDMA devices")
+    if rdma.dev_infiniband is None:
+        problem = _node_problem(rdma, DEV_INFINIBAND)
+        if problem is not None:
+            raise Unknown(str(problem))
+        yield present(
+            DEV_INFINIBAND,
+            Evidence(IB_CLASS, ", ".join(d.name for d in devices)),
+            Evidence(DEV_INFINIBAND, "missing", "uverbs device nodes for every RDMA device, and rdma_cm"),
+        )
+        return
+    if rdma.verbs_class_present is None:
+        problem = next((p for p in rdma.problems if p.path.startswith((VERBS_CLASS, "/sys/module/ib_uverbs"))), None)
+        raise Unknown(f"whether ib_uverbs is loaded: {problem or 'not read'}")
+    if not rdma.verbs_class_present:
+        yield present(
+            "ib_uverbs",
+            Evidence(VERBS_CLASS, "missing, and /sys/module has no ib_uverbs: the module is not loaded", "one uverbsN per RDMA device"),
+        )
+        return
+    identity = rdma.job_identity
+    for device in devices:
+        if device.uverbs is None:
+            problem = next((p for p in rdma.problems if p.path.startswith(VERBS_CLASS)), None)
+            if problem is not None:
+                yield undecided(device.name, str(problem))
+            else:
+                yield present(device.name, Evidence(VERBS_CLASS, f"no uverbsN whose ibdev is {device.name}", "one"))
+            continue
+        path = f"{DEV_INFINIBAND}/{device.uverbs}"
+        yield from _judge_node(rdma, device.name, path, identity, Severity.ERROR)
+    if any(port.link_layer in ("InfiniBand", "Ethernet") for device in devices for port in device.ports):
+        yield from _judge_node(rdma, "rdma_cm", RDMA_CM, identity, Severity.WARNING)
+
+
+def _judge_node(
+    rdma: RdmaFacts, subject: str, path: str, identity: JobIdentity | None, severity: Severity
+) -> Iterator[Observation]:
+    """rdma_cm is a warning, and only for IB and RoCE ports: NCCL exchanges QP details over its
+    own sockets, but UCX, MPI and libfabric's verbs provider connect through rdma_cm (EFA does not)."""
+    node = rdma.node(path)
+    if node is None:
+        problem = _node_problem(rdma, path)
+        if problem is not None:
+            yield undecided(subject, str(problem))
+        else:
+            yield present(subject, Evidence(path, "missing", "a character device the job can open"), severity=severity)
+    elif not stat_codes.S_ISCHR(node.mode):
+        yield present(subject, Evidence(path, f"not a character device ({stat_codes.filemode(node.mode)})", "character device"), severity=severity)
+    elif identity is None:
+        yield undecided(subject, f"{path} exists, but the job's identity could not be read (/proc/self/status)")
+    elif not can_read_write(node, identity):
+        yield present(subject, _access(node, identity), severity=severity)

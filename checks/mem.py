@@ -1,0 +1,180 @@
+"""Pinned memory: memlock limits and what the job's buffers need (MEM references)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from preflight.model import (
+    Evidence,
+    NotApplicable,
+    Observation,
+    Severity,
+    Unknown,
+    present,
+    undecided,
+)
+from preflight.probes.memlock import SLURM_CONF_PATHS, Limit, MemlockFacts
+from preflight.registry import check
+from preflight.units import format_size
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from preflight.config import Expectations
+    from preflight.probes.gpudirect import GpuDirectFacts
+    from preflight.probes.job import JobFacts
+
+SYSTEMD_DEFAULT_MEMLOCK = 8 * 1024 * 1024  # systemd >= 253 default when DefaultLimitMEMLOCK is unset
+
+
+NCCL_MAX_CHANNELS = 64  # MAXCHANNELS in NCCL's src/include/device.h (older releases: 32)
+
+
+def _limit_evidence(limit: Limit, minimum: int) -> Evidence:
+    return Evidence(
+        limit.source,
+        f"memlock soft {format_size(limit.soft)}, hard {format_size(limit.hard)}",
+        f">= {format_size(minimum)}",
+    )
+
+
+def _require_rdma(memlock: MemlockFacts) -> None:
+    if memlock.rdma_devices is None:
+        raise Unknown(next((p for p in memlock.problems if p.startswith("/sys/class/infiniband")), "RDMA devices not read"))
+    if not memlock.rdma_devices:
+        raise NotApplicable("no RDMA devices in /sys/class/infiniband; memlock limits only bind RDMA registration")
+
+
+# SLURM_SCRIPT_CONTEXT values of scripts that slurmd itself runs (Slurm's prolog/epilog guide):
+# they inherit slurmd's limits, not the job's, so their own limit is no separate finding.
+_SLURMD_SCRIPT_CONTEXTS = frozenset({"prolog_slurmd", "epilog_slurmd"})
+
+
+def _unread_subject(path: str, memlock: MemlockFacts) -> str:
+    """The MEM001 subject an unreadable file leaves undecided ("" for files MEM001 does not use)."""
+    if path.endswith("/limits"):
+        return path
+    if (path == "/proc" or path.endswith(("/comm", "/slurmd.pid"))) and memlock.slurmd_pid is None:
+        return "slurmd"  # whether slurmd runs, and so its limit, is unknown
+    if path in SLURM_CONF_PATHS:
+        return "slurm.conf"
+    if "/slurmd.service" in path:
+        return "slurmd.service"
+    if path.startswith("/etc/security/limits"):
+        return "limits.conf"
+    if path.startswith(("/etc/systemd/system.conf", "/usr/lib/systemd/system.conf")):
+        return "slurmd.service" if memlock.slurmd_unit is not None else ""
+    return ""
+
+
+@check("MEM001", profiles=("prolog",))
+def memlock_limit_too_low(memlock: MemlockFacts, job: JobFacts, expect: Expectations) -> Iterator[Observation]:
+    """The locked-memory limit a job gets is below the site minimum."""
+    _require_rdma(memlock)
+    minimum = expect.memlock_min
+    slurmd_script = job.environ.get("SLURM_SCRIPT_CONTEXT") in _SLURMD_SCRIPT_CONTEXTS
+    # A script slurmd runs (the prolog) has slurmd's limit: its own limit decides slurmd's.
+    decided_by_process = {"slurmd"} if slurmd_script and memlock.process is not None else set()
+    for problem in memlock.problems:
+        subject = _unread_subject(problem.split(":", 1)[0], memlock)
+        if subject and subject not in decided_by_process:
+            yield undecided(subject, problem)
+    slurmd_undecided = memlock.slurmd_pid is None and any(_unread_subject(p.split(":", 1)[0], memlock) == "slurmd" for p in memlock.problems)
+    if memlock.process is not None and memlock.process.soft < minimum and not (slurmd_script and memlock.slurmd is not None):
+        # A script slurmd runs has slurmd's limit: without slurmd's own entry it is the evidence.
+        yield present("slurmd" if slurmd_script else "process", _limit_evidence(memlock.process, minimum))
+    if memlock.slurmd is not None and min(memlock.slurmd.soft, memlock.slurmd.hard) < minimum:
+        yield present(
+            "slurmd",
+            _limit_evidence(memlock.slurmd, minimum),
+            fix="Set LimitMEMLOCK=infinity for slurmd (systemctl edit slurmd), then restart slurmd; "
+            "jobs inherit slurmd's limit and cannot raise it above slurmd's hard limit.",
+        )
+    elif memlock.slurmd_pid is None and memlock.slurmd_unit is not None and not slurmd_undecided:
+        unit_limit = memlock.slurmd_unit_limit or memlock.systemd_default
+        soft = unit_limit.soft if unit_limit else SYSTEMD_DEFAULT_MEMLOCK
+        if soft < minimum:
+            source = unit_limit.source if unit_limit else f"{memlock.slurmd_unit} (no LimitMEMLOCK; systemd default)"
+            yield present(
+                "slurmd.service",
+                Evidence(source, f"slurmd will start with memlock {format_size(soft)}", f">= {format_size(minimum)}"),
+                fix="Add LimitMEMLOCK=infinity to slurmd's unit (a drop-in in /etc/systemd/system/slurmd.service.d/).",
+            )
+    if memlock.slurm_conf is not None and memlock.memlock_propagated:
+        yield present(
+            "slurm.conf",
+            Evidence(
+                memlock.slurm_conf,
+                f"MEMLOCK propagated from the submitting shell: {memlock.propagation_setting}",
+                "PropagateResourceLimitsExcept=MEMLOCK (or a list without MEMLOCK)",
+            ),
+            severity=Severity.WARNING,
+            fix="Set PropagateResourceLimitsExcept=MEMLOCK in slurm.conf so jobs take slurmd's "
+            "limit instead of the login node's, then run 'scontrol reconfigure'.",
+        )
+    for entry in memlock.pam_limits:
+        if entry.value < minimum and entry.kind in ("hard", "-"):
+            yield present(
+                f"limits.conf {entry.domain}",
+                Evidence(entry.source, f"{entry.domain} {entry.kind} memlock {format_size(entry.value)}", f">= {format_size(minimum)}"),
+                severity=Severity.WARNING,
+                fix=f"Raise or remove the memlock line at {entry.source}; ssh-launched ranks (mpirun, pdsh) get it.",
+            )
+
+
+def _parse_buffsize(value: str) -> int | None:
+    try:
+        number = int(value.strip(), 0)
+    except ValueError:
+        return None
+    return number if number > 0 else None
+
+
+@check("MEM002", profiles=("prolog",))
+def nccl_buffsize_exceeds_pinned_memory(
+    job: JobFacts, memlock: MemlockFacts, gpudirect: GpuDirectFacts
+) -> Iterator[Observation]:
+    """NCCL_BUFFSIZE is too large for the job's locked-memory limit or the host's memory."""
+    setting = job.nccl("NCCL_BUFFSIZE")
+    if setting is None:
+        return  # NCCL's default of 4 MiB applies
+    source = "environment" if setting.origin == "environment" else setting.origin
+    where = "/proc/self/environ NCCL_BUFFSIZE" if source == "environment" else f"{source} NCCL_BUFFSIZE"
+    buffsize = _parse_buffsize(setting.value)
+    if buffsize is None:
+        yield present("NCCL_BUFFSIZE", Evidence(where, repr(setting.value), "a positive byte count such as 4194304"))
+        return
+    # The smallest footprint NCCL can have over the network: one channel, one send and one
+    # receive buffer, each registered with the NIC and so charged to RLIMIT_MEMLOCK.
+    smallest = 2 * buffsize
+    # slurmd first: on a tie its limit is the one jobs inherit, the clearer evidence.
+    limits = [limit for limit in (memlock.slurmd, memlock.process) if limit is not None]
+    if memlock.rdma_devices is None and limits and min(limit.soft for limit in limits) < smallest:
+        # Too low for registration, if the node has RDMA devices: that is not known.
+        yield undecided("NCCL_BUFFSIZE", next((p for p in memlock.problems if p.startswith("/sys/class/infiniband")), "RDMA devices not read"))
+        return
+    if memlock.rdma_devices and limits:
+        tightest = min(limits, key=lambda limit: limit.soft)
+        if tightest.soft < smallest:
+            yield present(
+                "NCCL_BUFFSIZE",
+                Evidence(where, format_size(buffsize)),
+                Evidence(tightest.source, f"memlock soft {format_size(tightest.soft)}", f">= {format_size(smallest)} (2 x NCCL_BUFFSIZE)"),
+            )
+            return
+    # The largest footprint: every channel of every local GPU with a send and a receive buffer
+    # in pinned host memory (the case without GPUDirect RDMA).
+    gpus = max(1, gpudirect.nvidia_gpus or 0)  # unknown: the smallest footprint, still a lower bound
+    largest = 2 * buffsize * NCCL_MAX_CHANNELS * gpus
+    if memlock.mem_total is not None and largest > memlock.mem_total // 2:
+        yield present(
+            "NCCL_BUFFSIZE",
+            Evidence(where, format_size(buffsize)),
+            Evidence(
+                "/proc/meminfo MemTotal",
+                f"{format_size(memlock.mem_total)}; up to {format_size(largest)} pinned "
+                f"(2 x {NCCL_MAX_CHANNELS} channels x {gpus} GPUs x NCCL_BUFFSIZE)",
+                "at most half of host memory",
+            ),
+            severity=Severity.WARNING,
+        )

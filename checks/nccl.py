@@ -1,0 +1,175 @@
+"""NCCL libraries, versions and settings of the job (NCCL references)."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from preflight.model import (
+    Evidence,
+    NotApplicable,
+    Observation,
+    Severity,
+    present,
+)
+from preflight.nccl.releases import RAS_INIT_RACE, SPLIT_NONBLOCKING, release_findings, require_nccl
+from preflight.probes.frameworks import FrameworkFacts, parse_version
+from preflight.probes.job import JobFacts, integer_setting, setting_evidence, slurm_view, switched_off
+from preflight.probes.nccl_libs import NcclCopy, NcclLibFacts, python_prefixes
+from preflight.registry import check
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+NCCL_ALGORITHMS = ("tree", "ring", "collnetdirect", "collnetchain", "nvls", "nvlstree", "pat")
+
+
+def allreduce_algorithms(value: str) -> set[str] | None:
+    """The algorithms NCCL_ALGO leaves enabled for all-reduce; None when NCCL would reject it."""
+    enabled = set(NCCL_ALGORITHMS)
+    for position, entry in enumerate(value.split(";")):
+        prefix, colon, items = entry.rpartition(":")
+        if not colon:
+            if position:
+                return None  # only the first entry may lack a prefix
+            prefix, items = "", entry
+        if prefix and prefix.lower() != "allreduce":
+            continue
+        negate = items.startswith("^")
+        names = {item.lower() for item in (items[1:] if negate else items).split(",") if item}
+        if not names <= set(NCCL_ALGORITHMS):
+            return None
+        enabled = set(NCCL_ALGORITHMS) - names if negate else names
+    return enabled
+
+
+def _is_power_of_two(count: int) -> bool:
+    return count > 0 and count & (count - 1) == 0
+
+
+@check("NCCL015", profiles=("prolog",))
+def tree_algorithm_hang(job: JobFacts) -> Iterator[Observation]:
+    """NCCL_ALGO leaves all-reduce only Tree (no Ring to fall back on), worst at rank or node
+    counts that are not a power of two."""
+    setting = job.nccl("NCCL_ALGO")
+    if setting is None:
+        return
+    enabled = allreduce_algorithms(setting.value)
+    if enabled is None or "tree" not in enabled or "ring" in enabled:
+        return
+    view = slurm_view(job)
+    if view.nnodes == 1:
+        return  # Tree runs between nodes; a one-node job does not use it for all-reduce
+    world = integer_setting(job.environ, "WORLD_SIZE") or view.ntasks
+    where = "/proc/self/environ" if setting.origin == "environment" else setting.origin
+    evidence = [Evidence(f"{where} NCCL_ALGO", repr(setting.value), "unset, or a list that keeps Ring for all-reduce")]
+    odd = [(name, count) for name, count in (("nodes", view.nnodes), ("ranks", world)) if count is not None and not _is_power_of_two(count)]
+    evidence += [Evidence("/proc/self/environ", f"{count} {name}", "a power of two while Tree is forced") for name, count in odd]
+    yield present("NCCL_ALGO", *evidence, severity=None if odd else Severity.WARNING)
+
+
+# Releases with a crash NCCL's own tracker ties to them (references/NCCL012.toml).
+RAS_CRASH_VERSIONS = frozenset({"2.27.3"})
+
+
+def job_copies(libs: NcclLibFacts, job: JobFacts) -> list[NcclCopy]:
+    """Copies the job's LD_LIBRARY_PATH or LD_PRELOAD puts first, as recorded by the probe."""
+    preload = [entry for entry in re.split(r"[\s:]+", job.environ.get("LD_PRELOAD", "")) if "libnccl" in entry]
+    search = [entry.rstrip("/") for entry in job.environ.get("LD_LIBRARY_PATH", "").split(":") if entry]
+    chosen = []
+    for copy in libs.copies:
+        folder = copy.path.rsplit("/", 1)[0]
+        if copy.path in preload or folder in search:
+            chosen.append(NcclCopy(copy.path, copy.version, "job"))
+    return chosen
+
+
+def framework_copies(libs: NcclLibFacts, job: JobFacts) -> list[NcclCopy]:
+    """The NCCL wheels the job's frameworks load: those in the environment the job names
+    (``$VIRTUAL_ENV``, ``$CONDA_PREFIX``) when it has one, else every Python environment's."""
+    wheels = [copy for copy in libs.copies if copy.origin == "python"]
+    prefixes = tuple(f"{prefix}/" for prefix in python_prefixes(job.environ))
+    own = [copy for copy in wheels if copy.path.startswith(prefixes)] if prefixes else []
+    return own or wheels
+
+
+@check("NCCL016", profiles=("full",))
+def nccl_library_conflict(nccl_libs: NcclLibFacts, job: JobFacts) -> Iterator[Observation]:
+    """A job here can load two different NCCL builds: its search path overrides the framework's
+    copy, or the system library path itself holds different versions."""
+    if not nccl_libs.copies:
+        raise NotApplicable("no libnccl on this node's library path or in its Python environments")
+    wheel = {c.version for c in framework_copies(nccl_libs, job) if c.version}
+    overrides = [c for c in job_copies(nccl_libs, job) if c.version and wheel and c.version not in wheel]
+    if overrides:
+        yield present(
+            "job environment",
+            *(Evidence("LD_LIBRARY_PATH/LD_PRELOAD", f"{c.path} (NCCL {c.version})", f"NCCL {', '.join(sorted(wheel))} as the framework's wheel ships") for c in overrides),
+        )
+    system = sorted({c.version for c in nccl_libs.copies if c.origin == "system" and c.version})
+    if len(system) > 1:
+        yield present(
+            "library path",
+            *(Evidence(c.path, f"NCCL {c.version}") for c in nccl_libs.copies if c.origin == "system" and c.version),
+            Evidence("ld.so search path", f"{len(system)} versions: {', '.join(system)}", "one NCCL version"),
+        )
+
+
+@check("NCCL012", profiles=("full",))
+def nccl_ras_query_crash(nccl_libs: NcclLibFacts, job: JobFacts) -> Iterator[Observation]:
+    """An NCCL release with the RAS crash is installed and RAS is not switched off for jobs."""
+    if not nccl_libs.copies:
+        raise NotApplicable("no libnccl on this node's library path or in its Python environments")
+    ras = job.nccl("NCCL_RAS_ENABLE")
+    if ras is not None and ras.value.strip() == "0":
+        return
+    for copy in nccl_libs.copies:
+        if copy.version in RAS_CRASH_VERSIONS:
+            yield present(
+                copy.path,
+                Evidence(copy.path, f"NCCL {copy.version}", "a release without the RAS query crash"),
+                Evidence("NCCL_RAS_ENABLE", ras.value if ras else "unset (RAS on by default)", "0 until NCCL is upgraded"),
+            )
+
+
+def _nonblocking_triggers(job: JobFacts, frameworks: FrameworkFacts) -> tuple[list[Evidence], bool]:
+    """Evidence that the job splits or creates non-blocking communicators, and whether it is only
+    a risk (a PyTorch release that turns non-blocking on when init_process_group gets device_id)."""
+    found: list[Evidence] = []
+    torch_env = job.environ.get("TORCH_NCCL_USE_COMM_NONBLOCKING", "").strip().lower()
+    if torch_env in ("1", "true", "yes", "y", "on"):
+        found.append(Evidence("/proc/self/environ TORCH_NCCL_USE_COMM_NONBLOCKING", torch_env, "0 or unset"))
+    share = job.nccl("NCCL_COMM_SPLIT_SHARE_RESOURCES")
+    if share is not None and share.value.strip() == "1":
+        found.append(setting_evidence(job, "NCCL_COMM_SPLIT_SHARE_RESOURCES", "0 or unset"))
+    if found:
+        return found, False
+    if torch_env in ("0", "false", "no", "n", "off"):
+        return [], False
+    for torch in frameworks.versions("torch"):
+        version = parse_version(torch.version)
+        # PyTorch 2.6 and 2.7.0 make eagerly initialised groups non-blocking (pytorch#138527);
+        # 2.7.1 turned that off again (pytorch#154055).
+        if version is not None and (2, 6) <= version[:2] and version[:3] < (2, 7, 1):
+            found.append(Evidence(torch.metadata, f"PyTorch {torch.version}: non-blocking communicators when init_process_group gets device_id", "PyTorch 2.7.1 or newer, or TORCH_NCCL_USE_COMM_NONBLOCKING=0"))
+    return found, True
+
+
+@check("NCCL018", profiles=("full",))
+def nccl_commsplit_nonblocking_segfault(nccl_libs: NcclLibFacts, job: JobFacts, frameworks: FrameworkFacts) -> Iterator[Observation]:
+    """An NCCL release before 2.27.3 with a job that creates non-blocking or resource-sharing
+    split communicators."""
+    require_nccl(nccl_libs)
+    triggers, only_risk = _nonblocking_triggers(job, frameworks)
+    if triggers:
+        yield from release_findings(nccl_libs, SPLIT_NONBLOCKING, *triggers, severity=Severity.WARNING if only_risk else None)
+
+
+@check("NCCL013", profiles=("full",))
+def nccl_ras_init_race(nccl_libs: NcclLibFacts, job: JobFacts) -> Iterator[Observation]:
+    """An NCCL release from 2.24 to 2.26 with RAS on (its default); as for NCCL012, a status query
+    is what crashes it, and nothing on the node says nobody will query."""
+    require_nccl(nccl_libs)
+    if switched_off(job, "NCCL_RAS_ENABLE"):
+        return
+    yield from release_findings(nccl_libs, RAS_INIT_RACE, setting_evidence(job, "NCCL_RAS_ENABLE", "0 until NCCL is upgraded (unset: RAS on)"))

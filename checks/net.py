@@ -1,0 +1,326 @@
+"""Interface selection and routing for NCCL's sockets (NET references)."""
+
+from __future__ import annotations
+
+import ipaddress
+from itertools import chain
+from typing import TYPE_CHECKING
+
+from preflight.model import (
+    Evidence,
+    NotApplicable,
+    Observation,
+    Severity,
+    Status,
+    present,
+    undecided,
+)
+from preflight.probes.nccl_socket import (
+    DEFAULT_ORDER,
+    FAMILIES,
+    IfAddr,
+    NcclSocketFacts,
+    SocketChoice,
+    comm_id_host,
+    parse_ifname_list,
+    shown,
+)
+from preflight.probes.routing import CONF, RoutingFacts
+from preflight.records import frozen
+from preflight.registry import check
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator
+
+ARP_FIX = (
+    "Set net.ipv4.conf.all.arp_ignore=1 and net.ipv4.conf.all.arp_announce=2 so each interface answers ARP "
+    "only for its own address (ARP flux), and give each interface a source-routing table (ip rule from <addr> table N)."
+)
+
+
+# -- NET004 -----------------------------------------------------------------------------------
+@check("NET004")
+def nccl_socket_network_unreachable(routing: RoutingFacts) -> Iterator[Observation]:
+    """A peer none of whose addresses has a route from this node."""
+    for setting, reason in routing.peer_problems:
+        yield undecided(setting, f"cannot list the peers it names: {reason}")
+    if not routing.peers and not routing.peer_problems:
+        raise NotApplicable("no peers to reach: no SLURM_JOB_NODELIST, MASTER_ADDR or NCCL_COMM_ID, no [expect] peers")
+    for peer in routing.peers:
+        origin = Evidence(" / ".join(peer.origins), peer.name)
+        if not peer.addresses:
+            yield undecided(peer.name, f"{peer.name} does not resolve here ({peer.resolve_error})", origin)
+            continue
+        if any(route.reachable for route in peer.routes):
+            continue
+        if peer.route_errors:
+            yield undecided(peer.name, f"route lookup failed: {'; '.join(peer.route_errors)}", origin)
+            continue
+        yield present(
+            peer.name,
+            origin,
+            *(Evidence(route.where, route.describe(), "a route") for route in peer.routes),
+        )
+
+
+# -- NET005 -----------------------------------------------------------------------------------
+def _entry_state(entry: str, exact: bool, facts: NcclSocketFacts) -> str:
+    """Why one NCCL_SOCKET_IFNAME entry selects nothing usable."""
+    links = [link for link in facts.links if (link.name == entry if exact else link.name.startswith(entry))]
+    if not links:
+        return f"{entry}: no such interface"
+    parts = []
+    for link in links:
+        addresses = [item for item in facts.candidates if item.ifname == link.name]
+        if link.operstate not in ("up", "unknown"):
+            parts.append(f"{link.name} is {link.operstate}")
+        elif not addresses:
+            parts.append(f"{link.name} has no IP address")
+        else:
+            parts.append(f"{link.name}: {', '.join(shown(item) for item in addresses)}")
+    return f"{entry}: {'; '.join(parts)}"
+
+
+def _selection_problems(facts: NcclSocketFacts) -> Iterator[Observation]:
+    setting = facts.socket_ifname
+    if setting is not None and len(setting.value) <= 1:
+        yield present(
+            "NCCL_SOCKET_IFNAME",
+            Evidence(f"{setting.origin} NCCL_SOCKET_IFNAME", repr(setting.value), "longer than one character (NCCL ignores it otherwise)"),
+            severity=Severity.WARNING,
+        )
+    family = f" with NCCL_SOCKET_FAMILY={facts.socket_family.value}" if facts.socket_family is not None else ""
+    if not facts.devices.interfaces:
+        # NCCL: "Bootstrap : no socket interface found" / "NET/Socket : no interface found".
+        evidence = [
+            Evidence(facts.devices.source, facts.devices.rule),
+            Evidence("getifaddrs", f"no running interface with an address matches{family}", "one interface"),
+        ]
+        spec = parse_ifname_list(facts.devices.rule)
+        if facts.devices.source != DEFAULT_ORDER and not spec.exclude:
+            evidence += [Evidence("network interfaces", _entry_state(entry, spec.exact, facts)) for entry in spec.entries]
+        yield present("NCCL_SOCKET_IFNAME" if facts.devices.source != DEFAULT_ORDER else "node", *evidence)
+    elif not facts.bootstrap.interfaces:
+        # NCCL: "NET/Socket : No usable listening interface found".
+        yield present(
+            "NCCL_COMM_ID",
+            Evidence(facts.bootstrap.source, facts.bootstrap.rule),
+            Evidence("getifaddrs", "no local address in that subnet", "an interface in the subnet of NCCL_COMM_ID's address"),
+        )
+
+
+def _route_mismatch(facts: NcclSocketFacts, routing: RoutingFacts) -> Iterator[Observation]:
+    if not facts.bootstrap.interfaces:
+        return
+    picked = facts.bootstrap.interfaces[0]
+    elsewhere = [
+        (peer, route) for peer in routing.peers for route in peer.routes[:1]
+        if route.reachable and route.route_type != "local" and route.ifname != picked.ifname
+    ]
+    unresolved = [peer.name for peer in routing.peers if not peer.addresses]
+    if not elsewhere and unresolved and routing.problems:
+        # A peer may be unresolved only because /etc/hosts could not be read.
+        yield undecided(picked.ifname, f"peers {', '.join(unresolved[:4])} unresolved; {routing.problems[0]}")
+    if elsewhere:
+        chosen = facts.socket_ifname is not None and len(facts.socket_ifname.value) > 1
+        yield present(
+            picked.ifname,
+            Evidence(facts.bootstrap.source, facts.bootstrap.rule),
+            Evidence("getifaddrs", f"bootstrap: {shown(picked)}"),
+            *(Evidence(route.where, f"{peer.name}: {route.describe()}", f"dev {picked.ifname}") for peer, route in elsewhere[:8]),
+            # A deliberate NCCL_SOCKET_IFNAME on a separate data network is common; say so quietly.
+            severity=Severity.INFO if chosen else Severity.WARNING,
+        )
+
+
+def _multi_rail(routing: RoutingFacts) -> Iterator[Observation]:
+    for group in routing.same_subnet:
+        names = ", ".join(f"{m.ifname}:{m.address}/{m.prefixlen}" for m in group)
+        shared = Evidence("ip -4 address", f"same subnet: {names}", "one subnet per interface, or per-interface source routing")
+        for member in group:
+            knob = f"{CONF}/{{all,{member.ifname}}}"
+            unknown: list[str] = []
+            rp_evidence: list[Evidence] = []
+            strict, route = member.rp_filter.effective, member.return_route
+            if strict is None:
+                unknown.append("rp_filter unreadable")
+            elif strict == 1 and route is None:
+                unknown.append(f"rp_filter is strict and the reply route is unknown: {member.return_route_error or 'no address to look up'}")
+            elif strict == 1 and route is not None and route.ifname != member.ifname:
+                rp_evidence = [
+                    Evidence(f"{knob}/rp_filter", f"{member.rp_filter.all}, {member.rp_filter.interface} (effective 1: strict)", "0 or 2, or replies routed back out of this interface"),
+                    Evidence(route.where, route.describe(), f"dev {member.ifname}"),
+                ]
+            ignore, announce = member.arp_ignore.effective, member.arp_announce.effective
+            arp_evidence: list[Evidence] = []
+            if ignore is None or announce is None:
+                unknown.append("arp_ignore/arp_announce unreadable")
+            elif ignore < 1 or announce < 2:
+                arp_evidence = [
+                    Evidence(f"{knob}/arp_ignore", f"{member.arp_ignore.all}, {member.arp_ignore.interface} (effective {ignore})", ">= 1"),
+                    Evidence(f"{knob}/arp_announce", f"{member.arp_announce.all}, {member.arp_announce.interface} (effective {announce})", ">= 2"),
+                ]
+            if rp_evidence:
+                yield present(member.ifname, shared, *rp_evidence, *arp_evidence)
+            elif arp_evidence:
+                yield present(member.ifname, shared, *arp_evidence, severity=Severity.WARNING, fix=ARP_FIX)
+            elif unknown:
+                yield undecided(member.ifname, "; ".join(unknown), shared)
+
+
+def merge_by_subject(observations: Iterable[Observation]) -> list[Observation]:
+    """One observation per subject (one report row): a present one wins over an undecided one;
+    two present ones join their evidence and keep the stronger severity (None is the
+    reference's own, the strongest here)."""
+    merged: dict[str, Observation] = {}
+    for item in observations:
+        earlier = merged.get(item.subject)
+        if earlier is None or (earlier.status is not Status.PRESENT and item.status is Status.PRESENT):
+            merged[item.subject] = item
+        elif earlier.status is Status.PRESENT and item.status is Status.PRESENT:
+            severity = None if earlier.severity is None or item.severity is None else max(earlier.severity, item.severity, key=lambda s: s.rank)
+            fix = earlier.fix if earlier.fix == item.fix else ""
+            merged[item.subject] = Observation(item.subject, earlier.evidence + item.evidence, severity, fix)
+    return list(merged.values())
+
+
+@check("NET005")
+def nccl_wrong_socket_interface(nccl_socket: NcclSocketFacts, routing: RoutingFacts) -> Iterator[Observation]:
+    """NCCL selects nothing usable, or an interface the peers are not reached through; or
+    several interfaces share a subnet with strict reverse-path filtering or ARP flux."""
+    yield from merge_by_subject(chain(_selection_problems(nccl_socket), _route_mismatch(nccl_socket, routing), _multi_rail(routing)))
+
+
+# Interfaces that never carry traffic between nodes: name prefixes (Docker, libvirt, CNI plugins,
+# overlays, VPNs) and link kinds (the container side of a Docker bridge network is a veth named eth0).
+VIRTUAL_PREFIXES = {
+    "docker": "Docker bridge", "br-": "Docker user-defined bridge", "veth": "veth pair", "virbr": "libvirt bridge",
+    "cni": "CNI bridge", "cbr": "kubenet bridge", "flannel": "flannel overlay", "cali": "Calico veth",
+    "vxlan": "VXLAN overlay", "tunl": "IP-in-IP tunnel", "cilium": "Cilium device", "lxc": "container veth",
+    "lxcbr": "LXC bridge", "podman": "Podman bridge", "weave": "Weave overlay", "kube-ipvs": "kube-proxy IPVS dummy",
+    "nodelocaldns": "node-local DNS dummy", "tailscale": "Tailscale VPN", "genev": "Geneve tunnel",
+}
+
+
+VIRTUAL_KINDS = {
+    "veth": "veth pair", "vxlan": "VXLAN overlay", "geneve": "Geneve tunnel", "ipip": "IP-in-IP tunnel",
+    "dummy": "dummy device", "tun": "tun device", "wireguard": "WireGuard tunnel",
+}
+
+
+# -- helpers shared by the checks -------------------------------------------------------------
+@frozen
+class Use:
+    """One interface NCCL would use, and for what."""
+
+    purpose: str
+    primary: bool  # bootstrap or the first device, which every NCCL job uses
+    choice: SocketChoice
+    interface: IfAddr
+
+    def setting(self) -> Evidence:
+        return Evidence(self.choice.source, self.choice.rule)
+
+
+def uses(facts: NcclSocketFacts) -> list[Use]:
+    """Bootstrap, the first device (IB out-of-band, or socket transport) and, when the socket
+    transport carries data, its other devices; one entry per interface, first purpose wins."""
+    found = [Use("bootstrap", True, facts.bootstrap, item) for item in facts.bootstrap.interfaces]
+    first = "first socket transport device" if facts.socket_transport else "IB out-of-band socket"
+    found += [Use(first, True, facts.devices, item) for item in facts.devices.interfaces[:1]]
+    if facts.socket_transport:
+        found += [Use(f"socket transport device {n}", False, facts.devices, item) for n, item in enumerate(facts.devices.interfaces[1:], 1)]
+    unique: dict[str, Use] = {}
+    for use in found:
+        unique.setdefault(use.interface.ifname, use)
+    return list(unique.values())
+
+
+def virtual_reason(item: IfAddr) -> str:
+    """Why ``item`` cannot carry traffic between nodes, "" when it may."""
+    if item.link_type == "loopback" or item.ifname == "lo" or ipaddress.ip_address(item.address).is_loopback:
+        return "loopback"
+    for prefix, what in VIRTUAL_PREFIXES.items():
+        if item.ifname.startswith(prefix):
+            return what
+    return VIRTUAL_KINDS.get(item.kind, "")
+
+
+def _is_link_local(item: IfAddr) -> bool:
+    return item.family == 6 and item.scope == "link"
+
+
+# -- NET001 -----------------------------------------------------------------------------------
+@check("NET001")
+def nccl_virtual_interface_selected(nccl_socket: NcclSocketFacts) -> Iterator[Observation]:
+    """NCCL would bind to a loopback, container, bridge, overlay or VPN interface."""
+    for use in uses(nccl_socket):
+        reason = virtual_reason(use.interface)
+        if not reason or _is_link_local(use.interface):
+            continue  # an IPv6 link-local pick is NET003's case
+        yield present(
+            use.interface.ifname,
+            use.setting(),
+            Evidence("getifaddrs", f"{use.purpose}: {shown(use.interface)} ({reason})", "an interface routable between nodes"),
+        )
+
+
+# -- NET002 -----------------------------------------------------------------------------------
+def _is_ipv6_literal(text: str) -> bool:
+    try:
+        return ipaddress.ip_address(text.strip("[]").split("%", 1)[0]).version == 6
+    except ValueError:
+        return False
+
+
+@check("NET002")
+def ipv6_address_family_mismatch(nccl_socket: NcclSocketFacts) -> Iterator[Observation]:
+    """IPv6 asked for where the kernel has none, an ignored family setting, or an IPv6 pick
+    nobody asked for."""
+    family = nccl_socket.socket_family
+    if family is not None and family.value not in FAMILIES:
+        yield present(
+            "NCCL_SOCKET_FAMILY",
+            Evidence(f"{family.origin} NCCL_SOCKET_FAMILY", family.value, "AF_INET or AF_INET6 (anything else is ignored)"),
+            severity=Severity.WARNING,
+        )
+    if nccl_socket.ipv6 in ("disabled", "off at boot"):
+        ipv6_source = Evidence(
+            "/proc/sys/net/ipv6" if nccl_socket.ipv6 == "off at boot" else "/proc/sys/net/ipv6/conf/all/disable_ipv6",
+            "absent (ipv6.disable=1 at boot)" if nccl_socket.ipv6 == "off at boot" else "1",
+            "IPv6 available, or IPv4-only settings",
+        )
+        if family is not None and family.value == "AF_INET6":
+            yield present("NCCL_SOCKET_FAMILY", Evidence(f"{family.origin} NCCL_SOCKET_FAMILY", family.value), ipv6_source)
+        if nccl_socket.comm_id is not None and _is_ipv6_literal(comm_id_host(nccl_socket.comm_id.value)):
+            yield present("NCCL_COMM_ID", Evidence(f"{nccl_socket.comm_id.origin} NCCL_COMM_ID", nccl_socket.comm_id.value), ipv6_source)
+        if _is_ipv6_literal(nccl_socket.master_addr):
+            yield present("MASTER_ADDR", Evidence("environment MASTER_ADDR", nccl_socket.master_addr), ipv6_source)
+    if family is not None and family.value == "AF_INET6":
+        return  # IPv6 was asked for
+    for use in uses(nccl_socket):
+        item = use.interface
+        if use.primary and item.family == 6 and not _is_link_local(item):
+            yield present(
+                item.ifname,
+                use.setting(),
+                Evidence("getifaddrs", f"{use.purpose}: {shown(item)} (the interface has no IPv4 address)", "an IPv4 address, or NCCL_SOCKET_FAMILY=AF_INET6 on every node"),
+                severity=Severity.WARNING,
+            )
+
+
+# -- NET003 -----------------------------------------------------------------------------------
+@check("NET003")
+def nccl_proxy_connect_ipv6_link_local(nccl_socket: NcclSocketFacts) -> Iterator[Observation]:
+    """NCCL would publish an IPv6 link-local address, reachable only on its own link."""
+    for use in uses(nccl_socket):
+        if _is_link_local(use.interface):
+            yield present(
+                use.interface.ifname,
+                use.setting(),
+                Evidence(
+                    "getifaddrs",
+                    f"{use.purpose}: {shown(use.interface)} (IPv6 link-local; no IPv4 or global IPv6 address)",
+                    "an IPv4 or global IPv6 address",
+                ),
+            )

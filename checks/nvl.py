@@ -1,0 +1,270 @@
+"""NVLink, NVSwitch fabric and NVLS (NVL references)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from preflight.model import (
+    Evidence,
+    NotApplicable,
+    Observation,
+    Severity,
+    Unknown,
+    present,
+    undecided,
+)
+from preflight.nccl.ib import nccl_selection
+from preflight.nccl.releases import MNNVL_STACK, NVLS_DUAL_PORT, affected, release_findings, require_nccl
+from preflight.probes.job import setting_evidence, switched_off
+from preflight.probes.nccl_platform import NcclPlatformFacts
+from preflight.probes.nvlink import GpuNvlinks, NvlinkFacts, require_nvml
+from preflight.probes.rdma import RdmaFacts, require_rdma
+from preflight.registry import check
+from preflight.units import UNLIMITED, format_size
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from preflight.config import Expectations
+    from preflight.probes.fabric import FabricFacts, FabricManager
+    from preflight.probes.gpus import GpuFacts
+    from preflight.probes.job import JobFacts
+    from preflight.probes.nccl_libs import NcclLibFacts
+
+# A fabric manager that first started this long after boot was restarted (or started by hand);
+# at boot it starts with the driver, within a minute or two. Generous, so that a driver
+# container installing the driver after boot does not count.
+LATE_START_S = 30 * 60
+
+
+FABRIC_STATES = {0: "not supported", 1: "not started", 2: "in progress", 3: "completed"}
+
+
+_COMPLETED = 3
+
+
+_API_MISSING = ("NVML_ERROR_FUNCTION_NOT_FOUND", "NVML_ERROR_NOT_SUPPORTED")
+
+
+def _manager_missing(manager: FabricManager) -> Evidence:
+    return Evidence("/proc/*/comm, /proc/net/tcp", "no nv-fabricmanager process and nothing listening on its command port",
+                    "nvidia-fabricmanager running on NVSwitch systems")
+
+
+@check("NVL006", profiles=("full",))
+def nvls_multicast_init_failure(fabric: FabricFacts, job: JobFacts) -> Iterator[Observation]:
+    """GPUs outside a completed NVLink fabric, or an NVSwitch system without its fabric manager."""
+    if not fabric.nvswitches and fabric.nvswitch_problem:
+        raise Unknown(f"cannot tell whether this node has NVSwitches: {fabric.nvswitch_problem}")
+    if not fabric.nvidia_functions and not fabric.gpus:
+        raise NotApplicable("no NVIDIA GPU or NVSwitch on this node's PCI bus")
+    if not fabric.nvswitches and fabric.nvml_error in ("NVML_REPLAY_UNREADABLE", "NVML_UNEXPECTED_ANSWER", "NVML_NOT_RECORDED"):
+        raise Unknown(f"NVML answers are not available ({fabric.nvml_error}): a multi-node fabric cannot be looked for")
+    if not fabric.nvswitches and fabric.nvml_error:
+        # GPU001 reports a broken NVML; here it only means a GB200-style tray cannot be recognised.
+        raise NotApplicable(f"no NVSwitch on this node (NVML unavailable, {fabric.nvml_error}, to look for a multi-node fabric)")
+    if not fabric.nvswitches and not fabric.multi_node_tray:
+        raise NotApplicable("no NVSwitch on this node and no GPU in a multi-node NVLink fabric")
+    if fabric.nvml_error == "NVML_NOT_RECORDED":
+        raise Unknown("no NVML answers recorded for this root")
+    if fabric.nvml_error:
+        raise Unknown(f"NVML unavailable ({fabric.nvml_error}); the fabric state cannot be read")
+    nvls = job.nccl("NCCL_NVLS_ENABLE")
+    forced = [Evidence(f"NCCL_NVLS_ENABLE ({nvls.origin})", nvls.value, "unset, or 0 until the fabric is fixed")] if nvls and nvls.value.strip() == "1" else []
+    manager = fabric.fabric_manager
+    if fabric.nvswitches:
+        # The fabric manager serves NVLS multicast setup while jobs run: a fabric that completed
+        # at boot is not enough once it is gone.
+        if not manager.running:
+            if manager.host_view:
+                yield present("fabric manager", _manager_missing(manager),
+                              Evidence("/sys/bus/pci/devices", f"{len(fabric.nvswitches)} NVSwitches"), *forced)
+            else:
+                why = "/proc could not be scanned" if manager.host_view is None else f"PID 1 is {manager.pid1 or 'unreadable'}, not the host's init"
+                yield undecided("fabric manager", f"no nv-fabricmanager process seen, but {why}: this is not the host's process table")
+    if fabric.gpus and all(gpu.error in _API_MISSING for gpu in fabric.gpus):
+        return  # a driver without the fabric-info API: the fabric manager is all there is to check
+    for gpu in fabric.gpus:
+        if gpu.error:
+            yield undecided(f"GPU{gpu.index}", f"nvmlDeviceGetGpuFabricInfo: {gpu.error}")
+        elif gpu.state != _COMPLETED or gpu.status != 0:
+            state = FABRIC_STATES.get(gpu.state or 0, f"state {gpu.state}")
+            evidence = [Evidence("nvmlDeviceGetGpuFabricInfo", f"fabric {state}, status {gpu.status}", "completed, status 0 (success)")]
+            if fabric.multi_node_tray:
+                evidence.append(Evidence("nvmlDeviceGetGpuFabricInfo", f"cluster {gpu.cluster_uuid}, clique {gpu.clique_id}",
+                                         "registered with the NVLink switch trays' fabric manager"))
+            yield present(f"GPU{gpu.index}", *evidence, *forced)
+
+
+def _duration(seconds: float) -> str:
+    minutes = int(seconds // 60)
+    return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
+
+
+@check("NVL004", profiles=("full",))
+def nvls_cuda_invalid_argument(fabric: FabricFacts) -> Iterator[Observation]:
+    """A fabric manager on an NVSwitch system that started long after boot: restarted, so NVLS
+    multicast state may be invalid until the node reboots."""
+    if not fabric.nvswitches and fabric.nvswitch_problem:
+        raise Unknown(f"cannot tell whether this node has NVSwitches: {fabric.nvswitch_problem}")
+    if not fabric.nvswitches:
+        raise NotApplicable("no NVSwitch on this node: no fabric manager runs here")
+    manager = fabric.fabric_manager
+    if not manager.pids:
+        if manager.running:
+            yield undecided("fabric manager", f"its command socket listens ({manager.listening}) but no process is visible to date its start")
+            return
+        unread = [p for p in manager.problems if p.split(": ", 1)[0].endswith("/comm") or p.split(": ", 1)[0] == "/proc"]
+        if unread:  # the process may be the one whose name could not be read
+            yield undecided("fabric manager", f"cannot tell whether nv-fabricmanager runs: {unread[0]}")
+            return
+        raise NotApplicable("no fabric manager process running (NVL006 reports that)")
+    pid = manager.pids[0]
+    if manager.started_after_boot_s is None:
+        yield undecided("fabric manager", f"/proc/{pid}/stat could not be read to tell when nv-fabricmanager started")
+    elif manager.started_after_boot_s > LATE_START_S:
+        yield present(
+            "fabric manager",
+            Evidence(f"/proc/{pid}/stat", f"nv-fabricmanager (pid {pid}) started {_duration(manager.started_after_boot_s)} after boot",
+                     f"started at boot (within {LATE_START_S // 60} min), not restarted since"),
+            severity=Severity.WARNING,
+        )
+
+
+FABRIC_COMPLETED = 3
+
+
+SAFE_STACK = 8192 * 1024  # NCCL's SAFE_STACK_SIZE: the Linux default limit, known to be enough
+
+
+# Scripts slurmd runs itself carry slurmd's limits, not the job's (Slurm's prolog/epilog guide).
+_SLURMD_SCRIPT_CONTEXTS = frozenset({"prolog_slurmd", "epilog_slurmd"})
+
+
+# -- checks -------------------------------------------------------------------------------------
+@check("NVL005", profiles=("full",))
+def nvls_dual_port_nic_corruption(nccl_libs: NcclLibFacts, nccl_platform: NcclPlatformFacts, rdma: RdmaFacts, job: JobFacts) -> Iterator[Observation]:
+    """NCCL 2.18-2.20.2 with NVLS on an NVSwitch node whose NCCL selection uses both ports of a
+    dual-port NIC."""
+    require_nccl(nccl_libs)
+    if not nccl_platform.nvswitches:
+        nccl_platform.require_classified("no NVSwitch")
+        raise NotApplicable("no NVSwitch on this node: NVLS cannot run")
+    require_rdma(rdma)  # unknown when the RDMA devices could not be listed
+    if switched_off(job, "NCCL_NVLS_ENABLE"):
+        return
+    selection = nccl_selection(rdma, job)
+    if selection.unlisted:
+        raise Unknown(selection.unlisted[0])
+    if selection.undecided:
+        port = selection.undecided[0]
+        raise Unknown(port.why("state" if port.state is None else "link_layer"))
+    adapters: dict[str, list[str]] = {}
+    for port in selection.ports:
+        device = rdma.device(port.device)
+        address = device.pci_address if device is not None else None
+        if address is not None:
+            adapters.setdefault(address.rsplit(".", 1)[0], []).append(port.subject)
+    dual = {adapter: ports for adapter, ports in adapters.items() if len(ports) > 1}
+    if not dual:
+        return
+    yield from release_findings(
+        nccl_libs, NVLS_DUAL_PORT,
+        Evidence("/sys/bus/pci/devices", f"{len(nccl_platform.nvswitches)} NVSwitches (NVLS)"),
+        Evidence("/sys/class/infiniband", "; ".join(f"adapter {adapter}: {', '.join(ports)}" for adapter, ports in sorted(dual.items())), "one port per adapter in NCCL's selection, or NVLS off"),
+        setting_evidence(job, "NCCL_NVLS_ENABLE", "0 until NCCL is upgraded"),
+    )
+
+
+def _job_stack(platform: NcclPlatformFacts, job: JobFacts) -> tuple[int | None, str, str]:
+    """The stack limit the job's processes get, where it was read, and why it is unknown."""
+    if platform.stack_soft is None:
+        return None, "", "/proc/self/limits has no readable 'Max stack size' row"
+    in_slurmd_script = job.environ.get("SLURM_SCRIPT_CONTEXT", "") in _SLURMD_SCRIPT_CONTEXTS
+    if in_slurmd_script and platform.stack_propagated:
+        return None, "", f"the job gets the submitting shell's stack limit ({platform.slurm_conf}: {platform.propagation_setting})"
+    source = "/proc/self/limits (slurmd's, which the job inherits: STACK not propagated)" if in_slurmd_script else "/proc/self/limits"
+    return platform.stack_soft, source, ""
+
+
+@check("NVL002", profiles=("full",))
+def mnnvl_init_stack_overrun(
+    nccl_libs: NcclLibFacts, fabric: FabricFacts, nccl_platform: NcclPlatformFacts, job: JobFacts
+) -> Iterator[Observation]:
+    """NCCL before 2.28.3 on a multi-node NVLink GPU with a stack limit that is unlimited (glibc
+    then gives threads 2 MiB) or below 8 MiB."""
+    require_nccl(nccl_libs)
+    if not nccl_platform.pci_gpus:
+        nccl_platform.require_classified("no NVIDIA GPU")
+        raise NotApplicable("no NVIDIA GPU in /sys/bus/pci/devices")
+    carrying, unnamed = affected(nccl_libs, MNNVL_STACK)
+    if not carrying and not unnamed:
+        return  # every copy is 2.28.3 or newer (or older than MNNVL), whatever the fabric
+    if fabric.nvml_error:
+        raise Unknown(f"NVML unavailable ({fabric.nvml_error}); the NVLink fabric cannot be read")
+    unanswered = [gpu for gpu in fabric.gpus if gpu.error]
+    cliques = [gpu for gpu in fabric.gpus if gpu.state == FABRIC_COMPLETED and gpu.cluster_uuid is not None]
+    if not cliques:
+        if unanswered and len(unanswered) == len(fabric.gpus) and unanswered[0].error not in ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND"):
+            raise Unknown(f"nvmlDeviceGetGpuFabricInfo: {unanswered[0].error}")
+        raise NotApplicable("no GPU in a multi-node NVLink fabric (fabric state completed with a cluster UUID)")
+    if switched_off(job, "NCCL_MNNVL_ENABLE"):
+        return
+    stack, source, unknown = _job_stack(nccl_platform, job)
+    clique = Evidence("nvmlDeviceGetGpuFabricInfo", f"{len(cliques)} GPUs in clique {cliques[0].clique_id} of a multi-node NVLink fabric")
+    if stack is None:
+        for copy in carrying + unnamed:
+            yield undecided(copy.path, unknown, clique)
+        return
+    if SAFE_STACK <= stack < UNLIMITED:
+        return
+    yield from release_findings(
+        nccl_libs, MNNVL_STACK, clique,
+        Evidence(source, f"stack soft limit {format_size(stack)}", f"{format_size(SAFE_STACK)} or more, not unlimited (ulimit -s 8192)"),
+    )
+
+
+def _inactive(gpu: GpuNvlinks) -> str:
+    down = [str(link) for link in gpu.links if link not in gpu.active]
+    return f"; inactive: link {', '.join(down)}" if down else ""
+
+
+def _observed(gpu: GpuNvlinks) -> str:
+    return f"{gpu.active_count} of {len(gpu.links)} NVLinks active{_inactive(gpu)}"
+
+
+@check("NVL003", profiles=("prolog",))
+def nvlink_ring_search_fallback(nvlink: NvlinkFacts, gpus: GpuFacts, expect: Expectations) -> Iterator[Observation]:
+    """GPUs with fewer active NVLinks than the site expects or than their siblings have."""
+    require_nvml(nvlink.nvml_error, nvlink.nvml_detail, gpus, "the NVLink state")
+    if not nvlink.gpus:
+        raise NotApplicable("NVML reports no GPU")
+    expected = expect.nvlinks_per_gpu
+    if expected is None and not any(gpu.links or gpu.error for gpu in nvlink.gpus):
+        raise NotApplicable("no GPU on this node has NVLinks")
+    known = [gpu for gpu in nvlink.gpus if gpu.active_count is not None]
+    for gpu in nvlink.gpus:
+        if gpu.error:
+            yield undecided(f"GPU{gpu.index}", f"nvmlDeviceGetNvLinkState: {gpu.error}")
+    if expected is not None:
+        for gpu in known:
+            if (gpu.active_count or 0) < expected:
+                yield present(
+                    f"GPU{gpu.index}",
+                    Evidence("nvmlDeviceGetNvLinkState", _observed(gpu), f"{expected} active (expect.nvlinks_per_gpu)"),
+                )
+        return
+    # No site expectation: GPUs of one model on one node should have as many active links as
+    # each other (an HGX board's GPUs all have the same NVLink wiring).
+    models: dict[str, list[GpuNvlinks]] = {}
+    for gpu in known:
+        if gpu.name is not None:
+            models.setdefault(gpu.name, []).append(gpu)
+    for name, siblings in sorted(models.items()):
+        best = max(siblings, key=lambda gpu: gpu.active_count or 0)
+        for gpu in siblings:
+            if (gpu.active_count or 0) < (best.active_count or 0):
+                yield present(
+                    f"GPU{gpu.index}",
+                    Evidence("nvmlDeviceGetNvLinkState", _observed(gpu), f"{best.active_count} active, as on GPU{best.index} ({name})"),
+                )

@@ -1,0 +1,380 @@
+"""PCIe links, ACS/IOMMU and peer-to-peer paths (PCI references)."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from preflight.model import (
+    Evidence,
+    NotApplicable,
+    Observation,
+    Severity,
+    Unknown,
+    present,
+    undecided,
+)
+from preflight.probes.nvlink import require_nvml
+from preflight.probes.pcie import PcieFacts, unclassified_reason
+from preflight.records import frozen
+from preflight.registry import check
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from preflight.config import Expectations
+    from preflight.probes.gpus import GpuFacts
+    from preflight.probes.job import JobFacts, Setting
+    from preflight.probes.nccl_libs import NcclLibFacts
+    from preflight.probes.p2p import P2pFacts, P2pStatus
+
+STATUS_OK = 0
+
+
+STATUS_DISABLED_BY_REGKEY = 4
+
+
+# nvidia-smi topo -p2p's abbreviations, which operators know.
+P2P_STATUS_NAMES = {0: "OK", 1: "CNS (chipset not supported)", 2: "GNS (GPU not supported)",
+                    3: "TNS (topology not supported)", 4: "DR (disabled by regkey)", 5: "NS (not supported)",
+                    6: "U (unknown)"}
+
+
+SM120_MAJOR = 12  # RTX 5090 / RTX PRO Blackwell: compute capability 12.x
+
+
+# NCCL 2.26.2 fitted its kernels' shared memory to these GPUs (release notes; NVIDIA/nccl#1637).
+SM120_MIN_NCCL = (2, 26, 2)
+
+
+_TRANSLATED_DOMAINS = ("DMA", "DMA-FQ")  # /sys/kernel/iommu_groups/*/type
+
+
+def _strtol(text: str) -> int | None:
+    """C ``strtol(text, NULL, 0)`` for the forms people write: leading blanks, sign, decimal,
+    0x hex or 0 octal; None where strtol would return 0 because no digits were read."""
+    match = re.match(r"\s*([+-]?)(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)", text)
+    if not match:
+        return None
+    digits = match.group(2)
+    value = int(digits, 16) if digits[:2].lower() == "0x" else int(digits, 8) if digits.startswith("0") else int(digits)
+    return -value if match.group(1) == "-" else value
+
+
+@frozen
+class P2pOverride:
+    """A job setting that switches NCCL's P2P transport off for every GPU pair on this node."""
+
+    name: str
+    setting: Setting
+    why: str
+
+    def evidence(self) -> Evidence:
+        return Evidence(f"{self.name} ({self.setting.origin})", self.setting.value, f"unset: {self.why}")
+
+
+def p2p_switched_off(job: JobFacts, any_nvlink: bool | None) -> P2pOverride | None:
+    """The setting that turns NCCL's P2P transport off for every pair on this node.
+
+    ``any_nvlink``: whether some GPU pair is NVLink-connected (None: not known), for
+    NCCL_P2P_LEVEL=NVL, which keeps P2P only over NVLink."""
+    disable = job.nccl("NCCL_P2P_DISABLE")
+    if disable is not None and _strtol(disable.value) == 1:
+        return P2pOverride("NCCL_P2P_DISABLE", disable, "1 turns the P2P transport off")
+    level = job.nccl("NCCL_P2P_LEVEL")
+    if level is None:
+        return None
+    if level.value == "LOC" or (level.value[:1].isdigit() and _strtol(level.value) == 0):
+        return P2pOverride("NCCL_P2P_LEVEL", level, "LOC allows P2P only within one GPU")
+    if level.value in ("NVL", "NVB") and any_nvlink is False:
+        return P2pOverride("NCCL_P2P_LEVEL", level, f"{level.value} allows P2P only over NVLink, which no GPU pair here has")
+    return None
+
+
+def _subject(override: P2pOverride) -> str:
+    return "job environment" if override.setting.origin == "environment" else override.setting.origin
+
+
+def _pairs(p2p: P2pFacts) -> dict[tuple[int, int], list[P2pStatus]]:
+    """Both directions of every unordered pair."""
+    pairs: dict[tuple[int, int], list[P2pStatus]] = {}
+    for status in p2p.statuses:
+        pairs.setdefault((min(status.source, status.target), max(status.source, status.target)), []).append(status)
+    return pairs
+
+
+def _named(status: int | None) -> str:
+    return P2P_STATUS_NAMES.get(status, f"status {status}") if status is not None else "query failed"
+
+
+def _describe(directions: list[P2pStatus]) -> str:
+    return "; ".join(
+        f"GPU{s.source}->GPU{s.target}: read {_named(s.read)}, write {_named(s.write)}, NVLink {_named(s.nvlink)}"
+        for s in directions
+    )
+
+
+def _read_write_ok(directions: list[P2pStatus]) -> bool:
+    return all(s.read == STATUS_OK and s.write == STATUS_OK for s in directions)
+
+
+@check("PCI004", profiles=("full",))
+def p2p_transport_disabled(p2p: P2pFacts, job: JobFacts, gpus: GpuFacts, expect: Expectations) -> Iterator[Observation]:
+    """P2P switched off by the job's NCCL settings, or reported not OK by the driver between GPUs
+    that are NVLink-connected, whose P2P a registry key disabled, or that the site expects to
+    have NVLink."""
+    if p2p.nvml_error:
+        if not gpus.pci_gpus:
+            require_nvml(p2p.nvml_error, p2p.nvml_detail, gpus, "the driver's P2P status")
+        if len(gpus.pci_gpus) < 2:
+            if gpus.problems:  # a GPU whose vendor or class could not be read is not counted
+                raise Unknown(f"NVML unavailable ({p2p.nvml_error}) and the PCI bus not fully read: {gpus.problems[0]}")
+            raise NotApplicable("one GPU on this node: no peer-to-peer traffic inside it")
+        override = p2p_switched_off(job, None)
+        if override is None:
+            require_nvml(p2p.nvml_error, p2p.nvml_detail, gpus, "the driver's P2P status")
+            return
+        yield present(_subject(override), override.evidence())
+        yield undecided("GPU pairs", f"NVML unavailable ({p2p.nvml_error}); the driver's P2P status cannot be read")
+        return
+    if len(p2p.gpus) < 2:
+        raise NotApplicable(f"{len(p2p.gpus)} GPU(s) on this node: no peer-to-peer traffic inside it")
+    pairs = _pairs(p2p)
+    answered = {key: directions for key, directions in pairs.items() if not any(s.error for s in directions)}
+    ok_pairs = [key for key, directions in answered.items() if _read_write_ok(directions)]
+    nvlink_pairs = {key for key, directions in answered.items() if any(s.nvlink == STATUS_OK for s in directions)}
+    complete = len(answered) == len(pairs)
+    override = p2p_switched_off(job, bool(nvlink_pairs) if complete or nvlink_pairs else None)
+    # On hardware without peer access the setting takes nothing away: NCCL would use SHM anyway.
+    if override is not None and (ok_pairs or not complete):
+        yield present(
+            _subject(override),
+            override.evidence(),
+            Evidence("nvmlDeviceGetP2PStatus", f"the driver reports read/write OK for {len(ok_pairs)} of {len(pairs)} GPU pairs"),
+        )
+    failed: dict[str, list[str]] = {}
+    for (first, second), directions in sorted(pairs.items()):
+        for status in directions:
+            if status.error:
+                failed.setdefault(status.error, []).append(f"GPU{status.source}->GPU{status.target}")
+    for error, where in sorted(failed.items()):
+        yield undecided("GPU pairs", f"nvmlDeviceGetP2PStatus: {error} for {', '.join(where[:6])}{' ...' if len(where) > 6 else ''}")
+    ignore = job.nccl("NCCL_IGNORE_DISABLED_P2P")
+    for (first, second), directions in sorted(answered.items()):
+        if _read_write_ok(directions):
+            continue
+        observed = Evidence("nvmlDeviceGetP2PStatus", _describe(directions), "read and write OK")
+        subject = f"GPU{first}-GPU{second}"
+        if (first, second) in nvlink_pairs:
+            hidden = [Evidence(f"NCCL_IGNORE_DISABLED_P2P ({ignore.origin})", ignore.value, "unset: NCCL would stop here")] if ignore else []
+            yield present(subject, observed, *hidden, severity=Severity.CRITICAL,
+                          fix="NVLink-connected GPUs without P2P point at an NVLink, NVSwitch or driver fault: check "
+                              "nvidia-smi nvlink --status and the fabric manager, then reset or service the GPUs.")
+        elif any(s.read == STATUS_DISABLED_BY_REGKEY or s.write == STATUS_DISABLED_BY_REGKEY for s in directions):
+            yield present(subject, observed, Evidence("NVIDIA driver registry keys", "P2P disabled by a regkey", "driver defaults"))
+        elif expect.nvlinks_per_gpu is not None:
+            yield present(subject, observed, Evidence("expect.nvlinks_per_gpu", str(expect.nvlinks_per_gpu), "an NVLink platform: P2P between all GPUs"),
+                          severity=Severity.ERROR)
+
+
+def _version(text: str) -> tuple[int, ...] | None:
+    try:
+        return tuple(int(part) for part in text.split("."))
+    except ValueError:
+        return None
+
+
+@check("PCI005", profiles=("full",))
+def blackwell_sm120_multi_gpu_failure(p2p: P2pFacts, nccl_libs: NcclLibFacts, job: JobFacts, gpus: GpuFacts) -> Iterator[Observation]:
+    """Several sm_120 GPUs with an NCCL older than 2.26.2 on the node, or with P2P offered under
+    a translating IOMMU."""
+    require_nvml(p2p.nvml_error, p2p.nvml_detail, gpus, "the GPUs' compute capability")
+    unknown = [gpu for gpu in p2p.gpus if gpu.compute_capability is None]
+    sm120 = [gpu for gpu in p2p.gpus if gpu.compute_capability and gpu.compute_capability[0] == SM120_MAJOR]
+    if len(sm120) < 2:
+        if unknown and len(sm120) + len(unknown) >= 2:
+            yield undecided("node", "nvmlDeviceGetCudaComputeCapability failed for " + ", ".join(f"GPU{gpu.index}" for gpu in unknown))
+            return
+        raise NotApplicable(f"{len(sm120)} GPU(s) of compute capability 12.x on this node; the failures need two or more")
+    cards = Evidence("nvmlDeviceGetName/nvmlDeviceGetCudaComputeCapability",
+                     ", ".join(f"GPU{gpu.index} {gpu.name or '?'} sm_{gpu.compute_capability[0]}{gpu.compute_capability[1]}"
+                               for gpu in sm120 if gpu.compute_capability))
+    minimum = ".".join(map(str, SM120_MIN_NCCL))
+    for copy in nccl_libs.copies:
+        version = _version(copy.version) if copy.version else None
+        if copy.version is None or version is None:
+            yield undecided(copy.path, f"the NCCL version of {copy.path} is not known")
+        elif version < SM120_MIN_NCCL:
+            yield present(copy.path, Evidence(copy.path, f"NCCL {copy.version}", f"NCCL {minimum} or newer on sm_120 GPUs"), cards)
+    if p2p_switched_off(job, None) is not None:
+        return
+    indexes = {gpu.index for gpu in sm120}
+    offered = [
+        key for key, directions in _pairs(p2p).items()
+        if key[0] in indexes and key[1] in indexes and not any(s.error for s in directions) and _read_write_ok(directions)
+    ]
+    domains = {gpu.index: gpu.iommu_domain for gpu in sm120}
+    for first, second in sorted(offered):
+        translated = [f"GPU{i} {domains[i]}" for i in (first, second) if domains[i] in _TRANSLATED_DOMAINS]
+        if translated:
+            yield present(
+                f"GPU{first}-GPU{second}",
+                Evidence("nvmlDeviceGetP2PStatus", "read and write OK: NCCL will use P2P between these cards"),
+                Evidence("/sys/bus/pci/devices/*/iommu_group/type", ", ".join(translated), "identity (iommu=pt) or no IOMMU"),
+                cards,
+                severity=Severity.WARNING,
+            )
+
+
+TRANSLATED_DOMAINS = ("DMA", "DMA-FQ")  # iommu_groups/<n>/type values that translate DMA
+
+
+# Kernel parameters that make the default IOMMU domain passthrough (identity).
+PASSTHROUGH_PARAMETERS = ("iommu=pt", "iommu.passthrough=1", "iommu.passthrough=y", "amd_iommu=pt")
+
+
+REDIRECT_BITS = 0x0004 | 0x0008
+
+
+@check("PCI001", profiles=("prolog",))
+def acs_redirect_breaks_gpudirect_rdma(pcie: PcieFacts) -> Iterator[Observation]:
+    """ACS P2P redirect on a bridge between a GPU and its nearest RDMA NIC, on bare metal."""
+    unclassified = unclassified_reason(pcie)
+    if unclassified and not (pcie.gpus and pcie.nics and pcie.pairs):
+        raise Unknown(unclassified)
+    if unclassified:
+        yield undecided("PCI devices", unclassified)
+    if not pcie.gpus or not pcie.nics:
+        raise NotApplicable("needs NVIDIA GPUs and RDMA NICs on this node")
+    if pcie.hypervisor:
+        raise NotApplicable(
+            "inside a virtual machine: the guest's emulated bridges do not route P2P traffic; "
+            "check ACS and the IOMMU on the host"
+        )
+    if not pcie.pairs:
+        raise NotApplicable("no GPU shares a PCIe switch with an RDMA NIC; their traffic crosses the CPU anyway")
+    partners: dict[str, list[str]] = {}
+    for gpu, nic, between in pcie.pairs:
+        for bdf in between:
+            partners.setdefault(bdf, []).append(f"GPU {gpu} <-> NIC {nic}")
+    iommu = _iommu_note(pcie)
+    for bridge in pcie.bridges:
+        if bridge.bdf not in partners:
+            continue  # only on a GPU-to-GPU path: PCI003's
+        if bridge.unreadable:
+            yield undecided(f"bridge {bridge.bdf}", bridge.unreadable)
+        elif bridge.acs is not None and bridge.acs.control & REDIRECT_BITS:
+            evidence = [
+                Evidence(
+                    f"/sys/bus/pci/devices/{bridge.bdf}/config",
+                    f"ACSCtl 0x{bridge.acs.control:04x}: {bridge.acs.describe()}",
+                    "ReqRedir- CmpltRedir- on GPU-to-NIC paths",
+                ),
+                Evidence("path", "; ".join(sorted(set(partners.get(bridge.bdf, []))))),
+            ]
+            if iommu:
+                evidence.append(Evidence("IOMMU", iommu))
+            yield present(f"bridge {bridge.bdf}", *evidence)
+
+
+def _iommu_note(pcie: PcieFacts) -> str:
+    if not pcie.iommu_units:
+        return ""
+    note = f"active ({', '.join(pcie.iommu_units)}); the kernel enables ACS on every bridge when an IOMMU is active"
+    if "iommu=pt" in pcie.cmdline.split():
+        note += ", and iommu=pt does not change that"
+    return note
+
+
+@check("PCI002", profiles=("prolog",))
+def p2p_bandwidth_degraded(pcie: PcieFacts) -> Iterator[Observation]:
+    """A GPU or RDMA NIC whose PCIe link trained narrower than it can run."""
+    endpoints = [("GPU", gpu) for gpu in pcie.gpus] + [("NIC", nic) for nic in pcie.nics]
+    unclassified = unclassified_reason(pcie)
+    if not endpoints:
+        if unclassified:
+            raise Unknown(unclassified)
+        raise NotApplicable("no NVIDIA GPUs or RDMA NICs on the PCI bus")
+    if unclassified:
+        yield undecided("PCI devices", unclassified)
+    if all(endpoint.link.problem for _, endpoint in endpoints):
+        raise Unknown(f"no link width readable for any of the {len(endpoints)} GPUs and NICs ({endpoints[0][1].link.problem})")
+    for kind, endpoint in endpoints:
+        subject = f"{kind} {endpoint.bdf}" + (f" ({', '.join(endpoint.rdma_devices)})" if endpoint.rdma_devices else "")
+        link = endpoint.link
+        if link.problem or link.current_width is None or link.max_width is None:
+            yield undecided(subject, link.problem or "link width not read")
+        elif link.current_width == 0:
+            yield undecided(subject, f"/sys/bus/pci/devices/{endpoint.bdf}/current_link_width is 0: the link is down or the device is powered off")
+        elif link.current_width < link.max_width:
+            speed = f"; speed {link.current_speed or '?'} of {link.max_speed or '?'} (speed drops at idle and is not judged)"
+            yield present(
+                subject,
+                Evidence(f"/sys/bus/pci/devices/{endpoint.bdf}/current_link_width", f"x{link.current_width}{speed}", f"x{link.max_width} (max_link_width)"),
+            )
+
+
+@check("PCI003", profiles=("prolog",))
+def p2p_transfers_hang_or_fault(pcie: PcieFacts) -> Iterator[Observation]:
+    """ACS redirect on a bridge between two GPUs, or an IOMMU translating the GPUs' DMA, on bare
+    metal without NVSwitches."""
+    unclassified = unclassified_reason(pcie)
+    if len(pcie.gpus) < 2:
+        if unclassified:
+            raise Unknown(unclassified)
+        raise NotApplicable("fewer than two NVIDIA GPUs: no GPU peer-to-peer traffic inside the node")
+    if unclassified:
+        yield undecided("PCI devices", unclassified)
+    if pcie.hypervisor:
+        raise NotApplicable(
+            "inside a virtual machine: the guest's emulated bridges and IOMMU do not route GPU peer traffic; "
+            "check ACS and the IOMMU on the host"
+        )
+    if pcie.nvswitches:
+        raise NotApplicable(
+            f"GPU peer traffic runs over NVLink through {len(pcie.nvswitches)} NVSwitches, not through PCIe bridges or the IOMMU"
+        )
+    partners: dict[str, list[str]] = {}
+    for first, second, between in pcie.gpu_pairs:
+        for bdf in between:
+            partners.setdefault(bdf, []).append(f"GPU {first} <-> GPU {second}")
+    for bridge in pcie.bridges:
+        if bridge.bdf not in partners:
+            continue
+        if bridge.unreadable:
+            yield undecided(f"bridge {bridge.bdf}", bridge.unreadable)
+        elif bridge.acs is not None and bridge.acs.control & REDIRECT_BITS:
+            yield present(
+                f"bridge {bridge.bdf}",
+                Evidence(f"/sys/bus/pci/devices/{bridge.bdf}/config", f"ACSCtl 0x{bridge.acs.control:04x}: {bridge.acs.describe()}",
+                         "ReqRedir- CmpltRedir- on GPU-to-GPU paths"),
+                Evidence("path", "; ".join(sorted(set(partners[bridge.bdf])))),
+            )
+    yield from _translating_iommu(pcie)
+
+
+def _translating_iommu(pcie: PcieFacts) -> Iterator[Observation]:
+    if not pcie.iommu_units:
+        return  # no IOMMU: nothing translates
+    passthrough = [word for word in pcie.cmdline.split() if word in PASSTHROUGH_PARAMETERS]
+    translated: dict[str, list[str]] = {}
+    for gpu in pcie.gpus:
+        if gpu.iommu_group is None and not gpu.iommu_problem:
+            continue  # not behind an IOMMU
+        if gpu.iommu_domain in TRANSLATED_DOMAINS:
+            translated.setdefault(gpu.iommu_domain, []).append(f"GPU {gpu.bdf} (group {gpu.iommu_group})")
+        elif gpu.iommu_problem:
+            yield undecided(f"GPU {gpu.bdf}", f"IOMMU group or domain type unreadable: {gpu.iommu_problem}")
+        elif not gpu.iommu_domain and not passthrough:
+            yield undecided(
+                f"GPU {gpu.bdf}",
+                f"/sys/kernel/iommu_groups/{gpu.iommu_group}/type is missing (Linux before 5.11) and /proc/cmdline has no iommu=pt: "
+                "whether the IOMMU translates this GPU's DMA is not known",
+            )
+    if translated:
+        observed = "; ".join(f"{domain}: {', '.join(gpus)}" for domain, gpus in sorted(translated.items()))
+        yield present(
+            "IOMMU",
+            Evidence("/sys/kernel/iommu_groups/*/type", f"translating domain for {observed}", "identity (passthrough, iommu=pt)"),
+            Evidence("/proc/cmdline", pcie.cmdline or "(empty)"),
+        )

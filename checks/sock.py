@@ -1,0 +1,162 @@
+"""Ports and sockets NCCL's bootstrap and socket transport use (SOCK references)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from preflight.model import (
+    Evidence,
+    Observation,
+    Severity,
+    present,
+    undecided,
+)
+from preflight.nccl.releases import CONNECT_RETRY, release_findings, require_nccl
+from preflight.probes.sockets import (
+    PORT_RANGE,
+    RESERVED_PORTS,
+    TCP_TABLES,
+    SocketFacts,
+    reserved_ports,
+)
+from preflight.registry import check
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from preflight.probes.job import JobFacts
+    from preflight.probes.nccl_libs import NcclLibFacts
+
+
+@check("SOCK002", profiles=("full",))
+def nccl_connect_retry_econnaborted(nccl_libs: NcclLibFacts) -> Iterator[Observation]:
+    """An NCCL release whose connect retry fails on the socket it retries; every multi-process
+    job bootstraps over sockets, so a late peer turns into 'Software caused connection abort'."""
+    require_nccl(nccl_libs)
+    yield from release_findings(nccl_libs, CONNECT_RETRY, severity=Severity.WARNING)
+
+
+#: torchrun / init_process_group(env://) listen here when MASTER_PORT is not set.
+TORCH_DEFAULT_PORT = 29500
+
+
+#: Below this many usable ephemeral ports a node is called narrow: eight ranks with NCCL socket
+#: channels, Gloo pairs and TCPStore clients hold thousands of ports, and a restart adds 60 s of
+#: TIME_WAIT on top (the 1,000-port range of NCCL's troubleshooting example is far below it).
+NARROW_RANGE_PORTS = 8192
+
+
+#: Share of the usable range in use at which the next burst of connections is likely to fail.
+PRESSURE_WARNING = 0.5
+
+
+PRESSURE_ERROR = 0.8
+
+
+def usable_ports(port_range: tuple[int, int], reserved: tuple[tuple[int, int], ...]) -> int:
+    """Ports of the range not reserved, counted by interval arithmetic (the range can hold
+    60,000 ports and this runs in every prolog)."""
+    low, high = port_range
+    covered = 0
+    end = low - 1  # highest port already counted as reserved
+    for start, stop in sorted(reserved):
+        start, stop = max(start, end + 1), min(stop, high)
+        if start <= stop:
+            covered += stop - start + 1
+            end = stop
+    return max(0, high - low + 1 - covered)
+
+
+def _table_problems(sockets: SocketFacts) -> str:
+    """Why the socket tables cannot be trusted to be complete, "" when they can."""
+    reasons = [p for p in sockets.problems if p.startswith(TCP_TABLES)]
+    if sockets.bad_line_count:
+        reasons.append(f"{sockets.bad_line_count} unparseable lines, first: {sockets.bad_lines[0]}")
+    if "/proc/net/tcp" not in sockets.tables:
+        reasons.append("/proc/net/tcp was not read")
+    return "; ".join(dict.fromkeys(reasons))
+
+
+def _master_port(job: JobFacts) -> tuple[int | None, str]:
+    """The port the job's rendezvous will bind and where that came from, or (None, why not)."""
+    if job.environ_error:
+        return None, f"/proc/self/environ: {job.environ_error}"
+    value = job.environ.get("MASTER_PORT")
+    if value is None:
+        return TORCH_DEFAULT_PORT, f"MASTER_PORT unset: torchrun's default {TORCH_DEFAULT_PORT}"
+    text = value.strip()
+    # isdigit() alone accepts "²" and other digits int() refuses.
+    if not (text.isascii() and text.isdigit()) or not 0 < int(text) <= 65535:
+        return None, f"MASTER_PORT={value!r} is not a port number"
+    return int(text), f"MASTER_PORT={int(text)} (job environment)"
+
+
+@check("SOCK001", profiles=("prolog",))
+def rendezvous_port_in_use(sockets: SocketFacts, job: JobFacts) -> Iterator[Observation]:
+    """MASTER_PORT is already listened on, or lies in the ephemeral range without a reservation."""
+    port, origin = _master_port(job)
+    if port is None:
+        yield undecided("MASTER_PORT", origin)
+        return
+    subject = f"port {port}"
+    errors = [
+        Evidence(s.source, f"{s.address}:{s.port} LISTEN (uid {s.uid}, inode {s.inode}); {origin}",
+                 "no listener before the job starts")
+        for s in sockets.listening
+        if s.port == port
+    ]
+    warnings = []
+    if sockets.port_range is not None:
+        low, high = sockets.port_range
+        if low <= port <= high and not reserved_ports(port, sockets.reserved):
+            reserved = ",".join(f"{a}-{b}" if a != b else str(a) for a, b in sockets.reserved) or "empty"
+            warnings.append(Evidence(
+                PORT_RANGE,
+                f"{low} {high} contains {port} ({origin}); ip_local_reserved_ports: {reserved}",
+                f"{port} outside the range or listed in ip_local_reserved_ports",
+            ))
+    if errors or warnings:
+        yield present(subject, *errors, *warnings, severity=None if errors else Severity.WARNING)
+        return
+    incomplete = _table_problems(sockets)
+    if sockets.port_range is None:
+        incomplete = "; ".join(filter(None, [incomplete, *(p for p in sockets.problems if p.startswith(PORT_RANGE))]))
+    if incomplete:
+        yield undecided(subject, incomplete)
+
+
+@check("SOCK005", profiles=("prolog",))
+def ephemeral_port_exhaustion(sockets: SocketFacts) -> Iterator[Observation]:
+    """The ephemeral range is nearly used up, or too narrow to start with."""
+    subject = "ip_local_port_range"
+    if sockets.port_range is None:
+        yield undecided(subject, "; ".join(p for p in sockets.problems if p.startswith((PORT_RANGE, RESERVED_PORTS)))
+                        or f"{PORT_RANGE} was not read")
+        return
+    low, high = sockets.port_range
+    usable = usable_ports(sockets.port_range, sockets.reserved)
+    range_text = f"{low} {high}: {usable} usable ports"
+    evidence: list[Evidence] = []
+    severity: Severity | None = Severity.WARNING
+    if usable < NARROW_RANGE_PORTS:
+        evidence.append(Evidence(PORT_RANGE, range_text, f"at least {NARROW_RANGE_PORTS} usable ports"))
+        severity = None if usable == 0 else Severity.WARNING
+    held = sockets.ephemeral_ports_in_use or 0
+    busiest = sockets.busiest[0] if sockets.busiest else None
+    pressure = max(held, busiest.sockets if busiest else 0) / usable if usable else 1.0
+    if pressure >= PRESSURE_WARNING:
+        counts = ", ".join(f"{sockets.states.get(s, 0)} {s}" for s in ("ESTABLISHED", "TIME_WAIT"))
+        evidence.append(Evidence(
+            " + ".join(sockets.tables),
+            f"{held} of {usable} ephemeral ports held ({counts})"
+            + (f"; {busiest.sockets} sockets to {busiest.address}:{busiest.port}" if busiest else ""),
+            f"under {PRESSURE_WARNING:.0%} of {range_text}",
+        ))
+        if pressure >= PRESSURE_ERROR:
+            severity = None
+    if evidence:
+        yield present(subject, *evidence, severity=severity)
+        return
+    incomplete = _table_problems(sockets)
+    if incomplete:
+        yield undecided(subject, incomplete)

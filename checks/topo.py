@@ -1,0 +1,143 @@
+"""Topology NCCL sees: NIC fusion, topology files and GPU-NIC affinity (TOPO references)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from preflight.model import (
+    Evidence,
+    NotApplicable,
+    Observation,
+    Severity,
+    Unknown,
+    present,
+    undecided,
+)
+from preflight.nccl.releases import release_findings
+from preflight.probes.job import switched_off
+from preflight.registry import check
+
+if TYPE_CHECKING:  # imported where a topology file is parsed: most nodes have none
+    from collections.abc import Iterator
+
+    from preflight.probes.job import JobFacts
+    from preflight.probes.nccl_libs import NcclLibFacts
+    from preflight.probes.topo_file import TopoFileFacts
+    pass
+from preflight.nccl.releases import (
+    NVLS_SEARCH,
+    PCI_SPEED_DETECTION,
+    affected,
+    require_nccl,
+)
+from preflight.probes.nccl_platform import NcclPlatformFacts
+from preflight.probes.pcie import LINK_RANK, PcieFacts, unclassified_reason
+from preflight.probes.rdma import IB_CLASS, RdmaFacts
+
+
+@check("TOPO003", profiles=("full",))
+def nccl_topology_search_regression(
+    nccl_libs: NcclLibFacts, nccl_platform: NcclPlatformFacts, rdma: RdmaFacts, job: JobFacts
+) -> Iterator[Observation]:
+    """NCCL 2.18.3-2.19.3 where its known topology regressions apply: the NVLS search crash on
+    NVSwitch nodes with network devices (before 2.18.5), and run-to-run differences where sysfs
+    has no PCI link speed for a GPU (before 2.19.4)."""
+    require_nccl(nccl_libs)
+    rdma_unread = next((str(p) for p in rdma.problems if p.path == IB_CLASS), "")
+    if nccl_platform.nvswitches and rdma_unread and any(affected(nccl_libs, NVLS_SEARCH)):
+        yield undecided("node", f"NVSwitches present, but whether RDMA devices are: {rdma_unread}")
+    if nccl_platform.nvswitches and rdma.devices and not switched_off(job, "NCCL_NVLS_ENABLE"):
+        yield from release_findings(
+            nccl_libs, NVLS_SEARCH,
+            Evidence("/sys/bus/pci/devices", f"{len(nccl_platform.nvswitches)} NVSwitches (NVLS) and {len(rdma.devices)} RDMA devices"),
+        )
+    at_risk = any(part for bug in (NVLS_SEARCH, PCI_SPEED_DETECTION) for part in affected(nccl_libs, bug))
+    if at_risk and nccl_platform.unclassified and not (nccl_platform.nvswitches and nccl_platform.pci_gpus):
+        # an unreadable function may be the NVSwitch or the GPU without a link speed
+        yield undecided("node", f"{len(nccl_platform.unclassified)} PCI function(s) could not be classified "
+                                f"(vendor or class unreadable), e.g. {nccl_platform.unclassified[0]}")
+    missing = nccl_platform.gpus_without_link_speed
+    speed_risk = any(affected(nccl_libs, PCI_SPEED_DETECTION))
+    # A topology file replaces sysfs detection; asked only where some copy could carry the bug.
+    if missing and speed_risk and job.nccl("NCCL_TOPO_FILE") is None:
+        yield from release_findings(
+            nccl_libs, PCI_SPEED_DETECTION,
+            Evidence("/sys/bus/pci/devices/*/max_link_speed", f"missing for GPU {', '.join(missing)} or its parent bridge", "readable (or an NCCL_TOPO_FILE)"),
+        )
+
+
+def _setting(job: JobFacts, name: str) -> str:
+    setting = job.nccl(name)
+    return setting.value.strip() if setting else ""
+
+
+# NCCL_NET_GDR_LEVEL also accepts the old numbers: 0 LOC, 1 PIX, 2 PXB, 3 PHB, 4 or 5 SYS.
+_LEVEL_NUMBERS = {"1": "PIX", "2": "PXB", "3": "PHB", "4": "SYS", "5": "SYS"}
+
+
+DEFAULT_GDR_LEVEL = "PXB"
+
+
+@check("TOPO005", profiles=("prolog",))
+def gpu_hca_cross_numa_gdr(pcie: PcieFacts, job: JobFacts) -> Iterator[Observation]:
+    """A GPU whose nearest RDMA NIC is on another socket, or GPUDirect RDMA forced across the CPU."""
+    unclassified = unclassified_reason(pcie)
+    if not pcie.gpus or not pcie.nics:
+        if unclassified:
+            raise Unknown(unclassified)
+        raise NotApplicable("needs NVIDIA GPUs and RDMA NICs on this node")
+    if unclassified:
+        yield undecided("PCI devices", unclassified)
+    gdr_level = _setting(job, "NCCL_NET_GDR_LEVEL")
+    forced = _LEVEL_NUMBERS.get(gdr_level, gdr_level.upper())
+    for gpu, nic, distance in pcie.nearest_nic:
+        if distance == "UNKNOWN":
+            yield undecided(f"GPU {gpu}", f"numa_node of GPU {gpu} or NIC {nic} is not reported on this multi-socket node")
+        elif distance == "SYS":
+            yield present(
+                f"GPU {gpu}",
+                Evidence(f"/sys/bus/pci/devices/{gpu}/numa_node", f"nearest RDMA NIC {nic} is {distance} (another socket)",
+                         "a NIC under the GPU's own PCIe switch or root complex"),
+            )
+        elif forced in LINK_RANK and LINK_RANK[forced] >= LINK_RANK["PHB"] and LINK_RANK[distance] > LINK_RANK[DEFAULT_GDR_LEVEL]:
+            yield present(
+                f"GPU {gpu}",
+                Evidence("NCCL_NET_GDR_LEVEL", f"{gdr_level}: GPUDirect RDMA forced over a {distance} path to NIC {nic}",
+                         f"unset (NCCL's default {DEFAULT_GDR_LEVEL} stages such transfers through host memory)"),
+            )
+
+
+@check("TOPO004", profiles=("prolog",))
+def nccl_topo_xml_nic_without_busid(topo_file: TopoFileFacts) -> Iterator[Observation]:
+    """NCCL_TOPO_FILE missing or unparsable, NICs in it without a PCI bus ID, or GPU/NIC bus IDs
+    this node does not have."""
+    setting = topo_file.setting
+    if setting is None:
+        raise NotApplicable("the job sets no NCCL_TOPO_FILE")
+    where = Evidence(f"NCCL_TOPO_FILE ({setting.origin})", setting.value.strip())
+    if topo_file.read_error:
+        if topo_file.exists:
+            yield undecided("NCCL_TOPO_FILE", topo_file.read_error, where)
+        else:
+            yield present("NCCL_TOPO_FILE", where, Evidence("path", topo_file.read_error, "an absolute path"), severity=Severity.WARNING)
+        return
+    if not topo_file.exists:
+        yield present("NCCL_TOPO_FILE", where, Evidence(setting.value.strip(), "does not exist on this node", "the topology file for this node type"))
+        return
+    if topo_file.parse_error:
+        yield present("NCCL_TOPO_FILE", where, Evidence(setting.value.strip(), f"not valid XML: {topo_file.parse_error}", "NCCL's topology XML"))
+        return
+    for nic in topo_file.nics:
+        if nic.busid is None:
+            yield present(
+                f"nic {','.join(nic.names) or '?'}",
+                where,
+                Evidence(setting.value.strip(), "<nic> outside any <pci busid=...> node", "each <nic> inside the <pci> node of its PCI function"),
+            )
+    missing = sorted(set(topo_file.device_busids) - set(topo_file.node_busids))
+    if missing and topo_file.node_busids:
+        yield present(
+            "NCCL_TOPO_FILE",
+            where,
+            Evidence(setting.value.strip(), f"GPU/NIC bus IDs not on this node: {', '.join(missing)}", "the bus IDs in /sys/bus/pci/devices"),
+        )

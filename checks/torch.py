@@ -1,0 +1,102 @@
+"""How PyTorch jobs are launched: process groups and rank-to-GPU mapping (TORCH references)."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import TYPE_CHECKING
+
+from preflight.model import Evidence, NotApplicable, Observation, present
+from preflight.probes.job import JobFacts, integer_setting, slurm_view
+from preflight.registry import check
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+LAUNCH_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK")
+
+
+def _require_launch(job: JobFacts) -> dict[str, str]:
+    if job.environ_error:
+        raise NotApplicable(f"/proc/self/environ unreadable ({job.environ_error}); no launch settings to judge")
+    found = {name: job.environ[name] for name in LAUNCH_VARIABLES if name in job.environ}
+    if not found:
+        raise NotApplicable("the job environment sets none of " + ", ".join(LAUNCH_VARIABLES))
+    return found
+
+
+def _is_loopback(address: str) -> bool:
+    if address.lower() in ("localhost", "localhost.localdomain", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def _env(name: str, value: str, expected: str = "") -> Evidence:
+    return Evidence(f"/proc/self/environ {name}", repr(value), expected)
+
+
+@check("TORCH004", profiles=("prolog",))
+def ddp_process_group_setup_invalid(job: JobFacts) -> Iterator[Observation]:
+    """env:// rendezvous values that init_process_group rejects, or a loopback MASTER_ADDR in a
+    multi-node job."""
+    found = _require_launch(job)
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        if name in found and not found[name].strip().isdigit():
+            yield present(name, _env(name, found[name], "a non-negative integer"))
+    if "WORLD_SIZE" in found and found["WORLD_SIZE"].strip() == "0":
+        yield present("WORLD_SIZE", _env("WORLD_SIZE", found["WORLD_SIZE"], "at least 1"))
+    if "MASTER_PORT" in found:
+        port = found["MASTER_PORT"].strip()
+        if not port.isdigit() or not 1 <= int(port) <= 65535:
+            yield present("MASTER_PORT", _env("MASTER_PORT", found["MASTER_PORT"], "a TCP port, 1-65535"))
+    if "MASTER_ADDR" in found:
+        address = found["MASTER_ADDR"]
+        view = slurm_view(job)
+        nodes = view.nnodes or 0
+        if not address.strip() or address != address.strip() or " " in address:
+            yield present("MASTER_ADDR", _env("MASTER_ADDR", address, "one host name or address"))
+        elif _is_loopback(address) and nodes > 1:
+            yield present(
+                "MASTER_ADDR",
+                _env("MASTER_ADDR", address, "the first node of the job (a loopback rendezvous splits the job per node)"),
+                Evidence("/proc/self/environ SLURM_JOB_NUM_NODES", str(nodes)),
+            )
+
+
+@check("TORCH010", profiles=("prolog",))
+def rank_to_gpu_mapping_wrong(job: JobFacts) -> Iterator[Observation]:
+    """RANK, WORLD_SIZE and LOCAL_RANK that contradict each other or the tasks Slurm started."""
+    found = _require_launch(job)
+    environ = job.environ
+    rank, world = integer_setting(found, "RANK"), integer_setting(found, "WORLD_SIZE")
+    local_rank, local_world = integer_setting(found, "LOCAL_RANK"), integer_setting(environ, "LOCAL_WORLD_SIZE")
+    if rank is not None and world is not None and rank >= world:
+        yield present("RANK", _env("RANK", found["RANK"], f"0-{world - 1}"), _env("WORLD_SIZE", found["WORLD_SIZE"]))
+    if local_rank is not None and local_world is not None and local_rank >= local_world:
+        yield present("LOCAL_RANK", _env("LOCAL_RANK", found["LOCAL_RANK"], f"0-{local_world - 1}"), _env("LOCAL_WORLD_SIZE", environ["LOCAL_WORLD_SIZE"]))
+    view = slurm_view(job)
+    if not view.in_step:
+        return  # outside a step Slurm's task numbers describe the allocation, not started tasks
+    under_torchrun = "TORCHELASTIC_RUN_ID" in environ or "GROUP_RANK" in environ
+    per_node = view.ntasks // view.nnodes if view.ntasks and view.nnodes and view.ntasks % view.nnodes == 0 else None
+    if under_torchrun:
+        if view.ntasks is not None and view.nnodes is not None and view.ntasks > view.nnodes:
+            yield present(
+                "launcher",
+                Evidence("/proc/self/environ TORCHELASTIC_RUN_ID", environ.get("TORCHELASTIC_RUN_ID", "set (torchrun worker)")),
+                Evidence("/proc/self/environ SLURM_STEP_NUM_TASKS", f"{view.ntasks} tasks on {view.nnodes} nodes", "one torchrun task per node (srun --ntasks-per-node=1)"),
+            )
+        return
+    # Started by srun without torchrun: each task must carry Slurm's numbers.
+    expectations = (
+        ("RANK", rank, view.procid, "SLURM_PROCID"),
+        ("WORLD_SIZE", world, view.ntasks, "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in environ else "SLURM_NTASKS"),
+        ("LOCAL_RANK", local_rank, view.localid, "SLURM_LOCALID"),
+    )
+    for name, value, slurm, slurm_name in expectations:
+        if value is not None and slurm is not None and value != slurm:
+            yield present(name, _env(name, found[name], f"{slurm} as {slurm_name} says"), Evidence(f"/proc/self/environ {slurm_name}", str(slurm)))
+    if local_rank is not None and per_node is not None and local_rank >= per_node:
+        yield present("LOCAL_RANK", _env("LOCAL_RANK", found["LOCAL_RANK"], f"0-{per_node - 1} ({per_node} tasks per node)"))

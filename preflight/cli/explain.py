@@ -1,0 +1,84 @@
+"""``preflight explain``: match a failed run's logs to catalogued references."""
+
+from __future__ import annotations
+
+import sys
+
+from preflight.cli.node import CHECKS_DIR
+from preflight.cli.spec import Argument, Command, Option, Values, error
+
+#: explain's outcome -> exit code (documented in the command's help)
+EXIT_CODES = {"no-input": 3, "nothing-found": 0, "uncatalogued": 1, "candidates": 1, "confirmed": 2}
+
+
+def run_explain(values: Values) -> int:
+    from preflight.catalogue import CatalogueError
+    from preflight.explain import check_candidates, explain
+    from preflight.explain.render import exit_status, render_json, render_text
+
+    output_format, check, root, config = values["output_format"], values["check"], values["root"], values["config"]
+    if output_format not in ("text", "json"):
+        return error("--format must be text or json")
+    for option, value, role in (
+        ("--root", root, "the node --check examines"),
+        ("--config", config, "the site config --check runs with"),
+        ("--checks-dir", values["checks_dirs"], "check modules --check loads"),
+    ):
+        if value and not check:
+            return error(f"{option} needs --check (it gives {role})")
+    if check and root is not None:
+        problem = _root_problem(root)
+        if problem:
+            return error(problem)
+    if not values["inputs"] and sys.stdin.isatty():
+        return error("give log files or directories, or pipe a log in (preflight explain FILE... | -)")
+    try:
+        explanation = explain(list(values["inputs"]))
+    except CatalogueError as problem:
+        return error(str(problem))
+    if check and explanation.candidates:
+        check_candidates(explanation, root or "/", config, values["checks_dirs"])
+    sys.stdout.write(render_json(explanation) if output_format == "json" else render_text(explanation))
+    sys.stdout.flush()
+    if explanation.check_error:  # the candidates stand, but the node asked about gave no verdict
+        return error(f"--check: {explanation.check_error}")
+    return EXIT_CODES[exit_status(explanation)]
+
+
+def _root_problem(root: str) -> str:
+    """Why a ``--root`` directory is no node root, found before any log is read ("" if none)."""
+    from preflight.sources import RootError, open_root
+    from preflight.sources.archive import is_archive
+
+    if is_archive(root):
+        return ""  # a snapshot archive is unpacked (and judged) by --check itself
+    try:
+        open_root(root)
+    except RootError as problem:
+        return str(problem)
+    return ""
+
+
+EXPLAIN = Command(
+    path=("explain",),
+    help="""Match a failed run's logs to catalogued references, best first, with evidence and fixes.
+
+    Exit codes: 0 no failure found, 1 candidates found, or a failure no reference describes
+    (its first line is named), 2 a candidate confirmed by --check, 3 no input could be read,
+    bad arguments, or --check could not examine the node (the candidates are still shown).
+    """,
+    run=run_explain,
+    argument=Argument(
+        "inputs", "[FILE|DIR|-]...", "Log files, .gz files, directories of per-rank logs, or - for stdin (the default).",
+        many=True, required=False,
+    ),
+    options=(
+        Option("--format", "output_format", "text or json.", default="text"),
+        Option("--check", "check", "Run the node checks that can confirm or refute each candidate.", kind="flag"),
+        Option("--root", "root", "With --check: the node to check (a recorded root, or a snapshot archive; default /)."),
+        Option("--config", "config", "With --check: site config."),
+        CHECKS_DIR,
+    ),
+    probe_threads=True,
+)
+COMMANDS = (EXPLAIN,)

@@ -1,0 +1,123 @@
+"""``preflight slurm prolog|epilog|healthcheck|config``: run under Slurm."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from preflight.cli.node import CHECKS_DIR, CONFIG, ROOT
+from preflight.cli.spec import Command, Option, Values, error
+
+GROUP_HELP = "Run under Slurm: prolog, epilog, health check; print slurm.conf lines."
+
+_PROLOG_EXIT_CODES = (
+    "Exit codes: 0 the job may run (also when preflight itself could not decide: the reason goes to stderr, "
+    "syslog and the last-result file); 2 findings at or above the configured drain_severity are present: the "
+    "node is drained (reason printed, sent to syslog, set with one bounded scontrol call), Slurm requeues a "
+    "batch job held and cancels an srun job."
+)
+_EPILOG_EXIT_CODES = (
+    "Exit codes: 0 nothing drains the node (also when preflight itself could not decide); 2 findings at or "
+    "above the configured drain_severity are present: the node is drained with a preflight reason, unless it "
+    "is already drained or down with a reason (the failed prolog's, an operator's), which is kept."
+)
+_TIMEOUT = Option("--timeout", "timeout", "Budget for the whole run, scontrol included (default: the config's slurm.timeout, 8 s).", kind="number")
+_HEALTHCHECK_TIMEOUT = Option(
+    "--timeout", "timeout",
+    "Budget for the whole run, scontrol included; below 60 (default: the config's slurm.healthcheck_timeout, 50 s).",
+    kind="number",
+)
+
+
+def _mode(mode: str) -> Callable[[Values], int]:
+    def run(values: Values) -> int:
+        from preflight.slurm import SlurmArgs, run_slurm
+
+        return run_slurm(SlurmArgs(mode=mode, **values))
+
+    run.__name__ = f"run_{mode}"
+    return run
+
+
+def run_config(values: Values) -> int:
+    """Print the slurm.conf lines and write or show the wrapper scripts."""
+    import sys
+
+    from preflight.config import ConfigError
+    from preflight.run import load_host_config
+    from preflight.slurm import (
+        commented_wrappers,
+        preflight_program,
+        prolog_timeout_problem,
+        slurm_conf_lines,
+        wrapper_dir_problem,
+        wrapper_scripts,
+        write_wrappers,
+    )
+
+    config, wrapper_dir, message_timeout = values["config"], values["wrapper_dir"], values["message_timeout"]
+    try:
+        settings = load_host_config(config, "").slurm
+    except ConfigError as problem:
+        return error(str(problem))
+    problem = prolog_timeout_problem(settings, message_timeout) or (wrapper_dir_problem(wrapper_dir) if wrapper_dir is not None else "")
+    if problem:
+        return error(problem)
+    directory = (wrapper_dir or "/etc/slurm").rstrip("/") or "/"
+    wrappers = wrapper_scripts(preflight_program(), directory, os.path.abspath(config) if config else None)
+    lines = slurm_conf_lines(settings, directory, values["interval"], message_timeout)
+    if wrapper_dir is None:
+        sys.stdout.write(lines + commented_wrappers(wrappers))
+        return 0
+    problem = write_wrappers(wrappers)
+    if problem:
+        return error(problem)
+    sys.stdout.write(lines)
+    print(f"preflight: wrote {', '.join(wrappers)} (mode 0755)", file=sys.stderr)
+    return 0
+
+
+COMMANDS = (
+    Command(
+        ("slurm", "prolog"),
+        f"Slurm Prolog: the prolog profile, scoped to the job (SLURM_JOB_GPUS).\n\n{_PROLOG_EXIT_CODES}",
+        _mode("prolog"),
+        options=(ROOT, CONFIG, _TIMEOUT, CHECKS_DIR),
+        fast=True,
+        probe_threads=True,
+    ),
+    Command(
+        ("slurm", "epilog"),
+        "Slurm Epilog: after each job (also one whose prolog failed), the configured epilog_profile (default "
+        f"prolog) scoped to the job's GPUs, so a node the job left broken takes no further job.\n\n{_EPILOG_EXIT_CODES}",
+        _mode("epilog"),
+        options=(ROOT, CONFIG, _TIMEOUT, CHECKS_DIR),
+        fast=True,
+        probe_threads=True,
+    ),
+    Command(
+        ("slurm", "healthcheck"),
+        """HealthCheckProgram or cron: the full profile; drains the node with a "preflight:" reason, resumes a node it drained once clean, never touches a reason someone else set.
+
+    Exit codes: 0 nothing drains the node, 2 it has findings that drain it, 3 no verdict.
+    """,
+        _mode("healthcheck"),
+        options=(ROOT, CONFIG, _HEALTHCHECK_TIMEOUT, CHECKS_DIR),
+        fast=True,
+        probe_threads=True,
+    ),
+    Command(
+        ("slurm", "config"),
+        """Print the slurm.conf lines (Prolog, Epilog, PrologFlags, PrologEpilogTimeout, HealthCheckProgram, HealthCheckInterval), ready to include, and write or show the wrapper scripts they name.
+
+    Exit codes: 0 done, 3 refused (a broken config, a [slurm] timeout that PrologEpilogTimeout cannot cover, an unusable --wrapper-dir).
+    """,
+        run_config,
+        options=(
+            Option("--config", "config", "Site config whose [slurm] timeouts to use (default: /etc/preflight/preflight.toml if present); passed on to the wrappers."),
+            Option("--wrapper-dir", "wrapper_dir", "Write the three wrapper scripts into this existing directory (mode 0755) and name them there; without it they are printed as comments, named in /etc/slurm."),
+            Option("--interval", "interval", "HealthCheckInterval, seconds.", kind="integer", default=300, minimum=1),
+            Option("--message-timeout", "message_timeout", "The cluster's MessageTimeout (Slurm's default: 10); PrologEpilogTimeout stays within it.", kind="integer", default=10, minimum=1),
+        ),
+    ),
+)

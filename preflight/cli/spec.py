@@ -1,0 +1,170 @@
+"""Every command and option of ``preflight``, declared once.
+
+Each command module (``preflight/cli/node.py``, ``slurm.py``, ...) declares its commands as
+:class:`Command` values. Two readers use the same declarations:
+
+* :mod:`preflight.cli.start`, the console entry, parses the commands that run before every job
+  (``node``, ``slurm prolog|epilog|healthcheck``, ``fleet``) itself: typer costs ~250 ms to import,
+  more than the whole prolog budget;
+* :mod:`preflight.cli.app` builds the typer application from them, for help, completion, errors
+  and every other command.
+
+Anything the fast parser does not fully understand (``--help``, a typo, a missing or malformed
+value) goes to typer, which explains it; both then call the same ``run`` function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from preflight.exitcodes import ExitCode
+from preflight.records import frozen
+
+#: How an option's value is read: one string, a float, an int, a switch, a repeatable string, or
+#: a repeatable comma-separated list of tokens (``--select MEM,GDR001 --select dns``).
+KINDS = ("text", "number", "integer", "flag", "many", "tokens")
+
+
+@frozen
+class Option:
+    flag: str  # "--root"
+    field: str  # the name the command's run function receives
+    help: str
+    kind: str = "text"
+    default: Any = None  # for text/number/integer; flags default to False, many/tokens to ()
+    minimum: int | None = None  # integers only
+    envvar: str | None = None  # typer only: the fast path never reads the environment
+
+
+@frozen
+class Argument:
+    field: str
+    metavar: str
+    help: str
+    many: bool = False
+    required: bool = True
+
+
+@frozen
+class Command:
+    path: tuple[str, ...]  # ("node",), ("slurm", "prolog")
+    help: str  # first line: the summary; the rest, e.g. exit codes, shows in --help
+    run: Callable[[dict[str, Any]], int]
+    options: tuple[Option, ...] = ()
+    argument: Argument | None = None
+    fast: bool = False  # start.py may parse it without typer
+    probe_threads: bool = False  # its runs start probe threads: exit through finish()
+
+
+Values = dict[str, Any]
+
+
+def split_tokens(values: Sequence[str]) -> tuple[str, ...]:
+    """``--select MEM,GDR001 --select dns`` -> ``("MEM", "GDR001", "dns")``."""
+    return tuple(token.strip() for value in values for token in value.split(",") if token.strip())
+
+
+def defaults(command: Command) -> Values:
+    values: Values = {}
+    for option in command.options:
+        values[option.field] = {"flag": False, "many": (), "tokens": ()}.get(option.kind, option.default)
+    if command.argument is not None:
+        values[command.argument.field] = () if command.argument.many else None
+    return values
+
+
+def finish_values(command: Command, raw: Values) -> Values:
+    """Values as the run function receives them, whichever parser read them: repeatable options
+    as tuples, token lists split at commas."""
+    values = defaults(command)
+    for option in command.options:
+        value = raw.get(option.field)
+        if value is None:
+            continue
+        if option.kind == "tokens":
+            value = split_tokens(list(value))
+        elif option.kind == "many":
+            value = tuple(value)
+        values[option.field] = value
+    if command.argument is not None and raw.get(command.argument.field) is not None:
+        value = raw[command.argument.field]
+        values[command.argument.field] = tuple(value) if command.argument.many else value
+    return values
+
+
+def parse(command: Command, argv: Sequence[str]) -> Values | None:
+    """The fast parser: values by field, or None when anything is not a well-formed known option
+    or argument (typer then explains). Arguments may come anywhere, as click allows; one that
+    starts with "-" still counts as an unknown option."""
+    by_flag = {option.flag: option for option in command.options}
+    raw: Values = {}
+    arguments: list[str] = []
+    index = 0
+    while index < len(argv):
+        item = argv[index]
+        if command.argument is not None and not item.startswith("-"):
+            arguments.append(item)
+            index += 1
+            continue
+        flag, has_inline, inline = item.partition("=")
+        option = by_flag.get(flag)
+        if option is None:
+            return None
+        if option.kind == "flag":
+            if has_inline:
+                return None
+            raw[option.field] = True
+            index += 1
+            continue
+        if has_inline:
+            text, index = inline, index + 1
+        elif index + 1 < len(argv):
+            text, index = argv[index + 1], index + 2
+        else:
+            return None
+        value = _converted(option, text)
+        if value is None:
+            return None
+        if option.kind in ("many", "tokens"):
+            raw[option.field] = [*raw.get(option.field, []), value]
+        elif option.field in raw:
+            return None  # given twice: typer's rules decide
+        else:
+            raw[option.field] = value
+    if command.argument is not None:
+        if command.argument.required and not arguments:
+            return None
+        if len(arguments) > 1 and not command.argument.many:
+            return None
+        raw[command.argument.field] = arguments if command.argument.many else (arguments[0] if arguments else None)
+    return finish_values(command, raw)
+
+
+def _converted(option: Option, text: str) -> Any:
+    try:
+        if option.kind == "number":
+            return float(text)
+        if option.kind == "integer":
+            number = int(text)
+            return None if option.minimum is not None and number < option.minimum else number
+    except ValueError:
+        return None
+    return text
+
+
+def error(message: str) -> int:
+    """Say why the command gave up, the way every command does, and return the exit code."""
+    import sys
+
+    print(f"preflight: error: {message}", file=sys.stderr)
+    return ExitCode.NO_VERDICT
+
+
+def values_for(command: Command, **given: Any) -> Values:
+    """A command's values as its run function receives them: the declared defaults, then
+    ``given`` (for callers that run a command in-process, such as tests and benchmarks)."""
+    unknown = set(given) - set(defaults(command))
+    if unknown:
+        raise TypeError(f"{' '.join(command.path)} has no options {sorted(unknown)}")
+    return {**defaults(command), **given}

@@ -1,0 +1,115 @@
+"""Which RDMA ports NCCL's IB transport would use on this node (references IB003, IB004, IB005).
+
+NCCL's rules (``src/transport/net_ib/init.cc`` ``ncclIbInitDevices``, ``src/misc/utils.cc``
+``parseStringList``/``matchIfList``, NCCL 2.30):
+
+* ``NCCL_IB_HCA`` (environment, then the NCCL configuration files; see ``preflight.probes.job``):
+  a leading ``^`` excludes the listed devices; after it, a leading ``=`` makes names exact;
+  otherwise every name is a *prefix* (``strncmp`` over the entry's length), so ``mlx5_1`` also
+  selects ``mlx5_10``. Entries are split at commas (empty ones dropped) and read as
+  ``name[:port[:rail[:plane]]]`` with ``atoi`` for the port (``mlx5_0:x`` asks for port 0, which
+  no device has). Nothing is trimmed: ``mlx5_0, mlx5_1`` names ``" mlx5_1"``. An empty list
+  selects everything, so ``^`` alone excludes everything.
+* Only ports whose state is ACTIVE and whose link layer is InfiniBand or Ethernet are kept (EFA's
+  ``Unknown`` link layer is the aws-ofi-nccl plugin's business).
+* Device order: since 2.29.7 NCCL sorts its devices by PCI address unless
+  ``NCCL_IB_DEVICE_PCI_ORDER=0``; earlier releases number them as libibverbs lists them, which
+  follows the kernel's registration order, the order that ``mlx5_<N>`` names are handed out in.
+"""
+
+from __future__ import annotations
+
+import re
+
+from preflight.probes.job import JobFacts, Setting
+from preflight.probes.rdma import PORT_ACTIVE, RdmaFacts, RdmaPort, ports_unlisted
+from preflight.records import frozen
+
+NCCL_LINK_LAYERS = ("InfiniBand", "Ethernet")
+
+
+_ATOI = re.compile(r"^\s*([+-]?\d+)")
+
+
+@frozen
+class HcaEntry:
+    """One ``NCCL_IB_HCA`` entry."""
+
+    text: str  # as written: "mlx5_1:1"
+    name: str  # "mlx5_1"
+    port: int | None  # None: any port
+
+
+@frozen
+class HcaList:
+    """``NCCL_IB_HCA`` as NCCL parses it."""
+
+    exclude: bool  # leading "^"
+    exact: bool  # leading "=" (after any "^")
+    entries: tuple[HcaEntry, ...]
+
+    def entry_matches(self, entry: HcaEntry, device: str, port: int) -> bool:
+        name_ok = device == entry.name if self.exact else device.startswith(entry.name)
+        return name_ok and (entry.port is None or entry.port == port)
+
+    def selects(self, device: str, port: int) -> bool:
+        listed = not self.entries or any(self.entry_matches(entry, device, port) for entry in self.entries)
+        return listed != self.exclude
+
+
+def _atoi(text: str) -> int:
+    match = _ATOI.match(text)
+    return int(match.group(1)) if match else 0
+
+
+def parse_nccl_ib_hca(value: str | None) -> HcaList:
+    """Parse ``NCCL_IB_HCA`` the way NCCL does; ``None`` (unset) selects everything."""
+    text = value or ""
+    exclude = text.startswith("^")
+    text = text[1:] if exclude else text
+    exact = text.startswith("=")
+    text = text[1:] if exact else text
+    entries = []
+    for item in text.split(","):
+        name, _, rest = item.partition(":")
+        if not name:
+            continue
+        port_text = rest.split(":", 1)[0]
+        entries.append(HcaEntry(item, name, _atoi(port_text) if port_text else None))
+    return HcaList(exclude, exact, tuple(entries))
+
+
+@frozen
+class Selection:
+    """What NCCL's IB transport would open on this node."""
+
+    setting: Setting | None  # NCCL_IB_HCA and where it came from
+    hca: HcaList
+    ports: tuple[RdmaPort, ...]  # kept ports, in device order
+    undecided: tuple[RdmaPort, ...]  # listed ports whose state or link layer is unknown
+    unlisted: tuple[str, ...] = ()  # "path: reason" of selected devices whose ports are unknown
+
+    @property
+    def devices(self) -> list[str]:
+        return list(dict.fromkeys(port.device for port in self.ports))
+
+    def describe(self) -> str:
+        return ", ".join(f"{port.subject} {port.link_layer}" for port in self.ports) or "nothing"
+
+
+def nccl_selection(rdma: RdmaFacts, job: JobFacts) -> Selection:
+    setting = job.nccl("NCCL_IB_HCA")
+    hca = parse_nccl_ib_hca(setting.value if setting else None)
+    kept, unknown, unlisted = [], [], []
+    for device in rdma.devices:
+        problem = ports_unlisted(device)
+        if problem is not None and (hca.exclude or not hca.entries or any(device.name.startswith(e.name.strip()) for e in hca.entries)):
+            unlisted.append(str(problem))
+        for port in device.ports:
+            if not hca.selects(device.name, port.number):
+                continue
+            if port.state is None or port.link_layer is None:
+                unknown.append(port)
+            elif port.state == PORT_ACTIVE and port.link_layer in NCCL_LINK_LAYERS:
+                kept.append(port)
+    return Selection(setting, hca, tuple(kept), tuple(unknown), tuple(unlisted))

@@ -1,0 +1,104 @@
+"""GPU BAR1: the window through which RDMA NICs (GPUDirect RDMA) and GDRCopy reach GPU memory
+(reference GDR003).
+
+Every buffer a NIC reads from or writes to GPU memory is mapped through BAR1. When BAR1 is small
+(a data-centre GPU whose large BAR is off) or already mostly mapped before the job starts
+(mappings leaked by an earlier job), peer-memory registration fails and NCCL's RDMA setup dies.
+
+Sources:
+
+* NVML ``nvmlDeviceGetBAR1MemoryInfo``: ``bar1Total``, ``bar1Used``, ``bar1Free`` in bytes.
+  Unified-memory parts (Grace Hopper, GB10) answer ``NVML_ERROR_NOT_SUPPORTED``: there, the
+  NIC reaches memory without BAR1 and the reference does not apply.
+* ``/sys/bus/pci/devices/<bdf>/resource``: one ``start end flags`` line per region. The BAR1
+  aperture is the largest 64-bit prefetchable memory region; it is region 1 on some GPUs and
+  region 2 on HGX H100 (region 0 is 64-bit there and takes two registers), so never index 1.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from preflight.probes.gpus import normalise_bus_id
+from preflight.probing import FactReader
+from preflight.records import frozen
+from preflight.registry import probe
+from preflight.sources.nvml import Nvml, NvmlError
+
+if TYPE_CHECKING:
+    from preflight.sources import NodeFS
+
+_MEM, _PREFETCH, _MEM_64 = 0x200, 0x2000, 0x100000  # IORESOURCE_* (include/linux/ioport.h)
+
+
+@frozen
+class Bar1:
+    index: int
+    name: str | None
+    bus_id: str | None
+    total: int | None  # bytes, from NVML
+    used: int | None
+    error: str  # NVML error code of the BAR1 query, "" when it answered
+    aperture: int | None  # bytes, largest 64-bit prefetchable region in sysfs
+
+
+@frozen
+class Bar1Facts:
+    gpus: tuple[Bar1, ...]
+    nvml_error: str
+    problems: tuple[str, ...]
+
+
+def largest_prefetchable(resource: str) -> int | None:
+    """Size of the largest 64-bit prefetchable memory region in a sysfs ``resource`` file."""
+    best = None
+    for line in resource.splitlines():
+        fields = line.split()
+        if len(fields) != 3:
+            continue
+        try:
+            start, end, flags = (int(field, 16) for field in fields)
+        except ValueError:
+            continue
+        wanted = _MEM | _PREFETCH | _MEM_64
+        if flags & wanted == wanted and end > start:
+            size = end - start + 1
+            best = size if best is None else max(best, size)
+    return best
+
+
+@probe("bar1")
+def probe_bar1(fs: NodeFS, nvml: Nvml) -> Bar1Facts:
+    """BAR1 size and use of every GPU NVML knows, with the aperture sysfs shows for it."""
+    reader = FactReader(fs)
+    try:
+        count = nvml.call("nvmlDeviceGetCount")
+    except NvmlError as error:
+        return Bar1Facts((), error.code, tuple(reader.problems))
+    gpus = []
+    for index in range(count if isinstance(count, int) else 0):
+        name = _answer(nvml, "nvmlDeviceGetName", index)
+        pci = _answer(nvml, "nvmlDeviceGetPciInfo", index)
+        bus_id = normalise_bus_id(pci["busId"]) if isinstance(pci, dict) and isinstance(pci.get("busId"), str) else None
+        try:
+            info = nvml.call("nvmlDeviceGetBAR1MemoryInfo", index)
+            total, used, code = _bytes(info, "bar1Total"), _bytes(info, "bar1Used"), ""
+        except NvmlError as failure:
+            total = used = None
+            code = failure.code
+        resource = reader.text(f"/sys/bus/pci/devices/{bus_id}/resource") if bus_id else None
+        aperture = largest_prefetchable(resource) if resource else None
+        gpus.append(Bar1(index, name if isinstance(name, str) else None, bus_id, total, used, code, aperture))
+    return Bar1Facts(tuple(gpus), "", tuple(reader.problems))
+
+
+def _answer(nvml: Nvml, function: str, index: int) -> object:
+    try:
+        return nvml.call(function, index)
+    except NvmlError:
+        return None
+
+
+def _bytes(info: object, key: str) -> int | None:
+    value = info.get(key) if isinstance(info, dict) else None
+    return value if isinstance(value, int) and value >= 0 else None

@@ -1,0 +1,216 @@
+"""The NVLink fabric: NVLS (NVLink SHARP) multicast needs it configured and served (NVL006), and a
+fabric manager restarted after boot can leave multicast state invalid (NVL004).
+
+On HGX systems with NVSwitches on the baseboard the GPUs join the NVLink fabric only after the
+fabric manager (``nv-fabricmanager``) has programmed the switches, and it keeps serving NVLS
+multicast team setup requests while jobs run (its log shows "Team setup request" and "multicast
+group N is allocated" lines, as in leptonai/gpud's fabricmanager.log test data). Until it has
+done so, or once it is gone, peer-to-peer and NVLS multicast setup fail and NCCL either falls
+back or, from 2.29, aborts. GB200/GB300 compute trays have no NVSwitch of their own: the fabric
+is run from the NVLink switch trays, the compute tray's GPUs report their fabric through NVML
+(cluster UUID and clique ID) and the fabric manager is not run there (it exits with
+NV_WARN_NOTHING_TO_DO without NVSwitches).
+
+Sources:
+
+* ``/sys/bus/pci/devices/*``: NVSwitches are NVIDIA (0x10de) bridges of class 0x0680. (Grace's
+  own PCIe root ports are NVIDIA bridges of class 0x0604 and are not NVSwitches.)
+* NVML ``nvmlDeviceGetGpuFabricInfo`` per GPU: ``state`` (0 not supported, 1 not started,
+  2 in progress, 3 completed), ``status`` (an NVML return code; 0 is success), ``clusterUuid``
+  and ``cliqueId`` (non-zero on multi-node NVLink trays). Drivers before the fabric-info API
+  answer ``NVML_ERROR_FUNCTION_NOT_FOUND`` or ``NOT_SUPPORTED``.
+* The fabric manager without systemd (containers and prologs have no D-Bus): a process whose
+  ``/proc/<pid>/comm`` is ``nv-fabricmanage`` (the kernel keeps 15 characters), or its command
+  socket listening: TCP ``FM_CMD_PORT_NUMBER`` (default 6666, bound to ``FM_CMD_BIND_INTERFACE``,
+  default 127.0.0.1) in ``/proc/net/tcp``, or ``FM_CMD_UNIX_SOCKET_PATH`` in ``/proc/net/unix``,
+  as configured in ``/usr/share/nvidia/nvswitch/fabricmanager.cfg``. The process table is only
+  the host's when PID 1 is the init system (``/proc/1/comm`` systemd or init); in a container's
+  own PID namespace a missing process proves nothing.
+* ``/proc/<pid>/stat`` field 22 (``starttime``, clock ticks after boot; USER_HZ is 100 on Linux):
+  when the fabric manager started.
+* The job's ``NCCL_NVLS_ENABLE``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from preflight.probes.sockets import TableError, parse_tcp_table
+from preflight.probing import FactReader
+from preflight.records import frozen
+from preflight.registry import probe
+from preflight.sources.nvml import Nvml, NvmlError
+
+if TYPE_CHECKING:
+    from preflight.sources import NodeFS
+
+_NVSWITCH_CLASS = "0x0680"
+
+
+_FABRIC_MANAGER_COMM = "nv-fabricmanag"
+
+
+_HOST_INITS = ("systemd", "init")
+
+
+FABRIC_MANAGER_CONFIG = "/usr/share/nvidia/nvswitch/fabricmanager.cfg"
+
+
+DEFAULT_FM_PORT = 6666  # FM_CMD_PORT_NUMBER (nv_fm_types.h)
+
+
+USER_HZ = 100  # clock ticks per second of /proc/<pid>/stat times on Linux
+
+
+@frozen
+class GpuFabric:
+    index: int
+    state: int | None
+    status: int | None
+    cluster_uuid: str | None  # hex of clusterUuid; None when all zero (no multi-node fabric)
+    clique_id: int | None
+    error: str  # NVML error code of the fabric query, "" when it answered
+
+
+@frozen
+class FabricManager:
+    """What the node shows of a running fabric manager."""
+
+    pids: tuple[int, ...]  # processes named nv-fabricmanage
+    host_view: bool | None  # PID 1 is the init system; None: /proc could not be scanned
+    pid1: str | None  # /proc/1/comm
+    listening: str | None  # "127.0.0.1:6666 (/proc/net/tcp:3)" or the unix socket path
+    started_after_boot_s: float | None  # of the first pid, from /proc/<pid>/stat
+    problems: tuple[str, ...]
+
+    @property
+    def running(self) -> bool:
+        return bool(self.pids) or self.listening is not None
+
+
+@frozen
+class FabricFacts:
+    nvswitches: tuple[str, ...]
+    gpus: tuple[GpuFabric, ...]
+    nvml_error: str
+    fabric_manager: FabricManager
+    problems: tuple[str, ...]
+    nvswitch_problem: str = ""  # why some PCI function might be an NVSwitch not counted, "" if none
+    nvidia_functions: int = 0  # NVIDIA PCI functions (GPUs, NVSwitches) on /sys/bus/pci/devices
+
+    @property
+    def multi_node_tray(self) -> bool:
+        """A GB200/GB300-style compute tray: no NVSwitch here, GPUs in a multi-node NVLink fabric."""
+        return not self.nvswitches and any(gpu.cluster_uuid is not None for gpu in self.gpus)
+
+
+def _uuid(value: object) -> str | None:
+    if isinstance(value, list) and all(type(part) is int for part in value) and any(value):
+        return "".join(f"{part & 0xFF:02x}" for part in value)
+    return None
+
+
+def _gpu_fabric(nvml: Nvml, index: int) -> GpuFabric:
+    try:
+        info = nvml.call("nvmlDeviceGetGpuFabricInfo", index)
+    except NvmlError as failure:
+        return GpuFabric(index, None, None, None, None, failure.code)
+    if not isinstance(info, dict):
+        return GpuFabric(index, None, None, None, None, f"unexpected answer {info!r}")
+    state, status, clique = info.get("state"), info.get("status"), info.get("cliqueId")
+    return GpuFabric(
+        index,
+        state if type(state) is int else None,
+        status if type(status) is int else None,
+        _uuid(info.get("clusterUuid")),
+        clique if type(clique) is int else None,
+        "",
+    )
+
+
+def parse_fm_config(text: str) -> tuple[int, str, str]:
+    """(port, bind address, unix socket path) from fabricmanager.cfg ``KEY=value`` lines."""
+    values = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and not key.lstrip().startswith("#"):
+            values[key.strip()] = value.strip()
+    try:
+        port = int(values.get("FM_CMD_PORT_NUMBER", DEFAULT_FM_PORT))
+    except ValueError:
+        port = DEFAULT_FM_PORT
+    return port, values.get("FM_CMD_BIND_INTERFACE", "127.0.0.1"), values.get("FM_CMD_UNIX_SOCKET_PATH", "")
+
+
+def parse_start_after_boot(stat: str) -> float:
+    """Seconds after boot a process started, from ``/proc/<pid>/stat`` (field 22, after the
+    parenthesised command name, which may itself contain spaces and parentheses)."""
+    fields = stat.rpartition(")")[2].split()
+    if len(fields) < 20:
+        raise ValueError("fewer than 22 fields")
+    return int(fields[19]) / USER_HZ
+
+
+def _listening(reader: FactReader) -> str | None:
+    port, _, unix_path = parse_fm_config(reader.text(FABRIC_MANAGER_CONFIG) or "")
+    if unix_path:
+        for line in (reader.text("/proc/net/unix") or "").splitlines()[1:]:
+            if line.split()[-1:] == [unix_path]:
+                return unix_path
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        text = reader.text(table)
+        if not text:
+            continue
+        try:
+            parsed = parse_tcp_table(text, table)
+        except TableError:
+            reader.problems.append(f"{table}: not a TCP table")
+            continue
+        for socket in parsed.listening:
+            if socket.port == port:
+                return f"{socket.address}:{socket.port} ({socket.source})"
+    return None
+
+
+def _fabric_manager(reader: FactReader) -> FabricManager:
+    # Unlisted /proc stays in problems: the checks cannot tell whether the manager runs.
+    pids = sorted(int(name) for name in reader.listing("/proc") or [] if name.isdigit())
+    if not pids:
+        return FabricManager((), None, None, _listening(reader), None, tuple(reader.problems))
+    pid1 = reader.text("/proc/1/comm")
+    found = []
+    for pid in pids:
+        comm = reader.text(f"/proc/{pid}/comm")
+        if comm is not None and comm.strip().startswith(_FABRIC_MANAGER_COMM):
+            found.append(pid)
+    started = None
+    if found:
+        stat = reader.text(f"/proc/{found[0]}/stat")
+        try:
+            started = parse_start_after_boot(stat) if stat is not None else None
+        except ValueError as error:
+            reader.problems.append(f"/proc/{found[0]}/stat: {error}")
+    host = pid1 is not None and pid1.strip() in _HOST_INITS
+    return FabricManager(tuple(found), host, pid1.strip() if pid1 else None, _listening(reader), started, tuple(reader.problems))
+
+
+@probe("fabric", gather_in=("full",))
+def probe_fabric(fs: NodeFS, nvml: Nvml) -> FabricFacts:
+    """NVSwitches on the bus, each GPU's fabric state, and whether a fabric manager runs."""
+    reader = FactReader(fs)
+    nvidia = [
+        bdf
+        for bdf in reader.listing("/sys/bus/pci/devices") or []  # unlisted: nvswitch_problem
+        if (reader.text(f"/sys/bus/pci/devices/{bdf}/vendor") or "").strip() == "0x10de"
+    ]
+    nvswitches = tuple(bdf for bdf in nvidia if (reader.text(f"/sys/bus/pci/devices/{bdf}/class") or "").strip().startswith(_NVSWITCH_CLASS))
+    unclassified = next((p for p in reader.problems if p.startswith("/sys/bus/pci/devices")), "")
+    manager = _fabric_manager(FactReader(fs))
+    try:
+        count = nvml.call("nvmlDeviceGetCount")
+    except NvmlError as error:
+        return FabricFacts(nvswitches, (), error.code, manager, tuple(reader.problems), unclassified, len(nvidia))
+    if not isinstance(count, int) or count < 0:  # a damaged recording, not "no GPUs"
+        return FabricFacts(nvswitches, (), "NVML_UNEXPECTED_ANSWER", manager, tuple(reader.problems), unclassified, len(nvidia))
+    gpus = tuple(_gpu_fabric(nvml, index) for index in range(count))
+    return FabricFacts(nvswitches, gpus, "", manager, tuple(reader.problems), unclassified, len(nvidia))

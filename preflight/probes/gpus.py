@@ -1,0 +1,121 @@
+"""GPUs as the PCI bus and the driver see them (reference GPU001).
+
+Sources:
+
+* ``/sys/bus/pci/devices/<bdf>/{vendor,class}``: NVIDIA (0x10de) display/3D controllers
+  (class 0x03xxxx; NVSwitches are bridges, class 0x0680, and are not counted);
+* NVML: ``nvmlSystemGetDriverVersion``, ``nvmlDeviceGetCount``, and per device
+  ``nvmlDeviceGetName``, ``nvmlDeviceGetPciInfo`` (``busId``), ``nvmlDeviceGetUUID``.
+
+A GPU that is on the bus but missing from NVML, NVML refusing to start because the kernel module
+and the user-space library differ, or ``NVML_ERROR_GPU_IS_LOST`` (from any NVML call, including
+the health queries of ``gpu_health``) are the node states behind CUDA's catch-all error 999 in
+NCCL jobs. Persistence mode off (``nvmlDeviceGetPersistenceMode``, read by ``gpu_health``) is a
+warning: the driver then tears each GPU down after its last client and initialises it again
+inside the next job, 1-3 s per GPU, and that start-up is where a failing GPU or driver shows
+(https://docs.nvidia.com/deploy/driver-persistence/overview.html).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from preflight.probing import FactReader
+from preflight.records import frozen
+from preflight.registry import probe
+from preflight.sources.nvml import Nvml, NvmlError
+
+if TYPE_CHECKING:  # gpu_health imports this module at run time
+    from preflight.sources import NodeFS
+    pass
+
+
+NVIDIA_VENDOR = 0x10DE
+
+
+UNEXPECTED_ANSWER = "NVML_UNEXPECTED_ANSWER"  # an answer pynvml never gives: a damaged recording
+
+
+@frozen
+class NvmlDevice:
+    index: int
+    name: str | None  # nvmlDeviceGetName
+    bus_id: str | None  # nvmlDeviceGetPciInfo().busId, normalised to sysfs form 0000:18:00.0
+    uuid: str | None  # nvmlDeviceGetUUID
+    error: str  # NVML error code of the first failing call, "" when all succeeded
+
+
+@frozen
+class GpuFacts:
+    pci_gpus: tuple[str, ...]  # /sys/bus/pci/devices with vendor 0x10de and class 0x03xxxx
+    nvml_error: str  # NVML_ERROR_* of nvmlInit / nvmlDeviceGetCount, "" when NVML answered
+    nvml_detail: str
+    driver_version: str | None  # nvmlSystemGetDriverVersion
+    devices: tuple[NvmlDevice, ...]
+    problems: tuple[str, ...]
+
+
+def normalise_bus_id(bus_id: str) -> str:
+    """NVML's ``00000000:18:00.0`` (8-hex domain) -> sysfs ``0000:18:00.0``, lower case."""
+    text = bus_id.strip().lower()
+    domain, _, rest = text.partition(":")
+    if not rest:
+        return text
+    try:
+        return f"{int(domain, 16):04x}:{rest}"
+    except ValueError:
+        return text
+
+
+def _hex(text: str | None) -> int | None:
+    try:
+        return int(text.strip(), 16) if text else None
+    except ValueError:
+        return None
+
+
+def _pci_gpus(reader: FactReader) -> tuple[str, ...]:
+    found = []
+    for bdf in reader.listing("/sys/bus/pci/devices") or []:  # unlisted: in problems, checks say unknown
+        base = f"/sys/bus/pci/devices/{bdf}"
+        if _hex(reader.text(f"{base}/vendor")) != NVIDIA_VENDOR:
+            continue
+        device_class = _hex(reader.text(f"{base}/class"))
+        if device_class is not None and device_class >> 16 == 0x03:
+            found.append(bdf.lower())
+    return tuple(found)
+
+
+def _device(nvml: Nvml, index: int) -> NvmlDevice:
+    values: dict[str, Any] = {}
+    error = ""
+    for key, function in (("name", "nvmlDeviceGetName"), ("pci", "nvmlDeviceGetPciInfo"), ("uuid", "nvmlDeviceGetUUID")):
+        try:
+            values[key] = nvml.call(function, index)
+        except NvmlError as failure:
+            error = error or failure.code
+    pci = values.get("pci")
+    bus_id = pci.get("busId") if isinstance(pci, dict) else None
+    return NvmlDevice(
+        index=index,
+        name=values.get("name"),
+        bus_id=normalise_bus_id(bus_id) if isinstance(bus_id, str) else None,
+        uuid=values.get("uuid"),
+        error=error,
+    )
+
+
+@probe("gpus")
+def probe_gpus(fs: NodeFS, nvml: Nvml) -> GpuFacts:
+    """List GPUs on the PCI bus and ask NVML about each device it knows."""
+    reader = FactReader(fs)
+    pci = _pci_gpus(reader)
+    try:
+        driver = nvml.call("nvmlSystemGetDriverVersion")
+        count = nvml.call("nvmlDeviceGetCount")
+    except NvmlError as error:
+        return GpuFacts(pci, error.code, str(error), None, (), tuple(reader.problems))
+    if not isinstance(count, int) or count < 0:
+        return GpuFacts(pci, UNEXPECTED_ANSWER, f"device count {repr(count)[:40]}", str(driver), (), tuple(reader.problems))
+    devices = tuple(_device(nvml, index) for index in range(count))
+    return GpuFacts(pci, "", "", str(driver), devices, tuple(reader.problems))

@@ -1,0 +1,401 @@
+"""How the names a job depends on resolve (reference DNS001).
+
+Subjects, one finding each: this node's host name, the job's peers (``SLURM_JOB_NODELIST``,
+``MASTER_ADDR``) and every nameserver the node asks.
+
+Sources:
+
+* ``/proc/sys/kernel/hostname`` (the UTS name ``gethostname()`` returns);
+* ``/etc/nsswitch.conf`` ``hosts:`` line (nsswitch.conf(5)): the services libc asks, in order, and
+  the ``[STATUS=action]`` items between them. Without a ``hosts`` line glibc 2.36 asks ``files``
+  and then ``dns`` (measured: a name in both /etc/hosts and DNS resolves to the hosts address);
+* ``/etc/hosts`` (hosts(5));
+* ``/proc/self/environ``: ``SLURM_JOB_NODELIST`` (expanded like ``scontrol show hostnames``) and
+  ``MASTER_ADDR``;
+* DNS through the node's resolv.conf (search list, ``ndots``; ``preflight.sources.dns``): one
+  timed query to each nameserver on its own, then ``A``/``AAAA`` for every name and ``PTR`` for
+  the addresses libc would hand out, through the nameservers that answered.
+
+Why it matters: torchrun's c10d rendezvous, Gloo and the ``MASTER_ADDR`` store resolve host names
+with ``getaddrinfo`` and use (or advertise) the first address. glibc sorts an IPv4 loopback
+address ahead of a routable one for the same name wherever the lines sit in /etc/hosts (RFC 6724
+rule 8 with glibc's scope table, which puts 127/8 in link-local scope; reproduced with glibc
+2.36), so a Debian-style ``127.0.1.1 <hostname>`` line makes Gloo peers and the rendezvous dial
+their own loopback. NCCL's own bootstrap never resolves this host's name: it advertises the
+address of the interface it picks (``NCCL_SOCKET_IFNAME``, else ``ib*``, else the first interface
+that is not docker, lo or virbr; ``src/misc/socket.cc``), so NCCL is hurt only through the
+rendezvous that carries its unique ID. ``socket.getfqdn()``, which
+torch elastic uses to name the local agent, follows the reverse (PTR) answer.
+
+Peers are sampled, not all resolved: each node asks for ``MASTER_ADDR``, the first node of the
+job and its next few successors in the node list, so every name in the job is asked by some node
+while no node sends thousands of queries at job start.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from preflight.hostlist import HostlistError, expand
+from preflight.probes.job import parse_environ
+from preflight.probing import FactReader
+from preflight.records import frozen
+from preflight.registry import probe
+from preflight.sources import NodeFS, NotCaptured, SourceError
+from preflight.sources.dns import Dns, DnsAnswer, NameserverCheck
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from preflight.config import HostConfig
+
+#: Peers resolved by one node besides MASTER_ADDR and the first node of the job.
+PEER_SUCCESSORS = 6
+
+
+#: Addresses per name whose reverse (PTR) answer is checked.
+MAX_REVERSE_PER_NAME = 4
+
+
+#: RCODEs of a working server: it either knows the name or says it does not exist.
+HEALTHY_RCODES = ("NOERROR", "NXDOMAIN")
+
+
+ROLE_HOST = "this host"
+
+
+ROLE_MASTER = "MASTER_ADDR"
+
+
+ROLE_PEER = "peer"
+
+
+@frozen
+class HostsEntry:
+    address: str
+    names: tuple[str, ...]
+    source: str  # "/etc/hosts:3"
+
+
+@frozen
+class NssService:
+    """One service of the nsswitch.conf ``hosts:`` line and the action items after it."""
+
+    name: str  # "files", "dns", "myhostname", "resolve", "sss"...
+    actions: tuple[str, ...] = ()  # "NOTFOUND=return", "!UNAVAIL=return"
+
+
+#: glibc 2.36 without a hosts line: files, then dns (see the module docstring).
+FILES_THEN_DNS = (NssService("files"), NssService("dns"))
+
+
+@frozen
+class NameLookup:
+    """One name the job needs: its /etc/hosts lines, DNS answers and its addresses' PTR answers."""
+
+    name: str
+    roles: tuple[str, ...]  # ROLE_HOST, or ROLE_MASTER and/or ROLE_PEER
+    hosts_entries: tuple[HostsEntry, ...]  # /etc/hosts lines naming it exactly (any case)
+    dns_answers: tuple[DnsAnswer, ...]  # A and AAAA, search list applied; () when DNS was not read
+    reverse: tuple[DnsAnswer, ...] = ()  # PTR for the addresses libc returns
+
+
+@frozen
+class HostnameFacts:
+    hostname: str | None  # /proc/sys/kernel/hostname
+    hosts_entries: tuple[HostsEntry, ...]  # /etc/hosts lines naming this host exactly (any case)
+    dns_answers: tuple[DnsAnswer, ...]  # this host's A and AAAA; () when DNS could not be read
+    problems: tuple[str, ...]  # files that could not be read (host name, nsswitch.conf)
+    reverse: tuple[DnsAnswer, ...] = ()  # PTR answers for this host's addresses
+    peers: tuple[NameLookup, ...] = ()  # MASTER_ADDR and sampled SLURM_JOB_NODELIST peers
+    nodes_in_job: int = 0  # hosts in SLURM_JOB_NODELIST
+    peers_error: str = ""  # why the job's peers are not known (environ unreadable, bad node list)
+    hosts_order: tuple[NssService, ...] = FILES_THEN_DNS  # /etc/nsswitch.conf hosts:
+    hosts_error: str = ""  # why /etc/hosts could not be read, "" when it was
+    hosts_order_error: str = ""  # why /etc/nsswitch.conf's order is unknown (not captured), "" when known
+    nameservers: tuple[NameserverCheck, ...] = ()  # one timed query to each nameserver
+    nameserver_origin: str = "/etc/resolv.conf"  # or the site config's [dns] nameservers
+    dns_error: str = ""  # why DNS answers could not be had at all (no recording...)
+
+    def lookups(self) -> list[NameLookup]:
+        """This host's lookup first, then the peers'."""
+        own = []
+        if self.hostname is not None:
+            own = [NameLookup(self.hostname, (ROLE_HOST,), self.hosts_entries, self.dns_answers, self.reverse)]
+        return own + list(self.peers)
+
+
+# -- parsers ----------------------------------------------------------------------------------
+def parse_hosts(text: str, path: str = "/etc/hosts") -> list[HostsEntry]:
+    entries = []
+    for number, line in enumerate(text.splitlines(), 1):
+        fields = line.split("#", 1)[0].split()
+        # glibc's files service skips lines whose address does not parse (inet_pton).
+        if len(fields) >= 2 and is_ip_literal(fields[0]):
+            entries.append(HostsEntry(fields[0], tuple(fields[1:]), f"{path}:{number}"))
+    return entries
+
+
+_NSS_TOKEN = re.compile(r"\[([^\]]*)\]|([^\s\[]+)")
+
+
+def _action_item(item: str) -> str:
+    """``notfound=Return`` -> ``NOTFOUND=return``: statuses and actions are case-insensitive."""
+    condition, _, action = item.partition("=")
+    return f"{condition.upper()}={action.lower()}"
+
+
+def parse_nsswitch_hosts(text: str) -> tuple[NssService, ...]:
+    """The ``hosts:`` line of nsswitch.conf; glibc's default order when there is none."""
+    for line in text.splitlines():
+        database, colon, rest = line.split("#", 1)[0].partition(":")
+        if not colon or database.strip() != "hosts":
+            continue
+        services: list[NssService] = []
+        for bracket, word in _NSS_TOKEN.findall(rest):
+            if word:
+                services.append(NssService(word.lower()))
+            elif services:
+                items = tuple(_action_item(item) for item in bracket.split() if "=" in item)
+                services[-1] = NssService(services[-1].name, services[-1].actions + items)
+        if services:
+            return tuple(services)
+    return FILES_THEN_DNS
+
+
+# -- names ------------------------------------------------------------------------------------
+def _plain(name: str) -> str:
+    return name.lower().rstrip(".")
+
+
+def same_host(first: str, second: str) -> bool:
+    """Two spellings of one host: equal ignoring case and the root dot, or a short name and an
+    FQDN whose first label it is."""
+    a, b = _plain(first), _plain(second)
+    if a == b:
+        return True
+    if "." not in a:
+        return b.split(".", 1)[0] == a
+    if "." not in b:
+        return a.split(".", 1)[0] == b
+    return False
+
+
+def is_ip_literal(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text.split("%", 1)[0])
+    except ValueError:
+        return False
+    return True
+
+
+def is_loopback_address(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def select_peers(hostname: str | None, nodes: Sequence[str], master_addr: str) -> list[tuple[str, tuple[str, ...]]]:
+    """(name, roles) of the peers this node resolves: MASTER_ADDR, the job's first node and the
+    next PEER_SUCCESSORS nodes after this one in the list (cyclically), without this host."""
+    own = next((i for i, node in enumerate(nodes) if hostname and same_host(node, hostname)), -1)
+    chosen: dict[str, list[str]] = {}
+    if master_addr and not is_ip_literal(master_addr) and not (hostname and same_host(master_addr, hostname)):
+        chosen[master_addr] = [ROLE_MASTER]
+    successors = [nodes[(own + step) % len(nodes)] for step in range(1, min(len(nodes), PEER_SUCCESSORS + 1))]
+    candidates = list(nodes[:1]) + successors
+    for node in candidates:
+        if hostname and same_host(node, hostname):
+            continue
+        known = next((name for name in chosen if same_host(name, node)), None)
+        if known is None:
+            chosen[node] = [ROLE_PEER]
+        elif ROLE_PEER not in chosen[known]:
+            chosen[known].append(ROLE_PEER)
+    return [(name, tuple(roles)) for name, roles in chosen.items()]
+
+
+# -- what libc would answer -------------------------------------------------------------------
+@frozen
+class LibcResult:
+    """getaddrinfo(name) as emulated from nsswitch.conf, /etc/hosts and the DNS answers."""
+
+    status: str  # "found" | "not_found" | "unavailable" | "undetermined"
+    addresses: tuple[str, ...]  # in getaddrinfo's order; () when the service gives this node's own
+    service: str  # the service that decided (or that could not be emulated)
+    detail: str
+
+
+def gai_order(addresses: Sequence[str]) -> tuple[str, ...]:
+    """Loopback addresses first, the rest in the order the service gave them: glibc ranks ::1
+    highest (precedence 50) and IPv4 loopback ahead of routable IPv4 (scope rule 8)."""
+    unique = list(dict.fromkeys(addresses))
+    return tuple(sorted(unique, key=lambda address: 0 if is_loopback_address(address) else 1))
+
+
+def _dns_status(answers: Sequence[DnsAnswer]) -> tuple[str, tuple[str, ...], str]:
+    addresses = tuple(address for answer in answers for address in answer.addresses)
+    summary = "; ".join(
+        f"{a.rdtype} {', '.join(a.addresses) or (a.error + (' ' + a.detail if a.detail else ''))}" for a in answers
+    )
+    if addresses:
+        return "SUCCESS", addresses, summary
+    errors = {answer.error for answer in answers}
+    if errors <= {"NXDOMAIN", "NOANSWER"}:
+        return "NOTFOUND", (), summary
+    if errors == {"NO_NAMESERVERS"}:
+        return "UNAVAIL", (), summary
+    return "TRYAGAIN", (), summary
+
+
+def _action(service: NssService, status: str) -> str:
+    action = "return" if status == "SUCCESS" else "continue"
+    for item in service.actions:
+        condition, _, chosen = item.partition("=")
+        negated = condition.startswith("!")
+        if (condition.lstrip("!") == status) != negated:
+            action = chosen
+    return action
+
+
+def libc_lookup(lookup: NameLookup, facts: HostnameFacts) -> LibcResult:
+    """Walk the nsswitch.conf hosts services as glibc does for ``lookup.name``."""
+    status, service, detail = "NOTFOUND", "", ""
+    addresses: tuple[str, ...] = ()
+    if facts.hosts_order_error:
+        return LibcResult("undetermined", (), "", facts.hosts_order_error)
+    for service_entry in facts.hosts_order:
+        service = service_entry.name
+        if service == "files":
+            if facts.hosts_error.startswith("not captured"):
+                # glibc reads the node's /etc/hosts; a capture without one says nothing of it.
+                return LibcResult("undetermined", (), service, f"/etc/hosts: {facts.hosts_error}")
+            if facts.hosts_error:
+                status, addresses, detail = "UNAVAIL", (), f"/etc/hosts: {facts.hosts_error}"
+            elif lookup.hosts_entries:
+                status = "SUCCESS"
+                addresses = tuple(entry.address for entry in lookup.hosts_entries)
+                detail = ", ".join(entry.source for entry in lookup.hosts_entries)
+            else:
+                status, addresses, detail = "NOTFOUND", (), "/etc/hosts: no entry"
+        elif service in ("dns", "resolve"):
+            if not lookup.dns_answers:
+                return LibcResult("undetermined", (), service, facts.dns_error or "DNS answers could not be read")
+            status, addresses, detail = _dns_status(lookup.dns_answers)
+        elif service == "myhostname":
+            # nss-myhostname answers the local host name with this node's own addresses.
+            name = _plain(lookup.name)
+            if name == "localhost" or name.endswith(".localhost"):
+                status, addresses, detail = "SUCCESS", ("127.0.0.1", "::1"), "nss-myhostname: localhost"
+            elif ROLE_HOST in lookup.roles:
+                status, addresses, detail = "SUCCESS", (), "nss-myhostname: this node's own addresses"
+            else:
+                status, addresses, detail = "NOTFOUND", (), "nss-myhostname: not this host"
+        elif service.startswith("mdns") and not _plain(lookup.name).endswith(".local"):
+            # nss-mdns refuses other names with UNAVAIL, so "[NOTFOUND=return]" after it does not stop.
+            status, addresses, detail = "UNAVAIL", (), f"{service}: only .local names"
+        else:
+            return LibcResult("undetermined", (), service, f"nsswitch.conf service {service!r} cannot be emulated")
+        if _action(service_entry, status) in ("return", "merge"):
+            break
+    results = {"SUCCESS": "found", "NOTFOUND": "not_found"}
+    return LibcResult(results.get(status, "unavailable"), gai_order(addresses), service, detail)
+
+
+# -- probe ------------------------------------------------------------------------------------
+@probe("hostname")
+def probe_hostname(fs: NodeFS, dns: Dns, settings: HostConfig) -> HostnameFacts:
+    """Read the name facts, ask each nameserver once, then resolve every name forward and back."""
+    reader = FactReader(fs)
+    raw = reader.text("/proc/sys/kernel/hostname")
+    hostname = raw.strip() if raw and raw.strip() else None
+    hosts_error = ""
+    try:
+        all_entries = parse_hosts(fs.read("/etc/hosts") or "")
+    except SourceError as error:
+        all_entries, hosts_error = [], error.reason
+    try:
+        order_error, order = "", parse_nsswitch_hosts(fs.read("/etc/nsswitch.conf") or "")
+    except NotCaptured as error:
+        order_error, order = str(error), FILES_THEN_DNS
+    except SourceError as error:  # glibc falls back to its defaults too
+        reader.problems.append(str(error))
+        order_error, order = "", parse_nsswitch_hosts("")
+    peers_error = ""
+    try:
+        environ = parse_environ(fs.read_bytes("/proc/self/environ") or b"")
+    except SourceError as error:
+        environ, peers_error = {}, str(error)
+    nodes: list[str] = []
+    try:
+        nodes = expand(environ.get("SLURM_JOB_NODELIST", ""))
+    except HostlistError as error:
+        peers_error = f"SLURM_JOB_NODELIST: {error}"
+    subjects = ([(hostname, (ROLE_HOST,))] if hostname else []) + select_peers(
+        hostname, nodes, environ.get("MASTER_ADDR", "").strip()
+    )
+    lookups = [
+        # The files service matches the name exactly (any case), with no search domains.
+        NameLookup(name, roles, tuple(e for e in all_entries if _plain(name) in map(_plain, e.names)), ())
+        for name, roles in subjects
+    ]
+    origin = f"[dns] nameservers in {settings.origin or 'the site config'}" if settings.dns.nameservers else "/etc/resolv.conf"
+    facts = HostnameFacts(
+        hostname, (), (), (), nodes_in_job=len(nodes), peers_error=peers_error, hosts_order=order,
+        hosts_error=hosts_error, hosts_order_error=order_error, nameserver_origin=origin,
+    )
+    checks: list[NameserverCheck] = []
+    try:
+        checks = dns.check_nameservers(hostname or "localhost")
+        lookups = _resolve_all(dns, lookups, facts, checks)
+    except SourceError as error:
+        facts = replace(facts, dns_error=str(error))
+    own = lookups[0] if hostname else None
+    return replace(
+        facts,
+        hosts_entries=own.hosts_entries if own else (),
+        dns_answers=own.dns_answers if own else (),
+        reverse=own.reverse if own else (),
+        peers=tuple(lookups[1:] if own else lookups),
+        problems=tuple(reader.problems),
+        nameservers=tuple(checks),
+    )
+
+
+def _resolve_all(
+    dns: Dns, lookups: list[NameLookup], facts: HostnameFacts, checks: list[NameserverCheck]
+) -> list[NameLookup]:
+    """Forward answers for every name, then PTR answers for the addresses libc would return,
+    through the nameservers that answered (a dead first server would eat every lifetime)."""
+    healthy = [c.server for c in checks if not c.error and c.rcode in HEALTHY_RCODES]
+    questions = [(lookup.name, rdtype) for lookup in lookups for rdtype in ("A", "AAAA")]
+    if checks and not healthy:
+        detail = "no nameserver answered (" + "; ".join(f"{c.server}: {c.error or c.rcode}" for c in checks) + ")"
+        answers = [DnsAnswer(name, rdtype, error="TIMEOUT", detail=detail) for name, rdtype in questions]
+    else:
+        answers = dns.resolve_many(questions, healthy or None)
+    forward = {(answer.name, answer.rdtype): answer for answer in answers}
+    lookups = [
+        replace(lookup, dns_answers=tuple(forward[(lookup.name, t)] for t in ("A", "AAAA") if (lookup.name, t) in forward))
+        for lookup in lookups
+    ]
+    targets = {lookup.name: _reverse_targets(lookup, facts) for lookup in lookups}
+    addresses = list(dict.fromkeys(address for found in targets.values() for address in found))
+    if not addresses or (checks and not healthy):
+        return lookups
+    reverse = {answer.name: answer for answer in dns.resolve_many([(a, "PTR") for a in addresses], healthy or None)}
+    return [
+        replace(lookup, reverse=tuple(reverse[a] for a in targets[lookup.name] if a in reverse)) for lookup in lookups
+    ]
+
+
+def _reverse_targets(lookup: NameLookup, facts: HostnameFacts) -> list[str]:
+    """The routable addresses libc hands out for the name, then DNS's own if they differ."""
+    result = libc_lookup(lookup, facts)
+    dns_addresses = [a for answer in lookup.dns_answers for a in answer.addresses]
+    targets = [a for a in (*result.addresses, *dns_addresses) if is_ip_literal(a) and not is_loopback_address(a)]
+    return list(dict.fromkeys(targets))[:MAX_REVERSE_PER_NAME]

@@ -1,0 +1,28 @@
+"""Network interfaces and their addresses, for the report and for fleet comparison.
+
+Sources: rtnetlink link and address dumps (live), ``<root>/.preflight/netlink.json`` (replay),
+or ``/sys/class/net`` with ``/proc/net/{if_inet6,fib_trie,route}`` (a copied root); see
+``preflight.sources.netlink``. Checks that judge interface selection build on these facts.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from preflight.records import frozen
+from preflight.registry import probe
+
+if TYPE_CHECKING:
+    from preflight.sources.netlink import Address, Link, Netlink
+
+
+@frozen
+class InterfaceFacts:
+    links: tuple[Link, ...]
+    addresses: tuple[Address, ...]
+
+
+@probe("interfaces", gather_in=("full",))
+def probe_interfaces(netlink: Netlink) -> InterfaceFacts:
+    """Dump links and addresses once."""
+    return InterfaceFacts(tuple(netlink.links()), tuple(netlink.addresses()))

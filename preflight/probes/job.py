@@ -1,0 +1,240 @@
+"""The job's view of its settings: environment and NCCL configuration files.
+
+Sources:
+
+* ``/proc/self/environ`` (NUL-separated ``NAME=value``): the job environment. Live, this is the
+  environment preflight was started with (a Slurm prolog gets the job's ``SLURM_*`` variables);
+  in a recorded root it is the environment recorded with the node.
+* NCCL configuration files as NCCL reads them (``src/misc/param.cc``): ``$NCCL_CONF_FILE`` if set,
+  else ``$HOME/.nccl.conf``; then ``/etc/nccl.conf``. Each line is ``NAME=value``; ``#`` starts a
+  comment line; there is no whitespace trimming, so ``NCCL_X = 1`` defines ``"NCCL_X "``.
+  NCCL applies them with ``setenv(..., 0)``: the environment wins, then the first file, then
+  ``/etc/nccl.conf``.
+
+
+How the job is launched: torch.distributed's variables against Slurm's view of the tasks
+(references TORCH004, TORCH010) and a forced NCCL algorithm at the job's size (NCCL015).
+
+Sources: the job environment (``preflight.probes.job``; ``/proc/self/environ``, so these checks
+see the job's variables when preflight runs inside a job step, e.g. ``srun preflight node``;
+a Slurm prolog sees none of them and the checks are not applicable there) and NCCL's
+configuration files for ``NCCL_ALGO``.
+
+* torch.distributed's ``env://`` rendezvous reads ``MASTER_ADDR``, ``MASTER_PORT`` (an integer
+  port), ``WORLD_SIZE`` and ``RANK`` (``torch/distributed/rendezvous.py``); torchrun sets them per
+  worker with ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK`` and ``TORCHELASTIC_RUN_ID``.
+* Slurm describes the step's tasks (srun(1), "OUTPUT ENVIRONMENT VARIABLES"): ``SLURM_PROCID``
+  (global task rank), ``SLURM_LOCALID`` (rank on the node), ``SLURM_STEP_NUM_TASKS`` /
+  ``SLURM_NTASKS``, ``SLURM_STEP_NUM_NODES`` / ``SLURM_JOB_NUM_NODES``, ``SLURM_NTASKS_PER_NODE``;
+  ``SLURM_STEP_ID`` is set only inside a step, where those numbers describe tasks actually started.
+* ``NCCL_ALGO`` (``src/graph/tuning.cc`` ``parseList``): ``;``-separated entries, only the first
+  without a ``function:`` prefix; each a ``,``-separated list of algorithms, ``^`` negating it.
+"""
+
+from __future__ import annotations
+
+from preflight.hostlist import expand
+from preflight.model import Evidence, Unknown
+from preflight.records import frozen
+from preflight.registry import probe
+from preflight.sources import NodeFS, SourceError
+from preflight.sources.fs import FileUser
+
+SYSTEM_NCCL_CONF = "/etc/nccl.conf"
+
+
+# Only variables that steer communication are kept: reports travel to fleet dashboards and bug
+# trackers, and a job environment can hold tokens and passwords.
+KEPT_PREFIXES = ("NCCL_", "SLURM_", "CUDA_", "TORCH_", "TORCHELASTIC_", "GLOO_", "UCX_", "FI_", "OMPI_", "PMIX_", "NVSHMEM_", "GDRCOPY_")
+
+
+KEPT_NAMES = frozenset({
+    "HOME", "USER", "LD_LIBRARY_PATH", "LD_PRELOAD",
+    # torch.distributed's env:// rendezvous, and what torchrun adds for each worker
+    "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+    # the job's Python environment, where its frameworks and NCCL wheel live
+    "VIRTUAL_ENV", "CONDA_PREFIX",
+})
+
+
+@frozen
+class Setting:
+    """The value NCCL would see for one variable, and where it came from."""
+
+    value: str
+    origin: str  # "environment" or the configuration file's path
+
+
+@frozen
+class NcclConfFile:
+    path: str
+    entries: tuple[tuple[str, str], ...]  # (name, value) in file order; names untrimmed
+    error: str = ""  # why the file could not be read, "" when it was read
+
+
+@frozen
+class JobFacts:
+    """The job environment and NCCL's configuration files."""
+
+    environ: dict[str, str]  # /proc/self/environ, communication-related variables only
+    environ_error: str  # why /proc/self/environ could not be read, "" when it was read
+    nccl_conf_files: tuple[NcclConfFile, ...]  # in NCCL's precedence order
+    # Whose rights files the environment names are read with (another user's job, seen by a
+    # prolog running as root): SLURM_JOB_UID, SLURM_JOB_GID and the user's groups in /etc/group.
+    file_user: FileUser | None = None
+
+    def nccl(self, name: str) -> Setting | None:
+        """What NCCL would use for ``name``: the environment first, then the files in order.
+        Raises Unknown when a file that could set it could not be read (root-squashed NFS
+        homes, a broken recording): "unset" would be a guess."""
+        if name in self.environ:
+            return Setting(self.environ[name], "environment")
+        for conf in self.nccl_conf_files:
+            if conf.error:
+                raise Unknown(f"{name}: {conf.path} could not be read ({conf.error}) and may set it")
+            for key, value in conf.entries:
+                if key == name:
+                    return Setting(value, conf.path)
+        return None
+
+    @property
+    def in_slurm_job(self) -> bool:
+        return "SLURM_JOB_ID" in self.environ
+
+
+def parse_environ(data: bytes) -> dict[str, str]:
+    """``/proc/<pid>/environ``: NUL-separated ``NAME=value`` pairs, communication-related names
+    only; later duplicates win."""
+    environ = {}
+    for item in data.split(b"\0"):
+        if b"=" not in item:
+            continue
+        name, _, value = item.partition(b"=")
+        key = name.decode("utf-8", "replace")
+        if key in KEPT_NAMES or key.startswith(KEPT_PREFIXES):
+            environ[key] = value.decode("utf-8", "replace")
+    return environ
+
+
+def parse_nccl_conf(text: str) -> tuple[tuple[str, str], ...]:
+    """``NAME=value`` lines as NCCL reads them: no trimming, ``#`` lines and lines without ``=``
+    ignored, values cut at 1023 characters (NCCL's buffer)."""
+    entries = []
+    for line in text.split("\n"):
+        if line.startswith("#") or "=" not in line:
+            continue
+        name, _, value = line.partition("=")
+        entries.append((name, value[:1023]))
+    return tuple(entries)
+
+
+def _read_conf(fs: NodeFS, path: str, user: FileUser | None) -> NcclConfFile | None:
+    try:
+        text = fs.read_for(path, user, max_bytes=1024 * 1024)
+    except SourceError as error:
+        return NcclConfFile(path, (), error.reason)
+    return None if text is None else NcclConfFile(path, parse_nccl_conf(text))
+
+
+def parse_group_membership(text: str, user: str) -> tuple[int, ...]:
+    """Gids of ``/etc/group`` entries that list ``user`` as a member."""
+    gids = []
+    for line in text.splitlines():
+        fields = line.split(":")
+        if len(fields) == 4 and user in fields[3].split(","):
+            try:
+                gids.append(int(fields[2]))
+            except ValueError:
+                continue
+    return tuple(gids)
+
+
+def job_file_user(fs: NodeFS, environ: dict[str, str]) -> FileUser | None:
+    """The user a Slurm job runs as (``SLURM_JOB_UID``, ``SLURM_JOB_GID``, and the groups that
+    ``/etc/group`` lists ``SLURM_JOB_USER`` in); None outside a job (the environment is then
+    preflight's own). Groups that cannot be read are left out: a permission they would grant
+    is then refused, never assumed."""
+    uid = environ.get("SLURM_JOB_UID", "")
+    if not uid.isdigit():
+        return None
+    gids = [int(environ["SLURM_JOB_GID"])] if environ.get("SLURM_JOB_GID", "").isdigit() else []
+    user = environ.get("SLURM_JOB_USER", "")
+    if user:
+        try:
+            gids += parse_group_membership(fs.read("/etc/group") or "", user)
+        except SourceError:
+            pass
+    return FileUser(int(uid), tuple(dict.fromkeys(gids)))
+
+
+@probe("job")
+def probe_job(fs: NodeFS) -> JobFacts:
+    """Read the job environment and the NCCL configuration files it selects.
+
+    Raises SourceError when the environment cannot be read: every NCCL setting, and which
+    files NCCL reads, is unknown then, and reporting them as unset would judge a node NCCL sees
+    otherwise. An unreadable configuration file only makes the settings it might hold unknown
+    (:meth:`JobFacts.nccl`)."""
+    environ = parse_environ(fs.read_bytes("/proc/self/environ") or b"")
+    user = job_file_user(fs, environ)
+    user_file = environ.get("NCCL_CONF_FILE") or (
+        f"{environ['HOME'].rstrip('/')}/.nccl.conf" if environ.get("HOME", "").startswith("/") else ""
+    )
+    files = []
+    for path, reader in ((user_file, user), (SYSTEM_NCCL_CONF, None)):
+        if path.startswith("/"):
+            conf = _read_conf(fs, path, reader)
+            if conf is not None:
+                files.append(conf)
+    return JobFacts(environ, "", tuple(files), user)
+
+
+@frozen
+class SlurmView:
+    """What Slurm says about this task and its step; None where a variable is unset or garbled."""
+
+    in_step: bool  # SLURM_STEP_ID set: the task numbers describe started tasks
+    procid: int | None
+    localid: int | None
+    ntasks: int | None  # the step's tasks (SLURM_STEP_NUM_TASKS), else the job's (SLURM_NTASKS)
+    nnodes: int | None  # the step's nodes, else the job's
+    nodelist: tuple[str, ...]  # SLURM_JOB_NODELIST expanded
+
+
+def integer_setting(environ: dict[str, str], *names: str) -> int | None:
+    for name in names:
+        value = environ.get(name, "").strip()
+        if value.isdigit():
+            return int(value)
+    return None
+
+
+def slurm_view(job: JobFacts) -> SlurmView:
+    environ = job.environ
+    try:
+        nodes = tuple(expand(environ["SLURM_JOB_NODELIST"])) if environ.get("SLURM_JOB_NODELIST") else ()
+    except ValueError:
+        nodes = ()
+    return SlurmView(
+        in_step="SLURM_STEP_ID" in environ,
+        procid=integer_setting(environ, "SLURM_PROCID"),
+        localid=integer_setting(environ, "SLURM_LOCALID"),
+        ntasks=integer_setting(environ, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"),
+        nnodes=integer_setting(environ, "SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES") or (len(nodes) or None),
+        nodelist=nodes,
+    )
+
+
+def switched_off(job: JobFacts, name: str) -> Setting | None:
+    """The setting when it is 0 (NCCL reads these as integers: "0" switches the feature off)."""
+    setting = job.nccl(name)
+    return setting if setting is not None and setting.value.strip() == "0" else None
+
+
+def setting_evidence(job: JobFacts, name: str, expected: str = "") -> Evidence:
+    """Evidence for the value NCCL would see for ``name``, naming where it was set."""
+    setting = job.nccl(name)
+    if setting is None:
+        return Evidence(name, "unset", expected)
+    where = "/proc/self/environ" if setting.origin == "environment" else setting.origin
+    return Evidence(f"{where} {name}", repr(setting.value), expected)

@@ -1,0 +1,134 @@
+"""The kernel log since boot, read once and shared: hardware Xid events of the NVIDIA driver
+(GPU002), link-downs of mlx5 Ethernet/RoCE ports (IB006), mlx5 lossless-buffer setup errors
+(ROCE001) and IPoIB multicast joins the subnet administrator refused (IB008).
+
+Source: ``NodeFS.read_kernel_log`` - ``/dev/kmsg`` on a live node (root where
+``kernel.dmesg_restrict`` is set), ``.preflight/kmsg`` in a recorded root. Message formats:
+``NVRM: Xid (PCI:0000:5d:00): 79, pid=..., GPU has fallen off the bus.`` (the NVIDIA driver) and
+mlx5e's ``netdev_info(priv->netdev, "Link down\n")`` in ``mlx5e_update_carrier``
+(``drivers/net/ethernet/mellanox/mlx5/core/en_main.c``), which the kernel prints as
+``mlx5_core 0000:c1:00.0 ens1f0np0: Link down``. IPoIB's ``ipoib_warn(priv, "multicast join failed
+for %pI6, status %d
+", ...)`` in ``ipoib_mcast_join_complete``
+(``drivers/infiniband/ulp/ipoib/ipoib_multicast.c``) is printed with the interface name first:
+``ib0: multicast join failed for ff12:401b:ffff:0000:0000:0000:ffff:ffff, status -22``.
+"""
+
+from __future__ import annotations
+
+import re
+
+from preflight.records import frozen
+from preflight.registry import probe
+from preflight.sources import NodeFS, SourceError
+
+# pr_err() in update_xoff_threshold() (mlx5/core/en/port_buffer.c): a lossless priority's port
+# buffer cannot hold the xoff threshold plus one MTU, so the PFC setup the site asked for failed.
+_LOSSLESS_BUFFER = re.compile(r"buffer[_ ]size(?:\[\d\]=| )\d+ is not enough for lossless buffer")
+
+
+_LINK_DOWN = re.compile(r"mlx5_core (?P<bus>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.\d) (?P<netdev>[\w.-]{1,15}): Link down")
+
+
+_JOIN_FAILED = re.compile(
+    r"(?P<netdev>[\w.-]{1,15}): multicast join failed for (?P<group>[0-9a-fA-F:]{2,39}), status (?P<status>-?\d{1,4})"
+)
+
+
+_XID = re.compile(r"NVRM: Xid \(PCI:(?P<bus>[0-9A-Fa-f:.]{7,16})\): (?P<code>\d{1,3}),(?P<rest>.{0,200})")
+
+
+# Hardware and driver Xids (NVIDIA's Xid catalogue, docs.nvidia.com/deploy/xid-errors):
+# ECC and row remapping, fallen off the bus, NVLink, GSP and other firmware faults.
+HARDWARE_XIDS = {
+    48: "double-bit ECC error", 63: "row remapping event", 64: "row remapping failure", 74: "NVLink error",
+    79: "GPU has fallen off the bus", 92: "high single-bit ECC error rate", 94: "contained ECC error",
+    95: "uncontained ECC error", 119: "GSP RPC timeout", 120: "GSP error",
+}
+
+
+@frozen
+class XidEvent:
+    bus: str  # as the driver prints it, e.g. 0000:5d:00
+    code: int
+    text: str
+
+
+@frozen
+class LinkEvent:
+    bus: str  # PCI function of the NIC, e.g. 0000:c1:00.0
+    netdev: str
+    text: str
+
+
+@frozen
+class JoinFailure:
+    """An IPoIB multicast group join the subnet administrator did not grant."""
+
+    netdev: str
+    group: str  # the multicast GID; ff12:401b:ffff::ffff:ffff... is the IPoIB broadcast group
+    status: int  # negative errno: -22 (EINVAL) rejected, -110 (ETIMEDOUT) no answer
+    text: str
+
+
+@frozen
+class KernelLogFacts:
+    xids: tuple[XidEvent, ...]
+    link_downs: tuple[LinkEvent, ...]
+    lossless_buffer_errors: tuple[str, ...]
+    error: str  # why the kernel log could not be read, "" when it was (or is not recorded)
+    read: bool  # whether any log was read at all
+    join_failures: tuple[JoinFailure, ...] = ()
+
+
+NOT_READ = KernelLogFacts((), (), (), "", False)
+
+
+def parse_xids(records: list[str]) -> tuple[XidEvent, ...]:
+    """Xid events in kernel log records (``pri,seq,usec,flags;message`` or plain lines)."""
+    found = []
+    for record in records:
+        if "Xid" not in record:
+            continue
+        match = _XID.search(record)
+        if match:
+            found.append(XidEvent(match.group("bus").lower(), int(match.group("code")), record.split(";", 1)[-1][:300]))
+    return tuple(found)
+
+
+def parse_link_downs(records: list[str]) -> tuple[LinkEvent, ...]:
+    """mlx5e's carrier messages (``mlx5_core 0000:c1:00.0 ens1f0np0: Link down``)."""
+    found = []
+    for record in records:
+        if "Link down" not in record:
+            continue
+        match = _LINK_DOWN.search(record)
+        if match:
+            found.append(LinkEvent(match.group("bus").lower(), match.group("netdev"), record.split(";", 1)[-1][:300]))
+    return tuple(found)
+
+
+def parse_join_failures(records: list[str]) -> tuple[JoinFailure, ...]:
+    """IPoIB multicast join failures (``ib0: multicast join failed for <gid>, status -22``)."""
+    found = []
+    for record in records:
+        if "multicast join failed" not in record:
+            continue
+        match = _JOIN_FAILED.search(record)
+        if match:
+            text = record.split(";", 1)[-1][:300]
+            found.append(JoinFailure(match.group("netdev"), match.group("group").lower(), int(match.group("status")), text))
+    return tuple(found)
+
+
+@probe("kernel_log")
+def probe_kernel_log(fs: NodeFS) -> KernelLogFacts:
+    """Hardware Xid events, RDMA NIC link-downs and refused IPoIB joins since boot."""
+    try:
+        records = fs.read_kernel_log()
+    except SourceError as error:
+        return KernelLogFacts((), (), (), str(error), False)
+    if records is None:
+        return KernelLogFacts((), (), (), "", False)
+    lossless = tuple(record.split(";", 1)[-1][:300] for record in records if "lossless buffer" in record and _LOSSLESS_BUFFER.search(record))
+    return KernelLogFacts(parse_xids(records), parse_link_downs(records), lossless, "", True, parse_join_failures(records))

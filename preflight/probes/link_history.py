@@ -1,0 +1,83 @@
+"""Link-down history of RDMA ports and retry settings that make a short outage fatal (IB006).
+
+When a link goes down, or retrains, while a queue pair is sending, the HCA retries until its
+timeout and retry count run out and then completes the work request with "transport retry
+counter exceeded" (status 12, vendor err 129): the job dies although the link is back a moment
+later. A port that has gone down since boot is likely to do it again under load, and a job that
+shortens NCCL_IB_TIMEOUT or NCCL_IB_RETRY_CNT turns a blip into a failure.
+
+Sources:
+
+* ``/sys/class/infiniband/<dev>/ports/<n>/counters/link_downed`` and ``link_error_recovery``:
+  the port's PMA counters (since the driver loaded, or since ``perfquery -R``);
+* the kernel log since boot (:mod:`preflight.probes.kernel_log`): mlx5e's ``Link down`` messages
+  for Ethernet/RoCE ports, matched to the RDMA device by PCI function;
+* the job's ``NCCL_IB_TIMEOUT`` and ``NCCL_IB_RETRY_CNT``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from preflight.probing import FactReader
+from preflight.records import frozen
+from preflight.registry import probe
+
+if TYPE_CHECKING:
+    from preflight.sources import NodeFS
+
+IB_SYSFS = "/sys/class/infiniband"
+
+
+@frozen
+class PortHistory:
+    device: str
+    port: str
+    bus: str  # PCI function of the device, "" for virtual devices
+    link_downed: int | None
+    link_error_recovery: int | None
+    problem: str  # why the counters could not be read, "" when they were
+
+
+@frozen
+class LinkHistoryFacts:
+    ports: tuple[PortHistory, ...]
+    unlisted: str = ""  # why the RDMA devices could not be listed, "" when they were
+
+
+def _counter(reader: FactReader, path: str) -> int | None:
+    text = reader.text(path)
+    if text is None:
+        return None
+    try:
+        return int(text.strip())
+    except ValueError:
+        reader.problems.append(f"{path}: not a number ({text.strip()[:40]!r})")
+        return None
+
+
+@probe("link_history")
+def probe_link_history(fs: NodeFS) -> LinkHistoryFacts:
+    """The link-down counters of every RDMA port."""
+    reader = FactReader(fs)
+    ports = []
+    devices = reader.listing(IB_SYSFS)
+    if devices is None:
+        return LinkHistoryFacts((), reader.problems[0])
+    for device in devices:
+        target = fs.readlink(f"{IB_SYSFS}/{device}/device") or ""
+        bus = target.rsplit("/", 1)[-1] if target else ""
+        numbers = reader.listing(f"{IB_SYSFS}/{device}/ports")
+        if numbers is None:
+            ports.append(PortHistory(device, "*", bus, None, None, reader.problems[-1]))
+            continue
+        for port in numbers:
+            base = f"{IB_SYSFS}/{device}/ports/{port}/counters"
+            before = len(reader.problems)
+            downed = _counter(reader, f"{base}/link_downed")
+            recovered = _counter(reader, f"{base}/link_error_recovery")
+            problem = "; ".join(reader.problems[before:])
+            if downed is None and not problem:
+                problem = f"{base}/link_downed: missing"
+            ports.append(PortHistory(device, port, bus, downed, recovered, problem))
+    return LinkHistoryFacts(tuple(ports))

@@ -1,0 +1,290 @@
+"""Locked-memory limits as an RDMA job will get them (references MEM001, MEM002).
+
+Sources:
+
+* ``/proc/self/limits`` and ``/proc/<slurmd pid>/limits``, row ``Max locked memory`` (proc(5));
+  slurmd's pid from ``/run/slurmd.pid`` (``SlurmdPidFile``), else a scan of ``/proc/*/comm``.
+* ``/etc/systemd/system.conf`` and ``system.conf.d/*.conf``: ``DefaultLimitMEMLOCK=``
+  (systemd-system.conf(5); systemd's own default is 8M).
+* the slurmd unit and its drop-ins: ``LimitMEMLOCK=`` (systemd.exec(5)).
+* ``/etc/security/limits.conf`` and ``limits.d/*.conf``: ``<domain> <type> memlock <KiB>``
+  (limits.conf(5)); these apply to PAM sessions (ssh, login), not to services.
+* ``slurm.conf`` (``$SLURM_CONF`` or ``/etc/slurm/slurm.conf``): ``PropagateResourceLimits`` /
+  ``PropagateResourceLimitsExcept`` (slurm.conf(5)); when neither is set every limit of the
+  submitting shell, MEMLOCK included, is propagated to the job.
+* ``/proc/meminfo`` ``MemTotal``.
+
+Why: ``ib_umem_get()`` charges pinned pages to RLIMIT_MEMLOCK unless the process has
+CAP_IPC_LOCK, so ``ibv_reg_mr`` fails with ENOMEM for a job user whose limit is low.
+"""
+
+from __future__ import annotations
+
+import re
+
+from preflight.probes.job import job_file_user, parse_environ
+from preflight.probing import FactReader
+from preflight.records import frozen
+from preflight.registry import probe
+from preflight.sources import NodeFS, SourceError
+from preflight.units import UNLIMITED, parse_size
+
+NCCL_DEFAULT_BUFFSIZE = 4 * 1024 * 1024  # NCCL_BUFFSIZE default (NCCL environment variable docs)
+
+
+_UNIT_DIRS = ("/etc/systemd/system", "/run/systemd/system", "/usr/lib/systemd/system", "/lib/systemd/system")
+
+
+SLURM_CONF_PATHS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf")
+
+
+@frozen
+class Limit:
+    """A soft/hard pair in bytes (``UNLIMITED`` for unlimited) and where it was read."""
+
+    soft: int
+    hard: int
+    source: str
+
+
+@frozen
+class PamLimit:
+    """One ``memlock`` line of limits.conf or limits.d."""
+
+    domain: str  # "*", "@group", "user", "%group"
+    kind: str  # "soft", "hard" or "-" (both)
+    value: int  # bytes
+    source: str  # "/etc/security/limits.conf:12"
+
+
+@frozen
+class MemlockFacts:
+    """Every place the job's RLIMIT_MEMLOCK can come from."""
+
+    process: Limit | None  # /proc/self/limits
+    slurmd_pid: int | None  # /run/slurmd.pid or /proc/*/comm == "slurmd"
+    slurmd: Limit | None  # /proc/<slurmd pid>/limits
+    systemd_default: Limit | None  # DefaultLimitMEMLOCK= (None: not set, systemd's 8M applies)
+    slurmd_unit: str | None  # path of slurmd.service
+    slurmd_unit_limit: Limit | None  # LimitMEMLOCK= in the unit or its drop-ins
+    pam_limits: tuple[PamLimit, ...]  # /etc/security/limits.conf, limits.d/*.conf
+    slurm_conf: str | None  # path of slurm.conf read
+    memlock_propagated: bool | None  # whether slurm.conf lets the submit host's MEMLOCK through
+    propagation_setting: str  # the deciding slurm.conf line, or "(default: ALL)"
+    mem_total: int | None  # /proc/meminfo MemTotal, bytes
+    rdma_devices: tuple[str, ...] | None  # /sys/class/infiniband; None when unknown
+    problems: tuple[str, ...]  # files that could not be read or were not captured: "path: reason"
+
+
+def parse_limits_memlock(text: str, source: str) -> Limit | None:
+    """The ``Max locked memory`` row of ``/proc/<pid>/limits``."""
+    for line in text.splitlines():
+        if line.startswith("Max locked memory"):
+            fields = line[len("Max locked memory") :].split()
+            if len(fields) >= 2:
+                try:
+                    return Limit(_limit_value(fields[0]), _limit_value(fields[1]), source)
+                except ValueError:
+                    return None
+    return None
+
+
+#: The kernel prints RLIM_INFINITY as "unlimited", but a limit set to it through a path that
+#: rounds to pages shows as 18446744073708503040 (2**64 - 1 MiB) on some systems: anything this
+#: large is no limit on a machine that exists.
+EFFECTIVELY_UNLIMITED = 1 << 62
+
+
+def _limit_value(text: str) -> int:
+    value = UNLIMITED if text == "unlimited" else int(text)
+    return UNLIMITED if value >= EFFECTIVELY_UNLIMITED else value
+
+
+def parse_systemd_limit(value: str, source: str) -> Limit | None:
+    """``LimitMEMLOCK=``/``DefaultLimitMEMLOCK=`` values: ``infinity``, ``8M``, ``soft:hard``."""
+    value = value.strip()
+    if not value:
+        return None
+    soft_text, _, hard_text = value.partition(":")
+    try:
+        soft = parse_size(soft_text)
+        hard = parse_size(hard_text) if hard_text else soft
+    except ValueError:
+        return None
+    return Limit(soft, hard, source)
+
+
+def parse_unit_setting(text: str, key: str) -> str | None:
+    """Last assignment of ``key`` in a systemd INI file; an empty assignment resets it."""
+    value: str | None = None
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith((";", "#")) or "=" not in stripped:
+            continue
+        name, _, assigned = stripped.partition("=")
+        if name.strip() == key:
+            value = assigned.strip() or None
+    return value
+
+
+def parse_pam_limits(text: str, path: str) -> list[PamLimit]:
+    """``memlock`` lines of limits.conf(5): values are KiB, or ``unlimited``/``infinity``."""
+    entries = []
+    for number, line in enumerate(text.splitlines(), 1):
+        fields = line.split("#", 1)[0].split()
+        if len(fields) != 4 or fields[2] != "memlock":
+            continue
+        domain, kind, _, value = fields
+        try:
+            size = UNLIMITED if value in ("unlimited", "infinity", "-1") else int(value) * 1024
+        except ValueError:
+            continue
+        size = UNLIMITED if size >= EFFECTIVELY_UNLIMITED else size
+        entries.append(PamLimit(domain, kind, size, f"{path}:{number}"))
+    return entries
+
+
+def parse_slurm_propagation(text: str) -> tuple[bool, str]:
+    """Whether slurm.conf propagates MEMLOCK from the submit host, and the deciding line."""
+    propagate = except_ = None
+    for line in text.splitlines():
+        stripped = line.split("#", 1)[0].strip()
+        match = re.match(r"(?i)^(PropagateResourceLimits(?:Except)?)\s*=\s*(\S*)", stripped)
+        if match:
+            if match.group(1).lower().endswith("except"):
+                except_ = (stripped, match.group(2))
+            else:
+                propagate = (stripped, match.group(2))
+    if except_ is not None:
+        names = {item.strip().upper() for item in except_[1].split(",")}
+        return "MEMLOCK" not in names and "ALL" not in names, except_[0]
+    if propagate is not None:
+        names = {item.strip().upper() for item in propagate[1].split(",")}
+        return "ALL" in names or "MEMLOCK" in names, propagate[0]
+    return True, "(neither PropagateResourceLimits nor PropagateResourceLimitsExcept set: ALL)"
+
+
+def parse_meminfo_total(text: str) -> int | None:
+    match = re.search(r"^MemTotal:\s+(\d+)\s*kB", text, re.MULTILINE)
+    return int(match.group(1)) * 1024 if match else None
+
+
+def _find_slurmd(reader: FactReader) -> int | None:
+    for pid_file in ("/run/slurmd.pid", "/var/run/slurmd.pid"):
+        text = reader.text(pid_file)
+        if text and text.strip().isdigit():
+            pid = int(text.strip())
+            if (reader.text(f"/proc/{pid}/comm") or "").strip() == "slurmd":
+                return pid
+    for entry in reader.listing("/proc") or []:  # unlisted: the problem makes slurmd undecided
+        if entry.isdigit():
+            try:
+                comm = reader.fs.read(f"/proc/{entry}/comm")
+            except SourceError:
+                continue  # processes come and go, and hidepid hides others
+            if (comm or "").strip() == "slurmd" and _runs_as_root(reader, entry):
+                return int(entry)
+    return None
+
+
+def _runs_as_root(reader: FactReader, pid: str) -> bool:
+    """A process any user can start and name ``slurmd`` is no evidence of slurmd's limits: only
+    one running as root (real uid 0 in ``/proc/<pid>/status``) is taken for it."""
+    try:
+        status = reader.fs.read(f"/proc/{pid}/status")
+    except SourceError:
+        return False
+    uid = next((line.split()[1:2] for line in (status or "").splitlines() if line.startswith("Uid:")), [])
+    return uid == ["0"]
+
+
+def _drop_in_files(reader: FactReader, directory: str) -> list[str]:
+    """``*.conf`` in ``directory``; an unlisted directory is in ``problems``, which undecide the
+    subjects it could have changed (:func:`_unread_subject`)."""
+    return [f"{directory}/{name}" for name in reader.listing(directory) or [] if name.endswith(".conf")]
+
+
+def _systemd_default(reader: FactReader) -> Limit | None:
+    found: Limit | None = None
+    files = ["/etc/systemd/system.conf"] + sorted(
+        _drop_in_files(reader, "/etc/systemd/system.conf.d") + _drop_in_files(reader, "/usr/lib/systemd/system.conf.d"),
+        key=lambda path: path.rsplit("/", 1)[-1],
+    )
+    for path in files:
+        text = reader.text(path)
+        value = parse_unit_setting(text, "DefaultLimitMEMLOCK") if text else None
+        if value is not None:
+            found = parse_systemd_limit(value, path) or found
+    return found
+
+
+def _slurmd_unit(reader: FactReader) -> tuple[str | None, Limit | None]:
+    unit = next((f"{d}/slurmd.service" for d in _UNIT_DIRS if reader.text(f"{d}/slurmd.service") is not None), None)
+    if unit is None:
+        return None, None
+    limit = None
+    text = reader.text(unit) or ""
+    value = parse_unit_setting(text, "LimitMEMLOCK")
+    if value is not None:
+        limit = parse_systemd_limit(value, unit)
+    drop_ins = sorted(
+        (path for d in _UNIT_DIRS for path in _drop_in_files(reader, f"{d}/slurmd.service.d")),
+        key=lambda path: path.rsplit("/", 1)[-1],
+    )
+    for path in drop_ins:
+        value = parse_unit_setting(reader.text(path) or "", "LimitMEMLOCK")
+        if value is not None:
+            limit = parse_systemd_limit(value, path) or limit
+    return unit, limit
+
+
+@probe("memlock")
+def probe_memlock(fs: NodeFS) -> MemlockFacts:
+    """Gather every source of the job's locked-memory limit."""
+    reader = FactReader(fs)
+    limits_text = reader.text("/proc/self/limits")
+    process = parse_limits_memlock(limits_text, "/proc/self/limits") if limits_text else None
+    slurmd_pid = _find_slurmd(reader)
+    slurmd = None
+    if slurmd_pid is not None:
+        source = f"/proc/{slurmd_pid}/limits"
+        text = reader.text(source)
+        slurmd = parse_limits_memlock(text, source) if text else None
+    unit, unit_limit = _slurmd_unit(reader)
+    pam: list[PamLimit] = []
+    for path in ["/etc/security/limits.conf"] + _drop_in_files(reader, "/etc/security/limits.d"):
+        pam.extend(parse_pam_limits(reader.text(path) or "", path))
+    try:
+        environ = parse_environ(fs.read_bytes("/proc/self/environ") or b"")
+    except SourceError:
+        environ = {}  # the job probe reports an unreadable environment
+    conf_override, user = environ.get("SLURM_CONF", ""), job_file_user(fs, environ)
+    slurm_conf = propagated = None
+    setting = ""
+    for path in ((conf_override,) if conf_override.startswith("/") else ()) + SLURM_CONF_PATHS:
+        try:  # $SLURM_CONF is the job's to name: read with its user's rights
+            text = fs.read_for(path, user if path == conf_override else None)
+        except SourceError as error:
+            reader.problems.append(str(error))
+            text = None
+        if text is not None:
+            slurm_conf = path
+            propagated, setting = parse_slurm_propagation(text)
+            break
+    meminfo = reader.text("/proc/meminfo")
+    rdma = reader.listing("/sys/class/infiniband")
+    return MemlockFacts(
+        process=process,
+        slurmd_pid=slurmd_pid,
+        slurmd=slurmd,
+        systemd_default=_systemd_default(reader),
+        slurmd_unit=unit,
+        slurmd_unit_limit=unit_limit,
+        pam_limits=tuple(pam),
+        slurm_conf=slurm_conf,
+        memlock_propagated=propagated,
+        propagation_setting=setting,
+        mem_total=parse_meminfo_total(meminfo) if meminfo else None,
+        rdma_devices=None if rdma is None else tuple(rdma),
+        problems=tuple(reader.problems),
+    )

@@ -1,0 +1,136 @@
+"""The NCCL libraries a job on this node can load (references NCCL016, NCCL012).
+
+A process that ends up with two different NCCL builds (the framework wheel's copy and a system
+copy pulled in by ``LD_LIBRARY_PATH`` or ``LD_PRELOAD``) fails in ways that look like memory
+corruption, and a known-bad release crashes jobs whatever the fabric does.
+
+Sources, read through the node's filesystem:
+
+* system library directories, and those listed in ``/etc/ld.so.conf.d/*.conf``: ``libnccl.so.*``
+  files, the version from the file name (``libnccl.so.2.21.5``) or the ``libnccl.so.2`` link;
+* Python environments (``/usr/lib/python3*``, ``/usr/local/lib/python3*``, ``/opt/conda/lib``,
+  and the job's ``$VIRTUAL_ENV`` and ``$CONDA_PREFIX``): the ``nvidia-nccl-cu*`` wheel installs
+  ``nvidia/nccl/lib/libnccl.so.2``, its version is in the name of the
+  ``nvidia_nccl_cu12-2.27.3.dist-info`` directory beside it;
+* the job's ``LD_LIBRARY_PATH`` and ``LD_PRELOAD`` (the job environment), which put a copy ahead
+  of the one the framework was built with.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from preflight.probes.job import parse_environ
+from preflight.probing import FactReader
+from preflight.records import frozen
+from preflight.registry import probe
+from preflight.sources import NodeFS, SourceError
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+SYSTEM_DIRS = (
+    "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib",
+    "/usr/local/cuda/lib64", "/usr/local/nccl/lib", "/opt/nccl/lib",
+)
+
+
+PYTHON_ROOTS = ("/usr/lib", "/usr/local/lib", "/opt/conda/lib")
+
+
+_VERSIONED = re.compile(r"^libnccl\.so\.(\d+\.\d+\.\d+)$")
+
+
+_WHEEL = re.compile(r"^nvidia_nccl_cu\d+-(\d+\.\d+\.\d+)[^/]*\.dist-info$")
+
+
+@frozen
+class NcclCopy:
+    path: str
+    version: str | None  # None: a libnccl file whose version the node does not name
+    origin: str  # "system", "python" or "job" (a directory the job's environment adds)
+
+
+@frozen
+class NcclLibFacts:
+    copies: tuple[NcclCopy, ...]
+    problems: tuple[str, ...]
+
+
+def _library_dirs(reader: FactReader) -> list[str]:
+    dirs = list(SYSTEM_DIRS)
+    # Unlisted directories stay in ``problems``: "no libnccl found, and ..." is unknown, not absent.
+    for name in reader.listing("/etc/ld.so.conf.d") or []:
+        if name.endswith(".conf"):
+            for line in (reader.text(f"/etc/ld.so.conf.d/{name}") or "").splitlines():
+                entry = line.split("#", 1)[0].strip()
+                if entry.startswith("/") and entry not in dirs:
+                    dirs.append(entry)
+    return dirs
+
+
+def _copies_in(fs: NodeFS, reader: FactReader, directory: str, origin: str) -> list[NcclCopy]:
+    names = reader.listing(directory) or []
+    found = []
+    for name in names:
+        match = _VERSIONED.match(name)
+        if match:
+            found.append(NcclCopy(f"{directory}/{name}", match.group(1), origin))
+    if not found and "libnccl.so.2" in names:
+        target = fs.readlink(f"{directory}/libnccl.so.2") or ""
+        match = _VERSIONED.match(target.rsplit("/", 1)[-1])
+        found.append(NcclCopy(f"{directory}/libnccl.so.2", match.group(1) if match else None, origin))
+    return found
+
+
+def python_prefixes(environ: Mapping[str, str]) -> list[str]:
+    """The Python environments a job environment names (``$VIRTUAL_ENV``, ``$CONDA_PREFIX``)."""
+    return [environ[name].rstrip("/") for name in ("VIRTUAL_ENV", "CONDA_PREFIX") if environ.get(name, "").startswith("/")]
+
+
+def job_python_prefixes(fs: NodeFS) -> list[str]:
+    """:func:`python_prefixes` of the node's job environment; an unreadable environment names
+    none (the job probe reports it)."""
+    try:
+        return python_prefixes(parse_environ(fs.read_bytes("/proc/self/environ") or b""))
+    except SourceError:
+        return []
+
+
+def site_dirs(reader: FactReader, prefixes: list[str]) -> list[str]:
+    """The ``site-packages``/``dist-packages`` directories of the system Pythons and of the
+    environments under ``prefixes`` (``<prefix>/lib/python3*/...``) that exist on the node."""
+    found = []
+    for base in [*PYTHON_ROOTS, *(f"{prefix}/lib" for prefix in prefixes)]:
+        for python in reader.listing(base) or []:
+            if python.startswith("python3"):
+                for packages in ("site-packages", "dist-packages"):
+                    folder = f"{base}/{python}/{packages}"
+                    if folder not in found and reader.presence(folder):
+                        found.append(folder)
+    return found
+
+
+def _python_copies(fs: NodeFS, reader: FactReader) -> list[NcclCopy]:
+    found = []
+    for folder in site_dirs(reader, job_python_prefixes(fs)):
+        entries = reader.listing(folder) or []
+        if "nvidia" not in entries:
+            continue
+        versions = [m.group(1) for m in map(_WHEEL.match, entries) if m]
+        library = f"{folder}/nvidia/nccl/lib/libnccl.so.2"
+        if fs.exists(library):
+            found.append(NcclCopy(library, versions[0] if len(versions) == 1 else None, "python"))
+    return found
+
+
+@probe("nccl_libs", gather_in=("full",))
+def probe_nccl_libs(fs: NodeFS) -> NcclLibFacts:
+    """Every libnccl in the system library path and in Python environments."""
+    reader = FactReader(fs)
+    copies: list[NcclCopy] = []
+    for directory in _library_dirs(reader):
+        copies += _copies_in(fs, reader, directory, "system")
+    copies += _python_copies(fs, reader)
+    return NcclLibFacts(tuple(copies), tuple(reader.problems))

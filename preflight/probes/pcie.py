@@ -1,0 +1,347 @@
+"""The PCIe paths between GPUs and RDMA NICs and between GPUs: ACS redirect on GPU-to-NIC paths
+(PCI001), links trained narrower than they can run (PCI002), ACS redirect on GPU-to-GPU paths and
+an IOMMU that translates the GPUs' DMA (PCI003), and GPUs whose nearest NIC is across the CPU or
+on another socket (TOPO005).
+
+GPUDirect RDMA needs the NIC's reads and writes of GPU memory to turn around inside the PCIe
+switch the two share. ACS "P2P Request Redirect" (RR) or "Completion Redirect" (CR) on a bridge
+of that path sends them up to the root complex instead, where the IOMMU rejects them: the NIC
+reports a local protection error (vendor err 81) or the job crawls. The same bits between two
+GPUs under one switch, or an IOMMU in a translating (``DMA``/``DMA-FQ``) domain for the GPUs,
+make CUDA peer-to-peer hang or fault while ``cudaDeviceCanAccessPeer`` still says yes; on
+NVSwitch systems GPU peer traffic runs over NVLink and neither applies.
+
+Sources:
+
+* ``/sys/bus/pci/devices/<bdf>`` links give each function's place in the tree
+  (``../../../devices/pci0000:15/0000:15:01.0/0000:17:00.0/0000:18:00.0``), with ``vendor`` and
+  ``class``; an ``infiniband/`` directory marks an RDMA NIC.
+* ``/sys/bus/pci/devices/<bdf>/config``: extended capabilities from offset 0x100 (header: ID in
+  bits 0-15, next offset in bits 20-31); the ACS capability (ID 0x000D) holds the capability
+  register at +4 and the control register at +6 (bits in ``include/uapi/linux/pci_regs.h``).
+  Without CAP_SYS_ADMIN the kernel returns only the first 64 bytes: that is "needs root", never
+  "ACS off".
+* IOMMU: ``/sys/class/iommu`` (one entry per active IOMMU unit), ``/proc/cmdline``. The kernel
+  enables ACS on every capable bridge when an IOMMU is active, and ``iommu=pt`` keeps the IOMMU
+  active, so it does not turn ACS off.
+* ``/sys/bus/pci/devices/<bdf>/numa_node``: the socket a device hangs off (-1: not reported).
+* ``/sys/bus/pci/devices/<bdf>/{current,max}_link_{width,speed}`` (``drivers/pci/pci-sysfs.c``:
+  the negotiated width and speed from Link Status, the maximum from Link Capabilities; speed as
+  ``16.0 GT/s PCIe``, older kernels ``8 GT/s``). A width below the maximum is a link that trained
+  narrow (seating, riser, slot wiring, BIOS). GPUs lower their link *speed* when idle to save
+  power, so speed is recorded, never judged, in a prolog.
+* ``/sys/bus/pci/devices/<bdf>/iommu_group`` (a link to ``/sys/kernel/iommu_groups/<n>``, absent
+  without an IOMMU) and ``/sys/kernel/iommu_groups/<n>/type`` (Linux 5.11+: ``identity`` for
+  passthrough, ``DMA``/``DMA-FQ`` when the IOMMU translates the group's DMA).
+* NVSwitches: NVIDIA (0x10de) bridges of class 0x0680.
+* Virtual machines: the ``hypervisor`` CPU flag in ``/proc/cpuinfo``. In a guest the emulated
+  bridges' ACS bits do not decide where P2P traffic goes; the host's do.
+"""
+
+from __future__ import annotations
+
+import re
+
+from preflight.probing import FactReader
+from preflight.records import frozen
+from preflight.registry import probe
+from preflight.sources import NodeFS, SourceError
+
+_BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+
+
+_NVIDIA = "0x10de"
+
+
+_DISPLAY_CLASSES = ("0x0300", "0x0302")  # VGA and 3D controllers
+
+
+_NVSWITCH_CLASS = "0x0680"
+
+
+EXTENDED_CONFIG_START = 0x100
+
+
+_ACS_ID = 0x000D
+
+
+_MAX_CAPABILITIES = 64  # a garbage chain must not loop forever
+
+
+# ACS control bits (include/uapi/linux/pci_regs.h)
+ACS_BITS = (
+    (0x0001, "SrcValid"),
+    (0x0002, "TransBlk"),
+    (0x0004, "ReqRedir"),
+    (0x0008, "CmpltRedir"),
+    (0x0010, "UpstreamFwd"),
+    (0x0020, "EgressCtrl"),
+    (0x0040, "DirectTrans"),
+)
+
+
+@frozen
+class AcsRegisters:
+    capability: int
+    control: int
+
+    def describe(self) -> str:
+        return " ".join(f"{name}{'+' if self.control & bit else '-'}" for bit, name in ACS_BITS)
+
+
+@frozen
+class Bridge:
+    """A bridge on some GPU-to-NIC path and what its config space says about ACS."""
+
+    bdf: str
+    acs: AcsRegisters | None  # None: no ACS capability (nothing to redirect)
+    unreadable: str  # why the ACS state is not known; "" when it is
+
+
+@frozen
+class PcieLink:
+    """A function's PCIe link as the kernel reports it (Link Status and Link Capabilities)."""
+
+    current_width: int | None  # current_link_width: lanes negotiated; 0 when the link is down
+    max_width: int | None  # max_link_width
+    current_speed: str  # current_link_speed, e.g. "16.0 GT/s PCIe"; "" when not read
+    max_speed: str  # max_link_speed
+    problem: str  # why the widths are not known, "" when both were read
+
+
+@frozen
+class PciEndpoint:
+    bdf: str
+    chain: tuple[str, ...]  # bridges from the root port down to the parent of this function
+    numa_node: int | None  # None: not reported (-1) or unreadable
+    link: PcieLink
+    iommu_group: str | None  # the number of the group iommu_group links to; None: no IOMMU for it (or unreadable)
+    iommu_domain: str  # /sys/kernel/iommu_groups/<n>/type; "" when absent (kernels before 5.11)
+    iommu_problem: str  # why the group link or its domain type could not be read, "" otherwise
+    rdma_devices: tuple[str, ...] = ()  # infiniband/<name> of a NIC, e.g. ("mlx5_0",)
+
+
+@frozen
+class PcieFacts:
+    gpus: tuple[PciEndpoint, ...]
+    nics: tuple[PciEndpoint, ...]
+    bridges: tuple[Bridge, ...]  # every bridge on a GPU-to-nearest-NIC or GPU-to-GPU path inside a switch
+    pairs: tuple[tuple[str, str, tuple[str, ...]], ...]  # (gpu, nic, bridges between them)
+    gpu_pairs: tuple[tuple[str, str, tuple[str, ...]], ...]  # (gpu, gpu, bridges between them), same root port
+    nvswitches: tuple[str, ...]  # NVIDIA bridges of class 0x0680
+    nearest_nic: tuple[tuple[str, str, str], ...]  # (gpu, its nearest NIC, NCCL path class)
+    hypervisor: bool
+    iommu_units: tuple[str, ...]
+    cmdline: str
+    problems: tuple[str, ...]
+
+
+def parse_acs(config: bytes) -> AcsRegisters | None:
+    """The ACS registers from a config-space dump; None when there is no ACS capability.
+
+    Raises ValueError when the dump stops before the extended capabilities."""
+    if len(config) <= EXTENDED_CONFIG_START:
+        raise ValueError(f"only {len(config)} bytes of config space are readable (the rest needs root)")
+    offset = EXTENDED_CONFIG_START
+    for _ in range(_MAX_CAPABILITIES):
+        if offset < EXTENDED_CONFIG_START or offset + 8 > len(config):
+            return None
+        header = int.from_bytes(config[offset : offset + 4], "little")
+        if header in (0, 0xFFFFFFFF):
+            return None
+        if header & 0xFFFF == _ACS_ID:
+            capability = int.from_bytes(config[offset + 4 : offset + 6], "little")
+            control = int.from_bytes(config[offset + 6 : offset + 8], "little")
+            return AcsRegisters(capability, control)
+        offset = (header >> 20) & 0xFFC
+        if offset == 0:
+            return None
+    return None
+
+
+def device_chain(link_target: str) -> tuple[str, ...]:
+    """BDFs in a ``/sys/bus/pci/devices/<bdf>`` link target, root port first, the device last."""
+    return tuple(part for part in link_target.split("/") if _BDF.match(part))
+
+
+def bridges_between(first: tuple[str, ...], second: tuple[str, ...]) -> tuple[str, ...] | None:
+    """Bridges a peer-to-peer transfer crosses between two devices (chains include the devices).
+
+    None when the two sit under different root ports: their traffic crosses the root complex
+    anyway, and ACS inside a switch is not what decides it."""
+    common = 0
+    while common < min(len(first), len(second)) and first[common] == second[common]:
+        common += 1
+    if common == 0:
+        return None
+    turnaround = first[common - 1]
+    return (turnaround, *first[common:-1], *second[common:-1])
+
+
+def _distance(first: tuple[str, ...], second: tuple[str, ...]) -> int:
+    common = 0
+    while common < min(len(first), len(second)) and first[common] == second[common]:
+        common += 1
+    return (len(first) - common) + (len(second) - common) if common else 1_000
+
+
+def _numa(text: str | None) -> int | None:
+    try:
+        node = int((text or "").strip())
+    except ValueError:
+        return None
+    return node if node >= 0 else None
+
+
+# NCCL's path classes (src/graph/paths.cc), nearest first. NCCL has no NODE: two root ports of
+# one socket are PHB to it; only a path across sockets is SYS.
+PATH_CLASSES = ("PIX", "PXB", "PHB", "SYS")
+
+
+LINK_RANK = {name: rank for rank, name in enumerate(PATH_CLASSES)}
+
+
+LINK_RANK["UNKNOWN"] = LINK_RANK["SYS"]  # rank an unknown path as far, but report it as unknown
+
+
+def path_class(gpu: PciEndpoint, nic: PciEndpoint, sockets: int) -> str:
+    """PIX: one bridge between them; PXB: several, below the CPU; PHB: through the CPU's host
+    bridge on one socket; SYS: across sockets; UNKNOWN: different root ports on a multi-socket
+    node that does not say which socket a device hangs off."""
+    first, second = (*gpu.chain, gpu.bdf), (*nic.chain, nic.bdf)
+    between = bridges_between(first, second)
+    if between is not None:
+        return "PIX" if len(between) == 1 else "PXB"
+    if gpu.numa_node is not None and nic.numa_node is not None:
+        return "PHB" if gpu.numa_node == nic.numa_node else "SYS"
+    return "PHB" if sockets <= 1 else "UNKNOWN"
+
+
+@probe("pcie")
+def probe_pcie(fs: NodeFS) -> PcieFacts:
+    """GPUs, RDMA NICs, the bridges between each GPU and its nearest NIC, and their ACS state."""
+    reader = FactReader(fs)
+    gpus: list[PciEndpoint] = []
+    nics: list[PciEndpoint] = []
+    nvswitches: list[str] = []
+    chains: dict[str, tuple[str, ...]] = {}
+    # An unlisted bus or device directory stays in ``problems``: unclassified_reason() makes the
+    # verdicts unknown instead of "no GPUs here".
+    for bdf in reader.listing("/sys/bus/pci/devices") or []:
+        base = f"/sys/bus/pci/devices/{bdf}"
+        target = fs.readlink(base)
+        if target is None:
+            continue
+        chain = device_chain(target)
+        if not chain or chain[-1] != bdf:
+            continue
+        chains[bdf] = chain
+        vendor = (reader.text(f"{base}/vendor") or "").strip()
+        klass = (reader.text(f"{base}/class") or "").strip()
+        if vendor == _NVIDIA and klass.startswith(_DISPLAY_CLASSES):
+            gpus.append(_endpoint(fs, reader, bdf, chain))
+        elif vendor == _NVIDIA and klass.startswith(_NVSWITCH_CLASS):
+            nvswitches.append(bdf)
+        elif "infiniband" in (reader.listing(base) or []):
+            nics.append(_endpoint(fs, reader, bdf, chain, tuple(sorted(reader.listing(f"{base}/infiniband") or []))))
+    nodes = reader.listing("/sys/devices/system/node")
+    # Unlisted NUMA nodes: as if several sockets, so an unplaced path is UNKNOWN, not PHB.
+    sockets = 2 if nodes is None else sum(1 for name in nodes if re.fullmatch(r"node\d+", name))
+    pairs = []
+    nearest_nic = []
+    wanted: set[str] = set()
+    for gpu in gpus:
+        if not nics:
+            break
+        ranked = sorted(nics, key=lambda nic: (LINK_RANK[path_class(gpu, nic, sockets)], _distance(chains[gpu.bdf], chains[nic.bdf])))
+        best = ranked[0]
+        nearest_nic.append((gpu.bdf, best.bdf, path_class(gpu, best, sockets)))
+        for nic in ranked:
+            if _distance(chains[gpu.bdf], chains[nic.bdf]) != _distance(chains[gpu.bdf], chains[best.bdf]):
+                continue
+            between = bridges_between(chains[gpu.bdf], chains[nic.bdf])
+            if between is not None:
+                pairs.append((gpu.bdf, nic.bdf, between))
+                wanted.update(between)
+    gpu_pairs = []
+    for number, first in enumerate(gpus):
+        for second in gpus[number + 1 :]:
+            between = bridges_between(chains[first.bdf], chains[second.bdf])
+            if between is not None:
+                gpu_pairs.append((first.bdf, second.bdf, between))
+                wanted.update(between)
+    bridges = tuple(_bridge(fs, bdf) for bdf in sorted(wanted))
+    cpuinfo = reader.text("/proc/cpuinfo") or ""
+    flags = next((line for line in cpuinfo.splitlines() if line.startswith("flags")), "")
+    return PcieFacts(
+        gpus=tuple(gpus),
+        nics=tuple(nics),
+        bridges=bridges,
+        pairs=tuple(pairs),
+        gpu_pairs=tuple(gpu_pairs),
+        nvswitches=tuple(nvswitches),
+        nearest_nic=tuple(nearest_nic),
+        hypervisor=" hypervisor" in f" {flags.partition(':')[2]} ",
+        iommu_units=tuple(reader.listing("/sys/class/iommu") or []),  # only annotates evidence
+        cmdline=(reader.text("/proc/cmdline") or "").strip(),
+        problems=tuple(reader.problems),
+    )
+
+
+def _endpoint(fs: NodeFS, reader: FactReader, bdf: str, chain: tuple[str, ...], rdma: tuple[str, ...] = ()) -> PciEndpoint:
+    base = f"/sys/bus/pci/devices/{bdf}"
+    group, domain, problem = None, "", ""
+    try:
+        target = fs.readlink(f"{base}/iommu_group")
+        if target:
+            group = target.rstrip("/").rsplit("/", 1)[-1]
+            domain = (fs.read(f"/sys/kernel/iommu_groups/{group}/type") or "").strip()
+    except SourceError as error:
+        problem = str(error)
+    return PciEndpoint(bdf, chain[:-1], _numa(reader.text(f"{base}/numa_node")), _link(reader, base), group, domain, problem, rdma)
+
+
+def parse_width(text: str | None) -> int | None:
+    """``current_link_width``/``max_link_width``: a decimal lane count ("16")."""
+    try:
+        width = int((text or "").strip())
+    except ValueError:
+        return None
+    return width if 0 <= width <= 32 else None
+
+
+def _link(reader: FactReader, base: str) -> PcieLink:
+    texts = {name: reader.text(f"{base}/{name}") for name in ("current_link_width", "max_link_width", "current_link_speed", "max_link_speed")}
+    current, maximum = parse_width(texts["current_link_width"]), parse_width(texts["max_link_width"])
+    problem = ""
+    if texts["current_link_width"] is None and texts["max_link_width"] is None:
+        problem = f"{base}/current_link_width and max_link_width are missing or unreadable"
+    elif current is None or maximum is None:
+        shown = ", ".join(f"{name} {str(texts[name])[:20]!r}" for name in ("current_link_width", "max_link_width"))
+        problem = f"{base}: link width not a lane count ({shown})"
+    return PcieLink(current, maximum, (texts["current_link_speed"] or "").strip(), (texts["max_link_speed"] or "").strip(), problem)
+
+
+def _bridge(fs: NodeFS, bdf: str) -> Bridge:
+    path = f"/sys/bus/pci/devices/{bdf}/config"
+    try:
+        config = fs.read_bytes(path)
+    except SourceError as error:
+        return Bridge(bdf, None, f"{path}: {error.reason}")
+    if config is None:
+        return Bridge(bdf, None, f"{path} does not exist")
+    try:
+        return Bridge(bdf, parse_acs(config), "")
+    except ValueError as error:
+        return Bridge(bdf, None, f"{path}: {error}")
+
+
+def unclassified_reason(pcie: PcieFacts) -> str:
+    """Why some PCI device may be a GPU or RDMA NIC not seen (its vendor, class or entries could
+    not be read); "" when every device was classified."""
+    for problem in pcie.problems:
+        path = problem.split(": ", 1)[0]
+        device_file = path.startswith("/sys/bus/pci/devices/") and (path.endswith(("/vendor", "/class")) or path.count("/") == 5)
+        if path == "/sys/bus/pci/devices" or device_file:
+            return f"cannot tell which PCI devices are GPUs and RDMA NICs: {problem}"
+    return ""
