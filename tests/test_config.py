@@ -1,4 +1,4 @@
-"""The site config: the samples the README points to load with the real loader, and reference IDs
+"""The site config: the samples the docs show load with the real loader, and reference IDs
 are checked against the catalogue (an override or a disable of a misspelt ID is refused)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from preflight.model import Severity
 
 
 def docstring_sample() -> str:
-    """The TOML block of ``preflight/config.py``'s docstring, which the README sends readers to."""
+    """The TOML block of ``preflight/config.py``'s docstring, which docs/operators/configuration.md sends readers to."""
     doc = preflight.config.__doc__ or ""
     block = doc.split(".. code-block:: toml\n", 1)[1].split("\nEvery unknown key", 1)[0]
     return textwrap.dedent(block)
@@ -34,13 +34,12 @@ def test_docstring_sample_loads_and_means_what_its_comments_say() -> None:
     assert outside.slurm.healthcheck_timeout_s == 50.0
 
 
-def test_readme_configuration_samples_load() -> None:
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("\n## Configuration\n", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"```toml\n(.*?)```", section, re.S)
+def test_operator_guide_configuration_samples_load() -> None:
+    page = (REPO / "docs" / "operators" / "configuration.md").read_text()
+    blocks = re.findall(r"```toml\n(.*?)```", page, re.S)
     assert len(blocks) >= 2
     for block in blocks:
-        parse_config(block, "README.md", "gpu017")
+        parse_config(block, "configuration.md", "gpu017")
 
 
 @pytest.mark.parametrize(
