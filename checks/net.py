@@ -6,6 +6,8 @@ import ipaddress
 from itertools import chain
 from typing import TYPE_CHECKING
 
+from msgspec import Struct
+
 from preflight.model import (
     Evidence,
     NotApplicable,
@@ -26,7 +28,6 @@ from preflight.probes.nccl_socket import (
     shown,
 )
 from preflight.probes.routing import CONF, RoutingFacts
-from preflight.records import frozen
 from preflight.registry import check
 
 if TYPE_CHECKING:
@@ -209,8 +210,7 @@ VIRTUAL_KINDS = {
 
 
 # -- helpers shared by the checks -------------------------------------------------------------
-@frozen
-class Use:
+class Use(Struct, frozen=True):
     """One interface NCCL would use, and for what."""
 
     purpose: str

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+from msgspec import Struct
+
 from preflight.model import (
     Evidence,
     NotApplicable,
@@ -16,7 +18,6 @@ from preflight.model import (
 )
 from preflight.probes.nvlink import require_nvml
 from preflight.probes.pcie import PcieFacts, unclassified_reason
-from preflight.records import frozen
 from preflight.registry import check
 
 if TYPE_CHECKING:
@@ -61,8 +62,7 @@ def _strtol(text: str) -> int | None:
     return -value if match.group(1) == "-" else value
 
 
-@frozen
-class P2pOverride:
+class P2pOverride(Struct, frozen=True):
     """A job setting that switches NCCL's P2P transport off for every GPU pair on this node."""
 
     name: str

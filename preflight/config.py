@@ -64,13 +64,14 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import field, replace
 from typing import Any
+
+from msgspec import Struct, field
+from msgspec.structs import replace
 
 from preflight.catalogue import reference_ids
 from preflight.hostlist import HostlistError, expand, matches, split_top_level
 from preflight.model import REFERENCE_ID, Severity
-from preflight.records import frozen
 from preflight.sources import DnsSettings
 from preflight.tomlcompat import TomlError, parse_toml
 from preflight.units import UNLIMITED, parse_size
@@ -83,8 +84,7 @@ class ConfigError(Exception):
     """The configuration file cannot be used; the message names file, line and key."""
 
 
-@frozen
-class Expectations:
+class Expectations(Struct, frozen=True):
     """What the site expects of this host; ``None`` means "no expectation"."""
 
     memlock_min: int = UNLIMITED  # bytes; NVIDIA and Slurm both recommend unlimited for RDMA jobs
@@ -105,8 +105,7 @@ class Expectations:
 CPU_JOB_IGNORE = ("GPU", "GDR", "NVL", "IB", "ROCE", "EFA", "PCI", "TOPO", "MEM", "NCCL")
 
 
-@frozen
-class SlurmSettings:
+class SlurmSettings(Struct, frozen=True):
     """How ``preflight slurm ...`` runs under Slurm (``[slurm]``); see README, "Slurm"."""
 
     timeout_s: float = 8.0  # prolog/epilog: everything, the scontrol call included
@@ -126,8 +125,7 @@ class SlurmSettings:
     syslog_socket: str = "/dev/log"
 
 
-@frozen
-class HostConfig:
+class HostConfig(Struct, frozen=True):
     """The configuration that applies to one host after host sections are merged."""
 
     expect: Expectations = field(default_factory=Expectations)

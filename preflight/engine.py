@@ -11,11 +11,13 @@ bounded by the number of distinct stuck probes instead of growing with every run
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
+
+import msgspec
+from msgspec import Struct
 
 from preflight import __version__
 from preflight.catalogue import load_reference
@@ -26,19 +28,16 @@ from preflight.model import (
     Observation,
     ProbeOutcome,
     Reference,
-    Severity,
     Status,
     Unknown,
 )
-from preflight.records import frozen
 from preflight.registry import CheckSpec, ProbeSpec, Registry
 from preflight.sources import SourceError, Sources
 
 REPORT_SCHEMA = "preflight-report/1"
 
 
-@frozen
-class RunOptions:
+class RunOptions(Struct, frozen=True):
     """What the user asked for on the command line (config supplies the defaults)."""
 
     profile: str = "full"
@@ -48,8 +47,7 @@ class RunOptions:
     probe_timeout_s: float = 3.0
 
 
-@frozen
-class Report:
+class Report(Struct, frozen=True):
     """Everything one run found, ready for the reporters."""
 
     hostname: str
@@ -64,7 +62,7 @@ class Report:
 
     def with_root(self, root: str) -> Report:
         """The same report, naming ``root`` (a snapshot archive, not its temporary copy)."""
-        return dataclasses.replace(self, root=root)
+        return msgspec.structs.replace(self, root=root)
 
     def to_json(self) -> dict[str, Any]:
         counts = {status.value: 0 for status in Status}
@@ -304,15 +302,16 @@ def judge(
 
 
 def facts_to_json(value: Any) -> Any:
-    """Facts (frozen dataclasses, tuples, enums) as plain JSON values."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: facts_to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, (list, tuple)):
-        return [facts_to_json(item) for item in value]
-    if isinstance(value, dict):
-        return {str(key): facts_to_json(item) for key, item in value.items()}
-    if isinstance(value, (Severity, Status)):
-        return value.value
+    """Facts (records, tuples, enums) as plain JSON values: what a report's reader gets back
+    from the JSON (lists, not tuples), so that a report in memory equals its replay."""
+    return _as_lists(msgspec.to_builtins(value, str_keys=True))
+
+
+def _as_lists(value: Any) -> Any:
+    if type(value) is tuple or type(value) is list:
+        return [_as_lists(item) for item in value]
+    if type(value) is dict:
+        return {key: _as_lists(item) for key, item in value.items()}
     return value
 
 

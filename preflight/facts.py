@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 import typing
 from collections.abc import Callable
 from typing import Any
+
+import msgspec
 
 
 def facts_type(probe: Callable[..., Any]) -> Any:
@@ -26,5 +27,5 @@ def fact_fields(probe: Callable[..., Any]) -> dict[str, Any]:
     if kind is None:
         name = str(getattr(probe, "__annotations__", {}).get("return", "?"))
         return {"type": name, "fields": []}
-    fields = [field.name for field in dataclasses.fields(kind)] if dataclasses.is_dataclass(kind) else []
+    fields = [field.name for field in msgspec.structs.fields(kind)] if isinstance(kind, type) and issubclass(kind, msgspec.Struct) else []
     return {"type": getattr(kind, "__name__", str(kind)), "fields": fields}

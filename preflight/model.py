@@ -1,6 +1,6 @@
 """The vocabulary every other module speaks: statuses, severities, evidence and findings.
 
-Everything here is a frozen dataclass or an enum so that facts and findings can be passed between
+Everything here is a frozen record (a msgspec Struct) or an enum so that facts and findings can be passed between
 threads, compared in tests and serialised to JSON without surprises.
 """
 
@@ -10,7 +10,7 @@ import enum
 import re
 from typing import Any
 
-from preflight.records import frozen
+from msgspec import Struct
 
 #: Stable reference IDs look like lint codes: an area of 2-5 capitals and three digits.
 REFERENCE_ID = re.compile(r"^[A-Z]{2,5}[0-9]{3}$")
@@ -43,8 +43,7 @@ class Severity(str, enum.Enum):
 _SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.ERROR: 2, Severity.CRITICAL: 3}
 
 
-@frozen
-class Evidence:
+class Evidence(Struct, frozen=True):
     """One observation behind a finding: what was seen, what was expected, and where."""
 
     source: str  # a path as seen on the node ("/proc/self/limits") or an API ("nvmlDeviceGetCount")
@@ -55,8 +54,7 @@ class Evidence:
         return {"source": self.source, "observed": self.observed, "expected": self.expected}
 
 
-@frozen
-class Finding:
+class Finding(Struct, frozen=True):
     """The verdict of one check for one subject on one node."""
 
     reference_id: str
@@ -83,8 +81,7 @@ class Finding:
         }
 
 
-@frozen
-class Observation:
+class Observation(Struct, frozen=True):
     """What a check yields: a present finding about one subject, before the engine adds the
     reference's title, fix and (site-adjusted) severity."""
 
@@ -122,8 +119,7 @@ class Unknown(Exception):
     """Raised by a check when the facts it needs could not be read."""
 
 
-@frozen
-class ProbeOutcome:
+class ProbeOutcome(Struct, frozen=True):
     """How one probe went: its facts (or None), status, duration and the reason it failed."""
 
     name: str
@@ -141,8 +137,7 @@ class ProbeOutcome:
         }
 
 
-@frozen
-class Reference:
+class Reference(Struct, frozen=True):
     """One catalogued failure mode, loaded from ``references/<ID>.toml``."""
 
     id: str

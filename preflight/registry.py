@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from preflight.model import REFERENCE_ID
-from preflight.records import frozen
+from msgspec import Struct
 
 #: Profiles in increasing scope: ``prolog`` runs before every job, ``full`` is the audit.
 PROFILES = ("prolog", "full")
@@ -36,8 +36,7 @@ class RegistrationError(Exception):
     """A probe or check is declared wrongly; raised at import or discovery, never at run time."""
 
 
-@frozen
-class ProbeSpec:
+class ProbeSpec(Struct, frozen=True):
     name: str
     func: Callable[..., Any]
     sources: tuple[str, ...]
@@ -47,8 +46,7 @@ class ProbeSpec:
     origin: str  # module that defined it
 
 
-@frozen
-class CheckSpec:
+class CheckSpec(Struct, frozen=True):
     reference_id: str
     func: Callable[..., Any]
     probes: tuple[str, ...]

@@ -13,7 +13,7 @@ import os
 
 from preflight.config import DEFAULT_CONFIG_PATH, ConfigError, HostConfig, parse_config
 from preflight.engine import Report, RunOptions, run, select_checks, selects
-from preflight.records import frozen
+from msgspec import Struct
 from preflight.registry import PROFILES, Registry
 from preflight.sources import NodeFS, SourceError, Sources, open_root
 from preflight.sources.archive import is_archive
@@ -27,8 +27,7 @@ class NothingToRun(UsageProblem):
     """The selection leaves no check to run; the message says why for each reference named."""
 
 
-@frozen
-class OpenedNode:
+class OpenedNode(Struct, frozen=True):
     """A node root ready to be inspected: its files, its host name and the site config for it."""
 
     fs: NodeFS

@@ -53,8 +53,9 @@ import re
 import secrets
 import struct
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 from typing import Any
+
+from msgspec.structs import replace
 
 from preflight.hostlist import split_top_level
 from preflight.sources.archive import Member

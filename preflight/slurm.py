@@ -49,7 +49,7 @@ from preflight.config import (
 )
 from preflight.exitcodes import ExitCode
 from preflight.model import Finding, Status
-from preflight.records import frozen
+from msgspec import Struct
 from preflight.sources import NodeFS, SourceError
 
 if TYPE_CHECKING:
@@ -68,8 +68,7 @@ _GPU_SUBJECT = re.compile(r"^GPU(\d+)$")
 SYSLOG_ERR, SYSLOG_NOTICE, SYSLOG_INFO = 3 * 8 + 3, 3 * 8 + 5, 3 * 8 + 6
 
 
-@frozen
-class SlurmArgs:
+class SlurmArgs(Struct, frozen=True):
     """Arguments of ``preflight slurm prolog|epilog|healthcheck``."""
 
     mode: str
@@ -79,8 +78,7 @@ class SlurmArgs:
     checks_dirs: tuple[str, ...] = ()
 
 
-@frozen
-class JobScope:
+class JobScope(Struct, frozen=True):
     """What part of the node one job uses, from the prolog's environment."""
 
     job_id: str = ""  # "" for the healthcheck (no job)
@@ -99,8 +97,7 @@ class JobScope:
         }
 
 
-@frozen
-class Verdict:
+class Verdict(Struct, frozen=True):
     """What the findings mean for the node under the site's drain policy."""
 
     drain: tuple[Finding, ...]  # present (or, fail-closed, unknown) at or above drain severity
@@ -112,8 +109,7 @@ class Verdict:
         return "drain" if self.drain else "undecided" if self.undecided else "clean"
 
 
-@frozen
-class CommandResult:
+class CommandResult(Struct, frozen=True):
     """One bounded external command and how it ended."""
 
     argv: tuple[str, ...]
@@ -125,8 +121,7 @@ class CommandResult:
         return {"argv": list(self.argv), "status": self.status, "returncode": self.returncode, "output": self.output}
 
 
-@frozen
-class NodeState:
+class NodeState(Struct, frozen=True):
     """``scontrol show node -o NAME``: the node's state flags and reason."""
 
     state: str  # "IDLE+DRAIN", "DOWN*", "MIXED"...

@@ -27,12 +27,13 @@ import os
 import re
 import stat as stat_codes
 import time
-from dataclasses import field, replace
 from typing import Any
+
+from msgspec import Struct, field
+from msgspec.structs import replace
 
 from preflight import __version__
 from preflight.engine import Report
-from preflight.records import frozen
 from preflight.sources import NodeFS, RootError, SourceError, Sources
 from preflight.sources.archive import Member
 from preflight.sources.fs import FileStat
@@ -55,8 +56,7 @@ _STAT_TYPES = {
 }
 
 
-@frozen
-class SnapshotArgs:
+class SnapshotArgs(Struct, frozen=True):
     """Arguments of ``preflight snapshot``."""
 
     output: str
@@ -69,8 +69,7 @@ class SnapshotArgs:
     checks_dirs: tuple[str, ...] = ()
 
 
-@frozen
-class Snapshot:
+class Snapshot(Struct, frozen=True):
     """A recorded root in memory, before it is written."""
 
     members: dict[str, Member]
@@ -79,8 +78,7 @@ class Snapshot:
     notes: list[str] = field(default_factory=list)
 
 
-@frozen
-class SnapshotResult:
+class SnapshotResult(Struct, frozen=True):
     path: str
     size: int
     members: int

@@ -1,12 +1,12 @@
 """Layer 3: every check on hand-built facts, with a present and an absent case per reference.
 
 Facts start from the example node's probes (so they are realistic) and are varied with
-``dataclasses.replace``.
+``msgspec.structs.replace``.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from msgspec.structs import replace
 from pathlib import Path
 
 import pytest

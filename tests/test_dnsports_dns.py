@@ -28,7 +28,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import replace
+from msgspec.structs import replace
 from pathlib import Path
 
 import dns.flags

@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from msgspec.structs import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from preflight.probes.job import probe_job
 from preflight.probes.job import Setting
 from preflight.probes.routing import Peer, RailMember, RoutingFacts, Sysctl, probe_routing
 from preflight.checks.net import merge_by_subject, nccl_socket_network_unreachable, nccl_wrong_socket_interface
@@ -69,11 +70,13 @@ class Node:
         return ReplayNetlink({"links": self.links, "addresses": self.addresses, "routes": self.routes})
 
     def socket(self) -> NcclSocketFacts:
-        return probe_nccl_socket(NodeFS(str(self.root)), self.netlink())
+        fs = NodeFS(str(self.root))
+        return probe_nccl_socket(fs, self.netlink(), probe_job(fs))
 
     def routing(self, peers: tuple[str, ...] = (), dns: dict[str, Any] | None = None) -> RoutingFacts:
         config = HostConfig(expect=Expectations(peers=peers))
-        return probe_routing(NodeFS(str(self.root)), self.netlink(), ReplayDns({"answers": dns or {}}), config)
+        fs = NodeFS(str(self.root))
+        return probe_routing(fs, self.netlink(), ReplayDns({"answers": dns or {}}), config, probe_job(fs))
 
 
 @pytest.fixture

@@ -37,6 +37,7 @@ import json, sys
 from preflight.config import HostConfig, Expectations
 from preflight.probes.routing import probe_routing
 from preflight.probes.nccl_socket import probe_nccl_socket
+from preflight.probes.job import probe_job
 from preflight.sources import Sources
 from preflight.sources.netlink import dump
 
@@ -53,8 +54,8 @@ class Recording:
 
 sources = Sources.for_node("/")
 recording = Recording(sources.netlink)
-probe_nccl_socket(sources.fs, recording)
-probe_routing(sources.fs, recording, sources.dns, HostConfig(expect=Expectations(peers=tuple(sys.argv[1:]))))
+probe_nccl_socket(sources.fs, recording, probe_job(sources.fs))
+probe_routing(sources.fs, recording, sources.dns, HostConfig(expect=Expectations(peers=tuple(sys.argv[1:]))), probe_job(sources.fs))
 print(json.dumps(dump(sources.netlink, recording.asked)))
 """
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import stat
 from collections.abc import Iterable
-from dataclasses import replace
+from msgspec.structs import replace
 
 import pytest
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from preflight.nccl.gid import GidSettings
+from preflight.probes.job import probe_job
 from preflight.probes.roce import EcnState, GidEntry, NcclGid, RocePort, probe_roce, probe_roce_dcb, roce_mtu
 from preflight.sources import NodeFS, SourceError, Sources
 from preflight.sources.netlink import (
@@ -40,7 +41,7 @@ def test_roce_mtu_follows_iboe_get_mtu(netdev_mtu: int, expected: int | None) ->
 
 
 def test_v1v2_node_whole_port_facts() -> None:
-    facts = probe_roce(NodeFS(str(NODES / "roce-v1v2")))
+    facts = probe_roce(NodeFS(str(NODES / "roce-v1v2")), probe_job(NodeFS(str(NODES / "roce-v1v2"))))
     assert [port.subject for port in facts.ports] == ["mlx5_0/1", "mlx5_1/1"] and facts.unreadable_ports == ()
     assert facts.gid_variables == ()
     chosen = NcclGid(GidSettings(), 3, False, (), None, "")
@@ -69,7 +70,7 @@ def test_v1v2_node_whole_port_facts() -> None:
 
 
 def test_macvlan_pod_facts() -> None:
-    facts = probe_roce(NodeFS(str(NODES / "roce-macvlan-pod")))
+    facts = probe_roce(NodeFS(str(NODES / "roce-macvlan-pod")), probe_job(NodeFS(str(NODES / "roce-macvlan-pod"))))
     (port,) = facts.ports
     assert [entry.index for entry in port.gids] == [4, 5, 6, 7] and port.table_size == 256
     assert [(entry.netdev, entry.ipv4, entry.roce_type) for entry in port.gids[:2]] == [("net1", "11.0.4.1", V1), ("net1", "11.0.4.1", V2)]
@@ -84,19 +85,19 @@ def test_netdev_from_device_net_when_no_gid_names_one(tmp_path: Path) -> None:
     port = root / "sys/devices/pci0000:00/0000:00:01.0/0000:0d:00.0/infiniband/mlx5_0/ports/1"
     for index in range(4):
         (port / f"gid_attrs/ndevs/{index}").unlink()
-    facts = probe_roce(NodeFS(str(root)))
+    facts = probe_roce(NodeFS(str(root)), probe_job(NodeFS(str(root))))
     assert (facts.ports[0].netdev, facts.ports[0].netdev_source) == ("ens1f0np0", "/sys/class/infiniband/mlx5_0/device/net")
 
 
 def test_dcb_probe_replays_the_recording() -> None:
     sources = Sources.for_node(str(NODES / "roce-pfc-misconfigured"))
-    readings = probe_roce_dcb(sources.fs, sources.netlink).readings
+    readings = probe_roce_dcb(sources.fs, sources.netlink, probe_roce(sources.fs, probe_job(sources.fs))).readings
     assert [(r.netdev, r.ports, r.config.pfc_enabled if r.config else None) for r in readings] == [
         ("ens1f0np0", ("mlx5_0/1",), (3,)),
         ("ens2f0np0", ("mlx5_1/1",), ()),
     ]
     pod = Sources.for_node(str(NODES / "roce-macvlan-pod"))
-    (reading,) = probe_roce_dcb(pod.fs, pod.netlink).readings
+    (reading,) = probe_roce_dcb(pod.fs, pod.netlink, probe_roce(pod.fs, probe_job(pod.fs))).readings
     assert reading.config is None and "EOPNOTSUPP" in reading.error
 
 
@@ -112,7 +113,7 @@ def test_dcb_asks_the_members_of_a_bond(tmp_path: Path) -> None:
     for index in range(4):
         (port / str(index)).write_text("bond0\n")
     sources = Sources.for_node(str(root))
-    readings = probe_roce_dcb(sources.fs, sources.netlink).readings
+    readings = probe_roce_dcb(sources.fs, sources.netlink, probe_roce(sources.fs, probe_job(sources.fs))).readings
     assert [(r.netdev, r.ports) for r in readings] == [("ens1f0np0", ("mlx5_0/1",)), ("ens2f0np0", ("mlx5_0/1", "mlx5_1/1"))]
 
 
@@ -144,14 +145,14 @@ def plant(root: Path, relative: str, how: str) -> None:
 
 
 def mlx5_0(root: Path) -> RocePort:
-    return next(port for port in probe_roce(NodeFS(str(root))).ports if port.device == "mlx5_0")
+    return next(port for port in probe_roce(NodeFS(str(root)), probe_job(NodeFS(str(root)))).ports if port.device == "mlx5_0")
 
 
 @pytest.mark.parametrize("how", ["missing", "empty", "garbage", "einval"])
 def test_bad_link_layer_makes_the_port_unreadable(tmp_path: Path, how: str) -> None:
     root = copy_node(tmp_path, "roce-v1v2")
     plant(root, f"{PORT}/link_layer", how)
-    facts = probe_roce(NodeFS(str(root)))
+    facts = probe_roce(NodeFS(str(root)), probe_job(NodeFS(str(root))))
     assert [port.subject for port in facts.ports] == ["mlx5_1/1"]
     ((subject, reason),) = facts.unreadable_ports
     assert subject == "mlx5_0/1" and "link_layer" in reason

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from preflight.checks.topo import nccl_topo_xml_nic_without_busid
+from preflight.probes.job import probe_job
 from preflight.probes.topo_file import parse_topology, probe_topo_file
 from preflight.model import NotApplicable, Status
 from preflight.sources import NodeFS
@@ -35,7 +36,7 @@ def verdicts(root: Path, topology: str | None, variable: str = "/etc/nccl/topo.x
     if topology is not None:
         write(root, "/etc/nccl/topo.xml", topology)
     write(root, "/proc/self/environ", f"NCCL_TOPO_FILE={variable}\0".encode())
-    found = nccl_topo_xml_nic_without_busid(probe_topo_file(NodeFS(str(root))))
+    found = nccl_topo_xml_nic_without_busid(probe_topo_file(NodeFS(str(root)), probe_job(NodeFS(str(root)))))
     return [(o.subject, o.status, " ".join(e.observed for e in o.evidence) + o.reason) for o in found]
 
 
@@ -64,7 +65,7 @@ def test_missing_relative_and_broken_files(node_copy: Path) -> None:
 
 def test_not_applicable_without_the_variable(example_root: Path) -> None:
     with pytest.raises(NotApplicable):
-        list(nccl_topo_xml_nic_without_busid(probe_topo_file(NodeFS(str(example_root)))))
+        list(nccl_topo_xml_nic_without_busid(probe_topo_file(NodeFS(str(example_root)), probe_job(NodeFS(str(example_root))))))
 
 
 def test_parse_keeps_the_enclosing_bus_id() -> None:

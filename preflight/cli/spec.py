@@ -19,15 +19,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from preflight.exitcodes import ExitCode
-from preflight.records import frozen
+from msgspec import Struct
 
 #: How an option's value is read: one string, a float, an int, a switch, a repeatable string, or
 #: a repeatable comma-separated list of tokens (``--select MEM,GDR001 --select dns``).
 KINDS = ("text", "number", "integer", "flag", "many", "tokens")
 
 
-@frozen
-class Option:
+class Option(Struct, frozen=True):
     flag: str  # "--root"
     field: str  # the name the command's run function receives
     help: str
@@ -37,8 +36,7 @@ class Option:
     envvar: str | None = None  # typer only: the fast path never reads the environment
 
 
-@frozen
-class Argument:
+class Argument(Struct, frozen=True):
     field: str
     metavar: str
     help: str
@@ -46,8 +44,7 @@ class Argument:
     required: bool = True
 
 
-@frozen
-class Command:
+class Command(Struct, frozen=True):
     path: tuple[str, ...]  # ("node",), ("slurm", "prolog")
     help: str  # first line: the summary; the rest, e.g. exit codes, shows in --help
     run: Callable[[dict[str, Any]], int]

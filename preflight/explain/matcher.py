@@ -21,15 +21,14 @@ from preflight.catalogue import CatalogueError
 from preflight.explain.posts import normalise, segments, undo_autolinks
 from preflight.explain.reader import MAX_LINE, Chunk
 from preflight.model import Reference
-from preflight.records import frozen
+from msgspec import Struct
 from preflight.signatures import required_literals, specificity
 
 _MIN_WRAP_WIDTH = 60  # shorter lines are not the first half of a hard wrap
 _MAX_GATE_STEPS = 512  # gate occurrences stepped through in one line before asking per gate
 
 
-@frozen
-class Signature:
+class Signature(Struct, frozen=True):
     reference_id: str
     number: int  # 1-based position in the reference file, for messages and JSON
     role: str

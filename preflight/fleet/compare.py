@@ -18,21 +18,19 @@ from preflight.exitcodes import ExitCode
 from preflight.fleet.facts import FACTS, Fact, HardwareClass
 from preflight.fleet.load import SEVERITY_RANK, NodeReport, Skipped
 from preflight.model import Severity, Status
-from preflight.records import frozen
+from msgspec import Struct
 
 #: Verdicts of one comparison.
 SAME, ODD, TIE, ALONE = "same", "odd", "tie", "alone"
 DISAGREEMENTS = (ODD, TIE)
 
 
-@frozen
-class ValueGroup:
+class ValueGroup(Struct, frozen=True):
     value: str
     hosts: tuple[str, ...]
 
 
-@frozen
-class Expectation:
+class Expectation(Struct, frozen=True):
     """A present finding on one node that states what the site expects of a compared fact."""
 
     host: str
@@ -41,8 +39,7 @@ class Expectation:
     expected: str
 
 
-@frozen
-class Comparison:
+class Comparison(Struct, frozen=True):
     fact: Fact
     group: str  # the hardware class label, or the family label for family-scoped facts
     verdict: str  # SAME, ODD, TIE or ALONE (fewer than two nodes with a known value)
@@ -53,8 +50,7 @@ class Comparison:
     expectations: tuple[Expectation, ...]
 
 
-@frozen
-class ClassGroup:
+class ClassGroup(Struct, frozen=True):
     hardware: HardwareClass
     hosts: tuple[str, ...]
 
@@ -67,8 +63,7 @@ class NodeMention:     # and a frozen dataclass's __init__ costs 3-4x as much
     detail: tuple[str, ...]  # evidence ("observed (expected ...)") for present, reasons for unknown
 
 
-@frozen
-class ReferenceRow:
+class ReferenceRow(Struct, frozen=True):
     id: str
     symbol: str
     title: str
@@ -81,8 +76,7 @@ class ReferenceRow:
         return Severity(max(severities, key=SEVERITY_RANK.__getitem__)) if severities else None
 
 
-@frozen
-class Fleet:
+class Fleet(Struct, frozen=True):
     nodes: tuple[NodeReport, ...]
     skipped: tuple[Skipped, ...]
     classes: tuple[ClassGroup, ...]

@@ -22,7 +22,7 @@ import hashlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from preflight.records import frozen
+from msgspec import Struct
 from preflight.units import UNLIMITED, format_size
 
 Facts = dict[str, Any]  # JSON objects parse to dict: cheaper to test than Mapping
@@ -35,8 +35,7 @@ _MAX_VALUE = 400  # longer values are shortened, with a digest so that different
 _ACS_REDIRECT_BITS = 0x0004 | 0x0008
 
 
-@frozen
-class Fact:
+class Fact(Struct, frozen=True):
     key: str
     label: str
     extract: Extractor
@@ -167,8 +166,7 @@ def _nic_model(facts: Facts) -> str:
     return joined(models, " + ") if models else "no RDMA NIC"
 
 
-@frozen
-class HardwareClass:
+class HardwareClass(Struct, frozen=True):
     """Nodes are only compared with nodes of the same class."""
 
     gpu_model: str

@@ -26,7 +26,7 @@ from preflight.fleet import shape
 from preflight.fleet.facts import FACTS, HardwareClass, extract_all, hardware_class
 from preflight.fleet.shape import EVIDENCE_CAP, SUBJECT_CAP, TEXT_CAP, EvidenceLine, NodeFinding, SeverityValue, StatusValue
 from preflight.model import REFERENCE_ID, SYMBOL, Severity, Status
-from preflight.records import frozen
+from msgspec import Struct
 
 REPORT_SCHEMA = "preflight-report/1"
 #: A full report of an 8-GPU, 8-HCA node is about 40 KB; 16 MiB leaves room for very large
@@ -51,8 +51,7 @@ class ReportError(Exception):
     """This file cannot be used as a node report; the message says why."""
 
 
-@frozen
-class Skipped:
+class Skipped(Struct, frozen=True):
     file: str
     reason: str
 
@@ -68,8 +67,7 @@ Mention = tuple[str, str, str, str, MentionBody]
 SEVERITY_RANK = {severity.value: severity.rank for severity in Severity}
 
 
-@frozen
-class NodeReport:
+class NodeReport(Struct, frozen=True):
     """What the audit keeps of one node's report."""
 
     name: str  # the node's name throughout the fleet report (see NODE_NAMES)

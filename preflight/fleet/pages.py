@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from preflight import __version__
 from preflight.fleet.compare import TIE, Comparison, Fleet, NodeMention, fleet_exit_code
 from preflight.fleet.render import compress_hosts, printable
-from preflight.records import frozen
+from msgspec import Struct
 
 #: Cell kinds, worst first: a present finding's severity, or "unknown".
 KINDS = ("critical", "error", "warning", "info", "unknown")
@@ -28,14 +28,12 @@ _SHORT = {"critical": "C", "error": "E", "warning": "W", "info": "I", "unknown":
 _HOSTS_SHOWN = 300  # characters of a host list in a cell
 
 
-@frozen
-class Cell:
+class Cell(Struct, frozen=True):
     kind: str  # one of KINDS
     detail: str  # subjects and evidence (present) or reasons (unknown), one per line
 
 
-@frozen
-class OddRow:
+class OddRow(Struct, frozen=True):
     fact: str
     group: str
     hosts: str

@@ -7,13 +7,14 @@ act on (escape sequences, carriage returns) and shortens long cells; JSON escape
 
 from __future__ import annotations
 
-import textwrap
-
 import dataclasses
 import json
 import re
+import textwrap
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
+
+import msgspec
 
 from preflight import __version__
 from preflight.fleet import shape
@@ -68,6 +69,8 @@ def _hosts_cell(hosts: Sequence[str]) -> str:
 def _plain(value: Any) -> Any:
     """The JSON object of a dataclass :func:`fleet_json` leaves in place (``json.dumps``'s
     ``default``; msgspec writes dataclasses itself, with the same fields in the same order)."""
+    if isinstance(value, msgspec.Struct):
+        return {field: getattr(value, field) for field in value.__struct_fields__}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {field.name: getattr(value, field.name) for field in dataclasses.fields(value)}
     raise TypeError(f"{type(value).__name__} is not JSON serializable")

@@ -24,7 +24,7 @@ import ipaddress
 import re
 from collections.abc import Mapping
 
-from preflight.records import frozen
+from msgspec import Struct
 
 AF_INET, AF_INET6 = 4, 6
 
@@ -100,8 +100,7 @@ def nccl_int(value: str | None, default: int) -> int:
     return number if -(2**63) <= number < 2**63 else default
 
 
-@frozen
-class GidSettings:
+class GidSettings(Struct, frozen=True):
     """The job's GID-selection variables as NCCL parses them."""
 
     gid_index: int = -1  # NCCL_IB_GID_INDEX; -1 chooses automatically (NCCL >= 2.21)
@@ -153,8 +152,7 @@ def in_addr_range(family: int, prefix: tuple[bytes, int] | None, gid: bytes) -> 
     return int.from_bytes(base, "big") & mask == int.from_bytes(value, "big") & mask
 
 
-@frozen
-class Slot:
+class Slot(Struct, frozen=True):
     """One GID table slot as the emulation needs it."""
 
     gid: bytes  # zeros for an empty slot
@@ -162,8 +160,7 @@ class Slot:
     type_error: str = ""  # why not, e.g. "invalid argument (EINVAL)"
 
 
-@frozen
-class GidChoice:
+class GidChoice(Struct, frozen=True):
     """What NCCL would do on one port."""
 
     index: int | None  # the GID index used (NCCL >= 2.26 semantics); None when NCCL fails

@@ -23,7 +23,7 @@ import re
 
 from preflight.probes.job import JobFacts, Setting
 from preflight.probes.rdma import PORT_ACTIVE, RdmaFacts, RdmaPort, ports_unlisted
-from preflight.records import frozen
+from msgspec import Struct
 
 NCCL_LINK_LAYERS = ("InfiniBand", "Ethernet")
 
@@ -31,8 +31,7 @@ NCCL_LINK_LAYERS = ("InfiniBand", "Ethernet")
 _ATOI = re.compile(r"^\s*([+-]?\d+)")
 
 
-@frozen
-class HcaEntry:
+class HcaEntry(Struct, frozen=True):
     """One ``NCCL_IB_HCA`` entry."""
 
     text: str  # as written: "mlx5_1:1"
@@ -40,8 +39,7 @@ class HcaEntry:
     port: int | None  # None: any port
 
 
-@frozen
-class HcaList:
+class HcaList(Struct, frozen=True):
     """``NCCL_IB_HCA`` as NCCL parses it."""
 
     exclude: bool  # leading "^"
@@ -79,8 +77,7 @@ def parse_nccl_ib_hca(value: str | None) -> HcaList:
     return HcaList(exclude, exact, tuple(entries))
 
 
-@frozen
-class Selection:
+class Selection(Struct, frozen=True):
     """What NCCL's IB transport would open on this node."""
 
     setting: Setting | None  # NCCL_IB_HCA and where it came from

@@ -14,11 +14,10 @@ from collections.abc import Iterator
 
 from preflight.model import Evidence, NotApplicable, Observation, Severity, Unknown, present, undecided
 from preflight.probes.nccl_libs import NcclCopy, NcclLibFacts
-from preflight.records import frozen
+from msgspec import Struct
 
 
-@frozen
-class KnownBug:
+class KnownBug(Struct, frozen=True):
     reference_id: str
     first: str  # first release that carries the bug
     fixed: str  # first release without it

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from msgspec import Struct
+
 from preflight.probes.gpus import normalise_bus_id
 from preflight.probing import FactReader
-from preflight.records import frozen
 from preflight.registry import probe
 from preflight.sources.nvml import Nvml, NvmlError
 
@@ -31,8 +32,7 @@ if TYPE_CHECKING:
 _MEM, _PREFETCH, _MEM_64 = 0x200, 0x2000, 0x100000  # IORESOURCE_* (include/linux/ioport.h)
 
 
-@frozen
-class Bar1:
+class Bar1(Struct, frozen=True):
     index: int
     name: str | None
     bus_id: str | None
@@ -42,8 +42,7 @@ class Bar1:
     aperture: int | None  # bytes, largest 64-bit prefetchable region in sysfs
 
 
-@frozen
-class Bar1Facts:
+class Bar1Facts(Struct, frozen=True):
     gpus: tuple[Bar1, ...]
     nvml_error: str
     problems: tuple[str, ...]

@@ -24,10 +24,11 @@ from __future__ import annotations
 import fnmatch
 import posixpath
 
+from msgspec import Struct
+
 from preflight.probes.job import parse_environ
 from preflight.probes.rdma import IB_CLASS, looks_like_efa
 from preflight.probing import FactReader
-from preflight.records import frozen
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
 
@@ -46,8 +47,7 @@ LD_SO_CONF = "/etc/ld.so.conf"
 PLUGIN_PREFIX = "libnccl-net"
 
 
-@frozen
-class EfaFacts:
+class EfaFacts(Struct, frozen=True):
     library_dirs: tuple[str, ...]  # directories searched, in loader order
     libraries: tuple[str, ...]  # paths of libnccl-net*.so* and libfabric.so* found there
     problems: tuple[str, ...]

@@ -35,9 +35,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from msgspec import Struct
+
 from preflight.probes.sockets import TableError, parse_tcp_table
 from preflight.probing import FactReader
-from preflight.records import frozen
 from preflight.registry import probe
 from preflight.sources.nvml import Nvml, NvmlError
 
@@ -62,8 +63,7 @@ DEFAULT_FM_PORT = 6666  # FM_CMD_PORT_NUMBER (nv_fm_types.h)
 USER_HZ = 100  # clock ticks per second of /proc/<pid>/stat times on Linux
 
 
-@frozen
-class GpuFabric:
+class GpuFabric(Struct, frozen=True):
     index: int
     state: int | None
     status: int | None
@@ -72,8 +72,7 @@ class GpuFabric:
     error: str  # NVML error code of the fabric query, "" when it answered
 
 
-@frozen
-class FabricManager:
+class FabricManager(Struct, frozen=True):
     """What the node shows of a running fabric manager."""
 
     pids: tuple[int, ...]  # processes named nv-fabricmanage
@@ -88,8 +87,7 @@ class FabricManager:
         return bool(self.pids) or self.listening is not None
 
 
-@frozen
-class FabricFacts:
+class FabricFacts(Struct, frozen=True):
     nvswitches: tuple[str, ...]
     gpus: tuple[GpuFabric, ...]
     nvml_error: str

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import re
 
+from msgspec import Struct
+
 from preflight.model import Unknown
 from preflight.probes.job import job_file_user, parse_environ
 from preflight.probes.nccl_libs import python_prefixes, site_dirs
 from preflight.probing import FactReader
-from preflight.records import frozen
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
 
@@ -42,15 +43,13 @@ _UNREAD_METADATA = re.compile(r"/(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*?)-[^-/]+?\.
 _INSTALLED = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*?)-(?P<version>[^-/]+?)\.(?P<kind>dist-info|egg-info)$")
 
 
-@frozen
-class PythonPackage:
+class PythonPackage(Struct, frozen=True):
     name: str  # normalised distribution name: "torch", "megatron-core"
     version: str  # Version: header ("2.6.0+cu124")
     metadata: str  # the METADATA/PKG-INFO file it was read from
 
 
-@frozen
-class FrameworkFacts:
+class FrameworkFacts(Struct, frozen=True):
     site_dirs: tuple[str, ...]  # package directories that exist and were listed
     packages: tuple[PythonPackage, ...]  # installed FRAMEWORKS, in site order
     problems: tuple[str, ...]  # metadata or directories that exist but could not be read

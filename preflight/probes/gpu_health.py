@@ -33,8 +33,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from msgspec import Struct
+
 from preflight.probes.gpus import UNEXPECTED_ANSWER
-from preflight.records import frozen
 from preflight.registry import probe
 from preflight.sources.nvml import Nvml, NvmlError
 
@@ -52,8 +53,7 @@ GPU_IS_LOST = "NVML_ERROR_GPU_IS_LOST"
 NOT_RECORDED = "NVML_NOT_RECORDED"
 
 
-@frozen
-class GpuHealth:
+class GpuHealth(Struct, frozen=True):
     index: int
     # nvmlDeviceGetRemappedRows
     rows_correctable: int | None
@@ -86,8 +86,7 @@ class GpuHealth:
         return ""
 
 
-@frozen
-class GpuHealthFacts:
+class GpuHealthFacts(Struct, frozen=True):
     gpus: tuple[GpuHealth, ...]
     nvml_error: str
 

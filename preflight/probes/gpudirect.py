@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import stat as stat_codes
 
+from msgspec import Struct
+
 from preflight.probes.job import parse_environ, parse_group_membership
 from preflight.probing import FactReader
-from preflight.records import frozen
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
 
@@ -39,8 +40,7 @@ _PEER_MEMORY_FILES = (
 )
 
 
-@frozen
-class DeviceNode:
+class DeviceNode(Struct, frozen=True):
     """``stat`` of a device file."""
 
     path: str
@@ -49,8 +49,7 @@ class DeviceNode:
     gid: int
 
 
-@frozen
-class JobIdentity:
+class JobIdentity(Struct, frozen=True):
     """Who the job runs as: the credentials that open device files."""
 
     uid: int
@@ -58,8 +57,7 @@ class JobIdentity:
     source: str
 
 
-@frozen
-class GpuDirectFacts:
+class GpuDirectFacts(Struct, frozen=True):
     """What the node has of each GPUDirect path. ``None`` in a field means unknown (its source
     could not be read or was not captured; the reason is in ``problems``), never "absent"."""
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from msgspec import Struct
+
 from preflight.probing import FactReader
-from preflight.records import frozen
 from preflight.registry import probe
 from preflight.sources.nvml import Nvml, NvmlError
 
@@ -36,8 +37,7 @@ NVIDIA_VENDOR = 0x10DE
 UNEXPECTED_ANSWER = "NVML_UNEXPECTED_ANSWER"  # an answer pynvml never gives: a damaged recording
 
 
-@frozen
-class NvmlDevice:
+class NvmlDevice(Struct, frozen=True):
     index: int
     name: str | None  # nvmlDeviceGetName
     bus_id: str | None  # nvmlDeviceGetPciInfo().busId, normalised to sysfs form 0000:18:00.0
@@ -45,8 +45,7 @@ class NvmlDevice:
     error: str  # NVML error code of the first failing call, "" when all succeeded
 
 
-@frozen
-class GpuFacts:
+class GpuFacts(Struct, frozen=True):
     pci_gpus: tuple[str, ...]  # /sys/bus/pci/devices with vendor 0x10de and class 0x03xxxx
     nvml_error: str  # NVML_ERROR_* of nvmlInit / nvmlDeviceGetCount, "" when NVML answered
     nvml_detail: str

@@ -36,13 +36,14 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from dataclasses import replace
 from typing import TYPE_CHECKING
+
+from msgspec import Struct
+from msgspec.structs import replace
 
 from preflight.hostlist import HostlistError, expand
 from preflight.probes.job import parse_environ
 from preflight.probing import FactReader
-from preflight.records import frozen
 from preflight.registry import probe
 from preflight.sources import NodeFS, NotCaptured, SourceError
 from preflight.sources.dns import Dns, DnsAnswer, NameserverCheck
@@ -73,15 +74,13 @@ ROLE_MASTER = "MASTER_ADDR"
 ROLE_PEER = "peer"
 
 
-@frozen
-class HostsEntry:
+class HostsEntry(Struct, frozen=True):
     address: str
     names: tuple[str, ...]
     source: str  # "/etc/hosts:3"
 
 
-@frozen
-class NssService:
+class NssService(Struct, frozen=True):
     """One service of the nsswitch.conf ``hosts:`` line and the action items after it."""
 
     name: str  # "files", "dns", "myhostname", "resolve", "sss"...
@@ -92,8 +91,7 @@ class NssService:
 FILES_THEN_DNS = (NssService("files"), NssService("dns"))
 
 
-@frozen
-class NameLookup:
+class NameLookup(Struct, frozen=True):
     """One name the job needs: its /etc/hosts lines, DNS answers and its addresses' PTR answers."""
 
     name: str
@@ -103,8 +101,7 @@ class NameLookup:
     reverse: tuple[DnsAnswer, ...] = ()  # PTR for the addresses libc returns
 
 
-@frozen
-class HostnameFacts:
+class HostnameFacts(Struct, frozen=True):
     hostname: str | None  # /proc/sys/kernel/hostname
     hosts_entries: tuple[HostsEntry, ...]  # /etc/hosts lines naming this host exactly (any case)
     dns_answers: tuple[DnsAnswer, ...]  # this host's A and AAAA; () when DNS could not be read
@@ -220,8 +217,7 @@ def select_peers(hostname: str | None, nodes: Sequence[str], master_addr: str) -
 
 
 # -- what libc would answer -------------------------------------------------------------------
-@frozen
-class LibcResult:
+class LibcResult(Struct, frozen=True):
     """getaddrinfo(name) as emulated from nsswitch.conf, /etc/hosts and the DNS answers."""
 
     status: str  # "found" | "not_found" | "unavailable" | "undetermined"

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from preflight.records import frozen
+from msgspec import Struct
+
 from preflight.registry import probe
 
 if TYPE_CHECKING:
     from preflight.sources.netlink import Address, Link, Netlink
 
 
-@frozen
-class InterfaceFacts:
+class InterfaceFacts(Struct, frozen=True):
     links: tuple[Link, ...]
     addresses: tuple[Address, ...]
 

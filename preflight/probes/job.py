@@ -33,9 +33,10 @@ configuration files for ``NCCL_ALGO``.
 
 from __future__ import annotations
 
+from msgspec import Struct
+
 from preflight.hostlist import expand
 from preflight.model import Evidence, Unknown
-from preflight.records import frozen
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
 from preflight.sources.fs import FileUser
@@ -57,23 +58,20 @@ KEPT_NAMES = frozenset({
 })
 
 
-@frozen
-class Setting:
+class Setting(Struct, frozen=True):
     """The value NCCL would see for one variable, and where it came from."""
 
     value: str
     origin: str  # "environment" or the configuration file's path
 
 
-@frozen
-class NcclConfFile:
+class NcclConfFile(Struct, frozen=True):
     path: str
     entries: tuple[tuple[str, str], ...]  # (name, value) in file order; names untrimmed
     error: str = ""  # why the file could not be read, "" when it was read
 
 
-@frozen
-class JobFacts:
+class JobFacts(Struct, frozen=True):
     """The job environment and NCCL's configuration files."""
 
     environ: dict[str, str]  # /proc/self/environ, communication-related variables only
@@ -189,8 +187,7 @@ def probe_job(fs: NodeFS) -> JobFacts:
     return JobFacts(environ, "", tuple(files), user)
 
 
-@frozen
-class SlurmView:
+class SlurmView(Struct, frozen=True):
     """What Slurm says about this task and its step; None where a variable is unset or garbled."""
 
     in_step: bool  # SLURM_STEP_ID set: the task numbers describe started tasks

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import re
 
-from preflight.records import frozen
+from msgspec import Struct
+
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
 
@@ -47,22 +48,19 @@ HARDWARE_XIDS = {
 }
 
 
-@frozen
-class XidEvent:
+class XidEvent(Struct, frozen=True):
     bus: str  # as the driver prints it, e.g. 0000:5d:00
     code: int
     text: str
 
 
-@frozen
-class LinkEvent:
+class LinkEvent(Struct, frozen=True):
     bus: str  # PCI function of the NIC, e.g. 0000:c1:00.0
     netdev: str
     text: str
 
 
-@frozen
-class JoinFailure:
+class JoinFailure(Struct, frozen=True):
     """An IPoIB multicast group join the subnet administrator did not grant."""
 
     netdev: str
@@ -71,8 +69,7 @@ class JoinFailure:
     text: str
 
 
-@frozen
-class KernelLogFacts:
+class KernelLogFacts(Struct, frozen=True):
     xids: tuple[XidEvent, ...]
     link_downs: tuple[LinkEvent, ...]
     lossless_buffer_errors: tuple[str, ...]

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from msgspec import Struct
+
 from preflight.probing import FactReader
-from preflight.records import frozen
 from preflight.registry import probe
 
 if TYPE_CHECKING:
@@ -29,8 +30,7 @@ if TYPE_CHECKING:
 IB_SYSFS = "/sys/class/infiniband"
 
 
-@frozen
-class PortHistory:
+class PortHistory(Struct, frozen=True):
     device: str
     port: str
     bus: str  # PCI function of the device, "" for virtual devices
@@ -39,8 +39,7 @@ class PortHistory:
     problem: str  # why the counters could not be read, "" when they were
 
 
-@frozen
-class LinkHistoryFacts:
+class LinkHistoryFacts(Struct, frozen=True):
     ports: tuple[PortHistory, ...]
     unlisted: str = ""  # why the RDMA devices could not be listed, "" when they were
 

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import re
 
+from msgspec import Struct
+
 from preflight.probes.job import job_file_user, parse_environ
 from preflight.probing import FactReader
-from preflight.records import frozen
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
 from preflight.units import UNLIMITED, parse_size
@@ -38,8 +39,7 @@ _UNIT_DIRS = ("/etc/systemd/system", "/run/systemd/system", "/usr/lib/systemd/sy
 SLURM_CONF_PATHS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf")
 
 
-@frozen
-class Limit:
+class Limit(Struct, frozen=True):
     """A soft/hard pair in bytes (``UNLIMITED`` for unlimited) and where it was read."""
 
     soft: int
@@ -47,8 +47,7 @@ class Limit:
     source: str
 
 
-@frozen
-class PamLimit:
+class PamLimit(Struct, frozen=True):
     """One ``memlock`` line of limits.conf or limits.d."""
 
     domain: str  # "*", "@group", "user", "%group"
@@ -57,8 +56,7 @@ class PamLimit:
     source: str  # "/etc/security/limits.conf:12"
 
 
-@frozen
-class MemlockFacts:
+class MemlockFacts(Struct, frozen=True):
     """Every place the job's RLIMIT_MEMLOCK can come from."""
 
     process: Limit | None  # /proc/self/limits

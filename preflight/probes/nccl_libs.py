@@ -21,9 +21,10 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+from msgspec import Struct
+
 from preflight.probes.job import parse_environ
 from preflight.probing import FactReader
-from preflight.records import frozen
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
 
@@ -45,15 +46,13 @@ _VERSIONED = re.compile(r"^libnccl\.so\.(\d+\.\d+\.\d+)$")
 _WHEEL = re.compile(r"^nvidia_nccl_cu\d+-(\d+\.\d+\.\d+)[^/]*\.dist-info$")
 
 
-@frozen
-class NcclCopy:
+class NcclCopy(Struct, frozen=True):
     path: str
     version: str | None  # None: a libnccl file whose version the node does not name
     origin: str  # "system", "python" or "job" (a directory the job's environment adds)
 
 
-@frozen
-class NcclLibFacts:
+class NcclLibFacts(Struct, frozen=True):
     copies: tuple[NcclCopy, ...]
     problems: tuple[str, ...]
 

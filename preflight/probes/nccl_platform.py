@@ -27,12 +27,13 @@ import posixpath
 import re
 from typing import TYPE_CHECKING
 
+from msgspec import Struct
+
 from preflight.model import (
     Unknown,
 )
 from preflight.probes.job import parse_environ
 from preflight.probing import FactReader
-from preflight.records import frozen
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
 from preflight.units import UNLIMITED
@@ -50,8 +51,7 @@ _NVIDIA, _GPU_CLASSES, _NVSWITCH_CLASS = "0x10de", ("0x0300", "0x0302"), "0x0680
 _SLURM_CONF_PATHS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf")
 
 
-@frozen
-class NcclPlatformFacts:
+class NcclPlatformFacts(Struct, frozen=True):
     """What makes known NCCL bugs reachable on this node, from its files."""
 
     stack_soft: int | None  # /proc/self/limits "Max stack size" soft, bytes (UNLIMITED)

@@ -32,9 +32,10 @@ from __future__ import annotations
 import ipaddress
 from typing import TYPE_CHECKING
 
+from msgspec import Struct
+
 from preflight.probes.hostname import parse_hosts
 from preflight.probing import FactReader
-from preflight.records import frozen
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
 
@@ -57,8 +58,7 @@ DEFAULT_ORDER = "NCCL default interface order"
 FAMILIES = {"AF_INET": 4, "AF_INET6": 6}
 
 
-@frozen
-class IfnameList:
+class IfnameList(Struct, frozen=True):
     """An interface list as ``ncclOsFindInterfaces()`` reads it."""
 
     exclude: bool  # leading '^'
@@ -66,8 +66,7 @@ class IfnameList:
     entries: tuple[str, ...]  # name prefixes (or exact names), at most MAX_IFS
 
 
-@frozen
-class IfAddr:
+class IfAddr(Struct, frozen=True):
     """One AF_INET/AF_INET6 entry of ``getifaddrs()``."""
 
     ifname: str
@@ -81,8 +80,7 @@ class IfAddr:
     link_type: str  # "ether", "infiniband", "loopback"
 
 
-@frozen
-class SocketChoice:
+class SocketChoice(Struct, frozen=True):
     """Interfaces NCCL would use for one purpose and the rule that chose them."""
 
     source: str  # "/etc/nccl.conf NCCL_SOCKET_IFNAME", "environment NCCL_COMM_ID" or DEFAULT_ORDER
@@ -90,8 +88,7 @@ class SocketChoice:
     interfaces: tuple[IfAddr, ...]
 
 
-@frozen
-class NcclSocketFacts:
+class NcclSocketFacts(Struct, frozen=True):
     """NCCL's socket settings on this node and what they select."""
 
     socket_ifname: Setting | None  # NCCL_SOCKET_IFNAME

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from msgspec import Struct
+
 from preflight.model import (
     NotApplicable,
     Unknown,
 )
-from preflight.records import frozen
 from preflight.registry import probe
 from preflight.sources.nvml import UNANSWERED, Nvml, NvmlError
 
@@ -41,8 +42,7 @@ NO_SUCH_LINK = frozenset({"NVML_ERROR_INVALID_ARGUMENT", "NVML_ERROR_NOT_SUPPORT
 _ACTIVE, _INACTIVE = 1, 0  # nvmlEnableState_t
 
 
-@frozen
-class GpuNvlinks:
+class GpuNvlinks(Struct, frozen=True):
     index: int
     name: str | None  # nvmlDeviceGetName; None when it failed
     links: tuple[int, ...]  # link numbers the GPU has (answered active or inactive)
@@ -51,8 +51,7 @@ class GpuNvlinks:
     error: str  # "NVML_ERROR_X (link N)" of the first failed link query, "" when all answered
 
 
-@frozen
-class NvlinkFacts:
+class NvlinkFacts(Struct, frozen=True):
     gpus: tuple[GpuNvlinks, ...]
     nvml_error: str  # NVML_ERROR_* of nvmlInit / nvmlDeviceGetCount, "" when NVML answered
     nvml_detail: str

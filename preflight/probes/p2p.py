@@ -28,9 +28,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from msgspec import Struct
+
 from preflight.probes.gpus import normalise_bus_id
 from preflight.probing import FactReader
-from preflight.records import frozen
 from preflight.registry import probe
 from preflight.sources.nvml import Gpu, Nvml, NvmlError
 
@@ -40,8 +41,7 @@ if TYPE_CHECKING:
 CAPS_READ, CAPS_WRITE, CAPS_NVLINK = 0, 1, 2  # NVML_P2P_CAPS_INDEX_*
 
 
-@frozen
-class P2pGpu:
+class P2pGpu(Struct, frozen=True):
     index: int
     name: str | None  # nvmlDeviceGetName
     compute_capability: tuple[int, int] | None  # nvmlDeviceGetCudaComputeCapability
@@ -49,8 +49,7 @@ class P2pGpu:
     iommu_domain: str | None  # /sys/bus/pci/devices/<bdf>/iommu_group/type; None: no IOMMU group
 
 
-@frozen
-class P2pStatus:
+class P2pStatus(Struct, frozen=True):
     """nvmlDeviceGetP2PStatus from ``source`` to ``target``; None where the query failed."""
 
     source: int
@@ -61,8 +60,7 @@ class P2pStatus:
     error: str  # NVML error code of the first failed query, "" when all three answered
 
 
-@frozen
-class P2pFacts:
+class P2pFacts(Struct, frozen=True):
     gpus: tuple[P2pGpu, ...]
     statuses: tuple[P2pStatus, ...]  # every ordered pair of different GPUs
     nvml_error: str

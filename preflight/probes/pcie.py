@@ -42,8 +42,9 @@ from __future__ import annotations
 
 import re
 
+from msgspec import Struct
+
 from preflight.probing import FactReader
-from preflight.records import frozen
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
 
@@ -80,8 +81,7 @@ ACS_BITS = (
 )
 
 
-@frozen
-class AcsRegisters:
+class AcsRegisters(Struct, frozen=True):
     capability: int
     control: int
 
@@ -89,8 +89,7 @@ class AcsRegisters:
         return " ".join(f"{name}{'+' if self.control & bit else '-'}" for bit, name in ACS_BITS)
 
 
-@frozen
-class Bridge:
+class Bridge(Struct, frozen=True):
     """A bridge on some GPU-to-NIC path and what its config space says about ACS."""
 
     bdf: str
@@ -98,8 +97,7 @@ class Bridge:
     unreadable: str  # why the ACS state is not known; "" when it is
 
 
-@frozen
-class PcieLink:
+class PcieLink(Struct, frozen=True):
     """A function's PCIe link as the kernel reports it (Link Status and Link Capabilities)."""
 
     current_width: int | None  # current_link_width: lanes negotiated; 0 when the link is down
@@ -109,8 +107,7 @@ class PcieLink:
     problem: str  # why the widths are not known, "" when both were read
 
 
-@frozen
-class PciEndpoint:
+class PciEndpoint(Struct, frozen=True):
     bdf: str
     chain: tuple[str, ...]  # bridges from the root port down to the parent of this function
     numa_node: int | None  # None: not reported (-1) or unreadable
@@ -121,8 +118,7 @@ class PciEndpoint:
     rdma_devices: tuple[str, ...] = ()  # infiniband/<name> of a NIC, e.g. ("mlx5_0",)
 
 
-@frozen
-class PcieFacts:
+class PcieFacts(Struct, frozen=True):
     gpus: tuple[PciEndpoint, ...]
     nics: tuple[PciEndpoint, ...]
     bridges: tuple[Bridge, ...]  # every bridge on a GPU-to-nearest-NIC or GPU-to-GPU path inside a switch

@@ -37,6 +37,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, TypeVar
 
+from msgspec import Struct
+
 from preflight.model import (
     Evidence,
     NotApplicable,
@@ -45,7 +47,6 @@ from preflight.model import (
 from preflight.probes.gpudirect import DeviceNode, JobIdentity, read_job_identity
 from preflight.probes.job import parse_environ
 from preflight.probing import FactReader
-from preflight.records import frozen
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
 
@@ -100,8 +101,7 @@ _RATE = re.compile(r"^(\d+)(\.5)? Gb/sec \((\d+)X(?: (\w+))?\)$")
 _T = TypeVar("_T")
 
 
-@frozen
-class Problem:
+class Problem(Struct, frozen=True):
     """A node file that exists (or should) but gave no usable value."""
 
     path: str
@@ -111,8 +111,7 @@ class Problem:
         return f"{self.path}: {self.reason}"
 
 
-@frozen
-class PortRate:
+class PortRate(Struct, frozen=True):
     """``ports/<n>/rate``: ``400 Gb/sec (4X NDR)``."""
 
     gbps: float
@@ -123,8 +122,7 @@ class PortRate:
         return f"{self.gbps:g} Gb/sec ({self.width}X {self.speed})"
 
 
-@frozen
-class RdmaPort:
+class RdmaPort(Struct, frozen=True):
     device: str
     number: int
     path: str  # /sys/class/infiniband/<dev>/ports/<n>
@@ -158,8 +156,7 @@ class RdmaPort:
         return f"{number}: {name}" if number is not None else "unknown"
 
 
-@frozen
-class RdmaDevice:
+class RdmaDevice(Struct, frozen=True):
     name: str
     path: str  # /sys/class/infiniband/<dev>
     node_type: str | None  # node_type "1: CA" -> "CA"; "7: unspecified" on EFA
@@ -179,8 +176,7 @@ class RdmaDevice:
         return self.nvswitch_management is not True
 
 
-@frozen
-class RdmaFacts:
+class RdmaFacts(Struct, frozen=True):
     devices: tuple[RdmaDevice, ...]  # /sys/class/infiniband, in name order
     verbs_class_present: bool | None  # ib_uverbs loaded: /sys/class/infiniband_verbs, else /sys/module/ib_uverbs; None: unknown
     dev_infiniband: tuple[str, ...] | None  # entries of /dev/infiniband; None when absent

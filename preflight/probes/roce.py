@@ -33,6 +33,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, TypeVar
 
+from msgspec import Struct
+
 from preflight.nccl.gid import (
     GidChoice,
     GidSettings,
@@ -46,7 +48,6 @@ from preflight.nccl.gid import (
     roce_version,
 )
 from preflight.probing import FactReader
-from preflight.records import frozen
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
 
@@ -84,8 +85,7 @@ def roce_mtu(netdev_mtu: int) -> int | None:
     return next((mtu for mtu in IB_MTUS if netdev_mtu - ROCE_HEADER_BYTES >= mtu), None)
 
 
-@frozen
-class GidEntry:
+class GidEntry(Struct, frozen=True):
     """One configured GID table slot."""
 
     index: int
@@ -111,8 +111,7 @@ class GidEntry:
         return f"index {self.index}: {self.gid} ({address}, {kind}{where})"
 
 
-@frozen
-class NcclGid:
+class NcclGid(Struct, frozen=True):
     """NCCL's GID choice on one port under one set of variables."""
 
     settings: GidSettings
@@ -123,8 +122,7 @@ class NcclGid:
     error: str  # how that read fails, "" when none does
 
 
-@frozen
-class EcnState:
+class EcnState(Struct, frozen=True):
     """MLNX_OFED's per-priority DCQCN switches (``/sys/class/net/<if>/ecn``)."""
 
     notification_point: tuple[int, ...] | None  # priorities with ecn/roce_np/enable/<p> = 1; None: no ecn sysfs
@@ -132,8 +130,7 @@ class EcnState:
     error: str  # why the ecn files could not be read, "" when they were (or do not exist)
 
 
-@frozen
-class RocePort:
+class RocePort(Struct, frozen=True):
     """One RDMA port whose link layer is Ethernet."""
 
     device: str
@@ -164,15 +161,13 @@ class RocePort:
         return next((entry for entry in self.gids if entry.index == index), None)
 
 
-@frozen
-class RoceFacts:
+class RoceFacts(Struct, frozen=True):
     ports: tuple[RocePort, ...]
     unreadable_ports: tuple[tuple[str, str], ...]  # (subject, reason): link layer not readable
     gid_variables: tuple[tuple[str, str, str], ...]  # (name, value, origin) of the job's GID variables
 
 
-@frozen
-class DcbReading:
+class DcbReading(Struct, frozen=True):
     """The DCB state of one interface under a RoCE port."""
 
     netdev: str  # the interface asked: the RoCE netdev, a bond member or a VLAN's parent
@@ -183,8 +178,7 @@ class DcbReading:
     pause_error: str = ""  # why those could not be read
 
 
-@frozen
-class RoceDcbFacts:
+class RoceDcbFacts(Struct, frozen=True):
     readings: tuple[DcbReading, ...]
 
 

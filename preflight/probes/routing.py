@@ -23,11 +23,12 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from msgspec import Struct
+
 from preflight.hostlist import HostlistError, expand
 from preflight.probes.hostname import parse_hosts
 from preflight.probes.nccl_socket import comm_id_host
 from preflight.probing import FactReader
-from preflight.records import frozen
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
 
@@ -47,8 +48,7 @@ DNS_BUDGET_S = 2.5
 CONF = "/proc/sys/net/ipv4/conf"
 
 
-@frozen
-class Peer:
+class Peer(Struct, frozen=True):
     """One peer, its addresses and the routes to them."""
 
     name: str  # as the job or the config names it
@@ -60,8 +60,7 @@ class Peer:
     route_errors: tuple[str, ...]  # lookups that could not be made
 
 
-@frozen
-class Sysctl:
+class Sysctl(Struct, frozen=True):
     """One ``net.ipv4.conf`` knob for an interface: its own value and ``all``'s."""
 
     interface: int | None
@@ -73,8 +72,7 @@ class Sysctl:
         return None if self.interface is None or self.all is None else max(self.interface, self.all)
 
 
-@frozen
-class RailMember:
+class RailMember(Struct, frozen=True):
     """An interface that shares its IPv4 subnet with another running interface."""
 
     ifname: str
@@ -87,8 +85,7 @@ class RailMember:
     return_route_error: str
 
 
-@frozen
-class RoutingFacts:
+class RoutingFacts(Struct, frozen=True):
     hostname: str  # /proc/sys/kernel/hostname
     peers: tuple[Peer, ...]
     peers_total: int  # distinct peers before the MAX_PEERS cap

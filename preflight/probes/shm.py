@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from preflight.records import frozen
+from msgspec import Struct
+
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
 
@@ -29,8 +30,7 @@ if TYPE_CHECKING:
 SHM_PATH = "/dev/shm"
 
 
-@frozen
-class ShmFacts:
+class ShmFacts(Struct, frozen=True):
     path: str
     usage: FsUsage | None  # statvfs(/dev/shm); None when absent or unreadable
     error: str  # why statvfs failed, "" when it answered or the path is absent

@@ -21,7 +21,8 @@ import ipaddress
 from collections import Counter
 from typing import TYPE_CHECKING, TypeVar
 
-from preflight.records import frozen
+from msgspec import Struct
+
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
 
@@ -59,8 +60,7 @@ MAX_BAD_LINES = 5
 MAX_DESTINATIONS = 3
 
 
-@frozen
-class ListeningSocket:
+class ListeningSocket(Struct, frozen=True):
     address: str  # local address as text ("0.0.0.0", "::", "127.0.0.1")
     port: int
     uid: int
@@ -68,15 +68,13 @@ class ListeningSocket:
     source: str  # "/proc/net/tcp:4" (line number)
 
 
-@frozen
-class Destination:
+class Destination(Struct, frozen=True):
     address: str
     port: int
     sockets: int  # sockets from ephemeral local ports to this endpoint
 
 
-@frozen
-class TcpTable:
+class TcpTable(Struct, frozen=True):
     """What one table holds, reduced to what the checks need."""
 
     listening: tuple[ListeningSocket, ...]
@@ -87,8 +85,7 @@ class TcpTable:
     bad_count: int
 
 
-@frozen
-class SocketFacts:
+class SocketFacts(Struct, frozen=True):
     port_range: tuple[int, int] | None  # ip_local_port_range; None when unread
     reserved: tuple[tuple[int, int], ...]  # ip_local_reserved_ports as inclusive ranges
     listening: tuple[ListeningSocket, ...]  # LISTEN sockets of tcp and tcp6

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from msgspec import Struct
+
 from preflight.probing import FactReader
-from preflight.records import frozen
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
 
@@ -33,14 +34,12 @@ if TYPE_CHECKING:  # imported where a topology file is parsed: most nodes have n
     from preflight.probes.job import JobFacts, Setting
 
 
-@frozen
-class TopoNic:
+class TopoNic(Struct, frozen=True):
     names: tuple[str, ...]  # <net name="..."> children
     busid: str | None  # busid of the nearest enclosing <pci>, None when there is none
 
 
-@frozen
-class TopoFileFacts:
+class TopoFileFacts(Struct, frozen=True):
     setting: Setting | None  # NCCL_TOPO_FILE and where it came from
     exists: bool
     parse_error: str

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
-from preflight.records import frozen
+from msgspec import Struct
+from msgspec.structs import replace
+
 from preflight.sources.dns import Dns, LiveDns, NoDns, ReplayDns, ResolvConf, parse_resolv_conf
 from preflight.sources.fs import NodeFS, NotCaptured, SourceError
 from preflight.sources.netlink import FileNetlink, LiveNetlink, Netlink, ReplayNetlink
 from preflight.sources.nvml import LiveNvml, NoNvml, Nvml, ReplayNvml
+
 
 class Clock:
     """Wall and monotonic time, injectable so reports are reproducible in tests."""
@@ -29,8 +32,7 @@ class Clock:
         return time.monotonic()
 
 
-@frozen
-class DnsSettings:
+class DnsSettings(Struct, frozen=True):
     """Site overrides for the live resolver (``[dns]`` in the config)."""
 
     nameservers: tuple[str, ...] = ()

@@ -23,7 +23,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO
 
-from preflight.records import frozen
+from msgspec import Struct
+
 from preflight.sources.fs import describe_os_error
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz")
@@ -42,8 +43,7 @@ class ArchiveError(Exception):
     """The archive cannot be written or opened; the message is shown to the user as is."""
 
 
-@frozen
-class Member:
+class Member(Struct, frozen=True):
     """One entry of a recorded root: ``path`` relative to the root (``sys/class/net``)."""
 
     path: str

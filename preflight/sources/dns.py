@@ -44,7 +44,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
-from preflight.records import frozen
+from msgspec import Struct
+
 from preflight.sources.fs import RecordedDocument, SourceError, describe_os_error
 
 DNS_ERRORS = ("NXDOMAIN", "NOANSWER", "TIMEOUT", "NO_NAMESERVERS", "SERVFAIL")
@@ -54,8 +55,7 @@ _JOIN_SLACK_S = 0.5
 _T = TypeVar("_T")
 
 
-@frozen
-class DnsAnswer:
+class DnsAnswer(Struct, frozen=True):
     """The answer for (name, type), or why there is none."""
 
     name: str  # the name asked for; for PTR, the address
@@ -66,8 +66,7 @@ class DnsAnswer:
     names: tuple[str, ...] = ()  # PTR records (absolute names, trailing dot)
 
 
-@frozen
-class NameserverCheck:
+class NameserverCheck(Struct, frozen=True):
     """How one nameserver answered one query sent to it alone."""
 
     server: str
@@ -91,8 +90,7 @@ class Dns(Protocol):
     def check_nameservers(self, name: str) -> list[NameserverCheck]: ...
 
 
-@frozen
-class ResolvConf:
+class ResolvConf(Struct, frozen=True):
     """The parts of resolv.conf(5) the resolver and the checks need."""
 
     nameservers: tuple[str, ...]

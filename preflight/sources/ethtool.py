@@ -25,7 +25,8 @@ from __future__ import annotations
 import errno as errno_codes
 import struct
 
-from preflight.records import frozen
+from msgspec import Struct
+
 from preflight.sources.fs import SourceError
 
 SIOCETHTOOL = 0x8946
@@ -43,8 +44,7 @@ _MAX_STATS = 65536
 IFNAMSIZ = 16
 
 
-@frozen
-class PauseState:
+class PauseState(Struct, frozen=True):
     """Pause counters and the stall-prevention timeout of one interface."""
 
     ifname: str

@@ -59,7 +59,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
-from preflight.records import frozen
+from msgspec import Struct
+
 from preflight.sources.capture import unit_of
 
 #: Reads stop here: sysfs attributes are one page, and a 10 GB "file" must not fill memory.
@@ -107,8 +108,7 @@ def describe_os_error(error: OSError) -> str:
     return f"{said} ({name})"
 
 
-@frozen
-class FileStat:
+class FileStat(Struct, frozen=True):
     """The parts of ``stat(2)`` the checks use."""
 
     mode: int
@@ -117,8 +117,7 @@ class FileStat:
     size: int
 
 
-@frozen
-class FsUsage:
+class FsUsage(Struct, frozen=True):
     """The parts of ``statvfs(2)`` the checks use, in bytes."""
 
     size: int  # f_blocks * f_frsize
@@ -678,8 +677,7 @@ def _read_descriptor(fd: int, path: str, limit: int) -> bytes:
     return data
 
 
-@frozen
-class FileUser:
+class FileUser(Struct, frozen=True):
     """Whose rights a read of a job-named file is checked against (:meth:`NodeFS.read_for`)."""
 
     uid: int

@@ -39,10 +39,11 @@ import ipaddress
 import os
 import struct
 from collections.abc import Iterable
-from dataclasses import asdict
 from typing import Any, Protocol
 
-from preflight.records import frozen
+from msgspec import Struct
+from msgspec import to_builtins as asdict  # records as plain JSON values, recursively
+
 from preflight.sources.ethtool import PauseState, query_pause
 from preflight.sources.fs import NodeFS, RecordedDocument, SourceError
 from preflight.sources.routes import Route, file_route_get, live_route_get, replay_route
@@ -54,8 +55,7 @@ _RT_SCOPES = {0: "global", 200: "site", 253: "link", 254: "host", 255: "nowhere"
 _INET6_SCOPES = {0x00: "global", 0x10: "host", 0x20: "link", 0x40: "site"}
 
 
-@frozen
-class Link:
+class Link(Struct, frozen=True):
     """One network interface."""
 
     name: str  # IFLA_IFNAME / /sys/class/net/<name>
@@ -68,8 +68,7 @@ class Link:
     mac: str  # IFLA_ADDRESS / .../address
 
 
-@frozen
-class Address:
+class Address(Struct, frozen=True):
     """One address assigned to an interface."""
 
     ifname: str
@@ -79,8 +78,7 @@ class Address:
     scope: str  # "global", "link", "host"
 
 
-@frozen
-class DcbConfig:
+class DcbConfig(Struct, frozen=True):
     """The IEEE 802.1Qaz state of one interface (``DCB_CMD_IEEE_GET``)."""
 
     ifname: str
@@ -375,8 +373,7 @@ def parse_fib_trie_locals(text: str) -> list[str]:
     return locals_
 
 
-@frozen
-class _Route:
+class _Route(Struct, frozen=True):
     ifname: str
     network: ipaddress.IPv4Network
 

@@ -32,9 +32,9 @@ from __future__ import annotations
 import threading
 from typing import Any, Protocol, Union
 
-from preflight.records import frozen
-from preflight.sources.fs import load_recording
+from msgspec import Struct
 
+from preflight.sources.fs import load_recording
 
 #: Codes meaning "the recording cannot say" (never what a driver answers): checks make them
 #: ``unknown``, where a real NVML error may mean "no GPU here".
@@ -49,8 +49,7 @@ class NvmlError(Exception):
         self.code = code
 
 
-@frozen
-class Gpu:
+class Gpu(Struct, frozen=True):
     """An extra argument meaning "the handle of GPU ``index``" (for calls relating two GPUs)."""
 
     index: int

@@ -27,12 +27,14 @@ import stat as stat_codes
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from msgspec import to_builtins as asdict  # records as plain JSON values, recursively
+
 from preflight.sources.dns import Dns, DnsAnswer, NameserverCheck
-from preflight.sources.fs import DEVICE_RECORDING, KERNEL_LOG_MAX_BYTES, FileStat, FileUser, FsUsage, NodeFS, NotCaptured, SourceError, describe_os_error
 from preflight.sources.ethtool import PauseState
+from preflight.sources.fs import DEVICE_RECORDING, KERNEL_LOG_MAX_BYTES, FileStat, FileUser, FsUsage, NodeFS, NotCaptured, SourceError, describe_os_error
 from preflight.sources.netlink import Address, DcbConfig, FileNetlink, Link, Netlink
 from preflight.sources.nvml import Argument, Nvml, NvmlError, replay_key
 from preflight.sources.routes import Route, route_key

@@ -33,7 +33,8 @@ import ipaddress
 import os
 from typing import Any
 
-from preflight.records import frozen
+from msgspec import Struct
+
 from preflight.sources.fs import NodeFS, SourceError
 
 # rtm_type (include/uapi/linux/rtnetlink.h)
@@ -48,8 +49,7 @@ _RTF_REJECT = 0x0200
 FILE_ORIGIN = "/proc/net/route"
 
 
-@frozen
-class Route:
+class Route(Struct, frozen=True):
     """The kernel's answer for one destination."""
 
     destination: str
@@ -162,8 +162,7 @@ def replay_route(routes: object, origin: str, destination: str, source: str = ""
 
 
 # -- files --------------------------------------------------------------------------------------
-@frozen
-class RouteEntry:
+class RouteEntry(Struct, frozen=True):
     """One line of ``/proc/net/route``."""
 
     ifname: str  # "*" for reject and blackhole routes
