@@ -257,7 +257,7 @@ def test_extraction_never_raises_whatever_the_facts() -> None:
     def broken(facts: Any) -> str | None:
         raise ZeroDivisionError
 
-    table = (*FACTS, Fact("broken", "Broken", broken))
+    table = (*FACTS, Fact("broken", "Broken", (), broken))
     for facts in ({}, {"rdma": None}, {"rdma": {"devices": [1, "x", None, {"ports": "y"}]}}, {"gpus": {"devices": {}}},
                   {"job": {"nccl_conf_files": [{"entries": [[1, 2], "x", ["a"]]}]}}, {"roce": {"ports": [{"nccl_job": 5}]}}):
         values = extract_all(facts, table)

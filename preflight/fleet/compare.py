@@ -14,11 +14,12 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from msgspec import Struct
+
 from preflight.exitcodes import ExitCode
 from preflight.fleet.facts import FACTS, Fact, HardwareClass
 from preflight.fleet.load import SEVERITY_RANK, NodeReport, Skipped
 from preflight.model import Severity, Status
-from msgspec import Struct
 
 #: Verdicts of one comparison.
 SAME, ODD, TIE, ALONE = "same", "odd", "tie", "alone"

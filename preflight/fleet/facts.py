@@ -1,16 +1,17 @@
 """What a fleet audit compares across nodes, and how each value is read from a report's facts.
 
 Each entry of :data:`FACTS` is one line: a stable key (used in JSON and ``--ignore-fact``), a
-label for people, and an extractor from the report's ``facts`` object (``{probe name: facts}``,
-as ``preflight node --format json`` writes it) to a canonical string. A new probe's fact is one
-more line here, and the keys its extractor reads are declared in :mod:`preflight.fleet.shape`
-(the fast decoder reads nothing else; ``tests/test_fleet_shape.py`` fails when one is missing).
+label for people, the probe fields it reads (``rdma.devices.fw_ver``), and an extractor from
+those fields to a canonical string. The fields are read through :data:`FactsView`, a view made
+from the probes' own fact types (:func:`preflight.facts.facts_view`): the audit decodes reports
+into the same types the probes write, keeping only what some entry reads, and a field name the
+probes do not have fails at import. A new probe's fact is one more line here.
 
-Reports are untrusted and may come from older preflight versions or failed probes, so an
-extractor only reads through the accessors below (:func:`dig`, :func:`records`, :func:`text`,
-:func:`integer`), which answer ``None`` for anything missing or of the wrong type; ``None`` means
-"unknown" and the node is left out of that comparison. :func:`extract_all` also turns any
-exception an extractor still raises into "unknown": a malformed report must never stop an audit.
+Reports are untrusted and may come from older preflight versions or failed probes: a probe whose
+facts do not decode into the view is unknown as a whole; a field an older report lacks is UNSET;
+either makes an extractor answer ``None``, which means "unknown" and leaves the node out of that
+comparison. :func:`extract_all` also turns any exception an extractor still raises into
+"unknown": a malformed report must never stop an audit.
 
 The comparison has no expectations of its own: a value is only odd because most nodes of the
 same hardware class (:class:`HardwareClass`) hold another one.
@@ -19,26 +20,30 @@ same hardware class (:class:`HardwareClass`) hold another one.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable
+import typing
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import msgspec
 from msgspec import Struct
+
+from preflight.facts import facts_view
 from preflight.units import UNLIMITED, format_size
 
-Facts = dict[str, Any]  # JSON objects parse to dict: cheaper to test than Mapping
-Extractor = Callable[[Facts], "str | None"]
+Extractor = Callable[[Any], "str | None"]
 
 NONE = "none"  # a known, empty value (no RoCE ports, no nccl.conf): it is compared like any other
 _MAX_VALUE = 400  # longer values are shortened, with a digest so that different ones stay different
 # ACS control bits P2P Request Redirect and Completion Redirect (include/uapi/linux/pci_regs.h),
-# as checks/pcie.py reads them.
+# as checks/pci.py reads them.
 _ACS_REDIRECT_BITS = 0x0004 | 0x0008
 
 
 class Fact(Struct, frozen=True):
     key: str
     label: str
-    extract: Extractor
+    reads: tuple[str, ...]  # probe fields, "probe.field.sub": what FactsView decodes for it
+    extract: Extractor  # FactsView -> canonical value, None when unknown
     # "class": compare within a hardware class; "family": within nodes of the same GPU and NIC
     # models whatever their GPU count, for the count that the class itself is keyed on.
     scope: str = "class"
@@ -47,44 +52,21 @@ class Fact(Struct, frozen=True):
     references: tuple[str, ...] = ()
 
 
-# -- accessors that never raise ----------------------------------------------------------------
+# -- reading views -----------------------------------------------------------------------------
 
-# Facts come from a JSON parser, so a value's type is exactly dict, list, str, int, float or bool
-# (or None): ``type(x) is T`` is the test, cheaper than isinstance at 10,000 reports a run, and it
-# keeps bool (a subclass of int) out of integers.
 
-def dig(value: Any, *keys: str) -> Any:
-    """``value[k1][k2]...`` through objects only; None when any step is missing or not an object."""
-    for key in keys:
-        if type(value) is not dict:
+def at(value: Any, *names: str) -> Any:
+    """``value.n1.n2...``; None when a step is missing (None, or UNSET in an older report)."""
+    for name in names:
+        if value is None or value is msgspec.UNSET:
             return None
-        value = value.get(key)
-    return value
-
-
-def records(value: Any) -> list[dict[str, Any]] | None:
-    """The objects of a list (other items dropped); None when ``value`` is not a list."""
-    if type(value) is not list:
-        return None
-    return [item for item in value if type(item) is dict]
-
-
-def text(value: Any) -> str | None:
-    return value if type(value) is str else None
-
-
-def integer(value: Any) -> int | None:
-    return value if type(value) is int else None
-
-
-def strings(value: Any) -> list[str]:
-    """The strings of a list; empty for anything else."""
-    return [item for item in value if type(item) is str] if type(value) is list else []
+        value = getattr(value, name)
+    return None if value is msgspec.UNSET else value
 
 
 def count(value: Any) -> str | None:
-    """How many items a list has; None when it is not a list."""
-    return str(len(value)) if isinstance(value, list) else None
+    """How many items a list has; None when unknown."""
+    return str(len(value)) if isinstance(value, tuple) else None
 
 
 def flag(value: Any) -> str | None:
@@ -109,60 +91,47 @@ def canonical(value: str) -> str:
 
 # -- shared views of the facts --------------------------------------------------------------------
 
-#: Several facts read the same view (the data HCAs, their ports): the last one computed is kept,
-#: with the facts object it came from (held, so that its id cannot be reused meanwhile).
-_last_view: dict[str, tuple[Facts, Any]] = {}
 
-
-def _view(name: str, facts: Facts, compute: Callable[[Facts], Any]) -> Any:
-    last = _last_view.get(name)
-    if last is not None and last[0] is facts:
-        return last[1]
-    value = compute(facts)
-    _last_view[name] = (facts, value)
-    return value
-
-
-def _data_hcas(facts: Facts) -> list[dict[str, Any]] | None:
-    devices = records(dig(facts, "rdma", "devices"))
+def data_hcas(facts: Any) -> list[Any] | None:
+    """RDMA devices that carry data: NVSwitch management NICs are left out (checks/ib.py)."""
+    devices = at(facts, "rdma", "devices")
     if devices is None:
         return None
-    return [device for device in devices if device.get("nvswitch_management") is not True]
+    return [device for device in devices if at(device, "nvswitch_management") is not True]
 
 
-def data_hcas(facts: Facts) -> list[dict[str, Any]] | None:
-    """RDMA devices that carry data: NVSwitch management NICs are left out (checks/rdma.py).
-    The list is shared between callers: do not change it."""
-    return _view("data_hcas", facts, _data_hcas)  # type: ignore[no-any-return]
-
-
-def nvml_gpus(facts: Facts) -> list[dict[str, Any]] | None:
-    gpus = dig(facts, "gpus")
-    if not isinstance(gpus, dict) or text(gpus.get("nvml_error")):
+def data_ports(facts: Any) -> list[Any] | None:
+    devices = data_hcas(facts)
+    if devices is None:
         return None
-    return records(gpus.get("devices"))
+    return [port for device in devices for port in at(device, "ports") or ()]
 
 
-def _gpu_model(facts: Facts) -> str:
-    pci = dig(facts, "gpus", "pci_gpus")
-    devices = nvml_gpus(facts)
-    names = [name for device in devices or () if (name := text(device.get("name")))]
+def nvml_gpus(facts: Any) -> Sequence[Any] | None:
+    gpus = at(facts, "gpus")
+    if gpus is None or at(gpus, "nvml_error"):
+        return None
+    return at(gpus, "devices")
+
+
+def _gpu_model(facts: Any) -> str:
+    names = [name for device in nvml_gpus(facts) or () if (name := at(device, "name"))]
     if names:
         return joined(names, " + ")
-    if isinstance(pci, list) and not pci:
+    if at(facts, "gpus", "pci_gpus") == ():
         return "no GPU"
     return "unknown GPU"
 
 
-def _gpu_count_pci(facts: Facts) -> str | None:
-    return count(dig(facts, "gpus", "pci_gpus"))
+def _gpu_count_pci(facts: Any) -> str | None:
+    return count(at(facts, "gpus", "pci_gpus"))
 
 
-def _nic_model(facts: Facts) -> str:
+def _nic_model(facts: Any) -> str:
     devices = data_hcas(facts)
     if devices is None:
         return "unknown NIC"
-    models = [text(device.get("hca_type")) or text(device.get("pci_vendor")) or "?" for device in devices]
+    models = [at(device, "hca_type") or at(device, "pci_vendor") or "?" for device in devices]
     return joined(models, " + ") if models else "no RDMA NIC"
 
 
@@ -184,226 +153,250 @@ class HardwareClass(Struct, frozen=True):
         return f"{self.gpu_model} / {self.nic_model}"
 
 
-def hardware_class(facts: Facts) -> HardwareClass:
+#: The probe fields the hardware class reads.
+CLASS_READS = (
+    "gpus.pci_gpus", "gpus.nvml_error", "gpus.devices.name",
+    "rdma.devices.nvswitch_management", "rdma.devices.hca_type", "rdma.devices.pci_vendor",
+)
+
+
+def hardware_class(facts: Any) -> HardwareClass:
     try:
-        return HardwareClass(
-            canonical(_gpu_model(facts)), _gpu_count_pci(facts) or "?", canonical(_nic_model(facts))
-        )
+        return HardwareClass(canonical(_gpu_model(facts)), _gpu_count_pci(facts) or "?", canonical(_nic_model(facts)))
     except Exception:  # noqa: BLE001 - untrusted facts: a bug here must not stop the audit
         return HardwareClass("unknown GPU", "?", "unknown NIC")
 
 
 # -- extractors ------------------------------------------------------------------------------------
 
-def _nccl_libraries(facts: Facts) -> str | None:
-    copies = records(dig(facts, "nccl_libs", "copies"))
+
+def _nccl_libraries(facts: Any) -> str | None:
+    copies = at(facts, "nccl_libs", "copies")
     if copies is None:
         return None
-    return joined(f"{text(copy.get('version')) or 'unversioned'} ({text(copy.get('origin')) or '?'})" for copy in copies)
+    return joined(f"{at(copy, 'version') or 'unversioned'} ({at(copy, 'origin') or '?'})" for copy in copies)
 
 
-def _hca_names(facts: Facts) -> str | None:
+def _hca_names(facts: Any) -> str | None:
     devices = data_hcas(facts)
-    return joined(text(device.get("name")) or "?" for device in devices) if devices is not None else None
+    return joined(at(device, "name") or "?" for device in devices) if devices is not None else None
 
 
-def _hca_firmware(facts: Facts) -> str | None:
+def _hca_firmware(facts: Any) -> str | None:
     devices = data_hcas(facts)
-    return joined(text(device.get("fw_ver")) or "unreadable" for device in devices) if devices is not None else None
+    return joined(at(device, "fw_ver") or "unreadable" for device in devices) if devices is not None else None
 
 
-def _compute_data_ports(facts: Facts) -> list[dict[str, Any]] | None:
-    devices = data_hcas(facts)
-    if devices is None:
-        return None
-    return [port for device in devices for port in records(device.get("ports")) or ()]
-
-
-def _data_ports(facts: Facts) -> list[dict[str, Any]] | None:
-    return _view("data_ports", facts, _compute_data_ports)  # type: ignore[no-any-return]
-
-
-def _port_rates(facts: Facts) -> str | None:
-    ports = _data_ports(facts)
+def _port_rates(facts: Any) -> str | None:
+    ports = data_ports(facts)
     if ports is None:
         return None
-    rates: set[tuple[Any, int, str] | None] = set()  # (gbps, width, speed); None: unreadable
+    rates: set[tuple[float, int, str] | None] = set()  # (gbps, width, speed); None: unreadable
     for port in ports:
-        rate = port.get("rate")
-        if type(rate) is dict:
-            gbps, width, speed = rate.get("gbps"), rate.get("width"), rate.get("speed")
-            if type(gbps) in (int, float) and type(width) is int and type(speed) is str and speed:
-                rates.add((gbps, width, speed))
-                continue
-        rates.add(None)
+        rate = at(port, "rate")
+        rates.add((rate.gbps, rate.width, rate.speed) if rate is not None and rate.speed else None)
     # formatted once per distinct rate, not once per port
     return joined(f"{rate[0]:g} Gb/s ({rate[1]}X {rate[2]})" if rate else "unreadable" for rate in rates)
 
 
-def _rdma_stack(facts: Facts) -> str | None:
+def _rdma_stack(facts: Any) -> str | None:
     """MLNX_OFED/DOCA-OFED's version of mlx5_core, or "inbox" (the in-tree driver has no version
     of its own, or one equal to the kernel release)."""
-    rdma = dig(facts, "rdma")
-    if type(rdma) is not dict or "mlx5_driver_version" not in rdma:
+    rdma = at(facts, "rdma")
+    if rdma is None or rdma.mlx5_driver_version is msgspec.UNSET:
         return None  # a report from before preflight read it
-    version = rdma["mlx5_driver_version"]
+    version = rdma.mlx5_driver_version
     if version is None:
-        problems = records(rdma.get("problems")) or []
-        if any(str(problem.get("path", "")).startswith("/sys/module/mlx5_core") for problem in problems):
+        if any(problem.path.startswith("/sys/module/mlx5_core") for problem in at(rdma, "problems") or ()):
             return None  # unreadable
         return "mlx5_core not loaded"
-    if type(version) is not str:
-        return None
-    return "inbox" if version in ("", text(dig(facts, "gpudirect", "kernel_release"))) else version
+    return "inbox" if version in ("", at(facts, "gpudirect", "kernel_release")) else version
 
 
-def _ipoib_modes(facts: Facts) -> str | None:
-    ports = _data_ports(facts)
+def _ipoib_modes(facts: Any) -> str | None:
+    ports = data_ports(facts)
     if ports is None:
         return None
-    return joined(mode for port in ports if (mode := text(port.get("ipoib_mode"))))
+    return joined(mode for port in ports if (mode := at(port, "ipoib_mode")))
 
 
-def _rdma_mtu(facts: Facts) -> str | None:
+def _rdma_mtu(facts: Any) -> str | None:
     devices = data_hcas(facts)
-    links = records(dig(facts, "interfaces", "links"))
+    links = at(facts, "interfaces", "links")
     if devices is None or links is None:
         return None
-    mtu_of = {name: mtu for link in links if type(name := link.get("name")) is str and type(mtu := link.get("mtu")) is int}
-    mtus = {mtu_of.get(name) for device in devices for name in strings(device.get("netdevs"))}
+    mtu_of = {link.name: mtu for link in links if isinstance(link.name, str) and isinstance(mtu := at(link, "mtu"), int)}
+    mtus = {mtu_of.get(name) for device in devices for name in at(device, "netdevs") or ()}
     mtus.discard(None)
     return joined(map(str, mtus))
 
 
-def _nccl_gid_index(facts: Facts) -> str | None:
-    ports = records(dig(facts, "roce", "ports"))
+def _nccl_gid_index(facts: Any) -> str | None:
+    ports = at(facts, "roce", "ports")
     if ports is None:
         return None
     chosen = []
     for port in ports:
-        if not isinstance(port.get("nccl_job"), dict):
+        job = at(port, "nccl_job")
+        if job is None:
             chosen.append("unreadable")
-            continue
-        index = integer(dig(port, "nccl_job", "index"))
-        chosen.append(str(index) if index is not None else "no usable GID")
+        else:
+            index = at(job, "index")
+            chosen.append(str(index) if index is not None else "no usable GID")
     return joined(chosen)
 
 
-def _nccl_conf(facts: Facts) -> str | None:
-    files = records(dig(facts, "job", "nccl_conf_files"))
+def _nccl_conf(facts: Any) -> str | None:
+    files = at(facts, "job", "nccl_conf_files")
     if files is None:
         return None
     shown = []
     for conf in files:
-        path = text(conf.get("path")) or "?"
-        if text(conf.get("error")):
-            shown.append(f"{path}: unreadable")
+        if conf.error:
+            shown.append(f"{conf.path or '?'}: unreadable")
             continue
-        entries = conf.get("entries")
-        pairs = [f"{item[0]}={item[1]}" for item in entries if isinstance(item, list) and len(item) == 2
-                 and all(isinstance(part, str) for part in item)] if isinstance(entries, list) else []
-        shown.append(f"{path}: {' '.join(pairs) or '(empty)'}")
+        pairs = [f"{name}={value}" for name, value in conf.entries]
+        shown.append(f"{conf.path or '?'}: {' '.join(pairs) or '(empty)'}")
     return "; ".join(shown) if shown else NONE
 
 
-def _peer_memory(facts: Facts) -> str | None:
-    gpudirect = dig(facts, "gpudirect")
-    files = dig(gpudirect, "peer_memory_files")
-    legacy = dig(gpudirect, "nv_peer_mem_loaded")
-    if not isinstance(files, list) or not isinstance(legacy, bool):
+def _peer_memory(facts: Any) -> str | None:
+    files = at(facts, "gpudirect", "peer_memory_files")
+    legacy = at(facts, "gpudirect", "nv_peer_mem_loaded")
+    if files is None or not isinstance(legacy, bool):
         return None
     # "/sys/module/nvidia_peermem/version" -> "nvidia_peermem": the client, not where it was seen
-    names = [path.removesuffix("/version").rsplit("/", 1)[-1] for path in strings(files)]
+    names = [path.removesuffix("/version").rsplit("/", 1)[-1] for path in files]
     if legacy:
         names.append("nv_peer_mem module")
     return joined(names)
 
 
-def _limit(value: Any) -> str | None:
-    soft, hard = integer(dig(value, "soft")), integer(dig(value, "hard"))
-    if soft is None or hard is None:
-        return None
+def _limit(limit: Any) -> str:
     def shown(number: int) -> str:
         return "unlimited" if number >= UNLIMITED else format_size(number) if number >= 0 else str(number)
-    return f"soft {shown(soft)}, hard {shown(hard)}"
+
+    return f"soft {shown(limit.soft)}, hard {shown(limit.hard)}"
 
 
-def _memlock_slurmd(facts: Facts) -> str | None:
-    memlock = dig(facts, "memlock")
-    if not isinstance(memlock, dict):
+def _memlock_slurmd(facts: Any) -> str | None:
+    memlock = at(facts, "memlock")
+    if memlock is None or memlock.slurmd is msgspec.UNSET:
         return None
-    if memlock.get("slurmd") is None:
-        return "no slurmd" if memlock.get("slurmd_pid") is None else None
-    return _limit(memlock.get("slurmd"))
+    if memlock.slurmd is None:
+        return "no slurmd" if at(memlock, "slurmd_pid") is None else None
+    return _limit(memlock.slurmd)
 
 
-def _fabric_manager_running(facts: Facts) -> str | None:
-    manager = dig(facts, "fabric", "fabric_manager")
-    if not isinstance(manager, dict) or not isinstance(manager.get("pids"), list):
+def _fabric_manager_running(facts: Any) -> str | None:
+    manager = at(facts, "fabric", "fabric_manager")
+    if manager is None:
         return None
-    return flag(bool(manager["pids"]) or text(manager.get("listening")) is not None)
+    return flag(bool(manager.pids) or manager.listening is not None)
 
 
-def _active_nvlinks(facts: Facts) -> str | None:
+def _active_nvlinks(facts: Any) -> str | None:
     """``GPU0 18, GPU1 18, ...``: a GPU that lost links stands out against its siblings' nodes."""
-    gpus = records(dig(facts, "nvlink", "gpus"))
+    gpus = at(facts, "nvlink", "gpus")
     if gpus is None:
         return None
     counts = []
     for gpu in gpus:
-        index, active = gpu.get("index"), gpu.get("active_count")
-        if type(index) is not int or type(active) is not int:
+        index, active = at(gpu, "index"), at(gpu, "active_count")
+        if index is None or active is None:
             return None  # a GPU whose links could not be read
         counts.append(f"GPU{index} {active}")
     return ", ".join(counts) if counts else NONE
 
 
-def _acs_redirect(facts: Facts) -> str | None:
-    bridges = records(dig(facts, "pcie", "bridges"))
+def _acs_redirect(facts: Any) -> str | None:
+    bridges = at(facts, "pcie", "bridges")
     if bridges is None:
         return None
     redirecting = []
     for bridge in bridges:
-        if text(bridge.get("unreadable")):
+        if at(bridge, "unreadable"):
             return None  # one unknown bridge could be the redirecting one
-        acs = bridge.get("acs")
-        control = acs.get("control") if type(acs) is dict else None
-        if type(control) is int and control & _ACS_REDIRECT_BITS:
-            redirecting.append(text(bridge.get("bdf")) or "?")
+        acs = at(bridge, "acs")
+        if acs is not None and acs.control & _ACS_REDIRECT_BITS:
+            redirecting.append(at(bridge, "bdf") or "?")
     if not bridges:
         return "no bridges on GPU-NIC paths"
     return f"on at {joined(redirecting)}" if redirecting else f"off on all {len(bridges)} bridges"
 
 
+_HCAS = ("rdma.devices.nvswitch_management",)
+_PORTS = (*_HCAS, "rdma.devices.ports.rate", "rdma.devices.ports.ipoib_mode")
+
 #: The comparison table: one line per fact.
 FACTS: tuple[Fact, ...] = (
-    Fact("gpu_count_pci", "GPUs on the PCI bus", _gpu_count_pci, scope="family", references=("GPU001",)),
-    Fact("gpu_count_nvml", "GPUs NVML sees", lambda f: count(nvml_gpus(f)), references=("GPU001",)),
-    Fact("nvidia_driver", "NVIDIA driver", lambda f: text(dig(f, "gpus", "driver_version")) or text(dig(f, "gpudirect", "nvidia_driver"))),
-    Fact("driver_flavour", "NVIDIA kernel module flavour", lambda f: text(dig(f, "gpudirect", "driver_flavour"))),
-    Fact("kernel", "Kernel release", lambda f: text(dig(f, "gpudirect", "kernel_release"))),
-    Fact("nccl_libraries", "NCCL libraries", _nccl_libraries),
-    Fact("hca_count", "RDMA NICs (data)", lambda f: count(data_hcas(f)), references=("IB009",)),
-    Fact("hca_names", "RDMA NIC names", _hca_names, references=("IB009",)),
-    Fact("hca_firmware", "RDMA NIC firmware", _hca_firmware),
-    Fact("rdma_stack", "mlx5 driver (MLNX_OFED/DOCA version, or inbox)", _rdma_stack),
-    Fact("port_rates", "RDMA port rates", _port_rates),
-    Fact("ipoib_mode", "IPoIB mode", _ipoib_modes),
-    Fact("rdma_mtu", "MTU of RDMA netdevs", _rdma_mtu),
-    Fact("nccl_gid_index", "GID index NCCL picks (RoCE)", _nccl_gid_index),
-    Fact("nccl_conf", "nccl.conf", _nccl_conf),
-    Fact("peer_memory", "GPUDirect peer memory", _peer_memory),
-    Fact("gdrdrv", "gdrdrv loaded", lambda f: flag(dig(f, "gpudirect", "gdrdrv_loaded"))),
-    Fact("memlock_slurmd", "memlock of slurmd (jobs inherit it)", _memlock_slurmd),
-    Fact("memlock_propagated", "slurm.conf propagates memlock", lambda f: flag(dig(f, "memlock", "memlock_propagated"))),
-    Fact("acs_redirect", "ACS redirect on GPU-NIC paths", _acs_redirect),
-    Fact("nvswitches", "NVSwitches", lambda f: count(dig(f, "fabric", "nvswitches"))),
-    Fact("fabric_manager", "Fabric manager running", _fabric_manager_running),
-    Fact("nvlinks_active", "Active NVLinks per GPU", _active_nvlinks),
+    Fact("gpu_count_pci", "GPUs on the PCI bus", ("gpus.pci_gpus",), _gpu_count_pci, scope="family", references=("GPU001",)),
+    Fact("gpu_count_nvml", "GPUs NVML sees", ("gpus.nvml_error", "gpus.devices.name"), lambda f: count(nvml_gpus(f)), references=("GPU001",)),
+    Fact("nvidia_driver", "NVIDIA driver", ("gpus.driver_version", "gpudirect.nvidia_driver"),
+         lambda f: at(f, "gpus", "driver_version") or at(f, "gpudirect", "nvidia_driver")),
+    Fact("driver_flavour", "NVIDIA kernel module flavour", ("gpudirect.driver_flavour",), lambda f: at(f, "gpudirect", "driver_flavour")),
+    Fact("kernel", "Kernel release", ("gpudirect.kernel_release",), lambda f: at(f, "gpudirect", "kernel_release")),
+    Fact("nccl_libraries", "NCCL libraries", ("nccl_libs.copies",), _nccl_libraries),
+    Fact("hca_count", "RDMA NICs (data)", _HCAS, lambda f: count(tuple(d) if (d := data_hcas(f)) is not None else None), references=("IB009",)),
+    Fact("hca_names", "RDMA NIC names", (*_HCAS, "rdma.devices.name"), _hca_names, references=("IB009",)),
+    Fact("hca_firmware", "RDMA NIC firmware", (*_HCAS, "rdma.devices.fw_ver"), _hca_firmware),
+    Fact("rdma_stack", "mlx5 driver (MLNX_OFED/DOCA version, or inbox)",
+         ("rdma.mlx5_driver_version", "rdma.problems", "gpudirect.kernel_release"), _rdma_stack),
+    Fact("port_rates", "RDMA port rates", _PORTS, _port_rates),
+    Fact("ipoib_mode", "IPoIB mode", _PORTS, _ipoib_modes),
+    Fact("rdma_mtu", "MTU of RDMA netdevs", (*_HCAS, "rdma.devices.netdevs", "interfaces.links.name", "interfaces.links.mtu"), _rdma_mtu),
+    Fact("nccl_gid_index", "GID index NCCL picks (RoCE)", ("roce.ports.nccl_job.index",), _nccl_gid_index),
+    Fact("nccl_conf", "nccl.conf", ("job.nccl_conf_files",), _nccl_conf),
+    Fact("peer_memory", "GPUDirect peer memory", ("gpudirect.peer_memory_files", "gpudirect.nv_peer_mem_loaded"), _peer_memory),
+    Fact("gdrdrv", "gdrdrv loaded", ("gpudirect.gdrdrv_loaded",), lambda f: flag(at(f, "gpudirect", "gdrdrv_loaded"))),
+    Fact("memlock_slurmd", "memlock of slurmd (jobs inherit it)", ("memlock.slurmd", "memlock.slurmd_pid"), _memlock_slurmd),
+    Fact("memlock_propagated", "slurm.conf propagates memlock", ("memlock.memlock_propagated",), lambda f: flag(at(f, "memlock", "memlock_propagated"))),
+    Fact("acs_redirect", "ACS redirect on GPU-NIC paths", ("pcie.bridges.bdf", "pcie.bridges.unreadable", "pcie.bridges.acs"), _acs_redirect),
+    Fact("nvswitches", "NVSwitches", ("fabric.nvswitches",), lambda f: count(at(f, "fabric", "nvswitches"))),
+    Fact("fabric_manager", "Fabric manager running", ("fabric.fabric_manager",), _fabric_manager_running),
+    Fact("nvlinks_active", "Active NVLinks per GPU", ("nvlink.gpus.index", "nvlink.gpus.active_count"), _active_nvlinks),
 )
 
+#: The part of a report's ``facts`` the audit decodes: what the hardware class and FACTS read.
+FactsView: type = facts_view([*CLASS_READS, *(path for fact in FACTS for path in fact.reads)])
 
-def extract_all(facts: Facts, table: Iterable[Fact]) -> dict[str, str | None]:
+
+def facts_of(document_facts: dict[str, Any]) -> Any:
+    """A report's ``facts`` object (a dict, from the careful path) as a :data:`FactsView`, each
+    field of each probe converted on its own: a malformed field is unknown (UNSET), a probe
+    whose facts are not an object is unknown (None), the rest is read as usual."""
+    probes: dict[str, Any] = {}
+    for name, (view, fields) in _PROBE_VIEWS.items():
+        if name not in document_facts:
+            continue
+        raw = document_facts[name]
+        if type(raw) is not dict:
+            probes[name] = None
+            continue
+        kept = {}
+        for field, kind in fields.items():
+            if field in raw:
+                try:
+                    kept[field] = msgspec.convert(raw[field], kind)
+                except (msgspec.ValidationError, RecursionError):
+                    pass  # left UNSET: unknown
+        probes[name] = view(**kept)
+    return FactsView(**probes)
+
+
+def _probe_views() -> dict[str, tuple[type, dict[str, Any]]]:
+    """Probe name -> (its view type, that view's field types)."""
+    views = {}
+    for name, kind in typing.get_type_hints(FactsView).items():
+        view = next(arg for arg in typing.get_args(kind) if isinstance(arg, type) and issubclass(arg, msgspec.Struct))
+        views[name] = (view, typing.get_type_hints(view))
+    return views
+
+
+_PROBE_VIEWS = _probe_views()
+
+
+def extract_all(facts: Any, table: Iterable[Fact]) -> dict[str, str | None]:
     """Every fact's canonical value; None (unknown) for one that cannot be read."""
     values: dict[str, str | None] = {}
     for fact in table:

@@ -22,11 +22,12 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
+from msgspec import Struct
+
 from preflight.fleet import shape
-from preflight.fleet.facts import FACTS, HardwareClass, extract_all, hardware_class
+from preflight.fleet.facts import FACTS, FactsView, HardwareClass, extract_all, facts_of, hardware_class
 from preflight.fleet.shape import EVIDENCE_CAP, SUBJECT_CAP, TEXT_CAP, EvidenceLine, NodeFinding, SeverityValue, StatusValue
 from preflight.model import REFERENCE_ID, SYMBOL, Severity, Status
-from msgspec import Struct
 
 REPORT_SCHEMA = "preflight-report/1"
 #: A full report of an 8-GPU, 8-HCA node is about 40 KB; 16 MiB leaves room for very large
@@ -393,7 +394,9 @@ def node_report(document: Any, file: str, node_names: str = "host") -> NodeRepor
         raise ReportError("\"findings\" is not a list")
     counts, kept = _findings(findings_in)
     facts = document.get("facts")
-    if not isinstance(facts, dict):
+    if isinstance(facts, dict):
+        facts = facts_of(facts)  # the careful path: each probe's facts decoded on their own
+    elif not isinstance(facts, FactsView):
         raise ReportError("\"facts\" is not an object")
     tool = document.get("tool")
     version = tool.get("version") if isinstance(tool, dict) else None

@@ -17,10 +17,11 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
+from msgspec import Struct
+
 from preflight import __version__
 from preflight.fleet.compare import TIE, Comparison, Fleet, NodeMention, fleet_exit_code
 from preflight.fleet.render import compress_hosts, printable
-from msgspec import Struct
 
 #: Cell kinds, worst first: a present finding's severity, or "unknown".
 KINDS = ("critical", "error", "warning", "info", "unknown")

@@ -6,11 +6,12 @@ it: the findings without their fixes, each probe's status, and the facts that :d
 skips the rest without building Python objects for it), and decodes findings straight into
 checked :class:`NodeFinding` objects: decoding is most of a 10,000-node audit's time.
 
-Every key the audit reads must be declared here, down to the containers it walks; a value the
-audit reads whole is typed ``Any``. These types only decide speed, never a verdict: a report that
-does not fit them (an object where a list is declared, a finding with an unknown status) is
-decoded whole instead and judged by the careful path in :mod:`preflight.fleet.load`, which names
-what is wrong. ``tests/test_fleet_shape.py`` audits every recorded report and many mutated ones
+The facts part is :data:`~preflight.fleet.facts.FactsView`, made from the probes' own fact types
+and the fields the comparison table reads, so nothing here re-declares a fact. These types only
+decide speed, never a verdict: a report that does not fit them (an object where a list is
+declared, a finding with an unknown status, one probe's malformed facts) is decoded whole instead
+and judged by the careful path in :mod:`preflight.fleet.load`, which names what is wrong or
+leaves that probe's facts unknown. ``tests/test_fleet_shape.py`` audits every recorded report and many mutated ones
 both ways and requires the same result.
 """
 
@@ -19,6 +20,8 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal, TypedDict
 
 import msgspec
+
+from preflight.fleet.facts import FactsView
 
 #: Characters kept of one finding's title, reason or evidence field, and of its subject.
 TEXT_CAP = 2000
@@ -56,124 +59,10 @@ class NodeFinding(msgspec.Struct, frozen=True, kw_only=True):
     evidence: Annotated[tuple[EvidenceLine, ...], msgspec.Meta(max_length=EVIDENCE_CAP)] = ()
 
 
-# The facts decode as plain dicts and lists (TypedDicts), so the extractors in facts.py read both
-# decodes alike. total=False: a probe that failed has no facts, an older report fewer keys.
-
-
 class ProbeShape(TypedDict, total=False):
     name: Any
     status: Any
     error: Any
-
-
-class PortShape(TypedDict, total=False):
-    rate: Any
-    ipoib_mode: Any
-
-
-class HcaShape(TypedDict, total=False):
-    name: Any
-    fw_ver: Any
-    hca_type: Any
-    pci_vendor: Any
-    nvswitch_management: Any
-    netdevs: Any
-    ports: list[PortShape] | None
-
-
-class RdmaShape(TypedDict, total=False):
-    devices: list[HcaShape] | None
-    mlx5_driver_version: Any
-    problems: Any
-
-
-class LinkShape(TypedDict, total=False):
-    name: Any
-    mtu: Any
-
-
-class InterfacesShape(TypedDict, total=False):
-    links: list[LinkShape] | None
-
-
-class BridgeShape(TypedDict, total=False):
-    bdf: Any
-    unreadable: Any
-    acs: Any
-
-
-class PcieShape(TypedDict, total=False):
-    bridges: list[BridgeShape] | None
-
-
-class NvlinkGpuShape(TypedDict, total=False):
-    index: Any
-    active_count: Any
-
-
-class NvlinkShape(TypedDict, total=False):
-    gpus: list[NvlinkGpuShape] | None
-
-
-class GpuShape(TypedDict, total=False):
-    name: Any
-
-
-class GpusShape(TypedDict, total=False):
-    pci_gpus: Any
-    nvml_error: Any
-    driver_version: Any
-    devices: list[GpuShape] | None
-
-
-class GpudirectShape(TypedDict, total=False):
-    nvidia_driver: Any
-    driver_flavour: Any
-    kernel_release: Any
-    peer_memory_files: Any
-    nv_peer_mem_loaded: Any
-    gdrdrv_loaded: Any
-
-
-class NcclLibsShape(TypedDict, total=False):
-    copies: Any
-
-
-class RocePortShape(TypedDict, total=False):
-    nccl_job: Any
-
-
-class RoceShape(TypedDict, total=False):
-    ports: list[RocePortShape] | None  # GID tables, the bulk of a RoCE port's facts, are not read
-
-
-class JobShape(TypedDict, total=False):
-    nccl_conf_files: Any
-
-
-class MemlockShape(TypedDict, total=False):
-    slurmd: Any
-    slurmd_pid: Any
-    memlock_propagated: Any
-
-
-class FabricShape(TypedDict, total=False):
-    nvswitches: Any
-    fabric_manager: Any
-
-
-class FactsShape(TypedDict, total=False):
-    gpus: GpusShape
-    gpudirect: GpudirectShape
-    nccl_libs: NcclLibsShape
-    rdma: RdmaShape
-    interfaces: InterfacesShape
-    roce: RoceShape
-    job: JobShape
-    memlock: MemlockShape
-    pcie: PcieShape
-    fabric: FabricShape
-    nvlink: NvlinkShape
 
 
 class ReportShape(TypedDict, total=False):
@@ -183,13 +72,13 @@ class ReportShape(TypedDict, total=False):
     profile: Any
     findings: list[NodeFinding]
     probes: list[ProbeShape]
-    facts: FactsShape
+    facts: FactsView  # the probes' own fact types, narrowed to what the audit reads
 
 
 #: What a refused input raises: msgspec.DecodeError and ValidationError are MsgspecErrors; deep
 #: nesting raises RecursionError.
 DECODE_FAILURES: tuple[type[BaseException], ...] = (msgspec.MsgspecError, RecursionError)
-#: A report's parts the audit reads, findings as :class:`NodeFinding`, facts as dicts and lists.
+#: A report's parts the audit reads, findings as :class:`NodeFinding`, facts as :data:`FactsView`.
 decode_report_parts = msgspec.json.Decoder(ReportShape).decode
 #: Any JSON document, whole.
 decode_any = msgspec.json.Decoder().decode

@@ -17,17 +17,13 @@ Sources:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from msgspec import Struct
 
 from preflight.probes.gpus import normalise_bus_id
 from preflight.probing import FactReader
 from preflight.registry import probe
+from preflight.sources import NodeFS
 from preflight.sources.nvml import Nvml, NvmlError
-
-if TYPE_CHECKING:
-    from preflight.sources import NodeFS
 
 _MEM, _PREFETCH, _MEM_64 = 0x200, 0x2000, 0x100000  # IORESOURCE_* (include/linux/ioport.h)
 

@@ -33,17 +33,13 @@ Sources:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from msgspec import Struct
 
 from preflight.probes.sockets import TableError, parse_tcp_table
 from preflight.probing import FactReader
 from preflight.registry import probe
+from preflight.sources import NodeFS
 from preflight.sources.nvml import Nvml, NvmlError
-
-if TYPE_CHECKING:
-    from preflight.sources import NodeFS
 
 _NVSWITCH_CLASS = "0x0680"
 

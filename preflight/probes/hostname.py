@@ -36,22 +36,18 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 from msgspec import Struct
 from msgspec.structs import replace
 
+from preflight.config import HostConfig
 from preflight.hostlist import HostlistError, expand
 from preflight.probes.job import parse_environ
 from preflight.probing import FactReader
 from preflight.registry import probe
 from preflight.sources import NodeFS, NotCaptured, SourceError
 from preflight.sources.dns import Dns, DnsAnswer, NameserverCheck
-
-if TYPE_CHECKING:
-    from collections.abc import Sequence
-
-    from preflight.config import HostConfig
 
 #: Peers resolved by one node besides MASTER_ADDR and the first node of the job.
 PEER_SUCCESSORS = 6

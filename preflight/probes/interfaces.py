@@ -7,14 +7,10 @@ or ``/sys/class/net`` with ``/proc/net/{if_inet6,fib_trie,route}`` (a copied roo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from msgspec import Struct
 
 from preflight.registry import probe
-
-if TYPE_CHECKING:
-    from preflight.sources.netlink import Address, Link, Netlink
+from preflight.sources.netlink import Address, Link, Netlink
 
 
 class InterfaceFacts(Struct, frozen=True):

@@ -17,15 +17,11 @@ Sources:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from msgspec import Struct
 
 from preflight.probing import FactReader
 from preflight.registry import probe
-
-if TYPE_CHECKING:
-    from preflight.sources import NodeFS
+from preflight.sources import NodeFS
 
 IB_SYSFS = "/sys/class/infiniband"
 

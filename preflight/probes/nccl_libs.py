@@ -19,7 +19,7 @@ Sources, read through the node's filesystem:
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
 
 from msgspec import Struct
 
@@ -27,9 +27,6 @@ from preflight.probes.job import parse_environ
 from preflight.probing import FactReader
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
-
-if TYPE_CHECKING:
-    from collections.abc import Mapping
 
 SYSTEM_DIRS = (
     "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib",

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import posixpath
 import re
-from typing import TYPE_CHECKING
 
 from msgspec import Struct
 
@@ -38,10 +37,7 @@ from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
 from preflight.units import UNLIMITED
 
-if TYPE_CHECKING:
-
-    pass
-
+pass
 PCI_DEVICES = "/sys/bus/pci/devices"
 
 

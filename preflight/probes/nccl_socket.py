@@ -30,18 +30,15 @@ host name.
 from __future__ import annotations
 
 import ipaddress
-from typing import TYPE_CHECKING
 
 from msgspec import Struct
 
 from preflight.probes.hostname import parse_hosts
+from preflight.probes.job import JobFacts, Setting
 from preflight.probing import FactReader
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
-
-if TYPE_CHECKING:
-    from preflight.probes.job import JobFacts, Setting
-    from preflight.sources.netlink import Address, Link, Netlink
+from preflight.sources.netlink import Address, Link, Netlink
 
 MAX_IFS = 16  # MAX_IFS in NCCL's src/include/socket.h: list entries and socket devices
 

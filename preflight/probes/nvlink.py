@@ -18,19 +18,15 @@ The facts keep each GPU's active count: the fleet report compares them across no
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from msgspec import Struct
 
 from preflight.model import (
     NotApplicable,
     Unknown,
 )
+from preflight.probes.gpus import GpuFacts
 from preflight.registry import probe
 from preflight.sources.nvml import UNANSWERED, Nvml, NvmlError
-
-if TYPE_CHECKING:
-    from preflight.probes.gpus import GpuFacts
 
 NVLINK_MAX_LINKS = 36  # NVML_NVLINK_MAX_LINKS in nvidia-ml-py 13.x (nvml.h)
 

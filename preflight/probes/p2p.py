@@ -26,17 +26,13 @@ GPUs"), because that means a broken link or driver, not a platform limit.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from msgspec import Struct
 
 from preflight.probes.gpus import normalise_bus_id
 from preflight.probing import FactReader
 from preflight.registry import probe
+from preflight.sources import NodeFS
 from preflight.sources.nvml import Gpu, Nvml, NvmlError
-
-if TYPE_CHECKING:
-    from preflight.sources import NodeFS
 
 CAPS_READ, CAPS_WRITE, CAPS_NVLINK = 0, 1, 2  # NVML_P2P_CAPS_INDEX_*
 

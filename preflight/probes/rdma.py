@@ -35,7 +35,8 @@ that list their data HCAs in ``expect.hcas`` get every port of those HCAs judged
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from msgspec import Struct
 
@@ -49,9 +50,6 @@ from preflight.probes.job import parse_environ
 from preflight.probing import FactReader
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
-
-if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
 
 IB_CLASS = "/sys/class/infiniband"
 

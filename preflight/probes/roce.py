@@ -31,7 +31,8 @@ job's settings and for NCCL's defaults, so fleet reports can compare nodes.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from msgspec import Struct
 
@@ -47,16 +48,12 @@ from preflight.nccl.gid import (
     parse_gid_settings,
     roce_version,
 )
+from preflight.probes.job import JobFacts
 from preflight.probing import FactReader
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
-
-if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from preflight.probes.job import JobFacts
-    from preflight.sources.ethtool import PauseState
-    from preflight.sources.netlink import DcbConfig, Netlink
+from preflight.sources.ethtool import PauseState
+from preflight.sources.netlink import DcbConfig, Netlink
 
 IB_SYSFS = "/sys/class/infiniband"
 

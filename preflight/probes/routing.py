@@ -21,23 +21,20 @@ from __future__ import annotations
 import ipaddress
 import threading
 import time
-from typing import TYPE_CHECKING
 
 from msgspec import Struct
 
+from preflight.config import HostConfig
 from preflight.hostlist import HostlistError, expand
 from preflight.probes.hostname import parse_hosts
+from preflight.probes.job import JobFacts
 from preflight.probes.nccl_socket import comm_id_host
 from preflight.probing import FactReader
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
-
-if TYPE_CHECKING:
-    from preflight.config import HostConfig
-    from preflight.probes.job import JobFacts
-    from preflight.sources.dns import Dns
-    from preflight.sources.netlink import Address, Link, Netlink
-    from preflight.sources.routes import Route
+from preflight.sources.dns import Dns
+from preflight.sources.netlink import Address, Link, Netlink
+from preflight.sources.routes import Route
 
 MAX_PEERS = 32  # a 2,000-node job needs no 2,000 lookups to show that one subnet is unroutable
 

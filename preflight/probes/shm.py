@@ -17,15 +17,11 @@ Sources:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from msgspec import Struct
 
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
-
-if TYPE_CHECKING:
-    from preflight.sources.fs import FsUsage
+from preflight.sources.fs import FsUsage
 
 SHM_PATH = "/dev/shm"
 

@@ -19,15 +19,13 @@ from __future__ import annotations
 
 import ipaddress
 from collections import Counter
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from msgspec import Struct
 
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
-
-if TYPE_CHECKING:
-    from collections.abc import Callable
 
 TCP_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
 
