@@ -191,7 +191,8 @@ def test_every_declared_command_is_served_by_typer_with_the_declared_options() -
     import typer.main
 
     from preflight.cli.app import build_app
-    from preflight.cli.start import COMMAND_MODULES, declared
+    from preflight.cli.spec import COMMAND_MODULES
+    from preflight.cli.start import declared
 
     root = typer.main.get_command(build_app())
     seen = 0

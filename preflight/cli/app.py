@@ -11,8 +11,7 @@ from typing import Any, List, NoReturn, Optional
 import typer
 
 from preflight import __version__
-from preflight.cli.spec import Command, Values, finish_values
-from preflight.cli.start import COMMAND_MODULES, finish
+from preflight.cli.spec import COMMAND_MODULES, Command, Values, finish, finish_values
 from preflight.exitcodes import ExitCode
 
 #: the value type typer converts to, by option kind; ``None`` defaults make the value optional

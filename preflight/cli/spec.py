@@ -15,11 +15,15 @@ value) goes to typer, which explains it; both then call the same ``run`` functio
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
+
+from msgspec import Struct
 
 from preflight.exitcodes import ExitCode
-from msgspec import Struct
 
 #: How an option's value is read: one string, a float, an int, a switch, a repeatable string, or
 #: a repeatable comma-separated list of tokens (``--select MEM,GDR001 --select dns``).
@@ -55,6 +59,29 @@ class Command(Struct, frozen=True):
 
 
 Values = dict[str, Any]
+
+#: first word of the command line -> the module that declares its commands (``COMMANDS``), in
+#: the order ``preflight --help`` lists them
+COMMAND_MODULES = {
+    "node": "preflight.cli.node",
+    "snapshot": "preflight.cli.snapshot",
+    "explain": "preflight.cli.explain",
+    "references": "preflight.cli.references",
+    "probes": "preflight.cli.probes",
+    "fleet": "preflight.cli.fleet",
+    "slurm": "preflight.cli.slurm",
+}
+
+
+def finish(code: int) -> NoReturn:
+    """Exit, without waiting for probe threads stuck in the kernel (they are daemon threads,
+    but interpreter shutdown can still block on a thread holding a C-level lock)."""
+    stuck = [thread for thread in threading.enumerate() if thread.name.startswith("probe-") and thread.is_alive()]
+    if stuck:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 def split_tokens(values: Sequence[str]) -> tuple[str, ...]:
@@ -152,8 +179,6 @@ def _converted(option: Option, text: str) -> Any:
 
 def error(message: str) -> int:
     """Say why the command gave up, the way every command does, and return the exit code."""
-    import sys
-
     print(f"preflight: error: {message}", file=sys.stderr)
     return ExitCode.NO_VERDICT
 

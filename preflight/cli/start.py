@@ -9,24 +9,10 @@ goes to the typer application built from the same declarations (:mod:`preflight.
 from __future__ import annotations
 
 import importlib
-import os
 import sys
-import threading
 from typing import NoReturn
 
-from preflight.cli.spec import Command, parse
-
-#: first word of the command line -> the module that declares its commands (``COMMANDS``), in
-#: the order ``preflight --help`` lists them
-COMMAND_MODULES = {
-    "node": "preflight.cli.node",
-    "snapshot": "preflight.cli.snapshot",
-    "explain": "preflight.cli.explain",
-    "references": "preflight.cli.references",
-    "probes": "preflight.cli.probes",
-    "fleet": "preflight.cli.fleet",
-    "slurm": "preflight.cli.slurm",
-}
+from preflight.cli.spec import COMMAND_MODULES, Command, finish, parse
 
 
 def declared(word: str) -> tuple[Command, ...]:
@@ -41,17 +27,6 @@ def fast_command(arguments: list[str]) -> tuple[Command, list[str]] | None:
         if command.fast and arguments[: len(command.path)] == list(command.path):
             return command, arguments[len(command.path):]
     return None
-
-
-def finish(code: int) -> NoReturn:
-    """Exit, without waiting for probe threads stuck in the kernel (they are daemon threads,
-    but interpreter shutdown can still block on a thread holding a C-level lock)."""
-    stuck = [thread for thread in threading.enumerate() if thread.name.startswith("probe-") and thread.is_alive()]
-    if stuck:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    sys.exit(code)
 
 
 def main(argv: list[str] | None = None) -> NoReturn:

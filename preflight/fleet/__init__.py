@@ -20,7 +20,7 @@ from preflight.exitcodes import ExitCode
 from preflight.fleet.compare import Fleet, build_fleet, fleet_exit_code
 from preflight.fleet.facts import FACTS
 from preflight.fleet.load import MAX_REPORT_BYTES, NODE_NAMES, load_reports
-from preflight.fleet.render import printable, render
+from preflight.fleet.render import printable, render_json, render_table
 
 FLEET_FORMATS = ("table", "json", "markdown", "html")
 
@@ -118,3 +118,14 @@ def _print(text: str, output_format: str) -> None:
         binary.flush()
     else:
         sys.stdout.write(text)
+
+
+def render(fleet: Fleet, output_format: str) -> str:
+    """``output_format``: table, json, markdown or html."""
+    if output_format == "json":
+        return render_json(fleet)
+    if output_format in ("markdown", "html"):
+        from preflight.fleet.pages import render_html, render_markdown
+
+        return render_markdown(fleet) if output_format == "markdown" else render_html(fleet)
+    return render_table(fleet)

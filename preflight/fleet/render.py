@@ -272,14 +272,3 @@ def _fit_lines(text: str, width: int | None) -> str:
         indent = " " * (len(line) - len(line.lstrip(" ")))
         out.extend(textwrap.wrap(line, limit, initial_indent="", subsequent_indent=indent + "    ", break_on_hyphens=False, break_long_words=False) or [line])
     return "\n".join(out)
-
-
-def render(fleet: Fleet, output_format: str) -> str:
-    """``output_format``: table, json, markdown or html."""
-    if output_format == "json":
-        return render_json(fleet)
-    if output_format in ("markdown", "html"):
-        from preflight.fleet.pages import render_html, render_markdown
-
-        return render_markdown(fleet) if output_format == "markdown" else render_html(fleet)
-    return render_table(fleet)
