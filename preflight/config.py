@@ -33,7 +33,7 @@ evidence from another node, not instructions (``docs/security.md``).
     port = 53
     lifetime = 2.0
 
-    [slurm]                 # `preflight slurm prolog|epilog|healthcheck` (README: Slurm)
+    [slurm]                 # `preflight slurm prolog|epilog|healthcheck` (docs/operators/slurm.md)
     timeout = 8.0           # prolog/epilog budget, scontrol included; below PrologEpilogTimeout
     healthcheck_timeout = 50.0  # HealthCheckProgram budget; Slurm kills it at 60 s
     scontrol_timeout = 3.0  # one scontrol call; never retried
@@ -106,7 +106,7 @@ CPU_JOB_IGNORE = ("GPU", "GDR", "NVL", "IB", "ROCE", "EFA", "PCI", "TOPO", "MEM"
 
 
 class SlurmSettings(Struct, frozen=True):
-    """How ``preflight slurm ...`` runs under Slurm (``[slurm]``); see README, "Slurm"."""
+    """How ``preflight slurm ...`` runs under Slurm (``[slurm]``); see docs/operators/slurm.md."""
 
     timeout_s: float = 8.0  # prolog/epilog: everything, the scontrol call included
     healthcheck_timeout_s: float = 50.0  # HealthCheckProgram is killed by slurmd after 60 s

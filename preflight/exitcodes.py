@@ -1,4 +1,4 @@
-"""Exit codes of ``preflight node`` (documented in the README).
+"""Exit codes of ``preflight node`` (documented in docs/operators/node.md).
 
 * 0: nothing present at warning or above (info findings and unknowns allowed);
 * 1: the worst present finding is a warning;

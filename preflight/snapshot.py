@@ -1,6 +1,6 @@
 """``preflight snapshot``: record what the probes read on this node (or on a recorded root) and
 write it as a recorded root packed in a ``.tar.gz``, which ``preflight node --root`` replays with
-the same findings. The format is described in the README ("Snapshots").
+the same findings. The format is described in docs/operators/snapshots.md.
 
 The run is an ordinary ``preflight node`` run (all checks of the profile, ``full`` by default)
 whose sources are wrapped by ``preflight.sources.recording``; the recorded answers become files:

@@ -348,7 +348,7 @@ def test_2_planted_misconfiguration_drains_the_node_and_the_job_does_not_start(c
     assert reason.startswith("preflight: ") and f"(prolog job {job_id})" in reason, reason
     for ref_id in ("MEM001", "DNS001", "GDR001", "PCI001"):
         assert ref_id in reason
-    # What the README and `preflight slurm config` say: held until `scontrol release`.
+    # What docs/operators/slurm.md and `preflight slurm config` say: held until `scontrol release`.
     cluster.wait_for(
         lambda: cluster.run("squeue", "-h", "-j", job_id, "-o", "%T|%r").stdout.strip() == "PENDING|launch failed requeued held",
         "the job to be requeued held",
