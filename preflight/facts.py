@@ -114,7 +114,8 @@ def _narrowed(kind: Any, fields: dict[str, Any], where: str) -> Any:
     )
     if origin in (typing.Union, __import__("types").UnionType):
         return typing.Union[narrowed]
-    return origin[narrowed] if origin is not tuple else tuple[narrowed]  # type: ignore[index]
+    generic: Any = origin  # tuple, list, dict: subscripted with the narrowed arguments
+    return generic[narrowed]
 
 
 def _holds_record(kind: Any) -> bool:

@@ -18,6 +18,7 @@ import pytest
 from conftest import EXAMPLE_ROOT, REPO
 from preflight.cli.node import NODE, run_node
 from preflight.cli.spec import values_for
+from preflight.fleet.facts import FactsView
 from preflight.fleet import load
 from preflight.fleet.shape import NodeFinding
 from preflight.model import Severity, Status
@@ -54,7 +55,9 @@ def test_every_recorded_node_is_audited_alike_both_ways(root: Path, capsys: pyte
     code = run_node(values_for(NODE, root=str(root), output_format="json"))
     data = capsys.readouterr().out.encode()
     assert code in (0, 1, 2)
-    assert all(type(item) is NodeFinding for item in load.parse_report(data)["findings"])  # the fast path ran
+    fast_parts = load.parse_report(data)
+    assert all(type(item) is NodeFinding for item in fast_parts["findings"])  # the fast path ran
+    assert isinstance(fast_parts["facts"], FactsView)  # ... and decoded the facts into the probes' types
     fast, careful = both_ways(data, monkeypatch)
     assert not isinstance(fast, str), fast
     assert fast == careful

@@ -19,8 +19,8 @@ def probe_rows(profile: str | None = None) -> list[dict[str, Any]]:
 
     registry = build_registry(profile=profile)
     readers: dict[str, list[str]] = {}
-    for ref_id, spec in sorted(registry.checks.items()):
-        for name in spec.probes:
+    for ref_id, check in sorted(registry.checks.items()):
+        for name in check.probes:
             readers.setdefault(name, []).append(ref_id)
     rows = []
     for name, spec in sorted(registry.probes.items()):

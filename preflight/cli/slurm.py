@@ -58,8 +58,8 @@ def run_config(values: Values) -> int:
     config, wrapper_dir, message_timeout = values["config"], values["wrapper_dir"], values["message_timeout"]
     try:
         settings = load_host_config(config, "").slurm
-    except ConfigError as problem:
-        return error(str(problem))
+    except ConfigError as broken:
+        return error(str(broken))
     problem = prolog_timeout_problem(settings, message_timeout) or (wrapper_dir_problem(wrapper_dir) if wrapper_dir is not None else "")
     if problem:
         return error(problem)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import typing
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgspec
@@ -107,7 +107,7 @@ def data_ports(facts: Any) -> list[Any] | None:
     return [port for device in devices for port in at(device, "ports") or ()]
 
 
-def nvml_gpus(facts: Any) -> Sequence[Any] | None:
+def nvml_gpus(facts: Any) -> Any:
     gpus = at(facts, "gpus")
     if gpus is None or at(gpus, "nvml_error"):
         return None

@@ -17,11 +17,16 @@ both ways and requires the same result.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, TypedDict
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypedDict
 
 import msgspec
 
 from preflight.fleet.facts import FactsView
+
+if TYPE_CHECKING:
+    FactsViewType = Any  # made at run time from the probes' types: opaque to type checkers
+else:
+    FactsViewType = FactsView
 
 #: Characters kept of one finding's title, reason or evidence field, and of its subject.
 TEXT_CAP = 2000
@@ -72,7 +77,7 @@ class ReportShape(TypedDict, total=False):
     profile: Any
     findings: list[NodeFinding]
     probes: list[ProbeShape]
-    facts: FactsView  # the probes' own fact types, narrowed to what the audit reads
+    facts: FactsViewType  # the probes' own fact types, narrowed to what the audit reads
 
 
 #: What a refused input raises: msgspec.DecodeError and ValidationError are MsgspecErrors; deep
