@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import filecmp
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -59,21 +57,6 @@ def test_replayed_choice_and_file_fallback_facts(run_cli: Runner) -> None:
     cn02 = [peer for peer in copied["routing"]["peers"] if peer["name"] == "cn02"][0]
     assert cn02["resolved_by"] == "/etc/hosts:3" and cn02["routes"][0]["origin"] == "/proc/net/route"
     assert copied["nccl_socket"]["devices"]["interfaces"][0]["ifname"] == "eth0"
-
-
-def test_fixtures_match_their_generator(tmp_path: Path) -> None:
-    spec = importlib.util.spec_from_file_location("build_net_fixtures", FIXTURES / "build_net_fixtures.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.build(str(tmp_path))
-    for name in module.ROOTS:
-        comparison = filecmp.dircmp(tmp_path / name, FIXTURES / name)
-        stack = [comparison]
-        while stack:
-            current = stack.pop()
-            assert not (current.left_only or current.right_only or current.diff_files), (name, current.left, current.diff_files, current.left_only, current.right_only)
-            stack.extend(current.subdirs.values())
 
 
 def test_clean_example_root_has_no_network_findings(run_cli: Runner, clean_root: Path) -> None:

@@ -20,7 +20,8 @@ Planted misconfigurations (what ``preflight node --root`` finds):
 Healthy on purpose: the peer gpu018 and the nameservers (DNS001), the TCP sockets and the
 ephemeral port range (SOCK001, SOCK005); see ``name_service_and_sockets``.
 
-Run ``python examples/nodes/build_hgx_h100.py`` to rebuild the tree after changing this file.
+Run ``python examples/nodes/build_hgx_h100.py`` to rebuild the tree after changing this file
+(``... build_hgx_h100.py DIRECTORY`` writes ``DIRECTORY/hgx-h100`` instead).
 """
 
 from __future__ import annotations
@@ -411,4 +412,6 @@ def fabric_manager_process(root: str) -> None:
 
 
 if __name__ == "__main__":
-    build(sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "hgx-h100"))
+    # The argument is the directory that receives the root, as for every generator, so that
+    # tests/test_fixture_generators.py can run them all alike.
+    build(os.path.join(sys.argv[1] if len(sys.argv) > 1 else HERE, "hgx-h100"))
