@@ -29,6 +29,14 @@ FULL_ONLY_MODULES = frozenset({
 })
 
 
+def builtin_probe_modules() -> list[ModuleType]:
+    """Every built-in probe module (``preflight.probes``), without the check modules."""
+    import preflight.probes as probes
+
+    names = sorted(name[:-3] for directory in probes.__path__ for name in os.listdir(directory) if name.endswith(".py") and not name.startswith("_"))
+    return [importlib.import_module(f"preflight.probes.{name}") for name in names]
+
+
 def builtin_modules(profile: str | None = None) -> list[ModuleType]:
     """The built-in probe modules (``preflight.probes``) and check modules (``preflight.checks``);
     for ``profile="prolog"``, only those it can use."""

@@ -51,17 +51,12 @@ def fact_fields(probe: Callable[..., Any]) -> dict[str, Any]:
 
 def probe_facts_types() -> dict[str, type]:
     """Every built-in probe's name -> the facts type it returns."""
-    import importlib
-    import os
-
-    import preflight.probes as package
+    from preflight.discovery import builtin_probe_modules
     from preflight.registry import Registry
 
     registry = Registry()
-    for directory in package.__path__:
-        for name in sorted(os.listdir(directory)):
-            if name.endswith(".py") and not name.startswith("_"):
-                registry.collect(importlib.import_module(f"preflight.probes.{name[:-3]}"))
+    for module in builtin_probe_modules():
+        registry.collect(module)
     found = {}
     for name, spec in registry.probes.items():
         kind = _unoptional(facts_type(spec.func))
