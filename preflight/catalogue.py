@@ -1,19 +1,23 @@
 """The reference catalogue: one TOML file per reference in ``references/`` (shipped inside the
 wheel as ``preflight/references``), named ``<ID>.toml``.
 
-Files are parsed lazily, one at a time, because the prolog needs only the references of the
-checks it runs. ``validate_document`` is the schema: the loader and the tests use the same code.
+Files are read lazily, one at a time, because the prolog needs only the references of the
+checks it runs; their parsed documents come from the index the build wrote
+(:mod:`preflight.catalogue_index`) while it matches them. ``validate_document`` is the schema: the
+loader, the tests and the references that site checks and plugins bring (:class:`References`,
+filled by :mod:`preflight.discovery`) all use the same code.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import sys
 from functools import lru_cache
 from typing import Any
 
+from msgspec import Struct, field
+
+from preflight.catalogue_index import digest, read_index
 from preflight.model import REFERENCE_ID, SYMBOL, Reference, Severity
 from preflight.signatures import MIN_LITERAL, ROLES, required_literals, safety_problems
 from preflight.tomlcompat import TomlError, parse_toml
@@ -42,56 +46,54 @@ def reference_ids(directory: str | None = None) -> list[str]:
     return sorted(name[:-5] for name in os.listdir(folder) if name.endswith(".toml") and REFERENCE_ID.match(name[:-5]))
 
 
-INDEX_NAME = "index.json"
-INDEX_FORMAT = "preflight-catalogue-index/1"
-
-
-@lru_cache(maxsize=1)
-def _packaged_index() -> dict[str, Any]:
-    """The packaged catalogue as one JSON document (``references/index.json``).
-
-    Parsing ~30 TOML files costs ~45 ms, a third of a prolog run; one JSON file costs a few.
-    The TOML files stay the source: ``python -m preflight.catalogue references`` rewrites the
-    index and a test fails when it is stale. A missing or unreadable index falls back to TOML."""
-    try:
-        with open(os.path.join(catalogue_dir(), INDEX_NAME), encoding="utf-8") as handle:
-            index = json.load(handle)
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(index, dict) or index.get("format") != INDEX_FORMAT or not isinstance(index.get("references"), dict):
-        return {}
-    return dict(index["references"])
+@lru_cache(maxsize=None)
+def _index(directory: str) -> dict[str, Any]:
+    """The entries of ``directory``'s build-time index (:mod:`preflight.catalogue_index`)."""
+    return read_index(directory)
 
 
 def _read_document(ref_id: str, directory: str | None) -> tuple[dict[str, Any], str]:
-    path = os.path.join(directory or catalogue_dir(), f"{ref_id}.toml")
-    if directory is None:
-        document = _packaged_index().get(ref_id)
-        if isinstance(document, dict):
-            return document, path
+    """The document of ``<ID>.toml``: from the index while the index has this file's bytes,
+    else parsed from the file."""
+    folder = directory or catalogue_dir()
+    path = os.path.join(folder, f"{ref_id}.toml")
     try:
-        with open(path, encoding="utf-8") as handle:
-            return parse_toml(handle.read()), path
+        with open(path, "rb") as handle:
+            data = handle.read()
     except FileNotFoundError:
         raise CatalogueError(f"no reference {ref_id} ({path} is missing)") from None
-    except (OSError, UnicodeDecodeError, TomlError) as error:
-        raise CatalogueError(f"{path}: {error}") from None
+    except OSError as error:
+        raise CatalogueError(f"{path}: {error.strerror}") from None
+    entry = _index(folder).get(ref_id)
+    if isinstance(entry, dict) and entry.get("digest") == digest(data) and isinstance(entry.get("document"), dict):
+        return entry["document"], path
+    return _parse_document(data, path), path
 
 
-def build_index(directory: str) -> dict[str, Any]:
-    """The index document for the TOML files in ``directory``."""
-    references = {}
-    for ref_id in reference_ids(directory):
-        with open(os.path.join(directory, f"{ref_id}.toml"), encoding="utf-8") as handle:
-            references[ref_id] = parse_toml(handle.read())
-    return {"format": INDEX_FORMAT, "references": references}
+def _parse_document(data: bytes, path: str) -> dict[str, Any]:
+    try:
+        return parse_toml(data.decode("utf-8"))
+    except UnicodeDecodeError as error:
+        raise CatalogueError(f"{path}: not UTF-8 text: {error.reason} at byte {error.start}") from None
+    except TomlError as error:
+        raise CatalogueError(f"{path}: not valid TOML: {error}") from None
 
 
 @lru_cache(maxsize=None)
 def load_reference(ref_id: str, directory: str | None = None) -> Reference:
-    """Parse and validate ``<ID>.toml`` (from the packaged index when it has it)."""
+    """Parse and validate ``<ID>.toml`` of the packaged catalogue (or of ``directory``)."""
     document, path = _read_document(ref_id, directory)
-    problems = validate_document(document, expected_id=ref_id, analyse_signatures=False)
+    return _reference(document, path, ref_id, analyse_signatures=False)
+
+
+def reference_from_file(data: bytes, path: str, ref_id: str) -> Reference:
+    """A reference shipped beside site checks or a plugin, from its file's bytes, fully
+    validated: unlike the packaged catalogue, no test of this project has seen it."""
+    return _reference(_parse_document(data, path), path, ref_id, analyse_signatures=True)
+
+
+def _reference(document: dict[str, Any], path: str, ref_id: str, analyse_signatures: bool) -> Reference:
+    problems = validate_document(document, expected_id=ref_id, analyse_signatures=analyse_signatures)
     if problems:
         raise CatalogueError(f"{path}: " + "; ".join(problems))
     detect = document.get("detect", {})
@@ -116,6 +118,26 @@ def load_reference(ref_id: str, directory: str | None = None) -> Reference:
 
 def load_all(directory: str | None = None) -> list[Reference]:
     return [load_reference(ref_id, directory) for ref_id in reference_ids(directory)]
+
+
+class References(Struct, frozen=True):
+    """The references one run knows: the packaged catalogue, plus those that site check
+    directories and plugins ship beside their checks (``extra``, by ID; discovery refuses an
+    extra ID that the catalogue or another extension already has)."""
+
+    extra: dict[str, Reference] = field(default_factory=dict)
+    origins: dict[str, str] = field(default_factory=dict)  # extra ID -> the file it came from
+
+    def get(self, ref_id: str) -> Reference:
+        """The reference ``ref_id``; CatalogueError when nobody has it."""
+        found = self.extra.get(ref_id)
+        return found if found is not None else load_reference(ref_id)
+
+    def ids(self) -> list[str]:
+        return sorted({*reference_ids(), *self.extra})
+
+    def all(self) -> list[Reference]:
+        return [self.get(ref_id) for ref_id in self.ids()]
 
 
 def validate_document(document: dict[str, Any], expected_id: str | None = None, analyse_signatures: bool = True) -> list[str]:
@@ -230,10 +252,3 @@ def _validate_signatures(items: Any, analyse: bool = True) -> list[str]:
         for key in set(item) - {"pattern", "examples", "role", "source"}:
             problems.append(f"signature #{number}: unknown key {key!r}")
     return problems
-
-
-if __name__ == "__main__":  # python -m preflight.catalogue references  (rewrites references/index.json)
-    folder = sys.argv[1] if len(sys.argv) > 1 else "references"
-    with open(os.path.join(folder, INDEX_NAME), "w", encoding="utf-8") as out:
-        json.dump(build_index(folder), out, indent=0, sort_keys=True, ensure_ascii=False)
-        out.write("\n")

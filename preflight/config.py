@@ -308,6 +308,10 @@ class _Reader:
         self.path = path
         self.lines = text.splitlines()
         self.known_ids: list[str] | None = None  # the catalogue's IDs, read once when needed
+        # [run] checks_dirs, and the IDs of the references they and plugins ship (read once, when
+        # an ID is not the catalogue's): a site may disable or re-rate its own checks.
+        self.checks_dirs: tuple[str, ...] = ()
+        self.site_ids: set[str] | None = None
 
     def line_of(self, key: str) -> int | None:
         pattern = re.compile(rf"^\s*(\[+\s*)?[\"']?{re.escape(key)}[\"']?\s*(=|\])")
@@ -350,10 +354,20 @@ class _Reader:
             self.known_ids = reference_ids()
         if ref_id in self.known_ids:
             return None
+        if self.site_ids is None and REFERENCE_ID.match(ref_id):
+            from preflight.discovery import shipped_reference_ids  # only a site's own IDs pay for it
+
+            self.site_ids = shipped_reference_ids(self.checks_dirs)
+        if ref_id in (self.site_ids or ()):
+            return None
         import difflib  # only a wrong config pays for it
 
         close = difflib.get_close_matches(ref_id.upper(), self.known_ids, n=1)
-        problem = "is no reference in the catalogue" if REFERENCE_ID.match(ref_id) else "is not a reference ID like MEM001"
+        problem = (
+            "is no reference in the catalogue, nor shipped by [run] checks_dirs or a plugin"
+            if REFERENCE_ID.match(ref_id)
+            else "is not a reference ID like MEM001"
+        )
         return problem + (f" (did you mean {close[0]}?)" if close else "")
 
     def severities(self, table: Any, prefix: str) -> dict[str, Severity]:
@@ -398,6 +412,7 @@ def parse_config(text: str, path: str, hostname: str) -> HostConfig:
         profile=run.get("profile", config.profile),
         checks_dirs=run.get("checks_dirs", config.checks_dirs),
     )
+    reader.checks_dirs = config.checks_dirs
     policy = reader.values(reader.table(document.get("policy", {}), "policy"), {"unknown": _choice(UNKNOWN_POLICIES)}, "policy.")
     config = replace(config, unknown_policy=policy.get("unknown", config.unknown_policy))
     dns = reader.values(reader.table(document.get("dns", {}), "dns"), _DNS_KEYS, "dns.")

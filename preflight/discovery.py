@@ -3,6 +3,12 @@ group ``preflight.checks``) and site directories (``--checks-dir``, NHC's script
 
 Each module is imported once per process; its tagged probes and checks are collected into a fresh
 :class:`~preflight.registry.Registry`, which is then validated against the catalogue.
+
+An extension brings the references its checks decide: ``<ID>.toml`` files in the directory of its
+check modules (a site directory itself; a plugin module's own directory, which a top-level module
+file straight on ``sys.path`` does not have). They are data: read with size and count limits,
+validated by the catalogue's schema, refused when their ID or symbol is already taken. Nothing of
+this is read when no site directory or plugin is configured.
 """
 
 from __future__ import annotations
@@ -10,11 +16,14 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import stat
 import sys
 from collections.abc import Iterable
 from types import ModuleType
 
-from preflight.catalogue import load_reference, reference_ids
+from preflight.catalogue import CatalogueError, References, load_all, reference_from_file, reference_ids
+from preflight.catalogue_index import REFERENCE_FILE
+from preflight.model import Reference
 from preflight.registry import RegistrationError, Registry
 
 ENTRY_POINT_GROUP = "preflight.checks"
@@ -101,6 +110,11 @@ def _section(text: str, group: str) -> list[tuple[str, str]]:
 
 def plugin_modules() -> list[ModuleType]:
     """Modules named by installed distributions in the ``preflight.checks`` entry-point group."""
+    return [module for _, module in _plugins()]
+
+
+def _plugins() -> list[tuple[str, ModuleType]]:
+    """(entry-point name, module) of every installed plugin."""
     modules = []
     for name, value in entry_point_specs():
         module_name, _, attribute = value.partition(":")
@@ -114,7 +128,7 @@ def plugin_modules() -> list[ModuleType]:
         module = loaded if isinstance(loaded, ModuleType) else sys.modules.get(getattr(loaded, "__module__", ""))
         if module is None:
             raise RegistrationError(f"plugin {name} ({value}) is not a module")
-        modules.append(module)
+        modules.append((name, module))
     return modules
 
 
@@ -168,17 +182,149 @@ def directory_modules(directory: str) -> list[ModuleType]:
     return modules
 
 
+#: A reference is a few KiB of TOML (the largest packaged one has 9); an extension directory holds
+#: a handful. The limits keep a stray file from turning into a slow or huge parse on every run.
+MAX_REFERENCE_BYTES = 64 * 1024
+MAX_REFERENCES_PER_DIRECTORY = 500
+
+
+def module_directory(module: ModuleType) -> str | None:
+    """Where a plugin module's references live: the directory of its file (a package's own
+    directory), or None for a top-level module file, whose directory (site-packages) belongs to
+    every installed distribution."""
+    filename = getattr(module, "__file__", None)
+    if not isinstance(filename, str) or not filename:
+        return None
+    if hasattr(module, "__path__") or "." in module.__name__:
+        return os.path.dirname(os.path.abspath(filename))
+    return None
+
+
+def read_reference(path: str, ref_id: str, trusted_only: bool) -> Reference:
+    """The reference in ``path`` (``<ref_id>.toml``), validated; RegistrationError otherwise.
+    ``trusted_only``: the file must pass :func:`require_trusted` (site directories)."""
+    if trusted_only:
+        require_trusted(path, "reference")
+    try:
+        # O_NONBLOCK: a FIFO named like a reference must not hang the run; a regular file ignores it.
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as error:
+        raise RegistrationError(f"reference {path}: {error.strerror}") from None
+    with os.fdopen(descriptor, "rb") as handle:
+        status = os.fstat(handle.fileno())
+        if not stat.S_ISREG(status.st_mode):
+            raise RegistrationError(f"reference {path}: not a regular file")
+        data = handle.read(MAX_REFERENCE_BYTES + 1)
+    if len(data) > MAX_REFERENCE_BYTES:
+        raise RegistrationError(f"reference {path}: larger than {MAX_REFERENCE_BYTES // 1024} KiB, which no reference needs")
+    try:
+        return reference_from_file(data, path, ref_id)
+    except CatalogueError as error:
+        raise RegistrationError(f"reference {error}") from None
+
+
+def directory_references(directory: str, what: str, trusted_only: bool) -> dict[str, tuple[Reference, str]]:
+    """(reference, path) by ID of the ``<ID>.toml`` files in ``directory``."""
+    try:
+        names = sorted(name for name in os.listdir(directory) if REFERENCE_FILE.match(name))
+    except OSError as error:
+        raise RegistrationError(f"{what} {directory}: {error.strerror}") from None
+    if len(names) > MAX_REFERENCES_PER_DIRECTORY:
+        raise RegistrationError(f"{what} {directory}: {len(names)} reference files, more than the {MAX_REFERENCES_PER_DIRECTORY} allowed")
+    found = {}
+    for name in names:
+        path = os.path.join(directory, name)
+        found[name[:-5]] = (read_reference(path, name[:-5], trusted_only), path)
+    return found
+
+
+def extension_references(places: Iterable[tuple[str, str, bool]]) -> References:
+    """The references shipped in ``places`` ((directory, what it is, trusted_only)), refused
+    when an ID or symbol is the packaged catalogue's or another extension's: one ID must mean
+    one thing in every report, config and ``--select``."""
+    extra: dict[str, Reference] = {}
+    origins: dict[str, str] = {}
+    seen: set[str] = set()
+    packaged_ids: set[str] | None = None
+    packaged_symbols: dict[str, str] = {}
+    for directory, what, trusted_only in places:
+        if os.path.realpath(directory) in seen:
+            continue
+        seen.add(os.path.realpath(directory))
+        for ref_id, (reference, path) in directory_references(directory, what, trusted_only).items():
+            if packaged_ids is None:  # the first extension reference pays for the catalogue's
+                packaged_ids = set(reference_ids())
+                packaged_symbols = {r.symbol: r.id for r in load_all()}
+            if ref_id in packaged_ids:
+                raise RegistrationError(f"reference {path}: {ref_id} is a packaged reference; give the site's reference an ID of its own (e.g. a site prefix: ACME001)")
+            if ref_id in origins:
+                raise RegistrationError(f"reference {path}: {ref_id} is also shipped as {origins[ref_id]}")
+            taken = packaged_symbols.get(reference.symbol) or next((r.id for r in extra.values() if r.symbol == reference.symbol), None)
+            if taken:
+                raise RegistrationError(f"reference {path}: symbol {reference.symbol!r} already names {taken}")
+            extra[ref_id] = reference
+            origins[ref_id] = path
+    return References(extra, origins)
+
+
+def known_references(checks_dirs: Iterable[str] = (), plugins: bool = True) -> References:
+    """The packaged references plus those that ``checks_dirs`` and installed plugins ship, without
+    importing the site directories' modules (``preflight references``)."""
+    places = [(directory, "--checks-dir", True) for directory in checks_dirs]
+    for directory in checks_dirs:
+        require_trusted(directory, "--checks-dir")
+    if plugins:
+        places = [*_plugin_places(_plugins()), *places]
+    return extension_references(places) if places else References()
+
+
+def shipped_reference_ids(checks_dirs: Iterable[str]) -> set[str]:
+    """IDs of the references that ``checks_dirs`` and installed plugins ship, from file names
+    alone: what a config may name in ``disable`` and ``[severity]``. Unreadable places are
+    skipped; loading them for a run reports them."""
+    places = [*checks_dirs]
+    try:
+        places += [directory for directory, _, _ in _plugin_places(_plugins())]
+    except RegistrationError:
+        pass
+    found: set[str] = set()
+    for directory in places:
+        try:
+            found.update(name[:-5] for name in os.listdir(directory) if REFERENCE_FILE.match(name))
+        except OSError:
+            continue
+    return found
+
+
+def _plugin_places(plugins: list[tuple[str, ModuleType]]) -> list[tuple[str, str, bool]]:
+    places = []
+    for name, module in plugins:
+        directory = module_directory(module)
+        if directory is not None:
+            places.append((directory, f"plugin {name}", False))
+    return places
+
+
 def build_registry(checks_dirs: Iterable[str] = (), plugins: bool = True, profile: str | None = None) -> Registry:
-    """All probes and checks, validated against the catalogue; raises RegistrationError."""
+    """All probes and checks, validated against the catalogue and the references that plugins and
+    site directories ship; raises RegistrationError."""
     registry = Registry()
     modules = builtin_modules(profile)
+    places: list[tuple[str, str, bool]] = []
     if plugins:
-        modules += plugin_modules()
+        found = _plugins()
+        modules += [module for _, module in found]
+        places += _plugin_places(found)
+    for directory in checks_dirs:
+        require_trusted(directory, "--checks-dir")
+        places.append((directory, "--checks-dir", True))
+    if places:  # before a site module runs: a bad reference stops the run with nothing imported
+        registry.references = extension_references(places)
     for directory in checks_dirs:
         modules += directory_modules(directory)
     for module in modules:
         registry.collect(module, profile)
-    known = set(reference_ids())
-    symbols = {ref_id: load_reference(ref_id).symbol for ref_id in registry.checks if ref_id in known}
+    known = set(reference_ids()) | set(registry.references.extra)
+    symbols = {ref_id: registry.references.get(ref_id).symbol for ref_id in registry.checks if ref_id in known}
     registry.validate(symbols)
     return registry

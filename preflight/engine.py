@@ -20,7 +20,6 @@ import msgspec
 from msgspec import Struct
 
 from preflight import __version__
-from preflight.catalogue import load_reference
 from preflight.config import HostConfig
 from preflight.model import (
     Finding,
@@ -96,7 +95,7 @@ def select_checks(registry: Registry, config: HostConfig, options: RunOptions) -
         spec = registry.checks[ref_id]
         if options.profile not in spec.profiles or ref_id in config.disabled:
             continue
-        reference = load_reference(ref_id)
+        reference = registry.references.get(ref_id)
         if options.select and not any(selects(token, reference) for token in options.select):
             continue
         if any(selects(token, reference) for token in options.ignore):

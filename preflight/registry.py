@@ -18,8 +18,10 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from preflight.model import REFERENCE_ID
 from msgspec import Struct
+
+from preflight.catalogue import References
+from preflight.model import REFERENCE_ID
 
 #: Profiles in increasing scope: ``prolog`` runs before every job, ``full`` is the audit.
 PROFILES = ("prolog", "full")
@@ -122,11 +124,13 @@ def _check_profiles(profiles: tuple[str, ...], what: str) -> None:
 
 
 class Registry:
-    """The probes and checks of one run."""
+    """The probes and checks of one run, and the references they decide."""
 
     def __init__(self) -> None:
         self.probes: dict[str, ProbeSpec] = {}
         self.checks: dict[str, CheckSpec] = {}
+        # Packaged, plus what site directories and plugins ship: every lookup by ID goes here.
+        self.references = References()
 
     def collect(self, module: Any, profile: str | None = None) -> None:
         """Add every tagged probe and check defined in ``module``; with ``profile``, only the
@@ -157,14 +161,17 @@ class Registry:
     def validate(self, symbols: dict[str, str]) -> None:
         """Fail on checks for unknown references, misnamed checks and unknown probe parameters.
 
-        ``symbols`` maps every catalogued reference ID to its symbol.
+        ``symbols`` maps every known reference ID (packaged or shipped beside site checks) to
+        its symbol.
         """
         problems = self._probe_problems()
         for ref_id, spec in sorted(self.checks.items()):
             where = f"check {ref_id} ({spec.origin}.{spec.func.__name__})"
             symbol = symbols.get(ref_id)
             if symbol is None:
-                problems.append(f"{where}: no reference {ref_id} in the catalogue")
+                problems.append(
+                    f"{where}: no reference {ref_id} in the catalogue, nor as {ref_id}.toml beside the module"
+                )
                 continue
             expected_name = symbol.replace("-", "_")
             if spec.func.__name__ != expected_name:

@@ -103,7 +103,6 @@ def inspect_node(
     """One engine run on ``node``. ``profile`` and ``timeout_s`` default to the config's;
     ``checks_dirs`` add to the config's. Raises NothingToRun when the selection leaves no check,
     RegistrationError for a broken check module, CatalogueError for a broken catalogue."""
-    from preflight.catalogue import load_all
     from preflight.discovery import build_registry
 
     config = node.config
@@ -111,7 +110,7 @@ def inspect_node(
     directories = (*config.checks_dirs, *checks_dirs)
     registry = build_registry(directories, profile=chosen_profile)
     if select or ignore:
-        references = load_all()
+        references = registry.references.all()
         for token in (*select, *ignore):
             if not any(selects(token, reference) for reference in references):
                 raise UsageProblem(f"--select/--ignore {token!r} matches no reference ID prefix or symbol")
@@ -137,12 +136,11 @@ def inspect_node(
 def nothing_to_run(registry: Registry, config: HostConfig, options: RunOptions) -> str:
     """Why a run would decide no reference, for each one ``--select`` names (every check without
     it): a report of zero checks would read as a healthy node."""
-    from preflight.catalogue import load_all, load_reference
-
+    references = registry.references
     if options.select:
-        named = [r for r in load_all() if any(selects(token, r) for token in options.select)]
+        named = [r for r in references.all() if any(selects(token, r) for token in options.select)]
     else:
-        named = [load_reference(ref_id) for ref_id in sorted(registry.checks)]
+        named = [references.get(ref_id) for ref_id in sorted(registry.checks)]
     reasons: dict[str, list[str]] = {}
     for reference in named:
         spec = registry.checks.get(reference.id)

@@ -3,6 +3,7 @@ and every check's reference says which check decides it."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from preflight.catalogue import load_all, validate_document
@@ -103,11 +104,40 @@ def test_every_signature_is_linear_on_adversarial_lines() -> None:
     assert not slow, slow
 
 
-def test_packaged_index_matches_the_toml_files() -> None:
-    """references/index.json is what the prolog reads; rewrite it with
-    ``python -m preflight.catalogue references`` after editing a reference."""
-    import json
+def test_an_index_entry_serves_only_while_its_file_is_unchanged(tmp_path: Path) -> None:
+    """references/index.json is a build product that nobody regenerates by hand: an entry is
+    used while its TOML file has the bytes it was built from, and the file wins afterwards."""
+    from preflight.catalogue import load_reference
+    from preflight.catalogue_index import INDEX_NAME, write_index
 
-    from preflight.catalogue import build_index
+    def catalogue_with_index(name: str) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "MEM001.toml").write_bytes((REFERENCES / "MEM001.toml").read_bytes())
+        write_index(str(folder), str(folder))
+        index = json.loads((folder / INDEX_NAME).read_text())
+        index["references"]["MEM001"]["document"]["title"] = "Title from the index"
+        (folder / INDEX_NAME).write_text(json.dumps(index))
+        return folder
 
-    assert json.loads((REFERENCES / "index.json").read_text()) == build_index(str(REFERENCES))
+    fresh = catalogue_with_index("fresh")
+    assert load_reference("MEM001", str(fresh)).title == "Title from the index"
+    edited = catalogue_with_index("edited")
+    toml = (edited / "MEM001.toml").read_text()
+    (edited / "MEM001.toml").write_text(toml.replace('title = "', 'title = "Edited: ', 1))
+    assert load_reference("MEM001", str(edited)).title.startswith("Edited: ")
+    missing = catalogue_with_index("missing")
+    (missing / INDEX_NAME).unlink()
+    assert load_reference("MEM001", str(missing)).title == parse_toml(toml)["title"]
+
+
+def test_the_index_holds_every_reference_as_parsed(tmp_path: Path) -> None:
+    from preflight.catalogue_index import build_index, digest
+
+    index = build_index(str(REFERENCES))
+    files = sorted(REFERENCES.glob("*.toml"))
+    assert sorted(index["references"]) == [path.stem for path in files]
+    for path in files:
+        entry = index["references"][path.stem]
+        assert entry == {"digest": digest(path.read_bytes()), "document": parse_toml(path.read_text())}
+    assert digest(b"a") != digest(b"b") and digest(b"ab") != digest(b"abc")

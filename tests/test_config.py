@@ -45,11 +45,11 @@ def test_operator_guide_configuration_samples_load() -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ('[severity]\nDSN001 = "warning"\n', ":2: severity.DSN001: is no reference in the catalogue (did you mean DNS001?)"),
-        ('disable = ["DSN001"]\n', ":1: disable: 'DSN001' is no reference in the catalogue (did you mean DNS001?)"),
+        ('[severity]\nDSN001 = "warning"\n', ":2: severity.DSN001: is no reference in the catalogue, nor shipped by [run] checks_dirs or a plugin (did you mean DNS001?)"),
+        ('disable = ["DSN001"]\n', ":1: disable: 'DSN001' is no reference in the catalogue, nor shipped by [run] checks_dirs or a plugin (did you mean DNS001?)"),
         ('disable = ["mem001"]\n', ":1: disable: 'mem001' is not a reference ID like MEM001 (did you mean MEM001?)"),
-        ('[[hosts]]\nmatch = "gpu*"\nseverity = { ZZZ999 = "info" }\n', ":3: hosts[0].severity.ZZZ999: is no reference in the catalogue\n"),
-        ('[[hosts]]\nmatch = "other*"\ndisable = ["GDR001", "GRD002"]\n', ":3: hosts[0].disable: 'GRD002' is no reference in the catalogue (did you mean GDR002?)"),
+        ('[[hosts]]\nmatch = "gpu*"\nseverity = { ZZZ999 = "info" }\n', ":3: hosts[0].severity.ZZZ999: is no reference in the catalogue, nor shipped by [run] checks_dirs or a plugin\n"),
+        ('[[hosts]]\nmatch = "other*"\ndisable = ["GDR001", "GRD002"]\n', ":3: hosts[0].disable: 'GRD002' is no reference in the catalogue, nor shipped by [run] checks_dirs or a plugin (did you mean GDR002?)"),
     ],
 )
 def test_unknown_reference_ids_are_refused(run_cli: Runner, example_root: Path, tmp_path: Path, text: str, message: str) -> None:

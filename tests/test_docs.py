@@ -272,10 +272,63 @@ def test_operator_guide_describes_every_node_check() -> None:
 
 
 def test_python_examples_are_valid_python() -> None:
-    blocks = [(path, body) for path in markdown_files() for language, body in fenced_blocks(path.read_text(encoding="utf-8")) if language == "python"]
+    blocks = [
+        (path, body)
+        for path in markdown_files()
+        for language, body in fenced_blocks(path.read_text(encoding="utf-8"))
+        if language.split(" ", 1)[0] == "python"  # "python file=NAME" too
+    ]
     assert blocks, "no Python example found: the docs lost their check example"
     for path, body in blocks:
         try:
             ast.parse(body)
         except SyntaxError as error:
             pytest.fail(f"{path.relative_to(REPO)}: {error}")
+
+
+# ---- The site-check example runs as written -----------------------------------------------------
+
+
+def example_files(text: str) -> dict[str, str]:
+    """The files a page shows as fenced blocks whose info string names them (```python
+    file=checks.d/acme.py), by relative path."""
+    files = {}
+    for info, body in fenced_blocks(text):
+        for word in info.split()[1:]:
+            if word.startswith("file="):
+                files[word[len("file="):]] = body
+    return files
+
+
+def test_the_site_check_example_runs_as_written(tmp_path: Path) -> None:
+    """writing-a-check.md's site check: its files, copied out of the page into a directory a
+    site would use, and its command line, run as printed, give the verdict the page shows."""
+    import json
+    import shlex
+
+    page = (DOCS / "contributors" / "writing-a-check.md").read_text(encoding="utf-8")
+    files = example_files(page)
+    assert sorted(files) == ["checks.d/ACME001.toml", "checks.d/acme_kernel.py"]
+    for name, body in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(exist_ok=True)
+        path.parent.chmod(0o755)  # a check directory others may write is refused
+        path.write_text(body, encoding="utf-8")
+        path.chmod(0o644)
+    (tmp_path / "examples").symlink_to(REPO / "examples")  # the command names the example node relatively
+    (command,) = [
+        line for language, body in fenced_blocks(page) if language == "sh" for line in body.splitlines() if "--checks-dir checks.d" in line
+    ]
+    words = shlex.split(command)
+    assert words[0] == "preflight"
+    result = subprocess.run([*preflight_command(), *words[1:]], capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
+    assert result.returncode == 2, result.stderr  # the page: "the command exits 2"
+    (verdict_block,) = [body for language, body in fenced_blocks(page) if language == "json verdict"]
+    documented = json.loads(verdict_block)
+    (finding,) = json.loads(result.stdout)["findings"]
+    assert {key: finding[key] for key in documented} == documented
+
+
+def test_example_files_are_found_by_their_marks() -> None:
+    text = "```python file=a/b.py\nx = 1\n```\n\n```python\ny = 2\n```\n\n```toml file=a/C001.toml\nid = 1\n```\n"
+    assert example_files(text) == {"a/b.py": "x = 1\n", "a/C001.toml": "id = 1\n"}

@@ -25,7 +25,8 @@ FORBIDDEN_IMPORTS = {"pynvml", "pyroute2", "dns", "pyudev", "socket", "subproces
 # module -> why it may do I/O that is not about the node
 ALLOWED = {
     "preflight/catalogue.py": "reads the packaged reference catalogue",
-    "preflight/discovery.py": "lists check modules to import them",
+    "preflight/catalogue_index.py": "reads and (at build time) writes the packaged catalogue's index",
+    "preflight/discovery.py": "lists check modules to import them, and the references they ship",
     "preflight/explain/reader.py": "reads the log files a user hands to explain, not the node",
     "preflight/fleet/load.py": "reads the node reports a user hands to fleet, not the node",
     "preflight/sourcetree.py": "looks at the package's own checkout (pyproject.toml, checks/), not the node",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tarfile
 import venv
 import zipfile
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 from conftest import REPO
 
 from preflight import __version__
+from preflight.catalogue_index import build_index
 
 
 def checks_in_repo() -> set[str]:
@@ -28,12 +30,21 @@ def checks_in_repo() -> set[str]:
 
 def test_wheel_in_a_fresh_venv_finds_all_checks_and_references(tmp_path: Path, example_root: Path) -> None:
     dist = tmp_path / "dist"
-    subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(REPO)], check=True, capture_output=True, timeout=300)
+    # Plain `python -m build`: the sdist, then the wheel built from it (so the sdist carries
+    # everything the build needs, setup.py's index step included).
+    subprocess.run([sys.executable, "-m", "build", "--outdir", str(dist), str(REPO)], check=True, capture_output=True, timeout=600)
     (wheel,) = dist.glob("gpu_preflight-*.whl")
+    (sdist,) = dist.glob("gpu_preflight-*.tar.gz")
+    with tarfile.open(sdist) as archive:
+        names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
+    assert {"setup.py", "preflight/catalogue_index.py", "references/MEM001.toml"} <= names
+    assert "references/index.json" not in names  # built from the TOML files, never shipped stale
     with zipfile.ZipFile(wheel) as archive:
         dist_info = f"gpu_preflight-{__version__}.dist-info"
         metadata = archive.read(f"{dist_info}/METADATA").decode()
         assert archive.read(f"{dist_info}/licenses/LICENSE") == (REPO / "LICENSE").read_bytes()
+        index = json.loads(archive.read("preflight/references/index.json"))
+    assert index == build_index(str(REPO / "references"))
     assert "Name: gpu-preflight\n" in metadata and "License-Expression: Apache-2.0\n" in metadata
     assert "Apache License" in (REPO / "LICENSE").read_text() and "Version 2.0, January 2004" in (REPO / "LICENSE").read_text()
     env_dir = tmp_path / "venv"
@@ -67,6 +78,8 @@ def test_editable_install_and_python_m_in_the_checkout(tmp_path: Path) -> None:
     assert where.stdout.split() == [
         __version__, str(REPO / "preflight" / "__init__.py"), str(REPO / "checks"), str(REPO / "references")
     ], where.stderr
+    # The editable build wrote the catalogue's index into the checkout (git ignores it).
+    assert json.loads((REPO / "references" / "index.json").read_text()) == build_index(str(REPO / "references"))
     # The editable console script, and `python -m` both in this venv and in the one running the
     # tests (there the checkout's preflight/ shadows the installed copy).
     for command in ([str(env_dir / "bin" / "preflight")], [python, "-m", "preflight"], [sys.executable, "-m", "preflight"]):

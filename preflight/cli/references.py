@@ -8,6 +8,22 @@ from preflight.cli.spec import Argument, Command, Option, Values, error
 from preflight.model import REFERENCE_ID, Reference
 
 FORMAT_TABLE = Option("--format", "output_format", "table or json.", default="table")
+CHECKS_DIR = Option(
+    "--checks-dir", "checks_dirs", "Also the references shipped in this site check directory (installed plugins' always).", kind="many"
+)
+
+
+def known(values: Values) -> list[Reference] | int:
+    """Every reference the command should see (packaged, plugins', --checks-dir's), or the exit
+    code of the error that says why it cannot."""
+    from preflight.catalogue import CatalogueError
+    from preflight.discovery import known_references
+    from preflight.registry import RegistrationError
+
+    try:
+        return known_references(values["checks_dirs"]).all()
+    except (CatalogueError, RegistrationError) as problem:
+        return error(str(problem))
 
 
 def reference_json(reference: Reference) -> dict[str, object]:
@@ -29,14 +45,11 @@ def reference_json(reference: Reference) -> dict[str, object]:
 
 
 def run_list(values: Values) -> int:
-    from preflight.catalogue import CatalogueError, load_all
-
     if values["output_format"] not in ("table", "json"):
         return error("--format must be table or json")
-    try:
-        references = load_all()
-    except CatalogueError as problem:
-        return error(str(problem))
+    references = known(values)
+    if isinstance(references, int):
+        return references
     if values["output_format"] == "json":
         print(json.dumps([reference_json(r) for r in references], indent=2))
         return 0
@@ -48,14 +61,11 @@ def run_list(values: Values) -> int:
 
 
 def run_search(values: Values) -> int:
-    from preflight.catalogue import CatalogueError, load_all
-
     if values["output_format"] not in ("table", "json"):
         return error("--format must be table or json")
-    try:
-        references = load_all()
-    except CatalogueError as problem:
-        return error(str(problem))
+    references = known(values)
+    if isinstance(references, int):
+        return references
     words = list(values["words"])
     found = search_references(references, words)
     if values["output_format"] == "json":
@@ -84,19 +94,24 @@ def search_references(references: list[Reference], words: list[str]) -> list[Ref
 
 
 def run_show(values: Values) -> int:
-    from preflight.catalogue import CatalogueError, load_all, load_reference
+    from preflight.catalogue import CatalogueError, load_reference
 
     ref_id = values["ref_id"]
-    try:
-        if REFERENCE_ID.match(ref_id.upper()):
+    if REFERENCE_ID.match(ref_id.upper()) and not values["checks_dirs"]:
+        try:  # the common case reads one file, not the whole catalogue
             reference = load_reference(ref_id.upper())
-        else:
-            matches = [r for r in load_all() if r.symbol == ref_id]
-            if not matches:
-                return error(f"no reference with ID or symbol {ref_id!r}")
-            reference = matches[0]
-    except CatalogueError as problem:
-        return error(str(problem))
+        except CatalogueError:
+            reference = None
+    else:
+        reference = None
+    if reference is None:
+        references = known(values)
+        if isinstance(references, int):
+            return references
+        matches = [r for r in references if r.id == ref_id.upper() or r.symbol == ref_id]
+        if not matches:
+            return error(f"no reference with ID or symbol {ref_id!r}")
+        reference = matches[0]
     if values["output_format"] == "json":
         print(json.dumps(reference_json(reference), indent=2))
         return 0
@@ -150,20 +165,20 @@ def render_reference(reference: Reference) -> str:
 
 
 COMMANDS = (
-    Command(("references", "list"), "List every catalogued reference.", run_list, options=(FORMAT_TABLE,)),
+    Command(("references", "list"), "List every catalogued reference.", run_list, options=(FORMAT_TABLE, CHECKS_DIR)),
     Command(
         ("references", "search"),
         "Find references whose title, summary, causes, fix or signature examples mention TEXT.",
         run_search,
         argument=Argument("words", "TEXT...", "Words to look for (all must occur).", many=True),
-        options=(FORMAT_TABLE,),
+        options=(FORMAT_TABLE, CHECKS_DIR),
     ),
     Command(
         ("references", "show"),
         "Show one reference: summary, causes, evidence to collect, fix and sources.",
         run_show,
         argument=Argument("ref_id", "ID", "A reference ID such as MEM001, or its symbol."),
-        options=(Option("--format", "output_format", "text or json.", default="text"),),
+        options=(Option("--format", "output_format", "text or json.", default="text"), CHECKS_DIR),
     ),
 )
 #: The help of the command group
