@@ -36,7 +36,7 @@ def fact_fields(probe: Callable[..., Any]) -> dict[str, Any]:
     if kind is None:
         name = str(getattr(probe, "__annotations__", {}).get("return", "?"))
         return {"type": name, "fields": []}
-    fields = [field.name for field in msgspec.structs.fields(kind)] if isinstance(kind, type) and issubclass(kind, msgspec.Struct) else []
+    fields = list(kind.__struct_fields__) if isinstance(kind, type) and issubclass(kind, msgspec.Struct) else []
     return {"type": getattr(kind, "__name__", str(kind)), "fields": fields}
 
 

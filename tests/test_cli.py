@@ -351,3 +351,16 @@ def test_explain_refuses_node_options_without_check_and_a_missing_root(run_cli: 
         assert result.stderr.startswith(f"preflight: error: {message}") and result.stderr.count("\n") == 1, result.stderr
     checked = run_cli("explain", path, "--check", "--root", str(example_root))
     assert checked.returncode == 2  # confirmed: MEM001 is planted on the example node
+
+
+def test_probes_list_shows_each_probe_its_sources_needs_checks_and_facts(run_cli: Runner) -> None:
+    result = run_cli("probes", "list", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    rows = {row["name"]: row for row in json.loads(result.stdout)}
+    roce = rows["roce"]
+    assert roce["module"] == "preflight.probes.roce" and roce["sources"] == ["fs"] and roce["needs"] == ["job"]
+    assert {"ROCE001", "ROCE005"} <= set(roce["checks"]) and roce["facts"]["type"] == "RoceFacts" and "ports" in roce["facts"]["fields"]
+    assert rows["roce_dcb"]["needs"] == ["roce"] and rows["job"]["needs"] == []
+    assert all(row["facts"]["fields"] for row in rows.values()), [name for name, row in rows.items() if not row["facts"]["fields"]]
+    table = run_cli("probes", "list")
+    assert table.returncode == 0 and "RoceFacts" in table.stdout
