@@ -199,12 +199,15 @@ Runner = Callable[..., subprocess.CompletedProcess[str]]
 
 
 @pytest.fixture
-def run_cli() -> Runner:
+def run_cli(tmp_path_factory: pytest.TempPathFactory) -> Runner:
+    # The test's own working directory for the command: never the source tree (it would shadow
+    # the installed package), never a directory other tests share.
+    cwd = tmp_path_factory.mktemp("cwd")
+
     def run(*args: str, timeout: float = 60, env: dict[str, str] | None = None, input: str | None = None) -> subprocess.CompletedProcess[str]:
         merged = {**os.environ, **(env or {})}
         return subprocess.run(
-            [*preflight_command(), *args], capture_output=True, text=True, timeout=timeout, env=merged, input=input,
-            cwd=tempfile.gettempdir(),  # never let the source tree shadow the installed package
+            [*preflight_command(), *args], capture_output=True, text=True, timeout=timeout, env=merged, input=input, cwd=cwd,
         )
 
     return run

@@ -9,7 +9,6 @@ import socket
 import stat
 import subprocess
 import sys
-import tempfile
 import threading
 from pathlib import Path
 
@@ -707,7 +706,7 @@ def test_slurm_config_writes_working_wrappers_into_wrapper_dir(run_cli: Runner, 
     assert stat.S_IMODE(wrapper.stat().st_mode) == 0o755
     # Point the generated wrapper at the clean recording; everything else is as generated.
     wrapper.write_text(wrapper.read_text().replace(" slurm prolog ", f" slurm prolog --root {clean_root} "))
-    ran = subprocess.run([str(wrapper)], capture_output=True, text=True, timeout=60, env=JOB, cwd=tempfile.gettempdir())
+    ran = subprocess.run([str(wrapper)], capture_output=True, text=True, timeout=60, env=JOB, cwd=tmp_path)
     assert ran.returncode == 0 and ran.stdout.startswith("preflight ok (prolog job 4242)"), ran.stdout + ran.stderr
 
 
@@ -741,7 +740,7 @@ def test_slurm_prolog_does_not_import_the_cli_framework(example_root: Path, site
     result = subprocess.run(
         [sys.executable, "-X", "importtime", "-c", "import sys; from preflight.launcher import main; main(sys.argv[1:])",
          "slurm", "prolog", "--root", str(example_root), "--config", str(site.config)],
-        capture_output=True, text=True, timeout=60, cwd=tempfile.gettempdir(), env={**JOB, "SLURM_JOB_GPUS": "0"},
+        capture_output=True, text=True, timeout=60, cwd=site.base, env={**JOB, "SLURM_JOB_GPUS": "0"},
     )
     assert result.returncode == 2, result.stderr[-2000:]
     modules = {line.rsplit("|", 1)[1].strip().split(".")[0] for line in result.stderr.splitlines() if line.startswith("import time:") and "|" in line}

@@ -114,15 +114,20 @@ def test_cli_snapshot_and_replay_of_the_example(run_cli: Runner, tmp_path: Path)
     assert f"root {archive}" in table.stdout and "preflight-replay-" not in table.stdout
 
 
-def test_replay_leaves_no_temporary_copy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_replay_leaves_no_temporary_copy(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     archive = tmp_path / "node.tar.gz"
     take_snapshot(SnapshotArgs(output=str(archive), root=str(EXAMPLE_ROOT)))
-    before = set(Path(tempfile.gettempdir()).glob("preflight-replay-*"))
+    # The replay unpacks into tempfile's directory ($TMPDIR, else /tmp): this test's own, so that
+    # what other runs leave in /tmp meanwhile does not count.
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     with opened_root(str(archive)) as (directory, label):
         assert Path(directory).is_dir() and label == str(archive)
+        assert Path(directory).parent.parent == scratch
         assert oct(Path(directory).parent.stat().st_mode & 0o777) == "0o700"
     node_report(archive, capsys)
-    assert set(Path(tempfile.gettempdir()).glob("preflight-replay-*")) == before
+    assert list(scratch.iterdir()) == []
 
 
 def test_site_config_given_to_snapshot_is_replayed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -204,7 +209,7 @@ def test_snapshot_of_a_network_namespace_replays_to_the_live_findings(tmp_path: 
         def inside(*args: str) -> subprocess.CompletedProcess[str]:
             return subprocess.run(
                 [sys.executable, "-c", ENTER, name, *preflight_command(), *args],
-                capture_output=True, text=True, timeout=120, env=clean, cwd=tempfile.gettempdir(),
+                capture_output=True, text=True, timeout=120, env=clean, cwd=tmp_path,
             )
 
         archive = tmp_path / "netns.tar.gz"
@@ -216,7 +221,7 @@ def test_snapshot_of_a_network_namespace_replays_to_the_live_findings(tmp_path: 
         netns.remove(name)
     replay = subprocess.run(
         [*preflight_command(), "node", "--root", str(archive), "--select", "NET", "--format", "json", "--config", str(config)],
-        capture_output=True, text=True, timeout=60, cwd=tempfile.gettempdir(),
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
     )
     live_report, replayed = json.loads(live.stdout), json.loads(replay.stdout)
     assert {("NET001", "docker0"), ("NET004", "10.98.0.5"), ("NET004", "10.60.0.1"), ("NET005", "ens2f0")} <= present(live_report)
