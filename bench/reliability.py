@@ -110,6 +110,8 @@ def bench_mutations(workdir: Path, count: int, seed: int) -> dict[str, Any]:
             crashes += 1
             violations.append(f"{name} {[m.describe() for m in mutations]}: crash {outcome.crash}")
         violations += [f"{name} {[m.describe() for m in mutations]}: {problem}" for problem in outcome.problems]
+        if outcome.seconds > harness.RUN_TIMEOUT_S + 0.5:
+            violations.append(f"{name} {[m.describe() for m in mutations]}: took {outcome.seconds:.2f} s against a {harness.RUN_TIMEOUT_S} s deadline")
         known_gaps += [f"{name} {[m.describe() for m in mutations]}: {problem}" for problem in outcome.known_gaps]
         if outcome.report is not None:
             timeouts += sum(1 for probe in outcome.report.probes if probe.status == "timeout")

@@ -19,6 +19,17 @@ from pathlib import Path
 
 import pytest
 
+AUDIT = Path(__file__).resolve().parent / "audit"
+sys.path.insert(0, str(AUDIT))
+import io_audit  # noqa: E402
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The no-direct-I/O hook, for the whole session, before any test module imports preflight
+    (tests/audit/io_audit.py says what it sees, where, and what it cannot). Here rather than at
+    import: bench scripts import helpers from this module and must stay unaudited."""
+    io_audit.install()
+
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_ROOT = REPO / "examples" / "nodes" / "hgx-h100"
 BIN = Path(sys.executable).parent
@@ -27,6 +38,56 @@ BIN = Path(sys.executable).parent
 def preflight_command() -> list[str]:
     script = BIN / "preflight"
     return [str(script)] if script.exists() else [sys.executable, "-m", "preflight"]
+
+
+#: The log the suite's Python child processes append their violations to, once the session started.
+_children_log: list[Path] = []
+#: How far earlier reports went: an index into io_audit.violations, an offset in the children's log.
+_reported = {"in_process": 0, "children": 0}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def audited_children(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Audit the Python processes the tests start: they load tests/audit/sitecustomize.py
+    through PYTHONPATH and append their violations to a log in the session's temporary
+    directory."""
+    log = tmp_path_factory.mktemp("io-audit") / "violations.tsv"
+    saved = {name: os.environ.get(name) for name in ("PYTHONPATH", io_audit.LOG_VARIABLE)}
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(AUDIT), saved["PYTHONPATH"])))
+    os.environ[io_audit.LOG_VARIABLE] = str(log)
+    _children_log.append(log)
+    yield log
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+def _new_violations() -> list[io_audit.Violation]:
+    found = io_audit.violations[_reported["in_process"]:]
+    _reported["in_process"] = len(io_audit.violations)
+    if _children_log:
+        children, _reported["children"] = io_audit.read_log(str(_children_log[0]), _reported["children"])
+        found += children
+    return found
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Fail the test (or its setup or teardown) during which a module outside
+    ``preflight.sources`` touched the node, in this process or in a child. A setup's report
+    also carries what happened before it outside any test (collection, a wider fixture)."""
+    report: pytest.TestReport = yield
+    found = _new_violations()
+    if found:
+        message = "direct node I/O outside preflight.sources:\n" + "\n".join(map(str, found))
+        if report.passed:
+            report.outcome = "failed"
+            report.longrepr = message
+        else:
+            report.sections.append(("direct node I/O", message))
+    return report
 
 
 @pytest.fixture
@@ -138,12 +199,15 @@ Runner = Callable[..., subprocess.CompletedProcess[str]]
 
 
 @pytest.fixture
-def run_cli() -> Runner:
+def run_cli(tmp_path_factory: pytest.TempPathFactory) -> Runner:
+    # The test's own working directory for the command: never the source tree (it would shadow
+    # the installed package), never a directory other tests share.
+    cwd = tmp_path_factory.mktemp("cwd")
+
     def run(*args: str, timeout: float = 60, env: dict[str, str] | None = None, input: str | None = None) -> subprocess.CompletedProcess[str]:
         merged = {**os.environ, **(env or {})}
         return subprocess.run(
-            [*preflight_command(), *args], capture_output=True, text=True, timeout=timeout, env=merged, input=input,
-            cwd=tempfile.gettempdir(),  # never let the source tree shadow the installed package
+            [*preflight_command(), *args], capture_output=True, text=True, timeout=timeout, env=merged, input=input, cwd=cwd,
         )
 
     return run

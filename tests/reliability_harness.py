@@ -373,8 +373,8 @@ class MutationBench:
             # Oracle messages start with "<reference>:"; crashes ("probe x: ...") are never excused.
             known_gaps = [p for p in problems if p.split(":", 1)[0] in KNOWN_GAP_REFERENCES]
             problems = [p for p in problems if p not in known_gaps]
-        if seconds > RUN_TIMEOUT_S + 0.5:
-            problems.append(f"took {seconds:.2f} s against a {RUN_TIMEOUT_S} s deadline")
+        # The time against RUN_TIMEOUT_S is bench/reliability.py's to report, not a problem here:
+        # another process on the machine would move it.
         return Outcome(mutations, seconds, report, problems=problems, changed=changed, known_gaps=known_gaps)
 
 

@@ -17,7 +17,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -101,7 +100,7 @@ class Namespace:
     def python(self, code: str, *args: str, env: dict[str, str] | None = None) -> str:
         result = subprocess.run(
             [sys.executable, "-c", ENTER, self.name, sys.executable, "-c", code, *args],
-            capture_output=True, text=True, timeout=60, cwd=tempfile.gettempdir(), env={**os.environ, **(env or {})},
+            capture_output=True, text=True, timeout=60, cwd=self.home, env={**os.environ, **(env or {})},
         )
         assert result.returncode == 0, result.stderr
         return result.stdout
@@ -121,7 +120,7 @@ class Namespace:
         clean = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.home), **(env or {})}
         result = subprocess.run(
             [sys.executable, "-c", ENTER, self.name, *command],
-            capture_output=True, text=True, timeout=60, env=clean, cwd=tempfile.gettempdir(),
+            capture_output=True, text=True, timeout=60, env=clean, cwd=self.home,
         )
         assert result.returncode in (0, 1, 2), result.stderr
         report: dict[str, Any] = json.loads(result.stdout)

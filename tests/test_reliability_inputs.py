@@ -1,5 +1,6 @@
 """Untrusted inputs: ``preflight explain`` on binary, huge, endless-line, compressed-bomb and
-deeply repetitive logs stays in bounded memory and time with a clear answer; config files with a
+deeply repetitive logs stays in bounded memory with a clear answer, and finishes (each run's
+subprocess timeout is a hang guard; ``bench/reliability.py`` reports the wall times); config files with a
 wrong-typed value for every key fail with file, line and key, exit code 3, no traceback.
 
 Regex blow-up attempts against every catalogue signature are already covered where the
@@ -26,27 +27,27 @@ from preflight.config import _DNS_KEYS, _EXPECT_KEYS, _RUN_KEYS, ConfigError, pa
 MAX_RSS_MB = 150  # a prolog-sized process: the interpreter, the catalogue and one chunk of log
 
 
-def explain(*args: str) -> tuple[int, dict, str, float, float]:
+def explain(*args: str) -> tuple[int, dict, str, float]:
     result = measure([*preflight_command(), "explain", "--format", "json", *args], timeout=120)
     assert "Traceback" not in result.stderr, result.stderr[-2000:]
-    return result.returncode, json.loads(result.stdout), result.stderr, result.seconds, result.max_rss_mb
+    return result.returncode, json.loads(result.stdout), result.stderr, result.max_rss_mb
 
 
 def test_binary_input_is_named_and_skipped(tmp_path: Path) -> None:
     core = tmp_path / "core.1234"
     core.write_bytes(bytes(range(256)) * 4096)
-    code, report, _, seconds, rss = explain(str(core))
+    code, report, _, rss = explain(str(core))
     assert code == 3 and report["candidates"] == []
     assert any("binary data" in problem for problem in report["inputs"]["problems"]), report["inputs"]["problems"]
-    assert seconds < 10 and rss < MAX_RSS_MB
+    assert rss < MAX_RSS_MB
 
 
 def test_huge_sparse_file_is_rejected_without_reading_it(tmp_path: Path) -> None:
     huge = tmp_path / "huge.log"
     sparse_file(huge, 1 << 30)  # 1 GiB of NULs, no disk
-    code, report, _, seconds, rss = explain(str(huge))
+    code, report, _, rss = explain(str(huge))
     assert code == 3 and any("binary data" in problem for problem in report["inputs"]["problems"])
-    assert seconds < 10 and rss < MAX_RSS_MB
+    assert rss < MAX_RSS_MB
 
 
 def test_endless_line_is_scanned_in_pieces(tmp_path: Path) -> None:
@@ -58,9 +59,9 @@ def test_endless_line_is_scanned_in_pieces(tmp_path: Path) -> None:
     with open(endless, "wb") as handle:
         handle.write(b"x" * (40 << 20))
         handle.write(example.encode())
-    code, report, _, seconds, rss = explain(str(endless))
+    code, report, _, rss = explain(str(endless))
     assert code in (0, 1) and report["inputs"]["split_lines"] >= 40 * 16
-    assert seconds < 60 and rss < MAX_RSS_MB
+    assert rss < MAX_RSS_MB
 
 
 def test_repetitive_log_and_gzip_bomb_stay_bounded(tmp_path: Path) -> None:
@@ -69,16 +70,16 @@ def test_repetitive_log_and_gzip_bomb_stay_bounded(tmp_path: Path) -> None:
     the input, candidates are found."""
     log = tmp_path / "rank0.log"
     repetitive_log(log, 20 << 20)
-    code, report, _, seconds, rss = explain(str(log))
+    code, report, _, rss = explain(str(log))
     assert code == 1 and report["candidates"]
-    assert seconds < 90 and rss < MAX_RSS_MB
+    assert rss < MAX_RSS_MB
     bomb = tmp_path / "rank1.log.gz"
     with gzip.open(bomb, "wb", compresslevel=9) as handle:
         handle.write(log.read_bytes())
     assert os.path.getsize(bomb) * 20 < os.path.getsize(log)
-    code, report, _, seconds, rss = explain(str(bomb))
+    code, report, _, rss = explain(str(bomb))
     assert code == 1 and report["candidates"]
-    assert seconds < 90 and rss < MAX_RSS_MB
+    assert rss < MAX_RSS_MB
 
 
 def test_fifo_in_a_log_directory_is_not_waited_on(tmp_path: Path) -> None:
@@ -87,14 +88,14 @@ def test_fifo_in_a_log_directory_is_not_waited_on(tmp_path: Path) -> None:
     logs.mkdir()
     (logs / "rank0.log").write_text("NCCL INFO Bootstrap : Using eth0:10.0.0.1<0>\n")
     os.mkfifo(logs / "rank1.pipe")
-    code, report, _, seconds, _ = explain(str(logs))
-    assert code in (0, 1) and seconds < 30
+    code, report, _, _ = explain(str(logs))
+    assert code in (0, 1)  # measure()'s subprocess timeout is the hang guard
 
 
 def test_a_fifo_named_on_the_command_line_is_refused_not_waited_on(tmp_path: Path) -> None:
     pipe = tmp_path / "rank0.log"
     os.mkfifo(pipe)
-    code, report, stderr, _, _ = explain(str(pipe))  # a hang would end in explain()'s timeout
+    code, report, stderr, _ = explain(str(pipe))  # a hang would end in explain()'s timeout
     assert "not a regular file (a FIFO)" in json.dumps(report) + stderr
 
 
@@ -107,7 +108,7 @@ def test_a_gzip_bomb_is_not_inflated_in_full(tmp_path: Path) -> None:
         block = line * ((1 << 20) // len(line))
         for _ in range(1024):
             handle.write(block)
-    code, report, stderr, _, rss = explain(str(bomb))
+    code, report, stderr, rss = explain(str(bomb))
     assert "gzip bomb" in json.dumps(report) + stderr
     assert report["inputs"]["bytes"] < 300 << 20 and rss < MAX_RSS_MB
 

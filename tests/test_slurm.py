@@ -9,8 +9,7 @@ import socket
 import stat
 import subprocess
 import sys
-import tempfile
-import time
+import threading
 from pathlib import Path
 
 import jsonschema
@@ -289,9 +288,9 @@ def test_null_reason_is_no_reason() -> None:
 
 
 def test_run_command_is_bounded_and_reports_failures(tmp_path: Path) -> None:
-    began = time.monotonic()
+    # "timeout" is reported only when the 0.5 s limit cut the 30 s sleep short.
     slow = run_command([sys.executable, "-c", "import time; time.sleep(30)"], 0.5)
-    assert slow.status == "timeout" and time.monotonic() - began < 5
+    assert slow.status == "timeout"
     assert run_command([sys.executable, "-c", "import sys; print('no'); sys.exit(1)"], 10).status == "failed"
     assert run_command([str(tmp_path / "missing")], 10).status == "failed"
     assert run_command(["true"], 0).status == "not-run"
@@ -304,19 +303,22 @@ def test_syslog_line_reaches_the_socket_and_a_missing_socket_is_no_error(tmp_pat
         send_syslog(str(path), 27, "preflight: MEM001 (prolog job 1)")
         line = server.recv(4096).decode()
     assert line.startswith("<27>preflight[") and line.endswith("]: preflight: MEM001 (prolog job 1)")
-    began = time.monotonic()
-    send_syslog(str(tmp_path / "absent"), 27, "nobody listens")
-    assert time.monotonic() - began < 1
+    send_syslog(str(tmp_path / "absent"), 27, "nobody listens")  # returns, raises nothing
 
 
 def test_syslog_never_blocks_on_a_full_socket(tmp_path: Path) -> None:
     path = tmp_path / "full.socket"
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as server:
         server.bind(str(path))
-        began = time.monotonic()
-        for _ in range(2000):  # nobody reads: the queue fills, sends must fail fast instead of waiting
-            send_syslog(str(path), 27, "x" * 1000)
-        assert time.monotonic() - began < 10
+        def flood() -> None:
+            for _ in range(2000):  # nobody reads: the queue fills, sends must fail fast instead of waiting
+                send_syslog(str(path), 27, "x" * 1000)
+
+        # A send that waited would wait forever: the thread's 60 s join is only a hang guard.
+        sender = threading.Thread(target=flood, daemon=True)
+        sender.start()
+        sender.join(60)
+        assert not sender.is_alive(), "send_syslog waited on a full socket"
 
 
 def test_write_atomically_replaces_whole_files(tmp_path: Path) -> None:
@@ -434,9 +436,8 @@ def test_prolog_drain_can_be_switched_off(run_cli: Runner, example_root: Path, t
 
 def test_a_hung_scontrol_is_killed_and_never_retried(run_cli: Runner, example_root: Path, tmp_path: Path) -> None:
     site = Site(tmp_path, "timeout = 5.0\n", scontrol_sleep=60)
-    began = time.monotonic()
-    result = run_cli("slurm", "prolog", "--root", str(example_root), "--config", str(site.config), env=JOB)
-    assert time.monotonic() - began < 5 + 2
+    # scontrol would sleep 60 s: a run that waited for it would run into this 30 s hang guard.
+    result = run_cli("slurm", "prolog", "--root", str(example_root), "--config", str(site.config), env=JOB, timeout=30)
     assert result.returncode == 2
     assert len(site.made_calls()) == 1
     assert [a["status"] for a in site.result("prolog")["actions"]] == ["timeout"]  # type: ignore[index]
@@ -517,9 +518,9 @@ def test_hanging_probe_does_not_drain_by_default_but_does_fail_closed(run_cli: R
     nvml["calls"]["nvmlDeviceGetCount"] = {"hang": True}
     nvml_path.write_text(json.dumps(nvml))
     default = Site(tmp_path, "timeout = 5.0\n")
-    began = time.monotonic()
+    # The NVML call never returns: a verdict at all means the run stopped waiting for it
+    # (run_cli's subprocess timeout is only a hang guard; bench/deadlines.py times this run).
     result = run_cli("slurm", "prolog", "--root", str(clean_root), "--config", str(default.config), env=JOB)
-    assert time.monotonic() - began < 5 + 2
     assert result.returncode == 0 and default.result("prolog")["verdict"] == "undecided", result.stdout
     assert default.made_calls() == []
     closed_dir = tmp_path / "closed"
@@ -626,9 +627,8 @@ def test_healthcheck_leaves_the_node_alone_when_its_state_cannot_be_read(run_cli
 def test_healthcheck_before_slurmd_registers_does_not_hang(run_cli: Runner, tmp_path: Path) -> None:
     """The first run at slurmd start: scontrol can hang (NHC #159); the budget holds."""
     site = Site(tmp_path, "healthcheck_timeout = 8.0\n", show=show_node("IDLE"), scontrol_sleep=60)
-    began = time.monotonic()
-    result = run_cli("slurm", "healthcheck", "--root", str(EXAMPLE_ROOT), "--config", str(site.config), env={"SLURMD_NODENAME": "gpu017"})
-    assert time.monotonic() - began < 8 + 2
+    # scontrol would sleep 60 s: a run that waited for it would run into this 30 s hang guard.
+    result = run_cli("slurm", "healthcheck", "--root", str(EXAMPLE_ROOT), "--config", str(site.config), env={"SLURMD_NODENAME": "gpu017"}, timeout=30)
     assert result.returncode == 2 and "left alone" in result.stdout
     assert len(site.made_calls()) == 1
 
@@ -708,7 +708,7 @@ def test_slurm_config_writes_working_wrappers_into_wrapper_dir(run_cli: Runner, 
     assert stat.S_IMODE(wrapper.stat().st_mode) == 0o755
     # Point the generated wrapper at the clean recording; everything else is as generated.
     wrapper.write_text(wrapper.read_text().replace(" slurm prolog ", f" slurm prolog --root {clean_root} "))
-    ran = subprocess.run([str(wrapper)], capture_output=True, text=True, timeout=60, env=JOB, cwd=tempfile.gettempdir())
+    ran = subprocess.run([str(wrapper)], capture_output=True, text=True, timeout=60, env=JOB, cwd=tmp_path)
     assert ran.returncode == 0 and ran.stdout.startswith("preflight ok (prolog job 4242)"), ran.stdout + ran.stderr
 
 
@@ -739,7 +739,7 @@ def test_slurm_prolog_does_not_import_the_cli_framework(example_root: Path, site
     result = subprocess.run(
         [sys.executable, "-X", "importtime", "-c", "import sys; from preflight.cli.start import main; main(sys.argv[1:])",
          "slurm", "prolog", "--root", str(example_root), "--config", str(site.config)],
-        capture_output=True, text=True, timeout=60, cwd=tempfile.gettempdir(), env={**JOB, "SLURM_JOB_GPUS": "0"},
+        capture_output=True, text=True, timeout=60, cwd=site.base, env={**JOB, "SLURM_JOB_GPUS": "0"},
     )
     assert result.returncode == 2, result.stderr[-2000:]
     modules = {line.rsplit("|", 1)[1].strip().split(".")[0] for line in result.stderr.splitlines() if line.startswith("import time:") and "|" in line}

@@ -115,15 +115,20 @@ def test_cli_snapshot_and_replay_of_the_example(run_cli: Runner, tmp_path: Path)
     assert f"root {archive}" in table.stdout and "preflight-replay-" not in table.stdout
 
 
-def test_replay_leaves_no_temporary_copy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_replay_leaves_no_temporary_copy(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     archive = tmp_path / "node.tar.gz"
     take_snapshot(SnapshotArgs(output=str(archive), root=str(EXAMPLE_ROOT)))
-    before = set(Path(tempfile.gettempdir()).glob("preflight-replay-*"))
+    # The replay unpacks into tempfile's directory ($TMPDIR, else /tmp): this test's own, so that
+    # what other runs leave in /tmp meanwhile does not count.
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     with opened_root(str(archive)) as (directory, label):
         assert Path(directory).is_dir() and label == str(archive)
+        assert Path(directory).parent.parent == scratch
         assert oct(Path(directory).parent.stat().st_mode & 0o777) == "0o700"
     node_report(archive, capsys)
-    assert set(Path(tempfile.gettempdir()).glob("preflight-replay-*")) == before
+    assert list(scratch.iterdir()) == []
 
 
 def test_site_config_given_to_snapshot_is_replayed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -205,7 +210,7 @@ def test_snapshot_of_a_network_namespace_replays_to_the_live_findings(tmp_path: 
         def inside(*args: str) -> subprocess.CompletedProcess[str]:
             return subprocess.run(
                 [sys.executable, "-c", ENTER, name, *preflight_command(), *args],
-                capture_output=True, text=True, timeout=120, env=clean, cwd=tempfile.gettempdir(),
+                capture_output=True, text=True, timeout=120, env=clean, cwd=tmp_path,
             )
 
         archive = tmp_path / "netns.tar.gz"
@@ -217,7 +222,7 @@ def test_snapshot_of_a_network_namespace_replays_to_the_live_findings(tmp_path: 
         netns.remove(name)
     replay = subprocess.run(
         [*preflight_command(), "node", "--root", str(archive), "--select", "NET", "--format", "json", "--config", str(config)],
-        capture_output=True, text=True, timeout=60, cwd=tempfile.gettempdir(),
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
     )
     live_report, replayed = json.loads(live.stdout), json.loads(replay.stdout)
     assert {("NET001", "docker0"), ("NET004", "10.98.0.5"), ("NET004", "10.60.0.1"), ("NET005", "ens2f0")} <= present(live_report)
@@ -303,7 +308,7 @@ def test_nvml_answers_errors_and_hangs_are_recorded(tmp_path: Path) -> None:
     import threading
 
     threading.Thread(target=lambda: recorders.nvml.call("nvmlDeviceGetName", 1), daemon=True).start()  # type: ignore[union-attr]
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60  # a hang guard: the call is recorded as soon as it starts
     while not recorders.nvml.document()["calls"].get("nvmlDeviceGetName") and time.monotonic() < deadline:
         time.sleep(0.01)
     document = recorders.nvml.document()
@@ -424,13 +429,11 @@ def test_the_scrub_key_never_enters_the_snapshot(run_cli: Runner, tmp_path: Path
     assert "PREFLIGHT_SCRUB_KEY" in manifest["redacted_environment"] and manifest["scrub"]["key"] == "given"
 
 
-# -- size and time --------------------------------------------------------------------------------
-def test_snapshot_of_the_8_gpu_example_is_small_and_fast(tmp_path: Path) -> None:
+# -- size (its time against the 1 s target is bench/snapshot.py's figure) ------------------------
+def test_snapshot_of_the_8_gpu_example_is_small(tmp_path: Path) -> None:
     archive = tmp_path / "node.tar.gz"
-    take_snapshot(SnapshotArgs(output=str(archive), root=str(EXAMPLE_ROOT)))  # warm imports
-    seconds = min(take_snapshot(SnapshotArgs(output=str(archive), root=str(EXAMPLE_ROOT))).seconds for _ in range(3))
-    assert archive.stat().st_size <= 1_000_000
-    assert seconds <= 1.0
+    result = take_snapshot(SnapshotArgs(output=str(archive), root=str(EXAMPLE_ROOT)))
+    assert archive.stat().st_size == result.size <= 1_000_000
 
 
 def test_unwritable_destination_is_a_clear_error(run_cli: Runner, tmp_path: Path) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import tarfile
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -40,35 +39,39 @@ def add_entry(tar: tarfile.TarFile, name: str, kind: bytes, target: str = "") ->
     tar.addfile(info)
 
 
-BAD_ARCHIVES: dict[str, tuple[Build, str]] = {
-    "parent-traversal": (lambda tar: add_file(tar, "../escaped"), "'..' in its path"),
-    "nested-traversal": (lambda tar: add_file(tar, "sys/../../escaped"), "'..' in its path"),
-    "absolute-member": (lambda tar: add_file(tar, "/tmp/escaped"), "absolute path"),
-    "link-out-of-archive": (lambda tar: add_entry(tar, "sys/class/x", tarfile.SYMTYPE, "../../../../etc"), "points outside the snapshot"),
+#: Each builder gets a directory outside the snapshot (the test's own) to aim absolute paths at.
+BAD_ARCHIVES: dict[str, tuple[Callable[[tarfile.TarFile, str], object], str]] = {
+    "parent-traversal": (lambda tar, outside: add_file(tar, "../escaped"), "'..' in its path"),
+    "nested-traversal": (lambda tar, outside: add_file(tar, "sys/../../escaped"), "'..' in its path"),
+    "absolute-member": (lambda tar, outside: add_file(tar, f"{outside}/escaped"), "absolute path"),
+    "link-out-of-archive": (lambda tar, outside: add_entry(tar, "sys/class/x", tarfile.SYMTYPE, "../../../../etc"), "points outside the snapshot"),
     "write-through-link": (
-        lambda tar: (add_entry(tar, "etc", tarfile.SYMTYPE, "/tmp"), add_file(tar, "etc/escaped")),
+        lambda tar, outside: (add_entry(tar, "etc", tarfile.SYMTYPE, outside), add_file(tar, "etc/escaped")),
         "passes through a non-directory entry",
     ),
-    "hard-link": (lambda tar: (add_file(tar, "a"), add_entry(tar, "b", tarfile.LNKTYPE, "a")), "hard link entries are not allowed"),
-    "device": (lambda tar: add_entry(tar, "dev/sda", tarfile.BLKTYPE), "device entries are not allowed"),
-    "fifo": (lambda tar: add_entry(tar, "run/fifo", tarfile.FIFOTYPE), "FIFO entries are not allowed"),
-    "duplicate": (lambda tar: (add_file(tar, "etc/hosts"), add_file(tar, "etc/hosts")), "duplicate entry"),
-    "file-over-directory": (lambda tar: (add_file(tar, "etc"), add_file(tar, "etc/hosts")), "passes through a non-directory entry"),
-    "empty-link-target": (lambda tar: add_entry(tar, "x", tarfile.SYMTYPE, ""), "empty link target"),
+    "hard-link": (lambda tar, outside: (add_file(tar, "a"), add_entry(tar, "b", tarfile.LNKTYPE, "a")), "hard link entries are not allowed"),
+    "device": (lambda tar, outside: add_entry(tar, "dev/sda", tarfile.BLKTYPE), "device entries are not allowed"),
+    "fifo": (lambda tar, outside: add_entry(tar, "run/fifo", tarfile.FIFOTYPE), "FIFO entries are not allowed"),
+    "duplicate": (lambda tar, outside: (add_file(tar, "etc/hosts"), add_file(tar, "etc/hosts")), "duplicate entry"),
+    "file-over-directory": (lambda tar, outside: (add_file(tar, "etc"), add_file(tar, "etc/hosts")), "passes through a non-directory entry"),
+    "empty-link-target": (lambda tar, outside: add_entry(tar, "x", tarfile.SYMTYPE, ""), "empty link target"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(BAD_ARCHIVES))
 def test_unsafe_members_are_refused(case: str, tmp_path: Path, run_cli: Runner) -> None:
     build, message = BAD_ARCHIVES[case]
-    archive = make_tar(tmp_path / f"{case}.tar.gz", build)
-    before = set(Path(tempfile.gettempdir()).glob("preflight-replay-*"))
-    result = run_cli("node", "--root", str(archive), "--format", "json")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    archive = make_tar(tmp_path / f"{case}.tar.gz", lambda tar: build(tar, str(outside)))
+    scratch = tmp_path / "scratch"  # the replay's $TMPDIR: this test's own, not the shared /tmp
+    scratch.mkdir()
+    result = run_cli("node", "--root", str(archive), "--format", "json", env={"TMPDIR": str(scratch)})
     assert result.returncode == 3, result.stdout
     assert result.stderr.startswith(f"preflight: error: --root {archive}: ") and message in result.stderr
     assert "Traceback" not in result.stderr and result.stdout == ""
-    assert not Path("/tmp/escaped").exists() and not (tmp_path / "escaped").exists()
-    assert set(Path(tempfile.gettempdir()).glob("preflight-replay-*")) == before
+    assert list(outside.iterdir()) == [] and not (tmp_path / "escaped").exists()
+    assert list(scratch.iterdir()) == []  # the private directory is gone
 
 
 def test_garbage_and_truncated_archives(tmp_path: Path, run_cli: Runner) -> None:
