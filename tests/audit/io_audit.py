@@ -90,7 +90,7 @@ SOURCE_PACKAGES = ("preflight.sources.",)
 PREFLIGHT_PREFIXES = ("preflight.", "preflight_site_checks_")
 
 #: The import machinery: reads it does for an import statement are not the importer's I/O.
-IMPORT_MACHINERY = ("importlib._bootstrap", "zipimport")
+IMPORT_MACHINERY = ("importlib._bootstrap", "_frozen_importlib", "zipimport")
 #: ... nor are reads of the program's own source for a traceback or a warning.
 OWN_CODE_READERS = (*IMPORT_MACHINERY, "linecache", "tokenize")
 
