@@ -197,7 +197,7 @@ def in_process_rows(work: Path, runs: int) -> list[Row]:
 
 # -- the Slurm boundary ------------------------------------------------------------------------
 def slurm_site(work: Path, name: str, extra: str, scontrol_sleep: float) -> str:
-    """A config and a stand-in scontrol that sleeps (as tests/test_slurm.py's Site)."""
+    """A config and a stand-in scontrol that sleeps (as tests/slurm/test_slurm.py's Site)."""
     base = work / name
     base.mkdir()
     scontrol = base / "scontrol"

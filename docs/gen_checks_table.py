@@ -9,7 +9,7 @@ check::
     .venv/bin/python docs/gen_checks_table.py           # rewrite docs/checks.md
     .venv/bin/python docs/gen_checks_table.py --check   # exit 1 when docs/checks.md is stale
 
-``tests/test_docs.py`` regenerates the table and compares it with the committed file, so a stale
+``tests/docs/test_docs.py`` regenerates the table and compares it with the committed file, so a stale
 table fails the test suite.
 """
 

@@ -31,7 +31,7 @@ ENTRY_POINT_GROUP = "preflight.checks"
 
 #: Built-in modules a prolog run does not import: their checks run in the full profile only and
 #: their probes are gathered only there or by such checks (~20 ms saved before every job);
-#: tests/test_engine.py keeps this list true.
+#: tests/engine/test_engine.py keeps this list true.
 FULL_ONLY_MODULES = frozenset({
     "preflight.probes.fabric", "preflight.probes.interfaces", "preflight.probes.nccl_platform",
     "preflight.probes.p2p", "preflight.probes.routing", "preflight.probes.nccl_socket", "preflight.checks.net",

@@ -211,3 +211,7 @@ def run_cli(tmp_path_factory: pytest.TempPathFactory) -> Runner:
         )
 
     return run
+
+
+#: Libraries the prolog and fleet paths must not import (tests/cli/test_import_cost.py, tests/slurm/test_slurm.py).
+HEAVY = {"typer", "pydantic", "rich", "click", "pyroute2", "dns", "pynvml", "pyudev", "tabulate"}

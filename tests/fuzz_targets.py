@@ -3,7 +3,7 @@ recordings inside them (NVML, netlink, DNS, devices, statvfs, read errors), site
 fleet reports. Each target takes one input and returns normally when preflight either used it
 or refused it with its own error; any other exception is a bug (the target lets it through).
 
-``tests/test_fuzz_untrusted.py`` runs them under hypothesis, bounded for CI; ``bench/fuzz.py``
+``tests/reliability/test_fuzz_untrusted.py`` runs them under hypothesis, bounded for CI; ``bench/fuzz.py``
 runs many more seeded inputs with time and memory measured.
 """
 

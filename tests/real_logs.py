@@ -1,6 +1,6 @@
 """The real-log corpus (``tests/data/real-logs``) and how ``explain`` scores on it.
 
-Used by ``tests/test_explain_real_logs.py`` (the held-back figures CI guards) and by
+Used by ``tests/explain/test_explain_real_logs.py`` (the held-back figures CI guards) and by
 ``bench/explain_accuracy.py`` (the figures, and per-log results of the development part only).
 """
 

@@ -1,4 +1,4 @@
-"""The machinery of the reliability tests (``tests/test_reliability_*.py``), shared with
+"""The machinery of the reliability tests (``tests/reliability/test_reliability_*.py``), shared with
 ``bench/reliability.py``, which runs the same checks at larger scale: mutated recorded roots,
 sources that hang (:class:`HungSources`), and measured commands for untrusted inputs
 (:func:`measure`).

@@ -413,5 +413,5 @@ def fabric_manager_process(root: str) -> None:
 
 if __name__ == "__main__":
     # The argument is the directory that receives the root, as for every generator, so that
-    # tests/test_fixture_generators.py can run them all alike.
+    # tests/nodes/test_fixture_generators.py can run them all alike.
     build(os.path.join(sys.argv[1] if len(sys.argv) > 1 else HERE, "hgx-h100"))

@@ -11,7 +11,7 @@ and the fields the comparison table reads, so nothing here re-declares a fact. T
 decide speed, never a verdict: a report that does not fit them (an object where a list is
 declared, a finding with an unknown status, one probe's malformed facts) is decoded whole instead
 and judged by the careful path in :mod:`preflight.fleet.load`, which names what is wrong or
-leaves that probe's facts unknown. ``tests/test_fleet_shape.py`` audits every recorded report and many mutated ones
+leaves that probe's facts unknown. ``tests/fleet/test_fleet_shape.py`` audits every recorded report and many mutated ones
 both ways and requires the same result.
 """
 

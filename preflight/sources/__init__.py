@@ -1,6 +1,6 @@
 """The only code that touches the node. Probes receive these sources by parameter name
 (``fs``, ``nvml``, ``netlink``, ``dns``, ``clock``) and never open files, sockets or libraries
-themselves; ``tests/test_no_direct_io.py`` enforces that.
+themselves; ``tests/reliability/test_no_direct_io.py`` enforces that.
 
 ``Sources.for_node(root)`` (or ``for_fs`` around an opened view) builds the live set for ``/`` and the replay set for a recorded root:
 NVML, netlink and DNS answers replay from ``<root>/.preflight/{nvml,netlink,dns}.json``; without a

@@ -24,7 +24,7 @@ whether the module is loaded is decided from ``/sys/module`` (its absence there 
 ``/sys/module`` itself was captured), never from a class directory a capture may have skipped.
 
 Probes that add a source add its units here. The reliability property
-(``tests/test_capture_units.py``) deletes each unit from every recorded root and requires that
+(``tests/sources/test_capture_units.py``) deletes each unit from every recorded root and requires that
 no finding becomes ``present`` and no ``unknown`` becomes ``absent``.
 """
 

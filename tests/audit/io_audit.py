@@ -27,7 +27,7 @@ What an audit hook cannot see: CPython raises no event for ``os.stat``/``lstat``
 ``os.path.exists``/``isfile``/``isdir``, ``Path.exists()``/``is_file()``/``stat()``/``resolve()``,
 ``os.readlink``, ``os.access``, ``os.statvfs``, ``resource.getrlimit``, ``pwd``/``grp`` look-ups or
 ``os.environ`` reads, nor for a module loaded through ``importlib.import_module`` (its loader
-skips the ``import`` event). ``tests/test_no_direct_io.py`` keeps a small AST check for exactly
+skips the ``import`` event). ``tests/reliability/test_no_direct_io.py`` keeps a small AST check for exactly
 those, in check and probe modules only.
 
 This module imports nothing beyond ``os``, ``sys`` and ``types``: it loads into every Python

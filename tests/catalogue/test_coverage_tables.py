@@ -1,0 +1,74 @@
+"""The coverage tables in references/coverage: every failure-message format that NCCL and the
+programs printing into the same logs (PyTorch, Gloo, aws-ofi-nccl, GDRCopy, UCX) can write has a
+decision, either a reference or "generic" with a reason, and the signatures of the decided
+reference match a line rendered from that format. A new release's formats, extracted again,
+fail this test until someone decides them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from preflight.catalogue import load_all
+
+COVERAGE = Path(__file__).resolve().parents[2] / "references" / "coverage"
+TABLES = sorted(path for path in COVERAGE.glob("*.toml") if not path.name.startswith("proposed"))
+REFERENCES = {reference.id: reference for reference in load_all()}
+
+
+def _formats(table: Path) -> list[dict]:  # type: ignore[type-arg]
+    return list(tomllib.loads(table.read_text())["format"])
+
+
+def test_tables_exist_for_every_actor() -> None:
+    assert {path.stem for path in TABLES} >= {"nccl", "pytorch", "gloo", "aws-ofi-nccl", "gdrcopy", "ucx"}
+
+
+@pytest.mark.parametrize("table", TABLES, ids=lambda path: path.stem)
+def test_every_format_has_a_decision(table: Path) -> None:
+    undecided = []
+    for entry in _formats(table):
+        decision = entry.get("decision")
+        if decision == "generic":
+            if not str(entry.get("reason", "")).strip():
+                undecided.append(f"{entry['text']!r}: generic without a reason")
+        elif decision not in REFERENCES:
+            undecided.append(f"{entry['text']!r}: decision {decision!r} is neither a reference nor 'generic'")
+    assert not undecided, "\n".join(undecided[:20])
+
+
+@pytest.mark.parametrize("table", TABLES, ids=lambda path: path.stem)
+def test_decided_formats_are_matched_by_their_reference(table: Path) -> None:
+    """The rendered example of each format decided to a reference matches one of that
+    reference's signatures: a wording a release prints is never left to chance."""
+    unmatched = []
+    for entry in _formats(table):
+        reference = REFERENCES.get(entry.get("decision", ""))
+        if reference is None:
+            continue
+        example = entry.get("example", "")
+        assert example, f"{table.stem}: {entry['text']!r} is decided to {reference.id} but has no example line"
+        if not any(re.search(signature["pattern"], example) for signature in reference.signatures):
+            unmatched.append(f"{reference.id}: {example}")
+    assert not unmatched, f"{len(unmatched)} decided formats match no signature of their reference:\n" + "\n".join(unmatched[:20])
+
+
+def test_nccl_table_decides_exactly_the_extracted_formats() -> None:
+    extracted = json.loads((COVERAGE / "nccl-formats.json").read_text())
+    texts = [item["text"] for item in extracted["formats"]]
+    decided = [entry["text"] for entry in _formats(COVERAGE / "nccl.toml")]
+    assert len(texts) == len(set(texts))
+    missing = sorted(set(texts) - set(decided))
+    stale = sorted(set(decided) - set(texts))
+    assert not missing, f"{len(missing)} extracted NCCL formats have no decision, e.g. {missing[:5]}"
+    assert not stale, f"{len(stale)} decisions for formats no longer extracted, e.g. {stale[:5]}"
+
+
+def test_nccl_extraction_covers_the_releases_the_issue_names() -> None:
+    tags = json.loads((COVERAGE / "nccl-formats.json").read_text())["tags"]
+    assert tags[0].startswith("v2.18.") and len(tags) >= 20

@@ -1,0 +1,290 @@
+"""Layer 3: every check on hand-built facts, with a present and an absent case per reference.
+
+Facts start from the example node's probes (so they are realistic) and are varied with
+``msgspec.structs.replace``.
+"""
+
+from __future__ import annotations
+
+from msgspec.structs import replace
+from pathlib import Path
+
+import pytest
+
+from preflight.probes.gpudirect import DeviceNode, GpuDirectFacts, JobIdentity, probe_gpudirect
+from preflight.checks.gdr import gdrcopy_driver_unusable, gpudirect_rdma_unavailable
+from preflight.probes.gpu_health import GpuHealthFacts, probe_gpu_health
+from preflight.probes.gpus import GpuFacts, probe_gpus
+from preflight.checks.gpu import gpu_unusable_by_driver
+from preflight.probes.hostname import HostnameFacts, HostsEntry
+from preflight.checks.dns import hostname_resolution_broken
+from preflight.probes.job import JobFacts, NcclConfFile
+from preflight.probes.nccl_libs import NcclCopy, NcclLibFacts
+from preflight.probes.memlock import Limit, MemlockFacts, PamLimit, probe_memlock
+from preflight.checks.mem import memlock_limit_too_low, nccl_buffsize_exceeds_pinned_memory
+from preflight.config import Expectations
+from preflight.model import NotApplicable, Severity, Status, Unknown
+from preflight.sources import NodeFS, Sources
+from preflight.sources.dns import DnsAnswer
+from preflight.units import UNLIMITED
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "nodes" / "hgx-h100"
+GIB = 1 << 30
+
+
+@pytest.fixture(scope="module")
+def memlock() -> MemlockFacts:
+    return probe_memlock(NodeFS(str(EXAMPLE)))
+
+
+@pytest.fixture(scope="module")
+def gpudirect() -> GpuDirectFacts:
+    return probe_gpudirect(NodeFS(str(EXAMPLE)))
+
+
+@pytest.fixture(scope="module")
+def gpus() -> GpuFacts:
+    return probe_gpus(NodeFS(str(EXAMPLE)), Sources.for_node(str(EXAMPLE)).nvml)
+
+
+@pytest.fixture(scope="module")
+def health() -> GpuHealthFacts:
+    return probe_gpu_health(Sources.for_node(str(EXAMPLE)).nvml)
+
+
+def job(environ: dict[str, str] | None = None, conf: dict[str, str] | None = None) -> JobFacts:
+    files = (NcclConfFile("/etc/nccl.conf", tuple((conf or {}).items())),)
+    return JobFacts(environ or {}, "", files)
+
+
+def unlimited(memlock: MemlockFacts) -> MemlockFacts:
+    good = Limit(UNLIMITED, UNLIMITED, "/proc/self/limits")
+    return replace(memlock, process=good, slurmd=replace(good, source="/proc/2187/limits"), memlock_propagated=False)
+
+
+# MEM001 ------------------------------------------------------------------------------------
+def test_mem001_present_for_slurmd_process_and_propagation(memlock: MemlockFacts) -> None:
+    found = list(memlock_limit_too_low(memlock, job(), Expectations()))
+    assert {o.subject for o in found} == {"process", "slurmd", "slurm.conf"}
+    slurmd = next(o for o in found if o.subject == "slurmd")
+    assert slurmd.evidence[0].source == "/proc/2187/limits" and "8 MiB" in slurmd.evidence[0].observed
+    assert next(o for o in found if o.subject == "slurm.conf").severity is Severity.WARNING
+
+
+def test_mem001_prolog_reports_slurmd_not_its_own_copy_of_the_limit(memlock: MemlockFacts) -> None:
+    prolog = job(environ={"SLURM_SCRIPT_CONTEXT": "prolog_slurmd"})
+    assert {o.subject for o in memlock_limit_too_low(memlock, prolog, Expectations())} == {"slurmd", "slurm.conf"}
+    task_prolog = job(environ={"SLURM_SCRIPT_CONTEXT": "prolog_task"})  # runs inside the job
+    assert "process" in {o.subject for o in memlock_limit_too_low(memlock, task_prolog, Expectations())}
+
+
+def test_mem001_absent_when_unlimited_and_not_propagated(memlock: MemlockFacts) -> None:
+    assert list(memlock_limit_too_low(unlimited(memlock), job(), Expectations())) == []
+
+
+def test_mem001_site_minimum_accepts_finite_limits(memlock: MemlockFacts) -> None:
+    finite = replace(unlimited(memlock), slurmd=Limit(64 * GIB, 64 * GIB, "/proc/2187/limits"))
+    assert list(memlock_limit_too_low(finite, job(), Expectations(memlock_min=32 * GIB))) == []
+    assert [o.subject for o in memlock_limit_too_low(finite, job(), Expectations())] == ["slurmd"]
+
+
+def test_mem001_unit_file_when_slurmd_not_running(memlock: MemlockFacts) -> None:
+    stopped = replace(unlimited(memlock), slurmd=None, slurmd_pid=None)
+    found = list(memlock_limit_too_low(stopped, job(), Expectations()))
+    assert [o.subject for o in found] == ["slurmd.service"]
+    with_limit = replace(stopped, slurmd_unit_limit=Limit(UNLIMITED, UNLIMITED, "/etc/systemd/system/slurmd.service.d/memlock.conf"))
+    assert list(memlock_limit_too_low(with_limit, job(), Expectations())) == []
+
+
+def test_mem001_pam_limits_and_not_applicable_without_rdma(memlock: MemlockFacts) -> None:
+    pam = replace(unlimited(memlock), pam_limits=(PamLimit("*", "hard", 64 << 10, "/etc/security/limits.conf:9"),))
+    assert [o.subject for o in memlock_limit_too_low(pam, job(), Expectations())] == ["limits.conf *"]
+    with pytest.raises(NotApplicable):
+        list(memlock_limit_too_low(replace(memlock, rdma_devices=()), job(), Expectations()))
+
+
+def test_mem001_unreadable_limits_is_unknown_not_absent(memlock: MemlockFacts) -> None:
+    facts = replace(unlimited(memlock), slurmd=None, problems=("/proc/2187/limits: permission denied (EACCES); needs root",))
+    found = list(memlock_limit_too_low(facts, job(), Expectations()))
+    assert [(o.status, o.subject) for o in found] == [(Status.UNKNOWN, "/proc/2187/limits")]
+
+
+# MEM002 ------------------------------------------------------------------------------------
+def test_mem002_present_when_buffsize_exceeds_memlock(memlock: MemlockFacts, gpudirect: GpuDirectFacts) -> None:
+    found = list(nccl_buffsize_exceeds_pinned_memory(job(conf={"NCCL_BUFFSIZE": "268435456"}), memlock, gpudirect))
+    assert len(found) == 1 and found[0].evidence[0].source == "/etc/nccl.conf NCCL_BUFFSIZE"
+
+
+def test_mem002_absent_with_default_or_modest_buffsize(memlock: MemlockFacts, gpudirect: GpuDirectFacts) -> None:
+    assert list(nccl_buffsize_exceeds_pinned_memory(job(), memlock, gpudirect)) == []
+    modest = job(environ={"NCCL_BUFFSIZE": "8388608"})
+    assert list(nccl_buffsize_exceeds_pinned_memory(modest, unlimited(memlock), gpudirect)) == []
+
+
+def test_mem002_environment_wins_and_host_memory_bound(memlock: MemlockFacts, gpudirect: GpuDirectFacts) -> None:
+    huge = job(environ={"NCCL_BUFFSIZE": str(8 * GIB)}, conf={"NCCL_BUFFSIZE": "4194304"})
+    found = list(nccl_buffsize_exceeds_pinned_memory(huge, unlimited(memlock), gpudirect))
+    assert len(found) == 1 and found[0].severity is Severity.WARNING
+    assert found[0].evidence[0].source == "/proc/self/environ NCCL_BUFFSIZE"
+
+
+def test_mem002_garbage_value_is_present(memlock: MemlockFacts, gpudirect: GpuDirectFacts) -> None:
+    found = list(nccl_buffsize_exceeds_pinned_memory(job(environ={"NCCL_BUFFSIZE": "4MB"}), unlimited(memlock), gpudirect))
+    assert found and "4MB" in found[0].evidence[0].observed
+
+
+# GDR001 ------------------------------------------------------------------------------------
+NCCL_2_28 = NcclLibFacts((NcclCopy("/usr/lib/x86_64-linux-gnu/libnccl.so.2.28.9", "2.28.9", "system"),), ())
+NCCL_2_21 = NcclLibFacts((NcclCopy("/usr/lib/x86_64-linux-gnu/libnccl.so.2.21.5", "2.21.5", "system"),), ())
+
+
+def test_gdr001_present_without_peermem_on_proprietary_driver(gpudirect: GpuDirectFacts) -> None:
+    found = list(gpudirect_rdma_unavailable(gpudirect, job(), NCCL_2_28))
+    assert [o.subject for o in found] == ["node"]
+
+
+def test_gdr001_absent_with_peermem_or_dmabuf(gpudirect: GpuDirectFacts) -> None:
+    with_peermem = replace(gpudirect, peer_memory_files=("/sys/module/nvidia_peermem/version",))
+    assert list(gpudirect_rdma_unavailable(with_peermem, job(), NCCL_2_28)) == []
+    with_peer_client = replace(gpudirect, peer_memory_files=("/sys/kernel/mm/memory_peers/nv_mem/version", "/sys/module/nvidia_peermem/version"))
+    assert list(gpudirect_rdma_unavailable(with_peer_client, job(), NCCL_2_21)) == []
+    open_modules = replace(gpudirect, driver_flavour="open")
+    assert list(gpudirect_rdma_unavailable(open_modules, job(), NCCL_2_28)) == []
+    disabled = job(environ={"NCCL_DMABUF_ENABLE": "0"})
+    assert len(list(gpudirect_rdma_unavailable(open_modules, disabled, NCCL_2_28))) == 1
+    old_kernel = replace(open_modules, kernel_release="4.18.0-553.el8.x86_64")
+    assert len(list(gpudirect_rdma_unavailable(old_kernel, job(), NCCL_2_28))) == 1
+
+
+def test_gdr001_nvidia_peermem_alone_with_nccl_before_2_23_4(gpudirect: GpuDirectFacts) -> None:
+    with_peermem = replace(gpudirect, peer_memory_files=("/sys/module/nvidia_peermem/version",))
+    [found] = gpudirect_rdma_unavailable(with_peermem, job(), NCCL_2_21)
+    assert found.subject == "/usr/lib/x86_64-linux-gnu/libnccl.so.2.21.5" and "2.23.4" in found.evidence[0].expected
+    unnamed = NcclLibFacts((NcclCopy("/opt/nccl/lib/libnccl.so.2", None, "system"),), ())
+    [found] = gpudirect_rdma_unavailable(with_peermem, job(), unnamed)
+    assert found.status is Status.UNKNOWN and "not named" in found.reason
+    assert list(gpudirect_rdma_unavailable(replace(with_peermem, driver_flavour="open"), job(), NCCL_2_21)) == []  # DMA-BUF instead
+
+
+def test_gdr001_not_applicable_without_driver_or_rdma(gpudirect: GpuDirectFacts) -> None:
+    with pytest.raises(NotApplicable):
+        list(gpudirect_rdma_unavailable(replace(gpudirect, nvidia_driver=None, nvidia_loaded=False), job(), NCCL_2_28))
+    with pytest.raises(NotApplicable):
+        list(gpudirect_rdma_unavailable(replace(gpudirect, rdma_devices=()), job(), NCCL_2_28))
+
+
+def test_gdr001_unknown_where_a_source_was_not_read(gpudirect: GpuDirectFacts) -> None:
+    """Missing is not empty: no driver, no RDMA class, no peer-memory client are claims that
+    need their source; unread, each makes GDR001 unknown, never not_applicable or present."""
+    why = ("/sys/module/nvidia: not captured: this root has no /sys/module (kernel modules)",)
+    with pytest.raises(Unknown, match="not captured"):
+        list(gpudirect_rdma_unavailable(replace(gpudirect, nvidia_driver=None, nvidia_loaded=None, problems=why), job(), NCCL_2_28))
+    with pytest.raises(Unknown):
+        list(gpudirect_rdma_unavailable(replace(gpudirect, rdma_devices=None), job(), NCCL_2_28))
+    unread = replace(gpudirect, peer_memory_unknown=("/sys/kernel/mm/memory_peers/nv_mem/version",))
+    with pytest.raises(Unknown, match="neither GPUDirect path is confirmed"):
+        list(gpudirect_rdma_unavailable(unread, job(), NCCL_2_28))
+    with pytest.raises(Unknown):
+        list(gpudirect_rdma_unavailable(replace(gpudirect, kernel_release=None), job(), NCCL_2_28))
+    # an open driver on a new kernel needs no peer client: unread peer files change nothing
+    assert list(gpudirect_rdma_unavailable(replace(unread, driver_flavour="open"), job(), NCCL_2_28)) == []
+
+
+# GDR002 ------------------------------------------------------------------------------------
+def test_gdr002_present_when_enabled_without_gdrdrv(gpudirect: GpuDirectFacts) -> None:
+    found = list(gdrcopy_driver_unusable(gpudirect, job(conf={"NCCL_GDRCOPY_ENABLE": "1"})))
+    assert [o.subject for o in found] == ["gdrdrv"]
+
+
+def test_gdr002_device_node_missing_or_not_accessible(gpudirect: GpuDirectFacts) -> None:
+    loaded = replace(gpudirect, gdrdrv_loaded=True)
+    enabled = job(environ={"NCCL_GDRCOPY_ENABLE": "1"})
+    assert [o.subject for o in gdrcopy_driver_unusable(loaded, enabled)] == ["/dev/gdrdrv"]
+    node = DeviceNode("/dev/gdrdrv", 0o20660, 0, 44)
+    alice = JobIdentity(1001, (1001, 996), "SLURM_JOB_UID")
+    locked = replace(loaded, gdrdrv_node=node, job_identity=alice)
+    found = list(gdrcopy_driver_unusable(locked, enabled))
+    assert found and "crw-rw----" in found[0].evidence[1].observed
+    member = replace(locked, job_identity=JobIdentity(1001, (1001, 44), "SLURM_JOB_UID"))
+    assert list(gdrcopy_driver_unusable(member, enabled)) == []
+
+
+def test_gdr002_absent_when_not_requested(gpudirect: GpuDirectFacts) -> None:
+    assert list(gdrcopy_driver_unusable(gpudirect, job())) == []
+    assert list(gdrcopy_driver_unusable(gpudirect, job(environ={"NCCL_GDRCOPY_ENABLE": "0"}))) == []
+
+
+# GPU001 ------------------------------------------------------------------------------------
+def test_gpu001_absent_on_healthy_node(gpus: GpuFacts, health: GpuHealthFacts) -> None:
+    assert len(gpus.devices) == 8 and len(gpus.pci_gpus) == 8 and len(health.gpus) == 8
+    assert list(gpu_unusable_by_driver(gpus, health, Expectations(gpu_count=8))) == []
+
+
+def test_gpu001_lost_gpu_missing_gpu_and_version_mismatch(gpus: GpuFacts, health: GpuHealthFacts) -> None:
+    lost = replace(gpus, devices=gpus.devices[:3] + (replace(gpus.devices[3], error="NVML_ERROR_GPU_IS_LOST"),) + gpus.devices[4:])
+    assert [o.subject for o in gpu_unusable_by_driver(lost, health, Expectations())] == ["GPU3"]
+    missing = replace(gpus, devices=gpus.devices[:7])
+    found = list(gpu_unusable_by_driver(missing, health, Expectations()))
+    assert found and gpus.pci_gpus[7] in found[0].evidence[1].observed
+    mismatch = replace(gpus, nvml_error="NVML_ERROR_LIB_RM_VERSION_MISMATCH", nvml_detail="RM has detected an NVML/RM version mismatch.", devices=())
+    assert [o.subject for o in gpu_unusable_by_driver(mismatch, health, Expectations())] == ["node"]
+    assert [o.subject for o in gpu_unusable_by_driver(gpus, health, Expectations(gpu_count=16))] == ["node"]
+
+
+def test_gpu001_lost_in_a_health_query_is_present_once(gpus: GpuFacts, health: GpuHealthFacts) -> None:
+    lost_ecc = replace(health, gpus=health.gpus[:5] + (replace(health.gpus[5], volatile_error="NVML_ERROR_GPU_IS_LOST"),) + health.gpus[6:])
+    (found,) = gpu_unusable_by_driver(gpus, lost_ecc, Expectations())
+    assert found.subject == "GPU5" and found.evidence[0].source == "nvmlDeviceGetTotalEccErrors"
+    both = replace(gpus, devices=gpus.devices[:5] + (replace(gpus.devices[5], error="NVML_ERROR_GPU_IS_LOST"),) + gpus.devices[6:])
+    assert [o.subject for o in gpu_unusable_by_driver(both, lost_ecc, Expectations())] == ["GPU5"]
+
+
+def test_gpu001_persistence_off_is_one_warning(gpus: GpuFacts, health: GpuHealthFacts) -> None:
+    off = replace(health, gpus=tuple(replace(gpu, persistence=gpu.index >= 6) for gpu in health.gpus))
+    (found,) = gpu_unusable_by_driver(gpus, off, Expectations())
+    assert found.subject == "nvidia-persistenced" and found.severity is Severity.WARNING
+    assert "disabled on GPU0, GPU1, GPU2, GPU3, GPU4, GPU5 (6 of 8)" in found.evidence[0].observed and "nvidia-persistenced" in found.fix
+    refused = replace(health, gpus=(replace(health.gpus[0], persistence=None, persistence_error="NVML_ERROR_NO_PERMISSION"),) + health.gpus[1:])
+    (unknown,) = gpu_unusable_by_driver(gpus, refused, Expectations())
+    assert unknown.status is Status.UNKNOWN and "NO_PERMISSION" in unknown.reason
+    unsupported = replace(health, gpus=tuple(replace(gpu, persistence=None, persistence_error="NVML_ERROR_NOT_SUPPORTED") for gpu in health.gpus))
+    assert list(gpu_unusable_by_driver(gpus, unsupported, Expectations())) == []
+
+
+def test_gpu001_not_applicable_and_unknown(gpus: GpuFacts, health: GpuHealthFacts) -> None:
+    with pytest.raises(NotApplicable):
+        list(gpu_unusable_by_driver(GpuFacts((), "NVML_ERROR_LIBRARY_NOT_FOUND", "", None, (), ()), health, Expectations()))
+    with pytest.raises(Unknown):
+        list(gpu_unusable_by_driver(replace(gpus, nvml_error="NVML_NOT_RECORDED"), health, Expectations()))
+    no_library = replace(gpus, nvml_error="NVML_ERROR_LIBRARY_NOT_FOUND", nvml_detail="libnvidia-ml.so.1: cannot open shared object file", devices=())
+    with pytest.raises(Unknown, match="cannot ask the driver about the 8 NVIDIA GPUs"):
+        list(gpu_unusable_by_driver(no_library, health, Expectations()))
+
+
+# DNS001 ------------------------------------------------------------------------------------
+def hostname_facts(entries: list[tuple[str, str]], answers: tuple[DnsAnswer, ...] = ()) -> HostnameFacts:
+    hosts = tuple(HostsEntry(address, ("gpu1",), f"/etc/hosts:{n}") for n, (address, _) in enumerate(entries, 1))
+    return HostnameFacts("gpu1", hosts, answers, ())
+
+
+def test_dns001_loopback_first_is_present() -> None:
+    found = list(hostname_resolution_broken(hostname_facts([("127.0.1.1", ""), ("10.0.0.1", "")])))
+    assert found and found[0].evidence[0].source == "/etc/hosts:1"
+
+
+def test_dns001_loopback_after_routable_is_still_present() -> None:
+    # glibc's getaddrinfo returns every matching /etc/hosts line and sorts IPv4 loopback ahead of
+    # routable addresses (RFC 6724 rule 8; reproduced with glibc 2.36), so line order does not help.
+    found = list(hostname_resolution_broken(hostname_facts([("10.0.0.1", ""), ("127.0.1.1", "")])))
+    assert found and found[0].evidence[0].source == "/etc/hosts:2"
+    assert list(hostname_resolution_broken(hostname_facts([("10.0.0.1", "")]))) == []
+
+
+def test_dns001_dns_answers() -> None:
+    good = (DnsAnswer("gpu1", "A", ("10.0.0.1",)), DnsAnswer("gpu1", "AAAA", error="NOANSWER"))
+    assert list(hostname_resolution_broken(hostname_facts([], good))) == []
+    missing = (DnsAnswer("gpu1", "A", error="NXDOMAIN"), DnsAnswer("gpu1", "AAAA", error="NXDOMAIN"))
+    assert len(list(hostname_resolution_broken(hostname_facts([], missing)))) == 1
+    dead = (DnsAnswer("gpu1", "A", error="TIMEOUT"), DnsAnswer("gpu1", "AAAA", error="TIMEOUT"))
+    (unknown,) = hostname_resolution_broken(hostname_facts([], dead))
+    assert unknown.status is Status.UNKNOWN and "TIMEOUT" in unknown.reason

@@ -1,0 +1,359 @@
+"""The RoCE checks (ROCE001, ROCE004, ROCE005, ROCE006) on hand-built facts, and end to end on
+the recorded roots in tests/fixtures/nodes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import EXAMPLE_ROOT, Runner
+from preflight.nccl.gid import GidSettings, Slot, nccl_would_pick_gid, parse_gid, parse_gid_settings
+from preflight.probes.job import JobFacts
+from preflight.probes.roce import DcbReading, EcnState, GidEntry, NcclGid, RoceDcbFacts, RoceFacts, RocePort, roce_mtu
+from preflight.checks.roce import roce_gid_index_mismatch, roce_gid_type_read_einval, roce_path_mtu_mismatch, roce_pfc_pause_storm
+from preflight.config import ConfigError, Expectations, parse_config
+from preflight.model import NotApplicable, Observation, Severity, Status
+from preflight.sources.ethtool import PauseState
+from preflight.sources.netlink import DcbConfig
+
+NODES = Path(__file__).resolve().parents[1] / "fixtures" / "nodes"
+V1, V2 = "IB/RoCE v1", "RoCE v2"
+LINK_LOCAL = "fe80:0000:0000:0000:ba59:9fff:fe3c:10a2"
+DSCP_MAP = tuple((dscp, dscp >> 3) for dscp in range(64))
+
+
+def ipv4(last: int) -> str:
+    return f"0000:0000:0000:0000:0000:ffff:0a0a:{last:04x}"
+
+
+def host_gids(ndev: str = "ens1f0np0", last: int = 0x11) -> list[GidEntry]:
+    address = f"10.10.0.{last}"
+    return [
+        GidEntry(0, LINK_LOCAL, V1, "", ndev, None), GidEntry(1, LINK_LOCAL, V2, "", ndev, None),
+        GidEntry(2, ipv4(last), V1, "", ndev, address), GidEntry(3, ipv4(last), V2, "", ndev, address),
+    ]
+
+
+def choice(entries: Iterable[GidEntry], settings: GidSettings, size: int = 16) -> NcclGid:
+    slots = {}
+    for entry in entries:
+        raw = parse_gid(entry.gid)
+        assert raw is not None
+        slots[entry.index] = Slot(raw, entry.roce_type, entry.type_error)
+    picked = nccl_would_pick_gid(slots, size, settings)
+    return NcclGid(settings, picked.index, picked.forced, picked.einval_reads, picked.failed_read, picked.error)
+
+
+def port(
+    device: str = "mlx5_0",
+    entries: list[GidEntry] | None = None,
+    variables: dict[str, str] | None = None,
+    mtu: int | None = 9000,
+    state: str | None = "4: ACTIVE",
+    netdev: str | None = "ens1f0np0",
+    ecn: EcnState = EcnState((3,), (3,), ""),
+    unreadable: tuple[str, ...] = (),
+) -> RocePort:
+    gids = host_gids(netdev or "ens1f0np0") if entries is None else entries
+    settings = parse_gid_settings(variables or {})
+    return RocePort(
+        device=device, port=1, state=state, table_size=16, gids=tuple(gids), unreadable_gids=unreadable,
+        nccl_job=None if unreadable else choice(gids, settings), nccl_default=None if unreadable else choice(gids, GidSettings()),
+        netdev=netdev, netdev_source="", mtu=mtu, mtu_error="" if mtu else "/sys/class/net/ens1f0np0/mtu: invalid argument (EINVAL)",
+        roce_mtu=roce_mtu(mtu) if mtu else None, trust=None, ecn=ecn,
+    )
+
+
+def facts(*ports: RocePort, variables: dict[str, str] | None = None, unreadable: tuple[tuple[str, str], ...] = ()) -> RoceFacts:
+    return RoceFacts(tuple(ports), unreadable, tuple((name, value, "environment") for name, value in (variables or {}).items()))
+
+
+def job(**environ: str) -> JobFacts:
+    return JobFacts(dict(environ), "", ())
+
+
+def observe(observations: Iterator[Observation]) -> list[tuple[str, Status, Severity | None]]:
+    return [(o.subject, o.status, o.severity) for o in observations]
+
+
+# -- ROCE005 ------------------------------------------------------------------------------------
+def test_gid_index_absent_on_a_healthy_port() -> None:
+    assert observe(roce_gid_index_mismatch(facts(port()), job())) == []
+    gid_index = {"NCCL_IB_GID_INDEX": "3"}
+    assert observe(roce_gid_index_mismatch(facts(port(variables=gid_index), variables=gid_index), job(**gid_index))) == []
+
+
+@pytest.mark.parametrize(("value", "observed"), [("1", "link-local"), ("2", V1), ("9", "empty slot"), ("300", "beyond the table")])
+def test_fixed_gid_index_that_is_wrong(value: str, observed: str) -> None:
+    variables = {"NCCL_IB_GID_INDEX": value}
+    (finding,) = list(roce_gid_index_mismatch(facts(port(variables=variables), variables=variables), job(**variables)))
+    assert finding.subject == "mlx5_0/1" and finding.status is Status.PRESENT
+    assert finding.evidence[0].source == "environment NCCL_IB_GID_INDEX" and observed in finding.evidence[1].observed
+    assert "index 3 (10.10.0.17)" in finding.evidence[1].expected
+
+
+def test_port_without_an_ipv4_address_falls_back_to_link_local() -> None:
+    only_link_local = host_gids()[:2]
+    (finding,) = list(roce_gid_index_mismatch(facts(port(entries=only_link_local)), job()))
+    assert "index 0" in finding.evidence[0].observed and "no IPv4 RoCE v2 GID" in finding.evidence[0].expected
+
+
+@pytest.mark.parametrize("variables", [{"NCCL_IB_ROCE_VERSION_NUM": "1"}, {"NCCL_IB_ADDR_RANGE": "192.168.0.0/16"}])
+def test_selection_variables_that_lead_away_from_roce_v2(variables: dict[str, str]) -> None:
+    (finding,) = list(roce_gid_index_mismatch(facts(port(variables=variables), variables=variables), job(**variables)))
+    assert finding.evidence[0].source.endswith(next(iter(variables)))
+
+
+def test_fixed_index_that_means_different_things_on_different_ports() -> None:
+    variables = {"NCCL_IB_GID_INDEX": "3"}
+    ipv6 = [*host_gids("ens2f0np0")[:3], GidEntry(3, "fd00:0000:0000:0004:e4ea:71ff:feb9:4970", V2, "", "ens2f0np0", None)]
+    roce = facts(port(variables=variables), port("mlx5_1", ipv6, variables, netdev="ens2f0np0"), variables=variables)
+    findings = list(roce_gid_index_mismatch(roce, job(**variables)))
+    assert [f.subject for f in findings] == ["NCCL_IB_GID_INDEX"]
+    assert "IPv4 on mlx5_0/1" in findings[0].evidence[-1].observed and "IPv6 on mlx5_1/1" in findings[0].evidence[-1].observed
+
+
+def test_gid_index_unknown_and_not_applicable() -> None:
+    broken = port(unreadable=("/sys/class/infiniband/mlx5_0/ports/1/gids/3: not UTF-8 text",))
+    assert observe(roce_gid_index_mismatch(facts(broken), job())) == [("mlx5_0/1", Status.UNKNOWN, None)]
+    unreadable = facts(unreadable=(("mlx5_0/1", "link_layer: invalid argument (EINVAL)"),))
+    assert observe(roce_gid_index_mismatch(unreadable, job())) == [("mlx5_0/1", Status.UNKNOWN, None)]
+    with pytest.raises(NotApplicable, match="link_layer Ethernet"):
+        list(roce_gid_index_mismatch(facts(), job()))
+    with pytest.raises(NotApplicable, match="NCCL_IB_HCA"):
+        list(roce_gid_index_mismatch(facts(port(state="1: DOWN")), job()))
+    bad = {"NCCL_IB_GID_INDEX": "9"}
+    with pytest.raises(NotApplicable):  # the job only uses mlx5_1, so mlx5_0's table does not matter
+        list(roce_gid_index_mismatch(facts(port(variables=bad), variables=bad), job(NCCL_IB_HCA="=mlx5_1", **bad)))
+
+
+# -- ROCE004 ------------------------------------------------------------------------------------
+def pod_gids() -> list[GidEntry]:
+    return [
+        GidEntry(4, ipv4(0x401), V1, "", "net1", "10.10.4.1"), GidEntry(5, ipv4(0x401), V2, "", "net1", "10.10.4.1"),
+        GidEntry(6, LINK_LOCAL, V1, "", "net1", None), GidEntry(7, LINK_LOCAL, V2, "", "net1", None),
+    ]
+
+
+def test_gid_type_read_absent_on_a_host_table_or_a_fixed_index() -> None:
+    assert observe(roce_gid_type_read_einval(facts(port()), job())) == []
+    fixed = {"NCCL_IB_GID_INDEX": "5"}
+    assert observe(roce_gid_type_read_einval(facts(port(entries=pod_gids(), variables=fixed), variables=fixed), job(**fixed))) == []
+
+
+def test_pod_table_with_leading_holes_is_a_warning() -> None:
+    (finding,) = list(roce_gid_type_read_einval(facts(port(entries=pod_gids(), netdev="net1")), job()))
+    assert finding.severity is Severity.WARNING
+    assert "slots 0-3 empty" in finding.evidence[0].observed and "NCCL_IB_GID_INDEX=5" in finding.evidence[0].expected
+
+
+def test_scan_that_reads_einval_is_an_error() -> None:
+    hidden = [*host_gids()[:3], GidEntry(3, ipv4(0x11), None, "invalid argument (EINVAL)", "ens1f0np0", "10.10.0.17")]
+    (finding,) = list(roce_gid_type_read_einval(facts(port(entries=hidden)), job()))
+    assert finding.severity is None and "types/3: invalid argument (EINVAL)" in finding.evidence[0].observed
+    # NCCL_IB_ADDR_FAMILY=AF_INET6 in a pod reads the type of empty slot 0.
+    variables = {"NCCL_IB_ADDR_FAMILY": "AF_INET6"}
+    ipv6 = [*pod_gids(), GidEntry(8, "fd00:0000:0000:0004:e4ea:71ff:feb9:4970", V1, "", "net1", None),
+            GidEntry(9, "fd00:0000:0000:0004:e4ea:71ff:feb9:4970", V2, "", "net1", None)]
+    (finding,) = list(roce_gid_type_read_einval(facts(port(entries=ipv6, variables=variables), variables=variables), job(**variables)))
+    assert "types/0" in finding.evidence[-1].observed
+
+
+def test_missing_type_file_and_unreadable_one() -> None:
+    missing = [*host_gids()[:3], GidEntry(3, ipv4(0x11), None, "no such file or directory (ENOENT)", "ens1f0np0", "10.10.0.17")]
+    (finding,) = list(roce_gid_type_read_einval(facts(port(entries=missing)), job()))
+    assert finding.status is Status.PRESENT and finding.evidence[0].source.endswith("gid_attrs/types/3")
+    garbled = [*host_gids()[:3], GidEntry(3, ipv4(0x11), None, "not UTF-8 text (binary or garbled content)", "ens1f0np0", "10.10.0.17")]
+    assert observe(roce_gid_type_read_einval(facts(port(entries=garbled)), job())) == [("mlx5_0/1", Status.UNKNOWN, None)]
+    assert observe(roce_gid_index_mismatch(facts(port(entries=garbled)), job())) == [("mlx5_0/1", Status.UNKNOWN, None)]
+
+
+# -- ROCE006 ------------------------------------------------------------------------------------
+def test_mtu_absent_when_rails_agree() -> None:
+    assert observe(roce_path_mtu_mismatch(facts(port(), port("mlx5_1", netdev="ens2f0np0")), job(), Expectations())) == []
+    assert observe(roce_path_mtu_mismatch(facts(port(mtu=4096)), job(), Expectations(mtu=4096))) == []
+
+
+def test_mtu_against_the_site_and_the_4096_trap() -> None:
+    (finding,) = list(roce_path_mtu_mismatch(facts(port()), job(), Expectations(mtu=4200)))
+    assert finding.evidence[0].observed == "ens1f0np0 MTU 9000 -> RoCE MTU 4096" and "4200" in finding.evidence[0].expected
+    (trap,) = list(roce_path_mtu_mismatch(facts(port(mtu=4096)), job(), Expectations()))
+    assert trap.severity is Severity.WARNING and "RoCE MTU 2048" in trap.evidence[0].observed
+
+
+def test_rails_with_different_roce_mtus() -> None:
+    roce = facts(port(mtu=1500), port("mlx5_1", netdev="ens2f0np0"))
+    findings = list(roce_path_mtu_mismatch(roce, job(), Expectations()))
+    assert [f.subject for f in findings] == ["RoCE rails"]
+    assert [e.observed for e in findings[0].evidence] == [
+        "mlx5_0/1 on ens1f0np0: MTU 1500 -> RoCE MTU 1024", "mlx5_1/1 on ens2f0np0: MTU 9000 -> RoCE MTU 4096",
+    ]
+
+
+def test_mtu_unknown() -> None:
+    assert observe(roce_path_mtu_mismatch(facts(port(mtu=None)), job(), Expectations())) == [("mlx5_0/1", Status.UNKNOWN, None)]
+
+
+# -- ROCE001 ------------------------------------------------------------------------------------
+def mlx5_pause(name: str, warnings: int = 0, errors: int = 0, timeout_ms: int | None = 8000) -> PauseState:
+    counters = (("rx_prio3_pause", 1841), ("tx_prio3_pause", 312), ("tx_pause_storm_warning_events", warnings), ("tx_pause_storm_error_events", errors))
+    return PauseState(name, counters, timeout_ms)
+
+
+def dcb(
+    *readings: tuple[str, tuple[int, ...] | None, tuple[tuple[int, int], ...]], error: str = "", pause: dict[str, PauseState | str] | None = None
+) -> RoceDcbFacts:
+    """DCB readings; each interface's pause state is a healthy mlx5 one unless ``pause`` gives a
+    state or the reason it could not be read."""
+    ports = {"ens1f0np0": ("mlx5_0/1",), "ens2f0np0": ("mlx5_1/1",)}
+    chosen = {name: (pause or {}).get(name, mlx5_pause(name)) for name, _, _ in readings}
+    return RoceDcbFacts(tuple(
+        DcbReading(
+            name, ports[name], DcbConfig(name, 8, pfc, dscp_map, 9) if pfc is not None else None, error,
+            *((chosen[name], "") if isinstance(chosen[name], PauseState) else (None, str(chosen[name]))),
+        )
+        for name, pfc, dscp_map in readings
+    ))
+
+
+TWO_RAILS = facts(port(), port("mlx5_1", netdev="ens2f0np0"))
+
+
+def test_pfc_absent_on_a_lossless_setup() -> None:
+    healthy = dcb(("ens1f0np0", (3,), DSCP_MAP), ("ens2f0np0", (3,), DSCP_MAP))
+    assert observe(roce_pfc_pause_storm(TWO_RAILS, healthy, job(NCCL_IB_TC="106"), Expectations(lossless_priority=3))) == []
+    lossy = dcb(("ens1f0np0", (), DSCP_MAP), ("ens2f0np0", (), DSCP_MAP))
+    assert observe(roce_pfc_pause_storm(TWO_RAILS, lossy, job(NCCL_IB_TC="106"), Expectations())) == []  # lossy RoCE by design
+
+
+def test_pfc_off_where_the_site_expects_it() -> None:
+    readings = dcb(("ens1f0np0", (), DSCP_MAP), ("ens2f0np0", (3, 4), DSCP_MAP))
+    findings = observe(roce_pfc_pause_storm(TWO_RAILS, readings, job(), Expectations(lossless_priority=3)))
+    assert findings == [
+        ("ens1f0np0", Status.PRESENT, None), ("ens2f0np0", Status.PRESENT, Severity.WARNING), ("RoCE rails", Status.PRESENT, None),
+    ]
+
+
+def test_nccl_ib_tc_that_maps_to_a_lossy_priority() -> None:
+    readings = dcb(("ens1f0np0", (3,), DSCP_MAP), ("ens2f0np0", (3,), DSCP_MAP))
+    (finding, _) = list(roce_pfc_pause_storm(TWO_RAILS, readings, job(NCCL_IB_TC="160"), Expectations()))
+    assert finding.evidence[0].observed == "160 (DSCP 40) -> priority 5 (trust dscp)"
+    pcp = dcb(("ens1f0np0", (3,), ()), ("ens2f0np0", (3,), ()))  # trust pcp: DSCP does not pick the priority
+    assert observe(roce_pfc_pause_storm(TWO_RAILS, pcp, job(NCCL_IB_TC="160"), Expectations())) == []
+
+
+def test_ecn_off_on_the_lossless_priority() -> None:
+    roce = facts(port(ecn=EcnState((), (3,), "")))
+    (finding,) = list(roce_pfc_pause_storm(roce, dcb(("ens1f0np0", (3,), DSCP_MAP)), job(), Expectations(lossless_priority=3)))
+    assert finding.severity is Severity.WARNING and finding.evidence[0].source == "/sys/class/net/ens1f0np0/ecn/{roce_np}/enable/3"
+
+
+def test_pfc_unknown_where_dcb_is_not_exposed() -> None:
+    readings = dcb(("ens1f0np0", None, ()), error="RTM_GETDCB ens1f0np0: operation not supported (EOPNOTSUPP)")
+    assert observe(roce_pfc_pause_storm(facts(port()), readings, job(), Expectations())) == [("ens1f0np0", Status.UNKNOWN, None)]
+    broken_ecn = facts(port(ecn=EcnState(None, None, "/sys/class/net/ens1f0np0/ecn/roce_np/enable/3: invalid argument (EINVAL)")))
+    healthy = dcb(("ens1f0np0", (3,), DSCP_MAP))
+    assert observe(roce_pfc_pause_storm(broken_ecn, healthy, job(), Expectations(lossless_priority=3))) == [("ens1f0np0", Status.UNKNOWN, None)]
+
+
+def test_pause_storms_the_nic_recorded_since_the_driver_loaded() -> None:
+    stormy = dcb(
+        ("ens1f0np0", (3,), DSCP_MAP), ("ens2f0np0", (3,), DSCP_MAP),
+        pause={"ens1f0np0": mlx5_pause("ens1f0np0", warnings=17, errors=3), "ens2f0np0": mlx5_pause("ens2f0np0", warnings=2)},
+    )
+    findings = list(roce_pfc_pause_storm(TWO_RAILS, stormy, job(), Expectations(lossless_priority=3)))
+    assert [(f.subject, f.status, f.severity) for f in findings] == [
+        ("ens1f0np0", Status.PRESENT, None), ("ens2f0np0", Status.PRESENT, Severity.WARNING),
+    ]
+    assert findings[0].evidence[0].observed == "tx_pause_storm_error_events 3, tx_pause_storm_warning_events 17"
+    assert findings[0].evidence[0].source == "ethtool -S ens1f0np0 (SIOCETHTOOL)"
+
+
+def test_stall_watchdog_off_matters_only_with_pfc_on() -> None:
+    off = {"ens1f0np0": mlx5_pause("ens1f0np0", timeout_ms=0)}
+    findings = list(roce_pfc_pause_storm(facts(port()), dcb(("ens1f0np0", (3,), DSCP_MAP), pause=off), job(), Expectations()))
+    assert [(f.subject, f.severity, f.evidence[0].observed) for f in findings] == [("ens1f0np0", Severity.WARNING, "0 (stall watchdog off)")]
+    assert observe(roce_pfc_pause_storm(facts(port()), dcb(("ens1f0np0", (), DSCP_MAP), pause=off), job(), Expectations())) == []
+
+
+def test_nics_without_storm_counters_or_watchdog_are_not_judged_on_them() -> None:
+    other_driver = {"ens1f0np0": PauseState("ens1f0np0", (("rx_pause_ctrl_phy", 4),), None)}
+    assert observe(roce_pfc_pause_storm(facts(port()), dcb(("ens1f0np0", (3,), DSCP_MAP), pause=other_driver), job(), Expectations())) == []
+
+
+def test_unreadable_pause_counters_are_unknown_not_absent() -> None:
+    unreadable = {"ens1f0np0": "SIOCETHTOOL ens1f0np0: Operation not permitted"}
+    findings = list(roce_pfc_pause_storm(facts(port()), dcb(("ens1f0np0", (3,), DSCP_MAP), pause=unreadable), job(), Expectations()))
+    assert [(f.subject, f.status, f.reason) for f in findings] == [("ens1f0np0", Status.UNKNOWN, "SIOCETHTOOL ens1f0np0: Operation not permitted")]
+
+
+def test_lossless_priority_in_the_config() -> None:
+    assert parse_config("[expect]\nlossless_priority = 3\n", "p.toml", "gpu1").expect.lossless_priority == 3
+    with pytest.raises(ConfigError, match="expect.lossless_priority"):
+        parse_config("[expect]\nlossless_priority = 8\n", "p.toml", "gpu1")
+
+
+# -- end to end on the recorded roots -----------------------------------------------------------
+def run_roce(run_cli: Runner, root: Path, *extra: str) -> list[tuple[str, str, str, str]]:
+    result = run_cli("node", "--root", str(root), "--select", "ROCE", "--format", "json", *extra)
+    assert "Traceback" not in result.stderr, result.stderr
+    return sorted((f["id"], f["status"], f["severity"], f["subject"]) for f in json.loads(result.stdout)["findings"])
+
+
+def test_recorded_roots_end_to_end(run_cli: Runner, tmp_path: Path) -> None:
+    assert run_roce(run_cli, NODES / "roce-v1v2") == [
+        ("ROCE001", "absent", "critical", "node"), ("ROCE004", "absent", "error", "node"),
+        ("ROCE005", "absent", "error", "node"), ("ROCE006", "absent", "error", "node"),
+    ]
+    assert run_roce(run_cli, NODES / "roce-macvlan-pod") == [
+        ("ROCE001", "unknown", "critical", "net1"), ("ROCE004", "absent", "error", "node"),
+        ("ROCE005", "present", "error", "mlx5_0/1"), ("ROCE006", "absent", "error", "node"),
+    ]
+    mtu = [f for f in run_roce(run_cli, NODES / "roce-mtu4096") if f[0] == "ROCE006"]
+    assert mtu == [("ROCE006", "present", "error", "RoCE rails"), ("ROCE006", "present", "warning", "mlx5_0/1")]
+    config = tmp_path / "site.toml"
+    config.write_text("[expect]\nlossless_priority = 3\n")
+    pfc = [f for f in run_roce(run_cli, NODES / "roce-pfc-misconfigured", "--config", str(config)) if f[0] == "ROCE001"]
+    assert pfc == [
+        ("ROCE001", "present", "critical", "RoCE rails"), ("ROCE001", "present", "critical", "ens1f0np0"),
+        ("ROCE001", "present", "critical", "ens2f0np0"), ("ROCE001", "present", "critical", "ens2f0np0"),
+        ("ROCE001", "present", "warning", "ens2f0np0"),
+    ]
+
+
+def test_recorded_pause_storm_end_to_end(run_cli: Runner, tmp_path: Path) -> None:
+    root = tmp_path / "node"
+    shutil.copytree(NODES / "roce-v1v2", root, symlinks=True)
+    recording = root / ".preflight/netlink.json"
+    document = json.loads(recording.read_text())
+    document["pause"]["ens2f0np0"]["counters"]["tx_pause_storm_error_events"] = 5
+    recording.write_text(json.dumps(document))
+    assert [f for f in run_roce(run_cli, root) if f[0] == "ROCE001"] == [("ROCE001", "present", "critical", "ens2f0np0")]
+    del document["pause"]
+    recording.write_text(json.dumps(document))
+    assert [f for f in run_roce(run_cli, root) if f[0] == "ROCE001"] == [
+        ("ROCE001", "unknown", "critical", "ens1f0np0"), ("ROCE001", "unknown", "critical", "ens2f0np0"),
+    ]
+
+
+def test_prolog_profile_leaves_dcb_alone(run_cli: Runner) -> None:
+    statuses = run_roce(run_cli, NODES / "roce-v1v2", "--profile", "prolog")
+    assert [f[0] for f in statuses] == ["ROCE004", "ROCE005", "ROCE006"]
+
+
+def test_infiniband_example_node_is_not_applicable(run_cli: Runner) -> None:
+    assert {status for _, status, _, _ in run_roce(run_cli, EXAMPLE_ROOT)} == {"not_applicable"}
+
+
+
+def test_lossless_buffer_errors_in_the_kernel_log_are_present() -> None:
+    from preflight.probes.kernel_log import KernelLogFacts
+
+    log = KernelLogFacts((), (), ("buffer_size[3]=0 is not enough for lossless buffer",), "", True)
+    readings = dcb(("ens1f0np0", (3,), DSCP_MAP))
+    found = [o for o in roce_pfc_pause_storm(facts(port()), readings, job(), Expectations(lossless_priority=3), log) if o.subject == "port buffers"]
+    assert len(found) == 1 and "is not enough for lossless buffer" in found[0].evidence[0].observed

@@ -1,0 +1,180 @@
+"""What real posts do to a log, and how ``explain`` copes: quoting, autolinks, fences, progress
+bars and carriage returns, launcher prefixes; who wrote an unprefixed line; ranking by specificity
+instead of the alphabet; and a failure no reference describes, which is named, never silent.
+
+The lines here are written for these tests (the real posts are in tests/data/real-logs and are
+judged by tests/explain/test_explain_real_logs.py)."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from preflight.explain.analysis import Analysis
+from preflight.explain.matcher import Matcher
+from preflight.explain.posts import normalise, segments, undo_autolinks
+from preflight.explain.prefixes import parse_line
+from preflight.explain.reader import ReadStats, iter_inputs
+from preflight.model import Reference, Severity
+from preflight.signatures import specificity
+
+WARN = "gpu-node-07:20871:21002 [3] NCCL WARN NET/IB : Got completion from peer 10.1.3.201<41937> with status=12 opcode=1 len=0 vendor err 129 (Recv)"
+
+
+def _reference(ref_id: str, *signatures: tuple[str, str], related: tuple[str, ...] = ()) -> Reference:
+    return Reference(
+        id=ref_id, symbol=ref_id.lower(), title=ref_id, area="test", severity=Severity.ERROR, summary="s", fix=("f",),
+        related=related, signatures=tuple({"pattern": p, "role": role, "examples": []} for role, p in signatures),
+    )
+
+
+PEER = _reference("IBX001", ("cause", r"Got completion from peer 10\.1\.3\.201<\d+> with status=12"))
+
+
+def _analyse(text: str, *references: Reference) -> Analysis:
+    matcher = Matcher(references)
+    analysis = Analysis(year=2026, related={r.id: tuple(r.related) for r in references})
+    stats = ReadStats()
+    for chunk in iter_inputs(["-"], stats, io.BytesIO(text.encode())):
+        for hit in matcher.scan(chunk):
+            analysis.add(hit)
+    return analysis
+
+
+def _ranked(text: str, *references: Reference) -> list[str]:
+    return [c.reference_id for c in _analyse(text, *references).candidates()]
+
+
+@pytest.mark.parametrize(
+    "posted",
+    [
+        "> " + WARN,
+        "> > " + WARN,
+        ">" + WARN,
+        WARN.replace("10.1.3.201", "[10.1.3.201](http://10.1.3.201/)"),
+        WARN.replace("[3] NCCL", "[3] transport/[net_ib.cc:101](http://net_ib.cc:101/) NCCL").replace("10.1.3.201", "[10.1.3.201](http://10.1.3.201/)"),
+        "> " + WARN.replace("10.1.3.201", "[10.1.3.201](http://10.1.3.201/)"),
+        "\x1b[31m" + WARN + "\x1b[0m",
+        WARN + "\r",
+        "Loading:  45%|####5     | 9/20 [00:01<00:02,  6.12it/s]\r" + WARN,
+    ],
+)
+def test_posted_line_matches_like_the_original(posted: str) -> None:
+    assert _ranked("```\n" + posted + "\n```\n", PEER) == ["IBX001"]
+
+
+def test_normalise_undoes_quoting_autolinks_and_redraws() -> None:
+    assert normalise(undo_autolinks(b"> [10.0.0.1](http://10.0.0.1/): x").decode()) == "10.0.0.1: x"
+    assert undo_autolinks(b"a\n[x](http://x/)\nb") == b"a\nx\nb"  # line numbers stay
+    assert normalise("```text") == ""
+    assert normalise("bar 10%\rbar 20%\rRuntimeError: x") == "RuntimeError: x"
+    assert undo_autolinks(b"see [the docs](https://example.org/a b)") == b"see [the docs](https://example.org/a b)"
+    assert segments("error first\rbar 90%") == ["error first", "bar 90%"]
+
+
+def test_a_signature_drawn_over_by_a_progress_bar_still_matches() -> None:
+    assert _ranked(WARN + "\rEpoch 3:  12%|#2   | 12/100\n", PEER) == ["IBX001"]
+
+
+@pytest.mark.parametrize(
+    ("line", "actor"),
+    [
+        ("[2025-05-19 06:08:25 TP3 EP3] Scheduler hit an exception: x", "TP3 EP3"),
+        ("[1763] RuntimeError: boom", "pid 1763"),
+        ("10.0.0.7: [rank2]: RuntimeError: boom", "rank 2"),
+        ("10.0.0.7: RuntimeError: boom", "10.0.0.7"),
+        ("Loading checkpoint shards:  45%|####5     | 9/20 [00:01<00:02,  6.12it/s][rank3]: Traceback (most recent call last):", "rank 3"),
+        ("  3: [default3]:RuntimeError: boom", "rank 3"),
+        ("[1,5]<stderr>:RuntimeError: boom", "rank 5"),
+    ],
+)
+def test_launcher_prefixes_name_the_actor(line: str, actor: str) -> None:
+    meta, message = parse_line(normalise(line), 2026)
+    assert meta.actor == actor
+    assert message.startswith(("RuntimeError", "Traceback", "Scheduler"))
+
+
+def test_unprefixed_lines_of_a_single_process_log_are_that_process() -> None:
+    """One process: NCCL's lines name it, its Python traceback does not. That is one actor, so
+    no cascade and no "one rank failed first" reference."""
+    log = "\n".join(
+        [
+            WARN,
+            "Traceback (most recent call last):",
+            '  File "train.py", line 3, in <module>',
+            "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error",
+        ]
+    )
+    analysis = _analyse(log + "\n", PEER)
+    assert analysis.cascade() is None
+    assert [c.reference_id for c in analysis.candidates()] == ["IBX001"]
+
+
+def test_a_traceback_before_the_process_names_itself_joins_it() -> None:
+    log = "Traceback (most recent call last):\nRuntimeError: boom\n" + WARN + "\n"
+    assert _analyse(log, PEER).cascade() is None
+
+
+def test_two_named_ranks_in_one_file_still_make_a_cascade() -> None:
+    log = "[rank0]: RuntimeError: boom\n[rank1]: RuntimeError: later\n"
+    cascade = _analyse(log, PEER).cascade()
+    assert cascade is not None and cascade.first.actor == "rank 0" and cascade.later == 1
+
+
+def test_the_more_specific_signature_on_a_line_ranks_first() -> None:
+    generic = _reference("AAA001", ("cause", r"vendor err 129"))
+    specific = _reference("ZZZ001", ("cause", r"vendor err 129 \(Recv\) localGid fe80:"))
+    line = WARN.replace("(Recv)", "(Recv) localGid fe80::1 remoteGid fe80::2")
+    assert specificity(specific.signatures[0]["pattern"]) > specificity(generic.signatures[0]["pattern"])
+    assert _ranked(line + "\n", generic, specific) == ["ZZZ001", "AAA001"]
+
+
+def test_a_line_only_one_reference_explains_outweighs_a_shared_one() -> None:
+    """Three references claim the same completion error; a fourth has a line of its own."""
+    shared = r"Got completion from peer \S+ with status=12 opcode=\d+ len=\d+ vendor err 129"
+    crowd = [_reference(f"CRD00{n}", ("cause", shared)) for n in range(3)]
+    storm = _reference("PFC001", ("cause", r"tx_pause_storm_error_events: [1-9]"))
+    log = WARN + "\nnode2:      tx_pause_storm_error_events: 2\n"
+    assert _ranked(log, *crowd, storm)[0] == "PFC001"
+
+
+def test_equal_scores_never_fall_back_to_the_alphabet() -> None:
+    """Same pattern, same line: the one the other lists as related (a symptom hub) goes last."""
+    pattern = r"Watchdog caught collective operation timeout"
+    hub = _reference("AAA001", ("symptom", pattern))
+    specific = _reference("ZZZ001", ("symptom", pattern), related=("AAA001",))
+    line = "[rank0]:[E0314 09:31:34.000 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation timeout\n"
+    assert _ranked(line, hub, specific) == ["ZZZ001", "AAA001"]
+    assert _ranked(line, specific, hub) == ["ZZZ001", "AAA001"]
+
+
+def test_a_failure_no_reference_describes_is_named() -> None:
+    analysis = _analyse("epoch 1 loss 2.3\n[rank0]: ValueError: shapes (3,) and (4,) do not match\n", PEER)
+    assert analysis.candidates() == []
+    first = analysis.first_failure()
+    assert first is not None and first.line_number == 2 and first.actor == "rank 0"
+
+
+def test_a_warning_alone_is_named_when_nothing_else_failed() -> None:
+    first = _analyse("init ok\nnode1:1:2 [0] NCCL WARN Cuda failure 'out of memory'\n", PEER).first_failure()
+    assert first is not None and first.line_number == 2
+
+
+def test_a_healthy_log_has_no_first_failure() -> None:
+    log = "node1:1:2 [0] NCCL INFO Init COMPLETE\nepoch 1 loss 2.3\ntraining finished\n"
+    assert _analyse(log, PEER).first_failure() is None
+
+
+def test_the_cascade_is_worked_out_again_after_a_new_hit() -> None:
+    matcher = Matcher([PEER])
+    analysis = Analysis(year=2026)
+    stats = ReadStats()
+    for text in ("[rank0]: RuntimeError: boom\n", "[rank1]: RuntimeError: later\n"):
+        for chunk in iter_inputs(["-"], stats, io.BytesIO(text.encode())):
+            for hit in matcher.scan(chunk):
+                analysis.add(hit)
+        if text.startswith("[rank0]"):
+            assert analysis.cascade() is None  # one actor so far
+    cascade = analysis.cascade()
+    assert cascade is not None and cascade.later == 1

@@ -1,0 +1,215 @@
+"""NVL006 (GPUs outside a completed NVLink fabric, NVSwitch systems without their fabric manager)
+and NVL004 (fabric manager restarted after boot), from replayed NVML fabric answers, the PCI bus,
+/proc and the fabric manager's command socket, on the example HGX H100 and the GB200 tray."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from preflight.probes.fabric import FabricFacts, parse_fm_config, parse_start_after_boot, probe_fabric
+from preflight.checks.nvl import nvls_cuda_invalid_argument, nvls_multicast_init_failure
+from preflight.probes.job import probe_job
+from preflight.model import NotApplicable, Severity, Status
+from preflight.sources import Sources
+
+from conftest import write
+
+NODES = Path(__file__).resolve().parents[1] / "fixtures" / "nodes"
+HEALTHY = {"clusterUuid": [0] * 16, "status": 0, "cliqueId": 0, "state": 3}
+FM_LISTEN_LINE = "   2: 0100007F:1A0A"
+
+
+def facts(root: Path) -> FabricFacts:
+    sources = Sources.for_node(str(root), None)
+    return probe_fabric(sources.fs, sources.nvml)
+
+
+def verdicts(root: Path) -> list[tuple[str, Status, str]]:
+    sources = Sources.for_node(str(root), None)
+    found = nvls_multicast_init_failure(probe_fabric(sources.fs, sources.nvml), probe_job(sources.fs))
+    return [(o.subject, o.status, " ".join(e.observed for e in o.evidence) + o.reason) for o in found]
+
+
+def restarts(root: Path) -> list[tuple[str, Status, Severity | None, str]]:
+    found = nvls_cuda_invalid_argument(facts(root))
+    return [(o.subject, o.status, o.severity, " ".join(f"{e.observed} / {e.expected}" for e in o.evidence) + o.reason) for o in found]
+
+
+def edit_fabric(root: Path, answers: dict[str, Any]) -> None:
+    path = root / ".preflight/nvml.json"
+    document = json.loads(path.read_text())
+    document["calls"]["nvmlDeviceGetGpuFabricInfo"] = answers
+    path.write_text(json.dumps(document))
+
+
+def stop_fabric_manager(root: Path, process: bool = True, socket: bool = True) -> None:
+    if process:
+        shutil.rmtree(root / "proc/1843")
+    if socket:
+        tcp = root / "proc/net/tcp"
+        tcp.write_text("".join(line for line in tcp.read_text().splitlines(True) if not line.startswith(FM_LISTEN_LINE)))
+
+
+@pytest.fixture
+def gb200(tmp_path: Path) -> Path:
+    target = tmp_path / "gb200-tray"
+    shutil.copytree(NODES / "gb200-tray", target, symlinks=True)
+    return target
+
+
+# -- probe on recorded roots --------------------------------------------------------------------
+def test_example_fabric_manager_is_seen_three_ways(example_root: Path) -> None:
+    manager = facts(example_root).fabric_manager
+    assert (manager.pids, manager.host_view, manager.pid1) == ((1843,), True, "systemd")
+    assert manager.listening == "127.0.0.1:6666 (/proc/net/tcp:4)"
+    assert manager.started_after_boot_s == 42.15 and manager.problems == ()
+
+
+def test_gb200_tray_is_a_multi_node_fabric_member() -> None:
+    tray = facts(NODES / "gb200-tray")
+    assert tray.nvswitches == () and tray.multi_node_tray  # Grace's 0x0604 root ports are not NVSwitches
+    assert {(g.state, g.status, g.clique_id) for g in tray.gpus} == {(3, 0, 32766)}
+    assert tray.gpus[0].cluster_uuid == "5a1f3c089e444b61a7023dc17710e42b"
+    assert not tray.fabric_manager.running
+
+
+# -- NVL006 -------------------------------------------------------------------------------------
+def test_completed_fabric_is_absent(example_root: Path) -> None:
+    assert verdicts(example_root) == []
+    assert verdicts(NODES / "gb200-tray") == []  # no fabric manager on a compute tray, and none needed
+
+
+def test_gpu_whose_fabric_is_not_started_is_present(node_copy: Path) -> None:
+    answers = {str(i): {"result": HEALTHY} for i in range(8)}
+    answers["6"] = {"result": {**HEALTHY, "state": 1}}
+    edit_fabric(node_copy, answers)
+    stop_fabric_manager(node_copy)
+    write(node_copy, "/proc/self/environ", b"NCCL_NVLS_ENABLE=1\0")
+    found = verdicts(node_copy)
+    assert [(s, st) for s, st, _ in found] == [("fabric manager", Status.PRESENT), ("GPU6", Status.PRESENT)]
+    assert "no nv-fabricmanager process" in found[0][2] and "4 NVSwitches" in found[0][2]
+    assert "fabric not started" in found[1][2] and found[1][2].endswith(" 1")
+
+
+def test_stopped_fabric_manager_is_present_even_with_a_completed_fabric(node_copy: Path) -> None:
+    stop_fabric_manager(node_copy, socket=False)
+    assert verdicts(node_copy) == []  # its command port still listens: it runs where /proc cannot see it
+    stop_fabric_manager(node_copy, process=False)
+    assert [(s, st) for s, st, _ in verdicts(node_copy)] == [("fabric manager", Status.PRESENT)]
+
+
+def test_old_driver_falls_back_on_the_fabric_manager(node_copy: Path) -> None:
+    edit_fabric(node_copy, {str(i): {"error": "NVML_ERROR_FUNCTION_NOT_FOUND"} for i in range(8)})
+    assert verdicts(node_copy) == []
+    stop_fabric_manager(node_copy)
+    assert [s for s, _, _ in verdicts(node_copy)] == ["fabric manager"]
+
+
+def test_fabric_manager_on_a_configured_port_or_unix_socket(node_copy: Path) -> None:
+    stop_fabric_manager(node_copy)
+    write(node_copy, "/usr/share/nvidia/nvswitch/fabricmanager.cfg", "LOG_LEVEL=4\nFM_CMD_PORT_NUMBER=16001\n")
+    tcp = node_copy / "proc/net/tcp"
+    tcp.write_text(tcp.read_text() + "   5: 0100007F:3E81 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 99 1 0 100 0 0 10 0\n")
+    assert verdicts(node_copy) == []
+    write(node_copy, "/usr/share/nvidia/nvswitch/fabricmanager.cfg", "FM_CMD_UNIX_SOCKET_PATH=/run/nvidia-fabricmanager/fm.sock\n")
+    write(node_copy, "/proc/net/unix", "Num       RefCount Protocol Flags    Type St Inode Path\n"
+                                        "0000000000000000: 00000002 00000000 00010000 0001 01 31337 /run/nvidia-fabricmanager/fm.sock\n")
+    assert facts(node_copy).fabric_manager.listening == "/run/nvidia-fabricmanager/fm.sock"
+    assert verdicts(node_copy) == []
+
+
+def test_container_process_table_makes_a_missing_fabric_manager_unknown(node_copy: Path) -> None:
+    stop_fabric_manager(node_copy)
+    write(node_copy, "/proc/1/comm", "pause\n")
+    assert verdicts(node_copy) == [("fabric manager", Status.UNKNOWN,
+                                    "no nv-fabricmanager process seen, but PID 1 is pause, not the host's init: "
+                                    "this is not the host's process table")]
+    (node_copy / "proc/1/comm").unlink()
+    assert "PID 1 is unreadable" in verdicts(node_copy)[0][2]
+
+
+def test_not_applicable_without_nvswitches_or_fabric(node_copy: Path) -> None:
+    for bdf in ("0000:05:00.0", "0000:06:00.0", "0000:07:00.0", "0000:08:00.0"):
+        (node_copy / "sys/bus/pci/devices" / bdf).unlink()
+    with pytest.raises(NotApplicable, match="no NVSwitch"):
+        verdicts(node_copy)
+    with pytest.raises(NotApplicable, match="no NVSwitch"):
+        verdicts(NODES / "rtx5090-workstation")
+
+
+def test_gb200_gpu_outside_the_fabric_is_present_without_asking_for_a_fabric_manager(gb200: Path) -> None:
+    document = json.loads((gb200 / ".preflight/nvml.json").read_text())
+    answers = document["calls"]["nvmlDeviceGetGpuFabricInfo"]
+    answers["1"] = {"result": {**answers["1"]["result"], "state": 2}}
+    edit_fabric(gb200, answers)
+    found = verdicts(gb200)
+    assert [(s, st) for s, st, _ in found] == [("GPU1", Status.PRESENT)]
+    assert "fabric in progress" in found[0][2] and "clique 32766" in found[0][2]
+
+
+def test_fabric_query_errors_are_unknown_per_gpu(node_copy: Path) -> None:
+    answers = {str(i): {"result": HEALTHY} for i in range(8)}
+    answers["2"] = {"error": "NVML_ERROR_UNKNOWN"}
+    answers["4"] = {"result": "garbage"}
+    edit_fabric(node_copy, answers)
+    assert [(s, st) for s, st, _ in verdicts(node_copy)] == [("GPU2", Status.UNKNOWN), ("GPU4", Status.UNKNOWN)]
+
+
+def test_garbage_tcp_table_is_a_problem_not_a_crash(node_copy: Path) -> None:
+    stop_fabric_manager(node_copy, socket=False)
+    (node_copy / "proc/net/tcp").write_text("garbage\n")
+    manager = facts(node_copy).fabric_manager
+    assert manager.listening is None and manager.problems == ("/proc/net/tcp: not a TCP table",)
+
+
+# -- NVL004 -------------------------------------------------------------------------------------
+def test_fabric_manager_started_at_boot_is_absent(example_root: Path) -> None:
+    assert restarts(example_root) == []
+
+
+def test_fabric_manager_restarted_hours_after_boot_is_present(node_copy: Path) -> None:
+    stat = node_copy / "proc/1843/stat"
+    stat.write_text(stat.read_text().replace(" 4215 ", " 1143000 "))
+    assert restarts(node_copy) == [("fabric manager", Status.PRESENT, Severity.WARNING,
+                                    "nv-fabricmanager (pid 1843) started 3 h 10 min after boot / "
+                                    "started at boot (within 30 min), not restarted since")]
+
+
+@pytest.mark.parametrize("content", [None, "1843 (nv-fabricmanage) S 1\n", "\xff\xfe"])
+def test_unreadable_start_time_is_unknown(node_copy: Path, content: str | None) -> None:
+    stat = node_copy / "proc/1843/stat"
+    if content is None:
+        stat.unlink()
+    else:
+        stat.write_bytes(content.encode("latin-1"))
+    (found,) = restarts(node_copy)
+    assert found[:2] == ("fabric manager", Status.UNKNOWN) and "/proc/1843/stat" in found[3]
+
+
+def test_restart_check_needs_an_nvswitch_and_a_running_fabric_manager(node_copy: Path) -> None:
+    with pytest.raises(NotApplicable, match="no NVSwitch"):
+        restarts(NODES / "gb200-tray")
+    stop_fabric_manager(node_copy, socket=False)
+    (found,) = restarts(node_copy)
+    assert found[1] is Status.UNKNOWN and "127.0.0.1:6666" in found[3]
+    stop_fabric_manager(node_copy, process=False)
+    with pytest.raises(NotApplicable, match="NVL006"):
+        restarts(node_copy)
+
+
+# -- parsers ------------------------------------------------------------------------------------
+def test_parse_start_after_boot_survives_parentheses_in_the_name() -> None:
+    assert parse_start_after_boot("77 (odd) name) S 1 77 77 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 6000 0 0\n") == 60.0
+    with pytest.raises(ValueError):
+        parse_start_after_boot("77 (x) S 1 2")
+
+
+def test_parse_fm_config() -> None:
+    assert parse_fm_config("") == (6666, "127.0.0.1", "")
+    assert parse_fm_config("# FM_CMD_PORT_NUMBER=1\nFM_CMD_PORT_NUMBER = 7000\nFM_CMD_BIND_INTERFACE=10.0.0.1\n") == (7000, "10.0.0.1", "")
+    assert parse_fm_config("FM_CMD_PORT_NUMBER=abc\n")[0] == 6666

@@ -1,0 +1,237 @@
+"""PCI001: ACS redirect between a GPU and its nearest RDMA NIC, on recorded PCI trees built with
+real config-space layouts (extended capability chains from offset 0x100); TOPO005; PCI002 and
+PCI003 on hand-built facts (the recorded A100 root has the rest: tests/nodes/test_a100_node.py)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from preflight.probes.job import probe_job
+from preflight.probes.pcie import AcsRegisters, Bridge, PcieFacts, PciEndpoint, PcieLink, bridges_between, device_chain, parse_acs, parse_width, probe_pcie
+from preflight.checks.pci import acs_redirect_breaks_gpudirect_rdma, p2p_bandwidth_degraded, p2p_transfers_hang_or_fault
+from preflight.checks.topo import gpu_hca_cross_numa_gdr
+from preflight.model import NotApplicable, Status, Unknown
+from preflight.sources import NodeFS
+
+from conftest import bare_node, write
+
+AER, ACS = 0x0001, 0x000D
+
+
+def config_space(acs_control: int | None, size: int = 4096, acs_capability: int = 0x005F) -> bytes:
+    """A bridge's config space: a type-1 header, then AER at 0x100 and ACS at 0x148."""
+    data = bytearray(size)
+    data[0:4] = (0x10B5 | 0xC030 << 16).to_bytes(4, "little")
+    if size > 0x150:
+        next_offset = 0x148 if acs_control is not None else 0
+        data[0x100:0x104] = (AER | 1 << 16 | next_offset << 20).to_bytes(4, "little")
+        if acs_control is not None:
+            data[0x148:0x14C] = (ACS | 1 << 16).to_bytes(4, "little")
+            data[0x14C:0x14E] = acs_capability.to_bytes(2, "little")
+            data[0x14E:0x150] = acs_control.to_bytes(2, "little")
+    return bytes(data)
+
+
+def pci(root: Path, chain: list[str], vendor: str, klass: str, config: bytes | None = None, rdma: bool = False) -> None:
+    """A function at the end of ``chain`` (root port first) with its /sys/bus/pci/devices link."""
+    device = f"/sys/devices/pci{chain[0][:7]}/" + "/".join(chain)
+    write(root, f"{device}/vendor", vendor + "\n")
+    write(root, f"{device}/class", klass + "\n")
+    if config is not None:
+        write(root, f"{device}/config", config)
+    if rdma:
+        (root / device.lstrip("/") / "infiniband" / "mlx5_0").mkdir(parents=True)
+    link = root / "sys/bus/pci/devices" / chain[-1]
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if not link.is_symlink():
+        os.symlink("../../.." + device[len("/sys") :], link)
+
+
+def hgx_tree(root: Path, switch_acs: int | None = 0, config_size: int = 4096, hypervisor: bool = False) -> Path:
+    """Root port 15:01.0 -> switch upstream 16:00.0 -> downstream ports 17:00.0 / 17:01.0 ->
+    GPU 18:00.0 and NIC 1a:00.0; a second GPU under another root port with no NIC."""
+    bare_node(root)
+    bridge = config_space(0x001D, config_size)  # root ports keep ACS on, as with an IOMMU
+    pci(root, ["0000:15:01.0"], "0x8086", "0x060400", bridge)
+    pci(root, ["0000:15:01.0", "0000:16:00.0"], "0x10b5", "0x060400", config_space(switch_acs, config_size))
+    pci(root, ["0000:15:01.0", "0000:16:00.0", "0000:17:00.0"], "0x10b5", "0x060400", config_space(switch_acs, config_size))
+    pci(root, ["0000:15:01.0", "0000:16:00.0", "0000:17:01.0"], "0x10b5", "0x060400", config_space(0, config_size))
+    pci(root, ["0000:15:01.0", "0000:16:00.0", "0000:17:00.0", "0000:18:00.0"], "0x10de", "0x030200")
+    pci(root, ["0000:15:01.0", "0000:16:00.0", "0000:17:01.0", "0000:1a:00.0"], "0x15b3", "0x020700", rdma=True)
+    pci(root, ["0000:97:01.0"], "0x8086", "0x060400", bridge)
+    pci(root, ["0000:97:01.0", "0000:9a:00.0"], "0x10de", "0x030200")
+    flags = "fpu vme de pse" + (" hypervisor" if hypervisor else "") + " lahf_lm"
+    write(root, "/proc/cpuinfo", f"processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: {flags}\n\n")
+    write(root, "/proc/cmdline", "BOOT_IMAGE=/vmlinuz root=/dev/sda1 intel_iommu=on iommu=pt\n")
+    (root / "sys/class/iommu/dmar0").mkdir(parents=True)
+    return root
+
+
+def verdicts(root: Path) -> list[tuple[str, Status, str]]:
+    facts = probe_pcie(NodeFS(str(root)))
+    return [(o.subject, o.status, " ".join(e.observed for e in o.evidence) + o.reason) for o in acs_redirect_breaks_gpudirect_rdma(facts)]
+
+
+def test_parse_acs_walks_the_capability_chain() -> None:
+    assert parse_acs(config_space(0x001D)) == AcsRegisters(0x005F, 0x001D)
+    assert parse_acs(config_space(None)) is None
+    with pytest.raises(ValueError, match="needs root"):
+        parse_acs(config_space(0x001D, size=64))
+    looping = bytearray(config_space(None))
+    looping[0x100:0x104] = (AER | 0x100 << 20).to_bytes(4, "little")  # points at itself
+    assert parse_acs(bytes(looping)) is None
+    assert parse_acs(b"\xff" * 4096) is None
+
+
+def test_path_between_devices_turns_around_at_the_common_bridge() -> None:
+    chain = device_chain("../../../devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:00.0/0000:18:00.0")
+    assert chain == ("0000:15:01.0", "0000:16:00.0", "0000:17:00.0", "0000:18:00.0")
+    nic = ("0000:15:01.0", "0000:16:00.0", "0000:17:01.0", "0000:1a:00.0")
+    assert bridges_between(chain, nic) == ("0000:16:00.0", "0000:17:00.0", "0000:17:01.0")
+    assert bridges_between(chain, ("0000:97:01.0", "0000:9a:00.0")) is None
+
+
+def test_clean_switch_is_absent_even_with_acs_on_root_ports(tmp_path: Path) -> None:
+    assert verdicts(hgx_tree(tmp_path)) == []
+
+
+def test_redirect_on_the_switch_is_present_with_evidence(tmp_path: Path) -> None:
+    found = verdicts(hgx_tree(tmp_path, switch_acs=0x001D))
+    assert [subject for subject, _, _ in found] == ["bridge 0000:16:00.0", "bridge 0000:17:00.0"]
+    subject, status, text = found[1]
+    assert status is Status.PRESENT
+    assert "ReqRedir+ CmpltRedir+" in text and "GPU 0000:18:00.0 <-> NIC 0000:1a:00.0" in text
+    assert "iommu=pt does not change that" in text
+
+
+def test_unprivileged_config_reads_are_unknown_never_off(tmp_path: Path) -> None:
+    found = verdicts(hgx_tree(tmp_path, switch_acs=0x001D, config_size=64))
+    assert found and all(status is Status.UNKNOWN and "needs root" in text for _, status, text in found)
+
+
+def test_not_applicable_in_a_vm_or_without_gpus_and_nics(tmp_path: Path) -> None:
+    with pytest.raises(NotApplicable, match="virtual machine"):
+        verdicts(hgx_tree(tmp_path / "vm", switch_acs=0x001D, hypervisor=True))
+    with pytest.raises(NotApplicable, match="GPUs and RDMA NICs"):
+        verdicts(bare_node(tmp_path / "empty"))
+
+
+@pytest.mark.parametrize("damage", ["missing", "empty", "garbage"])
+def test_damaged_config_space_is_unknown_with_the_reason(tmp_path: Path, damage: str) -> None:
+    root = hgx_tree(tmp_path)
+    config = root / "sys/devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:00.0/config"
+    if damage == "missing":
+        config.unlink()
+    else:
+        config.write_bytes(b"" if damage == "empty" else os.urandom(4096))
+    found = dict((subject, (status, text)) for subject, status, text in verdicts(root))
+    if damage == "garbage":
+        assert all(status in (Status.PRESENT, Status.UNKNOWN) for status, _ in found.values())
+    else:
+        status, text = found["bridge 0000:17:00.0"]
+        assert status is Status.UNKNOWN and "config" in text
+
+
+def numa(root: Path, bdf_path: str, node: int) -> None:
+    write(root, f"/sys/devices/{bdf_path}/numa_node", f"{node}\n")
+
+
+def topo_verdicts(root: Path, environ: dict[str, str] | None = None) -> list[tuple[str, str]]:
+    if environ:
+        write(root, "/proc/self/environ", b"".join(f"{k}={v}".encode() + b"\0" for k, v in environ.items()))
+    fs = NodeFS(str(root))
+    found = gpu_hca_cross_numa_gdr(probe_pcie(fs), probe_job(fs))
+    return [(o.subject, " ".join(e.observed for e in o.evidence)) for o in found]
+
+
+def test_a_gpu_without_a_nic_on_its_socket_is_present(tmp_path: Path) -> None:
+    root = hgx_tree(tmp_path)
+    for node in ("node0", "node1"):
+        (root / "sys/devices/system/node" / node).mkdir(parents=True)
+    assert topo_verdicts(root) == [("GPU 0000:9a:00.0", "")]  # numa_node unreported on two sockets: unknown
+    numa(root, "pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:01.0/0000:1a:00.0", 0)
+    numa(root, "pci0000:97/0000:97:01.0/0000:9a:00.0", 1)
+    found = topo_verdicts(root)
+    assert [s for s, _ in found] == ["GPU 0000:9a:00.0"] and "SYS (another socket)" in found[0][1]
+
+
+def test_nic_on_the_same_socket_is_phb_and_only_flagged_when_gdr_is_forced(tmp_path: Path) -> None:
+    root = hgx_tree(tmp_path)
+    for bdf_path in ("pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:01.0/0000:1a:00.0",
+                     "pci0000:97/0000:97:01.0/0000:9a:00.0"):
+        numa(root, bdf_path, 1)
+    assert topo_verdicts(root) == []
+    forced = topo_verdicts(root, {"NCCL_NET_GDR_LEVEL": "SYS"})
+    assert [s for s, _ in forced] == ["GPU 0000:9a:00.0"] and "forced over a PHB path" in forced[0][1]
+    assert topo_verdicts(root, {"NCCL_NET_GDR_LEVEL": "2"}) == []
+
+
+# PCI002 / PCI003 on hand-built facts -------------------------------------------------------------
+FULL = PcieLink(16, 16, "2.5 GT/s PCIe", "16.0 GT/s PCIe", "")
+
+
+def endpoint(bdf: str, chain: tuple[str, ...], link: PcieLink = FULL, domain: str = "identity", rdma: tuple[str, ...] = ()) -> PciEndpoint:
+    return PciEndpoint(bdf, chain, 0, link, bdf[5:7], domain, "", rdma)
+
+
+def facts(gpus: tuple[PciEndpoint, ...], nics: tuple[PciEndpoint, ...] = (), bridges: tuple[Bridge, ...] = (),
+          gpu_pairs: tuple[tuple[str, str, tuple[str, ...]], ...] = (), pairs: tuple[tuple[str, str, tuple[str, ...]], ...] = (),
+          iommu: tuple[str, ...] = ("dmar0",), cmdline: str = "intel_iommu=on iommu=pt") -> PcieFacts:
+    return PcieFacts(gpus, nics, bridges, pairs, gpu_pairs, (), (), False, iommu, cmdline, ())
+
+
+SWITCH = ("0000:15:01.0", "0000:16:00.0")
+TWO_GPUS = (endpoint("0000:18:00.0", (*SWITCH, "0000:17:00.0")), endpoint("0000:19:00.0", (*SWITCH, "0000:17:01.0")))
+GPU_PATH = ("0000:16:00.0", "0000:17:00.0", "0000:17:01.0")
+
+
+def test_parse_width_takes_lane_counts_only() -> None:
+    assert [parse_width(text) for text in ("16\n", "8", " 4 ", "0")] == [16, 8, 4, 0]
+    assert [parse_width(text) for text in ("x16", "", None, "64", "-1")] == [None] * 5
+
+
+def test_pci002_width_below_max_is_present_and_speed_never() -> None:
+    narrow = PcieLink(8, 16, "16.0 GT/s PCIe", "16.0 GT/s PCIe", "")
+    slow = PcieLink(16, 16, "2.5 GT/s PCIe", "32.0 GT/s PCIe", "")
+    nic = endpoint("0000:1a:00.0", (*SWITCH, "0000:17:02.0"), narrow, rdma=("mlx5_0",))
+    found = list(p2p_bandwidth_degraded(facts((endpoint("0000:18:00.0", SWITCH, slow), TWO_GPUS[1]), (nic,))))
+    assert [(o.subject, o.status) for o in found] == [("NIC 0000:1a:00.0 (mlx5_0)", Status.PRESENT)]
+    assert found[0].evidence[0].observed.startswith("x8;") and found[0].evidence[0].expected == "x16 (max_link_width)"
+    with pytest.raises(NotApplicable):
+        list(p2p_bandwidth_degraded(facts(())))
+
+
+def test_pci003_acs_on_a_gpu_only_path_is_not_pci001() -> None:
+    redirect = tuple(Bridge(bdf, AcsRegisters(0x5F, 0x001D if bdf == "0000:17:01.0" else 0), "") for bdf in GPU_PATH)
+    nic = endpoint("0000:1a:00.0", (*SWITCH, "0000:17:00.0"), rdma=("mlx5_0",))
+    both = facts(TWO_GPUS, (nic,), redirect, ((TWO_GPUS[0].bdf, TWO_GPUS[1].bdf, GPU_PATH),),
+                 ((TWO_GPUS[0].bdf, nic.bdf, ("0000:17:00.0",)),))
+    assert list(acs_redirect_breaks_gpudirect_rdma(both)) == []  # 17:01.0 is not between GPU 18 and its NIC
+    (found,) = p2p_transfers_hang_or_fault(both)
+    assert found.subject == "bridge 0000:17:01.0" and "GPU 0000:18:00.0 <-> GPU 0000:19:00.0" in found.evidence[1].observed
+    unreadable = facts(TWO_GPUS, bridges=(Bridge("0000:16:00.0", None, "config: permission denied"),), gpu_pairs=both.gpu_pairs)
+    (unknown,) = p2p_transfers_hang_or_fault(unreadable)
+    assert unknown.status is Status.UNKNOWN and "permission denied" in unknown.reason
+
+
+def test_pci003_iommu_domain_types() -> None:
+    translated = (endpoint("0000:18:00.0", SWITCH, domain="DMA"), endpoint("0000:9a:00.0", ("0000:97:01.0",), domain="DMA-FQ"))
+    (found,) = p2p_transfers_hang_or_fault(facts(translated, cmdline="intel_iommu=on"))
+    assert found.subject == "IOMMU" and "DMA: GPU 0000:18:00.0 (group 18); DMA-FQ: GPU 0000:9a:00.0" in found.evidence[0].observed
+    assert list(p2p_transfers_hang_or_fault(facts(translated, iommu=()))) == []  # no IOMMU unit is active
+    unread = tuple(PciEndpoint(gpu.bdf, gpu.chain, 0, FULL, "7", "", "/sys/kernel/iommu_groups/7/type: permission denied", ()) for gpu in TWO_GPUS)
+    assert {o.status for o in p2p_transfers_hang_or_fault(facts(unread))} == {Status.UNKNOWN}
+    outside = tuple(PciEndpoint(gpu.bdf, gpu.chain, 0, FULL, None, "", "", ()) for gpu in TWO_GPUS)
+    assert list(p2p_transfers_hang_or_fault(facts(outside, cmdline="intel_iommu=on"))) == []  # not behind the IOMMU
+
+
+def test_pcie_probe_records_links_and_gpu_pairs(tmp_path: Path) -> None:
+    root = hgx_tree(tmp_path)
+    facts_ = probe_pcie(NodeFS(str(root)))
+    assert facts_.gpu_pairs == () and facts_.nvswitches == ()  # the two GPUs sit under different root ports
+    assert facts_.gpus[0].link.problem.endswith("current_link_width and max_link_width are missing or unreadable")
+    with pytest.raises(Unknown, match="no link width readable"):
+        list(p2p_bandwidth_degraded(facts_))
