@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 
 from preflight.cli.node import CHECKS_DIR, CONFIG, ROOT
 from preflight.cli.spec import Command, Option, Values, error
@@ -29,14 +28,16 @@ _HEALTHCHECK_TIMEOUT = Option(
 )
 
 
-def _mode(mode: str) -> Callable[[Values], int]:
+def _job_mode(mode: str, help: str, timeout: Option) -> Command:
+    """``preflight slurm MODE``: a run scoped to the job Slurm starts or ends (fast to start)."""
+
     def run(values: Values) -> int:
         from preflight.slurm import SlurmArgs, run_slurm
 
         return run_slurm(SlurmArgs(mode=mode, **values))
 
     run.__name__ = f"run_{mode}"
-    return run
+    return Command(("slurm", mode), help, run, options=(ROOT, CONFIG, timeout, CHECKS_DIR), fast=True, probe_threads=True)
 
 
 def run_config(values: Values) -> int:
@@ -78,33 +79,20 @@ def run_config(values: Values) -> int:
 
 
 COMMANDS = (
-    Command(
-        ("slurm", "prolog"),
-        f"Slurm Prolog: the prolog profile, scoped to the job (SLURM_JOB_GPUS).\n\n{_PROLOG_EXIT_CODES}",
-        _mode("prolog"),
-        options=(ROOT, CONFIG, _TIMEOUT, CHECKS_DIR),
-        fast=True,
-        probe_threads=True,
-    ),
-    Command(
-        ("slurm", "epilog"),
+    _job_mode("prolog", f"Slurm Prolog: the prolog profile, scoped to the job (SLURM_JOB_GPUS).\n\n{_PROLOG_EXIT_CODES}", _TIMEOUT),
+    _job_mode(
+        "epilog",
         "Slurm Epilog: after each job (also one whose prolog failed), the configured epilog_profile (default "
         f"prolog) scoped to the job's GPUs, so a node the job left broken takes no further job.\n\n{_EPILOG_EXIT_CODES}",
-        _mode("epilog"),
-        options=(ROOT, CONFIG, _TIMEOUT, CHECKS_DIR),
-        fast=True,
-        probe_threads=True,
+        _TIMEOUT,
     ),
-    Command(
-        ("slurm", "healthcheck"),
+    _job_mode(
+        "healthcheck",
         """HealthCheckProgram or cron: the full profile; drains the node with a "preflight:" reason, resumes a node it drained once clean, never touches a reason someone else set.
 
     Exit codes: 0 nothing drains the node, 2 it has findings that drain it, 3 no verdict.
     """,
-        _mode("healthcheck"),
-        options=(ROOT, CONFIG, _HEALTHCHECK_TIMEOUT, CHECKS_DIR),
-        fast=True,
-        probe_threads=True,
+        _HEALTHCHECK_TIMEOUT,
     ),
     Command(
         ("slurm", "config"),
