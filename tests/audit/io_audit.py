@@ -88,8 +88,10 @@ SOURCE_PACKAGES = ("preflight.sources.",)
 #: Module-name prefixes of preflight's own code (a --checks-dir module gets a private name).
 PREFLIGHT_PREFIXES = ("preflight.", "preflight_site_checks_")
 
-#: The import machinery: reads it does for an import statement are not the importer's I/O.
-IMPORT_MACHINERY = ("importlib._bootstrap", "zipimport")
+#: The import machinery: reads it does for an import statement are not the importer's I/O. Its
+#: frozen modules are named _frozen_importlib(_external) until the importlib package is first
+#: imported and renames them importlib._bootstrap(_external).
+IMPORT_MACHINERY = ("importlib._bootstrap", "_frozen_importlib", "zipimport")
 #: ... nor are reads of the program's own source for a traceback or a warning.
 OWN_CODE_READERS = (*IMPORT_MACHINERY, "linecache", "tokenize")
 
