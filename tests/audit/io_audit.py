@@ -27,7 +27,7 @@ What an audit hook cannot see: CPython raises no event for ``os.stat``/``lstat``
 ``os.path.exists``/``isfile``/``isdir``, ``Path.exists()``/``is_file()``/``stat()``/``resolve()``,
 ``os.readlink``, ``os.access``, ``os.statvfs``, ``resource.getrlimit``, ``pwd``/``grp`` look-ups or
 ``os.environ`` reads, nor for a module loaded through ``importlib.import_module`` (its loader
-skips the ``import`` event). ``tests/reliability/test_no_direct_io.py`` keeps a small AST check for exactly
+skips the ``import`` event). ``tests/test_no_direct_io.py`` keeps a small AST check for exactly
 those, in check and probe modules only.
 
 This module imports nothing beyond ``os``, ``sys`` and ``types``: it loads into every Python
@@ -89,7 +89,9 @@ SOURCE_PACKAGES = ("preflight.sources.",)
 #: Module-name prefixes of preflight's own code (a --checks-dir module gets a private name).
 PREFLIGHT_PREFIXES = ("preflight.", "preflight_site_checks_")
 
-#: The import machinery: reads it does for an import statement are not the importer's I/O.
+#: The import machinery: reads it does for an import statement are not the importer's I/O. Its
+#: frozen modules are named _frozen_importlib(_external) until the importlib package is first
+#: imported and renames them importlib._bootstrap(_external).
 IMPORT_MACHINERY = ("importlib._bootstrap", "_frozen_importlib", "zipimport")
 #: ... nor are reads of the program's own source for a traceback or a warning.
 OWN_CODE_READERS = (*IMPORT_MACHINERY, "linecache", "tokenize")

@@ -156,6 +156,10 @@ def test_the_import_machinery_reading_modules_is_not_the_importers_io(tmp_path: 
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
         assert run_as("preflight.checks.fake", "import freshly_written_module") == []
+        # ... under the name the frozen machinery has before importlib is first imported, too
+        machinery: dict[str, object] = {"__name__": "_frozen_importlib_external"}
+        exec("import os\ndef get_data(path):\n    return os.listdir(path)\n", machinery)
+        assert run_as("preflight.checks.fake", "get_data(where)", get_data=machinery["get_data"], where=str(tmp_path)) == []
         # ... and a traceback reading preflight's own source is not I/O on the node either.
         assert run_as("preflight.checks.fake", "import traceback\ntraceback.format_stack()") == []
     finally:
