@@ -44,6 +44,9 @@ class RunOptions(Struct, frozen=True):
     ignore: tuple[str, ...] = ()
     timeout_s: float = 10.0
     probe_timeout_s: float = 3.0
+    # Run the probes in a child process the run can abandon (preflight.apart): a read stuck in
+    # the kernel then holds that child, never the process that reports and exits.
+    apart: bool = False
 
 
 class Report(Struct, frozen=True):
@@ -170,9 +173,15 @@ class _Turns:
 
 
 def run_probes(
-    specs: list[ProbeSpec], sources: Sources, config: HostConfig, options: RunOptions, deadline: float
+    specs: list[ProbeSpec],
+    sources: Sources,
+    config: HostConfig,
+    options: RunOptions,
+    deadline: float,
+    on_outcome: Callable[[ProbeOutcome], None] | None = None,
 ) -> dict[str, ProbeOutcome]:
-    """Run every probe in its own daemon thread; stop waiting at its deadline or the run's."""
+    """Run every probe in its own daemon thread; stop waiting at its deadline or the run's.
+    ``on_outcome`` is called (from the probe's thread) with each outcome as soon as it is known."""
     clock = sources.clock
     results: dict[str, ProbeOutcome] = {}
     done = {spec.name: threading.Event() for spec in specs}
@@ -213,6 +222,8 @@ def run_probes(
         else:
             results[spec.name] = turns.run(lambda: attempt(spec, needed))
         done[spec.name].set()
+        if on_outcome is not None:
+            on_outcome(results[spec.name])
 
     for spec in specs:
         stuck_since = _still_stuck(_abandon_key(spec, sources))
@@ -331,7 +342,15 @@ def run(
     if checks is None:
         checks = select_checks(registry, config, options)
     probe_specs = _probes_to_run(registry, (spec for spec, _ in checks), options.profile)
-    outcomes = run_probes(probe_specs, sources, config, options, deadline)
+    # Fork only from a single-threaded process: a child forked while another thread holds a lock
+    # (an import, an allocator arena) can wait on it forever. The command line is; a library
+    # caller with threads of its own gets the probe threads here instead.
+    if options.apart and threading.active_count() == 1:
+        from preflight.apart import run_probes_apart
+
+        outcomes = run_probes_apart(probe_specs, sources, config, options, deadline)
+    else:
+        outcomes = run_probes(probe_specs, sources, config, options, deadline)
     findings: list[Finding] = []
     for spec, reference in checks:
         findings.extend(judge(spec, reference, outcomes, config))

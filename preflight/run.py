@@ -99,9 +99,11 @@ def inspect_node(
     ignore: tuple[str, ...] = (),
     checks_dirs: tuple[str, ...] = (),
     sources: Sources | None = None,
+    apart: bool = False,
 ) -> Report:
     """One engine run on ``node``. ``profile`` and ``timeout_s`` default to the config's;
-    ``checks_dirs`` add to the config's. Raises NothingToRun when the selection leaves no check,
+    ``checks_dirs`` add to the config's; ``apart``: probes in a child process the run can abandon
+    (:mod:`preflight.apart`; the commands that must exit on time use it). Raises NothingToRun when the selection leaves no check,
     RegistrationError for a broken check module, CatalogueError for a broken catalogue."""
     from preflight.discovery import build_registry
 
@@ -123,6 +125,7 @@ def inspect_node(
         ignore=ignore,
         timeout_s=timeout,
         probe_timeout_s=min(config.probe_timeout_s, timeout),
+        apart=apart,
     )
     checks = select_checks(registry, config, options)
     if not checks:

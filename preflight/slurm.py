@@ -500,7 +500,7 @@ def _judge_node(session: _Session, node: OpenedNode) -> int:
     # The scontrol calls this run may make get their time before the checks do.
     calls = (1 if args.mode == "prolog" else 2) if settings.drain else 0
     check_budget = max(session.remaining() - calls * settings.scontrol_timeout_s - 0.2, 0.5)
-    report = inspect_node(node, profile=profile, timeout_s=check_budget, ignore=scope.ignore, checks_dirs=args.checks_dirs)
+    report = inspect_node(node, profile=profile, timeout_s=check_budget, ignore=scope.ignore, checks_dirs=args.checks_dirs, apart=True)
     outcome.report = report.to_json()
     verdict = judge_findings(report.findings, settings, scope)
     outcome.verdict = verdict.outcome

@@ -50,6 +50,7 @@ def run_node(values: Values) -> int:
                 select=values["select"],
                 ignore=values["ignore"],
                 checks_dirs=values["checks_dirs"],
+                apart=True,
             )
             if label != directory:
                 report = report.with_root(label)  # the archive, not its temporary copy

@@ -74,6 +74,7 @@ NODE_LIBRARIES = frozenset({"pynvml", "pyroute2", "dns", "pyudev", "socket", "su
 #: the snapshot writes through preflight.sources.archive, and the checkout finder only stats).
 ALLOWED = {
     "preflight.catalogue": "reads the packaged reference catalogue, and the references a site directory or plugin ships",
+    "preflight.apart": "forks the child process the probes run in, so that a read stuck in the kernel holds that child and not the run",
     "preflight.catalogue_index": "reads the packaged catalogue's index (and writes it at build time)",
     "preflight.discovery": "lists and imports check modules (the package, plugins, --checks-dir)",
     "preflight.explain.reader": "reads the log files a user hands to explain",

@@ -21,6 +21,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -517,3 +518,93 @@ def test_healthcheck_without_a_reachable_controller_returns_within_its_budget(cl
     actions = cluster.result("healthcheck")["actions"]
     assert [action["status"] for action in actions] in (["timeout"], ["failed"]), actions  # type: ignore[index]
     assert "DRAIN" not in cluster.node()[0]
+
+
+# -- a read stuck in the kernel ----------------------------------------------------------------
+
+#: Files of the root whose reads never return: two module versions the gpudirect and rdma probes
+#: read, and a refcount next to them.
+STUCK_FILES = ("mlx5_core/version", "nvidia/version", "ib_uverbs/refcnt")
+
+
+def fuse_skip_reason() -> str:
+    if not os.path.exists("/dev/fuse"):
+        return "/dev/fuse is not available here (a container without it): no FUSE mount can be made"
+    import ctypes.util
+
+    if ctypes.util.find_library("fuse") is None:
+        return "libfuse2 is missing: apt-get install libfuse2 fuse"
+    return ""
+
+
+@pytest.fixture
+def stuck_root(cluster: Cluster, tmp_path: Path) -> Iterator[Path]:
+    """The clean root with a FUSE file system over sys/module whose reads of STUCK_FILES never
+    return (tests/fuse_hang.py); a fresh server per test, unmounted after it."""
+    reason = fuse_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    root = tmp_path / "stuck"
+    shutil.copytree(cluster.roots["clean"], root, symlinks=True)
+    served = tmp_path / "module"
+    (root / "sys" / "module").rename(served)
+    (root / "sys" / "module").mkdir()
+    mountpoint = root / "sys" / "module"
+    server = subprocess.Popen(
+        [sys.executable, str(Path(__file__).resolve().parents[1] / "fuse_hang.py"), str(served), str(mountpoint), *STUCK_FILES],
+        stdout=subprocess.DEVNULL, stderr=open(tmp_path / "fuse.log", "wb"), start_new_session=True,
+    )
+    try:
+        cluster.wait_for(lambda: os.path.ismount(mountpoint) or server.poll() is not None, "the FUSE mount", 15)
+        assert os.path.ismount(mountpoint), (tmp_path / "fuse.log").read_text()
+        cluster.roots["stuck"] = root
+        yield root
+    finally:
+        cluster.roots.pop("stuck", None)
+        server.kill()  # aborts the connection: readers stuck on it get an error and go on
+        server.wait(timeout=15)
+        subprocess.run(["fusermount", "-u", "-z", str(mountpoint)], capture_output=True, timeout=15, check=False)
+
+
+def test_6_a_read_stuck_in_the_kernel_cannot_hold_the_prolog(cluster: Cluster, stuck_root: Path) -> None:
+    """Reads that never return hold only the child process the probes run in: the prolog reports
+    on its deadline, exits, and slurmd starts the job. The first job's prolog leaves a read in
+    flight, and the FUSE request keeps the file's page locked until the server answers (never);
+    every later open of the file then waits for that page lock in uninterruptible sleep, where no
+    signal reaches it. Before, that thread was the prolog's own, the prolog's process could not
+    exit, and slurmd waited on it past PrologEpilogTimeout. (cluster.run's timeout is only a hang
+    guard; bench/deadlines.py times the prolog.)"""
+    cluster.use_root("stuck")
+    for attempt in ("first", "second"):
+        job = cluster.run("srun", "--gres=gpu:2", "-N1", "echo", f"{attempt} ran anyway", timeout=60)
+        assert job.returncode == 0 and f"{attempt} ran anyway" in job.stdout, attempt + job.stderr + cluster.logs()
+    result = cluster.result("prolog")
+    probes = {probe["name"]: probe["status"] for probe in result["report"]["probes"]}  # type: ignore[index]
+    assert probes["gpudirect"] == "timeout" and probes["rdma"] == "timeout", probes
+    assert result["exit_code"] == 0 and "DRAIN" not in cluster.node()[0]
+    # What the prolog left behind, if anything, keeps nobody waiting: a process of its own
+    # session, with nothing of slurmd's (no pipe) among its standard streams.
+    for pid in [entry for entry in os.listdir("/proc") if entry.isdigit()]:
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+            streams = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in (0, 1, 2)]
+            session = os.getsid(int(pid))
+        except OSError:
+            continue
+        arguments = command.split(b"\0")
+        if str(cluster.base).encode() in command and b"slurm" in arguments and b"prolog" in arguments:
+            assert session == int(pid) and streams == [os.devnull] * 3, (pid, command, streams)
+
+
+def _state(task: Path) -> str:
+    try:
+        return (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def _command(process: Path) -> bytes:
+    try:
+        return (process / "cmdline").read_bytes()
+    except OSError:
+        return b""
