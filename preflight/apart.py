@@ -54,7 +54,8 @@ def run_probes_apart(
         outcomes = _collect(read_end, {spec.name for spec in specs}, deadline, clock.monotonic)
     finally:
         os.close(read_end)
-        _abandon(child)
+    complete = all(outcome.status != "timeout" for outcome in outcomes.values()) and len(outcomes) == len(specs)
+    _abandon(child, complete)
     waited = clock.monotonic() - started
     for spec in specs:
         if spec.name not in outcomes:
@@ -128,14 +129,17 @@ def _collect(read_end: int, wanted: set[str], deadline: float, monotonic: Callab
     return outcomes
 
 
-def _abandon(child: int) -> None:
-    """Reap the child if it is done; else kill it (effective once a stuck read returns) and let
-    init reap it: waiting here is what this module exists to avoid."""
+def _abandon(child: int, complete: bool) -> None:
+    """Reap the child. When every probe answered it is exiting: wait for it a moment (so that its
+    CPU time is accounted and no zombie is left). Otherwise kill it (effective once a stuck read
+    returns) and let init reap it: waiting here is what this module exists to avoid."""
     try:
-        finished, _ = os.waitpid(child, os.WNOHANG)
-        if finished == 0:
-            os.kill(child, signal.SIGKILL)
-            time.sleep(0)  # let the kill land; a child in D state dies when its read returns
-            os.waitpid(child, os.WNOHANG)
+        if complete:
+            for _ in range(50):  # 50 ms at most
+                if os.waitpid(child, os.WNOHANG)[0]:
+                    return
+                time.sleep(0.001)
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, os.WNOHANG)
     except (ChildProcessError, ProcessLookupError):
         pass
