@@ -38,17 +38,21 @@ if TYPE_CHECKING:
 _LENGTH = struct.Struct("!I")  # each outcome travels as a 4-byte length, then its pickle
 
 
+#: preflight.engine.run_probes' signature (passed in: this module does not import the engine)
+ProbeRunner = Callable[..., "dict[str, ProbeOutcome]"]
+
+
 def run_probes_apart(
-    specs: list[ProbeSpec], sources: Sources, config: HostConfig, options: RunOptions, deadline: float
+    run_probes: ProbeRunner, specs: list[ProbeSpec], sources: Sources, config: HostConfig, options: RunOptions, deadline: float
 ) -> dict[str, ProbeOutcome]:
-    """:func:`preflight.engine.run_probes` in a child process; the outcomes that arrived by the
-    deadline, ``timeout`` for the rest. Never waits past ``deadline``."""
+    """``run_probes`` (:func:`preflight.engine.run_probes`) in a child process; the outcomes that
+    arrived by the deadline, ``timeout`` for the rest. Never waits past ``deadline``."""
     clock = sources.clock
     started = clock.monotonic()
     read_end, write_end = os.pipe()
     child = os.fork()
     if child == 0:  # pragma: no cover - runs in the child, which never returns
-        _child(read_end, write_end, specs, sources, config, options, deadline)
+        _child(run_probes, read_end, write_end, specs, sources, config, options, deadline)
     os.close(write_end)
     try:
         outcomes = _collect(read_end, {spec.name for spec in specs}, deadline, clock.monotonic)
@@ -64,6 +68,7 @@ def run_probes_apart(
 
 
 def _child(
+    run_probes: ProbeRunner,
     read_end: int, write_end: int, specs: list[ProbeSpec], sources: Sources, config: HostConfig, options: RunOptions, deadline: float
 ) -> None:
     """Run the probes, send each outcome as it is known, and exit (never returns)."""
@@ -86,8 +91,6 @@ def _child(
                     return
                 sent.add(outcome.name)
                 _write_all(write_end, _LENGTH.pack(len(data)) + data)
-
-        from preflight.engine import run_probes
 
         outcomes = run_probes(specs, sources, config, options, deadline, on_outcome=send)
         for outcome in outcomes.values():  # the timeouts the child's own wait decided

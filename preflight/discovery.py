@@ -161,7 +161,12 @@ def directory_modules(directory: str) -> list[ModuleType]:
         import hashlib  # only site directories need it; keeps the common path lean
 
         digest = hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:12]
-        module_name = f"preflight_site_checks_{digest}.{name[:-3]}"
+        package_name = f"preflight_site_checks_{digest}"
+        module_name = f"{package_name}.{name[:-3]}"
+        # The private package exists too (empty, nothing importable through it), so that its
+        # modules' records can be pickled by name: facts travel from the probes' child process.
+        package = sys.modules.setdefault(package_name, ModuleType(package_name))
+        package.__path__ = []
         if module_name in sys.modules:
             modules.append(sys.modules[module_name])
             continue

@@ -348,7 +348,7 @@ def run(
     if options.apart and threading.active_count() == 1:
         from preflight.apart import run_probes_apart
 
-        outcomes = run_probes_apart(probe_specs, sources, config, options, deadline)
+        outcomes = run_probes_apart(run_probes, probe_specs, sources, config, options, deadline)
     else:
         outcomes = run_probes(probe_specs, sources, config, options, deadline)
     findings: list[Finding] = []
