@@ -60,7 +60,7 @@ def build_app() -> typer.Typer:
     app = typer.Typer(
         help="Find GPU/RDMA node misconfigurations before a job starts.",
         no_args_is_help=True,
-        add_completion=False,
+        add_completion=True,  # --install-completion, --show-completion (bash, zsh, fish, PowerShell)
         pretty_exceptions_enable=False,
     )
 

@@ -75,6 +75,7 @@ NODE_LIBRARIES = frozenset({"pynvml", "pyroute2", "dns", "pyudev", "socket", "su
 ALLOWED = {
     "preflight.catalogue": "reads the packaged reference catalogue, and the references a site directory or plugin ships",
     "preflight.apart": "forks the child process the probes run in, so that a read stuck in the kernel holds that child and not the run",
+    "preflight.cli.app": "the typer application: shell completion finds the user's shell in /proc (typer's shellingham), not the node",
     "preflight.catalogue_index": "reads the packaged catalogue's index (and writes it at build time)",
     "preflight.discovery": "lists and imports check modules (the package, plugins, --checks-dir)",
     "preflight.explain.reader": "reads the log files a user hands to explain",

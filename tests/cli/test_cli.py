@@ -364,3 +364,9 @@ def test_probes_list_shows_each_probe_its_sources_needs_checks_and_facts(run_cli
     assert all(row["facts"]["fields"] for row in rows.values()), [name for name, row in rows.items() if not row["facts"]["fields"]]
     table = run_cli("probes", "list")
     assert table.returncode == 0 and "RoceFacts" in table.stdout
+
+
+def test_shell_completion_comes_from_typer(run_cli: Runner) -> None:
+    """Completion is typer's: the script for a shell names the program and its completion hook."""
+    result = run_cli("--show-completion", "bash")
+    assert result.returncode == 0 and "_preflight_completion" in result.stdout and "complete" in result.stdout, result.stderr
