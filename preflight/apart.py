@@ -49,8 +49,16 @@ def run_probes_apart(
     arrived by the deadline, ``timeout`` for the rest. Never waits past ``deadline``."""
     clock = sources.clock
     started = clock.monotonic()
-    read_end, write_end = os.pipe()
-    child = os.fork()
+    try:
+        read_end, write_end = os.pipe()
+    except OSError:  # out of file descriptors: the probes run here, in threads, as before
+        return run_probes(specs, sources, config, options, deadline)
+    try:
+        child = os.fork()
+    except OSError:  # out of processes or memory (EAGAIN, ENOMEM): the same
+        os.close(read_end)
+        os.close(write_end)
+        return run_probes(specs, sources, config, options, deadline)
     if child == 0:  # pragma: no cover - runs in the child, which never returns
         _child(run_probes, read_end, write_end, specs, sources, config, options, deadline)
     os.close(write_end)

@@ -38,12 +38,21 @@ FULL_ONLY_MODULES = frozenset({
 })
 
 
+def _module_names(package: ModuleType) -> list[str]:
+    """Dotted names of a package's public modules, in name order."""
+    return [
+        f"{package.__name__}.{name[:-3]}"
+        for directory in package.__path__
+        for name in sorted(os.listdir(directory))
+        if name.endswith(".py") and not name.startswith("_")
+    ]
+
+
 def builtin_probe_modules() -> list[ModuleType]:
     """Every built-in probe module (``preflight.probes``), without the check modules."""
     import preflight.probes as probes
 
-    names = sorted(name[:-3] for directory in probes.__path__ for name in os.listdir(directory) if name.endswith(".py") and not name.startswith("_"))
-    return [importlib.import_module(f"preflight.probes.{name}") for name in names]
+    return [importlib.import_module(name) for name in _module_names(probes)]
 
 
 def builtin_modules(profile: str | None = None) -> list[ModuleType]:
@@ -52,13 +61,7 @@ def builtin_modules(profile: str | None = None) -> list[ModuleType]:
     import preflight.checks as checks
     import preflight.probes as probes
 
-    names = [
-        f"{package.__name__}.{name[:-3]}"
-        for package in (probes, checks)
-        for directory in package.__path__
-        for name in sorted(os.listdir(directory))
-        if name.endswith(".py") and not name.startswith("_")
-    ]
+    names = [*_module_names(probes), *_module_names(checks)]
     if profile == "prolog":
         names = [name for name in names if name not in FULL_ONLY_MODULES]
     return [importlib.import_module(name) for name in names]

@@ -4,14 +4,17 @@ Used by tests/nodes/test_net_netns.py and tests/snapshot/test_snapshot.py."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import preflight_command
 
 NAMES = itertools.count()
@@ -139,3 +142,31 @@ def two_rails_in_one_subnet(ns: Namespace) -> None:
     ns.nic("ens1f0", "10.50.0.2/24")
     ns.nic("ens2f0", "10.50.0.3/24")
     ns.sysctl(ipv4__conf__all__rp_filter="1")
+
+
+@contextlib.contextmanager
+def namespace(prefix: str, tmp_path: Path) -> Iterator[Namespace]:
+    """A fresh network namespace of our own, with loopback up and IPv6 off for new links (so no
+    automatic link-local addresses; scenarios turn it on per link); removed afterwards. Skips
+    the test where namespaces cannot be made (not root, no CAP_SYS_ADMIN) or where this machine's
+    /etc/nccl.conf would steer every scenario."""
+    if os.geteuid() != 0:
+        pytest.skip("network namespaces need root (CAP_SYS_ADMIN); run the suite as root")
+    if etc_nccl_conf_steers_sockets():
+        pytest.skip("/etc/nccl.conf on this machine sets socket variables that would steer every scenario")
+    from pyroute2 import IPRoute, netns
+
+    name = f"pftest-{prefix}-{os.getpid()}-{next(NAMES)}"
+    try:
+        netns.create(name)
+    except OSError as error:
+        pytest.skip(f"cannot create a network namespace here: {error}")
+    ipr = IPRoute(netns=name)
+    try:
+        made = Namespace(name, ipr, tmp_path)
+        made.sysctl(ipv6__conf__default__disable_ipv6="1")
+        made.up("lo")
+        yield made
+    finally:
+        ipr.close()
+        netns.remove(name)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
 import os
 import socket
 import sys
@@ -435,3 +436,41 @@ def test_probes_that_need_each_other_in_a_circle_are_refused() -> None:
 
     with pytest.raises(RegistrationError, match="circle: chicken -> egg -> chicken"):
         registry_of(chicken, egg, symbols={})
+
+
+APART_SCRIPT = """
+import json, sys, time
+import preflight.apart as apart
+from preflight.config import HostConfig
+from preflight.discovery import build_registry
+from preflight.engine import RunOptions, run_probes
+from preflight.sources import Sources
+
+registry = build_registry(profile="prolog")
+specs = [registry.probes[name] for name in registry.needed_probes(["memlock", "roce"])]
+sources = Sources.for_node(sys.argv[1])
+options = RunOptions(probe_timeout_s=60)
+deadline = time.monotonic() + 60  # a hang guard only
+threads = run_probes(specs, sources, HostConfig(), options, deadline)
+forked = apart.run_probes_apart(run_probes, specs, sources, HostConfig(), options, deadline)
+def no_fork():
+    raise BlockingIOError(11, "Resource temporarily unavailable")
+apart.os.fork = no_fork
+fallback = apart.run_probes_apart(run_probes, specs, sources, HostConfig(), options, deadline)
+print(json.dumps({
+    "same": {n: (o.status, o.facts) for n, o in forked.items()} == {n: (o.status, o.facts) for n, o in threads.items()},
+    "statuses": sorted({o.status for o in forked.values()}),
+    "fallback_same": {n: o.facts for n, o in fallback.items()} == {n: o.facts for n, o in threads.items()},
+}))
+"""
+
+
+def test_probes_run_apart_when_they_can_and_in_threads_when_fork_fails(example_root: Path, tmp_path: Path) -> None:
+    """The child process gives the same facts as the threads; a node out of processes (fork
+    fails with EAGAIN) still gets its verdicts, from probe threads in the run's own process. In a
+    fresh interpreter: forking this test process, with other tests' threads in it, is what
+    preflight itself refuses to do."""
+    result = subprocess.run([sys.executable, "-c", APART_SCRIPT, str(example_root)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    verdict = json.loads(result.stdout)
+    assert verdict == {"same": True, "statuses": ["ok"], "fallback_same": True}, verdict

@@ -13,12 +13,11 @@ and Multus pods use it for their data network).
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from netns_lab import NAMES, RECORD, Namespace, etc_nccl_conf_steers_sockets, evidence_text, finding, present, two_rails_in_one_subnet, verdicts
+from netns_lab import RECORD, Namespace, evidence_text, finding, namespace, present, two_rails_in_one_subnet, verdicts
 
 pytestmark = pytest.mark.integration
 
@@ -27,26 +26,9 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def ns(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Namespace]:
-    if os.geteuid() != 0:
-        pytest.skip("network namespaces need root (CAP_SYS_ADMIN); run the suite as root")
-    if etc_nccl_conf_steers_sockets():
-        pytest.skip("/etc/nccl.conf on this machine sets socket variables that would steer every scenario")
-    from pyroute2 import IPRoute, netns
-
-    name = f"pftest-net-{os.getpid()}-{next(NAMES)}"
-    try:
-        netns.create(name)
-    except OSError as error:
-        pytest.skip(f"cannot create a network namespace here: {error}")
-    request.addfinalizer(lambda: netns.remove(name))
-    ipr = IPRoute(netns=name)
-    request.addfinalizer(ipr.close)
-    namespace = Namespace(name, ipr, tmp_path)
-    # New links start without IPv6 (no automatic link-local addresses); scenarios turn it on per link.
-    namespace.sysctl(ipv6__conf__default__disable_ipv6="1")
-    namespace.up("lo")
-    yield namespace
+def ns(tmp_path: Path) -> Iterator[Namespace]:
+    with namespace("net", tmp_path) as made:
+        yield made
 
 
 # -- NET001 -------------------------------------------------------------------------------------

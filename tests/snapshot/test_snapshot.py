@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import EXAMPLE_ROOT, REPO, Runner, preflight_command, write
+
 from preflight.cli.node import NODE, run_node
 from preflight.cli.spec import values_for
 from preflight.snapshot import MANIFEST, SnapshotArgs, take_snapshot
@@ -181,24 +181,10 @@ def test_live_node_snapshot_replays_to_the_recording_run(tmp_path: Path, capsys:
 # -- a live network namespace ----------------------------------------------------------------------
 @pytest.mark.integration
 def test_snapshot_of_a_network_namespace_replays_to_the_live_findings(tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("network namespaces need root (CAP_SYS_ADMIN)")
-    from netns_lab import ENTER, Namespace, etc_nccl_conf_steers_sockets, present, two_rails_in_one_subnet, verdicts
+    from netns_lab import ENTER, namespace, present, two_rails_in_one_subnet, verdicts
 
-    if etc_nccl_conf_steers_sockets():
-        pytest.skip("/etc/nccl.conf on this machine steers NCCL's socket choice")
-    from pyroute2 import IPRoute, netns
-
-    name = f"pftest-snap-{os.getpid()}"
-    try:
-        netns.create(name)
-    except OSError as error:
-        pytest.skip(f"cannot create a network namespace here: {error}")
-    ipr = IPRoute(netns=name)
-    try:
-        ns = Namespace(name, ipr, tmp_path)
-        ns.sysctl(ipv6__conf__default__disable_ipv6="1")
-        ns.up("lo")
+    with namespace("snap", tmp_path) as ns:
+        name = ns.name
         two_rails_in_one_subnet(ns)
         ns.nic("docker0", "172.17.0.1/16")
         ns.ipr.route("add", dst="10.98.0.0/16", type="unreachable")
@@ -217,9 +203,6 @@ def test_snapshot_of_a_network_namespace_replays_to_the_live_findings(tmp_path: 
         recorded = inside("snapshot", str(archive), "--config", str(config))
         assert recorded.returncode == 0, recorded.stderr
         live = inside("node", "--select", "NET", "--format", "json", "--config", str(config))
-    finally:
-        ipr.close()
-        netns.remove(name)
     replay = subprocess.run(
         [*preflight_command(), "node", "--root", str(archive), "--select", "NET", "--format", "json", "--config", str(config)],
         capture_output=True, text=True, timeout=60, cwd=tmp_path,
