@@ -1,20 +1,29 @@
-"""Benchmark: ``preflight node --profile prolog`` and ``preflight slurm prolog`` on the example node
-against a bare interpreter.
+"""Benchmark: the prolog's cost against a bare interpreter, before and after, in one run.
 
-Reports medians and the ratio in one run, so the figure does not depend on the machine's speed
-(target: <= 10x ``python -c pass``). ``slurm prolog`` runs as Slurm would start it for a job with
-two GPUs, on the clean and on the planted example (whose drain call goes to a stand-in scontrol
-that exits at once, so the figure is preflight's own cost), with the last-result file and syslog
-going to a temporary directory (the clean root comes from the tests' ``make_clean``, so install
-the test extra). Run with the interpreter of the venv preflight is installed in:
+Rows (issue 16's table): ``node --profile prolog`` on the example root (JSON and table),
+``slurm prolog`` as slurmd starts it for a job with two GPUs (on the clean and on the planted
+example, whose drain call goes to a stand-in scontrol that exits at once), the live prolog and
+the live full run on this machine, and LBNL NHC running 11 shallow checks as an anchor when a
+checkout of it is given. Each row shows median wall time, its ratio to ``python -c pass`` of the
+same interpreter, median CPU time (user + system of the whole process tree: ``wait4`` counts the
+probes' child process, which the run reaps) and the largest resident set.
 
-    .venv/bin/python bench/prolog.py [--runs 21]
+``--before DIR`` adds the same rows for another build, a directory that
+``pip install --no-deps --target DIR <checkout>`` filled: both builds run with this interpreter
+(so the same dependencies), as ``python -m preflight``, interleaved round by round, so that a busy
+machine slows them alike and the ratios stay comparable. Install the test extra (the clean root
+comes from the tests' ``make_clean``). Run with the interpreter of the venv preflight is in:
+
+    .venv/bin/python bench/prolog.py [--runs 21] [--before DIR] [--nhc NHC_CHECKOUT]
+
+An NHC checkout is a directory holding its ``nhc`` script and ``scripts/`` (e.g.
+``git -C mirror/mej+nhc archive HEAD | tar -x -C DIR``).
 """
 
 from __future__ import annotations
 
 import argparse
-import resource
+import os
 import shutil
 import statistics
 import subprocess
@@ -26,55 +35,108 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "nodes" / "hgx-h100"
 
+#: NHC's shallow checks that a plain VM passes or fails in a few milliseconds each
+NHC_CHECKS = """\
+* || check_fs_mount_rw -f /
+* || check_fs_free / 1%
+* || check_fs_inodes / 1k
+* || check_hw_cpuinfo
+* || check_hw_physmem 1kB 1TB
+* || check_hw_swap 0kB 1TB
+* || check_hw_mem 1kB 2TB
+* || check_hw_physmem_free 1kB
+* || check_hw_mem_free 1kB
+* || check_ps_loadavg 10000
+* || check_file_test -r /etc/hostname
+"""
 
-Case = tuple[list[str], dict[str, str] | None]  # command, environment (None: inherit)
+
+class Case:
+    """One command line and the environment it runs with (None: this process's)."""
+
+    def __init__(self, command: list[str], env: dict[str, str] | None = None, cwd: str | None = None) -> None:
+        self.command, self.env, self.cwd = command, env, cwd
 
 
-def medians(cases: dict[str, Case], runs: int) -> dict[str, tuple[float, float]]:
-    """Median wall time and median CPU time (user + system) of each command. Rounds interleave
-    the commands, so that a busy machine slows them all alike and the ratios stay meaningful; CPU
-    time is the figure least disturbed by other load."""
-    walls: dict[str, list[float]] = {name: [] for name in cases}
-    cpus: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(runs):
-        for name, (command, env) in cases.items():
-            before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            begin = time.perf_counter()
-            subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, env=env)
-            walls[name].append(time.perf_counter() - begin)
-            after = resource.getrusage(resource.RUSAGE_CHILDREN)
-            cpus[name].append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
-    return {name: (statistics.median(walls[name]), statistics.median(cpus[name])) for name in cases}
+class Sample:
+    def __init__(self) -> None:
+        self.walls: list[float] = []
+        self.cpus: list[float] = []
+        self.rss_kib: list[int] = []
+
+    def add(self, case: Case) -> None:
+        begin = time.perf_counter()
+        process = subprocess.Popen(case.command, env=case.env, cwd=case.cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _, status, usage = os.wait4(process.pid, 0)
+        self.walls.append(time.perf_counter() - begin)
+        process.returncode = os.waitstatus_to_exitcode(status)
+        self.cpus.append(usage.ru_utime + usage.ru_stime)
+        self.rss_kib.append(usage.ru_maxrss)
+
+    def row(self, name: str, bare: Sample | None) -> str:
+        wall, cpu = statistics.median(self.walls), statistics.median(self.cpus)
+        text = f"| {name} | {wall * 1000:.0f} ms"
+        if bare is not None:
+            text += f" = {wall / statistics.median(bare.walls):.1f}x"
+        text += f" | {cpu * 1000:.0f} ms"
+        if bare is not None:
+            text += f" = {cpu / statistics.median(bare.cpus):.1f}x"
+        return text + f" | {max(self.rss_kib) / 1024:.0f} MiB |"
+
+
+def build_cases(prefix: list[str], env: dict[str, str] | None, work: Path, config: Path, clean: Path) -> dict[str, Case]:
+    """The rows for one build: ``prefix`` starts preflight (``python -m preflight``)."""
+    job = {**(env or {}), "SLURM_JOB_ID": "4242", "SLURM_JOB_GPUS": "0,1", "SLURMD_NODENAME": "gpu017", "SLURM_SCRIPT_CONTEXT": "prolog_slurmd"}
+    job.pop("PATH", None)  # slurmd starts the prolog without one
+    slurm = [*prefix, "slurm", "prolog", "--config", str(config), "--root"]
+    cwd = str(work)  # never the checkout: `python -m preflight` there would import it instead of the build
+    return {
+        "node --profile prolog, example root, json": Case([*prefix, "node", "--profile", "prolog", "--root", str(EXAMPLE), "--format", "json"], env, cwd),
+        "node --profile prolog, example root, table": Case([*prefix, "node", "--profile", "prolog", "--root", str(EXAMPLE)], env, cwd),
+        "slurm prolog, job with 2 GPUs, clean root": Case([*slurm, str(clean)], job, cwd),
+        "slurm prolog, job with 2 GPUs, planted root (drains)": Case([*slurm, str(EXAMPLE)], job, cwd),
+        "live prolog (this machine), json": Case([*prefix, "node", "--profile", "prolog", "--format", "json"], env, cwd),
+        "live full (this machine), json": Case([*prefix, "node", "--format", "json"], env, cwd),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=21)
+    parser.add_argument("--before", help="a build directory (pip install --no-deps --target DIR CHECKOUT) to compare with")
+    parser.add_argument("--nhc", help="an LBNL NHC checkout (its nhc script and scripts/), timed as an anchor")
     args = parser.parse_args()
-    preflight = str(Path(sys.executable).parent / "preflight")
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(scratch)
         config = slurm_site(work)
         clean = clean_example(work)
-        # The prolog's environment as slurmd sets it: no PATH, the job's SLURM_* variables.
-        job = {"SLURM_JOB_ID": "4242", "SLURM_JOB_GPUS": "0,1", "SLURMD_NODENAME": "gpu017", "SLURM_SCRIPT_CONTEXT": "prolog_slurmd"}
-        slurm = [preflight, "slurm", "prolog", "--config", str(config), "--root"]
-        cases: dict[str, Case] = {
-            "python -c pass": ([sys.executable, "-c", "pass"], None),
-            "preflight node prolog, table": ([preflight, "node", "--profile", "prolog", "--root", str(EXAMPLE)], None),
-            "preflight node prolog, json": ([preflight, "node", "--profile", "prolog", "--root", str(EXAMPLE), "--format", "json"], None),
-            "preflight node full, table": ([preflight, "node", "--root", str(EXAMPLE)], None),
-            "preflight slurm prolog, clean root": ([*slurm, str(clean)], job),
-            "preflight slurm prolog, planted root (drains)": ([*slurm, str(EXAMPLE)], job),
-        }
-        results = medians(cases, args.runs)
-    bare, bare_cpu = results.pop("python -c pass")
-    print(f"python -c pass: {bare * 1000:.1f} ms, CPU {bare_cpu * 1000:.1f} ms (medians of {args.runs})")
-    for name, (seconds, cpu) in results.items():
-        print(
-            f"{name}: {seconds * 1000:.1f} ms = {seconds / bare:.1f}x python -c pass; "
-            f"CPU {cpu * 1000:.1f} ms = {cpu / bare_cpu:.1f}x"
-        )
+        builds: dict[str, dict[str, Case]] = {"now": build_cases([sys.executable, "-m", "preflight"], None, work, config, clean)}
+        if args.before:
+            before_env = {**os.environ, "PYTHONPATH": os.path.abspath(args.before)}
+            builds = {"before": build_cases([sys.executable, "-m", "preflight"], before_env, work, config, clean), **builds}
+        extra: dict[str, Case] = {}
+        if args.nhc:
+            extra["LBNL NHC, 11 shallow checks (anchor)"] = nhc_case(Path(args.nhc), work)
+        bare_case = Case([sys.executable, "-c", "pass"])
+        bare = Sample()
+        samples = {(build, name): Sample() for build, cases in builds.items() for name in cases}
+        extra_samples = {name: Sample() for name in extra}
+        for _ in range(args.runs):
+            bare.add(bare_case)
+            for (build, name), sample in samples.items():
+                sample.add(builds[build][name])
+            for name, sample in extra_samples.items():
+                sample.add(extra[name])
+    print(f"{args.runs} rounds, interleaved; ratios against python -c pass ({statistics.median(bare.walls) * 1000:.1f} ms wall, "
+          f"{statistics.median(bare.cpus) * 1000:.1f} ms CPU, {max(bare.rss_kib) / 1024:.0f} MiB)\n")
+    print("| run | " + " | ".join(f"{build}: wall | {build}: CPU | {build}: max RSS" for build in builds) + " |")
+    print("|---|" + "---|---|---|" * len(builds))
+    names = list(next(iter(builds.values())))
+    for name in names:
+        cells = [samples[(build, name)].row("", bare)[4:-2] for build in builds]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    for name, sample in extra_samples.items():
+        print(sample.row(name, bare))
 
 
 def slurm_site(work: Path) -> Path:
@@ -96,6 +158,15 @@ def clean_example(work: Path) -> Path:
     root = work / "clean"
     shutil.copytree(EXAMPLE, root, symlinks=True)
     return Path(make_clean(root))
+
+
+def nhc_case(checkout: Path, work: Path) -> Case:
+    """NHC as a Slurm HealthCheckProgram runs it, in the foreground, on a config of shallow checks."""
+    conf = work / "nhc.conf"
+    conf.write_text(NHC_CHECKS)
+    command = ["bash", str(checkout / "nhc"), "-c", str(conf), "-D", str(checkout), "-l", str(work / "nhc.log"), "-t", "30", "-q"]
+    # MARK_OFFLINE=0: a failed check must not drain this machine through a real scontrol.
+    return Case(command, {**os.environ, "NHC_RM": "slurm", "MARK_OFFLINE": "0"}, str(work))
 
 
 if __name__ == "__main__":

@@ -354,13 +354,20 @@ def p2p_transfers_hang_or_fault(pcie: PcieFacts) -> Iterator[Observation]:
 
 
 def _translating_iommu(pcie: PcieFacts) -> Iterator[Observation]:
+    if pcie.iommu_units is None:
+        reason = next((problem for problem in pcie.problems if problem.startswith("/sys/class/iommu")), "/sys/class/iommu unreadable")
+        yield undecided("IOMMU", f"whether an IOMMU translates the GPUs' DMA is not known: {reason}")
+        return
     if not pcie.iommu_units:
         return  # no IOMMU: nothing translates
     passthrough = [word for word in pcie.cmdline.split() if word in PASSTHROUGH_PARAMETERS]
     translated: dict[str, list[str]] = {}
     for gpu in pcie.gpus:
         if gpu.iommu_group is None and not gpu.iommu_problem:
-            continue  # not behind an IOMMU
+            # An active IOMMU puts every device in its scope in a group; a GPU without the link
+            # is outside that scope, or its link was not copied with the root.
+            yield undecided(f"GPU {gpu.bdf}", "an IOMMU is active but this GPU has no iommu_group link (not copied with a recorded root, or outside the IOMMU's scope)")
+            continue
         if gpu.iommu_domain in TRANSLATED_DOMAINS:
             translated.setdefault(gpu.iommu_domain, []).append(f"GPU {gpu.bdf} (group {gpu.iommu_group})")
         elif gpu.iommu_problem:

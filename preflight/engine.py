@@ -354,7 +354,9 @@ def run(
     findings: list[Finding] = []
     for spec, reference in checks:
         findings.extend(judge(spec, reference, outcomes, config))
-    facts = {name: facts_to_json(outcome.facts) for name, outcome in outcomes.items() if outcome.status == "ok"}
+    # By probe name: outcomes arrive in the order probes finish, and a report must read the same
+    # on every run (diffs, goldens, the fleet's comparisons).
+    facts = {name: facts_to_json(outcomes[name].facts) for name in sorted(outcomes) if outcomes[name].status == "ok"}
     return Report(
         hostname=hostname,
         root=sources.fs.root,

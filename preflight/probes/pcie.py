@@ -127,7 +127,7 @@ class PcieFacts(Struct, frozen=True):
     nvswitches: tuple[str, ...]  # NVIDIA bridges of class 0x0680
     nearest_nic: tuple[tuple[str, str, str], ...]  # (gpu, its nearest NIC, NCCL path class)
     hypervisor: bool
-    iommu_units: tuple[str, ...]
+    iommu_units: tuple[str, ...] | None  # entries of /sys/class/iommu; None: not known (reason in problems)
     cmdline: str
     problems: tuple[str, ...]
 
@@ -278,10 +278,18 @@ def probe_pcie(fs: NodeFS) -> PcieFacts:
         nvswitches=tuple(nvswitches),
         nearest_nic=tuple(nearest_nic),
         hypervisor=" hypervisor" in f" {flags.partition(':')[2]} ",
-        iommu_units=tuple(reader.listing("/sys/class/iommu") or []),  # only annotates evidence
+        iommu_units=_iommu_units(reader),
         cmdline=(reader.text("/proc/cmdline") or "").strip(),
         problems=tuple(reader.problems),
     )
+
+
+def _iommu_units(reader: FactReader) -> tuple[str, ...] | None:
+    """The active IOMMU units. ``/sys/class/iommu`` exists, empty, on every kernel built with
+    IOMMU support even when no IOMMU is enabled; it is a capture unit, so a copied root that
+    lacks it tells nothing (None) rather than "no IOMMU"."""
+    units = reader.listing("/sys/class/iommu")
+    return None if units is None else tuple(units)
 
 
 def _endpoint(fs: NodeFS, reader: FactReader, bdf: str, chain: tuple[str, ...], rdma: tuple[str, ...] = ()) -> PciEndpoint:

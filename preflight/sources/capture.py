@@ -22,6 +22,8 @@ one all-digit component, ``**`` any number of components) of one of two kinds:
 ``/sys/class/infiniband_verbs`` is a unit although a node without ``ib_uverbs`` lacks it:
 whether the module is loaded is decided from ``/sys/module`` (its absence there is evidence once
 ``/sys/module`` itself was captured), never from a class directory a capture may have skipped.
+``/sys/class/iommu`` is one for the same reason: every kernel built with IOMMU support has it
+(empty when no IOMMU is enabled), and a capture that skipped it says nothing about the IOMMU.
 
 Probes that add a source add its units here. The reliability property
 (``tests/sources/test_capture_units.py``) deletes each unit from every recorded root and requires that
@@ -80,6 +82,7 @@ CAPTURE_UNITS: tuple[tuple[str, str], ...] = (
     ("/sys/class/infiniband/*/ports/*/phys_state", "port physical state"),
     ("/sys/class/infiniband/*/ports/*/link_layer", "port link layer"),
     ("/sys/class/infiniband_verbs", "verbs devices (ib_uverbs)"),
+    ("/sys/class/iommu", "IOMMU units"),
     ("/sys/module", "kernel modules"),
     ("/sys/kernel", "kernel objects"),
     ("/sys/bus/pci/devices", "PCI devices"),

@@ -153,7 +153,9 @@ class NodeFS:
                 error.__context__ = error.__cause__ = None
         value = self._memo[key]
         if isinstance(value, SourceError):
-            raise value
+            # A fresh error each time: raising the remembered one would attach this frame (and
+            # so this view) to it, a cycle that keeps the root's descriptor open until a GC pass.
+            raise type(value)(value.source, value.reason)
         return cast(_T, value)
 
     # -- path mapping -------------------------------------------------------------------------

@@ -151,3 +151,24 @@ def test_one_view_reads_each_file_once(tmp_path: Path) -> None:
         fs.read("/bin")
     with pytest.raises(SourceError):  # the remembered failure, not a second read
         fs.read("/bin")
+
+
+def test_a_view_that_remembered_a_failure_is_freed_without_a_gc_pass(tmp_path: Path) -> None:
+    """A remembered failure raised again must not tie the view to the error (through the raising
+    frame): the view, and the descriptor of its root, would then live until a GC pass, and a
+    process that runs the prolog in a loop piled up descriptors."""
+    import gc
+    import weakref
+
+    (tmp_path / "sys" / "class").mkdir(parents=True)
+    gc.disable()
+    try:
+        fs = NodeFS(str(tmp_path))
+        for _ in range(2):
+            with pytest.raises(NotCaptured):
+                fs.listdir("/sys/class/iommu")  # a capture unit this root lacks
+        alive = weakref.ref(fs)
+        del fs
+        assert alive() is None
+    finally:
+        gc.enable()
