@@ -6,7 +6,7 @@ example, whose drain call goes to a stand-in scontrol that exits at once), the l
 the live full run on this machine, and LBNL NHC running 11 shallow checks as an anchor when a
 checkout of it is given. Each row shows median wall time, its ratio to ``python -c pass`` of the
 same interpreter, median CPU time (user + system of the whole process tree: ``wait4`` counts the
-probes' child process, which the run reaps) and the largest resident set.
+probes' child process, which the run reaps) and the largest resident set of any of its processes.
 
 ``--before DIR`` adds the same rows for another build, a directory that
 ``pip install --no-deps --target DIR <checkout>`` filled: both builds run with this interpreter
@@ -29,7 +29,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -58,6 +57,20 @@ class Case:
         self.command, self.env, self.cwd = command, env, cwd
 
 
+#: Starts one command and reports its wall time, CPU time and peak memory. The bench itself is a
+#: large process, and a child's peak RSS counts the memory of the process it was forked from until
+#: it execs; started from this small launcher instead, every figure is the command's own.
+LAUNCHER = """
+import os, sys, time
+null = os.open(os.devnull, os.O_RDWR)
+actions = [(os.POSIX_SPAWN_DUP2, null, 1), (os.POSIX_SPAWN_DUP2, null, 2)]
+begin = time.perf_counter()
+pid = os.posix_spawn(sys.argv[1], sys.argv[1:], os.environ, file_actions=actions)
+_, status, usage = os.wait4(pid, 0)
+print(time.perf_counter() - begin, usage.ru_utime + usage.ru_stime, usage.ru_maxrss)
+"""
+
+
 class Sample:
     def __init__(self) -> None:
         self.walls: list[float] = []
@@ -65,13 +78,13 @@ class Sample:
         self.rss_kib: list[int] = []
 
     def add(self, case: Case) -> None:
-        begin = time.perf_counter()
-        process = subprocess.Popen(case.command, env=case.env, cwd=case.cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _, status, usage = os.wait4(process.pid, 0)
-        self.walls.append(time.perf_counter() - begin)
-        process.returncode = os.waitstatus_to_exitcode(status)
-        self.cpus.append(usage.ru_utime + usage.ru_stime)
-        self.rss_kib.append(usage.ru_maxrss)
+        command = [shutil.which(case.command[0]) or case.command[0], *case.command[1:]]
+        result = subprocess.run([sys.executable, "-S", "-c", LAUNCHER, *command], env=case.env, cwd=case.cwd,
+                                capture_output=True, text=True, check=True)
+        wall, cpu, rss = result.stdout.split()
+        self.walls.append(float(wall))
+        self.cpus.append(float(cpu))
+        self.rss_kib.append(int(rss))
 
     def row(self, name: str, bare: Sample | None) -> str:
         wall, cpu = statistics.median(self.walls), statistics.median(self.cpus)

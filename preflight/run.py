@@ -11,9 +11,10 @@ from __future__ import annotations
 import math
 import os
 
+from msgspec import Struct
+
 from preflight.config import DEFAULT_CONFIG_PATH, ConfigError, HostConfig, parse_config
 from preflight.engine import Report, RunOptions, run, select_checks, selects
-from msgspec import Struct
 from preflight.registry import PROFILES, Registry
 from preflight.sources import NodeFS, SourceError, Sources, open_root
 from preflight.sources.archive import is_archive

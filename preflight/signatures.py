@@ -17,6 +17,7 @@ import importlib
 import re
 from typing import Any
 
+
 def _load_parser() -> Any:
     """The regex parser: ``re._parser`` from Python 3.11, the (since deprecated) ``sre_parse``
     module before that."""

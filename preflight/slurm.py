@@ -37,8 +37,9 @@ import re
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from msgspec import Struct, field
 
 from preflight.config import (
     DEFAULT_CONFIG_PATH,
@@ -49,7 +50,6 @@ from preflight.config import (
 )
 from preflight.exitcodes import ExitCode
 from preflight.model import Finding, Status
-from msgspec import Struct
 from preflight.sources import NodeFS, SourceError
 
 if TYPE_CHECKING:
@@ -355,8 +355,7 @@ def node_name(settings: SlurmSettings, environ: Mapping[str, str]) -> str:
 # ---- the commands ------------------------------------------------------------------------------
 
 
-@dataclass
-class _Outcome:
+class _Outcome(Struct):
     """What one run did, for stdout, syslog and the last-result file."""
 
     mode: str

@@ -17,11 +17,12 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
+from msgspec import Struct
+
 from preflight.catalogue import CatalogueError
 from preflight.explain.posts import normalise, segments, undo_autolinks
 from preflight.explain.reader import MAX_LINE, Chunk
 from preflight.model import Reference
-from msgspec import Struct
 from preflight.signatures import required_literals, specificity
 
 _MIN_WRAP_WIDTH = 60  # shorter lines are not the first half of a hard wrap

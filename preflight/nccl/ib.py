@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import re
 
+from msgspec import Struct
+
 from preflight.probes.job import JobFacts, Setting
 from preflight.probes.rdma import PORT_ACTIVE, RdmaFacts, RdmaPort, ports_unlisted
-from msgspec import Struct
 
 NCCL_LINK_LAYERS = ("InfiniBand", "Ethernet")
 

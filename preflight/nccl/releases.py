@@ -12,9 +12,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
+from msgspec import Struct
+
 from preflight.model import Evidence, NotApplicable, Observation, Severity, Unknown, present, undecided
 from preflight.probes.nccl_libs import NcclCopy, NcclLibFacts
-from msgspec import Struct
 
 
 class KnownBug(Struct, frozen=True):

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
 
-from msgspec import Struct
+from msgspec import Struct, field
 from msgspec.structs import replace
 
 from preflight.sources.dns import Dns, LiveDns, NoDns, ReplayDns, ResolvConf, parse_resolv_conf
@@ -48,8 +47,7 @@ class RootError(Exception):
     """The requested root cannot be used at all (missing, not a directory)."""
 
 
-@dataclass
-class Sources:
+class Sources(Struct):
     """One bundle of sources for one node."""
 
     fs: NodeFS

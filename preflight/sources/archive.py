@@ -20,7 +20,6 @@ import os
 import stat as stat_codes
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import IO
 
 from msgspec import Struct
@@ -275,8 +274,7 @@ class _GzipStream:
         return not self._buffer
 
 
-@dataclass
-class _Entry:
+class _Entry(Struct):
     """One tar member as the extractor sees it; ``read``/``skip`` consume its data."""
 
     name: str

@@ -1,14 +1,15 @@
-"""DNS answers: live through dnspython with bounded lifetimes, or replayed from
-``<root>/.preflight/dns.json``.
+"""DNS answers: live through :mod:`preflight.sources.dnswire` with bounded lifetimes, or replayed
+from ``<root>/.preflight/dns.json``.
 
 The live resolver is configured from the node's ``/etc/resolv.conf`` (read through the
 filesystem source, so ``--root`` and the live node behave alike) unless the site config names
-nameservers. dnspython is imported only on the first query (~75 ms here).
+nameservers.
 
 Three kinds of question:
 
 * ``resolve(name, "A"|"AAAA")``: forward lookups with resolv.conf's search list and ``ndots``, as
-  glibc's stub resolver applies them (dnspython does not search unless asked);
+  glibc's stub resolver applies them; a server that fails (SERVFAIL, REFUSED, unreachable) passes
+  the question to the next one, NXDOMAIN moves on to the next name of the search list;
 * ``resolve(address, "PTR")``: the reverse lookup of an IPv4/IPv6 address (``in-addr.arpa`` /
   ``ip6.arpa``), never searched;
 * ``check_nameservers(name)``: one query to *each* nameserver on its own, timed, so that a dead or
@@ -39,6 +40,7 @@ all (``preflight snapshot`` writes it); it raises SourceError on replay, and so 
 
 from __future__ import annotations
 
+import ipaddress
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -46,6 +48,7 @@ from typing import Any, Protocol, TypeVar
 
 from msgspec import Struct
 
+from preflight.sources import dnswire
 from preflight.sources.fs import RecordedDocument, SourceError, describe_os_error
 
 DNS_ERRORS = ("NXDOMAIN", "NOANSWER", "TIMEOUT", "NO_NAMESERVERS", "SERVFAIL")
@@ -140,7 +143,7 @@ def _in_parallel(calls: Sequence[Callable[[], _T]], wait_s: float, late: Callabl
 
 
 class LiveDns:
-    """dnspython stub resolver with a hard lifetime per query."""
+    """A stub resolver with a hard lifetime per question."""
 
     def __init__(self, resolv: ResolvConf, port: int = 53, lifetime: float = 2.0) -> None:
         self._resolv = resolv
@@ -151,38 +154,64 @@ class LiveDns:
         return list(self._resolv.nameservers)
 
     def resolve(self, name: str, rdtype: str, nameservers: Sequence[str] | None = None) -> DnsAnswer:
-        import dns.exception
-        import dns.name
-        import dns.resolver
-        import dns.reversename
-
         servers = list(self._resolv.nameservers if nameservers is None else nameservers)
         if not servers:
             return DnsAnswer(name, rdtype, error="NO_NAMESERVERS", detail="no nameserver to ask")
-        resolver = dns.resolver.Resolver(configure=False)
-        resolver.nameservers = servers
-        resolver.port = self._port
-        resolver.search = [dns.name.from_text(domain) for domain in self._resolv.search]
-        resolver.ndots = self._resolv.ndots
-        resolver.lifetime = self._lifetime
-        resolver.timeout = self._lifetime
-        try:
-            if rdtype == "PTR":
-                answer = resolver.resolve(dns.reversename.from_address(name), "PTR", search=False)
-            else:
-                answer = resolver.resolve(name, rdtype, search=True, raise_on_no_answer=True)
-        except dns.resolver.NXDOMAIN:
-            return DnsAnswer(name, rdtype, error="NXDOMAIN")
-        except dns.resolver.NoAnswer:
-            return DnsAnswer(name, rdtype, error="NOANSWER")
-        except dns.resolver.LifetimeTimeout:
-            return DnsAnswer(name, rdtype, error="TIMEOUT", detail=f"no answer within {self._lifetime:g} s")
-        except (dns.exception.DNSException, ValueError) as error:
-            return DnsAnswer(name, rdtype, error="SERVFAIL", detail=str(error)[:200])
-        records = tuple(sorted(str(item) for item in answer))
+        deadline = time.monotonic() + self._lifetime
         if rdtype == "PTR":
-            return DnsAnswer(name, rdtype, names=records)
-        return DnsAnswer(name, rdtype, records)
+            try:
+                qnames = [ipaddress.ip_address(name).reverse_pointer + "."]
+            except ValueError as error:
+                return DnsAnswer(name, rdtype, error="SERVFAIL", detail=str(error)[:200])
+        else:
+            qnames = self._qnames(name)
+        failures: list[str] = []
+        for qname in qnames:
+            outcome = self._ask_servers(servers, qname, rdtype, deadline, failures)
+            if outcome is None:
+                return DnsAnswer(name, rdtype, error="TIMEOUT", detail=f"no answer within {self._lifetime:g} s")
+            if outcome == "NXDOMAIN":
+                continue
+            if isinstance(outcome, str):  # every server failed for this name
+                return DnsAnswer(name, rdtype, error="SERVFAIL", detail="; ".join(failures)[:200])
+            records = dnswire.chase(outcome, qname, rdtype)
+            if not records:
+                return DnsAnswer(name, rdtype, error="NOANSWER")
+            return DnsAnswer(name, rdtype, names=records) if rdtype == "PTR" else DnsAnswer(name, rdtype, records)
+        return DnsAnswer(name, rdtype, error="NXDOMAIN")
+
+    def _qnames(self, name: str) -> list[str]:
+        """The names to try, as glibc's stub resolver orders them (resolv.conf(5)): an absolute
+        name alone; otherwise the name as given first when it has at least ``ndots`` dots, the
+        search list first when it has fewer."""
+        if name.endswith("."):
+            return [name]
+        searched = [f"{name}.{domain.rstrip('.')}." for domain in self._resolv.search]
+        return [f"{name}.", *searched] if name.count(".") >= self._resolv.ndots else [*searched, f"{name}."]
+
+    def _ask_servers(
+        self, servers: list[str], qname: str, rdtype: str, deadline: float, failures: list[str]
+    ) -> dnswire.Response | str | None:
+        """The first usable response for ``qname`` from ``servers`` in order; "NXDOMAIN"; another
+        rcode or "FAILED" when every server failed (the reasons added to ``failures``); None when the
+        lifetime ran out."""
+        last = "FAILED"
+        for server in servers:
+            try:
+                response = dnswire.ask(server, self._port, qname, rdtype, deadline)
+            except TimeoutError:
+                return None
+            except dnswire.WireError as error:
+                failures.append(f"{server}: {error}")
+                continue
+            except OSError as error:
+                failures.append(f"{server}: {describe_os_error(error)}")
+                continue
+            if response.rcode in ("NOERROR", "NXDOMAIN"):
+                return response if response.rcode == "NOERROR" else "NXDOMAIN"
+            failures.append(f"{server} answered {response.rcode} for {qname}")
+            last = response.rcode
+        return last
 
     def resolve_many(
         self, questions: Sequence[tuple[str, str]], nameservers: Sequence[str] | None = None
@@ -205,39 +234,16 @@ class LiveDns:
         return _in_parallel(calls, self._lifetime + _JOIN_SLACK_S, late)
 
     def _check_one(self, server: str, name: str) -> NameserverCheck:
-        import socket
-
-        import dns.exception
-        import dns.message
-        import dns.rcode
-
-        query = dns.message.make_query(name if name.endswith(".") else f"{name}.", "A")
         begin = time.monotonic()
-        deadline = begin + self._lifetime
-        family = socket.AF_INET6 if ":" in server else socket.AF_INET
         try:
-            with socket.socket(family, socket.SOCK_DGRAM) as sock:
-                # Connected, so that an ICMP port-unreachable comes back as ECONNREFUSED.
-                sock.connect((server, self._port))
-                sock.send(query.to_wire())
-                while True:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise socket.timeout()
-                    sock.settimeout(remaining)
-                    wire = sock.recv(65535)
-                    try:
-                        response = dns.message.from_wire(wire)
-                    except dns.exception.DNSException:
-                        continue  # garbage or a stray datagram: keep waiting for ours
-                    if query.is_response(response):
-                        break
-        except socket.timeout:
+            response = dnswire.ask(server, self._port, dnswire.absolute(name), "A", begin + self._lifetime)
+        except TimeoutError:
             return NameserverCheck(server, error="TIMEOUT", detail=f"no answer within {self._lifetime:g} s")
+        except dnswire.WireError as error:
+            return NameserverCheck(server, error="UNREACHABLE", detail=f"malformed answer: {error}")
         except OSError as error:
             return NameserverCheck(server, error="UNREACHABLE", detail=describe_os_error(error))
-        elapsed = round(time.monotonic() - begin, 4)
-        return NameserverCheck(server, dns.rcode.to_text(response.rcode()), elapsed)
+        return NameserverCheck(server, response.rcode, round(time.monotonic() - begin, 4))
 
 
 class ReplayDns(RecordedDocument):

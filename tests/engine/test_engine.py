@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import subprocess
 import os
 import socket
+import subprocess
 import sys
 import textwrap
 import threading
 import time
-from typing import Any
 from pathlib import Path
+from typing import Any
 
+import msgspec.structs
 import pytest
-
 from conftest import Runner, site_config, write
+
 from preflight.discovery import build_registry, directory_modules
 from preflight.registry import RegistrationError, Registry, check, probe
 from preflight.sources import Clock
@@ -327,7 +327,7 @@ def test_probes_take_turns_and_time_only_their_own_work(example_root: Path, monk
     # Turns for the whole run, however slowly a loaded machine runs the probes.
     monkeypatch.setattr(engine, "TURN_TAKING_S", 600.0)
     clock = StepClock()
-    sources = dataclasses.replace(Sources.for_node(str(example_root)), clock=clock)
+    sources = msgspec.structs.replace(Sources.for_node(str(example_root)), clock=clock)
     inside: list[str] = []
     crowded: list[str] = []
 
