@@ -44,12 +44,14 @@ import ipaddress
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from msgspec import Struct
 
-from preflight.sources import dnswire
 from preflight.sources.fs import RecordedDocument, SourceError, describe_os_error
+
+if TYPE_CHECKING:
+    from preflight.sources.dnswire import Response
 
 DNS_ERRORS = ("NXDOMAIN", "NOANSWER", "TIMEOUT", "NO_NAMESERVERS", "SERVFAIL")
 SERVER_ERRORS = ("TIMEOUT", "UNREACHABLE")
@@ -154,6 +156,8 @@ class LiveDns:
         return list(self._resolv.nameservers)
 
     def resolve(self, name: str, rdtype: str, nameservers: Sequence[str] | None = None) -> DnsAnswer:
+        from preflight.sources import dnswire  # with socket: only when a question is asked
+
         servers = list(self._resolv.nameservers if nameservers is None else nameservers)
         if not servers:
             return DnsAnswer(name, rdtype, error="NO_NAMESERVERS", detail="no nameserver to ask")
@@ -191,10 +195,12 @@ class LiveDns:
 
     def _ask_servers(
         self, servers: list[str], qname: str, rdtype: str, deadline: float, failures: list[str]
-    ) -> dnswire.Response | str | None:
+    ) -> Response | str | None:
         """The first usable response for ``qname`` from ``servers`` in order; "NXDOMAIN"; another
         rcode or "FAILED" when every server failed (the reasons added to ``failures``); None when the
         lifetime ran out."""
+        from preflight.sources import dnswire
+
         last = "FAILED"
         for server in servers:
             try:
@@ -234,6 +240,8 @@ class LiveDns:
         return _in_parallel(calls, self._lifetime + _JOIN_SLACK_S, late)
 
     def _check_one(self, server: str, name: str) -> NameserverCheck:
+        from preflight.sources import dnswire
+
         begin = time.monotonic()
         try:
             response = dnswire.ask(server, self._port, dnswire.absolute(name), "A", begin + self._lifetime)

@@ -78,3 +78,23 @@ def test_deleting_capture_units_of_real_captures(registry: Registry, real_roots:
         failures += found
     assert tried >= 100
     assert not failures, "\n".join(failures[:40])
+
+
+@pytest.mark.parametrize(
+    ("path", "unit"),
+    [
+        ("/proc/4242/limits", True),
+        ("/proc/self/limits", True),
+        ("/proc/４２/limits", False),  # full-width digits are not a process ID
+        ("/sys/class/net/eth0/mtu", True),
+        ("/sys/class/net/eth0/statistics/mtu", False),
+        ("/sys/devices/pci0000:00/0000:00:01.0/config", True),
+        ("/sys/devices/config", False),  # ** is one component or more
+        ("/sys/bus", True),  # above a literal unit
+        ("/sys/class/infiniband", False),  # above a wildcard unit: a node without RDMA lacks it
+    ],
+)
+def test_unit_patterns(path: str, unit: bool) -> None:
+    from preflight.sources.capture import unit_of
+
+    assert (unit_of(path) is not None) == unit
