@@ -15,9 +15,10 @@ import re
 from functools import lru_cache
 from typing import Any
 
-from msgspec import Struct, field
+import msgspec
+from msgspec import Raw, Struct, field
 
-from preflight.catalogue_index import digest, read_index
+from preflight.catalogue_index import INDEX_FORMAT, INDEX_NAME, digest
 from preflight.model import REFERENCE_ID, SYMBOL, Reference, Severity
 from preflight.signatures import MIN_LITERAL, ROLES, required_literals, safety_problems
 from preflight.tomlcompat import TomlError, parse_toml
@@ -46,10 +47,39 @@ def reference_ids(directory: str | None = None) -> list[str]:
     return sorted(name[:-5] for name in os.listdir(folder) if name.endswith(".toml") and REFERENCE_ID.match(name[:-5]))
 
 
+class _IndexFile(Struct):
+    format: str
+    references: dict[str, Raw]  # each entry left encoded until its reference is asked for
+
+
+class _IndexEntry(Struct):
+    digest: str
+    document: dict[str, Any]
+
+
 @lru_cache(maxsize=None)
-def _index(directory: str) -> dict[str, Any]:
-    """The entries of ``directory``'s build-time index (:mod:`preflight.catalogue_index`)."""
-    return read_index(directory)
+def _index(directory: str) -> dict[str, Raw]:
+    """The still-encoded entries of ``directory``'s build-time index
+    (:mod:`preflight.catalogue_index`); empty when there is none or it is not one. A prolog run
+    needs a third of the references: decoding only theirs halves the index's cost (~2 ms)."""
+    try:
+        with open(os.path.join(directory, INDEX_NAME), "rb") as handle:
+            index = msgspec.json.decode(handle.read(), type=_IndexFile)
+    except (OSError, msgspec.DecodeError):
+        return {}
+    return index.references if index.format == INDEX_FORMAT else {}
+
+
+def _index_document(directory: str, ref_id: str, data: bytes) -> dict[str, Any] | None:
+    """The indexed document of ``ref_id`` when the index has this file's bytes ``data``."""
+    raw = _index(directory).get(ref_id)
+    if raw is None:
+        return None
+    try:
+        entry = msgspec.json.decode(raw, type=_IndexEntry)
+    except msgspec.DecodeError:
+        return None
+    return entry.document if entry.digest == digest(data) else None
 
 
 def _read_document(ref_id: str, directory: str | None) -> tuple[dict[str, Any], str]:
@@ -64,10 +94,8 @@ def _read_document(ref_id: str, directory: str | None) -> tuple[dict[str, Any], 
         raise CatalogueError(f"no reference {ref_id} ({path} is missing)") from None
     except OSError as error:
         raise CatalogueError(f"{path}: {error.strerror}") from None
-    entry = _index(folder).get(ref_id)
-    if isinstance(entry, dict) and entry.get("digest") == digest(data) and isinstance(entry.get("document"), dict):
-        return entry["document"], path
-    return _parse_document(data, path), path
+    document = _index_document(folder, ref_id, data)
+    return (document, path) if document is not None else (_parse_document(data, path), path)
 
 
 def _parse_document(data: bytes, path: str) -> dict[str, Any]:

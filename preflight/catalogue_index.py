@@ -67,15 +67,3 @@ def write_index(directory: str, target_directory: str) -> str:
         out.write(text + "\n")
     os.replace(partial, path)  # a reader never sees half an index
     return path
-
-
-def read_index(directory: str) -> dict[str, Any]:
-    """The entries (by ID) of ``directory``'s index; empty when there is none or it is not one."""
-    try:
-        with open(os.path.join(directory, INDEX_NAME), encoding="utf-8") as handle:
-            index = json.load(handle)
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(index, dict) or index.get("format") != INDEX_FORMAT or not isinstance(index.get("references"), dict):
-        return {}
-    return dict(index["references"])

@@ -18,7 +18,7 @@ import importlib.util
 import os
 import stat
 import sys
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from types import ModuleType
 
 from preflight.catalogue import CatalogueError, References, load_all, reference_from_file, reference_ids
@@ -55,16 +55,41 @@ def builtin_probe_modules() -> list[ModuleType]:
     return [importlib.import_module(name) for name in _module_names(probes)]
 
 
-def builtin_modules(profile: str | None = None) -> list[ModuleType]:
+def builtin_modules(profile: str | None = None, families: Collection[str] | None = None) -> list[ModuleType]:
     """The built-in probe modules (``preflight.probes``) and check modules (``preflight.checks``);
-    for ``profile="prolog"``, only those it can use."""
+    for ``profile="prolog"``, only those it can use; with ``families``, only the check modules
+    of those reference families (``checks/mem.py`` decides the MEM references)."""
     import preflight.checks as checks
     import preflight.probes as probes
 
-    names = [*_module_names(probes), *_module_names(checks)]
+    check_names = _module_names(checks)
+    if families is not None:
+        check_names = [name for name in check_names if name.rsplit(".", 1)[1] in families]
+    names = [*_module_names(probes), *check_names]
     if profile == "prolog":
         names = [name for name in names if name not in FULL_ONLY_MODULES]
     return [importlib.import_module(name) for name in names]
+
+
+def family(ref_id: str) -> str:
+    """The check module of a reference: ``MEM001`` is decided in ``checks/mem.py``."""
+    return ref_id.rstrip("0123456789").lower()
+
+
+def selected_families(references: References, select: Iterable[str]) -> set[str] | None:
+    """The families of the references ``select`` names (ID prefixes or symbols, as ``--select``
+    takes them), so that a run of a few checks imports only their modules; None (all) when a
+    token names none, which the run then reports."""
+    from preflight.model import selects
+
+    tokens = tuple(select)
+    found: set[str] = set()
+    for token in tokens:
+        matched = {family(reference.id) for reference in references.all() if selects(token, reference)}
+        if not matched:
+            return None
+        found |= matched
+    return found
 
 
 def entry_point_specs(group: str = ENTRY_POINT_GROUP) -> list[tuple[str, str]]:
@@ -313,11 +338,14 @@ def _plugin_places(plugins: list[tuple[str, ModuleType]]) -> list[tuple[str, str
     return places
 
 
-def build_registry(checks_dirs: Iterable[str] = (), plugins: bool = True, profile: str | None = None) -> Registry:
+def build_registry(
+    checks_dirs: Iterable[str] = (), plugins: bool = True, profile: str | None = None, select: Iterable[str] = ()
+) -> Registry:
     """All probes and checks, validated against the catalogue and the references that plugins and
-    site directories ship; raises RegistrationError."""
+    site directories ship; with ``select`` (``--select`` tokens), only the built-in checks of the
+    families it names. Raises RegistrationError."""
     registry = Registry()
-    modules = builtin_modules(profile)
+    modules: list[ModuleType] = []
     places: list[tuple[str, str, bool]] = []
     if plugins:
         found = _plugins()
@@ -328,6 +356,8 @@ def build_registry(checks_dirs: Iterable[str] = (), plugins: bool = True, profil
         places.append((directory, "--checks-dir", True))
     if places:  # before a site module runs: a bad reference stops the run with nothing imported
         registry.references = extension_references(places)
+    families = selected_families(registry.references, select) if select else None
+    modules = [*builtin_modules(profile, families), *modules]
     for directory in checks_dirs:
         modules += directory_modules(directory)
     for module in modules:

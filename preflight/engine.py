@@ -29,6 +29,7 @@ from preflight.model import (
     Reference,
     Status,
     Unknown,
+    selects,
 )
 from preflight.registry import CheckSpec, ProbeSpec, Registry
 from preflight.sources import SourceError, Sources
@@ -84,11 +85,6 @@ class Report(Struct, frozen=True):
             "probes": [probe.to_json() for probe in self.probes],
             "facts": self.facts,
         }
-
-
-def selects(token: str, reference: Reference) -> bool:
-    """``--select``/``--ignore`` tokens match an ID prefix (``MEM``, ``MEM001``) or a symbol."""
-    return reference.id.startswith(token.upper()) or token.lower() == reference.symbol
 
 
 def select_checks(registry: Registry, config: HostConfig, options: RunOptions) -> list[tuple[CheckSpec, Reference]]:

@@ -159,3 +159,8 @@ class Reference(Struct, frozen=True):
     @property
     def fix_text(self) -> str:
         return " ".join(self.fix)
+
+
+def selects(token: str, reference: Reference) -> bool:
+    """``--select``/``--ignore`` tokens match an ID prefix (``MEM``, ``MEM001``) or a symbol."""
+    return reference.id.startswith(token.upper()) or token.lower() == reference.symbol

@@ -14,7 +14,8 @@ import os
 from msgspec import Struct
 
 from preflight.config import DEFAULT_CONFIG_PATH, ConfigError, HostConfig, parse_config
-from preflight.engine import Report, RunOptions, run, select_checks, selects
+from preflight.engine import Report, RunOptions, run, select_checks
+from preflight.model import selects
 from preflight.registry import PROFILES, Registry
 from preflight.sources import NodeFS, SourceError, Sources, open_root
 from preflight.sources.archive import is_archive
@@ -111,7 +112,7 @@ def inspect_node(
     config = node.config
     chosen_profile = profile or config.profile
     directories = (*config.checks_dirs, *checks_dirs)
-    registry = build_registry(directories, profile=chosen_profile)
+    registry = build_registry(directories, profile=chosen_profile, select=select)
     if select or ignore:
         references = registry.references.all()
         for token in (*select, *ignore):

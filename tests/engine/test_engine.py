@@ -302,6 +302,30 @@ def test_modules_a_prolog_run_skips_have_nothing_for_the_prolog() -> None:
     assert set(full.checks) - set(prolog.checks) >= {"NET001", "NVL006", "NCCL018"}
 
 
+def test_every_check_lives_in_the_module_of_its_family() -> None:
+    """A --select run imports only the check modules of the families it names (discovery.family):
+    a check filed under another family's module would silently not run."""
+    from preflight.discovery import build_registry, family
+
+    for ref_id, spec in build_registry(profile="full").checks.items():
+        assert spec.origin == f"preflight.checks.{family(ref_id)}", f"{ref_id} is decided in {spec.origin}"
+
+
+@pytest.mark.parametrize(("select", "families"), [(("MEM",), {"mem"}), (("ROCE005", "pci"), {"roce", "pci"}), (("memlock-limit-too-low",), {"mem"})])
+def test_a_selection_registers_only_its_families_checks(select: tuple[str, ...], families: set[str]) -> None:
+    from preflight.discovery import build_registry, family
+
+    registry = build_registry(profile="full", select=select)
+    assert registry.checks and {family(ref_id) for ref_id in registry.checks} == families
+
+
+def test_a_token_that_names_nothing_keeps_every_check() -> None:
+    """The run then refuses the token itself (inspect_node), with every reference to say so."""
+    from preflight.discovery import build_registry
+
+    assert len(build_registry(profile="full", select=("XYZ",)).checks) == len(build_registry(profile="full").checks)
+
+
 def _probe_specs(*functions: object) -> list[Any]:
     return [function.__preflight_probe__ for function in functions]  # type: ignore[attr-defined]
 
