@@ -364,10 +364,7 @@ def _translating_iommu(pcie: PcieFacts) -> Iterator[Observation]:
     translated: dict[str, list[str]] = {}
     for gpu in pcie.gpus:
         if gpu.iommu_group is None and not gpu.iommu_problem:
-            # An active IOMMU puts every device in its scope in a group; a GPU without the link
-            # is outside that scope, or its link was not copied with the root.
-            yield undecided(f"GPU {gpu.bdf}", "an IOMMU is active but this GPU has no iommu_group link (not copied with a recorded root, or outside the IOMMU's scope)")
-            continue
+            continue  # not behind an IOMMU
         if gpu.iommu_domain in TRANSLATED_DOMAINS:
             translated.setdefault(gpu.iommu_domain, []).append(f"GPU {gpu.bdf} (group {gpu.iommu_group})")
         elif gpu.iommu_problem:

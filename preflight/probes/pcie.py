@@ -43,6 +43,7 @@ from __future__ import annotations
 import re
 
 from msgspec import Struct
+from msgspec.structs import replace
 
 from preflight.probing import FactReader
 from preflight.registry import probe
@@ -269,6 +270,9 @@ def probe_pcie(fs: NodeFS) -> PcieFacts:
     bridges = tuple(_bridge(fs, bdf) for bdf in sorted(wanted))
     cpuinfo = reader.text("/proc/cpuinfo") or ""
     flags = next((line for line in cpuinfo.splitlines() if line.startswith("flags")), "")
+    units = _iommu_units(reader)
+    if units and not fs.is_live:
+        gpus = [_without_group_link(gpu) for gpu in gpus]
     return PcieFacts(
         gpus=tuple(gpus),
         nics=tuple(nics),
@@ -278,7 +282,7 @@ def probe_pcie(fs: NodeFS) -> PcieFacts:
         nvswitches=tuple(nvswitches),
         nearest_nic=tuple(nearest_nic),
         hypervisor=" hypervisor" in f" {flags.partition(':')[2]} ",
-        iommu_units=_iommu_units(reader),
+        iommu_units=units,
         cmdline=(reader.text("/proc/cmdline") or "").strip(),
         problems=tuple(reader.problems),
     )
@@ -290,6 +294,14 @@ def _iommu_units(reader: FactReader) -> tuple[str, ...] | None:
     lacks it tells nothing (None) rather than "no IOMMU"."""
     units = reader.listing("/sys/class/iommu")
     return None if units is None else tuple(units)
+
+
+def _without_group_link(gpu: PciEndpoint) -> PciEndpoint:
+    """On a live node an active IOMMU groups every device in its scope, and a GPU without the
+    link is outside it; in a recorded root the link may just not have been copied."""
+    if gpu.iommu_group is not None or gpu.iommu_problem:
+        return gpu
+    return replace(gpu, iommu_problem="an IOMMU is active but this root has no iommu_group link for the GPU (not copied, or outside the IOMMU's scope)")
 
 
 def _endpoint(fs: NodeFS, reader: FactReader, bdf: str, chain: tuple[str, ...], rdma: tuple[str, ...] = ()) -> PciEndpoint:

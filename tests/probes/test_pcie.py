@@ -235,3 +235,30 @@ def test_pcie_probe_records_links_and_gpu_pairs(tmp_path: Path) -> None:
     assert facts_.gpus[0].link.problem.endswith("current_link_width and max_link_width are missing or unreadable")
     with pytest.raises(Unknown, match="no link width readable"):
         list(p2p_bandwidth_degraded(facts_))
+
+
+def test_pci003_iommu_sources_missing_from_a_recorded_root_are_unknown(tmp_path: Path) -> None:
+    """Missing is not empty: a copied root without /sys/class/iommu says nothing about the IOMMU,
+    and under an active IOMMU a GPU whose iommu_group link was not copied is undecided. The
+    complete root (identity domains, iommu=pt) is absent."""
+    import shutil
+
+    tests = Path(__file__).resolve().parents[1]
+    source = tmp_path / "source"  # the PCI003 absent case: the fixture and its overlay
+    shutil.copytree(tests / "fixtures" / "nodes" / "rtx5090-workstation", source, symlinks=True)
+    shutil.copytree(tests / "cases" / "PCI003" / "absent" / "root", source, symlinks=True, dirs_exist_ok=True)
+
+    def pci003(root: Path) -> set[Status]:
+        return {observation.status for observation in p2p_transfers_hang_or_fault(probe_pcie(NodeFS(str(root))))}
+
+    whole = tmp_path / "whole"
+    shutil.copytree(source, whole, symlinks=True)
+    assert pci003(whole) == set()  # nothing translates, nothing redirects: absent
+    no_units = tmp_path / "no-units"
+    shutil.copytree(source, no_units, symlinks=True)
+    shutil.rmtree(no_units / "sys" / "class" / "iommu")
+    assert pci003(no_units) == {Status.UNKNOWN}
+    no_link = tmp_path / "no-link"
+    shutil.copytree(source, no_link, symlinks=True)
+    (no_link / "sys/devices/pci0000:01/0000:01:01.1/0000:01:00.0/iommu_group").unlink()
+    assert pci003(no_link) == {Status.UNKNOWN}
