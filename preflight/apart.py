@@ -42,37 +42,73 @@ _LENGTH = struct.Struct("!I")  # each outcome travels as a 4-byte length, then i
 ProbeRunner = Callable[..., "dict[str, ProbeOutcome]"]
 
 
-def run_probes_apart(
+class Apart:
+    """Probes running in a child process; :meth:`collect` gathers their outcomes."""
+
+    def __init__(self, child: int, read_end: int, specs: list[ProbeSpec], started: float) -> None:
+        self.child = child
+        self.read_end = read_end
+        self.names = frozenset(spec.name for spec in specs)
+        self.started = started
+
+    def collect(self, wanted: set[str], deadline: float, monotonic: Callable[[], float]) -> dict[str, ProbeOutcome]:
+        """The outcomes of the probes ``wanted`` (a subset of those started) that arrived by the
+        deadline, ``timeout`` for the rest; the child is reaped or abandoned. Never waits past
+        ``deadline``."""
+        try:
+            outcomes = _collect(self.read_end, wanted, deadline, monotonic)
+        finally:
+            os.close(self.read_end)
+            self.read_end = -1
+        complete = wanted <= outcomes.keys() and all(outcomes[name].status != "timeout" for name in wanted)
+        # A child still running probes nobody waits for is not waited for either.
+        _abandon(self.child, complete and wanted == self.names)
+        waited = monotonic() - self.started
+        for name in wanted - outcomes.keys():
+            outcomes[name] = ProbeOutcome(name, "timeout", waited, error=f"timed out after {waited:.1f} s")
+        return {name: outcomes[name] for name in wanted}
+
+
+    def abandon(self) -> None:
+        """Give up on the child unless :meth:`collect` already did (a run that ends early)."""
+        if self.read_end >= 0:
+            os.close(self.read_end)
+            self.read_end = -1
+            _abandon(self.child, False)
+
+
+def start_apart(
     run_probes: ProbeRunner, specs: list[ProbeSpec], sources: Sources, config: HostConfig, options: RunOptions, deadline: float
-) -> dict[str, ProbeOutcome]:
-    """``run_probes`` (:func:`preflight.engine.run_probes`) in a child process; the outcomes that
-    arrived by the deadline, ``timeout`` for the rest. Never waits past ``deadline``."""
-    clock = sources.clock
-    started = clock.monotonic()
+) -> Apart | None:
+    """``run_probes`` (:func:`preflight.engine.run_probes`) started in a child process; None when
+    no child can be made (out of descriptors, processes or memory): the caller runs the probes
+    itself, in threads, as before."""
+    started = sources.clock.monotonic()
     try:
         read_end, write_end = os.pipe()
-    except OSError:  # out of file descriptors: the probes run here, in threads, as before
-        return run_probes(specs, sources, config, options, deadline)
+    except OSError:
+        return None
     try:
         child = os.fork()
-    except OSError:  # out of processes or memory (EAGAIN, ENOMEM): the same
+    except OSError:  # EAGAIN, ENOMEM
         os.close(read_end)
         os.close(write_end)
-        return run_probes(specs, sources, config, options, deadline)
+        return None
     if child == 0:  # pragma: no cover - runs in the child, which never returns
         _child(run_probes, read_end, write_end, specs, sources, config, options, deadline)
     os.close(write_end)
-    try:
-        outcomes = _collect(read_end, {spec.name for spec in specs}, deadline, clock.monotonic)
-    finally:
-        os.close(read_end)
-    complete = all(outcome.status != "timeout" for outcome in outcomes.values()) and len(outcomes) == len(specs)
-    _abandon(child, complete)
-    waited = clock.monotonic() - started
-    for spec in specs:
-        if spec.name not in outcomes:
-            outcomes[spec.name] = ProbeOutcome(spec.name, "timeout", waited, error=f"timed out after {waited:.1f} s")
-    return outcomes
+    return Apart(child, read_end, specs, started)
+
+
+def run_probes_apart(
+    run_probes: ProbeRunner, specs: list[ProbeSpec], sources: Sources, config: HostConfig, options: RunOptions, deadline: float
+) -> dict[str, ProbeOutcome]:
+    """``run_probes`` in a child process; the outcomes that arrived by the deadline, ``timeout``
+    for the rest. Never waits past ``deadline``."""
+    apart = start_apart(run_probes, specs, sources, config, options, deadline)
+    if apart is None:
+        return run_probes(specs, sources, config, options, deadline)
+    return apart.collect({spec.name for spec in specs}, deadline, sources.clock.monotonic)
 
 
 def _child(

@@ -55,6 +55,17 @@ def builtin_probe_modules() -> list[ModuleType]:
     return [importlib.import_module(name) for name in _module_names(probes)]
 
 
+def builtin_probe_registry(profile: str | None = None) -> Registry:
+    """The built-in probes a ``profile`` run can use, without importing any check module."""
+    import preflight.probes as probes
+
+    registry = Registry()
+    for name in _module_names(probes):
+        if profile != "prolog" or name not in FULL_ONLY_MODULES:
+            registry.collect(importlib.import_module(name), profile)
+    return registry
+
+
 def builtin_modules(profile: str | None = None, families: Collection[str] | None = None) -> list[ModuleType]:
     """The built-in probe modules (``preflight.probes``) and check modules (``preflight.checks``);
     for ``profile="prolog"``, only those it can use; with ``families``, only the check modules

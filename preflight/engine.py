@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 from msgspec import Struct
@@ -33,6 +33,9 @@ from preflight.model import (
 )
 from preflight.registry import CheckSpec, ProbeSpec, Registry
 from preflight.sources import SourceError, Sources
+
+if TYPE_CHECKING:
+    from preflight.apart import Apart
 
 REPORT_SCHEMA = "preflight-report/1"
 
@@ -321,6 +324,32 @@ def _as_lists(value: Any) -> Any:
     return value
 
 
+class EarlyProbes(Struct):
+    """Probes started in their child process before the checks were imported (:func:`start_early`)."""
+
+    apart: Apart
+    started_at: float
+    begin: float  # the clock's monotonic reading when the run began
+    deadline: float
+
+
+def start_early(probes: Registry, sources: Sources, config: HostConfig, options: RunOptions) -> EarlyProbes | None:
+    """Start every probe of ``probes`` (a registry of probe modules only) in a child process,
+    so that they run while this process imports the check modules and loads their references:
+    on a node with a core to spare the two overlap. None when the probes cannot run apart here
+    (:func:`run` then starts them itself)."""
+    if not options.apart or threading.active_count() != 1:
+        return None
+    from preflight.apart import start_apart
+
+    clock = sources.clock
+    started_at, begin = clock.now(), clock.monotonic()
+    deadline = begin + options.timeout_s
+    specs = [probes.probes[name] for name in probes.needed_probes(probes.probes)]
+    apart = start_apart(run_probes, specs, sources, config, options, deadline)
+    return None if apart is None else EarlyProbes(apart, started_at, begin, deadline)
+
+
 def run(
     registry: Registry,
     sources: Sources,
@@ -328,20 +357,30 @@ def run(
     options: RunOptions,
     hostname: str,
     checks: list[tuple[CheckSpec, Reference]] | None = None,
+    early: EarlyProbes | None = None,
 ) -> Report:
     """One complete preflight run: never raises for node problems. ``checks``: the selection,
-    when the caller already made it (:func:`select_checks`)."""
+    when the caller already made it (:func:`select_checks`); ``early``: probes already started
+    (:func:`start_early`), whose run began then."""
     clock = sources.clock
-    started_at = clock.now()
-    begin = clock.monotonic()
-    deadline = begin + options.timeout_s
+    started_at = clock.now() if early is None else early.started_at
+    begin = clock.monotonic() if early is None else early.begin
+    deadline = begin + options.timeout_s if early is None else early.deadline
     if checks is None:
         checks = select_checks(registry, config, options)
     probe_specs = _probes_to_run(registry, (spec for spec, _ in checks), options.profile)
+    wanted = {spec.name for spec in probe_specs}
+    if early is not None and wanted <= early.apart.names:
+        outcomes = early.apart.collect(wanted, deadline, clock.monotonic)
+    elif early is not None:
+        # The checks need a probe the early start did not know of (none of the built-in ones):
+        # the run starts over in threads rather than join two partial sets of facts.
+        early.apart.collect(set(), deadline, clock.monotonic)
+        outcomes = run_probes(probe_specs, sources, config, options, deadline)
     # Fork only from a single-threaded process: a child forked while another thread holds a lock
     # (an import, an allocator arena) can wait on it forever. The command line is; a library
     # caller with threads of its own gets the probe threads here instead.
-    if options.apart and threading.active_count() == 1:
+    elif options.apart and threading.active_count() == 1:
         from preflight.apart import run_probes_apart
 
         outcomes = run_probes_apart(run_probes, probe_specs, sources, config, options, deadline)

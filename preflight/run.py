@@ -14,7 +14,7 @@ import os
 from msgspec import Struct
 
 from preflight.config import DEFAULT_CONFIG_PATH, ConfigError, HostConfig, parse_config
-from preflight.engine import Report, RunOptions, run, select_checks
+from preflight.engine import EarlyProbes, Report, RunOptions, run, select_checks, start_early
 from preflight.model import selects
 from preflight.registry import PROFILES, Registry
 from preflight.sources import NodeFS, SourceError, Sources, open_root
@@ -107,11 +107,26 @@ def inspect_node(
     ``checks_dirs`` add to the config's; ``apart``: probes in a child process the run can abandon
     (:mod:`preflight.apart`; the commands that must exit on time use it). Raises NothingToRun when the selection leaves no check,
     RegistrationError for a broken check module, CatalogueError for a broken catalogue."""
-    from preflight.discovery import build_registry
 
     config = node.config
     chosen_profile = profile or config.profile
     directories = (*config.checks_dirs, *checks_dirs)
+    early = _start_early(node, config, chosen_profile, timeout_s, apart, sources) if not (select or ignore or directories) else None
+    if early is None:
+        return _inspect(node, chosen_profile, timeout_s, select, ignore, directories, sources, apart, None)
+    try:
+        return _inspect(node, chosen_profile, timeout_s, select, ignore, directories, early[1], apart, early[0])
+    finally:
+        early[0].apart.abandon()  # a run that stopped before its checks (a usage or catalogue error)
+
+
+def _inspect(
+    node: OpenedNode, chosen_profile: str, timeout_s: float | None, select: tuple[str, ...], ignore: tuple[str, ...],
+    directories: tuple[str, ...], sources: Sources | None, apart: bool, early: EarlyProbes | None,
+) -> Report:
+    from preflight.discovery import build_registry
+
+    config = node.config
     registry = build_registry(directories, profile=chosen_profile, select=select)
     if select or ignore:
         references = registry.references.all()
@@ -135,7 +150,25 @@ def inspect_node(
         everything = registry if chosen_profile == "full" else build_registry(directories)
         raise NothingToRun(nothing_to_run(everything, config, options))
     sources = sources or Sources.for_fs(node.fs, config.dns)
-    return run(registry, sources, config, options, node.hostname, checks)
+    return run(registry, sources, config, options, node.hostname, checks, early)
+
+
+def _start_early(
+    node: OpenedNode, config: HostConfig, profile: str, timeout_s: float | None, apart: bool, sources: Sources | None
+) -> tuple[EarlyProbes, Sources] | None:
+    """The probes of ``profile`` started apart before the check modules are imported
+    (:func:`preflight.engine.start_early`), for a run of the built-in checks alone: a
+    ``--select``, a site directory or an installed plugin decides which probes are needed only
+    once its modules are loaded, and such a run starts them afterwards as before."""
+    from preflight.discovery import builtin_probe_registry, entry_point_specs
+
+    timeout = timeout_s if timeout_s is not None else config.timeout_s
+    if not apart or timeout <= 0 or entry_point_specs():
+        return None
+    options = RunOptions(profile=profile, timeout_s=timeout, probe_timeout_s=min(config.probe_timeout_s, timeout), apart=True)
+    sources = sources or Sources.for_fs(node.fs, config.dns)
+    started = start_early(builtin_probe_registry(profile), sources, config, options)
+    return None if started is None else (started, sources)
 
 
 def nothing_to_run(registry: Registry, config: HostConfig, options: RunOptions) -> str:
