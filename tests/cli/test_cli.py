@@ -74,12 +74,12 @@ def test_table_groups_by_severity_and_hides_absent(run_cli: Runner, example_root
     absent = by_status["absent"] - with_problem
     # Checks are counted once each (MEM001 and SOCK002 have two present findings each), so the
     # summary adds up to the header's count; findings are named as findings.
-    assert len(with_problem) == 7 and len(present) == 9 and len(checks) == 49
+    assert len(with_problem) == 7 and len(present) == 9 and len(checks) == 52
     expected = (
-        f"49 checks: 7 present (9 findings: {errors} error, {9 - errors} warning), 0 unknown, "
-        f"{len(absent)} absent, {49 - 7 - len(absent)} not applicable."
+        f"52 checks: 7 present (9 findings: {errors} error, {9 - errors} warning), 0 unknown, "
+        f"{len(absent)} absent, {52 - 7 - len(absent)} not applicable."
     )
-    assert out.endswith(f"\n{expected}\n") and out.startswith("preflight ") and " 49 checks in " in out.replace("\n", " ")
+    assert out.endswith(f"\n{expected}\n") and out.startswith("preflight ") and " 52 checks in " in out.replace("\n", " ")
     assert "GPU001" in run_cli("node", "--root", str(example_root), "--show-all").stdout
 
 
