@@ -25,6 +25,9 @@ from preflight.units import format_size
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
+    from preflight.probes.gpudirect import GpuDirectFacts
+    from preflight.probes.shm import ShmFacts
+
 NCCL_ALGORITHMS = ("tree", "ring", "collnetdirect", "collnetchain", "nvls", "nvlstree", "pat")
 
 
@@ -264,3 +267,27 @@ def watchdog_heartbeat_hang(job: JobFacts, frameworks: FrameworkFacts) -> Iterat
                 evidence.append(release)
             yield present(setting.name, *evidence)
             return
+
+
+#: NCCL's troubleshooting guide asks containers for --shm-size=1g (section "Docker"): NCCL puts the
+#: buffers of its SHM transport and its proxies' shared state in /dev/shm segments, several MiB
+#: per local peer and channel, and Docker's default tmpfs is 64 MiB.
+NCCL_SHM_MIN_SIZE = 1 << 30
+
+
+@check("NCCL007", profiles=("full",))
+def nccl_init_system_error(shm: ShmFacts, nccl_libs: NcclLibFacts, gpudirect: GpuDirectFacts) -> Iterator[Observation]:
+    """/dev/shm missing, or smaller than NCCL's container guidance, where NCCL runs between local
+    GPUs: creating its shared-memory segments then fails with a system error. The reference's
+    other causes have checks of their own (NET001, NET004, MEM001, IB007)."""
+    require_nccl(nccl_libs)
+    if gpudirect.nvidia_gpus == 1:
+        raise NotApplicable("one GPU on this node: NCCL shares no memory between local ranks")
+    if shm.error:
+        raise Unknown(f"statvfs {shm.path}: {shm.error}")
+    wanted = f"a tmpfs of at least {format_size(NCCL_SHM_MIN_SIZE)} (docker --shm-size=1g, or --ipc=host)"
+    if shm.usage is None:
+        yield present(shm.path, Evidence(shm.path, "missing", wanted))
+    elif shm.usage.size < NCCL_SHM_MIN_SIZE:
+        observed = f"size {format_size(shm.usage.size)}, {format_size(shm.usage.available)} available"
+        yield present(shm.path, Evidence(f"statvfs {shm.path}", observed, wanted), severity=Severity.WARNING)
