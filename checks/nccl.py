@@ -10,16 +10,23 @@ from preflight.model import (
     NotApplicable,
     Observation,
     Severity,
+    Unknown,
     present,
 )
 from preflight.nccl.releases import RAS_INIT_RACE, SPLIT_NONBLOCKING, release_findings, require_nccl
 from preflight.probes.frameworks import FrameworkFacts, parse_version
 from preflight.probes.job import JobFacts, integer_setting, setting_evidence, slurm_view, switched_off
 from preflight.probes.nccl_libs import NcclCopy, NcclLibFacts, python_prefixes
+from preflight.probes.rdma import IB_CLASS, RdmaFacts
 from preflight.registry import check
+from preflight.torch_settings import as_bool, read_setting, readers_for
+from preflight.units import format_size
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+
+    from preflight.probes.gpudirect import GpuDirectFacts
+    from preflight.probes.shm import ShmFacts
 
 NCCL_ALGORITHMS = ("tree", "ring", "collnetdirect", "collnetchain", "nvls", "nvlstree", "pat")
 
@@ -173,3 +180,114 @@ def nccl_ras_init_race(nccl_libs: NcclLibFacts, job: JobFacts) -> Iterator[Obser
     if switched_off(job, "NCCL_RAS_ENABLE"):
         return
     yield from release_findings(nccl_libs, RAS_INIT_RACE, setting_evidence(job, "NCCL_RAS_ENABLE", "0 until NCCL is upgraded (unset: RAS on)"))
+
+
+# NCCL keeps each protocol's buffer size in an int (src/init.cc, v2.27.3-1: NCCL_PARAM(BuffSize,
+# "BUFFSIZE") is 64-bit, comm->buffSizes[] is int), so 2 GiB and more no longer fits.
+INT_MAX = (1 << 31) - 1
+BUFFSIZE_NAMES = ("NCCL_BUFFSIZE", "NCCL_LL_BUFFSIZE", "NCCL_LL128_BUFFSIZE")
+DEFAULT_BUFFSIZE = 4 << 20  # src/init.cc DEFAULT_BUFFSIZE
+# Four times the default: each of the NCCL_STEPS = 8 slots then carries more than 2 MiB per
+# network step, which the socket transport's single proxy thread moves over one TCP stream.
+SOCKET_BUFFSIZE_LIMIT = 4 * DEFAULT_BUFFSIZE
+# Not judged: net.core.rmem_max/wmem_max. NCCL calls setsockopt(SO_SNDBUF/SO_RCVBUF) only for
+# NCCL_SOCKET_SNDBUF/NCCL_SOCKET_RCVBUF (from 2.27; src/misc/socket.cc and src/os/linux.cc at
+# v2.30.7-1), never from NCCL_BUFFSIZE, and TCP autotuning is bounded by tcp_rmem/tcp_wmem, so
+# those two sysctls do not cap the buffers this reference is about.
+
+
+def _buffsize(value: str) -> int | None:
+    try:
+        number = int(value.strip(), 0)
+    except ValueError:
+        return None  # not a number: MEM002 reports the value itself
+    return number if number > 0 else None
+
+
+def socket_transport(job: JobFacts, rdma: RdmaFacts) -> Evidence | None:
+    """Why NCCL will move inter-node data over its socket transport, or None when it will not.
+    NCCL_NET picks a network by name, compared without case (src/plugin/net.cc, v2.27.3-1); a
+    non-zero NCCL_IB_DISABLE turns the IB transport off (src/transport/net_ib.cc); without an RDMA
+    device only sockets are left. EFA devices are driven by the aws-ofi-nccl plugin instead."""
+    net = job.nccl("NCCL_NET")
+    if net is not None:
+        return setting_evidence(job, "NCCL_NET", "IB or a network plugin") if net.value.strip().lower() == "socket" else None
+    unreadable = [problem for problem in rdma.problems if problem.path == IB_CLASS]
+    if unreadable:
+        raise Unknown(str(unreadable[0]))
+    if not rdma.devices:
+        return Evidence(IB_CLASS, "no RDMA devices", "an InfiniBand, RoCE or EFA device for NCCL's network")
+    disabled = job.nccl("NCCL_IB_DISABLE")
+    if disabled is not None and disabled.value.strip() not in ("", "0") and not any(device.efa for device in rdma.devices):
+        return setting_evidence(job, "NCCL_IB_DISABLE", "unset or 0")
+    return None
+
+
+def _size_evidence(job: JobFacts, name: str, size: int, expected: str) -> Evidence:
+    setting = job.nccl(name)
+    where = "/proc/self/environ" if setting is None or setting.origin == "environment" else setting.origin
+    return Evidence(f"{where} {name}", f"{format_size(size)} ({size} bytes)", expected)
+
+
+@check("NCCL002", profiles=("prolog",))
+def nccl_buffsize_socket_stall(job: JobFacts, rdma: RdmaFacts) -> Iterator[Observation]:
+    """Buffer sizes NCCL cannot store (2 GiB and more), and an NCCL_BUFFSIZE far above the default
+    on a job whose network traffic will go over the socket transport."""
+    sizes = {name: size for name in BUFFSIZE_NAMES if (setting := job.nccl(name)) is not None and (size := _buffsize(setting.value))}
+    for name, size in sizes.items():
+        if size > INT_MAX:
+            yield present(name, _size_evidence(job, name, size, "below 2 GiB: NCCL keeps buffer sizes in a 32-bit integer"))
+    simple = sizes.get("NCCL_BUFFSIZE")
+    if simple is None or not SOCKET_BUFFSIZE_LIMIT < simple <= INT_MAX:
+        return
+    transport = socket_transport(job, rdma)
+    if transport is not None:
+        yield present(
+            "NCCL_BUFFSIZE",
+            _size_evidence(job, "NCCL_BUFFSIZE", simple, f"at most {format_size(SOCKET_BUFFSIZE_LIMIT)} over TCP (default {format_size(DEFAULT_BUFFSIZE)})"),
+            transport,
+            severity=Severity.WARNING,
+        )
+
+
+MONITORING = ("TORCH_NCCL_ENABLE_MONITORING",)  # no older name: the monitor came with PyTorch 2.2
+
+
+@check("NCCL006", profiles=("prolog",))
+def watchdog_heartbeat_hang(job: JobFacts, frameworks: FrameworkFacts) -> Iterator[Observation]:
+    """The job switches ProcessGroupNCCL's heartbeat monitor off, so a watchdog stuck in a CUDA or
+    NCCL call hangs the job instead of ending it."""
+    if job.environ_error:
+        raise Unknown(f"/proc/self/environ unreadable ({job.environ_error})")
+    for prefixed, release in readers_for(job.environ, MONITORING, frameworks).variants():
+        setting = read_setting(job.environ, MONITORING, prefixed)
+        if setting is not None and as_bool(setting.value) is False:
+            evidence = [Evidence(f"/proc/self/environ {setting.name}", repr(setting.value), "unset or 1 (the monitor aborts a rank whose watchdog stopped)")]
+            if release is not None:
+                evidence.append(release)
+            yield present(setting.name, *evidence)
+            return
+
+
+#: NCCL's troubleshooting guide asks containers for --shm-size=1g (section "Docker"): NCCL puts the
+#: buffers of its SHM transport and its proxies' shared state in /dev/shm segments, several MiB
+#: per local peer and channel, and Docker's default tmpfs is 64 MiB.
+NCCL_SHM_MIN_SIZE = 1 << 30
+
+
+@check("NCCL007", profiles=("full",))
+def nccl_init_system_error(shm: ShmFacts, nccl_libs: NcclLibFacts, gpudirect: GpuDirectFacts) -> Iterator[Observation]:
+    """/dev/shm missing, or smaller than NCCL's container guidance, where NCCL runs between local
+    GPUs: creating its shared-memory segments then fails with a system error. The reference's
+    other causes have checks of their own (NET001, NET004, MEM001, IB007)."""
+    require_nccl(nccl_libs)
+    if gpudirect.nvidia_gpus == 1:
+        raise NotApplicable("one GPU on this node: NCCL shares no memory between local ranks")
+    if shm.error:
+        raise Unknown(f"statvfs {shm.path}: {shm.error}")
+    wanted = f"a tmpfs of at least {format_size(NCCL_SHM_MIN_SIZE)} (docker --shm-size=1g, or --ipc=host)"
+    if shm.usage is None:
+        yield present(shm.path, Evidence(shm.path, "missing", wanted))
+    elif shm.usage.size < NCCL_SHM_MIN_SIZE:
+        observed = f"size {format_size(shm.usage.size)}, {format_size(shm.usage.available)} available"
+        yield present(shm.path, Evidence(f"statvfs {shm.path}", observed, wanted), severity=Severity.WARNING)

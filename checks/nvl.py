@@ -14,8 +14,8 @@ from preflight.model import (
     undecided,
 )
 from preflight.nccl.ib import nccl_selection
-from preflight.nccl.releases import MNNVL_STACK, NVLS_DUAL_PORT, affected, release_findings, require_nccl
-from preflight.probes.job import setting_evidence, switched_off
+from preflight.nccl.releases import MNNVL_ALLTOALL, MNNVL_STACK, NVLS_DUAL_PORT, affected, release_findings, require_nccl
+from preflight.probes.job import integer_setting, setting_evidence, slurm_view, switched_off
 from preflight.probes.nccl_platform import NcclPlatformFacts
 from preflight.probes.nvlink import GpuNvlinks, NvlinkFacts, require_nvml
 from preflight.probes.rdma import RdmaFacts, require_rdma
@@ -187,6 +187,20 @@ def _job_stack(platform: NcclPlatformFacts, job: JobFacts) -> tuple[int | None, 
     return platform.stack_soft, source, ""
 
 
+def _mnnvl_clique(fabric: FabricFacts) -> Evidence:
+    """Evidence that this node's GPUs are in a multi-node NVLink clique; Unknown when NVML cannot
+    say, NotApplicable when they are not."""
+    if fabric.nvml_error:
+        raise Unknown(f"NVML unavailable ({fabric.nvml_error}); the NVLink fabric cannot be read")
+    unanswered = [gpu for gpu in fabric.gpus if gpu.error]
+    cliques = [gpu for gpu in fabric.gpus if gpu.state == FABRIC_COMPLETED and gpu.cluster_uuid is not None]
+    if not cliques:
+        if unanswered and len(unanswered) == len(fabric.gpus) and unanswered[0].error not in ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND"):
+            raise Unknown(f"nvmlDeviceGetGpuFabricInfo: {unanswered[0].error}")
+        raise NotApplicable("no GPU in a multi-node NVLink fabric (fabric state completed with a cluster UUID)")
+    return Evidence("nvmlDeviceGetGpuFabricInfo", f"{len(cliques)} GPUs in clique {cliques[0].clique_id} of a multi-node NVLink fabric")
+
+
 @check("NVL002", profiles=("full",))
 def mnnvl_init_stack_overrun(
     nccl_libs: NcclLibFacts, fabric: FabricFacts, nccl_platform: NcclPlatformFacts, job: JobFacts
@@ -200,18 +214,10 @@ def mnnvl_init_stack_overrun(
     carrying, unnamed = affected(nccl_libs, MNNVL_STACK)
     if not carrying and not unnamed:
         return  # every copy is 2.28.3 or newer (or older than MNNVL), whatever the fabric
-    if fabric.nvml_error:
-        raise Unknown(f"NVML unavailable ({fabric.nvml_error}); the NVLink fabric cannot be read")
-    unanswered = [gpu for gpu in fabric.gpus if gpu.error]
-    cliques = [gpu for gpu in fabric.gpus if gpu.state == FABRIC_COMPLETED and gpu.cluster_uuid is not None]
-    if not cliques:
-        if unanswered and len(unanswered) == len(fabric.gpus) and unanswered[0].error not in ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND"):
-            raise Unknown(f"nvmlDeviceGetGpuFabricInfo: {unanswered[0].error}")
-        raise NotApplicable("no GPU in a multi-node NVLink fabric (fabric state completed with a cluster UUID)")
+    clique = _mnnvl_clique(fabric)
     if switched_off(job, "NCCL_MNNVL_ENABLE"):
         return
     stack, source, unknown = _job_stack(nccl_platform, job)
-    clique = Evidence("nvmlDeviceGetGpuFabricInfo", f"{len(cliques)} GPUs in clique {cliques[0].clique_id} of a multi-node NVLink fabric")
     if stack is None:
         for copy in carrying + unnamed:
             yield undecided(copy.path, unknown, clique)
@@ -268,3 +274,34 @@ def nvlink_ring_search_fallback(nvlink: NvlinkFacts, gpus: GpuFacts, expect: Exp
                     f"GPU{gpu.index}",
                     Evidence("nvmlDeviceGetNvLinkState", _observed(gpu), f"{best.active_count} active, as on GPU{best.index} ({name})"),
                 )
+
+
+ALLTOALL_HANG_RANKS = 80  # "at a scale of over 80 ranks" (v2.26.5-1 and v2.27.3-1 release notes)
+
+
+@check("NVL001", profiles=("full",))
+def moe_dispatch_combine_timeout_nvl_domain(
+    nccl_libs: NcclLibFacts, fabric: FabricFacts, nccl_platform: NcclPlatformFacts, job: JobFacts
+) -> Iterator[Observation]:
+    """NCCL before 2.26.5 on a multi-node NVLink GPU, for a job of more than 80 ranks (or of a size
+    the environment does not give), where alltoall-like traffic such as MoE dispatch and combine
+    can hang. The reference's other causes (EP kernel modes, a stalled peer) live in the program."""
+    require_nccl(nccl_libs)
+    if not nccl_platform.pci_gpus:
+        nccl_platform.require_classified("no NVIDIA GPU")
+        raise NotApplicable("no NVIDIA GPU in /sys/bus/pci/devices")
+    carrying, unnamed = affected(nccl_libs, MNNVL_ALLTOALL)
+    if not carrying and not unnamed:
+        return  # every copy has the work-around (or predates MNNVL), whatever the fabric
+    clique = _mnnvl_clique(fabric)
+    if switched_off(job, "NCCL_MNNVL_ENABLE"):
+        return
+    ranks = integer_setting(job.environ, "WORLD_SIZE") or slurm_view(job).ntasks
+    if ranks is not None and ranks <= ALLTOALL_HANG_RANKS:
+        return
+    size = (
+        Evidence("/proc/self/environ WORLD_SIZE or SLURM_NTASKS", f"{ranks} ranks", f"at most {ALLTOALL_HANG_RANKS} ranks on these releases")
+        if ranks is not None
+        else Evidence("/proc/self/environ WORLD_SIZE or SLURM_NTASKS", "unset: the job's size is not known here", f"at most {ALLTOALL_HANG_RANKS} ranks on these releases")
+    )
+    yield from release_findings(nccl_libs, MNNVL_ALLTOALL, clique, size, severity=Severity.WARNING)

@@ -24,15 +24,17 @@ if TYPE_CHECKING:  # imported where a topology file is parsed: most nodes have n
     from preflight.probes.nccl_libs import NcclLibFacts
     from preflight.probes.topo_file import TopoFileFacts
     pass
+from preflight.nccl.ib import FUSION_SINCE, nccl_selection, parse_force_merge
 from preflight.nccl.releases import (
     NVLS_SEARCH,
     PCI_SPEED_DETECTION,
     affected,
     require_nccl,
+    version_tuple,
 )
 from preflight.probes.nccl_platform import NcclPlatformFacts
 from preflight.probes.pcie import LINK_RANK, PcieFacts, unclassified_reason
-from preflight.probes.rdma import IB_CLASS, RdmaFacts
+from preflight.probes.rdma import IB_CLASS, RdmaFacts, require_rdma
 
 
 @check("TOPO003", profiles=("full",))
@@ -141,3 +143,55 @@ def nccl_topo_xml_nic_without_busid(topo_file: TopoFileFacts) -> Iterator[Observ
             where,
             Evidence(setting.value.strip(), f"GPU/NIC bus IDs not on this node: {', '.join(missing)}", "the bus IDs in /sys/bus/pci/devices"),
         )
+
+
+def _fusing_copies(nccl_libs: NcclLibFacts) -> list[str]:
+    """Versions of the installed NCCL copies that have NIC fusion, or whose version is not named."""
+    require_nccl(nccl_libs)
+    found = []
+    for copy in nccl_libs.copies:
+        release = version_tuple(copy.version) if copy.version else None
+        if release is None or release[:2] >= FUSION_SINCE:
+            found.append(copy.version or f"{copy.path} (release not named)")
+    return found
+
+
+@check("TOPO002", profiles=("full",))
+def nccl_nic_fusion_failure(job: JobFacts, rdma: RdmaFacts, nccl_libs: NcclLibFacts) -> Iterator[Observation]:
+    """An NCCL_NET_FORCE_MERGE group that NCCL's IB transport cannot fuse on this node: its names
+    match another number of ports than they list (absent, misspelled, filtered by NCCL_IB_HCA, or a
+    name without a port on a dual-port NIC), it mixes InfiniBand and RoCE ports, or NCCL cannot
+    parse it at all."""
+    setting = job.nccl("NCCL_NET_FORCE_MERGE")
+    if setting is None:
+        raise NotApplicable("NCCL_NET_FORCE_MERGE is unset; a failed automatic merge is retried with fewer devices, not fatal")
+    fusing = _fusing_copies(nccl_libs)
+    if not fusing:
+        raise NotApplicable("every NCCL installed here is older than 2.24, which has no NIC fusion and ignores NCCL_NET_FORCE_MERGE")
+    net = job.nccl("NCCL_NET")
+    if net is not None and net.value.strip().lower() != "ib":
+        raise NotApplicable(f"NCCL_NET={net.value}: the groups name another network's devices")
+    require_rdma(rdma)
+    selection = nccl_selection(rdma, job)
+    if selection.unlisted or selection.undecided:
+        raise Unknown(selection.unlisted[0] if selection.unlisted else selection.undecided[0].why("state" if selection.undecided[0].state is None else "link_layer"))
+    where = "/proc/self/environ" if setting.origin == "environment" else setting.origin
+    stated = Evidence(f"{where} NCCL_NET_FORCE_MERGE", repr(setting.value), "';'-separated groups of ','-separated ports NCCL's IB transport uses")
+    version = Evidence("NCCL installed", ", ".join(fusing))
+    for group, entries in parse_force_merge(setting.value):
+        if not entries:
+            # ncclTopoForceMerge logs the group and 'continue's without taking the next one
+            # (every release from 2.24.3 to 2.30.7): communicator creation never returns.
+            yield present(group, stated, Evidence("group", repr(group), "at least one device name"), version)
+            continue
+        matched = [port for port in selection.ports if any(port.device == e.name and (e.port is None or e.port == port.number) for e in entries)]
+        shown = ", ".join(f"{port.device}:{port.number}" for port in matched) or "none"
+        if len(matched) != len(entries):
+            yield present(
+                group, stated,
+                Evidence("ports NCCL's IB transport would use", f"{shown} ({len(matched)} for {len(entries)} names)", "exactly one port for each name ('Only matched N devices' otherwise)"),
+                version,
+            )
+        elif len({port.link_layer for port in matched}) > 1:
+            layers = ", ".join(f"{port.device}:{port.number} {port.link_layer}" for port in matched)
+            yield present(group, stated, Evidence("link layers", layers, "one link layer per fused NIC"), version)

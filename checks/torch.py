@@ -5,9 +5,11 @@ from __future__ import annotations
 import ipaddress
 from typing import TYPE_CHECKING
 
-from preflight.model import Evidence, NotApplicable, Observation, present
+from preflight.model import Evidence, NotApplicable, Observation, Unknown, present
+from preflight.probes.frameworks import FrameworkFacts
 from preflight.probes.job import JobFacts, integer_setting, slurm_view
 from preflight.registry import check
+from preflight.torch_settings import as_bool, as_int, read_setting, readers_for
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -100,3 +102,37 @@ def rank_to_gpu_mapping_wrong(job: JobFacts) -> Iterator[Observation]:
             yield present(name, _env(name, found[name], f"{slurm} as {slurm_name} says"), Evidence(f"/proc/self/environ {slurm_name}", str(slurm)))
     if local_rank is not None and per_node is not None and local_rank >= per_node:
         yield present("LOCAL_RANK", _env("LOCAL_RANK", found["LOCAL_RANK"], f"0-{per_node - 1} ({per_node} tasks per node)"))
+
+
+# ProcessGroupNCCL's names for each setting, newest first (preflight/torch_settings.py).
+ASYNC_ERROR_HANDLING = ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING")
+BLOCKING_WAIT = ("TORCH_NCCL_BLOCKING_WAIT", "NCCL_BLOCKING_WAIT")
+NO_HANDLING = 0  # ErrorHandlingMode NoHandling: the watchdog logs the failure and the job hangs
+
+
+def _disabling(value: str, names: tuple[str, ...]) -> bool:
+    if names is ASYNC_ERROR_HANDLING:
+        return as_int(value) == NO_HANDLING
+    return as_bool(value) is True  # blocking wait: no watchdog thread, async handling switched off
+
+
+@check("TORCH006", profiles=("prolog",))
+def nccl_async_error_handling_mode(job: JobFacts, frameworks: FrameworkFacts) -> Iterator[Observation]:
+    """The job switches off what ProcessGroupNCCL does when a collective fails or times out:
+    async error handling 0 (log, then hang) or blocking wait (no watchdog), under the names the
+    installed PyTorch reads."""
+    if job.environ_error:
+        raise Unknown(f"/proc/self/environ unreadable ({job.environ_error})")
+    expected = {
+        ASYNC_ERROR_HANDLING: "unset (3: tear the process down) or 1",
+        BLOCKING_WAIT: "unset or 0 (the watchdog then watches every collective)",
+    }
+    for names, wanted in expected.items():
+        for prefixed, release in readers_for(job.environ, names, frameworks).variants():
+            setting = read_setting(job.environ, names, prefixed)
+            if setting is not None and _disabling(setting.value, names):
+                evidence = [_env(setting.name, setting.value, wanted)]
+                if release is not None:
+                    evidence.append(release)
+                yield present(names[0], *evidence)
+                break

@@ -28,6 +28,7 @@ _REQUIRED_STRINGS = ("id", "symbol", "title", "area", "severity", "summary")
 _STRING_LISTS = ("causes", "fix", "related", "sources", "old_ids")
 _KNOWN_KEYS = frozenset((*_REQUIRED_STRINGS, *_STRING_LISTS, "detect", "evidence", "signatures"))
 _AREA = re.compile(r"^[a-z][a-z0-9-]*$")
+_FLEET_KEY = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
 class CatalogueError(Exception):
@@ -135,6 +136,9 @@ def _reference(document: dict[str, Any], path: str, ref_id: str, analyse_signatu
         fix=tuple(step.strip() for step in document.get("fix", [])),
         detect=tuple(detect.get("modes", [])),
         checks=tuple(detect.get("checks", [])),
+        why_log_only=detect.get("why_log_only", "").strip(),
+        candidate=detect.get("candidate", "").strip(),
+        fleet=tuple(detect.get("fleet", [])),
         causes=tuple(document.get("causes", [])),
         evidence=tuple(document.get("evidence", [])),
         related=tuple(document.get("related", [])),
@@ -214,6 +218,11 @@ def validate_document(document: dict[str, Any], expected_id: str | None = None, 
 
 
 def _validate_detect(detect: Any) -> list[str]:
+    """``[detect]``: how a reference is decided. ``modes`` says what preflight does today (``node`` and
+    ``config`` only where a check reads that evidence); a reference without a check says why in
+    exactly one of ``why_log_only`` (no evidence exists before the job), ``candidate`` (evidence
+    exists and a check is still to be written: what it would read) or ``fleet`` (keys of
+    ``preflight.fleet.facts.FACTS`` whose comparison across nodes decides it)."""
     if not isinstance(detect, dict):
         return ["'detect' must be a table with 'modes' (and optionally 'checks')"]
     problems = []
@@ -223,7 +232,20 @@ def _validate_detect(detect: Any) -> list[str]:
     checks = detect.get("checks", [])
     if not isinstance(checks, list) or any(not isinstance(c, str) or not REFERENCE_ID.match(c) for c in checks):
         problems.append("detect.checks must list check IDs")
-    for key in set(detect) - {"modes", "checks"}:
+    for key in ("why_log_only", "candidate"):
+        if key in detect and (not isinstance(detect[key], str) or not detect[key].strip()):
+            problems.append(f"detect.{key} must be a non-empty sentence")
+    fleet = detect.get("fleet", [])
+    if not isinstance(fleet, list) or any(not isinstance(key, str) or not _FLEET_KEY.match(key) for key in fleet):
+        problems.append("detect.fleet must list fleet fact keys (snake_case)")
+    reasons = [key for key in ("why_log_only", "candidate", "fleet") if detect.get(key)]
+    if len(reasons) > 1:
+        problems.append(f"detect: {' and '.join(reasons)} contradict each other; keep one")
+    if checks and "why_log_only" in detect:
+        problems.append("detect.why_log_only: a reference that a check decides is not log-only")
+    if "why_log_only" in detect and isinstance(modes, list) and set(modes) & {"node", "config"}:
+        problems.append("detect.why_log_only: modes may not claim node or config evidence")
+    for key in set(detect) - {"modes", "checks", "why_log_only", "candidate", "fleet"}:
         problems.append(f"unknown key detect.{key}")
     return problems
 

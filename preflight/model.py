@@ -149,6 +149,9 @@ class Reference(Struct, frozen=True):
     fix: tuple[str, ...]
     detect: tuple[str, ...] = ()
     checks: tuple[str, ...] = ()
+    why_log_only: str = ""  # [detect]: why no evidence exists before the job ("" when some does)
+    candidate: str = ""  # [detect]: the evidence a check still to be written would read
+    fleet: tuple[str, ...] = ()  # [detect]: fleet fact keys whose comparison decides it
     causes: tuple[str, ...] = ()
     evidence: tuple[dict[str, str], ...] = ()
     related: tuple[str, ...] = ()

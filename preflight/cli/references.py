@@ -33,7 +33,13 @@ def reference_json(reference: Reference) -> dict[str, object]:
         "title": reference.title,
         "area": reference.area,
         "severity": reference.severity.value,
-        "detect": {"modes": list(reference.detect), "checks": list(reference.checks)},
+        "detect": {
+            "modes": list(reference.detect),
+            "checks": list(reference.checks),
+            "why_log_only": reference.why_log_only,
+            "candidate": reference.candidate,
+            "fleet": list(reference.fleet),
+        },
         "summary": reference.summary,
         "causes": list(reference.causes),
         "evidence": list(reference.evidence),
@@ -161,6 +167,12 @@ def render_reference(reference: Reference) -> str:
     lines += block("Sources", list(reference.sources))
     detect = ", ".join(reference.detect) + (f" (checks: {', '.join(reference.checks)})" if reference.checks else "")
     lines += ["", f"Detectable from: {detect}"]
+    if reference.fleet:
+        lines.append(f"Compared across nodes by preflight fleet: {', '.join(reference.fleet)}")
+    if reference.why_log_only:
+        lines += ["", "Why only in logs:", fill(reference.why_log_only, "  ", "  ")]
+    if reference.candidate:
+        lines += ["", "Evidence a node check could read (not written yet):", fill(reference.candidate, "  ", "  ")]
     return "\n".join(lines)
 
 

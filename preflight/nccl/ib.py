@@ -111,3 +111,29 @@ def nccl_selection(rdma: RdmaFacts, job: JobFacts) -> Selection:
             elif port.state == PORT_ACTIVE and port.link_layer in NCCL_LINK_LAYERS:
                 kept.append(port)
     return Selection(setting, hca, tuple(kept), tuple(unknown), tuple(unlisted))
+
+
+#: Devices one fused NIC may hold (NCCL_NET_MAX_DEVS_PER_NIC, net API v9 and v10); NCCL's list
+#: parser stops after this many names, so further names of a group are ignored.
+MAX_DEVS_PER_NIC = 4
+#: The first release with NIC fusion and NCCL_NET_FORCE_MERGE (absent from src/ at v2.23.4-1).
+FUSION_SINCE = (2, 24)
+
+
+def parse_force_merge(value: str) -> list[tuple[str, tuple[HcaEntry, ...]]]:
+    """``NCCL_NET_FORCE_MERGE`` as ``ncclTopoForceMerge`` reads it (``src/graph/topo.cc``): groups
+    split at ``;`` (empty ones skipped by strtok_r), each parsed by ``parseStringList``
+    (``src/misc/utils.cc``) into at most four ``name[:port]`` entries; an entry needs a name, a
+    port is read with ``atoi``, and ``^`` or ``=`` mean nothing here. A group with no entry at all
+    comes back empty."""
+    groups = []
+    for group in (part for part in value.split(";") if part):
+        entries = []
+        for item in group.split(","):
+            name, colon, rest = item.partition(":")
+            if name:
+                entries.append(HcaEntry(item, name, _atoi(rest) if colon else None))
+            if len(entries) == MAX_DEVS_PER_NIC:
+                break
+        groups.append((group, tuple(entries)))
+    return groups

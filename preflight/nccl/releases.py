@@ -53,6 +53,11 @@ RAS_INIT_RACE = KnownBug("NCCL013", "2.24.3", "2.27.3", "a RAS status query duri
 MNNVL_STACK = KnownBug("NVL002", "2.20.3", "2.28.3", "NCCL's threads get glibc's 2 MiB stack when the stack limit is unlimited")
 
 
+#: Alltoall-like traffic (MoE dispatch and combine) could hang on MNNVL systems beyond 80 ranks; the
+#: v2.26.5-1 release notes work around it and v2.27.3-1 lists the fix. MNNVL arrived in 2.20.3.
+MNNVL_ALLTOALL = KnownBug("NVL001", "2.20.3", "2.26.5", "alltoall-like traffic can hang on multi-node NVLink beyond 80 ranks")
+
+
 #: NVLS graph search read past its NIC array on 2.18.3 (NVIDIA/nccl#931), fixed in 2.18.5.
 NVLS_SEARCH = KnownBug("TOPO003", "2.18.3", "2.18.5", "the NVLS graph search reads past its NIC array and crashes")
 
@@ -67,7 +72,7 @@ PCI_SPEED_DETECTION = KnownBug("TOPO003", "2.18.3", "2.19.4", "topology detectio
 PEERMEM_DETECTION = KnownBug("GDR001", "0", "2.23.4", "GPUDirect RDMA is reported disabled when only nvidia_peermem (no memory_peers client) is loaded")
 
 
-KNOWN_BUGS = (NVLS_DUAL_PORT, CONNECT_RETRY, SPLIT_NONBLOCKING, RAS_INIT_RACE, MNNVL_STACK, NVLS_SEARCH, PCI_SPEED_DETECTION, PEERMEM_DETECTION)
+KNOWN_BUGS = (NVLS_DUAL_PORT, CONNECT_RETRY, SPLIT_NONBLOCKING, RAS_INIT_RACE, MNNVL_STACK, MNNVL_ALLTOALL, NVLS_SEARCH, PCI_SPEED_DETECTION, PEERMEM_DETECTION)
 
 
 def version_tuple(text: str) -> tuple[int, ...] | None:

@@ -39,6 +39,44 @@ def test_checks_and_references_point_at_each_other() -> None:
         assert set(reference.checks) <= set(registry.checks), reference.id
 
 
+def test_every_reference_says_how_it_is_decided() -> None:
+    """A check, a fleet comparison, a reason why only logs show it, or the evidence a check still
+    to be written would read: a reference with none of these makes no honest claim. And modes
+    claim node or config evidence only where a check reads it."""
+    from preflight.fleet.facts import FACTS
+
+    registry = build_registry(plugins=False)
+    fleet_keys = {fact.key for fact in FACTS}
+    undecided, claims_without_check, unknown_fleet = [], [], []
+    for reference in load_all():
+        checked = reference.id in registry.checks or bool(reference.checks)
+        if not (checked or reference.fleet or reference.why_log_only or reference.candidate):
+            undecided.append(reference.id)
+        if set(reference.detect) & {"node", "config"} and not checked:
+            claims_without_check.append(reference.id)
+        unknown_fleet += [f"{reference.id}: {key}" for key in reference.fleet if key not in fleet_keys]
+    assert not undecided, f"neither a check, fleet, why_log_only nor candidate in [detect]: {undecided}"
+    assert not claims_without_check, f"detect.modes claims node/config evidence but no check reads it: {claims_without_check}"
+    assert not unknown_fleet, f"detect.fleet names facts preflight fleet does not compare: {unknown_fleet}"
+
+
+def test_detect_schema_refuses_dishonest_or_contradicting_decisions() -> None:
+    document = parse_toml((REFERENCES / "NCCL009.toml").read_text())
+    detect = document["detect"]
+    assert detect["why_log_only"] and validate_document(document) == []
+
+    def problems(**changes: object) -> list[str]:
+        return validate_document({**document, "detect": {**detect, **changes}})
+
+    assert any("why_log_only" in p and "node or config" in p for p in problems(modes=["config", "runtime"]))
+    assert any("not log-only" in p for p in problems(checks=["NCCL009"]))
+    assert any("non-empty sentence" in p for p in problems(why_log_only="  "))
+    assert any("contradict" in p for p in problems(candidate="NCCL_ALGO in the job environment."))
+    fleet_only = {key: value for key, value in detect.items() if key != "why_log_only"}
+    assert any("fleet fact keys" in p for p in validate_document({**document, "detect": {**fleet_only, "fleet": ["NCCL Libraries"]}}))
+    assert any("unknown key detect.reason" in p for p in problems(reason="x"))
+
+
 def test_validation_reports_schema_breaks() -> None:
     document = parse_toml((REFERENCES / "MEM001.toml").read_text())
     broken = {**document, "severity": "fatal", "surprise": 1, "signatures": [{"pattern": "a(", "examples": ["a"]}]}

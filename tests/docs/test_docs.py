@@ -137,10 +137,16 @@ def test_checks_table_says_what_the_catalogue_and_registry_say() -> None:
         assert severity == document["severity"], document["id"]
         assert int(signatures) == len(document.get("signatures", [])), document["id"]
         spec = registry.checks.get(document["id"])
-        if spec is None:
-            assert decided_by.startswith("log only"), document["id"]
+        detect = document["detect"]
+        if spec is not None:
+            kind = "node check" if "node" in detect["modes"] else "config check"
+            assert decided_by.startswith(f"{kind} ({', '.join(spec.profiles)})"), document["id"]
+        elif detect.get("fleet"):
+            assert decided_by == f"fleet comparison (`preflight fleet`: {', '.join(detect['fleet'])})", document["id"]
+        elif detect.get("why_log_only"):
+            assert decided_by == "log only: " + detect["why_log_only"], document["id"]
         else:
-            assert decided_by.startswith(f"node check ({', '.join(spec.profiles)})"), document["id"]
+            assert decided_by == "log only for now; a check could read: " + detect["candidate"], document["id"]
 
 
 def test_titles_with_markup_characters_are_escaped() -> None:
