@@ -61,8 +61,13 @@ class Apart:
             os.close(self.read_end)
             self.read_end = -1
         complete = wanted <= outcomes.keys() and all(outcomes[name].status != "timeout" for name in wanted)
-        # A child still running probes nobody waits for is not waited for either.
-        _abandon(self.child, complete and wanted == self.names)
+        if complete and wanted != self.names:
+            # Still running probes nobody waits for (started early for checks a config disabled,
+            # or gathered only in other profiles): not waited for, not killed either. It ends by
+            # itself within the deadline, or at its next send on the pipe closed above.
+            _reap_later(self.child)
+        else:
+            _abandon(self.child, complete)
         waited = monotonic() - self.started
         for name in wanted - outcomes.keys():
             outcomes[name] = ProbeOutcome(name, "timeout", waited, error=f"timed out after {waited:.1f} s")
@@ -84,6 +89,7 @@ def start_apart(
     no child can be made (out of descriptors, processes or memory): the caller runs the probes
     itself, in threads, as before."""
     started = sources.clock.monotonic()
+    _reap_finished()
     try:
         read_end, write_end = os.pipe()
     except OSError:
@@ -174,6 +180,25 @@ def _collect(read_end: int, wanted: set[str], deadline: float, monotonic: Callab
             if isinstance(outcome, ProbeOutcome) and outcome.name in wanted:
                 outcomes[outcome.name] = outcome
     return outcomes
+
+
+#: Children that were left to finish by themselves; reaped when the next one starts, so that a
+#: long-lived caller (a daemon, the test suite) does not collect zombies.
+_UNREAPED: list[int] = []
+
+
+def _reap_later(child: int) -> None:
+    _UNREAPED.append(child)
+
+
+def _reap_finished() -> None:
+    for child in list(_UNREAPED):
+        try:
+            if not os.waitpid(child, os.WNOHANG)[0]:
+                continue
+        except ChildProcessError:
+            pass
+        _UNREAPED.remove(child)
 
 
 def _abandon(child: int, complete: bool) -> None:

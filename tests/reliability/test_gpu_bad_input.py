@@ -104,7 +104,7 @@ def test_failing_call_for_one_gpu(node_copy: Path, function: str, key: str, erro
 @pytest.mark.parametrize(("function", "probe", "references"), [
     ("nvmlDeviceGetUUID", "gpus", {"GPU001", "GPU002", "GDR003", "NVL003", "PCI004", "PCI005"}),  # NVLink and P2P checks name GPUs from its facts
     ("nvmlDeviceGetBAR1MemoryInfo", "bar1", {"GDR003"}),
-    ("nvmlDeviceGetGpuFabricInfo", "fabric", {"NVL006", "NVL004", "NVL002"}),  # NVL004 and NVL002 read the fabric facts too
+    ("nvmlDeviceGetGpuFabricInfo", "fabric", {"NVL006", "NVL004", "NVL002", "NVL001"}),  # NVL004, NVL002 and NVL001 read the fabric facts too
     ("nvmlDeviceGetTotalEccErrors", "gpu_health", {"GPU001", "GPU002"}),
 ])
 def test_hanging_call_times_out_and_the_run_finishes(run_cli: Runner, node_copy: Path, function: str, probe: str, references: set[str]) -> None:
