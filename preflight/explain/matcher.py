@@ -64,6 +64,11 @@ GENERIC_FAILURES = (
 # the line ``explain`` names as uncatalogued instead of saying nothing.
 GENERIC_WARNINGS = (
     r"NCCL WARN ",
+    # NCCL's return-code trace ("NCCL INFO transport/net.cc:515 -> 2"): printed only when a call
+    # returned an error, so a log of nothing but INFO lines still shows where it failed.
+    r"\.cc:\d{1,5} -> [1-9]\d{0,2}\b",
+    # torch.cuda's warning that the build has no kernels for this GPU: every CUDA call fails after it.
+    r"is not compatible with the current PyTorch installation",
     r"\bnccl(?:UnhandledCuda|System|Internal|InvalidArgument|InvalidUsage|Remote)Error\b",
     r"\b(?:Segmentation fault|SIGSEGV|SIGABRT|SIGBUS|core dumped)\b",
     r"\b(?:CUDA|NCCL|UCX|OFI|EFA|NET/\w+) ?(?:error|ERROR|failure)\b",

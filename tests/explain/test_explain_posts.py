@@ -178,3 +178,28 @@ def test_the_cascade_is_worked_out_again_after_a_new_hit() -> None:
             assert analysis.cascade() is None  # one actor so far
     cascade = analysis.cascade()
     assert cascade is not None and cascade.later == 1
+
+
+def test_a_line_posted_as_inline_code_is_read_without_its_backticks() -> None:
+    assert normalise("`RuntimeError: Expected all tensors to be on the same device`") == "RuntimeError: Expected all tensors to be on the same device"
+    assert normalise("  `" + WARN + "`") == WARN
+    assert normalise("see `x` and `y`") == "see `x` and `y`"  # prose with code spans stays as it is
+    assert _ranked("`" + WARN + "`\n", PEER) == ["IBX001"]
+    first = _analyse("`RuntimeError: Expected all tensors to be on the same device, but found cpu and cuda:0`\n", PEER).first_failure()
+    assert first is not None and first.line_number == 1
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "node1:2330:2658 [2] NCCL INFO transport/net.cc:515 -> 2",
+        "NVIDIA RTX A6000 with CUDA capability sm_86 is not compatible with the current PyTorch installation.",
+    ],
+)
+def test_a_log_of_only_error_traces_or_an_unsupported_gpu_is_not_silent(line: str) -> None:
+    first = _analyse("node1:2330:2658 [2] NCCL INFO Init START\n" + line + "\n", PEER).first_failure()
+    assert first is not None and first.line_number == 2
+
+
+def test_a_successful_return_code_trace_is_not_a_failure() -> None:
+    assert _analyse("node1:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC\nnode1:1:2 [0] NCCL INFO init.cc:12 -> 0\n", PEER).first_failure() is None
