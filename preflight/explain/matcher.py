@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 from preflight.catalogue import CatalogueError
+from preflight.explain.combinations import MAX_KEYS, OBSERVATION_SIGNATURES, repeat_key
 from preflight.explain.posts import normalise, segments, undo_autolinks
 from preflight.explain.reader import MAX_LINE, Chunk
 from preflight.model import Reference
@@ -84,6 +85,8 @@ class Matcher:
         by_literal: dict[str, list[Signature]] = {}
         generic = [("", number, {"pattern": p, "role": "symptom"}) for number, p in enumerate(GENERIC_FAILURES, 1)]
         generic += [("", number, {"pattern": p, "role": "context"}) for number, p in enumerate(GENERIC_WARNINGS, 101)]
+        # Lines that mean something only together with others (preflight.explain.combinations).
+        generic += [(kind, number, {"pattern": p, "role": "context"}) for number, (kind, p) in enumerate(OBSERVATION_SIGNATURES, 201)]
         catalogued = [(r.id, number, item) for r in references for number, item in enumerate(r.signatures, 1)]
         for reference_id, number, item in [*catalogued, *generic]:
             try:
@@ -98,6 +101,8 @@ class Matcher:
             for literal in literals:
                 by_literal.setdefault(literal, []).append(signature)
         self._by_literal = by_literal
+        self._observing = {id(s) for s in self.signatures if s.reference_id.startswith("~")}
+        self._seen_keys: set[bytes] = set()
         self._literals_by_gate = _gates(list(by_literal))
         gates = sorted(self._literals_by_gate)
         self.gate = re.compile(_trie_pattern(gates)) if gates else None
@@ -121,9 +126,14 @@ class Matcher:
             end = len(data) if end < 0 else end
             position = end + 1
             raw = data[start : min(end, start + MAX_LINE)]
+            key = repeat_key(raw)
+            if key is not None and key in self._seen_keys:
+                continue  # a copy of a channel line already passed on (see _note_key)
             candidates = self._candidates(raw, found.start() - start)
             if not candidates:
                 continue  # a gate without its full literal: noise
+            if key is not None:
+                self._note_key(key, candidates)
             line_number += data.count(b"\n", counted_to, start)
             counted_to = start
             line = _decode(raw)
@@ -131,6 +141,17 @@ class Matcher:
             if not any(hit.signature.reference_id for hit in hits):  # generic hits do not end the search
                 hits += self._match_wrapped(data, start, end, line, chunk.source, line_number)
             yield from hits
+
+    def forget_repeats(self) -> None:
+        """Start a new run: every channel line is news again."""
+        self._seen_keys.clear()
+
+    def _note_key(self, key: bytes, candidates: list[Signature]) -> None:
+        """Remember a channel line that only an observation signature wants: the thousands of
+        copies a big job prints (same host, same transport) then cost a set lookup, not a match.
+        A line some catalogue signature wants too is never skipped."""
+        if len(candidates) == 1 and id(candidates[0]) in self._observing and len(self._seen_keys) < MAX_KEYS:
+            self._seen_keys.add(key)
 
     def _candidates(self, raw: bytes, position: int = 0) -> list[Signature]:
         """Signatures one of whose literals occurs in the raw line at or after ``position``."""
