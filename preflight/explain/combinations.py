@@ -10,6 +10,10 @@ Some causes never print a message of their own; they show only in how lines disa
   same network have it means GPUDirect RDMA is off for that GPU. When the host that lacks it shows
   it nowhere, the node has no GPUDirect RDMA path (GDR001); when the same host uses it for some
   GPUs and not others, the GPU-to-NIC distance decided it (TOPO005, or ROCE002 on RoCE ports).
+* **GPUDirect RDMA turned off by distance, on RoCE.** NCCL's ``GPU Direct RDMA Disabled for GPU
+  ... (distance X > Y)`` does not name the fabric: alone it is TOPO005 (GPU and HCA too far
+  apart); beside RoCE ports (``NET/IB : Using [0]mlx5_0:1/RoCE``) it is ROCE002, the RoCE case of
+  the same decision.
 * **Ranks disagreeing about one collective.** With ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` PyTorch's
   ProcessGroupWrapper logs ``Running collective: CollectiveFingerPrint(SequenceNumber=N,
   OpType=..., TensorShape=[...], TensorDtypes=...)`` on every rank. Two ranks with different
@@ -31,12 +35,14 @@ OBSERVATION = "~"  # reference-ID prefix of the built-in observation signatures
 CHANNEL = OBSERVATION + "channel"
 ROCE_PORTS = OBSERVATION + "roce-ports"
 FINGERPRINT = OBSERVATION + "fingerprint"
+DISTANCE = OBSERVATION + "gdr-distance"
 
 # (reference ID, pattern) of the lines the matcher reports as observations.
 OBSERVATION_SIGNATURES = (
     (CHANNEL, r"\[(?:send|receive)\] via NET/[^/\n]{1,40}/\d"),
     (ROCE_PORTS, r"\[\d+\]\w{1,40}:\d+/RoCE\b"),  # "NET/IB : Using [0]mlx5_0:1/RoCE": scanned for "/RoCE"
     (FINGERPRINT, r"Running collective: CollectiveFingerPrint\(SequenceNumber=\d+, OpType=\w+"),
+    (DISTANCE, r"GPU Direct RDMA Disabled for GPU(?: \S{1,40} / HCA \S+ \(|/\S{1,40} \(rank \d+\) - NET/\S+ \()distance \d+ > \d+\)"),
 )
 
 _CHANNEL = re.compile(r"\[(send|receive)\] via NET/([^/\n]{1,40}?)/\d+(?:\(\d+\))?(/GDRDMA)?")
@@ -61,6 +67,7 @@ def repeat_key(raw: bytes) -> bytes | None:
 
 
 GDR_SPECIFICITY = 40  # about a specific one-line NCCL warning: a sure sign, but of a performance loss
+ROCE_DISTANCE_SPECIFICITY = 60  # the distance line (55 of its own) plus what the RoCE ports add
 MISMATCH_SPECIFICITY = 60  # two ranks' own records of one collective disagreeing: direct evidence
 MAX_SEQUENCES = 4096  # fingerprints kept per run: memory stays bounded on endless DETAIL logs
 
@@ -91,6 +98,7 @@ class _Network:
 class Observations:
     networks: dict[str, _Network] = field(default_factory=dict)
     roce: Sighting | None = None
+    distance: Sighting | None = None
     fingerprints: dict[str, dict[str, tuple[str, Sighting]]] = field(default_factory=dict)  # seq -> rank -> (print, line)
     mismatch: tuple[Sighting, Sighting] | None = None
     ambiguous_sequences: bool = False
@@ -102,6 +110,8 @@ class Observations:
             self.roce = self.roce or sighting
         elif kind == FINGERPRINT:
             self._fingerprint(sighting)
+        elif kind == DISTANCE:
+            self.distance = self.distance or sighting
 
     def _channel(self, sighting: Sighting) -> None:
         found = _CHANNEL.search(sighting.text)
@@ -145,6 +155,8 @@ class Observations:
         result = []
         for network in self.networks.values():
             result.extend(self._gdr_missing(network))
+        if self.distance is not None and self.roce is not None:
+            result.append(Derived("ROCE002", ROCE_DISTANCE_SPECIFICITY, (self.distance, self.roce)))
         if self.mismatch is not None and not self.ambiguous_sequences:
             result.append(Derived("NCCL009", MISMATCH_SPECIFICITY, self.mismatch))
         return result

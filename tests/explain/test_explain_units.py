@@ -270,3 +270,23 @@ def test_a_new_run_sees_channel_lines_again(tmp_path: Path) -> None:
     catalogue = load_catalogue()
     for _ in range(2):
         assert [c.reference_id for c in explain([str(log)], catalogue=catalogue).candidates] == ["GDR001"]
+
+
+@pytest.mark.parametrize(
+    "distance",
+    [
+        "node3:4121:4188 [0] NCCL INFO GPU Direct RDMA Disabled for GPU ca000 / HCA 0 (distance 7 > 4)",
+        "gpu-a17:91533:91702 [5] NCCL INFO GPU Direct RDMA Disabled for GPU/0-827392 (rank 5) - NET/0-3 (distance 8 > 5)",
+    ],
+)
+def test_gpudirect_rdma_off_by_distance_is_topology_and_on_roce_ports_the_roce_case(tmp_path: Path, distance: str) -> None:
+    from preflight.explain import explain, load_catalogue
+
+    catalogue = load_catalogue()
+    alone = tmp_path / "alone.log"
+    alone.write_text(distance + "\n")
+    ranked = [(c.reference_id, c.tier) for c in explain([str(alone)], catalogue=catalogue).candidates]
+    assert ranked[0] == ("TOPO005", "cause") and ("ROCE002", "cause") not in ranked
+    on_roce = tmp_path / "roce.log"
+    on_roce.write_text("node3:4121:4121 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/RoCE ; OOB eth0:10.0.0.3<0>\n" + distance + "\n")
+    assert [c.reference_id for c in explain([str(on_roce)], catalogue=catalogue).candidates][:2] == ["ROCE002", "TOPO005"]
