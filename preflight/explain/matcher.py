@@ -204,6 +204,10 @@ class Matcher:
             following = normalise(_decode(data[end + 1 : len(data) if next_end < 0 else next_end]))
             if _is_continuation(following):
                 yield from self._match_joined(line + following, source, line_number)
+            elif following[:1] in (" ", "\t") and line.rstrip().endswith(",") and following.strip():
+                # Wrapped at a word boundary, the rest indented (a post, a log formatter): a
+                # message that stops at a comma goes on there, after one space.
+                yield from self._match_joined(line.rstrip() + " " + following.strip(), source, line_number)
 
 
 # Printable bytes from the most to the least frequent in GPU job logs (measured on the test

@@ -203,3 +203,14 @@ def test_a_log_of_only_error_traces_or_an_unsupported_gpu_is_not_silent(line: st
 
 def test_a_successful_return_code_trace_is_not_a_failure() -> None:
     assert _analyse("node1:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC\nnode1:1:2 [0] NCCL INFO init.cc:12 -> 0\n", PEER).first_failure() is None
+
+
+def test_a_message_wrapped_at_a_comma_with_an_indented_rest_is_rejoined() -> None:
+    refused = _reference("GLX001", ("cause", r"SO_ERROR: Connection refused, ?remote=\[[^\]]{1,80}\]:\d+"))
+    log = (
+        "[rank8] Gloo connectFullMesh failed ... timed out connecting: SO_ERROR: Connection refused,\n"
+        "        remote=[127.0.0.1]:14215\n"
+    )
+    assert _ranked(log, refused) == ["GLX001"]
+    # A traceback's indented line after a line that does not stop at a comma is not joined.
+    assert _ranked(log.replace("refused,\n", "refused, code 111\n"), refused) == []
