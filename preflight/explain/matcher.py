@@ -70,6 +70,11 @@ GENERIC_WARNINGS = (
     r"\.cc:\d{1,5} -> [1-9]\d{0,2}\b",
     # torch.cuda's warning that the build has no kernels for this GPU: every CUDA call fails after it.
     r"is not compatible with the current PyTorch installation",
+    # errno texts and loader/driver failures that mean a call failed whatever printed them
+    r"\b(?:Connection refused|Connection reset by peer|No route to host|Network is unreachable|Address already in use)\b",
+    r": undefined symbol: \S",
+    r"\b[Oo]ut of memory\b",
+    r"NVRM: Xid \(",
     r"\bnccl(?:UnhandledCuda|System|Internal|InvalidArgument|InvalidUsage|Remote)Error\b",
     r"\b(?:Segmentation fault|SIGSEGV|SIGABRT|SIGBUS|core dumped)\b",
     r"\b(?:CUDA|NCCL|UCX|OFI|EFA|NET/\w+) ?(?:error|ERROR|failure)\b",

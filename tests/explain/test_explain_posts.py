@@ -214,3 +214,17 @@ def test_a_message_wrapped_at_a_comma_with_an_indented_rest_is_rejoined() -> Non
     assert _ranked(log, refused) == ["GLX001"]
     # A traceback's indented line after a line that does not stop at a comma is not joined.
     assert _ranked(log.replace("refused,\n", "refused, code 111\n"), refused) == []
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "ssh: connect to host node2 port 22: Connection refused",
+        "mpi_lib.cpython-38-x86_64-linux-gnu.so: undefined symbol: _ZN3c104cuda",
+        "CUDA out of memory. Tried to allocate 2.00 GiB",
+        "NVRM: Xid (PCI:0000:3b:00): 48, pid=1234, An uncorrectable double bit error (DBE) has been detected on GPU",
+    ],
+)
+def test_errno_texts_loader_and_driver_failures_name_the_failing_line(line: str) -> None:
+    first = _analyse("starting\n" + line + "\n", PEER).first_failure()
+    assert first is not None and first.line_number == 2
