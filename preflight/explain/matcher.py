@@ -56,6 +56,7 @@ GENERIC_FAILURES = (
     r"(?:^|[\s:\]])(?:[A-Za-z_][\w.]{0,100}\.)?[A-Z]\w{0,60}(?:Error|Exception): \S",
     r"slurmstepd: error: \*\*\* (?:STEP|JOB) \S+ ON \S+ CANCELLED AT",  # time limit, scancel, node failure
     r"srun: error: \S+: tasks? [\d,-]+: (?:Exited with exit code|Killed|Terminated|Segmentation fault)",
+    r"\] exits with return code = -?[1-9]\d{0,2}\b",  # DeepSpeed's launcher after a worker failed
     # A crash belongs to no one reference: many causes end in one, so it orders the cascade
     # and names the first failing line without pointing anywhere.
     r"Caught signal 11 \(Segmentation fault|Signal: Segmentation fault \(11\)|Fatal Python error: Segmentation fault",
@@ -78,7 +79,7 @@ GENERIC_WARNINGS = (
     r"\bnccl(?:UnhandledCuda|System|Internal|InvalidArgument|InvalidUsage|Remote)Error\b",
     r"\b(?:Segmentation fault|SIGSEGV|SIGABRT|SIGBUS|core dumped)\b",
     r"\b(?:CUDA|NCCL|UCX|OFI|EFA|NET/\w+) ?(?:error|ERROR|failure)\b",
-    r"(?:^|[\s\]:])(?:ERROR|FATAL|Fatal error|fatal error|error):? ",
+    r"(?:^|[\s\]:\[])(?:ERROR|FATAL|Fatal error|fatal error|error)\]?:? ",
     r"\b(?:[Ff]ailed|FAILED|[Aa]borted|Killed|[Ii]nsufficient|Unable to|[Tt]imed out)\b",
     r"\b(?:Error|Exception|WARN|Traceback)\b|\berror:",
 )

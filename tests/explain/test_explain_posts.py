@@ -228,3 +228,10 @@ def test_a_message_wrapped_at_a_comma_with_an_indented_rest_is_rejoined() -> Non
 def test_errno_texts_loader_and_driver_failures_name_the_failing_line(line: str) -> None:
     first = _analyse("starting\n" + line + "\n", PEER).first_failure()
     assert first is not None and first.line_number == 2
+
+
+def test_deepspeeds_launcher_failure_orders_the_cascade_and_names_the_line() -> None:
+    line = "[2023-11-28 10:00:34,590] [ERROR] [launch.py:321:sigkill_handler] ['/usr/bin/python', '-u', 'train.py'] exits with return code = -9"
+    first = _analyse("step 10 loss 1.2\n" + line + "\n", PEER).first_failure()
+    assert first is not None and first.line_number == 2
+    assert _analyse("[INFO] [launch.py:347:main] Process 1 exits successfully.\n", PEER).first_failure() is None
