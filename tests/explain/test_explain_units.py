@@ -290,3 +290,21 @@ def test_gpudirect_rdma_off_by_distance_is_topology_and_on_roce_ports_the_roce_c
     on_roce = tmp_path / "roce.log"
     on_roce.write_text("node3:4121:4121 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/RoCE ; OOB eth0:10.0.0.3<0>\n" + distance + "\n")
     assert [c.reference_id for c in explain([str(on_roce)], catalogue=catalogue).candidates][:2] == ["ROCE002", "TOPO005"]
+
+
+def test_a_link_local_roce_gid_on_a_retry_exceeded_completion_ranks_the_gid_reference_first(tmp_path: Path) -> None:
+    """The same completion line is read by IB006, ROCE006, ROCE007 and ROCE005; only the fe80:
+    local GID tells the GID-index cause apart, and it must decide the order."""
+    from preflight.explain import explain, load_catalogue
+
+    line = (
+        "gpu1:123:456 [0] transport/net_ib.cc:2121 NCCL WARN NET/IB: Got completion from peer 10.0.0.2<1234> with "
+        "status=12 opcode=0 len=0 vendor err 129 (Recv) localGid {gid} remoteGids {gid} hca mlx5_0\n"
+    )
+    catalogue = load_catalogue()
+    link_local = tmp_path / "fe80.log"
+    link_local.write_text(line.format(gid="fe80::1"))
+    assert explain([str(link_local)], catalogue=catalogue).candidates[0].reference_id == "ROCE005"
+    routable = tmp_path / "v4.log"
+    routable.write_text(line.format(gid="::ffff:10.0.0.1"))
+    assert "ROCE005" not in [c.reference_id for c in explain([str(routable)], catalogue=catalogue).candidates]
