@@ -57,13 +57,17 @@ MAX_KEYS = 4096  # distinct channel lines remembered per run before every line i
 
 
 def repeat_key(raw: bytes) -> bytes | None:
-    """What makes a channel line news: its host (the text before the first colon) and what
-    follows its direction (``send] via NET/IB/0/GDRDMA``). Every rank prints one per channel and
-    peer, so the matcher passes on only the first line of each key; None for other lines."""
+    """What makes a channel line news: who wrote it (the token before NCCL's ``[dev]``, that is
+    ``host:pid:tid`` with any rank prefix, less pid and tid) and what follows its direction
+    (``send] via NET/IB/0/GDRDMA``). Every rank prints one per channel and peer, so the matcher
+    passes on only the first line of each key; None for other lines. Byte searches only: this
+    runs on every channel line of a big job."""
     via = raw.find(_VIA)
     if via < 0:
         return None
-    return raw[: raw.find(b":")] + b"|" + raw[max(0, via - 8) :]
+    bracket = raw.rfind(b" [", 0, raw.rfind(b" NCCL", 0, via) + 1)
+    writer = raw[raw.rfind(b" ", 0, bracket) + 1 : bracket].rsplit(b":", 2)[0] if bracket > 0 else b""
+    return writer + b"|" + raw[max(0, via - 8) :]
 
 
 GDR_SPECIFICITY = 40  # about a specific one-line NCCL warning: a sure sign, but of a performance loss

@@ -308,3 +308,13 @@ def test_a_link_local_roce_gid_on_a_retry_exceeded_completion_ranks_the_gid_refe
     routable = tmp_path / "v4.log"
     routable.write_text(line.format(gid="::ffff:10.0.0.1"))
     assert "ROCE005" not in [c.reference_id for c in explain([str(routable)], catalogue=catalogue).candidates]
+
+
+def test_channel_lines_of_different_hosts_are_never_taken_for_copies() -> None:
+    """Timestamps in front of the NCCL header must not make two hosts' lines look alike."""
+    lines = [
+        "2026-03-14T09:21:33Z " + _channel("node-b", 8, 0, "receive", "NET/IB/1"),
+        "2026-03-14T09:21:33Z " + _channel("node-a", 0, 8, "receive", "NET/IB/0/GDRDMA"),
+        "2026-03-14T09:21:34Z " + _channel("node-a", 4, 12, "receive", "NET/IB/1"),
+    ]
+    assert _tiered("\n".join(lines) + "\n") == [("TOPO005", "cause")]
