@@ -59,6 +59,7 @@ def explain(
     started = time.perf_counter()
     catalogue = catalogue or load_catalogue(catalogue_dir)
     references = catalogue.references
+    catalogue.matcher.forget_repeats()
     stats = ReadStats()
     analysis = Analysis(related={reference.id: tuple(reference.related) for reference in references.values()})
     for hit in scan_chunks(catalogue.matcher, iter_inputs(paths, stats, stdin), stats):

@@ -27,6 +27,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from preflight.explain.combinations import OBSERVATION, Derived, Observations, Sighting
 from preflight.explain.matcher import Hit
 from preflight.explain.prefixes import LineMeta, parse_line
 
@@ -39,6 +40,7 @@ GENERIC_FAILURE = ""  # reference ID of the matcher's built-in, uncatalogued fai
 MAX_EXAMPLES_PER_ROLE = 3  # example lines kept per reference and role: memory stays bounded
 MAX_ACTORS = 10_000
 CASCADE_REFERENCE = "NCCL014"
+DERIVED_SIGNATURE = 0  # signature number of evidence read from several lines together (combinations)
 _UNSET = object()  # a cascade not worked out yet (None means: there is none)
 
 
@@ -118,11 +120,16 @@ class Analysis:
         self._order = 0
         self._all_timed = True
         self._sources: set[str] = set()
+        self.observations = Observations()
 
     def add(self, hit: Hit) -> None:
         self._order += 1
-        self._cascade = _UNSET
         signature = hit.signature
+        if signature.reference_id.startswith(OBSERVATION):
+            # Channel lines and fingerprints come by the thousand: summarised, never parsed here.
+            self.observations.add(signature.reference_id, Sighting(hit.source, hit.line_number, hit.text))
+            return
+        self._cascade = _UNSET
         if signature.reference_id == GENERIC_FAILURE:
             meta, _message = parse_line(hit.text, self._year)
             actor = self._actor(meta, hit.source)
@@ -227,8 +234,9 @@ class Analysis:
         cascade = self.cascade()
         first_actor = cascade.first.actor if cascade else None
         result = []
-        sharing = self._line_sharing()
-        for entry in self.by_reference.values():
+        entries = self._with_derived()
+        sharing = self._line_sharing(entries)
+        for entry in entries.values():
             roles = set(entry.roles.values())
             tier = next((t for t in TIERS if t in roles), "context")
             if tier == "context" and not failure_seen:
@@ -243,7 +251,7 @@ class Analysis:
             if cascade and entry.reference_id == CASCADE_REFERENCE and self._cascade_unexplained(cascade):
                 score += _UNEXPLAINED_CASCADE_BONUS
             result.append(Candidate(entry.reference_id, tier, score, entry, on_first))
-        if cascade and CASCADE_REFERENCE not in self.by_reference:
+        if cascade and CASCADE_REFERENCE not in entries:
             bonus = _UNEXPLAINED_CASCADE_BONUS if self._cascade_unexplained(cascade) else 0
             result.append(Candidate(CASCADE_REFERENCE, "symptom", bonus, ReferenceHits(CASCADE_REFERENCE), False, synthesized=True))
         named = {c.reference_id for c in result}
@@ -254,10 +262,44 @@ class Analysis:
         result.sort(key=lambda c: (TIERS.index(c.tier), -c.score, listed_by[c.reference_id], c.hits.first))
         return result
 
-    def _line_sharing(self) -> dict[str, int]:
+    def _with_derived(self) -> dict[str, ReferenceHits]:
+        """The references' hits with the evidence read from several lines together added as a
+        cause signature of its own (copies: asking twice gives the same answer)."""
+        derived = self.observations.derived()
+        if not derived:
+            return self.by_reference
+        entries = dict(self.by_reference)
+        for item in derived:
+            known = entries.get(item.reference_id)
+            entry = _copy_hits(known) if known else ReferenceHits(item.reference_id)
+            self._add_derived(entry, item)
+            entries[item.reference_id] = entry
+        return entries
+
+    def _add_derived(self, entry: ReferenceHits, item: Derived) -> None:
+        entry.roles[DERIVED_SIGNATURE] = "cause"
+        entry.specificity[DERIVED_SIGNATURE] = item.specificity
+        for sighting in item.sightings:
+            meta, _message = parse_line(sighting.text, self._year)
+            actor = self._actor_of(meta, sighting.source)
+            evidence = Evidence(sighting.source, sighting.line_number, sighting.text, "cause", DERIVED_SIGNATURE, meta.time_text, actor, meta.host)
+            entry.first_line.setdefault(DERIVED_SIGNATURE, evidence.location)
+            entry.lines += 1
+            if all(e.location != evidence.location for e in entry.examples):
+                entry.examples.insert(0, evidence)
+            entry.first = min(entry.first, (meta.time if meta.time is not None else float("inf"), 0))
+            if len(entry.actors) < MAX_ACTORS:
+                entry.actors.add(actor)
+        entry.examples.sort(key=lambda e: _DISPLAY_ORDER.index(e.role))
+
+    def _actor_of(self, meta: LineMeta, source: str) -> str:
+        """Who wrote a line read after the scan: its prefixes' actor, else the source's."""
+        return meta.actor or self._last_actor.get(source) or _actor_from_source(source)
+
+    def _line_sharing(self, entries: dict[str, ReferenceHits]) -> dict[str, int]:
         """For each line some signature first matched, how many references matched it."""
         counts: dict[str, int] = {}
-        for entry in self.by_reference.values():
+        for entry in entries.values():
             for location in set(entry.first_line.values()):
                 counts[location] = counts.get(location, 0) + 1
         return counts
@@ -301,6 +343,13 @@ def _tier_score(entry: ReferenceHits, tier: str, sharing: dict[str, int]) -> int
         return 0
     best = max(in_tier, key=lambda number: worth[number])
     return round(worth[best] + _OTHER_SIGNATURES * sum(value for number, value in worth.items() if number != best))
+
+
+def _copy_hits(entry: ReferenceHits) -> ReferenceHits:
+    return ReferenceHits(
+        entry.reference_id, dict(entry.roles), dict(entry.specificity), dict(entry.first_line), entry.lines,
+        list(entry.examples), entry.first, set(entry.actors),
+    )
 
 
 def _examples_of(entry: ReferenceHits, role: str) -> int:

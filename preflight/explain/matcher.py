@@ -20,6 +20,7 @@ from typing import Iterable, Iterator
 from msgspec import Struct
 
 from preflight.catalogue import CatalogueError
+from preflight.explain.combinations import MAX_KEYS, OBSERVATION_SIGNATURES, repeat_key
 from preflight.explain.posts import normalise, segments, undo_autolinks
 from preflight.explain.reader import MAX_LINE, Chunk
 from preflight.model import Reference
@@ -56,6 +57,7 @@ GENERIC_FAILURES = (
     r"(?:^|[\s:\]])(?:[A-Za-z_][\w.]{0,100}\.)?[A-Z]\w{0,60}(?:Error|Exception): \S",
     r"slurmstepd: error: \*\*\* (?:STEP|JOB) \S+ ON \S+ CANCELLED AT",  # time limit, scancel, node failure
     r"srun: error: \S+: tasks? [\d,-]+: (?:Exited with exit code|Killed|Terminated|Segmentation fault)",
+    r"\] exits with return code = -?[1-9]\d{0,2}\b",  # DeepSpeed's launcher after a worker failed
     # A crash belongs to no one reference: many causes end in one, so it orders the cascade
     # and names the first failing line without pointing anywhere.
     r"Caught signal 11 \(Segmentation fault|Signal: Segmentation fault \(11\)|Fatal Python error: Segmentation fault",
@@ -65,10 +67,20 @@ GENERIC_FAILURES = (
 # the line ``explain`` names as uncatalogued instead of saying nothing.
 GENERIC_WARNINGS = (
     r"NCCL WARN ",
+    # NCCL's return-code trace ("NCCL INFO transport/net.cc:515 -> 2"): printed only when a call
+    # returned an error, so a log of nothing but INFO lines still shows where it failed.
+    r"\.cc:\d{1,5} -> [1-9]\d{0,2}\b",
+    # torch.cuda's warning that the build has no kernels for this GPU: every CUDA call fails after it.
+    r"is not compatible with the current PyTorch installation",
+    # errno texts and loader/driver failures that mean a call failed whatever printed them
+    r"\b(?:Connection refused|Connection reset by peer|No route to host|Network is unreachable|Address already in use)\b",
+    r": undefined symbol: \S",
+    r"\b[Oo]ut of memory\b",
+    r"NVRM: Xid \(",
     r"\bnccl(?:UnhandledCuda|System|Internal|InvalidArgument|InvalidUsage|Remote)Error\b",
     r"\b(?:Segmentation fault|SIGSEGV|SIGABRT|SIGBUS|core dumped)\b",
     r"\b(?:CUDA|NCCL|UCX|OFI|EFA|NET/\w+) ?(?:error|ERROR|failure)\b",
-    r"(?:^|[\s\]:])(?:ERROR|FATAL|Fatal error|fatal error|error):? ",
+    r"(?:^|[\s\]:\[])(?:ERROR|FATAL|Fatal error|fatal error|error)\]?:? ",
     r"\b(?:[Ff]ailed|FAILED|[Aa]borted|Killed|[Ii]nsufficient|Unable to|[Tt]imed out)\b",
     r"\b(?:Error|Exception|WARN|Traceback)\b|\berror:",
 )
@@ -80,6 +92,8 @@ class Matcher:
         by_literal: dict[str, list[Signature]] = {}
         generic = [("", number, {"pattern": p, "role": "symptom"}) for number, p in enumerate(GENERIC_FAILURES, 1)]
         generic += [("", number, {"pattern": p, "role": "context"}) for number, p in enumerate(GENERIC_WARNINGS, 101)]
+        # Lines that mean something only together with others (preflight.explain.combinations).
+        generic += [(kind, number, {"pattern": p, "role": "context"}) for number, (kind, p) in enumerate(OBSERVATION_SIGNATURES, 201)]
         catalogued = [(r.id, number, item) for r in references for number, item in enumerate(r.signatures, 1)]
         for reference_id, number, item in [*catalogued, *generic]:
             try:
@@ -94,6 +108,8 @@ class Matcher:
             for literal in literals:
                 by_literal.setdefault(literal, []).append(signature)
         self._by_literal = by_literal
+        self._observing = {id(s) for s in self.signatures if s.reference_id.startswith("~")}
+        self._seen_keys: set[bytes] = set()
         self._literals_by_gate = _gates(list(by_literal))
         gates = sorted(self._literals_by_gate)
         self.gate = re.compile(_trie_pattern(gates)) if gates else None
@@ -117,9 +133,14 @@ class Matcher:
             end = len(data) if end < 0 else end
             position = end + 1
             raw = data[start : min(end, start + MAX_LINE)]
+            key = repeat_key(raw)
+            if key is not None and key in self._seen_keys:
+                continue  # a copy of a channel line already passed on (see _note_key)
             candidates = self._candidates(raw, found.start() - start)
             if not candidates:
                 continue  # a gate without its full literal: noise
+            if key is not None:
+                self._note_key(key, candidates)
             line_number += data.count(b"\n", counted_to, start)
             counted_to = start
             line = _decode(raw)
@@ -127,6 +148,17 @@ class Matcher:
             if not any(hit.signature.reference_id for hit in hits):  # generic hits do not end the search
                 hits += self._match_wrapped(data, start, end, line, chunk.source, line_number)
             yield from hits
+
+    def forget_repeats(self) -> None:
+        """Start a new run: every channel line is news again."""
+        self._seen_keys.clear()
+
+    def _note_key(self, key: bytes, candidates: list[Signature]) -> None:
+        """Remember a channel line that only an observation signature wants: the thousands of
+        copies a big job prints (same host, same transport) then cost a set lookup, not a match.
+        A line some catalogue signature wants too is never skipped."""
+        if len(candidates) == 1 and id(candidates[0]) in self._observing and len(self._seen_keys) < MAX_KEYS:
+            self._seen_keys.add(key)
 
     def _candidates(self, raw: bytes, position: int = 0) -> list[Signature]:
         """Signatures one of whose literals occurs in the raw line at or after ``position``."""
@@ -179,6 +211,10 @@ class Matcher:
             following = normalise(_decode(data[end + 1 : len(data) if next_end < 0 else next_end]))
             if _is_continuation(following):
                 yield from self._match_joined(line + following, source, line_number)
+            elif following[:1] in (" ", "\t") and line.rstrip().endswith(",") and following.strip():
+                # Wrapped at a word boundary, the rest indented (a post, a log formatter): a
+                # message that stops at a comma goes on there, after one space.
+                yield from self._match_joined(line.rstrip() + " " + following.strip(), source, line_number)
 
 
 # Printable bytes from the most to the least frequent in GPU job logs (measured on the test

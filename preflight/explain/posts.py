@@ -6,7 +6,8 @@ leaves marks on the text that no signature should have to know about:
 * Markdown quoting: ``> `` (or ``>>``) in front of every line of a quoted reply;
 * Markdown autolinks: GitHub turns ``net_ib.cc:101`` and ``10.1.3.201`` into
   ``[net_ib.cc:101](http://net_ib.cc:101/)``, so a copied line carries both;
-* code fences (```` ``` ````), which are whole lines of their own and match nothing;
+* code fences (```` ``` ````), which are whole lines of their own and match nothing, and a
+  single line quoted as inline code (`` `RuntimeError: ...` ``);
 * terminal colours (handled by :func:`preflight.explain.prefixes.strip_ansi`);
 * carriage returns: a progress bar redraws itself with ``\\r`` and the error that follows is
   written onto the same line of the file, so a line is really several, and the last one is the
@@ -29,6 +30,7 @@ _QUOTE = re.compile(r"[ \t]{0,3}>(?:[ \t]{0,3}>)*[ \t]?")
 # file:line), which is how GitHub autolinks look; a prose link keeps its words either way.
 _AUTOLINK = re.compile(rb"\[([^\[\]\s]{1,200})\]\((?:https?|ftp|mailto):[^()\s]{0,400}\)")
 _FENCE = re.compile(r"[ \t]{0,3}(?:```|~~~)")
+_INLINE_CODE = re.compile(r"[ \t]{0,3}`([^`]+)`?[ \t]*$")
 
 
 def undo_autolinks(data: bytes) -> bytes:
@@ -45,10 +47,14 @@ def normalise(line: str) -> str:
     line = strip_ansi(line)
     if line[:4].lstrip(" \t")[:1] == ">":
         line = _QUOTE.sub("", line, count=1)
-    if "`" in line[:8] and _FENCE.match(line):
-        line = line.lstrip(" \t").lstrip("`~")
-        if " " not in line.strip():
-            return ""  # an opening fence with its language tag ("```text") carries nothing
+    if "`" in line[:8]:
+        if _FENCE.match(line):
+            line = line.lstrip(" \t").lstrip("`~")
+            if " " not in line.strip():
+                return ""  # an opening fence with its language tag ("```text") carries nothing
+        elif _INLINE_CODE.match(line):
+            # A one-line post quotes its log line as inline code: `RuntimeError: ...`
+            line = _INLINE_CODE.sub(r"\1", line, count=1)
     return line
 
 

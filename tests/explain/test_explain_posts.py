@@ -178,3 +178,60 @@ def test_the_cascade_is_worked_out_again_after_a_new_hit() -> None:
             assert analysis.cascade() is None  # one actor so far
     cascade = analysis.cascade()
     assert cascade is not None and cascade.later == 1
+
+
+def test_a_line_posted_as_inline_code_is_read_without_its_backticks() -> None:
+    assert normalise("`RuntimeError: Expected all tensors to be on the same device`") == "RuntimeError: Expected all tensors to be on the same device"
+    assert normalise("  `" + WARN + "`") == WARN
+    assert normalise("see `x` and `y`") == "see `x` and `y`"  # prose with code spans stays as it is
+    assert _ranked("`" + WARN + "`\n", PEER) == ["IBX001"]
+    first = _analyse("`RuntimeError: Expected all tensors to be on the same device, but found cpu and cuda:0`\n", PEER).first_failure()
+    assert first is not None and first.line_number == 1
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "node1:2330:2658 [2] NCCL INFO transport/net.cc:515 -> 2",
+        "NVIDIA RTX A6000 with CUDA capability sm_86 is not compatible with the current PyTorch installation.",
+    ],
+)
+def test_a_log_of_only_error_traces_or_an_unsupported_gpu_is_not_silent(line: str) -> None:
+    first = _analyse("node1:2330:2658 [2] NCCL INFO Init START\n" + line + "\n", PEER).first_failure()
+    assert first is not None and first.line_number == 2
+
+
+def test_a_successful_return_code_trace_is_not_a_failure() -> None:
+    assert _analyse("node1:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC\nnode1:1:2 [0] NCCL INFO init.cc:12 -> 0\n", PEER).first_failure() is None
+
+
+def test_a_message_wrapped_at_a_comma_with_an_indented_rest_is_rejoined() -> None:
+    refused = _reference("GLX001", ("cause", r"SO_ERROR: Connection refused, ?remote=\[[^\]]{1,80}\]:\d+"))
+    log = (
+        "[rank8] Gloo connectFullMesh failed ... timed out connecting: SO_ERROR: Connection refused,\n"
+        "        remote=[127.0.0.1]:14215\n"
+    )
+    assert _ranked(log, refused) == ["GLX001"]
+    # A traceback's indented line after a line that does not stop at a comma is not joined.
+    assert _ranked(log.replace("refused,\n", "refused, code 111\n"), refused) == []
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "ssh: connect to host node2 port 22: Connection refused",
+        "mpi_lib.cpython-38-x86_64-linux-gnu.so: undefined symbol: _ZN3c104cuda",
+        "CUDA out of memory. Tried to allocate 2.00 GiB",
+        "NVRM: Xid (PCI:0000:3b:00): 48, pid=1234, An uncorrectable double bit error (DBE) has been detected on GPU",
+    ],
+)
+def test_errno_texts_loader_and_driver_failures_name_the_failing_line(line: str) -> None:
+    first = _analyse("starting\n" + line + "\n", PEER).first_failure()
+    assert first is not None and first.line_number == 2
+
+
+def test_deepspeeds_launcher_failure_orders_the_cascade_and_names_the_line() -> None:
+    line = "[2023-11-28 10:00:34,590] [ERROR] [launch.py:321:sigkill_handler] ['/usr/bin/python', '-u', 'train.py'] exits with return code = -9"
+    first = _analyse("step 10 loss 1.2\n" + line + "\n", PEER).first_failure()
+    assert first is not None and first.line_number == 2
+    assert _analyse("[INFO] [launch.py:347:main] Process 1 exits successfully.\n", PEER).first_failure() is None

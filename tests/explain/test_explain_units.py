@@ -178,3 +178,143 @@ def test_parallel_scan_reports_the_same_hits_in_the_same_order(tmp_path: Path, m
 
     serial = hits(1)
     assert len(serial) >= 20 and serial == hits(2)
+
+
+def _channel(host: str | None, rank: int, peer: int, direction: str, via: str) -> str:
+    header = f"{host}:4121:4188 [{rank % 8}] NCCL INFO " if host else ""
+    return f"{header}Channel 00/0 : {peer}[{peer % 8}] -> {rank}[{rank % 8}] [{direction}] via {via}"
+
+
+def _tiered(text: str) -> list[tuple[str, str]]:
+    return [(c.reference_id, c.tier) for c in _explain(text, CAUSE).candidates()]
+
+
+def test_a_receive_channel_without_gdrdma_where_others_have_it_is_gpudirect_rdma_missing() -> None:
+    """The combination alone makes GDR001 a cause; the lines one at a time are healthy INFO."""
+    log = _channel(None, 9, 2, "send", "NET/IB/0/GDRDMA") + "\n" + _channel(None, 2, 9, "receive", "NET/IB/1") + "\n"
+    assert _tiered(log) == [("GDR001", "cause")]
+    analysis = _explain(log, CAUSE)
+    evidence = analysis.candidates()[0].hits.examples
+    assert {e.line_number for e in evidence} == {1, 2} and all(e.signature == 0 for e in evidence)
+    assert [c.reference_id for c in analysis.candidates()] == ["GDR001"]  # asked twice, same answer
+    # The node without it shows it nowhere, the other node everywhere: the node lacks the path.
+    two_nodes = "\n".join([_channel("node-a", 0, 8, "receive", "NET/IB/0/GDRDMA"), _channel("node-b", 8, 0, "receive", "NET/IB/0")]) + "\n"
+    assert _tiered(two_nodes) == [("GDR001", "cause")]
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        # Socket transport: never GPUDirect RDMA, on a healthy node too.
+        [_channel("n1", 0, 8, "send", "NET/Socket/0"), _channel("n1", 0, 8, "receive", "NET/Socket/0")],
+        # Sends without it are NCCL's default before Ampere (GDR reads off); receives have it.
+        [_channel("n1", 0, 8, "send", "NET/IB/0"), _channel("n1", 0, 8, "receive", "NET/IB/0/GDRDMA")],
+        # Nothing has it: no disagreement to read (the node may simply have no GPUDirect RDMA).
+        [_channel("n1", 0, 8, "receive", "NET/IB/0"), _channel("n2", 8, 0, "receive", "NET/IB/0")],
+        # GPUDirect RDMA on IB, and a socket channel without it: different networks.
+        [_channel("n1", 0, 8, "receive", "NET/IB/0/GDRDMA"), _channel("n1", 1, 9, "receive", "NET/Socket/0")],
+    ],
+)
+def test_channel_lines_that_agree_are_no_cause(lines: list[str]) -> None:
+    assert _tiered("\n".join(lines) + "\n") == []
+
+
+def test_one_host_with_and_without_gdrdma_is_the_gpu_to_nic_distance() -> None:
+    lines = [_channel("node-a", 0, 8, "receive", "NET/IB/0/GDRDMA"), _channel("node-a", 4, 12, "receive", "NET/IB/1")]
+    assert _tiered("\n".join(lines) + "\n") == [("TOPO005", "cause")]
+    roce = "node-a:4121:4121 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/RoCE [1]mlx5_1:1/RoCE ; OOB eth0:10.0.0.1<0>"
+    assert _tiered("\n".join([roce, *lines]) + "\n") == [("ROCE002", "cause")]
+
+
+def _fingerprint(rank: int, sequence: int, shape: str, op: str = "ALLREDUCE") -> str:
+    return (
+        f"[rank{rank}]:[I1017 19:34:58.923985894 ProcessGroupWrapper.cpp:587] [Rank {rank}] Running collective: "
+        f"CollectiveFingerPrint(SequenceNumber={sequence}, OpType={op}, TensorShape=[{shape}], TensorDtypes=Float, "
+        "TensorDeviceTypes=TensorOptions(dtype=float (default), device=cuda))"
+    )
+
+
+def test_ranks_disagreeing_about_one_collective_are_a_mismatch() -> None:
+    log = "\n".join([_fingerprint(0, 38, "100, 1"), _fingerprint(1, 38, "100, 1"), _fingerprint(2, 38, "77, 1")]) + "\n"
+    assert _tiered(log) == [("NCCL009", "cause")]
+    other_op = "\n".join([_fingerprint(0, 5, "4"), _fingerprint(1, 5, "4", op="BROADCAST")]) + "\n"
+    assert _tiered(other_op) == [("NCCL009", "cause")]
+
+
+def test_agreeing_fingerprints_or_several_process_groups_are_no_mismatch() -> None:
+    agreeing = "\n".join(_fingerprint(rank, sequence, "8") for sequence in (1, 2) for rank in range(4)) + "\n"
+    assert _tiered(agreeing) == []
+    # Rank 0 logs sequence 7 twice with different tensors: two groups number collectives alike.
+    groups = "\n".join([_fingerprint(0, 7, "8"), _fingerprint(0, 7, "16"), _fingerprint(1, 7, "16")]) + "\n"
+    assert _tiered(groups) == []
+    seen_late = "\n".join([_fingerprint(0, 7, "8"), _fingerprint(1, 7, "16"), _fingerprint(1, 7, "8")]) + "\n"
+    assert _tiered(seen_late) == []
+
+
+def test_copies_of_a_channel_line_are_skipped_but_never_a_catalogued_one() -> None:
+    """A big job prints the same channel line per channel and peer; only the first reaches the
+    analysis, unless a catalogue signature wants the line too (its count stays right)."""
+    socket_channel = _reference("SOX001", ("context", r"via NET/Socket/\d"))
+    lines = [_channel("n1", 0, 8, "send", "NET/IB/0/GDRDMA")] * 50 + [_channel("n1", 0, 8, "send", "NET/Socket/0")] * 5
+    matcher = Matcher([socket_channel])
+    hits = [hit for chunk in iter_inputs(["-"], ReadStats(), io.BytesIO(("\n".join(lines) + "\n").encode())) for hit in matcher.scan(chunk)]
+    assert sum(1 for hit in hits if hit.signature.reference_id == "SOX001") == 5
+    assert sum(1 for hit in hits if hit.signature.reference_id.startswith("~")) == 1 + 5  # IB once; every Socket line
+
+
+def test_a_new_run_sees_channel_lines_again(tmp_path: Path) -> None:
+    from preflight.explain import explain, load_catalogue
+
+    log = tmp_path / "run.log"
+    log.write_text(_channel(None, 9, 2, "send", "NET/IB/0/GDRDMA") + "\n" + _channel(None, 2, 9, "receive", "NET/IB/1") + "\n")
+    catalogue = load_catalogue()
+    for _ in range(2):
+        assert [c.reference_id for c in explain([str(log)], catalogue=catalogue).candidates] == ["GDR001"]
+
+
+@pytest.mark.parametrize(
+    "distance",
+    [
+        "node3:4121:4188 [0] NCCL INFO GPU Direct RDMA Disabled for GPU ca000 / HCA 0 (distance 7 > 4)",
+        "gpu-a17:91533:91702 [5] NCCL INFO GPU Direct RDMA Disabled for GPU/0-827392 (rank 5) - NET/0-3 (distance 8 > 5)",
+    ],
+)
+def test_gpudirect_rdma_off_by_distance_is_topology_and_on_roce_ports_the_roce_case(tmp_path: Path, distance: str) -> None:
+    from preflight.explain import explain, load_catalogue
+
+    catalogue = load_catalogue()
+    alone = tmp_path / "alone.log"
+    alone.write_text(distance + "\n")
+    ranked = [(c.reference_id, c.tier) for c in explain([str(alone)], catalogue=catalogue).candidates]
+    assert ranked[0] == ("TOPO005", "cause") and ("ROCE002", "cause") not in ranked
+    on_roce = tmp_path / "roce.log"
+    on_roce.write_text("node3:4121:4121 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/RoCE ; OOB eth0:10.0.0.3<0>\n" + distance + "\n")
+    assert [c.reference_id for c in explain([str(on_roce)], catalogue=catalogue).candidates][:2] == ["ROCE002", "TOPO005"]
+
+
+def test_a_link_local_roce_gid_on_a_retry_exceeded_completion_ranks_the_gid_reference_first(tmp_path: Path) -> None:
+    """The same completion line is read by IB006, ROCE006, ROCE007 and ROCE005; only the fe80:
+    local GID tells the GID-index cause apart, and it must decide the order."""
+    from preflight.explain import explain, load_catalogue
+
+    line = (
+        "gpu1:123:456 [0] transport/net_ib.cc:2121 NCCL WARN NET/IB: Got completion from peer 10.0.0.2<1234> with "
+        "status=12 opcode=0 len=0 vendor err 129 (Recv) localGid {gid} remoteGids {gid} hca mlx5_0\n"
+    )
+    catalogue = load_catalogue()
+    link_local = tmp_path / "fe80.log"
+    link_local.write_text(line.format(gid="fe80::1"))
+    assert explain([str(link_local)], catalogue=catalogue).candidates[0].reference_id == "ROCE005"
+    routable = tmp_path / "v4.log"
+    routable.write_text(line.format(gid="::ffff:10.0.0.1"))
+    assert "ROCE005" not in [c.reference_id for c in explain([str(routable)], catalogue=catalogue).candidates]
+
+
+def test_channel_lines_of_different_hosts_are_never_taken_for_copies() -> None:
+    """Timestamps in front of the NCCL header must not make two hosts' lines look alike."""
+    lines = [
+        "2026-03-14T09:21:33Z " + _channel("node-b", 8, 0, "receive", "NET/IB/1"),
+        "2026-03-14T09:21:33Z " + _channel("node-a", 0, 8, "receive", "NET/IB/0/GDRDMA"),
+        "2026-03-14T09:21:34Z " + _channel("node-a", 4, 12, "receive", "NET/IB/1"),
+    ]
+    assert _tiered("\n".join(lines) + "\n") == [("TOPO005", "cause")]

@@ -1,0 +1,179 @@
+"""Evidence that no single line carries: what several healthy-looking lines say together.
+
+Some causes never print a message of their own; they show only in how lines disagree:
+
+* **GPUDirect RDMA missing on one side.** NCCL names the transport of every network channel
+  (``Channel 00/0 : 0[0] -> 8[0] [receive] via NET/IB/0/GDRDMA``, ``src/transport/net.cc``); the
+  ``/GDRDMA`` suffix appears when that GPU and NIC use GPUDirect RDMA. A receive uses it whenever
+  both support it and are close enough (``ncclTopoCheckGdr`` with ``read=0``: no further
+  condition), so a ``[receive]`` channel without the suffix in a log where other channels on the
+  same network have it means GPUDirect RDMA is off for that GPU. When the host that lacks it shows
+  it nowhere, the node has no GPUDirect RDMA path (GDR001); when the same host uses it for some
+  GPUs and not others, the GPU-to-NIC distance decided it (TOPO005, or ROCE002 on RoCE ports).
+* **GPUDirect RDMA turned off by distance, on RoCE.** NCCL's ``GPU Direct RDMA Disabled for GPU
+  ... (distance X > Y)`` does not name the fabric: alone it is TOPO005 (GPU and HCA too far
+  apart); beside RoCE ports (``NET/IB : Using [0]mlx5_0:1/RoCE``) it is ROCE002, the RoCE case of
+  the same decision.
+* **Ranks disagreeing about one collective.** With ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` PyTorch's
+  ProcessGroupWrapper logs ``Running collective: CollectiveFingerPrint(SequenceNumber=N,
+  OpType=..., TensorShape=[...], TensorDtypes=...)`` on every rank. Two ranks with different
+  operation, shape or type for the same sequence number are running mismatched collectives
+  (NCCL009). Several process groups number their collectives separately, so a rank that logs one
+  sequence number with two fingerprints makes the comparison unusable and the rule stays quiet.
+
+The matcher finds the lines with built-in signatures whose reference ID starts with
+:data:`OBSERVATION`; :class:`Observations` keeps a bounded summary of them, and
+:meth:`Observations.derived` turns it into cause-tier evidence for the analysis.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+OBSERVATION = "~"  # reference-ID prefix of the built-in observation signatures
+CHANNEL = OBSERVATION + "channel"
+ROCE_PORTS = OBSERVATION + "roce-ports"
+FINGERPRINT = OBSERVATION + "fingerprint"
+DISTANCE = OBSERVATION + "gdr-distance"
+
+# (reference ID, pattern) of the lines the matcher reports as observations.
+OBSERVATION_SIGNATURES = (
+    (CHANNEL, r"\[(?:send|receive)\] via NET/[^/\n]{1,40}/\d"),
+    (ROCE_PORTS, r"\[\d+\]\w{1,40}:\d+/RoCE\b"),  # "NET/IB : Using [0]mlx5_0:1/RoCE": scanned for "/RoCE"
+    (FINGERPRINT, r"Running collective: CollectiveFingerPrint\(SequenceNumber=\d+, OpType=\w+"),
+    (DISTANCE, r"GPU Direct RDMA Disabled for GPU(?: \S{1,40} / HCA \S+ \(|/\S{1,40} \(rank \d+\) - NET/\S+ \()distance \d+ > \d+\)"),
+)
+
+_CHANNEL = re.compile(r"\[(send|receive)\] via NET/([^/\n]{1,40}?)/\d+(?:\(\d+\))?(/GDRDMA)?")
+_NCCL_HOST = re.compile(r"([\w.-]+):\d+:\d+ \[\d+\] NCCL ")
+_FINGERPRINT = re.compile(
+    r"SequenceNumber=(\d+), OpType=(\w+)(?:, TensorShape=\[([^\]]{0,400})\])?(?:, TensorDtypes=(\w+))?"
+)
+_RANK = re.compile(r"\[Rank (\d+)\]|\[rank(\d+)\]")
+
+_VIA = b"] via NET/"
+MAX_KEYS = 4096  # distinct channel lines remembered per run before every line is passed on again
+
+
+def repeat_key(raw: bytes) -> bytes | None:
+    """What makes a channel line news: who wrote it (the token before NCCL's ``[dev]``, that is
+    ``host:pid:tid`` with any rank prefix, less pid and tid) and what follows its direction
+    (``send] via NET/IB/0/GDRDMA``). Every rank prints one per channel and peer, so the matcher
+    passes on only the first line of each key; None for other lines. Byte searches only: this
+    runs on every channel line of a big job."""
+    via = raw.find(_VIA)
+    if via < 0:
+        return None
+    bracket = raw.rfind(b" [", 0, raw.rfind(b" NCCL", 0, via) + 1)
+    writer = raw[raw.rfind(b" ", 0, bracket) + 1 : bracket].rsplit(b":", 2)[0] if bracket > 0 else b""
+    return writer + b"|" + raw[max(0, via - 8) :]
+
+
+GDR_SPECIFICITY = 40  # about a specific one-line NCCL warning: a sure sign, but of a performance loss
+ROCE_DISTANCE_SPECIFICITY = 60  # the distance line (55 of its own) plus what the RoCE ports add
+MISMATCH_SPECIFICITY = 60  # two ranks' own records of one collective disagreeing: direct evidence
+MAX_SEQUENCES = 4096  # fingerprints kept per run: memory stays bounded on endless DETAIL logs
+
+
+@dataclass(frozen=True)
+class Sighting:
+    """Where an observation was made; the analysis turns it into evidence."""
+
+    source: str
+    line_number: int
+    text: str
+
+
+@dataclass(frozen=True)
+class Derived:
+    reference_id: str
+    specificity: int
+    sightings: tuple[Sighting, ...]  # the lines that together make the evidence, first first
+
+
+@dataclass
+class _Network:
+    with_gdr: dict[str | None, Sighting] = field(default_factory=dict)  # host -> first line with /GDRDMA
+    receive_without: dict[str | None, Sighting] = field(default_factory=dict)  # host -> first receive without
+
+
+@dataclass
+class Observations:
+    networks: dict[str, _Network] = field(default_factory=dict)
+    roce: Sighting | None = None
+    distance: Sighting | None = None
+    fingerprints: dict[str, dict[str, tuple[str, Sighting]]] = field(default_factory=dict)  # seq -> rank -> (print, line)
+    mismatch: tuple[Sighting, Sighting] | None = None
+    ambiguous_sequences: bool = False
+
+    def add(self, kind: str, sighting: Sighting) -> None:
+        if kind == CHANNEL:
+            self._channel(sighting)
+        elif kind == ROCE_PORTS:
+            self.roce = self.roce or sighting
+        elif kind == FINGERPRINT:
+            self._fingerprint(sighting)
+        elif kind == DISTANCE:
+            self.distance = self.distance or sighting
+
+    def _channel(self, sighting: Sighting) -> None:
+        found = _CHANNEL.search(sighting.text)
+        if found is None:
+            return
+        direction, net, gdr = found.groups()
+        host_match = _NCCL_HOST.search(sighting.text, 0, found.start())
+        host = host_match.group(1) if host_match else None
+        network = self.networks.setdefault(net, _Network())
+        if gdr:
+            network.with_gdr.setdefault(host, sighting)
+        elif direction == "receive":
+            network.receive_without.setdefault(host, sighting)
+
+    def _fingerprint(self, sighting: Sighting) -> None:
+        if self.ambiguous_sequences:
+            return  # keeps looking after a mismatch: a later duplicate still disqualifies it
+        found = _FINGERPRINT.search(sighting.text)
+        rank_match = _RANK.search(sighting.text)
+        if found is None or rank_match is None:
+            return
+        sequence, op, shape, dtypes = found.groups()
+        rank = rank_match.group(1) or rank_match.group(2)
+        printed = f"{op}|{shape}|{dtypes}"
+        by_rank = self.fingerprints.get(sequence)
+        if by_rank is None:
+            if len(self.fingerprints) >= MAX_SEQUENCES:
+                del self.fingerprints[next(iter(self.fingerprints))]
+            by_rank = self.fingerprints[sequence] = {}
+        known = by_rank.get(rank)
+        if known is not None:
+            if known[0] != printed:
+                self.ambiguous_sequences = True  # two process groups share the numbering
+            return
+        other = next((seen for seen in by_rank.values() if seen[0] != printed), None)
+        by_rank[rank] = (printed, sighting)
+        if other is not None and self.mismatch is None:
+            self.mismatch = (other[1], sighting)
+
+    def derived(self) -> list[Derived]:
+        result = []
+        for network in self.networks.values():
+            result.extend(self._gdr_missing(network))
+        if self.distance is not None and self.roce is not None:
+            result.append(Derived("ROCE002", ROCE_DISTANCE_SPECIFICITY, (self.distance, self.roce)))
+        if self.mismatch is not None and not self.ambiguous_sequences:
+            result.append(Derived("NCCL009", MISMATCH_SPECIFICITY, self.mismatch))
+        return result
+
+    def _gdr_missing(self, network: _Network) -> list[Derived]:
+        if not network.with_gdr or not network.receive_without:
+            return []
+        named_both = [host for host in network.receive_without if host is not None and host in network.with_gdr]
+        if named_both:
+            # One node uses GPUDirect RDMA for some GPUs and not for others: the path is there,
+            # the GPU-to-NIC distance turned it off.
+            host = named_both[0]
+            reference_id = "ROCE002" if self.roce is not None else "TOPO005"
+            return [Derived(reference_id, GDR_SPECIFICITY, (network.receive_without[host], network.with_gdr[host]))]
+        without = next(iter(network.receive_without.values()))
+        return [Derived("GDR001", GDR_SPECIFICITY, (without, next(iter(network.with_gdr.values()))))]
