@@ -30,7 +30,6 @@ call Slurm.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -419,7 +418,9 @@ class _Session:
     def finish(self) -> int:
         """Write the last-result file and return the exit code."""
         path = self.settings.last_result.replace("{mode}", self.args.mode)
-        problem = write_atomically(path, json.dumps(self.outcome.to_json(), indent=2) + "\n")
+        from preflight.reporters.json_report import dumps
+
+        problem = write_atomically(path, dumps(self.outcome.to_json()) + "\n")
         if problem:
             print(f"preflight: cannot write the last-result file {problem}", file=sys.stderr)
         return self.outcome.exit_code
