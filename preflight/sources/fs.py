@@ -44,7 +44,9 @@ it in ``<root>/.preflight/statvfs.json``, keyed by mount point, with ``statvfs``
      "mounts": {"/dev/shm": {"f_frsize": 4096, "f_blocks": 16384, "f_bfree": 16000, "f_bavail": 16000}}}
 
 A path the recording does not list is absent (``None``) when the tree has no such directory, and
-"not recorded" otherwise; an entry may be ``{"error": "EACCES"}`` to replay a failing call.
+"not recorded" otherwise; an entry may be ``{"error": "EACCES"}`` to replay a failing call. A root
+without the recording answers nothing (``NotCaptured``): it was taken by something that did not
+record sizes, which says nothing about the node's mounts.
 """
 
 from __future__ import annotations
@@ -352,7 +354,9 @@ class NodeFS:
         host = self._host_path(path)
         if not self.is_live:
             recording = self.replay_file(STATVFS_RECORDING)
-            mounts = {} if recording is None else self._remembered("statvfs", recording, 0, lambda: _load_statvfs_recording(recording))
+            if recording is None:  # missing is not empty: no recording says nothing of the mount
+                raise NotCaptured(path, f"not captured: this root records no file system sizes (.preflight/{STATVFS_RECORDING})")
+            mounts = self._remembered("statvfs", recording, 0, lambda: _load_statvfs_recording(recording))
             if host in mounts:
                 answer = mounts[host]
                 if isinstance(answer, SourceError):

@@ -172,3 +172,15 @@ def test_a_view_that_remembered_a_failure_is_freed_without_a_gc_pass(tmp_path: P
         assert alive() is None
     finally:
         gc.enable()
+
+
+def test_a_root_without_a_statvfs_recording_answers_nothing_about_mounts(tmp_path: Path) -> None:
+    """Missing is not empty: a root whose taker recorded no file system sizes says nothing of
+    /dev/shm (NCCL007 and VLLM001 would otherwise read "missing" and report it present)."""
+    (tmp_path / "dev").mkdir()
+    with pytest.raises(NotCaptured, match="statvfs.json"):
+        NodeFS(str(tmp_path)).statvfs("/dev/shm")
+    (tmp_path / ".preflight").mkdir()
+    (tmp_path / ".preflight" / "statvfs.json").write_text('{"format": "preflight-statvfs/1", "mounts": {}}')
+    (tmp_path / "mnt").mkdir()
+    assert NodeFS(str(tmp_path)).statvfs("/mnt/data") is None  # sizes recorded, and no such directory
