@@ -127,13 +127,17 @@ def test_small_but_roomy_shm_is_a_warning_and_a_large_one_absent(tmp_path: Path)
 
 def test_missing_unreadable_and_not_applicable(tmp_path: Path, example_root: Path) -> None:
     root = container(tmp_path)
-    os.remove(root / ".preflight/statvfs.json")
     shutil.rmtree(root / "dev/shm")
-    [finding] = vllm001(root)
+    (root / ".preflight/statvfs.json").write_text('{"format": "preflight-statvfs/1", "mounts": {}}')
+    [finding] = vllm001(root)  # sizes recorded, and no /dev/shm among them or in the tree
     assert finding["status"] == "present" and "missing" in json.dumps(finding["evidence"])
     (root / "dev/shm").mkdir()
     [finding] = vllm001(root)
     assert finding["status"] == "unknown" and "no statvfs answer recorded" in str(finding["reason"])
+    os.remove(root / ".preflight/statvfs.json")
+    shutil.rmtree(root / "dev/shm")
+    [finding] = vllm001(root)  # nothing recorded of the sizes: missing is not empty
+    assert finding["status"] == "unknown" and "records no file system sizes" in str(finding["reason"])
     record_shm(root, {"error": "EIO"})
     [finding] = vllm001(root)
     assert finding["status"] == "unknown" and "EIO" in str(finding["reason"])
