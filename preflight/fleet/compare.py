@@ -229,8 +229,9 @@ def fleet_finding(comparison: Comparison, reference: Reference) -> FleetFinding 
     """The finding a comparison of a fleet-decided fact gives; None where the fact applies to
     fewer than two nodes and none is unknown (nothing to compare)."""
     fact = comparison.fact
-    applicable = {g.value: list(g.hosts) for g in comparison.values if g.value != NONE}
-    grouped: dict[str | None, list[str]] = {**applicable, None: list(comparison.unknown)} if comparison.unknown else applicable
+    grouped: dict[str | None, list[str]] = {g.value: list(g.hosts) for g in comparison.values if g.value != NONE}
+    if comparison.unknown:
+        grouped[None] = list(comparison.unknown)
     verdict, common, groups, odd, unknown = _verdict(grouped)
     source = ", ".join(fact.reads)
 

@@ -20,7 +20,7 @@ from preflight.catalogue import load_reference
 from preflight.exitcodes import ExitCode
 from preflight.fleet import audit
 from preflight.fleet.compare import Fleet, FleetFinding, fleet_exit_code
-from preflight.fleet.render import fleet_json, render_json, render_table
+from preflight.fleet.render import render_json, render_table
 from test_fleet import SCHEMA, report, set_mtu, write_all
 
 
@@ -187,3 +187,18 @@ def test_cli_json_carries_findings_and_exit_code(run_cli: Runner, tmp_path: Path
     jsonschema.validate(document, SCHEMA)
     (item,) = [f for f in document["findings"] if f["status"] == "present"]
     assert (item["id"], item["nodes"], item["severity"]) == ("NCCL017", ["gpu001"], "error")
+
+
+def test_markdown_and_html_pages_show_fleet_findings(tmp_path: Path) -> None:
+    from preflight.fleet.pages import render_html, render_markdown
+
+    documents = [report(f"gpu00{i}") for i in range(1, 5)]
+    set_nccl(documents[3], "2.18.3")
+    fleet = audit([str(write_all(tmp_path / "r", documents))])
+    markdown = render_markdown(fleet)
+    assert "## Fleet findings" in markdown and "| NCCL017 | nccl-version-mismatch-across-ranks | error | present |" in markdown
+    assert "gpu004: 2.18.3" in markdown
+    page = render_html(fleet)
+    assert "Fleet findings" in page and "gpu004: 2.18.3" in page
+    clean = audit([str(write_all(tmp_path / "clean", [report("a1"), report("a2")]))])
+    assert "Fleet findings" not in render_markdown(clean)
