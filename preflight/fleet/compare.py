@@ -251,7 +251,13 @@ def fleet_finding(comparison: Comparison, reference: Reference) -> FleetFinding 
         return make("present", hosts, [FleetEvidence(host, source, value_of[host], expected) for host in hosts],
                     f"no majority ({_split_text(groups)}): the fleet cannot tell which side differs, so every side is named")
     if unknown:
-        agreed = f"the {sum(len(g.hosts) for g in groups)} others agree on {common!r}" if common is not None else "no other node has a value to compare"
+        known = [host for g in groups for host in g.hosts]
+        if len(known) > 1:
+            agreed = f"the {len(known)} others agree on {common!r}"
+        elif known:
+            agreed = f"only {known[0]} has a value ({common!r}), with nothing to compare it to"
+        else:
+            agreed = "no node's value could be read"
         return make("unknown", (), (), f"{fact.label} could not be read on {_hosts_text(unknown)}; {agreed}")
     if verdict == SAME:
         return make("absent", (), ())

@@ -202,3 +202,15 @@ def test_markdown_and_html_pages_show_fleet_findings(tmp_path: Path) -> None:
     assert "Fleet findings" in page and "gpu004: 2.18.3" in page
     clean = audit([str(write_all(tmp_path / "clean", [report("a1"), report("a2")]))])
     assert "Fleet findings" not in render_markdown(clean)
+
+
+def test_two_nodes_one_unreadable_is_unknown_and_says_nothing_was_compared(tmp_path: Path) -> None:
+    documents = [report("gpu001"), report("gpu002")]
+    del documents[1]["facts"]["nccl_libs"]
+    found = one(audit([str(write_all(tmp_path / "r", documents))]), "NCCL017")
+    assert (found.status, found.nodes, found.unknown_nodes) == ("unknown", (), ("gpu002",))
+    assert found.reason == "NCCL versions installed could not be read on gpu002; only gpu001 has a value ('2.21.5'), with nothing to compare it to"
+
+
+def test_a_single_node_gives_no_finding(tmp_path: Path) -> None:
+    assert not audit([str(write_all(tmp_path / "r", [report("gpu001")]))]).findings
