@@ -214,3 +214,38 @@ def test_two_nodes_one_unreadable_is_unknown_and_says_nothing_was_compared(tmp_p
 
 def test_a_single_node_gives_no_finding(tmp_path: Path) -> None:
     assert not audit([str(write_all(tmp_path / "r", [report("gpu001")]))]).findings
+
+
+def test_cli_end_to_end_on_recorded_roce_roots(run_cli: Runner, tmp_path: Path) -> None:
+    """Reports written by `preflight node` on copies of a recorded RoCE root (tests/fixtures/nodes/
+    roce-mtu4096, whose first netdev is at 4096 and the others at 9000); on three copies that
+    netdev is raised to 9000 as well, so the fourth node is the one whose RoCE MTUs differ."""
+    import shutil
+
+    from conftest import REPO, write
+
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    for number in range(1, 5):
+        root = tmp_path / f"node{number}"
+        shutil.copytree(REPO / "tests" / "fixtures" / "nodes" / "roce-mtu4096", root, symlinks=True)
+        write(root, "/proc/sys/kernel/hostname", f"roce{number}\n")
+        if number != 4:
+            netlink = root / ".preflight" / "netlink.json"
+            recorded = json.loads(netlink.read_text())
+            for link in recorded["links"]:
+                link["mtu"] = 9000
+            netlink.write_text(json.dumps(recorded))
+        result = run_cli("node", "--root", str(root), "--format", "json")
+        assert result.returncode in (0, 1, 2), result.stderr
+        (reports / f"roce{number}.json").write_text(result.stdout)
+    as_json = run_cli("fleet", "--format", "json", str(reports))
+    assert as_json.returncode == ExitCode.ERROR, as_json.stderr
+    document = json.loads(as_json.stdout)
+    jsonschema.validate(document, SCHEMA)
+    (roce006,) = [f for f in document["findings"] if f["id"] == "ROCE006"]
+    assert (roce006["status"], roce006["nodes"], roce006["majority"]) == ("present", ["roce4"], "9000")
+    assert roce006["evidence"] == [{"host": "roce4", "source": roce006["evidence"][0]["source"], "observed": "4096, 9000", "expected": "9000"}]
+    assert "interfaces.links.mtu" in roce006["evidence"][0]["source"]
+    # the recorded root has no NCCL library: no node has a release to disagree on
+    assert not [f for f in document["findings"] if f["id"] == "NCCL017"]
