@@ -249,3 +249,11 @@ def test_cli_end_to_end_on_recorded_roce_roots(run_cli: Runner, tmp_path: Path) 
     assert "interfaces.links.mtu" in roce006["evidence"][0]["source"]
     # the recorded root has no NCCL library: no node has a release to disagree on
     assert not [f for f in document["findings"] if f["id"] == "NCCL017"]
+
+
+def test_ignoring_the_deciding_fact_leaves_its_finding_out(tmp_path: Path) -> None:
+    documents = [report(f"gpu00{i}") for i in range(1, 5)]
+    set_nccl(documents[0], "2.18.3")
+    directory = str(write_all(tmp_path / "r", documents))
+    assert one(audit([directory]), "NCCL017").status == "present"
+    assert not findings(audit([directory], ignore_facts=["nccl_versions"]), "NCCL017")
