@@ -82,7 +82,8 @@ def decided_by(document: Mapping[str, Any], registry: Registry) -> str:
     if spec is not None:
         path = module_path(spec.origin)
         kind = "node check" if "node" in detect.get("modes", []) else "config check"
-        return f"{kind} ({', '.join(spec.profiles)}), [`{path}`](../{path})"
+        also = f"; fleet comparison (`preflight fleet`: {', '.join(detect['fleet'])})" if detect.get("fleet") else ""
+        return f"{kind} ({', '.join(spec.profiles)}), [`{path}`](../{path}){also}"
     if detect.get("fleet"):
         return f"fleet comparison (`preflight fleet`: {', '.join(detect['fleet'])})"
     if detect.get("why_log_only"):
@@ -101,6 +102,7 @@ def render(references: Sequence[Mapping[str, Any]], registry: Registry) -> str:
     in_prolog = [ref_id for ref_id in checked if "prolog" in registry.checks[ref_id].profiles]
     rest = [ref_id for ref_id in ids if ref_id not in registry.checks]
     fleet = [ref_id for ref_id in rest if detects[ref_id].get("fleet")]
+    also_fleet = [ref_id for ref_id in checked if detects[ref_id].get("fleet")]
     why = [ref_id for ref_id in rest if detects[ref_id].get("why_log_only")]
     candidates = [ref_id for ref_id in rest if detects[ref_id].get("candidate")]
     families = sorted({family(ref_id) for ref_id in ids})
@@ -114,7 +116,9 @@ def render(references: Sequence[Mapping[str, Any]], registry: Registry) -> str:
         f"(`preflight node`): {len(on_node)} node checks read the node itself and {len(checked) - len(on_node)} "
         f"config checks read the job's settings (environment and nccl.conf) and installed versions; "
         f"{len(in_prolog)} of them also run in the `prolog` profile, the rest in `full` only. "
-        f"{len(fleet)} {'is' if len(fleet) == 1 else 'are'} decided by comparing nodes with `preflight fleet`. "
+        f"{len(fleet)} {'is' if len(fleet) == 1 else 'are'} decided by comparing nodes with `preflight fleet`, "
+        f"and {len(also_fleet)} checked {'one is' if len(also_fleet) == 1 else 'ones are'} also decided there "
+        "(a fleet finding with the reference's ID where nodes that should agree differ). "
         f"The other {len(rest) - len(fleet)} are recognised only in a failed run's logs (`preflight explain`): "
         f"for {len(why)} no evidence exists before the job, and the row says why; for {len(candidates)} "
         "evidence exists and a check is still to be written, and the row says what it would read. "

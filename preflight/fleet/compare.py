@@ -6,6 +6,15 @@ could not be read are left out; if the most common of the remaining values is he
 than any other, every node holding another value is flagged, with that common value beside it.
 When two or more values share the top count there is no majority to go by: the comparison is a
 "tie" and names no node, but still counts as a disagreement.
+
+Where a difference between nodes is itself a catalogued misconfiguration (a fact whose
+``decides`` names a reference, e.g. NCCL017 for the NCCL versions), each comparison of that fact
+also becomes a :class:`FleetFinding` with the reference's ID, title and severity: ``present`` for
+the nodes outside the majority (or, on a tie, for every node with a known value, since the fleet
+cannot tell which side is wrong), ``unknown`` when the nodes that could be read agree but some
+could not be read (missing is not empty: such a node may be the one that differs), ``absent``
+when all agree. A value of ``none`` (no NCCL installed on the host, no RoCE port) is not
+compared: the fact does not apply to that node.
 """
 
 from __future__ import annotations
@@ -16,10 +25,11 @@ from dataclasses import dataclass
 
 from msgspec import Struct
 
+from preflight.catalogue import load_reference
 from preflight.exitcodes import ExitCode
-from preflight.fleet.facts import FACTS, Fact, HardwareClass
+from preflight.fleet.facts import FACTS, NONE, Fact, HardwareClass
 from preflight.fleet.load import SEVERITY_RANK, NodeReport, Skipped
-from preflight.model import Severity, Status
+from preflight.model import Reference, Severity, Status
 
 #: Verdicts of one comparison.
 SAME, ODD, TIE, ALONE = "same", "odd", "tie", "alone"
@@ -77,6 +87,34 @@ class ReferenceRow(Struct, frozen=True):
         return Severity(max(severities, key=SEVERITY_RANK.__getitem__)) if severities else None
 
 
+class FleetEvidence(Struct, frozen=True):
+    """A node finding's Evidence (source, observed, expected), with the node it was seen on."""
+
+    host: str
+    source: str  # the report fields the value was read from
+    observed: str
+    expected: str
+
+
+class FleetFinding(Struct, frozen=True):
+    """One fleet-decided reference in one group of comparable nodes."""
+
+    id: str
+    symbol: str
+    title: str
+    severity: str
+    status: str  # present, absent or unknown
+    fact: str
+    scope: str
+    group: str
+    majority: str | None  # None on a tie, or when no node's value could be read
+    tie: bool
+    nodes: tuple[str, ...]  # the nodes the finding is present on
+    unknown_nodes: tuple[str, ...]  # nodes whose value could not be read
+    evidence: tuple[FleetEvidence, ...]
+    reason: str  # why unknown, or on a tie why no node is singled out
+
+
 class Fleet(Struct, frozen=True):
     nodes: tuple[NodeReport, ...]
     skipped: tuple[Skipped, ...]
@@ -84,6 +122,7 @@ class Fleet(Struct, frozen=True):
     references: tuple[ReferenceRow, ...]
     comparisons: tuple[Comparison, ...]
     facts: tuple[Fact, ...]  # what was compared (FACTS less --ignore-fact)
+    findings: tuple[FleetFinding, ...] = ()  # fleet-decided references, one per decided comparison
 
     @property
     def disagreements(self) -> tuple[Comparison, ...]:
@@ -178,6 +217,69 @@ def reference_rows(ordered: Sequence[NodeReport]) -> tuple[ReferenceRow, ...]:
     )
 
 
+def _hosts_text(hosts: Sequence[str], shown: int = 5) -> str:
+    return ", ".join(hosts[:shown]) + (f" and {len(hosts) - shown} more" if len(hosts) > shown else "")
+
+
+def _split_text(groups: Sequence[ValueGroup]) -> str:
+    return "; ".join(f"{len(g.hosts)} {'node holds' if len(g.hosts) == 1 else 'nodes hold'} {g.value!r}" for g in groups)
+
+
+def fleet_finding(comparison: Comparison, reference: Reference) -> FleetFinding | None:
+    """The finding a comparison of a fleet-decided fact gives; None where the fact applies to
+    fewer than two nodes and none is unknown (nothing to compare)."""
+    fact = comparison.fact
+    grouped: dict[str | None, list[str]] = {g.value: list(g.hosts) for g in comparison.values if g.value != NONE}
+    if comparison.unknown:
+        grouped[None] = list(comparison.unknown)
+    verdict, common, groups, odd, unknown = _verdict(grouped)
+    source = ", ".join(fact.reads)
+
+    def make(status: str, nodes: Sequence[str], evidence: Sequence[FleetEvidence], reason: str = "") -> FleetFinding:
+        return FleetFinding(
+            reference.id, reference.symbol, reference.title, reference.severity.value, status, fact.key, fact.scope,
+            comparison.group, common, verdict == TIE, tuple(nodes), unknown, tuple(evidence), reason,
+        )
+
+    if verdict == ODD:
+        value_of = {host: g.value for g in groups[1:] for host in g.hosts}
+        return make("present", odd, [FleetEvidence(host, source, value_of[host], common or "") for host in odd])
+    if verdict == TIE:
+        hosts = sorted(host for g in groups for host in g.hosts)
+        value_of = {host: g.value for g in groups for host in g.hosts}
+        expected = "one value on every node of the group"
+        return make("present", hosts, [FleetEvidence(host, source, value_of[host], expected) for host in hosts],
+                    f"no majority ({_split_text(groups)}): the fleet cannot tell which side differs, so every side is named")
+    if unknown:
+        known = [host for g in groups for host in g.hosts]
+        if len(known) > 1:
+            agreed = f"the {len(known)} others agree on {common!r}"
+        elif known:
+            agreed = f"only {known[0]} has a value ({common!r}), with nothing to compare it to"
+        else:
+            agreed = "no node's value could be read"
+        return make("unknown", (), (), f"{fact.label} could not be read on {_hosts_text(unknown)}; {agreed}")
+    if verdict == SAME:
+        return make("absent", (), ())
+    return None  # ALONE with nothing unknown: a single node, or the fact applies to none
+
+
+def fleet_findings(comparisons: Sequence[Comparison]) -> tuple[FleetFinding, ...]:
+    references: dict[str, Reference] = {}
+    findings = []
+    for comparison in comparisons:
+        ref_id = comparison.fact.decides
+        if not ref_id:
+            continue
+        reference = references.get(ref_id)
+        if reference is None:
+            reference = references[ref_id] = load_reference(ref_id)
+        finding = fleet_finding(comparison, reference)
+        if finding is not None:
+            findings.append(finding)
+    return tuple(findings)
+
+
 def build_fleet(nodes: Sequence[NodeReport], skipped: Sequence[Skipped], ignore_facts: Sequence[str] = ()) -> Fleet:
     facts = tuple(fact for fact in FACTS if fact.key not in ignore_facts)
     members: dict[HardwareClass, list[str]] = defaultdict(list)
@@ -188,23 +290,27 @@ def build_fleet(nodes: Sequence[NodeReport], skipped: Sequence[Skipped], ignore_
         key=lambda group: (-len(group.hosts), group.hardware.label),
     ))
     ordered = tuple(sorted(nodes, key=lambda node: node.name))
+    comparisons = compare(ordered, facts)
     return Fleet(
         nodes=ordered,
         skipped=tuple(skipped),
         classes=classes,
         references=reference_rows(ordered),
-        comparisons=compare(ordered, facts),
+        comparisons=comparisons,
         facts=facts,
+        findings=fleet_findings(comparisons),
     )
 
 
 def fleet_exit_code(fleet: Fleet) -> ExitCode:
-    """3 no report could be read; 2 an error or critical finding present on some node, or a
-    disagreement (odd one out or tie); 1 a warning present on some node, or a file skipped;
-    0 otherwise. Unknown findings do not count, as for ``preflight node``."""
+    """3 no report could be read; 2 an error or critical finding present on some node or in the
+    fleet findings, or a disagreement (odd one out or tie); 1 a warning present on some node or in
+    the fleet findings, or a file skipped; 0 otherwise. Unknown findings do not count, as for
+    ``preflight node``."""
     if not fleet.nodes:
         return ExitCode.NO_VERDICT
     ranks = [row.worst.rank for row in fleet.references if row.worst is not None]
+    ranks += [Severity(f.severity).rank for f in fleet.findings if f.status == Status.PRESENT.value]
     if fleet.disagreements or any(rank >= Severity.ERROR.rank for rank in ranks):
         return ExitCode.ERROR
     if fleet.skipped or any(rank >= Severity.WARNING.rank for rank in ranks):

@@ -50,6 +50,10 @@ class Fact(Struct, frozen=True):
     # References whose present findings carry the site's expectation for this fact (their
     # evidence's "expected"), shown beside the comparison.
     references: tuple[str, ...] = ()
+    # The reference that nodes disagreeing on this fact *is* (its [detect] fleet lists this key):
+    # the audit then reports a fleet finding with that reference's ID and severity. Only where
+    # the reference's own text names the difference between nodes as the misconfiguration.
+    decides: str = ""
 
 
 # -- reading views -----------------------------------------------------------------------------
@@ -177,6 +181,19 @@ def _nccl_libraries(facts: Any) -> str | None:
     return joined(f"{at(copy, 'version') or 'unversioned'} ({at(copy, 'origin') or '?'})" for copy in copies)
 
 
+def _nccl_versions(facts: Any) -> str | None:
+    """The NCCL releases installed (NCCL017): where each copy lies is not a difference between
+    ranks, its version is. A copy whose version could not be read makes the node unknown: it
+    could be the one that differs."""
+    copies = at(facts, "nccl_libs", "copies")
+    if copies is None:
+        return None
+    versions = [at(copy, "version") for copy in copies]
+    if not all(isinstance(version, str) and version for version in versions):
+        return None
+    return joined(versions)
+
+
 def _hca_names(facts: Any) -> str | None:
     devices = data_hcas(facts)
     return joined(at(device, "name") or "?" for device in devices) if devices is not None else None
@@ -228,6 +245,33 @@ def _rdma_mtu(facts: Any) -> str | None:
     mtu_of = {link.name: mtu for link in links if isinstance(link.name, str) and isinstance(mtu := at(link, "mtu"), int)}
     mtus = {mtu_of.get(name) for device in devices for name in at(device, "netdevs") or ()}
     mtus.discard(None)
+    return joined(map(str, mtus))
+
+
+def _roce_mtu(facts: Any) -> str | None:
+    """The MTUs of the netdevs under RoCE (Ethernet link layer) data ports (ROCE006): an
+    InfiniBand port's netdev is IPoIB, whose MTU says nothing about the RDMA path MTU, so it is
+    left out (``rdma_mtu`` shows it). An unreadable link layer or MTU makes the node unknown."""
+    devices = data_hcas(facts)
+    if devices is None:
+        return None
+    netdevs: set[str] = set()
+    for device in devices:
+        for port in at(device, "ports") or ():
+            layer = at(port, "link_layer")
+            if layer is None:
+                return None
+            if layer == "Ethernet":
+                netdevs.update(at(port, "netdevs") or at(device, "netdevs") or ())
+    if not netdevs:
+        return NONE  # no RoCE port: the interfaces need not be read
+    links = at(facts, "interfaces", "links")
+    if links is None:
+        return None
+    mtu_of = {link.name: at(link, "mtu") for link in links if isinstance(link.name, str)}
+    mtus = [mtu_of.get(name) for name in netdevs]
+    if not all(isinstance(mtu, int) for mtu in mtus):
+        return None  # a RoCE netdev the interfaces probe did not see, or whose MTU it could not read
     return joined(map(str, mtus))
 
 
@@ -337,6 +381,7 @@ FACTS: tuple[Fact, ...] = (
     Fact("driver_flavour", "NVIDIA kernel module flavour", ("gpudirect.driver_flavour",), lambda f: at(f, "gpudirect", "driver_flavour")),
     Fact("kernel", "Kernel release", ("gpudirect.kernel_release",), lambda f: at(f, "gpudirect", "kernel_release")),
     Fact("nccl_libraries", "NCCL libraries", ("nccl_libs.copies",), _nccl_libraries),
+    Fact("nccl_versions", "NCCL versions installed", ("nccl_libs.copies",), _nccl_versions, decides="NCCL017"),
     Fact("hca_count", "RDMA NICs (data)", _HCAS, lambda f: count(tuple(d) if (d := data_hcas(f)) is not None else None), references=("IB009",)),
     Fact("hca_names", "RDMA NIC names", (*_HCAS, "rdma.devices.name"), _hca_names, references=("IB009",)),
     Fact("hca_firmware", "RDMA NIC firmware", (*_HCAS, "rdma.devices.fw_ver"), _hca_firmware),
@@ -345,6 +390,8 @@ FACTS: tuple[Fact, ...] = (
     Fact("port_rates", "RDMA port rates", _PORTS, _port_rates),
     Fact("ipoib_mode", "IPoIB mode", _PORTS, _ipoib_modes),
     Fact("rdma_mtu", "MTU of RDMA netdevs", (*_HCAS, "rdma.devices.netdevs", "interfaces.links.name", "interfaces.links.mtu"), _rdma_mtu),
+    Fact("roce_mtu", "MTU of RoCE netdevs", (*_HCAS, "rdma.devices.netdevs", "rdma.devices.ports.link_layer", "rdma.devices.ports.netdevs",
+                                              "interfaces.links.name", "interfaces.links.mtu"), _roce_mtu, decides="ROCE006"),
     Fact("nccl_gid_index", "GID index NCCL picks (RoCE)", ("roce.ports.nccl_job.index",), _nccl_gid_index),
     Fact("nccl_conf", "nccl.conf", ("job.nccl_conf_files",), _nccl_conf),
     Fact("peer_memory", "GPUDirect peer memory", ("gpudirect.peer_memory_files", "gpudirect.nv_peer_mem_loaded"), _peer_memory),

@@ -136,6 +136,14 @@ def _sections(fleet: Fleet) -> list[Section]:
     if odd:
         sections.append(("Odd one out", ["Fact", "Class", "Odd nodes", "Their value", "Most nodes have"],
                          [[r.fact, r.group, r.hosts, r.value, r.majority] for r in odd]))
+    shown = [f for f in fleet.findings if f.status in ("present", "unknown")]
+    if shown:
+        sections.append(("Fleet findings", ["ID", "Symbol", "Severity", "Status", "Class", "Nodes: their value", "Most nodes have"], [
+            [f.id, f.symbol, f.severity, f.status, printable(f.group, 200),
+             "; ".join(f"{e.host}: {printable(e.observed, 100)}" for e in f.evidence[:20]) or printable(f.reason, 300),
+             "(tie: no majority)" if f.tie else printable(f.majority or "", 100)]
+            for f in shown
+        ]))
     if fleet.references:
         sections.append(None)
         sections.append(("References", _REFERENCE_HEADERS, _reference_rows(fleet)))

@@ -18,7 +18,7 @@ import msgspec
 
 from preflight import __version__
 from preflight.fleet import shape
-from preflight.fleet.compare import DISAGREEMENTS, SAME, TIE, Comparison, Fleet, fleet_exit_code
+from preflight.fleet.compare import DISAGREEMENTS, SAME, TIE, Comparison, Fleet, FleetFinding, fleet_exit_code
 from preflight.text import printable as _printable
 
 FLEET_SCHEMA = "preflight-fleet/1"
@@ -94,6 +94,25 @@ def _comparison_json(comparison: Comparison) -> dict[str, Any]:
     }
 
 
+def _finding_json(finding: FleetFinding) -> dict[str, Any]:
+    return {
+        "id": finding.id,
+        "symbol": finding.symbol,
+        "title": finding.title,
+        "severity": finding.severity,
+        "status": finding.status,
+        "fact": finding.fact,
+        "scope": finding.scope,
+        "group": finding.group,
+        "majority": finding.majority,
+        "tie": finding.tie,
+        "nodes": list(finding.nodes),
+        "unknown_nodes": list(finding.unknown_nodes),
+        "evidence": [{"host": e.host, "source": e.source, "observed": e.observed, "expected": e.expected} for e in finding.evidence],
+        "reason": finding.reason,
+    }
+
+
 def fleet_json(fleet: Fleet) -> dict[str, Any]:
     """The fleet report as JSON values, except that node mentions and value groups stay
     dataclasses (tens of thousands of them at fleet scale): serialize with :func:`dumps`."""
@@ -107,6 +126,7 @@ def fleet_json(fleet: Fleet) -> dict[str, Any]:
             "disagreements": len(fleet.disagreements),
             "odd_nodes": sorted({host for c in fleet.disagreements for host in c.odd}),
             "nodes_with_present": sorted({m.host for row in fleet.references for m in row.present}),
+            "fleet_findings_present": sum(1 for f in fleet.findings if f.status == "present"),
             "exit_code": int(fleet_exit_code(fleet)),
         },
         "facts": [{"key": fact.key, "label": fact.label, "scope": fact.scope} for fact in fleet.facts],
@@ -145,6 +165,7 @@ def fleet_json(fleet: Fleet) -> dict[str, Any]:
             for row in fleet.references
         ],
         "comparisons": [_comparison_json(c) for c in fleet.comparisons],
+        "findings": [_finding_json(f) for f in fleet.findings],
         "skipped": [{"file": s.file, "reason": s.reason} for s in fleet.skipped],
     }
 
@@ -202,6 +223,19 @@ def _reference_rows(fleet: Fleet) -> list[list[str]]:
     return rows
 
 
+def _finding_rows(findings: Sequence[FleetFinding]) -> list[list[str]]:
+    rows = []
+    for f in findings:
+        if f.status == "present":
+            seen = "; ".join(f"{printable(e.host)}: {printable(e.observed, 60)}" for e in f.evidence[:10])
+            more = f" (and {len(f.evidence) - 10} more)" if len(f.evidence) > 10 else ""
+            expected = "(tie: no majority)" if f.tie else printable(f.majority or "", 60)
+            rows.append([f.id, f.severity, f.status, printable(f.group, 60), seen + more, expected])
+        elif f.status == "unknown":
+            rows.append([f.id, f.severity, f.status, printable(f.group, 60), printable(f.reason, 200), ""])
+    return rows
+
+
 def render_table(fleet: Fleet, width: int | None = None) -> str:
     """The fleet as text tables that fit ``width`` columns (default: the terminal's, as node
     tables do): long values wrap inside their column instead of running past the edge."""
@@ -219,6 +253,13 @@ def render_table(fleet: Fleet, width: int | None = None) -> str:
         headers = ["Fact", "Class", "Odd nodes", "Their value", "Most nodes have"]
         sections.append(
             "\nODD ONE OUT\n" + fit_table(_odd_rows(disagreements), headers, {1: 1, 2: 2, 3: 3, 4: 3}, {1: 40, 2: 40, 3: 40, 4: 40}, width)
+        )
+    shown = [f for f in fleet.findings if f.status in ("present", "unknown")]
+    if shown:
+        headers = ["ID", "Severity", "Status", "Class", "Nodes: their value", "Most nodes have"]
+        sections.append(
+            "\nFLEET FINDINGS (references decided by nodes disagreeing)\n"
+            + fit_table(_finding_rows(shown), headers, {3: 1, 4: 3, 5: 2}, {3: 40, 4: 60, 5: 40}, width)
         )
     expectations = [e for c in fleet.comparisons for e in c.expectations]
     if expectations:
@@ -252,7 +293,8 @@ def render_table(fleet: Fleet, width: int | None = None) -> str:
     nodes_with_present = {m.host for row in fleet.references for m in row.present}
     sections.append(
         f"\n{agree} of {compared} comparisons agree, {len(disagreements)} disagree; "
-        f"{len(nodes_with_present)} of {len(fleet.nodes)} nodes have present findings. "
+        f"{len(nodes_with_present)} of {len(fleet.nodes)} nodes have present findings; "
+        f"{sum(1 for f in fleet.findings if f.status == 'present')} fleet findings present. "
         f"Exit code {int(fleet_exit_code(fleet))}."
     )
     return _fit_lines("\n".join(sections), width) + "\n"

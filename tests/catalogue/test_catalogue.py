@@ -60,6 +60,17 @@ def test_every_reference_says_how_it_is_decided() -> None:
     assert not unknown_fleet, f"detect.fleet names facts preflight fleet does not compare: {unknown_fleet}"
 
 
+def test_fleet_decided_facts_and_detect_fleet_name_each_other() -> None:
+    """A fact whose disagreement is a fleet finding names its reference (``Fact.decides``), and
+    that reference's [detect] fleet names the fact: the two records of one mapping agree."""
+    from preflight.fleet.facts import FACTS
+
+    by_facts = {(fact.decides, fact.key) for fact in FACTS if fact.decides}
+    by_catalogue = {(reference.id, key) for reference in load_all() for key in reference.fleet}
+    assert by_facts == by_catalogue
+    assert {"NCCL017", "ROCE006"} <= {ref_id for ref_id, _ in by_facts}
+
+
 def test_detect_schema_refuses_dishonest_or_contradicting_decisions() -> None:
     document = parse_toml((REFERENCES / "NCCL009.toml").read_text())
     detect = document["detect"]

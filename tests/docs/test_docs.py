@@ -141,6 +141,8 @@ def test_checks_table_says_what_the_catalogue_and_registry_say() -> None:
         if spec is not None:
             kind = "node check" if "node" in detect["modes"] else "config check"
             assert decided_by.startswith(f"{kind} ({', '.join(spec.profiles)})"), document["id"]
+            fleet_part = f"; fleet comparison (`preflight fleet`: {', '.join(detect.get('fleet', []))})"
+            assert decided_by.endswith(fleet_part) == bool(detect.get("fleet")), document["id"]
         elif detect.get("fleet"):
             assert decided_by == f"fleet comparison (`preflight fleet`: {', '.join(detect['fleet'])})", document["id"]
         elif detect.get("why_log_only"):

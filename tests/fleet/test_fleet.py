@@ -123,7 +123,8 @@ def test_each_compared_fact_flags_the_node_that_differs(tmp_path: Path, key: str
     found = comparison(fleet, key)
     assert found.verdict == ODD and found.odd == ("node4",)
     assert [g.value for g in found.values if "node4" in g.hosts] == [odd_value]
-    follows = {"hca_count": {"hca_names"}}.get(key, set())  # a missing HCA is also a missing name
+    # a missing HCA is also a missing name; another NCCL copy's version is also another version
+    follows = {"hca_count": {"hca_names"}, "nccl_libraries": {"nccl_versions"}}.get(key, set())
     assert {c.fact.key for c in fleet.disagreements} == {key} | follows
 
 
@@ -231,6 +232,7 @@ def test_missing_and_garbage_facts_are_unknown_never_odd(tmp_path: Path) -> None
     unknown = {c.fact.key: c.unknown for c in fleet.comparisons if c.unknown}
     assert unknown == {
         "nccl_libraries": ("gpu001",),
+        "nccl_versions": ("gpu001",),
         "rdma_mtu": ("gpu002",),
         "memlock_slurmd": ("gpu003",),
         "acs_redirect": ("gpu004",),
