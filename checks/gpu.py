@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # gpu_health imports this module at run time
 
     from preflight.config import Expectations
     from preflight.probes.gpu_health import GpuHealthFacts
-from preflight.probes.gpu_health import GPU_IS_LOST, GpuHealth, GpuHealthFacts
+from preflight.probes.gpu_health import GPU_IS_LOST, GpuHealth, GpuHealthFacts, nvml_unusable
 from preflight.probes.gpus import UNEXPECTED_ANSWER, GpuFacts
 from preflight.probes.kernel_log import HARDWARE_XIDS, KernelLogFacts, XidEvent
 
@@ -36,14 +36,14 @@ def nccl_cuda_call_failed(gpu_health: GpuHealthFacts, kernel_log: KernelLogFacts
     found = list(_hardware_xids(kernel_log))
     if kernel_log.error:
         found.append(undecided("kernel log", f"Xid history since boot unreadable: {kernel_log.error}"))
-    nvml_unusable = _nvml_unusable(gpu_health, gpus)
-    if nvml_unusable is not None:
-        if isinstance(nvml_unusable, NotApplicable) and not found:
-            raise nvml_unusable
-        if isinstance(nvml_unusable, Unknown):
+    unusable = nvml_unusable(gpu_health, gpus)
+    if unusable is not None:
+        if isinstance(unusable, NotApplicable) and not found:
+            raise unusable
+        if isinstance(unusable, Unknown):
             if not found:
-                raise nvml_unusable
-            found.append(undecided("NVML", str(nvml_unusable)))
+                raise unusable
+            found.append(undecided("NVML", str(unusable)))
         yield from found
         return
     for gpu in gpu_health.gpus:
@@ -51,21 +51,6 @@ def nccl_cuda_call_failed(gpu_health: GpuHealthFacts, kernel_log: KernelLogFacts
     if not found and all(gpu.rows_error in FEATURE_ABSENT and gpu.volatile_error in FEATURE_ABSENT for gpu in gpu_health.gpus):
         raise NotApplicable("the GPUs neither remap rows (before Ampere) nor count ECC errors")
     yield from found
-
-
-def _nvml_unusable(gpu_health: GpuHealthFacts, gpus: GpuFacts) -> NotApplicable | Unknown | None:
-    """Why NVML cannot judge any GPU, as the exception the check raises; None when it can."""
-    if gpu_health.nvml_error in UNANSWERED:  # no recording, or a broken one
-        return Unknown(f"no NVML answers recorded for this root ({gpu_health.nvml_error})")
-    if gpu_health.nvml_error:
-        if gpus.pci_gpus:
-            return Unknown(f"NVML unavailable ({gpu_health.nvml_error}): the health of the {len(gpus.pci_gpus)} GPUs on the PCI bus cannot be read")
-        return NotApplicable(f"no NVIDIA GPUs (NVML: {gpu_health.nvml_error})")
-    if not gpu_health.gpus:
-        if gpus.pci_gpus:
-            return Unknown(f"NVML lists no GPUs, but {len(gpus.pci_gpus)} are on the PCI bus (GPU001)")
-        return NotApplicable("no NVIDIA GPUs")
-    return None
 
 
 def _gpu_verdicts(gpu: GpuHealth) -> Iterator[Observation]:

@@ -12,9 +12,12 @@ from preflight.model import (
     Severity,
     Unknown,
     present,
+    undecided,
 )
 from preflight.nccl.releases import RAS_INIT_RACE, SPLIT_NONBLOCKING, release_findings, require_nccl
 from preflight.probes.frameworks import FrameworkFacts, parse_version
+from preflight.probes.gpu_health import GpuHealthFacts, nvml_unusable
+from preflight.probes.gpus import GpuFacts
 from preflight.probes.job import JobFacts, integer_setting, setting_evidence, slurm_view, switched_off
 from preflight.probes.nccl_libs import NcclCopy, NcclLibFacts, python_prefixes
 from preflight.probes.rdma import IB_CLASS, RdmaFacts
@@ -291,3 +294,40 @@ def nccl_init_system_error(shm: ShmFacts, nccl_libs: NcclLibFacts, gpudirect: Gp
     elif shm.usage.size < NCCL_SHM_MIN_SIZE:
         observed = f"size {format_size(shm.usage.size)}, {format_size(shm.usage.available)} available"
         yield present(shm.path, Evidence(f"statvfs {shm.path}", observed, wanted), severity=Severity.WARNING)
+
+
+# nvmlClocksThrottleReason* (nvml.h; ClocksEventReason* in recent headers, same bits): the reasons
+# that say the hardware is holding the GPU back. An idle GPU before a job reports GpuIdle (0x1)
+# and nothing else; SwPowerCap (0x4) and SyncBoost (0x10) follow the load and the application.
+SLOWDOWN_REASONS = {
+    0x08: "HW slowdown (clocks cut by half or more: too hot, an external power brake, or power draw too high)",
+    0x20: "SW thermal slowdown (above the GPU's maximum operating temperature)",
+    0x40: "HW thermal slowdown (temperature too high)",
+    0x80: "HW power brake slowdown (an external power brake signal)",
+}
+
+
+@check("NCCL011", profiles=("prolog",))
+def straggler_rank(gpu_health: GpuHealthFacts, gpus: GpuFacts) -> Iterator[Observation]:
+    """A GPU whose clocks its hardware is already holding down before the job starts: its rank
+    will run every step slower than the others, and every collective waits for it."""
+    unusable = nvml_unusable(gpu_health, gpus)
+    if unusable is not None:
+        raise unusable
+    decided = 0
+    for gpu in gpu_health.gpus:
+        if gpu.clock_reasons_error in ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND"):
+            continue
+        if gpu.clock_reasons is None:
+            yield undecided(f"GPU{gpu.index}", f"nvmlDeviceGetCurrentClocksThrottleReasons: {gpu.clock_reasons_error}")
+            continue
+        decided += 1
+        slowed = [text for bit, text in SLOWDOWN_REASONS.items() if gpu.clock_reasons & bit]
+        if slowed:
+            yield present(
+                f"GPU{gpu.index}",
+                Evidence(f"nvmlDeviceGetCurrentClocksThrottleReasons(GPU {gpu.index})", f"0x{gpu.clock_reasons:x}: " + "; ".join(slowed),
+                         "no hardware or thermal slowdown on a GPU waiting for a job"),
+            )
+    if not decided and all(gpu.clock_reasons_error in ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND") for gpu in gpu_health.gpus):
+        raise NotApplicable("the driver reports no clock throttle reasons for these GPUs")

@@ -142,6 +142,7 @@ def build(root: str) -> None:
     os.makedirs(root)
     nvml_devices: dict[str, dict[str, object]] = {
         "name": {}, "pci": {}, "uuid": {}, "bar1": {}, "fabric": {}, "rows": {}, "persistence": {}, "ecc_mode": {}, "ecc_volatile": {},
+        "clock_reasons": {},
     }
     for index, (gpu, nic, switch, port) in enumerate(PAIRS):
         numa = 0 if index < 4 else 1
@@ -187,6 +188,7 @@ def build(root: str) -> None:
         nvml_devices["rows"][str(index)] = {"result": [0, 0, 0, 0]}  # correctable, uncorrectable, pending, failure
         nvml_devices["persistence"][str(index)] = {"result": 1}  # nvidia-persistenced keeps the GPUs initialised
         nvml_devices["ecc_mode"][str(index)] = {"result": [1, 1]}  # current, pending
+        nvml_devices["clock_reasons"][str(index)] = {"result": 0x1}  # GpuIdle: waiting for a job, nothing holds it back
         # nvmlDeviceGetTotalEccErrors(UNCORRECTED=1, VOLATILE=0): extra arguments join the key
         nvml_devices["ecc_volatile"][f"{index}/1/0"] = {"result": 0}
         nvml_devices["name"][str(index)] = {"result": "NVIDIA H100 80GB HBM3"}
@@ -300,6 +302,7 @@ def build(root: str) -> None:
             "nvmlDeviceGetPersistenceMode": nvml_devices["persistence"],
             "nvmlDeviceGetEccMode": nvml_devices["ecc_mode"],
             "nvmlDeviceGetTotalEccErrors": nvml_devices["ecc_volatile"],
+            "nvmlDeviceGetCurrentClocksThrottleReasons": nvml_devices["clock_reasons"],
         },
     }
     write(root, "/.preflight/nvml.json", json.dumps(nvml, indent=1) + "\n")

@@ -20,6 +20,10 @@ Sources:
   note; https://docs.nvidia.com/deploy/driver-persistence/data-persistence.html). The count
   needs ECC enabled; GPUs without ECC answer ``NOT_SUPPORTED``;
 * NVML ``nvmlDeviceGetPersistenceMode`` (1 enabled), read here for GPU001;
+* NVML ``nvmlDeviceGetCurrentClocksThrottleReasons`` (a bit mask, ``nvmlClocksThrottleReason*`` in
+  nvml.h; renamed ``ClocksEventReasons`` in recent headers, same values): why the GPU runs below
+  its maximum clocks right now, read for NCCL011 (a GPU slowed by its hardware makes its rank the
+  job's straggler);
 * the kernel log since boot (``/dev/kmsg``, root; ``.preflight/kmsg`` in a recorded root). Only
   Xids NVIDIA's Xid catalogue attributes to hardware or the driver count; application faults
   (13, 31, 43: an illegal address in someone's kernel, reference GPU003) say nothing about the
@@ -35,7 +39,9 @@ from typing import Any
 
 from msgspec import Struct
 
-from preflight.probes.gpus import UNEXPECTED_ANSWER
+from preflight.model import NotApplicable, Unknown
+from preflight.probes.gpus import UNEXPECTED_ANSWER, GpuFacts
+from preflight.sources.nvml import UNANSWERED
 from preflight.registry import probe
 from preflight.sources.nvml import Nvml, NvmlError
 
@@ -71,6 +77,9 @@ class GpuHealth(Struct, frozen=True):
     # nvmlDeviceGetTotalEccErrors(UNCORRECTED, VOLATILE)
     volatile_uncorrected: int | None
     volatile_error: str
+    # nvmlDeviceGetCurrentClocksThrottleReasons
+    clock_reasons: int | None = None
+    clock_reasons_error: str = NOT_RECORDED
 
     @property
     def lost_in(self) -> str:
@@ -80,6 +89,7 @@ class GpuHealth(Struct, frozen=True):
             ("nvmlDeviceGetPersistenceMode", self.persistence_error),
             ("nvmlDeviceGetEccMode", self.ecc_mode_error),
             ("nvmlDeviceGetTotalEccErrors", self.volatile_error),
+            ("nvmlDeviceGetCurrentClocksThrottleReasons", self.clock_reasons_error),
         ):
             if error == GPU_IS_LOST:
                 return call
@@ -131,6 +141,10 @@ def _gpu_health(nvml: Nvml, index: int) -> GpuHealth:
     if not volatile_error and _count(volatile) is None:
         volatile_error = _unexpected(volatile)
 
+    reasons, clock_reasons_error = _ask(nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", index)
+    if not clock_reasons_error and _count(reasons) is None:
+        clock_reasons_error = _unexpected(reasons)
+
     return GpuHealth(
         index=index,
         rows_correctable=correctable,
@@ -145,6 +159,8 @@ def _gpu_health(nvml: Nvml, index: int) -> GpuHealth:
         ecc_mode_error=ecc_mode_error,
         volatile_uncorrected=_count(volatile),
         volatile_error=volatile_error,
+        clock_reasons=None if clock_reasons_error else _count(reasons),
+        clock_reasons_error=clock_reasons_error,
     )
 
 
@@ -159,3 +175,18 @@ def probe_gpu_health(nvml: Nvml) -> GpuHealthFacts:
     if not isinstance(count, int) or isinstance(count, bool) or count < 0:
         return GpuHealthFacts((), f"{UNEXPECTED_ANSWER} (device count {repr(count)[:40]})")
     return GpuHealthFacts(tuple(_gpu_health(nvml, index) for index in range(count)), "")
+
+
+def nvml_unusable(gpu_health: GpuHealthFacts, gpus: GpuFacts) -> NotApplicable | Unknown | None:
+    """Why NVML cannot judge any GPU, as the exception the check raises; None when it can."""
+    if gpu_health.nvml_error in UNANSWERED:  # no recording, or a broken one
+        return Unknown(f"no NVML answers recorded for this root ({gpu_health.nvml_error})")
+    if gpu_health.nvml_error:
+        if gpus.pci_gpus:
+            return Unknown(f"NVML unavailable ({gpu_health.nvml_error}): the health of the {len(gpus.pci_gpus)} GPUs on the PCI bus cannot be read")
+        return NotApplicable(f"no NVIDIA GPUs (NVML: {gpu_health.nvml_error})")
+    if not gpu_health.gpus:
+        if gpus.pci_gpus:
+            return Unknown(f"NVML lists no GPUs, but {len(gpus.pci_gpus)} are on the PCI bus (GPU001)")
+        return NotApplicable("no NVIDIA GPUs")
+    return None

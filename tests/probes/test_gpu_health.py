@@ -37,7 +37,27 @@ def set_rows(root: Path, answers: dict[str, object]) -> None:
 def test_probe_reads_every_health_query_of_the_example(example_root: Path) -> None:
     facts = probe_gpu_health(Sources.for_node(str(example_root)).nvml)
     assert facts.nvml_error == "" and len(facts.gpus) == 8
-    assert facts.gpus[3] == GpuHealth(3, 0, 0, False, False, "", True, "", True, True, "", 0, "")
+    assert facts.gpus[3] == GpuHealth(3, 0, 0, False, False, "", True, "", True, True, "", 0, "", 0x1, "")
+
+
+def test_clock_throttle_reasons_decide_nccl011(node_copy: Path) -> None:
+    """NCCL011: an idle GPU's clocks held down by its hardware make its rank the straggler;
+    idleness and the load-following power cap do not; an unanswered query is unknown, an
+    unsupported one leaves the GPU out."""
+    from preflight.checks.nccl import straggler_rank
+
+    def decide() -> list[tuple[str, str]]:
+        sources = Sources.for_node(str(node_copy))
+        gpus = probe_gpus(sources.fs, sources.nvml)
+        return [(o.subject, o.status.value) for o in straggler_rank(probe_gpu_health(sources.nvml), gpus)]
+
+    assert decide() == []
+    set_answers(node_copy, "nvmlDeviceGetCurrentClocksThrottleReasons", {"2": {"result": 0x5}, "5": {"result": 0x41}})
+    assert decide() == [("GPU5", "present")]  # 0x5: idle under the power cap; 0x41: HW thermal slowdown
+    set_answers(node_copy, "nvmlDeviceGetCurrentClocksThrottleReasons", {"5": {"error": "NVML_ERROR_UNKNOWN"}})
+    assert decide() == [("GPU5", "unknown")]
+    set_answers(node_copy, "nvmlDeviceGetCurrentClocksThrottleReasons", {"5": {"error": "NVML_ERROR_NOT_SUPPORTED"}})
+    assert decide() == []
 
 
 def test_healthy_gpus_are_absent(example_root: Path) -> None:

@@ -102,10 +102,10 @@ def test_failing_call_for_one_gpu(node_copy: Path, function: str, key: str, erro
 
 
 @pytest.mark.parametrize(("function", "probe", "references"), [
-    ("nvmlDeviceGetUUID", "gpus", {"GPU001", "GPU002", "GDR003", "NVL003", "PCI004", "PCI005"}),  # NVLink and P2P checks name GPUs from its facts
+    ("nvmlDeviceGetUUID", "gpus", {"GPU001", "GPU002", "GDR003", "NVL003", "PCI004", "PCI005", "NCCL011"}),  # NVLink, P2P and clock checks name GPUs from its facts
     ("nvmlDeviceGetBAR1MemoryInfo", "bar1", {"GDR003"}),
     ("nvmlDeviceGetGpuFabricInfo", "fabric", {"NVL006", "NVL004", "NVL002", "NVL001"}),  # NVL004, NVL002 and NVL001 read the fabric facts too
-    ("nvmlDeviceGetTotalEccErrors", "gpu_health", {"GPU001", "GPU002"}),
+    ("nvmlDeviceGetTotalEccErrors", "gpu_health", {"GPU001", "GPU002", "NCCL011"}),
 ])
 def test_hanging_call_times_out_and_the_run_finishes(run_cli: Runner, node_copy: Path, function: str, probe: str, references: set[str]) -> None:
     key = "2/1/0" if function == "nvmlDeviceGetTotalEccErrors" else "2"
