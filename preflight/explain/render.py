@@ -133,6 +133,8 @@ def _detailed(position: int, candidate: Candidate, explanation: Explanation) -> 
                 lines.append(f"     {finding.subject}: {facts}")
     elif reference.checks:
         lines.append(f"   Check the node: preflight node --select {','.join(reference.checks)}   (or explain --check)")
+    elif reference.why_log_only:
+        lines.append(f"   No node check: {reference.why_log_only}")
     evidence = [item for item in reference.evidence if item.get("command")]
     if evidence:
         lines.append("   Evidence to collect:")
@@ -211,6 +213,7 @@ def _candidate_json(position: int, candidate: Candidate, explanation: Explanatio
         ],
         "why_candidate": why_candidate(candidate, explanation),
         "checks": list(reference.checks),
+        "no_check_reason": "" if reference.checks else reference.why_log_only,
         "verdict": None
         if verdict is None
         else {"status": verdict.status, "reason": verdict.reason, "findings": [f.to_json() for f in verdict.findings]},

@@ -80,6 +80,24 @@ def test_text_output_names_evidence_lines_and_fix(run_cli: Runner) -> None:
     assert "Why only a candidate" in first and "Fix:" in first and "preflight node --select MEM001" in first
 
 
+def test_a_log_only_reference_says_why_no_node_check_decides_it(run_cli: Runner, tmp_path: Path) -> None:
+    """NCCL009 (ranks running different collectives) leaves no trace on a node before the job:
+    explain says so, with the catalogue's reason, instead of pointing at a check."""
+    import tomllib
+
+    reason = tomllib.loads((Path(__file__).resolve().parents[2] / "references" / "NCCL009.toml").read_text())["detect"]["why_log_only"]
+    log = tmp_path / "rank0.log"
+    log.write_text("[rank0]: RuntimeError: Detected mismatch between collectives on ranks. Rank 0 is running collective: "
+                   "CollectiveFingerPrint(SequenceNumber=214, OpType=ALLREDUCE), but Rank 2 is running collective: "
+                   "CollectiveFingerPrint(SequenceNumber=214, OpType=BROADCAST)\n")
+    text = run_cli("explain", str(log))
+    first = text.stdout.split("\n2. ")[0]
+    assert "1. NCCL009" in first and f"No node check: {reason}" in first and "preflight node --select" not in first
+    document = json.loads(run_cli("explain", str(log), "--format", "json").stdout)
+    candidate = document["candidates"][0]
+    assert candidate["id"] == "NCCL009" and candidate["no_check_reason"] == reason and candidate["checks"] == []
+
+
 def test_nothing_found_is_said_plainly(run_cli: Runner, tmp_path: Path) -> None:
     log = tmp_path / "fine.log"
     log.write_text("epoch 1 loss 2.31\nepoch 2 loss 1.97\ntraining finished\n")
