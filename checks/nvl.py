@@ -29,7 +29,8 @@ if TYPE_CHECKING:
     from preflight.probes.fabric import FabricFacts, FabricManager
     from preflight.probes.gpus import GpuFacts
     from preflight.probes.job import JobFacts
-    from preflight.probes.nccl_libs import NcclLibFacts
+    from preflight.nccl.releases import KnownBug
+    from preflight.probes.nccl_libs import NcclCopy, NcclLibFacts
 
 # A fabric manager that first started this long after boot was restarted (or started by hand);
 # at boot it starts with the driver, within a minute or two. Generous, so that a driver
@@ -187,6 +188,16 @@ def _job_stack(platform: NcclPlatformFacts, job: JobFacts) -> tuple[int | None, 
     return platform.stack_soft, source, ""
 
 
+def _mnnvl_copies(nccl_libs: NcclLibFacts, nccl_platform: NcclPlatformFacts, bug: KnownBug) -> tuple[list[NcclCopy], list[NcclCopy]]:
+    """The NCCL copies that carry an MNNVL ``bug`` and those whose version is unknown, on a node
+    with NVIDIA GPUs (NotApplicable or Unknown otherwise)."""
+    require_nccl(nccl_libs)
+    if not nccl_platform.pci_gpus:
+        nccl_platform.require_classified("no NVIDIA GPU")
+        raise NotApplicable("no NVIDIA GPU in /sys/bus/pci/devices")
+    return affected(nccl_libs, bug)
+
+
 def _mnnvl_clique(fabric: FabricFacts) -> Evidence:
     """Evidence that this node's GPUs are in a multi-node NVLink clique; Unknown when NVML cannot
     say, NotApplicable when they are not."""
@@ -207,11 +218,7 @@ def mnnvl_init_stack_overrun(
 ) -> Iterator[Observation]:
     """NCCL before 2.28.3 on a multi-node NVLink GPU with a stack limit that is unlimited (glibc
     then gives threads 2 MiB) or below 8 MiB."""
-    require_nccl(nccl_libs)
-    if not nccl_platform.pci_gpus:
-        nccl_platform.require_classified("no NVIDIA GPU")
-        raise NotApplicable("no NVIDIA GPU in /sys/bus/pci/devices")
-    carrying, unnamed = affected(nccl_libs, MNNVL_STACK)
+    carrying, unnamed = _mnnvl_copies(nccl_libs, nccl_platform, MNNVL_STACK)
     if not carrying and not unnamed:
         return  # every copy is 2.28.3 or newer (or older than MNNVL), whatever the fabric
     clique = _mnnvl_clique(fabric)
@@ -286,11 +293,7 @@ def moe_dispatch_combine_timeout_nvl_domain(
     """NCCL before 2.26.5 on a multi-node NVLink GPU, for a job of more than 80 ranks (or of a size
     the environment does not give), where alltoall-like traffic such as MoE dispatch and combine
     can hang. The reference's other causes (EP kernel modes, a stalled peer) live in the program."""
-    require_nccl(nccl_libs)
-    if not nccl_platform.pci_gpus:
-        nccl_platform.require_classified("no NVIDIA GPU")
-        raise NotApplicable("no NVIDIA GPU in /sys/bus/pci/devices")
-    carrying, unnamed = affected(nccl_libs, MNNVL_ALLTOALL)
+    carrying, unnamed = _mnnvl_copies(nccl_libs, nccl_platform, MNNVL_ALLTOALL)
     if not carrying and not unnamed:
         return  # every copy has the work-around (or predates MNNVL), whatever the fabric
     clique = _mnnvl_clique(fabric)
