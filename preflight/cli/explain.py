@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 
-from preflight.cli.node import CHECKS_DIR
 from preflight.cli.spec import Argument, Command, Option, Values, error
 
 #: explain's outcome -> exit code (documented in the command's help)
@@ -13,7 +12,8 @@ EXIT_CODES = {"no-input": 3, "nothing-found": 0, "uncatalogued": 1, "candidates"
 
 def run_explain(values: Values) -> int:
     from preflight.catalogue import CatalogueError
-    from preflight.explain import check_candidates, explain
+    from preflight.discovery import RegistrationError, known_references
+    from preflight.explain import check_candidates, explain, load_catalogue
     from preflight.explain.render import exit_status, render_json, render_text
 
     output_format, check, root, config = values["output_format"], values["check"], values["root"], values["config"]
@@ -22,7 +22,6 @@ def run_explain(values: Values) -> int:
     for option, value, role in (
         ("--root", root, "the node --check examines"),
         ("--config", config, "the site config --check runs with"),
-        ("--checks-dir", values["checks_dirs"], "check modules --check loads"),
     ):
         if value and not check:
             return error(f"{option} needs --check (it gives {role})")
@@ -33,8 +32,11 @@ def run_explain(values: Values) -> int:
     if not values["inputs"] and sys.stdin.isatty():
         return error("give log files or directories, or pipe a log in (preflight explain FILE... | -)")
     try:
-        explanation = explain(list(values["inputs"]))
-    except CatalogueError as problem:
+        # Site check directories and plugins ship references too; their signatures are matched
+        # like the catalogue's (the directories' modules are not imported for that).
+        site = known_references(values["checks_dirs"]).extra.values()
+        explanation = explain(list(values["inputs"]), catalogue=load_catalogue(extra=site))
+    except (CatalogueError, RegistrationError) as problem:
         return error(str(problem))
     if check and explanation.candidates:
         check_candidates(explanation, root or "/", config, values["checks_dirs"])
@@ -77,7 +79,11 @@ EXPLAIN = Command(
         Option("--check", "check", "Run the node checks that can confirm or refute each candidate.", kind="flag"),
         Option("--root", "root", "With --check: the node to check (a recorded root, or a snapshot archive; default /)."),
         Option("--config", "config", "With --check: site config."),
-        CHECKS_DIR,
+        Option(
+            "--checks-dir", "checks_dirs",
+            "A site check directory: its references' signatures are matched too, and with --check its checks run.",
+            kind="many",
+        ),
     ),
     probe_threads=True,
 )

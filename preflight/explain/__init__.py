@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, BinaryIO, Iterable
 
 from preflight.explain.analysis import Analysis, Candidate, Cascade, Evidence
 from preflight.explain.confirm import Verdict
@@ -42,11 +42,15 @@ class Catalogue:
     matcher: "Matcher"
 
 
-def load_catalogue(catalogue_dir: str | None = None) -> Catalogue:
+def load_catalogue(catalogue_dir: str | None = None, extra: Iterable[Reference] = ()) -> Catalogue:
+    """The packaged catalogue (or ``catalogue_dir``'s) plus ``extra``: the references that site
+    check directories and plugins ship, whose signatures a site writes for its own failures.
+    Discovery has already refused an extra ID the catalogue has, and validated every pattern."""
     from preflight.catalogue import load_all
     from preflight.explain.matcher import Matcher
 
     references = {reference.id: reference for reference in load_all(catalogue_dir)}
+    references.update((reference.id, reference) for reference in extra)
     return Catalogue(references, Matcher(references.values()))
 
 

@@ -308,3 +308,29 @@ def test_a_prolog_without_extensions_reads_only_its_own_references(example_root:
     assert tomls == [os.path.join(catalogue, f"{ref_id}.toml") for ref_id in seen["decided"]]
     others = {path for path in seen["opened"] if path.endswith(".toml") and os.path.dirname(path) != catalogue}
     assert others <= {DEFAULT_CONFIG_PATH}  # the site config, which this machine need not have
+
+
+def test_explain_matches_the_signatures_a_site_reference_ships(run_cli: Runner, example_root: Path, tmp_path: Path) -> None:
+    """A site writes signatures for failures only it has; explain ranks them beside the
+    catalogue's, and --check runs the site check that decides them."""
+    signature = textwrap.dedent('''
+        [[signatures]]
+        role = "cause"
+        pattern = 'acme-fs: scratch quota exceeded on \\S+'
+        examples = ["acme-fs: scratch quota exceeded on /scratch/job42"]
+    ''')
+    site = acme_site(tmp_path, ACME001=reference_toml("ACME001", "kernel-too-old", extra=signature))
+    log = tmp_path / "job.log"
+    log.write_text("step 10 loss 2.1\nacme-fs: scratch quota exceeded on /scratch/job42\nTraceback (most recent call last):\n")
+    plain = run_cli("explain", str(log), "--format", "json")
+    assert "ACME001" not in {c["id"] for c in json.loads(plain.stdout)["candidates"]}
+    matched = run_cli("explain", str(log), "--checks-dir", str(site), "--format", "json")
+    assert matched.returncode == 1, matched.stderr
+    assert [c["id"] for c in json.loads(matched.stdout)["candidates"]][:1] == ["ACME001"]
+    checked = run_cli("explain", str(log), "--checks-dir", str(site), "--check", "--root", str(example_root), "--format", "json")
+    assert checked.returncode == 2, checked.stderr  # the site check finds the example node's kernel too old
+    assert json.loads(checked.stdout)["candidates"][0]["id"] == "ACME001"
+    # A malformed site reference is a one-line error, as for node.
+    (site / "ACME001.toml").write_text("id = ")
+    broken = run_cli("explain", str(log), "--checks-dir", str(site))
+    assert broken.returncode == 3 and "ACME001.toml" in broken.stderr and "Traceback" not in broken.stderr
