@@ -12,8 +12,9 @@ EXIT_CODES = {"no-input": 3, "nothing-found": 0, "uncatalogued": 1, "candidates"
 
 def run_explain(values: Values) -> int:
     from preflight.catalogue import CatalogueError
-    from preflight.discovery import RegistrationError, known_references
+    from preflight.discovery import known_references
     from preflight.explain import check_candidates, explain, load_catalogue
+    from preflight.registry import RegistrationError
     from preflight.explain.render import exit_status, render_json, render_text
 
     output_format, check, root, config = values["output_format"], values["check"], values["root"], values["config"]
