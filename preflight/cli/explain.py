@@ -14,8 +14,8 @@ def run_explain(values: Values) -> int:
     from preflight.catalogue import CatalogueError
     from preflight.discovery import known_references
     from preflight.explain import check_candidates, explain, load_catalogue
-    from preflight.registry import RegistrationError
     from preflight.explain.render import exit_status, render_json, render_text
+    from preflight.registry import RegistrationError
 
     output_format, check, root, config = values["output_format"], values["check"], values["root"], values["config"]
     if output_format not in ("text", "json"):
