@@ -10,11 +10,17 @@ from preflight.model import (
     NotApplicable,
     Observation,
     Severity,
+    Unknown,
     present,
     undecided,
 )
+from preflight.nccl.gdr import DEFAULT_GDR_LEVEL, PATH_RANK, PXN_PEER_LIMIT, gdr_level, within
 from preflight.nccl.gid import ib_hca_selects, nccl_int
+from preflight.nccl.ib import nccl_selection
+from preflight.probes.job import setting_evidence
 from preflight.probes.kernel_log import NOT_READ, KernelLogFacts
+from preflight.probes.pcie import unclassified_reason
+from preflight.probes.rdma import require_rdma
 from preflight.probes.roce import (
     IB_SYSFS,
     ROCE_HEADER_BYTES,
@@ -31,7 +37,11 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from preflight.config import Expectations
+    from preflight.nccl.ib import Selection
     from preflight.probes.job import JobFacts
+    from preflight.probes.nvlink import NvlinkFacts
+    from preflight.probes.pcie import PcieFacts
+    from preflight.probes.rdma import RdmaFacts
     from preflight.sources.netlink import DcbConfig
 
 _OS_ERROR = re.compile(r"\(E[A-Z0-9]+\)")
@@ -298,3 +308,117 @@ def roce_pfc_pause_storm(
     if len(pfc_sets) > 1:
         described = "; ".join(f"{', '.join(map(str, pfc)) or 'none'} on {', '.join(names)}" for pfc, names in pfc_sets.items())
         yield present("RoCE rails", Evidence("RTM_GETDCB (mlnx_qos -i <netdev>)", f"PFC priorities differ: {described}", "the same PFC priorities on every rail"))
+
+
+# -- ROCE002: GPUDirect RDMA over RoCE ------------------------------------------------------------
+def _ib_transport_off(job: JobFacts) -> str:
+    """Why NCCL will not use its IB transport (and so no RoCE GDR question arises), or ""."""
+    net = job.nccl("NCCL_NET")
+    if net is not None and net.value.strip().lower() != "ib":
+        return f"NCCL_NET={net.value}: NCCL uses another network than its IB/RoCE transport"
+    disabled = job.nccl("NCCL_IB_DISABLE")
+    if disabled is not None and nccl_int(disabled.value, 0) != 0:
+        return f"NCCL_IB_DISABLE={disabled.value}: NCCL's IB/RoCE transport is off"
+    return ""
+
+
+def _nvlink_everywhere(pcie: PcieFacts, nvlink: NvlinkFacts) -> bool | None:
+    """Whether a GPU may reach a peer GPU over NVLink (what PXN needs): True on NVSwitch
+    systems (every GPU pair), False when NVML says no GPU has an active link, None otherwise
+    (NVML unanswered, or bridged pairs whose partners this check does not map)."""
+    if pcie.nvswitches:
+        return True
+    if nvlink.nvml_error or not nvlink.gpus or any(gpu.active_count is None for gpu in nvlink.gpus):
+        return None
+    return False if all(gpu.active_count == 0 for gpu in nvlink.gpus) else None
+
+
+def _usable_nics(pcie: PcieFacts, selection: Selection) -> dict[str, tuple[str, bool]]:
+    """PCI address -> (RDMA device names, whether one is a RoCE port) of the NICs NCCL keeps."""
+    layers: dict[str, set[str]] = {}
+    for port in selection.ports:
+        layers.setdefault(port.device, set()).add(port.link_layer or "")
+    usable = {}
+    for nic in pcie.nics:
+        names = [name for name in nic.rdma_devices if name in layers]
+        if names:
+            usable[nic.bdf] = (",".join(names), any("Ethernet" in layers[name] for name in names))
+    return usable
+
+
+@check("ROCE002", profiles=("prolog",))
+def roce_gpudirect_rdma_not_used(pcie: PcieFacts, rdma: RdmaFacts, nvlink: NvlinkFacts, job: JobFacts) -> Iterator[Observation]:
+    """A GPU whose nearest RoCE NIC NCCL may use is farther than NCCL_NET_GDR_LEVEL allows, with
+    no NVLink peer to relay through (PXN), or GPUDirect RDMA reads switched off by the job."""
+    unclassified = unclassified_reason(pcie)
+    if not pcie.gpus or not pcie.nics:
+        if unclassified:
+            raise Unknown(unclassified)
+        raise NotApplicable("needs NVIDIA GPUs and RDMA NICs on this node")
+    off = _ib_transport_off(job)
+    if off:
+        raise NotApplicable(off)
+    require_rdma(rdma)
+    selection = nccl_selection(rdma, job)
+    if selection.unlisted:
+        raise Unknown(selection.unlisted[0])
+    usable = _usable_nics(pcie, selection)
+    if not any(roce for _, roce in usable.values()):
+        if selection.undecided:
+            port = selection.undecided[0]
+            raise Unknown(port.why("state" if port.state is None else "link_layer"))
+        raise NotApplicable("no ACTIVE RoCE port on a PCI NIC is selected by NCCL_IB_HCA")
+    if job.environ_error:
+        raise Unknown(f"/proc/self/environ unreadable ({job.environ_error}): NCCL_NET_GDR_LEVEL and NCCL_IB_HCA unknown")
+    for port in selection.undecided:
+        yield undecided(port.subject, port.why("state" if port.state is None else "link_layer"))
+    if unclassified:
+        yield undecided("PCI devices", unclassified)
+    yield from _gdr_read_off(job)
+    setting = job.nccl("NCCL_NET_GDR_LEVEL")
+    level = gdr_level(setting.value if setting else None) or DEFAULT_GDR_LEVEL
+    level_evidence = setting_evidence(job, "NCCL_NET_GDR_LEVEL", "" if setting else f"NCCL's default {DEFAULT_GDR_LEVEL}")
+    pxn_off = (pxn := job.nccl("NCCL_PXN_DISABLE")) is not None and nccl_int(pxn.value, 0) == 1
+    nvlinked = _nvlink_everywhere(pcie, nvlink)
+    overall = {gpu: kind for gpu, _, kind in pcie.nearest_nic}
+    for gpu in pcie.gpus:
+        if overall.get(gpu.bdf) == "SYS":
+            continue  # the nearest RDMA NIC is on the other socket: TOPO005 reports it
+        paths = {nic: pcie.path(gpu.bdf, nic) or "UNKNOWN" for nic in usable}
+        if "UNKNOWN" in paths.values():
+            yield undecided(f"GPU {gpu.bdf}", "numa_node of the GPU or of a NIC is not reported on this multi-socket node")
+            continue
+        best = min(paths.values(), key=PATH_RANK.__getitem__)
+        if within(best, level):
+            continue
+        nearest = [nic for nic, kind in paths.items() if kind == best]
+        if not any(usable[nic][1] for nic in nearest):
+            continue  # its nearest NICs are InfiniBand: not a RoCE question
+        if pcie.arm_cpu and best == "PHB":
+            yield undecided(f"GPU {gpu.bdf}", "an Arm host: a Grace GPU reaches the CPU over NVLink-C2C, which NCCL may class P2C and allow")
+            continue
+        relay = [
+            (other.bdf, nic) for other in pcie.gpus if other.bdf != gpu.bdf for nic in usable
+            if (kind := pcie.path(other.bdf, nic)) in PATH_RANK and within(kind, PXN_PEER_LIMIT) and within(kind, level)
+        ]
+        if relay and not pxn_off and nvlinked is not False:
+            if nvlinked is None:
+                yield undecided(f"GPU {gpu.bdf}", f"GPU {relay[0][0]} sits close to NIC {usable[relay[0][1]][0]}; whether PXN can relay over NVLink is not known")
+            continue  # PXN sends through the NVLink peer, which uses GDR
+        shown = ", ".join(f"{usable[nic][0]} ({nic})" for nic in nearest)
+        evidence = [
+            Evidence(f"/sys/bus/pci/devices/{gpu.bdf}", f"nearest NIC NCCL may use: {shown}, path {best}", f"a RoCE NIC within {level} (PIX/PXB: under the GPU's own PCIe switch)"),
+            level_evidence,
+        ]
+        if selection.setting is not None:
+            evidence.append(setting_evidence(job, "NCCL_IB_HCA"))
+        if relay and pxn_off:
+            evidence.append(setting_evidence(job, "NCCL_PXN_DISABLE", "unset or 0 (PXN relays through an NVLink peer near a NIC)"))
+        yield present(f"GPU {gpu.bdf}", *evidence)
+
+
+def _gdr_read_off(job: JobFacts) -> Iterator[Observation]:
+    """NCCL_NET_GDR_READ=0 stages every send through host memory (ncclTopoCheckGdr, read=1)."""
+    setting = job.nccl("NCCL_NET_GDR_READ")
+    if setting is not None and nccl_int(setting.value, -2) == 0:
+        yield present("NCCL_NET_GDR_READ", setting_evidence(job, "NCCL_NET_GDR_READ", "unset (NCCL reads GPU memory directly on Ampere and newer GPUs)"))
