@@ -17,10 +17,11 @@ from preflight.model import (
 from preflight.nccl.gdr import DEFAULT_GDR_LEVEL, PATH_RANK, PXN_PEER_LIMIT, gdr_level, within
 from preflight.nccl.gid import ib_hca_selects, nccl_int
 from preflight.nccl.ib import nccl_selection
+from preflight.nccl.releases import require_nccl, version_tuple
 from preflight.probes.job import setting_evidence
 from preflight.probes.kernel_log import NOT_READ, KernelLogFacts
 from preflight.probes.pcie import unclassified_reason
-from preflight.probes.rdma import require_rdma
+from preflight.probes.rdma import MELLANOX_VENDOR, RdmaPort, require_rdma
 from preflight.probes.roce import (
     IB_SYSFS,
     ROCE_HEADER_BYTES,
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from preflight.config import Expectations
     from preflight.nccl.ib import Selection
     from preflight.probes.job import JobFacts
+    from preflight.probes.nccl_libs import NcclLibFacts
     from preflight.probes.nvlink import NvlinkFacts
     from preflight.probes.pcie import PcieFacts
     from preflight.probes.rdma import RdmaFacts
@@ -422,3 +424,86 @@ def _gdr_read_off(job: JobFacts) -> Iterator[Observation]:
     setting = job.nccl("NCCL_NET_GDR_READ")
     if setting is not None and nccl_int(setting.value, -2) == 0:
         yield present("NCCL_NET_GDR_READ", setting_evidence(job, "NCCL_NET_GDR_READ", "unset (NCCL reads GPU memory directly on Ampere and newer GPUs)"))
+
+
+# -- ROCE003: packet reordering and NCCL's out-of-order receive queue -----------------------------
+#: NCCL_IB_OOO_RQ first appears in 2.30.3 (src/transport/net_ib/init.cc); older releases ignore it.
+OOO_RQ_SINCE = (2, 30, 3)
+
+
+def _mlx5(rdma: RdmaFacts, device: str) -> bool | None:
+    """Whether NCCL drives ``device`` through its mlx5 provider (``mlx5dv_is_supported``), the
+    only one that reads NCCL_IB_OOO_RQ: a Mellanox/NVIDIA function that is not an mlx4, or an
+    ``mlx5_*`` name; None when neither the vendor nor the name tells."""
+    found = rdma.device(device)
+    vendor = found.pci_vendor if found is not None else None
+    if device.startswith("mlx5"):
+        return True
+    if vendor is None:
+        return None
+    return vendor == MELLANOX_VENDOR and not device.startswith("mlx4")
+
+
+def _counters(port: RdmaPort) -> Evidence:
+    shown = ", ".join(
+        f"{name} {value if value is not None else 'not reported'}"
+        for name, value in (("out_of_sequence", port.out_of_sequence), ("packet_seq_err", port.packet_seq_err))
+    )
+    return Evidence(f"{port.path}/hw_counters", f"{shown} (since the driver loaded; plain loss counts too)")
+
+
+@check("ROCE003", profiles=("prolog",))
+def roce_packet_reordering(rdma: RdmaFacts, job: JobFacts, nccl_libs: NcclLibFacts) -> Iterator[Observation]:
+    """NCCL_IB_OOO_RQ forced on mlx5 RoCE ports that NCCL 2.30.3 or newer would use while its
+    adaptive routing stays off there, which makes NCCL fail every connection.
+
+    The node cannot show a fabric that sprays packets: the out_of_sequence and packet_seq_err
+    counters add up since the driver loaded and climb after plain loss too, so a nonzero count
+    would drain healthy nodes. They are shown beside a finding, never one by themselves. Nor is
+    NCCL_IB_ADAPTIVE_ROUTING=1 on RoCE a finding: it is how NCCL is run on fabrics whose switches
+    and NICs do adaptive routing with out-of-order placement, which sysfs does not show."""
+    off = _ib_transport_off(job)
+    if off:
+        raise NotApplicable(off)
+    require_rdma(rdma)
+    selection = nccl_selection(rdma, job)
+    if selection.unlisted:
+        raise Unknown(selection.unlisted[0])
+    roce = [port for port in selection.ports if port.link_layer == "Ethernet"]
+    if not roce and not selection.undecided:
+        raise NotApplicable("no ACTIVE RoCE port is selected by NCCL_IB_HCA")
+    if job.environ_error:
+        raise Unknown(f"/proc/self/environ unreadable ({job.environ_error}): NCCL_IB_OOO_RQ unknown")
+    setting = job.nccl("NCCL_IB_OOO_RQ")
+    if setting is None or nccl_int(setting.value, 0) == 0:
+        return  # NCCL keeps its in-order receive queue: the settings demand nothing of the fabric
+    require_nccl(nccl_libs)
+    reading = [copy for copy in nccl_libs.copies if copy.version is None or (version_tuple(copy.version) or ()) >= OOO_RQ_SINCE]
+    if not reading:
+        raise NotApplicable("every NCCL installed here is older than 2.30.3, which ignores NCCL_IB_OOO_RQ")
+    for port in selection.undecided:
+        yield undecided(port.subject, port.why("state" if port.state is None else "link_layer"))
+    ar = job.nccl("NCCL_IB_ADAPTIVE_ROUTING")
+    # ar is 0 on RoCE unless NCCL_IB_ADAPTIVE_ROUTING is set to something other than -2 (auto)
+    ar_on = ar is not None and nccl_int(ar.value, -2) not in (-2, 0)
+    named = [copy for copy in reading if copy.version is not None]
+    versions = Evidence("NCCL installed", ", ".join(f"{copy.version} ({copy.path})" for copy in named), "2.30.3 or newer reads NCCL_IB_OOO_RQ")
+    for port in roce:
+        mlx5 = _mlx5(rdma, port.device)
+        if mlx5 is False:
+            continue  # NCCL reads NCCL_IB_OOO_RQ only through the mlx5 provider
+        if mlx5 is None:
+            yield undecided(port.subject, f"neither the name nor the PCI vendor of {port.device} tells whether NCCL drives it through mlx5")
+        elif ar_on:
+            yield undecided(port.subject, "NCCL_IB_OOO_RQ and adaptive routing are on: whether both sides' NICs support out-of-order receive is known only to mlx5dv, not sysfs")
+        elif not named:
+            yield undecided(port.subject, f"the NCCL release of {reading[0].path} is not named by its file or wheel")
+        else:
+            yield present(
+                port.subject,
+                setting_evidence(job, "NCCL_IB_OOO_RQ", "unset or 0, unless adaptive routing is on end to end"),
+                setting_evidence(job, "NCCL_IB_ADAPTIVE_ROUTING", "1 (NCCL's default on RoCE is off, and OOO RQ requires it)"),
+                Evidence(f"{port.path}/link_layer", "Ethernet (RoCE)"),
+                versions,
+                _counters(port),
+            )
