@@ -324,6 +324,12 @@ def _ib_transport_off(job: JobFacts) -> str:
     return ""
 
 
+def _no_roce(rdma: RdmaFacts) -> str:
+    if not any(port.link_layer == "Ethernet" for port in rdma.data_ports):
+        return "no RDMA port with link_layer Ethernet (RoCE) on this node"
+    return "no ACTIVE RoCE port is selected by NCCL_IB_HCA"
+
+
 def _nvlink_everywhere(pcie: PcieFacts, nvlink: NvlinkFacts) -> bool | None:
     """Whether a GPU may reach a peer GPU over NVLink (what PXN needs): True on NVSwitch
     systems (every GPU pair), False when NVML says no GPU has an active link, None otherwise
@@ -369,7 +375,7 @@ def roce_gpudirect_rdma_not_used(pcie: PcieFacts, rdma: RdmaFacts, nvlink: Nvlin
         if selection.undecided:
             port = selection.undecided[0]
             raise Unknown(port.why("state" if port.state is None else "link_layer"))
-        raise NotApplicable("no ACTIVE RoCE port on a PCI NIC is selected by NCCL_IB_HCA")
+        raise NotApplicable(_no_roce(rdma))
     if job.environ_error:
         raise Unknown(f"/proc/self/environ unreadable ({job.environ_error}): NCCL_NET_GDR_LEVEL and NCCL_IB_HCA unknown")
     for port in selection.undecided:
@@ -471,7 +477,7 @@ def roce_packet_reordering(rdma: RdmaFacts, job: JobFacts, nccl_libs: NcclLibFac
         raise Unknown(selection.unlisted[0])
     roce = [port for port in selection.ports if port.link_layer == "Ethernet"]
     if not roce and not selection.undecided:
-        raise NotApplicable("no ACTIVE RoCE port is selected by NCCL_IB_HCA")
+        raise NotApplicable(_no_roce(rdma))
     if job.environ_error:
         raise Unknown(f"/proc/self/environ unreadable ({job.environ_error}): NCCL_IB_OOO_RQ unknown")
     setting = job.nccl("NCCL_IB_OOO_RQ")
