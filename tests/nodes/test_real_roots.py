@@ -154,6 +154,7 @@ def test_forced_ooo_rq_on_real_infiniband_hcas_is_no_roce_finding(roots: dict[st
     the mlx4 capture also lists Intel's scif0, whose ports were not copied, so there it cannot
     tell. (No real capture has a RoCE port or hw_counters.)"""
     from preflight.checks.roce import roce_packet_reordering
+
     from preflight.model import NotApplicable, Unknown
     from preflight.probes.job import JobFacts
     from preflight.probes.nccl_libs import NcclCopy, NcclLibFacts
