@@ -392,13 +392,13 @@ def roce_gpudirect_rdma_not_used(pcie: PcieFacts, rdma: RdmaFacts, nvlink: Nvlin
     for gpu in pcie.gpus:
         if overall.get(gpu.bdf) == "SYS":
             continue  # the nearest RDMA NIC is on the other socket: TOPO005 reports it
-        paths = {nic: pcie.path(gpu.bdf, nic) or "UNKNOWN" for nic in usable}
-        if "UNKNOWN" in paths.values():
+        paths = {nic: kind for nic in usable if (kind := pcie.path(gpu.bdf, nic) or "UNKNOWN") in PATH_RANK}
+        if any(within(kind, level) for kind in paths.values()):
+            continue
+        if len(paths) < len(usable):  # a NIC this GPU may be close to sits on an unplaced path
             yield undecided(f"GPU {gpu.bdf}", "numa_node of the GPU or of a NIC is not reported on this multi-socket node")
             continue
         best = min(paths.values(), key=PATH_RANK.__getitem__)
-        if within(best, level):
-            continue
         nearest = [nic for nic, kind in paths.items() if kind == best]
         if not any(usable[nic][1] for nic in nearest):
             continue  # its nearest NICs are InfiniBand: not a RoCE question

@@ -117,3 +117,23 @@ def test_unreadable_job_environment_is_unknown(tmp_path: Path) -> None:
     job = replace(probe_job(fs), environ={}, environ_error="permission denied (EACCES)")
     with pytest.raises(Unknown, match="EACCES"):
         list(roce_gpudirect_rdma_not_used(probe_pcie(fs), probe_rdma(fs), NO_NVLINK, job))
+
+
+def two_sockets(root: Path) -> None:
+    for node in ("node0", "node1"):
+        (root / "sys/devices/system/node" / node).mkdir(parents=True)
+
+
+def test_an_unplaced_far_nic_does_not_hide_a_near_one(tmp_path: Path) -> None:
+    """Without numa_node on a two-socket node the cross-root paths are unknown; a GPU with a NIC
+    under its own switch is still decided, one without is unknown."""
+    root = h800(tmp_path, {"NCCL_PXN_DISABLE": "1"}, nvswitches=False)
+    two_sockets(root)
+    for bdf in ("0000:18:00.0", "0000:1a:00.0", "0000:1a:00.1", "0000:9a:00.0", "0000:9c:00.0", "0000:9c:00.1"):
+        (root / "sys/bus/pci/devices" / bdf / "numa_node").write_text("-1\n")
+    assert verdicts(root) == []
+    hca_root = h800(tmp_path / "hca", {"NCCL_PXN_DISABLE": "1", "NCCL_IB_HCA": "mlx5_0,mlx5_1"}, nvswitches=False)
+    two_sockets(hca_root)
+    for bdf in ("0000:18:00.0", "0000:1a:00.0", "0000:1a:00.1", "0000:9a:00.0"):
+        (hca_root / "sys/bus/pci/devices" / bdf / "numa_node").write_text("-1\n")
+    assert [(s, st) for s, st, _ in verdicts(hca_root)] == [("GPU 0000:9a:00.0", Status.UNKNOWN)]
