@@ -392,7 +392,8 @@ def roce_gpudirect_rdma_not_used(pcie: PcieFacts, rdma: RdmaFacts, nvlink: Nvlin
     for gpu in pcie.gpus:
         if overall.get(gpu.bdf) == "SYS":
             continue  # the nearest RDMA NIC is on the other socket: TOPO005 reports it
-        paths = {nic: kind for nic in usable if (kind := pcie.path(gpu.bdf, nic) or "UNKNOWN") in PATH_RANK}
+        classed = {nic: pcie.path(gpu.bdf, nic) or "UNKNOWN" for nic in usable}
+        paths = {nic: kind for nic, kind in classed.items() if kind in PATH_RANK}
         if any(within(kind, level) for kind in paths.values()):
             continue
         if len(paths) < len(usable):  # a NIC this GPU may be close to sits on an unplaced path
