@@ -10,11 +10,18 @@ from preflight.model import (
     NotApplicable,
     Observation,
     Severity,
+    Unknown,
     present,
     undecided,
 )
+from preflight.nccl.gdr import DEFAULT_GDR_LEVEL, PATH_RANK, PXN_PEER_LIMIT, gdr_level, within
 from preflight.nccl.gid import ib_hca_selects, nccl_int
+from preflight.nccl.ib import nccl_selection
+from preflight.nccl.releases import require_nccl, version_tuple
+from preflight.probes.job import setting_evidence
 from preflight.probes.kernel_log import NOT_READ, KernelLogFacts
+from preflight.probes.pcie import unclassified_reason
+from preflight.probes.rdma import MELLANOX_VENDOR, RdmaPort, require_rdma
 from preflight.probes.roce import (
     IB_SYSFS,
     ROCE_HEADER_BYTES,
@@ -31,7 +38,12 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from preflight.config import Expectations
+    from preflight.nccl.ib import Selection
     from preflight.probes.job import JobFacts
+    from preflight.probes.nccl_libs import NcclLibFacts
+    from preflight.probes.nvlink import NvlinkFacts
+    from preflight.probes.pcie import PcieFacts
+    from preflight.probes.rdma import RdmaFacts
     from preflight.sources.netlink import DcbConfig
 
 _OS_ERROR = re.compile(r"\(E[A-Z0-9]+\)")
@@ -298,3 +310,207 @@ def roce_pfc_pause_storm(
     if len(pfc_sets) > 1:
         described = "; ".join(f"{', '.join(map(str, pfc)) or 'none'} on {', '.join(names)}" for pfc, names in pfc_sets.items())
         yield present("RoCE rails", Evidence("RTM_GETDCB (mlnx_qos -i <netdev>)", f"PFC priorities differ: {described}", "the same PFC priorities on every rail"))
+
+
+# -- ROCE002: GPUDirect RDMA over RoCE ------------------------------------------------------------
+def _ib_transport_off(job: JobFacts) -> str:
+    """Why NCCL will not use its IB transport (and so no RoCE GDR question arises), or ""."""
+    net = job.nccl("NCCL_NET")
+    if net is not None and net.value.strip().lower() != "ib":
+        return f"NCCL_NET={net.value}: NCCL uses another network than its IB/RoCE transport"
+    disabled = job.nccl("NCCL_IB_DISABLE")
+    if disabled is not None and nccl_int(disabled.value, 0) != 0:
+        return f"NCCL_IB_DISABLE={disabled.value}: NCCL's IB/RoCE transport is off"
+    return ""
+
+
+def _no_roce(rdma: RdmaFacts) -> str:
+    if not any(port.link_layer == "Ethernet" for port in rdma.data_ports):
+        return "no RDMA port with link_layer Ethernet (RoCE) on this node"
+    return "no ACTIVE RoCE port is selected by NCCL_IB_HCA"
+
+
+def _nvlink_everywhere(pcie: PcieFacts, nvlink: NvlinkFacts) -> bool | None:
+    """Whether a GPU may reach a peer GPU over NVLink (what PXN needs): True on NVSwitch
+    systems (every GPU pair), False when NVML says no GPU has an active link, None otherwise
+    (NVML unanswered, or bridged pairs whose partners this check does not map)."""
+    if pcie.nvswitches:
+        return True
+    if nvlink.nvml_error or not nvlink.gpus or any(gpu.active_count is None for gpu in nvlink.gpus):
+        return None
+    return False if all(gpu.active_count == 0 for gpu in nvlink.gpus) else None
+
+
+def _usable_nics(pcie: PcieFacts, selection: Selection) -> dict[str, tuple[str, bool]]:
+    """PCI address -> (RDMA device names, whether one is a RoCE port) of the NICs NCCL keeps."""
+    layers: dict[str, set[str]] = {}
+    for port in selection.ports:
+        layers.setdefault(port.device, set()).add(port.link_layer or "")
+    usable = {}
+    for nic in pcie.nics:
+        names = [name for name in nic.rdma_devices if name in layers]
+        if names:
+            usable[nic.bdf] = (",".join(names), any("Ethernet" in layers[name] for name in names))
+    return usable
+
+
+@check("ROCE002", profiles=("prolog",))
+def roce_gpudirect_rdma_not_used(pcie: PcieFacts, rdma: RdmaFacts, nvlink: NvlinkFacts, job: JobFacts) -> Iterator[Observation]:
+    """A GPU whose nearest RoCE NIC NCCL may use is farther than NCCL_NET_GDR_LEVEL allows, with
+    no NVLink peer to relay through (PXN), or GPUDirect RDMA reads switched off by the job."""
+    unclassified = unclassified_reason(pcie)
+    if not pcie.gpus or not pcie.nics:
+        if unclassified:
+            raise Unknown(unclassified)
+        raise NotApplicable("needs NVIDIA GPUs and RDMA NICs on this node")
+    off = _ib_transport_off(job)
+    if off:
+        raise NotApplicable(off)
+    require_rdma(rdma)
+    selection = nccl_selection(rdma, job)
+    if selection.unlisted:
+        raise Unknown(selection.unlisted[0])
+    usable = _usable_nics(pcie, selection)
+    if not any(roce for _, roce in usable.values()):
+        if selection.undecided:
+            port = selection.undecided[0]
+            raise Unknown(port.why("state" if port.state is None else "link_layer"))
+        raise NotApplicable(_no_roce(rdma))
+    if job.environ_error:
+        raise Unknown(f"/proc/self/environ unreadable ({job.environ_error}): NCCL_NET_GDR_LEVEL and NCCL_IB_HCA unknown")
+    for port in selection.undecided:
+        yield undecided(port.subject, port.why("state" if port.state is None else "link_layer"))
+    if unclassified:
+        yield undecided("PCI devices", unclassified)
+    yield from _gdr_read_off(job)
+    setting = job.nccl("NCCL_NET_GDR_LEVEL")
+    level = gdr_level(setting.value if setting else None) or DEFAULT_GDR_LEVEL
+    level_evidence = setting_evidence(job, "NCCL_NET_GDR_LEVEL", "" if setting else f"NCCL's default {DEFAULT_GDR_LEVEL}")
+    pxn_off = (pxn := job.nccl("NCCL_PXN_DISABLE")) is not None and nccl_int(pxn.value, 0) == 1
+    nvlinked = _nvlink_everywhere(pcie, nvlink)
+    overall = {gpu: kind for gpu, _, kind in pcie.nearest_nic}
+    for gpu in pcie.gpus:
+        if overall.get(gpu.bdf) == "SYS":
+            continue  # the nearest RDMA NIC is on the other socket: TOPO005 reports it
+        classed = {nic: pcie.path(gpu.bdf, nic) or "UNKNOWN" for nic in usable}
+        paths = {nic: kind for nic, kind in classed.items() if kind in PATH_RANK}
+        if any(within(kind, level) for kind in paths.values()):
+            continue
+        if len(paths) < len(usable):  # a NIC this GPU may be close to sits on an unplaced path
+            yield undecided(f"GPU {gpu.bdf}", "numa_node of the GPU or of a NIC is not reported on this multi-socket node")
+            continue
+        best = min(paths.values(), key=PATH_RANK.__getitem__)
+        nearest = [nic for nic, kind in paths.items() if kind == best]
+        if not any(usable[nic][1] for nic in nearest):
+            continue  # its nearest NICs are InfiniBand: not a RoCE question
+        if pcie.arm_cpu and best == "PHB":
+            yield undecided(f"GPU {gpu.bdf}", "an Arm host: a Grace GPU reaches the CPU over NVLink-C2C, which NCCL may class P2C and allow")
+            continue
+        relay = [
+            (other.bdf, nic) for other in pcie.gpus if other.bdf != gpu.bdf for nic in usable
+            if (kind := pcie.path(other.bdf, nic)) in PATH_RANK and within(kind, PXN_PEER_LIMIT) and within(kind, level)
+        ]
+        if relay and not pxn_off and nvlinked is not False:
+            if nvlinked is None:
+                yield undecided(f"GPU {gpu.bdf}", f"GPU {relay[0][0]} sits close to NIC {usable[relay[0][1]][0]}; whether PXN can relay over NVLink is not known")
+            continue  # PXN sends through the NVLink peer, which uses GDR
+        shown = ", ".join(f"{usable[nic][0]} ({nic})" for nic in nearest)
+        evidence = [
+            Evidence(f"/sys/bus/pci/devices/{gpu.bdf}", f"nearest NIC NCCL may use: {shown}, path {best}", f"a RoCE NIC within {level} (PIX/PXB: under the GPU's own PCIe switch)"),
+            level_evidence,
+        ]
+        if selection.setting is not None:
+            evidence.append(setting_evidence(job, "NCCL_IB_HCA"))
+        if relay and pxn_off:
+            evidence.append(setting_evidence(job, "NCCL_PXN_DISABLE", "unset or 0 (PXN relays through an NVLink peer near a NIC)"))
+        yield present(f"GPU {gpu.bdf}", *evidence)
+
+
+def _gdr_read_off(job: JobFacts) -> Iterator[Observation]:
+    """NCCL_NET_GDR_READ=0 stages every send through host memory (ncclTopoCheckGdr, read=1)."""
+    setting = job.nccl("NCCL_NET_GDR_READ")
+    if setting is not None and nccl_int(setting.value, -2) == 0:
+        yield present("NCCL_NET_GDR_READ", setting_evidence(job, "NCCL_NET_GDR_READ", "unset (NCCL reads GPU memory directly on Ampere and newer GPUs)"))
+
+
+# -- ROCE003: packet reordering and NCCL's out-of-order receive queue -----------------------------
+#: NCCL_IB_OOO_RQ first appears in 2.30.3 (src/transport/net_ib/init.cc); older releases ignore it.
+OOO_RQ_SINCE = (2, 30, 3)
+
+
+def _mlx5(rdma: RdmaFacts, device: str) -> bool | None:
+    """Whether NCCL drives ``device`` through its mlx5 provider (``mlx5dv_is_supported``), the
+    only one that reads NCCL_IB_OOO_RQ: a Mellanox/NVIDIA function that is not an mlx4, or an
+    ``mlx5_*`` name; None when neither the vendor nor the name tells."""
+    found = rdma.device(device)
+    vendor = found.pci_vendor if found is not None else None
+    if device.startswith("mlx5"):
+        return True
+    if vendor is None:
+        return None
+    return vendor == MELLANOX_VENDOR and not device.startswith("mlx4")
+
+
+def _counters(port: RdmaPort) -> Evidence:
+    shown = ", ".join(
+        f"{name} {value if value is not None else 'not reported'}"
+        for name, value in (("out_of_sequence", port.out_of_sequence), ("packet_seq_err", port.packet_seq_err))
+    )
+    return Evidence(f"{port.path}/hw_counters", f"{shown} (since the driver loaded; plain loss counts too)")
+
+
+@check("ROCE003", profiles=("prolog",))
+def roce_packet_reordering(rdma: RdmaFacts, job: JobFacts, nccl_libs: NcclLibFacts) -> Iterator[Observation]:
+    """NCCL_IB_OOO_RQ forced on mlx5 RoCE ports that NCCL 2.30.3 or newer would use while its
+    adaptive routing stays off there, which makes NCCL fail every connection.
+
+    The node cannot show a fabric that sprays packets: the out_of_sequence and packet_seq_err
+    counters add up since the driver loaded and climb after plain loss too, so a nonzero count
+    would drain healthy nodes. They are shown beside a finding, never one by themselves. Nor is
+    NCCL_IB_ADAPTIVE_ROUTING=1 on RoCE a finding: it is how NCCL is run on fabrics whose switches
+    and NICs do adaptive routing with out-of-order placement, which sysfs does not show."""
+    off = _ib_transport_off(job)
+    if off:
+        raise NotApplicable(off)
+    require_rdma(rdma)
+    selection = nccl_selection(rdma, job)
+    if selection.unlisted:
+        raise Unknown(selection.unlisted[0])
+    roce = [port for port in selection.ports if port.link_layer == "Ethernet"]
+    if not roce and not selection.undecided:
+        raise NotApplicable(_no_roce(rdma))
+    if job.environ_error:
+        raise Unknown(f"/proc/self/environ unreadable ({job.environ_error}): NCCL_IB_OOO_RQ unknown")
+    setting = job.nccl("NCCL_IB_OOO_RQ")
+    if setting is None or nccl_int(setting.value, 0) == 0:
+        return  # NCCL keeps its in-order receive queue: the settings demand nothing of the fabric
+    require_nccl(nccl_libs)
+    reading = [copy for copy in nccl_libs.copies if copy.version is None or (version_tuple(copy.version) or ()) >= OOO_RQ_SINCE]
+    if not reading:
+        raise NotApplicable("every NCCL installed here is older than 2.30.3, which ignores NCCL_IB_OOO_RQ")
+    for port in selection.undecided:
+        yield undecided(port.subject, port.why("state" if port.state is None else "link_layer"))
+    ar = job.nccl("NCCL_IB_ADAPTIVE_ROUTING")
+    # ar is 0 on RoCE unless NCCL_IB_ADAPTIVE_ROUTING is set to something other than -2 (auto)
+    ar_on = ar is not None and nccl_int(ar.value, -2) not in (-2, 0)
+    named = [copy for copy in reading if copy.version is not None]
+    versions = Evidence("NCCL installed", ", ".join(f"{copy.version} ({copy.path})" for copy in named), "2.30.3 or newer reads NCCL_IB_OOO_RQ")
+    for port in roce:
+        mlx5 = _mlx5(rdma, port.device)
+        if mlx5 is False:
+            continue  # NCCL reads NCCL_IB_OOO_RQ only through the mlx5 provider
+        if mlx5 is None:
+            yield undecided(port.subject, f"neither the name nor the PCI vendor of {port.device} tells whether NCCL drives it through mlx5")
+        elif ar_on:
+            yield undecided(port.subject, "NCCL_IB_OOO_RQ and adaptive routing are on: whether both sides' NICs support out-of-order receive is known only to mlx5dv, not sysfs")
+        elif not named:
+            yield undecided(port.subject, f"the NCCL release of {reading[0].path} is not named by its file or wheel")
+        else:
+            yield present(
+                port.subject,
+                setting_evidence(job, "NCCL_IB_OOO_RQ", "unset or 0, unless adaptive routing is on end to end"),
+                setting_evidence(job, "NCCL_IB_ADAPTIVE_ROUTING", "1 (NCCL's default on RoCE is off, and OOO RQ requires it)"),
+                Evidence(f"{port.path}/link_layer", "Ethernet (RoCE)"),
+                versions,
+                _counters(port),
+            )

@@ -131,6 +131,18 @@ class PcieFacts(Struct, frozen=True):
     iommu_units: tuple[str, ...] | None  # entries of /sys/class/iommu; None: not known (reason in problems)
     cmdline: str
     problems: tuple[str, ...]
+    # NUMA nodes listed in /sys/devices/system/node (2 when unlisted: an unplaced path is then
+    # UNKNOWN, not PHB); with the endpoints it gives every GPU-NIC path class (path())
+    sockets: int = 2
+    # /proc/cpuinfo names an Arm CPU ("CPU implementer"): Grace hosts attach their GPUs over
+    # NVLink-C2C, a path sysfs does not show and NCCL treats apart (C2C, P2C)
+    arm_cpu: bool = False
+
+    def path(self, gpu: str, nic: str) -> str | None:
+        """NCCL's path class between two of the node's devices, as nearest_nic classes them."""
+        first = next((device for device in self.gpus if device.bdf == gpu), None)
+        second = next((device for device in self.nics if device.bdf == nic), None)
+        return path_class(first, second, self.sockets) if first is not None and second is not None else None
 
 
 def parse_acs(config: bytes) -> AcsRegisters | None:
@@ -285,6 +297,8 @@ def probe_pcie(fs: NodeFS) -> PcieFacts:
         iommu_units=units,
         cmdline=(reader.text("/proc/cmdline") or "").strip(),
         problems=tuple(reader.problems),
+        sockets=sockets,
+        arm_cpu=any(line.startswith("CPU implementer") for line in cpuinfo.splitlines()),
     )
 
 

@@ -12,6 +12,9 @@ Sources (kernel ``drivers/infiniband/core/sysfs.c``; all world-readable except `
   for bonds, VLANs and macvlan; EINVAL for empty slots and on InfiniBand ports, which is normal),
   then the PCI function's ``device/net/*`` (IPoIB, and RoCE without GIDs), narrowed by
   ``dev_port`` on multi-port devices.
+* RoCE ports only: ``ports/<n>/hw_counters/out_of_sequence`` and ``packet_seq_err`` (mlx5's
+  ``drivers/infiniband/hw/mlx5/counters.c``), decimal counts since the driver loaded, shown as
+  evidence by ROCE003; a driver without them has no file, which is "not reported", never 0.
 * ``/sys/class/infiniband_verbs/uverbs<N>/ibdev``: which verbs device node belongs to which RDMA
   device; ``/dev/infiniband/uverbs<N>`` and ``/dev/infiniband/rdma_cm`` (mode, owner) against the
   job's identity (``preflight.probes.gpudirect.read_job_identity``).
@@ -138,6 +141,11 @@ class RdmaPort(Struct, frozen=True):
     # IPoIB netdevs only: /sys/class/net/<if>/mode, "datagram" (MTU up to 4092) or "connected"
     # (up to 65520); recorded so a fleet comparison shows nodes that differ.
     ipoib_mode: str | None = None
+    # ports/<n>/hw_counters/{out_of_sequence,packet_seq_err}: packets the responder received
+    # out of PSN order and sequence-error NAKs the requester got, since the driver loaded (mlx5
+    # and others; a driver without them has no file). None: not reported or unreadable.
+    out_of_sequence: int | None = None
+    packet_seq_err: int | None = None
 
     @property
     def subject(self) -> str:
@@ -358,7 +366,25 @@ def _read_port(fs: NodeFS, device: str, device_path: str, number: int, port_coun
         netdev_source=source if netdevs else "",
         problems=reader.take(),
         ipoib_mode=_ipoib_mode(fs, netdevs) if link_layer == "InfiniBand" else None,
+        out_of_sequence=_counter(fs, f"{path}/hw_counters/out_of_sequence") if link_layer == "Ethernet" else None,
+        packet_seq_err=_counter(fs, f"{path}/hw_counters/packet_seq_err") if link_layer == "Ethernet" else None,
     )
+
+
+def parse_counter(text: str) -> int | None:
+    """A ``hw_counters`` file: a decimal count (``"4819337"``)."""
+    value = text.strip()
+    return int(value) if value.isascii() and value.isdigit() else None
+
+
+def _counter(fs: NodeFS, path: str) -> int | None:
+    """A hardware counter, or None when the driver has none or it cannot be read: counters are
+    shown as evidence, and a missing one must never read as 0."""
+    try:
+        text = fs.read(path, max_bytes=_SYSFS_ATTRIBUTE_BYTES)
+    except SourceError:
+        return None
+    return parse_counter(text) if text is not None else None
 
 
 def _ipoib_mode(fs: NodeFS, netdevs: tuple[str, ...]) -> str | None:

@@ -305,12 +305,13 @@ def run_roce(run_cli: Runner, root: Path, *extra: str) -> list[tuple[str, str, s
 
 
 def test_recorded_roots_end_to_end(run_cli: Runner, tmp_path: Path) -> None:
+    # ROCE002: these roots record no PCI bus, so which devices are GPUs is not known
     assert run_roce(run_cli, NODES / "roce-v1v2") == [
-        ("ROCE001", "absent", "critical", "node"), ("ROCE004", "absent", "error", "node"),
+        ("ROCE001", "absent", "critical", "node"), ("ROCE002", "unknown", "warning", "node"), ("ROCE003", "absent", "error", "node"), ("ROCE004", "absent", "error", "node"),
         ("ROCE005", "absent", "error", "node"), ("ROCE006", "absent", "error", "node"),
     ]
     assert run_roce(run_cli, NODES / "roce-macvlan-pod") == [
-        ("ROCE001", "unknown", "critical", "net1"), ("ROCE004", "absent", "error", "node"),
+        ("ROCE001", "unknown", "critical", "net1"), ("ROCE002", "unknown", "warning", "node"), ("ROCE003", "absent", "error", "node"), ("ROCE004", "absent", "error", "node"),
         ("ROCE005", "present", "error", "mlx5_0/1"), ("ROCE006", "absent", "error", "node"),
     ]
     mtu = [f for f in run_roce(run_cli, NODES / "roce-mtu4096") if f[0] == "ROCE006"]
@@ -342,7 +343,7 @@ def test_recorded_pause_storm_end_to_end(run_cli: Runner, tmp_path: Path) -> Non
 
 def test_prolog_profile_leaves_dcb_alone(run_cli: Runner) -> None:
     statuses = run_roce(run_cli, NODES / "roce-v1v2", "--profile", "prolog")
-    assert [f[0] for f in statuses] == ["ROCE004", "ROCE005", "ROCE006"]
+    assert [f[0] for f in statuses] == ["ROCE002", "ROCE003", "ROCE004", "ROCE005", "ROCE006"]
 
 
 def test_infiniband_example_node_is_not_applicable(run_cli: Runner) -> None:

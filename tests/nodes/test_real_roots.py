@@ -146,3 +146,24 @@ def test_a_partial_copy_of_a_real_capture_stays_undecided(roots: dict[str, Path]
             assert finding.status in (Status.UNKNOWN, Status.NOT_APPLICABLE), finding
     ib = [f for f in report.findings if f.reference_id in ("IB007", "IB009")]
     assert ib and all(f.status is Status.UNKNOWN for f in ib)
+
+
+def test_forced_ooo_rq_on_real_infiniband_hcas_is_no_roce_finding(roots: dict[str, Path]) -> None:
+    """ROCE003 on the two real RDMA captures, with a job that forces NCCL_IB_OOO_RQ under NCCL
+    2.30.3: the QLogic qib0 port's link layer reads InfiniBand, so there is no RoCE port to judge;
+    the mlx4 capture also lists Intel's scif0, whose ports were not copied, so there it cannot
+    tell. (No real capture has a RoCE port or hw_counters.)"""
+    from preflight.checks.roce import roce_packet_reordering
+
+    from preflight.model import NotApplicable, Unknown
+    from preflight.probes.job import JobFacts
+    from preflight.probes.nccl_libs import NcclCopy, NcclLibFacts
+
+    job = JobFacts({"NCCL_IB_OOO_RQ": "1"}, "", ())
+    libs = NcclLibFacts((NcclCopy("/usr/lib/x86_64-linux-gnu/libnccl.so.2.30.3", "2.30.3", "system"),), ())
+    qlogic = probe_rdma(NodeFS(str(roots["hwloc-40intel64-2g2n4c+pcilocality"])))
+    assert [(port.subject, port.link_layer) for port in qlogic.data_ports] == [("qib0/1", "InfiniBand")]
+    with pytest.raises(NotApplicable, match="no RDMA port with link_layer Ethernet"):
+        list(roce_packet_reordering(qlogic, job, libs))
+    with pytest.raises(Unknown, match="scif0/ports: not captured"):
+        list(roce_packet_reordering(probe_rdma(NodeFS(str(roots["hwloc-32em64t-2n8c+dax+nvme+mic+dimms"]))), job, libs))
