@@ -189,10 +189,18 @@ def _store_limit_findings(ranks: int, size: Evidence, limit_facts: StoreLimitsFa
         yield undecided("open files", limit_facts.open_files_problem)
         return
     observed = f"open files soft {limit.soft}, hard {limit.hard}"
+    launched = any(name in job.environ for name in ("MASTER_ADDR", "WORLD_SIZE", "TORCHELASTIC_RUN_ID"))
     if limit.hard < ranks:
         # The store host keeps one socket per client for the life of the store, and nothing
         # unprivileged can go above the hard limit: connections beyond it cannot be accepted.
-        yield present("open files", Evidence(limit.source, observed, f"hard limit >= {ranks}, one descriptor per rank on the store host"), size)
+        # Only a job that shows torch.distributed's launch variables is known to start a
+        # TCPStore at all (a Horovod or MPI job does not): otherwise a warning.
+        yield present(
+            "open files",
+            Evidence(limit.source, observed, f"hard limit >= {ranks}, one descriptor per rank on the store host"),
+            size,
+            severity=None if launched else Severity.WARNING,
+        )
     elif limit.soft < ranks:
         # A program may raise its soft limit up to the hard one itself; most do not.
         yield present(

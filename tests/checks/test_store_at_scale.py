@@ -60,6 +60,14 @@ def test_open_files_against_the_ranks(soft: int, hard: int, severity: Severity |
         assert found == {"open files": severity}  # None: the reference's own severity, error
 
 
+def test_hard_limit_without_torch_launch_variables_is_only_a_warning() -> None:
+    # An srun step of 8192 tasks that names no MASTER_ADDR/WORLD_SIZE may be an MPI or Horovod
+    # job that starts no TCPStore at all.
+    mpi_step = {name: value for name, value in STEP.items() if name not in ("WORLD_SIZE", "MASTER_ADDR")}
+    found = verdicts(judge(mpi_step, StoreLimitsFacts(65535, "", Limit(1024, 4096, "/proc/self/limits"), "")))
+    assert found == {"open files": Severity.WARNING}
+
+
 def test_limits_of_a_slurmd_script_are_not_the_jobs() -> None:
     prolog = dict(STEP, SLURM_SCRIPT_CONTEXT="prolog_slurmd")
     assert judge(prolog, StoreLimitsFacts(65535, "", Limit(1024, 1024, "/proc/self/limits"), "")) == []
