@@ -38,7 +38,9 @@ def _install_findings(install: HorovodInstall) -> Iterator[Observation]:
         )
 
 
-@check("HVD001", profiles=("prolog",))
+# Full profile only: a Horovod build does not change between jobs, and the prolog should not pay
+# for a probe that almost every job leaves idle.
+@check("HVD001")
 def horovod_build_or_launch_misconfigured(horovod: HorovodFacts) -> Iterator[Observation]:
     """A Horovod installed beside PyTorch, TensorFlow or MXNet without that framework's compiled
     extension module, so importing horovod.<framework> fails."""
