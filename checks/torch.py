@@ -5,9 +5,10 @@ from __future__ import annotations
 import ipaddress
 from typing import TYPE_CHECKING
 
-from preflight.model import Evidence, NotApplicable, Observation, Unknown, present
-from preflight.probes.frameworks import FrameworkFacts
+from preflight.model import Evidence, NotApplicable, Observation, Severity, Unknown, present, undecided
+from preflight.probes.frameworks import FrameworkFacts, parse_version
 from preflight.probes.job import JobFacts, integer_setting, slurm_view
+from preflight.probes.store_limits import SOMAXCONN, StoreLimitsFacts
 from preflight.registry import check
 from preflight.torch_settings import as_bool, as_int, read_setting, readers_for
 
@@ -136,3 +137,109 @@ def nccl_async_error_handling_mode(job: JobFacts, frameworks: FrameworkFacts) ->
                     evidence.append(release)
                 yield present(names[0], *evidence)
                 break
+
+
+# TORCH012: what a job's TCPStore server needs at the job's size.
+#: PyTorch 2.4 made the libuv TCPStore server the default (the "Introduction to Libuv TCPStore
+#: Backend" tutorial); earlier releases run the legacy server unless the program asks otherwise.
+LIBUV_DEFAULT_SINCE = (2, 4)
+#: The tutorial's threshold for "large-scale" jobs the legacy server copes badly with: its
+#: benchmark starts at 1024 ranks and the legacy server timed out at 96K.
+LEGACY_STORE_RANKS = 1024
+#: SLURM_SCRIPT_CONTEXT of scripts slurmd runs: their limits are slurmd's, not the job's.
+_SLURMD_SCRIPTS = frozenset({"prolog_slurmd", "epilog_slurmd"})
+_TORCH_LAUNCH = ("MASTER_ADDR", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "USE_LIBUV")
+
+
+def _job_ranks(job: JobFacts) -> tuple[int, Evidence] | None:
+    """A lower bound of the connections the job's store must hold, with where it was read: the
+    largest of WORLD_SIZE, Slurm's task count and its node count (torchrun runs one agent per
+    node and then nproc_per_node ranks, so Slurm's numbers can only undercount)."""
+    environ, view = job.environ, slurm_view(job)
+    bounds: list[tuple[int, Evidence]] = []
+    world = integer_setting(environ, "WORLD_SIZE")
+    if world:
+        bounds.append((world, _env("WORLD_SIZE", environ["WORLD_SIZE"])))
+    if view.ntasks:
+        name = "SLURM_STEP_NUM_TASKS" if integer_setting(environ, "SLURM_STEP_NUM_TASKS") else "SLURM_NTASKS"
+        bounds.append((view.ntasks, _env(name, environ[name])))
+    if view.nnodes:
+        bounds.append((view.nnodes, Evidence("/proc/self/environ SLURM_JOB_NODELIST / SLURM_*_NUM_NODES", f"{view.nnodes} nodes")))
+    return max(bounds, key=lambda bound: bound[0]) if bounds else None
+
+
+def _store_limit_findings(ranks: int, size: Evidence, limit_facts: StoreLimitsFacts, job: JobFacts) -> Iterator[Observation]:
+    if limit_facts.somaxconn is None:
+        yield undecided("net.core.somaxconn", limit_facts.somaxconn_problem)
+    elif limit_facts.somaxconn < ranks:
+        # Both TCPStore servers listen with the kernel's maximum backlog, somaxconn. A client
+        # whose connection the full queue drops or resets retries until its timeout
+        # (socket.cpp), so a small backlog slows the start of a large job rather than failing
+        # it outright: a warning, as PyTorch's own message is.
+        yield present(
+            "net.core.somaxconn",
+            Evidence(SOMAXCONN, str(limit_facts.somaxconn), f">= {ranks}, the job's ranks (PyTorch warns below the store's worker count)"),
+            size,
+            severity=Severity.WARNING,
+        )
+    if job.environ.get("SLURM_SCRIPT_CONTEXT") in _SLURMD_SCRIPTS or not job.in_slurm_job:
+        return  # this process's limits are slurmd's or an operator's, not those the ranks get
+    limit = limit_facts.open_files
+    if limit is None:
+        yield undecided("open files", limit_facts.open_files_problem)
+        return
+    observed = f"open files soft {limit.soft}, hard {limit.hard}"
+    launched = any(name in job.environ for name in ("MASTER_ADDR", "WORLD_SIZE", "TORCHELASTIC_RUN_ID"))
+    if limit.hard < ranks:
+        # The store host keeps one socket per client for the life of the store, and nothing
+        # unprivileged can go above the hard limit: connections beyond it cannot be accepted.
+        # Only a job that shows torch.distributed's launch variables is known to start a
+        # TCPStore at all (a Horovod or MPI job does not): otherwise a warning.
+        yield present(
+            "open files",
+            Evidence(limit.source, observed, f"hard limit >= {ranks}, one descriptor per rank on the store host"),
+            size,
+            severity=None if launched else Severity.WARNING,
+        )
+    elif limit.soft < ranks:
+        # A program may raise its soft limit up to the hard one itself; most do not.
+        yield present(
+            "open files",
+            Evidence(limit.source, observed, f"soft limit >= {ranks}, one descriptor per rank on the store host"),
+            size,
+            severity=Severity.WARNING,
+        )
+
+
+def _legacy_store_findings(ranks: int, size: Evidence, job: JobFacts, installs: tuple[Evidence, ...], older: bool) -> Iterator[Observation]:
+    if ranks <= LEGACY_STORE_RANKS:
+        return
+    expected = f"the libuv TCPStore server for more than {LEGACY_STORE_RANKS} ranks"
+    agent_store = job.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    # USE_LIBUV is read where init_process_group's env:// and tcp:// handlers start a server; under
+    # torchrun's agent store the workers only connect to the agent's, which that does not choose.
+    if job.environ.get("USE_LIBUV", "").strip() == "0" and not agent_store:
+        yield present("USE_LIBUV", _env("USE_LIBUV", job.environ["USE_LIBUV"], expected), size, severity=Severity.INFO)
+    elif older:
+        yield present("PyTorch", *installs, Evidence("TCPStore server", "legacy (the default before PyTorch 2.4)", expected), size, severity=Severity.INFO)
+
+
+@check("TORCH012", profiles=("prolog",))
+def elastic_rendezvous_timeout_at_scale(job: JobFacts, store_limits: StoreLimitsFacts, frameworks: FrameworkFacts) -> Iterator[Observation]:
+    """At the job's size, a listen backlog or descriptor limit below the number of ranks on a node
+    that may host the TCPStore, or the legacy store server for a job beyond a thousand ranks."""
+    if job.environ_error:
+        raise Unknown(f"/proc/self/environ unreadable ({job.environ_error})")
+    bound = _job_ranks(job)
+    if bound is None:
+        raise NotApplicable("the job environment gives no job size (WORLD_SIZE, SLURM_NTASKS, SLURM node count)")
+    torch = frameworks.versions("torch")
+    if not torch and not any(name in job.environ for name in _TORCH_LAUNCH):
+        raise NotApplicable("no PyTorch in this node's Python environments and no torch.distributed variables in the job")
+    ranks, size = bound
+    yield from _store_limit_findings(ranks, size, store_limits, job)
+    versions = [parse_version(package.version) for package in torch]
+    # Only when every install the node shows predates 2.4: with a newer one beside it the job may use that.
+    older = bool(versions) and all(v is not None and v[:2] < LIBUV_DEFAULT_SINCE for v in versions)
+    installs = tuple(Evidence(package.metadata, f"PyTorch {package.version}") for package in torch)
+    yield from _legacy_store_findings(ranks, size, job, installs, older)

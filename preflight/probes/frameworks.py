@@ -31,7 +31,11 @@ from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
 
 #: Distribution names (normalised as PEP 503 does) whose versions some reference depends on.
-FRAMEWORKS = frozenset({"torch", "deepspeed", "megatron-core", "vllm"})
+FRAMEWORKS = frozenset({
+    "torch", "deepspeed", "megatron-core", "vllm",
+    # Horovod and the other frameworks it builds an extension for (HVD001)
+    "horovod", "tensorflow", "tensorflow-cpu", "tensorflow-gpu", "mxnet",
+})
 
 
 _METADATA_BYTES = 256 * 1024  # headers come first; torch's METADATA is ~40 KiB with its long description
@@ -97,7 +101,8 @@ def parse_version(text: str) -> tuple[int, ...] | None:
 
 @probe("frameworks", gather_in=("full",))
 def probe_frameworks(fs: NodeFS) -> FrameworkFacts:
-    """Versions of PyTorch, DeepSpeed, Megatron Core and vLLM in the job's Python environments."""
+    """Versions of PyTorch, DeepSpeed, Megatron Core, vLLM, Horovod, TensorFlow and MXNet in the
+    job's Python environments."""
     reader = FactReader(fs)
     try:
         environ = parse_environ(fs.read_bytes("/proc/self/environ") or b"")

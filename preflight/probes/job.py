@@ -55,6 +55,8 @@ KEPT_NAMES = frozenset({
     "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
     # the job's Python environment, where its frameworks and NCCL wheel live
     "VIRTUAL_ENV", "CONDA_PREFIX",
+    # torch.distributed's choice of TCPStore server for env:// and tcp:// (torch/distributed/rendezvous.py)
+    "USE_LIBUV",
 })
 
 

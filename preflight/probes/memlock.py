@@ -40,7 +40,8 @@ SLURM_CONF_PATHS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf")
 
 
 class Limit(Struct, frozen=True):
-    """A soft/hard pair in bytes (``UNLIMITED`` for unlimited) and where it was read."""
+    """A soft/hard pair (``UNLIMITED`` for unlimited) in the limit's unit, bytes for memory and a
+    count for open files, and where it was read."""
 
     soft: int
     hard: int
@@ -76,9 +77,15 @@ class MemlockFacts(Struct, frozen=True):
 
 def parse_limits_memlock(text: str, source: str) -> Limit | None:
     """The ``Max locked memory`` row of ``/proc/<pid>/limits``."""
+    return parse_limits_row(text, "Max locked memory", source)
+
+
+def parse_limits_row(text: str, row: str, source: str) -> Limit | None:
+    """One row of ``/proc/<pid>/limits`` (``Max locked memory``, ``Max open files``), in the
+    row's own unit; None when the row is missing or garbled."""
     for line in text.splitlines():
-        if line.startswith("Max locked memory"):
-            fields = line[len("Max locked memory") :].split()
+        if line.startswith(row):
+            fields = line[len(row) :].split()
             if len(fields) >= 2:
                 try:
                     return Limit(_limit_value(fields[0]), _limit_value(fields[1]), source)

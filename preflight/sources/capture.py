@@ -63,6 +63,7 @@ CAPTURE_UNITS: tuple[tuple[str, str], ...] = (
     ("/proc/sys/kernel/osrelease", "kernel release"),
     ("/proc/sys/net", "network sysctls"),
     ("/proc/sys/net/ipv4/ip_local_port_range", "ephemeral port range"),
+    ("/proc/sys/net/core/somaxconn", "listen backlog cap"),
     ("/proc/sys/net/ipv4/conf/all", "IPv4 interface settings"),
     # sysfs
     ("/sys/class", "device classes"),
