@@ -25,7 +25,9 @@ Replay format: ``{"format": "preflight-netlink/1", "links": [Link...], "addresse
 "pause": {"<ifname>": {"counters": {"<name>": <value>...}, "prevention_timeout_ms": <int|null>}
 | {"error": "<reason>", "source": "<where>"}}}`` with the field names of the dataclasses below;
 ``dcb`` and ``pause`` are optional, and so is ``source`` (default ``RTM_GETDCB <ifname>`` /
-``SIOCETHTOOL <ifname>``). A dump that failed is recorded as ``"errors": {"links": {"source":
+``SIOCETHTOOL <ifname>``). ``firewall`` (optional) is the nftables ruleset as
+:class:`preflight.sources.nftables.Ruleset` fields, or ``{"error": ..., "source": ...}``; a
+recording without it answers "firewall rules not recorded". A dump that failed is recorded as ``"errors": {"links": {"source":
 ..., "reason": ...}}`` (likewise ``addresses``) and fails the same way on replay.
 
 Route lookups (:meth:`Netlink.route_get`) live in ``preflight.sources.routes``, which documents
@@ -46,6 +48,8 @@ from msgspec import to_builtins as asdict  # records as plain JSON values, recur
 
 from preflight.sources.ethtool import PauseState, query_pause
 from preflight.sources.fs import NodeFS, RecordedDocument, SourceError
+from preflight.sources.nftables import SOURCE as FIREWALL_SOURCE
+from preflight.sources.nftables import Ruleset, read_ruleset
 from preflight.sources.routes import Route, file_route_get, live_route_get, replay_route
 
 # ARPHRD_* from include/uapi/linux/if_arp.h, as in /sys/class/net/<if>/type and ifi_type.
@@ -106,6 +110,10 @@ class Netlink(Protocol):
         """Pause-storm counters of ``ifname``; SourceError when they cannot be read."""
         ...
 
+    def firewall(self) -> Ruleset:
+        """The nftables ruleset (``preflight.sources.nftables``); SourceError when it cannot be read."""
+        ...
+
 
 class LiveNetlink:
     """rtnetlink dumps in the caller's network namespace."""
@@ -164,6 +172,13 @@ class LiveNetlink:
 
     def pause(self, ifname: str) -> PauseState:
         return query_pause(ifname)
+
+    def firewall(self) -> Ruleset:
+        return read_ruleset()
+
+
+#: The kernel keeps the firewall in memory only; a root replays it from its netlink recording.
+FIREWALL_NOT_RECORDED = "firewall rules not recorded"
 
 
 class ReplayNetlink(RecordedDocument):
@@ -232,6 +247,19 @@ class ReplayNetlink(RecordedDocument):
             )
         except (AttributeError, KeyError, TypeError, ValueError) as error:
             raise SourceError(source, f"malformed pause entry: {error!r}") from None
+
+    def firewall(self) -> Ruleset:
+        import msgspec
+
+        recorded = self._checked().get("firewall")
+        if not isinstance(recorded, dict):
+            raise SourceError(self._origin, FIREWALL_NOT_RECORDED)
+        if "error" in recorded:
+            raise SourceError(str(recorded.get("source", FIREWALL_SOURCE)), str(recorded["error"]))
+        try:
+            return msgspec.convert(recorded, Ruleset)
+        except msgspec.ValidationError as error:
+            raise SourceError(self._origin, f"malformed firewall entry: {error}") from None
 
 
 def dump(netlink: Netlink, destinations: Iterable[str] = (), dcb_interfaces: Iterable[str] = ()) -> dict[str, Any]:
@@ -314,6 +342,9 @@ class FileNetlink:
             f"SIOCETHTOOL {ifname}",
             "pause counters are only exposed through the ethtool ioctl; this root has no recording (.preflight/netlink.json)",
         )
+
+    def firewall(self) -> Ruleset:
+        raise SourceError(FIREWALL_SOURCE, f"{FIREWALL_NOT_RECORDED} (this root has no .preflight/netlink.json)")
 
     def addresses(self) -> list[Address]:
         found = parse_if_inet6(self._fs.read("/proc/net/if_inet6") or "")

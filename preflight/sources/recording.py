@@ -35,7 +35,8 @@ from msgspec import to_builtins as asdict  # records as plain JSON values, recur
 from preflight.sources.dns import Dns, DnsAnswer, NameserverCheck
 from preflight.sources.ethtool import PauseState
 from preflight.sources.fs import DEVICE_RECORDING, KERNEL_LOG_MAX_BYTES, FileStat, FileUser, FsUsage, NodeFS, NotCaptured, SourceError, describe_os_error
-from preflight.sources.netlink import Address, DcbConfig, FileNetlink, Link, Netlink
+from preflight.sources.netlink import FIREWALL_NOT_RECORDED, Address, DcbConfig, FileNetlink, Link, Netlink
+from preflight.sources.nftables import Ruleset
 from preflight.sources.nvml import Argument, Nvml, NvmlError, replay_key
 from preflight.sources.routes import Route, route_key
 
@@ -468,6 +469,9 @@ class RecordingNetlink:
     def pause(self, ifname: str) -> PauseState:
         return self._dump(f"pause {ifname}", lambda: self.inner.pause(ifname))
 
+    def firewall(self) -> Ruleset:
+        return self._dump("firewall", self.inner.firewall)
+
     def document(self) -> dict[str, Any]:
         answers = dict(self._calls.answers)
         document: dict[str, Any] = {"format": "preflight-netlink/1", "links": [], "addresses": []}
@@ -501,6 +505,12 @@ class RecordingNetlink:
                     if isinstance(answer, SourceError)
                     else {"counters": dict(answer.counters), "prevention_timeout_ms": answer.prevention_timeout_ms}
                 )
+        firewall = answers.get("firewall")
+        if isinstance(firewall, SourceError):
+            if not firewall.reason.startswith(FIREWALL_NOT_RECORDED):  # "not recorded" replays as such
+                document["firewall"] = {"error": firewall.reason, "source": firewall.source}
+        elif firewall is not None:
+            document["firewall"] = asdict(firewall)
         if errors:
             document["errors"] = errors
         if routes:
