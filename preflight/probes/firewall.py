@@ -7,7 +7,8 @@ Sources:
   and a root without that recording is unknown: the kernel keeps the rules in memory only);
 * ``/proc/net/ip_tables_names`` and ``/proc/net/ip6_tables_names``: tables of the legacy
   iptables backend (``x_tables``), which netlink does not show; a node that has any is unknown;
-* ``/sys/class/net/<if>/ifindex``: the interfaces a peer's connection can arrive on.
+* the namespace's interfaces (``if_nameindex(3)``), read with the rules and recorded with them:
+  ``/sys/class/net`` shows the namespace sysfs was mounted in, not necessarily the caller's.
 
 The evaluator (:func:`evaluate`) answers one question: what happens to a TCP SYN that another
 host sends to local port P on interface I. It follows netfilter's order: the netdev and inet
@@ -65,8 +66,7 @@ class FirewallFacts(Struct, frozen=True):
     source: str  # where the ruleset came from
     legacy_tables: tuple[str, ...]  # "ip:filter" per table of the legacy iptables backend
     legacy_error: str  # why the legacy table lists could not be read, "" when they were
-    interfaces: tuple[Interface, ...]  # /sys/class/net, loopback included
-    interfaces_error: str
+    interfaces: tuple[Interface, ...]  # read with the rules, loopback included; () when unread
 
 
 class Outcome(Struct, frozen=True):
@@ -311,21 +311,6 @@ def _legacy_tables(fs: NodeFS) -> tuple[tuple[str, ...], str]:
     return tuple(names), ""
 
 
-def _interfaces(fs: NodeFS) -> tuple[tuple[Interface, ...], str]:
-    try:
-        names = fs.listdir("/sys/class/net")
-        found = []
-        for name in names or ():
-            text = fs.read(f"/sys/class/net/{name}/ifindex")
-            if text is not None and text.strip().isdigit():
-                found.append(Interface(name, int(text.strip())))
-    except SourceError as error:
-        return (), f"/sys/class/net: {error.reason}"
-    if names is None:
-        return (), "/sys/class/net: not there"
-    return tuple(sorted(found, key=lambda i: i.index)), ""
-
-
 def _relevant(ruleset: Ruleset) -> Ruleset:
     """The chains a packet for this host can pass: base chains of the local delivery path and
     the regular chains of their tables (jump targets); output and forward chains are left out."""
@@ -335,20 +320,20 @@ def _relevant(ruleset: Ruleset) -> Ruleset:
         c for c in ruleset.chains
         if (c.family, c.table) in tables and (c.hook in HOOK_ORDER or not c.hook)
     )
-    return Ruleset(chains, sum(len(c.rules) for c in chains))
+    return Ruleset(chains, sum(len(c.rules) for c in chains), ruleset.interfaces)
 
 
 @probe("firewall")
 def probe_firewall(fs: NodeFS, netlink: Netlink) -> FirewallFacts:
-    """Read the nftables ruleset, the legacy iptables tables and the interfaces."""
+    """Read the nftables ruleset (with the interfaces) and the legacy iptables tables."""
     legacy, legacy_error = _legacy_tables(fs)
-    interfaces, interfaces_error = _interfaces(fs)
     try:
         ruleset: Ruleset | None = _relevant(netlink.firewall())
         error, source = "", "nf_tables netlink"
     except SourceError as failure:
         ruleset, error, source = None, failure.reason, failure.source
-    return FirewallFacts(ruleset, error, source, legacy, legacy_error, interfaces, interfaces_error)
+    interfaces = tuple(Interface(name, index) for index, name in ruleset.interfaces) if ruleset else ()
+    return FirewallFacts(ruleset, error, source, legacy, legacy_error, interfaces)
 
 
 # -- what the checks ask ------------------------------------------------------------------------
@@ -382,8 +367,8 @@ def readable_ruleset(facts: FirewallFacts) -> Ruleset:
             f"legacy iptables tables are loaded ({', '.join(facts.legacy_tables)}): their rules are not "
             "visible through nf_tables netlink"
         )
-    if facts.interfaces_error:
-        raise Unknown(f"interfaces unread ({facts.interfaces_error})")
+    if not facts.interfaces:
+        raise Unknown("the recording holds no interfaces, so rules on the incoming interface cannot be judged")
     return facts.ruleset
 
 

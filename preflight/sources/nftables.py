@@ -33,6 +33,7 @@ import time
 from collections.abc import Iterator
 
 from msgspec import Struct
+from msgspec.structs import replace
 
 from preflight.sources.fs import SourceError
 
@@ -137,6 +138,9 @@ class Chain(Struct, frozen=True):
 class Ruleset(Struct, frozen=True):
     chains: tuple[Chain, ...]
     rule_count: int
+    # (ifindex, name) of the namespace's interfaces when the rules were read (if_nameindex(3)):
+    # the names iifname rules test, from the same namespace as the rules themselves.
+    interfaces: tuple[tuple[int, str], ...] = ()
 
 
 # -- attribute parsing -------------------------------------------------------------------------
@@ -238,7 +242,7 @@ def _prefix_len(mask: bytes) -> int | None:
 class _RuleDecoder:
     """Reduces one rule's expression list to conditions and a verdict."""
 
-    def __init__(self, family: str, sets: dict[tuple[str, str, str], tuple[str, ...] | str]) -> None:
+    def __init__(self, family: str, sets: dict[tuple[str, str, str], SetElements | str]) -> None:
         self.family = family
         self.sets = sets
         self.registers: dict[int, _Load] = {}
@@ -358,7 +362,14 @@ class _RuleDecoder:
             self.opaque(f"lookup @{set_name}" + (f" ({elements})" if isinstance(elements, str) else ""))
             return
         inverted = bool((_u32(data.get(5)) or 0) & 1)
-        self.conditions.append(Condition(load.field, "not in" if inverted else "in", elements))
+        if load.field in _HOST_ORDER and any(first != last for first, last in elements):
+            self.opaque(f"lookup @{set_name} (ranges of a host-order field)")
+            return
+        values = []
+        for first, last in elements:
+            low, high = _value_text(load.field, first, load.length), _value_text(load.field, last, load.length)
+            values.append(low if low == high else f"{low}-{high}")
+        self.conditions.append(Condition(load.field, "not in" if inverted else "in", tuple(values)))
 
     def _immediate(self, _table_name: str, data: dict[int, bytes]) -> None:
         if _u32(data.get(1)) != 0:  # loads a value into a data register: used by later statements
@@ -401,7 +412,7 @@ class _RuleDecoder:
             self.verdict, self.target = "opaque", f"xt target {name}"
 
 
-def decode_rule(family: str, attrs: dict[int, bytes], sets: dict[tuple[str, str, str], tuple[str, ...] | str]) -> Rule:
+def decode_rule(family: str, attrs: dict[int, bytes], sets: dict[tuple[str, str, str], SetElements | str]) -> Rule:
     """One ``NFT_MSG_NEWRULE`` message's attributes as a :class:`Rule`."""
     table_name = _str(attrs.get(1))
     decoder = _RuleDecoder(family, sets)
@@ -431,37 +442,36 @@ class SetInfo(Struct, frozen=True):
     key_len: int
 
 
-def set_field_values(elements: list[tuple[bytes, int]], flags: int, key_len: int) -> tuple[str, ...] | str:
-    """Element keys as condition values; a reason (str) when we cannot use them. Interval sets
-    come as start elements and end markers (``NFT_SET_ELEM_INTERVAL_END``), the end exclusive."""
+#: A set's keys as inclusive (first, last) pairs of raw key bytes, as the kernel sent them.
+SetElements = tuple[tuple[bytes, bytes], ...]
+
+
+def set_intervals(elements: list[tuple[bytes, int]], flags: int, key_len: int) -> SetElements | str:
+    """Element keys as inclusive (first, last) key pairs; a reason (str) when we cannot use them.
+    Interval sets come as start elements and end markers (``NFT_SET_ELEM_INTERVAL_END``), the end
+    exclusive, in any order."""
     if flags & 0x80 or flags & 0x08:  # concatenations and maps
         return "concatenated or map set"
     if key_len not in (1, 2, 4, 16):
         return f"key of {key_len} bytes"
     if not flags & 0x04:  # plain set: each key one value
-        return tuple(str(int.from_bytes(key, "big")) if key_len <= 2 else _addr_or_int(key) for key, _ in elements)
-    values = []
+        return tuple((key, key) for key, _ in elements)
+    pairs = []
     ordered = sorted(elements, key=lambda item: (int.from_bytes(item[0], "big"), item[1] & 1))
     start: int | None = None
     for key, elem_flags in ordered:
         number = int.from_bytes(key, "big")
         if elem_flags & 1:
             if start is not None and number > start:
-                values.append((start, number - 1))
+                pairs.append((start, number - 1))
             start = None
         else:
             if start is not None:
                 return "interval set without end markers"
             start = number
     if start is not None:
-        values.append((start, (1 << (8 * key_len)) - 1))
-    if key_len <= 2:
-        return tuple(f"{a}-{b}" if a != b else str(a) for a, b in values)
-    return tuple(f"{ipaddress.ip_address(a.to_bytes(key_len, 'big'))}-{ipaddress.ip_address(b.to_bytes(key_len, 'big'))}" for a, b in values)
-
-
-def _addr_or_int(key: bytes) -> str:
-    return str(ipaddress.ip_address(key)) if len(key) in (4, 16) else str(int.from_bytes(key, "big"))
+        pairs.append((start, (1 << (8 * key_len)) - 1))
+    return tuple((a.to_bytes(key_len, "big"), b.to_bytes(key_len, "big")) for a, b in pairs)
 
 
 # -- the live dump ------------------------------------------------------------------------------
@@ -544,9 +554,10 @@ def read_ruleset() -> Ruleset:
             if len(rules) > MAX_RULES:
                 raise SourceError(SOURCE, f"{len(rules)} rules, more than the {MAX_RULES} read")
             sets = _read_sets(sock, rules, deadline)
+            interfaces = tuple(sorted(socket.if_nameindex()))
         except OSError as error:
             raise SourceError(SOURCE, _describe_errno(error.errno or errno_codes.EIO)) from None
-    return assemble(chains, rules, sets)
+    return replace(assemble(chains, rules, sets), interfaces=interfaces)
 
 
 def _looked_up(rules: list[tuple[int, dict[int, bytes]]]) -> set[tuple[int, str, str]]:
@@ -560,7 +571,7 @@ def _looked_up(rules: list[tuple[int, dict[int, bytes]]]) -> set[tuple[int, str,
     return wanted
 
 
-def _read_sets(sock: socket.socket, rules: list[tuple[int, dict[int, bytes]]], deadline: float) -> dict[tuple[str, str, str], tuple[str, ...] | str]:
+def _read_sets(sock: socket.socket, rules: list[tuple[int, dict[int, bytes]]], deadline: float) -> dict[tuple[str, str, str], SetElements | str]:
     wanted = _looked_up(rules)
     if not wanted:
         return {}
@@ -569,7 +580,7 @@ def _read_sets(sock: socket.socket, rules: list[tuple[int, dict[int, bytes]]], d
         key = (family, _str(attrs.get(1)), _str(attrs.get(2)))
         if key in wanted:
             infos[key] = (_u32(attrs.get(3)) or 0, _u32(attrs.get(5)) or 0)
-    found: dict[tuple[str, str, str], tuple[str, ...] | str] = {}
+    found: dict[tuple[str, str, str], SetElements | str] = {}
     for sequence, ((family, table_name, set_name), (flags, key_len)) in enumerate(sorted(infos.items()), start=10):
         request = _attr(1, table_name.encode() + b"\0") + _attr(2, set_name.encode() + b"\0")
         elements: list[tuple[bytes, int]] = []
@@ -580,11 +591,11 @@ def _read_sets(sock: socket.socket, rules: list[tuple[int, dict[int, bytes]]], d
                 if element_key is not None:
                     elements.append((element_key, _u32(item.get(3)) or 0))
         label = (FAMILIES.get(family, str(family)), table_name, set_name)
-        found[label] = f"more than {MAX_SET_ELEMENTS} elements" if len(elements) > MAX_SET_ELEMENTS else set_field_values(elements, flags, key_len)
+        found[label] = f"more than {MAX_SET_ELEMENTS} elements" if len(elements) > MAX_SET_ELEMENTS else set_intervals(elements, flags, key_len)
     return found
 
 
-def assemble(chains: list[tuple[int, dict[int, bytes]]], rules: list[tuple[int, dict[int, bytes]]], sets: dict[tuple[str, str, str], tuple[str, ...] | str]) -> Ruleset:
+def assemble(chains: list[tuple[int, dict[int, bytes]]], rules: list[tuple[int, dict[int, bytes]]], sets: dict[tuple[str, str, str], SetElements | str]) -> Ruleset:
     """Chains with their rules, in the kernel's order (rules come in chain order already)."""
     by_chain: dict[tuple[str, str, str], list[Rule]] = {}
     for family_number, attrs in rules:
