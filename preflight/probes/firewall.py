@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING
 
 from msgspec import Struct
 
-from preflight.probes.nccl_socket import list_selects, parse_ifname_list
 from preflight.model import Observation
 from preflight.probes.job import JobFacts
+from preflight.probes.nccl_socket import list_selects, parse_ifname_list
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
 from preflight.sources.netlink import Netlink

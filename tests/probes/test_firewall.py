@@ -19,7 +19,9 @@ import pytest
 from conftest import preflight_command
 from netns_lab import ENTER, Namespace, namespace
 
+from preflight.model import Unknown
 from preflight.probes.firewall import (
+    PEER_ERROR,
     FirewallFacts,
     Interface,
     Outcome,
@@ -28,7 +30,6 @@ from preflight.probes.firewall import (
     port_fates,
     readable_ruleset,
 )
-from preflight.model import Unknown
 from preflight.sources.nftables import Chain, Condition, Rule, Ruleset, set_intervals
 
 FIREWALL_REFS = "SOCK004,NCCL004,GLOO002"
@@ -336,3 +337,39 @@ def test_legacy_iptables_tables_make_the_rules_unknown() -> None:
     facts = FirewallFacts(Ruleset((), 0), "", "test", ("ip:filter",), "", ())
     with pytest.raises(Unknown, match="legacy iptables"):
         readable_ruleset(facts)
+
+
+PEER_ERRORS = """
+table inet t {
+    chain input {
+        type filter hook input priority 0; policy accept;
+        tcp dport 45001 reject with icmpx admin-prohibited
+        tcp dport 45002 reject with tcp reset
+        tcp dport 45003 reject with icmpx port-unreachable
+        tcp dport 45004 reject with icmp host-prohibited
+    }
+}
+"""
+
+CONNECT = """
+import socket, sys
+for port in sys.argv[1:]:
+    s = socket.socket()
+    s.settimeout(5)
+    try:
+        s.connect(("127.0.0.1", int(port)))
+        print(port, "connected")
+    except OSError as error:
+        print(port, error.strerror)
+"""
+
+
+def test_what_the_peer_sees_for_each_reject_is_what_the_kernel_reports(ns: Namespace) -> None:
+    """PEER_ERROR against real connects: the rules reject on loopback here, which the kernel
+    answers the same way as on any interface."""
+    load(ns, PEER_ERRORS)
+    facts = probe(ns)
+    assert facts.ruleset is not None
+    rejected = {int(r.conditions[-1].values[0]): r.reject_with for r in facts.ruleset.chains[0].rules}
+    seen = dict(line.split(" ", 1) for line in ns.python(CONNECT, *map(str, rejected)).splitlines())
+    assert {int(port): error for port, error in seen.items()} == {port: PEER_ERROR[kind] for port, kind in rejected.items()}
