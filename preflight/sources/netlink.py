@@ -252,8 +252,8 @@ class ReplayNetlink(RecordedDocument):
         import msgspec
 
         recorded = self._checked().get("firewall")
-        if not isinstance(recorded, dict):
-            raise SourceError(self._origin, FIREWALL_NOT_RECORDED)
+        if not isinstance(recorded, dict):  # the same words wherever the recording lives
+            raise SourceError(FIREWALL_SOURCE, f"{FIREWALL_NOT_RECORDED} (.preflight/netlink.json has no ruleset)")
         if "error" in recorded:
             raise SourceError(str(recorded.get("source", FIREWALL_SOURCE)), str(recorded["error"]))
         try:
