@@ -17,13 +17,16 @@ from typing import TYPE_CHECKING
 
 from preflight.model import Evidence, NotApplicable, Observation, Status, Unknown, present
 from preflight.probes.firewall import FirewallFacts, blocked_findings, port_fates, readable_ruleset, selected_interfaces
-from preflight.probes.interfaces import InterfaceFacts
-from preflight.probes.job import JobFacts
-from preflight.probes.sockets import PORT_RANGE, SocketFacts
+from preflight.probes.sockets import PORT_RANGE
 from preflight.registry import check
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+
+    # annotations only: the interfaces probe module is not imported for a prolog run
+    from preflight.probes.interfaces import InterfaceFacts
+    from preflight.probes.job import JobFacts
+    from preflight.probes.sockets import SocketFacts
 
 GLOO_IFNAME = "GLOO_SOCKET_IFNAME"
 _SHOWN_NAMES = 12  # interfaces listed in the evidence; a node with hundreds of VFs needs no more

@@ -31,7 +31,6 @@ from msgspec import Struct
 
 from preflight.model import Observation
 from preflight.probes.job import JobFacts
-from preflight.probes.nccl_socket import list_selects, parse_ifname_list
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
 from preflight.sources.netlink import Netlink
@@ -293,6 +292,9 @@ def selected_interfaces(interfaces: tuple[Interface, ...], setting: str | None) 
     the list's choice, or NCCL's default (``ib*`` first, else anything but ``docker*`` and ``lo``)."""
     candidates = tuple(i for i in interfaces if i.name != "lo")
     if setting:
+        # NCCL's list grammar; imported here because its module is otherwise full-profile only
+        from preflight.probes.nccl_socket import list_selects, parse_ifname_list
+
         spec = parse_ifname_list(setting)
         return tuple(i for i in candidates if list_selects(spec, i.name))
     infiniband = tuple(i for i in candidates if i.name.startswith("ib"))
