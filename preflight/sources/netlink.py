@@ -25,10 +25,15 @@ Replay format: ``{"format": "preflight-netlink/1", "links": [Link...], "addresse
 "pause": {"<ifname>": {"counters": {"<name>": <value>...}, "prevention_timeout_ms": <int|null>}
 | {"error": "<reason>", "source": "<where>"}}}`` with the field names of the dataclasses below;
 ``dcb`` and ``pause`` are optional, and so is ``source`` (default ``RTM_GETDCB <ifname>`` /
-``SIOCETHTOOL <ifname>``). ``firewall`` (optional) is the nftables ruleset as
-:class:`preflight.sources.nftables.Ruleset` fields, or ``{"error": ..., "source": ...}``; a
-recording without it answers "firewall rules not recorded". A dump that failed is recorded as ``"errors": {"links": {"source":
+``SIOCETHTOOL <ifname>``). A dump that failed is recorded as ``"errors": {"links": {"source":
 ..., "reason": ...}}`` (likewise ``addresses``) and fails the same way on replay.
+
+The nftables ruleset (:meth:`Netlink.firewall`) replays from its own file,
+``<root>/.preflight/firewall.json``, beside ``netlink.json`` or without it (links then come from
+sysfs): ``{"format": "preflight-firewall/1", "ruleset": Ruleset}`` with the fields of
+:class:`preflight.sources.nftables.Ruleset`, or ``{"format": ..., "error": "<reason>", "source":
+"<where>"}`` for a dump that failed. A root without the file answers "firewall rules not
+recorded": the kernel keeps the rules in memory only.
 
 Route lookups (:meth:`Netlink.route_get`) live in ``preflight.sources.routes``, which documents
 their replay entries (``"routes"`` in the same file) and what the file fallback can answer.
@@ -177,8 +182,33 @@ class LiveNetlink:
         return read_ruleset()
 
 
-#: The kernel keeps the firewall in memory only; a root replays it from its netlink recording.
+#: The kernel keeps the firewall in memory only; a root replays it from this recording.
+FIREWALL_FILE = "firewall.json"
+FIREWALL_FORMAT = "preflight-firewall/1"
 FIREWALL_NOT_RECORDED = "firewall rules not recorded"
+
+
+def load_firewall(path: str | None) -> Ruleset:
+    """The ruleset recorded in ``path`` (a root's ``.preflight/firewall.json``); SourceError when
+    there is none, the recorded dump failed, or the file is broken."""
+    import msgspec
+
+    from preflight.sources.fs import load_recording
+
+    if path is None:
+        raise SourceError(FIREWALL_SOURCE, f"{FIREWALL_NOT_RECORDED} (this root has no .preflight/{FIREWALL_FILE})")
+    try:
+        document = load_recording(path)
+    except ValueError as error:
+        raise SourceError(path, f"unreadable firewall recording: {error}") from None
+    if not isinstance(document, dict) or document.get("format") != FIREWALL_FORMAT:
+        raise SourceError(path, f"not a {FIREWALL_FORMAT} recording")
+    if "error" in document:
+        raise SourceError(str(document.get("source", FIREWALL_SOURCE)), str(document["error"]))
+    try:
+        return msgspec.convert(document.get("ruleset"), Ruleset)
+    except msgspec.ValidationError as error:
+        raise SourceError(path, f"malformed firewall recording: {error}") from None
 
 
 class ReplayNetlink(RecordedDocument):
@@ -186,6 +216,7 @@ class ReplayNetlink(RecordedDocument):
 
     KIND = "netlink"
     FILE = "netlink.json"
+    firewall_file: str | None = None  # the root's firewall.json, set by Sources.for_fs
 
     def _recorded_failure(self, dump_name: str) -> None:
         errors = self._checked().get("errors")
@@ -249,17 +280,7 @@ class ReplayNetlink(RecordedDocument):
             raise SourceError(source, f"malformed pause entry: {error!r}") from None
 
     def firewall(self) -> Ruleset:
-        import msgspec
-
-        recorded = self._checked().get("firewall")
-        if not isinstance(recorded, dict):  # the same words wherever the recording lives
-            raise SourceError(FIREWALL_SOURCE, f"{FIREWALL_NOT_RECORDED} (.preflight/netlink.json has no ruleset)")
-        if "error" in recorded:
-            raise SourceError(str(recorded.get("source", FIREWALL_SOURCE)), str(recorded["error"]))
-        try:
-            return msgspec.convert(recorded, Ruleset)
-        except msgspec.ValidationError as error:
-            raise SourceError(self._origin, f"malformed firewall entry: {error}") from None
+        return load_firewall(self.firewall_file)
 
 
 def dump(netlink: Netlink, destinations: Iterable[str] = (), dcb_interfaces: Iterable[str] = ()) -> dict[str, Any]:
@@ -344,7 +365,7 @@ class FileNetlink:
         )
 
     def firewall(self) -> Ruleset:
-        raise SourceError(FIREWALL_SOURCE, f"{FIREWALL_NOT_RECORDED} (this root has no .preflight/netlink.json)")
+        return load_firewall(self._fs.replay_file(FIREWALL_FILE))
 
     def addresses(self) -> list[Address]:
         found = parse_if_inet6(self._fs.read("/proc/net/if_inet6") or "")

@@ -1,7 +1,7 @@
 """Regenerate the firewall recordings of the SOCK004, NCCL004 and GLOO002 cases from real kernels:
 each case's ``root/etc/nftables.conf`` is loaded with ``nft -f`` into a fresh network namespace,
 read back through netlink by preflight's own reader, and written as the case's
-``root/.preflight/netlink.json``, with the interfaces of the case's base root (the namespace
+``root/.preflight/firewall.json``, with the interfaces of the case's base root (the namespace
 has other ones). Run as root: ``.venv/bin/python tests/cases/_record_firewall.py``."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 from msgspec import to_builtins
 from msgspec.structs import replace
 
+from preflight.sources.netlink import FIREWALL_FILE, FIREWALL_FORMAT
 from preflight.sources.nftables import read_ruleset
 from preflight.tomlcompat import parse_toml
 
@@ -44,8 +45,8 @@ def record(case: Path) -> None:
     finally:
         netns.remove(name)
     ruleset = replace(ruleset, interfaces=base_interfaces(base))
-    document = {"format": "preflight-netlink/1", "links": [], "addresses": [], "firewall": to_builtins(ruleset)}
-    target = case / "root/.preflight/netlink.json"
+    document = {"format": FIREWALL_FORMAT, "ruleset": to_builtins(ruleset)}
+    target = case / "root/.preflight" / FIREWALL_FILE
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(document, indent=1) + "\n")
     print(f"{target.relative_to(REPO)}: {ruleset.rule_count} rules")

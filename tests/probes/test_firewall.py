@@ -251,14 +251,17 @@ def test_snapshot_records_the_ruleset_and_a_root_without_it_is_unknown(ns: Names
     unpacked = tmp_path / "root"
     unpacked.mkdir()
     shutil.unpack_archive(archive, unpacked)
-    recording = json.loads((unpacked / ".preflight" / "netlink.json").read_text())
-    assert recording["firewall"]["chains"][0]["policy"] == "drop"
+    recording = json.loads((unpacked / ".preflight" / "firewall.json").read_text())
+    assert recording["format"] == "preflight-firewall/1" and recording["ruleset"]["chains"][0]["policy"] == "drop"
     assert statuses(run_checks(ns, root=str(unpacked))) == statuses(live)
-    # the same root without its netlink recording: the firewall is unknown, never absent
+    # links and addresses from the root's files instead of netlink.json: the ruleset still replays
     (unpacked / ".preflight" / "netlink.json").unlink()
+    assert statuses(run_checks(ns, root=str(unpacked))) == statuses(live)
+    # the same root without its firewall recording: unknown, never absent
+    (unpacked / ".preflight" / "firewall.json").unlink()
     replayed = run_checks(ns, root=str(unpacked))
     assert {key: value for key, value in replayed.items() if key[0] == "NCCL004"} == {
-        ("NCCL004", "node"): ("unknown", "nf_tables netlink: firewall rules not recorded (this root has no .preflight/netlink.json)")
+        ("NCCL004", "node"): ("unknown", "nf_tables netlink: firewall rules not recorded (this root has no .preflight/firewall.json)")
     }
 
 
