@@ -399,9 +399,22 @@ class _RuleDecoder:
         self.verdict = "reject"
 
     def _match(self, _table_name: str, data: dict[int, bytes]) -> None:
-        name = _str(data.get(1))
-        if name not in _NEUTRAL_MATCHES:
+        """An iptables match that iptables-nft could not express in nf_tables expressions; the
+        common ones (connection state, port lists) are read from their xt info structs."""
+        name, revision, info = _str(data.get(1)), _u32(data.get(2)) or 0, data.get(3, b"")
+        if name in _NEUTRAL_MATCHES:
+            return
+        condition = None
+        if name == "conntrack":
+            condition = xt_conntrack_condition(revision, info)
+        elif name == "state":
+            condition = xt_state_condition(info)
+        elif name == "multiport":
+            condition = xt_multiport_condition(revision, info)
+        if condition is None:
             self.opaque(f"xt match {name}")
+        else:
+            self.conditions.append(condition)
 
     def _target(self, _table_name: str, data: dict[int, bytes]) -> None:
         name, info = _str(data.get(1)), data.get(3, b"")
@@ -412,6 +425,54 @@ class _RuleDecoder:
             self.verdict = "reject"
         elif name not in _PASSING_TARGETS:
             self.verdict, self.target = "opaque", f"xt target {name}"
+
+
+# xt_conntrack_mtinfo{1,2,3} (include/uapi/linux/netfilter/xt_conntrack.h): eight 16-byte
+# addresses, two u32, five u16, then match_flags and invert_flags (u16) at 146 and 148 and the
+# state mask at 150 (u8 in revision 1, u16 from revision 2). Host byte order.
+_XT_CONNTRACK_STATE = 1 << 0
+_XT_CONNTRACK_STATE_ALIAS = 1 << 13
+
+
+def xt_conntrack_condition(revision: int, info: bytes) -> Condition | None:
+    """``-m conntrack --ctstate ...`` alone as a ct state test; None for anything else."""
+    if revision not in (1, 2, 3) or len(info) < 152:
+        return None
+    flags, invert = struct.unpack_from("=HH", info, 146)
+    if flags & ~(_XT_CONNTRACK_STATE | _XT_CONNTRACK_STATE_ALIAS) or not flags & _XT_CONNTRACK_STATE:
+        return None  # other conntrack criteria (addresses, ports, status, expiry) are not decoded
+    mask = info[150] if revision == 1 else struct.unpack_from("=H", info, 150)[0]
+    return Condition("ct state", "==" if invert & _XT_CONNTRACK_STATE else "!=", ("0",), mask)
+
+
+def xt_state_condition(info: bytes) -> Condition | None:
+    """``-m state --state ...``: struct xt_state_info { unsigned int statemask; }."""
+    if len(info) < 4:
+        return None
+    (mask,) = struct.unpack_from("=I", info)
+    return Condition("ct state", "!=", ("0",), mask)
+
+
+def xt_multiport_condition(revision: int, info: bytes) -> Condition | None:
+    """``-m multiport --dports ...`` (struct xt_multiport / xt_multiport_v1: flags, count, 15
+    host-order ports, then in revision 1 a range flag per port and an invert byte)."""
+    if revision not in (0, 1) or len(info) < (48 if revision else 32):
+        return None
+    flags, count = info[0], info[1]
+    if flags != 1 or count > 15:  # source or either-direction ports depend on the peer
+        return None
+    ports = struct.unpack_from("=15H", info, 2)
+    ranges = info[32:47] if revision else bytes(15)
+    values, index = [], 0
+    while index < count:
+        if ranges[index] and index + 1 < count:
+            values.append(f"{ports[index]}-{ports[index + 1]}")
+            index += 2
+        else:
+            values.append(str(ports[index]))
+            index += 1
+    inverted = bool(revision and info[47])
+    return Condition("th dport", "not in" if inverted else "in", tuple(values))
 
 
 def decode_rule(family: str, attrs: dict[int, bytes], sets: dict[tuple[str, str, str], SetElements | str]) -> Rule:

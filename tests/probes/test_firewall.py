@@ -376,3 +376,95 @@ def test_what_the_peer_sees_for_each_reject_is_what_the_kernel_reports(ns: Names
     rejected = {int(r.conditions[-1].values[0]): r.reject_with for r in facts.ruleset.chains[0].rules}
     seen = dict(line.split(" ", 1) for line in ns.python(CONNECT, *map(str, rejected)).splitlines())
     assert {int(port): error for port, error in seen.items()} == {port: PEER_ERROR[kind] for port, kind in rejected.items()}
+
+
+def test_attributes_that_overrun_their_message_are_refused() -> None:
+    from preflight.sources.nftables import _attrs
+
+    assert list(_attrs(b"\x08\x00\x01\x00abcd")) == [(1, b"abcd")]
+    with pytest.raises(ValueError, match="overruns"):
+        list(_attrs(b"\x10\x00\x01\x00abcd"))
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        (None, "firewall rules not recorded (this root has no .preflight/firewall.json)"),
+        ('{"format": "preflight-firewall/1", "error": "operation not permitted (EPERM)", "source": "nf_tables netlink"}', "operation not permitted (EPERM)"),
+        ('{"format": "preflight-netlink/1"}', "not a preflight-firewall/1 recording"),
+        ('{"format": "preflight-firewall/1", "ruleset": {"chains": "many"}}', "malformed firewall recording"),
+        ("{not json", "unreadable firewall recording"),
+    ],
+)
+def test_a_firewall_recording_that_cannot_answer_says_why(tmp_path: Path, text: str | None, reason: str) -> None:
+    from preflight.sources.fs import SourceError
+    from preflight.sources.netlink import load_firewall
+
+    path = None
+    if text is not None:
+        path = tmp_path / "firewall.json"
+        path.write_text(text)
+    with pytest.raises(SourceError) as raised:
+        load_firewall(None if path is None else str(path))
+    assert raised.value.reason.startswith(reason)
+
+
+def test_hostile_rule_values_never_crash_the_walk() -> None:
+    """A recording is untrusted: values that parse as nothing make a rule undecidable, not an error."""
+    odd = (
+        Condition("th dport", "in", ("x-y", "")),
+        Condition("th dport", "<", ()),
+        Condition("ip saddr", "==", ("not-an-address/99",)),
+        Condition("iif", "==", ("eth0",)),
+    )
+    rules = tuple(Rule(n, (condition,), "drop") for n, condition in enumerate(odd))
+    outcomes = evaluate(Ruleset((_chain("input", *rules, hook="input", policy="accept"),), len(rules)), PACKET)
+    assert {o.kind for o in outcomes} <= {"dropped", "accepted"} and "dropped" in {o.kind for o in outcomes}
+
+
+IPTABLES_COMMANDS = (
+    "-P INPUT DROP",
+    "-A INPUT -i lo -j ACCEPT",
+    "-A INPUT -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
+    "-A INPUT -m state --state INVALID -j DROP",
+    "-A INPUT -p tcp --dport 22 -m comment --comment ssh -j ACCEPT",
+    "-A INPUT -p tcp -m multiport --dports 29500,29400,30000:31000 -j ACCEPT",
+    "-A INPUT -p tcp --dport 40000:50000 -j REJECT --reject-with tcp-reset",
+)
+
+
+def test_real_iptables_nft_rules_with_xt_matches(ns: Namespace) -> None:
+    """iptables-nft itself writes the rules: conntrack, state and multiport stay xt matches in
+    nf_tables, which the reader decodes; the rest of the range falls to the DROP policy."""
+    if shutil.which("iptables-nft") is None:
+        pytest.skip("iptables-nft (Debian package iptables) is not installed; .ci/run installs it")
+    for command in IPTABLES_COMMANDS:
+        subprocess.run(["ip", "netns", "exec", ns.name, "iptables-nft", *command.split()], check=True, capture_output=True, timeout=60)
+    facts = probe(ns)
+    assert facts.ruleset is not None
+    texts = [rule.text() for rule in facts.ruleset.chains[0].rules]
+    assert "ct state & 0x6 != 0 accept" in texts and "ct state & 0x1 != 0 drop" in texts
+    assert "meta l4proto == 6 th dport { 29500, 29400, 30000-31000 } accept" in texts
+    found = run_checks(ns, {"NCCL_SOCKET_IFNAME": "=ens9", "GLOO_SOCKET_IFNAME": "ens9"})
+    assert statuses(found) == {("SOCK004", "ens9"): "present", ("NCCL004", "ens9"): "present", ("GLOO002", "ens9"): "present"}
+    assert "40000-50000" in found[("SOCK004", "ens9")][1] and "Connection refused" in found[("SOCK004", "ens9")][1]
+    assert "50001-60999" in found[("NCCL004", "ens9")][1] and "32768-39999" in found[("NCCL004", "ens9")][1]
+    assert "rendezvous" not in found[("GLOO002", "ens9")][1]  # 29500 is open
+
+
+def test_xt_match_structs_decode_only_what_they_can_say_alone() -> None:
+    import struct as struct_codes
+
+    from preflight.sources.nftables import xt_conntrack_condition, xt_multiport_condition
+
+    def conntrack(flags: int, invert: int, state: int) -> bytes:
+        return bytes(146) + struct_codes.pack("=HHHH", flags, invert, state, 0) + bytes(8)
+
+    assert xt_conntrack_condition(3, conntrack(1, 0, 0x8)) == Condition("ct state", "!=", ("0",), 0x8)
+    assert xt_conntrack_condition(3, conntrack(1, 1, 0x8)) == Condition("ct state", "==", ("0",), 0x8)
+    assert xt_conntrack_condition(3, conntrack(1 | 1 << 2, 0, 0x8)) is None  # plus an address test
+    assert xt_conntrack_condition(3, b"short") is None
+    ports = struct_codes.pack("=15H", 100, 200, 300, *([0] * 12))
+    flags = bytes([0, 1]) + bytes(13)  # ports[1] starts a range ending at ports[2]
+    assert xt_multiport_condition(1, bytes([1, 3]) + ports + flags + b"\x01") == Condition("th dport", "not in", ("100", "200-300"))
+    assert xt_multiport_condition(1, bytes([0, 3]) + ports + flags + b"\x00") is None  # source ports
