@@ -193,7 +193,10 @@ class _Walk:
         self.steps = 0
         self.regular = {(c.family, c.table, c.name): c for c in ruleset.chains if not c.hook}
         families = _FAMILY_CHAINS[packet.family]
-        hooked = [c for c in ruleset.chains if c.hook in HOOK_ORDER and c.family in families]
+        hooked = [
+            c for c in ruleset.chains
+            if c.hook in HOOK_ORDER and c.family in families and (not c.devices or packet.iifname in c.devices)
+        ]
         self.base = sorted(hooked, key=lambda c: (HOOK_ORDER.index(c.hook), c.priority or 0))
 
     def run(self) -> set[Outcome]:

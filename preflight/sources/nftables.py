@@ -132,6 +132,7 @@ class Chain(Struct, frozen=True):
     policy: str  # "accept" or "drop" for a base chain, "" otherwise
     chain_type: str  # filter, nat, route; "" for a regular chain
     rules: tuple[Rule, ...]
+    devices: tuple[str, ...] = ()  # an ingress chain's devices (NFTA_HOOK_DEV/DEVS); it sees only their packets
 
     def label(self) -> str:
         return f"{self.family} {self.table} {self.name}"
@@ -658,6 +659,13 @@ def _read_sets(sock: socket.socket, rules: list[tuple[int, dict[int, bytes]]], d
     return found
 
 
+def _hook_devices(hook_attrs: dict[int, bytes]) -> tuple[str, ...]:
+    """NFTA_HOOK_DEV (one name) or NFTA_HOOK_DEVS (a list of NFTA_DEVICE_NAME)."""
+    if 3 in hook_attrs:
+        return (_str(hook_attrs[3]),)
+    return tuple(_str(value) for _kind, value in _attrs(hook_attrs.get(4, b"")))
+
+
 def assemble(chains: list[tuple[int, dict[int, bytes]]], rules: list[tuple[int, dict[int, bytes]]], sets: dict[tuple[str, str, str], SetElements | str]) -> Ruleset:
     """Chains with their rules, in the kernel's order (rules come in chain order already)."""
     by_chain: dict[tuple[str, str, str], list[Rule]] = {}
@@ -684,5 +692,6 @@ def assemble(chains: list[tuple[int, dict[int, bytes]]], rules: list[tuple[int, 
             policy=("" if not hook else "drop" if policy == 0 else "accept"),
             chain_type=_str(attrs.get(7)),
             rules=tuple(by_chain.get((family, table_name, name), ())),
+            devices=_hook_devices(hook_attrs),
         ))
     return Ruleset(tuple(result), sum(len(r) for r in by_chain.values()))

@@ -468,3 +468,11 @@ def test_xt_match_structs_decode_only_what_they_can_say_alone() -> None:
     flags = bytes([0, 1]) + bytes(13)  # ports[1] starts a range ending at ports[2]
     assert xt_multiport_condition(1, bytes([1, 3]) + ports + flags + b"\x01") == Condition("th dport", "not in", ("100", "200-300"))
     assert xt_multiport_condition(1, bytes([0, 3]) + ports + flags + b"\x00") is None  # source ports
+
+
+def test_a_netdev_ingress_chain_sees_only_its_own_device(ns: Namespace) -> None:
+    load(ns, 'table netdev edge {\n chain in {\n type filter hook ingress device "q-ens9" priority 0; policy drop;\n }\n}\n')
+    facts = probe(ns)
+    assert facts.ruleset is not None and facts.ruleset.chains[0].devices == ("q-ens9",)
+    found = statuses(run_checks(ns, {"NCCL_SOCKET_IFNAME": "=ens9,q-ens9", "GLOO_SOCKET_IFNAME": "ens9,q-ens9"}))
+    assert found == {("NCCL004", "q-ens9"): "present", ("GLOO002", "q-ens9"): "present"}
