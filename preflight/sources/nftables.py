@@ -29,15 +29,20 @@ from __future__ import annotations
 import errno as errno_codes
 import ipaddress
 import os
-import socket
 import struct
 import time
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from msgspec import Struct
 from msgspec.structs import replace
 
 from preflight.sources.fs import SourceError
+
+if TYPE_CHECKING:
+    # imported where the live dump runs: a recorded root never opens a socket, and importing
+    # the module costs a replayed prolog ~4 ms
+    import socket
 
 MAX_RULES = 10_000
 MAX_SET_ELEMENTS = 4_096
@@ -564,6 +569,8 @@ def _describe_errno(code: int) -> str:
 
 def _dump(sock: socket.socket, message_type: int, sequence: int, deadline: float, family: int = 0, attrs: bytes = b"") -> list[tuple[int, dict[int, bytes]]]:
     """Every message of one dump as (nfgen family, attributes)."""
+    import socket
+
     sock.send(_request(message_type, sequence, family, attrs))
     found: list[tuple[int, dict[int, bytes]]] = []
     total = 0
@@ -605,6 +612,8 @@ def _dump(sock: socket.socket, message_type: int, sequence: int, deadline: float
 
 def read_ruleset() -> Ruleset:
     """The nftables ruleset of the caller's network namespace; SourceError when it cannot be read."""
+    import socket
+
     deadline = time.monotonic() + DUMP_TIMEOUT_S
     try:
         sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, _NETLINK_NETFILTER)
