@@ -35,6 +35,7 @@ from preflight.sources.nftables import Chain, Condition, Rule, Ruleset, set_inte
 FIREWALL_REFS = "SOCK004,NCCL004,GLOO002"
 
 PROBE = """
+import socket  # before dropping root below: this interpreter lives under /root, unreadable to nobody
 import sys
 import msgspec
 from preflight.probes.firewall import probe_firewall
