@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from preflight.model import Evidence, NotApplicable, Observation, Status, Unknown, present
-from preflight.probes.firewall import FirewallFacts, blocked_findings, port_fates, readable_ruleset, selected_interfaces
+from preflight.probes.firewall import FirewallFacts, blocked_findings, gloo_interfaces, port_fates, readable_ruleset
 from preflight.probes.sockets import PORT_RANGE
 from preflight.registry import check
 
@@ -72,7 +72,7 @@ def gloo_rendezvous_connection_refused(firewall: FirewallFacts, sockets: SocketF
     port = int(value) if value else TORCH_DEFAULT_PORT
     # Gloo takes GLOO_SOCKET_IFNAME as exact names; unset, the host name's address (any interface).
     names = job.environ.get(GLOO_IFNAME)
-    interfaces = selected_interfaces(firewall.interfaces, f"={names}" if names else "^docker")
+    interfaces = gloo_interfaces(firewall.interfaces, names)
     if not interfaces:
         raise NotApplicable(f"no interface Gloo would listen on (only loopback, or {GLOO_IFNAME} names none this node has)")
     blocked = frozenset({"dropped", "rejected"})

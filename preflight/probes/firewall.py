@@ -304,6 +304,16 @@ def selected_interfaces(interfaces: tuple[Interface, ...], setting: str | None) 
     return infiniband or tuple(i for i in candidates if not i.name.startswith("docker"))
 
 
+def gloo_interfaces(interfaces: tuple[Interface, ...], setting: str | None) -> tuple[Interface, ...]:
+    """The interfaces Gloo can be reached on: ``GLOO_SOCKET_IFNAME``'s exact names (comma
+    separated, as PyTorch splits them); unset, Gloo uses the host name's address, on any
+    interface but loopback and docker bridges."""
+    if setting:
+        names = {name.strip() for name in setting.split(",")}
+        return tuple(i for i in interfaces if i.name in names and i.name != "lo")
+    return tuple(i for i in interfaces if i.name != "lo" and not i.name.startswith("docker"))
+
+
 def _legacy_tables(fs: NodeFS) -> tuple[tuple[str, ...], str]:
     names: list[str] = []
     for path in LEGACY_TABLES:
