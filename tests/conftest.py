@@ -6,7 +6,6 @@ layout users get, with ``checks/`` and ``references/`` mapped inside ``preflight
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -188,17 +187,7 @@ def make_clean(root: Path) -> Path:
     config = bytearray(switch_config.read_bytes())
     config[0x14E:0x150] = b"\0\0"  # ACS redirect off on the switch between GPU 3 and mlx5_3
     switch_config.write_bytes(bytes(config))
-    record_open_firewall(root)
     return root
-
-
-def record_open_firewall(root: Path) -> None:
-    """A firewall recording with no rules (the kernel keeps rules in memory, so a root without
-    one leaves the firewall references unknown), with the root's interfaces."""
-    net = root / "sys/class/net"
-    interfaces = sorted([int((entry / "ifindex").read_text()), entry.name] for entry in net.iterdir() if (entry / "ifindex").is_file())
-    document = {"format": "preflight-firewall/1", "ruleset": {"chains": [], "rule_count": 0, "interfaces": interfaces}}
-    write(root, "/.preflight/firewall.json", json.dumps(document))
 
 
 @pytest.fixture

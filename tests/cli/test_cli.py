@@ -76,12 +76,10 @@ def test_table_groups_by_severity_and_hides_absent(run_cli: Runner, example_root
     absent = by_status["absent"] - with_problem
     # Checks are counted once each (MEM001 and SOCK002 have two present findings each), so the
     # summary adds up to the header's count; findings are named as findings.
-    # SOCK004, NCCL004 and GLOO002 are unknown: the example records no firewall rules
     assert len(with_problem) == 7 and len(present) == 9 and len(checks) == 60
-    assert by_status["unknown"] == {"SOCK004", "NCCL004", "GLOO002"}
     expected = (
-        f"60 checks: 7 present (9 findings: {errors} error, {9 - errors} warning), 3 unknown, "
-        f"{len(absent)} absent, {60 - 7 - 3 - len(absent)} not applicable."
+        f"60 checks: 7 present (9 findings: {errors} error, {9 - errors} warning), 0 unknown, "
+        f"{len(absent)} absent, {60 - 7 - len(absent)} not applicable."
     )
     assert out.endswith(f"\n{expected}\n") and out.startswith("preflight ") and " 60 checks in " in out.replace("\n", " ")
     assert "GPU001" in run_cli("node", "--root", str(example_root), "--show-all").stdout
