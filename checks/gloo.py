@@ -15,13 +15,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from preflight.model import Evidence, NotApplicable, Observation, Unknown, present
-from preflight.probes.interfaces import InterfaceFacts
-from preflight.probes.job import JobFacts
+from preflight.model import Evidence, NotApplicable, Observation, Status, Unknown, present
+from preflight.probes.firewall import FirewallFacts, blocked_findings, gloo_interfaces, port_fates, readable_ruleset
+from preflight.probes.sockets import PORT_RANGE
 from preflight.registry import check
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+
+    # annotations only: the interfaces probe module is not imported for a prolog run
+    from preflight.probes.interfaces import InterfaceFacts
+    from preflight.probes.job import JobFacts
+    from preflight.probes.sockets import SocketFacts
 
 GLOO_IFNAME = "GLOO_SOCKET_IFNAME"
 _SHOWN_NAMES = 12  # interfaces listed in the evidence; a node with hundreds of VFs needs no more
@@ -45,3 +50,52 @@ def gloo_transport_misconfigured(job: JobFacts, interfaces: InterfaceFacts) -> I
             yield present(name, setting, Evidence("network interfaces", f"no interface {name!r}; this node has {shown or 'none'}", "an interface of exactly that name"))
         elif name not in addressed:
             yield present(name, setting, Evidence(f"addresses of {name}", "none", "an IPv4 or IPv6 address for Gloo to bind and publish"))
+
+
+#: torch.distributed's env:// rendezvous (and torchrun's --master-port) when MASTER_PORT is unset.
+TORCH_DEFAULT_PORT = 29500
+
+
+@check("GLOO002", profiles=("prolog",))
+def gloo_rendezvous_connection_refused(firewall: FirewallFacts, sockets: SocketFacts, job: JobFacts) -> Iterator[Observation]:
+    """The host firewall rejects or drops TCP connections from other hosts to the rendezvous port
+    (MASTER_PORT, 29500 by default: the TCPStore when this node runs rank 0) or to the ephemeral
+    ports Gloo's pairs listen on, so the process group cannot connect."""
+    ruleset = readable_ruleset(firewall)
+    if job.environ_error:
+        raise Unknown(f"/proc/self/environ unreadable ({job.environ_error})")
+    if sockets.port_range is None:
+        raise Unknown(f"{PORT_RANGE} unread: the ports Gloo listens on are not known")
+    value = job.environ.get("MASTER_PORT", "").strip()
+    if value and not (value.isascii() and value.isdigit() and 0 < int(value) <= 65535):
+        raise Unknown(f"MASTER_PORT={value!r} is not a port number")
+    port = int(value) if value else TORCH_DEFAULT_PORT
+    # Gloo takes GLOO_SOCKET_IFNAME as exact names; unset, the host name's address (any interface).
+    names = job.environ.get(GLOO_IFNAME)
+    interfaces = gloo_interfaces(firewall.interfaces, names)
+    if not interfaces:
+        raise NotApplicable(f"no interface Gloo would listen on (only loopback, or {GLOO_IFNAME} names none this node has)")
+    blocked = frozenset({"dropped", "rejected"})
+    origin = f"MASTER_PORT={port}" if value else f"MASTER_PORT unset: default {port}"
+    rendezvous = blocked_findings(
+        port_fates(firewall, ruleset, interfaces, ((port, port),)), blocked,
+        f"the rendezvous port ({origin})", "accepted: the TCPStore of rank 0 listens there",
+    )
+    ephemeral = blocked_findings(
+        port_fates(firewall, ruleset, interfaces, (sockets.port_range,)), blocked,
+        "ephemeral port", "accepted: Gloo's pairs listen on ports the kernel picks from ip_local_port_range",
+    )
+    yield from _merged(rendezvous + ephemeral)
+
+
+def _merged(observations: list[Observation]) -> Iterator[Observation]:
+    """One finding per interface: present evidence joined, unknown only when nothing is present."""
+    by_subject: dict[str, list[Observation]] = {}
+    for item in observations:
+        by_subject.setdefault(item.subject, []).append(item)
+    for subject, items in by_subject.items():
+        found = [item for item in items if item.status is Status.PRESENT]
+        if found:
+            yield present(subject, *(e for item in found for e in item.evidence))
+        else:
+            yield items[0]

@@ -15,12 +15,14 @@ from preflight.model import (
     undecided,
 )
 from preflight.nccl.releases import RAS_INIT_RACE, SPLIT_NONBLOCKING, release_findings, require_nccl
+from preflight.probes.firewall import FirewallFacts, nccl_port_findings
 from preflight.probes.frameworks import FrameworkFacts, parse_version
 from preflight.probes.gpu_health import GpuHealthFacts, nvml_unusable
 from preflight.probes.gpus import GpuFacts
 from preflight.probes.job import JobFacts, integer_setting, setting_evidence, slurm_view, switched_off
 from preflight.probes.nccl_libs import NcclCopy, NcclLibFacts, python_prefixes
 from preflight.probes.rdma import IB_CLASS, RdmaFacts
+from preflight.probes.sockets import SocketFacts
 from preflight.registry import check
 from preflight.torch_settings import as_bool, read_setting, readers_for
 from preflight.units import format_size
@@ -331,3 +333,10 @@ def straggler_rank(gpu_health: GpuHealthFacts, gpus: GpuFacts) -> Iterator[Obser
             )
     if not decided and all(gpu.clock_reasons_error in ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND") for gpu in gpu_health.gpus):
         raise NotApplicable("the driver reports no clock throttle reasons for these GPUs")
+
+
+@check("NCCL004", profiles=("prolog",))
+def nccl_socket_connect_timeout(firewall: FirewallFacts, sockets: SocketFacts, job: JobFacts) -> Iterator[Observation]:
+    """The host firewall silently drops TCP connections from other hosts to the ephemeral ports
+    NCCL listens on, so peers' connects time out and NCCL's retry loop runs for minutes."""
+    yield from nccl_port_findings(firewall, sockets, job, frozenset({"dropped"}))

@@ -12,6 +12,8 @@ from preflight.model import (
     undecided,
 )
 from preflight.nccl.releases import CONNECT_RETRY, release_findings, require_nccl
+from preflight.probes.firewall import FirewallFacts, nccl_port_findings
+from preflight.probes.job import JobFacts
 from preflight.probes.sockets import (
     PORT_RANGE,
     RESERVED_PORTS,
@@ -24,7 +26,6 @@ from preflight.registry import check
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from preflight.probes.job import JobFacts
     from preflight.probes.nccl_libs import NcclLibFacts
 
 
@@ -160,3 +161,12 @@ def ephemeral_port_exhaustion(sockets: SocketFacts) -> Iterator[Observation]:
     incomplete = _table_problems(sockets)
     if incomplete:
         yield undecided(subject, incomplete)
+
+
+@check("SOCK004", profiles=("prolog",))
+def nccl_peer_connection_refused(firewall: FirewallFacts, sockets: SocketFacts, job: JobFacts) -> Iterator[Observation]:
+    """The host firewall rejects TCP connections from other hosts to the ephemeral ports NCCL
+    listens on (its bootstrap, proxy and socket-transport listeners bind port 0, so the kernel
+    picks from net.ipv4.ip_local_port_range), so peers' connects fail at once."""
+    yield from nccl_port_findings(firewall, sockets, job, frozenset({"rejected"}))
+

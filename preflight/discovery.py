@@ -35,7 +35,7 @@ ENTRY_POINT_GROUP = "preflight.checks"
 FULL_ONLY_MODULES = frozenset({
     "preflight.probes.fabric", "preflight.probes.interfaces", "preflight.probes.nccl_platform",
     "preflight.probes.p2p", "preflight.probes.routing", "preflight.probes.nccl_socket", "preflight.checks.net",
-    "preflight.checks.gloo", "preflight.probes.horovod", "preflight.checks.hvd",
+    "preflight.probes.horovod", "preflight.checks.hvd",
 })
 
 

@@ -12,6 +12,7 @@ whose sources are wrapped by ``preflight.sources.recording``; the recorded answe
 * ``.preflight/read-errors.json``: every read, listing, stat or readlink that failed, by errno;
 * ``.preflight/kmsg``: the kernel log as read;
 * ``.preflight/nvml.json``, ``netlink.json``, ``dns.json``: the answers of those sources;
+* ``.preflight/firewall.json``: the nftables ruleset as the firewall probe read it;
 * ``.preflight/snapshot.json``: the manifest (format, version, time, profile, scrubbing, the
   findings of the recording run, and anything that could not be recorded exactly).
 
@@ -181,7 +182,11 @@ def recorded_members(recorders: Recorders, config_text: bytes | None = None) -> 
     if recorders.nvml is not None:
         documents["nvml.json"] = recorders.nvml.document()
     if recorders.netlink is not None:
-        documents["netlink.json"] = recorders.netlink.document()
+        if not recorders.netlink.links_from_files:
+            documents["netlink.json"] = recorders.netlink.document()
+        firewall = recorders.netlink.firewall_document()
+        if firewall is not None:
+            documents["firewall.json"] = firewall
         notes += [f"netlink {key}: still running when recorded; replays as missing" for key in recorders.netlink.hung()]
     if recorders.dns is not None:
         documents["dns.json"] = recorders.dns.document()

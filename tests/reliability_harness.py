@@ -422,6 +422,9 @@ class HangingNetlink:
     def pause(self, ifname: str) -> Any:
         return self._hang()
 
+    def firewall(self) -> Any:
+        return self._hang()
+
     def release(self) -> None:
         self.gate.set()
 

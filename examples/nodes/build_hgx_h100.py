@@ -322,6 +322,25 @@ def build(root: str) -> None:
     write(root, "/.preflight/statvfs.json", json.dumps({"format": "preflight-statvfs/1", "mounts": {
         "/dev/shm": {"f_frsize": 4096, "f_blocks": shm_blocks, "f_bfree": shm_blocks - 1536, "f_bavail": shm_blocks - 1536}}}, indent=1) + "\n")
     name_service_and_sockets(root)
+    open_firewall(root)
+
+
+# -- The host firewall (SOCK004, NCCL004, GLOO002) ------------------------------------------------
+# Healthy: iptables (nft backend) with its default chains and policies ACCEPT, no rules, as
+# `preflight snapshot` records it (the kernel keeps the ruleset in memory, so a root without this
+# file leaves the three references unknown).
+def open_firewall(root: str) -> None:
+    net = os.path.join(root, "sys/class/net")
+    interfaces = []
+    for name in sorted(os.listdir(net)):
+        with open(os.path.join(net, name, "ifindex")) as handle:
+            interfaces.append([int(handle.read()), name])
+    chains = [
+        {"family": "ip", "table": "filter", "name": name, "hook": hook, "priority": 0, "policy": "accept", "chain_type": "filter", "rules": [], "devices": []}
+        for name, hook in (("INPUT", "input"), ("FORWARD", "forward"), ("OUTPUT", "output"))
+    ]
+    document = {"format": "preflight-firewall/1", "ruleset": {"chains": chains, "rule_count": 0, "interfaces": sorted(interfaces)}}
+    write(root, "/.preflight/firewall.json", json.dumps(document, indent=1) + "\n")
 
 
 # -- Name service order, peers' DNS records and TCP sockets (DNS001, SOCK001, SOCK005) -----------

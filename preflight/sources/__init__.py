@@ -3,8 +3,9 @@
 themselves; ``tests/reliability/test_no_direct_io.py`` enforces that.
 
 ``Sources.for_node(root)`` (or ``for_fs`` around an opened view) builds the live set for ``/`` and the replay set for a recorded root:
-NVML, netlink and DNS answers replay from ``<root>/.preflight/{nvml,netlink,dns}.json``; without a
-netlink recording, links and addresses come from the root's sysfs/procfs files.
+NVML, netlink and DNS answers replay from ``<root>/.preflight/{nvml,netlink,dns}.json`` (the
+firewall ruleset from ``firewall.json``); without a netlink recording, links and addresses come
+from the root's sysfs/procfs files.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from msgspec.structs import replace
 
 from preflight.sources.dns import Dns, LiveDns, NoDns, ReplayDns, ResolvConf, parse_resolv_conf
 from preflight.sources.fs import NodeFS, NotCaptured, SourceError
-from preflight.sources.netlink import FileNetlink, LiveNetlink, Netlink, ReplayNetlink
+from preflight.sources.netlink import FIREWALL_FILE, FileNetlink, LiveNetlink, Netlink, ReplayNetlink
 from preflight.sources.nvml import LiveNvml, NoNvml, Nvml, ReplayNvml
 
 
@@ -72,7 +73,13 @@ class Sources(Struct):
             f"{fs.root} has no NVML recording (.preflight/nvml.json)"
         )
         netlink_file = fs.replay_file("netlink.json")
-        netlink: Netlink = ReplayNetlink.from_file(netlink_file) if netlink_file else FileNetlink(fs)
+        netlink: Netlink
+        if netlink_file:
+            replay = ReplayNetlink.from_file(netlink_file)
+            replay.firewall_file = fs.replay_file(FIREWALL_FILE)
+            netlink = replay
+        else:
+            netlink = FileNetlink(fs)
         dns_file = fs.replay_file("dns.json")
         if dns_file:
             dns: Dns = ReplayDns.from_file(dns_file)

@@ -28,6 +28,13 @@ Replay format: ``{"format": "preflight-netlink/1", "links": [Link...], "addresse
 ``SIOCETHTOOL <ifname>``). A dump that failed is recorded as ``"errors": {"links": {"source":
 ..., "reason": ...}}`` (likewise ``addresses``) and fails the same way on replay.
 
+The nftables ruleset (:meth:`Netlink.firewall`) replays from its own file,
+``<root>/.preflight/firewall.json``, beside ``netlink.json`` or without it (links then come from
+sysfs): ``{"format": "preflight-firewall/1", "ruleset": Ruleset}`` with the fields of
+:class:`preflight.sources.nftables.Ruleset`, or ``{"format": ..., "error": "<reason>", "source":
+"<where>"}`` for a dump that failed. A root without the file answers "firewall rules not
+recorded": the kernel keeps the rules in memory only.
+
 Route lookups (:meth:`Netlink.route_get`) live in ``preflight.sources.routes``, which documents
 their replay entries (``"routes"`` in the same file) and what the file fallback can answer.
 """
@@ -46,6 +53,8 @@ from msgspec import to_builtins as asdict  # records as plain JSON values, recur
 
 from preflight.sources.ethtool import PauseState, query_pause
 from preflight.sources.fs import NodeFS, RecordedDocument, SourceError
+from preflight.sources.nftables import SOURCE as FIREWALL_SOURCE
+from preflight.sources.nftables import Ruleset, read_ruleset
 from preflight.sources.routes import Route, file_route_get, live_route_get, replay_route
 
 # ARPHRD_* from include/uapi/linux/if_arp.h, as in /sys/class/net/<if>/type and ifi_type.
@@ -104,6 +113,10 @@ class Netlink(Protocol):
 
     def pause(self, ifname: str) -> PauseState:
         """Pause-storm counters of ``ifname``; SourceError when they cannot be read."""
+        ...
+
+    def firewall(self) -> Ruleset:
+        """The nftables ruleset (``preflight.sources.nftables``); SourceError when it cannot be read."""
         ...
 
 
@@ -165,12 +178,45 @@ class LiveNetlink:
     def pause(self, ifname: str) -> PauseState:
         return query_pause(ifname)
 
+    def firewall(self) -> Ruleset:
+        return read_ruleset()
+
+
+#: The kernel keeps the firewall in memory only; a root replays it from this recording.
+FIREWALL_FILE = "firewall.json"
+FIREWALL_FORMAT = "preflight-firewall/1"
+FIREWALL_NOT_RECORDED = "firewall rules not recorded"
+
+
+def load_firewall(path: str | None) -> Ruleset:
+    """The ruleset recorded in ``path`` (a root's ``.preflight/firewall.json``); SourceError when
+    there is none, the recorded dump failed, or the file is broken."""
+    import msgspec
+
+    from preflight.sources.fs import load_recording
+
+    if path is None:
+        raise SourceError(FIREWALL_SOURCE, f"{FIREWALL_NOT_RECORDED} (this root has no .preflight/{FIREWALL_FILE})")
+    try:
+        document = load_recording(path)
+    except ValueError as error:
+        raise SourceError(path, f"unreadable firewall recording: {error}") from None
+    if not isinstance(document, dict) or document.get("format") != FIREWALL_FORMAT:
+        raise SourceError(path, f"not a {FIREWALL_FORMAT} recording")
+    if "error" in document:
+        raise SourceError(str(document.get("source", FIREWALL_SOURCE)), str(document["error"]))
+    try:
+        return msgspec.convert(document.get("ruleset"), Ruleset)
+    except msgspec.ValidationError as error:
+        raise SourceError(path, f"malformed firewall recording: {error}") from None
+
 
 class ReplayNetlink(RecordedDocument):
     """Links and addresses from a recorded ``netlink.json``."""
 
     KIND = "netlink"
     FILE = "netlink.json"
+    firewall_file: str | None = None  # the root's firewall.json, set by Sources.for_fs
 
     def _recorded_failure(self, dump_name: str) -> None:
         errors = self._checked().get("errors")
@@ -232,6 +278,9 @@ class ReplayNetlink(RecordedDocument):
             )
         except (AttributeError, KeyError, TypeError, ValueError) as error:
             raise SourceError(source, f"malformed pause entry: {error!r}") from None
+
+    def firewall(self) -> Ruleset:
+        return load_firewall(self.firewall_file)
 
 
 def dump(netlink: Netlink, destinations: Iterable[str] = (), dcb_interfaces: Iterable[str] = ()) -> dict[str, Any]:
@@ -314,6 +363,9 @@ class FileNetlink:
             f"SIOCETHTOOL {ifname}",
             "pause counters are only exposed through the ethtool ioctl; this root has no recording (.preflight/netlink.json)",
         )
+
+    def firewall(self) -> Ruleset:
+        return load_firewall(self._fs.replay_file(FIREWALL_FILE))
 
     def addresses(self) -> list[Address]:
         found = parse_if_inet6(self._fs.read("/proc/net/if_inet6") or "")

@@ -35,7 +35,8 @@ from msgspec import to_builtins as asdict  # records as plain JSON values, recur
 from preflight.sources.dns import Dns, DnsAnswer, NameserverCheck
 from preflight.sources.ethtool import PauseState
 from preflight.sources.fs import DEVICE_RECORDING, KERNEL_LOG_MAX_BYTES, FileStat, FileUser, FsUsage, NodeFS, NotCaptured, SourceError, describe_os_error
-from preflight.sources.netlink import Address, DcbConfig, FileNetlink, Link, Netlink
+from preflight.sources.netlink import FIREWALL_FORMAT, FIREWALL_NOT_RECORDED, Address, DcbConfig, FileNetlink, Link, Netlink
+from preflight.sources.nftables import Ruleset
 from preflight.sources.nvml import Argument, Nvml, NvmlError, replay_key
 from preflight.sources.routes import Route, route_key
 
@@ -436,8 +437,9 @@ def _json_value(value: Any) -> Any:
 class RecordingNetlink:
     """Records dumps, route lookups and DCB answers in the ``netlink.json`` format."""
 
-    def __init__(self, inner: Netlink) -> None:
+    def __init__(self, inner: Netlink, links_from_files: bool = False) -> None:
         self.inner = inner
+        self.links_from_files = links_from_files  # a FileNetlink: no netlink.json to write
         self._calls = _Calls()
 
     def _dump(self, name: str, ask: Callable[[], _T]) -> _T:
@@ -467,6 +469,9 @@ class RecordingNetlink:
 
     def pause(self, ifname: str) -> PauseState:
         return self._dump(f"pause {ifname}", lambda: self.inner.pause(ifname))
+
+    def firewall(self) -> Ruleset:
+        return self._dump("firewall", self.inner.firewall)
 
     def document(self) -> dict[str, Any]:
         answers = dict(self._calls.answers)
@@ -510,6 +515,16 @@ class RecordingNetlink:
         if pause:
             document["pause"] = pause
         return document
+
+    def firewall_document(self) -> dict[str, Any] | None:
+        """The ``firewall.json`` of what was answered; None when nothing was (or the source had
+        no recording either, which the replay says in the same words without a file)."""
+        answer = dict(self._calls.answers).get("firewall")
+        if answer is None or (isinstance(answer, SourceError) and answer.reason.startswith(FIREWALL_NOT_RECORDED)):
+            return None
+        if isinstance(answer, SourceError):
+            return {"format": FIREWALL_FORMAT, "error": answer.reason, "source": answer.source}
+        return {"format": FIREWALL_FORMAT, "ruleset": asdict(answer)}
 
     def hung(self) -> list[str]:
         return self._calls.hung()
@@ -608,13 +623,14 @@ class Recorders:
 
 
 def record(fs: RecordingFS, nvml: Nvml, netlink: Netlink, dns: Dns) -> Recorders:
-    """Wrap the sources whose answers a recorded root must carry in ``.preflight/``: all but
-    ``FileNetlink``, whose answers come from files read through ``fs`` (recorded there). A source
+    """Wrap the sources whose answers a recorded root must carry in ``.preflight/``. A
+    ``FileNetlink``'s links, addresses and routes come from files read through ``fs`` (recorded
+    there), so only its firewall answer goes to ``.preflight/``, never a ``netlink.json``. A source
     that had no recording to replay (``NoNvml``, ``NoDns``) is recorded too: its replay then says
     the same "no recording" words, naming the root that was recorded."""
     return Recorders(
         fs,
         RecordingNvml(nvml),
-        None if isinstance(netlink, FileNetlink) else RecordingNetlink(netlink),
+        RecordingNetlink(netlink, links_from_files=isinstance(netlink, FileNetlink)),
         RecordingDns(dns),
     )

@@ -76,12 +76,12 @@ def test_table_groups_by_severity_and_hides_absent(run_cli: Runner, example_root
     absent = by_status["absent"] - with_problem
     # Checks are counted once each (MEM001 and SOCK002 have two present findings each), so the
     # summary adds up to the header's count; findings are named as findings.
-    assert len(with_problem) == 7 and len(present) == 9 and len(checks) == 61
+    assert len(with_problem) == 7 and len(present) == 9 and len(checks) == 64
     expected = (
-        f"61 checks: 7 present (9 findings: {errors} error, {9 - errors} warning), 0 unknown, "
-        f"{len(absent)} absent, {61 - 7 - len(absent)} not applicable."
+        f"64 checks: 7 present (9 findings: {errors} error, {9 - errors} warning), 0 unknown, "
+        f"{len(absent)} absent, {64 - 7 - len(absent)} not applicable."
     )
-    assert out.endswith(f"\n{expected}\n") and out.startswith("preflight ") and " 61 checks in " in out.replace("\n", " ")
+    assert out.endswith(f"\n{expected}\n") and out.startswith("preflight ") and " 64 checks in " in out.replace("\n", " ")
     assert "GPU001" in run_cli("node", "--root", str(example_root), "--show-all").stdout
 
 
@@ -255,11 +255,11 @@ def test_every_reference_present_and_absent_on_recorded_roots(run_cli: Runner, e
 @pytest.mark.parametrize(
     ("args", "reason"),
     [
-        (["--select", "GLOO002"], "GLOO002: no node check (preflight explain finds it in logs)"),
+        (["--select", "IB001"], "IB001: no node check (preflight explain finds it in logs)"),
         (["--profile", "prolog", "--select", "SOCK002"], "SOCK002: not in the prolog profile (runs in: full)"),
         (["--select", "MEM001", "--ignore", "MEM"], "MEM001: removed by --ignore MEM"),
-        (["--select", "GLOO002,SOCK002", "--profile", "prolog"],
-         "GLOO002: no node check (preflight explain finds it in logs); SOCK002: not in the prolog profile (runs in: full)"),
+        (["--select", "IB002,SOCK002", "--profile", "prolog"],
+         "IB002: no node check (preflight explain finds it in logs); SOCK002: not in the prolog profile (runs in: full)"),
     ],
 )
 def test_a_selection_that_runs_nothing_is_no_verdict(run_cli: Runner, example_root: Path, args: list[str], reason: str) -> None:

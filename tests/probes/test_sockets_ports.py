@@ -124,7 +124,7 @@ def test_master_port_inside_the_range_unless_reserved(run_cli: Runner, tmp_path:
 
 def test_clean_example_root_is_absent(run_cli: Runner, clean_root: Path) -> None:
     found = findings(run_cli, clean_root)
-    assert {ref: f["status"] for ref, f in found.items()} == {"SOCK001": "absent", "SOCK002": "absent", "SOCK005": "absent"}
+    assert {ref: f["status"] for ref, f in found.items()} == {"SOCK001": "absent", "SOCK002": "absent", "SOCK004": "absent", "SOCK005": "absent"}
 
 
 # -- bad input ----------------------------------------------------------------------------------------

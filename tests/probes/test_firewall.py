@@ -1,0 +1,479 @@
+"""The firewall probe on real nftables rulesets: each test makes its own network namespace, loads
+a ruleset into it with ``nft -f`` (never the host's own ruleset), reads it back through netlink
+from inside the namespace and runs SOCK004, NCCL004 and GLOO002 there; the pure parts (set
+intervals, the evaluator's walk) are tested on hand-built rules."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from conftest import preflight_command
+from netns_lab import ENTER, Namespace, namespace
+
+from preflight.model import Unknown
+from preflight.probes.firewall import (
+    PEER_ERROR,
+    FirewallFacts,
+    Interface,
+    Outcome,
+    Packet,
+    evaluate,
+    port_fates,
+    readable_ruleset,
+)
+from preflight.sources.nftables import Chain, Condition, Rule, Ruleset, set_intervals
+
+FIREWALL_REFS = "SOCK004,NCCL004,GLOO002"
+
+PROBE = """
+import socket  # before dropping root below: this interpreter lives under /root, unreadable to nobody
+import sys
+import msgspec
+from preflight.probes.firewall import probe_firewall
+from preflight.sources import Sources
+import preflight.sources.nftables as nftables
+if len(sys.argv) > 1:
+    nftables.MAX_RULES = int(sys.argv[1])
+if len(sys.argv) > 2:
+    import os
+    os.setuid(int(sys.argv[2]))
+sources = Sources.for_node("/")
+print(msgspec.json.encode(probe_firewall(sources.fs, sources.netlink)).decode())
+"""
+
+FIREWALLD_LIKE = """
+table inet firewalld {
+    chain filter_INPUT {
+        type filter hook input priority filter + 10; policy accept;
+        ct state { established, related } accept
+        ct status dnat accept
+        iifname "lo" accept
+        ct state invalid drop
+        jump filter_INPUT_ZONES
+        reject with icmpx admin-prohibited
+    }
+    chain filter_INPUT_ZONES {
+        iifname "ens9" goto filter_IN_trusted
+        goto filter_IN_public
+    }
+    chain filter_IN_trusted {
+        accept
+    }
+    chain filter_IN_public {
+        jump filter_IN_public_allow
+        meta l4proto { icmp, ipv6-icmp } accept
+    }
+    chain filter_IN_public_allow {
+        tcp dport 22 ct state { new, untracked } accept
+        ip6 daddr fe80::/64 udp dport 546 ct state { new, untracked } accept
+    }
+}
+"""
+
+# What `iptables -P INPUT DROP; iptables -A INPUT -i lo -j ACCEPT; iptables -A INPUT -p tcp --dport 22
+# -j ACCEPT` leaves with the nft backend: table ip filter, base chain INPUT at priority 0.
+IPTABLES_NFT_DROP = """
+table ip filter {
+    chain INPUT {
+        type filter hook input priority filter; policy drop;
+        iifname "lo" counter accept
+        ct state related,established counter accept
+        meta l4proto tcp tcp dport 22 counter accept
+    }
+}
+"""
+
+EPHEMERAL_ALLOWED = """
+table inet filter {
+    chain input {
+        type filter hook input priority 0; policy drop;
+        ct state established,related accept
+        iifname "lo" accept
+        tcp dport { 22, 29500 } accept
+        tcp dport 32768-60999 accept
+    }
+}
+"""
+
+UNDECODED_DROP = """
+table inet filter {
+    chain input {
+        type filter hook input priority 0; policy accept;
+        fib daddr type local tcp dport 40000-50000 drop
+    }
+}
+"""
+
+RENDEZVOUS_RESET = """
+table ip filter {
+    chain INPUT {
+        type filter hook input priority 0; policy accept;
+        tcp dport 29500 reject with tcp reset
+    }
+}
+"""
+
+
+@pytest.fixture
+def ns(tmp_path: Path) -> Iterator[Namespace]:
+    if shutil.which("nft") is None:
+        pytest.skip("nft (Debian package nftables) is not installed; .ci/run installs it")
+    with namespace("fw", tmp_path) as made:
+        made.nic("ens9", "10.60.0.2/24")
+        made.sysctl(ipv4__ip_local_port_range="32768 60999")
+        yield made
+
+
+def load(ns: Namespace, ruleset: str) -> None:
+    path = ns.home / "ruleset.nft"
+    path.write_text(ruleset)
+    result = subprocess.run(["ip", "netns", "exec", ns.name, "nft", "-f", str(path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+
+
+def probe(ns: Namespace, *args: str) -> FirewallFacts:
+    return msgspec.json.decode(ns.python(PROBE, *args), type=FirewallFacts)
+
+
+def run_checks(ns: Namespace, env: dict[str, str] | None = None, root: str = "") -> dict[tuple[str, str], tuple[str, str]]:
+    """(id, subject) -> (status, evidence or reason) of the three checks run inside the namespace."""
+    command = [*preflight_command(), "node", "--select", FIREWALL_REFS, "--format", "json"]
+    if root:
+        command += ["--root", root]
+    clean = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(ns.home), **(env or {})}
+    result = subprocess.run([sys.executable, "-c", ENTER, ns.name, *command], capture_output=True, text=True, timeout=120, env=clean, cwd=ns.home)
+    assert result.returncode in (0, 1, 2), result.stderr
+    report: dict[str, Any] = json.loads(result.stdout)
+    return {
+        (f["id"], f["subject"]): (f["status"], f.get("reason") or " | ".join(e["observed"] for e in f["evidence"]))
+        for f in report["findings"]
+    }
+
+
+def statuses(found: dict[tuple[str, str], tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """The findings that are not absent (an absent one is reported once, for the node)."""
+    return {key: value[0] for key, value in found.items() if value[0] != "absent"}
+
+
+# -- live namespaces ----------------------------------------------------------------------------
+
+
+def test_firewalld_default_zone_rejects_nccl_and_gloo_ports_but_a_trusted_interface_passes(ns: Namespace) -> None:
+    load(ns, FIREWALLD_LIKE)
+    facts = probe(ns)
+    assert facts.error == "" and facts.legacy_tables == ()
+    chains = {c.name: c for c in facts.ruleset.chains} if facts.ruleset else {}
+    assert chains["filter_INPUT"].hook == "input" and chains["filter_INPUT"].priority == 10
+    assert chains["filter_INPUT"].rules[-1].reject_with == "admin-prohibited"
+    found = run_checks(ns, {"NCCL_SOCKET_IFNAME": "=q-ens9", "GLOO_SOCKET_IFNAME": "q-ens9"})
+    assert statuses(found) == {("SOCK004", "q-ens9"): "present", ("GLOO002", "q-ens9"): "present"}
+    assert "32768-60999" in found[("SOCK004", "q-ens9")][1] and "No route to host" in found[("SOCK004", "q-ens9")][1]
+    assert "29500" in found[("GLOO002", "q-ens9")][1]
+    # the cluster interface sits in the trusted zone: nothing is rejected there
+    assert statuses(run_checks(ns, {"NCCL_SOCKET_IFNAME": "=ens9", "GLOO_SOCKET_IFNAME": "ens9"})) == {}
+
+
+def test_no_table_and_an_accept_all_table_let_everything_through(ns: Namespace) -> None:
+    assert statuses(run_checks(ns, {"NCCL_SOCKET_IFNAME": "=ens9"})) == {}
+    facts = probe(ns)
+    assert facts.ruleset is not None and facts.ruleset.chains == ()
+    load(ns, "table inet filter {\n chain input {\n type filter hook input priority 0; policy accept;\n }\n}\n")
+    assert statuses(run_checks(ns, {"NCCL_SOCKET_IFNAME": "=ens9"})) == {}
+
+
+def test_iptables_nft_drop_policy_times_nccl_out(ns: Namespace) -> None:
+    load(ns, IPTABLES_NFT_DROP)
+    found = run_checks(ns, {"NCCL_SOCKET_IFNAME": "=ens9", "GLOO_SOCKET_IFNAME": "ens9"})
+    assert statuses(found) == {("NCCL004", "ens9"): "present", ("GLOO002", "ens9"): "present"}
+    assert "policy drop" in found[("NCCL004", "ens9")][1] and "times out" in found[("NCCL004", "ens9")][1]
+
+
+def test_a_rule_that_opens_the_ephemeral_range_and_the_rendezvous_port(ns: Namespace) -> None:
+    load(ns, EPHEMERAL_ALLOWED)
+    assert statuses(run_checks(ns, {"NCCL_SOCKET_IFNAME": "=ens9", "GLOO_SOCKET_IFNAME": "ens9"})) == {}
+    # a wider ephemeral range than the rule opens: the ports above it are dropped
+    ns.sysctl(ipv4__ip_local_port_range="32768 65000")
+    found = run_checks(ns, {"NCCL_SOCKET_IFNAME": "=ens9"})
+    assert found[("NCCL004", "ens9")][0] == "present"
+    assert "61000-65000" in found[("NCCL004", "ens9")][1]
+
+
+def test_an_expression_we_do_not_decode_leaves_the_drop_unknown(ns: Namespace) -> None:
+    load(ns, UNDECODED_DROP)
+    facts = probe(ns)
+    rule = facts.ruleset.chains[0].rules[0] if facts.ruleset else None
+    assert rule is not None and any(c.op == "opaque" for c in rule.conditions)
+    found = statuses(run_checks(ns, {"NCCL_SOCKET_IFNAME": "=ens9", "GLOO_SOCKET_IFNAME": "ens9"}))
+    # a drop can never be a refusal, so SOCK004 stays absent; the drop itself depends on fib
+    assert found == {("NCCL004", "ens9"): "unknown", ("GLOO002", "ens9"): "unknown"}
+
+
+def test_the_rendezvous_port_alone_refused(ns: Namespace) -> None:
+    load(ns, RENDEZVOUS_RESET)
+    found = run_checks(ns, {"GLOO_SOCKET_IFNAME": "ens9", "MASTER_PORT": "29500"})
+    assert found[("GLOO002", "ens9")][0] == "present" and "tcp reset" in found[("GLOO002", "ens9")][1]
+    assert statuses(run_checks(ns, {"GLOO_SOCKET_IFNAME": "ens9", "MASTER_PORT": "29600"})) == {}
+
+
+def test_without_cap_net_admin_the_rules_are_unknown(ns: Namespace) -> None:
+    load(ns, IPTABLES_NFT_DROP)
+    facts = probe(ns, "10000", "65534")
+    assert facts.ruleset is None and "CAP_NET_ADMIN" in facts.error
+    with pytest.raises(Unknown, match="CAP_NET_ADMIN"):
+        readable_ruleset(facts)
+
+
+def test_a_ruleset_past_the_rule_cap_is_not_judged(ns: Namespace) -> None:
+    rules = "\n".join(f"tcp dport {1000 + n} accept" for n in range(30))
+    load(ns, f"table inet filter {{\n chain input {{\n type filter hook input priority 0; policy drop;\n{rules}\n }}\n}}\n")
+    assert probe(ns).ruleset is not None
+    facts = probe(ns, "20")
+    assert facts.ruleset is None and "30 rules, more than the 20 read" in facts.error
+
+
+def test_snapshot_records_the_ruleset_and_a_root_without_it_is_unknown(ns: Namespace, tmp_path: Path) -> None:
+    load(ns, IPTABLES_NFT_DROP)
+    env = {"NCCL_SOCKET_IFNAME": "=ens9"}
+    live = run_checks(ns, env)
+    archive = tmp_path / "snap.tar.gz"
+    command = [*preflight_command(), "snapshot", str(archive)]
+    clean = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(ns.home), **env}
+    result = subprocess.run([sys.executable, "-c", ENTER, ns.name, *command], capture_output=True, text=True, timeout=300, env=clean, cwd=ns.home)
+    assert result.returncode == 0, result.stderr
+    unpacked = tmp_path / "root"
+    unpacked.mkdir()
+    shutil.unpack_archive(archive, unpacked)
+    recording = json.loads((unpacked / ".preflight" / "firewall.json").read_text())
+    assert recording["format"] == "preflight-firewall/1" and recording["ruleset"]["chains"][0]["policy"] == "drop"
+    assert statuses(run_checks(ns, root=str(unpacked))) == statuses(live)
+    # links and addresses from the root's files instead of netlink.json: the ruleset still replays
+    (unpacked / ".preflight" / "netlink.json").unlink()
+    assert statuses(run_checks(ns, root=str(unpacked))) == statuses(live)
+    # the same root without its firewall recording: unknown, never absent
+    (unpacked / ".preflight" / "firewall.json").unlink()
+    replayed = run_checks(ns, root=str(unpacked))
+    assert {key: value for key, value in replayed.items() if key[0] == "NCCL004"} == {
+        ("NCCL004", "node"): ("unknown", "nf_tables netlink: firewall rules not recorded (this root has no .preflight/firewall.json)")
+    }
+
+
+# -- pure parts ---------------------------------------------------------------------------------
+
+
+def _chain(name: str, *rules: Rule, hook: str = "", policy: str = "", priority: int = 0) -> Chain:
+    return Chain("inet", "t", name, hook, priority if hook else None, policy, "filter" if hook else "", rules)
+
+
+def _dport(low: int, high: int) -> Condition:
+    return Condition("th dport", "in", (f"{low}-{high}",))
+
+
+PACKET = Packet(4, 40000, "eth0", 2)
+
+
+def test_interval_set_elements_become_inclusive_ranges() -> None:
+    # nft sends [start, end) pairs: the end marker (flag 1) is the first port after the interval
+    elements = [(b"\x03\xe8", 0), (b"\x07\xd1", 1), (b"\x13\x88", 0), (b"\x13\x89", 1)]
+    assert set_intervals(elements, 0x04, 2) == ((b"\x03\xe8", b"\x07\xd0"), (b"\x13\x88", b"\x13\x88"))
+    assert set_intervals([(b"\x00\x16", 0)], 0, 2) == ((b"\x00\x16", b"\x00\x16"),)
+    assert set_intervals([], 0x08, 2) == "concatenated or map set"
+
+
+def test_jump_returns_goto_does_not_and_policy_ends_the_base_chain() -> None:
+    helper = _chain("helper", Rule(1, (_dport(1, 100),), "accept"))
+    jump = _chain("input", Rule(1, (), "jump", "helper"), Rule(2, (), "reject", reject_with="tcp reset"), hook="input", policy="accept")
+    ruleset = Ruleset((jump, helper), 3)
+    assert {o.kind for o in evaluate(ruleset, PACKET)} == {"rejected"}
+    goto = _chain("input", Rule(1, (), "goto", "helper"), Rule(2, (), "reject"), hook="input", policy="drop")
+    assert evaluate(Ruleset((goto, helper), 3), PACKET) == {Outcome("dropped", "inet t input", "policy drop")}
+
+
+def test_accept_ends_only_its_base_chain_in_priority_order() -> None:
+    early = _chain("early", Rule(1, (), "accept"), hook="input", policy="accept", priority=-10)
+    late = _chain("late", Rule(1, (_dport(40000, 40000),), "drop"), hook="input", policy="accept", priority=10)
+    assert {o.kind for o in evaluate(Ruleset((late, early), 2), PACKET)} == {"dropped"}
+    prerouting = _chain("pre", Rule(1, (_dport(40000, 40000),), "drop"), hook="prerouting", policy="accept", priority=50)
+    assert {o.rule for o in evaluate(Ruleset((late, prerouting), 2), PACKET)} == {"th dport { 40000-40000 } drop"}
+
+
+def test_an_undecidable_source_address_follows_both_ways() -> None:
+    rule = Rule(1, (Condition("ip saddr", "==", ("10.0.0.0/8",)),), "accept")
+    chain = _chain("input", rule, hook="input", policy="drop")
+    assert {o.kind for o in evaluate(Ruleset((chain,), 1), PACKET)} == {"accepted", "dropped"}
+    loopback = _chain("input", Rule(1, (Condition("ip saddr", "==", ("127.0.0.0/8",)),), "accept"), hook="input", policy="drop")
+    assert {o.kind for o in evaluate(Ruleset((loopback,), 1), PACKET)} == {"dropped"}
+
+
+def test_ct_state_new_and_tcp_syn_are_what_the_packet_carries() -> None:
+    rules = (
+        Rule(1, (Condition("ct state", "!=", ("0",), 0x6),), "accept"),  # established,related: not a new SYN
+        Rule(2, (Condition("tcp flags", "==", ("2",), 0x12),), "drop"),  # syn without ack
+    )
+    assert {o.kind for o in evaluate(Ruleset((_chain("input", *rules, hook="input", policy="accept"),), 2), PACKET)} == {"dropped"}
+
+
+def test_a_jump_loop_and_too_many_branches_end_unknown() -> None:
+    loop = Ruleset((_chain("input", Rule(1, (), "jump", "a"), hook="input", policy="accept"), _chain("a", Rule(1, (), "jump", "a"))), 2)
+    assert [o.kind for o in evaluate(loop, PACKET)] == ["unknown"]
+    opaque = tuple(Rule(n, (Condition("", "opaque", ("fib",)),), "accept") for n in range(80))
+    many = Ruleset((_chain("input", *opaque, hook="input", policy="drop"),), 80)
+    assert [o.kind for o in evaluate(many, PACKET)] == ["unknown"]
+
+
+def test_port_fates_cut_the_range_where_rules_change_their_answer() -> None:
+    chain = _chain("input", Rule(1, (_dport(32768, 50000),), "accept"), hook="input", policy="drop")
+    ruleset = Ruleset((chain,), 1)
+    facts = FirewallFacts(ruleset, "", "test", (), "", (Interface("eth0", 2),))
+    fates = port_fates(facts, ruleset, facts.interfaces, ((32768, 60999),))
+    assert [(f.low, f.high, f.outcomes[0].kind) for f in fates] == [(32768, 50000, "accepted"), (50001, 60999, "dropped")]
+
+
+def test_legacy_iptables_tables_make_the_rules_unknown() -> None:
+    facts = FirewallFacts(Ruleset((), 0), "", "test", ("ip:filter",), "", ())
+    with pytest.raises(Unknown, match="legacy iptables"):
+        readable_ruleset(facts)
+
+
+PEER_ERRORS = """
+table inet t {
+    chain input {
+        type filter hook input priority 0; policy accept;
+        tcp dport 45001 reject with icmpx admin-prohibited
+        tcp dport 45002 reject with tcp reset
+        tcp dport 45003 reject with icmpx port-unreachable
+        tcp dport 45004 reject with icmp host-prohibited
+    }
+}
+"""
+
+CONNECT = """
+import socket, sys
+for port in sys.argv[1:]:
+    s = socket.socket()
+    s.settimeout(5)
+    try:
+        s.connect(("127.0.0.1", int(port)))
+        print(port, "connected")
+    except OSError as error:
+        print(port, error.strerror)
+"""
+
+
+def test_what_the_peer_sees_for_each_reject_is_what_the_kernel_reports(ns: Namespace) -> None:
+    """PEER_ERROR against real connects: the rules reject on loopback here, which the kernel
+    answers the same way as on any interface."""
+    load(ns, PEER_ERRORS)
+    facts = probe(ns)
+    assert facts.ruleset is not None
+    rejected = {int(r.conditions[-1].values[0]): r.reject_with for r in facts.ruleset.chains[0].rules}
+    seen = dict(line.split(" ", 1) for line in ns.python(CONNECT, *map(str, rejected)).splitlines())
+    assert {int(port): error for port, error in seen.items()} == {port: PEER_ERROR[kind] for port, kind in rejected.items()}
+
+
+def test_attributes_that_overrun_their_message_are_refused() -> None:
+    from preflight.sources.nftables import _attrs
+
+    assert list(_attrs(b"\x08\x00\x01\x00abcd")) == [(1, b"abcd")]
+    with pytest.raises(ValueError, match="overruns"):
+        list(_attrs(b"\x10\x00\x01\x00abcd"))
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        (None, "firewall rules not recorded (this root has no .preflight/firewall.json)"),
+        ('{"format": "preflight-firewall/1", "error": "operation not permitted (EPERM)", "source": "nf_tables netlink"}', "operation not permitted (EPERM)"),
+        ('{"format": "preflight-netlink/1"}', "not a preflight-firewall/1 recording"),
+        ('{"format": "preflight-firewall/1", "ruleset": {"chains": "many"}}', "malformed firewall recording"),
+        ("{not json", "unreadable firewall recording"),
+    ],
+)
+def test_a_firewall_recording_that_cannot_answer_says_why(tmp_path: Path, text: str | None, reason: str) -> None:
+    from preflight.sources.fs import SourceError
+    from preflight.sources.netlink import load_firewall
+
+    path = None
+    if text is not None:
+        path = tmp_path / "firewall.json"
+        path.write_text(text)
+    with pytest.raises(SourceError) as raised:
+        load_firewall(None if path is None else str(path))
+    assert raised.value.reason.startswith(reason)
+
+
+def test_hostile_rule_values_never_crash_the_walk() -> None:
+    """A recording is untrusted: values that parse as nothing make a rule undecidable, not an error."""
+    odd = (
+        Condition("th dport", "in", ("x-y", "")),
+        Condition("th dport", "<", ()),
+        Condition("ip saddr", "==", ("not-an-address/99",)),
+        Condition("iif", "==", ("eth0",)),
+    )
+    rules = tuple(Rule(n, (condition,), "drop") for n, condition in enumerate(odd))
+    outcomes = evaluate(Ruleset((_chain("input", *rules, hook="input", policy="accept"),), len(rules)), PACKET)
+    assert {o.kind for o in outcomes} <= {"dropped", "accepted"} and "dropped" in {o.kind for o in outcomes}
+
+
+IPTABLES_COMMANDS = (
+    "-P INPUT DROP",
+    "-A INPUT -i lo -j ACCEPT",
+    "-A INPUT -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
+    "-A INPUT -m state --state INVALID -j DROP",
+    "-A INPUT -p tcp --dport 22 -m comment --comment ssh -j ACCEPT",
+    "-A INPUT -p tcp -m multiport --dports 29500,29400,30000:31000 -j ACCEPT",
+    "-A INPUT -p tcp --dport 40000:50000 -j REJECT --reject-with tcp-reset",
+)
+
+
+def test_real_iptables_nft_rules_with_xt_matches(ns: Namespace) -> None:
+    """iptables-nft itself writes the rules: conntrack, state and multiport stay xt matches in
+    nf_tables, which the reader decodes; the rest of the range falls to the DROP policy."""
+    if shutil.which("iptables-nft") is None:
+        pytest.skip("iptables-nft (Debian package iptables) is not installed; .ci/run installs it")
+    for command in IPTABLES_COMMANDS:
+        subprocess.run(["ip", "netns", "exec", ns.name, "iptables-nft", *command.split()], check=True, capture_output=True, timeout=60)
+    facts = probe(ns)
+    assert facts.ruleset is not None
+    texts = [rule.text() for rule in facts.ruleset.chains[0].rules]
+    assert "ct state & 0x6 != 0 accept" in texts and "ct state & 0x1 != 0 drop" in texts
+    assert "meta l4proto == 6 th dport { 29500, 29400, 30000-31000 } accept" in texts
+    found = run_checks(ns, {"NCCL_SOCKET_IFNAME": "=ens9", "GLOO_SOCKET_IFNAME": "ens9"})
+    assert statuses(found) == {("SOCK004", "ens9"): "present", ("NCCL004", "ens9"): "present", ("GLOO002", "ens9"): "present"}
+    assert "40000-50000" in found[("SOCK004", "ens9")][1] and "Connection refused" in found[("SOCK004", "ens9")][1]
+    assert "50001-60999" in found[("NCCL004", "ens9")][1] and "32768-39999" in found[("NCCL004", "ens9")][1]
+    assert "rendezvous" not in found[("GLOO002", "ens9")][1]  # 29500 is open
+
+
+def test_xt_match_structs_decode_only_what_they_can_say_alone() -> None:
+    import struct as struct_codes
+
+    from preflight.sources.nftables import xt_conntrack_condition, xt_multiport_condition
+
+    def conntrack(flags: int, invert: int, state: int) -> bytes:
+        return bytes(146) + struct_codes.pack("=HHHH", flags, invert, state, 0) + bytes(8)
+
+    assert xt_conntrack_condition(3, conntrack(1, 0, 0x8)) == Condition("ct state", "!=", ("0",), 0x8)
+    assert xt_conntrack_condition(3, conntrack(1, 1, 0x8)) == Condition("ct state", "==", ("0",), 0x8)
+    assert xt_conntrack_condition(3, conntrack(1 | 1 << 2, 0, 0x8)) is None  # plus an address test
+    assert xt_conntrack_condition(3, b"short") is None
+    ports = struct_codes.pack("=15H", 100, 200, 300, *([0] * 12))
+    flags = bytes([0, 1]) + bytes(13)  # ports[1] starts a range ending at ports[2]
+    assert xt_multiport_condition(1, bytes([1, 3]) + ports + flags + b"\x01") == Condition("th dport", "not in", ("100", "200-300"))
+    assert xt_multiport_condition(1, bytes([0, 3]) + ports + flags + b"\x00") is None  # source ports
+
+
+def test_a_netdev_ingress_chain_sees_only_its_own_device(ns: Namespace) -> None:
+    load(ns, 'table netdev edge {\n chain in {\n type filter hook ingress device "q-ens9" priority 0; policy drop;\n }\n}\n')
+    facts = probe(ns)
+    assert facts.ruleset is not None and facts.ruleset.chains[0].devices == ("q-ens9",)
+    found = statuses(run_checks(ns, {"NCCL_SOCKET_IFNAME": "=ens9,q-ens9", "GLOO_SOCKET_IFNAME": "ens9,q-ens9"}))
+    assert found == {("NCCL004", "q-ens9"): "present", ("GLOO002", "q-ens9"): "present"}
