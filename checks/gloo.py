@@ -72,7 +72,7 @@ def gloo_rendezvous_connection_refused(firewall: FirewallFacts, sockets: SocketF
     port = int(value) if value else TORCH_DEFAULT_PORT
     # Gloo takes GLOO_SOCKET_IFNAME as exact names; unset, the host name's address (any interface).
     names = job.environ.get(GLOO_IFNAME)
-    interfaces = gloo_interfaces(firewall.interfaces, names)
+    interfaces = gloo_interfaces(firewall.interfaces, names, firewall.addressed)
     if not interfaces:
         raise NotApplicable(f"no interface Gloo would listen on (only loopback, or {GLOO_IFNAME} names none this node has)")
     blocked = frozenset({"dropped", "rejected"})

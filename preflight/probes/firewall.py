@@ -8,7 +8,12 @@ Sources:
 * ``/proc/net/ip_tables_names`` and ``/proc/net/ip6_tables_names``: tables of the legacy
   iptables backend (``x_tables``), which netlink does not show; a node that has any is unknown;
 * the namespace's interfaces (``if_nameindex(3)``), read with the rules and recorded with them:
-  ``/sys/class/net`` shows the namespace sysfs was mounted in, not necessarily the caller's.
+  ``/sys/class/net`` shows the namespace sysfs was mounted in, not necessarily the caller's;
+* which of them hold an IPv4 address: ``/proc/net/fib_trie``'s local addresses, placed on an
+  interface by ``/proc/net/route`` (as :class:`preflight.sources.netlink.FileNetlink` does).
+  NCCL and Gloo listen only on interfaces with an address (NCCL's interface search skips any
+  without one of the family, ``src/os/linux.cc``), so a bond or bridge port, a container's veth or
+  an unconfigured port is never where a peer's SYN arrives, whatever zone the firewall gives it.
 
 The evaluator (:func:`evaluate`) answers one question: what happens to a TCP SYN that another
 host sends to local port P on interface I. It follows netfilter's order: the netdev and inet
@@ -66,6 +71,9 @@ class FirewallFacts(Struct, frozen=True):
     legacy_tables: tuple[str, ...]  # "ip:filter" per table of the legacy iptables backend
     legacy_error: str  # why the legacy table lists could not be read, "" when they were
     interfaces: tuple[Interface, ...]  # read with the rules, loopback included; () when unread
+    # names of the interfaces holding an IPv4 address; None when that could not be told (a file
+    # missing or unreadable, or an address no route places), and then no interface is left out
+    addressed: tuple[str, ...] | None = None
 
 
 class Outcome(Struct, frozen=True):
@@ -290,10 +298,16 @@ def port_boundaries(ruleset: Ruleset) -> set[int]:
 # -- the probe ----------------------------------------------------------------------------------
 
 
-def selected_interfaces(interfaces: tuple[Interface, ...], setting: str | None) -> tuple[Interface, ...]:
+def _listening(interfaces: tuple[Interface, ...], addressed: tuple[str, ...] | None) -> tuple[Interface, ...]:
+    """``interfaces`` but loopback and, when known, those without an IPv4 address."""
+    return tuple(i for i in interfaces if i.name != "lo" and (addressed is None or i.name in addressed))
+
+
+def selected_interfaces(interfaces: tuple[Interface, ...], setting: str | None, addressed: tuple[str, ...] | None = None) -> tuple[Interface, ...]:
     """The interfaces a socket library listening per its ``*_SOCKET_IFNAME`` can be reached on:
-    the list's choice, or NCCL's default (``ib*`` first, else anything but ``docker*`` and ``lo``)."""
-    candidates = tuple(i for i in interfaces if i.name != "lo")
+    the list's choice, or NCCL's default (``ib*`` first, else anything but ``docker``, ``lo`` and
+    ``virbr``: ``src/misc/socket.cc``), among those with an address."""
+    candidates = _listening(interfaces, addressed)
     if setting:
         # NCCL's list grammar; imported here because its module is otherwise full-profile only
         from preflight.probes.nccl_socket import list_selects, parse_ifname_list
@@ -301,17 +315,23 @@ def selected_interfaces(interfaces: tuple[Interface, ...], setting: str | None) 
         spec = parse_ifname_list(setting)
         return tuple(i for i in candidates if list_selects(spec, i.name))
     infiniband = tuple(i for i in candidates if i.name.startswith("ib"))
-    return infiniband or tuple(i for i in candidates if not i.name.startswith("docker"))
+    return infiniband or tuple(i for i in candidates if not i.name.startswith(_VIRTUAL_BRIDGES))
 
 
-def gloo_interfaces(interfaces: tuple[Interface, ...], setting: str | None) -> tuple[Interface, ...]:
+#: Bridges NCCL passes over unless nothing else is left (docker's and libvirt's); a firewall
+#: commonly rejects on them (firewalld's libvirt zone does) without touching the cluster's traffic.
+_VIRTUAL_BRIDGES = ("docker", "virbr")
+
+
+def gloo_interfaces(interfaces: tuple[Interface, ...], setting: str | None, addressed: tuple[str, ...] | None = None) -> tuple[Interface, ...]:
     """The interfaces Gloo can be reached on: ``GLOO_SOCKET_IFNAME``'s exact names (comma
     separated, as PyTorch splits them); unset, Gloo uses the host name's address, on any
-    interface but loopback and docker bridges."""
+    addressed interface but loopback and docker or libvirt bridges."""
+    candidates = _listening(interfaces, addressed)
     if setting:
         names = {name.strip() for name in setting.split(",")}
-        return tuple(i for i in interfaces if i.name in names and i.name != "lo")
-    return tuple(i for i in interfaces if i.name != "lo" and not i.name.startswith("docker"))
+        return tuple(i for i in candidates if i.name in names)
+    return tuple(i for i in candidates if not i.name.startswith(_VIRTUAL_BRIDGES))
 
 
 def _legacy_tables(fs: NodeFS) -> tuple[tuple[str, ...], str]:
@@ -348,7 +368,27 @@ def probe_firewall(fs: NodeFS, netlink: Netlink) -> FirewallFacts:
     except SourceError as failure:
         ruleset, error, source = None, failure.reason, failure.source
     interfaces = tuple(Interface(name, index) for index, name in ruleset.interfaces) if ruleset else ()
-    return FirewallFacts(ruleset, error, source, legacy, legacy_error, interfaces)
+    return FirewallFacts(ruleset, error, source, legacy, legacy_error, interfaces, _ipv4_interfaces(fs))
+
+
+def _ipv4_interfaces(fs: NodeFS) -> tuple[str, ...] | None:
+    """Names of the interfaces holding an IPv4 address, or None when that cannot be told."""
+    from preflight.sources.netlink import attach_ipv4, parse_fib_trie_locals, parse_proc_net_route
+
+    try:
+        trie, route_table = fs.read("/proc/net/fib_trie"), fs.read("/proc/net/route")
+    except SourceError:
+        return None
+    if trie is None or route_table is None:
+        return None  # not captured: every interface stays a candidate
+    routes = parse_proc_net_route(route_table)
+    names = set()
+    for local in parse_fib_trie_locals(trie):
+        placed = attach_ipv4(local, routes)
+        if not placed.ifname:
+            return None  # an address we cannot place might be on any interface
+        names.add(placed.ifname)
+    return tuple(sorted(names))
 
 
 # -- what the checks ask ------------------------------------------------------------------------
@@ -477,7 +517,7 @@ def nccl_port_findings(firewall: FirewallFacts, sockets: SocketFacts, job: JobFa
     if sockets.port_range is None:
         raise Unknown(f"{PORT_RANGE} unread: the ports NCCL listens on are not known")
     setting = job.nccl("NCCL_SOCKET_IFNAME")
-    interfaces = selected_interfaces(firewall.interfaces, setting.value if setting else None)
+    interfaces = selected_interfaces(firewall.interfaces, setting.value if setting else None, firewall.addressed)
     if not interfaces:
         raise NotApplicable("no interface NCCL would listen on (only loopback, or NCCL_SOCKET_IFNAME selects none)")
     fates = port_fates(firewall, ruleset, interfaces, (sockets.port_range,))

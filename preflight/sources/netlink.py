@@ -372,7 +372,7 @@ class FileNetlink:
         trie = self._fs.read("/proc/net/fib_trie") or ""
         routes = parse_proc_net_route(self._fs.read("/proc/net/route") or "")
         for local in parse_fib_trie_locals(trie):
-            found.append(_attach_ipv4(local, routes))
+            found.append(attach_ipv4(local, routes))
         return found
 
     def route_get(self, destination: str, source: str = "") -> Route:
@@ -451,7 +451,9 @@ def parse_proc_net_route(text: str) -> list[_Route]:
     return routes
 
 
-def _attach_ipv4(local: str, routes: list[_Route]) -> Address:
+def attach_ipv4(local: str, routes: list[_Route]) -> Address:
+    """``local`` (a /32 LOCAL address of fib_trie) on the interface of the most specific
+    gateway-less route containing it; ifname "" when no route places it."""
     try:
         address = ipaddress.IPv4Address(local)
     except ValueError:

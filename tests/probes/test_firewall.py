@@ -27,8 +27,10 @@ from preflight.probes.firewall import (
     Outcome,
     Packet,
     evaluate,
+    gloo_interfaces,
     port_fates,
     readable_ruleset,
+    selected_interfaces,
 )
 from preflight.sources.nftables import Chain, Condition, Rule, Ruleset, set_intervals
 
@@ -169,6 +171,11 @@ def statuses(found: dict[tuple[str, str], tuple[str, str]]) -> dict[tuple[str, s
 
 def test_firewalld_default_zone_rejects_nccl_and_gloo_ports_but_a_trusted_interface_passes(ns: Namespace) -> None:
     load(ns, FIREWALLD_LIKE)
+    # Without an address q-ens9 is no interface NCCL or Gloo listen on: its zone rejects, but no
+    # peer's SYN arrives there (a bond port, a container veth), so nothing is judged on it.
+    unaddressed = statuses(run_checks(ns, {"NCCL_SOCKET_IFNAME": "=q-ens9", "GLOO_SOCKET_IFNAME": "q-ens9"}))
+    assert unaddressed == {(ref, "node"): "not_applicable" for ref in ("SOCK004", "NCCL004", "GLOO002")}
+    ns.addr("q-ens9", "10.61.0.2/24")
     facts = probe(ns)
     assert facts.error == "" and facts.legacy_tables == ()
     chains = {c.name: c for c in facts.ruleset.chains} if facts.ruleset else {}
@@ -473,7 +480,23 @@ def test_xt_match_structs_decode_only_what_they_can_say_alone() -> None:
 
 def test_a_netdev_ingress_chain_sees_only_its_own_device(ns: Namespace) -> None:
     load(ns, 'table netdev edge {\n chain in {\n type filter hook ingress device "q-ens9" priority 0; policy drop;\n }\n}\n')
+    ns.addr("q-ens9", "10.61.0.2/24")
     facts = probe(ns)
     assert facts.ruleset is not None and facts.ruleset.chains[0].devices == ("q-ens9",)
     found = statuses(run_checks(ns, {"NCCL_SOCKET_IFNAME": "=ens9,q-ens9", "GLOO_SOCKET_IFNAME": "ens9,q-ens9"}))
     assert found == {("NCCL004", "q-ens9"): "present", ("GLOO002", "q-ens9"): "present"}
+
+
+def test_only_interfaces_a_peer_can_reach_are_judged() -> None:
+    """NCCL's default search skips docker, lo and virbr (src/misc/socket.cc) and any interface
+    without an address; a bond or bridge port has none. When the addresses could not be read
+    (None), no interface is left out."""
+    links = tuple(Interface(name, index) for index, name in enumerate(("lo", "eno1", "ens1f0", "ens1f1", "bond0", "docker0", "virbr0"), 1))
+    addressed = ("bond0", "docker0", "eno1", "lo", "virbr0")
+    names = lambda found: [i.name for i in found]  # noqa: E731
+    assert names(selected_interfaces(links, None, addressed)) == ["eno1", "bond0"]
+    assert names(selected_interfaces(links, None, None)) == ["eno1", "ens1f0", "ens1f1", "bond0"]
+    assert names(selected_interfaces(links, "=virbr0", addressed)) == ["virbr0"]  # asked for by name
+    assert names(gloo_interfaces(links, None, addressed)) == ["eno1", "bond0"]
+    assert names(gloo_interfaces(links, "ens1f0,bond0", addressed)) == ["bond0"]
+    assert names(selected_interfaces(links + (Interface("ibp26s0", 9),), None, (*addressed, "ibp26s0"))) == ["ibp26s0"]
