@@ -35,8 +35,11 @@ main(sys.argv[2:])
 
 #: Never on the prolog's path: the CLI framework and node libraries a recorded root does not use,
 #: and what a careless import pulls in (typing_extensions -> inspect -> ast, tokenize;
-#: importlib.metadata -> email, zipfile, csv; dataclasses -> inspect).
-NEVER = HEAVY | {"typing_extensions", "inspect", "ast", "tokenize", "dataclasses", "importlib.metadata", "email", "zipfile", "csv", "tomllib", "asyncio", "ssl"}
+#: importlib.metadata -> email, zipfile, csv; dataclasses -> inspect; msgspec -> uuid -> platform).
+NEVER = HEAVY | {
+    "typing_extensions", "inspect", "ast", "tokenize", "dataclasses", "importlib.metadata", "email", "zipfile", "csv",
+    "tomllib", "asyncio", "ssl", "platform",
+}
 
 
 def imported(args: list[str], cwd: Path) -> list[set[str]]:
