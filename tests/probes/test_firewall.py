@@ -500,3 +500,18 @@ def test_only_interfaces_a_peer_can_reach_are_judged() -> None:
     assert names(gloo_interfaces(links, None, addressed)) == ["eno1", "bond0"]
     assert names(gloo_interfaces(links, "ens1f0,bond0", addressed)) == ["bond0"]
     assert names(selected_interfaces(links + (Interface("ibp26s0", 9),), None, (*addressed, "ibp26s0"))) == ["ibp26s0"]
+
+
+def test_gloo_without_an_interface_setting_is_judged_only_when_every_interface_blocks(ns: Namespace) -> None:
+    """GLOO_SOCKET_IFNAME unset: Gloo listens on the host name's address, so a management port in
+    a rejecting zone beside a trusted cluster interface is undecided, not an error; a ruleset that
+    blocks on both interfaces is present on both."""
+    ns.addr("q-ens9", "10.61.0.2/24")
+    load(ns, FIREWALLD_LIKE)
+    found = run_checks(ns, {"NCCL_SOCKET_IFNAME": "=ens9"})
+    assert found[("GLOO002", "q-ens9")][0] == "unknown"
+    assert "GLOO_SOCKET_IFNAME is unset" in found[("GLOO002", "q-ens9")][1] and "not on ens9" in found[("GLOO002", "q-ens9")][1]
+    assert ("GLOO002", "ens9") not in statuses(found)
+    load(ns, IPTABLES_NFT_DROP)
+    both = statuses(run_checks(ns, {"NCCL_SOCKET_IFNAME": "=ens9"}))
+    assert both[("GLOO002", "ens9")] == "present" and both[("GLOO002", "q-ens9")] == "present"
