@@ -324,6 +324,19 @@ def _ib_transport_off(job: JobFacts) -> str:
     return ""
 
 
+def _ib_ports(rdma: RdmaFacts, job: JobFacts) -> Selection:
+    """The RDMA ports NCCL's IB transport would use; NotApplicable when the job turns that
+    transport off, Unknown when the ports or NCCL_IB_HCA's choice cannot be told."""
+    off = _ib_transport_off(job)
+    if off:
+        raise NotApplicable(off)
+    require_rdma(rdma)
+    selection = nccl_selection(rdma, job)
+    if selection.unlisted:
+        raise Unknown(selection.unlisted[0])
+    return selection
+
+
 def _no_roce(rdma: RdmaFacts) -> str:
     if not any(port.link_layer == "Ethernet" for port in rdma.data_ports):
         return "no RDMA port with link_layer Ethernet (RoCE) on this node"
@@ -363,13 +376,7 @@ def roce_gpudirect_rdma_not_used(pcie: PcieFacts, rdma: RdmaFacts, nvlink: Nvlin
         if unclassified:
             raise Unknown(unclassified)
         raise NotApplicable("needs NVIDIA GPUs and RDMA NICs on this node")
-    off = _ib_transport_off(job)
-    if off:
-        raise NotApplicable(off)
-    require_rdma(rdma)
-    selection = nccl_selection(rdma, job)
-    if selection.unlisted:
-        raise Unknown(selection.unlisted[0])
+    selection = _ib_ports(rdma, job)
     usable = _usable_nics(pcie, selection)
     if not any(roce for _, roce in usable.values()):
         if selection.undecided:
@@ -469,13 +476,7 @@ def roce_packet_reordering(rdma: RdmaFacts, job: JobFacts, nccl_libs: NcclLibFac
     would drain healthy nodes. They are shown beside a finding, never one by themselves. Nor is
     NCCL_IB_ADAPTIVE_ROUTING=1 on RoCE a finding: it is how NCCL is run on fabrics whose switches
     and NICs do adaptive routing with out-of-order placement, which sysfs does not show."""
-    off = _ib_transport_off(job)
-    if off:
-        raise NotApplicable(off)
-    require_rdma(rdma)
-    selection = nccl_selection(rdma, job)
-    if selection.unlisted:
-        raise Unknown(selection.unlisted[0])
+    selection = _ib_ports(rdma, job)
     roce = [port for port in selection.ports if port.link_layer == "Ethernet"]
     if not roce and not selection.undecided:
         raise NotApplicable(_no_roce(rdma))
