@@ -15,8 +15,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from preflight.model import Evidence, NotApplicable, Observation, Status, Unknown, present, undecided
-from preflight.probes.firewall import FirewallFacts, Interface, blocked_findings, gloo_interfaces, port_fates, readable_ruleset
+from preflight.model import Evidence, NotApplicable, Observation, Status, Unknown, present
+from preflight.probes.firewall import (
+    ADDRESSES_UNKNOWN,
+    FirewallFacts,
+    blocked_findings,
+    gloo_interfaces,
+    only_if_every_interface,
+    port_fates,
+    readable_ruleset,
+)
 from preflight.probes.sockets import PORT_RANGE
 from preflight.registry import check
 
@@ -86,28 +94,12 @@ def gloo_rendezvous_connection_refused(firewall: FirewallFacts, sockets: SocketF
         "ephemeral port", "accepted: Gloo's pairs listen on ports the kernel picks from ip_local_port_range",
     )
     merged = list(_merged(rendezvous + ephemeral))
-    yield from (merged if names else _only_if_every_interface(merged, interfaces))
-
-
-def _only_if_every_interface(found: list[Observation], interfaces: tuple[Interface, ...]) -> Iterator[Observation]:
-    """With GLOO_SOCKET_IFNAME unset Gloo listens on one address, the host name's, and peers
-    reach the node there: a firewall that blocks on some interfaces and not on others may never
-    touch Gloo (a management port in a rejecting zone beside a trusted cluster network), so only
-    a block on every interface is a finding; a block on some is undecided, naming both sides."""
-    blocked = {item.subject for item in found if item.status is Status.PRESENT}
-    open_ = [i.name for i in interfaces if i.name not in blocked]
-    if not blocked or not open_:
-        yield from found
-        return
-    for item in found:
-        if item.status is Status.PRESENT:
-            yield undecided(
-                item.subject,
-                f"{GLOO_IFNAME} is unset, so Gloo listens on the host name's address; blocked on {item.subject} "
-                f"({item.evidence[0].observed[:200]}) but not on {', '.join(open_[:_SHOWN_NAMES])}: set {GLOO_IFNAME} to say which",
-            )
-        else:
-            yield item
+    if names and firewall.addressed is not None:
+        yield from merged
+    else:
+        # Unset, Gloo listens on one address only, the host name's, where peers reach the node.
+        doubt = f"{GLOO_IFNAME} is unset, so Gloo listens on the host name's address alone" if not names else ADDRESSES_UNKNOWN
+        yield from only_if_every_interface(merged, interfaces, doubt)
 
 
 def _merged(observations: list[Observation]) -> Iterator[Observation]:

@@ -42,6 +42,8 @@ from preflight.sources.netlink import Netlink
 from preflight.sources.nftables import Chain, Condition, Rule, Ruleset
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from preflight.probes.sockets import SocketFacts
 
 LEGACY_TABLES = ("/proc/net/ip_tables_names", "/proc/net/ip6_tables_names")
@@ -314,8 +316,11 @@ def selected_interfaces(interfaces: tuple[Interface, ...], setting: str | None, 
 
         spec = parse_ifname_list(setting)
         return tuple(i for i in candidates if list_selects(spec, i.name))
+    others = tuple(i for i in candidates if not i.name.startswith(_VIRTUAL_BRIDGES))
+    if addressed is None:
+        return others  # whether an ib* interface has an address, and so comes first, is unknown
     infiniband = tuple(i for i in candidates if i.name.startswith("ib"))
-    return infiniband or tuple(i for i in candidates if not i.name.startswith(_VIRTUAL_BRIDGES))
+    return infiniband or others
 
 
 #: Bridges NCCL passes over unless nothing else is left (docker's and libvirt's); a firewall
@@ -521,4 +526,31 @@ def nccl_port_findings(firewall: FirewallFacts, sockets: SocketFacts, job: JobFa
     if not interfaces:
         raise NotApplicable("no interface NCCL would listen on (only loopback, or NCCL_SOCKET_IFNAME selects none)")
     fates = port_fates(firewall, ruleset, interfaces, (sockets.port_range,))
-    return blocked_findings(fates, kinds, "ephemeral port", "accepted: NCCL listens on ports the kernel picks from ip_local_port_range")
+    found = blocked_findings(fates, kinds, "ephemeral port", "accepted: NCCL listens on ports the kernel picks from ip_local_port_range")
+    return found if firewall.addressed is not None else list(only_if_every_interface(found, interfaces, ADDRESSES_UNKNOWN))
+
+
+#: Why a block on one interface may not matter when the interfaces' addresses were not read.
+ADDRESSES_UNKNOWN = "which interfaces hold an IPv4 address is unknown (/proc/net/fib_trie or /proc/net/route unread, or an address no route places)"
+
+
+def only_if_every_interface(found: list[Observation], interfaces: tuple[Interface, ...], doubt: str) -> Iterator[Observation]:
+    """``found`` when a block on some interfaces and not others cannot be told to matter
+    (``doubt`` says why: the library listens on one address only, or which interfaces carry an
+    address is unknown): a block on every interface is certain, since the listener is on one of
+    them; a block on some is undecided, naming both sides."""
+    from preflight.model import Status, undecided
+
+    blocked = {item.subject for item in found if item.status is Status.PRESENT}
+    open_ = [i.name for i in interfaces if i.name not in blocked]
+    if not blocked or not open_:
+        yield from found
+        return
+    for item in found:
+        if item.status is Status.PRESENT:
+            yield undecided(
+                item.subject,
+                f"{doubt}; blocked on {item.subject} ({item.evidence[0].observed[:200]}) but not on {', '.join(open_[:12])}",
+            )
+        else:
+            yield item

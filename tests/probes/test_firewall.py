@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from conftest import preflight_command
+from conftest import Runner, preflight_command
 from netns_lab import ENTER, Namespace, namespace
 
 from preflight.model import Unknown
@@ -515,3 +515,29 @@ def test_gloo_without_an_interface_setting_is_judged_only_when_every_interface_b
     load(ns, IPTABLES_NFT_DROP)
     both = statuses(run_checks(ns, {"NCCL_SOCKET_IFNAME": "=ens9"}))
     assert both[("GLOO002", "ens9")] == "present" and both[("GLOO002", "q-ens9")] == "present"
+
+
+def _case_without_addresses(tmp_path: Path, example_root: Path, ref_id: str, verdict: str) -> Path:
+    """The case's node with /proc/net/fib_trie left out, as a partial capture would."""
+    root = tmp_path / f"{ref_id}-{verdict}"
+    shutil.copytree(example_root, root, symlinks=True)
+    shutil.copytree(Path(__file__).resolve().parents[1] / "cases" / ref_id / verdict / "root", root, symlinks=True, dirs_exist_ok=True)
+    (root / "proc/net/fib_trie").unlink()
+    return root
+
+
+def test_without_the_addresses_a_block_counts_only_on_every_interface(run_cli: Runner, example_root: Path, tmp_path: Path) -> None:
+    """Missing is not empty: with the IPv4 address table not captured, NCCL's candidates are every
+    interface but loopback, docker and libvirt bridges (whether ib* ones have an address, and so
+    come first, is unknown). A ruleset that rejects on all of them is still present; one that
+    trusts eno1 and rejects on the ibp* ports is undecided instead of absent or present."""
+    def sock004(root: Path) -> dict[str, tuple[str, str]]:
+        result = run_cli("node", "--root", str(root), "--select", "SOCK004", "--format", "json")
+        assert result.returncode in (0, 1, 2, 3), result.stderr
+        return {f["subject"]: (f["status"], f["reason"]) for f in json.loads(result.stdout)["findings"]}
+
+    everywhere = sock004(_case_without_addresses(tmp_path, example_root, "SOCK004", "present"))
+    assert {status for status, _ in everywhere.values()} == {"present"} and "eno1" in everywhere and "ibp26s0" in everywhere
+    trusted_eno1 = sock004(_case_without_addresses(tmp_path, example_root, "SOCK004", "absent"))
+    assert "eno1" not in trusted_eno1 and trusted_eno1["ibp26s0"][0] == "unknown"
+    assert "which interfaces hold an IPv4 address is unknown" in trusted_eno1["ibp26s0"][1] and "but not on eno1" in trusted_eno1["ibp26s0"][1]
