@@ -41,11 +41,16 @@ def required_literals(pattern: str) -> tuple[str, ...]:
     """Strings of which at least one occurs in every match of ``pattern``; the longest choice.
 
     Empty when no such set with every member at least ``MIN_LITERAL`` long can be derived."""
+    return analyse(pattern)[0]
+
+
+def analyse(pattern: str) -> tuple[tuple[str, ...], int]:
+    """``(required_literals(pattern), specificity(pattern))`` from one parse: building the
+    matcher needs both for every signature, and parsing is most of what that costs."""
     parsed = sre_parse.parse(pattern)
-    if parsed.state.flags & re.IGNORECASE:
-        return ()
-    best = _best_requirement(list(parsed))
-    return tuple(sorted(best)) if best else ()
+    items = list(parsed)
+    best = None if parsed.state.flags & re.IGNORECASE else _best_requirement(items)
+    return (tuple(sorted(best)) if best else ()), _specificity(items)
 
 
 def _best_requirement(items: list[tuple[Any, Any]]) -> frozenset[str] | None:

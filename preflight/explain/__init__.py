@@ -8,6 +8,7 @@ candidate (:mod:`preflight.explain.confirm`), and renders text or JSON
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, BinaryIO, Iterable
@@ -66,13 +67,29 @@ def explain(
     catalogue.matcher.forget_repeats()
     stats = ReadStats()
     analysis = Analysis(related={reference.id: tuple(reference.related) for reference in references.values()})
-    for hit in scan_chunks(catalogue.matcher, iter_inputs(paths, stats, stdin), stats):
+    for hit in scan_chunks(catalogue.matcher, iter_inputs(paths, stats, stdin), stats, expected_bytes=_plain_file_bytes(paths)):
         analysis.add(hit)
     candidates = [c for c in analysis.candidates() if c.reference_id in references]
     settings = [entry.reference_id for entry in analysis.settings_seen()]
     return Explanation(
         stats, candidates, references, analysis.cascade(), settings, time.perf_counter() - started, analysis.first_failure()
     )
+
+
+def _plain_file_bytes(paths: list[str]) -> int:
+    """The total size of the regular files among ``paths`` (directories, stdin and anything that
+    cannot be stat'ed count nothing): a hint for when to scan in parallel, never trusted further."""
+    import stat
+
+    total = 0
+    for path in paths:
+        try:
+            status = os.stat(path)
+        except (OSError, ValueError):
+            continue
+        if stat.S_ISREG(status.st_mode):
+            total += status.st_size
+    return total
 
 
 def check_candidates(explanation: Explanation, root: str, config_path: str | None, checks_dirs: tuple[str, ...] = ()) -> None:

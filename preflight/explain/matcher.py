@@ -24,7 +24,7 @@ from preflight.explain.combinations import MAX_KEYS, OBSERVATION_SIGNATURES, rep
 from preflight.explain.posts import normalise, segments, undo_autolinks
 from preflight.explain.reader import MAX_LINE, Chunk
 from preflight.model import Reference
-from preflight.signatures import required_literals, specificity
+from preflight.signatures import analyse
 
 _MIN_WRAP_WIDTH = 60  # shorter lines are not the first half of a hard wrap
 _MAX_GATE_STEPS = 512  # gate occurrences stepped through in one line before asking per gate
@@ -97,13 +97,13 @@ class Matcher:
         catalogued = [(r.id, number, item) for r in references for number, item in enumerate(r.signatures, 1)]
         for reference_id, number, item in [*catalogued, *generic]:
             try:
-                literals = required_literals(item["pattern"])
+                literals, specificity = analyse(item["pattern"])
                 compiled = re.compile(item["pattern"])
             except re.error as error:
                 raise CatalogueError(f"{reference_id}: signature #{number} does not compile: {error}") from None
             if not literals:
                 raise CatalogueError(f"{reference_id}: signature #{number} has no required literal to scan for")
-            signature = Signature(reference_id, number, item["role"], compiled, literals, specificity(item["pattern"]))
+            signature = Signature(reference_id, number, item["role"], compiled, literals, specificity)
             self.signatures.append(signature)
             for literal in literals:
                 by_literal.setdefault(literal, []).append(signature)
@@ -136,17 +136,18 @@ class Matcher:
             key = repeat_key(raw)
             if key is not None and key in self._seen_keys:
                 continue  # a copy of a channel line already passed on (see _note_key)
-            candidates = self._candidates(raw, found.start() - start)
+            candidates = self._candidates(raw, found.start() - start, found.group())
             if not candidates:
                 continue  # a gate without its full literal: noise
             if key is not None:
                 self._note_key(key, candidates)
             line_number += data.count(b"\n", counted_to, start)
             counted_to = start
-            line = _decode(raw)
-            hits = list(self._match_line(line, candidates, chunk.source, line_number))
+            texts = segments(_decode(raw))
+            hits = list(self._match_line(texts, candidates, chunk.source, line_number))
             if not any(hit.signature.reference_id for hit in hits):  # generic hits do not end the search
-                hits += self._match_wrapped(data, start, end, line, chunk.source, line_number)
+                # The message a terminal shows is the last redraw (what normalise() keeps).
+                hits += self._match_wrapped(data, start, end, texts[-1] if texts else "", chunk.source, line_number)
             yield from hits
 
     def forget_repeats(self) -> None:
@@ -160,10 +161,14 @@ class Matcher:
         if len(candidates) == 1 and id(candidates[0]) in self._observing and len(self._seen_keys) < MAX_KEYS:
             self._seen_keys.add(key)
 
-    def _candidates(self, raw: bytes, position: int = 0) -> list[Signature]:
-        """Signatures one of whose literals occurs in the raw line at or after ``position``."""
+    def _candidates(self, raw: bytes, position: int = 0, first_gate: bytes = b"") -> list[Signature]:
+        """Signatures one of whose literals occurs in the raw line at or after ``position``
+        (where the scan found ``first_gate``, when it passes one: that search is not repeated)."""
         assert self.gate is not None
         gates: set[bytes] = set()
+        if first_gate:
+            gates.add(first_gate)
+            position += 1  # gates may overlap
         for _ in range(_MAX_GATE_STEPS):
             match = self.gate.search(raw, position)
             if match is None:
@@ -183,8 +188,8 @@ class Matcher:
                         found[id(signature)] = signature
         return list(found.values())
 
-    def _match_line(self, line: str, candidates: list[Signature], source: str, line_number: int) -> Iterator[Hit]:
-        for text in segments(line):
+    def _match_line(self, texts: list[str], candidates: list[Signature], source: str, line_number: int) -> Iterator[Hit]:
+        for text in texts:
             for signature in candidates:
                 if signature.pattern.search(text):
                     yield Hit(signature, source, line_number, text)
@@ -199,8 +204,7 @@ class Matcher:
         """Try the line joined with the previous or the next line (a hard-wrapped message).
 
         Only a line that starts without any log prefix can be a continuation; two consecutive
-        records of an interleaved log are never joined."""
-        line = normalise(line)
+        records of an interleaved log are never joined. ``line`` is already normalised."""
         if start > 0 and _is_continuation(line):
             previous_start = data.rfind(b"\n", 0, start - 1) + 1
             previous = normalise(_decode(data[previous_start : start - 1]))
@@ -208,7 +212,10 @@ class Matcher:
                 yield from self._match_joined(previous + line, source, line_number - 1)
         if len(line) >= _MIN_WRAP_WIDTH and end < len(data):
             next_end = data.find(b"\n", end + 1)
-            following = normalise(_decode(data[end + 1 : len(data) if next_end < 0 else next_end]))
+            following_raw = data[end + 1 : len(data) if next_end < 0 else next_end]
+            if _surely_new_record(following_raw):
+                return  # the usual case in a big log, decided without decoding the next line
+            following = normalise(_decode(following_raw))
             if _is_continuation(following):
                 yield from self._match_joined(line + following, source, line_number)
             elif following[:1] in (" ", "\t") and line.rstrip().endswith(",") and following.strip():
@@ -253,9 +260,19 @@ def _gates(literals: list[str]) -> dict[bytes, list[bytes]]:
         gate_of[raw] = raw[start : start + _GATE_MAX]
     # A gate that is a prefix of another also stands for that one's literals: the trie stops at
     # the shorter gate, so the longer one is never reported on its own.
+    # In sorted order every gate that starts with another follows it directly or after others
+    # that start with it too, so one pass over the sorted gates finds all prefix pairs.
+    literals_of: dict[bytes, list[bytes]] = {}
+    for raw, gate in gate_of.items():
+        literals_of.setdefault(gate, []).append(raw)
+    ordered = sorted(literals_of)
     result: dict[bytes, list[bytes]] = {}
-    for gate in set(gate_of.values()):
-        result[gate] = [raw for raw, other in gate_of.items() if other.startswith(gate)]
+    for index, gate in enumerate(ordered):
+        result[gate] = []
+        for other in ordered[index:]:
+            if not other.startswith(gate):
+                break
+            result[gate] += literals_of[other]
     return result
 
 
@@ -264,6 +281,26 @@ def _gates(literals: list[str]) -> dict[bytes, list[bytes]]:
 _RECORD_START = re.compile(
     r"\d{4}-\d\d-\d\d|[\[(]|[\w.-]+:\d+:\d+ \[| *\d{1,6}: |[\w.-]+: |[A-Z][a-z]{2} +\d{1,2} \d\d:|[IWEF]\d{4} "
 )
+
+
+_RECORD_START_BYTES = re.compile(_RECORD_START.pattern.encode())
+_ANSI_FRAGMENT = re.compile(rb"\[[0-9][0-9;]{0,7}m")  # what strip_ansi removes even without an ESC byte
+
+
+def _surely_new_record(raw: bytes) -> bool:
+    """The raw line starts a new record, and nothing :func:`normalise` would undo (a redraw,
+    colours, quoting, inline code) could change how it starts: then it is no continuation and
+    not an indented rest either, whatever its normalised text would be."""
+    head = raw[:64]
+    return (
+        raw[:1] not in (b" ", b"\t", b"")
+        and b"\r" not in raw
+        and b"\x1b" not in head
+        and b"`" not in head[:8]
+        and b">" not in head[:4]
+        and _ANSI_FRAGMENT.search(head) is None
+        and _RECORD_START_BYTES.match(raw) is not None
+    )
 
 
 def _is_continuation(line: str) -> bool:

@@ -3,7 +3,8 @@
 Scanning is CPU-bound and chunks are independent, so big logs (a million lines of a 64-rank
 job) are shared out to forked worker processes, which inherit the compiled matcher instead of
 rebuilding it. Small inputs never pay for a fork: scanning starts in this process and moves to
-the pool only after ``PARALLEL_AFTER_BYTES``. At most two chunks per worker are in flight, so
+the pool only after ``PARALLEL_AFTER_BYTES``, or from the start when the files' sizes already say
+they are that large (the first megabytes would otherwise be scanned on one core). At most two chunks per worker are in flight, so
 memory stays bounded whatever the input size, and hits are consumed in input order, which the
 cascade analysis relies on. Wherever a pool cannot be made (no fork, no /dev/shm) or a worker
 dies, the chunk is scanned here instead.
@@ -24,16 +25,20 @@ _RESULT_TIMEOUT_S = 120
 _MATCHER: Matcher | None = None  # set before forking; workers inherit it
 
 
-def scan_chunks(matcher: Matcher, chunks: Iterable[Chunk], stats: ReadStats, workers: int | None = None) -> Iterator[Hit]:
-    """Every hit of every chunk, in input order."""
+def scan_chunks(
+    matcher: Matcher, chunks: Iterable[Chunk], stats: ReadStats, workers: int | None = None, expected_bytes: int = 0
+) -> Iterator[Hit]:
+    """Every hit of every chunk, in input order. ``expected_bytes`` is what the inputs' sizes
+    promise (0 when unknown: stdin, gzip); it only decides when the pool starts."""
     count = workers if workers is not None else min(os.cpu_count() or 1, 4)
     iterator = iter(chunks)
-    for chunk in iterator:
-        yield from matcher.scan(chunk)
-        if count > 1 and stats.bytes >= PARALLEL_AFTER_BYTES:
-            break
-    else:
-        return
+    if count <= 1 or expected_bytes < PARALLEL_AFTER_BYTES:
+        for chunk in iterator:
+            yield from matcher.scan(chunk)
+            if count > 1 and stats.bytes >= PARALLEL_AFTER_BYTES:
+                break
+        else:
+            return
     pool = _start_pool(matcher, count)
     if pool is None:
         for chunk in iterator:

@@ -179,6 +179,38 @@ def test_parallel_scan_reports_the_same_hits_in_the_same_order(tmp_path: Path, m
     serial = hits(1)
     assert len(serial) >= 20 and serial == hits(2)
 
+    # Sizes that promise a large input start the pool before the first chunk; same answer.
+    started = []
+    real_start = parallel._start_pool
+    monkeypatch.setattr(parallel, "_start_pool", lambda m, count: started.append(count) or real_start(m, count))
+    stats = ReadStats()
+    found = parallel.scan_chunks(matcher, iter_inputs([str(log)], stats), stats, workers=2, expected_bytes=log.stat().st_size)
+    early = [(h.signature.reference_id, h.signature.number, h.line_number, h.text) for h in found]
+    assert early == serial and started == [2]
+
+
+def test_only_a_plain_record_start_skips_the_wrap_join() -> None:
+    """The byte-level shortcut must agree with the normalised check: anything normalise() could
+    change at the start of the next line (a redraw, colours, quoting, inline code, indentation)
+    goes the slow way."""
+    from preflight.explain.matcher import _is_continuation, _surely_new_record
+    from preflight.explain.posts import normalise
+
+    plain = [b"host1:12:34 [0] NCCL INFO x", b"2026-03-14T09:21:33Z rank1 x", b"[rank3]: x", b"Mar  4 10:00:01 node kernel: x"]
+    for raw in plain:
+        assert _surely_new_record(raw) and not _is_continuation(normalise(raw.decode()))
+    tricky = [
+        b"\x1b[0mcontinued text",  # colour codes in front of a continuation
+        b"[0mcontinued text",  # the same with the ESC byte lost in a copy
+        b"> continued text",  # a quoted post
+        b"`continued text`",
+        b"  indented rest",
+        b"progress 10%\rcontinued text",
+        b"continued text",
+        b"",
+    ]
+    assert not any(_surely_new_record(raw) for raw in tricky)
+
 
 def _channel(host: str | None, rank: int, peer: int, direction: str, via: str) -> str:
     header = f"{host}:4121:4188 [{rank % 8}] NCCL INFO " if host else ""
