@@ -20,10 +20,15 @@ from preflight.catalogue import load_all
 # Held-back figures (tests/data/real-logs, test part), measured when last raised; see
 # bench/explain_accuracy.py for all figures. Floors, not goals: the goals are top-1 85 %,
 # top-3 95 %, no candidate 0 %, out-of-catalogue logs given a cause <= 20 %.
-TOP1_FLOOR = 0.548
-TOP3_FLOOR = 0.58
-NO_CANDIDATE_CEILING = 0.275
+TOP1_FLOOR = 0.507
+TOP3_FLOOR = 0.55
+NO_CANDIDATE_CEILING = 0.32
 OUTSIDE_CAUSE_CEILING = 0.20
+# The test part grew on 2026-12-02 (batches f-i, gathered after the signatures of batches a-e
+# were written). The 74 held-back logs of batches a-e keep the floors they had reached then, so
+# the new, harder logs cannot hide a loss on the old ones.
+FIRST_BATCHES = ("a", "b", "c", "d", "e")
+FIRST_BATCHES_FLOORS = {"top1": 0.548, "top3": 0.58, "no_candidate": 0.275}
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +43,11 @@ def test_held_back_accuracy_does_not_drop(held_back: list) -> None:  # type: ign
     assert result.top3 >= TOP3_FLOOR, report
     assert result.no_candidate <= NO_CANDIDATE_CEILING, report
     assert result.outside_with_cause <= OUTSIDE_CAUSE_CEILING, report
+    first = figures([outcome for outcome in held_back if outcome.log.id.split("-", 1)[0] in FIRST_BATCHES])
+    report = "batches a-e only:\n" + "\n".join(first.lines())
+    assert first.top1 >= FIRST_BATCHES_FLOORS["top1"], report
+    assert first.top3 >= FIRST_BATCHES_FLOORS["top3"], report
+    assert first.no_candidate <= FIRST_BATCHES_FLOORS["no_candidate"], report
 
 
 def test_corpus_is_as_large_and_broad_as_promised() -> None:
