@@ -1,13 +1,16 @@
 """How well ``explain`` names the cause of real failure logs (tests/data/real-logs).
 
 Prints the figures of both parts, and per-log results of the development part only: signatures
-are written while looking at those, never at the held-back test part.
+are written while looking at those, never at the held-back test part. The held-back part is also
+shown without the threads the catalogue cites (a reference's sources, claims or coverage notes):
+a reference written with a thread in view may fit that thread's log better than a stranger's.
 
     .venv/bin/python bench/explain_accuracy.py [--misses]
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -18,6 +21,15 @@ from real_logs import OUTSIDE, corpus, evaluate, figures  # noqa: E402
 from preflight.explain import load_catalogue  # noqa: E402
 
 
+REFERENCES = Path(__file__).resolve().parent.parent / "references"
+_THREAD = re.compile(r"https://github\.com/[\w.-]+/[\w.-]+/(?:issues|pull|discussions)/\d+")
+
+
+def cited_threads() -> set[str]:
+    """Every GitHub thread a reference, claim file or coverage table names."""
+    return {url for path in REFERENCES.rglob("*.toml") for url in _THREAD.findall(path.read_text(encoding="utf-8"))}
+
+
 def main() -> int:
     catalogue = load_catalogue()
     show_misses = "--misses" in sys.argv
@@ -26,6 +38,12 @@ def main() -> int:
         print(f"== {split} ({len(outcomes)} logs)")
         for line in figures(outcomes).lines():
             print("  " + line)
+        if split == "test":
+            cited = cited_threads()
+            uncited = [outcome for outcome in outcomes if outcome.log.thread not in cited]
+            print(f"== test, threads the catalogue does not cite ({len(uncited)} logs)")
+            for line in figures(uncited).lines():
+                print("  " + line)
         if split == "dev" and show_misses:
             for outcome in outcomes:
                 log = outcome.log

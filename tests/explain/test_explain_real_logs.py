@@ -20,11 +20,11 @@ from preflight.catalogue import load_all
 # Held-back figures (tests/data/real-logs, test part), measured when last raised; see
 # bench/explain_accuracy.py for all figures. Floors, not goals: the goals are top-1 85 %,
 # top-3 95 %, no candidate 0 %, out-of-catalogue logs given a cause <= 20 %.
-TOP1_FLOOR = 0.486
-TOP3_FLOOR = 0.527
-NO_CANDIDATE_CEILING = 0.338
+TOP1_FLOOR = 0.50
+TOP3_FLOOR = 0.538
+NO_CANDIDATE_CEILING = 0.334
 OUTSIDE_CAUSE_CEILING = 0.20
-# The test part grew on 2026-12-02 (batches f-l, gathered after the signatures of batches a-e
+# The test part grew on 2026-12-02 (batches f-o, gathered after the signatures of batches a-e
 # were written). The 74 held-back logs of batches a-e keep the floors they had reached then, so
 # the new, harder logs cannot hide a loss on the old ones.
 FIRST_BATCHES = ("a", "b", "c", "d", "e")
