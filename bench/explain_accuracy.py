@@ -10,24 +10,22 @@ a reference written with a thread in view may fit that thread's log better than 
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from real_logs import OUTSIDE, corpus, evaluate, figures  # noqa: E402
+from real_logs import OUTSIDE, THREAD_URL, corpus, evaluate, figures  # noqa: E402
 
 from preflight.explain import load_catalogue  # noqa: E402
 
 
 REFERENCES = Path(__file__).resolve().parent.parent / "references"
-_THREAD = re.compile(r"https://github\.com/[\w.-]+/[\w.-]+/(?:issues|pull|discussions)/\d+")
 
 
 def cited_threads() -> set[str]:
     """Every GitHub thread a reference, claim file or coverage table names."""
-    return {url for path in REFERENCES.rglob("*.toml") for url in _THREAD.findall(path.read_text(encoding="utf-8"))}
+    return {url for path in REFERENCES.rglob("*.toml") for url in THREAD_URL.findall(path.read_text(encoding="utf-8"))}
 
 
 def main() -> int:

@@ -6,6 +6,7 @@ Used by ``tests/explain/test_explain_real_logs.py`` (the held-back figures CI gu
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,7 @@ from preflight.explain import Catalogue, explain, load_catalogue
 
 CORPUS = Path(__file__).resolve().parent / "data" / "real-logs"
 OUTSIDE = "outside"
+THREAD_URL = re.compile(r"https://github\.com/[\w.-]+/[\w.-]+/(?:issues|pull|discussions)/\d+")  # a label's ``thread``
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ candidate (:mod:`preflight.explain.confirm`), and renders text or JSON
 from __future__ import annotations
 
 import os
+import stat
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, BinaryIO, Iterable
@@ -79,8 +80,6 @@ def explain(
 def _plain_file_bytes(paths: list[str]) -> int:
     """The total size of the regular files among ``paths`` (directories, stdin and anything that
     cannot be stat'ed count nothing): a hint for when to scan in parallel, never trusted further."""
-    import stat
-
     total = 0
     for path in paths:
         try:

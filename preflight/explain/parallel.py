@@ -4,9 +4,9 @@ Scanning is CPU-bound and chunks are independent, so big logs (a million lines o
 job) are shared out to forked worker processes, which inherit the compiled matcher instead of
 rebuilding it. Small inputs never pay for a fork: scanning starts in this process and moves to
 the pool only after ``PARALLEL_AFTER_BYTES``, or from the start when the files' sizes already say
-they are that large (the first megabytes would otherwise be scanned on one core). At most two chunks per worker are in flight, so
-memory stays bounded whatever the input size, and hits are consumed in input order, which the
-cascade analysis relies on. Wherever a pool cannot be made (no fork, no /dev/shm) or a worker
+they are that large (the first megabytes would otherwise be scanned on one core). At most two
+chunks per worker are in flight, so memory stays bounded whatever the input size, and hits are
+consumed in input order, which the cascade analysis relies on. Wherever a pool cannot be made (no fork, no /dev/shm) or a worker
 dies, the chunk is scanned here instead.
 """
 

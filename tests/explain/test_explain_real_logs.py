@@ -13,7 +13,7 @@ import re
 import tomllib
 
 import pytest
-from real_logs import CORPUS, OUTSIDE, corpus, evaluate, figures
+from real_logs import CORPUS, OUTSIDE, THREAD_URL, corpus, evaluate, figures
 
 from preflight.catalogue import load_all
 
@@ -102,7 +102,7 @@ def test_every_label_is_complete_and_names_a_real_reference() -> None:
             assert bool(entry["outside"]) == (entry["reference"] == OUTSIDE), where
             assert entry["settled"].strip() and entry["confidence"] in ("confirmed", "likely"), where
             assert entry["split"] in ("dev", "test"), where
-            assert re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+/(?:issues|pull|discussions)/\d+", entry["thread"]), where
+            assert THREAD_URL.fullmatch(entry["thread"]), where
             per_thread[entry["thread"]] += 1
             assert (CORPUS / "logs" / f"{entry['id']}.log").is_file(), where
     assert max(per_thread.values()) <= 3
