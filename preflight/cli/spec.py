@@ -120,14 +120,14 @@ def finish_values(command: Command, raw: Values) -> Values:
 def parse(command: Command, argv: Sequence[str]) -> Values | None:
     """The fast parser: values by field, or None when anything is not a well-formed known option
     or argument (typer then explains). Arguments may come anywhere, as click allows; one that
-    starts with "-" still counts as an unknown option."""
+    starts with "-" still counts as an unknown option, except "-" itself (stdin, for click too)."""
     by_flag = {option.flag: option for option in command.options}
     raw: Values = {}
     arguments: list[str] = []
     index = 0
     while index < len(argv):
         item = argv[index]
-        if command.argument is not None and not item.startswith("-"):
+        if command.argument is not None and (item == "-" or not item.startswith("-")):  # "-": stdin
             arguments.append(item)
             index += 1
             continue

@@ -229,6 +229,24 @@ def test_the_fast_parser_reads_what_it_fully_understands_and_leaves_the_rest_to_
     assert missing.returncode == 3 and "give report files" in missing.stderr and "Traceback" not in missing.stderr
 
 
+def test_explain_takes_the_fast_parser_and_reads_a_lone_dash_as_stdin(run_cli: Runner) -> None:
+    """`explain` runs once per failed job in some sites' epilogs: typer's start-up would be most
+    of a short log's time. "-" is stdin for both parsers, never an unknown option."""
+    from preflight.cli.explain import EXPLAIN
+    from preflight.cli.spec import parse
+    from preflight.cli.start import fast_command
+
+    assert fast_command(["explain", "a.log"]) == (EXPLAIN, ["a.log"])
+    parsed = parse(EXPLAIN, ["a.log", "-", "--format=json", "--checks-dir", "site"])
+    assert parsed is not None and parsed["inputs"] == ("a.log", "-") and parsed["output_format"] == "json"
+    assert parsed["checks_dirs"] == ("site",) and parsed["check"] is False
+    assert parse(EXPLAIN, ["-x"]) is None and parse(EXPLAIN, ["--check=yes"]) is None
+    piped = run_cli("explain", "-", input="node1:1:1 [0] NCCL WARN NET/IB : Got completion from peer 10.0.0.2<1> with status=12 opcode=1 len=0 vendor err 129\n")
+    assert piped.returncode == 1 and "IB006" in piped.stdout, piped.stderr
+    typo = run_cli("explain", "--formt", "json", "a.log")
+    assert typo.returncode == 3 and "--formt" in typo.stderr and "Traceback" not in typo.stderr
+
+
 def test_live_node_runs_without_crashing(run_cli: Runner) -> None:
     result = run_cli("node", "--format", "json", "--show-all")
     assert result.returncode in (0, 1, 2), result.stderr

@@ -48,3 +48,11 @@ def test_fleet_imports_neither_the_cli_framework_nor_node_probing(tmp_path: Path
     modules = imported_top_level(["fleet", str(tmp_path), "--format", "json"], tmp_path)
     assert "preflight" in modules and "msgspec" in modules
     assert modules & HEAVY == set()
+
+
+def test_explain_imports_neither_the_cli_framework_nor_node_probing(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    log.write_text("node1:1:1 [0] NCCL WARN NET/IB : Got completion from peer 10.0.0.2<1> with status=12 opcode=1 len=0 vendor err 129\n")
+    modules = imported_top_level(["explain", str(log), "--format", "json"], tmp_path)
+    assert "preflight" in modules
+    assert modules & HEAVY == set()
