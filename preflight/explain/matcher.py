@@ -110,6 +110,7 @@ class Matcher:
         self._by_literal = by_literal
         self._observing = {id(s) for s in self.signatures if s.reference_id.startswith("~")}
         self._seen_keys: set[bytes] = set()
+        self._quiet_keys: set[bytes] = set()  # see quiet_key
         self._literals_by_gate = _gates(list(by_literal))
         gates = sorted(self._literals_by_gate)
         self.gate = re.compile(_trie_pattern(gates)) if gates else None
@@ -136,6 +137,9 @@ class Matcher:
             key = repeat_key(raw)
             if key is not None and key in self._seen_keys:
                 continue  # a copy of a channel line already passed on (see _note_key)
+            quiet = quiet_key(raw, found.start() - start) if key is None else None
+            if quiet is not None and quiet in self._quiet_keys and _next_is_new_record(data, end):
+                continue  # another rank's, or a later time's, copy of a line that matched nothing
             candidates = self._candidates(raw, found.start() - start, found.group())
             if not candidates:
                 continue  # a gate without its full literal: noise
@@ -148,11 +152,14 @@ class Matcher:
             if not any(hit.signature.reference_id for hit in hits):  # generic hits do not end the search
                 # The message a terminal shows is the last redraw (what normalise() keeps).
                 hits += self._match_wrapped(data, start, end, texts[-1] if texts else "", chunk.source, line_number)
+            if not hits and quiet is not None and len(self._quiet_keys) < MAX_KEYS and _next_is_new_record(data, end):
+                self._quiet_keys.add(quiet)
             yield from hits
 
     def forget_repeats(self) -> None:
         """Start a new run: every channel line is news again."""
         self._seen_keys.clear()
+        self._quiet_keys.clear()
 
     def _note_key(self, key: bytes, candidates: list[Signature]) -> None:
         """Remember a channel line that only an observation signature wants: the thousands of
@@ -301,6 +308,41 @@ def _surely_new_record(raw: bytes) -> bool:
         and _ANSI_FRAGMENT.search(head) is None
         and _RECORD_START_BYTES.match(raw) is not None
     )
+
+
+_TIMESTAMP_BYTES = b"0123456789-:T.Z ,+/"
+
+
+def quiet_key(raw: bytes, gate: int) -> bytes | None:
+    """What a line of NCCL's own output (``host:pid:tid [dev] NCCL ...``) says, less when and by
+    which process and thread it was written; None for other lines, and for lines where anything
+    but a numeric timestamp comes before that header, or a gate (at ``gate``) lies in it.
+
+    Every rank prints the same setup lines at every communicator it creates, a million-line log
+    holds tens of thousands of copies, and signatures describe messages, never the digits of a
+    timestamp, pid or thread: a copy of a line that matched nothing matches nothing either, so
+    the scan skips it for one set lookup. Only lines that matched nothing are remembered (a hit
+    is always reported), and only where no hard-wrap join could have found anything."""
+    header = raw.find(b" NCCL ")
+    if header <= 0:
+        return None
+    bracket = raw.rfind(b" [", 0, header + 1)
+    writer_start = raw.rfind(b" ", 0, bracket) + 1 if bracket > 0 else -1
+    if writer_start < 0 or gate < writer_start or raw[:writer_start].translate(None, _TIMESTAMP_BYTES):
+        return None
+    writer, pid, thread = (raw[writer_start:bracket].rsplit(b":", 2) + [b"", b""])[:3]
+    if not (pid.isdigit() and thread.isdigit()):
+        return None
+    return writer + raw[bracket:]
+
+
+def _next_is_new_record(data: bytes, end: int) -> bool:
+    """The line after the one ending at ``end`` starts a new record (or there is none), so no
+    hard-wrap join of the two is tried."""
+    if end >= len(data):
+        return True
+    next_end = data.find(b"\n", end + 1)
+    return _surely_new_record(data[end + 1 : len(data) if next_end < 0 else next_end])
 
 
 def _is_continuation(line: str) -> bool:

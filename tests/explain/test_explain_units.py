@@ -350,3 +350,49 @@ def test_channel_lines_of_different_hosts_are_never_taken_for_copies() -> None:
         "2026-03-14T09:21:34Z " + _channel("node-a", 4, 12, "receive", "NET/IB/1"),
     ]
     assert _tiered("\n".join(lines) + "\n") == [("TOPO005", "cause")]
+
+
+def _scan(matcher: Matcher, text: str) -> list[tuple[int, str]]:
+    return [
+        (hit.line_number, hit.signature.reference_id)
+        for chunk in iter_inputs(["-"], ReadStats(), io.BytesIO(text.encode()))
+        for hit in matcher.scan(chunk)
+    ]
+
+
+def test_the_quiet_key_drops_only_time_pid_and_thread() -> None:
+    from preflight.explain.matcher import quiet_key
+
+    info = "gpu-node-07:20871:21002 [3] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ; OOB eno1:10.1.0.7<0>"
+    gate = info.index("NET/IB")
+    stamped = "2026-03-14T09:21:33.123456789Z " + info.replace("20871:21002", "20999:21111")
+    assert quiet_key(info.encode(), gate) == b"gpu-node-07 [3] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ; OOB eno1:10.1.0.7<0>"
+    assert quiet_key(stamped.encode(), stamped.index("NET/IB")) == quiet_key(info.encode(), gate)
+    assert quiet_key(info.replace("gpu-node-07", "gpu-node-08").encode(), gate) != quiet_key(info.encode(), gate)
+    assert quiet_key(info.replace("[3]", "[4]").encode(), gate) != quiet_key(info.encode(), gate)
+    # Anything but a numeric timestamp before the header, a gate there, or no pid:tid: no key.
+    assert quiet_key(("error: " + info).encode(), gate + 7) is None
+    assert quiet_key(stamped.encode(), 5) is None
+    assert quiet_key(info.replace("20871:21002", "pid:tid").encode(), gate) is None
+    assert quiet_key(b"plain text NET/IB : Using", 11) is None
+
+
+def test_copies_of_a_quiet_nccl_line_are_skipped_but_never_one_that_hits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only lines that matched nothing are skipped when another rank or a later time repeats
+    them; every copy of a line that hits is reported, and a copy whose next line continues a
+    hard-wrapped message is still joined with it."""
+    ib_using = _reference("IBU001", ("context", r"NET/IB : Using \[0\]mlx5_0:1/IB \[1\]"))
+    wrapped = _reference("IBW001", ("cause", r"NET/IB : Using \[0\]mlx5_0:1/IB ; OOB eno1:\S+<0>then the port went down"))
+    quiet = "{t} gpu-node-0{h}:2087{n}:2100{n} [{n}] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ; OOB eno1:10.1.0.7<0>"
+    loud = "{t} gpu-node-01:2087{n}:2100{n} [{n}] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB ; OOB eno1:10.1.0.7<0>"
+    lines = [quiet.format(t=f"2026-03-14T09:21:{s:02d}Z", h=1, n=s % 8) for s in range(40)]
+    lines += [loud.format(t=f"2026-03-14T09:22:{s:02d}Z", n=s % 8) for s in range(10)]
+    lines += [quiet.format(t="2026-03-14T09:23:00Z", h=1, n=3), "then the port went down"]
+    matcher = Matcher([ib_using, wrapped])
+    hits = _scan(matcher, "\n".join(lines) + "\n")
+    assert [line for line, ref in hits if ref == "IBU001"] == list(range(41, 51))
+    assert [line for line, ref in hits if ref == "IBW001"] == [51]
+    assert len(matcher._quiet_keys) == 8  # one per device of node 1: its 40 lines were scanned 8 times
+    # The same log without the skip: the same hits.
+    monkeypatch.setattr("preflight.explain.matcher.quiet_key", lambda raw, gate: None)
+    assert sorted(_scan(Matcher([ib_using, wrapped]), "\n".join(lines) + "\n")) == sorted(hits)
