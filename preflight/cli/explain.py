@@ -7,7 +7,7 @@ import sys
 from preflight.cli.spec import Argument, Command, Option, Values, error
 
 #: explain's outcome -> exit code (documented in the command's help)
-EXIT_CODES = {"no-input": 3, "nothing-found": 0, "uncatalogued": 1, "candidates": 1, "confirmed": 2}
+EXIT_CODES = {"no-input": 3, "nothing-found": 0, "uncatalogued": 1, "stalled": 1, "candidates": 1, "confirmed": 2}
 
 
 def run_explain(values: Values) -> int:
@@ -66,8 +66,9 @@ EXPLAIN = Command(
     path=("explain",),
     help="""Match a failed run's logs to catalogued references, best first, with evidence and fixes.
 
-    Exit codes: 0 no failure found, 1 candidates found, or a failure no reference describes
-    (its first line is named), 2 a candidate confirmed by --check, 3 no input could be read,
+    Exit codes: 0 no failure found, 1 candidates found, a failure no reference describes (its
+    first line is named), or a run that stopped in NCCL's output without an error or a finish
+    (NCCL's last line is named), 2 a candidate confirmed by --check, 3 no input could be read,
     bad arguments, or --check could not examine the node (the candidates are still shown).
     """,
     run=run_explain,

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, BinaryIO, Iterable
 from preflight.explain.analysis import Analysis, Candidate, Cascade, Evidence
 from preflight.explain.confirm import Verdict
 from preflight.explain.reader import ReadStats, iter_inputs
+from preflight.explain.combinations import Sighting
+from preflight.explain.stall import SourceTails, Stall, TailLine, find_stall
 from preflight.model import Reference
 
 if TYPE_CHECKING:
@@ -32,6 +34,7 @@ class Explanation:
     settings_seen: list[str]
     duration_s: float
     first_failure: Evidence | None = None  # the earliest failing line, catalogued or not
+    stall: Stall | None = None  # where a log without failures went silent in NCCL's output
     verdicts: dict[str, Verdict] = field(default_factory=dict)
     check_error: str | None = None
 
@@ -68,13 +71,26 @@ def explain(
     catalogue.matcher.forget_repeats()
     stats = ReadStats()
     analysis = Analysis(related={reference.id: tuple(reference.related) for reference in references.values()})
-    for hit in scan_chunks(catalogue.matcher, iter_inputs(paths, stats, stdin), stats, expected_bytes=_plain_file_bytes(paths)):
+    tails = SourceTails()
+    chunks = tails.watch(iter_inputs(paths, stats, stdin))
+    for hit in scan_chunks(catalogue.matcher, chunks, stats, expected_bytes=_plain_file_bytes(paths)):
         analysis.add(hit)
     candidates = [c for c in analysis.candidates() if c.reference_id in references]
+    first_failure = analysis.first_failure()
+    stall = None
+    if not candidates and first_failure is None:
+        stall = find_stall(tails, network_seen=bool(analysis.observations.networks))
+        if stall is not None and stall.peer is not None:
+            analysis.observations.intra_node_stall = (_sighting(stall.peer), _sighting(stall.last))
+            candidates = [c for c in analysis.candidates() if c.reference_id in references]
     settings = [entry.reference_id for entry in analysis.settings_seen()]
     return Explanation(
-        stats, candidates, references, analysis.cascade(), settings, time.perf_counter() - started, analysis.first_failure()
+        stats, candidates, references, analysis.cascade(), settings, time.perf_counter() - started, first_failure, stall=stall
     )
+
+
+def _sighting(line: TailLine) -> Sighting:
+    return Sighting(line.source, line.line_number, line.text)
 
 
 def _plain_file_bytes(paths: list[str]) -> int:

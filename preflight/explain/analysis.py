@@ -264,7 +264,8 @@ class Analysis:
 
     def _with_derived(self) -> dict[str, ReferenceHits]:
         """The references' hits with the evidence read from several lines together added as a
-        cause signature of its own (copies: asking twice gives the same answer)."""
+        signature of its own, cause tier unless the rule says otherwise (copies: asking twice
+        gives the same answer)."""
         derived = self.observations.derived()
         if not derived:
             return self.by_reference
@@ -277,12 +278,12 @@ class Analysis:
         return entries
 
     def _add_derived(self, entry: ReferenceHits, item: Derived) -> None:
-        entry.roles[DERIVED_SIGNATURE] = "cause"
+        entry.roles[DERIVED_SIGNATURE] = item.role
         entry.specificity[DERIVED_SIGNATURE] = item.specificity
         for sighting in item.sightings:
             meta, _message = parse_line(sighting.text, self._year)
             actor = self._actor_of(meta, sighting.source)
-            evidence = Evidence(sighting.source, sighting.line_number, sighting.text, "cause", DERIVED_SIGNATURE, meta.time_text, actor, meta.host)
+            evidence = Evidence(sighting.source, sighting.line_number, sighting.text, item.role, DERIVED_SIGNATURE, meta.time_text, actor, meta.host)
             entry.first_line.setdefault(DERIVED_SIGNATURE, evidence.location)
             entry.lines += 1
             if all(e.location != evidence.location for e in entry.examples):

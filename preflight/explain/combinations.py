@@ -20,6 +20,9 @@ Some causes never print a message of their own; they show only in how lines disa
   operation, shape or type for the same sequence number are running mismatched collectives
   (NCCL009). Several process groups number their collectives separately, so a rank that logs one
   sequence number with two fingerprints makes the comparison unusable and the rule stays quiet.
+* **Silence after connecting inside one node** (:mod:`preflight.explain.stall`): a log without
+  failures that ends in NCCL's intra-node connection lines, with no network channel anywhere,
+  is offered as PCI003 at symptom tier.
 
 The matcher finds the lines with built-in signatures whose reference ID starts with
 :data:`OBSERVATION`; :class:`Observations` keeps a bounded summary of them, and
@@ -73,6 +76,8 @@ def repeat_key(raw: bytes) -> bytes | None:
 GDR_SPECIFICITY = 40  # about a specific one-line NCCL warning: a sure sign, but of a performance loss
 ROCE_DISTANCE_SPECIFICITY = 60  # the distance line (55 of its own) plus what the RoCE ports add
 MISMATCH_SPECIFICITY = 60  # two ranks' own records of one collective disagreeing: direct evidence
+STALL_SPECIFICITY = 10  # silence after intra-node connections: a picture, not a message
+INTRA_NODE_STALL = "PCI003"  # P2P traffic dropped by ACS redirect or a translating IOMMU
 MAX_SEQUENCES = 4096  # fingerprints kept per run: memory stays bounded on endless DETAIL logs
 
 
@@ -90,6 +95,7 @@ class Derived:
     reference_id: str
     specificity: int
     sightings: tuple[Sighting, ...]  # the lines that together make the evidence, first first
+    role: str = "cause"
 
 
 @dataclass
@@ -106,6 +112,9 @@ class Observations:
     fingerprints: dict[str, dict[str, tuple[str, Sighting]]] = field(default_factory=dict)  # seq -> rank -> (print, line)
     mismatch: tuple[Sighting, Sighting] | None = None
     ambiguous_sequences: bool = False
+    # A run connected only inside one node, then went silent (preflight.explain.stall): set
+    # after the scan, for a log without failures.
+    intra_node_stall: tuple[Sighting, Sighting] | None = None
 
     def add(self, kind: str, sighting: Sighting) -> None:
         if kind == CHANNEL:
@@ -163,6 +172,8 @@ class Observations:
             result.append(Derived("ROCE002", ROCE_DISTANCE_SPECIFICITY, (self.distance, self.roce)))
         if self.mismatch is not None and not self.ambiguous_sequences:
             result.append(Derived("NCCL009", MISMATCH_SPECIFICITY, self.mismatch))
+        if self.intra_node_stall is not None:
+            result.append(Derived(INTRA_NODE_STALL, STALL_SPECIFICITY, self.intra_node_stall, role="symptom"))
         return result
 
     def _gdr_missing(self, network: _Network) -> list[Derived]:

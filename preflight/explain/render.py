@@ -8,6 +8,7 @@ from typing import Any
 
 from preflight.explain import Explanation
 from preflight.explain.analysis import Candidate, Evidence
+from preflight.explain.combinations import INTRA_NODE_STALL
 from preflight.text import printable_lines
 
 SCHEMA = "preflight-explain/1"
@@ -24,6 +25,12 @@ _WHY = {
 def why_candidate(candidate: Candidate, explanation: Explanation | None = None) -> str:
     if candidate.synthesized:
         return "several ranks or hosts failed one after another; the first failure is the one to explain"
+    stall = explanation.stall if explanation is not None else None
+    if stall is not None and stall.peer is not None and candidate.reference_id == INTRA_NODE_STALL:
+        return (
+            "the run connected its GPUs inside one node and then went silent, the usual picture of peer-to-peer "
+            "traffic the PCIe fabric drops, but silence names no cause by itself; the node checks can"
+        )
     reason = _WHY[candidate.tier]
     shared = _sharing_lines(candidate, explanation) if explanation else []
     if shared:
@@ -46,7 +53,9 @@ def exit_status(explanation: Explanation) -> str:
         return "no-input"
     if not explanation.candidates:
         # A log that fails in a way no reference describes is not a log without failures.
-        return "uncatalogued" if explanation.first_failure else "nothing-found"
+        if explanation.first_failure:
+            return "uncatalogued"
+        return "stalled" if explanation.stall else "nothing-found"
     if any(v.status == "confirmed" for v in explanation.verdicts.values()):
         return "confirmed"
     return "candidates"
@@ -72,6 +81,14 @@ def render_text(explanation: Explanation) -> str:
         if explanation.settings_seen:
             out.append("Settings noted (not failures): " + ", ".join(explanation.settings_seen))
         return printable_lines("\n".join(out)) + "\n"
+    stall = explanation.stall
+    if not count and stall is not None:
+        out.append(f"The run stopped without an error and without finishing ({scanned}).")
+        out.append(f"NCCL's last line, {_lines_after(stall.lines_after)}:")
+        out.append(f"  {stall.last.source}:{stall.last.line_number}: {stall.last.text}")
+        out.append("A hang from there on (or a log cut short there): a rank or a connection NCCL waits for never answered.")
+        out.append("preflight names no cause for it; find the rank that stopped first, and what it was doing.")
+        return printable_lines("\n".join(out)) + "\n"
     if not count:
         out.append(f"No failure found ({scanned}).")
         out.append("The logs match none of the catalogue's signatures and show no error; preflight does not guess beyond them.")
@@ -80,6 +97,9 @@ def render_text(explanation: Explanation) -> str:
         return printable_lines("\n".join(out)) + "\n"
     out.append(f"{count} candidate{'s' if count != 1 else ''}, best first ({scanned}).")
     out.append("A matching message alone does not confirm a cause; each candidate lists how to check it.")
+    if stall is not None:
+        place = f"{stall.last.source}:{stall.last.line_number}"
+        out.append(f"The run stopped without an error and without finishing: NCCL's last line ({place}) is {_lines_after(stall.lines_after)}.")
     if stats.split_lines:
         out.append(f"Note: {stats.split_lines} over-long lines were scanned in pieces.")
     if explanation.check_error:
@@ -155,6 +175,12 @@ def _evidence_line(item: Evidence) -> str:
     return f"{item.location}: {text}"
 
 
+def _lines_after(count: int) -> str:
+    if count == 0:
+        return "the log's last line"
+    return f"{count} line{'s' if count != 1 else ''} before the log's end"
+
+
 def render_json(explanation: Explanation) -> str:
     stats = explanation.stats
     cascade = explanation.cascade
@@ -185,6 +211,13 @@ def render_json(explanation: Explanation) -> str:
         "first_failure": None
         if first is None
         else {"location": first.location, "time": first.time_text, "actor": first.actor, "text": first.text[:2000]},
+        "stall": None
+        if explanation.stall is None
+        else {
+            "location": f"{explanation.stall.last.source}:{explanation.stall.last.line_number}",
+            "text": explanation.stall.last.text[:2000],
+            "lines_after": explanation.stall.lines_after,
+        },
         "candidates": [_candidate_json(p, c, explanation) for p, c in enumerate(explanation.candidates, 1)],
         "settings_seen": explanation.settings_seen,
         "check_error": explanation.check_error,

@@ -1,0 +1,114 @@
+"""Where a run that neither failed nor finished stopped: a hang shows as silence.
+
+A job that hangs prints no error; it is killed later, or its owner gives up and posts what it
+printed. When such a log's last lines are NCCL's own setup output, the run stopped while NCCL
+was setting up or using its first connections, and saying so names the line to start from
+instead of "no failure found". NCCL prints one line per connection it makes (``Channel 00/0 :
+0[0] -> 1[1] via P2P/IPC``, ``... via SHM/direct/direct``, older releases ``Ring 00 : ... via
+P2P/IPC`` or ``via direct shared memory``; ``src/transport/p2p.cc``, ``shm.cc``), and a finished
+run says ``Destroy COMPLETE`` (communicator freed) or, in nccl-tests, ``Avg bus bandwidth``.
+
+One case points at a catalogued cause: a run whose only connections were inside one node (GPU
+to GPU through P2P or shared memory, no network channel anywhere in the log) and which then
+went silent is the classic picture of peer-to-peer traffic dropped by the PCIe fabric (ACS
+redirect or a translating IOMMU, PCI003), which NCCL's troubleshooting guide names for hangs
+among GPUs of one node. It is offered at symptom tier: silence is weak evidence, and
+``explain --check`` asks the node about ACS and the IOMMU.
+
+Only the tail of each input is kept (``TAIL_BYTES`` for up to ``MAX_SOURCES`` inputs), so
+memory stays bounded whatever the input size.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+from preflight.explain.posts import normalise
+from preflight.explain.reader import Chunk
+
+TAIL_BYTES = 16 << 10
+MAX_SOURCES = 1024
+LAST_LINES = 20  # NCCL's last line must be among a source's last this many non-blank lines
+
+_NCCL_INFO = re.compile(r"\[\d+\] NCCL INFO \S")  # posts often lose the host:pid:tid before it
+_PEER_CONNECTION = re.compile(r"\] via (?:P2P/|SHM/|direct shared memory)")
+_NETWORK_CONNECTION = re.compile(r"\] via NET/")
+_FINISHED = re.compile(r"Destroy COMPLETE|Abort COMPLETE|Avg bus bandwidth|Out of bounds values")
+
+
+@dataclass(frozen=True)
+class TailLine:
+    source: str
+    line_number: int
+    text: str
+
+
+@dataclass(frozen=True)
+class Stall:
+    """The last NCCL line of a source that ends without an error or a finish."""
+
+    last: TailLine
+    lines_after: int  # non-blank lines the source printed after it
+    peer: TailLine | None  # an intra-node connection line, when the log shows no network channel
+
+
+class SourceTails:
+    """The last bytes of every input, kept while the chunks stream past."""
+
+    def __init__(self) -> None:
+        self._tails: dict[str, tuple[bytes, int]] = {}  # source -> (tail, number of its last line)
+
+    def watch(self, chunks: Iterable[Chunk]) -> Iterator[Chunk]:
+        for chunk in chunks:
+            self._keep(chunk)
+            yield chunk
+
+    def _keep(self, chunk: Chunk) -> None:
+        if not chunk.data:
+            return
+        known = self._tails.get(chunk.source)
+        if known is None and len(self._tails) >= MAX_SOURCES:
+            return
+        last_line = chunk.first_line + chunk.data.count(b"\n", 0, len(chunk.data) - 1)
+        tail = ((known[0] if known else b"") + chunk.data[-TAIL_BYTES:])[-TAIL_BYTES:]
+        self._tails[chunk.source] = (tail, last_line)
+
+    def lines(self, source: str) -> list[TailLine]:
+        """The source's kept last lines, whole lines only, normalised, blank ones left out."""
+        tail, last_line = self._tails[source]
+        text = tail.decode("utf-8", "replace").split("\n")
+        if text and text[-1] == "":
+            text.pop()  # the newline that ends the last line
+        if len(tail) >= TAIL_BYTES and text:
+            text.pop(0)  # cut by the tail's start
+        first = last_line - len(text) + 1
+        result = []
+        for offset, raw in enumerate(text):
+            line = normalise(raw.rstrip("\r").split("\r")[-1])
+            if line.strip() and line.strip() != "```":
+                result.append(TailLine(source, first + offset, line))
+        return result
+
+    @property
+    def sources(self) -> list[str]:
+        return list(self._tails)
+
+
+def find_stall(tails: SourceTails, network_seen: bool) -> Stall | None:
+    """The first input whose last lines are NCCL setup or connection output with nothing after
+    them that says the run failed or finished; ``network_seen``: the log shows a network channel
+    somewhere (then the intra-node reading does not apply). Asked only of logs without failures."""
+    for source in tails.sources:
+        lines = tails.lines(source)[-LAST_LINES:]
+        if any(_FINISHED.search(line.text) for line in lines):
+            continue
+        nccl = [index for index, line in enumerate(lines) if _NCCL_INFO.search(line.text)]
+        if not nccl:
+            continue
+        last = lines[nccl[-1]]
+        peers = [lines[index] for index in nccl if _PEER_CONNECTION.search(lines[index].text)]
+        networked = network_seen or any(_NETWORK_CONNECTION.search(lines[index].text) for index in nccl)
+        return Stall(last, len(lines) - 1 - nccl[-1], peers[-1] if peers and not networked else None)
+    return None

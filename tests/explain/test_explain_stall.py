@@ -1,0 +1,108 @@
+"""A log without failures that goes silent in NCCL's output: explain names where it stopped
+(``stalled``), and an intra-node-only run is offered PCI003 at symptom tier."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from conftest import REPO, Runner
+from preflight.explain import explain, load_catalogue
+from preflight.explain.reader import Chunk
+from preflight.explain.render import render_json, render_text
+from preflight.explain.stall import LAST_LINES, TAIL_BYTES, SourceTails, find_stall
+
+SCHEMA = json.loads((REPO / "preflight" / "schemas" / "explain-v1.schema.json").read_text())
+HEADER = "gpu7:4410:4460 [{d}] NCCL INFO "
+SETUP = [
+    HEADER.format(d=0) + "Bootstrap : Using eth0:10.0.0.7<0>",
+    HEADER.format(d=0) + "NCCL version 2.21.5+cuda12.4",
+    HEADER.format(d=0) + "comm 0x55d1c2a0 rank 0 nranks 2 cudaDev 0 nvmlDev 0 busId 1b000 commId 0x9f1e - Init START",
+]
+PEER = [HEADER.format(d=d) + f"Channel 0{c}/0 : {d}[{d}] -> {1 - d}[{1 - d}] via P2P/IPC/read" for c in range(2) for d in range(2)]
+NETWORK = [HEADER.format(d=0) + "Channel 00/0 : 1[1] -> 0[0] [receive] via NET/IB/0/GDRDMA"]
+
+
+def _explained(tmp_path: Path, lines: list[str]) -> tuple[str, dict]:  # type: ignore[type-arg]
+    log = tmp_path / "job.log"
+    log.write_text("\n".join(lines) + "\n")
+    explanation = explain([str(log)], catalogue=load_catalogue())
+    document = json.loads(render_json(explanation))
+    jsonschema.validate(document, SCHEMA)
+    return render_text(explanation), document
+
+
+def _tails(text: str, chunk_lines: int = 1000) -> SourceTails:
+    tails = SourceTails()
+    lines = text.splitlines(keepends=True)
+    chunks = [
+        Chunk("job.log", "".join(lines[start : start + chunk_lines]).encode(), start + 1)
+        for start in range(0, len(lines), chunk_lines)
+    ]
+    assert list(tails.watch(chunks)) == chunks  # passed on untouched
+    return tails
+
+
+def test_a_run_silent_after_connecting_inside_one_node_is_offered_pci003_at_symptom_tier(tmp_path: Path) -> None:
+    text, document = _explained(tmp_path, [*SETUP, *PEER, "Processed prompts:   0%|          | 0/16 [00:00<?, ?it/s]"])
+    assert document["status"] == "candidates"
+    assert [(c["id"], c["tier"]) for c in document["candidates"]] == [("PCI003", "symptom")]
+    assert document["stall"] == {"location": f"{tmp_path}/job.log:7", "text": PEER[-1], "lines_after": 1}
+    assert "stopped without an error and without finishing" in text and "silence names no cause by itself" in text
+
+
+def test_a_run_silent_with_a_network_channel_is_stalled_without_a_candidate(tmp_path: Path) -> None:
+    text, document = _explained(tmp_path, [*SETUP, *PEER[:2], *NETWORK])
+    assert document["status"] == "stalled" and document["candidates"] == []
+    assert document["stall"]["text"] == NETWORK[0] and document["stall"]["lines_after"] == 0
+    assert "NCCL's last line, the log's last line:" in text
+
+
+@pytest.mark.parametrize(
+    "ending",
+    [
+        [HEADER.format(d=0) + "comm 0x55d1c2a0 rank 0 nranks 2 cudaDev 0 busId 1b000 - Destroy COMPLETE"],
+        ["#  Avg bus bandwidth    : 33.3227"],
+        [f"iteration {n} loss 2.{n}" for n in range(LAST_LINES)],  # long past setup: not a setup stall
+    ],
+)
+def test_a_finished_run_or_one_long_past_setup_is_no_stall(tmp_path: Path, ending: list[str]) -> None:
+    _text, document = _explained(tmp_path, [*SETUP, *PEER, *ending])
+    assert document["status"] == "nothing-found" and document["stall"] is None
+
+
+def test_a_failure_is_named_instead_of_a_stall(tmp_path: Path) -> None:
+    _text, document = _explained(tmp_path, [*SETUP, *PEER, "RuntimeError: something broke"])
+    assert document["status"] == "uncatalogued" and document["stall"] is None
+
+
+def test_a_log_without_nccl_output_is_no_stall(tmp_path: Path) -> None:
+    _text, document = _explained(tmp_path, ["loading model", "Processed prompts:   0%|"])
+    assert document["status"] == "nothing-found" and document["stall"] is None
+
+
+def test_tails_keep_line_numbers_across_chunks_and_drop_a_cut_first_line() -> None:
+    text = "".join(f"line {n} " + "x" * 60 + "\n" for n in range(1, 2001))
+    tails = _tails(text, chunk_lines=7)
+    kept = tails.lines("job.log")
+    assert kept[-1].line_number == 2000 and kept[-1].text.startswith("line 2000 ")
+    assert all(line.text.startswith(f"line {line.line_number} ") for line in kept)
+    assert len(kept) < 2000 and sum(len(line.text) + 1 for line in kept) <= TAIL_BYTES
+
+
+def test_stall_reads_the_last_nccl_line_and_whether_only_peers_were_connected() -> None:
+    stall = find_stall(_tails("\n".join([*SETUP, *PEER, "```", "", "waiting"]) + "\n"), network_seen=False)
+    assert stall is not None and stall.last.line_number == 7 and stall.lines_after == 1
+    assert stall.peer is not None and stall.peer.text == PEER[-1]
+    networked = find_stall(_tails("\n".join([*SETUP, *PEER]) + "\n"), network_seen=True)
+    assert networked is not None and networked.peer is None
+
+
+def test_explain_cli_exits_1_on_a_stalled_log(tmp_path: Path, run_cli: Runner) -> None:
+    log = tmp_path / "job.log"
+    log.write_text("\n".join([*SETUP, *NETWORK]) + "\n")
+    result = run_cli("explain", str(log), "--format", "json")
+    assert result.returncode == 1 and json.loads(result.stdout)["status"] == "stalled", result.stderr
