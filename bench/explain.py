@@ -10,7 +10,7 @@ reports, in one run:
 
 Run with the interpreter of the venv preflight is installed in:
 
-    .venv/bin/python bench/explain.py [--lines 1000000]
+    .venv/bin/python bench/explain.py [--lines 1000000] [--unique-hosts]
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ FAILURE = "{ts} [rank3]:gpu-node-01:20871:21002 [3] NCCL WARN NET/IB : Got compl
 TIMEOUT = "{ts} [rank{r}]:[E0314 09:41:33.551287019 ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=412, OpType=ALLREDUCE, NumelIn=1048576, NumelOut=1048576, Timeout(ms)=600000) ran for 600073 milliseconds before timing out."
 
 
-def generate(path: str, lines: int) -> None:
+def generate(path: str, lines: int, unique_hosts: bool = False) -> None:
+    """The log; with ``unique_hosts`` every line names its own host, so no NCCL line repeats and
+    the matcher's skipping of repeated lines (channel lines, quiet NCCL lines) never applies."""
     with open(path, "w", encoding="utf-8") as out:
         for i in range(lines):
             seconds = 1_773_480_093 + i // 2000
@@ -48,7 +50,7 @@ def generate(path: str, lines: int) -> None:
                 out.write(TIMEOUT.format(ts=ts, r=i % 64) + "\n")
             else:
                 r = i % 64
-                host = f"gpu-node-{r // 8:02d}"
+                host = f"n{i:07d}" if unique_hosts else f"gpu-node-{r // 8:02d}"
                 out.write(
                     NOISE[i % len(NOISE)].format(
                         ts=ts, r=r, r2=(r + 1) % 64, d=r % 8, d2=(r + 1) % 8, host=host, h=r // 8, pid=20000 + r, tid=21000 + r, c=i % 32
@@ -112,11 +114,14 @@ def timed_with_tree_rss(command: list[str]) -> tuple[float, int, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lines", type=int, default=1_000_000)
+    parser.add_argument(
+        "--unique-hosts", action="store_true", help="every line from its own host: no line repeats (the worst case for the scan)"
+    )
     args = parser.parse_args()
     preflight = os.path.join(os.path.dirname(sys.executable), "preflight")
     with tempfile.TemporaryDirectory() as folder:
         log = os.path.join(folder, "job.log")
-        generate(log, args.lines)
+        generate(log, args.lines, args.unique_hosts)
         patterns_file = os.path.join(folder, "patterns.ere")
         count = grep_patterns(patterns_file)
         grep_s, grep = timed(["grep", "-c", "-E", "-f", patterns_file, log])
@@ -125,7 +130,8 @@ def main() -> None:
         document = json.loads(stdout)
     top = document["candidates"][0]["id"] if document["candidates"] else "none"
     size_mb = document["inputs"]["bytes"] / 1e6
-    print(f"log: {args.lines:,} lines, {document['inputs']['bytes'] / 1e6:.0f} MB; {count} signatures")
+    shape = ", every line from its own host" if args.unique_hosts else ""
+    print(f"log: {args.lines:,} lines, {document['inputs']['bytes'] / 1e6:.0f} MB{shape}; {count} signatures")
     print(f"grep -c -E ({count} patterns): {grep_s:.2f} s ({grep.stdout.strip()} matching lines)")
     print(f"preflight explain: {explain_s:.2f} s = {explain_s / grep_s:.1f}x grep; top candidate {top}")
     print(f"peak RSS: largest process {peak_mb:.0f} MB, whole process tree {tree_kib / 1024:.0f} MB (shared pages counted per process)")

@@ -57,6 +57,7 @@ _RANK = re.compile(r"\[Rank (\d+)\]|\[rank(\d+)\]")
 
 _VIA = b"] via NET/"
 MAX_KEYS = 4096  # distinct channel lines remembered per run before every line is passed on again
+MAX_HOSTS = 4096  # hosts (and networks) remembered per network: a log naming a million stays bounded
 
 
 def repeat_key(raw: bytes) -> bytes | None:
@@ -133,11 +134,12 @@ class Observations:
         direction, net, gdr = found.groups()
         host_match = _NCCL_HOST.search(sighting.text, 0, found.start())
         host = host_match.group(1) if host_match else None
+        if net not in self.networks and len(self.networks) >= MAX_HOSTS:
+            return
         network = self.networks.setdefault(net, _Network())
-        if gdr:
-            network.with_gdr.setdefault(host, sighting)
-        elif direction == "receive":
-            network.receive_without.setdefault(host, sighting)
+        known = network.with_gdr if gdr else network.receive_without if direction == "receive" else None
+        if known is not None and (host in known or len(known) < MAX_HOSTS):
+            known.setdefault(host, sighting)  # the first hosts tell it; a log naming more stays bounded
 
     def _fingerprint(self, sighting: Sighting) -> None:
         if self.ambiguous_sequences:

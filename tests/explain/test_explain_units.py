@@ -396,3 +396,16 @@ def test_copies_of_a_quiet_nccl_line_are_skipped_but_never_one_that_hits(monkeyp
     # The same log without the skip: the same hits.
     monkeypatch.setattr("preflight.explain.matcher.quiet_key", lambda raw, gate: None)
     assert sorted(_scan(Matcher([ib_using, wrapped]), "\n".join(lines) + "\n")) == sorted(hits)
+
+
+def test_channel_observations_stay_bounded_when_every_line_names_another_host() -> None:
+    from preflight.explain.combinations import CHANNEL, MAX_HOSTS, Observations, Sighting
+
+    observations = Observations()
+    for n in range(MAX_HOSTS + 500):
+        for direction, suffix in (("send", "/GDRDMA"), ("receive", "")):
+            line = _channel(f"h{n}", 0, 8, direction, f"NET/IB/0{suffix}")
+            observations.add(CHANNEL, Sighting("job.log", n, line))
+    (network,) = observations.networks.values()
+    assert len(network.with_gdr) == len(network.receive_without) == MAX_HOSTS
+    assert [d.reference_id for d in observations.derived()] == ["TOPO005"]  # h0 has both: distance
