@@ -157,7 +157,7 @@ class Matcher:
             yield from hits
 
     def forget_repeats(self) -> None:
-        """Start a new run: every channel line is news again."""
+        """Start a new run: every channel line and every quiet NCCL line is news again."""
         self._seen_keys.clear()
         self._quiet_keys.clear()
 

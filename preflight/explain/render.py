@@ -84,7 +84,7 @@ def render_text(explanation: Explanation) -> str:
     stall = explanation.stall
     if not count and stall is not None:
         out.append(f"The run stopped without an error and without finishing ({scanned}).")
-        out.append(f"NCCL's last line, {_lines_after(stall.lines_after)}:")
+        out.append(f"NCCL's last line {_lines_after(stall.lines_after)}:")
         out.append(f"  {stall.last.source}:{stall.last.line_number}: {stall.last.text}")
         out.append("A hang from there on (or a log cut short there): a rank or a connection NCCL waits for never answered.")
         out.append("preflight names no cause for it; find the rank that stopped first, and what it was doing.")
@@ -99,7 +99,7 @@ def render_text(explanation: Explanation) -> str:
     out.append("A matching message alone does not confirm a cause; each candidate lists how to check it.")
     if stall is not None:
         place = f"{stall.last.source}:{stall.last.line_number}"
-        out.append(f"The run stopped without an error and without finishing: NCCL's last line ({place}) is {_lines_after(stall.lines_after)}.")
+        out.append(f"The run stopped without an error and without finishing: NCCL's last line ({place}) {_lines_after(stall.lines_after)}.")
     if stats.split_lines:
         out.append(f"Note: {stats.split_lines} over-long lines were scanned in pieces.")
     if explanation.check_error:
@@ -176,9 +176,10 @@ def _evidence_line(item: Evidence) -> str:
 
 
 def _lines_after(count: int) -> str:
+    """Where NCCL's last line stands, as the rest of a sentence that names it."""
     if count == 0:
-        return "the log's last line"
-    return f"{count} line{'s' if count != 1 else ''} before the log's end"
+        return "is the log's last line"
+    return f"is {count} line{'s' if count != 1 else ''} before the log's end"
 
 
 def render_json(explanation: Explanation) -> str:

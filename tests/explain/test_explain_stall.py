@@ -51,14 +51,15 @@ def test_a_run_silent_after_connecting_inside_one_node_is_offered_pci003_at_symp
     assert document["status"] == "candidates"
     assert [(c["id"], c["tier"]) for c in document["candidates"]] == [("PCI003", "symptom")]
     assert document["stall"] == {"location": f"{tmp_path}/job.log:7", "text": PEER[-1], "lines_after": 1}
-    assert "stopped without an error and without finishing" in text and "silence names no cause by itself" in text
+    assert "stopped without an error and without finishing: NCCL's last line (" in text and "is 1 line before the log's end." in text
+    assert "silence names no cause by itself" in text
 
 
 def test_a_run_silent_with_a_network_channel_is_stalled_without_a_candidate(tmp_path: Path) -> None:
     text, document = _explained(tmp_path, [*SETUP, *PEER[:2], *NETWORK])
     assert document["status"] == "stalled" and document["candidates"] == []
     assert document["stall"]["text"] == NETWORK[0] and document["stall"]["lines_after"] == 0
-    assert "NCCL's last line, the log's last line:" in text
+    assert "NCCL's last line is the log's last line:" in text
 
 
 @pytest.mark.parametrize(
