@@ -15,10 +15,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, BinaryIO, Iterable
 
 from preflight.explain.analysis import Analysis, Candidate, Cascade, Evidence
-from preflight.explain.combinations import Sighting
 from preflight.explain.confirm import Verdict
 from preflight.explain.reader import ReadStats, iter_inputs
-from preflight.explain.stall import SourceTails, Stall, TailLine, find_stall
+from preflight.explain.stall import SourceTails, Stall, find_stall
 from preflight.model import Reference
 
 if TYPE_CHECKING:
@@ -81,16 +80,12 @@ def explain(
     if not candidates and first_failure is None:
         stall = find_stall(tails, network_seen=bool(analysis.observations.networks))
         if stall is not None and stall.peer is not None:
-            analysis.observations.intra_node_stall = (_sighting(stall.peer), _sighting(stall.last))
+            analysis.observations.intra_node_stall = (stall.peer, stall.last)
             candidates = [c for c in analysis.candidates() if c.reference_id in references]
     settings = [entry.reference_id for entry in analysis.settings_seen()]
     return Explanation(
         stats, candidates, references, analysis.cascade(), settings, time.perf_counter() - started, first_failure, stall=stall
     )
-
-
-def _sighting(line: TailLine) -> Sighting:
-    return Sighting(line.source, line.line_number, line.text)
 
 
 def _plain_file_bytes(paths: list[str]) -> int:

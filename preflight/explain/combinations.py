@@ -69,9 +69,19 @@ def repeat_key(raw: bytes) -> bytes | None:
     via = raw.find(_VIA)
     if via < 0:
         return None
-    bracket = raw.rfind(b" [", 0, raw.rfind(b" NCCL", 0, via) + 1)
-    writer = raw[raw.rfind(b" ", 0, bracket) + 1 : bracket].rsplit(b":", 2)[0] if bracket > 0 else b""
+    start, bracket = writer_span(raw, raw.rfind(b" NCCL", 0, via))
+    writer = raw[start:bracket].rsplit(b":", 2)[0] if bracket > 0 else b""
     return writer + b"|" + raw[max(0, via - 8) :]
+
+
+def writer_span(raw: bytes, header: int) -> tuple[int, int]:
+    """Start and end of the token that NCCL's `` [dev] NCCL`` header (``header``: where its " NCCL"
+    is) follows: ``host:pid:tid``, with any rank prefix a launcher put before it. (-1, -1) when
+    the line has no such header."""
+    bracket = raw.rfind(b" [", 0, header + 1) if header > 0 else -1
+    if bracket <= 0:
+        return -1, -1
+    return raw.rfind(b" ", 0, bracket) + 1, bracket
 
 
 GDR_SPECIFICITY = 40  # about a specific one-line NCCL warning: a sure sign, but of a performance loss

@@ -20,7 +20,7 @@ from typing import Iterable, Iterator
 from msgspec import Struct
 
 from preflight.catalogue import CatalogueError
-from preflight.explain.combinations import MAX_KEYS, OBSERVATION_SIGNATURES, repeat_key
+from preflight.explain.combinations import MAX_KEYS, OBSERVATION_SIGNATURES, repeat_key, writer_span
 from preflight.explain.posts import normalise, segments, undo_autolinks
 from preflight.explain.reader import MAX_LINE, Chunk
 from preflight.model import Reference
@@ -323,11 +323,7 @@ def quiet_key(raw: bytes, gate: int) -> bytes | None:
     timestamp, pid or thread: a copy of a line that matched nothing matches nothing either, so
     the scan skips it for one set lookup. Only lines that matched nothing are remembered (a hit
     is always reported), and only where no hard-wrap join could have found anything."""
-    header = raw.find(b" NCCL ")
-    if header <= 0:
-        return None
-    bracket = raw.rfind(b" [", 0, header + 1)
-    writer_start = raw.rfind(b" ", 0, bracket) + 1 if bracket > 0 else -1
+    writer_start, bracket = writer_span(raw, raw.find(b" NCCL "))
     if writer_start < 0 or gate < writer_start or raw[:writer_start].translate(None, _TIMESTAMP_BYTES):
         return None
     writer, pid, thread = (raw[writer_start:bracket].rsplit(b":", 2) + [b"", b""])[:3]

@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
+from preflight.explain.combinations import Sighting
 from preflight.explain.posts import normalise
 from preflight.explain.reader import Chunk
 
@@ -39,19 +40,12 @@ _FINISHED = re.compile(r"Destroy COMPLETE|Abort COMPLETE|Avg bus bandwidth|Out o
 
 
 @dataclass(frozen=True)
-class TailLine:
-    source: str
-    line_number: int
-    text: str
-
-
-@dataclass(frozen=True)
 class Stall:
     """The last NCCL line of a source that ends without an error or a finish."""
 
-    last: TailLine
+    last: Sighting
     lines_after: int  # non-blank lines the source printed after it
-    peer: TailLine | None  # an intra-node connection line, when the log shows no network channel
+    peer: Sighting | None  # an intra-node connection line, when the log shows no network channel
 
 
 class SourceTails:
@@ -75,7 +69,7 @@ class SourceTails:
         tail = ((known[0] if known else b"") + chunk.data[-TAIL_BYTES:])[-TAIL_BYTES:]
         self._tails[chunk.source] = (tail, last_line)
 
-    def lines(self, source: str) -> list[TailLine]:
+    def lines(self, source: str) -> list[Sighting]:
         """The source's kept last lines, whole lines only, normalised, blank ones left out."""
         tail, last_line = self._tails[source]
         text = tail.decode("utf-8", "replace").split("\n")
@@ -86,9 +80,9 @@ class SourceTails:
         first = last_line - len(text) + 1
         result = []
         for offset, raw in enumerate(text):
-            line = normalise(raw.rstrip("\r").split("\r")[-1])
-            if line.strip() and line.strip() != "```":
-                result.append(TailLine(source, first + offset, line))
+            line = normalise(raw)  # the last redraw, without quoting, colours or a bare fence
+            if line.strip():
+                result.append(Sighting(source, first + offset, line))
         return result
 
     @property
