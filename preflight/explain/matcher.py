@@ -61,6 +61,8 @@ GENERIC_FAILURES = (
     # A crash belongs to no one reference: many causes end in one, so it orders the cascade
     # and names the first failing line without pointing anywhere.
     r"Caught signal 11 \(Segmentation fault|Signal: Segmentation fault \(11\)|Fatal Python error: Segmentation fault",
+    # The C++ runtime's last words when an exception escapes (std::terminate): the process aborts.
+    r"terminate called after throwing an instance of '",
 )
 # Lines that say something went wrong without saying that this process failed (NCCL warns on
 # healthy runs too). They never order a cascade; when nothing else failed, the first of them is
