@@ -28,7 +28,7 @@ def why_candidate(candidate: Candidate, explanation: Explanation | None = None) 
     stall = explanation.stall if explanation is not None else None
     if stall is not None and stall.peer is not None and candidate.reference_id == INTRA_NODE_STALL:
         return (
-            "the run connected its GPUs inside one node and then went silent, the usual picture of peer-to-peer "
+            "the run used the GPUs of one node only and then went silent, the usual picture of peer-to-peer "
             "traffic the PCIe fabric drops, but silence names no cause by itself; the node checks can"
         )
     reason = _WHY[candidate.tier]
@@ -84,7 +84,7 @@ def render_text(explanation: Explanation) -> str:
     stall = explanation.stall
     if not count and stall is not None:
         out.append(f"The run stopped without an error and without finishing ({scanned}).")
-        out.append(f"NCCL's last line {_lines_after(stall.lines_after)}:")
+        out.append(f"{stall.what[0].upper()}{stall.what[1:]} {_lines_after(stall.lines_after)}:")
         out.append(f"  {stall.last.source}:{stall.last.line_number}: {stall.last.text}")
         out.append("A hang from there on (or a log cut short there): a rank or a connection NCCL waits for never answered.")
         out.append("preflight names no cause for it; find the rank that stopped first, and what it was doing.")
@@ -99,7 +99,7 @@ def render_text(explanation: Explanation) -> str:
     out.append("A matching message alone does not confirm a cause; each candidate lists how to check it.")
     if stall is not None:
         place = f"{stall.last.source}:{stall.last.line_number}"
-        out.append(f"The run stopped without an error and without finishing: NCCL's last line ({place}) {_lines_after(stall.lines_after)}.")
+        out.append(f"The run stopped without an error and without finishing: {stall.what} ({place}) {_lines_after(stall.lines_after)}.")
     if stats.split_lines:
         out.append(f"Note: {stats.split_lines} over-long lines were scanned in pieces.")
     if explanation.check_error:

@@ -8,9 +8,15 @@ instead of "no failure found". NCCL prints one line per connection it makes (``C
 P2P/IPC`` or ``via direct shared memory``; ``src/transport/p2p.cc``, ``shm.cc``), and a finished
 run says ``Destroy COMPLETE`` (communicator freed) or, in nccl-tests, ``Avg bus bandwidth``.
 
+The NCCL test programs (nccl-tests, and the ``test/single`` programs of NCCL 1.x) print no NCCL
+line of their own unless NCCL_DEBUG is set: they list the ranks and devices, print the header of
+their results table (``time  algbw  busbw``, then a units line in newer releases), and then one row
+per message size (``src/util.cu``; NCCL 1.x ``test/single/all_reduce_test.cu``). A log that ends
+at that header stopped inside the first collective.
+
 One case points at a catalogued cause: a run whose only connections were inside one node (GPU
 to GPU through P2P or shared memory, no network channel anywhere in the log) and which then
-went silent is the classic picture of peer-to-peer traffic dropped by the PCIe fabric (ACS
+went silent, or a test whose ranks all ran on one host and stopped at its first size, is the classic picture of peer-to-peer traffic dropped by the PCIe fabric (ACS
 redirect or a translating IOMMU, PCI003), which NCCL's troubleshooting guide names for hangs
 among GPUs of one node. It is offered at symptom tier: silence is weak evidence, and
 ``explain --check`` asks the node about ACS and the IOMMU.
@@ -37,15 +43,20 @@ _NCCL_INFO = re.compile(r"\[\d+\] NCCL INFO \S")  # posts often lose the host:pi
 _PEER_CONNECTION = re.compile(r"\] via (?:P2P/|SHM/|direct shared memory)")
 _NETWORK_CONNECTION = re.compile(r"\] via NET/")
 _FINISHED = re.compile(r"Destroy COMPLETE|Abort COMPLETE|Avg bus bandwidth|Out of bounds values")
+_TESTS_HEADER = re.compile(r"\balgbw\s+busbw\b|\(GB/s\)\s+\(GB/s\)")
+# "#  Rank  0 Group  0 Pid  4242 on node03 device  0 [...]", "#   Rank  0 on node03 device  0 [0x00]",
+# and NCCL 1.x's single-process "#   Rank  0 uses device  0 [0x05]" (no host: one node by construction).
+_TESTS_RANK = re.compile(r"\bRank +\d+ (?:Group +\d+ Pid +\d+ )?(?:on +(\S+) +device|uses device) +\d+ ")
 
 
 @dataclass(frozen=True)
 class Stall:
-    """The last NCCL line of a source that ends without an error or a finish."""
+    """The last NCCL line (or NCCL test header) of a source that ends without an error or a finish."""
 
     last: Sighting
     lines_after: int  # non-blank lines the source printed after it
     peer: Sighting | None  # an intra-node connection line, when the log shows no network channel
+    what: str = "NCCL's last line"  # how the text names ``last``
 
 
 class SourceTails:
@@ -100,9 +111,23 @@ def find_stall(tails: SourceTails, network_seen: bool) -> Stall | None:
             continue
         nccl = [index for index, line in enumerate(lines) if _NCCL_INFO.search(line.text)]
         if not nccl:
+            stall = _tests_stall(tails.lines(source), network_seen)
+            if stall is not None:
+                return stall
             continue
         last = lines[nccl[-1]]
         peers = [lines[index] for index in nccl if _PEER_CONNECTION.search(lines[index].text)]
         networked = network_seen or any(_NETWORK_CONNECTION.search(lines[index].text) for index in nccl)
         return Stall(last, len(lines) - 1 - nccl[-1], peers[-1] if peers and not networked else None)
     return None
+
+
+def _tests_stall(lines: list[Sighting], network_seen: bool) -> Stall | None:
+    """A test program's output that ends at its results header: the first size never finished.
+    Intra-node when every rank it lists ran on one host and the log shows no network channel."""
+    if not lines or not _TESTS_HEADER.search(lines[-1].text):
+        return None
+    ranks = [(line, _TESTS_RANK.search(line.text)) for line in lines]
+    listed = [(line, found.group(1)) for line, found in ranks if found is not None]
+    one_host = bool(listed) and len({host for _, host in listed}) == 1
+    return Stall(lines[-1], 0, listed[-1][0] if one_host and not network_seen else None, "the test's results header")

@@ -107,3 +107,47 @@ def test_explain_cli_exits_1_on_a_stalled_log(tmp_path: Path, run_cli: Runner) -
     log.write_text("\n".join([*SETUP, *NETWORK]) + "\n")
     result = run_cli("explain", str(log), "--format", "json")
     assert result.returncode == 1 and json.loads(result.stdout)["status"] == "stalled", result.stderr
+
+
+# nccl-tests' own output (src/util.cu): the rank list, then the results header, then a row per size.
+TESTS_HEAD = [
+    "# nThread 1 nGpus 1 minBytes 8 maxBytes 134217728 step: 2(factor) warmup iters: 5 iters: 20 agg iters: 1 validation: 1 graph: 0",
+    "#",
+    "# Using devices",
+]
+TESTS_TABLE = [
+    "#                                                              out-of-place                       in-place",
+    "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong",
+    "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)",
+]
+
+
+def _ranks(hosts: list[str]) -> list[str]:
+    return [f"#  Rank {r:2d} Group  0 Pid {4100 + r:6d} on {host:>10s} device {r % 8:2d} [0000:1b:00] NVIDIA H100 80GB HBM3" for r, host in enumerate(hosts)]
+
+
+def test_a_test_stopped_at_its_first_size_on_one_host_is_offered_pci003(tmp_path: Path) -> None:
+    text, document = _explained(tmp_path, [*TESTS_HEAD, *_ranks(["gpu7"] * 4), *TESTS_TABLE])
+    assert [(c["id"], c["tier"]) for c in document["candidates"]] == [("PCI003", "symptom")]
+    assert document["stall"]["text"] == TESTS_TABLE[-1] and document["stall"]["lines_after"] == 0
+    assert "the test's results header (" in text and "used the GPUs of one node only" in text
+
+
+def test_nccl_1_single_process_tests_count_as_one_node(tmp_path: Path) -> None:
+    old = [f"#   Rank {r:2d} uses device {r:2d} [0x{5 + r:02x}] Tesla M40 24GB" for r in range(4)]
+    header = "#      bytes             N    type      op     time  algbw  busbw      res     time  algbw  busbw      res"
+    _text, document = _explained(tmp_path, ["# Using devices", *old, "", header])
+    assert [c["id"] for c in document["candidates"]] == ["PCI003"]
+
+
+def test_a_test_across_hosts_stopped_at_its_first_size_is_stalled_without_a_candidate(tmp_path: Path) -> None:
+    text, document = _explained(tmp_path, [*TESTS_HEAD, *_ranks(["gpu7", "gpu7", "gpu8", "gpu8"]), *TESTS_TABLE])
+    assert document["status"] == "stalled" and document["candidates"] == []
+    assert "The test's results header is the log's last line:" in text
+
+
+def test_a_test_with_result_rows_or_a_summary_is_no_stall(tmp_path: Path) -> None:
+    row = "           8             2     float     sum      -1    24.51    0.00    0.00      0    23.98    0.00    0.00      0"
+    for ending in ([row], [row, "# Out of bounds values : 0 OK", "# Avg bus bandwidth    : 0.0012"]):
+        _text, document = _explained(tmp_path, [*TESTS_HEAD, *_ranks(["gpu7"] * 2), *TESTS_TABLE, *ending])
+        assert document["status"] == "nothing-found" and document["stall"] is None
