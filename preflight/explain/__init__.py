@@ -79,10 +79,11 @@ def explain(
     stall = None
     if not candidates and first_failure is None:
         stall = find_stall(tails, network_seen=bool(analysis.observations.networks))
-        if stall is not None and stall.peer is not None:
-            analysis.observations.intra_node_stall = (stall.peer, stall.last)
-            candidates = [c for c in analysis.candidates() if c.reference_id in references]
-    settings = [entry.reference_id for entry in analysis.settings_seen()]
+        if stall is not None:
+            if stall.peer is not None:
+                analysis.observations.intra_node_stall = (stall.peer, stall.last)
+            candidates = [c for c in analysis.candidates(stalled=True) if c.reference_id in references]
+    settings = [entry.reference_id for entry in analysis.settings_seen(stalled=stall is not None)]
     return Explanation(
         stats, candidates, references, analysis.cascade(), settings, time.perf_counter() - started, first_failure, stall=stall
     )

@@ -42,6 +42,7 @@ MAX_ACTORS = 10_000
 CASCADE_REFERENCE = "NCCL014"
 DERIVED_SIGNATURE = 0  # signature number of evidence read from several lines together (combinations)
 _UNSET = object()  # a cascade not worked out yet (None means: there is none)
+_NCCL_INFO = " NCCL INFO "
 
 
 @dataclass
@@ -121,6 +122,7 @@ class Analysis:
         self._all_timed = True
         self._sources: set[str] = set()
         self.observations = Observations()
+        self._setting_line: tuple[str, int] | None = None  # the last NCCL INFO line read as a setting
 
     def add(self, hit: Hit) -> None:
         self._order += 1
@@ -135,11 +137,17 @@ class Analysis:
             actor = self._actor(meta, hit.source)
             evidence = Evidence(hit.source, hit.line_number, hit.text, "symptom", 0, meta.time_text, actor, meta.host)
             if signature.role == "context":  # weak: names a failing line, says nothing of order
-                if self.weak_first is None:
+                if self.weak_first is None and (hit.source, hit.line_number) != self._setting_line:
                     self.weak_first = evidence
                 return
             self._note_failure(actor, evidence, "", meta, (meta.time if meta.time is not None else float("inf"), self._order), hit.source)
             return
+        if signature.role == "context" and _NCCL_INFO in hit.text:
+            # An INFO line a reference reads as a setting ("Failed to open libibverbs.so[.1]" on a
+            # node without RDMA) is not the run's failing line, whatever words it uses.
+            self._setting_line = (hit.source, hit.line_number)
+            if self.weak_first is not None and (self.weak_first.source, self.weak_first.line_number) == self._setting_line:
+                self.weak_first = None
         entry = self.by_reference.get(signature.reference_id)
         if signature.role == "context" and entry is not None and _examples_of(entry, "context") >= MAX_EXAMPLES_PER_ROLE:
             entry.roles[signature.number] = signature.role
@@ -229,8 +237,11 @@ class Analysis:
         ordered = sorted(failures.values(), key=lambda f: f.sort_key if ordered_by == "timestamps" else (0, f.sort_key[1]))
         return Cascade(ordered[0], len(ordered) - 1, ordered[-1].evidence.time_text, ordered_by)
 
-    def candidates(self) -> list[Candidate]:
-        failure_seen = self.failure_lines > 0
+    def candidates(self, stalled: bool = False) -> list[Candidate]:
+        """The references the log points at, best first; ``stalled``: the log ends in a hang
+        (:mod:`preflight.explain.stall`), a failure without a failing line, so the settings tied
+        to failures count as they would beside one."""
+        failure_seen = self.failure_lines > 0 or stalled
         cascade = self.cascade()
         first_actor = cascade.first.actor if cascade else None
         result = []
@@ -321,9 +332,9 @@ class Analysis:
         others failed after it: the cascade is then the best description of what happened."""
         return cascade.first.references_on_line <= {GENERIC_FAILURE}
 
-    def settings_seen(self) -> list[ReferenceHits]:
+    def settings_seen(self, stalled: bool = False) -> list[ReferenceHits]:
         """Context-only matches in a log without failures: worth a mention, not a diagnosis."""
-        if self.failure_lines:
+        if self.failure_lines or stalled:
             return []
         return [e for e in self.by_reference.values() if set(e.roles.values()) == {"context"}]
 

@@ -20,6 +20,12 @@ Some causes never print a message of their own; they show only in how lines disa
   operation, shape or type for the same sequence number are running mismatched collectives
   (NCCL009). Several process groups number their collectives separately, so a rank that logs one
   sequence number with two fingerprints makes the comparison unusable and the rule stays quiet.
+* **Sockets over InfiniBand for want of libibverbs.** NCCL logs that it could not open
+  libibverbs at INFO level (``Failed to open libibverbs.so[.1]``, ``Count not open
+  libibverbs.so``; ``src/misc/ibvsymbols.cc``) because a node without RDMA is normal; the same run
+  choosing an IPoIB interface for its socket transport (``NET/Socket : Using [0]ib0:...``,
+  ``src/transport/net_socket.cc``) shows an InfiniBand node whose verbs stack is missing in the
+  job's environment (IB009).
 * **Silence after connecting inside one node** (:mod:`preflight.explain.stall`): a log without
   failures that ends in NCCL's intra-node connection lines, with no network channel anywhere,
   is offered as PCI003 at symptom tier.
@@ -39,12 +45,16 @@ CHANNEL = OBSERVATION + "channel"
 ROCE_PORTS = OBSERVATION + "roce-ports"
 FINGERPRINT = OBSERVATION + "fingerprint"
 DISTANCE = OBSERVATION + "gdr-distance"
+NO_VERBS = OBSERVATION + "no-libibverbs"
+SOCKET_ON_IB = OBSERVATION + "socket-on-ib"
 
 # (reference ID, pattern) of the lines the matcher reports as observations.
 OBSERVATION_SIGNATURES = (
     (CHANNEL, r"\[(?:send|receive)\] via NET/[^/\n]{1,40}/\d"),
     (ROCE_PORTS, r"\[\d+\]\w{1,40}:\d+/RoCE\b"),  # "NET/IB : Using [0]mlx5_0:1/RoCE": scanned for "/RoCE"
     (FINGERPRINT, r"Running collective: CollectiveFingerPrint\(SequenceNumber=\d+, OpType=\w+"),
+    (NO_VERBS, r"Failed to open libibverbs\.so|Count not open libibverbs\.so"),
+    (SOCKET_ON_IB, r"NET/Socket : Using .{0,400}?\[\d+\]ib\w{0,15}[:.<]"),
     (DISTANCE, r"GPU Direct RDMA Disabled for GPU(?: \S{1,40} / HCA \S+ \(|/\S{1,40} \(rank \d+\) - NET/\S+ \()distance \d+ > \d+\)"),
 )
 
@@ -87,6 +97,7 @@ def writer_span(raw: bytes, header: int) -> tuple[int, int]:
 GDR_SPECIFICITY = 40  # about a specific one-line NCCL warning: a sure sign, but of a performance loss
 ROCE_DISTANCE_SPECIFICITY = 60  # the distance line (55 of its own) plus what the RoCE ports add
 MISMATCH_SPECIFICITY = 60  # two ranks' own records of one collective disagreeing: direct evidence
+NO_VERBS_SPECIFICITY = 40  # two INFO lines that together name the missing piece
 STALL_SPECIFICITY = 10  # silence after intra-node connections: a picture, not a message
 INTRA_NODE_STALL = "PCI003"  # P2P traffic dropped by ACS redirect or a translating IOMMU
 MAX_SEQUENCES = 4096  # fingerprints kept per run: memory stays bounded on endless DETAIL logs
@@ -120,6 +131,8 @@ class Observations:
     networks: dict[str, _Network] = field(default_factory=dict)
     roce: Sighting | None = None
     distance: Sighting | None = None
+    no_verbs: Sighting | None = None
+    socket_on_ib: Sighting | None = None
     fingerprints: dict[str, dict[str, tuple[str, Sighting]]] = field(default_factory=dict)  # seq -> rank -> (print, line)
     mismatch: tuple[Sighting, Sighting] | None = None
     ambiguous_sequences: bool = False
@@ -136,6 +149,10 @@ class Observations:
             self._fingerprint(sighting)
         elif kind == DISTANCE:
             self.distance = self.distance or sighting
+        elif kind == NO_VERBS:
+            self.no_verbs = self.no_verbs or sighting
+        elif kind == SOCKET_ON_IB:
+            self.socket_on_ib = self.socket_on_ib or sighting
 
     def _channel(self, sighting: Sighting) -> None:
         found = _CHANNEL.search(sighting.text)
@@ -184,6 +201,8 @@ class Observations:
             result.append(Derived("ROCE002", ROCE_DISTANCE_SPECIFICITY, (self.distance, self.roce)))
         if self.mismatch is not None and not self.ambiguous_sequences:
             result.append(Derived("NCCL009", MISMATCH_SPECIFICITY, self.mismatch))
+        if self.no_verbs is not None and self.socket_on_ib is not None:
+            result.append(Derived("IB009", NO_VERBS_SPECIFICITY, (self.no_verbs, self.socket_on_ib)))
         if self.intra_node_stall is not None:
             result.append(Derived(INTRA_NODE_STALL, STALL_SPECIFICITY, self.intra_node_stall, role="symptom"))
         return result
