@@ -342,6 +342,41 @@ def test_a_link_local_roce_gid_on_a_retry_exceeded_completion_ranks_the_gid_refe
     assert "ROCE005" not in [c.reference_id for c in explain([str(routable)], catalogue=catalogue).candidates]
 
 
+def test_a_missing_libibverbs_is_a_setting_unless_sockets_run_over_infiniband(tmp_path: Path) -> None:
+    """NCCL logs the failed dlopen at INFO on every node without RDMA; beside a socket transport on
+    an IPoIB interface it names the cause (IB009), and alone it is never the failing line."""
+    from preflight.explain import explain, load_catalogue
+
+    no_verbs = "gpu4:3101:3160 [0] NCCL INFO Failed to open libibverbs.so[.1]"
+    catalogue = load_catalogue()
+    on_ib = tmp_path / "ib.log"
+    on_ib.write_text(no_verbs + "\ngpu4:3101:3160 [0] NCCL INFO NET/Socket : Using [0]ib0:10.10.0.4<0> [1]eth0:192.168.1.4<0>\n")
+    ranked = explain([str(on_ib)], catalogue=catalogue).candidates
+    assert [(c.reference_id, c.tier) for c in ranked] == [("IB009", "cause")]
+    assert {e.line_number for e in ranked[0].hits.examples} == {1, 2}
+    on_ethernet = tmp_path / "eth.log"
+    on_ethernet.write_text(
+        no_verbs + "\ngpu4:3101:3160 [0] NCCL INFO NET/Socket : Using [0]eth0:192.168.1.4<0>\n"
+        "gpu4:3101:3101 [0] NCCL INFO comm 0x5581 rank 0 nranks 2 cudaDev 0 busId 1b000 - Destroy COMPLETE\n"
+    )
+    alone = explain([str(on_ethernet)], catalogue=catalogue)
+    assert alone.candidates == [] and alone.first_failure is None and alone.settings_seen == ["IB009"]
+
+
+def test_a_stalled_log_offers_the_settings_tied_to_failures(tmp_path: Path) -> None:
+    from preflight.explain import explain, load_catalogue
+
+    log = tmp_path / "hang.log"
+    log.write_text(
+        "gpu4:3101:3160 [0] NCCL INFO Failed to open libibverbs.so[.1]\n"
+        "gpu4:3101:3160 [0] NCCL INFO NET/Socket : Using [0]eth0:192.168.1.4<0>\n"
+        "gpu4:3101:3160 [0] NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/Socket/0\n"
+    )
+    explanation = explain([str(log)], catalogue=load_catalogue())
+    assert explanation.stall is not None and explanation.settings_seen == []
+    assert ("IB009", "context") in [(c.reference_id, c.tier) for c in explanation.candidates]
+
+
 def test_channel_lines_of_different_hosts_are_never_taken_for_copies() -> None:
     """Timestamps in front of the NCCL header must not make two hosts' lines look alike."""
     lines = [
