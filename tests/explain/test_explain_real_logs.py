@@ -22,7 +22,7 @@ from preflight.catalogue import load_all
 # top-3 95 %, no candidate 0 %, out-of-catalogue logs given a cause <= 20 %.
 TOP1_FLOOR = 0.535
 TOP3_FLOOR = 0.571
-NO_CANDIDATE_CEILING = 0.31
+NO_CANDIDATE_CEILING = 0.299
 OUTSIDE_CAUSE_CEILING = 0.20
 SILENT_CEILING = 15  # held-back failure logs answered "nothing found" (19 before stalls were named)
 # Batches t-v added 4 held-back logs (1 of their 3 catalogued causes first), which lowered the
@@ -31,7 +31,7 @@ SILENT_CEILING = 15  # held-back failure logs answered "nothing found" (19 befor
 # were written). The 74 held-back logs of batches a-e keep the floors they had reached then, so
 # the new, harder logs cannot hide a loss on the old ones.
 FIRST_BATCHES = ("a", "b", "c", "d", "e")
-FIRST_BATCHES_FLOORS = {"top1": 0.58, "top3": 0.612, "no_candidate": 0.243}
+FIRST_BATCHES_FLOORS = {"top1": 0.58, "top3": 0.612, "no_candidate": 0.227}
 
 
 @pytest.fixture(scope="module")
