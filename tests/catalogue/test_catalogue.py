@@ -127,6 +127,17 @@ def test_references_cite_sources_and_name_no_other_product() -> None:
         assert document["signatures"], f"{path.name} has no log signature for explain"
 
 
+def test_a_signature_source_that_names_a_coverage_table_names_one_that_exists() -> None:
+    """``source`` says where a message is printed; a coverage table it names must be in the repo."""
+    missing = []
+    for path in sorted(REFERENCES.glob("*.toml")):
+        for number, signature in enumerate(parse_toml(path.read_text())["signatures"], 1):
+            source = signature.get("source", "")
+            if source.startswith("references/coverage/") and not (REFERENCES.parent / source).is_file():
+                missing.append(f"{path.stem} signature #{number}: {source}")
+    assert not missing, missing
+
+
 def test_every_signature_is_linear_on_adversarial_lines() -> None:
     """Built from each pattern's own examples and literals: near misses, repeats, long runs."""
     import re
