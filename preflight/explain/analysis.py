@@ -333,7 +333,8 @@ class Analysis:
         return cascade.first.references_on_line <= {GENERIC_FAILURE}
 
     def settings_seen(self, stalled: bool = False) -> list[ReferenceHits]:
-        """Context-only matches in a log without failures: worth a mention, not a diagnosis."""
+        """Context-only matches in a log without failures (a stall is one): worth a mention, not a
+        diagnosis."""
         if self.failure_lines or stalled:
             return []
         return [e for e in self.by_reference.values() if set(e.roles.values()) == {"context"}]

@@ -16,9 +16,10 @@ at that header stopped inside the first collective.
 
 One case points at a catalogued cause: a run whose only connections were inside one node (GPU
 to GPU through P2P or shared memory, no network channel anywhere in the log) and which then
-went silent, or a test whose ranks all ran on one host and stopped at its first size, is the classic picture of peer-to-peer traffic dropped by the PCIe fabric (ACS
-redirect or a translating IOMMU, PCI003), which NCCL's troubleshooting guide names for hangs
-among GPUs of one node. It is offered at symptom tier: silence is weak evidence, and
+went silent, or a test whose ranks all ran on one host and stopped at its first size, is the
+classic picture of peer-to-peer traffic dropped by the PCIe fabric (ACS redirect or a
+translating IOMMU, PCI003), which NCCL's troubleshooting guide names for hangs among GPUs of one
+node. It is offered at symptom tier: silence is weak evidence, and
 ``explain --check`` asks the node about ACS and the IOMMU.
 
 Only the tail of each input is kept (``TAIL_BYTES`` for up to ``MAX_SOURCES`` inputs), so
@@ -106,12 +107,13 @@ def find_stall(tails: SourceTails, network_seen: bool) -> Stall | None:
     them that says the run failed or finished; ``network_seen``: the log shows a network channel
     somewhere (then the intra-node reading does not apply). Asked only of logs without failures."""
     for source in tails.sources:
-        lines = tails.lines(source)[-LAST_LINES:]
+        kept = tails.lines(source)
+        lines = kept[-LAST_LINES:]
         if any(_FINISHED.search(line.text) for line in lines):
             continue
         nccl = [index for index, line in enumerate(lines) if _NCCL_INFO.search(line.text)]
         if not nccl:
-            stall = _tests_stall(tails.lines(source), network_seen)
+            stall = _tests_stall(kept, network_seen)
             if stall is not None:
                 return stall
             continue
