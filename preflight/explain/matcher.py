@@ -85,6 +85,9 @@ GENERIC_WARNINGS = (
     r"(?:^|[\s\]:\[])(?:ERROR|FATAL|Fatal error|fatal error|error)\]?:? ",
     r"\b(?:[Ff]ailed|FAILED|[Aa]borted|Killed|[Ii]nsufficient|Unable to|[Tt]imed out)\b",
     r"\b(?:Error|Exception|WARN|Traceback)\b|\berror:",
+    # A Python traceback's frame: printed only while an exception propagates, so a post that kept
+    # the frames but lost the header and the exception line still shows where it failed.
+    r'File "[^"\n]{1,400}", line \d{1,7}, in \S',
     # glog's error severity, as c10d writes it ("[E ProcessGroupGloo.cpp:138]", "[E1203 12:34:56.789
     # ProcessGroupNCCL.cpp:616]"): the line says an error even when its words do not.
     r"\[E(?:\d{4} \d\d:\d\d:\d\d\.\d{1,9})? ?\w[\w.]{0,80}\.cpp:\d{1,6}\]",

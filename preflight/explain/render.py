@@ -86,7 +86,7 @@ def render_text(explanation: Explanation) -> str:
         out.append(f"The run stopped without an error and without finishing ({scanned}).")
         out.append(f"{stall.what[0].upper()}{stall.what[1:]} {_lines_after(stall.lines_after)}:")
         out.append(f"  {stall.last.source}:{stall.last.line_number}: {stall.last.text}")
-        out.append("A hang from there on (or a log cut short there): a rank or a connection NCCL waits for never answered.")
+        out.append("A hang from there on (or a log cut short there): a rank, or a connection it waits for, never answered.")
         out.append("preflight names no cause for it; find the rank that stopped first, and what it was doing.")
         return printable_lines("\n".join(out)) + "\n"
     if not count:

@@ -14,6 +14,12 @@ their results table (``time  algbw  busbw``, then a units line in newer releases
 per message size (``src/util.cu``; NCCL 1.x ``test/single/all_reduce_test.cu``). A log that ends
 at that header stopped inside the first collective.
 
+A hang is also what a stack dump of a waiting process shows: users attach py-spy (``Thread 4711
+(idle): "MainThread"`` and one frame per line) or gdb (``Thread 1 (Thread 0x7f... (LWP 4711))``,
+``#0  0x00007f... in sched_yield ()``) to a job that stopped moving and post what it printed. A
+log without failures that holds such a dump in its last lines is stalled at the dump's first
+thread.
+
 One case points at a catalogued cause: a run whose only connections were inside one node (GPU
 to GPU through P2P or shared memory, no network channel anywhere in the log) and which then
 went silent, or a test whose ranks all ran on one host and stopped at its first size, is the
@@ -44,6 +50,15 @@ _NCCL_INFO = re.compile(r"\[\d+\] NCCL INFO \S")  # posts often lose the host:pi
 _PEER_CONNECTION = re.compile(r"\] via (?:P2P/|SHM/|direct shared memory)")
 _NETWORK_CONNECTION = re.compile(r"\] via NET/")
 _FINISHED = re.compile(r"Destroy COMPLETE|Abort COMPLETE|Avg bus bandwidth|Out of bounds values")
+# py-spy's thread header and frame ("    broadcast (torch/distributed/distributed_c10d.py:2772)"),
+# gdb's thread header, numbered frame, stop line after attaching, and backtrace command.
+_STACK_DUMP = re.compile(
+    r"^\s*Thread (?:\d+|0x[0-9a-fA-F]+) \((?:idle|active|Thread 0x[0-9a-fA-F]+ \(LWP \d+\))\)"
+    r"|^\s{2,}[\w<>.]{1,200} \([^()\s]{1,400}\.py:\d+\)\s*$"
+    r"|^\s*#\d{1,4} +0x[0-9a-fA-F]{6,16} in \S"
+    r"|^0x[0-9a-fA-F]{6,16} in \S{1,200} \("  # where gdb stopped the process it attached to
+    r"|^\(gdb\) (?:bt|backtrace|where|thread apply all bt)\b"
+)
 _TESTS_HEADER = re.compile(r"\balgbw\s+busbw\b|\(GB/s\)\s+\(GB/s\)")
 # "#  Rank  0 Group  0 Pid  4242 on node03 device  0 [...]", "#   Rank  0 on node03 device  0 [0x00]",
 # and NCCL 1.x's single-process "#   Rank  0 uses device  0 [0x05]" (no host: one node by construction).
@@ -113,7 +128,7 @@ def find_stall(tails: SourceTails, network_seen: bool) -> Stall | None:
             continue
         nccl = [index for index, line in enumerate(lines) if _NCCL_INFO.search(line.text)]
         if not nccl:
-            stall = _tests_stall(kept, network_seen)
+            stall = _tests_stall(kept, network_seen) or _dump_stall(kept)
             if stall is not None:
                 return stall
             continue
@@ -133,3 +148,13 @@ def _tests_stall(lines: list[Sighting], network_seen: bool) -> Stall | None:
     listed = [(line, found.group(1)) for line, found in ranks if found is not None]
     one_host = bool(listed) and len({host for _, host in listed}) == 1
     return Stall(lines[-1], 0, listed[-1][0] if one_host and not network_seen else None, "the test's results header")
+
+
+
+def _dump_stall(lines: list[Sighting]) -> Stall | None:
+    """A py-spy or gdb stack dump among the source's last lines: the process was waiting when it
+    was taken. Named at the dump's first line."""
+    if not any(_STACK_DUMP.search(line.text) for line in lines[-LAST_LINES:]):
+        return None
+    index = next(index for index, line in enumerate(lines) if _STACK_DUMP.search(line.text))
+    return Stall(lines[index], len(lines) - 1 - index, None, "a stack dump of the waiting process")

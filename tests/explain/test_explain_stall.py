@@ -151,3 +151,34 @@ def test_a_test_with_result_rows_or_a_summary_is_no_stall(tmp_path: Path) -> Non
     for ending in ([row], [row, "# Out of bounds values : 0 OK", "# Avg bus bandwidth    : 0.0012"]):
         _text, document = _explained(tmp_path, [*TESTS_HEAD, *_ranks(["gpu7"] * 2), *TESTS_TABLE, *ending])
         assert document["status"] == "nothing-found" and document["stall"] is None
+
+
+@pytest.mark.parametrize(
+    "dump",
+    [
+        # py-spy dump of a rank waiting in a collective
+        [
+            'Thread 474480 (idle): "MainThread"',
+            "    broadcast (torch/distributed/distributed_c10d.py:2772)",
+            "    _zero_init_param (deepspeed/runtime/zero/partition_parameters.py:1054)",
+        ],
+        # gdb attached to the process: its stop line, then the backtrace command and frames
+        [
+            "0x00007f59364f8c9b in sched_yield () at ../sysdeps/unix/syscall-template.S:120",
+            "(gdb) thread apply all bt",
+            "Thread 1 (Thread 0x7f5936b1e740 (LWP 6042)) \"python\":",
+            "#0  0x00007f59364f8c9b in sched_yield () at ../sysdeps/unix/syscall-template.S:120",
+        ],
+    ],
+)
+def test_a_stack_dump_of_a_waiting_process_is_a_stall_named_at_its_first_line(tmp_path: Path, dump: list[str]) -> None:
+    text, document = _explained(tmp_path, ["$ py-spy dump --pid 4711", *dump])
+    assert document["status"] == "stalled" and document["candidates"] == []
+    assert document["stall"]["location"].endswith("job.log:2") and document["stall"]["text"] == dump[0]
+    assert "A stack dump of the waiting process is " in text
+
+
+def test_a_stack_dump_long_before_the_end_is_no_stall(tmp_path: Path) -> None:
+    lines = ['Thread 474480 (idle): "MainThread"', "    broadcast (torch/distributed/distributed_c10d.py:2772)"]
+    _text, document = _explained(tmp_path, [*lines, *[f"step {n} loss 1.{n}" for n in range(LAST_LINES)]])
+    assert document["status"] == "nothing-found" and document["stall"] is None
