@@ -444,3 +444,19 @@ def test_channel_observations_stay_bounded_when_every_line_names_another_host() 
     (network,) = observations.networks.values()
     assert len(network.with_gdr) == len(network.receive_without) == MAX_HOSTS
     assert [d.reference_id for d in observations.derived()] == ["TOPO005"]  # h0 has both: distance
+
+
+def test_invalid_argument_is_nvls_only_where_nvls_printed_it(tmp_path: Path) -> None:
+    """NVL004's own summary: the error text alone comes from many CUDA calls; transport/nvls.cc
+    printing it is what ties it to NVLS setup."""
+    from preflight.explain import explain, load_catalogue
+
+    catalogue = load_catalogue()
+    line = "gpu-a03:77120:77190 [1] {where} NCCL WARN Cuda failure 1 'invalid argument'\n"
+    tiers = {}
+    for where in ("transport/nvls.cc:598", "enqueue.cc:1500"):
+        log = tmp_path / f"{where.split(':')[0].replace('/', '_')}.log"
+        log.write_text(line.format(where=where))
+        tiers[where] = {c.reference_id: c.tier for c in explain([str(log)], catalogue=catalogue).candidates}
+    assert tiers["transport/nvls.cc:598"]["NVL004"] == "cause"
+    assert tiers["enqueue.cc:1500"]["NVL004"] == "symptom" and "cause" not in tiers["enqueue.cc:1500"].values()
