@@ -27,7 +27,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from preflight.explain.combinations import OBSERVATION, Derived, Observations, Sighting
+from preflight.explain.combinations import NO_VERBS, OBSERVATION, Derived, Observations, Sighting
 from preflight.explain.matcher import Hit
 from preflight.explain.prefixes import LineMeta, parse_line
 
@@ -122,7 +122,7 @@ class Analysis:
         self._all_timed = True
         self._sources: set[str] = set()
         self.observations = Observations()
-        self._setting_line: tuple[str, int] | None = None  # the last NCCL INFO line read as a setting
+        self._setting_line: tuple[str, int] | None = None  # the last line read as a setting
 
     def add(self, hit: Hit) -> None:
         self._order += 1
@@ -130,6 +130,8 @@ class Analysis:
         if signature.reference_id.startswith(OBSERVATION):
             # Channel lines and fingerprints come by the thousand: summarised, never parsed here.
             self.observations.add(signature.reference_id, Sighting(hit.source, hit.line_number, hit.text))
+            if signature.reference_id == NO_VERBS:
+                self._read_as_setting(hit)  # NCCL up to 2.10 logged it as a WARN
             return
         self._cascade = _UNSET
         if signature.reference_id == GENERIC_FAILURE:
@@ -143,11 +145,7 @@ class Analysis:
             self._note_failure(actor, evidence, "", meta, (meta.time if meta.time is not None else float("inf"), self._order), hit.source)
             return
         if signature.role == "context" and _NCCL_INFO in hit.text:
-            # An INFO line a reference reads as a setting ("Failed to open libibverbs.so[.1]" on a
-            # node without RDMA) is not the run's failing line, whatever words it uses.
-            self._setting_line = (hit.source, hit.line_number)
-            if self.weak_first is not None and (self.weak_first.source, self.weak_first.line_number) == self._setting_line:
-                self.weak_first = None
+            self._read_as_setting(hit)
         entry = self.by_reference.get(signature.reference_id)
         if signature.role == "context" and entry is not None and _examples_of(entry, "context") >= MAX_EXAMPLES_PER_ROLE:
             entry.roles[signature.number] = signature.role
@@ -170,6 +168,13 @@ class Analysis:
             entry.actors.add(actor)
         if signature.role != "context":
             self._note_failure(actor, evidence, signature.reference_id, meta, key, hit.source)
+
+    def _read_as_setting(self, hit: Hit) -> None:
+        """A line read as a setting ("Failed to open libibverbs.so[.1]" on a node without RDMA, an
+        INFO line a reference reads as context) is not the run's failing line, whatever words it uses."""
+        self._setting_line = (hit.source, hit.line_number)
+        if self.weak_first is not None and (self.weak_first.source, self.weak_first.line_number) == self._setting_line:
+            self.weak_first = None
 
     def _actor(self, meta: LineMeta, source: str) -> str:
         """Who wrote a line: its prefixes' actor, else the source's last named actor, else the

@@ -60,9 +60,10 @@ _STACK_DUMP = re.compile(
     r"|^\(gdb\) (?:bt|backtrace|where|thread apply all bt)\b"
 )
 _TESTS_HEADER = re.compile(r"\balgbw\s+busbw\b|\(GB/s\)\s+\(GB/s\)")
-# "#  Rank  0 Group  0 Pid  4242 on node03 device  0 [...]", "#   Rank  0 on node03 device  0 [0x00]",
+# "#  Rank  0 Group  0 Pid  4242 on node03 device  0 [...]", "#   Rank  0 Pid  4242 on node03 device  0",
+# "#   Rank  0 on node03 device  0 [0x00]",
 # and NCCL 1.x's single-process "#   Rank  0 uses device  0 [0x05]" (no host: one node by construction).
-_TESTS_RANK = re.compile(r"\bRank +\d+ (?:Group +\d+ Pid +\d+ )?(?:on +(\S+) +device|uses device) +\d+ ")
+_TESTS_RANK = re.compile(r"\bRank +\d+ (?:Group +\d+ +)?(?:Pid +\d+ +)?(?:on +(\S+) +device|uses device) +\d+ ")
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,9 @@ def find_stall(tails: SourceTails, network_seen: bool) -> Stall | None:
         last = lines[nccl[-1]]
         peers = [lines[index] for index in nccl if _PEER_CONNECTION.search(lines[index].text)]
         networked = network_seen or any(_NETWORK_CONNECTION.search(lines[index].text) for index in nccl)
-        return Stall(last, len(lines) - 1 - nccl[-1], peers[-1] if peers and not networked else None)
+        # A test run set up on one host also stopped inside that node, before its first connection line.
+        peer = peers[-1] if peers else _one_host_rank(kept)
+        return Stall(last, len(lines) - 1 - nccl[-1], peer if not networked else None)
     return None
 
 
@@ -144,10 +147,14 @@ def _tests_stall(lines: list[Sighting], network_seen: bool) -> Stall | None:
     Intra-node when every rank it lists ran on one host and the log shows no network channel."""
     if not lines or not _TESTS_HEADER.search(lines[-1].text):
         return None
-    ranks = [(line, _TESTS_RANK.search(line.text)) for line in lines]
-    listed = [(line, found.group(1)) for line, found in ranks if found is not None]
-    one_host = bool(listed) and len({host for _, host in listed}) == 1
-    return Stall(lines[-1], 0, listed[-1][0] if one_host and not network_seen else None, "the test's results header")
+    one_host = _one_host_rank(lines)
+    return Stall(lines[-1], 0, one_host if not network_seen else None, "the test's results header")
+
+
+def _one_host_rank(lines: list[Sighting]) -> Sighting | None:
+    """The last line of an NCCL test's device list when every rank it lists ran on one host."""
+    listed = [(line, found.group(1)) for line in lines if (found := _TESTS_RANK.search(line.text)) is not None]
+    return listed[-1][0] if listed and len({host for _, host in listed}) == 1 else None
 
 
 

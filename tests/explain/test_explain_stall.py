@@ -182,3 +182,18 @@ def test_a_stack_dump_long_before_the_end_is_no_stall(tmp_path: Path) -> None:
     lines = ['Thread 474480 (idle): "MainThread"', "    broadcast (torch/distributed/distributed_c10d.py:2772)"]
     _text, document = _explained(tmp_path, [*lines, *[f"step {n} loss 1.{n}" for n in range(LAST_LINES)]])
     assert document["status"] == "nothing-found" and document["stall"] is None
+
+
+def test_an_nccl_stall_in_a_test_run_on_one_host_is_intra_node_before_any_connection_line(tmp_path: Path) -> None:
+    # nccl-tests of 2019-2020 listed "Rank  0 Pid  15833 on host device  0"; NCCL 2.4 logged the
+    # missing libibverbs as a WARN, which is a setting, not the run's failing line.
+    ranks = [f"#   Rank {r:2d} Pid  15833 on    gpu-box device {r:2d} [0x0{r + 2}] GeForce GTX 1080 Ti" for r in range(4)]
+    nccl = [
+        "gpu-box:15833:15833 [0] misc/ibvwrap.cc:63 NCCL WARN Failed to open libibverbs.so[.1]",
+        "gpu-box:15833:15833 [0] NCCL INFO NET/Socket : Using [0]eth0:10.2.3.32<0>",
+        "gpu-box:15833:15833 [1] NCCL INFO Setting affinity for GPU 1 to ff00ff",
+    ]
+    _text, document = _explained(tmp_path, ["# Using devices", *ranks, *nccl])
+    assert document["status"] == "candidates" and document["first_failure"] is None
+    assert ("PCI003", "symptom") in [(c["id"], c["tier"]) for c in document["candidates"]]
+    assert document["stall"]["text"] == nccl[-1]
