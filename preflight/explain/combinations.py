@@ -26,6 +26,11 @@ Some causes never print a message of their own; they show only in how lines disa
   choosing an IPoIB interface for its socket transport (``NET/Socket : Using [0]ib0:...``,
   ``src/transport/net_socket.cc``) shows an InfiniBand node whose verbs stack is missing in the
   job's environment (IB009).
+* **A consumer Blackwell board with an NCCL too old for it.** NCCL before 2.26.2 did not fit its
+  kernels' shared memory to compute capability 12.0 boards (RTX 5090, RTX PRO Blackwell; the
+  2.26.2 release notes, NVIDIA/nccl#1637), so a log naming such a board (``NVIDIA GeForce RTX
+  5090`` in a device list) and an older version (``NCCL version 2.25.1+cuda12.8``) shows the
+  cause even when the shared-memory warning itself is not in the post (PCI005).
 * **Silence after connecting inside one node** (:mod:`preflight.explain.stall`): a log without
   failures that ends in NCCL's intra-node connection lines, with no network channel anywhere,
   is offered as PCI003 at symptom tier.
@@ -46,6 +51,8 @@ ROCE_PORTS = OBSERVATION + "roce-ports"
 FINGERPRINT = OBSERVATION + "fingerprint"
 DISTANCE = OBSERVATION + "gdr-distance"
 NO_VERBS = OBSERVATION + "no-libibverbs"
+SM120_BOARD = OBSERVATION + "sm120-board"
+NCCL_VERSION = OBSERVATION + "nccl-version"
 SOCKET_ON_IB = OBSERVATION + "socket-on-ib"
 
 # (reference ID, pattern) of the lines the matcher reports as observations.
@@ -54,6 +61,8 @@ OBSERVATION_SIGNATURES = (
     (ROCE_PORTS, r"\[\d+\]\w{1,40}:\d+/RoCE\b"),  # "NET/IB : Using [0]mlx5_0:1/RoCE": scanned for "/RoCE"
     (FINGERPRINT, r"Running collective: CollectiveFingerPrint\(SequenceNumber=\d+, OpType=\w+"),
     (NO_VERBS, r"Failed to open libibverbs\.so|Count not open libibverbs\.so"),
+    (SM120_BOARD, r"NVIDIA (?:GeForce RTX 50[5-9]0(?: Ti)?|RTX PRO [0-9]{4} Blackwell)"),
+    (NCCL_VERSION, r"NCCL version \d{1,2}\.\d{1,3}\.\d{1,3}"),
     (SOCKET_ON_IB, r"NET/Socket : Using .{0,400}?\[\d+\]ib\w{0,15}[:.<]"),
     (DISTANCE, r"GPU Direct RDMA Disabled for GPU(?: \S{1,40} / HCA \S+ \(|/\S{1,40} \(rank \d+\) - NET/\S+ \()distance \d+ > \d+\)"),
 )
@@ -64,6 +73,8 @@ _FINGERPRINT = re.compile(
     r"SequenceNumber=(\d+), OpType=(\w+)(?:, TensorShape=\[([^\]]{0,400})\])?(?:, TensorDtypes=(\w+))?"
 )
 _RANK = re.compile(r"\[Rank (\d+)\]|\[rank(\d+)\]")
+_NCCL_VERSION = re.compile(r"NCCL version (\d{1,2})\.(\d{1,3})\.(\d{1,3})")
+SM120_FIXED_IN = (2, 26, 2)  # the first NCCL release whose kernels fit sm_120's shared memory
 
 _VIA = b"] via NET/"
 MAX_KEYS = 4096  # distinct channel lines remembered per run before every line is passed on again
@@ -98,6 +109,7 @@ GDR_SPECIFICITY = 40  # about a specific one-line NCCL warning: a sure sign, but
 ROCE_DISTANCE_SPECIFICITY = 60  # the distance line (55 of its own) plus what the RoCE ports add
 MISMATCH_SPECIFICITY = 60  # two ranks' own records of one collective disagreeing: direct evidence
 NO_VERBS_SPECIFICITY = 40  # two INFO lines that together name the missing piece
+SM120_SPECIFICITY = 50  # a board and a version that the release notes name together
 STALL_SPECIFICITY = 10  # silence after intra-node connections: a picture, not a message
 INTRA_NODE_STALL = "PCI003"  # P2P traffic dropped by ACS redirect or a translating IOMMU
 MAX_SEQUENCES = 4096  # fingerprints kept per run: memory stays bounded on endless DETAIL logs
@@ -133,6 +145,8 @@ class Observations:
     distance: Sighting | None = None
     no_verbs: Sighting | None = None
     socket_on_ib: Sighting | None = None
+    sm120_board: Sighting | None = None
+    nccl_before_sm120_fix: Sighting | None = None
     fingerprints: dict[str, dict[str, tuple[str, Sighting]]] = field(default_factory=dict)  # seq -> rank -> (print, line)
     mismatch: tuple[Sighting, Sighting] | None = None
     ambiguous_sequences: bool = False
@@ -153,6 +167,12 @@ class Observations:
             self.no_verbs = self.no_verbs or sighting
         elif kind == SOCKET_ON_IB:
             self.socket_on_ib = self.socket_on_ib or sighting
+        elif kind == SM120_BOARD:
+            self.sm120_board = self.sm120_board or sighting
+        elif kind == NCCL_VERSION and self.nccl_before_sm120_fix is None:
+            found = _NCCL_VERSION.search(sighting.text)
+            if found is not None and tuple(int(part) for part in found.groups()) < SM120_FIXED_IN:
+                self.nccl_before_sm120_fix = sighting
 
     def _channel(self, sighting: Sighting) -> None:
         found = _CHANNEL.search(sighting.text)
@@ -203,6 +223,8 @@ class Observations:
             result.append(Derived("NCCL009", MISMATCH_SPECIFICITY, self.mismatch))
         if self.no_verbs is not None and self.socket_on_ib is not None:
             result.append(Derived("IB009", NO_VERBS_SPECIFICITY, (self.no_verbs, self.socket_on_ib)))
+        if self.sm120_board is not None and self.nccl_before_sm120_fix is not None:
+            result.append(Derived("PCI005", SM120_SPECIFICITY, (self.sm120_board, self.nccl_before_sm120_fix)))
         if self.intra_node_stall is not None:
             result.append(Derived(INTRA_NODE_STALL, STALL_SPECIFICITY, self.intra_node_stall, role="symptom"))
         return result

@@ -460,3 +460,18 @@ def test_invalid_argument_is_nvls_only_where_nvls_printed_it(tmp_path: Path) -> 
         tiers[where] = {c.reference_id: c.tier for c in explain([str(log)], catalogue=catalogue).candidates}
     assert tiers["transport/nvls.cc:598"]["NVL004"] == "cause"
     assert tiers["enqueue.cc:1500"]["NVL004"] == "symptom" and "cause" not in tiers["enqueue.cc:1500"].values()
+
+
+@pytest.mark.parametrize(("version", "expected"), [("2.25.1", True), ("2.26.2", False), ("2.9.9", True), ("2.27.3", False)])
+def test_a_consumer_blackwell_board_with_nccl_before_2_26_2_is_pci005(tmp_path: Path, version: str, expected: bool) -> None:
+    from preflight.explain import explain, load_catalogue
+
+    log = tmp_path / "job.log"
+    log.write_text(
+        "#  Rank  0 Group  0 Pid  12225 on       node device  0 [0000:16:00] NVIDIA GeForce RTX 5090\n"
+        f"node:12225:12225 [0] NCCL INFO NCCL version {version}+cuda12.8\n"
+        "node:12225:12255 [0] NCCL INFO comm 0x55cc27005c20 rank 0 nranks 2 cudaDev 0 busId 16000 - Init START\n"
+        "RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, unhandled cuda error\n"
+    )
+    ranked = [(c.reference_id, c.tier) for c in explain([str(log)], catalogue=load_catalogue()).candidates]
+    assert (ranked[0] == ("PCI005", "cause")) is expected, ranked
