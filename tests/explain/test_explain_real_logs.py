@@ -26,7 +26,8 @@ NO_CANDIDATE_CEILING = 0.295
 OUTSIDE_CAUSE_CEILING = 0.20
 SILENT_CEILING = 14  # held-back failure logs answered "nothing found" (19 before stalls were named)
 # Batches t-x added 6 held-back logs (1 of their 4 catalogued causes first), which lowered the
-# all-logs figures from 54.3 / 58.0 / 29.6 %; the 102 earlier logs kept theirs.
+# all-logs figures from 54.3 / 58.0 / 29.6 %; the 102 earlier logs kept theirs (no candidate
+# then fell to 28.4 % on them).
 # The test part grew on 2026-12-02 (batches f-o, gathered after the signatures of batches a-e
 # were written). The 74 held-back logs of batches a-e keep the floors they had reached then, so
 # the new, harder logs cannot hide a loss on the old ones.
