@@ -20,6 +20,8 @@ from preflight.explain.reader import ReadStats, iter_inputs
 from preflight.explain.stall import SourceTails, Stall, find_stall
 from preflight.model import Reference
 
+RDMA_AREAS = frozenset({"infiniband", "roce", "efa", "gdr-fabric"})  # reference areas of the RDMA NICs
+
 if TYPE_CHECKING:
     from preflight.explain.matcher import Matcher
 
@@ -83,6 +85,10 @@ def explain(
             if stall.peer is not None:
                 analysis.observations.intra_node_stall = (stall.peer, stall.last)
             candidates = [c for c in analysis.candidates(stalled=True) if c.reference_id in references]
+            if stall.peer is not None:
+                # A run that stopped inside one node never used its RDMA NICs: their settings
+                # cannot explain the hang.
+                candidates = [c for c in candidates if not (c.tier == "context" and references[c.reference_id].area in RDMA_AREAS)]
     settings = [entry.reference_id for entry in analysis.settings_seen(stalled=stall is not None)]
     return Explanation(
         stats, candidates, references, analysis.cascade(), settings, time.perf_counter() - started, first_failure, stall=stall
