@@ -42,7 +42,7 @@ MAX_ACTORS = 10_000
 CASCADE_REFERENCE = "NCCL014"
 DERIVED_SIGNATURE = 0  # signature number of evidence read from several lines together (combinations)
 _UNSET = object()  # a cascade not worked out yet (None means: there is none)
-_NCCL_INFO = " NCCL INFO "
+_NCCL_INFO = "NCCL INFO "  # posts often lose the host:pid:tid [dev] before it
 
 
 @dataclass

@@ -176,7 +176,7 @@ def _evidence_line(item: Evidence) -> str:
 
 
 def _lines_after(count: int) -> str:
-    """Where NCCL's last line stands, as the rest of a sentence that names it."""
+    """Where the stall's line stands, as the rest of a sentence that names it."""
     if count == 0:
         return "is the log's last line"
     return f"is {count} line{'s' if count != 1 else ''} before the log's end"

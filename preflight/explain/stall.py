@@ -68,7 +68,8 @@ _TESTS_RANK = re.compile(r"\bRank +\d+ (?:Group +\d+ +)?(?:Pid +\d+ +)?(?:on +(\
 
 @dataclass(frozen=True)
 class Stall:
-    """The last NCCL line (or NCCL test header) of a source that ends without an error or a finish."""
+    """Where a source that ends without an error or a finish went silent: NCCL's last line, an NCCL
+    test's results header, or the first line of a stack dump (``what`` says which)."""
 
     last: Sighting
     lines_after: int  # non-blank lines the source printed after it
@@ -155,7 +156,6 @@ def _one_host_rank(lines: list[Sighting]) -> Sighting | None:
     """The last line of an NCCL test's device list when every rank it lists ran on one host."""
     listed = [(line, found.group(1)) for line in lines if (found := _TESTS_RANK.search(line.text)) is not None]
     return listed[-1][0] if listed and len({host for _, host in listed}) == 1 else None
-
 
 
 def _dump_stall(lines: list[Sighting]) -> Stall | None:

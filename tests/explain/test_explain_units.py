@@ -156,6 +156,16 @@ def test_literals_and_safety_of_patterns() -> None:
     assert safety_problems(r"vendor err (\d+).{0,80}status") == []
 
 
+def test_built_in_failure_warning_and_observation_patterns_are_safe() -> None:
+    """The matcher's own patterns face the same untrusted lines as the catalogue's."""
+    from preflight.explain.combinations import OBSERVATION_SIGNATURES
+    from preflight.explain.matcher import GENERIC_FAILURES, GENERIC_WARNINGS
+
+    for pattern in [*GENERIC_FAILURES, *GENERIC_WARNINGS, *(pattern for _, pattern in OBSERVATION_SIGNATURES)]:
+        assert safety_problems(pattern) == [], pattern
+        assert required_literals(pattern), pattern
+
+
 def test_parallel_scan_reports_the_same_hits_in_the_same_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import preflight.explain.parallel as parallel
     import preflight.explain.reader as reader
@@ -475,3 +485,31 @@ def test_a_consumer_blackwell_board_with_nccl_before_2_26_2_is_pci005(tmp_path: 
     )
     ranked = [(c.reference_id, c.tier) for c in explain([str(log)], catalogue=load_catalogue()).candidates]
     assert (ranked[0] == ("PCI005", "cause")) is expected, ranked
+
+
+def test_enomem_creating_a_completion_queue_is_memlock_before_the_generic_qp_cq_failure(tmp_path: Path) -> None:
+    """The kernel charges a CQ's ring to RLIMIT_MEMLOCK; IB001 reads any CQ creation failure."""
+    from preflight.explain import explain, load_catalogue
+
+    log = tmp_path / "ucx.log"
+    log.write_text(
+        "[1652739463.054681] [cn0022:4071024:0]        ib_iface.c:1035 UCX  ERROR ibv_create_cq(cqe=4096) failed: Cannot allocate memory\n"
+        "[cn0022:4071024] pml_ucx.c:309  Error: Failed to create UCP worker\n"
+    )
+    ranked = [(c.reference_id, c.tier) for c in explain([str(log)], catalogue=load_catalogue()).candidates]
+    assert ranked[:2] == [("MEM001", "cause"), ("IB001", "cause")], ranked
+    log.write_text("[1652739463.054681] [cn0022:4071024:0]        ib_iface.c:1035 UCX  ERROR ibv_create_cq(cqe=4096) failed: Invalid argument\n")
+    assert [c.reference_id for c in explain([str(log)], catalogue=load_catalogue()).candidates][0] == "IB001"
+
+
+def test_an_escaping_cpp_exception_is_the_first_failing_line(tmp_path: Path) -> None:
+    from preflight.explain import explain, load_catalogue
+
+    log = tmp_path / "hvd.log"
+    log.write_text(
+        "[1]<stderr>:some setup line\n"
+        "[1]<stderr>:terminate called after throwing an instance of 'gloo::IoException'\n"
+        "[1]<stderr>:  what():  [horovod/common/gloo/http_store.cc:53] Wait timeout for key(s): 0\n"
+    )
+    explanation = explain([str(log)], catalogue=load_catalogue())
+    assert explanation.first_failure is not None and explanation.first_failure.line_number == 2
