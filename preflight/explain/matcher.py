@@ -21,7 +21,7 @@ from msgspec import Struct
 
 from preflight.catalogue import CatalogueError
 from preflight.explain.combinations import MAX_KEYS, OBSERVATION_SIGNATURES, repeat_key, writer_span
-from preflight.explain.posts import normalise, segments, undo_autolinks
+from preflight.explain.posts import normalise, segments, undo_posting
 from preflight.explain.reader import MAX_LINE, Chunk
 from preflight.model import Reference
 from preflight.signatures import analyse
@@ -128,7 +128,7 @@ class Matcher:
         """Every signature hit in ``chunk``, in line order."""
         if self.gate is None:
             return
-        data = undo_autolinks(chunk.data)  # a link can split a literal: undone before the scan
+        data = undo_posting(chunk.data)  # a link or a no-break space can split a literal: undone before the scan
         line_number = chunk.first_line
         counted_to = 0
         position = 0

@@ -11,10 +11,14 @@ leaves marks on the text that no signature should have to know about:
 * terminal colours (handled by :func:`preflight.explain.prefixes.strip_ansi`);
 * carriage returns: a progress bar redraws itself with ``\\r`` and the error that follows is
   written onto the same line of the file, so a line is really several, and the last one is the
-  message.
+  message;
+* typography: a log copied out of a rendered page, a chat or a mail can carry no-break and other
+  Unicode spaces where the program wrote a space, curly quotes where it wrote straight ones, an
+  ellipsis character for "...", zero-width characters, and HTML entities (``&lt;`` for ``<``)
+  where a page's source was copied rather than its text.
 
-Autolinks are undone on the raw bytes of a chunk (:func:`undo_autolinks`), before the scanner
-looks for literals, since a link can split one ("peer [10.1.3.201](http://...)<41937>"); the
+Autolinks and typography are undone on the raw bytes of a chunk (:func:`undo_posting`), before
+the scanner looks for literals, since a link can split one and a no-break space hides one ("peer [10.1.3.201](http://...)<41937>"); the
 rest is undone on each candidate line (:func:`normalise`), where quoting only adds a prefix and
 every literal survives.
 """
@@ -33,15 +37,51 @@ _FENCE = re.compile(r"[ \t]{0,3}(?:```|~~~)")
 _INLINE_CODE = re.compile(r"[ \t]{0,3}`([^`]+)`?[ \t]*$")
 
 
-def undo_autolinks(data: bytes) -> bytes:
-    """The link text alone, which is what the program printed. No newline is touched, so line
-    numbers stay those of the input."""
-    return _AUTOLINK.sub(rb"\1", data) if b"](" in data else data
+# What a renderer, chat client or mailer writes in place of what the program printed. Programs
+# that write these characters themselves (a progress bar's block glyphs, a CJK path) keep them:
+# only spaces, quotes, the ellipsis and invisible characters are replaced.
+_TYPOGRAPHY = {
+    "\u00a0": " ", **{chr(code): " " for code in range(0x2000, 0x200B)}, "\u202f": " ", "\u205f": " ", "\u3000": " ",
+    "\u200b": "", "\u200c": "", "\u200d": "", "\u2060": "", "\ufeff": "",
+    "\u2018": "'", "\u2019": "'", "\u201a": "'", "\u201b": "'", "\u2032": "'",
+    "\u201c": '"', "\u201d": '"', "\u201e": '"', "\u2033": '"',
+    "\u2026": "...",
+}  # fmt: skip
+_TYPOGRAPHY_TEXT = re.compile("|".join(map(re.escape, _TYPOGRAPHY)))
+_TYPOGRAPHY_BYTES = re.compile(b"|".join(re.escape(char.encode()) for char in _TYPOGRAPHY))
+_TYPOGRAPHY_BY_BYTES = {char.encode(): plain.encode() for char, plain in _TYPOGRAPHY.items()}
+# The entities a page's source has for characters that log lines use; numeric ones for quotes.
+_ENTITIES = {"&lt;": "<", "&gt;": ">", "&amp;": "&", "&quot;": '"', "&#39;": "'", "&#x27;": "'", "&apos;": "'", "&nbsp;": " "}
+_ENTITY_TEXT = re.compile("|".join(map(re.escape, _ENTITIES)))
+_ENTITY_BYTES = re.compile(_ENTITY_TEXT.pattern.encode())
+
+
+def undo_posting(data: bytes) -> bytes:
+    """What the program printed, as far as a chunk's raw bytes show it: autolinks, typography
+    and HTML entities undone. No newline is touched, so line numbers stay those of the input."""
+    if b"](" in data:
+        data = _AUTOLINK.sub(rb"\1", data)
+    if not data.isascii():
+        data = _TYPOGRAPHY_BYTES.sub(lambda found: _TYPOGRAPHY_BY_BYTES[found.group()], data)
+    if b"&" in data:
+        data = _ENTITY_BYTES.sub(lambda found: _ENTITIES[found.group().decode()].encode(), data)
+    return data
+
+
+def undo_typography(line: str) -> str:
+    """A line's Unicode spaces, curly quotes and HTML entities as the program wrote them (for
+    text that did not come through :func:`undo_posting`)."""
+    if not line.isascii():
+        line = _TYPOGRAPHY_TEXT.sub(lambda found: _TYPOGRAPHY[found.group()], line)
+    if "&" in line:
+        line = _ENTITY_TEXT.sub(lambda found: _ENTITIES[found.group()], line)
+    return line
 
 
 def normalise(line: str) -> str:
-    """The message a posted line carries: no quote markers, colours or redraws (autolinks are
-    gone already, see :func:`undo_autolinks`)."""
+    """The message a posted line carries: no quote markers, colours, redraws or typography
+    (autolinks are gone already, see :func:`undo_posting`)."""
+    line = undo_typography(line)
     if "\r" in line:
         line = _last_segment(line)
     line = strip_ansi(line)

@@ -13,7 +13,7 @@ import pytest
 
 from preflight.explain.analysis import Analysis
 from preflight.explain.matcher import Matcher
-from preflight.explain.posts import normalise, segments, undo_autolinks
+from preflight.explain.posts import normalise, segments, undo_posting
 from preflight.explain.prefixes import parse_line
 from preflight.explain.reader import ReadStats, iter_inputs
 from preflight.model import Reference, Severity
@@ -58,6 +58,10 @@ def _ranked(text: str, *references: Reference) -> list[str]:
         "\x1b[31m" + WARN + "\x1b[0m",
         WARN + "\r",
         "Loading:  45%|####5     | 9/20 [00:01<00:02,  6.12it/s]\r" + WARN,
+        # copied out of a rendered page, a chat or a mail, or out of a page's HTML source
+        WARN.replace(" ", "\u00a0"),
+        WARN.replace(" ", "\u202f").replace("peer", "\u200bpeer"),
+        WARN.replace("<", "&lt;").replace(">", "&gt;"),
     ],
 )
 def test_posted_line_matches_like_the_original(posted: str) -> None:
@@ -65,12 +69,20 @@ def test_posted_line_matches_like_the_original(posted: str) -> None:
 
 
 def test_normalise_undoes_quoting_autolinks_and_redraws() -> None:
-    assert normalise(undo_autolinks(b"> [10.0.0.1](http://10.0.0.1/): x").decode()) == "10.0.0.1: x"
-    assert undo_autolinks(b"a\n[x](http://x/)\nb") == b"a\nx\nb"  # line numbers stay
+    assert normalise(undo_posting(b"> [10.0.0.1](http://10.0.0.1/): x").decode()) == "10.0.0.1: x"
+    assert undo_posting(b"a\n[x](http://x/)\nb") == b"a\nx\nb"  # line numbers stay
     assert normalise("```text") == ""
     assert normalise("bar 10%\rbar 20%\rRuntimeError: x") == "RuntimeError: x"
-    assert undo_autolinks(b"see [the docs](https://example.org/a b)") == b"see [the docs](https://example.org/a b)"
+    assert undo_posting(b"see [the docs](https://example.org/a b)") == b"see [the docs](https://example.org/a b)"
     assert segments("error first\rbar 90%") == ["error first", "bar 90%"]
+
+
+def test_typography_is_undone_in_bytes_and_in_text_without_moving_lines() -> None:
+    posted = "a\u00a0b\n\u2018c\u2019 \u201cd\u201d\u2026\ufeff\n&lt;e&gt; &amp;&#39;\n"
+    assert undo_posting(posted.encode()) == b"a b\n'c' \"d\"...\n<e> &'\n"
+    assert normalise("Call to connect returned Connection\u00a0refused, retrying\u2026") == "Call to connect returned Connection refused, retrying..."
+    # a program's own non-ASCII text (progress-bar glyphs, a path) is left as it was written
+    assert undo_posting("100%|\u2588\u2588| /data/\u6a21\u578b".encode()) == "100%|\u2588\u2588| /data/\u6a21\u578b".encode()
 
 
 def test_a_signature_drawn_over_by_a_progress_bar_still_matches() -> None:
