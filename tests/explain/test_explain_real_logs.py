@@ -16,6 +16,7 @@ import pytest
 from real_logs import CORPUS, OUTSIDE, THREAD_URL, corpus, evaluate, figures
 
 from preflight.catalogue import load_all
+from preflight.explain import explain, load_catalogue
 
 # Held-back figures (tests/data/real-logs, test part), measured when last raised; see
 # bench/explain_accuracy.py for all figures. Floors, not goals: the goals are top-1 85 %,
@@ -134,3 +135,40 @@ _ERROR_WORDS = re.compile(r"\b(?:Error|ERROR|error:|Exception|Traceback|WARN|fai
 
 def _shows_an_error(text: str) -> bool:
     return _ERROR_WORDS.search(text) is not None
+
+
+def _hard_quote(text: str) -> str:
+    return "\n".join("> " + line for line in text.split("\n"))
+
+
+# What copying a log out of a terminal, a rendered page, a chat or a page's HTML source does to it.
+POSTING_MARKS = {
+    "quoted": _hard_quote,
+    "crlf": lambda text: text.replace("\n", "\r\n"),
+    "no-break spaces": lambda text: text.replace(" ", "\u00a0"),
+    "html entities": lambda text: text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;"),
+    "curly quotes": lambda text: text.replace("'", "\u2019"),
+    "coloured": lambda text: "\n".join("\x1b[31m" + line + "\x1b[0m" for line in text.split("\n")),
+}
+
+
+@pytest.fixture(scope="module")
+def dev_ranked_right() -> list:  # type: ignore[type-arg]
+    return [outcome.log for outcome in evaluate(corpus("dev")) if outcome.top1]
+
+
+@pytest.mark.parametrize("mark", POSTING_MARKS, ids=str)
+def test_posting_marks_do_not_change_the_answer(mark: str, dev_ranked_right: list, tmp_path) -> None:  # type: ignore[no-untyped-def,type-arg]
+    """Every development log whose cause ``explain`` ranks first still has it first when the log
+    carries the marks of how it was posted (development logs only: the held-back part is read by
+    the accuracy test alone)."""
+    catalogue = load_catalogue()
+    assert len(dev_ranked_right) > 100
+    lost = []
+    for log in dev_ranked_right:
+        posted = tmp_path / f"{log.id}.log"
+        posted.write_text(POSTING_MARKS[mark](log.path.read_text(encoding="utf-8", errors="replace")), encoding="utf-8")
+        candidates = explain([str(posted)], catalogue=catalogue).candidates
+        if not candidates or candidates[0].reference_id != log.reference:
+            lost.append(log.id)
+    assert lost == []
