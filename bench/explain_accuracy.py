@@ -4,6 +4,8 @@ Prints the figures of both parts, and per-log results of the development part on
 are written while looking at those, never at the held-back test part. The held-back part is also
 shown without the threads the catalogue cites (a reference's sources, claims or coverage notes):
 a reference written with a thread in view may fit that thread's log better than a stranger's.
+Both parts are also shown split by whether the search store kept the post whole: a log it cut
+short often stops before the lines that name the cause.
 
     .venv/bin/python bench/explain_accuracy.py [--misses]
 """
@@ -42,6 +44,11 @@ def main() -> int:
             print(f"== test, threads the catalogue does not cite ({len(uncited)} logs)")
             for line in figures(uncited).lines():
                 print("  " + line)
+        for truncated in (False, True):
+            part = [outcome for outcome in outcomes if outcome.log.truncated == truncated]
+            kept = "cut short by the source store" if truncated else "kept whole"
+            found = figures(part)
+            print(f"== {split}, logs {kept} ({len(part)}): top-1 {found.top1:.1%}, top-3 {found.top3:.1%}, no candidate {found.no_candidate:.1%}")
         if split == "dev" and show_misses:
             for outcome in outcomes:
                 log = outcome.log
