@@ -21,19 +21,21 @@ from preflight.explain import explain, load_catalogue
 # Held-back figures (tests/data/real-logs, test part), measured when last raised; see
 # bench/explain_accuracy.py for all figures. Floors, not goals: the goals are top-1 85 %,
 # top-3 95 %, no candidate 0 %, out-of-catalogue logs given a cause <= 20 %.
-TOP1_FLOOR = 0.528
-TOP3_FLOOR = 0.564
+TOP1_FLOOR = 0.523
+TOP3_FLOOR = 0.558
 NO_CANDIDATE_CEILING = 0.295
 OUTSIDE_CAUSE_CEILING = 0.20
-SILENT_CEILING = 14  # held-back failure logs answered "nothing found" (19 before stalls were named)
-# Batches t-x added 6 held-back logs (1 of their 4 catalogued causes first), which lowered the
-# all-logs figures from 54.3 / 58.0 / 29.6 %; the 102 earlier logs kept theirs (no candidate
-# then fell to 28.4 % on them).
-# The test part grew on 2026-12-02 (batches f-o, gathered after the signatures of batches a-e
-# were written). The 74 held-back logs of batches a-e keep the floors they had reached then, so
-# the new, harder logs cannot hide a loss on the old ones.
-FIRST_BATCHES = ("a", "b", "c", "d", "e")
-FIRST_BATCHES_FLOORS = {"top1": 0.58, "top3": 0.612, "no_candidate": 0.227}
+SILENT_CEILING = 15  # held-back failure logs answered "nothing found" (19 before stalls were named)
+# When the test part grows, the logs held back before keep the floors they had reached, so new,
+# harder logs cannot hide a loss on the old ones:
+# - batches a-e (74 logs): the first gathering, whose development part the first signatures were
+#   written against; batches f-o joined on 2026-12-02;
+# - batches a-x (108 logs): batches y-zb (4 held-back logs, 1 catalogued cause, not ranked first,
+#   and a log cut off before its hang) lowered the all-logs figures from 52.9 / 56.5 / 29.4 %.
+EARLIER_PARTS = {
+    "batches a-e": (set("abcde"), {"top1": 0.58, "top3": 0.612, "no_candidate": 0.227, "silent": 99}),
+    "batches a-x": (set("abcdefghijklmnopqrstuvwx"), {"top1": 0.528, "top3": 0.564, "no_candidate": 0.295, "silent": 14}),
+}
 
 
 @pytest.fixture(scope="module")
@@ -49,11 +51,13 @@ def test_held_back_accuracy_does_not_drop(held_back: list) -> None:  # type: ign
     assert result.no_candidate <= NO_CANDIDATE_CEILING, report
     assert result.outside_with_cause <= OUTSIDE_CAUSE_CEILING, report
     assert result.silent <= SILENT_CEILING, report
-    first = figures([outcome for outcome in held_back if outcome.log.id.split("-", 1)[0] in FIRST_BATCHES])
-    report = "batches a-e only:\n" + "\n".join(first.lines())
-    assert first.top1 >= FIRST_BATCHES_FLOORS["top1"], report
-    assert first.top3 >= FIRST_BATCHES_FLOORS["top3"], report
-    assert first.no_candidate <= FIRST_BATCHES_FLOORS["no_candidate"], report
+    for name, (batches, floors) in EARLIER_PARTS.items():
+        part = figures([outcome for outcome in held_back if outcome.log.id.split("-", 1)[0] in batches])
+        report = f"{name} only:\n" + "\n".join(part.lines())
+        assert part.top1 >= floors["top1"], report
+        assert part.top3 >= floors["top3"], report
+        assert part.no_candidate <= floors["no_candidate"], report
+        assert part.silent <= floors["silent"], report
 
 
 def test_corpus_is_as_large_and_broad_as_promised() -> None:
