@@ -308,6 +308,12 @@ def bench_inputs(workdir: Path, megabytes: int) -> dict[str, Any]:
         for _ in range(megabytes):
             handle.write(block)
     cases[f"{megabytes} MiB without a newline"] = endless
+    typography = inputs / "rendered.log"
+    with open(typography, "wb") as handle:  # every character one that undo_posting replaces
+        block = ("\u00a0\u2019&lt;\u200b" * (1 << 16)).encode()
+        for _ in range((megabytes << 20) // len(block)):
+            handle.write(block)
+    cases[f"{typography.stat().st_size >> 20} MiB of one line of no-break spaces, curly quotes and entities"] = typography
     adversarial = inputs / "adversarial.log"
     literals = [lit for r in load_all() for s in r.signatures for lit in required_literals(s["pattern"])]
     with open(adversarial, "w") as handle:

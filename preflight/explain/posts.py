@@ -47,13 +47,12 @@ _TYPOGRAPHY = {
     "\u201c": '"', "\u201d": '"', "\u201e": '"', "\u2033": '"',
     "\u2026": "...",
 }  # fmt: skip
-_TYPOGRAPHY_TEXT = re.compile("|".join(map(re.escape, _TYPOGRAPHY)))
-_TYPOGRAPHY_BYTES = re.compile(b"|".join(re.escape(char.encode()) for char in _TYPOGRAPHY))
-_TYPOGRAPHY_BY_BYTES = {char.encode(): plain.encode() for char, plain in _TYPOGRAPHY.items()}
+_TYPOGRAPHY_TABLE = str.maketrans(_TYPOGRAPHY)
+_TYPOGRAPHY_BYTES = tuple((char.encode(), plain.encode()) for char, plain in _TYPOGRAPHY.items())
 # The entities a page's source has for characters that log lines use; numeric ones for quotes.
-_ENTITIES = {"&lt;": "<", "&gt;": ">", "&amp;": "&", "&quot;": '"', "&#39;": "'", "&#x27;": "'", "&apos;": "'", "&nbsp;": " "}
-_ENTITY_TEXT = re.compile("|".join(map(re.escape, _ENTITIES)))
-_ENTITY_BYTES = re.compile(_ENTITY_TEXT.pattern.encode())
+# "&amp;" comes last, so "&amp;lt;" (an escaped entity) stays "&lt;", as a browser shows it.
+_ENTITIES = (("&lt;", "<"), ("&gt;", ">"), ("&quot;", '"'), ("&#39;", "'"), ("&#x27;", "'"), ("&apos;", "'"), ("&nbsp;", " "), ("&amp;", "&"))
+_ENTITY_BYTES = tuple((entity.encode(), plain.encode()) for entity, plain in _ENTITIES)
 
 
 def undo_posting(data: bytes) -> bytes:
@@ -61,10 +60,16 @@ def undo_posting(data: bytes) -> bytes:
     and HTML entities undone. No newline is touched, so line numbers stay those of the input."""
     if b"](" in data:
         data = _AUTOLINK.sub(rb"\1", data)
+    # bytes.replace, one character at a time: each is a C-level pass that only ever shrinks the
+    # data (or keeps its size), and a line of nothing but such characters costs no Python loop.
     if not data.isascii():
-        data = _TYPOGRAPHY_BYTES.sub(lambda found: _TYPOGRAPHY_BY_BYTES[found.group()], data)
+        for char, plain in _TYPOGRAPHY_BYTES:
+            if char in data:
+                data = data.replace(char, plain)
     if b"&" in data:
-        data = _ENTITY_BYTES.sub(lambda found: _ENTITIES[found.group().decode()].encode(), data)
+        for entity, plain in _ENTITY_BYTES:
+            if entity in data:
+                data = data.replace(entity, plain)
     return data
 
 
@@ -72,9 +77,10 @@ def undo_typography(line: str) -> str:
     """A line's Unicode spaces, curly quotes and HTML entities as the program wrote them (for
     text that did not come through :func:`undo_posting`)."""
     if not line.isascii():
-        line = _TYPOGRAPHY_TEXT.sub(lambda found: _TYPOGRAPHY[found.group()], line)
+        line = line.translate(_TYPOGRAPHY_TABLE)
     if "&" in line:
-        line = _ENTITY_TEXT.sub(lambda found: _ENTITIES[found.group()], line)
+        for entity, plain in _ENTITIES:
+            line = line.replace(entity, plain)
     return line
 
 
