@@ -8,7 +8,9 @@ INFO noise this is what makes a million lines take seconds instead of minutes.
 
 A hard-wrapped message (a shipper cutting lines at a fixed width) can split a signature over
 two lines; when a line holds a literal but no signature matches it, the matcher also tries it
-joined with its neighbours. (A wrap that cuts through the literal itself still goes unseen.)
+joined with its neighbours. A post wrapped at a fixed width, which cuts through literals too, is
+unwrapped before the scan (:func:`preflight.explain.posts.unwrap_hard_wraps`); a long file a
+program wrote is not, and a wrap there that cuts a literal still goes unseen.
 """
 
 from __future__ import annotations
@@ -21,7 +23,15 @@ from msgspec import Struct
 
 from preflight.catalogue import CatalogueError
 from preflight.explain.combinations import MAX_KEYS, OBSERVATION_SIGNATURES, repeat_key, writer_span
-from preflight.explain.posts import normalise, segments, undo_posting
+from preflight.explain.posts import (
+    RECORD_START,
+    UNWRAP_MAX_BYTES,
+    is_continuation,
+    normalise,
+    segments,
+    undo_posting,
+    unwrap_hard_wraps,
+)
 from preflight.explain.reader import MAX_LINE, Chunk
 from preflight.model import Reference
 from preflight.signatures import analyse
@@ -129,7 +139,12 @@ class Matcher:
         if self.gate is None:
             return
         data = undo_posting(chunk.data)  # a link or a no-break space can split a literal: undone before the scan
-        line_number = chunk.first_line
+        starts = None  # input line of each line of data, where a hard wrap was undone
+        if chunk.first_line == 1 and len(data) <= UNWRAP_MAX_BYTES:
+            unwrapped = unwrap_hard_wraps(data)
+            if unwrapped is not None:
+                data, starts = unwrapped
+        lines_before = 0
         counted_to = 0
         position = 0
         while True:
@@ -154,8 +169,9 @@ class Matcher:
                 continue  # a gate without its full literal: noise
             if key is not None:
                 self._note_key(key, candidates)
-            line_number += data.count(b"\n", counted_to, start)
+            lines_before += data.count(b"\n", counted_to, start)
             counted_to = start
+            line_number = chunk.first_line + (starts[lines_before] if starts else lines_before)
             texts = segments(_decode(raw))
             hits = list(self._match_line(texts, candidates, chunk.source, line_number))
             if not any(hit.signature.reference_id for hit in hits):  # generic hits do not end the search
@@ -221,7 +237,7 @@ class Matcher:
 
         Only a line that starts without any log prefix can be a continuation; two consecutive
         records of an interleaved log are never joined. ``line`` is already normalised."""
-        if start > 0 and _is_continuation(line):
+        if start > 0 and is_continuation(line):
             previous_start = data.rfind(b"\n", 0, start - 1) + 1
             previous = normalise(_decode(data[previous_start : start - 1]))
             if len(previous) >= _MIN_WRAP_WIDTH:
@@ -232,7 +248,7 @@ class Matcher:
             if _surely_new_record(following_raw):
                 return  # the usual case in a big log, decided without decoding the next line
             following = normalise(_decode(following_raw))
-            if _is_continuation(following):
+            if is_continuation(following):
                 yield from self._match_joined(line + following, source, line_number)
             elif following[:1] in (" ", "\t") and line.rstrip().endswith(",") and following.strip():
                 # Wrapped at a word boundary, the rest indented (a post, a log formatter): a
@@ -292,14 +308,7 @@ def _gates(literals: list[str]) -> dict[bytes, list[bytes]]:
     return result
 
 
-# How a new record starts: a timestamp, a bracketed tag, a Ray/pod prefix, an NCCL
-# "host:pid:tid [dev]" header, an srun label, a "host: " pdsh prefix or a syslog date.
-_RECORD_START = re.compile(
-    r"\d{4}-\d\d-\d\d|[\[(]|[\w.-]+:\d+:\d+ \[| *\d{1,6}: |[\w.-]+: |[A-Z][a-z]{2} +\d{1,2} \d\d:|[IWEF]\d{4} "
-)
-
-
-_RECORD_START_BYTES = re.compile(_RECORD_START.pattern.encode())
+_RECORD_START_BYTES = re.compile(RECORD_START.pattern.encode())
 _ANSI_FRAGMENT = re.compile(rb"\[[0-9][0-9;]{0,7}m")  # what strip_ansi removes even without an ESC byte
 
 
@@ -348,13 +357,6 @@ def _next_is_new_record(data: bytes, end: int) -> bool:
         return True
     next_end = data.find(b"\n", end + 1)
     return _surely_new_record(data[end + 1 : len(data) if next_end < 0 else next_end])
-
-
-def _is_continuation(line: str) -> bool:
-    """No prefix a launcher, shipper or NCCL would put at the start of a new record."""
-    if not line or line[0] in " \t":
-        return False  # indented lines are tracebacks and tables, not cut messages
-    return _RECORD_START.match(line) is None
 
 
 def _decode(raw: bytes) -> str:

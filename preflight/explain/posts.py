@@ -12,6 +12,8 @@ leaves marks on the text that no signature should have to know about:
 * carriage returns: a progress bar redraws itself with ``\\r`` and the error that follows is
   written onto the same line of the file, so a line is really several, and the last one is the
   message;
+* hard wraps: a terminal, a mailer or a viewer that breaks every line at a fixed width cuts a
+  message, and often a word of it, over several lines (:func:`unwrap_hard_wraps`);
 * typography: a log copied out of a rendered page, a chat or a mail can carry no-break and other
   Unicode spaces where the program wrote a space, curly quotes where it wrote straight ones, an
   ellipsis character for "...", zero-width characters, and HTML entities (``&lt;`` for ``<``)
@@ -119,3 +121,77 @@ def segments(line: str) -> list[str]:
     if "\r" not in line.rstrip("\r"):
         return [normalise(line.rstrip("\r"))]
     return [normalise(part) for part in line.split("\r") if part.strip()]
+
+
+# How a new record starts: a timestamp, a bracketed tag, a Ray/pod prefix, an NCCL
+# "host:pid:tid [dev]" header, an srun label, a "host: " pdsh prefix or a syslog date.
+RECORD_START = re.compile(
+    r"\d{4}-\d\d-\d\d|[\[(]|[\w.-]+:\d+:\d+ \[| *\d{1,6}: |[\w.-]+: |[A-Z][a-z]{2} +\d{1,2} \d\d:|[IWEF]\d{4} "
+)
+
+
+# The same, less the "host: " prefix: a word and a colon also begin a wrapped line's rest
+# ("ailed: No data available"), so after a cut inside a word only these mark a new record.
+_STRONG_RECORD_START = re.compile(RECORD_START.pattern.replace(r"|[\w.-]+: ", ""))
+
+
+def is_continuation(line: str) -> bool:
+    """No prefix a launcher, shipper or NCCL would put at the start of a new record."""
+    if not line or line[0] in " \t":
+        return False  # indented lines are tracebacks and tables, not cut messages
+    return RECORD_START.match(line) is None
+
+
+UNWRAP_MAX_BYTES = 256 << 10  # a post; a bigger input is a file a program wrote, never re-wrapped
+_MIN_WRAP_WIDTH = 60
+
+
+def unwrap_hard_wraps(data: bytes) -> tuple[bytes, list[int]] | None:
+    """A post hard-wrapped at a fixed width, each cut line joined to its rest, and for every line
+    of the result the (0-based) input line it starts on; None when the text shows no such wrap.
+
+    Wrapped at width W, the text has lines of exactly W characters, its longest, each followed
+    by a line that starts no new record. That alone also describes a log whose longest message
+    is printed twice, each time followed by an unprefixed line (an assertion, say), so more is
+    asked: at least two such lines, not all the same, and at least one cut inside a word (a
+    letter or digit on both sides), which is what a fixed width does and a program never does.
+    A table's rows (``|`` or ``+`` at the edges) are never joined."""
+    lines = data.split(b"\n")
+    texts = [line.rstrip(b"\r").decode("utf-8", "replace") for line in lines]
+    width = max(len(text) for text in texts)
+    if width < _MIN_WRAP_WIDTH:
+        return None
+    rests = [normalise(text) for text in texts]
+
+    def inside_word(index: int) -> bool:
+        return texts[index][-1:].isalnum() and rests[index + 1][:1].isalnum()
+
+    def is_cut(index: int) -> bool:
+        if len(texts[index]) != width or index + 1 >= len(texts):
+            return False
+        rest = rests[index + 1]
+        if texts[index].rstrip()[-1:] in ("|", "+") or rest[:1] in ("|", "+", "-", "="):
+            return False
+        if inside_word(index):
+            return _STRONG_RECORD_START.match(rest) is None
+        return is_continuation(rest)
+
+    cuts = [index for index in range(len(texts)) if is_cut(index)]
+    if len(cuts) < 2 or len({texts[index] for index in cuts}) < 2 or not any(inside_word(index) for index in cuts):
+        return None
+    cut = set(cuts)
+    joined: list[bytes] = []
+    starts: list[int] = []
+    index = 0
+    while index < len(lines):
+        starts.append(index)
+        line = lines[index]
+        quoted = _QUOTE.match(texts[index]) is not None and texts[index].lstrip(" \t")[:1] == ">"
+        while index in cut:
+            index += 1
+            rest = lines[index]
+            marker = _QUOTE.match(texts[index]) if quoted else None
+            line = line.rstrip(b"\r") + (rest[len(marker.group().encode()) :] if marker else rest)
+        joined.append(line)
+        index += 1
+    return b"\n".join(joined), starts

@@ -13,7 +13,7 @@ import pytest
 
 from preflight.explain.analysis import Analysis
 from preflight.explain.matcher import Matcher
-from preflight.explain.posts import normalise, segments, undo_posting
+from preflight.explain.posts import normalise, segments, undo_posting, unwrap_hard_wraps
 from preflight.explain.prefixes import parse_line
 from preflight.explain.reader import ReadStats, iter_inputs
 from preflight.model import Reference, Severity
@@ -247,3 +247,40 @@ def test_deepspeeds_launcher_failure_orders_the_cascade_and_names_the_line() -> 
     first = _analyse("step 10 loss 1.2\n" + line + "\n", PEER).first_failure()
     assert first is not None and first.line_number == 2
     assert _analyse("[INFO] [launch.py:347:main] Process 1 exits successfully.\n", PEER).first_failure() is None
+
+
+def _hard_wrapped(text: str, width: int) -> str:
+    """What a terminal or mailer breaking every line at ``width`` characters makes of ``text``."""
+    out = []
+    for line in text.split("\n"):
+        while len(line) > width:
+            out.append(line[:width])
+            line = line[width:]
+        out.append(line)
+    return "\n".join(out)
+
+
+def test_a_post_wrapped_at_a_fixed_width_through_a_signature_still_matches() -> None:
+    other = "gpu-node-07:20871:21003 [1] NCCL WARN NET/IB : some other long message of this run that also wraps"
+    posted = _hard_wrapped(f"{other}\n{WARN}\n", 64)
+    assert "vendor err 129" not in posted and "ven" in posted  # the wrap cuts the signature's words
+    assert _ranked(posted, PEER) == ["IBX001"]
+    unwrapped = unwrap_hard_wraps(posted.encode())
+    assert unwrapped is not None
+    data, starts = unwrapped
+    assert data.decode().split("\n")[:2] == [other, WARN] and starts[:3] == [0, 2, 5]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # the longest message printed three times, each time followed by an unprefixed line
+        "\n".join(["ERR:  Error getting the gdrdrv driver version with ioctl error (errno=22). gdrdrv might be too old.", 'Assertion "!((g) == ((void*)0))" failed at sanity.cpp:181'] * 3),
+        # a table whose rows are all as wide as its longest line
+        "\n".join(["| " + "name".ljust(70) + " |", "+" + "-" * 72 + "+", "| " + "value".ljust(70) + " |", "| " + "other".ljust(70) + " |"]),
+        # short lines: no width to have been wrapped at
+        "Traceback (most recent call last):\nRuntimeError: x",
+    ],
+)
+def test_a_log_that_only_looks_wrapped_is_left_as_written(text: str) -> None:
+    assert unwrap_hard_wraps(text.encode()) is None

@@ -203,12 +203,12 @@ def test_only_a_plain_record_start_skips_the_wrap_join() -> None:
     """The byte-level shortcut must agree with the normalised check: anything normalise() could
     change at the start of the next line (a redraw, colours, quoting, inline code, indentation)
     goes the slow way."""
-    from preflight.explain.matcher import _is_continuation, _surely_new_record
-    from preflight.explain.posts import normalise
+    from preflight.explain.matcher import _surely_new_record
+    from preflight.explain.posts import is_continuation, normalise
 
     plain = [b"host1:12:34 [0] NCCL INFO x", b"2026-03-14T09:21:33Z rank1 x", b"[rank3]: x", b"Mar  4 10:00:01 node kernel: x"]
     for raw in plain:
-        assert _surely_new_record(raw) and not _is_continuation(normalise(raw.decode()))
+        assert _surely_new_record(raw) and not is_continuation(normalise(raw.decode()))
     tricky = [
         b"\x1b[0mcontinued text",  # colour codes in front of a continuation
         b"[0mcontinued text",  # the same with the ESC byte lost in a copy
