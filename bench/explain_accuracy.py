@@ -15,6 +15,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+# The checkout's preflight and catalogue, as the tests use them, not an installed copy that an
+# edit has not reached yet.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from real_logs import OUTSIDE, THREAD_URL, corpus, evaluate, figures  # noqa: E402
