@@ -30,9 +30,8 @@ SILENT_CEILING = 15  # held-back failure logs answered "nothing found" (19 befor
 # harder logs cannot hide a loss on the old ones:
 # - batches a-e (74 logs): the first gathering, whose development part the first signatures were
 #   written against; batches f-o joined on 2026-12-02;
-# - batches a-x (108 logs): batches y-ze (6 held-back logs; of their 2 catalogued causes one is
-#   ranked first and one is in a log cut off before its hang) moved the all-logs figures from
-#   52.9 / 56.5 / 29.4 % to 52.9 / 56.3 / 28.7 %.
+# - batches a-x (108 logs): batches y-ze (6 held-back logs; one of their 2 catalogued causes is
+#   ranked first) moved the all-logs figures from 52.9 / 56.5 / 29.4 % to 52.9 / 56.3 / 28.7 %.
 EARLIER_PARTS = {
     "batches a-e": (set("abcde"), {"top1": 0.58, "top3": 0.612, "no_candidate": 0.227, "silent": 99}),
     "batches a-x": (set("abcdefghijklmnopqrstuvwx"), {"top1": 0.528, "top3": 0.564, "no_candidate": 0.295, "silent": 14}),
