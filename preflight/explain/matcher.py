@@ -134,6 +134,10 @@ class Matcher:
         gates = sorted(self._literals_by_gate)
         self.gate = re.compile(_trie_pattern(gates)) if gates else None
 
+    def gate_literals(self) -> list[bytes]:
+        """The gates the scan looks for, each standing for the literals that contain it."""
+        return sorted(self._literals_by_gate)
+
     def scan(self, chunk: Chunk) -> Iterator[Hit]:
         """Every signature hit in ``chunk``, in line order."""
         if self.gate is None:
@@ -264,6 +268,7 @@ _COMMON_TO_RARE = (
 )
 _RARITY = {ord(char): rank for rank, char in enumerate(_COMMON_TO_RARE)}
 _GATE_MIN = 4
+_SPACE = ord(" ")
 _GATE_MAX = 12
 
 
@@ -280,6 +285,10 @@ def _gates(literals: list[str]) -> dict[bytes, list[bytes]]:
         for byte in bytes_:
             by_byte.setdefault(byte, set()).add(index)
     weight = {byte: len(_RARITY) - _RARITY.get(byte, len(_RARITY)) + 1 for byte in by_byte}
+    # A space is several times as frequent as any other byte in a log, far more than its rank
+    # says: a gate may start at one only for a literal that has no other opening.
+    if _SPACE in weight:
+        weight[_SPACE] = 10**9
     uncovered = set(range(len(encoded)))
     chosen: set[int] = set()
     while uncovered:
