@@ -20,9 +20,10 @@ leaves marks on the text that no signature should have to know about:
   where a page's source was copied rather than its text.
 
 Autolinks and typography are undone on the raw bytes of a chunk (:func:`undo_posting`), before
-the scanner looks for literals, since a link can split one and a no-break space hides one ("peer [10.1.3.201](http://...)<41937>"); the
-rest is undone on each candidate line (:func:`normalise`), where quoting only adds a prefix and
-every literal survives.
+the scanner looks for literals: a link can split one ("peer [10.1.3.201](http://...)<41937>")
+and a no-break space hides one. A hard wrap is undone there too, for a post small enough to be
+one (:func:`unwrap_hard_wraps`). The rest is undone on each candidate line (:func:`normalise`),
+where quoting only adds a prefix and every literal survives.
 """
 
 from __future__ import annotations
@@ -125,14 +126,14 @@ def segments(line: str) -> list[str]:
 
 # How a new record starts: a timestamp, a bracketed tag, a Ray/pod prefix, an NCCL
 # "host:pid:tid [dev]" header, an srun label, a "host: " pdsh prefix or a syslog date.
-RECORD_START = re.compile(
-    r"\d{4}-\d\d-\d\d|[\[(]|[\w.-]+:\d+:\d+ \[| *\d{1,6}: |[\w.-]+: |[A-Z][a-z]{2} +\d{1,2} \d\d:|[IWEF]\d{4} "
-)
-
-
+_HOST_PREFIX = r"[\w.-]+: "
+_RECORD_STARTS = (
+    r"\d{4}-\d\d-\d\d", r"[\[(]", r"[\w.-]+:\d+:\d+ \[", r" *\d{1,6}: ", _HOST_PREFIX, r"[A-Z][a-z]{2} +\d{1,2} \d\d:", r"[IWEF]\d{4} "
+)  # fmt: skip
+RECORD_START = re.compile("|".join(_RECORD_STARTS))
 # The same, less the "host: " prefix: a word and a colon also begin a wrapped line's rest
 # ("ailed: No data available"), so after a cut inside a word only these mark a new record.
-_STRONG_RECORD_START = re.compile(RECORD_START.pattern.replace(r"|[\w.-]+: ", ""))
+_STRONG_RECORD_START = re.compile("|".join(start for start in _RECORD_STARTS if start != _HOST_PREFIX))
 
 
 def is_continuation(line: str) -> bool:
