@@ -33,7 +33,7 @@ SILENT_CEILING = 15  # held-back failure logs answered "nothing found" (19 befor
 # - batches a-x (108 logs): batches y-ze (6 held-back logs; one of their 2 catalogued causes is
 #   ranked first) moved the all-logs figures from 52.9 / 56.5 / 29.4 % to 52.9 / 56.3 / 28.7 %.
 EARLIER_PARTS = {
-    "batches a-e": (set("abcde"), {"top1": 0.58, "top3": 0.612, "no_candidate": 0.227, "silent": 99}),
+    "batches a-e": (set("abcde"), {"top1": 0.58, "top3": 0.612, "no_candidate": 0.227}),
     "batches a-x": (set("abcdefghijklmnopqrstuvwx"), {"top1": 0.528, "top3": 0.564, "no_candidate": 0.295, "silent": 14}),
 }
 
@@ -57,7 +57,7 @@ def test_held_back_accuracy_does_not_drop(held_back: list) -> None:  # type: ign
         assert part.top1 >= floors["top1"], report
         assert part.top3 >= floors["top3"], report
         assert part.no_candidate <= floors["no_candidate"], report
-        assert part.silent <= floors["silent"], report
+        assert part.silent <= floors.get("silent", part.silent), report
 
 
 def test_corpus_is_as_large_and_broad_as_promised() -> None:
