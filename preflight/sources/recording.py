@@ -191,7 +191,23 @@ class RecordingFS(NodeFS):
                 with self._lock:
                     self.recording.dirs.add(resolved)
                 return
+            self._forget_vanished(directory)
             directory = os.path.dirname(directory)
+
+    def _forget_vanished(self, directory: str) -> None:
+        """Drop a directory that a listing recorded and that has gone since (a process that
+        exited while the snapshot was taken, an interface deleted meanwhile), with all recorded
+        below it. Kept, it would replay as a directory whose files were "not captured", an
+        unknown the live node never shows; dropped, the snapshot is the node as it was after."""
+        with self._lock:
+            if directory not in self.recording.dirs:
+                return
+            below = directory.rstrip("/") + "/"
+            self.recording.dirs = {d for d in self.recording.dirs if d != directory and not d.startswith(below)}
+            self.recording.placeholders = {p for p in self.recording.placeholders if not p.startswith(below)}
+            for table in (self.recording.files, self.recording.links):
+                for key in [key for key in table if key == directory or key.startswith(below)]:
+                    del table[key]
 
     def _record_error(self, operation: str, path: str, error: SourceError) -> None:
         if isinstance(error, NotCaptured):

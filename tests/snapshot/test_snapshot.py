@@ -471,3 +471,22 @@ def test_unreadable_site_config_path_is_reported_not_recorded(tmp_path: Path) ->
     with pytest.raises(ConfigError, match="is a directory"):
         take_snapshot(SnapshotArgs(output=str(tmp_path / "out.tar.gz"), root=str(EXAMPLE_ROOT), config=str(tmp_path)))
     assert not (tmp_path / "out.tar.gz").exists()
+
+
+def test_a_process_that_exits_while_the_snapshot_is_taken_is_left_out(tmp_path: Path) -> None:
+    """/proc is listed, then a process exits before its files are read: the recording drops
+    its entry, so the replay lists no process whose files are "not captured" (an unknown the
+    live node, where the process is simply gone, never shows)."""
+    for pid in ("1", "4242"):
+        (tmp_path / "proc" / pid).mkdir(parents=True)
+        (tmp_path / "proc" / pid / "comm").write_text("python\n")
+    fs = RecordingFS(str(tmp_path))
+    assert sorted(fs.listdir("/proc") or []) == ["1", "4242"]
+    assert fs.read("/proc/1/comm") == "python\n"
+    (tmp_path / "proc" / "4242" / "comm").unlink()
+    (tmp_path / "proc" / "4242").rmdir()  # the process exits
+    with pytest.raises(SourceError):  # a recorded root (not "/") says so; a live node answers absent
+        fs.read("/proc/4242/comm")
+    recording = fs.recording
+    assert "/proc/4242" not in recording.dirs and not any(path.startswith("/proc/4242/") for path in recording.files)
+    assert "/proc/1" in recording.dirs and recording.files["/proc/1/comm"] == b"python\n"
