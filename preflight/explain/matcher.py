@@ -134,10 +134,6 @@ class Matcher:
         gates = sorted(self._literals_by_gate)
         self.gate = re.compile(_trie_pattern(gates)) if gates else None
 
-    def gate_literals(self) -> list[bytes]:
-        """The gates the scan looks for, each standing for the literals that contain it."""
-        return sorted(self._literals_by_gate)
-
     def scan(self, chunk: Chunk) -> Iterator[Hit]:
         """Every signature hit in ``chunk``, in line order."""
         if self.gate is None:

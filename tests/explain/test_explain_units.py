@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import io
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -15,6 +16,22 @@ from preflight.explain.prefixes import parse_line, strip_ansi
 from preflight.explain.reader import MAX_LINE, ReadStats, iter_inputs
 from preflight.model import Reference, Severity
 from preflight.signatures import required_literals, safety_problems
+
+if TYPE_CHECKING:
+    from preflight.explain import Explanation
+
+
+def _explained(tmp_path: Path, text: str, name: str = "run.log") -> "Explanation":
+    """``explain`` on ``text`` written to a log file, with the packaged catalogue."""
+    from preflight.explain import explain, load_catalogue
+
+    log = tmp_path / name
+    log.write_text(text)
+    return explain([str(log)], catalogue=load_catalogue())
+
+
+def _ranked(explanation: "Explanation") -> list[tuple[str, str]]:
+    return [(c.reference_id, c.tier) for c in explanation.candidates]
 
 NCCL_WARN = "gpu-node-07:20871:21002 [3] NCCL WARN NET/IB : Got completion from peer 10.1.2.8<41937> with status=12 opcode=1 len=0 vendor err 129 (Recv)"
 
@@ -374,17 +391,14 @@ def test_a_missing_libibverbs_is_a_setting_unless_sockets_run_over_infiniband(tm
 
 
 def test_a_stalled_log_offers_the_settings_tied_to_failures(tmp_path: Path) -> None:
-    from preflight.explain import explain, load_catalogue
-
-    log = tmp_path / "hang.log"
-    log.write_text(
+    explanation = _explained(
+        tmp_path,
         "gpu4:3101:3160 [0] NCCL INFO Failed to open libibverbs.so[.1]\n"
         "gpu4:3101:3160 [0] NCCL INFO NET/Socket : Using [0]eth0:192.168.1.4<0>\n"
-        "gpu4:3101:3160 [0] NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/Socket/0\n"
+        "gpu4:3101:3160 [0] NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/Socket/0\n",
     )
-    explanation = explain([str(log)], catalogue=load_catalogue())
     assert explanation.stall is not None and explanation.settings_seen == []
-    assert ("IB009", "context") in [(c.reference_id, c.tier) for c in explanation.candidates]
+    assert ("IB009", "context") in _ranked(explanation)
 
 
 def test_channel_lines_of_different_hosts_are_never_taken_for_copies() -> None:
@@ -474,44 +488,35 @@ def test_invalid_argument_is_nvls_only_where_nvls_printed_it(tmp_path: Path) -> 
 
 @pytest.mark.parametrize(("version", "expected"), [("2.25.1", True), ("2.26.2", False), ("2.9.9", True), ("2.27.3", False)])
 def test_a_consumer_blackwell_board_with_nccl_before_2_26_2_is_pci005(tmp_path: Path, version: str, expected: bool) -> None:
-    from preflight.explain import explain, load_catalogue
-
-    log = tmp_path / "job.log"
-    log.write_text(
+    ranked = _ranked(_explained(
+        tmp_path,
         "#  Rank  0 Group  0 Pid  12225 on       node device  0 [0000:16:00] NVIDIA GeForce RTX 5090\n"
         f"node:12225:12225 [0] NCCL INFO NCCL version {version}+cuda12.8\n"
         "node:12225:12255 [0] NCCL INFO comm 0x55cc27005c20 rank 0 nranks 2 cudaDev 0 busId 16000 - Init START\n"
-        "RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, unhandled cuda error\n"
-    )
-    ranked = [(c.reference_id, c.tier) for c in explain([str(log)], catalogue=load_catalogue()).candidates]
+        "RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, unhandled cuda error\n",
+    ))
     assert (ranked[0] == ("PCI005", "cause")) is expected, ranked
 
 
 def test_enomem_creating_a_completion_queue_is_memlock_before_the_generic_qp_cq_failure(tmp_path: Path) -> None:
     """The kernel charges a CQ's ring to RLIMIT_MEMLOCK; IB001 reads any CQ creation failure."""
-    from preflight.explain import explain, load_catalogue
-
-    log = tmp_path / "ucx.log"
-    log.write_text(
+    ranked = _ranked(_explained(
+        tmp_path,
         "[1652739463.054681] [cn0022:4071024:0]        ib_iface.c:1035 UCX  ERROR ibv_create_cq(cqe=4096) failed: Cannot allocate memory\n"
-        "[cn0022:4071024] pml_ucx.c:309  Error: Failed to create UCP worker\n"
-    )
-    ranked = [(c.reference_id, c.tier) for c in explain([str(log)], catalogue=load_catalogue()).candidates]
+        "[cn0022:4071024] pml_ucx.c:309  Error: Failed to create UCP worker\n",
+    ))
     assert ranked[:2] == [("MEM001", "cause"), ("IB001", "cause")], ranked
-    log.write_text("[1652739463.054681] [cn0022:4071024:0]        ib_iface.c:1035 UCX  ERROR ibv_create_cq(cqe=4096) failed: Invalid argument\n")
-    assert [c.reference_id for c in explain([str(log)], catalogue=load_catalogue()).candidates][0] == "IB001"
+    other = "[1652739463.054681] [cn0022:4071024:0]        ib_iface.c:1035 UCX  ERROR ibv_create_cq(cqe=4096) failed: Invalid argument\n"
+    assert _ranked(_explained(tmp_path, other))[0][0] == "IB001"
 
 
 def test_an_escaping_cpp_exception_is_the_first_failing_line(tmp_path: Path) -> None:
-    from preflight.explain import explain, load_catalogue
-
-    log = tmp_path / "hvd.log"
-    log.write_text(
+    explanation = _explained(
+        tmp_path,
         "[1]<stderr>:some setup line\n"
         "[1]<stderr>:terminate called after throwing an instance of 'gloo::IoException'\n"
-        "[1]<stderr>:  what():  [horovod/common/gloo/http_store.cc:53] Wait timeout for key(s): 0\n"
+        "[1]<stderr>:  what():  [horovod/common/gloo/http_store.cc:53] Wait timeout for key(s): 0\n",
     )
-    explanation = explain([str(log)], catalogue=load_catalogue())
     assert explanation.first_failure is not None and explanation.first_failure.line_number == 2
 
 
@@ -522,7 +527,23 @@ def test_scan_gates_never_start_at_a_space_a_literal_can_do_without() -> None:
     from preflight.catalogue import load_all
     from preflight.explain.matcher import _gates
 
-    gates = Matcher(load_all()).gate_literals()
+    gates = list(Matcher(load_all())._literals_by_gate)
     assert gates and not any(gate.startswith(b" ") for gate in gates)
     assert _gates(["    x", "Defaulting to rank 0", "Port number 1 state is Down"]).keys() >= {b"    x"}
     assert not any(gate.startswith(b" ") for gate in _gates(["a DUE TO X", " DUE TO TIME LIMIT", " ON node CANCELLED"]))
+
+
+def test_a_truncated_bootstrap_message_is_nccls_version_mismatch_only_when_nccl_printed_it(tmp_path: Path) -> None:
+    """NVSHMEM's copy of NCCL's bootstrap prints the same words for another cause (a stray or
+    mis-sized unique-ID exchange), so NCCL017 needs NCCL's own WARN header."""
+    nccl = "node07:12001:12001 [0] bootstrap.cc:73 NCCL WARN Message truncated : received 4096 bytes instead of 4160\n"
+    assert ("NCCL017", "cause") in _ranked(_explained(tmp_path, nccl))
+    nvshmem = "/opt/nvshmem/src/modules/bootstrap/uid/bootstrap_uid.cpp:bootstrap_net_recv:99: Message truncated : received 36 bytes instead of 1\n"
+    assert "NCCL017" not in [reference for reference, _ in _ranked(_explained(tmp_path, nvshmem))]
+
+
+def test_a_gdrcopy_failure_libfabric_reports_by_errno_alone_is_a_symptom(tmp_path: Path) -> None:
+    """libfabric's wrapper gives only the errno of gdr_pin_buffer, which other causes share
+    (memory another process owns, on an old kernel): never GDR002 at cause tier from it."""
+    line = "libfabric:6413:1763620725::core:core:cuda_gdrcopy_dev_register():320<warn> gdr_pin_buffer failed! error: Invalid argument ptr: 0xdc12000000 len: 146800640\n"
+    assert _ranked(_explained(tmp_path, line)) == [("GDR002", "symptom")]
