@@ -547,3 +547,20 @@ def test_a_gdrcopy_failure_libfabric_reports_by_errno_alone_is_a_symptom(tmp_pat
     (memory another process owns, on an old kernel): never GDR002 at cause tier from it."""
     line = "libfabric:6413:1763620725::core:core:cuda_gdrcopy_dev_register():320<warn> gdr_pin_buffer failed! error: Invalid argument ptr: 0xdc12000000 len: 146800640\n"
     assert _ranked(_explained(tmp_path, line)) == [("GDR002", "symptom")]
+
+
+def test_the_shared_memory_ring_warning_is_vllms_only_under_vllms_logger(tmp_path: Path) -> None:
+    """SGLang's copy of vLLM's ring prints the same words under its own ``[time TPn]`` prefix,
+    where they describe another path; VLLM001 needs vLLM's ``shm_broadcast.py:N]``."""
+    vllm = "(VllmWorkerProcess pid=1634044) WARNING 11-26 13:07:36 shm_broadcast.py:391] No available block found in 60 second. \n"
+    assert ("VLLM001", "cause") in _ranked(_explained(tmp_path, vllm))
+    sglang = "[2026-11-03 14:01:20 TP1] No available block found in 60 second. \n"
+    assert "VLLM001" not in [reference for reference, _ in _ranked(_explained(tmp_path, sglang))]
+
+
+def test_a_socket_address_of_no_family_is_a_symptom_of_a_missing_interface(tmp_path: Path) -> None:
+    """ncclSocketInit prints it for any address that never was one: an interface that is not
+    there is one cause, a unique ID that did not arrive intact (NVSHMEM's copy) another."""
+    line = "ncclSocketInit: connecting to address  with family 0 is neither AF_INET(2) nor AF_INET6(10)\n"
+    assert ("NET005", "symptom") in _ranked(_explained(tmp_path, line))
+    assert all(tier != "cause" for _, tier in _ranked(_explained(tmp_path, line)))
