@@ -20,7 +20,6 @@ from preflight.explain.reader import ReadStats, iter_inputs
 from preflight.explain.stall import SourceTails, Stall, find_stall
 from preflight.model import Reference
 
-RDMA_AREAS = frozenset({"infiniband", "roce", "efa", "gdr-fabric"})  # reference areas of the RDMA NICs
 
 if TYPE_CHECKING:
     from preflight.explain.matcher import Matcher
@@ -71,12 +70,15 @@ def explain(
     references = catalogue.references
     catalogue.matcher.forget_repeats()
     stats = ReadStats()
-    analysis = Analysis(related={reference.id: tuple(reference.related) for reference in references.values()})
+    analysis = Analysis(
+        related={reference.id: tuple(reference.related) for reference in references.values()},
+        areas={reference.id: reference.area for reference in references.values()},
+    )
     tails = SourceTails()
     chunks = tails.watch(iter_inputs(paths, stats, stdin))
     for hit in scan_chunks(catalogue.matcher, chunks, stats, expected_bytes=_plain_file_bytes(paths)):
         analysis.add(hit)
-    candidates = [c for c in analysis.candidates() if c.reference_id in references]
+    candidates = analysis.candidates()
     first_failure = analysis.first_failure()
     stall = None
     if not candidates and first_failure is None:
@@ -84,11 +86,7 @@ def explain(
         if stall is not None:
             if stall.peer is not None:
                 analysis.observations.intra_node_stall = (stall.peer, stall.last)
-            candidates = [c for c in analysis.candidates(stalled=True) if c.reference_id in references]
-            if stall.peer is not None:
-                # A run that stopped inside one node never used its RDMA NICs: their settings
-                # cannot explain the hang.
-                candidates = [c for c in candidates if not (c.tier == "context" and references[c.reference_id].area in RDMA_AREAS)]
+            candidates = analysis.candidates(stalled=True)
     settings = [entry.reference_id for entry in analysis.settings_seen(stalled=stall is not None)]
     return Explanation(
         stats, candidates, references, analysis.cascade(), settings, time.perf_counter() - started, first_failure, stall=stall

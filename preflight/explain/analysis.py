@@ -36,6 +36,7 @@ _DISPLAY_ORDER = ("cause", "symptom", "context")  # failures first, settings aft
 _OTHER_SIGNATURES = 0.5  # share of each further signature's worth added to the best one's
 _FIRST_ACTOR_BONUS = 10
 _UNEXPLAINED_CASCADE_BONUS = 100
+RDMA_AREAS = frozenset({"infiniband", "roce", "efa", "gdr-fabric"})  # reference areas of the RDMA NICs
 GENERIC_FAILURE = ""  # reference ID of the matcher's built-in, uncatalogued failure signatures
 MAX_EXAMPLES_PER_ROLE = 3  # example lines kept per reference and role: memory stays bounded
 MAX_ACTORS = 10_000
@@ -105,9 +106,14 @@ class Candidate:
 class Analysis:
     """Feed hits in input order; ``candidates()`` and ``cascade()`` summarise them."""
 
-    def __init__(self, year: int | None = None, related: dict[str, tuple[str, ...]] | None = None) -> None:
+    def __init__(
+        self, year: int | None = None, related: dict[str, tuple[str, ...]] | None = None, areas: dict[str, str] | None = None
+    ) -> None:
         self._year = year or time.gmtime().tm_year
         self._related = related or {}
+        # Reference ID -> area, for the catalogue the log is read against: when given, only its
+        # references are candidates.
+        self._areas = areas
         self.by_reference: dict[str, ReferenceHits] = {}
         self.first_failures: dict[str, FirstFailure] = {}
         # Lines without any prefix belong to the process that wrote the file's other lines: the
@@ -245,7 +251,8 @@ class Analysis:
     def candidates(self, stalled: bool = False) -> list[Candidate]:
         """The references the log points at, best first; ``stalled``: the log ends in a hang
         (:mod:`preflight.explain.stall`), a failure without a failing line, so the settings tied
-        to failures count as they would beside one."""
+        to failures count as they would beside one. A hang inside one node
+        (``observations.intra_node_stall``) never used the RDMA NICs, so their settings are left out."""
         failure_seen = self.failure_lines > 0 or stalled
         cascade = self.cascade()
         first_actor = cascade.first.actor if cascade else None
@@ -257,6 +264,12 @@ class Analysis:
             tier = next((t for t in TIERS if t in roles), "context")
             if tier == "context" and not failure_seen:
                 continue  # a setting seen in a healthy log is not a failure candidate
+            if self._areas is not None:
+                area = self._areas.get(entry.reference_id)
+                if area is None:
+                    continue  # evidence for a reference this catalogue does not have
+                if tier == "context" and self.observations.intra_node_stall and area in RDMA_AREAS:
+                    continue  # a run that stopped inside one node never used its RDMA NICs: their settings cannot explain the hang
             score = _tier_score(entry, tier, sharing)
             on_first = first_actor is not None and first_actor in entry.actors and tier != "context"
             if on_first and cascade and entry.reference_id in cascade.first.references_on_line:
@@ -267,7 +280,7 @@ class Analysis:
             if cascade and entry.reference_id == CASCADE_REFERENCE and self._cascade_unexplained(cascade):
                 score += _UNEXPLAINED_CASCADE_BONUS
             result.append(Candidate(entry.reference_id, tier, score, entry, on_first))
-        if cascade and CASCADE_REFERENCE not in entries:
+        if cascade and CASCADE_REFERENCE not in entries and (self._areas is None or CASCADE_REFERENCE in self._areas):
             bonus = _UNEXPLAINED_CASCADE_BONUS if self._cascade_unexplained(cascade) else 0
             result.append(Candidate(CASCADE_REFERENCE, "symptom", bonus, ReferenceHits(CASCADE_REFERENCE), False, synthesized=True))
         named = {c.reference_id for c in result}
