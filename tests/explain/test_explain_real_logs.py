@@ -21,9 +21,9 @@ from preflight.explain import explain, load_catalogue
 # Held-back figures (tests/data/real-logs, test part), measured when last raised; see
 # bench/explain_accuracy.py for all figures. Floors, not goals: the goals are top-1 85 %,
 # top-3 95 %, no candidate 0 %, out-of-catalogue logs given a cause <= 20 %.
-TOP1_FLOOR = 0.528
-TOP3_FLOOR = 0.563
-NO_CANDIDATE_CEILING = 0.288
+TOP1_FLOOR = 0.522
+TOP3_FLOOR = 0.556
+NO_CANDIDATE_CEILING = 0.285
 OUTSIDE_CAUSE_CEILING = 0.20
 SILENT_CEILING = 15  # held-back failure logs answered "nothing found" (19 before stalls were named)
 # When the test part grows, the logs held back before keep the floors they had reached, so new,
@@ -31,10 +31,13 @@ SILENT_CEILING = 15  # held-back failure logs answered "nothing found" (19 befor
 # - batches a-e (74 logs): the first gathering, whose development part the first signatures were
 #   written against; batches f-o joined on 2026-12-02;
 # - batches a-x (108 logs): batches y-ze (6 held-back logs; one of their 2 catalogued causes is
-#   ranked first) moved the all-logs figures from 52.9 / 56.5 / 29.4 % to 52.9 / 56.3 / 28.7 %.
+#   ranked first) moved the all-logs figures from 52.9 / 56.5 / 29.4 % to 52.9 / 56.3 / 28.7 %;
+# - batches a-ze (114 logs): batches zf-zg (2 held-back logs; their one catalogued cause is not
+#   ranked first) moved them to 52.3 / 55.7 / 28.4 %.
 EARLIER_PARTS = {
     "batches a-e": (set("abcde"), {"top1": 0.58, "top3": 0.612, "no_candidate": 0.227}),
     "batches a-x": (set("abcdefghijklmnopqrstuvwx"), {"top1": 0.528, "top3": 0.564, "no_candidate": 0.295, "silent": 14}),
+    "batches a-ze": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze"}, {"top1": 0.528, "top3": 0.563, "no_candidate": 0.288, "silent": 15}),
 }
 
 
