@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 
 from preflight.explain.combinations import NO_VERBS, OBSERVATION, Derived, Observations, Sighting
-from preflight.explain.matcher import Hit
+from preflight.explain.matcher import FAILURE_WORDS, Hit
 from preflight.explain.prefixes import LineMeta, parse_line
 
 TIERS = ("cause", "context", "symptom")
@@ -145,7 +145,7 @@ class Analysis:
             actor = self._actor(meta, hit.source)
             evidence = Evidence(hit.source, hit.line_number, hit.text, "symptom", 0, meta.time_text, actor, meta.host)
             if signature.role == "context":  # weak: names a failing line, says nothing of order
-                if self.weak_first is None and (hit.source, hit.line_number) != self._setting_line:
+                if self.weak_first is None and (hit.source, hit.line_number) != self._setting_line and not _handled_by_nccl(hit):
                     self.weak_first = evidence
                 return
             self._note_failure(actor, evidence, "", meta, (meta.time if meta.time is not None else float("inf"), self._order), hit.source)
@@ -356,6 +356,13 @@ class Analysis:
         if self.failure_lines or stalled:
             return []
         return [e for e in self.by_reference.values() if set(e.roles.values()) == {"context"}]
+
+
+def _handled_by_nccl(hit: Hit) -> bool:
+    """An NCCL INFO line whose only sign of trouble is a failure word: a fallback NCCL took and
+    logged at INFO (a plugin's older symbol version, a missing optional library), not a failure;
+    NCCL reports what it cannot get past as a WARN."""
+    return _NCCL_INFO in hit.text and hit.signature.pattern.pattern == FAILURE_WORDS
 
 
 def _tier_score(entry: ReferenceHits, tier: str, sharing: dict[str, int]) -> int:

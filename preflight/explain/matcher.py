@@ -74,6 +74,9 @@ GENERIC_FAILURES = (
     # The C++ runtime's last words when an exception escapes (std::terminate): the process aborts.
     r"terminate called after throwing an instance of '",
 )
+# Words of a failure, in any program's voice; NCCL uses them at INFO level for fallbacks it handled
+# ("NET/Plugin: Failed to find ncclNetPlugin_v6 symbol"), so on an NCCL INFO line they name nothing.
+FAILURE_WORDS = r"\b(?:[Ff]ailed|FAILED|[Aa]borted|Killed|[Ii]nsufficient|Unable to|[Tt]imed out)\b"
 # Lines that say something went wrong without saying that this process failed (NCCL warns on
 # healthy runs too). They never order a cascade; when nothing else failed, the first of them is
 # the line ``explain`` names as uncatalogued instead of saying nothing.
@@ -93,7 +96,7 @@ GENERIC_WARNINGS = (
     r"\b(?:Segmentation fault|SIGSEGV|SIGABRT|SIGBUS|core dumped)\b",
     r"\b(?:CUDA|NCCL|UCX|OFI|EFA|NET/\w+) ?(?:error|ERROR|failure)\b",
     r"(?:^|[\s\]:\[])(?:ERROR|FATAL|Fatal error|fatal error|error)\]?:? ",
-    r"\b(?:[Ff]ailed|FAILED|[Aa]borted|Killed|[Ii]nsufficient|Unable to|[Tt]imed out)\b",
+    FAILURE_WORDS,
     r"\b(?:Error|Exception|WARN|Traceback)\b|\berror:",
     # A Python traceback's frame: printed only while an exception propagates, so a post that kept
     # the frames but lost the header and the exception line still shows where it failed.

@@ -564,3 +564,18 @@ def test_a_socket_address_of_no_family_is_a_symptom_of_a_missing_interface(tmp_p
     line = "ncclSocketInit: connecting to address  with family 0 is neither AF_INET(2) nor AF_INET6(10)\n"
     assert ("NET005", "symptom") in _ranked(_explained(tmp_path, line))
     assert all(tier != "cause" for _, tier in _ranked(_explained(tmp_path, line)))
+
+
+def test_a_fallback_nccl_logs_at_info_level_is_not_the_failing_line(tmp_path: Path) -> None:
+    """NCCL looks for each net-plugin symbol version in turn and says so at INFO ("Failed to find
+    ncclNetPlugin_v6 symbol"), then loads an older one: a fallback, not a failure. What NCCL
+    cannot get past it reports as a WARN, and that stays the line explain names."""
+    setup = [
+        "node-1:440225:440225 [0] NCCL INFO Bootstrap : Using ens7:10.128.0.30<0>",
+        "node-1:440225:440225 [0] NCCL INFO NET/Plugin: Failed to find ncclNetPlugin_v6 symbol.",
+        "node-1:440225:440225 [0] NCCL INFO NET/Plugin: Loaded net plugin FastSocket (v4)",
+    ]
+    assert _explained(tmp_path, "\n".join(setup) + "\n").first_failure is None
+    warn = "node-1:440225:440262 [0] misc/socket.cc:484 NCCL WARN socketStartConnect: exceeded retries (20000)"
+    named = _explained(tmp_path, "\n".join([*setup, warn]) + "\n").first_failure
+    assert named is not None and named.text == warn
