@@ -16,7 +16,9 @@ at that header stopped inside the first collective.
 
 A hang is also what a stack dump of a waiting process shows: users attach py-spy (``Thread 4711
 (idle): "MainThread"`` and one frame per line) or gdb (``Thread 1 (Thread 0x7f... (LWP 4711))``,
-``#0  0x00007f... in sched_yield ()``) to a job that stopped moving and post what it printed. A
+``#0  0x00007f... in sched_yield ()``) or lldb (``thread #16, name = 'python', stop reason = signal
+SIGSTOP``, ``frame #0: 0x00007f... libc.so.6`syscall + 29``) to a job that stopped moving and
+post what it printed. A
 log without failures that holds such a dump in its last lines is stalled at the dump's first
 thread.
 
@@ -51,13 +53,17 @@ _PEER_CONNECTION = re.compile(r"\] via (?:P2P/|SHM/|direct shared memory)")
 _NETWORK_CONNECTION = re.compile(r"\] via NET/")
 _FINISHED = re.compile(r"Destroy COMPLETE|Abort COMPLETE|Avg bus bandwidth|Out of bounds values")
 # py-spy's thread header and frame ("    broadcast (torch/distributed/distributed_c10d.py:2772)"),
-# gdb's thread header, numbered frame, stop line after attaching, and backtrace command.
+# gdb's thread header, numbered frame, stop line after attaching, and backtrace command, and
+# lldb's thread header and frame ("  thread #16, name = 'python', stop reason = signal SIGSTOP",
+# "    frame #3: 0x00007fb090db1068 libtorch_cuda.so`c10d::ProcessGroupNCCL::abort() + 664").
 _STACK_DUMP = re.compile(
     r"^\s*Thread (?:\d+|0x[0-9a-fA-F]+) \((?:idle|active|Thread 0x[0-9a-fA-F]+ \(LWP \d+\))\)"
     r"|^\s{2,}[\w<>.]{1,200} \([^()\s]{1,400}\.py:\d+\)\s*$"
     r"|^\s*#\d{1,4} +0x[0-9a-fA-F]{6,16} in \S"
     r"|^0x[0-9a-fA-F]{6,16} in \S{1,200} \("  # where gdb stopped the process it attached to
     r"|^\(gdb\) (?:bt|backtrace|where|thread apply all bt)\b"
+    r"|^\s*\*?\s*thread #\d{1,6}(?:: tid = \S{1,20})?, (?:name = '[^'\n]{0,200}', )?(?:queue = '[^'\n]{0,200}', )?stop reason = "
+    r"|^\s*\*?\s*frame #\d{1,4}: 0x[0-9a-fA-F]{6,16} \S"
 )
 _TESTS_HEADER = re.compile(r"\balgbw\s+busbw\b|\(GB/s\)\s+\(GB/s\)")
 # "#  Rank  0 Group  0 Pid  4242 on node03 device  0 [...]", "#   Rank  0 Pid  4242 on node03 device  0",
@@ -159,7 +165,7 @@ def _one_host_rank(lines: list[Sighting]) -> Sighting | None:
 
 
 def _dump_stall(lines: list[Sighting]) -> Stall | None:
-    """A py-spy or gdb stack dump among the source's last lines: the process was waiting when it
+    """A py-spy, gdb or lldb stack dump among the source's last lines: the process was waiting when it
     was taken. Named at the dump's first line."""
     if not any(_STACK_DUMP.search(line.text) for line in lines[-LAST_LINES:]):
         return None

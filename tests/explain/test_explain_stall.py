@@ -169,6 +169,12 @@ def test_a_test_with_result_rows_or_a_summary_is_no_stall(tmp_path: Path) -> Non
             "Thread 1 (Thread 0x7f5936b1e740 (LWP 6042)) \"python\":",
             "#0  0x00007f59364f8c9b in sched_yield () at ../sysdeps/unix/syscall-template.S:120",
         ],
+        # lldb's "bt all": a thread header with its stop reason, then one frame per line
+        [
+            "  thread #16, name = 'python', stop reason = signal SIGSTOP",
+            "    frame #0: 0x00007fb0b7f0792d libc.so.6`syscall + 29",
+            "    frame #3: 0x00007fb090db1068 libtorch_cuda.so`c10d::ProcessGroupNCCL::abort() + 664",
+        ],
     ],
 )
 def test_a_stack_dump_of_a_waiting_process_is_a_stall_named_at_its_first_line(tmp_path: Path, dump: list[str]) -> None:
