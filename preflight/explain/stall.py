@@ -55,7 +55,10 @@ _FINISHED = re.compile(r"Destroy COMPLETE|Abort COMPLETE|Avg bus bandwidth|Out o
 # py-spy's thread header and frame ("    broadcast (torch/distributed/distributed_c10d.py:2772)"),
 # gdb's thread header, numbered frame, stop line after attaching, and backtrace command, and
 # lldb's thread header and frame ("  thread #16, name = 'python', stop reason = signal SIGSTOP",
-# "    frame #3: 0x00007fb090db1068 libtorch_cuda.so`c10d::ProcessGroupNCCL::abort() + 664").
+# "    frame #3: 0x00007fb090db1068 libtorch_cuda.so`c10d::ProcessGroupNCCL::abort() + 664"),
+# and the thread header of Python's faulthandler ("Thread 0x00007f... (most recent call first):",
+# CPython's Python/traceback.c), which dump_traceback_later and SIGUSR1 handlers print for a
+# process that stopped moving; after a crash its "Fatal Python error" is a failure, so no stall.
 _STACK_DUMP = re.compile(
     r"^\s*Thread (?:\d+|0x[0-9a-fA-F]+) \((?:idle|active|Thread 0x[0-9a-fA-F]+ \(LWP \d+\))\)"
     r"|^\s{2,}[\w<>.]{1,200} \([^()\s]{1,400}\.py:\d+\)\s*$"
@@ -64,6 +67,7 @@ _STACK_DUMP = re.compile(
     r"|^\(gdb\) (?:bt|backtrace|where|thread apply all bt)\b"
     r"|^\s*\*?\s*thread #\d{1,6}(?:: tid = \S{1,20})?, (?:name = '[^'\n]{0,200}', )?(?:queue = '[^'\n]{0,200}', )?stop reason = "
     r"|^\s*\*?\s*frame #\d{1,4}: 0x[0-9a-fA-F]{6,16} \S"
+    r"|^(?:Current thread|Thread) 0x[0-9a-fA-F]{6,16} \(most recent call first\):"
 )
 _TESTS_HEADER = re.compile(r"\balgbw\s+busbw\b|\(GB/s\)\s+\(GB/s\)")
 # "#  Rank  0 Group  0 Pid  4242 on node03 device  0 [...]", "#   Rank  0 Pid  4242 on node03 device  0",

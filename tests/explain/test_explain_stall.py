@@ -175,6 +175,12 @@ def test_a_test_with_result_rows_or_a_summary_is_no_stall(tmp_path: Path) -> Non
             "    frame #0: 0x00007fb0b7f0792d libc.so.6`syscall + 29",
             "    frame #3: 0x00007fb090db1068 libtorch_cuda.so`c10d::ProcessGroupNCCL::abort() + 664",
         ],
+        # Python's faulthandler (dump_traceback_later, or a SIGUSR1 handler registered for hangs)
+        [
+            "Thread 0x00007f3c2effd640 (most recent call first):",
+            '  File "/usr/lib/python3.10/threading.py", line 324 in wait',
+            '  File "/opt/conda/lib/python3.10/site-packages/torch/distributed/distributed_c10d.py", line 2772 in broadcast',
+        ],
     ],
 )
 def test_a_stack_dump_of_a_waiting_process_is_a_stall_named_at_its_first_line(tmp_path: Path, dump: list[str]) -> None:
