@@ -238,8 +238,13 @@ def uses(facts: NcclSocketFacts) -> list[Use]:
 
 def virtual_reason(item: IfAddr) -> str:
     """Why ``item`` cannot carry traffic between nodes, "" when it may."""
-    if item.link_type == "loopback" or item.ifname == "lo" or ipaddress.ip_address(item.address).is_loopback:
+    address = ipaddress.ip_address(item.address)
+    if item.link_type == "loopback" or item.ifname == "lo" or address.is_loopback:
         return "loopback"
+    if address.version == 4 and address.is_link_local:
+        # 169.254.0.0/16 is never forwarded by routers (RFC 3927), and agents that make such
+        # links give every node the same address; NCCL does not filter address ranges.
+        return "IPv4 link-local address"
     for prefix, what in VIRTUAL_PREFIXES.items():
         if item.ifname.startswith(prefix):
             return what

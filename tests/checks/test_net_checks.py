@@ -118,6 +118,16 @@ def test_net001_prefix_setting_that_catches_a_bridge_and_virtual_secondary_devic
     assert set(subjects(nccl_virtual_interface_selected(node.socket()))) == {"br-3f2a9c"}
 
 
+def test_net001_ipv4_link_local_interface_picked_before_the_real_nic(node: Node) -> None:
+    node.add("pod-id-link0", 2, "169.254.170.23/32")
+    node.add("eno1", 3, "10.0.0.2/24")
+    node.env(NCCL_SOCKET_IFNAME="^docker,lo")
+    found = subjects(nccl_virtual_interface_selected(node.socket()))
+    assert set(found) == {"pod-id-link0"} and "IPv4 link-local address" in text(found["pod-id-link0"])
+    node.env(NCCL_SOCKET_IFNAME="eno1")
+    assert list(nccl_virtual_interface_selected(node.socket())) == []
+
+
 def test_net001_loopback_fallback(node: Node) -> None:
     found = subjects(nccl_virtual_interface_selected(node.socket()))
     assert "loopback" in text(found["lo"]) and "'lo' prefix" in text(found["lo"])

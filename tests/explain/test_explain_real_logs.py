@@ -21,9 +21,9 @@ from preflight.explain import explain, load_catalogue
 # Held-back figures (tests/data/real-logs, test part), measured when last raised; see
 # bench/explain_accuracy.py for all figures. Floors, not goals: the goals are top-1 85 %,
 # top-3 95 %, no candidate 0 %, out-of-catalogue logs given a cause <= 20 %.
-TOP1_FLOOR = 0.522
-TOP3_FLOOR = 0.556
-NO_CANDIDATE_CEILING = 0.285
+TOP1_FLOOR = 0.527
+TOP3_FLOOR = 0.560
+NO_CANDIDATE_CEILING = 0.275
 OUTSIDE_CAUSE_CEILING = 0.20
 SILENT_CEILING = 15  # held-back failure logs answered "nothing found" (19 before stalls were named)
 # When the test part grows, the logs held back before keep the floors they had reached, so new,
@@ -33,11 +33,14 @@ SILENT_CEILING = 15  # held-back failure logs answered "nothing found" (19 befor
 # - batches a-x (108 logs): batches y-ze (6 held-back logs; one of their 2 catalogued causes is
 #   ranked first) moved the all-logs figures from 52.9 / 56.5 / 29.4 % to 52.9 / 56.3 / 28.7 %;
 # - batches a-ze (114 logs): batches zf-zg (2 held-back logs; their one catalogued cause is not
-#   ranked first) moved them to 52.3 / 55.7 / 28.4 %.
+#   ranked first) moved them to 52.3 / 55.7 / 28.4 %;
+# - batches a-zg (116 logs): batches zh-zi (5 held-back logs; 2 of their 3 catalogued causes are
+#   ranked first, neither out-of-catalogue log gets a cause) moved them to 52.7 / 56.0 / 27.5 %.
 EARLIER_PARTS = {
     "batches a-e": (set("abcde"), {"top1": 0.58, "top3": 0.612, "no_candidate": 0.227}),
     "batches a-x": (set("abcdefghijklmnopqrstuvwx"), {"top1": 0.528, "top3": 0.564, "no_candidate": 0.295, "silent": 14}),
     "batches a-ze": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze"}, {"top1": 0.528, "top3": 0.563, "no_candidate": 0.288, "silent": 15}),
+    "batches a-zg": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze", "zf", "zg"}, {"top1": 0.522, "top3": 0.556, "no_candidate": 0.285, "silent": 15}),
 }
 
 

@@ -79,6 +79,16 @@ def test_loopback_is_the_last_resort(ns: Namespace) -> None:
     assert item["status"] == "present" and "loopback" in evidence_text(item) and "'lo' prefix" in evidence_text(item)
 
 
+def test_ipv4_link_local_interface_listed_before_the_data_nic(ns: Namespace) -> None:
+    ns.nic("pod-id-link0", "169.254.170.23/32")  # created first: NCCL meets it before eno1
+    ns.nic("eno1", "10.0.0.2/24")
+    report = ns.preflight({"NCCL_IB_DISABLE": "1"})
+    item = finding(report, "NET001", "pod-id-link0")
+    assert item["status"] == "present" and "IPv4 link-local address" in evidence_text(item)
+    report = ns.preflight({"NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": "=eno1"})
+    assert verdicts(report)[("NET001", "node")] == "absent"
+
+
 # -- NET002 / NET003 ----------------------------------------------------------------------------
 def test_link_local_only_interface_in_the_socket_transport(ns: Namespace) -> None:
     ns.nic("eno1", "10.0.0.2/24")
