@@ -21,9 +21,9 @@ from preflight.explain import explain, load_catalogue
 # Held-back figures (tests/data/real-logs, test part), measured when last raised; see
 # bench/explain_accuracy.py for all figures. Floors, not goals: the goals are top-1 85 %,
 # top-3 95 %, no candidate 0 %, out-of-catalogue logs given a cause <= 20 %.
-TOP1_FLOOR = 0.527
-TOP3_FLOOR = 0.560
-NO_CANDIDATE_CEILING = 0.275
+TOP1_FLOOR = 0.543
+TOP3_FLOOR = 0.576
+NO_CANDIDATE_CEILING = 0.261
 OUTSIDE_CAUSE_CEILING = 0.20
 SILENT_CEILING = 15  # held-back failure logs answered "nothing found" (19 before stalls were named)
 # When the test part grows, the logs held back before keep the floors they had reached, so new,
@@ -35,12 +35,16 @@ SILENT_CEILING = 15  # held-back failure logs answered "nothing found" (19 befor
 # - batches a-ze (114 logs): batches zf-zg (2 held-back logs; their one catalogued cause is not
 #   ranked first) moved them to 52.3 / 55.7 / 28.4 %;
 # - batches a-zg (116 logs): batches zh-zi (5 held-back logs; 2 of their 3 catalogued causes are
-#   ranked first, neither out-of-catalogue log gets a cause) moved them to 52.7 / 56.0 / 27.5 %.
+#   ranked first, neither out-of-catalogue log gets a cause) moved them to 52.7 / 56.0 / 27.5 %;
+# - batches a-zi (121 logs): batch zj (1 held-back log, ranked first) and the signatures read from
+#   the CUDA, kernel, transfer-engine, UCCL and MSCCL++ sources moved them to 54.3 / 57.6 / 26.1 %,
+#   and every earlier part's floor was raised to what it reaches now.
 EARLIER_PARTS = {
-    "batches a-e": (set("abcde"), {"top1": 0.58, "top3": 0.612, "no_candidate": 0.227}),
-    "batches a-x": (set("abcdefghijklmnopqrstuvwx"), {"top1": 0.528, "top3": 0.564, "no_candidate": 0.295, "silent": 14}),
-    "batches a-ze": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze"}, {"top1": 0.528, "top3": 0.563, "no_candidate": 0.288, "silent": 15}),
-    "batches a-zg": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze", "zf", "zg"}, {"top1": 0.522, "top3": 0.556, "no_candidate": 0.285, "silent": 15}),
+    "batches a-e": (set("abcde"), {"top1": 0.596, "top3": 0.629, "no_candidate": 0.210, "silent": 7}),
+    "batches a-x": (set("abcdefghijklmnopqrstuvwx"), {"top1": 0.541, "top3": 0.576, "no_candidate": 0.283, "silent": 14}),
+    "batches a-ze": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze"}, {"top1": 0.540, "top3": 0.574, "no_candidate": 0.276, "silent": 15}),
+    "batches a-zg": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze", "zf", "zg"}, {"top1": 0.534, "top3": 0.568, "no_candidate": 0.273, "silent": 15}),
+    "batches a-zi": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze", "zf", "zg", "zh", "zi"}, {"top1": 0.538, "top3": 0.571, "no_candidate": 0.264, "silent": 15}),
 }
 
 
