@@ -88,6 +88,39 @@ def _ports_with_choice(roce: RoceFacts, job: JobFacts) -> Iterator[Observation |
             yield item, item.nccl_job
 
 
+# RDMA libraries that run beside NCCL in the same job and read a fixed GID index of their own:
+# the variable, its library, and the value that means "choose automatically".
+OTHER_GID_INDEX_VARIABLES = {
+    "NVSHMEM_IB_GID_INDEX": ("NVSHMEM", -1),
+    "MC_GID_INDEX": ("Mooncake Transfer Engine", None),
+    "MSCCLPP_IB_GID_INDEX": ("MSCCL++", None),
+}
+
+
+def _other_libraries_fixed_gid(roce: RoceFacts, job: JobFacts) -> Iterator[Observation]:
+    """A GID index that another library is told to use and that points at an empty, RoCE v1 or
+    link-local slot of an active RoCE port. A warning: these libraries pick their HCAs with their
+    own variables, so the port may not be one they use."""
+    for name, (library, automatic) in OTHER_GID_INDEX_VARIABLES.items():
+        value = job.environ.get(name)
+        if value is None or not re.fullmatch(r"\s*-?\d{1,6}\s*", value) or int(value) == automatic or int(value) < 0:
+            continue  # unset, automatic, or a value whose parsing by that library we do not model
+        index = int(value)
+        for port in roce.ports:
+            if port.unreadable_gids or not (port.state or "").endswith("ACTIVE"):
+                continue
+            entry = port.entry(index)
+            if _usable(entry):
+                continue
+            observed = f"{library} uses " + (entry.describe() if entry else f"index {index}: no GID in this slot")
+            yield present(
+                f"{name} on {port.subject}",
+                Evidence(f"environment {name}", value),
+                Evidence(f"{port.path}/gids/{index}", observed, "a routable RoCE v2 GID"),
+                severity=Severity.WARNING,
+            )
+
+
 @check("ROCE005", profiles=("prolog",))
 def roce_gid_index_mismatch(roce: RoceFacts, job: JobFacts) -> Iterator[Observation]:
     """The GID NCCL would use on a RoCE port is empty, RoCE v1 or link-local, or a fixed
@@ -122,6 +155,7 @@ def roce_gid_index_mismatch(roce: RoceFacts, job: JobFacts) -> Iterator[Observat
             if routable else "a routable RoCE v2 GID (this port has no IPv4 RoCE v2 GID: no IPv4 address on its netdev?)"
         )
         yield present(port.subject, *_variable_evidence(roce), Evidence(where, observed, expected))
+    yield from _other_libraries_fixed_gid(roce, job)
     if len(forced_families) > 1:
         described = "; ".join(f"RoCE v2 IPv{family} on {', '.join(ports)}" for family, ports in sorted(forced_families.items()))
         yield present(

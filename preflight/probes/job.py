@@ -57,6 +57,8 @@ KEPT_NAMES = frozenset({
     "VIRTUAL_ENV", "CONDA_PREFIX",
     # torch.distributed's choice of TCPStore server for env:// and tcp:// (torch/distributed/rendezvous.py)
     "USE_LIBUV",
+    # fixed GID indexes of RDMA libraries that run beside NCCL (NVSHMEM_ is kept by prefix)
+    "MC_GID_INDEX", "MSCCLPP_IB_GID_INDEX",
 })
 
 

@@ -117,6 +117,17 @@ def test_fixed_index_that_means_different_things_on_different_ports() -> None:
     assert "IPv4 on mlx5_0/1" in findings[0].evidence[-1].observed and "IPv6 on mlx5_1/1" in findings[0].evidence[-1].observed
 
 
+@pytest.mark.parametrize("name", ["NVSHMEM_IB_GID_INDEX", "MC_GID_INDEX", "MSCCLPP_IB_GID_INDEX"])
+def test_another_librarys_fixed_gid_index_on_a_link_local_slot_is_a_warning(name: str) -> None:
+    # NCCL picks index 3 by itself; the other library is told to use 0, the link-local RoCE v1 slot.
+    findings = list(roce_gid_index_mismatch(facts(port(), port("mlx5_1", state="1: DOWN")), job(**{name: "0"})))
+    assert observe(iter(findings)) == [(f"{name} on mlx5_0/1", Status.PRESENT, Severity.WARNING)]
+    assert findings[0].evidence[0].source == f"environment {name}" and "link-local" in findings[0].evidence[1].observed
+    assert "no GID in this slot" in next(roce_gid_index_mismatch(facts(port()), job(**{name: "9"}))).evidence[1].observed
+    for healthy in ("3", "-1", "auto", ""):
+        assert observe(roce_gid_index_mismatch(facts(port()), job(**{name: healthy}))) == []
+
+
 def test_gid_index_unknown_and_not_applicable() -> None:
     broken = port(unreadable=("/sys/class/infiniband/mlx5_0/ports/1/gids/3: not UTF-8 text",))
     assert observe(roce_gid_index_mismatch(facts(broken), job())) == [("mlx5_0/1", Status.UNKNOWN, None)]
