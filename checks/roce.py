@@ -88,35 +88,46 @@ def _ports_with_choice(roce: RoceFacts, job: JobFacts) -> Iterator[Observation |
             yield item, item.nccl_job
 
 
-# RDMA libraries that run beside NCCL in the same job and read a fixed GID index of their own:
-# the variable, its library, and the value that means "choose automatically".
-OTHER_GID_INDEX_VARIABLES = {
-    "NVSHMEM_IB_GID_INDEX": ("NVSHMEM", -1),
-    "MC_GID_INDEX": ("Mooncake Transfer Engine", None),
+# RDMA libraries that run beside NCCL in the same job and read a fixed GID index of their own
+# from the environment: the variable, its library, and the highest index it accepts (Mooncake
+# ignores larger values and chooses by itself). Negative values mean "choose" for all of them.
+OTHER_GID_INDEX_VARIABLES: dict[str, tuple[str, int | None]] = {
+    "NVSHMEM_IB_GID_INDEX": ("NVSHMEM", None),
+    "MC_GID_INDEX": ("Mooncake Transfer Engine", 255),
     "MSCCLPP_IB_GID_INDEX": ("MSCCL++", None),
 }
+
+
+def _missing_slot(port: RocePort, index: int) -> str:
+    return "empty slot" if index < port.table_size else f"beyond the table ({port.table_size} slots)"
 
 
 def _other_libraries_fixed_gid(roce: RoceFacts, job: JobFacts) -> Iterator[Observation]:
     """A GID index that another library is told to use and that points at an empty, RoCE v1 or
     link-local slot of an active RoCE port. A warning: these libraries pick their HCAs with their
     own variables, so the port may not be one they use."""
-    for name, (library, automatic) in OTHER_GID_INDEX_VARIABLES.items():
+    for name, (library, highest) in OTHER_GID_INDEX_VARIABLES.items():
         value = job.environ.get(name)
-        if value is None or not re.fullmatch(r"\s*-?\d{1,6}\s*", value) or int(value) == automatic or int(value) < 0:
-            continue  # unset, automatic, or a value whose parsing by that library we do not model
+        if value is None or not re.fullmatch(r"\s*\d{1,6}\s*", value):
+            continue  # unset, negative (automatic), or a value whose parsing we do not model
         index = int(value)
+        if highest is not None and index > highest:
+            continue  # the library ignores it and chooses by itself
         for port in roce.ports:
             if port.unreadable_gids or not (port.state or "").endswith("ACTIVE"):
-                continue
+                continue  # an unreadable table is reported by the NCCL part of this check
             entry = port.entry(index)
+            where = f"{port.path}/gids/{index}"
+            if entry is not None and entry.roce_type is None:
+                yield undecided(f"{name} on {port.subject}", f"{port.path}/gid_attrs/types/{index}: {entry.type_error}")
+                continue
             if _usable(entry):
                 continue
-            observed = f"{library} uses " + (entry.describe() if entry else f"index {index}: no GID in this slot")
+            observed = f"{library} uses " + (entry.describe() if entry else f"index {index}: {_missing_slot(port, index)}")
             yield present(
                 f"{name} on {port.subject}",
                 Evidence(f"environment {name}", value),
-                Evidence(f"{port.path}/gids/{index}", observed, "a routable RoCE v2 GID"),
+                Evidence(where, observed, "a routable RoCE v2 GID"),
                 severity=Severity.WARNING,
             )
 
@@ -124,7 +135,8 @@ def _other_libraries_fixed_gid(roce: RoceFacts, job: JobFacts) -> Iterator[Obser
 @check("ROCE005", profiles=("prolog",))
 def roce_gid_index_mismatch(roce: RoceFacts, job: JobFacts) -> Iterator[Observation]:
     """The GID NCCL would use on a RoCE port is empty, RoCE v1 or link-local, or a fixed
-    NCCL_IB_GID_INDEX means different things on different ports."""
+    NCCL_IB_GID_INDEX means different things on different ports; a fixed GID index the job gives
+    NVSHMEM, Mooncake or MSCCL++ that names an unusable slot is a warning."""
     forced_families: dict[int, list[str]] = {}  # address family of a fixed index's usable GID -> ports
     for item in _ports_with_choice(roce, job):
         if isinstance(item, Observation):
@@ -146,7 +158,7 @@ def roce_gid_index_mismatch(roce: RoceFacts, job: JobFacts) -> Iterator[Observat
             continue
         how = "NCCL_IB_GID_INDEX fixes" if choice.forced else "NCCL 2.21+ would choose"
         if entry is None:
-            observed = f"{how} index {choice.index}: " + ("empty slot" if choice.index < port.table_size else f"beyond the table ({port.table_size} slots)")
+            observed = f"{how} index {choice.index}: {_missing_slot(port, choice.index)}"
         else:
             observed = f"{how} {entry.describe()}"
         routable = [e for e in port.gids if _usable(e) and e.ipv4]

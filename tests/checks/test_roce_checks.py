@@ -12,7 +12,7 @@ import pytest
 
 from conftest import EXAMPLE_ROOT, Runner
 from preflight.nccl.gid import GidSettings, Slot, nccl_would_pick_gid, parse_gid, parse_gid_settings
-from preflight.probes.job import JobFacts
+from preflight.probes.job import JobFacts, parse_environ
 from preflight.probes.roce import DcbReading, EcnState, GidEntry, NcclGid, RoceDcbFacts, RoceFacts, RocePort, roce_mtu
 from preflight.checks.roce import roce_gid_index_mismatch, roce_gid_type_read_einval, roce_path_mtu_mismatch, roce_pfc_pause_storm
 from preflight.config import ConfigError, Expectations, parse_config
@@ -123,9 +123,25 @@ def test_another_librarys_fixed_gid_index_on_a_link_local_slot_is_a_warning(name
     findings = list(roce_gid_index_mismatch(facts(port(), port("mlx5_1", state="1: DOWN")), job(**{name: "0"})))
     assert observe(iter(findings)) == [(f"{name} on mlx5_0/1", Status.PRESENT, Severity.WARNING)]
     assert findings[0].evidence[0].source == f"environment {name}" and "link-local" in findings[0].evidence[1].observed
-    assert "no GID in this slot" in next(roce_gid_index_mismatch(facts(port()), job(**{name: "9"}))).evidence[1].observed
+    assert "index 9: empty slot" in next(roce_gid_index_mismatch(facts(port()), job(**{name: "9"}))).evidence[1].observed
     for healthy in ("3", "-1", "auto", ""):
         assert observe(roce_gid_index_mismatch(facts(port()), job(**{name: healthy}))) == []
+    # A slot whose type file could not be read is not a wrong GID: undecided, never present.
+    unread = [*host_gids()[:3], GidEntry(3, ipv4(0x11), None, "permission denied (EACCES)", "ens1f0np0", "10.10.0.17")]
+    roce = facts(port(entries=unread, variables={"NCCL_IB_GID_INDEX": "2"}), variables={"NCCL_IB_GID_INDEX": "2"})
+    statuses = observe(roce_gid_index_mismatch(roce, job(NCCL_IB_GID_INDEX="2", **{name: "3"})))
+    assert (f"{name} on mlx5_0/1", Status.UNKNOWN, None) in statuses
+
+
+def test_mooncake_ignores_a_gid_index_above_255() -> None:
+    assert observe(roce_gid_index_mismatch(facts(port()), job(MC_GID_INDEX="300"))) == []
+    (finding,) = list(roce_gid_index_mismatch(facts(port()), job(NVSHMEM_IB_GID_INDEX="300")))
+    assert "beyond the table (16 slots)" in finding.evidence[1].observed
+
+
+def test_the_job_environment_keeps_other_libraries_gid_variables() -> None:
+    environ = parse_environ(b"MC_GID_INDEX=0\0MSCCLPP_IB_GID_INDEX=1\0NVSHMEM_IB_GID_INDEX=2\0HOSTNAME=n1\0")
+    assert environ == {"MC_GID_INDEX": "0", "MSCCLPP_IB_GID_INDEX": "1", "NVSHMEM_IB_GID_INDEX": "2"}
 
 
 def test_gid_index_unknown_and_not_applicable() -> None:
