@@ -102,10 +102,10 @@ def _missing_slot(port: RocePort, index: int) -> str:
     return "empty slot" if index < port.table_size else f"beyond the table ({port.table_size} slots)"
 
 
-def _other_libraries_fixed_gid(roce: RoceFacts, job: JobFacts) -> Iterator[Observation]:
-    """A GID index that another library is told to use and that points at an empty, RoCE v1 or
-    link-local slot of an active RoCE port. A warning: these libraries pick their HCAs with their
-    own variables, so the port may not be one they use."""
+def _other_library_gid_indices(job: JobFacts) -> list[tuple[str, str, str, int]]:
+    """(variable, library, value, index) for every other library's fixed GID index the job sets
+    and the library would use."""
+    found = []
     for name, (library, highest) in OTHER_GID_INDEX_VARIABLES.items():
         value = job.environ.get(name)
         if value is None or not re.fullmatch(r"\s*\d{1,6}\s*", value):
@@ -113,6 +113,15 @@ def _other_libraries_fixed_gid(roce: RoceFacts, job: JobFacts) -> Iterator[Obser
         index = int(value)
         if highest is not None and index > highest:
             continue  # the library ignores it and chooses by itself
+        found.append((name, library, value, index))
+    return found
+
+
+def _other_libraries_fixed_gid(roce: RoceFacts, job: JobFacts) -> Iterator[Observation]:
+    """A GID index that another library is told to use and that points at an empty, RoCE v1 or
+    link-local slot of an active RoCE port. A warning: these libraries pick their HCAs with their
+    own variables, so the port may not be one they use."""
+    for name, library, value, index in _other_library_gid_indices(job):
         for port in roce.ports:
             if port.unreadable_gids or not (port.state or "").endswith("ACTIVE"):
                 continue  # an unreadable table is reported by the NCCL part of this check
@@ -137,6 +146,22 @@ def roce_gid_index_mismatch(roce: RoceFacts, job: JobFacts) -> Iterator[Observat
     """The GID NCCL would use on a RoCE port is empty, RoCE v1 or link-local, or a fixed
     NCCL_IB_GID_INDEX means different things on different ports; a fixed GID index the job gives
     NVSHMEM, Mooncake or MSCCL++ that names an unusable slot is a warning."""
+    others = list(_other_libraries_fixed_gid(roce, job))
+    try:
+        nccl = list(_nccl_gid_choice_findings(roce, job))
+    except NotApplicable:
+        # NCCL_IB_HCA may leave NCCL no RoCE port while NVSHMEM or Mooncake, which pick their
+        # HCAs themselves, still use one: their fixed index is judged all the same.
+        active = any((port.state or "").endswith("ACTIVE") for port in roce.ports)
+        if not active or not _other_library_gid_indices(job):
+            raise
+        nccl = []
+    yield from nccl
+    yield from others
+
+
+def _nccl_gid_choice_findings(roce: RoceFacts, job: JobFacts) -> Iterator[Observation]:
+    """ROCE005's NCCL part: the GID NCCL would use on each RoCE port it opens."""
     forced_families: dict[int, list[str]] = {}  # address family of a fixed index's usable GID -> ports
     for item in _ports_with_choice(roce, job):
         if isinstance(item, Observation):
@@ -167,7 +192,6 @@ def roce_gid_index_mismatch(roce: RoceFacts, job: JobFacts) -> Iterator[Observat
             if routable else "a routable RoCE v2 GID (this port has no IPv4 RoCE v2 GID: no IPv4 address on its netdev?)"
         )
         yield present(port.subject, *_variable_evidence(roce), Evidence(where, observed, expected))
-    yield from _other_libraries_fixed_gid(roce, job)
     if len(forced_families) > 1:
         described = "; ".join(f"RoCE v2 IPv{family} on {', '.join(ports)}" for family, ports in sorted(forced_families.items()))
         yield present(

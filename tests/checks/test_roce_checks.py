@@ -139,6 +139,17 @@ def test_mooncake_ignores_a_gid_index_above_255() -> None:
     assert "beyond the table (16 slots)" in finding.evidence[1].observed
 
 
+def test_another_librarys_gid_index_is_judged_when_nccl_ib_hca_leaves_nccl_no_roce_port() -> None:
+    # NCCL is steered to an InfiniBand HCA; NVSHMEM still opens the RoCE port with its own index.
+    (finding,) = list(roce_gid_index_mismatch(facts(port()), job(NCCL_IB_HCA="=mlx5_4", NVSHMEM_IB_GID_INDEX="0")))
+    assert (finding.subject, finding.status, finding.severity) == ("NVSHMEM_IB_GID_INDEX on mlx5_0/1", Status.PRESENT, Severity.WARNING)
+    # A usable index there is a checked answer (absent), not "not applicable".
+    assert observe(roce_gid_index_mismatch(facts(port()), job(NCCL_IB_HCA="=mlx5_4", NVSHMEM_IB_GID_INDEX="3"))) == []
+    # No active RoCE port at all: nothing for any library to use.
+    with pytest.raises(NotApplicable, match="NCCL_IB_HCA"):
+        list(roce_gid_index_mismatch(facts(port(state="1: DOWN")), job(NVSHMEM_IB_GID_INDEX="0")))
+
+
 def test_the_job_environment_keeps_other_libraries_gid_variables() -> None:
     environ = parse_environ(b"MC_GID_INDEX=0\0MSCCLPP_IB_GID_INDEX=1\0NVSHMEM_IB_GID_INDEX=2\0HOSTNAME=n1\0")
     assert environ == {"MC_GID_INDEX": "0", "MSCCLPP_IB_GID_INDEX": "1", "NVSHMEM_IB_GID_INDEX": "2"}
