@@ -95,6 +95,8 @@ OTHER_GID_INDEX_VARIABLES: dict[str, tuple[str, int | None]] = {
     "NVSHMEM_IB_GID_INDEX": ("NVSHMEM", None),
     "MC_GID_INDEX": ("Mooncake Transfer Engine", 255),
     "MSCCLPP_IB_GID_INDEX": ("MSCCL++", None),
+    "UCCL_IB_GID_INDEX": ("UCCL EP", None),
+    "UCCL_P2P_RDMA_GID_INDEX": ("UCCL P2P engine", None),
 }
 
 
@@ -145,7 +147,7 @@ def _other_libraries_fixed_gid(roce: RoceFacts, job: JobFacts) -> Iterator[Obser
 def roce_gid_index_mismatch(roce: RoceFacts, job: JobFacts) -> Iterator[Observation]:
     """The GID NCCL would use on a RoCE port is empty, RoCE v1 or link-local, or a fixed
     NCCL_IB_GID_INDEX means different things on different ports; a fixed GID index the job gives
-    NVSHMEM, Mooncake or MSCCL++ that names an unusable slot is a warning."""
+    NVSHMEM, Mooncake, MSCCL++ or UCCL that names an unusable slot is a warning."""
     others = list(_other_libraries_fixed_gid(roce, job))
     try:
         nccl = list(_nccl_gid_choice_findings(roce, job))

@@ -58,7 +58,7 @@ KEPT_NAMES = frozenset({
     # torch.distributed's choice of TCPStore server for env:// and tcp:// (torch/distributed/rendezvous.py)
     "USE_LIBUV",
     # fixed GID indexes of RDMA libraries that run beside NCCL (NVSHMEM_ is kept by prefix)
-    "MC_GID_INDEX", "MSCCLPP_IB_GID_INDEX",
+    "MC_GID_INDEX", "MSCCLPP_IB_GID_INDEX", "UCCL_IB_GID_INDEX", "UCCL_P2P_RDMA_GID_INDEX",
 })
 
 

@@ -117,7 +117,7 @@ def test_fixed_index_that_means_different_things_on_different_ports() -> None:
     assert "IPv4 on mlx5_0/1" in findings[0].evidence[-1].observed and "IPv6 on mlx5_1/1" in findings[0].evidence[-1].observed
 
 
-@pytest.mark.parametrize("name", ["NVSHMEM_IB_GID_INDEX", "MC_GID_INDEX", "MSCCLPP_IB_GID_INDEX"])
+@pytest.mark.parametrize("name", ["NVSHMEM_IB_GID_INDEX", "MC_GID_INDEX", "MSCCLPP_IB_GID_INDEX", "UCCL_IB_GID_INDEX", "UCCL_P2P_RDMA_GID_INDEX"])
 def test_another_librarys_fixed_gid_index_on_a_link_local_slot_is_a_warning(name: str) -> None:
     # NCCL picks index 3 by itself; the other library is told to use 0, the link-local RoCE v1 slot.
     findings = list(roce_gid_index_mismatch(facts(port(), port("mlx5_1", state="1: DOWN")), job(**{name: "0"})))
@@ -151,8 +151,12 @@ def test_another_librarys_gid_index_is_judged_when_nccl_ib_hca_leaves_nccl_no_ro
 
 
 def test_the_job_environment_keeps_other_libraries_gid_variables() -> None:
-    environ = parse_environ(b"MC_GID_INDEX=0\0MSCCLPP_IB_GID_INDEX=1\0NVSHMEM_IB_GID_INDEX=2\0HOSTNAME=n1\0")
-    assert environ == {"MC_GID_INDEX": "0", "MSCCLPP_IB_GID_INDEX": "1", "NVSHMEM_IB_GID_INDEX": "2"}
+    environ = parse_environ(
+        b"MC_GID_INDEX=0\0MSCCLPP_IB_GID_INDEX=1\0NVSHMEM_IB_GID_INDEX=2\0UCCL_IB_GID_INDEX=3\0UCCL_P2P_RDMA_GID_INDEX=4\0HOSTNAME=n1\0"
+    )
+    assert environ == {
+        "MC_GID_INDEX": "0", "MSCCLPP_IB_GID_INDEX": "1", "NVSHMEM_IB_GID_INDEX": "2", "UCCL_IB_GID_INDEX": "3", "UCCL_P2P_RDMA_GID_INDEX": "4",
+    }
 
 
 def test_gid_index_unknown_and_not_applicable() -> None:
