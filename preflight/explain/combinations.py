@@ -31,6 +31,12 @@ Some causes never print a message of their own; they show only in how lines disa
   2.26.2 release notes, NVIDIA/nccl#1637), so a log naming such a board (``NVIDIA GeForce RTX
   5090`` in a device list) and an older version (``NCCL version 2.25.1+cuda12.8``) shows the
   cause even when the shared-memory warning itself is not in the post (PCI005).
+* **A bus error inside NCCL's shared-memory setup.** NCCL up to 2.18 sized each /dev/shm segment
+  with ``ftruncate`` and then wrote it (``ncclShmOpen``, ``src/misc/shmutils.cc``), so on a tmpfs
+  too small or full for it the kernel killed the process with SIGBUS instead of returning an
+  error; 2.19 reserves the space with ``fallocate`` and warns. A SIGBUS report (``received signal
+  SIGBUS``, ``Bus error``) together with a backtrace frame in ``ncclShmOpen`` is the container's
+  small /dev/shm (NCCL007) even though NCCL printed nothing.
 * **Silence after connecting inside one node** (:mod:`preflight.explain.stall`): a log without
   failures that ends in NCCL's intra-node connection lines, with no network channel anywhere,
   is offered as PCI003 at symptom tier.
@@ -54,6 +60,8 @@ NO_VERBS = OBSERVATION + "no-libibverbs"
 SM120_BOARD = OBSERVATION + "sm120-board"
 NCCL_VERSION = OBSERVATION + "nccl-version"
 SOCKET_ON_IB = OBSERVATION + "socket-on-ib"
+BUS_ERROR = OBSERVATION + "bus-error"
+SHM_FRAME = OBSERVATION + "nccl-shm-frame"
 
 # (reference ID, pattern) of the lines the matcher reports as observations.
 OBSERVATION_SIGNATURES = (
@@ -64,6 +72,8 @@ OBSERVATION_SIGNATURES = (
     (SM120_BOARD, r"NVIDIA (?:GeForce RTX 50[5-9]0(?: Ti)?|RTX PRO [0-9]{4} Blackwell)"),
     (NCCL_VERSION, r"NCCL version \d{1,2}\.\d{1,3}\.\d{1,3}"),
     (SOCKET_ON_IB, r"NET/Socket : Using .{0,400}?\[\d+\]ib\w{0,15}[:.<]"),
+    (BUS_ERROR, r"SIGBUS|Bus error"),
+    (SHM_FRAME, r"\bncclShmOpen\b"),  # a backtrace frame: NCCL prints the name in no message
     (DISTANCE, r"GPU Direct RDMA Disabled for GPU(?: \S{1,40} / HCA \S+ \(|/\S{1,40} \(rank \d+\) - NET/\S+ \()distance \d+ > \d+\)"),
 )
 
@@ -110,6 +120,7 @@ ROCE_DISTANCE_SPECIFICITY = 60  # the distance line (55 of its own) plus what th
 MISMATCH_SPECIFICITY = 60  # two ranks' own records of one collective disagreeing: direct evidence
 NO_VERBS_SPECIFICITY = 40  # two INFO lines that together name the missing piece
 SM120_SPECIFICITY = 50  # a board and a version that the release notes name together
+SHM_SIGBUS_SPECIFICITY = 50  # a crash report and the NCCL function it struck in
 STALL_SPECIFICITY = 10  # silence after intra-node connections: a picture, not a message
 INTRA_NODE_STALL = "PCI003"  # P2P traffic dropped by ACS redirect or a translating IOMMU
 MAX_SEQUENCES = 4096  # fingerprints kept per run: memory stays bounded on endless DETAIL logs
@@ -147,6 +158,8 @@ class Observations:
     socket_on_ib: Sighting | None = None
     sm120_board: Sighting | None = None
     nccl_before_sm120_fix: Sighting | None = None
+    bus_error: Sighting | None = None
+    shm_frame: Sighting | None = None
     fingerprints: dict[str, dict[str, tuple[str, Sighting]]] = field(default_factory=dict)  # seq -> rank -> (print, line)
     mismatch: tuple[Sighting, Sighting] | None = None
     ambiguous_sequences: bool = False
@@ -169,6 +182,10 @@ class Observations:
             self.socket_on_ib = self.socket_on_ib or sighting
         elif kind == SM120_BOARD:
             self.sm120_board = self.sm120_board or sighting
+        elif kind == BUS_ERROR:
+            self.bus_error = self.bus_error or sighting
+        elif kind == SHM_FRAME:
+            self.shm_frame = self.shm_frame or sighting
         elif kind == NCCL_VERSION and self.nccl_before_sm120_fix is None:
             found = _NCCL_VERSION.search(sighting.text)
             if found is not None and tuple(int(part) for part in found.groups()) < SM120_FIXED_IN:
@@ -225,6 +242,8 @@ class Observations:
             result.append(Derived("IB009", NO_VERBS_SPECIFICITY, (self.no_verbs, self.socket_on_ib)))
         if self.sm120_board is not None and self.nccl_before_sm120_fix is not None:
             result.append(Derived("PCI005", SM120_SPECIFICITY, (self.sm120_board, self.nccl_before_sm120_fix)))
+        if self.bus_error is not None and self.shm_frame is not None:
+            result.append(Derived("NCCL007", SHM_SIGBUS_SPECIFICITY, (self.bus_error, self.shm_frame)))
         if self.intra_node_stall is not None:
             result.append(Derived(INTRA_NODE_STALL, STALL_SPECIFICITY, self.intra_node_stall, role="symptom"))
         return result

@@ -21,9 +21,9 @@ from preflight.explain import explain, load_catalogue
 # Held-back figures (tests/data/real-logs, test part), measured when last raised; see
 # bench/explain_accuracy.py for all figures. Floors, not goals: the goals are top-1 85 %,
 # top-3 95 %, no candidate 0 %, out-of-catalogue logs given a cause <= 20 %.
-TOP1_FLOOR = 0.543
-TOP3_FLOOR = 0.576
-NO_CANDIDATE_CEILING = 0.261
+TOP1_FLOOR = 0.547
+TOP3_FLOOR = 0.578
+NO_CANDIDATE_CEILING = 0.264
 OUTSIDE_CAUSE_CEILING = 0.20
 SILENT_CEILING = 15  # held-back failure logs answered "nothing found" (19 before stalls were named)
 # When the test part grows, the logs held back before keep the floors they had reached, so new,
@@ -38,13 +38,16 @@ SILENT_CEILING = 15  # held-back failure logs answered "nothing found" (19 befor
 #   ranked first, neither out-of-catalogue log gets a cause) moved them to 52.7 / 56.0 / 27.5 %;
 # - batches a-zi (121 logs): batch zj (1 held-back log, ranked first) and the signatures read from
 #   the CUDA, kernel, transfer-engine, UCCL and MSCCL++ sources moved them to 54.3 / 57.6 / 26.1 %,
-#   and every earlier part's floor was raised to what it reaches now.
+#   and every earlier part's floor was raised to what it reaches now;
+# - batches a-zj (122 logs): batches zl-zm (4 held-back logs; 2 of their 3 catalogued causes are
+#   ranked first, the out-of-catalogue log gets no cause) moved them to 54.7 / 57.9 / 26.3 %.
 EARLIER_PARTS = {
     "batches a-e": (set("abcde"), {"top1": 0.596, "top3": 0.629, "no_candidate": 0.210, "silent": 7}),
     "batches a-x": (set("abcdefghijklmnopqrstuvwx"), {"top1": 0.541, "top3": 0.576, "no_candidate": 0.283, "silent": 14}),
     "batches a-ze": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze"}, {"top1": 0.540, "top3": 0.574, "no_candidate": 0.276, "silent": 15}),
     "batches a-zg": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze", "zf", "zg"}, {"top1": 0.534, "top3": 0.568, "no_candidate": 0.273, "silent": 15}),
     "batches a-zi": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze", "zf", "zg", "zh", "zi"}, {"top1": 0.538, "top3": 0.571, "no_candidate": 0.264, "silent": 15}),
+    "batches a-zj": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze", "zf", "zg", "zh", "zi", "zj"}, {"top1": 0.543, "top3": 0.576, "no_candidate": 0.261, "silent": 15}),
 }
 
 

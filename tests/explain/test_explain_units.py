@@ -579,3 +579,16 @@ def test_a_fallback_nccl_logs_at_info_level_is_not_the_failing_line(tmp_path: Pa
     warn = "node-1:440225:440262 [0] misc/socket.cc:484 NCCL WARN socketStartConnect: exceeded retries (20000)"
     named = _explained(tmp_path, "\n".join([*setup, warn]) + "\n").first_failure
     assert named is not None and named.text == warn
+
+
+@pytest.mark.parametrize(("frame", "expected"), [("ncclShmOpen", True), ("ncclProxyService", False)])
+def test_a_bus_error_inside_nccl_shm_setup_is_nccl007(tmp_path: Path, frame: str, expected: bool) -> None:
+    """NCCL up to 2.18 wrote its /dev/shm segment after an ftruncate: a full tmpfs is a SIGBUS in
+    ncclShmOpen with no NCCL message. The bus error alone, or a frame elsewhere, names nothing."""
+    ranked = _ranked(_explained(
+        tmp_path,
+        'Thread 12 "python" received signal SIGBUS, Bus error.\n'
+        f"0x00007f6b59544f3b in {frame}(char*, unsigned long, void**, void**, int, void**) () from /usr/lib/libnccl.so.2\n"
+        "#1 0x00007f6b595436d7 in start_thread () from /lib/x86_64-linux-gnu/libc.so.6\n",
+    ))
+    assert (("NCCL007", "cause") in ranked) is expected, ranked
