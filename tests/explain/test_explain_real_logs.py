@@ -21,11 +21,11 @@ from preflight.explain import explain, load_catalogue
 # Held-back figures (tests/data/real-logs, test part), measured when last raised; see
 # bench/explain_accuracy.py for all figures. Floors, not goals: the goals are top-1 85 %,
 # top-3 95 %, no candidate 0 %, out-of-catalogue logs given a cause <= 20 %.
-TOP1_FLOOR = 0.547
-TOP3_FLOOR = 0.578
-NO_CANDIDATE_CEILING = 0.264
+TOP1_FLOOR = 0.546
+TOP3_FLOOR = 0.577
+NO_CANDIDATE_CEILING = 0.258
 OUTSIDE_CAUSE_CEILING = 0.20
-SILENT_CEILING = 15  # held-back failure logs answered "nothing found" (19 before stalls were named)
+SILENT_CEILING = 16  # held-back failure logs answered "nothing found" (19 before stalls were named)
 # When the test part grows, the logs held back before keep the floors they had reached, so new,
 # harder logs cannot hide a loss on the old ones:
 # - batches a-e (74 logs): the first gathering, whose development part the first signatures were
@@ -40,7 +40,10 @@ SILENT_CEILING = 15  # held-back failure logs answered "nothing found" (19 befor
 #   the CUDA, kernel, transfer-engine, UCCL and MSCCL++ sources moved them to 54.3 / 57.6 / 26.1 %,
 #   and every earlier part's floor was raised to what it reaches now;
 # - batches a-zj (122 logs): batches zl-zm (4 held-back logs; 2 of their 3 catalogued causes are
-#   ranked first, the out-of-catalogue log gets no cause) moved them to 54.7 / 57.9 / 26.3 %.
+#   ranked first, the out-of-catalogue log gets no cause) moved them to 54.7 / 57.9 / 26.3 %;
+# - batches a-zm (126 logs): batches zn-zo (3 held-back logs; 1 of their 2 catalogued causes is
+#   ranked first, and the out-of-catalogue log, a hang without an error line, gets nothing) moved
+#   them to 54.6 / 57.7 / 25.8 % with 16 silent.
 EARLIER_PARTS = {
     "batches a-e": (set("abcde"), {"top1": 0.596, "top3": 0.629, "no_candidate": 0.210, "silent": 7}),
     "batches a-x": (set("abcdefghijklmnopqrstuvwx"), {"top1": 0.541, "top3": 0.576, "no_candidate": 0.283, "silent": 14}),
@@ -48,6 +51,7 @@ EARLIER_PARTS = {
     "batches a-zg": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze", "zf", "zg"}, {"top1": 0.534, "top3": 0.568, "no_candidate": 0.273, "silent": 15}),
     "batches a-zi": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze", "zf", "zg", "zh", "zi"}, {"top1": 0.538, "top3": 0.571, "no_candidate": 0.264, "silent": 15}),
     "batches a-zj": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze", "zf", "zg", "zh", "zi", "zj"}, {"top1": 0.543, "top3": 0.576, "no_candidate": 0.261, "silent": 15}),
+    "batches a-zm": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze", "zf", "zg", "zh", "zi", "zj", "zl", "zm"}, {"top1": 0.547, "top3": 0.578, "no_candidate": 0.264, "silent": 15}),
 }
 
 
