@@ -74,7 +74,7 @@ OBSERVATION_SIGNATURES = (
     (SOCKET_ON_IB, r"NET/Socket : Using .{0,400}?\[\d+\]ib\w{0,15}[:.<]"),
     (BUS_ERROR, r"SIGBUS|Bus error"),
     (SHM_FRAME, r"\bncclShmOpen\b"),  # a backtrace frame: NCCL prints the name in no message
-    (DISTANCE, r"GPU Direct RDMA Disabled for GPU(?: \S{1,40} / HCA \S+ \(|/\S{1,40} \(rank \d+\) - NET/\S+ \()distance \d+ > \d+\)"),
+    (DISTANCE, r"GPU Direct RDMA Disabled for GPU(?: \S{1,40} / HCA \S+ \(|/\S{1,40} \(rank \d+\) - NET/\S+ \()distance \d+ >=? \d+\)"),  # ">=" up to 2.5
 )
 
 _CHANNEL = re.compile(r"\[(send|receive)\] via NET/([^/\n]{1,40}?)/\d+(?:\(\d+\))?(/GDRDMA)?")

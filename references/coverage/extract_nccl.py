@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Union
 
-FIRST_TAG = "v2.18.3-1"
+FIRST_TAG = "v2.4.2-1"
 LAST_TAG = "v2.30.7-1"
 SOURCE_DIR = "src"
 SOURCE_SUFFIXES = (".h", ".hpp", ".hh", ".c", ".cc", ".cpp", ".cxx", ".cu", ".cuh", ".inl")

@@ -108,4 +108,4 @@ def test_nccl_table_decides_exactly_the_extracted_formats() -> None:
 
 def test_nccl_extraction_covers_the_releases_the_issue_names() -> None:
     tags = json.loads((COVERAGE / "nccl-formats.json").read_text())["tags"]
-    assert tags[0].startswith("v2.18.") and len(tags) >= 20
+    assert tags[0].startswith("v2.4.") and tags[-1] >= "v2.30" and len(tags) >= 50

@@ -336,6 +336,7 @@ def test_a_new_run_sees_channel_lines_again(tmp_path: Path) -> None:
     [
         "node3:4121:4188 [0] NCCL INFO GPU Direct RDMA Disabled for GPU ca000 / HCA 0 (distance 7 > 4)",
         "gpu-a17:91533:91702 [5] NCCL INFO GPU Direct RDMA Disabled for GPU/0-827392 (rank 5) - NET/0-3 (distance 8 > 5)",
+        "node1:1234:5678 [0] NCCL INFO NET/IB : GPU Direct RDMA Disabled for GPU 0[0] / HCA 0 (distance 4 >= 2)",  # NCCL 2.4-2.5
     ],
 )
 def test_gpudirect_rdma_off_by_distance_is_topology_and_on_roce_ports_the_roce_case(tmp_path: Path, distance: str) -> None:
