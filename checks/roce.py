@@ -119,26 +119,34 @@ def _other_library_gid_indices(job: JobFacts) -> list[tuple[str, str, str, int]]
     return found
 
 
-def _other_libraries_fixed_gid(roce: RoceFacts, job: JobFacts) -> Iterator[Observation]:
+def _may_be_active(port: RocePort) -> bool:
+    """ACTIVE, or a state that could not be read (judged like NCCL's own part does)."""
+    return port.state is None or port.state.endswith("ACTIVE")
+
+
+def _other_libraries_fixed_gid(roce: RoceFacts, fixed: list[tuple[str, str, str, int]]) -> Iterator[Observation]:
     """A GID index that another library is told to use and that points at an empty, RoCE v1 or
     link-local slot of an active RoCE port. A warning: these libraries pick their HCAs with their
     own variables, so the port may not be one they use."""
-    for name, library, value, index in _other_library_gid_indices(job):
+    for name, library, value, index in fixed:
         for port in roce.ports:
-            if port.unreadable_gids or not (port.state or "").endswith("ACTIVE"):
-                continue  # an unreadable table is reported by the NCCL part of this check
+            if not _may_be_active(port):
+                continue
+            subject = f"{name} on {port.subject}"
+            if port.unreadable_gids:
+                yield undecided(subject, "; ".join(port.unreadable_gids))
+                continue
             entry = port.entry(index)
-            where = f"{port.path}/gids/{index}"
             if entry is not None and entry.roce_type is None:
-                yield undecided(f"{name} on {port.subject}", f"{port.path}/gid_attrs/types/{index}: {entry.type_error}")
+                yield undecided(subject, f"{port.path}/gid_attrs/types/{index}: {entry.type_error}")
                 continue
             if _usable(entry):
                 continue
             observed = f"{library} uses " + (entry.describe() if entry else f"index {index}: {_missing_slot(port, index)}")
             yield present(
-                f"{name} on {port.subject}",
+                subject,
                 Evidence(f"environment {name}", value),
-                Evidence(where, observed, "a routable RoCE v2 GID"),
+                Evidence(f"{port.path}/gids/{index}", observed, "a routable RoCE v2 GID"),
                 severity=Severity.WARNING,
             )
 
@@ -148,18 +156,17 @@ def roce_gid_index_mismatch(roce: RoceFacts, job: JobFacts) -> Iterator[Observat
     """The GID NCCL would use on a RoCE port is empty, RoCE v1 or link-local, or a fixed
     NCCL_IB_GID_INDEX means different things on different ports; a fixed GID index the job gives
     NVSHMEM, Mooncake, MSCCL++ or UCCL that names an unusable slot is a warning."""
-    others = list(_other_libraries_fixed_gid(roce, job))
+    fixed = _other_library_gid_indices(job)
     try:
         nccl = list(_nccl_gid_choice_findings(roce, job))
     except NotApplicable:
         # NCCL_IB_HCA may leave NCCL no RoCE port while NVSHMEM or Mooncake, which pick their
         # HCAs themselves, still use one: their fixed index is judged all the same.
-        active = any((port.state or "").endswith("ACTIVE") for port in roce.ports)
-        if not active or not _other_library_gid_indices(job):
+        if not fixed or not any(_may_be_active(port) for port in roce.ports):
             raise
         nccl = []
     yield from nccl
-    yield from others
+    yield from _other_libraries_fixed_gid(roce, fixed)
 
 
 def _nccl_gid_choice_findings(roce: RoceFacts, job: JobFacts) -> Iterator[Observation]:

@@ -145,6 +145,13 @@ def test_another_librarys_gid_index_is_judged_when_nccl_ib_hca_leaves_nccl_no_ro
     assert (finding.subject, finding.status, finding.severity) == ("NVSHMEM_IB_GID_INDEX on mlx5_0/1", Status.PRESENT, Severity.WARNING)
     # A usable index there is a checked answer (absent), not "not applicable".
     assert observe(roce_gid_index_mismatch(facts(port()), job(NCCL_IB_HCA="=mlx5_4", NVSHMEM_IB_GID_INDEX="3"))) == []
+    # A table that could not be read, or a port state that could not be read, is never "absent".
+    unreadable = port(unreadable=("/sys/class/infiniband/mlx5_0/ports/1/gids/0: permission denied (EACCES)",))
+    assert observe(roce_gid_index_mismatch(facts(unreadable), job(NCCL_IB_HCA="=mlx5_4", NVSHMEM_IB_GID_INDEX="0"))) == [
+        ("NVSHMEM_IB_GID_INDEX on mlx5_0/1", Status.UNKNOWN, None)
+    ]
+    (unread_state,) = list(roce_gid_index_mismatch(facts(port(state=None)), job(NCCL_IB_HCA="=mlx5_4", NVSHMEM_IB_GID_INDEX="0")))
+    assert unread_state.status is Status.PRESENT and "link-local" in unread_state.evidence[1].observed
     # No active RoCE port at all: nothing for any library to use.
     with pytest.raises(NotApplicable, match="NCCL_IB_HCA"):
         list(roce_gid_index_mismatch(facts(port(state="1: DOWN")), job(NVSHMEM_IB_GID_INDEX="0")))
