@@ -299,6 +299,8 @@ def _validate_signatures(items: Any, analyse: bool = True) -> list[str]:
         problems.extend(f"signature #{number}: {problem}" for problem in safety_problems(item["pattern"]))
         if "source" in item and not isinstance(item["source"], str):
             problems.append(f"signature #{number}: 'source' names where the message is printed, as a string")
-        for key in set(item) - {"pattern", "examples", "role", "source"}:
+        if "after_failure" in item and (not isinstance(item["after_failure"], bool) or item.get("role") != "symptom"):
+            problems.append(f"signature #{number}: 'after_failure' is true or false, on a symptom signature only")
+        for key in set(item) - {"pattern", "examples", "role", "source", "after_failure"}:
             problems.append(f"signature #{number}: unknown key {key!r}")
     return problems

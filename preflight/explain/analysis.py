@@ -129,6 +129,9 @@ class Analysis:
         self._sources: set[str] = set()
         self.observations = Observations()
         self._setting_line: tuple[str, int] | None = None  # the last line read as a setting
+        # References whose failure lines have been read: a tear-down notice or a launcher's report
+        # read after another reference's failure adds nothing to its own reference's score.
+        self._failed_references: set[str] = set()
 
     def add(self, hit: Hit) -> None:
         self._order += 1
@@ -162,7 +165,8 @@ class Analysis:
         evidence = Evidence(hit.source, hit.line_number, hit.text, signature.role, signature.number, meta.time_text, actor, meta.host)
         entry = self.by_reference.setdefault(signature.reference_id, ReferenceHits(signature.reference_id))
         entry.roles[signature.number] = signature.role
-        entry.specificity[signature.number] = signature.specificity
+        worth = 0 if signature.after_failure and self._failed_references - {signature.reference_id} else signature.specificity
+        entry.specificity[signature.number] = max(worth, entry.specificity.get(signature.number, 0))
         entry.first_line.setdefault(signature.number, evidence.location)
         entry.lines += 1
         if _examples_of(entry, signature.role) < MAX_EXAMPLES_PER_ROLE and all(e.location != evidence.location for e in entry.examples):
@@ -174,6 +178,7 @@ class Analysis:
             entry.actors.add(actor)
         if signature.role != "context":
             self._note_failure(actor, evidence, signature.reference_id, meta, key, hit.source)
+            self._failed_references.add(signature.reference_id)  # bounded by the catalogue's size
 
     def _read_as_setting(self, hit: Hit) -> None:
         """A line read as a setting ("Failed to open libibverbs.so[.1]" on a node without RDMA, an

@@ -47,6 +47,9 @@ class Signature(Struct, frozen=True):
     pattern: re.Pattern[str]
     literals: tuple[str, ...]
     specificity: int  # see preflight.signatures.specificity: ranking prefers the higher
+    # Printed only after, and because of, another failure of the same process (a tear-down
+    # notice): then it adds nothing to its reference's score (preflight.explain.analysis).
+    after_failure: bool = False
 
 
 @dataclass
@@ -125,7 +128,7 @@ class Matcher:
                 raise CatalogueError(f"{reference_id}: signature #{number} does not compile: {error}") from None
             if not literals:
                 raise CatalogueError(f"{reference_id}: signature #{number} has no required literal to scan for")
-            signature = Signature(reference_id, number, item["role"], compiled, literals, specificity)
+            signature = Signature(reference_id, number, item["role"], compiled, literals, specificity, bool(item.get("after_failure", False)))
             self.signatures.append(signature)
             for literal in literals:
                 by_literal.setdefault(literal, []).append(signature)

@@ -95,6 +95,11 @@ def test_validation_reports_schema_breaks() -> None:
     assert any("severity" in p for p in problems) and any("surprise" in p for p in problems)
     broken = {**document, "signatures": [{"pattern": "abc", "examples": ["xyz"]}]}
     assert any("does not match" in p for p in validate_document(broken))
+    teardown = {"pattern": "taking the process down", "examples": ["taking the process down"], "role": "symptom", "after_failure": True}
+    assert validate_document({**document, "signatures": [teardown]}) == []
+    for wrong in ({"after_failure": "yes"}, {"role": "cause"}):
+        problems = validate_document({**document, "signatures": [{**teardown, **wrong}]})
+        assert any("'after_failure' is true or false, on a symptom signature only" in p for p in problems), wrong
 
 
 SEED_TITLES = (Path(__file__).resolve().parents[1] / "data" / "seed-titles.txt").read_text().splitlines()

@@ -109,6 +109,27 @@ def test_cause_outranks_earlier_and_more_numerous_symptoms() -> None:
     assert cascade.ordered_by == "timestamps"
 
 
+def test_a_tear_down_notice_after_another_failure_adds_nothing_to_its_reference() -> None:
+    """A notice printed because of a failure read before it (PyTorch's tear-down, a launcher's
+    report of a worker that exited) ranks below that failure's reference, however long its text;
+    alone, or after its own reference's failure, it keeps its worth."""
+    teardown = {
+        "pattern": r"To avoid data inconsistency, we are taking the entire process down",
+        "role": "symptom", "examples": [], "after_failure": True,
+    }
+    down = Reference(
+        id="TDX001", symbol="tdx001", title="TDX001", area="test", severity=Severity.ERROR, summary="s", fix=("f",),
+        signatures=(teardown,),
+    )
+    timeout = "[E ProcessGroupNCCL.cpp:475] [Rank 1] Watchdog caught collective operation timeout\n"
+    notice = "[E ProcessGroupNCCL.cpp:495] To avoid data inconsistency, we are taking the entire process down.\n"
+    ranked = [(c.reference_id, c.score) for c in _explain(timeout + notice, SYMPTOM, down).candidates()]
+    assert [r for r, _ in ranked] == ["NCX001", "TDX001"] and dict(ranked)["TDX001"] == 0
+    assert [c.reference_id for c in _explain(notice + timeout, SYMPTOM, down).candidates()] == ["TDX001", "NCX001"]
+    alone = _explain(notice, SYMPTOM, down).candidates()
+    assert [c.reference_id for c in alone] == ["TDX001"] and alone[0].score > 0
+
+
 def test_a_setting_counts_only_when_the_log_also_fails() -> None:
     setting = "host:1:2 [0] NCCL INFO NET/Socket : Using [0]docker0:172.17.0.2<0>\n"
     assert _explain(setting * 3).candidates() == []
