@@ -20,6 +20,13 @@ Some causes never print a message of their own; they show only in how lines disa
   operation, shape or type for the same sequence number are running mismatched collectives
   (NCCL009). Several process groups number their collectives separately, so a rank that logs one
   sequence number with two fingerprints makes the comparison unusable and the rule stays quiet.
+  The watchdog's timeout lines are the same kind of record: each rank that times out prints the
+  collective it waited in (``[Rank 3] Watchdog caught collective operation timeout:
+  WorkNCCL(SeqNum=412, OpType=ALLREDUCE, NumelIn=1048576, NumelOut=1048576, Timeout(ms)=600000)``,
+  ``ProcessGroupNCCL.cpp``; before element counts, ``TensorShape=[...]`` or nothing). Two ranks
+  timing out at one sequence number in different operations or sizes issued different
+  collectives, the mismatch PyTorch's desync report names; a line cut before its ``Timeout(ms)``
+  field is not compared, and the same rule about process groups applies.
 * **Sockets over InfiniBand for want of libibverbs.** NCCL logs that it could not open
   libibverbs at INFO level (``Failed to open libibverbs.so[.1]``, ``Count not open
   libibverbs.so``; ``src/misc/ibvsymbols.cc``) because a node without RDMA is normal; the same run
@@ -55,6 +62,7 @@ OBSERVATION = "~"  # reference-ID prefix of the built-in observation signatures
 CHANNEL = OBSERVATION + "channel"
 ROCE_PORTS = OBSERVATION + "roce-ports"
 FINGERPRINT = OBSERVATION + "fingerprint"
+WATCHDOG = OBSERVATION + "watchdog-timeout"
 DISTANCE = OBSERVATION + "gdr-distance"
 NO_VERBS = OBSERVATION + "no-libibverbs"
 SM120_BOARD = OBSERVATION + "sm120-board"
@@ -68,6 +76,7 @@ OBSERVATION_SIGNATURES = (
     (CHANNEL, r"\[(?:send|receive)\] via NET/[^/\n]{1,40}/\d"),
     (ROCE_PORTS, r"\[\d+\]\w{1,40}:\d+/RoCE\b"),  # "NET/IB : Using [0]mlx5_0:1/RoCE": scanned for "/RoCE"
     (FINGERPRINT, r"Running collective: CollectiveFingerPrint\(SequenceNumber=\d+, OpType=\w+"),
+    (WATCHDOG, r"Rank \d{1,7}\] Watchdog caught collective operation timeout(?: for work)?: WorkNCCL\(SeqNum=\d"),
     (NO_VERBS, r"Failed to open libibverbs\.so|Count not open libibverbs\.so"),
     (SM120_BOARD, r"NVIDIA (?:GeForce RTX 50[5-9]0(?: Ti)?|RTX PRO [0-9]{4} Blackwell)"),
     (NCCL_VERSION, r"NCCL version \d{1,2}\.\d{1,3}\.\d{1,3}"),
@@ -83,6 +92,11 @@ _FINGERPRINT = re.compile(
     r"SequenceNumber=(\d+), OpType=(\w+)(?:, TensorShape=\[([^\]]{0,400})\])?(?:, TensorDtypes=(\w+))?"
 )
 _RANK = re.compile(r"\[Rank (\d+)\]|\[rank(\d+)\]")
+# The whole record, up to its Timeout(ms) field: a line cut short inside it is never compared.
+_WATCHDOG = re.compile(
+    r"Rank (\d{1,7})\] Watchdog caught collective operation timeout(?: for work)?: WorkNCCL\(SeqNum=(\d{1,20}), "
+    r"OpType=(\w{1,40}), (?:NumelIn=(\d{1,20}), NumelOut=(\d{1,20}), |TensorShape=\[([^\]]{0,400})\], )?Timeout\(ms\)=\d"
+)
 _NCCL_VERSION = re.compile(r"NCCL version (\d{1,2})\.(\d{1,3})\.(\d{1,3})")
 SM120_FIXED_IN = (2, 26, 2)  # the first NCCL release whose kernels fit sm_120's shared memory
 
@@ -174,6 +188,8 @@ class Observations:
             self.roce = self.roce or sighting
         elif kind == FINGERPRINT:
             self._fingerprint(sighting)
+        elif kind == WATCHDOG:
+            self._watchdog(sighting)
         elif kind == DISTANCE:
             self.distance = self.distance or sighting
         elif kind == NO_VERBS:
@@ -213,8 +229,20 @@ class Observations:
         if found is None or rank_match is None:
             return
         sequence, op, shape, dtypes = found.groups()
-        rank = rank_match.group(1) or rank_match.group(2)
-        printed = f"{op}|{shape}|{dtypes}"
+        self._compare(sequence, rank_match.group(1) or rank_match.group(2), f"{op}|{shape}|{dtypes}", sighting)
+
+    def _watchdog(self, sighting: Sighting) -> None:
+        """A watchdog timeout: the collective this rank waited in, compared like a fingerprint
+        (numbered apart from them: a timeout names the work's own sequence number)."""
+        if self.ambiguous_sequences:
+            return
+        found = _WATCHDOG.search(sighting.text)
+        if found is not None:
+            rank, sequence, op, numel_in, numel_out, shape = found.groups()
+            self._compare("timeout " + sequence, rank, f"{op}|{numel_in}|{numel_out}|{shape}", sighting)
+
+    def _compare(self, sequence: str, rank: str, printed: str, sighting: Sighting) -> None:
+        """One rank's record of collective ``sequence``: kept, and compared with the other ranks'."""
         by_rank = self.fingerprints.get(sequence)
         if by_rank is None:
             if len(self.fingerprints) >= MAX_SEQUENCES:

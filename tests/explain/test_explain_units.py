@@ -321,6 +321,35 @@ def test_ranks_disagreeing_about_one_collective_are_a_mismatch() -> None:
     assert _tiered(other_op) == [("NCCL009", "cause")]
 
 
+def _timeout(rank: int, sequence: int, op: str = "ALLREDUCE", numel: str = "NumelIn=1, NumelOut=1, ") -> str:
+    return (
+        f"[rank{rank}]:[E1015 04:12:55.118734913 ProcessGroupNCCL.cpp:632] [Rank {rank}] Watchdog caught collective operation"
+        f" timeout: WorkNCCL(SeqNum={sequence}, OpType={op}, {numel}Timeout(ms)=600000) ran for 600073 milliseconds before timing out."
+    )
+
+
+def test_ranks_timing_out_in_different_collectives_at_one_sequence_number_are_a_mismatch(tmp_path: Path) -> None:
+    """Each rank's watchdog line names the collective it waited in: one sequence number, two
+    operations or sizes is the mismatch; the same collective everywhere is only a timeout."""
+    other_op = "\n".join([_timeout(0, 412), _timeout(1, 412, "BROADCAST"), _timeout(2, 412)]) + "\n"
+    assert _ranked(_explained(tmp_path, other_op))[0] == ("NCCL009", "cause")
+    other_size = "\n".join([_timeout(0, 9, "ALLGATHER", "NumelIn=8, NumelOut=64, "), _timeout(1, 9, "ALLGATHER", "NumelIn=7, NumelOut=56, ")])
+    assert _ranked(_explained(tmp_path, other_size + "\n"))[0] == ("NCCL009", "cause")
+    older = "\n".join([_timeout(0, 3, "ALLREDUCE", ""), _timeout(1, 3, "BROADCAST", "TensorShape=[1], ")]) + "\n"
+    assert _ranked(_explained(tmp_path, older))[0] == ("NCCL009", "cause")
+    same = "\n".join(_timeout(rank, 412) for rank in range(4)) + "\n"
+    assert "NCCL009" not in dict(_ranked(_explained(tmp_path, same)))
+    # A later sequence number on another rank is not a disagreement about one collective.
+    assert "NCCL009" not in dict(_ranked(_explained(tmp_path, _timeout(0, 412) + "\n" + _timeout(1, 413, "BROADCAST") + "\n")))
+    # A line cut inside its record (a post wrapped at a fixed width) is never compared.
+    cut = _timeout(0, 2, "COALESCED", "NumelIn=18446744073709551615, NumelOut=18446744073709551615, ")
+    wrapped = cut + "\n" + cut.replace("Rank 0", "Rank 1").split("NumelOut=1844674407370955")[0] + "NumelOut=1844674407370955\n"
+    assert "NCCL009" not in dict(_ranked(_explained(tmp_path, wrapped)))
+    # A rank timing out twice at one number in two collectives: process groups number alike.
+    groups = "\n".join([_timeout(0, 5), _timeout(0, 5, "ALLGATHER"), _timeout(1, 5, "ALLGATHER")]) + "\n"
+    assert "NCCL009" not in dict(_ranked(_explained(tmp_path, groups)))
+
+
 def test_agreeing_fingerprints_or_several_process_groups_are_no_mismatch() -> None:
     agreeing = "\n".join(_fingerprint(rank, sequence, "8") for sequence in (1, 2) for rank in range(4)) + "\n"
     assert _tiered(agreeing) == []
