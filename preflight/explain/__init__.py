@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, BinaryIO, Iterable
 from preflight.explain.analysis import Analysis, Candidate, Cascade, Evidence
 from preflight.explain.confirm import Verdict
 from preflight.explain.reader import ReadStats, iter_inputs
+from preflight.explain.combinations import WaitedCollective
 from preflight.explain.stall import SourceTails, Stall, find_stall
 from preflight.model import Reference
 
@@ -35,6 +36,7 @@ class Explanation:
     duration_s: float
     first_failure: Evidence | None = None  # the earliest failing line, catalogued or not
     stall: Stall | None = None  # where a log without failures went silent in NCCL's output
+    waited: WaitedCollective | None = None  # the collective the ranks' watchdogs timed out in
     verdicts: dict[str, Verdict] = field(default_factory=dict)
     check_error: str | None = None
 
@@ -89,7 +91,8 @@ def explain(
             candidates = analysis.candidates(stalled=True)
     settings = [entry.reference_id for entry in analysis.settings_seen(stalled=stall is not None)]
     return Explanation(
-        stats, candidates, references, analysis.cascade(), settings, time.perf_counter() - started, first_failure, stall=stall
+        stats, candidates, references, analysis.cascade(), settings, time.perf_counter() - started, first_failure, stall=stall,
+        waited=analysis.observations.waited_collective(),
     )
 
 

@@ -157,6 +157,25 @@ class Derived:
     role: str = "cause"
 
 
+@dataclass(frozen=True)
+class WaitedCollective:
+    """The collective most ranks' watchdogs timed out in, and who printed no timeout for it.
+
+    A rank that never reached the collective, or is stuck before it, prints no timeout of its own
+    (NCCL011) while every rank that did reach it waits and times out (NCCL003); NCCL003's fix asks
+    for exactly this comparison. ``silent`` lists the ranks below the highest one reporting that
+    printed no timeout: the rank the others waited for, unless the post left its lines out."""
+
+    sequence: int
+    operation: str
+    ranks: tuple[int, ...]
+    silent: tuple[int, ...]
+    first: Sighting
+
+
+MAX_RANK_GAP = 1 << 16  # a rank number above this is not expanded into the ranks below it
+
+
 @dataclass
 class _Network:
     with_gdr: dict[str | None, Sighting] = field(default_factory=dict)  # host -> first line with /GDRDMA
@@ -257,6 +276,24 @@ class Observations:
         by_rank[rank] = (printed, sighting)
         if other is not None and self.mismatch is None:
             self.mismatch = (other[1], sighting)
+
+    def waited_collective(self) -> WaitedCollective | None:
+        """The watchdog timeouts compared: the sequence number most ranks timed out at, when two or
+        more agree on it (a mismatch is NCCL009's, not a wait)."""
+        if self.ambiguous_sequences or self.mismatch is not None:
+            return None
+        timed_out = [(sequence, by_rank) for sequence, by_rank in self.fingerprints.items() if sequence.startswith("timeout ")]
+        if not timed_out:
+            return None
+        sequence, by_rank = max(timed_out, key=lambda item: len(item[1]))
+        if len(by_rank) < 2:
+            return None  # one rank's timeout: nothing to compare with
+        ranks = tuple(sorted(int(rank) for rank in by_rank))
+        reported = set(ranks)
+        silent = tuple(rank for rank in range(ranks[-1]) if rank not in reported) if ranks[-1] <= MAX_RANK_GAP else ()
+        first = min((seen[1] for seen in by_rank.values()), key=lambda sighting: (sighting.source, sighting.line_number))
+        operation = next(iter(by_rank.values()))[0].split("|", 1)[0]
+        return WaitedCollective(int(sequence.split()[1]), operation, ranks, silent, first)
 
     def derived(self) -> list[Derived]:
         result = []

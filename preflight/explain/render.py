@@ -8,7 +8,7 @@ from typing import Any
 
 from preflight.explain import Explanation
 from preflight.explain.analysis import Candidate, Evidence
-from preflight.explain.combinations import INTRA_NODE_STALL
+from preflight.explain.combinations import INTRA_NODE_STALL, WaitedCollective
 from preflight.text import printable_lines
 
 SCHEMA = "preflight-explain/1"
@@ -113,6 +113,8 @@ def render_text(explanation: Explanation) -> str:
         out.append(f"First failure: {leader.actor}{where}{when} ({leader.evidence.location}, {leader.reference_id or 'not catalogued'}).")
         until = f", the last at {cascade.last_time_text}" if cascade.last_time_text else ""
         out.append(f"  Then {cascade.later} other rank(s)/host(s) failed{until} (ordered by {cascade.ordered_by}).")
+    if explanation.waited is not None:
+        out.extend(_waited_lines(explanation.waited))
     for position, candidate in enumerate(explanation.candidates, 1):
         out.append("")
         if position <= DETAILED:
@@ -121,6 +123,34 @@ def render_text(explanation: Explanation) -> str:
             out.append(_one_line(position, candidate, explanation))
     # Log lines, host names and actors come from the logs: shown, never obeyed by the terminal.
     return printable_lines("\n".join(out)) + "\n"
+
+
+def _waited_lines(waited: WaitedCollective) -> list[str]:
+    """The comparison NCCL003's fix asks for: which ranks timed out in which collective, and which
+    ranks below them printed no timeout."""
+    where = f"{waited.first.source}:{waited.first.line_number}"
+    lines = ["", f"Watchdog timeouts: ranks {rank_list(waited.ranks)} timed out in collective #{waited.sequence} ({waited.operation}), first at {where}."]
+    if waited.silent:
+        several = len(waited.silent) > 1
+        lines.append(
+            f"  No timeout from rank{'s' if several else ''} {rank_list(waited.silent)} in these logs:"
+            f" the collective waited for {'them' if several else 'it'} (a stuck or late rank, NCCL011),"
+            f" unless {'their' if several else 'its'} lines were left out."
+        )
+    return lines
+
+
+def rank_list(ranks: tuple[int, ...], most: int = 12) -> str:
+    """Sorted rank numbers as runs (``0, 4-7, 9``), the first ``most`` runs and a count of the rest."""
+    runs: list[list[int]] = []
+    for rank in ranks:
+        if runs and rank == runs[-1][1] + 1:
+            runs[-1][1] = rank
+        else:
+            runs.append([rank, rank])
+    shown = [f"{start}" if start == end else f"{start}-{end}" for start, end in runs[:most]]
+    rest = len(runs) - most
+    return ", ".join(shown) + (f" and {rest} more run{'s' if rest > 1 else ''}" if rest > 0 else "")
 
 
 def _header(position: int, candidate: Candidate, explanation: Explanation) -> str:
@@ -218,6 +248,15 @@ def render_json(explanation: Explanation) -> str:
             "location": f"{explanation.stall.last.source}:{explanation.stall.last.line_number}",
             "text": explanation.stall.last.text[:2000],
             "lines_after": explanation.stall.lines_after,
+        },
+        "timeouts": None
+        if explanation.waited is None
+        else {
+            "sequence": explanation.waited.sequence,
+            "operation": explanation.waited.operation,
+            "ranks": list(explanation.waited.ranks),
+            "silent_ranks": list(explanation.waited.silent),
+            "first_location": f"{explanation.waited.first.source}:{explanation.waited.first.line_number}",
         },
         "candidates": [_candidate_json(p, c, explanation) for p, c in enumerate(explanation.candidates, 1)],
         "settings_seen": explanation.settings_seen,

@@ -98,6 +98,37 @@ def test_a_log_only_reference_says_why_no_node_check_decides_it(run_cli: Runner,
     assert candidate["id"] == "NCCL009" and candidate["no_check_reason"] == reason and candidate["checks"] == []
 
 
+def _watchdog_timeout(rank: int, sequence: int = 15037) -> str:
+    return (
+        f"[rank{rank}]:[E ProcessGroupNCCL.cpp:563] [Rank {rank}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum={sequence},"
+        " OpType=_ALLGATHER_BASE, NumelIn=131072512, NumelOut=524290048, Timeout(ms)=600000) ran for 600055 milliseconds before timing out.\n"
+    )
+
+
+def test_watchdog_timeouts_are_compared_across_ranks(run_cli: Runner, tmp_path: Path) -> None:
+    """The comparison NCCL003's fix asks for: ranks 1-3 and 5 timed out in one collective, ranks 0
+    and 4 printed no timeout for it (the collective waited for them)."""
+    log = tmp_path / "job.log"
+    log.write_text("".join(_watchdog_timeout(rank) for rank in (3, 1, 2, 5)) + _watchdog_timeout(3))
+    text = run_cli("explain", str(log)).stdout
+    assert f"Watchdog timeouts: ranks 1-3, 5 timed out in collective #15037 (_ALLGATHER_BASE), first at {log}:1." in text
+    assert "No timeout from ranks 0, 4 in these logs: the collective waited for them" in text
+    _code, document = explain_json(run_cli, str(log))
+    assert document["timeouts"] == {
+        "sequence": 15037, "operation": "_ALLGATHER_BASE", "ranks": [1, 2, 3, 5], "silent_ranks": [0, 4], "first_location": f"{log}:1",
+    }
+    # One rank's timeout has nothing to compare with; every rank up to the highest reporting: no silent rank.
+    log.write_text(_watchdog_timeout(4))
+    assert explain_json(run_cli, str(log))[1]["timeouts"] is None
+    log.write_text(_watchdog_timeout(0) + _watchdog_timeout(1))
+    assert explain_json(run_cli, str(log))[1]["timeouts"]["silent_ranks"] == []
+    assert "No timeout from" not in run_cli("explain", str(log)).stdout
+    # Ranks timing out in different collectives at one number are a mismatch (NCCL009), not a wait.
+    log.write_text(_watchdog_timeout(0) + _watchdog_timeout(1).replace("_ALLGATHER_BASE", "ALLREDUCE"))
+    _code, document = explain_json(run_cli, str(log))
+    assert document["timeouts"] is None and document["candidates"][0]["id"] == "NCCL009"
+
+
 def test_nothing_found_is_said_plainly(run_cli: Runner, tmp_path: Path) -> None:
     log = tmp_path / "fine.log"
     log.write_text("epoch 1 loss 2.31\nepoch 2 loss 1.97\ntraining finished\n")
