@@ -20,13 +20,13 @@ Some causes never print a message of their own; they show only in how lines disa
   operation, shape or type for the same sequence number are running mismatched collectives
   (NCCL009). Several process groups number their collectives separately, so a rank that logs one
   sequence number with two fingerprints makes the comparison unusable and the rule stays quiet.
-  The watchdog's timeout lines are the same kind of record: each rank that times out prints the
-  collective it waited in (``[Rank 3] Watchdog caught collective operation timeout:
+  The watchdog's timeout lines are not compared that way: each names its rank within the
+  process group that timed out (``[Rank 3] Watchdog caught collective operation timeout:
   WorkNCCL(SeqNum=412, OpType=ALLREDUCE, NumelIn=1048576, NumelOut=1048576, Timeout(ms)=600000)``,
-  ``ProcessGroupNCCL.cpp``; before element counts, ``TensorShape=[...]`` or nothing). Two ranks
-  timing out at one sequence number in different operations or sizes issued different
-  collectives, the mismatch PyTorch's desync report names; a line cut before its ``Timeout(ms)``
-  field is not compared, and the same rule about process groups applies.
+  ``ProcessGroupNCCL.cpp``) but not the group, and FSDP's or a device mesh's groups number their
+  collectives alike from 1, so two ranks of different groups time out at one sequence number in
+  different operations and sizes without any mismatch. They only summarise a wait
+  (:meth:`Observations.waited_collective`) when every one of them names the same collective.
 * **Sockets over InfiniBand for want of libibverbs.** NCCL logs that it could not open
   libibverbs at INFO level (``Failed to open libibverbs.so[.1]``, ``Count not open
   libibverbs.so``; ``src/misc/ibvsymbols.cc``) because a node without RDMA is normal; the same run
@@ -92,6 +92,7 @@ _FINGERPRINT = re.compile(
     r"SequenceNumber=(\d+), OpType=(\w+)(?:, TensorShape=\[([^\]]{0,400})\])?(?:, TensorDtypes=(\w+))?"
 )
 _RANK = re.compile(r"\[Rank (\d+)\]|\[rank(\d+)\]")
+_LAUNCHER_RANK = re.compile(r"\s{0,8}\[rank(\d{1,7})\]:")  # torchrun --tee / log_line_prefix_template
 # The whole record, up to its Timeout(ms) field: a line cut short inside it is never compared.
 _WATCHDOG = re.compile(
     r"Rank (\d{1,7})\] Watchdog caught collective operation timeout(?: for work)?: WorkNCCL\(SeqNum=(\d{1,20}), "
@@ -196,6 +197,10 @@ class Observations:
     fingerprints: dict[str, dict[str, tuple[str, Sighting]]] = field(default_factory=dict)  # seq -> rank -> (print, line)
     mismatch: tuple[Sighting, Sighting] | None = None
     ambiguous_sequences: bool = False
+    # Watchdog timeouts: the collective the first one names, and each rank's first line naming it.
+    timeout_record: tuple[int, str, str | None, str | None, str | None] | None = None
+    timed_out: dict[int, Sighting] = field(default_factory=dict)
+    timeouts_disagree: bool = False
     # A run connected only inside one node, then went silent (preflight.explain.stall): set
     # after the scan, for a log without failures.
     intra_node_stall: tuple[Sighting, Sighting] | None = None
@@ -251,14 +256,22 @@ class Observations:
         self._compare(sequence, rank_match.group(1) or rank_match.group(2), f"{op}|{shape}|{dtypes}", sighting)
 
     def _watchdog(self, sighting: Sighting) -> None:
-        """A watchdog timeout: the collective this rank waited in, compared like a fingerprint
-        (numbered apart from them: a timeout names the work's own sequence number)."""
-        if self.ambiguous_sequences:
-            return
+        """A watchdog timeout: the collective this rank waited in. Kept while every timeout names the
+        same collective; a second one makes the summary unusable (several groups, or a mismatch)."""
         found = _WATCHDOG.search(sighting.text)
-        if found is not None:
-            rank, sequence, op, numel_in, numel_out, shape = found.groups()
-            self._compare("timeout " + sequence, rank, f"{op}|{numel_in}|{numel_out}|{shape}", sighting)
+        if found is None or self.timeouts_disagree:
+            return
+        rank, sequence, op, numel_in, numel_out, shape = found.groups()
+        launcher = _LAUNCHER_RANK.match(sighting.text)  # the global rank; "[Rank N]" is the group's
+        rank = launcher.group(1) if launcher else rank
+        record = (int(sequence), op, numel_in, numel_out, shape)
+        if self.timeout_record is None:
+            self.timeout_record = record
+        elif record != self.timeout_record:
+            self.timeouts_disagree = True
+            return
+        if len(self.timed_out) < MAX_RANK_GAP:
+            self.timed_out.setdefault(int(rank), sighting)
 
     def _compare(self, sequence: str, rank: str, printed: str, sighting: Sighting) -> None:
         """One rank's record of collective ``sequence``: kept, and compared with the other ranks'."""
@@ -278,22 +291,14 @@ class Observations:
             self.mismatch = (other[1], sighting)
 
     def waited_collective(self) -> WaitedCollective | None:
-        """The watchdog timeouts compared: the sequence number most ranks timed out at, when two or
-        more agree on it (a mismatch is NCCL009's, not a wait)."""
-        if self.ambiguous_sequences or self.mismatch is not None:
+        """The collective every watchdog timeout in the logs names, when two or more ranks timed
+        out in it and no timeout names another."""
+        if self.timeout_record is None or self.timeouts_disagree or len(self.timed_out) < 2:
             return None
-        timed_out = [(sequence, by_rank) for sequence, by_rank in self.fingerprints.items() if sequence.startswith("timeout ")]
-        if not timed_out:
-            return None
-        sequence, by_rank = max(timed_out, key=lambda item: len(item[1]))
-        if len(by_rank) < 2:
-            return None  # one rank's timeout: nothing to compare with
-        ranks = tuple(sorted(int(rank) for rank in by_rank))
-        reported = set(ranks)
-        silent = tuple(rank for rank in range(ranks[-1]) if rank not in reported) if ranks[-1] <= MAX_RANK_GAP else ()
-        first = min((seen[1] for seen in by_rank.values()), key=lambda sighting: (sighting.source, sighting.line_number))
-        operation = next(iter(by_rank.values()))[0].split("|", 1)[0]
-        return WaitedCollective(int(sequence.split()[1]), operation, ranks, silent, first)
+        ranks = tuple(sorted(self.timed_out))
+        silent = tuple(rank for rank in range(ranks[-1]) if rank not in self.timed_out) if ranks[-1] <= MAX_RANK_GAP else ()
+        first = min(self.timed_out.values(), key=lambda sighting: (sighting.source, sighting.line_number))
+        return WaitedCollective(self.timeout_record[0], self.timeout_record[1], ranks, silent, first)
 
     def derived(self) -> list[Derived]:
         result = []

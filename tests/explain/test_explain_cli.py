@@ -123,10 +123,10 @@ def test_watchdog_timeouts_are_compared_across_ranks(run_cli: Runner, tmp_path: 
     log.write_text(_watchdog_timeout(0) + _watchdog_timeout(1))
     assert explain_json(run_cli, str(log))[1]["timeouts"]["silent_ranks"] == []
     assert "No timeout from" not in run_cli("explain", str(log)).stdout
-    # Ranks timing out in different collectives at one number are a mismatch (NCCL009), not a wait.
+    # Timeouts naming different collectives (several process groups, or a mismatch): no summary.
     log.write_text(_watchdog_timeout(0) + _watchdog_timeout(1).replace("_ALLGATHER_BASE", "ALLREDUCE"))
     _code, document = explain_json(run_cli, str(log))
-    assert document["timeouts"] is None and document["candidates"][0]["id"] == "NCCL009"
+    assert document["timeouts"] is None and "NCCL009" not in [c["id"] for c in document["candidates"]]
 
 
 def test_nothing_found_is_said_plainly(run_cli: Runner, tmp_path: Path) -> None:

@@ -328,26 +328,37 @@ def _timeout(rank: int, sequence: int, op: str = "ALLREDUCE", numel: str = "Nume
     )
 
 
-def test_ranks_timing_out_in_different_collectives_at_one_sequence_number_are_a_mismatch(tmp_path: Path) -> None:
-    """Each rank's watchdog line names the collective it waited in: one sequence number, two
-    operations or sizes is the mismatch; the same collective everywhere is only a timeout."""
-    other_op = "\n".join([_timeout(0, 412), _timeout(1, 412, "BROADCAST"), _timeout(2, 412)]) + "\n"
-    assert _ranked(_explained(tmp_path, other_op))[0] == ("NCCL009", "cause")
-    other_size = "\n".join([_timeout(0, 9, "ALLGATHER", "NumelIn=8, NumelOut=64, "), _timeout(1, 9, "ALLGATHER", "NumelIn=7, NumelOut=56, ")])
-    assert _ranked(_explained(tmp_path, other_size + "\n"))[0] == ("NCCL009", "cause")
-    older = "\n".join([_timeout(0, 3, "ALLREDUCE", ""), _timeout(1, 3, "BROADCAST", "TensorShape=[1], ")]) + "\n"
-    assert _ranked(_explained(tmp_path, older))[0] == ("NCCL009", "cause")
-    same = "\n".join(_timeout(rank, 412) for rank in range(4)) + "\n"
-    assert "NCCL009" not in dict(_ranked(_explained(tmp_path, same)))
-    # A later sequence number on another rank is not a disagreement about one collective.
-    assert "NCCL009" not in dict(_ranked(_explained(tmp_path, _timeout(0, 412) + "\n" + _timeout(1, 413, "BROADCAST") + "\n")))
-    # A line cut inside its record (a post wrapped at a fixed width) is never compared.
-    cut = _timeout(0, 2, "COALESCED", "NumelIn=18446744073709551615, NumelOut=18446744073709551615, ")
-    wrapped = cut + "\n" + cut.replace("Rank 0", "Rank 1").split("NumelOut=1844674407370955")[0] + "NumelOut=1844674407370955\n"
-    assert "NCCL009" not in dict(_ranked(_explained(tmp_path, wrapped)))
-    # A rank timing out twice at one number in two collectives: process groups number alike.
-    groups = "\n".join([_timeout(0, 5), _timeout(0, 5, "ALLGATHER"), _timeout(1, 5, "ALLGATHER")]) + "\n"
-    assert "NCCL009" not in dict(_ranked(_explained(tmp_path, groups)))
+def test_watchdog_timeouts_summarise_one_collective_and_never_claim_a_mismatch() -> None:
+    """Each rank's watchdog line names the collective it waited in, but not its process group:
+    FSDP's and a device mesh's groups number their collectives alike, so timeouts that name
+    different collectives are several groups as often as a mismatch, and say nothing."""
+    from preflight.explain.combinations import WATCHDOG, Observations, Sighting
+
+    def observed(*lines: str) -> Observations:
+        observations = Observations()
+        for number, line in enumerate(lines, 1):
+            observations.add(WATCHDOG, Sighting("job.log", number, line))
+        return observations
+
+    one = observed(_timeout(3, 412), _timeout(1, 412), _timeout(3, 412), _timeout(5, 412))
+    waited = one.waited_collective()
+    assert waited is not None and (waited.sequence, waited.operation, waited.ranks, waited.silent) == (412, "ALLREDUCE", (1, 3, 5), (0, 2, 4))
+    assert waited.first.line_number == 1 and one.derived() == []
+    older = observed(_timeout(0, 3, "ALLREDUCE", ""), _timeout(1, 3, "ALLREDUCE", "")).waited_collective()
+    assert older is not None and older.silent == ()
+    # The launcher's global rank prefix wins over the rank within the group.
+    assert observed(_timeout(1, 7), _timeout(2, 7).replace("[rank2]:", "[rank6]:")).waited_collective().ranks == (1, 6)  # type: ignore[union-attr]
+    for lines in (
+        [_timeout(0, 412), _timeout(1, 412, "BROADCAST")],  # two operations at one number
+        [_timeout(0, 9, "ALLGATHER", "NumelIn=8, NumelOut=64, "), _timeout(1, 9, "ALLGATHER", "NumelIn=16, NumelOut=64, ")],
+        [_timeout(0, 412), _timeout(1, 413)],
+        [_timeout(4, 412)],  # one rank: nothing to compare with
+    ):
+        disagreeing = observed(*lines)
+        assert disagreeing.waited_collective() is None and disagreeing.derived() == [], lines
+    # A line cut inside its record (a post wrapped at a fixed width) is not read.
+    cut = _timeout(1, 2).split("NumelOut=")[0] + "NumelOut="
+    assert observed(_timeout(0, 2), cut).waited_collective() is None
 
 
 def test_agreeing_fingerprints_or_several_process_groups_are_no_mismatch() -> None:
