@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, BinaryIO, Iterable
 
 from preflight.explain.analysis import Analysis, Candidate, Cascade, Evidence
+from preflight.explain.combinations import WaitedCollective
 from preflight.explain.confirm import Verdict
 from preflight.explain.reader import ReadStats, iter_inputs
-from preflight.explain.combinations import WaitedCollective
 from preflight.explain.stall import SourceTails, Stall, find_stall
 from preflight.model import Reference
 

@@ -92,7 +92,6 @@ _FINGERPRINT = re.compile(
     r"SequenceNumber=(\d+), OpType=(\w+)(?:, TensorShape=\[([^\]]{0,400})\])?(?:, TensorDtypes=(\w+))?"
 )
 _RANK = re.compile(r"\[Rank (\d+)\]|\[rank(\d+)\]")
-_LAUNCHER_RANK = re.compile(r"\s{0,8}\[rank(\d{1,7})\]:")  # torchrun --tee / log_line_prefix_template
 # The whole record, up to its Timeout(ms) field: a line cut short inside it is never compared.
 _WATCHDOG = re.compile(
     r"Rank (\d{1,7})\] Watchdog caught collective operation timeout(?: for work)?: WorkNCCL\(SeqNum=(\d{1,20}), "
@@ -160,7 +159,7 @@ class Derived:
 
 @dataclass(frozen=True)
 class WaitedCollective:
-    """The collective most ranks' watchdogs timed out in, and who printed no timeout for it.
+    """The collective every watchdog timeout in the logs names, and who printed no timeout for it.
 
     A rank that never reached the collective, or is stuck before it, prints no timeout of its own
     (NCCL011) while every rank that did reach it waits and times out (NCCL003); NCCL003's fix asks
@@ -174,7 +173,7 @@ class WaitedCollective:
     first: Sighting
 
 
-MAX_RANK_GAP = 1 << 16  # a rank number above this is not expanded into the ranks below it
+MAX_RANK_GAP = 1 << 16  # ranks kept with a timeout, and the highest rank expanded into the ranks below it
 
 
 @dataclass
@@ -253,28 +252,8 @@ class Observations:
         if found is None or rank_match is None:
             return
         sequence, op, shape, dtypes = found.groups()
-        self._compare(sequence, rank_match.group(1) or rank_match.group(2), f"{op}|{shape}|{dtypes}", sighting)
-
-    def _watchdog(self, sighting: Sighting) -> None:
-        """A watchdog timeout: the collective this rank waited in. Kept while every timeout names the
-        same collective; a second one makes the summary unusable (several groups, or a mismatch)."""
-        found = _WATCHDOG.search(sighting.text)
-        if found is None or self.timeouts_disagree:
-            return
-        rank, sequence, op, numel_in, numel_out, shape = found.groups()
-        launcher = _LAUNCHER_RANK.match(sighting.text)  # the global rank; "[Rank N]" is the group's
-        rank = launcher.group(1) if launcher else rank
-        record = (int(sequence), op, numel_in, numel_out, shape)
-        if self.timeout_record is None:
-            self.timeout_record = record
-        elif record != self.timeout_record:
-            self.timeouts_disagree = True
-            return
-        if len(self.timed_out) < MAX_RANK_GAP:
-            self.timed_out.setdefault(int(rank), sighting)
-
-    def _compare(self, sequence: str, rank: str, printed: str, sighting: Sighting) -> None:
-        """One rank's record of collective ``sequence``: kept, and compared with the other ranks'."""
+        rank = rank_match.group(1) or rank_match.group(2)
+        printed = f"{op}|{shape}|{dtypes}"
         by_rank = self.fingerprints.get(sequence)
         if by_rank is None:
             if len(self.fingerprints) >= MAX_SEQUENCES:
@@ -289,6 +268,25 @@ class Observations:
         by_rank[rank] = (printed, sighting)
         if other is not None and self.mismatch is None:
             self.mismatch = (other[1], sighting)
+
+    def _watchdog(self, sighting: Sighting) -> None:
+        """A watchdog timeout: the collective this rank waited in. Kept while every timeout names the
+        same collective; a second one makes the summary unusable (several groups, or a mismatch)."""
+        found = _WATCHDOG.search(sighting.text)
+        if found is None or self.timeouts_disagree:
+            return
+        rank, sequence, op, numel_in, numel_out, shape = found.groups()
+        launcher = _RANK.match(sighting.text.lstrip())  # torchrun's "[rankN]:" is the global rank; "[Rank N]" the group's
+        if launcher is not None and len(launcher.group(2) or launcher.group(1)) <= len("9999999"):
+            rank = launcher.group(2) or launcher.group(1)
+        record = (int(sequence), op, numel_in, numel_out, shape)
+        if self.timeout_record is None:
+            self.timeout_record = record
+        elif record != self.timeout_record:
+            self.timeouts_disagree = True
+            return
+        if len(self.timed_out) < MAX_RANK_GAP:
+            self.timed_out.setdefault(int(rank), sighting)
 
     def waited_collective(self) -> WaitedCollective | None:
         """The collective every watchdog timeout in the logs names, when two or more ranks timed

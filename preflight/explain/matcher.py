@@ -47,8 +47,9 @@ class Signature(Struct, frozen=True):
     pattern: re.Pattern[str]
     literals: tuple[str, ...]
     specificity: int  # see preflight.signatures.specificity: ranking prefers the higher
-    # Printed only after, and because of, another failure of the same process (a tear-down
-    # notice): then it adds nothing to its reference's score (preflight.explain.analysis).
+    # Printed only after, and because of, another failure (a tear-down notice, a launcher's report
+    # of a worker that exited): read after another reference's failure line it adds nothing to its
+    # reference's score (preflight.explain.analysis).
     after_failure: bool = False
 
 

@@ -129,18 +129,18 @@ def _waited_lines(waited: WaitedCollective) -> list[str]:
     """The comparison NCCL003's fix asks for: which ranks timed out in which collective, and which
     ranks below them printed no timeout."""
     where = f"{waited.first.source}:{waited.first.line_number}"
-    lines = ["", f"Watchdog timeouts: ranks {rank_list(waited.ranks)} timed out in collective #{waited.sequence} ({waited.operation}), first at {where}."]
+    lines = ["", f"Watchdog timeouts: ranks {_rank_list(waited.ranks)} timed out in collective #{waited.sequence} ({waited.operation}), first at {where}."]
     if waited.silent:
         several = len(waited.silent) > 1
         lines.append(
-            f"  No timeout from rank{'s' if several else ''} {rank_list(waited.silent)} in these logs:"
+            f"  No timeout from rank{'s' if several else ''} {_rank_list(waited.silent)} in these logs:"
             f" the collective waited for {'them' if several else 'it'} (a stuck or late rank, NCCL011),"
             f" unless {'their' if several else 'its'} lines were left out."
         )
     return lines
 
 
-def rank_list(ranks: tuple[int, ...], most: int = 12) -> str:
+def _rank_list(ranks: tuple[int, ...], most: int = 12) -> str:
     """Sorted rank numbers as runs (``0, 4-7, 9``), the first ``most`` runs and a count of the rest."""
     runs: list[list[int]] = []
     for rank in ranks:

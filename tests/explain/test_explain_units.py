@@ -130,6 +130,25 @@ def test_a_tear_down_notice_after_another_failure_adds_nothing_to_its_reference(
     assert [c.reference_id for c in alone] == ["TDX001"] and alone[0].score > 0
 
 
+def test_launcher_reports_of_a_worker_that_died_of_a_timeout_do_not_outrank_it(tmp_path: Path) -> None:
+    """torchrun's and srun's reports of the worker the watchdog took down name no cause: with the
+    packaged catalogue the timeout's references come first and TORCH011 is worth nothing (before
+    its report signatures were marked after_failure it ranked first, on their long literals)."""
+    log = "\n".join([
+        "[rank1]:[E1015 04:12:55.118734913 ProcessGroupNCCL.cpp:632] [Rank 1] Watchdog caught collective operation timeout:"
+        " WorkNCCL(SeqNum=412, OpType=ALLREDUCE, NumelIn=1048576, NumelOut=1048576, Timeout(ms)=600000) ran for 600073 milliseconds before timing out.",
+        "E1015 04:13:40.512000 140213 torch/distributed/elastic/multiprocessing/api.py:869] failed (exitcode: -6) local_rank: 1 (pid: 20871) of binary: /usr/bin/python3",
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
+        "srun: error: gpu-node-03: task 1: Aborted (core dumped)",
+    ]) + "\n"
+    candidates = _explained(tmp_path, log).candidates
+    scores = {c.reference_id: c.score for c in candidates}
+    assert candidates[0].reference_id != "TORCH011" and scores["TORCH011"] == 0 and scores["NCCL003"] > 0
+    # Alone, the report still names TORCH011.
+    alone = _explained(tmp_path, log.split("\n", 1)[1]).candidates
+    assert alone[0].reference_id == "TORCH011" and alone[0].score > 0
+
+
 def test_a_setting_counts_only_when_the_log_also_fails() -> None:
     setting = "host:1:2 [0] NCCL INFO NET/Socket : Using [0]docker0:172.17.0.2<0>\n"
     assert _explain(setting * 3).candidates() == []
@@ -356,6 +375,9 @@ def test_watchdog_timeouts_summarise_one_collective_and_never_claim_a_mismatch()
     ):
         disagreeing = observed(*lines)
         assert disagreeing.waited_collective() is None and disagreeing.derived() == [], lines
+    # A launcher prefix with an absurd rank number is not taken for the rank.
+    absurd = _timeout(2, 7).replace("[rank2]:", "[rank" + "9" * 5000 + "]:")
+    assert observed(_timeout(1, 7), absurd).waited_collective().ranks == (1, 2)  # type: ignore[union-attr]
     # A line cut inside its record (a post wrapped at a fixed width) is not read.
     cut = _timeout(1, 2).split("NumelOut=")[0] + "NumelOut="
     assert observed(_timeout(0, 2), cut).waited_collective() is None
