@@ -24,11 +24,12 @@ keeps one first failure per actor, up to ``MAX_ACTORS`` actors.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 
 from preflight.explain.combinations import NO_VERBS, OBSERVATION, Derived, Observations, Sighting
-from preflight.explain.matcher import FAILURE_WORDS, Hit
+from preflight.explain.matcher import FAILURE_WORDS, GENERIC_FAILURES, Hit
 from preflight.explain.prefixes import LineMeta, parse_line
 
 TIERS = ("cause", "context", "symptom")
@@ -43,6 +44,8 @@ MAX_ACTORS = 10_000
 CASCADE_REFERENCE = "NCCL014"
 DERIVED_SIGNATURE = 0  # signature number of evidence read from several lines together (combinations)
 _UNSET = object()  # a cascade not worked out yet (None means: there is none)
+_TRACEBACK_HEADER = "Traceback (most recent call last)"
+_EXCEPTION_LINE = re.compile(GENERIC_FAILURES[1])  # "ValueError: ...", "torch.OutOfMemoryError: ..."
 _NCCL_INFO = "NCCL INFO "  # posts often lose the host:pid:tid [dev] before it
 
 
@@ -226,6 +229,8 @@ class Analysis:
         if known is not None and not known.reference_id and reference_id and _same_moment(known, evidence, key):
             # A traceback header came first; the catalogued message that ends it is the failure.
             known.evidence, known.reference_id, known.references_on_line = evidence, reference_id, {reference_id}
+        elif known is not None and not reference_id and _ends_traceback(known, evidence) and _same_moment(known, evidence, key):
+            known.evidence = evidence  # the exception an uncatalogued traceback ends with says more than its header
         elif known is not None and known.evidence.location == evidence.location:
             known.references_on_line.add(reference_id)  # another signature on the same first line
             if not known.reference_id:
@@ -397,6 +402,16 @@ def _copy_hits(entry: ReferenceHits) -> ReferenceHits:
 
 def _examples_of(entry: ReferenceHits, role: str) -> int:
     return sum(1 for example in entry.examples if example.role == role)
+
+
+def _ends_traceback(known: FirstFailure, evidence: Evidence) -> bool:
+    """``evidence`` is the exception line of the traceback whose header is ``known``'s line."""
+    return (
+        not known.reference_id
+        and _TRACEBACK_HEADER in known.evidence.text
+        and _TRACEBACK_HEADER not in evidence.text
+        and _EXCEPTION_LINE.search(evidence.text) is not None
+    )
 
 
 def _same_moment(known: FirstFailure, evidence: Evidence, key: tuple[float, int]) -> bool:

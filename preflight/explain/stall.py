@@ -70,6 +70,9 @@ _STACK_DUMP = re.compile(
     r"|^(?:Current thread|Thread) 0x[0-9a-fA-F]{6,16} \(most recent call first\):"
 )
 _TESTS_HEADER = re.compile(r"\balgbw\s+busbw\b|\(GB/s\)\s+\(GB/s\)")
+# The units line newer releases print under the header ("#  (B)  (elements)  ...  (us)  (GB/s)"), matched
+# by its start: a post cut inside it still ends at the header.
+_TESTS_UNITS = re.compile(r"^#?\s*\(B\)\s+\(elements\)")
 # "#  Rank  0 Group  0 Pid  4242 on node03 device  0 [...]", "#   Rank  0 Pid  4242 on node03 device  0",
 # "#   Rank  0 on node03 device  0 [0x00]",
 # and NCCL 1.x's single-process "#   Rank  0 uses device  0 [0x05]" (no host: one node by construction).
@@ -156,10 +159,13 @@ def find_stall(tails: SourceTails, network_seen: bool) -> Stall | None:
 def _tests_stall(lines: list[Sighting], network_seen: bool) -> Stall | None:
     """A test program's output that ends at its results header: the first size never finished.
     Intra-node when every rank it lists ran on one host and the log shows no network channel."""
+    after = 0
+    if lines and _TESTS_UNITS.search(lines[-1].text) and not _TESTS_HEADER.search(lines[-1].text):
+        lines, after = lines[:-1], 1  # the units line, cut before its "(GB/s)" columns
     if not lines or not _TESTS_HEADER.search(lines[-1].text):
         return None
     one_host = _one_host_rank(lines)
-    return Stall(lines[-1], 0, one_host if not network_seen else None, "the test's results header")
+    return Stall(lines[-1], after, one_host if not network_seen else None, "the test's results header")
 
 
 def _one_host_rank(lines: list[Sighting]) -> Sighting | None:

@@ -168,6 +168,17 @@ def test_a_failure_no_reference_describes_is_named() -> None:
     assert first is not None and first.line_number == 2 and first.actor == "rank 0"
 
 
+def test_an_uncatalogued_traceback_is_named_by_the_exception_it_ends_with() -> None:
+    log = 'epoch 1\nTraceback (most recent call last):\n  File "train.py", line 3, in <module>\n    main()\nValueError: bad shape\n'
+    first = _analyse(log, PEER).first_failure()
+    assert first is not None and first.line_number == 5 and first.text == "ValueError: bad shape"
+    # A header whose exception line was cut off stays the first failing line; a second traceback's
+    # exception far below is not its ending.
+    assert (cut := _analyse(log.rsplit("ValueError", 1)[0], PEER).first_failure()) is not None and cut.line_number == 2
+    far = log.rsplit("ValueError", 1)[0] + "step\n" * 70 + "KeyError: 'x'\n"
+    assert (kept := _analyse(far, PEER).first_failure()) is not None and kept.line_number == 2
+
+
 def test_a_warning_alone_is_named_when_nothing_else_failed() -> None:
     first = _analyse("init ok\nnode1:1:2 [0] NCCL WARN Cuda failure 'out of memory'\n", PEER).first_failure()
     assert first is not None and first.line_number == 2

@@ -133,6 +133,14 @@ def test_a_test_stopped_at_its_first_size_on_one_host_is_offered_pci003(tmp_path
     assert "the test's results header (" in text and "used the GPUs of one node only" in text
 
 
+def test_a_units_line_cut_short_still_ends_at_the_header(tmp_path: Path) -> None:
+    # A post cut inside the units line ("... (us)  (GB/") stopped at the header all the same.
+    cut = TESTS_TABLE[-1][: TESTS_TABLE[-1].index("(GB/s)") + 4]
+    _text, document = _explained(tmp_path, [*TESTS_HEAD, *_ranks(["gpu7"] * 2), *TESTS_TABLE[:-1], cut])
+    assert [c["id"] for c in document["candidates"]] == ["PCI003"]
+    assert document["stall"]["text"] == TESTS_TABLE[1] and document["stall"]["lines_after"] == 1
+
+
 def test_nccl_1_single_process_tests_count_as_one_node(tmp_path: Path) -> None:
     old = [f"#   Rank {r:2d} uses device {r:2d} [0x{5 + r:02x}] Tesla M40 24GB" for r in range(4)]
     header = "#      bytes             N    type      op     time  algbw  busbw      res     time  algbw  busbw      res"
