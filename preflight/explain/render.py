@@ -17,7 +17,7 @@ _MAX_LINE_SHOWN = 240
 
 _WHY = {
     "cause": "the log names this failure, but more than one configuration produces the same message",
-    "context": "a setting tied to this failure appears in a log that fails; the setting alone proves nothing",
+    "context": "a setting or step tied to this failure appears in a log that fails; alone it proves nothing",
     "symptom": "this is a downstream symptom that many root causes produce; look for an earlier cause",
 }
 

@@ -676,3 +676,17 @@ def test_a_bus_error_inside_nccl_shm_setup_is_nccl007(tmp_path: Path, frame: str
         "#1 0x00007f6b595436d7 in start_thread () from /lib/x86_64-linux-gnu/libc.so.6\n",
     ))
     assert (("NCCL007", "cause") in ranked) is expected, ranked
+
+
+def test_a_traceback_through_set_device_points_at_the_rank_to_gpu_mapping(tmp_path: Path) -> None:
+    # The post stops inside the traceback, before the exception line: the frame that chose the GPU
+    # is what the log still says. Posted code with the same call, and no failure, names nothing.
+    cut = (
+        "Traceback (most recent call last):\n"
+        '  File "/opt/app/context.py", line 519, in set_device\n'
+        "    torch.cuda.set_device(device_ordinal)\n"
+        "  File\n"
+    )
+    assert _ranked(_explained(tmp_path, cut)) == [("TORCH010", "context")]
+    code = "def setup(rank):\n    torch.cuda.set_device(rank)\n    dist.init_process_group('nccl')\n"
+    assert _explained(tmp_path, code, "code.log").candidates == []
