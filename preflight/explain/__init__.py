@@ -18,7 +18,7 @@ from preflight.explain.analysis import Analysis, Candidate, Cascade, Evidence
 from preflight.explain.combinations import WaitedCollective
 from preflight.explain.confirm import Verdict
 from preflight.explain.reader import ReadStats, iter_inputs
-from preflight.explain.stall import SourceTails, Stall, find_stall
+from preflight.explain.stall import DUMP, SourceTails, Stall, find_stall
 from preflight.model import Reference
 
 
@@ -83,9 +83,14 @@ def explain(
     candidates = analysis.candidates()
     first_failure = analysis.first_failure()
     stall = None
-    if not candidates and first_failure is None:
+    if not candidates and (first_failure is None or analysis.failure_lines == 0):
         stall = find_stall(tails, network_seen=bool(analysis.observations.networks))
+        if stall is not None and first_failure is not None:
+            # Only a warning-like line was read: it decides, unless it belongs to the stack dump the
+            # log ends with (gdb's "syscall-template.S: No such file or directory." banner).
+            stall = stall if _within_dump(stall, first_failure) else None
         if stall is not None:
+            first_failure = None
             if stall.peer is not None:
                 analysis.observations.intra_node_stall = (stall.peer, stall.last)
             candidates = analysis.candidates(stalled=True)
@@ -94,6 +99,11 @@ def explain(
         stats, candidates, references, analysis.cascade(), settings, time.perf_counter() - started, first_failure, stall=stall,
         waited=analysis.observations.waited_collective(),
     )
+
+
+def _within_dump(stall: Stall, line: Evidence) -> bool:
+    """``line`` is part of the stack dump ``stall`` starts at: debugger output, not the run's."""
+    return stall.what == DUMP and line.source == stall.last.source and line.line_number >= stall.last.line_number
 
 
 def _plain_file_bytes(paths: list[str]) -> int:

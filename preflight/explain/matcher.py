@@ -80,7 +80,12 @@ GENERIC_FAILURES = (
 )
 # Words of a failure, in any program's voice; NCCL uses them at INFO level for fallbacks it handled
 # ("NET/Plugin: Failed to find ncclNetPlugin_v6 symbol"), so on an NCCL INFO line they name nothing.
-FAILURE_WORDS = r"\b(?:[Ff]ailed|FAILED|[Aa]borted|Killed|[Ii]nsufficient|Unable to|[Tt]imed out|Couldn't|Could not|Cannot|Can't)\b"
+FAILURE_WORDS = (
+    r"\b(?:[Ff]ailed|FAILED|[Aa]borted|Killed|[Ii]nsufficient|[Uu]nable to|[Tt]imed out|Couldn't|Could not|Cannot|Can't"
+    # strerror texts any program prints when a call failed, and the shell's "orted: command not found"
+    r"|No such file or directory|Permission denied|Operation not permitted|No space left on device|Too many open files"
+    r"|command not found)\b"
+)
 # Lines that say something went wrong without saying that this process failed (NCCL warns on
 # healthy runs too). They never order a cascade; when nothing else failed, the first of them is
 # the line ``explain`` names as uncatalogued instead of saying nothing.

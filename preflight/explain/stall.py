@@ -46,6 +46,7 @@ from preflight.explain.reader import Chunk
 
 TAIL_BYTES = 16 << 10
 MAX_SOURCES = 1024
+DUMP = "a stack dump of the waiting process"  # Stall.what of a dump
 LAST_LINES = 20  # NCCL's last line must be among a source's last this many non-blank lines
 
 _NCCL_INFO = re.compile(r"\[\d+\] NCCL INFO \S")  # posts often lose the host:pid:tid before it
@@ -180,4 +181,4 @@ def _dump_stall(lines: list[Sighting]) -> Stall | None:
     if not any(_STACK_DUMP.search(line.text) for line in lines[-LAST_LINES:]):
         return None
     index = next(index for index, line in enumerate(lines) if _STACK_DUMP.search(line.text))
-    return Stall(lines[index], len(lines) - 1 - index, None, "a stack dump of the waiting process")
+    return Stall(lines[index], len(lines) - 1 - index, None, DUMP)

@@ -246,6 +246,11 @@ def test_a_message_wrapped_at_a_comma_with_an_indented_rest_is_rejoined() -> Non
         "mpi_lib.cpython-38-x86_64-linux-gnu.so: undefined symbol: _ZN3c104cuda",
         "CUDA out of memory. Tried to allocate 2.00 GiB",
         "NVRM: Xid (PCI:0000:3b:00): 48, pid=1234, An uncorrectable double bit error (DBE) has been detected on GPU",
+        "ORTE was unable to reliably start one or more daemons.",
+        "bash: orted: command not found",
+        "OSError: [Errno 28] No space left on device",
+        "open /dev/infiniband/uverbs0: Permission denied",
+        "Couldn't register GPU MR",
     ],
 )
 def test_errno_texts_loader_and_driver_failures_name_the_failing_line(line: str) -> None:

@@ -198,6 +198,21 @@ def test_a_stack_dump_of_a_waiting_process_is_a_stall_named_at_its_first_line(tm
     assert "A stack dump of the waiting process is " in text
 
 
+def test_a_debuggers_missing_source_banner_inside_the_dump_does_not_hide_the_stall(tmp_path: Path) -> None:
+    # gdb prints "120\t../sysdeps/...: No such file or directory." after attaching: the dump's own
+    # words, not the run's failure. An NCCL WARN before the dump is the run's line and decides.
+    dump = [
+        "0x00007f59364f8c9b in sched_yield () at ../sysdeps/unix/syscall-template.S:120",
+        "120\t../sysdeps/unix/syscall-template.S: No such file or directory.",
+        "(gdb) thread apply all bt",
+    ]
+    _text, document = _explained(tmp_path, ["$ gdb -p 4711", *dump])
+    assert document["status"] == "stalled" and document["stall"]["text"] == dump[0]
+    warned = ["node1:4711:4790 [0] bootstrap.cc:279 NCCL WARN [Rem Allocator] Allocation failed (segment 0, fd 130)", *dump]
+    _text, document = _explained(tmp_path, warned)
+    assert document["status"] == "uncatalogued" and document["first_failure"]["location"].endswith(":1")
+
+
 def test_a_stack_dump_long_before_the_end_is_no_stall(tmp_path: Path) -> None:
     lines = ['Thread 474480 (idle): "MainThread"', "    broadcast (torch/distributed/distributed_c10d.py:2772)"]
     _text, document = _explained(tmp_path, [*lines, *[f"step {n} loss 1.{n}" for n in range(LAST_LINES)]])
