@@ -21,11 +21,11 @@ from preflight.explain import explain, load_catalogue
 # Held-back figures (tests/data/real-logs, test part), measured when last raised; see
 # bench/explain_accuracy.py for all figures. Floors, not goals: the goals are top-1 85 %,
 # top-3 95 %, no candidate 0 %, out-of-catalogue logs given a cause <= 20 %.
-TOP1_FLOOR = 0.550
-TOP3_FLOOR = 0.570
-NO_CANDIDATE_CEILING = 0.260
+TOP1_FLOOR = 0.563
+TOP3_FLOOR = 0.582
+NO_CANDIDATE_CEILING = 0.253
 OUTSIDE_CAUSE_CEILING = 0.20
-SILENT_CEILING = 17  # held-back failure logs answered "nothing found" (19 before stalls were named)
+SILENT_CEILING = 16  # held-back failure logs answered "nothing found" (19 before stalls were named)
 # When the test part grows, the logs held back before keep the floors they had reached, so new,
 # harder logs cannot hide a loss on the old ones:
 # - batches a-e (74 logs): the first gathering, whose development part the first signatures were
@@ -46,17 +46,23 @@ SILENT_CEILING = 17  # held-back failure logs answered "nothing found" (19 befor
 #   them to 54.6 / 57.7 / 25.8 % with 16 silent;
 # - batches a-zp (129 logs): a tear-down notice read after another reference's failure no longer
 #   outranks it (after_failure) moved them to 55.7 / 57.7 / 25.8 %, and every earlier part's top-1
-#   floor was raised to what it reaches now; batches zq-zt (held-back logs added in session 32)
-#   moved the whole to the floors above.
+#   floor was raised to what it reaches now; batches zq-zt (6 held-back logs; 1 of their 3
+#   catalogued causes ranked first, 2 of 3 out-of-catalogue logs given a cause) moved them to
+#   55.0 / 57.0 / 26.0 % with 17 silent;
+# - batches a-zt (135 logs): batches zu-zz (7 held-back logs; their 3 catalogued causes ranked
+#   first, none of their 4 out-of-catalogue logs given a cause) moved them to 56.3 / 58.3 / 25.2 %,
+#   and strerror texts and "unable to" as failure words named a line in one silent log of every
+#   part, whose silent ceilings went down by one.
 EARLIER_PARTS = {
-    "batches a-e": (set("abcde"), {"top1": 0.596, "top3": 0.629, "no_candidate": 0.210, "silent": 7}),
-    "batches a-x": (set("abcdefghijklmnopqrstuvwx"), {"top1": 0.552, "top3": 0.576, "no_candidate": 0.283, "silent": 14}),
-    "batches a-ze": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze"}, {"top1": 0.551, "top3": 0.574, "no_candidate": 0.276, "silent": 15}),
-    "batches a-zg": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze", "zf", "zg"}, {"top1": 0.545, "top3": 0.568, "no_candidate": 0.273, "silent": 15}),
-    "batches a-zi": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze", "zf", "zg", "zh", "zi"}, {"top1": 0.549, "top3": 0.571, "no_candidate": 0.264, "silent": 15}),
-    "batches a-zj": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze", "zf", "zg", "zh", "zi", "zj"}, {"top1": 0.554, "top3": 0.576, "no_candidate": 0.261, "silent": 15}),
-    "batches a-zm": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze", "zf", "zg", "zh", "zi", "zj", "zl", "zm"}, {"top1": 0.557, "top3": 0.578, "no_candidate": 0.264, "silent": 15}),
-    "batches a-zp": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze", "zf", "zg", "zh", "zi", "zj", "zl", "zm", "zn", "zo", "zp"}, {"top1": 0.556, "top3": 0.577, "no_candidate": 0.258, "silent": 16}),
+    "batches a-e": (set("abcde"), {"top1": 0.596, "top3": 0.629, "no_candidate": 0.210, "silent": 6}),
+    "batches a-x": (set("abcdefghijklmnopqrstuvwx"), {"top1": 0.552, "top3": 0.576, "no_candidate": 0.283, "silent": 13}),
+    "batches a-ze": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze"}, {"top1": 0.551, "top3": 0.574, "no_candidate": 0.276, "silent": 14}),
+    "batches a-zg": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze", "zf", "zg"}, {"top1": 0.545, "top3": 0.568, "no_candidate": 0.273, "silent": 14}),
+    "batches a-zi": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze", "zf", "zg", "zh", "zi"}, {"top1": 0.549, "top3": 0.571, "no_candidate": 0.264, "silent": 14}),
+    "batches a-zj": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze", "zf", "zg", "zh", "zi", "zj"}, {"top1": 0.554, "top3": 0.576, "no_candidate": 0.261, "silent": 14}),
+    "batches a-zm": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze", "zf", "zg", "zh", "zi", "zj", "zl", "zm"}, {"top1": 0.557, "top3": 0.578, "no_candidate": 0.264, "silent": 14}),
+    "batches a-zp": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze", "zf", "zg", "zh", "zi", "zj", "zl", "zm", "zn", "zo", "zp"}, {"top1": 0.556, "top3": 0.577, "no_candidate": 0.258, "silent": 15}),
+    "batches a-zt": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze", "zf", "zg", "zh", "zi", "zj", "zl", "zm", "zn", "zo", "zp", "zq", "zr", "zs", "zt"}, {"top1": 0.550, "top3": 0.570, "no_candidate": 0.260, "silent": 16}),
 }
 
 
