@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 
 from preflight.explain.combinations import NO_VERBS, OBSERVATION, Derived, Observations, Sighting
-from preflight.explain.matcher import FAILURE_WORDS, GENERIC_FAILURES, Hit
+from preflight.explain.matcher import EXCEPTION_LINE, FAILURE_WORDS, TRACEBACK_HEADER, Hit
 from preflight.explain.prefixes import LineMeta, parse_line
 
 TIERS = ("cause", "context", "symptom")
@@ -44,8 +44,8 @@ MAX_ACTORS = 10_000
 CASCADE_REFERENCE = "NCCL014"
 DERIVED_SIGNATURE = 0  # signature number of evidence read from several lines together (combinations)
 _UNSET = object()  # a cascade not worked out yet (None means: there is none)
-_TRACEBACK_HEADER = "Traceback (most recent call last)"
-_EXCEPTION_LINE = re.compile(GENERIC_FAILURES[1])  # "ValueError: ...", "torch.OutOfMemoryError: ..."
+_TRACEBACK_HEADER = re.compile(TRACEBACK_HEADER)
+_EXCEPTION_LINE = re.compile(EXCEPTION_LINE)
 _NCCL_INFO = "NCCL INFO "  # posts often lose the host:pid:tid [dev] before it
 
 
@@ -408,8 +408,8 @@ def _ends_traceback(known: FirstFailure, evidence: Evidence) -> bool:
     """``evidence`` is the exception line of the traceback whose header is ``known``'s line."""
     return (
         not known.reference_id
-        and _TRACEBACK_HEADER in known.evidence.text
-        and _TRACEBACK_HEADER not in evidence.text
+        and _TRACEBACK_HEADER.search(known.evidence.text) is not None
+        and _TRACEBACK_HEADER.search(evidence.text) is None
         and _EXCEPTION_LINE.search(evidence.text) is not None
     )
 

@@ -66,9 +66,11 @@ class Hit:
 # Failures no reference describes still tell a cascade analysis who failed first: a rank that
 # raised a Python exception before everyone else timed out is the rank to look at. These hits
 # carry the empty reference ID and never become candidates.
+TRACEBACK_HEADER = r"Traceback \(most recent call last\)"
+EXCEPTION_LINE = r"(?:^|[\s:\]])(?:[A-Za-z_][\w.]{0,100}\.)?[A-Z]\w{0,60}(?:Error|Exception): \S"  # "ValueError: ..."
 GENERIC_FAILURES = (
-    r"Traceback \(most recent call last\)",
-    r"(?:^|[\s:\]])(?:[A-Za-z_][\w.]{0,100}\.)?[A-Z]\w{0,60}(?:Error|Exception): \S",
+    TRACEBACK_HEADER,
+    EXCEPTION_LINE,
     r"slurmstepd: error: \*\*\* (?:STEP|JOB) \S+ ON \S+ CANCELLED AT",  # time limit, scancel, node failure
     r"srun: error: \S+: tasks? [\d,-]+: (?:Exited with exit code|Killed|Terminated|Segmentation fault)",
     r"\] exits with return code = -?[1-9]\d{0,2}\b",  # DeepSpeed's launcher after a worker failed

@@ -248,7 +248,7 @@ def test_a_message_wrapped_at_a_comma_with_an_indented_rest_is_rejoined() -> Non
         "NVRM: Xid (PCI:0000:3b:00): 48, pid=1234, An uncorrectable double bit error (DBE) has been detected on GPU",
         "ORTE was unable to reliably start one or more daemons.",
         "bash: orted: command not found",
-        "OSError: [Errno 28] No space left on device",
+        "cp: cannot create regular file '/dev/shm/nccl-x1': No space left on device",
         "open /dev/infiniband/uverbs0: Permission denied",
         "Couldn't register GPU MR",
     ],
