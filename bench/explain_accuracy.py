@@ -7,7 +7,11 @@ a reference written with a thread in view may fit that thread's log better than 
 Both parts are also shown split by whether the search store kept the post whole: a log it cut
 short often stops before the lines that name the cause.
 
-    .venv/bin/python bench/explain_accuracy.py [--misses]
+    .venv/bin/python bench/explain_accuracy.py [--misses] [--batches zu,zv]
+
+``--batches`` keeps only the logs of those batches (the id's first word): run it on a new gathering
+before writing anything for it, and the figures are how ``explain`` does on logs it has never seen.
+Its development logs are listed one by one; its held-back logs only counted.
 """
 
 from __future__ import annotations
@@ -33,11 +37,21 @@ def cited_threads() -> set[str]:
     return {url for path in REFERENCES.rglob("*.toml") for url in THREAD_URL.findall(path.read_text(encoding="utf-8"))}
 
 
+def batches_asked() -> set[str] | None:
+    """The batches after ``--batches`` (comma-separated), or None for the whole corpus."""
+    if "--batches" not in sys.argv:
+        return None
+    index = sys.argv.index("--batches") + 1
+    return set(sys.argv[index].split(",")) if index < len(sys.argv) else set()
+
+
 def main() -> int:
     catalogue = load_catalogue()
+    batches = batches_asked()
     show_misses = "--misses" in sys.argv
     for split in ("dev", "test"):
-        outcomes = evaluate(corpus(split), catalogue)
+        logs = [log for log in corpus(split) if batches is None or log.id.split("-", 1)[0] in batches]
+        outcomes = evaluate(logs, catalogue)
         print(f"== {split} ({len(outcomes)} logs)")
         for line in figures(outcomes).lines():
             print("  " + line)
@@ -52,11 +66,14 @@ def main() -> int:
             kept = "cut short by the source store" if truncated else "kept whole"
             found = figures(part)
             print(f"== {split}, logs {kept} ({len(part)}): top-1 {found.top1:.1%}, top-3 {found.top3:.1%}, no candidate {found.no_candidate:.1%}")
-        if split == "dev" and show_misses:
+        if split == "dev" and (show_misses or batches is not None):
             for outcome in outcomes:
                 log = outcome.log
                 wrong = (not outcome.top1) if log.reference != OUTSIDE else outcome.catalogued_cause
-                if wrong or outcome.silent:
+                if batches is not None and not (wrong or outcome.silent):
+                    shown = ", ".join(f"{r}/{t[0]}" for r, t in zip(outcome.ranking[:4], outcome.tiers))
+                    print(f"  OK   {log.id} [{log.reference}] -> {shown or outcome.status}")
+                elif wrong or outcome.silent:
                     shown = ", ".join(f"{r}/{t[0]}" for r, t in zip(outcome.ranking[:4], outcome.tiers))
                     print(f"  MISS {log.id} [{log.reference}] -> {shown or outcome.status}")
     return 0
