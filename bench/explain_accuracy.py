@@ -42,7 +42,9 @@ def batches_asked() -> set[str] | None:
     if "--batches" not in sys.argv:
         return None
     index = sys.argv.index("--batches") + 1
-    return set(sys.argv[index].split(",")) if index < len(sys.argv) else set()
+    if index >= len(sys.argv) or sys.argv[index].startswith("-"):
+        sys.exit("--batches needs the batch names, comma-separated (e.g. --batches zu,zv)")
+    return set(sys.argv[index].split(","))
 
 
 def main() -> int:

@@ -90,3 +90,15 @@ def matches(pattern: str, hostname: str) -> bool:
         elif any(fnmatch.fnmatchcase(name, item) for name in names):
             return True
     return False
+
+
+def number_runs(numbers: list[int]) -> list[tuple[int, int]]:
+    """Sorted, distinct numbers as runs of consecutive ones: ``[1, 2, 3, 7]`` -> ``[(1, 3), (7, 7)]``
+    (the ``lo-hi`` ranges of a hostlist, or of a list of ranks)."""
+    runs: list[tuple[int, int]] = []
+    for number in numbers:
+        if runs and number == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], number)
+        else:
+            runs.append((number, number))
+    return runs

@@ -9,6 +9,7 @@ from typing import Any
 from preflight.explain import Explanation
 from preflight.explain.analysis import Candidate, Evidence
 from preflight.explain.combinations import INTRA_NODE_STALL, WaitedCollective
+from preflight.hostlist import number_runs
 from preflight.text import printable_lines
 
 SCHEMA = "preflight-explain/1"
@@ -142,12 +143,7 @@ def _waited_lines(waited: WaitedCollective) -> list[str]:
 
 def _rank_list(ranks: tuple[int, ...], most: int = 12) -> str:
     """Sorted rank numbers as runs (``0, 4-7, 9``), the first ``most`` runs and a count of the rest."""
-    runs: list[list[int]] = []
-    for rank in ranks:
-        if runs and rank == runs[-1][1] + 1:
-            runs[-1][1] = rank
-        else:
-            runs.append([rank, rank])
+    runs = number_runs(list(ranks))
     shown = [f"{start}" if start == end else f"{start}-{end}" for start, end in runs[:most]]
     rest = len(runs) - most
     return ", ".join(shown) + (f" and {rest} more run{'s' if rest > 1 else ''}" if rest > 0 else "")

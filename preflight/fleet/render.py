@@ -19,6 +19,7 @@ import msgspec
 from preflight import __version__
 from preflight.fleet import shape
 from preflight.fleet.compare import DISAGREEMENTS, SAME, TIE, Comparison, Fleet, FleetFinding, fleet_exit_code
+from preflight.hostlist import number_runs
 from preflight.text import printable as _printable
 
 FLEET_SCHEMA = "preflight-fleet/1"
@@ -45,15 +46,7 @@ def compress_hosts(hosts: Iterable[str]) -> str:
     items = list(plain)
     for (prefix, width), numbers in runs.items():
         numbers.sort()
-        ranges: list[str] = []
-        start = previous = numbers[0]
-        for number in [*numbers[1:], None]:
-            if number is not None and number == previous + 1:
-                previous = number
-                continue
-            ranges.append(f"{start:0{width}d}" if start == previous else f"{start:0{width}d}-{previous:0{width}d}")
-            if number is not None:
-                start = previous = number
+        ranges = [f"{start:0{width}d}" if start == end else f"{start:0{width}d}-{end:0{width}d}" for start, end in number_runs(numbers)]
         single = len(numbers) == 1
         items.append(f"{prefix}{numbers[0]:0{width}d}" if single else f"{prefix}[{','.join(ranges)}]")
     return ",".join(sorted(items))

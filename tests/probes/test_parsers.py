@@ -11,7 +11,7 @@ from preflight.probes.gpus import normalise_bus_id
 from preflight.probes.hostname import parse_hosts
 from preflight.probes.job import parse_environ, parse_nccl_conf
 from preflight.probes.memlock import Limit, parse_limits_memlock, parse_meminfo_total, parse_pam_limits, parse_slurm_propagation, parse_systemd_limit, parse_unit_setting
-from preflight.hostlist import HostlistError, expand, matches
+from preflight.hostlist import HostlistError, expand, matches, number_runs
 from preflight.sources.dns import parse_resolv_conf
 from preflight.sources.netlink import Address, parse_fib_trie_locals, parse_if_inet6, parse_proc_net_route
 from preflight.units import UNLIMITED, format_size, parse_size
@@ -203,3 +203,10 @@ def test_can_read_write_uses_owner_group_other_bits() -> None:
     assert not can_read_write(node, JobIdentity(1001, (1001,), "t"))
     assert can_read_write(node, JobIdentity(0, (0,), "t"))
     assert can_read_write(DeviceNode("/dev/gdrdrv", 0o20666, 0, 0), JobIdentity(1001, (1001,), "t"))
+
+
+def test_number_runs_are_the_ranges_a_hostlist_would_write() -> None:
+    assert number_runs([1, 2, 3, 7, 9, 10]) == [(1, 3), (7, 7), (9, 10)]
+    assert number_runs([]) == []
+    # written back as a hostlist, the runs expand to the numbers they came from
+    assert expand("n[" + ",".join(f"{a}-{b}" for a, b in number_runs([4, 5, 6, 8])) + "]") == ["n4", "n5", "n6", "n8"]
