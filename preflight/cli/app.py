@@ -22,7 +22,7 @@ def _parameters(command: Command) -> list[inspect.Parameter]:
     parameters = []
     argument = command.argument
     if argument is not None:
-        default = typer.Argument(... if argument.required else None, metavar=argument.metavar, help=argument.help)
+        default = typer.Argument(... if argument.required else None, metavar=argument.metavar, help=_paragraphs(argument.help))
         annotation: Any = List[str] if argument.many else (str if argument.required else Optional[str])
         parameters.append(inspect.Parameter(argument.field, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation))
     for option in command.options:
@@ -30,7 +30,7 @@ def _parameters(command: Command) -> list[inspect.Parameter]:
         annotation = _TYPES[option.kind]
         if value is None:
             annotation = Optional[annotation]
-        info = typer.Option(value, option.flag, help=option.help, envvar=option.envvar, show_envvar=False, min=option.minimum)
+        info = typer.Option(value, option.flag, help=_paragraphs(option.help), envvar=option.envvar, show_envvar=False, min=option.minimum)
         parameters.append(inspect.Parameter(option.field, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=annotation))
     return parameters
 
@@ -48,6 +48,12 @@ def _callback(command: Command) -> Any:
     callback.__annotations__ = {p.name: p.annotation for p in parameters}
     callback.__name__ = callback.__qualname__ = "_".join(command.path)
     return callback
+
+
+def _paragraphs(text: str) -> str:
+    """``text`` with each paragraph on one line: typer's rich help keeps a docstring's line breaks,
+    so a paragraph wrapped at 100 columns in the source came out broken mid-sentence at 80."""
+    return "\n\n".join(" ".join(paragraph.split()) for paragraph in inspect.cleandoc(text).split("\n\n"))
 
 
 def _version(value: bool) -> None:
@@ -78,10 +84,10 @@ def build_app() -> typer.Typer:
             if len(command.path) == 2:
                 group = command.path[0]
                 if group not in groups:
-                    groups[group] = typer.Typer(help=module.GROUP_HELP, no_args_is_help=True)
+                    groups[group] = typer.Typer(help=_paragraphs(module.GROUP_HELP), no_args_is_help=True)
                     app.add_typer(groups[group], name=group)
                 target = groups[group]
-            target.command(command.path[-1], help=command.help)(_callback(command))
+            target.command(command.path[-1], help=_paragraphs(command.help))(_callback(command))
     return app
 
 

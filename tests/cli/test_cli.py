@@ -209,6 +209,28 @@ def test_every_declared_command_is_served_by_typer_with_the_declared_options() -
     assert seen == 12  # node, snapshot, explain, fleet, probes list, references x3, slurm x4
 
 
+def test_help_paragraphs_are_rewrapped_to_the_terminal_not_broken_where_the_source_wraps() -> None:
+    """The declarations wrap their help at 100 columns; typer's rich help keeps those breaks, which
+    cut 'Exit codes: ...' mid-sentence at 80 columns. Every paragraph reaches typer as one line."""
+    import typer.main
+
+    from preflight.cli.app import build_app
+    from preflight.cli.spec import COMMAND_MODULES
+    from preflight.cli.start import declared
+
+    root = typer.main.get_command(build_app())
+    for word in COMMAND_MODULES:
+        for command in declared(word):
+            node = root
+            for part in command.path:
+                node = node.commands[part]  # type: ignore[attr-defined]
+            texts = [node.help or ""] + [getattr(param, "help", None) or "" for param in node.params]
+            for text in texts:
+                assert all("\n" not in paragraph for paragraph in text.split("\n\n")), (command.path, text)
+    fleet = root.commands["fleet"]  # type: ignore[attr-defined]
+    assert "Exit codes: 0 all agree and nothing at warning or above, 1 warnings present or a file skipped," in (fleet.help or "")
+
+
 def test_the_fast_parser_reads_what_it_fully_understands_and_leaves_the_rest_to_typer(tmp_path: Path, run_cli: Runner) -> None:
     """`preflight fleet` and `preflight node` start without typer when their command lines are well
     formed; typer answers anything else (here: no report given)."""
