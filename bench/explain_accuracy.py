@@ -11,7 +11,8 @@ short often stops before the lines that name the cause.
 
 ``--batches`` keeps only the logs of those batches (the id's first word): run it on a new gathering
 before writing anything for it, and the figures are how ``explain`` does on logs it has never seen.
-Its development logs are listed one by one; its held-back logs only counted.
+Its development logs are listed one by one; its held-back logs only counted. Each listed log shows
+its first four candidates as ID/tier: c cause, x context, s symptom.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from real_logs import OUTSIDE, THREAD_URL, corpus, evaluate, figures  # noqa: E4
 from preflight.explain import load_catalogue  # noqa: E402
 
 
+#: candidate tiers as the miss lists print them (cause and context both start with "c")
+TIER_MARK = {"cause": "c", "context": "x", "symptom": "s"}
 REFERENCES = Path(__file__).resolve().parent.parent / "references"
 
 
@@ -72,12 +75,11 @@ def main() -> int:
             for outcome in outcomes:
                 log = outcome.log
                 wrong = (not outcome.top1) if log.reference != OUTSIDE else outcome.catalogued_cause
-                if batches is not None and not (wrong or outcome.silent):
-                    shown = ", ".join(f"{r}/{t[0]}" for r, t in zip(outcome.ranking[:4], outcome.tiers))
-                    print(f"  OK   {log.id} [{log.reference}] -> {shown or outcome.status}")
-                elif wrong or outcome.silent:
-                    shown = ", ".join(f"{r}/{t[0]}" for r, t in zip(outcome.ranking[:4], outcome.tiers))
-                    print(f"  MISS {log.id} [{log.reference}] -> {shown or outcome.status}")
+                shown = ", ".join(f"{r}/{TIER_MARK[t]}" for r, t in zip(outcome.ranking[:4], outcome.tiers)) or outcome.status
+                if wrong or outcome.silent:
+                    print(f"  MISS {log.id} [{log.reference}] -> {shown}")
+                elif batches is not None:
+                    print(f"  OK   {log.id} [{log.reference}] -> {shown}")
     return 0
 
 

@@ -105,6 +105,9 @@ GENERIC_WARNINGS = (
     r"NVRM: Xid \(",
     r"\bnccl(?:UnhandledCuda|System|Internal|InvalidArgument|InvalidUsage|Remote)Error\b",
     r"\b(?:Segmentation fault|SIGSEGV|SIGABRT|SIGBUS|core dumped)\b",
+    # UCX's backtrace header ("==== backtrace (tid: 123) ====", "==== backtrace ====" before 1.6):
+    # printed by its error handler, so a post cut before "Caught signal" still shows a crash.
+    r"==== backtrace(?: \(tid: *\d{1,10}\))? ====",
     r"\b(?:CUDA|NCCL|UCX|OFI|EFA|NET/\w+) ?(?:error|ERROR|failure)\b",
     r"(?:^|[\s\]:\[])(?:ERROR|FATAL|Fatal error|fatal error|error)\]?:? ",
     FAILURE_WORDS,

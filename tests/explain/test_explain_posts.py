@@ -251,6 +251,8 @@ def test_a_message_wrapped_at_a_comma_with_an_indented_rest_is_rejoined() -> Non
         "cp: cannot create regular file '/dev/shm/nccl-x1': No space left on device",
         "open /dev/infiniband/uverbs0: Permission denied",
         "Couldn't register GPU MR",
+        "==== backtrace (tid: 296459) ====",
+        "==== backtrace ====",
     ],
 )
 def test_errno_texts_loader_and_driver_failures_name_the_failing_line(line: str) -> None:
