@@ -139,6 +139,7 @@ def _reference(document: dict[str, Any], path: str, ref_id: str, analyse_signatu
         why_log_only=detect.get("why_log_only", "").strip(),
         candidate=detect.get("candidate", "").strip(),
         fleet=tuple(detect.get("fleet", [])),
+        tests_only=detect.get("tests_only", "").strip(),
         causes=tuple(document.get("causes", [])),
         evidence=tuple(document.get("evidence", [])),
         related=tuple(document.get("related", [])),
@@ -232,9 +233,11 @@ def _validate_detect(detect: Any) -> list[str]:
     checks = detect.get("checks", [])
     if not isinstance(checks, list) or any(not isinstance(c, str) or not REFERENCE_ID.match(c) for c in checks):
         problems.append("detect.checks must list check IDs")
-    for key in ("why_log_only", "candidate"):
+    for key in ("why_log_only", "candidate", "tests_only"):
         if key in detect and (not isinstance(detect[key], str) or not detect[key].strip()):
             problems.append(f"detect.{key} must be a non-empty sentence")
+    if "tests_only" in detect and not checks:
+        problems.append("detect.tests_only says what the checks test: it needs detect.checks")
     fleet = detect.get("fleet", [])
     if not isinstance(fleet, list) or any(not isinstance(key, str) or not _FLEET_KEY.match(key) for key in fleet):
         problems.append("detect.fleet must list fleet fact keys (snake_case)")
@@ -245,7 +248,7 @@ def _validate_detect(detect: Any) -> list[str]:
         problems.append("detect.why_log_only: a reference that a check decides is not log-only")
     if "why_log_only" in detect and isinstance(modes, list) and set(modes) & {"node", "config"}:
         problems.append("detect.why_log_only: modes may not claim node or config evidence")
-    for key in set(detect) - {"modes", "checks", "why_log_only", "candidate", "fleet"}:
+    for key in set(detect) - {"modes", "checks", "why_log_only", "candidate", "fleet", "tests_only"}:
         problems.append(f"unknown key detect.{key}")
     return problems
 

@@ -152,6 +152,9 @@ class Reference(Struct, frozen=True):
     why_log_only: str = ""  # [detect]: why no evidence exists before the job ("" when some does)
     candidate: str = ""  # [detect]: the evidence a check still to be written would read
     fleet: tuple[str, ...] = ()  # [detect]: fleet fact keys whose comparison decides it
+    # [detect]: what the checks test when they test only some of the causes; a clean result then
+    # cannot rule the reference out ("" when the checks cover every node-side cause)
+    tests_only: str = ""
     causes: tuple[str, ...] = ()
     evidence: tuple[dict[str, str], ...] = ()
     related: tuple[str, ...] = ()

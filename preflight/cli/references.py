@@ -39,6 +39,7 @@ def reference_json(reference: Reference) -> dict[str, object]:
             "why_log_only": reference.why_log_only,
             "candidate": reference.candidate,
             "fleet": list(reference.fleet),
+            "tests_only": reference.tests_only,
         },
         "summary": reference.summary,
         "causes": list(reference.causes),
@@ -169,6 +170,8 @@ def render_reference(reference: Reference) -> str:
     lines += ["", f"Detectable from: {detect}"]
     if reference.fleet:
         lines.append(f"Compared across nodes by preflight fleet: {', '.join(reference.fleet)}")
+    if reference.tests_only:
+        lines += ["", "The node checks test only:", fill(reference.tests_only, "  ", "  ")]
     if reference.why_log_only:
         lines += ["", "Why only in logs:", fill(reference.why_log_only, "  ", "  ")]
     if reference.candidate:

@@ -3,8 +3,8 @@
 A log line only says a failure happened. The checks in a candidate's ``detect.checks`` look
 at the node (this one, or a recorded root) for the misconfiguration itself; one engine run
 covers every candidate, and each candidate becomes confirmed (a check found it), refuted
-(every check ran and found nothing) or undecided (no check covers it, or a check could not
-reach a verdict).
+(every check ran and found nothing) or undecided (no check covers it, a check could not reach a
+verdict, or the checks found nothing but test only some of its causes: ``[detect] tests_only``).
 """
 
 from __future__ import annotations
@@ -64,6 +64,9 @@ def verdict_for(reference: Reference, findings: dict[str, list[Finding]]) -> Ver
         return Verdict("confirmed", "the node shows the misconfiguration", present)
     ran = {f.reference_id for f in results}
     if ran == set(reference.checks) and all(f.status is Status.ABSENT for f in results):
+        if reference.tests_only:
+            # A clean result rules out only what the checks test; the log's cause may be another.
+            return Verdict("undecided", f"the node checks test only {reference.tests_only}, and found none of it", results)
         return Verdict("refuted", "the node checks found no sign of it; look at the next candidate", results)
     reasons = [f"{f.reference_id}: {f.status.value}" + (f" ({f.reason})" if f.reason else "") for f in results if f.status is not Status.ABSENT]
     missing = [check for check in reference.checks if check not in findings]

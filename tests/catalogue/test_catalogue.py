@@ -86,6 +86,7 @@ def test_detect_schema_refuses_dishonest_or_contradicting_decisions() -> None:
     fleet_only = {key: value for key, value in detect.items() if key != "why_log_only"}
     assert any("fleet fact keys" in p for p in validate_document({**document, "detect": {**fleet_only, "fleet": ["NCCL Libraries"]}}))
     assert any("unknown key detect.reason" in p for p in problems(reason="x"))
+    assert any("needs detect.checks" in p for p in problems(tests_only="the GID table"))
 
 
 def test_validation_reports_schema_breaks() -> None:

@@ -690,3 +690,22 @@ def test_a_traceback_through_set_device_points_at_the_rank_to_gpu_mapping(tmp_pa
     assert _ranked(_explained(tmp_path, cut)) == [("TORCH010", "context")]
     code = "def setup(rank):\n    torch.cuda.set_device(rank)\n    dist.init_process_group('nccl')\n"
     assert _explained(tmp_path, code, "code.log").candidates == []
+
+
+def test_a_clean_check_refutes_only_a_reference_whose_causes_it_all_tests() -> None:
+    """GPU002's check reads GPU health; a driver older than the CUDA runtime is one of its causes too,
+    so a healthy GPU leaves the candidate undecided, naming what was tested, instead of refuted."""
+    from preflight.explain.confirm import verdict_for
+    from preflight.model import Finding, Status
+
+    whole = Reference(id="GPU902", symbol="s", title="t", area="gpu", severity=Severity.ERROR, summary="s", fix=(), checks=("GPU902",))
+    partial = Reference(
+        id="GPU902", symbol="s", title="t", area="gpu", severity=Severity.ERROR, summary="s", fix=(), checks=("GPU902",),
+        tests_only="GPU health, not the driver and CUDA runtime versions",
+    )
+    clean = {"GPU902": [Finding("GPU902", "s", "t", Status.ABSENT, Severity.ERROR, "GPU0")]}
+    assert verdict_for(whole, clean).status == "refuted"
+    verdict = verdict_for(partial, clean)
+    assert verdict.status == "undecided" and "test only GPU health, not the driver" in verdict.reason
+    found = {"GPU902": [Finding("GPU902", "s", "t", Status.PRESENT, Severity.ERROR, "GPU0")]}
+    assert verdict_for(partial, found).status == "confirmed"
