@@ -2,9 +2,10 @@
 
 A log line only says a failure happened. The checks in a candidate's ``detect.checks`` look
 at the node (this one, or a recorded root) for the misconfiguration itself; one engine run
-covers every candidate, and each candidate becomes confirmed (a check found it), refuted
-(every check ran and found nothing) or undecided (no check covers it, a check could not reach a
-verdict, or the checks found nothing but test only some of its causes: ``[detect] tests_only``).
+covers every candidate, and each candidate becomes confirmed (a check found it at warning or
+above), refuted (every check ran and found nothing) or undecided (no check covers it, a check
+could not reach a verdict, it noted information only, or the checks found nothing but test only
+some of the reference's causes: ``[detect] tests_only``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from preflight.model import Finding, Reference, Status
+from preflight.model import Finding, Reference, Severity, Status
 
 
 @dataclass
@@ -60,8 +61,14 @@ def verdict_for(reference: Reference, findings: dict[str, list[Finding]]) -> Ver
         return Verdict("undecided", "no node check decides this reference; collect the evidence below by hand")
     results = [finding for check in reference.checks for finding in findings.get(check, [])]
     present = [f for f in results if f.status is Status.PRESENT]
+    # An info-level finding is a note, not a misconfiguration (NET005's deliberate NCCL_SOCKET_IFNAME
+    # on a separate data network): it neither confirms the candidate nor rules it out.
+    harmful = [f for f in present if f.severity.rank > Severity.INFO.rank]
+    if harmful:
+        return Verdict("confirmed", "the node shows the misconfiguration", harmful)
     if present:
-        return Verdict("confirmed", "the node shows the misconfiguration", present)
+        notes = "; ".join(f"{f.subject}: {f.evidence[0].observed}" if f.evidence else f.subject for f in present[:3])
+        return Verdict("undecided", f"the node checks noted only information, no misconfiguration ({notes})", present)
     ran = {f.reference_id for f in results}
     if ran == set(reference.checks) and all(f.status is Status.ABSENT for f in results):
         if reference.tests_only:

@@ -709,3 +709,7 @@ def test_a_clean_check_refutes_only_a_reference_whose_causes_it_all_tests() -> N
     assert verdict.status == "undecided" and "test only GPU health, not the driver" in verdict.reason
     found = {"GPU902": [Finding("GPU902", "s", "t", Status.PRESENT, Severity.ERROR, "GPU0")]}
     assert verdict_for(partial, found).status == "confirmed"
+    # An info-level note (a deliberate setting the check only mentions) confirms nothing.
+    noted = {"GPU902": [Finding("GPU902", "s", "t", Status.PRESENT, Severity.INFO, "GPU0")]}
+    verdict = verdict_for(whole, noted)
+    assert verdict.status == "undecided" and "noted only information" in verdict.reason and verdict.findings
