@@ -71,6 +71,22 @@ def test_fleet_decided_facts_and_detect_fleet_name_each_other() -> None:
     assert {"NCCL017", "ROCE006"} <= {ref_id for ref_id, _ in by_facts}
 
 
+# References whose node checks test every node-side cause they list, so a clean node refutes them
+# under `explain --check`; every other reference with checks says what they test (tests_only).
+CHECKS_TEST_EVERY_CAUSE = {"GDR001", "GPU001", "NCCL013", "NVL002", "NVL005", "PCI001", "ROCE004"}
+
+
+def test_a_reference_with_checks_says_whether_they_test_every_cause() -> None:
+    """A clean check refutes a candidate only where it tests every listed cause (GPU002's GPU
+    health check says nothing of a driver older than the runtime); the others name what they test."""
+    undeclared = [
+        reference.id for reference in load_all()
+        if reference.checks and not reference.tests_only and reference.id not in CHECKS_TEST_EVERY_CAUSE
+    ]
+    assert not undeclared, f"checks that test only some causes must say which in [detect] tests_only: {undeclared}"
+    assert all(not reference.tests_only for reference in load_all() if reference.id in CHECKS_TEST_EVERY_CAUSE)
+
+
 def test_detect_schema_refuses_dishonest_or_contradicting_decisions() -> None:
     document = parse_toml((REFERENCES / "NCCL009.toml").read_text())
     detect = document["detect"]

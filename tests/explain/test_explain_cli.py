@@ -196,7 +196,14 @@ def test_check_confirms_and_refutes_on_a_recorded_node(run_cli: Runner, example_
     top = planted["candidates"][0]
     assert code == 2 and top["verdict"]["status"] == "confirmed" and top["verdict"]["findings"]
     code, clean = explain_json(run_cli, str(path), "--check", "--root", str(clean_root))
-    assert clean["candidates"][0]["verdict"]["status"] == "refuted" and code == 1
+    # MEM001's checks read slurmd's, this process's and limits.conf's memlock, not a container's
+    # --ulimit: a clean node leaves it undecided and says what was tested.
+    verdict = clean["candidates"][0]["verdict"]
+    assert verdict["status"] == "undecided" and verdict["reason"].startswith("the node checks test only ") and code == 1
+    # GDR001's check reads every cause it lists (peer-memory modules, DMA-BUF, NCCL_DMABUF_ENABLE).
+    gdr = next(p for p in CORPUS_FILES if p.name.startswith("GDR001__"))
+    code, gdr_clean = explain_json(run_cli, str(gdr), "--check", "--root", str(clean_root))
+    assert gdr_clean["candidates"][0]["verdict"]["status"] == "refuted" and code == 1
     without_checks = [c for c in clean["candidates"] if not c["checks"]]
     assert all(c["verdict"]["status"] == "undecided" for c in without_checks)
     refused = run_cli("explain", "--format", "json", str(path), "--check", "--root", "/no/such/root")
