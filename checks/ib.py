@@ -23,6 +23,7 @@ from preflight.nccl.ib import (
     Selection,
     nccl_selection,
 )
+from preflight.nccl.releases import version_tuple
 from preflight.probes.gpudirect import DeviceNode, JobIdentity, can_read_write
 from preflight.probes.kernel_log import NOT_READ, JoinFailure, KernelLogFacts
 from preflight.probes.link_history import IB_SYSFS, LinkHistoryFacts
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
 
     from preflight.config import Expectations
     from preflight.probes.job import JobFacts, Setting
+    from preflight.probes.nccl_libs import NcclLibFacts
 
 # NCCL_IB_TIMEOUT is an exponent: 4.096 us * 2**value per try. NCCL's default is 20 (about 4 s);
 # below 14 (about 67 ms) a link retraining outlasts every retry.
@@ -270,9 +272,15 @@ def _pci_order_setting(job: JobFacts) -> tuple[Setting | None, bool]:
         return setting, True  # NCCL warns and keeps the default
 
 
+#: NCCL_PARAM(IbDevicePciOrder, "IB_DEVICE_PCI_ORDER", 1) first appears in v2.29.7 (src/transport/net_ib):
+#: from then on NCCL sorts its IB devices by PCI address unless told not to.
+PCI_ORDER_DEFAULT_SINCE = (2, 29, 7)
+
+
 @check("IB005", profiles=("prolog",))
-def ib_device_order_differs_across_nodes(rdma: RdmaFacts, job: JobFacts) -> Iterator[Observation]:
-    """The RDMA devices NCCL uses are not numbered in PCI address order."""
+def ib_device_order_differs_across_nodes(rdma: RdmaFacts, job: JobFacts, nccl_libs: NcclLibFacts) -> Iterator[Observation]:
+    """The RDMA devices NCCL uses are not numbered in PCI address order, and an NCCL that does not
+    sort them (before 2.29.7, or told not to) may run here."""
     require_ib_transport(rdma)
     selection = nccl_selection(rdma, job)
     _decided(selection)
@@ -288,8 +296,16 @@ def ib_device_order_differs_across_nodes(rdma: RdmaFacts, job: JobFacts) -> Iter
     by_pci = sorted(located, key=lambda device: pci_key(device.pci_address or ""))
     if [d.name for d in by_name] == [d.name for d in by_pci]:
         return
+    releases: list[Evidence] = []
     if setting is None:
+        unsorted = [
+            copy for copy in nccl_libs.copies
+            if copy.version is None or (version_tuple(copy.version) or ()) < PCI_ORDER_DEFAULT_SINCE
+        ]
+        if nccl_libs.copies and not unsorted:
+            return  # every NCCL on this node sorts its devices by PCI address by default
         order = Evidence("NCCL_IB_DEVICE_PCI_ORDER", "unset: NCCL 2.29.7 and later sort by PCI address, earlier releases do not")
+        releases = [Evidence(copy.path, f"NCCL {copy.version or 'of an unnamed release'}", "2.29.7 or later") for copy in unsorted[:3]]
     else:
         where = "/proc/self/environ" if setting.origin == "environment" else setting.origin
         order = Evidence(f"{where} NCCL_IB_DEVICE_PCI_ORDER", repr(setting.value), "1 (sort devices by PCI address)")
@@ -301,6 +317,7 @@ def ib_device_order_differs_across_nodes(rdma: RdmaFacts, job: JobFacts) -> Iter
             "names numbered in PCI address order: " + ", ".join(d.name for d in by_pci),
         ),
         order,
+        *releases,
         severity=Severity.WARNING if setting is None else None,
     )
 

@@ -16,6 +16,7 @@ from preflight.probes.job import JobFacts, NcclConfFile, Setting
 from preflight.nccl.ib import HcaEntry, nccl_selection, parse_nccl_ib_hca
 from preflight.checks.ib import accidental_prefix, ib_device_order_differs_across_nodes, ib_hca_selection_mismatch, ib_odd_nic_count_rail_hang
 from preflight.probes.kernel_log import KernelLogFacts, parse_join_failures
+from preflight.probes.nccl_libs import NcclCopy, NcclLibFacts
 from preflight.probes.rdma import PortRate, Problem, RdmaDevice, RdmaFacts, RdmaPort
 from preflight.checks.ib import ib_subnet_manager_sweep_failure, rdma_device_nodes_missing, rdma_stack_or_ports_misconfigured
 from preflight.config import Expectations
@@ -342,27 +343,45 @@ def shuffled() -> RdmaFacts:
     return rdma(hca("mlx5_0"), hca("mlx5_1"), hca("mlx5_2", bus=0x9c), hca("mlx5_3", bus=0x5f))
 
 
+def nccl(*versions: str | None) -> NcclLibFacts:
+    return NcclLibFacts(tuple(NcclCopy(f"/usr/lib/x86_64-linux-gnu/libnccl.so.{i}", v, "system") for i, v in enumerate(versions)), ())
+
+
+OLD_NCCL = nccl("2.21.5")
+
+
 def test_ib005_present_with_severity_by_setting() -> None:
-    unset = list(ib_device_order_differs_across_nodes(shuffled(), job()))
+    unset = list(ib_device_order_differs_across_nodes(shuffled(), job(), OLD_NCCL))
     assert [(o.subject, o.severity) for o in unset] == [("node", Severity.WARNING)]
     assert unset[0].evidence[0].expected == "names numbered in PCI address order: mlx5_0, mlx5_1, mlx5_3, mlx5_2"
-    forced = list(ib_device_order_differs_across_nodes(shuffled(), job({"NCCL_IB_DEVICE_PCI_ORDER": "0"})))
+    assert unset[0].evidence[2].observed == "NCCL 2.21.5" and unset[0].evidence[2].expected == "2.29.7 or later"
+    forced = list(ib_device_order_differs_across_nodes(shuffled(), job({"NCCL_IB_DEVICE_PCI_ORDER": "0"}), nccl("2.30.7")))
     assert [(o.subject, o.severity) for o in forced] == [("node", None)]
 
 
+def test_ib005_unset_order_is_fine_where_every_nccl_sorts_by_pci_address() -> None:
+    """NCCL 2.29.7 made NCCL_IB_DEVICE_PCI_ORDER=1 the default: a node whose NCCL copies are all that
+    recent numbers its devices the same way as its siblings whatever the kernel named them."""
+    assert list(ib_device_order_differs_across_nodes(shuffled(), job(), nccl("2.29.7", "2.30.7"))) == []
+    # One older copy, one whose release is not named, or none found (NCCL may come with the job's
+    # container): the names still decide.
+    for libs in (nccl("2.30.7", "2.27.3"), nccl("2.30.7", None), nccl()):
+        assert [o.severity for o in ib_device_order_differs_across_nodes(shuffled(), job(), libs)] == [Severity.WARNING]
+
+
 def test_ib005_absent_in_order_when_sorted_or_when_the_odd_device_is_not_selected() -> None:
-    assert list(ib_device_order_differs_across_nodes(eight(), job())) == []
-    assert list(ib_device_order_differs_across_nodes(shuffled(), job({"NCCL_IB_DEVICE_PCI_ORDER": "1"}))) == []
-    assert list(ib_device_order_differs_across_nodes(shuffled(), job({"NCCL_IB_HCA": "^=mlx5_2"}))) == []
+    assert list(ib_device_order_differs_across_nodes(eight(), job(), OLD_NCCL)) == []
+    assert list(ib_device_order_differs_across_nodes(shuffled(), job({"NCCL_IB_DEVICE_PCI_ORDER": "1"}), OLD_NCCL)) == []
+    assert list(ib_device_order_differs_across_nodes(shuffled(), job({"NCCL_IB_HCA": "^=mlx5_2"}), OLD_NCCL)) == []
 
 
 def test_ib005_not_applicable_and_unknown() -> None:
     with pytest.raises(NotApplicable):
-        list(ib_device_order_differs_across_nodes(rdma(), job()))
+        list(ib_device_order_differs_across_nodes(rdma(), job(), OLD_NCCL))
     link = Problem("/sys/class/infiniband/mlx5_3/device", "not a PCI function: 'garbage'")
     broken = replace(shuffled(), devices=shuffled().devices[:3] + (replace(shuffled().devices[3], pci_address=None, problems=(link,)),))
     with pytest.raises(Unknown, match="not a PCI function"):
-        list(ib_device_order_differs_across_nodes(broken, job()))
+        list(ib_device_order_differs_across_nodes(broken, job(), OLD_NCCL))
 
 
 # -- EFA001 -----------------------------------------------------------------------------------
