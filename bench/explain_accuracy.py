@@ -18,6 +18,7 @@ its first four candidates as ID/tier: c cause, x context, s symptom.
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from pathlib import Path
 
 # The checkout's preflight and catalogue, as the tests use them, not an installed copy that an
@@ -25,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from real_logs import OUTSIDE, THREAD_URL, corpus, evaluate, figures  # noqa: E402
+from real_logs import OUTSIDE, THREAD_URL, Outcome, corpus, evaluate, figures  # noqa: E402
 
 from preflight.explain import load_catalogue  # noqa: E402
 
@@ -50,6 +51,24 @@ def batches_asked() -> set[str] | None:
     return set(sys.argv[index].split(","))
 
 
+def kinds_of_miss(outcomes: list[Outcome]) -> str:
+    """How the catalogued-cause logs not ranked first were answered: counts only, so the held-back
+    part can be shown without reading its logs."""
+    kinds: Counter[str] = Counter()
+    for outcome in outcomes:
+        if outcome.log.reference == OUTSIDE or outcome.top1:
+            continue
+        if not outcome.ranking:
+            kinds[f"no candidate ({outcome.status})"] += 1
+        elif outcome.top3:
+            kinds["right cause second or third"] += 1
+        elif all(tier == "symptom" for tier in outcome.tiers):
+            kinds["symptoms only"] += 1
+        else:
+            kinds["another cause or context first"] += 1
+    return ", ".join(f"{count} {kind}" for kind, count in kinds.most_common()) or "none"
+
+
 def main() -> int:
     catalogue = load_catalogue()
     batches = batches_asked()
@@ -60,6 +79,7 @@ def main() -> int:
         print(f"== {split} ({len(outcomes)} logs)")
         for line in figures(outcomes).lines():
             print("  " + line)
+        print("  misses: " + kinds_of_miss(outcomes))
         if split == "test":
             cited = cited_threads()
             uncited = [outcome for outcome in outcomes if outcome.log.thread not in cited]
