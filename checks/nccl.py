@@ -108,7 +108,8 @@ def framework_copies(libs: NcclLibFacts, job: JobFacts) -> list[NcclCopy]:
 @check("NCCL016", profiles=("full",))
 def nccl_library_conflict(nccl_libs: NcclLibFacts, job: JobFacts) -> Iterator[Observation]:
     """A job here can load two different NCCL builds: its search path overrides the framework's
-    copy, or the system library path itself holds different versions."""
+    copy, a Python environment holds two nvidia-nccl wheels, or the system library path itself
+    holds different versions."""
     if not nccl_libs.copies:
         raise NotApplicable("no libnccl on this node's library path or in its Python environments")
     wheel = {c.version for c in framework_copies(nccl_libs, job) if c.version}
@@ -118,6 +119,14 @@ def nccl_library_conflict(nccl_libs: NcclLibFacts, job: JobFacts) -> Iterator[Ob
             "job environment",
             *(Evidence("LD_LIBRARY_PATH/LD_PRELOAD", f"{c.path} (NCCL {c.version})", f"NCCL {', '.join(sorted(wheel))} as the framework's wheel ships") for c in overrides),
         )
+    for copy in nccl_libs.copies:
+        if len(copy.wheels) > 1:
+            folder = copy.path.removesuffix("/nvidia/nccl/lib/libnccl.so.2")
+            yield present(
+                folder,
+                Evidence(folder, f"{len(copy.wheels)} NCCL wheels: {', '.join(copy.wheels)}", "one nvidia-nccl wheel"),
+                Evidence(copy.path, "one file for all of them: the wheel installed last wrote it"),
+            )
     system = sorted({c.version for c in nccl_libs.copies if c.origin == "system" and c.version})
     if len(system) > 1:
         yield present(

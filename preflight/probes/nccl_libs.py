@@ -47,6 +47,9 @@ class NcclCopy(Struct, frozen=True):
     path: str
     version: str | None  # None: a libnccl file whose version the node does not name
     origin: str  # "system", "python" or "job" (a directory the job's environment adds)
+    # A Python environment's nvidia-nccl wheels beside the library ("nvidia_nccl_cu12-2.21.5"): all
+    # of them install the same nvidia/nccl/lib/libnccl.so.2, so with two the last one installed won.
+    wheels: tuple[str, ...] = ()
 
 
 class NcclLibFacts(Struct, frozen=True):
@@ -114,10 +117,12 @@ def _python_copies(fs: NodeFS, reader: FactReader) -> list[NcclCopy]:
         entries = reader.listing(folder) or []
         if "nvidia" not in entries:
             continue
-        versions = [m.group(1) for m in map(_WHEEL.match, entries) if m]
+        wheels = sorted(entry for entry in entries if _WHEEL.match(entry))
+        versions = {match.group(1) for match in map(_WHEEL.match, wheels) if match}
         library = f"{folder}/nvidia/nccl/lib/libnccl.so.2"
         if fs.exists(library):
-            found.append(NcclCopy(library, versions[0] if len(versions) == 1 else None, "python"))
+            version = next(iter(versions)) if len(versions) == 1 else None
+            found.append(NcclCopy(library, version, "python", tuple(wheel.removesuffix(".dist-info") for wheel in wheels)))
     return found
 
 

@@ -58,6 +58,21 @@ def test_the_wheel_in_the_jobs_virtualenv_is_the_frameworks(node_copy: Path) -> 
     assert verdicts(node_copy, "NCCL016") == []
 
 
+def test_two_nccl_wheels_in_one_environment_are_present(node_copy: Path) -> None:
+    """nvidia-nccl-cu11 and -cu12 (or two -cu12 releases' metadata) both own
+    nvidia/nccl/lib/libnccl.so.2: whichever was installed last is what the framework loads."""
+    (node_copy / SITE.lstrip("/") / "nvidia_nccl_cu11-2.21.5.dist-info").mkdir()
+    facts = probe_nccl_libs(NodeFS(str(node_copy)))
+    wheel = next(c for c in facts.copies if c.origin == "python")
+    assert wheel.wheels == ("nvidia_nccl_cu11-2.21.5", "nvidia_nccl_cu12-2.21.5") and wheel.version == "2.21.5"
+    found = dict(verdicts(node_copy, "NCCL016"))
+    assert "2 NCCL wheels: nvidia_nccl_cu11-2.21.5, nvidia_nccl_cu12-2.21.5" in found[SITE]
+    os.rename(node_copy / SITE.lstrip("/") / "nvidia_nccl_cu11-2.21.5.dist-info", node_copy / SITE.lstrip("/") / "nvidia_nccl_cu12-2.26.2.dist-info")
+    wheel = next(c for c in probe_nccl_libs(NodeFS(str(node_copy))).copies if c.origin == "python")
+    assert wheel.version is None  # two releases: the file's own is not named
+    assert "2 NCCL wheels: nvidia_nccl_cu12-2.21.5, nvidia_nccl_cu12-2.26.2" in dict(verdicts(node_copy, "NCCL016"))[SITE]
+
+
 def test_ras_crash_release_unless_ras_is_off(node_copy: Path) -> None:
     wheel = node_copy / SITE.lstrip("/")
     os.rename(wheel / "nvidia_nccl_cu12-2.21.5.dist-info", wheel / "nvidia_nccl_cu12-2.27.3.dist-info")
