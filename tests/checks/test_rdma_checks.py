@@ -365,7 +365,8 @@ def test_ib005_unset_order_is_fine_where_every_nccl_sorts_by_pci_address() -> No
     assert list(ib_device_order_differs_across_nodes(shuffled(), job(), nccl("2.29.7", "2.30.7"))) == []
     # One older copy, one whose release is not named, or none found (NCCL may come with the job's
     # container): the names still decide.
-    for libs in (nccl("2.30.7", "2.27.3"), nccl("2.30.7", None), nccl()):
+    unreadable = NcclLibFacts(nccl("2.30.7").copies, ("/opt/nccl/lib: permission denied",))
+    for libs in (nccl("2.30.7", "2.27.3"), nccl("2.30.7", None), nccl(), unreadable):
         assert [o.severity for o in ib_device_order_differs_across_nodes(shuffled(), job(), libs)] == [Severity.WARNING]
 
 

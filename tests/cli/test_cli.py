@@ -163,6 +163,9 @@ def test_references_list_and_show(run_cli: Runner) -> None:
     assert {r["id"] for r in listed} >= {"MEM001", "MEM002", "GDR001", "GDR002", "GPU001", "DNS001"}
     shown = run_cli("references", "show", "memlock-limit-too-low")
     assert shown.returncode == 0 and "OFI Memlock Exhaustion" in shown.stdout and "Sources" in shown.stdout
+    # MEM001's checks read the memlock limits of slurmd, this process and limits.conf, not a container's
+    assert "The node checks test only:" in shown.stdout and "The node checks test only:" not in run_cli("references", "show", "GDR001").stdout
+    assert next(r for r in listed if r["id"] == "MEM001")["detect"]["tests_only"].startswith("slurmd's memlock limit")
     assert run_cli("references", "show", "XYZ999").returncode == 3
     assert len(listed) == 90
     table = run_cli("references", "list", env={"COLUMNS": "300"})  # wide enough for one line per row
