@@ -302,9 +302,10 @@ def ib_device_order_differs_across_nodes(rdma: RdmaFacts, job: JobFacts, nccl_li
             copy for copy in nccl_libs.copies
             if copy.version is None or (version_tuple(copy.version) or ()) < PCI_ORDER_DEFAULT_SINCE
         ]
+        # Every NCCL here sorts its devices by PCI address by default; a directory that could not
+        # be read may hide an older copy, and then the names still decide.
         if nccl_libs.copies and not unsorted and not nccl_libs.problems:
-            return  # every NCCL on this node sorts its devices by PCI address by default
-        # (a directory that could not be read may hide an older copy: then the names still decide)
+            return
         order = Evidence("NCCL_IB_DEVICE_PCI_ORDER", "unset: NCCL 2.29.7 and later sort by PCI address, earlier releases do not")
         releases = [Evidence(copy.path, f"NCCL {copy.version or 'of an unnamed release'}", "2.29.7 or later") for copy in unsorted[:3]]
     else:
