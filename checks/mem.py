@@ -13,7 +13,7 @@ from preflight.model import (
     present,
     undecided,
 )
-from preflight.probes.memlock import SLURM_CONF_PATHS, Limit, MemlockFacts
+from preflight.probes.memlock import SLURM_CONF_PATHS, Limit, MemlockFacts, PamLimit
 from preflight.registry import check
 from preflight.units import format_size
 
@@ -112,14 +112,32 @@ def memlock_limit_too_low(memlock: MemlockFacts, job: JobFacts, expect: Expectat
             fix="Set PropagateResourceLimitsExcept=MEMLOCK in slurm.conf so jobs take slurmd's "
             "limit instead of the login node's, then run 'scontrol reconfigure'.",
         )
-    for entry in memlock.pam_limits:
-        if entry.value < minimum and entry.kind in ("hard", "-"):
-            yield present(
-                f"limits.conf {entry.domain}",
-                Evidence(entry.source, f"{entry.domain} {entry.kind} memlock {format_size(entry.value)}", f">= {format_size(minimum)}"),
-                severity=Severity.WARNING,
-                fix=f"Raise or remove the memlock line at {entry.source}; ssh-launched ranks (mpirun, pdsh) get it.",
-            )
+    for entry in _low_pam_limits(memlock.pam_limits, minimum):
+        yield present(
+            f"limits.conf {entry.domain}",
+            Evidence(entry.source, f"{entry.domain} {entry.kind} memlock {format_size(entry.value)}", f">= {format_size(minimum)}"),
+            severity=Severity.WARNING,
+            fix=f"Raise or remove the memlock line at {entry.source}; ssh-launched ranks (mpirun, pdsh) get it.",
+        )
+
+
+def _low_pam_limits(entries: tuple[PamLimit, ...], minimum: int) -> list[PamLimit]:
+    """The limits.conf lines that leave a domain's soft or hard memlock below ``minimum``.
+
+    The soft limit is the one a process runs with (NCCL does not raise it), so a soft-only line
+    counts as much as a hard one. pam_limits lets a later line of the same domain override an
+    earlier one, and the order of limits.conf against limits.d differs between PAM releases: a
+    line is reported only when no line of its domain sets that limit to ``minimum`` or more."""
+    found: list[PamLimit] = []
+    for kind in ("soft", "hard"):
+        by_domain: dict[str, list[PamLimit]] = {}
+        for entry in entries:
+            if entry.kind in (kind, "-"):
+                by_domain.setdefault(entry.domain, []).append(entry)
+        for lines in by_domain.values():
+            if all(line.value < minimum for line in lines):
+                found.extend(line for line in lines if line not in found)
+    return sorted(found, key=entries.index)
 
 
 def _parse_buffsize(value: str) -> int | None:

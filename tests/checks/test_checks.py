@@ -103,6 +103,21 @@ def test_mem001_pam_limits_and_not_applicable_without_rdma(memlock: MemlockFacts
         list(memlock_limit_too_low(replace(memlock, rdma_devices=()), job(), Expectations()))
 
 
+def test_mem001_limits_conf_soft_lines_count_and_a_raising_line_of_the_domain_clears_it(memlock: MemlockFacts) -> None:
+    """ssh-launched ranks run with the soft limit, so '* soft memlock 64' is as bad as a hard line;
+    a line of the same domain that raises the limit may come later (pam_limits lets it override,
+    and PAM releases order limits.conf and limits.d differently): then nothing is reported."""
+    def found(*lines: tuple[str, str, int]) -> list[str]:
+        pam = tuple(PamLimit(domain, kind, size, f"/etc/security/limits.d/9{n}.conf:1") for n, (domain, kind, size) in enumerate(lines))
+        return [o.evidence[0].observed for o in memlock_limit_too_low(replace(unlimited(memlock), pam_limits=pam), job(), Expectations())]
+
+    assert found(("*", "soft", 64 << 10), ("*", "hard", UNLIMITED)) == ["* soft memlock 64 KiB"]
+    assert found(("*", "soft", 64 << 10), ("*", "-", UNLIMITED)) == []
+    assert found(("*", "hard", 64 << 10), ("*", "hard", UNLIMITED)) == []
+    assert found(("@hpc", "soft", 64 << 10), ("*", "soft", UNLIMITED)) == ["@hpc soft memlock 64 KiB"]  # another domain
+    assert found(("*", "-", 64 << 10)) == ["* - memlock 64 KiB"]  # one line, reported once
+
+
 def test_mem001_unreadable_limits_is_unknown_not_absent(memlock: MemlockFacts) -> None:
     facts = replace(unlimited(memlock), slurmd=None, problems=("/proc/2187/limits: permission denied (EACCES); needs root",))
     found = list(memlock_limit_too_low(facts, job(), Expectations()))
