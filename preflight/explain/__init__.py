@@ -122,7 +122,7 @@ def _plain_file_bytes(paths: list[str]) -> int:
 
 def check_candidates(explanation: Explanation, root: str, config_path: str | None, checks_dirs: tuple[str, ...] = ()) -> None:
     """Fill ``explanation.verdicts`` from the node checks of every candidate."""
-    from preflight.explain.confirm import NodeCheckError, node_findings, verdict_for
+    from preflight.explain.confirm import NodeCheckError, checks_reading_the_job, node_findings, outside_the_job, verdict_for
 
     wanted = {check for c in explanation.candidates for check in explanation.references[c.reference_id].checks}
     try:
@@ -130,5 +130,9 @@ def check_candidates(explanation: Explanation, root: str, config_path: str | Non
     except NodeCheckError as error:
         explanation.check_error = str(error)
         return
+    # On the live node outside a Slurm job, the job's settings the checks read are this shell's; a
+    # recorded root or snapshot carries the environment it was taken in.
+    job_reading = checks_reading_the_job(wanted, checks_dirs) if root == "/" and not os.environ.get("SLURM_JOB_ID") else set()
     for candidate in explanation.candidates:
-        explanation.verdicts[candidate.reference_id] = verdict_for(explanation.references[candidate.reference_id], findings)
+        reference = explanation.references[candidate.reference_id]
+        explanation.verdicts[candidate.reference_id] = outside_the_job(verdict_for(reference, findings), reference, job_reading)

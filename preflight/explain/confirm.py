@@ -79,3 +79,30 @@ def verdict_for(reference: Reference, findings: dict[str, list[Finding]]) -> Ver
     missing = [check for check in reference.checks if check not in findings]
     reasons += [f"{check}: did not run" for check in missing]
     return Verdict("undecided", "; ".join(reasons) or "the checks did not run", results)
+
+
+#: The probe whose facts are the job's settings: its environment (/proc/self/environ), limits and
+#: nccl.conf, read from the process preflight runs as.
+JOB_PROBE = "job"
+
+
+def checks_reading_the_job(check_ids: set[str], checks_dirs: tuple[str, ...] = ()) -> set[str]:
+    """The checks among ``check_ids`` that judge the job's settings (they take the job probe)."""
+    from preflight.discovery import build_registry
+
+    registry = build_registry(checks_dirs, select=tuple(sorted(check_ids)))
+    return {ref_id for ref_id, spec in registry.checks.items() if ref_id in check_ids and JOB_PROBE in spec.probes}
+
+
+def outside_the_job(verdict: Verdict, reference: Reference, job_reading: set[str]) -> Verdict:
+    """``verdict`` as it stands when ``--check`` ran on the live node outside the failed job: a
+    check that read the job's settings read this shell's instead, so its clean result rules out
+    nothing about the job (a refutation becomes undecided, saying where to run it)."""
+    if verdict.status != "refuted" or not set(reference.checks) & job_reading:
+        return verdict
+    return Verdict(
+        "undecided",
+        "the node checks found no sign of it, but read the job's settings from this shell's environment, not the "
+        "failed job's: run --check inside the job's allocation (srun ... preflight explain --check) or on a snapshot taken there",
+        verdict.findings,
+    )

@@ -713,3 +713,20 @@ def test_a_clean_check_refutes_only_a_reference_whose_causes_it_all_tests() -> N
     noted = {"GPU902": [Finding("GPU902", "s", "t", Status.PRESENT, Severity.INFO, "GPU0")]}
     verdict = verdict_for(whole, noted)
     assert verdict.status == "undecided" and "noted only information" in verdict.reason and verdict.findings
+
+
+def test_a_refutation_from_a_shell_outside_the_job_is_undecided_for_checks_of_the_job_settings() -> None:
+    """GDR001 reads NCCL_DMABUF_ENABLE from the job's environment: run from an operator's shell on the
+    live node, a clean result says nothing about the failed job. PCI001 reads only config space."""
+    from preflight.catalogue import load_all
+    from preflight.explain.confirm import Verdict, checks_reading_the_job, outside_the_job
+
+    reading = checks_reading_the_job({"GDR001", "PCI001"})
+    assert reading == {"GDR001"}
+    by_id = {reference.id: reference for reference in load_all()}
+    refuted = Verdict("refuted", "the node checks found no sign of it; look at the next candidate")
+    moved = outside_the_job(refuted, by_id["GDR001"], reading)
+    assert moved.status == "undecided" and "inside the job's allocation" in moved.reason
+    assert outside_the_job(refuted, by_id["PCI001"], reading) is refuted
+    confirmed = Verdict("confirmed", "the node shows the misconfiguration")
+    assert outside_the_job(confirmed, by_id["GDR001"], reading) is confirmed
