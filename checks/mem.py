@@ -112,13 +112,23 @@ def memlock_limit_too_low(memlock: MemlockFacts, job: JobFacts, expect: Expectat
             fix="Set PropagateResourceLimitsExcept=MEMLOCK in slurm.conf so jobs take slurmd's "
             "limit instead of the login node's, then run 'scontrol reconfigure'.",
         )
-    for entry in _low_pam_limits(memlock.pam_limits, minimum):
+    low = _low_pam_limits(memlock.pam_limits, minimum)
+    for entry in low[:_PAM_LINES_SHOWN]:
         yield present(
             f"limits.conf {entry.domain}",
             Evidence(entry.source, f"{entry.domain} {entry.kind} memlock {format_size(entry.value)}", f">= {format_size(minimum)}"),
             severity=Severity.WARNING,
             fix=f"Raise or remove the memlock line at {entry.source}; ssh-launched ranks (mpirun, pdsh) get it.",
         )
+    if len(low) > _PAM_LINES_SHOWN:
+        yield present(
+            "limits.conf",
+            Evidence("/etc/security/limits.conf, limits.d", f"{len(low) - _PAM_LINES_SHOWN} more low memlock lines", f">= {format_size(minimum)}"),
+            severity=Severity.WARNING,
+        )
+
+
+_PAM_LINES_SHOWN = 8  # one finding per low line up to here: a root with thousands gets one more, not thousands
 
 
 def _low_pam_limits(entries: tuple[PamLimit, ...], minimum: int) -> list[PamLimit]:
@@ -128,16 +138,16 @@ def _low_pam_limits(entries: tuple[PamLimit, ...], minimum: int) -> list[PamLimi
     counts as much as a hard one. pam_limits lets a later line of the same domain override an
     earlier one, and the order of limits.conf against limits.d differs between PAM releases: a
     line is reported only when no line of its domain sets that limit to ``minimum`` or more."""
-    found: list[PamLimit] = []
+    low: set[int] = set()  # positions in ``entries``: linear in the lines a recorded root holds
     for kind in ("soft", "hard"):
-        by_domain: dict[str, list[PamLimit]] = {}
-        for entry in entries:
+        by_domain: dict[str, list[int]] = {}
+        for position, entry in enumerate(entries):
             if entry.kind in (kind, "-"):
-                by_domain.setdefault(entry.domain, []).append(entry)
-        for lines in by_domain.values():
-            if all(line.value < minimum for line in lines):
-                found.extend(line for line in lines if line not in found)
-    return sorted(found, key=entries.index)
+                by_domain.setdefault(entry.domain, []).append(position)
+        for positions in by_domain.values():
+            if all(entries[position].value < minimum for position in positions):
+                low.update(positions)
+    return [entries[position] for position in sorted(low)]
 
 
 def _parse_buffsize(value: str) -> int | None:

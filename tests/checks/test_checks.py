@@ -116,6 +116,8 @@ def test_mem001_limits_conf_soft_lines_count_and_a_raising_line_of_the_domain_cl
     assert found(("*", "hard", 64 << 10), ("*", "hard", UNLIMITED)) == []
     assert found(("@hpc", "soft", 64 << 10), ("*", "soft", UNLIMITED)) == ["@hpc soft memlock 64 KiB"]  # another domain
     assert found(("*", "-", 64 << 10)) == ["* - memlock 64 KiB"]  # one line, reported once
+    many = found(*((f"user{n}", "soft", 64 << 10) for n in range(5000)))
+    assert len(many) == 9 and many[-1] == "4992 more low memlock lines"  # bounded output
 
 
 def test_mem001_unreadable_limits_is_unknown_not_absent(memlock: MemlockFacts) -> None:
