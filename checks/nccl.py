@@ -20,7 +20,7 @@ from preflight.probes.frameworks import FrameworkFacts, parse_version
 from preflight.probes.gpu_health import GpuHealthFacts, nvml_unusable
 from preflight.probes.gpus import GpuFacts
 from preflight.probes.job import JobFacts, integer_setting, setting_evidence, slurm_view, switched_off
-from preflight.probes.nccl_libs import NcclCopy, NcclLibFacts, python_prefixes
+from preflight.probes.nccl_libs import WHEEL_LIBRARY, WHEELS_KEPT, NcclCopy, NcclLibFacts, python_prefixes
 from preflight.probes.rdma import IB_CLASS, RdmaFacts
 from preflight.probes.sockets import SocketFacts
 from preflight.registry import check
@@ -121,10 +121,11 @@ def nccl_library_conflict(nccl_libs: NcclLibFacts, job: JobFacts) -> Iterator[Ob
         )
     for copy in nccl_libs.copies:
         if len(copy.wheels) > 1:
-            folder = copy.path.removesuffix("/nvidia/nccl/lib/libnccl.so.2")
+            folder = copy.path.removesuffix(f"/{WHEEL_LIBRARY}")
+            count = f"{len(copy.wheels)}{' or more' if len(copy.wheels) == WHEELS_KEPT else ''}"
             yield present(
                 folder,
-                Evidence(folder, f"{len(copy.wheels)} NCCL wheels: {', '.join(copy.wheels)}", "one nvidia-nccl wheel"),
+                Evidence(folder, f"{count} NCCL wheels: {', '.join(copy.wheels)}", "one nvidia-nccl wheel"),
                 Evidence(copy.path, "one file for all of them: the wheel installed last wrote it"),
             )
     system = sorted({c.version for c in nccl_libs.copies if c.origin == "system" and c.version})

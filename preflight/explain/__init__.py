@@ -130,9 +130,12 @@ def check_candidates(explanation: Explanation, root: str, config_path: str | Non
     except NodeCheckError as error:
         explanation.check_error = str(error)
         return
-    # On the live node outside a Slurm job, the job's settings the checks read are this shell's; a
-    # recorded root or snapshot carries the environment it was taken in.
-    job_reading = checks_reading_the_job(wanted, checks_dirs) if root == "/" and not os.environ.get("SLURM_JOB_ID") else set()
     for candidate in explanation.candidates:
-        reference = explanation.references[candidate.reference_id]
-        explanation.verdicts[candidate.reference_id] = outside_the_job(verdict_for(reference, findings), reference, job_reading)
+        explanation.verdicts[candidate.reference_id] = verdict_for(explanation.references[candidate.reference_id], findings)
+    # On the live node outside a Slurm job, the job's settings the checks read are this shell's; a
+    # recorded root or snapshot carries the environment it was taken in. Only a refutation changes.
+    refuted = [ref_id for ref_id, verdict in explanation.verdicts.items() if verdict.status == "refuted"]
+    if refuted and root == "/" and not os.environ.get("SLURM_JOB_ID"):
+        job_reading = checks_reading_the_job({check for ref_id in refuted for check in explanation.references[ref_id].checks}, checks_dirs)
+        for ref_id in refuted:
+            explanation.verdicts[ref_id] = outside_the_job(explanation.verdicts[ref_id], explanation.references[ref_id], job_reading)

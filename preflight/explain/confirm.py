@@ -89,8 +89,12 @@ JOB_PROBE = "job"
 def checks_reading_the_job(check_ids: set[str], checks_dirs: tuple[str, ...] = ()) -> set[str]:
     """The checks among ``check_ids`` that judge the job's settings (they take the job probe)."""
     from preflight.discovery import build_registry
+    from preflight.registry import RegistrationError
 
-    registry = build_registry(checks_dirs, select=tuple(sorted(check_ids)))
+    try:
+        registry = build_registry(checks_dirs, select=tuple(sorted(check_ids)))
+    except RegistrationError:
+        return set(check_ids)  # cannot tell (the node run got past it moments ago): assume they all do
     return {ref_id for ref_id, spec in registry.checks.items() if ref_id in check_ids and JOB_PROBE in spec.probes}
 
 

@@ -41,6 +41,10 @@ _VERSIONED = re.compile(r"^libnccl\.so\.(\d+\.\d+\.\d+)$")
 
 
 _WHEEL = re.compile(r"^nvidia_nccl_cu\d+-(\d+\.\d+\.\d+)[^/]*\.dist-info$")
+WHEEL_LIBRARY = "nvidia/nccl/lib/libnccl.so.2"  # where every nvidia-nccl-cuXX wheel puts NCCL
+# Wheel names kept per environment: real ones hold one or two; a recorded root listing thousands
+# cannot grow the report with them.
+WHEELS_KEPT = 8
 
 
 class NcclCopy(Struct, frozen=True):
@@ -119,10 +123,11 @@ def _python_copies(fs: NodeFS, reader: FactReader) -> list[NcclCopy]:
             continue
         wheels = sorted(entry for entry in entries if _WHEEL.match(entry))
         versions = {match.group(1) for match in map(_WHEEL.match, wheels) if match}
-        library = f"{folder}/nvidia/nccl/lib/libnccl.so.2"
+        library = f"{folder}/{WHEEL_LIBRARY}"
         if fs.exists(library):
             version = next(iter(versions)) if len(versions) == 1 else None
-            found.append(NcclCopy(library, version, "python", tuple(wheel.removesuffix(".dist-info") for wheel in wheels)))
+            kept = tuple(wheel.removesuffix(".dist-info") for wheel in wheels[:WHEELS_KEPT])
+            found.append(NcclCopy(library, version, "python", kept))
     return found
 
 

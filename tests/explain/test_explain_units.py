@@ -730,3 +730,29 @@ def test_a_refutation_from_a_shell_outside_the_job_is_undecided_for_checks_of_th
     assert outside_the_job(refuted, by_id["PCI001"], reading) is refuted
     confirmed = Verdict("confirmed", "the node shows the misconfiguration")
     assert outside_the_job(confirmed, by_id["GDR001"], reading) is confirmed
+
+
+def test_check_candidates_reconsiders_refutations_only_on_the_live_node_outside_a_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wiring: GDR001 refuted by clean checks stays refuted inside a Slurm job or on a recorded
+    root, and is undecided on the live node from a shell outside any job."""
+    import preflight.explain.confirm as confirm
+    from preflight.catalogue import load_all
+    from preflight.explain import Explanation, check_candidates
+    from preflight.explain.analysis import Candidate
+    from preflight.explain.reader import ReadStats
+    from preflight.model import Finding, Status
+
+    references = {reference.id: reference for reference in load_all()}
+    clean = {"GDR001": [Finding("GDR001", "s", "t", Status.ABSENT, Severity.ERROR, "node")]}
+    monkeypatch.setattr(confirm, "node_findings", lambda *args, **kwargs: clean)
+
+    def verdict(root: str) -> str:
+        candidate = Candidate("GDR001", "cause", 1, None, True)  # type: ignore[arg-type]  (hits unused here)
+        explanation = Explanation(ReadStats(), [candidate], references, None, [], 0.0)
+        check_candidates(explanation, root, None)
+        return explanation.verdicts["GDR001"].status
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert verdict("/") == "undecided" and verdict("/srv/snapshots/gpu017") == "refuted"
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    assert verdict("/") == "refuted"

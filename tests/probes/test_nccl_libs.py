@@ -71,6 +71,10 @@ def test_two_nccl_wheels_in_one_environment_are_present(node_copy: Path) -> None
     wheel = next(c for c in probe_nccl_libs(NodeFS(str(node_copy))).copies if c.origin == "python")
     assert wheel.version is None  # two releases: the file's own is not named
     assert "2 NCCL wheels: nvidia_nccl_cu12-2.21.5, nvidia_nccl_cu12-2.26.2" in dict(verdicts(node_copy, "NCCL016"))[SITE]
+    for n in range(20):  # a recorded root with many: the report keeps a few and says so
+        (node_copy / SITE.lstrip("/") / f"nvidia_nccl_cu12-2.{n}.1.dist-info").mkdir()
+    wheel = next(c for c in probe_nccl_libs(NodeFS(str(node_copy))).copies if c.origin == "python")
+    assert len(wheel.wheels) == 8 and "8 or more NCCL wheels" in dict(verdicts(node_copy, "NCCL016"))[SITE]
 
 
 def test_ras_crash_release_unless_ras_is_off(node_copy: Path) -> None:
