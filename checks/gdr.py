@@ -152,8 +152,10 @@ def gdrcopy_driver_unusable(gpudirect: GpuDirectFacts, job: JobFacts) -> Iterato
     """The job asks NCCL for GDRCopy, but the gdrdrv driver or its device node is unusable."""
     _require_nvidia(gpudirect)
     setting = job.nccl("NCCL_GDRCOPY_ENABLE")
-    if setting is None or setting.value.strip() in ("", "0"):
-        return  # NCCL only loads GDRCopy when NCCL_GDRCOPY_ENABLE=1 (default 0)
+    if setting is None:
+        raise job.nothing_to_judge("NCCL_GDRCOPY_ENABLE", "NCCL's default 0: GDRCopy is not loaded")
+    if setting.value.strip() in ("", "0"):
+        return  # NCCL only loads GDRCopy when NCCL_GDRCOPY_ENABLE=1: the setting keeps it off
     requested = Evidence(f"{setting.origin} NCCL_GDRCOPY_ENABLE", setting.value)
     if gpudirect.gdrdrv_loaded is None:
         yield undecided("gdrdrv", gpudirect.why("/sys/module/gdrdrv"), requested)

@@ -45,11 +45,6 @@ def _require_rdma(memlock: MemlockFacts) -> None:
         raise NotApplicable("no RDMA devices in /sys/class/infiniband; memlock limits only bind RDMA registration")
 
 
-# SLURM_SCRIPT_CONTEXT values of scripts that slurmd itself runs (Slurm's prolog/epilog guide):
-# they inherit slurmd's limits, not the job's, so their own limit is no separate finding.
-_SLURMD_SCRIPT_CONTEXTS = frozenset({"prolog_slurmd", "epilog_slurmd"})
-
-
 def _unread_subject(path: str, memlock: MemlockFacts) -> str:
     """The MEM001 subject an unreadable file leaves undecided ("" for files MEM001 does not use)."""
     if path.endswith("/limits"):
@@ -72,17 +67,16 @@ def memlock_limit_too_low(memlock: MemlockFacts, job: JobFacts, expect: Expectat
     """The locked-memory limit a job gets is below the site minimum."""
     _require_rdma(memlock)
     minimum = expect.memlock_min
-    slurmd_script = job.environ.get("SLURM_SCRIPT_CONTEXT") in _SLURMD_SCRIPT_CONTEXTS
     # A script slurmd runs (the prolog) has slurmd's limit: its own limit decides slurmd's.
-    decided_by_process = {"slurmd"} if slurmd_script and memlock.process is not None else set()
+    decided_by_process = {"slurmd"} if job.in_slurmd_script and memlock.process is not None else set()
     for problem in memlock.problems:
         subject = _unread_subject(problem.split(":", 1)[0], memlock)
         if subject and subject not in decided_by_process:
             yield undecided(subject, problem)
     slurmd_undecided = memlock.slurmd_pid is None and any(_unread_subject(p.split(":", 1)[0], memlock) == "slurmd" for p in memlock.problems)
-    if memlock.process is not None and memlock.process.soft < minimum and not (slurmd_script and memlock.slurmd is not None):
+    if memlock.process is not None and memlock.process.soft < minimum and not (job.in_slurmd_script and memlock.slurmd is not None):
         # A script slurmd runs has slurmd's limit: without slurmd's own entry it is the evidence.
-        yield present("slurmd" if slurmd_script else "process", _limit_evidence(memlock.process, minimum))
+        yield present("slurmd" if job.in_slurmd_script else "process", _limit_evidence(memlock.process, minimum))
     if memlock.slurmd is not None and min(memlock.slurmd.soft, memlock.slurmd.hard) < minimum:
         yield present(
             "slurmd",
@@ -165,7 +159,7 @@ def nccl_buffsize_exceeds_pinned_memory(
     """NCCL_BUFFSIZE is too large for the job's locked-memory limit or the host's memory."""
     setting = job.nccl("NCCL_BUFFSIZE")
     if setting is None:
-        return  # NCCL's default of 4 MiB applies
+        raise job.nothing_to_judge("NCCL_BUFFSIZE", "NCCL's default of 4 MiB applies")
     source = "environment" if setting.origin == "environment" else setting.origin
     where = "/proc/self/environ NCCL_BUFFSIZE" if source == "environment" else f"{source} NCCL_BUFFSIZE"
     buffsize = _parse_buffsize(setting.value)

@@ -65,7 +65,7 @@ def tree_algorithm_hang(job: JobFacts) -> Iterator[Observation]:
     counts that are not a power of two."""
     setting = job.nccl("NCCL_ALGO")
     if setting is None:
-        return
+        raise job.nothing_to_judge("NCCL_ALGO", "NCCL chooses among all its algorithms, Ring included")
     enabled = allreduce_algorithms(setting.value)
     if enabled is None or "tree" not in enabled or "ring" in enabled:
         return
@@ -183,6 +183,13 @@ def nccl_commsplit_nonblocking_segfault(nccl_libs: NcclLibFacts, job: JobFacts, 
     split communicators."""
     require_nccl(nccl_libs)
     triggers, only_risk = _nonblocking_triggers(job, frameworks)
+    made = "TORCH_NCCL_USE_COMM_NONBLOCKING" in job.environ or job.nccl("NCCL_COMM_SPLIT_SHARE_RESOURCES") is not None
+    if not triggers and not made and not frameworks.versions("torch"):
+        # Code that asks ncclCommSplit for non-blocking communicators itself leaves no trace here.
+        raise job.nothing_to_judge(
+            "TORCH_NCCL_USE_COMM_NONBLOCKING and NCCL_COMM_SPLIT_SHARE_RESOURCES",
+            "no PyTorch installed to judge either; a program that asks NCCL for non-blocking communicators itself is not visible here",
+        )
     if triggers:
         yield from release_findings(nccl_libs, SPLIT_NONBLOCKING, *triggers, severity=Severity.WARNING if only_risk else None)
 
@@ -248,7 +255,10 @@ def _size_evidence(job: JobFacts, name: str, size: int, expected: str) -> Eviden
 def nccl_buffsize_socket_stall(job: JobFacts, rdma: RdmaFacts) -> Iterator[Observation]:
     """Buffer sizes NCCL cannot store (2 GiB and more), and an NCCL_BUFFSIZE far above the default
     on a job whose network traffic will go over the socket transport."""
-    sizes = {name: size for name in BUFFSIZE_NAMES if (setting := job.nccl(name)) is not None and (size := _buffsize(setting.value))}
+    settings = {name: setting for name in BUFFSIZE_NAMES if (setting := job.nccl(name)) is not None}
+    if not settings:
+        raise job.nothing_to_judge(", ".join(BUFFSIZE_NAMES), f"NCCL's default buffer sizes apply, {format_size(DEFAULT_BUFFSIZE)} for Simple")
+    sizes = {name: size for name, setting in settings.items() if (size := _buffsize(setting.value))}
     for name, size in sizes.items():
         if size > INT_MAX:
             yield present(name, _size_evidence(job, name, size, "below 2 GiB: NCCL keeps buffer sizes in a 32-bit integer"))
@@ -274,6 +284,8 @@ def watchdog_heartbeat_hang(job: JobFacts, frameworks: FrameworkFacts) -> Iterat
     NCCL call hangs the job instead of ending it."""
     if job.environ_error:
         raise Unknown(f"/proc/self/environ unreadable ({job.environ_error})")
+    if not any(name in job.environ for name in MONITORING):
+        raise job.nothing_to_judge(MONITORING[0], "ProcessGroupNCCL's default 1: the monitor runs", conf_files=False)
     for prefixed, release in readers_for(job.environ, MONITORING, frameworks).variants():
         setting = read_setting(job.environ, MONITORING, prefixed)
         if setting is not None and as_bool(setting.value) is False:

@@ -138,10 +138,6 @@ FABRIC_COMPLETED = 3
 SAFE_STACK = 8192 * 1024  # NCCL's SAFE_STACK_SIZE: the Linux default limit, known to be enough
 
 
-# Scripts slurmd runs itself carry slurmd's limits, not the job's (Slurm's prolog/epilog guide).
-_SLURMD_SCRIPT_CONTEXTS = frozenset({"prolog_slurmd", "epilog_slurmd"})
-
-
 # -- checks -------------------------------------------------------------------------------------
 @check("NVL005", profiles=("full",))
 def nvls_dual_port_nic_corruption(nccl_libs: NcclLibFacts, nccl_platform: NcclPlatformFacts, rdma: RdmaFacts, job: JobFacts) -> Iterator[Observation]:
@@ -181,10 +177,9 @@ def _job_stack(platform: NcclPlatformFacts, job: JobFacts) -> tuple[int | None, 
     """The stack limit the job's processes get, where it was read, and why it is unknown."""
     if platform.stack_soft is None:
         return None, "", "/proc/self/limits has no readable 'Max stack size' row"
-    in_slurmd_script = job.environ.get("SLURM_SCRIPT_CONTEXT", "") in _SLURMD_SCRIPT_CONTEXTS
-    if in_slurmd_script and platform.stack_propagated:
+    if job.in_slurmd_script and platform.stack_propagated:
         return None, "", f"the job gets the submitting shell's stack limit ({platform.slurm_conf}: {platform.propagation_setting})"
-    source = "/proc/self/limits (slurmd's, which the job inherits: STACK not propagated)" if in_slurmd_script else "/proc/self/limits"
+    source = "/proc/self/limits (slurmd's, which the job inherits: STACK not propagated)" if job.in_slurmd_script else "/proc/self/limits"
     return platform.stack_soft, source, ""
 
 

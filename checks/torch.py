@@ -128,6 +128,10 @@ def nccl_async_error_handling_mode(job: JobFacts, frameworks: FrameworkFacts) ->
         ASYNC_ERROR_HANDLING: "unset (3: tear the process down) or 1",
         BLOCKING_WAIT: "unset or 0 (the watchdog then watches every collective)",
     }
+    if not any(name in job.environ for name in ASYNC_ERROR_HANDLING + BLOCKING_WAIT):
+        raise job.nothing_to_judge(
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING and TORCH_NCCL_BLOCKING_WAIT (nor their older NCCL_ names)", "ProcessGroupNCCL's defaults: the watchdog tears a failed job down", conf_files=False
+        )
     for names, wanted in expected.items():
         for prefixed, release in readers_for(job.environ, names, frameworks).variants():
             setting = read_setting(job.environ, names, prefixed)
@@ -146,8 +150,6 @@ LIBUV_DEFAULT_SINCE = (2, 4)
 #: The tutorial's threshold for "large-scale" jobs the legacy server copes badly with: its
 #: benchmark starts at 1024 ranks and the legacy server timed out at 96K.
 LEGACY_STORE_RANKS = 1024
-#: SLURM_SCRIPT_CONTEXT of scripts slurmd runs: their limits are slurmd's, not the job's.
-_SLURMD_SCRIPTS = frozenset({"prolog_slurmd", "epilog_slurmd"})
 _TORCH_LAUNCH = ("MASTER_ADDR", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "USE_LIBUV")
 
 
@@ -182,7 +184,7 @@ def _store_limit_findings(ranks: int, size: Evidence, limit_facts: StoreLimitsFa
             size,
             severity=Severity.WARNING,
         )
-    if job.environ.get("SLURM_SCRIPT_CONTEXT") in _SLURMD_SCRIPTS or not job.in_slurm_job:
+    if job.in_slurmd_script or not job.in_slurm_job:
         return  # this process's limits are slurmd's or an operator's, not those the ranks get
     limit = limit_facts.open_files
     if limit is None:

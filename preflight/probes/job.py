@@ -36,12 +36,16 @@ from __future__ import annotations
 from msgspec import Struct
 
 from preflight.hostlist import expand
-from preflight.model import Evidence, Unknown
+from preflight.model import Evidence, NotApplicable, Unknown
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
 from preflight.sources.fs import FileUser
 
 SYSTEM_NCCL_CONF = "/etc/nccl.conf"
+
+#: SLURM_SCRIPT_CONTEXT of the scripts slurmd runs itself (Slurm's prolog/epilog guide): they get
+#: slurmd's environment and limits plus the job's SLURM_* variables, never what the job exports.
+SLURMD_SCRIPT_CONTEXTS = frozenset({"prolog_slurmd", "epilog_slurmd"})
 
 
 # Only variables that steer communication are kept: reports travel to fleet dashboards and bug
@@ -102,6 +106,20 @@ class JobFacts(Struct, frozen=True):
     @property
     def in_slurm_job(self) -> bool:
         return "SLURM_JOB_ID" in self.environ
+
+    @property
+    def in_slurmd_script(self) -> bool:
+        """Run by slurmd itself (a prolog or epilog): this environment and these limits are
+        slurmd's, not those of the job's processes."""
+        return self.environ.get("SLURM_SCRIPT_CONTEXT", "") in SLURMD_SCRIPT_CONTEXTS
+
+    def nothing_to_judge(self, names: str, default: str, *, conf_files: bool = True) -> NotApplicable:
+        """For a check whose misconfiguration is a setting the job makes, when the job does not
+        make it: ``names`` were not set (where they were looked for is added), ``default`` is what
+        applies instead. A prolog cannot see what the job exports, and says so."""
+        places = "the environment" + (" or NCCL's configuration files" if conf_files else "")
+        unseen = "; a script slurmd runs (prolog, epilog) does not see the variables a job exports" if self.in_slurmd_script else ""
+        return NotApplicable(f"{names} not set in {places} ({default}){unseen}")
 
 
 def parse_environ(data: bytes) -> dict[str, str]:

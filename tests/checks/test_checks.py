@@ -133,7 +133,8 @@ def test_mem002_present_when_buffsize_exceeds_memlock(memlock: MemlockFacts, gpu
 
 
 def test_mem002_absent_with_default_or_modest_buffsize(memlock: MemlockFacts, gpudirect: GpuDirectFacts) -> None:
-    assert list(nccl_buffsize_exceeds_pinned_memory(job(), memlock, gpudirect)) == []
+    with pytest.raises(NotApplicable, match="NCCL_BUFFSIZE not set"):
+        list(nccl_buffsize_exceeds_pinned_memory(job(), memlock, gpudirect))
     modest = job(environ={"NCCL_BUFFSIZE": "8388608"})
     assert list(nccl_buffsize_exceeds_pinned_memory(modest, unlimited(memlock), gpudirect)) == []
 
@@ -227,7 +228,8 @@ def test_gdr002_device_node_missing_or_not_accessible(gpudirect: GpuDirectFacts)
 
 
 def test_gdr002_absent_when_not_requested(gpudirect: GpuDirectFacts) -> None:
-    assert list(gdrcopy_driver_unusable(gpudirect, job())) == []
+    with pytest.raises(NotApplicable, match="NCCL_GDRCOPY_ENABLE not set"):
+        list(gdrcopy_driver_unusable(gpudirect, job()))
     assert list(gdrcopy_driver_unusable(gpudirect, job(environ={"NCCL_GDRCOPY_ENABLE": "0"}))) == []
 
 

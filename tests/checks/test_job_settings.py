@@ -79,11 +79,19 @@ def test_large_buffer_over_the_socket_transport_is_a_warning(environ: dict[str, 
         ({"NCCL_BUFFSIZE": str(256 * MiB), "NCCL_IB_DISABLE": "1"}, rdma(hca("rdmap16s27", "Unknown", efa=True))),  # aws-ofi-nccl drives EFA
         ({"NCCL_BUFFSIZE": str(16 * MiB), "NCCL_NET": "Socket"}, IB_NODE),  # within four times the default
         ({"NCCL_BUFFSIZE": "lots", "NCCL_NET": "Socket"}, IB_NODE),  # not a number: MEM002 reports it
-        ({"NCCL_NET": "Socket"}, IB_NODE),  # the default buffer
     ],
 )
 def test_buffer_that_does_not_cross_tcp_or_is_modest_is_absent(environ: dict[str, str], facts: RdmaFacts) -> None:
     assert list(nccl_buffsize_socket_stall(job(environ), facts)) == []
+
+
+def test_settings_the_job_does_not_make_leave_nothing_to_judge() -> None:
+    with pytest.raises(NotApplicable, match="NCCL_BUFFSIZE, NCCL_LL_BUFFSIZE, NCCL_LL128_BUFFSIZE not set"):
+        list(nccl_buffsize_socket_stall(job({"NCCL_NET": "Socket"}), IB_NODE))  # the default buffer
+    with pytest.raises(NotApplicable, match="TORCH_NCCL_ASYNC_ERROR_HANDLING and TORCH_NCCL_BLOCKING_WAIT"):
+        list(nccl_async_error_handling_mode(job({}), torch("2.6.0")))
+    with pytest.raises(NotApplicable, match="TORCH_NCCL_ENABLE_MONITORING not set in the environment"):
+        list(watchdog_heartbeat_hang(job({"TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": "1200"}), torch("2.6.0")))
 
 
 def test_sizes_nccl_cannot_store_are_errors_on_any_transport() -> None:
@@ -123,7 +131,6 @@ def test_error_handling_switched_off_is_present(environ: dict[str, str], version
 @pytest.mark.parametrize(
     "environ, versions",
     [
-        ({}, ("2.6.0",)),
         ({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}, ("2.6.0",)),
         ({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "NCCL_ASYNC_ERROR_HANDLING": "0"}, ("2.6.0",)),  # the TORCH_ name wins
         ({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}, ("2.1.2",)),  # a name 2.1 never reads
@@ -158,7 +165,6 @@ def test_heartbeat_monitor_switched_off_is_present(value: str) -> None:
 @pytest.mark.parametrize(
     "environ, versions",
     [
-        ({}, ("2.6.0",)),
         ({"TORCH_NCCL_ENABLE_MONITORING": "1", "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": "1200"}, ("2.6.0",)),
         ({"TORCH_NCCL_ENABLE_MONITORING": "0"}, ("2.1.2",)),  # a release without the monitor or its variable
         ({"TORCH_NCCL_ENABLE_MONITORING": "maybe"}, ("2.6.0",)),  # refused by PyTorch at start

@@ -128,7 +128,8 @@ def test_forced_tree_at_a_non_power_of_two_size_is_an_error() -> None:
 
 
 def test_tree_left_to_nccl_or_one_node_is_absent() -> None:
-    assert list(tree_algorithm_hang(job(SRUN_TASK))) == []
+    with pytest.raises(NotApplicable, match="NCCL_ALGO not set"):
+        list(tree_algorithm_hang(job(SRUN_TASK)))
     assert list(tree_algorithm_hang(job({**SRUN_TASK, "NCCL_ALGO": "Ring,Tree"}))) == []
     assert list(tree_algorithm_hang(job({**SRUN_TASK, "NCCL_ALGO": "tree;allreduce:ring"}))) == []
     assert list(tree_algorithm_hang(job({**SRUN_TASK, "NCCL_ALGO": "Tree;bogus"}))) == []  # NCCL rejects it at init
@@ -149,5 +150,5 @@ def test_recorded_task_of_torchrun_per_gpu(tmp_path: Path, example_root: Path) -
     assert nccl015.evidence[0].source == "/home/alice/.nccl.conf NCCL_ALGO"
     prolog = run(REGISTRY, Sources.for_fs(NodeFS(str(example_root))), HostConfig(), RunOptions(profile="prolog", select=ids), "test")
     assert {(f.reference_id, f.status.value) for f in prolog.findings} == {
-        ("TORCH004", "not_applicable"), ("TORCH010", "not_applicable"), ("NCCL015", "absent"),
+        ("TORCH004", "not_applicable"), ("TORCH010", "not_applicable"), ("NCCL015", "not_applicable"),
     }
