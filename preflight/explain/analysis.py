@@ -47,6 +47,9 @@ _UNSET = object()  # a cascade not worked out yet (None means: there is none)
 _TRACEBACK_HEADER = re.compile(TRACEBACK_HEADER)
 _EXCEPTION_LINE = re.compile(EXCEPTION_LINE)
 _NCCL_INFO = "NCCL INFO "  # posts often lose the host:pid:tid [dev] before it
+# UCX's levels below DIAG (src/ucs/debug/log.c, "%-4s %-5s": "UCX  DEBUG "): what it logs there is
+# a fallback it took, never what stopped the run; UCX reports that at WARN, ERROR or FATAL.
+_UCX_QUIET = re.compile(r"\bUCX {1,3}(?:INFO|DEBUG|TRACE|REQ|DATA|ASYNC|FUNC|POLL) ")
 
 
 @dataclass
@@ -151,7 +154,7 @@ class Analysis:
             actor = self._actor(meta, hit.source)
             evidence = Evidence(hit.source, hit.line_number, hit.text, "symptom", 0, meta.time_text, actor, meta.host)
             if signature.role == "context":  # weak: names a failing line, says nothing of order
-                if self.weak_first is None and (hit.source, hit.line_number) != self._setting_line and not _handled_by_nccl(hit):
+                if self.weak_first is None and (hit.source, hit.line_number) != self._setting_line and not _handled_quietly(hit):
                     self.weak_first = evidence
                 return
             self._note_failure(actor, evidence, "", meta, (meta.time if meta.time is not None else float("inf"), self._order), hit.source)
@@ -368,11 +371,12 @@ class Analysis:
         return [e for e in self.by_reference.values() if set(e.roles.values()) == {"context"}]
 
 
-def _handled_by_nccl(hit: Hit) -> bool:
-    """An NCCL INFO line whose only sign of trouble is a failure word: a fallback NCCL took and
-    logged at INFO (a plugin's older symbol version, a missing optional library), not a failure;
-    NCCL reports what it cannot get past as a WARN."""
-    return _NCCL_INFO in hit.text and hit.signature.pattern.pattern == FAILURE_WORDS
+def _handled_quietly(hit: Hit) -> bool:
+    """An NCCL INFO line whose only sign of trouble is a failure word, or any UCX line below its
+    DIAG level: a fallback the library took and logged as information (a plugin's older symbol
+    version, a missing optional library, a registration cache it could not create), not a
+    failure; both report what they cannot get past as a WARN or an ERROR."""
+    return (_NCCL_INFO in hit.text and hit.signature.pattern.pattern == FAILURE_WORDS) or _UCX_QUIET.search(hit.text) is not None
 
 
 def _tier_score(entry: ReferenceHits, tier: str, sharing: dict[str, int]) -> int:

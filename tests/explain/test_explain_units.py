@@ -665,6 +665,20 @@ def test_a_fallback_nccl_logs_at_info_level_is_not_the_failing_line(tmp_path: Pa
     assert named is not None and named.text == warn
 
 
+def test_what_ucx_logs_below_diag_is_not_the_failing_line(tmp_path: Path) -> None:
+    """UCX at DEBUG says which optional pieces it went without ("failed to create registration
+    cache"); a run it stops gets a line at ERROR or FATAL, and that is the one explain names."""
+    debug = [
+        "[1601415622.654729] [h13n02:130948:0]          ib_md.c:1149 UCX  DEBUG mlx5_1: failed to create registration cache: Unsupported operation",
+        "[1601415622.673312] [h13n02:130948:0]        knem_md.c:374  UCX  DEBUG Could not create registration cache: Unsupported operation",
+        "[1601415622.673312] [h13n02:130948:0]         parser.c:1991 UCX  INFO  UCX_* env variable: UCX_MEM_MMAP_HOOK_MODE=none",
+    ]
+    assert _explained(tmp_path, "\n".join(debug) + "\n").first_failure is None
+    error = "[1601415623.000001] [h13n02:130948:0]       ucp_worker.c:1870 UCX  ERROR failed to create worker: No resources are available"
+    named = _explained(tmp_path, "\n".join([*debug, error]) + "\n").first_failure
+    assert named is not None and named.text == error
+
+
 @pytest.mark.parametrize(("frame", "expected"), [("ncclShmOpen", True), ("ncclProxyService", False)])
 def test_a_bus_error_inside_nccl_shm_setup_is_nccl007(tmp_path: Path, frame: str, expected: bool) -> None:
     """NCCL up to 2.18 wrote its /dev/shm segment after an ftruncate: a full tmpfs is a SIGBUS in
