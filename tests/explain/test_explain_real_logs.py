@@ -21,9 +21,9 @@ from preflight.explain import explain, load_catalogue
 # Held-back figures (tests/data/real-logs, test part), measured when last raised; see
 # bench/explain_accuracy.py for all figures. Floors, not goals: the goals are top-1 85 %,
 # top-3 95 %, no candidate 0 %, out-of-catalogue logs given a cause <= 20 %.
-TOP1_FLOOR = 0.557
-TOP3_FLOOR = 0.576
-NO_CANDIDATE_CEILING = 0.260
+TOP1_FLOOR = 0.561
+TOP3_FLOOR = 0.580
+NO_CANDIDATE_CEILING = 0.258
 OUTSIDE_CAUSE_CEILING = 0.20
 SILENT_CEILING = 16  # held-back failure logs answered "nothing found" (19 before stalls were named)
 # When the test part grows, the logs held back before keep the floors they had reached, so new,
@@ -55,7 +55,10 @@ SILENT_CEILING = 16  # held-back failure logs answered "nothing found" (19 befor
 #   part, whose silent ceilings went down by one;
 # - batches a-zz (142 logs): batches zza-zze (7 held-back logs; their one catalogued cause is not
 #   ranked first, none of their 6 out-of-catalogue logs given a cause) moved them to
-#   55.8 / 57.7 / 26.0 %.
+#   55.8 / 57.7 / 26.0 %;
+# - batches a-zze (149 logs): batches zzf-zzi (5 held-back logs; their one catalogued cause is
+#   ranked first, none of their 4 out-of-catalogue logs given a cause) moved them to
+#   56.2 / 58.1 / 25.7 %.
 EARLIER_PARTS = {
     "batches a-e": (set("abcde"), {"top1": 0.596, "top3": 0.629, "no_candidate": 0.210, "silent": 6}),
     "batches a-x": (set("abcdefghijklmnopqrstuvwx"), {"top1": 0.552, "top3": 0.576, "no_candidate": 0.283, "silent": 13}),
@@ -67,6 +70,7 @@ EARLIER_PARTS = {
     "batches a-zp": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze", "zf", "zg", "zh", "zi", "zj", "zl", "zm", "zn", "zo", "zp"}, {"top1": 0.556, "top3": 0.577, "no_candidate": 0.258, "silent": 15}),
     "batches a-zt": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze", "zf", "zg", "zh", "zi", "zj", "zl", "zm", "zn", "zo", "zp", "zq", "zr", "zs", "zt"}, {"top1": 0.550, "top3": 0.570, "no_candidate": 0.260, "silent": 16}),
     "batches a-zz": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze", "zf", "zg", "zh", "zi", "zj", "zl", "zm", "zn", "zo", "zp", "zq", "zr", "zs", "zt", "zu", "zv", "zw", "zx", "zy", "zz"}, {"top1": 0.563, "top3": 0.582, "no_candidate": 0.253, "silent": 16}),
+    "batches a-zze": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze", "zf", "zg", "zh", "zi", "zj", "zl", "zm", "zn", "zo", "zp", "zq", "zr", "zs", "zt", "zu", "zv", "zw", "zx", "zy", "zz", "zza", "zzb", "zzc", "zzd", "zze"}, {"top1": 0.557, "top3": 0.576, "no_candidate": 0.260, "silent": 16}),
 }
 
 
@@ -169,8 +173,12 @@ def test_no_failure_log_is_answered_with_silence_when_it_shows_an_error() -> Non
 _ERROR_WORDS = re.compile(r"\b(?:Error|ERROR|error:|Exception|Traceback|WARN|failed|Failed|FAILED|Segmentation fault|Killed)\b")
 
 
+# A line UCX logs below its DIAG level is information even when it says "failed" (a fallback).
+_UCX_INFORMATION = re.compile(r"\bUCX {1,3}(?:INFO|DEBUG|TRACE|REQ|DATA|ASYNC|FUNC|POLL) ")
+
+
 def _shows_an_error(text: str) -> bool:
-    return _ERROR_WORDS.search(text) is not None
+    return any(_ERROR_WORDS.search(line) and not _UCX_INFORMATION.search(line) for line in text.splitlines())
 
 
 def _hard_quote(text: str) -> str:
