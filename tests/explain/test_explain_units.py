@@ -650,33 +650,36 @@ def test_a_socket_address_of_no_family_is_a_symptom_of_a_missing_interface(tmp_p
     assert all(tier != "cause" for _, tier in _ranked(_explained(tmp_path, line)))
 
 
-def test_a_fallback_nccl_logs_at_info_level_is_not_the_failing_line(tmp_path: Path) -> None:
-    """NCCL looks for each net-plugin symbol version in turn and says so at INFO ("Failed to find
-    ncclNetPlugin_v6 symbol"), then loads an older one: a fallback, not a failure. What NCCL
-    cannot get past it reports as a WARN, and that stays the line explain names."""
-    setup = [
-        "node-1:440225:440225 [0] NCCL INFO Bootstrap : Using ens7:10.128.0.30<0>",
-        "node-1:440225:440225 [0] NCCL INFO NET/Plugin: Failed to find ncclNetPlugin_v6 symbol.",
-        "node-1:440225:440225 [0] NCCL INFO NET/Plugin: Loaded net plugin FastSocket (v4)",
-    ]
-    assert _explained(tmp_path, "\n".join(setup) + "\n").first_failure is None
-    warn = "node-1:440225:440262 [0] misc/socket.cc:484 NCCL WARN socketStartConnect: exceeded retries (20000)"
-    named = _explained(tmp_path, "\n".join([*setup, warn]) + "\n").first_failure
-    assert named is not None and named.text == warn
+# Fallbacks a library logs as information, then the line it prints when it cannot go on.
+# NCCL looks for each net-plugin symbol version in turn and says so at INFO ("Failed to find
+# ncclNetPlugin_v6 symbol") before loading an older one; UCX at DEBUG says which optional pieces it
+# went without ("failed to create registration cache"). What stops a run is a WARN or an ERROR.
+QUIET_FALLBACKS = {
+    "nccl-info": (
+        [
+            "node-1:440225:440225 [0] NCCL INFO Bootstrap : Using ens7:10.128.0.30<0>",
+            "node-1:440225:440225 [0] NCCL INFO NET/Plugin: Failed to find ncclNetPlugin_v6 symbol.",
+            "node-1:440225:440225 [0] NCCL INFO NET/Plugin: Loaded net plugin FastSocket (v4)",
+        ],
+        "node-1:440225:440262 [0] misc/socket.cc:484 NCCL WARN socketStartConnect: exceeded retries (20000)",
+    ),
+    "ucx-debug": (
+        [
+            "[1601415622.654729] [h13n02:130948:0]          ib_md.c:1149 UCX  DEBUG mlx5_1: failed to create registration cache: Unsupported operation",
+            "[1601415622.673312] [h13n02:130948:0]        knem_md.c:374  UCX  DEBUG Could not create registration cache: Unsupported operation",
+            "[1601415622.673312] [h13n02:130948:0]         parser.c:1991 UCX  INFO  UCX_* env variable: UCX_MEM_MMAP_HOOK_MODE=none",
+        ],
+        "[1601415623.000001] [h13n02:130948:0]       ucp_worker.c:1870 UCX  ERROR failed to create worker: No resources are available",
+    ),
+}
 
 
-def test_what_ucx_logs_below_diag_is_not_the_failing_line(tmp_path: Path) -> None:
-    """UCX at DEBUG says which optional pieces it went without ("failed to create registration
-    cache"); a run it stops gets a line at ERROR or FATAL, and that is the one explain names."""
-    debug = [
-        "[1601415622.654729] [h13n02:130948:0]          ib_md.c:1149 UCX  DEBUG mlx5_1: failed to create registration cache: Unsupported operation",
-        "[1601415622.673312] [h13n02:130948:0]        knem_md.c:374  UCX  DEBUG Could not create registration cache: Unsupported operation",
-        "[1601415622.673312] [h13n02:130948:0]         parser.c:1991 UCX  INFO  UCX_* env variable: UCX_MEM_MMAP_HOOK_MODE=none",
-    ]
-    assert _explained(tmp_path, "\n".join(debug) + "\n").first_failure is None
-    error = "[1601415623.000001] [h13n02:130948:0]       ucp_worker.c:1870 UCX  ERROR failed to create worker: No resources are available"
-    named = _explained(tmp_path, "\n".join([*debug, error]) + "\n").first_failure
-    assert named is not None and named.text == error
+@pytest.mark.parametrize("library", sorted(QUIET_FALLBACKS))
+def test_a_fallback_logged_as_information_is_not_the_failing_line(tmp_path: Path, library: str) -> None:
+    fallbacks, failure = QUIET_FALLBACKS[library]
+    assert _explained(tmp_path, "\n".join(fallbacks) + "\n").first_failure is None
+    named = _explained(tmp_path, "\n".join([*fallbacks, failure]) + "\n").first_failure
+    assert named is not None and named.text == failure
 
 
 @pytest.mark.parametrize(("frame", "expected"), [("ncclShmOpen", True), ("ncclProxyService", False)])
