@@ -130,7 +130,9 @@ def nccl_async_error_handling_mode(job: JobFacts, frameworks: FrameworkFacts) ->
     }
     if not any(name in job.environ for name in ASYNC_ERROR_HANDLING + BLOCKING_WAIT):
         raise job.nothing_to_judge(
-            "TORCH_NCCL_ASYNC_ERROR_HANDLING and TORCH_NCCL_BLOCKING_WAIT (nor their older NCCL_ names)", "ProcessGroupNCCL's defaults: the watchdog tears a failed job down", conf_files=False
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING and TORCH_NCCL_BLOCKING_WAIT (nor their older NCCL_ names)",
+            "ProcessGroupNCCL's defaults: the watchdog tears a failed job down",
+            conf_files=False,
         )
     for names, wanted in expected.items():
         for prefixed, release in readers_for(job.environ, names, frameworks).variants():
