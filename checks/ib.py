@@ -43,6 +43,7 @@ from preflight.probes.rdma import (
     ports_unlisted,
     require_rdma,
 )
+from preflight.probes.verbs import CONFIG_DIR, LIBRARY_NAMES, PROVIDER_OF_DRIVER, VERBS_NOT_READ, VerbsFacts
 from preflight.registry import check
 
 if TYPE_CHECKING:
@@ -410,9 +411,11 @@ def _degraded(port: RdmaPort, active: list[RdmaPort], rdma: RdmaFacts, expect: E
 
 
 @check("IB009", profiles=("prolog",))
-def rdma_stack_or_ports_misconfigured(rdma: RdmaFacts, expect: Expectations) -> Iterator[Observation]:
-    """Expected HCAs missing, data ports down, or links trained below their rate or width."""
+def rdma_stack_or_ports_misconfigured(rdma: RdmaFacts, expect: Expectations, verbs: VerbsFacts = VERBS_NOT_READ) -> Iterator[Observation]:
+    """Expected HCAs missing, data ports down, or links trained below their rate or width; inside
+    a job, a verbs user space (libibverbs, a device's provider) NCCL cannot load."""
     require_rdma(rdma)
+    yield from _verbs_user_space(verbs)
     yield from unlisted_ports(rdma)
     for name in expect.hcas or ():
         if rdma.device(name) is None:
@@ -440,6 +443,42 @@ def rdma_stack_or_ports_misconfigured(rdma: RdmaFacts, expect: Expectations) -> 
         observation = _degraded(port, active, rdma, expect)
         if observation is not None:
             yield observation
+
+
+def _verbs_user_space(verbs: VerbsFacts) -> Iterator[Observation]:
+    """What NCCL would load in the job's own processes (a job step, or a snapshot taken in one):
+    there the user space read here is the job's, a container's included. A prolog, a health check
+    or an operator's shell reads the host's, which a containerised job never loads: not judged."""
+    if verbs.job_view is False or not verbs.devices:
+        return
+    # Anything unread (a library directory not captured, /etc/libibverbs.d unreadable) may hold
+    # what is missing: then the finding is unknown, never present.
+    unread = verbs.problems[0] if verbs.problems else ""
+    if not verbs.libraries:
+        looked = f"no {' or '.join(LIBRARY_NAMES)} in {', '.join(verbs.directories[:6])}" + (" ..." if len(verbs.directories) > 6 else "")
+        if unread:
+            yield undecided("libibverbs", f"{looked}, and {unread}")
+        else:
+            yield present("libibverbs", Evidence("library directories and LD_LIBRARY_PATH", looked, "libibverbs.so.1 (rdma-core), which NCCL opens for its IB transport"))
+        return
+    needed: dict[str, list[str]] = {}
+    for device in verbs.devices:
+        if device.driver in PROVIDER_OF_DRIVER:
+            needed.setdefault(PROVIDER_OF_DRIVER[device.driver], []).append(device.name)
+    named = set(verbs.configured or ()) | set(verbs.rdmav_drivers)
+    for provider, devices in sorted(needed.items()):
+        if provider not in named:
+            observed = "missing" if verbs.configured is None else f"no 'driver {provider}' line"
+            gap = Evidence(CONFIG_DIR, observed, f"{provider}.driver saying 'driver {provider}' (rdma-core's ibverbs-providers)")
+        elif provider not in verbs.providers:
+            gap = Evidence("library directories", f"no lib{provider}-rdmav*.so in <dir>/libibverbs or on the library path", f"the {provider} provider library (rdma-core)")
+        else:
+            continue
+        shown = ", ".join(devices[:8]) + (f" and {len(devices) - 8} more" if len(devices) > 8 else "")
+        if unread:
+            yield undecided(f"{provider} provider", f"{gap.source}: {gap.observed}, and {unread}")
+        else:
+            yield present(f"{provider} provider", gap, Evidence(f"{IB_CLASS}/*/device/driver", f"{shown}: libibverbs lists none of them without it"))
 
 
 # -- IB008 ------------------------------------------------------------------------------------

@@ -63,6 +63,8 @@ KEPT_NAMES = frozenset({
     "USE_LIBUV",
     # fixed GID indexes of RDMA libraries that run beside NCCL (NVSHMEM_ is kept by prefix)
     "MC_GID_INDEX", "MSCCLPP_IB_GID_INDEX", "UCCL_IB_GID_INDEX", "UCCL_P2P_RDMA_GID_INDEX",
+    # the verbs providers libibverbs loads besides those /etc/libibverbs.d names (rdma-core)
+    "RDMAV_DRIVERS", "IBV_DRIVERS",
 })
 
 

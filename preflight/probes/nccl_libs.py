@@ -61,7 +61,7 @@ class NcclLibFacts(Struct, frozen=True):
     problems: tuple[str, ...]
 
 
-def _library_dirs(reader: FactReader) -> list[str]:
+def library_dirs(reader: FactReader) -> list[str]:
     dirs = list(SYSTEM_DIRS)
     # Unlisted directories stay in ``problems``: "no libnccl found, and ..." is unknown, not absent.
     for name in reader.listing("/etc/ld.so.conf.d") or []:
@@ -136,7 +136,7 @@ def probe_nccl_libs(fs: NodeFS) -> NcclLibFacts:
     """Every libnccl in the system library path and in Python environments."""
     reader = FactReader(fs)
     copies: list[NcclCopy] = []
-    for directory in _library_dirs(reader):
+    for directory in library_dirs(reader):
         copies += _copies_in(fs, reader, directory, "system")
     copies += _python_copies(fs, reader)
     return NcclLibFacts(tuple(copies), tuple(reader.problems))
