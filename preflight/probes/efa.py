@@ -26,7 +26,7 @@ import posixpath
 
 from msgspec import Struct
 
-from preflight.probes.job import parse_environ
+from preflight.probes.job import library_path_dirs, parse_environ
 from preflight.probes.rdma import IB_CLASS, looks_like_efa
 from preflight.probing import FactReader
 from preflight.registry import probe
@@ -88,7 +88,7 @@ def probe_efa(fs: NodeFS) -> EfaFacts | None:
         environ = parse_environ(fs.read_bytes("/proc/self/environ") or b"")
     except SourceError:
         environ = {}
-    job_dirs = [d for d in environ.get("LD_LIBRARY_PATH", "").split(":") if d.startswith("/")]
+    job_dirs = library_path_dirs(environ)
     directories = list(dict.fromkeys(job_dirs + _conf_dirs(reader) + list(DEFAULT_LIBRARY_DIRS) + list(EFA_LIBRARY_DIRS)))
     found = [
         f"{folder.rstrip('/')}/{entry}"

@@ -138,6 +138,18 @@ def parse_environ(data: bytes) -> dict[str, str]:
     return environ
 
 
+#: Directories of a job's LD_LIBRARY_PATH looked in: real ones hold a few dozen; a recorded root
+#: whose environment lists thousands cannot turn each probe into thousands of directory reads.
+MAX_LIBRARY_PATH_DIRS = 64
+
+
+def library_path_dirs(environ: dict[str, str]) -> list[str]:
+    """The absolute directories of ``LD_LIBRARY_PATH``, in order, once each, at most
+    :data:`MAX_LIBRARY_PATH_DIRS` (a relative entry names a directory of the job's working
+    directory, which preflight does not share)."""
+    return list(dict.fromkeys(d for d in environ.get("LD_LIBRARY_PATH", "").split(":") if d.startswith("/")))[:MAX_LIBRARY_PATH_DIRS]
+
+
 def parse_nccl_conf(text: str) -> tuple[tuple[str, str], ...]:
     """``NAME=value`` lines as NCCL reads them: no trimming, ``#`` lines and lines without ``=``
     ignored, values cut at 1023 characters (NCCL's buffer)."""

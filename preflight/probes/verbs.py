@@ -26,7 +26,7 @@ import re
 
 from msgspec import Struct
 
-from preflight.probes.job import SLURMD_SCRIPT_CONTEXTS, parse_environ
+from preflight.probes.job import SLURMD_SCRIPT_CONTEXTS, library_path_dirs, parse_environ
 from preflight.probes.nccl_libs import library_dirs
 from preflight.probing import FactReader
 from preflight.registry import probe
@@ -139,7 +139,7 @@ def probe_verbs(fs: NodeFS) -> VerbsFacts:
     drivers = re.split(r"[:;]", environ.get("RDMAV_DRIVERS") or environ.get("IBV_DRIVERS") or "")
     if not devices or job_view is False:
         return VerbsFacts(job_view, "", (), tuple(devices), (), (), None, (), tuple(reader.problems))
-    job_dirs = [d for d in environ.get("LD_LIBRARY_PATH", "").split(":") if d.startswith("/")]
+    job_dirs = library_path_dirs(environ)
     if environ.get("CONDA_PREFIX", "").startswith("/"):
         job_dirs.append(f"{environ['CONDA_PREFIX'].rstrip('/')}/lib")  # NCCL's conda build finds it by RPATH
     directories = list(dict.fromkeys([*job_dirs, *library_dirs(reader)]))

@@ -166,3 +166,10 @@ def test_an_unreadable_environment_leaves_a_missing_library_unknown(job_node: Pa
     (job_node / "proc/self/environ").mkdir()
     statuses = {(f.status.value, f.subject) for f in ib009(job_node)}
     assert ("unknown", "libibverbs") in statuses and not any(status == "present" for status, _ in statuses)
+
+
+def test_a_huge_library_path_is_read_only_in_part() -> None:
+    from preflight.probes.job import MAX_LIBRARY_PATH_DIRS, library_path_dirs
+
+    environ = {"LD_LIBRARY_PATH": ":".join(["relative/lib", *(f"/opt/lib{n}" for n in range(100_000)), "/opt/lib1"])}
+    assert library_path_dirs(environ) == [f"/opt/lib{n}" for n in range(MAX_LIBRARY_PATH_DIRS)]
