@@ -186,7 +186,7 @@ def _store_limit_findings(ranks: int, size: Evidence, limit_facts: StoreLimitsFa
             size,
             severity=Severity.WARNING,
         )
-    if job.in_slurmd_script or not job.in_slurm_job:
+    if not job.in_job_process:
         return  # this process's limits are slurmd's or an operator's, not those the ranks get
     limit = limit_facts.open_files
     if limit is None:

@@ -81,13 +81,16 @@ def verdict_for(reference: Reference, findings: dict[str, list[Finding]]) -> Ver
     return Verdict("undecided", "; ".join(reasons) or "the checks did not run", results)
 
 
-#: The probe whose facts are the job's settings: its environment (/proc/self/environ), limits and
-#: nccl.conf, read from the process preflight runs as.
-JOB_PROBE = "job"
+#: The probes whose facts depend on the environment preflight runs in (/proc/self/environ): the
+#: job's settings and nccl.conf (job), who the job runs as (rdma, gpudirect, memlock), its library
+#: and Python paths (nccl_libs, frameworks, efa, verbs), its slurm.conf (nccl_platform), its
+#: rendezvous address (hostname). tests/explain holds the list to every probe that reads it.
+JOB_PROBES = frozenset({"job", "rdma", "gpudirect", "memlock", "nccl_libs", "frameworks", "efa", "verbs", "nccl_platform", "hostname"})
 
 
 def checks_reading_the_job(check_ids: set[str], checks_dirs: tuple[str, ...] = ()) -> set[str]:
-    """The checks among ``check_ids`` that judge the job's settings (they take the job probe)."""
+    """The checks among ``check_ids`` that judge the job's settings (they take a probe of
+    :data:`JOB_PROBES`)."""
     from preflight.discovery import build_registry
     from preflight.registry import RegistrationError
 
@@ -95,7 +98,7 @@ def checks_reading_the_job(check_ids: set[str], checks_dirs: tuple[str, ...] = (
         registry = build_registry(checks_dirs, select=tuple(sorted(check_ids)))
     except RegistrationError:
         return set(check_ids)  # cannot tell (the node run got past it moments ago): assume they all do
-    return {ref_id for ref_id, spec in registry.checks.items() if ref_id in check_ids and JOB_PROBE in spec.probes}
+    return {ref_id for ref_id, spec in registry.checks.items() if ref_id in check_ids and JOB_PROBES & set(spec.probes)}
 
 
 def outside_the_job(verdict: Verdict, reference: Reference, job_reading: set[str]) -> Verdict:

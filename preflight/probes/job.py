@@ -68,6 +68,12 @@ KEPT_NAMES = frozenset({
 })
 
 
+def in_job_process(environ: dict[str, str]) -> bool:
+    """Whether a process with this environment is one of a Slurm job's own (a job step or a task),
+    not a script slurmd runs for the job (prolog, epilog) nor a process outside any job."""
+    return "SLURM_JOB_ID" in environ and environ.get("SLURM_SCRIPT_CONTEXT", "") not in SLURMD_SCRIPT_CONTEXTS
+
+
 class Setting(Struct, frozen=True):
     """The value NCCL would see for one variable, and where it came from."""
 
@@ -114,6 +120,11 @@ class JobFacts(Struct, frozen=True):
         """Run by slurmd itself (a prolog or epilog): this environment and these limits are
         slurmd's, not those of the job's processes."""
         return self.environ.get("SLURM_SCRIPT_CONTEXT", "") in SLURMD_SCRIPT_CONTEXTS
+
+    @property
+    def in_job_process(self) -> bool:
+        """This process is one of the job's: its environment and limits are those its ranks get."""
+        return in_job_process(self.environ)
 
     def nothing_to_judge(self, names: str, default: str, *, conf_files: bool = True) -> NotApplicable:
         """For a check whose misconfiguration is a setting the job makes, when the job does not

@@ -26,13 +26,13 @@ import re
 
 from msgspec import Struct
 
-from preflight.probes.job import SLURMD_SCRIPT_CONTEXTS, library_path_dirs, parse_environ
+from preflight.probes.job import in_job_process, library_path_dirs, parse_environ
 from preflight.probes.nccl_libs import library_dirs
+from preflight.probes.rdma import IB_CLASS
 from preflight.probing import FactReader
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
 
-IB_CLASS = "/sys/class/infiniband"
 CONFIG_DIR = "/etc/libibverbs.d"
 LIBRARY_NAMES = ("libibverbs.so.1", "libibverbs.so")
 #: The rdma-core provider for each kernel PCI driver of an RDMA device (rdma-core ``providers/``;
@@ -58,7 +58,6 @@ class VerbsFacts(Struct, frozen=True):
     # is the user space read here the one the job's ranks load; a prolog reads the host's. None:
     # the environment could not be read (the reason in problems), so it may be the job's.
     job_view: bool | None
-    ibverbs_lib: str  # $NCCL_IBVERBS_LIB, "" when unset
     rdmav_drivers: tuple[str, ...]  # $RDMAV_DRIVERS (or $IBV_DRIVERS): providers libibverbs loads too
     devices: tuple[VerbsDevice, ...]
     libraries: tuple[str, ...]  # libibverbs files found
@@ -69,7 +68,7 @@ class VerbsFacts(Struct, frozen=True):
 
 
 #: Facts of a process outside the job, for calls that do not gather them (unit tests).
-VERBS_NOT_READ = VerbsFacts(False, "", (), (), (), (), None, (), ())
+VERBS_NOT_READ = VerbsFacts(False, (), (), (), (), None, (), ())
 
 
 def parse_driver_lines(text: str) -> list[str]:
@@ -128,28 +127,30 @@ def _providers(reader: FactReader, directories: list[str], wanted: set[str]) -> 
 def probe_verbs(fs: NodeFS) -> VerbsFacts:
     """libibverbs and the providers the node's RDMA devices need, where a process here finds them."""
     reader = FactReader(fs)
-    devices = _devices(fs, reader)
     job_view: bool | None
     try:
         environ = parse_environ(fs.read_bytes("/proc/self/environ") or b"")
-        job_view = "SLURM_JOB_ID" in environ and environ.get("SLURM_SCRIPT_CONTEXT", "") not in SLURMD_SCRIPT_CONTEXTS
+        job_view = in_job_process(environ)
     except SourceError as error:
         reader.problems.append(str(error))  # whatever is found missing is then unknown, not present
         environ, job_view = {}, None
+    if job_view is False:  # a prolog, a health check, a shell: nothing here is judged (IB009)
+        return VerbsFacts(False, (), (), (), (), None, (), tuple(reader.problems))
+    devices = _devices(fs, reader)
     drivers = re.split(r"[:;]", environ.get("RDMAV_DRIVERS") or environ.get("IBV_DRIVERS") or "")
-    if not devices or job_view is False:
-        return VerbsFacts(job_view, "", (), tuple(devices), (), (), None, (), tuple(reader.problems))
+    if not devices:
+        return VerbsFacts(job_view, (), (), (), (), None, (), tuple(reader.problems))
     job_dirs = library_path_dirs(environ)
     if environ.get("CONDA_PREFIX", "").startswith("/"):
         job_dirs.append(f"{environ['CONDA_PREFIX'].rstrip('/')}/lib")  # NCCL's conda build finds it by RPATH
     directories = list(dict.fromkeys([*job_dirs, *library_dirs(reader)]))
     libraries = [f"{d}/{name}" for d in directories for name in LIBRARY_NAMES if reader.presence(f"{d}/{name}")]
-    ibverbs_lib = environ.get("NCCL_IBVERBS_LIB", "")
+    ibverbs_lib = environ.get("NCCL_IBVERBS_LIB", "")  # NCCL tries it first
     if ibverbs_lib.startswith("/") and reader.presence(ibverbs_lib):
         libraries.insert(0, ibverbs_lib)
     wanted = {PROVIDER_OF_DRIVER[d.driver] for d in devices if d.driver in PROVIDER_OF_DRIVER}
     return VerbsFacts(
-        job_view, ibverbs_lib, tuple(name for name in drivers if name), tuple(devices), tuple(libraries), tuple(directories),
+        job_view, tuple(name for name in drivers if name), tuple(devices), tuple(libraries), tuple(directories),
         _configured(reader, list(dict.fromkeys([CONFIG_DIR, *(f"{install_prefix(lib).rstrip('/')}/etc/libibverbs.d" for lib in libraries)]))),
         _providers(reader, directories, wanted), tuple(reader.problems),
     )

@@ -749,6 +749,23 @@ def test_a_refutation_from_a_shell_outside_the_job_is_undecided_for_checks_of_th
     assert outside_the_job(confirmed, by_id["GDR001"], reading) is confirmed
 
 
+def test_every_probe_that_reads_the_environment_counts_as_reading_the_job() -> None:
+    """A probe that reads /proc/self/environ (a library path, who the job runs as, slurm.conf's
+    place) judges the shell's environment on the live node: its checks' refutations must be
+    reconsidered there, so the list in confirm.py cannot miss one."""
+    import re
+
+    import preflight.probes
+    from preflight.explain.confirm import JOB_PROBES
+
+    reading = set()
+    for module in Path(preflight.probes.__file__).parent.glob("*.py"):
+        text = module.read_text()
+        if 'read_bytes("/proc/self/environ")' in text:
+            reading |= set(re.findall(r'@probe\("(\w+)"', text))
+    assert reading and reading <= JOB_PROBES, reading - JOB_PROBES
+
+
 def test_check_candidates_reconsiders_refutations_only_on_the_live_node_outside_a_job(monkeypatch: pytest.MonkeyPatch) -> None:
     """The wiring: GDR001 refuted by clean checks stays refuted inside a Slurm job or on a recorded
     root, and is undecided on the live node from a shell outside any job."""
