@@ -68,6 +68,9 @@ from preflight.sources.capture import unit_of
 #: Reads stop here: sysfs attributes are one page, and a 10 GB "file" must not fill memory.
 KERNEL_LOG_MAX_BYTES = 8 << 20  # a full default kernel ring buffer is 1-4 MiB
 DEFAULT_MAX_BYTES = 4 * 1024 * 1024
+#: Listings stop here: /proc on a busy node holds tens of thousands of entries and a library
+#: directory a few thousand; a root whose directory holds millions must not fill memory.
+MAX_DIR_ENTRIES = 200_000
 _MAX_SYMLINK_HOPS = 40
 _ABSENT_ERRNOS = frozenset({errno_codes.ENOENT, errno_codes.ENOTDIR})
 DEVICE_RECORDING = "devices.json"
@@ -300,12 +303,17 @@ class NodeFS:
     def _listdir(self, path: str) -> list[str] | None:
         self._raise_operation_error("listdir", path)
         try:
-            return sorted(os.listdir(self._resolve(path)))
+            with os.scandir(self._resolve(path)) as listing:
+                names = [entry.name for _, entry in zip(range(MAX_DIR_ENTRIES + 1), listing)]
         except OSError as error:
             if error.errno in _ABSENT_ERRNOS:
                 self._absent(path)
                 return None
             raise SourceError(path, describe_os_error(error)) from None
+        if len(names) > MAX_DIR_ENTRIES:
+            # A partial listing would read as "not there" for whatever was left out.
+            raise SourceError(path, f"more than {MAX_DIR_ENTRIES} entries; not listed")
+        return sorted(names)
 
     def readlink(self, path: str) -> str | None:
         """The raw target of a symlink; ``None`` if ``path`` is absent or not a link."""

@@ -184,3 +184,21 @@ def test_a_root_without_a_statvfs_recording_answers_nothing_about_mounts(tmp_pat
     (tmp_path / ".preflight" / "statvfs.json").write_text('{"format": "preflight-statvfs/1", "mounts": {}}')
     (tmp_path / "mnt").mkdir()
     assert NodeFS(str(tmp_path)).statvfs("/mnt/data") is None  # sizes recorded, and no such directory
+
+
+def test_a_directory_past_the_listing_cap_is_an_error_not_a_partial_list(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An untrusted root may hold a directory with millions of entries: the listing stops at the
+    cap and says so, because a cut listing would report what it left out as absent."""
+    import preflight.sources.fs as fs_module
+
+    monkeypatch.setattr(fs_module, "MAX_DIR_ENTRIES", 5)
+    full = tmp_path / "usr" / "lib"
+    full.mkdir(parents=True)
+    for index in range(5):
+        (full / f"lib{index}.so").write_bytes(b"")
+    assert NodeFS(str(tmp_path)).listdir("/usr/lib") == [f"lib{index}.so" for index in range(5)]
+    (full / "libibverbs.so.1").write_bytes(b"")
+    with pytest.raises(SourceError, match="more than 5 entries; not listed"):
+        NodeFS(str(tmp_path)).listdir("/usr/lib")
