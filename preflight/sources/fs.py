@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import errno as errno_codes
 import fnmatch
+import itertools
 import json
 import os
 import stat as stat_codes
@@ -304,7 +305,7 @@ class NodeFS:
         self._raise_operation_error("listdir", path)
         try:
             with os.scandir(self._resolve(path)) as listing:
-                names = [entry.name for _, entry in zip(range(MAX_DIR_ENTRIES + 1), listing)]
+                names = [entry.name for entry in itertools.islice(listing, MAX_DIR_ENTRIES + 1)]
         except OSError as error:
             if error.errno in _ABSENT_ERRNOS:
                 self._absent(path)
