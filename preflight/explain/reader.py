@@ -26,6 +26,9 @@ MAX_RATIO = 100
 MIN_DECOMPRESSED = 256 << 20
 _GZIP_MAGIC = b"\x1f\x8b"
 _BINARY_SAMPLE = 8192
+#: Problems named one by one; a directory of checkpoints and core files would otherwise print a
+#: line for each file it skipped and bury the explanation.
+MAX_PROBLEMS = 20
 
 
 @dataclass
@@ -44,6 +47,20 @@ class ReadStats:
     bytes: int = 0
     split_lines: int = 0
     problems: list[str] = field(default_factory=list)
+    problems_left_out: int = 0
+
+    def problem(self, text: str) -> None:
+        """Record an input that could not be read in full; past ``MAX_PROBLEMS`` only count it."""
+        if len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(text)
+        else:
+            self.problems_left_out += 1
+
+    def problem_lines(self) -> list[str]:
+        """The problems to show, the count of those not named last."""
+        if not self.problems_left_out:
+            return list(self.problems)
+        return [*self.problems, f"{self.problems_left_out} more input problem(s) not listed"]
 
 
 def iter_inputs(paths: list[str], stats: ReadStats, stdin: BinaryIO | None = None) -> Iterator[Chunk]:
@@ -59,7 +76,7 @@ def iter_inputs(paths: list[str], stats: ReadStats, stdin: BinaryIO | None = Non
 
 def _walk(directory: str, stats: ReadStats) -> Iterator[Chunk]:
     def on_error(error: OSError) -> None:
-        stats.problems.append(f"{error.filename}: cannot list ({_reason(error)})")
+        stats.problem(f"{error.filename}: cannot list ({_reason(error)})")
 
     for folder, subfolders, files in os.walk(directory, onerror=on_error):
         subfolders.sort()
@@ -76,13 +93,13 @@ def _open_and_stream(path: str, stats: ReadStats) -> Iterator[Chunk]:
         # (``-`` reads stdin, which may be a pipe on purpose).
         descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as error:
-        stats.problems.append(f"{path}: cannot read ({_reason(error)})")
+        stats.problem(f"{path}: cannot read ({_reason(error)})")
         return
     mode = os.fstat(descriptor).st_mode
     if not stat.S_ISREG(mode):
         os.close(descriptor)
         kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device node"
-        stats.problems.append(f"{path}: not a regular file ({kind}); not read (use - for a pipe)")
+        stats.problem(f"{path}: not a regular file ({kind}); not read (use - for a pipe)")
         return
     with os.fdopen(descriptor, "rb") as handle:
         yield from _stream(path, handle, stats, os.fstat(descriptor).st_size)
@@ -92,7 +109,7 @@ def _stream(name: str, handle: BinaryIO, stats: ReadStats, compressed_size: int 
     try:
         head = handle.read(_BINARY_SAMPLE)
     except OSError as error:
-        stats.problems.append(f"{name}: cannot read ({_reason(error)})")
+        stats.problem(f"{name}: cannot read ({_reason(error)})")
         return
     source: BinaryIO = handle
     if head.startswith(_GZIP_MAGIC):
@@ -101,10 +118,10 @@ def _stream(name: str, handle: BinaryIO, stats: ReadStats, compressed_size: int 
         try:
             head = source.read(_BINARY_SAMPLE)
         except (OSError, EOFError, zlib.error) as error:
-            stats.problems.append(f"{name}: not a readable gzip stream ({error})")
+            stats.problem(f"{name}: not a readable gzip stream ({error})")
             return
     if _is_binary(head):
-        stats.problems.append(f"{name}: binary data, not a text log (skipped)")
+        stats.problem(f"{name}: binary data, not a text log (skipped)")
         return
     stats.files += 1
     yield from _lines_in_chunks(name, head, source, stats)
@@ -117,7 +134,7 @@ def _lines_in_chunks(name: str, head: bytes, source: BinaryIO, stats: ReadStats)
         try:
             block = source.read(CHUNK)
         except (OSError, EOFError, zlib.error) as error:
-            stats.problems.append(f"{name}: read failed after {stats.bytes} bytes ({error}); scanned what came before")
+            stats.problem(f"{name}: read failed after {stats.bytes} bytes ({error}); scanned what came before")
             block = b""
         data = pending + block
         if not block:
@@ -175,7 +192,7 @@ class _Capped:
         data = self._source.read(min(size if size >= 0 else CHUNK, self._left))
         self._left -= len(data)
         if self._left <= 0:
-            self._stats.problems.append(
+            self._stats.problem(
                 f"{self._name}: decompresses to more than {self._limit >> 20} MiB ({MAX_RATIO} times its size, a gzip "
                 "bomb or an unusual log); scanned the first part only"
             )

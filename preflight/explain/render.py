@@ -65,7 +65,7 @@ def exit_status(explanation: Explanation) -> str:
 def render_text(explanation: Explanation) -> str:
     stats = explanation.stats
     out: list[str] = []
-    for problem in stats.problems:
+    for problem in stats.problem_lines():
         out.append(f"preflight: {problem}")
     count = len(explanation.candidates)
     scanned = f"{stats.lines:,} lines of {stats.files} input{'s' if stats.files != 1 else ''} in {explanation.duration_s:.2f} s"
@@ -220,7 +220,7 @@ def render_json(explanation: Explanation) -> str:
             "lines": stats.lines,
             "bytes": stats.bytes,
             "split_lines": stats.split_lines,
-            "problems": stats.problems,
+            "problems": stats.problem_lines(),
         },
         "duration_s": round(explanation.duration_s, 4),
         "cascade": None

@@ -170,6 +170,25 @@ def test_bad_inputs_get_a_message_not_a_traceback(run_cli: Runner, tmp_path: Pat
     assert result.returncode == 3 and "Traceback" not in result.stderr
 
 
+def test_a_directory_of_many_unreadable_files_names_a_few_and_counts_the_rest(run_cli: Runner, tmp_path: Path) -> None:
+    """A job's output directory with checkpoints beside its logs: the skipped files are counted,
+    not printed one by one above the explanation."""
+    from preflight.explain.reader import MAX_PROBLEMS
+
+    run = tmp_path / "run"
+    run.mkdir()
+    for index in range(MAX_PROBLEMS + 7):
+        (run / f"shard-{index:03}.pt").write_bytes(bytes(range(256)) * 8)
+    (run / "rank0.log").write_text("NCCL WARN Call to ibv_reg_mr failed with error Cannot allocate memory\n")
+    code, document = explain_json(run_cli, str(run))
+    problems = document["inputs"]["problems"]
+    assert len(problems) == MAX_PROBLEMS + 1 and problems[-1] == "7 more input problem(s) not listed"
+    assert problems[0].endswith("shard-000.pt: binary data, not a text log (skipped)")
+    assert document["candidates"][0]["id"] == "MEM001"
+    text = run_cli("explain", str(run)).stdout
+    assert text.count("binary data, not a text log") == MAX_PROBLEMS and "7 more input problem(s)" in text
+
+
 def test_a_50_mb_single_line_streams_in_bounded_memory(tmp_path: Path) -> None:
     log = tmp_path / "one-line.log"
     with open(log, "wb") as handle:
