@@ -29,6 +29,9 @@ _BINARY_SAMPLE = 8192
 #: Problems named one by one; a directory of checkpoints and core files would otherwise print a
 #: line for each file it skipped and bury the explanation.
 MAX_PROBLEMS = 20
+#: A directory walk stops here: one log per rank of a 100,000-GPU job, in per-host folders.
+MAX_WALK_FILES = 100_000
+MAX_WALK_DEPTH = 16
 
 
 @dataclass
@@ -78,12 +81,22 @@ def _walk(directory: str, stats: ReadStats) -> Iterator[Chunk]:
     def on_error(error: OSError) -> None:
         stats.problem(f"{error.filename}: cannot list ({_reason(error)})")
 
+    base_depth = directory.rstrip(os.sep).count(os.sep)
+    seen = 0
     for folder, subfolders, files in os.walk(directory, onerror=on_error):
+        if folder.count(os.sep) - base_depth >= MAX_WALK_DEPTH and subfolders:
+            stats.problem(f"{folder}: more than {MAX_WALK_DEPTH} folders deep; its subfolders were not read")
+            subfolders.clear()
         subfolders.sort()
         for name in sorted(files):
             path = os.path.join(folder, name)
-            if os.path.isfile(path):
-                yield from _open_and_stream(path, stats)
+            if not os.path.isfile(path):
+                continue
+            if seen == MAX_WALK_FILES:
+                stats.problem(f"{directory}: more than {MAX_WALK_FILES} files; read the first {MAX_WALK_FILES} in name order")
+                return
+            seen += 1
+            yield from _open_and_stream(path, stats)
 
 
 def _open_and_stream(path: str, stats: ReadStats) -> Iterator[Chunk]:

@@ -790,3 +790,26 @@ def test_check_candidates_reconsiders_refutations_only_on_the_live_node_outside_
     assert verdict("/") == "undecided" and verdict("/srv/snapshots/gpu017") == "refuted"
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     assert verdict("/") == "refuted"
+
+
+def test_a_directory_walk_stops_at_its_file_count_and_depth(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A directory of logs is read under caps of count and depth, and says where it stopped."""
+    import preflight.explain.reader as reader
+
+    monkeypatch.setattr(reader, "MAX_WALK_FILES", 3)
+    monkeypatch.setattr(reader, "MAX_WALK_DEPTH", 2)
+    for rank in range(5):
+        (tmp_path / f"rank{rank}.log").write_text(f"rank {rank}\n")
+    deep = tmp_path / "a" / "b" / "c"
+    deep.mkdir(parents=True)
+    (tmp_path / "a" / "b" / "two-deep.log").write_text("read\n")
+    (deep / "three-deep.log").write_text("not read\n")
+    stats = ReadStats()
+    sources = [chunk.source for chunk in iter_inputs([str(tmp_path)], stats)]
+    assert sources == [str(tmp_path / f"rank{rank}.log") for rank in range(3)]  # a folder's files come before its subfolders
+    assert stats.problems == [f"{tmp_path}: more than 3 files; read the first 3 in name order"]
+    monkeypatch.setattr(reader, "MAX_WALK_FILES", 100)
+    stats = ReadStats()
+    sources = [chunk.source for chunk in iter_inputs([str(tmp_path)], stats)]
+    assert sources[-1] == str(tmp_path / "a" / "b" / "two-deep.log") and len(sources) == 6
+    assert stats.problems == [f"{tmp_path / 'a' / 'b'}: more than 2 folders deep; its subfolders were not read"]
