@@ -123,6 +123,7 @@ def _plain_file_bytes(paths: list[str]) -> int:
 def check_candidates(explanation: Explanation, root: str, config_path: str | None, checks_dirs: tuple[str, ...] = ()) -> None:
     """Fill ``explanation.verdicts`` from the node checks of every candidate."""
     from preflight.explain.confirm import NodeCheckError, checks_reading_the_job, node_findings, outside_the_job, verdict_for
+    from preflight.probes.job import in_job_process
 
     wanted = {check for c in explanation.candidates for check in explanation.references[c.reference_id].checks}
     try:
@@ -132,10 +133,10 @@ def check_candidates(explanation: Explanation, root: str, config_path: str | Non
         return
     for candidate in explanation.candidates:
         explanation.verdicts[candidate.reference_id] = verdict_for(explanation.references[candidate.reference_id], findings)
-    # On the live node outside a Slurm job, the job's settings the checks read are this shell's; a
+    # On the live node outside a job, the job's settings the checks read are this shell's; a
     # recorded root or snapshot carries the environment it was taken in. Only a refutation changes.
     refuted = [ref_id for ref_id, verdict in explanation.verdicts.items() if verdict.status == "refuted"]
-    if refuted and root == "/" and not os.environ.get("SLURM_JOB_ID"):
+    if refuted and root == "/" and not in_job_process(dict(os.environ)):
         job_reading = checks_reading_the_job({check for ref_id in refuted for check in explanation.references[ref_id].checks}, checks_dirs)
         for ref_id in refuted:
             explanation.verdicts[ref_id] = outside_the_job(explanation.verdicts[ref_id], explanation.references[ref_id], job_reading)

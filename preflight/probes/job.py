@@ -65,13 +65,30 @@ KEPT_NAMES = frozenset({
     "MC_GID_INDEX", "MSCCLPP_IB_GID_INDEX", "UCCL_IB_GID_INDEX", "UCCL_P2P_RDMA_GID_INDEX",
     # the verbs providers libibverbs loads besides those /etc/libibverbs.d names (rdma-core)
     "RDMAV_DRIVERS", "IBV_DRIVERS",
+    # the rank MPICH's Hydra and Intel MPI give each process they start (OMPI_ and PMIX_ are kept by prefix)
+    "PMI_RANK", "PMI_SIZE",
 })
 
 
+#: What a launcher sets in each rank it starts: Open MPI (mpirun, the MPI Operator's MPIJob),
+#: PMIx (prterun, srun --mpi=pmix), MPICH's Hydra and Intel MPI (PMI), torchrun's elastic agent.
+LAUNCHED_RANK_NAMES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "TORCHELASTIC_RUN_ID")
+#: torch.distributed's env:// rendezvous, which a rank needs all of: a Kubernetes PyTorchJob
+#: sets them in every pod without any launcher above.
+ENV_RENDEZVOUS_NAMES = ("MASTER_ADDR", "RANK", "WORLD_SIZE")
+
+
 def in_job_process(environ: dict[str, str]) -> bool:
-    """Whether a process with this environment is one of a Slurm job's own (a job step or a task),
-    not a script slurmd runs for the job (prolog, epilog) nor a process outside any job."""
-    return "SLURM_JOB_ID" in environ and environ.get("SLURM_SCRIPT_CONTEXT", "") not in SLURMD_SCRIPT_CONTEXTS
+    """Whether a process with this environment is one of a job's own: a Slurm job step or task, or
+    a rank an MPI launcher, torchrun or torch.distributed's env:// rendezvous started. Not a script
+    slurmd runs for the job (prolog, epilog) nor a process outside any job (a shell, a health check)."""
+    if environ.get("SLURM_SCRIPT_CONTEXT", "") in SLURMD_SCRIPT_CONTEXTS:
+        return False
+    return (
+        "SLURM_JOB_ID" in environ
+        or any(name in environ for name in LAUNCHED_RANK_NAMES)
+        or all(name in environ for name in ENV_RENDEZVOUS_NAMES)
+    )
 
 
 class Setting(Struct, frozen=True):
@@ -110,10 +127,6 @@ class JobFacts(Struct, frozen=True):
                 if key == name:
                     return Setting(value, conf.path)
         return None
-
-    @property
-    def in_slurm_job(self) -> bool:
-        return "SLURM_JOB_ID" in self.environ
 
     @property
     def in_slurmd_script(self) -> bool:

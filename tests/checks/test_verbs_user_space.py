@@ -125,6 +125,17 @@ def test_an_rdma_core_installed_under_a_prefix_reads_its_own_config(job_node: Pa
     assert [f.status.value for f in ib009(job_node)] == ["absent"]
 
 
+@pytest.mark.parametrize(
+    "rank",
+    [{"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "16"}, {"MASTER_ADDR": "trainer-0", "RANK": "0", "WORLD_SIZE": "16"}],
+    ids=["mpirun", "pytorchjob"],
+)
+def test_a_rank_started_without_slurm_is_judged_too(job_node: Path, rank: dict[str, str]) -> None:
+    environ(job_node, {"HOME": "/root", **rank})
+    [finding] = ib009(job_node)
+    assert (finding.status.value, finding.subject) == ("present", "libibverbs")
+
+
 @pytest.mark.parametrize("context", [{"SLURM_JOB_ID": "4242", "SLURM_SCRIPT_CONTEXT": "prolog_slurmd"}, {}])
 def test_outside_the_job_the_host_user_space_is_not_judged(job_node: Path, context: dict[str, str]) -> None:
     # A prolog or an operator's shell reads the host's libraries; a containerised job loads its own.

@@ -786,9 +786,18 @@ def test_check_candidates_reconsiders_refutations_only_on_the_live_node_outside_
         check_candidates(explanation, root, None)
         return explanation.verdicts["GDR001"].status
 
-    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    from preflight.probes.job import ENV_RENDEZVOUS_NAMES, LAUNCHED_RANK_NAMES
+
+    for name in ("SLURM_JOB_ID", "SLURM_SCRIPT_CONTEXT", *LAUNCHED_RANK_NAMES, *ENV_RENDEZVOUS_NAMES):
+        monkeypatch.delenv(name, raising=False)
     assert verdict("/") == "undecided" and verdict("/srv/snapshots/gpu017") == "refuted"
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    assert verdict("/") == "refuted"
+    monkeypatch.setenv("SLURM_SCRIPT_CONTEXT", "prolog_slurmd")  # a prolog sees none of what the job exports
+    assert verdict("/") == "undecided"
+    monkeypatch.delenv("SLURM_JOB_ID")
+    monkeypatch.delenv("SLURM_SCRIPT_CONTEXT")
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "3")  # a rank mpirun started
     assert verdict("/") == "refuted"
 
 

@@ -9,7 +9,7 @@ from preflight.checks.gdr import parse_kernel_version
 from preflight.probes.job import parse_group_membership
 from preflight.probes.gpus import normalise_bus_id
 from preflight.probes.hostname import parse_hosts
-from preflight.probes.job import parse_environ, parse_nccl_conf
+from preflight.probes.job import in_job_process, parse_environ, parse_nccl_conf
 from preflight.probes.memlock import Limit, parse_limits_memlock, parse_meminfo_total, parse_pam_limits, parse_slurm_propagation, parse_systemd_limit, parse_unit_setting
 from preflight.hostlist import HostlistError, expand, matches, number_runs
 from preflight.sources.dns import parse_resolv_conf
@@ -85,6 +85,24 @@ def test_parse_meminfo_total() -> None:
 def test_parse_environ_keeps_only_communication_variables() -> None:
     data = b"NCCL_BUFFSIZE=8388608\0SECRET_TOKEN=abc\0SLURM_JOB_ID=7\0HOME=/home/a\0junk\0"
     assert parse_environ(data) == {"NCCL_BUFFSIZE": "8388608", "SLURM_JOB_ID": "7", "HOME": "/home/a"}
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        (b"SLURM_JOB_ID=7\0SLURM_STEP_ID=0\0", True),  # srun's task
+        (b"SLURM_JOB_ID=7\0SLURM_SCRIPT_CONTEXT=prolog_slurmd\0OMPI_COMM_WORLD_RANK=0\0", False),  # slurmd's prolog
+        (b"OMPI_COMM_WORLD_RANK=3\0OMPI_COMM_WORLD_SIZE=16\0", True),  # mpirun, an MPIJob
+        (b"PMIX_RANK=3\0", True),  # prterun, srun --mpi=pmix
+        (b"PMI_RANK=3\0PMI_SIZE=16\0", True),  # MPICH's Hydra, Intel MPI
+        (b"TORCHELASTIC_RUN_ID=none\0LOCAL_RANK=0\0", True),  # a torchrun worker
+        (b"MASTER_ADDR=trainer-0\0RANK=3\0WORLD_SIZE=16\0", True),  # a PyTorchJob pod
+        (b"MASTER_ADDR=trainer-0\0MASTER_PORT=29500\0", False),  # settings in a shell, no rank
+        (b"HOME=/root\0USER=root\0", False),  # an operator's shell, a health check
+    ],
+)
+def test_a_job_process_is_recognised_by_what_its_launcher_sets(environ: bytes, expected: bool) -> None:
+    assert in_job_process(parse_environ(environ)) is expected
 
 
 def test_parse_nccl_conf_does_not_trim_like_nccl() -> None:
