@@ -20,7 +20,7 @@ LAUNCH_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_R
 
 def _require_launch(job: JobFacts) -> dict[str, str]:
     if job.environ_error:
-        raise NotApplicable(f"/proc/self/environ unreadable ({job.environ_error}); no launch settings to judge")
+        raise Unknown(f"/proc/self/environ unreadable ({job.environ_error}); the launch settings may be there")
     found = {name: job.environ[name] for name in LAUNCH_VARIABLES if name in job.environ}
     if not found:
         raise NotApplicable("the job environment sets none of " + ", ".join(LAUNCH_VARIABLES))

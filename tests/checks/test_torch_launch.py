@@ -14,7 +14,7 @@ from preflight.checks.torch import ddp_process_group_setup_invalid, rank_to_gpu_
 from preflight.config import HostConfig
 from preflight.discovery import build_registry
 from preflight.engine import RunOptions, run
-from preflight.model import NotApplicable, Observation, Severity
+from preflight.model import NotApplicable, Observation, Severity, Unknown
 from preflight.sources import NodeFS, Sources
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nodes"
@@ -70,10 +70,10 @@ def test_loopback_master_is_fine_on_one_node() -> None:
     assert subjects(list(ddp_process_group_setup_invalid(job(nodelist_only)))) == ["MASTER_ADDR"]
 
 
-def test_no_launch_variables_or_unreadable_environment_is_not_applicable() -> None:
+def test_no_launch_variables_is_not_applicable_and_an_unreadable_environment_unknown() -> None:
     with pytest.raises(NotApplicable, match="sets none of"):
         list(ddp_process_group_setup_invalid(job({"SLURM_JOB_ID": "1", "SLURM_SCRIPT_CONTEXT": "prolog_slurmd"})))
-    with pytest.raises(NotApplicable, match="unreadable"):
+    with pytest.raises(Unknown, match="unreadable"):  # missing is not empty: the variables may be set
         list(rank_to_gpu_mapping_wrong(JobFacts({}, "permission denied (EACCES); needs root", ())))
 
 
