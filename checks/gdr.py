@@ -10,6 +10,7 @@ from preflight.model import (
     Evidence,
     NotApplicable,
     Observation,
+    Severity,
     Unknown,
     present,
     undecided,
@@ -147,6 +148,14 @@ def gpudirect_rdma_unavailable(gpudirect: GpuDirectFacts, job: JobFacts, nccl_li
     )
 
 
+def _gdrcopy_lost(subject: str, *evidence: Evidence) -> Observation:
+    # A warning, whatever the reference's severity: when gdr_open fails NCCL keeps a NULL handle
+    # and runs on without GDRCopy (initGdrCopy returns success, every GDRCopy path tests the
+    # handle; src/init.cc, 2.12-2.30), so the job loses speed, not its start. What fails a job is
+    # a pin the driver cannot place in BAR1, which no node fact here predicts.
+    return present(subject, *evidence, severity=Severity.WARNING)
+
+
 @check("GDR002", profiles=("prolog",))
 def gdrcopy_driver_unusable(gpudirect: GpuDirectFacts, job: JobFacts) -> Iterator[Observation]:
     """The job asks NCCL for GDRCopy, but the gdrdrv driver or its device node is unusable."""
@@ -161,7 +170,7 @@ def gdrcopy_driver_unusable(gpudirect: GpuDirectFacts, job: JobFacts) -> Iterato
         yield undecided("gdrdrv", gpudirect.why("/sys/module/gdrdrv"), requested)
         return
     if not gpudirect.gdrdrv_loaded:
-        yield present("gdrdrv", requested, Evidence("/sys/module/gdrdrv", "not loaded", "loaded"))
+        yield _gdrcopy_lost("gdrdrv", requested, Evidence("/sys/module/gdrdrv", "not loaded", "loaded"))
         return
     node = gpudirect.gdrdrv_node
     unreadable_node = next((p for p in gpudirect.problems if p.startswith("/dev/gdrdrv: ")), None)
@@ -170,14 +179,14 @@ def gdrcopy_driver_unusable(gpudirect: GpuDirectFacts, job: JobFacts) -> Iterato
         return
     if node is None or not stat_codes.S_ISCHR(node.mode):
         observed = "missing" if node is None else "not a character device"
-        yield present("/dev/gdrdrv", requested, Evidence("/dev/gdrdrv", observed, "character device"))
+        yield _gdrcopy_lost("/dev/gdrdrv", requested, Evidence("/dev/gdrdrv", observed, "character device"))
         return
     identity = gpudirect.job_identity
     if identity is None:
         yield undecided("/dev/gdrdrv", f"who the job runs as is unknown: {gpudirect.why('/proc/self/status')}", requested)
         return
     if not can_read_write(node, identity):
-        yield present(
+        yield _gdrcopy_lost(
             "/dev/gdrdrv",
             requested,
             Evidence(
