@@ -30,6 +30,11 @@ passes (``Call to bind failed: %s``), following macros that hand the parameter o
 macro. Any other identifier pasted into a literal becomes ``%s``. A call whose format is not
 made of literals (``WARN(msg)``) has no format to record and is skipped.
 
+Released tags stop where the mirror's tags stop; ``--pre-release`` adds one untagged commit after
+them (by default the newest commit of the ``dev`` branch the mirror holds), named by the version
+its ``makefiles/version.mk`` gives (``v2.31.0a7-1``), so that messages of a release still in
+development are decided before logs carry them.
+
 Formats are deduplicated by their text; each record gives the macro (``WARN`` when any
 occurrence is a WARN, else ``INFO``), the file of the newest tag that has it (the first in sort
 order when several do), and the first and last tag that contain it. The result is written,
@@ -52,6 +57,8 @@ from typing import Iterable, Union
 
 FIRST_TAG = "v2.4.2-1"
 LAST_TAG = "v2.30.7-1"
+#: The dev branch of NVIDIA/nccl on 2026-06-13 (version.mk: 2.31.0a7), newer than every tag read.
+PRE_RELEASE = "86fa684d3bd5b6ac3414d6d024fdc6f65441cb81"
 SOURCE_DIR = "src"
 SOURCE_SUFFIXES = (".h", ".hpp", ".hh", ".c", ".cc", ".cpp", ".cxx", ".cu", ".cuh", ".inl")
 HEADER_SUFFIXES = (".h", ".hpp", ".hh", ".cuh", ".inl")
@@ -81,6 +88,8 @@ INTTYPES.update({f"PRI{conv}PTR": "l" + conv for conv in "diouxX"})
 MAX_MACRO_NESTING = 5
 
 VERSION_TAG = re.compile(r"^v(\d+)\.(\d+)\.(\d+)-(\d+)$")
+#: A pre-release's name: its version.mk's version with the alpha suffix ("v2.31.0a7-1").
+PRE_RELEASE_NAME = re.compile(r"^v(\d+)\.(\d+)\.(\d+)a(\d+)-(\d+)$")
 ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "a": "\a", "b": "\b", "f": "\f", "v": "\v",
            "\\": "\\", "'": "'", '"': '"', "?": "?",
            "\n": ""}  # a backslash-newline inside a literal splices the two lines
@@ -189,10 +198,25 @@ class Record:
 
 
 def version_key(tag: str) -> tuple[int, ...]:
+    """Release order: an alpha of x.y.z sorts after every x.y'.z' before it and before x.y.z."""
     match = VERSION_TAG.match(tag)
-    if match is None:
+    if match is not None:
+        major, minor, patch, package = (int(part) for part in match.groups())
+        return (major, minor, patch, 1, 0, package)
+    alpha = PRE_RELEASE_NAME.match(tag)
+    if alpha is None:
         raise ValueError(f"not a release tag: {tag}")
-    return tuple(int(part) for part in match.groups())
+    major, minor, patch, number, package = (int(part) for part in alpha.groups())
+    return (major, minor, patch, 0, number, package)
+
+
+def pre_release_name(repo: Path, revision: str) -> str:
+    """``v<major>.<minor>.<patch><suffix>-<package>`` from the commit's makefiles/version.mk."""
+    text = git(repo, "show", f"{revision}:makefiles/version.mk").decode()
+    fields = dict(re.findall(r"(?m)^(NCCL_MAJOR|NCCL_MINOR|NCCL_PATCH|NCCL_SUFFIX|PKG_REVISION)\s*:=\s*(\S*)", text))
+    name = f"v{fields['NCCL_MAJOR']}.{fields['NCCL_MINOR']}.{fields['NCCL_PATCH']}{fields.get('NCCL_SUFFIX', '')}-{fields.get('PKG_REVISION', '1')}"
+    version_key(name)  # a version this script can order, or ValueError
+    return name
 
 
 def git(repo: Path, *args: str, data: bytes | None = None) -> bytes:
@@ -453,10 +477,11 @@ def wanted(call: Call, path: str, text: str) -> bool:
 class Extractor:
     """Reads the tags of one repository, caching what each distinct file version holds."""
 
-    def __init__(self, repo: Path, tags: list[str]) -> None:
+    def __init__(self, repo: Path, tags: list[str], revisions: dict[str, str] | None = None) -> None:
         self.repo = repo
         self.tags = tags
-        self.per_tag = {tag: source_blobs(repo, tag) for tag in tags}
+        revisions = revisions or {}  # name -> commit, for names that are no tag (a pre-release)
+        self.per_tag = {tag: source_blobs(repo, revisions.get(tag, tag)) for tag in tags}
         everything = (blob for blobs in self.per_tag.values() for blob in blobs.values())
         self.contents = read_blobs(repo, everything)
         self.infos: dict[tuple[str, bool], BlobInfo] = {}
@@ -542,8 +567,8 @@ def definitions(templates: dict[str, list[tuple[str, Call]]], name: str, path: s
     return [entry for entry in entries if entry[0].endswith(HEADER_SUFFIXES)]
 
 
-def collect(repo: Path, tags: list[str]) -> dict[str, Record]:
-    extractor = Extractor(repo, tags)
+def collect(repo: Path, tags: list[str], revisions: dict[str, str] | None = None) -> dict[str, Record]:
+    extractor = Extractor(repo, tags, revisions)
     records: dict[str, Record] = {}
     for tag in tags:
         for path, call, text in extractor.calls(tag):
@@ -575,17 +600,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("repo", type=Path, help="git directory of NVIDIA/nccl with its release tags")
     parser.add_argument("--first", default=FIRST_TAG, help=f"oldest tag to read (default {FIRST_TAG})")
     parser.add_argument("--last", default=LAST_TAG, help=f"newest tag to read (default {LAST_TAG})")
+    parser.add_argument("--pre-release", default=PRE_RELEASE, metavar="COMMIT",
+                        help=f"untagged commit read after the tags, '' for none (default {PRE_RELEASE[:12]}, dev)")
     parser.add_argument("--output", type=Path, default=Path(__file__).with_name("nccl-formats.json"))
     args = parser.parse_args(argv)
 
     tags = release_tags(args.repo, args.first, args.last)
     if not tags:
         parser.error(f"no release tags between {args.first} and {args.last} in {args.repo}")
-    rows = table(collect(args.repo, tags))
+    revisions: dict[str, str] = {}
+    if args.pre_release:
+        name = pre_release_name(args.repo, args.pre_release)
+        if version_key(name) <= version_key(tags[-1]):
+            parser.error(f"{args.pre_release} is {name}, not newer than {tags[-1]}")
+        revisions[name] = args.pre_release
+        tags.append(name)
+    rows = table(collect(args.repo, tags, revisions))
     document = {
         "source": "https://github.com/NVIDIA/nccl",
         "generator": "references/coverage/extract_nccl.py",
         "tags": tags,
+        "pre_releases": {name: commit for name, commit in revisions.items()},
         "formats": rows,
     }
     args.output.write_text(json.dumps(document, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
