@@ -22,9 +22,19 @@ post what it printed. A
 log without failures that holds such a dump in its last lines is stalled at the dump's first
 thread.
 
+CUDA's p2pBandwidthLatencyTest sample, the program threads run to see whether GPUs of one node
+reach each other, lists the devices and which pairs can access each other, then measures one
+matrix after another, each printed under its title (``Unidirectional P2P=Disabled Bandwidth Matrix
+(GB/s)``, ``... P2P=Enabled Bandwidth (P2P Writes) Matrix (GB/s)``, ``P2P=Disabled Latency Matrix
+(us)``; ``Samples/5_Domain_Specific/p2pBandwidthLatencyTest``) with a header row (``D\\D 0 1 ...``,
+``GPU 0 1 ...``) above the values, and ends with its ``NOTE: The CUDA Samples are not meant for
+performance measurements``. A log that ends at a title or a header row, with no values under it,
+stopped inside that measurement: GPU-to-GPU copies inside one node that never completed.
+
 One case points at a catalogued cause: a run whose only connections were inside one node (GPU
 to GPU through P2P or shared memory, no network channel anywhere in the log) and which then
-went silent, or a test whose ranks all ran on one host and stopped at its first size, is the
+went silent, a test whose ranks all ran on one host and stopped at its first size, or the CUDA
+peer-to-peer sample stopped inside a measurement, is the
 classic picture of peer-to-peer traffic dropped by the PCIe fabric (ACS redirect or a
 translating IOMMU, PCI003), which NCCL's troubleshooting guide names for hangs among GPUs of one
 node. It is offered at symptom tier: silence is weak evidence, and
@@ -52,7 +62,7 @@ LAST_LINES = 20  # NCCL's last line must be among a source's last this many non-
 _NCCL_INFO = re.compile(r"\[\d+\] NCCL INFO \S")  # posts often lose the host:pid:tid before it
 _PEER_CONNECTION = re.compile(r"\] via (?:P2P/|SHM/|direct shared memory)")
 _NETWORK_CONNECTION = re.compile(r"\] via NET/")
-_FINISHED = re.compile(r"Destroy COMPLETE|Abort COMPLETE|Avg bus bandwidth|Out of bounds values")
+_FINISHED = re.compile(r"Destroy COMPLETE|Abort COMPLETE|Avg bus bandwidth|Out of bounds values|NOTE: The CUDA Samples are not meant for performance")
 # py-spy's thread header and frame ("    broadcast (torch/distributed/distributed_c10d.py:2772)"),
 # gdb's thread header, numbered frame, stop line after attaching, and backtrace command, and
 # lldb's thread header and frame ("  thread #16, name = 'python', stop reason = signal SIGSTOP",
@@ -70,6 +80,15 @@ _STACK_DUMP = re.compile(
     r"|^\s*\*?\s*frame #\d{1,4}: 0x[0-9a-fA-F]{6,16} \S"
     r"|^(?:Current thread|Thread) 0x[0-9a-fA-F]{6,16} \(most recent call first\):"
 )
+# The CUDA peer-to-peer sample's matrix titles (older releases say "P2P=Enabled Bandwidth Matrix",
+# newer ones name the copy kind, "(P2P Writes)" or "(P2P Reads)"), the header row under each, and
+# the line it opens with.
+_P2P_SAMPLE_TITLE = re.compile(
+    r"^\s*(?:(?:Uni|Bi)directional P2P=(?:Enabled|Disabled) Bandwidth(?: \(P2P \w{1,10}\))? Matrix \(GB/s\)"
+    r"|P2P=(?:Enabled|Disabled) Latency(?: \(P2P \w{1,10}\))? Matrix \(us\))\s*$"
+)
+_P2P_SAMPLE_HEADER = re.compile(r"^\s*(?:D\\D|GPU|CPU)(?:\s+\d{1,3}){1,64}\s*$")
+_P2P_SAMPLE_START = re.compile(r"\[P2P \(Peer-to-Peer\) GPU Bandwidth Latency Test\]|^\s*Device: \d{1,3}, .{1,200}, pciBusID: ")
 _TESTS_HEADER = re.compile(r"\balgbw\s+busbw\b|\(GB/s\)\s+\(GB/s\)")
 # The units line newer releases print under the header ("#  (B)  (elements)  ...  (us)  (GB/s)"), matched
 # by its start: a post cut inside it still ends at the header.
@@ -144,7 +163,7 @@ def find_stall(tails: SourceTails, network_seen: bool) -> Stall | None:
             continue
         nccl = [index for index, line in enumerate(lines) if _NCCL_INFO.search(line.text)]
         if not nccl:
-            stall = _tests_stall(kept, network_seen) or _dump_stall(kept)
+            stall = _tests_stall(kept, network_seen) or _p2p_sample_stall(kept) or _dump_stall(kept)
             if stall is not None:
                 return stall
             continue
@@ -167,6 +186,20 @@ def _tests_stall(lines: list[Sighting], network_seen: bool) -> Stall | None:
         return None
     one_host = _one_host_rank(lines)
     return Stall(lines[-1], after, one_host if not network_seen else None, "the test's results header")
+
+
+def _p2p_sample_stall(lines: list[Sighting]) -> Stall | None:
+    """CUDA's p2pBandwidthLatencyTest ending at a matrix title or its header row: the copies of that
+    measurement never completed. One process drives every GPU of one node, so it is intra-node."""
+    if not lines:
+        return None
+    end = len(lines) - 1
+    if _P2P_SAMPLE_HEADER.search(lines[end].text) and end > 0 and _P2P_SAMPLE_TITLE.search(lines[end - 1].text):
+        end -= 1
+    elif not _P2P_SAMPLE_TITLE.search(lines[end].text):
+        return None
+    started = [line for line in lines[:end] if _P2P_SAMPLE_START.search(line.text)]
+    return Stall(lines[end], len(lines) - 1 - end, started[-1] if started else lines[end], "the peer-to-peer test's matrix title")
 
 
 def _one_host_rank(lines: list[Sighting]) -> Sighting | None:

@@ -234,3 +234,39 @@ def test_an_nccl_stall_in_a_test_run_on_one_host_is_intra_node_before_any_connec
     # The missing libibverbs is an RDMA NIC setting: a run inside one node never used the NIC.
     assert ranked[0] == ("PCI003", "symptom") and "IB009" not in dict(ranked), ranked
     assert document["stall"]["text"] == nccl[-1]
+
+
+# CUDA's p2pBandwidthLatencyTest, laid out as Samples/5_Domain_Specific/p2pBandwidthLatencyTest prints it.
+P2P_SAMPLE = [
+    "[P2P (Peer-to-Peer) GPU Bandwidth Latency Test]",
+    "Device: 0, NVIDIA GeForce RTX 4090, pciBusID: 41, pciDeviceID: 0, pciDomainID:0",
+    "Device: 1, NVIDIA GeForce RTX 4090, pciBusID: 61, pciDeviceID: 0, pciDomainID:0",
+    "Device=0 CAN Access Peer Device=1",
+    "Device=1 CAN Access Peer Device=0",
+    "P2P Connectivity Matrix",
+    "     D\\D     0     1",
+    "     0\t     1     1",
+    "     1\t     1     1",
+    "Unidirectional P2P=Disabled Bandwidth Matrix (GB/s)",
+    "   D\\D     0      1",
+    "     0 909.92  22.47",
+    "     1  22.67 918.56",
+    "Unidirectional P2P=Enabled Bandwidth (P2P Writes) Matrix (GB/s)",
+    "   D\\D     0      1",
+]
+
+
+@pytest.mark.parametrize("cut", [14, 15, 10], ids=["at-a-title", "at-its-header-row", "at-the-first-title"])
+def test_the_cuda_peer_to_peer_sample_stopped_inside_a_matrix_is_offered_pci003(tmp_path: Path, cut: int) -> None:
+    text, document = _explained(tmp_path, P2P_SAMPLE[:cut])
+    assert [(c["id"], c["tier"]) for c in document["candidates"]] == [("PCI003", "symptom")]
+    title = max(index for index in range(cut) if "Matrix (GB/s)" in P2P_SAMPLE[index])
+    assert document["stall"] == {"location": f"{tmp_path}/job.log:{title + 1}", "text": P2P_SAMPLE[title], "lines_after": cut - 1 - title}
+    assert "the peer-to-peer test's matrix title (" in text and "used the GPUs of one node only" in text
+
+
+def test_the_cuda_peer_to_peer_sample_with_values_or_its_closing_note_is_no_stall(tmp_path: Path) -> None:
+    note = "NOTE: The CUDA Samples are not meant for performance measurements. Results may vary when GPU Boost is enabled."
+    for lines in (P2P_SAMPLE[:13], [*P2P_SAMPLE, "     0 913.03  27.07", "     1  11.46 916.42", note]):
+        _text, document = _explained(tmp_path, lines)
+        assert document["status"] == "nothing-found" and document["stall"] is None, lines[-1]
