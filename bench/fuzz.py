@@ -20,6 +20,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "tests" / "reliability"))  # where test_fuzz_untrusted lives
 
 import fuzz_targets as targets  # noqa: E402
 from test_fuzz_untrusted import GOOD_ARCHIVE, SAMPLE_CONFIG  # noqa: E402
