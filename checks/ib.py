@@ -470,8 +470,16 @@ def _verbs_user_space(verbs: VerbsFacts) -> Iterator[Observation]:
         if provider not in named:
             observed = "missing" if verbs.configured is None else f"no 'driver {provider}' line"
             gap = Evidence(CONFIG_DIR, observed, f"{provider}.driver saying 'driver {provider}' (rdma-core's ibverbs-providers)")
-        elif provider not in verbs.providers:
+        elif not (abis := sorted(abi for name, abi in verbs.providers if name == provider)):
             gap = Evidence("library directories", f"no lib{provider}-rdmav*.so in <dir>/libibverbs or on the library path", f"the {provider} provider library (rdma-core)")
+        elif verbs.provider_abi is not None and verbs.provider_abi not in abis:
+            # libibverbs opens lib<name>-rdmav<its ABI>.so only: another rdma-core's provider stays on disk unused.
+            found = ", ".join(f"lib{provider}-rdmav{abi}.so" for abi in abis)
+            gap = Evidence(
+                verbs.libraries[0],
+                f"loads providers of ABI {verbs.provider_abi} (IBVERBS_PRIVATE_{verbs.provider_abi}); found only {found}",
+                f"lib{provider}-rdmav{verbs.provider_abi}.so from the same rdma-core as libibverbs",
+            )
         else:
             continue
         shown = ", ".join(devices[:8]) + (f" and {len(devices) - 8} more" if len(devices) > 8 else "")

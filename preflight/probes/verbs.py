@@ -7,7 +7,12 @@ says so at INFO and runs over sockets. libibverbs lists a device only when a pro
 its driver loads (rdma-core ``libibverbs/dynamic_driver.c``): the providers named by ``driver
 <name>`` lines in ``/etc/libibverbs.d/*.driver`` (and ``$RDMAV_DRIVERS``), each opened as
 ``<libdir>/libibverbs/lib<name>-rdmav<ABI>.so`` and then as ``lib<name>-rdmav<ABI>.so`` on the
-library search path. A container image without rdma-core's providers, on a host whose devices are
+library search path. ``<ABI>`` is the provider ABI libibverbs was built with
+(``IBVERBS_PABI_VERSION`` in its ``CMakeLists.txt``: 34 from rdma-core 34 to 56, then 57, 59, 64):
+a provider of another rdma-core, left over from a MOFED install or bind-mounted from the host, has
+another number in its name and is never opened. libibverbs exports the same number as its private symbol version
+``IBVERBS_PRIVATE_<ABI>`` (``libibverbs/libibverbs.map.in``), so it is read from the library's
+dynamic string table. A container image without rdma-core's providers, on a host whose devices are
 all there, is the common way to lose them.
 
 Sources: ``/sys/class/infiniband/<dev>/device/driver`` (the PCI driver, which names the provider
@@ -17,7 +22,7 @@ rdma-core pairs with it), the library directories NCCL's own probe reads
 prefix (conda, Spack, a module), that prefix's ``etc/libibverbs.d`` (rdma-core's ``CONFIG_DIR`` is
 ``<sysconfdir>/libibverbs.d``). Where libraries could be found several ways, any one counts: a
 missing piece is reported only when no place libibverbs or NCCL might look holds it. Only names
-and links are read, never a library's contents.
+and links are read, and of one libibverbs its bytes, for the ABI number.
 """
 
 from __future__ import annotations
@@ -43,7 +48,9 @@ PROVIDER_OF_DRIVER = {
     "ionic": "ionic", "mana": "mana", "erdma": "erdma", "vmw_pvrdma": "vmw_pvrdma",
     "hfi1": "hfi1verbs", "ib_qib": "ipathverbs", "be2net": "ocrdma", "ib_mthca": "mthca",
 }
-_PROVIDER_FILE = re.compile(r"^lib(\w+)-rdmav\d+\.so$")
+_PROVIDER_FILE = re.compile(r"^lib(\w+)-rdmav(\d{1,4})\.so$")
+_PRIVATE_ABI = re.compile(rb"IBVERBS_PRIVATE_(\d{1,4})\x00")
+MAX_LIBIBVERBS_BYTES = 8 << 20  # rdma-core's libibverbs.so.1 is about 130 KiB
 _DRIVER_LINE = re.compile(r"^[ \t]*driver[ \t\n]+(\S+)")
 MAX_CONFIG_FILES = 64  # a real /etc/libibverbs.d holds one file per provider (about 20)
 
@@ -63,8 +70,11 @@ class VerbsFacts(Struct, frozen=True):
     libraries: tuple[str, ...]  # libibverbs files found
     directories: tuple[str, ...]  # where they and the providers were looked for
     configured: tuple[str, ...] | None  # names from 'driver' lines; None: no /etc/libibverbs.d
-    providers: tuple[str, ...]  # names with a lib<name>-rdmav<N>.so file
+    providers: tuple[tuple[str, int], ...]  # (name, ABI) of every lib<name>-rdmav<ABI>.so found
     problems: tuple[str, ...]
+    # The provider ABI of the first libibverbs found (its IBVERBS_PRIVATE_<N>); None when it could
+    # not be read or names none (a stub), and then any ABI counts.
+    provider_abi: int | None = None
 
 
 #: Facts of a process outside the job, for calls that do not gather them (unit tests).
@@ -115,12 +125,26 @@ def _configured(reader: FactReader, config_dirs: list[str]) -> tuple[str, ...] |
     return tuple(dict.fromkeys(found)) if seen else None
 
 
-def _providers(reader: FactReader, directories: list[str], wanted: set[str]) -> tuple[str, ...]:
-    found = {match.group(1) for d in directories for name in reader.listing(f"{d}/libibverbs") or [] if (match := _PROVIDER_FILE.match(name))}
-    if wanted - found:
+def _providers(reader: FactReader, directories: list[str], wanted: set[str]) -> tuple[tuple[str, int], ...]:
+    def found_in(folder: str) -> set[tuple[str, int]]:
+        return {(match.group(1), int(match.group(2))) for name in reader.listing(folder) or [] if (match := _PROVIDER_FILE.match(name))}
+
+    found = {provider for d in directories for provider in found_in(f"{d}/libibverbs")}
+    if wanted - {name for name, _ in found}:
         # libibverbs' last resort is the library search path itself (older releases put providers there).
-        found |= {match.group(1) for d in directories for name in reader.listing(d) or [] if (match := _PROVIDER_FILE.match(name))}
+        found |= {provider for d in directories for provider in found_in(d)}
     return tuple(sorted(found))
+
+
+def provider_abi(fs: NodeFS, library: str) -> int | None:
+    """The provider ABI a libibverbs loads: the N of the ``IBVERBS_PRIVATE_<N>`` symbol version in
+    its dynamic string table. None when the file cannot be read whole or names no single one."""
+    try:
+        data = fs.read_bytes(library, MAX_LIBIBVERBS_BYTES) or b""
+    except SourceError:
+        return None  # an unread library leaves the ABI open; its presence was read already
+    found = {int(match.group(1)) for match in _PRIVATE_ABI.finditer(data)}
+    return found.pop() if len(found) == 1 else None
 
 
 @probe("verbs")
@@ -152,5 +176,5 @@ def probe_verbs(fs: NodeFS) -> VerbsFacts:
     return VerbsFacts(
         job_view, tuple(name for name in drivers if name), tuple(devices), tuple(libraries), tuple(directories),
         _configured(reader, list(dict.fromkeys([CONFIG_DIR, *(f"{install_prefix(lib).rstrip('/')}/etc/libibverbs.d" for lib in libraries)]))),
-        _providers(reader, directories, wanted), tuple(reader.problems),
+        _providers(reader, directories, wanted), tuple(reader.problems), provider_abi(fs, libraries[0]) if libraries else None,
     )

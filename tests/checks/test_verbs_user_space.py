@@ -184,3 +184,31 @@ def test_a_huge_library_path_is_read_only_in_part() -> None:
 
     environ = {"LD_LIBRARY_PATH": ":".join(["relative/lib", *(f"/opt/lib{n}" for n in range(100_000)), "/opt/lib1"])}
     assert library_path_dirs(environ) == [f"/opt/lib{n}" for n in range(MAX_LIBRARY_PATH_DIRS)]
+
+
+def _libibverbs(abi: int) -> bytes:
+    """Bytes laid out as in rdma-core's libibverbs.so.1: an ELF header, then the dynamic string
+    table with the private symbol version (Debian 12's libibverbs1 44.0 has IBVERBS_PRIVATE_34 at
+    byte 15084 of its 133 KiB)."""
+    return b"\x7fELF\x02\x01\x01" + b"\0" * 200 + b"ibv_get_device_list\0IBVERBS_1.1\0" + f"IBVERBS_PRIVATE_{abi}".encode() + b"\0libc.so.6\0"
+
+
+def test_a_provider_of_another_rdma_core_is_never_loaded(job_node: Path) -> None:
+    """libibverbs opens lib<name>-rdmav<its ABI>.so only: a provider left from another rdma-core
+    (a MOFED install, a bind mount from the host) is on disk and unused."""
+    install_user_space(job_node)  # libmlx5-rdmav34.so
+    write(job_node, f"{LIB}/libibverbs.so.1", _libibverbs(57))
+    [finding] = ib009(job_node)
+    assert (finding.status.value, finding.subject) == ("present", "mlx5 provider")
+    assert finding.evidence[0].observed == "loads providers of ABI 57 (IBVERBS_PRIVATE_57); found only libmlx5-rdmav34.so"
+    write(job_node, f"{LIB}/libibverbs/libmlx5-rdmav57.so", b"")
+    assert [f.status.value for f in ib009(job_node)] == ["absent"]
+
+
+def test_a_matching_or_unreadable_provider_abi_is_no_finding(job_node: Path) -> None:
+    install_user_space(job_node)
+    write(job_node, f"{LIB}/libibverbs.so.1", _libibverbs(34))
+    assert [f.status.value for f in ib009(job_node)] == ["absent"]
+    # a library that names no ABI (a stub, a stripped copy) leaves any provider ABI acceptable
+    write(job_node, f"{LIB}/libibverbs.so.1", b"\x7fELF not a real library")
+    assert [f.status.value for f in ib009(job_node)] == ["absent"]
