@@ -33,6 +33,8 @@ REPORT_SCHEMA = "preflight-report/1"
 #: A full report of an 8-GPU, 8-HCA node is about 40 KB; 16 MiB leaves room for very large
 #: nodes while keeping one hostile file from costing gigabytes once parsed.
 MAX_REPORT_BYTES = 16 * 1024 * 1024
+#: Reports read in one comparison: the largest GPU fleets run some tens of thousands of nodes.
+MAX_REPORTS = 200_000
 #: Host names as the kernel and DNS allow them; anything else (a "/", "..", a control character,
 #: an escape sequence meant for the terminal that shows the fleet table) is refused.
 HOST_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,252})$")
@@ -99,6 +101,10 @@ def report_paths(inputs: Sequence[str]) -> tuple[list[str], list[Skipped]]:
             paths.extend(os.path.join(item, name) for name in names if name.endswith(".json"))
         else:
             paths.append(item)
+    if len(paths) > MAX_REPORTS:
+        # One line for the rest, not one per file: their names are known, their content is not.
+        skipped.append(Skipped(paths[MAX_REPORTS], f"and {len(paths) - MAX_REPORTS - 1} more: over the {MAX_REPORTS}-report limit, not read"))
+        del paths[MAX_REPORTS:]
     return paths, skipped
 
 

@@ -250,3 +250,15 @@ def test_a_lone_surrogate_and_non_ascii_text_reach_the_json_output_whatever_the_
     document = json.loads(result.stdout)
     drivers = {group["value"] for c in document["comparisons"] if c["fact"] == "nvidia_driver" for group in c["values"]}
     assert {"550\ud800", "550-日本"} <= drivers
+
+
+def test_reports_past_the_count_cap_are_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A directory of reports is read up to a count in name order; the rest are named once."""
+    import preflight.fleet.load as load
+
+    monkeypatch.setattr(load, "MAX_REPORTS", 3)
+    for index in range(5):
+        (tmp_path / f"gpu{index:03}.json").write_text("{}")
+    paths, skipped = load.report_paths([str(tmp_path)])
+    assert paths == [str(tmp_path / f"gpu{index:03}.json") for index in range(3)]
+    assert [(s.file, s.reason) for s in skipped] == [(str(tmp_path / "gpu003.json"), "and 1 more: over the 3-report limit, not read")]
