@@ -212,3 +212,16 @@ def test_a_matching_or_unreadable_provider_abi_is_no_finding(job_node: Path) -> 
     # a library that names no ABI (a stub, a stripped copy) leaves any provider ABI acceptable
     write(job_node, f"{LIB}/libibverbs.so.1", b"\x7fELF not a real library")
     assert [f.status.value for f in ib009(job_node)] == ["absent"]
+
+
+def test_a_snapshot_keeps_the_provider_abi_it_read(job_node: Path, tmp_path: Path) -> None:
+    """The library bytes the ABI is read from travel in the snapshot like any other read, so a
+    mismatched provider is found again on replay, scrubbed or not."""
+    install_user_space(job_node)
+    write(job_node, f"{LIB}/libibverbs.so.1", _libibverbs(57))
+    for scrub in ((), ("hostnames", "addresses")):
+        archive = tmp_path / f"job{len(scrub)}.tar.gz"
+        take_snapshot(SnapshotArgs(output=str(archive), root=str(job_node), scrub=scrub))
+        with opened_root(str(archive)) as (directory, _label):
+            [finding] = ib009(Path(directory))
+        assert (finding.status.value, finding.subject) == ("present", "mlx5 provider"), scrub
