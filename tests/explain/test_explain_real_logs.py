@@ -21,11 +21,11 @@ from preflight.explain import explain, load_catalogue
 # Held-back figures (tests/data/real-logs, test part), measured when last raised; see
 # bench/explain_accuracy.py for all figures. Floors, not goals: the goals are top-1 85 %,
 # top-3 95 %, no candidate 0 %, out-of-catalogue logs given a cause <= 20 %.
-TOP1_FLOOR = 0.545
-TOP3_FLOOR = 0.563
-NO_CANDIDATE_CEILING = 0.264
+TOP1_FLOOR = 0.526
+TOP3_FLOOR = 0.543
+NO_CANDIDATE_CEILING = 0.281
 OUTSIDE_CAUSE_CEILING = 0.20
-SILENT_CEILING = 17  # held-back failure logs answered "nothing found" (19 before stalls were named)
+SILENT_CEILING = 18  # held-back failure logs answered "nothing found" (19 before stalls were named)
 # When the test part grows, the logs held back before keep the floors they had reached, so new,
 # harder logs cannot hide a loss on the old ones:
 # - batches a-e (74 logs): the first gathering, whose development part the first signatures were
@@ -61,7 +61,10 @@ SILENT_CEILING = 17  # held-back failure logs answered "nothing found" (19 befor
 #   56.2 / 58.1 / 25.7 %;
 # - batches a-zzi (154 logs): batches zzj-zzm (7 held-back logs; 1 of their 5 catalogued causes
 #   ranked first, neither out-of-catalogue log given a cause, one more silent) moved them to
-#   54.5 / 56.4 / 26.4 % with 17 silent.
+#   54.5 / 56.4 / 26.4 % with 17 silent;
+# - batches a-zzm (161 logs): batches zzn-zzq (6 held-back logs; none of their 4 catalogued causes
+#   ranked first, 1 of their 2 out-of-catalogue logs given a cause, one more silent) moved them to
+#   52.6 / 54.4 / 28.1 % with 18 silent.
 EARLIER_PARTS = {
     "batches a-e": (set("abcde"), {"top1": 0.596, "top3": 0.629, "no_candidate": 0.210, "silent": 6}),
     "batches a-x": (set("abcdefghijklmnopqrstuvwx"), {"top1": 0.552, "top3": 0.576, "no_candidate": 0.283, "silent": 13}),
@@ -75,6 +78,7 @@ EARLIER_PARTS = {
     "batches a-zz": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze", "zf", "zg", "zh", "zi", "zj", "zl", "zm", "zn", "zo", "zp", "zq", "zr", "zs", "zt", "zu", "zv", "zw", "zx", "zy", "zz"}, {"top1": 0.563, "top3": 0.582, "no_candidate": 0.253, "silent": 16}),
     "batches a-zze": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze", "zf", "zg", "zh", "zi", "zj", "zl", "zm", "zn", "zo", "zp", "zq", "zr", "zs", "zt", "zu", "zv", "zw", "zx", "zy", "zz", "zza", "zzb", "zzc", "zzd", "zze"}, {"top1": 0.557, "top3": 0.576, "no_candidate": 0.260, "silent": 16}),
     "batches a-zzi": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze", "zf", "zg", "zh", "zi", "zj", "zl", "zm", "zn", "zo", "zp", "zq", "zr", "zs", "zt", "zu", "zv", "zw", "zx", "zy", "zz", "zza", "zzb", "zzc", "zzd", "zze", "zzf", "zzg", "zzh", "zzi"}, {"top1": 0.561, "top3": 0.580, "no_candidate": 0.258, "silent": 16}),
+    "batches a-zzm": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze", "zf", "zg", "zh", "zi", "zj", "zl", "zm", "zn", "zo", "zp", "zq", "zr", "zs", "zt", "zu", "zv", "zw", "zx", "zy", "zz", "zza", "zzb", "zzc", "zzd", "zze", "zzf", "zzg", "zzh", "zzi", "zzj", "zzk", "zzl", "zzm"}, {"top1": 0.545, "top3": 0.563, "no_candidate": 0.264, "silent": 17}),
 }
 
 
