@@ -29,7 +29,7 @@ Some causes never print a message of their own; they show only in how lines disa
   (:meth:`Observations.waited_collective`) when every one of them names the same collective.
 * **Sockets over InfiniBand for want of libibverbs.** NCCL logs that it could not open
   libibverbs at INFO level (``Failed to open libibverbs.so[.1]``, ``Count not open
-  libibverbs.so``; ``src/misc/ibvsymbols.cc``) because a node without RDMA is normal; the same run
+  libibverbs.so``, from 2.31 ``Could not open libibverbs.so``; ``src/misc/ibvsymbols.cc``) because a node without RDMA is normal; the same run
   choosing an IPoIB interface for its socket transport (``NET/Socket : Using [0]ib0:...``,
   ``src/transport/net_socket.cc``) shows an InfiniBand node whose verbs stack is missing in the
   job's environment (IB009).
@@ -77,7 +77,7 @@ OBSERVATION_SIGNATURES = (
     (ROCE_PORTS, r"\[\d+\]\w{1,40}:\d+/RoCE\b"),  # "NET/IB : Using [0]mlx5_0:1/RoCE": scanned for "/RoCE"
     (FINGERPRINT, r"Running collective: CollectiveFingerPrint\(SequenceNumber=\d+, OpType=\w+"),
     (WATCHDOG, r"Rank \d{1,7}\] Watchdog caught collective operation timeout(?: for work)?: WorkNCCL\(SeqNum=\d"),
-    (NO_VERBS, r"Failed to open libibverbs\.so|Count not open libibverbs\.so"),
+    (NO_VERBS, r"Failed to open libibverbs\.so|(?:Count|Could) not open libibverbs\.so"),
     (SM120_BOARD, r"NVIDIA (?:GeForce RTX 50[5-9]0(?: Ti)?|RTX PRO [0-9]{4} Blackwell)"),
     (NCCL_VERSION, r"NCCL version \d{1,2}\.\d{1,3}\.\d{1,3}"),
     (SOCKET_ON_IB, r"NET/Socket : Using .{0,400}?\[\d+\]ib\w{0,15}[:.<]"),

@@ -453,12 +453,19 @@ def test_a_link_local_roce_gid_on_a_retry_exceeded_completion_ranks_the_gid_refe
     assert "ROCE005" not in [c.reference_id for c in explain([str(routable)], catalogue=catalogue).candidates]
 
 
-def test_a_missing_libibverbs_is_a_setting_unless_sockets_run_over_infiniband(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "no_verbs",
+    [
+        "gpu4:3101:3160 [0] NCCL INFO Failed to open libibverbs.so[.1]",  # up to 2.29
+        "gpu4:3101:3160 [0] NCCL INFO Count not open libibverbs.so.1",  # 2.30
+        "gpu4:3101:3160 [0] NCCL INFO Could not open libibverbs.so.1",  # 2.31.2, 2.32 (released libraries)
+    ],
+)
+def test_a_missing_libibverbs_is_a_setting_unless_sockets_run_over_infiniband(tmp_path: Path, no_verbs: str) -> None:
     """NCCL logs the failed dlopen at INFO on every node without RDMA; beside a socket transport on
     an IPoIB interface it names the cause (IB009), and alone it is never the failing line."""
     from preflight.explain import explain, load_catalogue
 
-    no_verbs = "gpu4:3101:3160 [0] NCCL INFO Failed to open libibverbs.so[.1]"
     catalogue = load_catalogue()
     on_ib = tmp_path / "ib.log"
     on_ib.write_text(no_verbs + "\ngpu4:3101:3160 [0] NCCL INFO NET/Socket : Using [0]ib0:10.10.0.4<0> [1]eth0:192.168.1.4<0>\n")
