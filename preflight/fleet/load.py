@@ -103,7 +103,9 @@ def report_paths(inputs: Sequence[str]) -> tuple[list[str], list[Skipped]]:
             paths.append(item)
     if len(paths) > MAX_REPORTS:
         # One line for the rest, not one per file: their names are known, their content is not.
-        skipped.append(Skipped(paths[MAX_REPORTS], f"and {len(paths) - MAX_REPORTS - 1} more: over the {MAX_REPORTS}-report limit, not read"))
+        more = len(paths) - MAX_REPORTS - 1
+        also = f", nor are {more} more after it in name order" if more else ""
+        skipped.append(Skipped(paths[MAX_REPORTS], f"not read: over the {MAX_REPORTS}-report limit{also}"))
         del paths[MAX_REPORTS:]
     return paths, skipped
 

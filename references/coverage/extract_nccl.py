@@ -620,7 +620,7 @@ def main(argv: list[str] | None = None) -> int:
         "source": "https://github.com/NVIDIA/nccl",
         "generator": "references/coverage/extract_nccl.py",
         "tags": tags,
-        "pre_releases": {name: commit for name, commit in revisions.items()},
+        "pre_releases": dict(revisions),
         "formats": rows,
     }
     args.output.write_text(json.dumps(document, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")

@@ -261,4 +261,6 @@ def test_reports_past_the_count_cap_are_not_read(tmp_path: Path, monkeypatch: py
         (tmp_path / f"gpu{index:03}.json").write_text("{}")
     paths, skipped = load.report_paths([str(tmp_path)])
     assert paths == [str(tmp_path / f"gpu{index:03}.json") for index in range(3)]
-    assert [(s.file, s.reason) for s in skipped] == [(str(tmp_path / "gpu003.json"), "and 1 more: over the 3-report limit, not read")]
+    assert [(s.file, s.reason) for s in skipped] == [(str(tmp_path / "gpu003.json"), "not read: over the 3-report limit, nor are 1 more after it in name order")]
+    (tmp_path / "gpu004.json").unlink()  # exactly one over: named alone
+    assert [s.reason for s in load.report_paths([str(tmp_path)])[1]] == ["not read: over the 3-report limit"]
