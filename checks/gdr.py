@@ -15,7 +15,7 @@ from preflight.model import (
     present,
     undecided,
 )
-from preflight.nccl.releases import PEERMEM_DETECTION, affected, release_evidence
+from preflight.nccl.releases import GDRCOPY_NEEDS_GDRDRV, PEERMEM_DETECTION, affected, release_evidence
 from preflight.probes.gpudirect import (
     NVIDIA_PEERMEM_VERSION,
     GpuDirectFacts,
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from preflight.probes.bar1 import Bar1, Bar1Facts
     from preflight.probes.gpus import GpuFacts
     from preflight.probes.job import JobFacts
-    from preflight.probes.nccl_libs import NcclLibFacts
+    from preflight.probes.nccl_libs import NcclCopy, NcclLibFacts
 
 SMALL_BAR1 = 256 << 20  # the legacy window consumer boards keep with Resizable BAR off
 
@@ -95,6 +95,25 @@ def parse_kernel_version(release: str) -> tuple[int, int] | None:
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
+def dmabuf_capable(gpudirect: GpuDirectFacts) -> bool | None:
+    """Whether the node's kernel and NVIDIA driver can export GPU memory as DMA-BUF: open kernel
+    modules on Linux 5.12 or newer. None while the one fact that would decide it is unread."""
+    kernel = parse_kernel_version(gpudirect.kernel_release or "")
+    if gpudirect.driver_flavour == "proprietary" or (kernel is not None and kernel < DMABUF_MIN_KERNEL):
+        return False
+    if kernel is None or gpudirect.driver_flavour is None:
+        return None
+    return True
+
+
+def dmabuf_evidence(gpudirect: GpuDirectFacts) -> Evidence:
+    return Evidence(
+        "/proc/driver/nvidia/version",
+        f"{gpudirect.driver_flavour or 'unknown'} kernel modules, kernel {gpudirect.kernel_release or 'unknown'}",
+        "open kernel modules and Linux >= 5.12 for the DMA-BUF path",
+    )
+
+
 def _require_nvidia(gpudirect: GpuDirectFacts) -> None:
     if gpudirect.nvidia_loaded is None:
         raise Unknown(f"whether the NVIDIA driver is loaded: {gpudirect.why('/sys/module/nvidia')}")
@@ -117,19 +136,14 @@ def gpudirect_rdma_unavailable(gpudirect: GpuDirectFacts, job: JobFacts, nccl_li
     kernel = parse_kernel_version(gpudirect.kernel_release or "")
     dmabuf_setting = job.nccl("NCCL_DMABUF_ENABLE")
     dmabuf_disabled = dmabuf_setting is not None and dmabuf_setting.value.strip() == "0"
-    kernel_ok = kernel is not None and kernel >= DMABUF_MIN_KERNEL
-    if kernel_ok and gpudirect.driver_flavour == "open" and not dmabuf_disabled:
+    if dmabuf_capable(gpudirect) and not dmabuf_disabled:
         return
     unread = [*gpudirect.peer_memory_unknown, *(["/sys/module/nv_peer_mem"] if gpudirect.nv_peer_mem_loaded is None else [])]
     if not dmabuf_disabled:
         unread += [path for path, value in (("/proc/sys/kernel/osrelease", kernel), ("/proc/driver/nvidia/version", gpudirect.driver_flavour)) if value is None]
     if unread:
         raise Unknown(f"neither GPUDirect path is confirmed, and {gpudirect.why(unread[0])}")
-    dmabuf = Evidence(
-        "/proc/driver/nvidia/version",
-        f"{gpudirect.driver_flavour or 'unknown'} kernel modules, kernel {gpudirect.kernel_release or 'unknown'}",
-        "open kernel modules and Linux >= 5.12 for the DMA-BUF path",
-    )
+    dmabuf = dmabuf_evidence(gpudirect)
     dmabuf_off = [Evidence(f"{dmabuf_setting.origin} NCCL_DMABUF_ENABLE", "0", "unset or 1")] if dmabuf_disabled and dmabuf_setting else []
     if NVIDIA_PEERMEM_VERSION in gpudirect.peer_memory_files:
         old, unnamed = affected(nccl_libs, PEERMEM_DETECTION)
@@ -156,9 +170,16 @@ def _gdrcopy_lost(subject: str, *evidence: Evidence) -> Observation:
     return present(subject, *evidence, severity=Severity.WARNING)
 
 
+#: NCCL_GDRCOPY_USE_INTERNAL_DMABUF (NCCL 2.31.2+): 1 demands NCCL's own DMA-BUF mapping and fails
+#: ncclInit without it, 2 prefers it and runs on without GDRCopy when it is missing; both skip
+#: libgdrapi, so gdrdrv does not matter. Any other value keeps libgdrapi first.
+INTERNAL_DMABUF_REQUIRED, INTERNAL_DMABUF_PREFERRED = "1", "2"
+
+
 @check("GDR002", profiles=("prolog",))
-def gdrcopy_driver_unusable(gpudirect: GpuDirectFacts, job: JobFacts) -> Iterator[Observation]:
-    """The job asks NCCL for GDRCopy, but the gdrdrv driver or its device node is unusable."""
+def gdrcopy_driver_unusable(gpudirect: GpuDirectFacts, job: JobFacts, nccl_libs: NcclLibFacts) -> Iterator[Observation]:
+    """The job asks NCCL for GDRCopy, but the gdrdrv driver or its device node is unusable, or it
+    demands NCCL's own DMA-BUF mapping on a node whose driver cannot export DMA-BUF."""
     _require_nvidia(gpudirect)
     setting = job.nccl("NCCL_GDRCOPY_ENABLE")
     if setting is None:
@@ -166,11 +187,39 @@ def gdrcopy_driver_unusable(gpudirect: GpuDirectFacts, job: JobFacts) -> Iterato
     if setting.value.strip() in ("", "0"):
         return  # NCCL only loads GDRCopy when NCCL_GDRCOPY_ENABLE=1: the setting keeps it off
     requested = Evidence(f"{setting.origin} NCCL_GDRCOPY_ENABLE", setting.value)
+    backend = job.nccl("NCCL_GDRCOPY_USE_INTERNAL_DMABUF")
+    choice = backend.value.strip() if backend is not None else ""
+    older, unnamed = affected(nccl_libs, GDRCOPY_NEEDS_GDRDRV)
+    newer = [copy for copy in nccl_libs.copies if copy not in older and copy not in unnamed]
+    if backend is not None and choice == INTERNAL_DMABUF_REQUIRED and newer:
+        yield from _internal_dmabuf_impossible(gpudirect, newer, requested, Evidence(f"{backend.origin} NCCL_GDRCOPY_USE_INTERNAL_DMABUF", backend.value))
+    if choice in (INTERNAL_DMABUF_REQUIRED, INTERNAL_DMABUF_PREFERRED) and newer and not older and not unnamed:
+        return  # every NCCL on the node skips libgdrapi: gdrdrv is not used
+    # A release that falls back to DMA-BUF when gdr_open fails still says so in the evidence: the
+    # fallback needs a CUDA 13.3 driver, which the node's files do not name.
+    fallback = [Evidence(copy.path, f"NCCL {copy.version}: maps GPU memory through DMA-BUF when gdr_open fails", "gdrdrv usable, or a CUDA 13.3+ driver that exports DMA-BUF") for copy in newer]
+    yield from _gdrdrv_unusable(gpudirect, requested, *fallback)
+
+
+def _internal_dmabuf_impossible(gpudirect: GpuDirectFacts, copies: list[NcclCopy], *settings: Evidence) -> Iterator[Observation]:
+    """NCCL_GDRCOPY_USE_INTERNAL_DMABUF=1 on a node that cannot export DMA-BUF: ncclInit fails
+    ("... NCCL internal DMA-BUF mmap backend could not initialize", ncclSystemError)."""
+    capable = dmabuf_capable(gpudirect)
+    for copy in copies:
+        if capable is None:
+            unread = "/proc/sys/kernel/osrelease" if gpudirect.kernel_release is None else "/proc/driver/nvidia/version"
+            yield undecided(copy.path, f"whether the driver can export DMA-BUF: {gpudirect.why(unread)}", *settings)
+        elif not capable:
+            evidence = Evidence(copy.path, f"NCCL {copy.version}: fails its init without its DMA-BUF mapping")
+            yield present(copy.path, *settings, evidence, dmabuf_evidence(gpudirect), severity=Severity.ERROR)
+
+
+def _gdrdrv_unusable(gpudirect: GpuDirectFacts, requested: Evidence, *fallback: Evidence) -> Iterator[Observation]:
     if gpudirect.gdrdrv_loaded is None:
         yield undecided("gdrdrv", gpudirect.why("/sys/module/gdrdrv"), requested)
         return
     if not gpudirect.gdrdrv_loaded:
-        yield _gdrcopy_lost("gdrdrv", requested, Evidence("/sys/module/gdrdrv", "not loaded", "loaded"))
+        yield _gdrcopy_lost("gdrdrv", requested, Evidence("/sys/module/gdrdrv", "not loaded", "loaded"), *fallback)
         return
     node = gpudirect.gdrdrv_node
     unreadable_node = next((p for p in gpudirect.problems if p.startswith("/dev/gdrdrv: ")), None)
@@ -179,7 +228,7 @@ def gdrcopy_driver_unusable(gpudirect: GpuDirectFacts, job: JobFacts) -> Iterato
         return
     if node is None or not stat_codes.S_ISCHR(node.mode):
         observed = "missing" if node is None else "not a character device"
-        yield _gdrcopy_lost("/dev/gdrdrv", requested, Evidence("/dev/gdrdrv", observed, "character device"))
+        yield _gdrcopy_lost("/dev/gdrdrv", requested, Evidence("/dev/gdrdrv", observed, "character device"), *fallback)
         return
     identity = gpudirect.job_identity
     if identity is None:
@@ -194,4 +243,5 @@ def gdrcopy_driver_unusable(gpudirect: GpuDirectFacts, job: JobFacts) -> Iterato
                 f"mode {stat_codes.filemode(node.mode)} owner {node.uid}:{node.gid}",
                 f"read-write for uid {identity.uid} (groups {','.join(map(str, identity.gids)) or 'none'})",
             ),
+            *fallback,
         )

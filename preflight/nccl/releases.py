@@ -72,7 +72,14 @@ PCI_SPEED_DETECTION = KnownBug("TOPO003", "2.18.3", "2.19.4", "topology detectio
 PEERMEM_DETECTION = KnownBug("GDR001", "0", "2.23.4", "GPUDirect RDMA is reported disabled when only nvidia_peermem (no memory_peers client) is loaded")
 
 
-KNOWN_BUGS = (NVLS_DUAL_PORT, CONNECT_RETRY, SPLIT_NONBLOCKING, RAS_INIT_RACE, MNNVL_STACK, MNNVL_ALLTOALL, NVLS_SEARCH, PCI_SPEED_DETECTION, PEERMEM_DETECTION)
+#: Before 2.31.2 GDRCopy meant libgdrapi and the gdrdrv driver only. From 2.31.2 (read in the
+#: released libraries' messages and the 2.31.0a7 development sources, src/misc/gdrwrap.cc) NCCL
+#: maps GPU memory through DMA-BUF itself when gdr_open fails, and NCCL_GDRCOPY_USE_INTERNAL_DMABUF
+#: = 1 or 2 skips libgdrapi altogether.
+GDRCOPY_NEEDS_GDRDRV = KnownBug("GDR002", "0", "2.31.2", "GDRCopy works only through the gdrdrv driver (no DMA-BUF stand-in)")
+
+
+KNOWN_BUGS = (NVLS_DUAL_PORT, CONNECT_RETRY, SPLIT_NONBLOCKING, RAS_INIT_RACE, MNNVL_STACK, MNNVL_ALLTOALL, NVLS_SEARCH, PCI_SPEED_DETECTION, PEERMEM_DETECTION, GDRCOPY_NEEDS_GDRDRV)
 
 
 def version_tuple(text: str) -> tuple[int, ...] | None:

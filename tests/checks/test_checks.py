@@ -210,7 +210,7 @@ def test_gdr001_unknown_where_a_source_was_not_read(gpudirect: GpuDirectFacts) -
 
 # GDR002 ------------------------------------------------------------------------------------
 def test_gdr002_present_when_enabled_without_gdrdrv(gpudirect: GpuDirectFacts) -> None:
-    found = list(gdrcopy_driver_unusable(gpudirect, job(conf={"NCCL_GDRCOPY_ENABLE": "1"})))
+    found = list(gdrcopy_driver_unusable(gpudirect, job(conf={"NCCL_GDRCOPY_ENABLE": "1"}), NCCL_2_28))
     assert [o.subject for o in found] == ["gdrdrv"]
     # NCCL runs on without GDRCopy when gdr_open fails: slower, not failed, so no drain
     assert [o.severity for o in found] == [Severity.WARNING]
@@ -219,20 +219,54 @@ def test_gdr002_present_when_enabled_without_gdrdrv(gpudirect: GpuDirectFacts) -
 def test_gdr002_device_node_missing_or_not_accessible(gpudirect: GpuDirectFacts) -> None:
     loaded = replace(gpudirect, gdrdrv_loaded=True)
     enabled = job(environ={"NCCL_GDRCOPY_ENABLE": "1"})
-    assert [o.subject for o in gdrcopy_driver_unusable(loaded, enabled)] == ["/dev/gdrdrv"]
+    assert [o.subject for o in gdrcopy_driver_unusable(loaded, enabled, NCCL_2_28)] == ["/dev/gdrdrv"]
     node = DeviceNode("/dev/gdrdrv", 0o20660, 0, 44)
     alice = JobIdentity(1001, (1001, 996), "SLURM_JOB_UID")
     locked = replace(loaded, gdrdrv_node=node, job_identity=alice)
-    found = list(gdrcopy_driver_unusable(locked, enabled))
+    found = list(gdrcopy_driver_unusable(locked, enabled, NCCL_2_28))
     assert found and "crw-rw----" in found[0].evidence[1].observed and found[0].severity == Severity.WARNING
     member = replace(locked, job_identity=JobIdentity(1001, (1001, 44), "SLURM_JOB_UID"))
-    assert list(gdrcopy_driver_unusable(member, enabled)) == []
+    assert list(gdrcopy_driver_unusable(member, enabled, NCCL_2_28)) == []
 
 
 def test_gdr002_absent_when_not_requested(gpudirect: GpuDirectFacts) -> None:
     with pytest.raises(NotApplicable, match="NCCL_GDRCOPY_ENABLE not set"):
-        list(gdrcopy_driver_unusable(gpudirect, job()))
-    assert list(gdrcopy_driver_unusable(gpudirect, job(environ={"NCCL_GDRCOPY_ENABLE": "0"}))) == []
+        list(gdrcopy_driver_unusable(gpudirect, job(), NCCL_2_28))
+    assert list(gdrcopy_driver_unusable(gpudirect, job(environ={"NCCL_GDRCOPY_ENABLE": "0"}), NCCL_2_28)) == []
+
+
+NCCL_2_32 = NcclLibFacts((NcclCopy("/opt/venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2", "2.32.6", "wheel"),), ())
+
+
+def test_gdr002_internal_dmabuf_skips_gdrdrv_on_nccl_2_31_2_and_later(gpudirect: GpuDirectFacts) -> None:
+    """NCCL_GDRCOPY_USE_INTERNAL_DMABUF=1 or 2 makes NCCL 2.31.2+ skip libgdrapi, so a missing
+    gdrdrv is no finding there; NCCL before 2.31.2 ignores the variable and still needs gdrdrv."""
+    open_modules = replace(gpudirect, driver_flavour="open")  # the example node runs Linux 5.15
+    for choice in ("1", "2"):
+        internal = job(environ={"NCCL_GDRCOPY_ENABLE": "1", "NCCL_GDRCOPY_USE_INTERNAL_DMABUF": choice})
+        assert list(gdrcopy_driver_unusable(open_modules, internal, NCCL_2_32)) == []
+        assert [o.subject for o in gdrcopy_driver_unusable(open_modules, internal, NCCL_2_21)] == ["gdrdrv"]
+    both = NcclLibFacts(NCCL_2_32.copies + NCCL_2_21.copies, ())
+    preferred = job(environ={"NCCL_GDRCOPY_ENABLE": "1", "NCCL_GDRCOPY_USE_INTERNAL_DMABUF": "2"})
+    assert [o.subject for o in gdrcopy_driver_unusable(open_modules, preferred, both)] == ["gdrdrv"]
+    invalid = job(environ={"NCCL_GDRCOPY_ENABLE": "1", "NCCL_GDRCOPY_USE_INTERNAL_DMABUF": "3"})  # NCCL warns, uses libgdrapi
+    [found] = gdrcopy_driver_unusable(open_modules, invalid, NCCL_2_32)
+    assert found.subject == "gdrdrv" and found.severity is Severity.WARNING
+    assert "DMA-BUF when gdr_open fails" in found.evidence[-1].observed  # the release's own fallback is named
+
+
+def test_gdr002_internal_dmabuf_required_without_dmabuf_fails_init(gpudirect: GpuDirectFacts) -> None:
+    """=1 on proprietary modules or a kernel before 5.12: NCCL's init returns an error."""
+    required = job(conf={"NCCL_GDRCOPY_ENABLE": "1", "NCCL_GDRCOPY_USE_INTERNAL_DMABUF": "1"})
+    [found] = gdrcopy_driver_unusable(gpudirect, required, NCCL_2_32)  # the example: proprietary modules
+    assert found.status is Status.PRESENT and found.severity is Severity.ERROR
+    assert found.subject == NCCL_2_32.copies[0].path and "proprietary" in found.evidence[-1].observed
+    old_kernel = replace(gpudirect, driver_flavour="open", kernel_release="4.18.0-553.el8.x86_64")
+    assert [o.severity for o in gdrcopy_driver_unusable(old_kernel, required, NCCL_2_32)] == [Severity.ERROR]
+    unread = replace(gpudirect, driver_flavour=None, problems=("/proc/driver/nvidia/version: permission denied",))
+    [found] = gdrcopy_driver_unusable(unread, required, NCCL_2_32)
+    assert found.status is Status.UNKNOWN and "permission denied" in found.reason
+    assert list(gdrcopy_driver_unusable(replace(gpudirect, driver_flavour="open"), required, NCCL_2_32)) == []
 
 
 # GPU001 ------------------------------------------------------------------------------------
