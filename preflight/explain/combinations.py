@@ -44,6 +44,15 @@ Some causes never print a message of their own; they show only in how lines disa
   error; 2.19 reserves the space with ``fallocate`` and warns. A SIGBUS report (``received signal
   SIGBUS``, ``Bus error``) together with a backtrace frame in ``ncclShmOpen`` is the container's
   small /dev/shm (NCCL007) even though NCCL printed nothing.
+* **Waiting in a barrier.** PyTorch runs ``barrier()`` on the NCCL backend as an all-reduce of one
+  element, and the object collectives (``all_gather_object``, ``broadcast_object_list``) start by
+  exchanging one-element sizes, so a watchdog timeout whose first record names a one-element
+  all-reduce or all-gather (``OpType=ALLREDUCE, NumelIn=1, NumelOut=1``, or ``OpType=BARRIER``)
+  shows ranks that waited at a synchronisation point for a rank that was elsewhere: writing a
+  checkpoint (TORCH009), busy with single-rank work or stuck (NCCL011), or on a code path that
+  skips the barrier (TORCH002). None of them prints a line of its own, so the three are offered at
+  symptom tier, ahead of the generic timeout (NCCL003) and the all-reduce hang (NCCL001) that a
+  one-element exchange is not.
 * **Silence after connecting inside one node** (:mod:`preflight.explain.stall`): a log without
   failures that ends in NCCL's intra-node connection lines, with no network channel anywhere,
   is offered as PCI003 at symptom tier.
@@ -135,6 +144,15 @@ MISMATCH_SPECIFICITY = 60  # two ranks' own records of one collective disagreein
 NO_VERBS_SPECIFICITY = 40  # two INFO lines that together name the missing piece
 SM120_SPECIFICITY = 50  # a board and a version that the release notes name together
 SHM_SIGBUS_SPECIFICITY = 50  # a crash report and the NCCL function it struck in
+# A one-element collective in the watchdog's record: more than the operation's name, which
+# NCCL001 keys on (55). The rank away from a barrier was most often writing a checkpoint, which
+# TORCH009 describes as this very picture; then comes any other work or hang, then a skipped call.
+# Steps of BARRIER_STEP keep that order after the line's worth is shared among the five
+# references that claim it.
+BARRIER_SPECIFICITY = 70
+BARRIER_STEP = 5
+BARRIER_WAITERS = ("TORCH009", "NCCL011", "TORCH002")
+_ONE_ELEMENT_OPS = ("ALLREDUCE", "ALLGATHER", "_ALLGATHER_BASE")
 STALL_SPECIFICITY = 10  # silence after intra-node connections: a picture, not a message
 INTRA_NODE_STALL = "PCI003"  # P2P traffic dropped by ACS redirect or a translating IOMMU
 MAX_SEQUENCES = 4096  # fingerprints kept per run: memory stays bounded on endless DETAIL logs
@@ -200,6 +218,7 @@ class Observations:
     timeout_record: tuple[int, str, str | None, str | None, str | None] | None = None
     timed_out: dict[int, Sighting] = field(default_factory=dict)
     timeouts_disagree: bool = False
+    barrier_timeout: Sighting | None = None  # the first timeout, when it names a one-element collective
     # A run connected only inside one node, then went silent (preflight.explain.stall): set
     # after the scan, for a log without failures.
     intra_node_stall: tuple[Sighting, Sighting] | None = None
@@ -282,6 +301,8 @@ class Observations:
         record = (int(sequence), op, numel_in, numel_out, shape)
         if self.timeout_record is None:
             self.timeout_record = record
+            if op == "BARRIER" or (op in _ONE_ELEMENT_OPS and numel_in == "1"):
+                self.barrier_timeout = sighting
         elif record != self.timeout_record:
             self.timeouts_disagree = True
             return
@@ -314,6 +335,11 @@ class Observations:
             result.append(Derived("NCCL007", SHM_SIGBUS_SPECIFICITY, (self.bus_error, self.shm_frame)))
         if self.intra_node_stall is not None:
             result.append(Derived(INTRA_NODE_STALL, STALL_SPECIFICITY, self.intra_node_stall, role="symptom"))
+        if self.barrier_timeout is not None:
+            result.extend(
+                Derived(reference_id, BARRIER_SPECIFICITY - BARRIER_STEP * rank, (self.barrier_timeout,), role="symptom")
+                for rank, reference_id in enumerate(BARRIER_WAITERS)
+            )
         return result
 
     def _gdr_missing(self, network: _Network) -> list[Derived]:
