@@ -337,8 +337,8 @@ class Observations:
             result.append(Derived(INTRA_NODE_STALL, STALL_SPECIFICITY, self.intra_node_stall, role="symptom"))
         if self.barrier_timeout is not None:
             result.extend(
-                Derived(reference_id, BARRIER_SPECIFICITY - BARRIER_STEP * rank, (self.barrier_timeout,), role="symptom")
-                for rank, reference_id in enumerate(BARRIER_WAITERS)
+                Derived(reference_id, BARRIER_SPECIFICITY - BARRIER_STEP * place, (self.barrier_timeout,), role="symptom")
+                for place, reference_id in enumerate(BARRIER_WAITERS)
             )
         return result
 
