@@ -21,11 +21,11 @@ from preflight.explain import explain, load_catalogue
 # Held-back figures (tests/data/real-logs, test part), measured when last raised; see
 # bench/explain_accuracy.py for all figures. Floors, not goals: the goals are top-1 85 %,
 # top-3 95 %, no candidate 0 %, out-of-catalogue logs given a cause <= 20 %.
-TOP1_FLOOR = 0.529
-TOP3_FLOOR = 0.554
-NO_CANDIDATE_CEILING = 0.278
+TOP1_FLOOR = 0.533
+TOP3_FLOOR = 0.558
+NO_CANDIDATE_CEILING = 0.275
 OUTSIDE_CAUSE_CEILING = 0.20
-SILENT_CEILING = 21  # held-back failure logs answered "nothing found" (19 before stalls were named)
+SILENT_CEILING = 22  # held-back failure logs answered "nothing found" (19 before stalls were named)
 # When the test part grows, the logs held back before keep the floors they had reached, so new,
 # harder logs cannot hide a loss on the old ones:
 # - batches a-e (74 logs): the first gathering, whose development part the first signatures were
@@ -81,6 +81,7 @@ EARLIER_PARTS = {
     "batches a-zzm": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze", "zf", "zg", "zh", "zi", "zj", "zl", "zm", "zn", "zo", "zp", "zq", "zr", "zs", "zt", "zu", "zv", "zw", "zx", "zy", "zz", "zza", "zzb", "zzc", "zzd", "zze", "zzf", "zzg", "zzh", "zzi", "zzj", "zzk", "zzl", "zzm"}, {"top1": 0.545, "top3": 0.563, "no_candidate": 0.264, "silent": 17}),
     "batches a-zzq": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze", "zf", "zg", "zh", "zi", "zj", "zl", "zm", "zn", "zo", "zp", "zq", "zr", "zs", "zt", "zu", "zv", "zw", "zx", "zy", "zz", "zza", "zzb", "zzc", "zzd", "zze", "zzf", "zzg", "zzh", "zzi", "zzj", "zzk", "zzl", "zzm", "zzn", "zzo", "zzp", "zzq"}, {"top1": 0.543, "top3": 0.561, "no_candidate": 0.264, "silent": 18}),
     "batches a-zzu": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze", "zf", "zg", "zh", "zi", "zj", "zl", "zm", "zn", "zo", "zp", "zq", "zr", "zs", "zt", "zu", "zv", "zw", "zx", "zy", "zz", "zza", "zzb", "zzc", "zzd", "zze", "zzf", "zzg", "zzh", "zzi", "zzj", "zzk", "zzl", "zzm", "zzn", "zzo", "zzp", "zzq", "zzr", "zzs", "zzt", "zzu"}, {"top1": 0.543, "top3": 0.568, "no_candidate": 0.268, "silent": 18}),
+    "batches a-zzy": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze", "zf", "zg", "zh", "zi", "zj", "zl", "zm", "zn", "zo", "zp", "zq", "zr", "zs", "zt", "zu", "zv", "zw", "zx", "zy", "zz", "zza", "zzb", "zzc", "zzd", "zze", "zzf", "zzg", "zzh", "zzi", "zzj", "zzk", "zzl", "zzm", "zzn", "zzo", "zzp", "zzq", "zzr", "zzs", "zzt", "zzu", "zzv", "zzw", "zzx", "zzy"}, {"top1": 0.529, "top3": 0.554, "no_candidate": 0.278, "silent": 21}),
 }
 
 
