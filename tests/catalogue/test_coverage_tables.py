@@ -26,7 +26,7 @@ def _formats(table: Path) -> list[dict]:  # type: ignore[type-arg]
 
 
 def test_tables_exist_for_every_actor() -> None:
-    assert {path.stem for path in TABLES} >= {"nccl", "pytorch", "pytorch-1x", "gloo", "aws-ofi-nccl", "gdrcopy", "ucx", "horovod", "deepspeed", "vllm", "perftest", "ray", "sglang", "nvshmem", "slurm", "rdma-core", "openmpi", "libfabric", "xid", "megatron", "lightning", "transformer-engine", "prrte", "jax", "nccl-tests", "dcgm", "mpich-hydra", "pytorch-2x", "cuda", "kernel", "transfer-engines", "uccl-mscclpp", "pyxis-enroot", "accelerate", "nvidia-container", "rccl", "deepep", "rl-stacks", "tensorrt-llm", "torchft-torchtitan", "kubernetes-gpu", "nvidia-utils", "nemo", "ucc", "hpcx-nccl-plugin", "cuda-samples", "nccl-diagnostics", "nccl-released-hints", "nccl-released-nvls", "nccl-released-gid-change", "nccl-released-2-32"}
+    assert {path.stem for path in TABLES} >= {"nccl", "pytorch", "pytorch-1x", "gloo", "aws-ofi-nccl", "gdrcopy", "ucx", "horovod", "deepspeed", "vllm", "perftest", "ray", "sglang", "nvshmem", "slurm", "rdma-core", "openmpi", "libfabric", "xid", "megatron", "lightning", "transformer-engine", "prrte", "jax", "nccl-tests", "dcgm", "mpich-hydra", "pytorch-2x", "cuda", "kernel", "transfer-engines", "uccl-mscclpp", "pyxis-enroot", "accelerate", "nvidia-container", "rccl", "deepep", "rl-stacks", "tensorrt-llm", "torchft-torchtitan", "kubernetes-gpu", "nvidia-utils", "nemo", "ucc", "hpcx-nccl-plugin", "cuda-samples", "nccl-diagnostics", "nccl-released-hints", "nccl-released-nvls", "nccl-released-gid-change", "nccl-released-2-32", "gpu-direct-rdma-access"}
 
 
 @pytest.mark.parametrize("table", TABLES, ids=lambda path: path.stem)
