@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import stat as stat_codes
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from preflight.model import (
     Evidence,
@@ -174,12 +174,45 @@ def _gdrcopy_lost(subject: str, *evidence: Evidence) -> Observation:
 #: ncclInit without it, 2 prefers it and runs on without GDRCopy when it is missing; both skip
 #: libgdrapi, so gdrdrv does not matter. Any other value keeps libgdrapi first.
 INTERNAL_DMABUF_REQUIRED, INTERNAL_DMABUF_PREFERRED = "1", "2"
+#: NCCL's own DMA-BUF mapping starts only on a driver for CUDA 13.3 or newer (ncclGdrDmaBufSupported,
+#: src/misc/gdrwrap.cc), in NVML's encoding of nvmlSystemGetCudaDriverVersion_v2.
+CUDA_FOR_DMABUF_MAPPING = 13030
+
+
+class DmabufMapping(NamedTuple):  # a dataclass would import inspect and ast on the prolog's path
+    """Whether NCCL's own DMA-BUF mapping can start on this node, and the facts that say so."""
+
+    works: bool | None  # None: a fact that decides it is unread
+    evidence: tuple[Evidence, ...]
+    unread: str  # why ``works`` is None
+
+
+def dmabuf_mapping(gpudirect: GpuDirectFacts, gpus: GpuFacts) -> DmabufMapping:
+    """NCCL's mapping needs the kernel and modules to export DMA-BUF and a CUDA 13.3+ driver; every
+    GPU must also report DMA-BUF support, which only CUDA can ask and the open modules on a
+    supported kernel are the node's side of."""
+    capable = dmabuf_capable(gpudirect)
+    cuda = gpus.cuda_driver_version
+    cuda_text = f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda is not None else f"not read ({gpus.cuda_driver_error or 'no answer'})"
+    evidence = (
+        dmabuf_evidence(gpudirect),
+        Evidence("nvmlSystemGetCudaDriverVersion_v2", f"CUDA {cuda_text}", "CUDA 13.3 or newer for NCCL's own DMA-BUF mapping"),
+    )
+    if capable is False or (cuda is not None and cuda < CUDA_FOR_DMABUF_MAPPING):
+        return DmabufMapping(False, evidence, "")
+    if capable is None:
+        unread = "/proc/sys/kernel/osrelease" if gpudirect.kernel_release is None else "/proc/driver/nvidia/version"
+        return DmabufMapping(None, evidence, gpudirect.why(unread))
+    if cuda is None:
+        return DmabufMapping(None, evidence, f"nvmlSystemGetCudaDriverVersion_v2: {gpus.cuda_driver_error or 'no answer'}")
+    return DmabufMapping(True, evidence, "")
 
 
 @check("GDR002", profiles=("prolog",))
-def gdrcopy_driver_unusable(gpudirect: GpuDirectFacts, job: JobFacts, nccl_libs: NcclLibFacts) -> Iterator[Observation]:
-    """The job asks NCCL for GDRCopy, but the gdrdrv driver or its device node is unusable, or it
-    demands NCCL's own DMA-BUF mapping on a node whose driver cannot export DMA-BUF."""
+def gdrcopy_driver_unusable(gpudirect: GpuDirectFacts, job: JobFacts, nccl_libs: NcclLibFacts, gpus: GpuFacts) -> Iterator[Observation]:
+    """The job asks NCCL for GDRCopy, but the gdrdrv driver or its device node is unusable and the
+    node's NCCL has no working stand-in for it, or the job demands NCCL's own DMA-BUF mapping on a
+    node where it cannot start."""
     _require_nvidia(gpudirect)
     setting = job.nccl("NCCL_GDRCOPY_ENABLE")
     if setting is None:
@@ -191,27 +224,29 @@ def gdrcopy_driver_unusable(gpudirect: GpuDirectFacts, job: JobFacts, nccl_libs:
     choice = backend.value.strip() if backend is not None else ""
     older, unnamed = affected(nccl_libs, GDRCOPY_NEEDS_GDRDRV)
     newer = [copy for copy in nccl_libs.copies if copy not in older and copy not in unnamed]
-    if backend is not None and choice == INTERNAL_DMABUF_REQUIRED and newer:
-        yield from _internal_dmabuf_impossible(gpudirect, newer, requested, Evidence(f"{backend.origin} NCCL_GDRCOPY_USE_INTERNAL_DMABUF", backend.value))
-    if choice in (INTERNAL_DMABUF_REQUIRED, INTERNAL_DMABUF_PREFERRED) and newer and not older and not unnamed:
+    mapping = dmabuf_mapping(gpudirect, gpus) if newer else None
+    if backend is not None and choice == INTERNAL_DMABUF_REQUIRED and mapping is not None:
+        yield from _mapping_required(mapping, newer, requested, Evidence(f"{backend.origin} NCCL_GDRCOPY_USE_INTERNAL_DMABUF", backend.value))
+    only_newer = bool(newer) and not older and not unnamed
+    if only_newer and choice in (INTERNAL_DMABUF_REQUIRED, INTERNAL_DMABUF_PREFERRED):
         return  # every NCCL on the node skips libgdrapi: gdrdrv is not used
-    # A release that falls back to DMA-BUF when gdr_open fails still says so in the evidence: the
-    # fallback needs a CUDA 13.3 driver, which the node's files do not name.
-    fallback = [Evidence(copy.path, f"NCCL {copy.version}: maps GPU memory through DMA-BUF when gdr_open fails", "gdrdrv usable, or a CUDA 13.3+ driver that exports DMA-BUF") for copy in newer]
-    yield from _gdrdrv_unusable(gpudirect, requested, *fallback)
+    if only_newer and mapping is not None and mapping.works:
+        return  # whatever gdrdrv does, NCCL maps GPU memory itself when gdr_open fails
+    # A release that falls back to DMA-BUF when gdr_open fails says so in the evidence, with why
+    # the fallback cannot be counted on here.
+    fallback = [Evidence(copy.path, f"NCCL {copy.version}: maps GPU memory through DMA-BUF when gdr_open fails", "gdrdrv usable, or the DMA-BUF mapping's conditions met") for copy in newer]
+    yield from _gdrdrv_unusable(gpudirect, requested, *fallback, *(mapping.evidence if mapping else ()))
 
 
-def _internal_dmabuf_impossible(gpudirect: GpuDirectFacts, copies: list[NcclCopy], *settings: Evidence) -> Iterator[Observation]:
-    """NCCL_GDRCOPY_USE_INTERNAL_DMABUF=1 on a node that cannot export DMA-BUF: ncclInit fails
-    ("... NCCL internal DMA-BUF mmap backend could not initialize", ncclSystemError)."""
-    capable = dmabuf_capable(gpudirect)
+def _mapping_required(mapping: DmabufMapping, copies: list[NcclCopy], *settings: Evidence) -> Iterator[Observation]:
+    """NCCL_GDRCOPY_USE_INTERNAL_DMABUF=1 where NCCL's mapping cannot start: ncclInit fails ("...
+    NCCL internal DMA-BUF mmap backend could not initialize", ncclSystemError)."""
     for copy in copies:
-        if capable is None:
-            unread = "/proc/sys/kernel/osrelease" if gpudirect.kernel_release is None else "/proc/driver/nvidia/version"
-            yield undecided(copy.path, f"whether the driver can export DMA-BUF: {gpudirect.why(unread)}", *settings)
-        elif not capable:
+        if mapping.works is None:
+            yield undecided(copy.path, f"whether NCCL's DMA-BUF mapping can start: {mapping.unread}", *settings)
+        elif not mapping.works:
             evidence = Evidence(copy.path, f"NCCL {copy.version}: fails its init without its DMA-BUF mapping")
-            yield present(copy.path, *settings, evidence, dmabuf_evidence(gpudirect), severity=Severity.ERROR)
+            yield present(copy.path, *settings, evidence, *mapping.evidence, severity=Severity.ERROR)
 
 
 def _gdrdrv_unusable(gpudirect: GpuDirectFacts, requested: Evidence, *fallback: Evidence) -> Iterator[Observation]:

@@ -37,6 +37,7 @@ SLURMD_PID = 2187
 FABRIC_MANAGER_PID = 1843
 NCCL_VERSION = "2.21.5"
 DRIVER = "550.54.15"
+DRIVER_CUDA = 12040  # the R550 driver supports CUDA 12.4 (NVML encodes 1000 * major + 10 * minor)
 # (GPU bus, NIC bus, PCIe switch downstream bus, root port) per GPU/NIC pair, as on HGX H100.
 PAIRS = [
     ("18", "1a", "17", "15"), ("2a", "2c", "29", "27"), ("3a", "3c", "39", "37"), ("5d", "5f", "5c", "5a"),
@@ -291,6 +292,7 @@ def build(root: str) -> None:
         "format": "preflight-nvml/1",
         "calls": {
             "nvmlSystemGetDriverVersion": {"result": DRIVER},
+            "nvmlSystemGetCudaDriverVersion_v2": {"result": DRIVER_CUDA},
             "nvmlDeviceGetCount": {"result": len(PAIRS)},
             "nvmlDeviceGetName": nvml_devices["name"],
             "nvmlDeviceGetPciInfo": nvml_devices["pci"],

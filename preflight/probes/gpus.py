@@ -4,8 +4,9 @@ Sources:
 
 * ``/sys/bus/pci/devices/<bdf>/{vendor,class}``: NVIDIA (0x10de) display/3D controllers
   (class 0x03xxxx; NVSwitches are bridges, class 0x0680, and are not counted);
-* NVML: ``nvmlSystemGetDriverVersion``, ``nvmlDeviceGetCount``, and per device
-  ``nvmlDeviceGetName``, ``nvmlDeviceGetPciInfo`` (``busId``), ``nvmlDeviceGetUUID``.
+* NVML: ``nvmlSystemGetDriverVersion``, ``nvmlSystemGetCudaDriverVersion_v2`` (the CUDA version
+  the driver supports, ``1000 * major + 10 * minor``: 13030 is CUDA 13.3), ``nvmlDeviceGetCount``,
+  and per device ``nvmlDeviceGetName``, ``nvmlDeviceGetPciInfo`` (``busId``), ``nvmlDeviceGetUUID``.
 
 A GPU that is on the bus but missing from NVML, NVML refusing to start because the kernel module
 and the user-space library differ, or ``NVML_ERROR_GPU_IS_LOST`` (from any NVML call, including
@@ -52,6 +53,8 @@ class GpuFacts(Struct, frozen=True):
     driver_version: str | None  # nvmlSystemGetDriverVersion
     devices: tuple[NvmlDevice, ...]
     problems: tuple[str, ...]
+    cuda_driver_version: int | None = None  # nvmlSystemGetCudaDriverVersion_v2; None: see cuda_driver_error
+    cuda_driver_error: str = ""  # NVML_* code of that call when it failed, was not recorded or made no sense
 
 
 def normalise_bus_id(bus_id: str) -> str:
@@ -113,8 +116,20 @@ def probe_gpus(fs: NodeFS, nvml: Nvml) -> GpuFacts:
         driver = nvml.call("nvmlSystemGetDriverVersion")
         count = nvml.call("nvmlDeviceGetCount")
     except NvmlError as error:
-        return GpuFacts(pci, error.code, str(error), None, (), tuple(reader.problems))
+        return GpuFacts(pci, error.code, str(error), None, (), tuple(reader.problems), None, error.code)
+    cuda, cuda_error = _cuda_driver_version(nvml)
     if not isinstance(count, int) or count < 0:
-        return GpuFacts(pci, UNEXPECTED_ANSWER, f"device count {repr(count)[:40]}", str(driver), (), tuple(reader.problems))
+        return GpuFacts(pci, UNEXPECTED_ANSWER, f"device count {repr(count)[:40]}", str(driver), (), tuple(reader.problems), cuda, cuda_error)
     devices = tuple(_device(nvml, index) for index in range(count))
-    return GpuFacts(pci, "", "", str(driver), devices, tuple(reader.problems))
+    return GpuFacts(pci, "", "", str(driver), devices, tuple(reader.problems), cuda, cuda_error)
+
+
+def _cuda_driver_version(nvml: Nvml) -> tuple[int | None, str]:
+    """The CUDA version the driver supports, as NVML encodes it, or None and why not."""
+    try:
+        version = nvml.call("nvmlSystemGetCudaDriverVersion_v2")
+    except NvmlError as error:
+        return None, error.code
+    if isinstance(version, bool) or not isinstance(version, int) or not 1000 <= version < 100_000:
+        return None, UNEXPECTED_ANSWER  # CUDA 1.0 is 1000; a recording cannot invent CUDA 100
+    return version, ""

@@ -209,64 +209,93 @@ def test_gdr001_unknown_where_a_source_was_not_read(gpudirect: GpuDirectFacts) -
 
 
 # GDR002 ------------------------------------------------------------------------------------
-def test_gdr002_present_when_enabled_without_gdrdrv(gpudirect: GpuDirectFacts) -> None:
-    found = list(gdrcopy_driver_unusable(gpudirect, job(conf={"NCCL_GDRCOPY_ENABLE": "1"}), NCCL_2_28))
+def test_gdr002_present_when_enabled_without_gdrdrv(gpudirect: GpuDirectFacts, gpus: GpuFacts) -> None:
+    found = list(gdrcopy_driver_unusable(gpudirect, job(conf={"NCCL_GDRCOPY_ENABLE": "1"}), NCCL_2_28, gpus))
     assert [o.subject for o in found] == ["gdrdrv"]
     # NCCL runs on without GDRCopy when gdr_open fails: slower, not failed, so no drain
     assert [o.severity for o in found] == [Severity.WARNING]
 
 
-def test_gdr002_device_node_missing_or_not_accessible(gpudirect: GpuDirectFacts) -> None:
+def test_gdr002_device_node_missing_or_not_accessible(gpudirect: GpuDirectFacts, gpus: GpuFacts) -> None:
     loaded = replace(gpudirect, gdrdrv_loaded=True)
     enabled = job(environ={"NCCL_GDRCOPY_ENABLE": "1"})
-    assert [o.subject for o in gdrcopy_driver_unusable(loaded, enabled, NCCL_2_28)] == ["/dev/gdrdrv"]
+    assert [o.subject for o in gdrcopy_driver_unusable(loaded, enabled, NCCL_2_28, gpus)] == ["/dev/gdrdrv"]
     node = DeviceNode("/dev/gdrdrv", 0o20660, 0, 44)
     alice = JobIdentity(1001, (1001, 996), "SLURM_JOB_UID")
     locked = replace(loaded, gdrdrv_node=node, job_identity=alice)
-    found = list(gdrcopy_driver_unusable(locked, enabled, NCCL_2_28))
+    found = list(gdrcopy_driver_unusable(locked, enabled, NCCL_2_28, gpus))
     assert found and "crw-rw----" in found[0].evidence[1].observed and found[0].severity == Severity.WARNING
     member = replace(locked, job_identity=JobIdentity(1001, (1001, 44), "SLURM_JOB_UID"))
-    assert list(gdrcopy_driver_unusable(member, enabled, NCCL_2_28)) == []
+    assert list(gdrcopy_driver_unusable(member, enabled, NCCL_2_28, gpus)) == []
 
 
-def test_gdr002_absent_when_not_requested(gpudirect: GpuDirectFacts) -> None:
+def test_gdr002_absent_when_not_requested(gpudirect: GpuDirectFacts, gpus: GpuFacts) -> None:
     with pytest.raises(NotApplicable, match="NCCL_GDRCOPY_ENABLE not set"):
-        list(gdrcopy_driver_unusable(gpudirect, job(), NCCL_2_28))
-    assert list(gdrcopy_driver_unusable(gpudirect, job(environ={"NCCL_GDRCOPY_ENABLE": "0"}), NCCL_2_28)) == []
+        list(gdrcopy_driver_unusable(gpudirect, job(), NCCL_2_28, gpus))
+    assert list(gdrcopy_driver_unusable(gpudirect, job(environ={"NCCL_GDRCOPY_ENABLE": "0"}), NCCL_2_28, gpus)) == []
 
 
 NCCL_2_32 = NcclLibFacts((NcclCopy("/opt/venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2", "2.32.6", "wheel"),), ())
 
 
-def test_gdr002_internal_dmabuf_skips_gdrdrv_on_nccl_2_31_2_and_later(gpudirect: GpuDirectFacts) -> None:
+def test_gdr002_internal_dmabuf_skips_gdrdrv_on_nccl_2_31_2_and_later(gpudirect: GpuDirectFacts, gpus: GpuFacts) -> None:
     """NCCL_GDRCOPY_USE_INTERNAL_DMABUF=1 or 2 makes NCCL 2.31.2+ skip libgdrapi, so a missing
     gdrdrv is no finding there; NCCL before 2.31.2 ignores the variable and still needs gdrdrv."""
     open_modules = replace(gpudirect, driver_flavour="open")  # the example node runs Linux 5.15
+    gpus = replace(gpus, cuda_driver_version=13030)  # NCCL's own DMA-BUF mapping can start
     for choice in ("1", "2"):
         internal = job(environ={"NCCL_GDRCOPY_ENABLE": "1", "NCCL_GDRCOPY_USE_INTERNAL_DMABUF": choice})
-        assert list(gdrcopy_driver_unusable(open_modules, internal, NCCL_2_32)) == []
-        assert [o.subject for o in gdrcopy_driver_unusable(open_modules, internal, NCCL_2_21)] == ["gdrdrv"]
+        assert list(gdrcopy_driver_unusable(open_modules, internal, NCCL_2_32, gpus)) == []
+        assert [o.subject for o in gdrcopy_driver_unusable(open_modules, internal, NCCL_2_21, gpus)] == ["gdrdrv"]
     both = NcclLibFacts(NCCL_2_32.copies + NCCL_2_21.copies, ())
     preferred = job(environ={"NCCL_GDRCOPY_ENABLE": "1", "NCCL_GDRCOPY_USE_INTERNAL_DMABUF": "2"})
-    assert [o.subject for o in gdrcopy_driver_unusable(open_modules, preferred, both)] == ["gdrdrv"]
+    assert [o.subject for o in gdrcopy_driver_unusable(open_modules, preferred, both, gpus)] == ["gdrdrv"]
     invalid = job(environ={"NCCL_GDRCOPY_ENABLE": "1", "NCCL_GDRCOPY_USE_INTERNAL_DMABUF": "3"})  # NCCL warns, uses libgdrapi
-    [found] = gdrcopy_driver_unusable(open_modules, invalid, NCCL_2_32)
+    [found] = gdrcopy_driver_unusable(open_modules, invalid, NCCL_2_32, replace(gpus, cuda_driver_version=12040))
     assert found.subject == "gdrdrv" and found.severity is Severity.WARNING
-    assert "DMA-BUF when gdr_open fails" in found.evidence[-1].observed  # the release's own fallback is named
+    assert any("DMA-BUF when gdr_open fails" in item.observed for item in found.evidence)  # the release's own fallback is named
 
 
-def test_gdr002_internal_dmabuf_required_without_dmabuf_fails_init(gpudirect: GpuDirectFacts) -> None:
-    """=1 on proprietary modules or a kernel before 5.12: NCCL's init returns an error."""
+def test_gdr002_internal_dmabuf_required_without_dmabuf_fails_init(gpudirect: GpuDirectFacts, gpus: GpuFacts) -> None:
+    """=1 on proprietary modules, a kernel before 5.12 or a driver older than CUDA 13.3: NCCL's init
+    returns an error. A fact that decides it unread makes the finding unknown, never absent."""
     required = job(conf={"NCCL_GDRCOPY_ENABLE": "1", "NCCL_GDRCOPY_USE_INTERNAL_DMABUF": "1"})
-    [found] = gdrcopy_driver_unusable(gpudirect, required, NCCL_2_32)  # the example: proprietary modules
+    [found] = gdrcopy_driver_unusable(gpudirect, required, NCCL_2_32, gpus)  # the example: proprietary modules
     assert found.status is Status.PRESENT and found.severity is Severity.ERROR
-    assert found.subject == NCCL_2_32.copies[0].path and "proprietary" in found.evidence[-1].observed
+    assert found.subject == NCCL_2_32.copies[0].path and any("proprietary" in item.observed for item in found.evidence)
     old_kernel = replace(gpudirect, driver_flavour="open", kernel_release="4.18.0-553.el8.x86_64")
-    assert [o.severity for o in gdrcopy_driver_unusable(old_kernel, required, NCCL_2_32)] == [Severity.ERROR]
+    assert [o.severity for o in gdrcopy_driver_unusable(old_kernel, required, NCCL_2_32, gpus)] == [Severity.ERROR]
     unread = replace(gpudirect, driver_flavour=None, problems=("/proc/driver/nvidia/version: permission denied",))
-    [found] = gdrcopy_driver_unusable(unread, required, NCCL_2_32)
+    cuda_13_3 = replace(gpus, cuda_driver_version=13030)
+    [found] = gdrcopy_driver_unusable(unread, required, NCCL_2_32, cuda_13_3)
     assert found.status is Status.UNKNOWN and "permission denied" in found.reason
-    assert list(gdrcopy_driver_unusable(replace(gpudirect, driver_flavour="open"), required, NCCL_2_32)) == []
+    [found] = gdrcopy_driver_unusable(unread, required, NCCL_2_32, gpus)  # the example's CUDA 12.4 driver decides alone
+    assert found.status is Status.PRESENT and any(item.observed == "CUDA 12.4" for item in found.evidence)
+    open_modules = replace(gpudirect, driver_flavour="open")
+    unrecorded = replace(gpus, cuda_driver_version=None, cuda_driver_error="NVML_NOT_RECORDED")
+    [found] = gdrcopy_driver_unusable(open_modules, required, NCCL_2_32, unrecorded)
+    assert found.status is Status.UNKNOWN and "nvmlSystemGetCudaDriverVersion_v2: NVML_NOT_RECORDED" in found.reason
+    assert list(gdrcopy_driver_unusable(open_modules, required, NCCL_2_32, cuda_13_3)) == []
+    [found] = gdrcopy_driver_unusable(open_modules, required, NCCL_2_32, replace(gpus, cuda_driver_version=13020))
+    assert found.severity is Severity.ERROR and any(item.observed == "CUDA 13.2" for item in found.evidence)
+
+
+def test_gdr002_no_gdrdrv_is_no_finding_where_nccl_maps_gpu_memory_itself(gpudirect: GpuDirectFacts, gpus: GpuFacts) -> None:
+    """NCCL 2.31.2+ falls back to its own DMA-BUF mapping when gdr_open fails: with the open modules
+    on Linux 5.12+ and a CUDA 13.3 driver the job keeps GDRCopy's speed without gdrdrv. A driver
+    too old for it, or a CUDA version nobody read, leaves the warning with the reason."""
+    enabled = job(environ={"NCCL_GDRCOPY_ENABLE": "1"})
+    ready = replace(gpudirect, driver_flavour="open")
+    assert list(gdrcopy_driver_unusable(ready, enabled, NCCL_2_32, replace(gpus, cuda_driver_version=13030))) == []
+    [found] = gdrcopy_driver_unusable(ready, enabled, NCCL_2_32, replace(gpus, cuda_driver_version=12040))
+    assert found.subject == "gdrdrv" and found.severity is Severity.WARNING
+    assert any(item.observed == "CUDA 12.4" for item in found.evidence)
+    unrecorded = replace(gpus, cuda_driver_version=None, cuda_driver_error="NVML_NOT_RECORDED")
+    [found] = gdrcopy_driver_unusable(ready, enabled, NCCL_2_32, unrecorded)
+    assert found.severity is Severity.WARNING and any("NVML_NOT_RECORDED" in item.observed for item in found.evidence)
+    # an older NCCL beside the new one still needs gdrdrv
+    both = NcclLibFacts(NCCL_2_32.copies + NCCL_2_21.copies, ())
+    assert [o.subject for o in gdrcopy_driver_unusable(ready, enabled, both, replace(gpus, cuda_driver_version=13030))] == ["gdrdrv"]
 
 
 # GPU001 ------------------------------------------------------------------------------------

@@ -38,8 +38,9 @@ def test_blocking_nvml_becomes_unknown_within_deadline(run_cli: Runner, node_cop
     gpu = [f for f in report["findings"] if f["id"] == "GPU001"]
     assert gpu[0]["status"] == "unknown" and gpu[0]["reason"].startswith("probe gpus: timed out after"), gpu[0]
     # The other NVML references wait for the same stuck library (ROCE002 reads NVLink state, for
-    # NCCL's PXN relay); every other reference is still decided.
-    nvml_references = {"GPU001", "GPU002", "GDR003", "NCCL011", "NVL001", "NVL002", "NVL003", "NVL004", "NVL006", "PCI004", "PCI005", "ROCE002"}
+    # NCCL's PXN relay; GDR002 the CUDA version the driver supports, which NCCL 2.31.2+'s own
+    # DMA-BUF mapping needs); every other reference is still decided.
+    nvml_references = {"GPU001", "GPU002", "GDR002", "GDR003", "NCCL011", "NVL001", "NVL002", "NVL003", "NVL004", "NVL006", "PCI004", "PCI005", "ROCE002"}
     assert {f["status"] for f in report["findings"] if f["id"] in nvml_references} == {"unknown"}
     assert {f["status"] for f in report["findings"] if f["id"] not in nvml_references} <= {"present", "absent", "not_applicable"}
 

@@ -102,7 +102,8 @@ def test_failing_call_for_one_gpu(node_copy: Path, function: str, key: str, erro
 
 
 @pytest.mark.parametrize(("function", "probe", "references"), [
-    ("nvmlDeviceGetUUID", "gpus", {"GPU001", "GPU002", "GDR003", "NVL003", "PCI004", "PCI005", "NCCL011"}),  # NVLink, P2P and clock checks name GPUs from its facts
+    # NVLink, P2P and clock checks name GPUs from its facts; GDR002 reads the CUDA version the driver supports
+    ("nvmlDeviceGetUUID", "gpus", {"GPU001", "GPU002", "GDR002", "GDR003", "NVL003", "PCI004", "PCI005", "NCCL011"}),
     ("nvmlDeviceGetBAR1MemoryInfo", "bar1", {"GDR003"}),
     ("nvmlDeviceGetGpuFabricInfo", "fabric", {"NVL006", "NVL004", "NVL002", "NVL001"}),  # NVL004, NVL002 and NVL001 read the fabric facts too
     ("nvmlDeviceGetTotalEccErrors", "gpu_health", {"GPU001", "GPU002", "NCCL011"}),
