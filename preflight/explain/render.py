@@ -7,8 +7,8 @@ import textwrap
 from typing import Any
 
 from preflight.explain import Explanation
-from preflight.explain.analysis import Candidate, Evidence
-from preflight.explain.combinations import INTRA_NODE_STALL, WaitedCollective
+from preflight.explain.analysis import DERIVED_SIGNATURE, Candidate, Evidence
+from preflight.explain.combinations import BARRIER_WAITERS, INTRA_NODE_STALL, WaitedCollective
 from preflight.hostlist import number_runs
 from preflight.text import printable_lines
 
@@ -31,6 +31,12 @@ def why_candidate(candidate: Candidate, explanation: Explanation | None = None) 
         return (
             "the run used the GPUs of one node only and then went silent, the usual picture of peer-to-peer "
             "traffic the PCIe fabric drops, but silence names no cause by itself; the node checks can"
+        )
+    if candidate.tier == "symptom" and candidate.reference_id in BARRIER_WAITERS and DERIVED_SIGNATURE in candidate.hits.roles:
+        return (
+            "the ranks timed out in a one-element collective (a barrier, or the size exchange of an object "
+            "collective), so one rank was elsewhere; no line says where, and "
+            + ", ".join(BARRIER_WAITERS[:-1]) + " and " + BARRIER_WAITERS[-1] + " are the readings that fit"
         )
     reason = _WHY[candidate.tier]
     shared = _sharing_lines(candidate, explanation) if explanation else []

@@ -719,11 +719,15 @@ def test_a_timeout_in_a_barrier_names_the_rank_that_was_elsewhere(tmp_path: Path
         f"[rank1]:[E1204 10:00:00.000000 ProcessGroupNCCL.cpp:632] [Rank 1] Watchdog caught collective operation timeout: "
         f"WorkNCCL(SeqNum=4117, {record}, Timeout(ms)=600000) ran for 600046 milliseconds before timing out.\n"
     )
-    ranked = _ranked(_explained(tmp_path, log))
+    explanation = _explained(tmp_path, log)
+    ranked = _ranked(explanation)
     waiters = [("TORCH009", "symptom"), ("NCCL011", "symptom"), ("TORCH002", "symptom")]
     if barrier:
+        from preflight.explain.render import render_text
+
         assert ranked[:3] == waiters, ranked
         assert ranked.index(("NCCL003", "symptom")) > 2
+        assert "timed out in a one-element collective" in render_text(explanation)  # says why, not "a downstream symptom"
     else:
         assert not set(waiters) & set(ranked), ranked
 
