@@ -188,9 +188,9 @@ class DmabufMapping(NamedTuple):  # a dataclass would import inspect and ast on 
 
 
 def dmabuf_mapping(gpudirect: GpuDirectFacts, gpus: GpuFacts) -> DmabufMapping:
-    """NCCL's mapping needs the kernel and modules to export DMA-BUF and a CUDA 13.3+ driver; every
-    GPU must also report DMA-BUF support, which only CUDA can ask and the open modules on a
-    supported kernel are the node's side of."""
+    """NCCL's mapping needs the kernel and modules to export DMA-BUF and a CUDA 13.3+ driver. Every
+    GPU must also report DMA-BUF support, which only CUDA can tell; the open modules on a supported
+    kernel are what the node shows of it."""
     capable = dmabuf_capable(gpudirect)
     cuda = gpus.cuda_driver_version
     cuda_text = f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda is not None else f"not read ({gpus.cuda_driver_error or 'no answer'})"
