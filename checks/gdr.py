@@ -225,8 +225,9 @@ def gdrcopy_driver_unusable(gpudirect: GpuDirectFacts, job: JobFacts, nccl_libs:
     older, unnamed = affected(nccl_libs, GDRCOPY_NEEDS_GDRDRV)
     newer = [copy for copy in nccl_libs.copies if copy not in older and copy not in unnamed]
     mapping = dmabuf_mapping(gpudirect, gpus) if newer else None
-    if backend is not None and choice == INTERNAL_DMABUF_REQUIRED and mapping is not None:
-        yield from _mapping_required(mapping, newer, requested, Evidence(f"{backend.origin} NCCL_GDRCOPY_USE_INTERNAL_DMABUF", backend.value))
+    if backend is not None and choice in (INTERNAL_DMABUF_REQUIRED, INTERNAL_DMABUF_PREFERRED) and mapping is not None:
+        chosen = Evidence(f"{backend.origin} NCCL_GDRCOPY_USE_INTERNAL_DMABUF", backend.value)
+        yield from _mapping_unavailable(mapping, newer, choice == INTERNAL_DMABUF_REQUIRED, requested, chosen)
     only_newer = bool(newer) and not older and not unnamed
     if only_newer and choice in (INTERNAL_DMABUF_REQUIRED, INTERNAL_DMABUF_PREFERRED):
         return  # every NCCL on the node skips libgdrapi: gdrdrv is not used
@@ -238,15 +239,19 @@ def gdrcopy_driver_unusable(gpudirect: GpuDirectFacts, job: JobFacts, nccl_libs:
     yield from _gdrdrv_unusable(gpudirect, requested, *fallback, *(mapping.evidence if mapping else ()))
 
 
-def _mapping_required(mapping: DmabufMapping, copies: list[NcclCopy], *settings: Evidence) -> Iterator[Observation]:
-    """NCCL_GDRCOPY_USE_INTERNAL_DMABUF=1 where NCCL's mapping cannot start: ncclInit fails ("...
-    NCCL internal DMA-BUF mmap backend could not initialize", ncclSystemError)."""
+def _mapping_unavailable(mapping: DmabufMapping, copies: list[NcclCopy], required: bool, *settings: Evidence) -> Iterator[Observation]:
+    """NCCL_GDRCOPY_USE_INTERNAL_DMABUF=1 or 2 where NCCL's mapping cannot start. With 1 ncclInit
+    fails ("... NCCL internal DMA-BUF mmap backend could not initialize", ncclSystemError); with 2
+    NCCL runs on without GDRCopy, the slower path an unusable gdrdrv leads to."""
     for copy in copies:
         if mapping.works is None:
             yield undecided(copy.path, f"whether NCCL's DMA-BUF mapping can start: {mapping.unread}", *settings)
-        elif not mapping.works:
+        elif not mapping.works and required:
             evidence = Evidence(copy.path, f"NCCL {copy.version}: fails its init without its DMA-BUF mapping")
             yield present(copy.path, *settings, evidence, *mapping.evidence, severity=Severity.ERROR)
+        elif not mapping.works:
+            evidence = Evidence(copy.path, f"NCCL {copy.version}: runs without GDRCopy, gdrdrv not tried")
+            yield _gdrcopy_lost(copy.path, *settings, evidence, *mapping.evidence)
 
 
 def _gdrdrv_unusable(gpudirect: GpuDirectFacts, requested: Evidence, *fallback: Evidence) -> Iterator[Observation]:

@@ -280,6 +280,19 @@ def test_gdr002_internal_dmabuf_required_without_dmabuf_fails_init(gpudirect: Gp
     assert found.severity is Severity.ERROR and any(item.observed == "CUDA 13.2" for item in found.evidence)
 
 
+def test_gdr002_internal_dmabuf_preferred_without_the_mapping_loses_gdrcopy(gpudirect: GpuDirectFacts, gpus: GpuFacts) -> None:
+    """=2 where NCCL's mapping cannot start: NCCL does not try gdrdrv and runs on without GDRCopy,
+    a warning like an unusable gdrdrv; a driver version nobody read leaves it unknown."""
+    preferred = job(environ={"NCCL_GDRCOPY_ENABLE": "1", "NCCL_GDRCOPY_USE_INTERNAL_DMABUF": "2"})
+    ready = replace(gpudirect, driver_flavour="open", gdrdrv_loaded=True)  # gdrdrv itself would do
+    [found] = gdrcopy_driver_unusable(ready, preferred, NCCL_2_32, gpus)  # the example's CUDA 12.4 driver
+    assert found.subject == NCCL_2_32.copies[0].path and found.status is Status.PRESENT and found.severity is Severity.WARNING
+    assert any(item.observed == "CUDA 12.4" for item in found.evidence)
+    unrecorded = replace(gpus, cuda_driver_version=None, cuda_driver_error="NVML_NOT_RECORDED")
+    assert [o.status for o in gdrcopy_driver_unusable(ready, preferred, NCCL_2_32, unrecorded)] == [Status.UNKNOWN]
+    assert list(gdrcopy_driver_unusable(ready, preferred, NCCL_2_32, replace(gpus, cuda_driver_version=13030))) == []
+
+
 def test_gdr002_no_gdrdrv_is_no_finding_where_nccl_maps_gpu_memory_itself(gpudirect: GpuDirectFacts, gpus: GpuFacts) -> None:
     """NCCL 2.31.2+ falls back to its own DMA-BUF mapping when gdr_open fails: with the open modules
     on Linux 5.12+ and a CUDA 13.3 driver the job keeps GDRCopy's speed without gdrdrv. A driver
