@@ -106,6 +106,12 @@ def dmabuf_capable(gpudirect: GpuDirectFacts) -> bool | None:
     return True
 
 
+def dmabuf_unread(gpudirect: GpuDirectFacts) -> list[str]:
+    """The files whose missing or unparseable facts leave :func:`dmabuf_capable` undecided."""
+    kernel = parse_kernel_version(gpudirect.kernel_release or "")
+    return [path for path, value in (("/proc/sys/kernel/osrelease", kernel), ("/proc/driver/nvidia/version", gpudirect.driver_flavour)) if value is None]
+
+
 def dmabuf_evidence(gpudirect: GpuDirectFacts) -> Evidence:
     return Evidence(
         "/proc/driver/nvidia/version",
@@ -133,14 +139,13 @@ def gpudirect_rdma_unavailable(gpudirect: GpuDirectFacts, job: JobFacts, nccl_li
     peer_clients = [path for path in gpudirect.peer_memory_files if path != NVIDIA_PEERMEM_VERSION]
     if peer_clients or gpudirect.nv_peer_mem_loaded:
         return  # every NCCL release finds a memory_peers client
-    kernel = parse_kernel_version(gpudirect.kernel_release or "")
     dmabuf_setting = job.nccl("NCCL_DMABUF_ENABLE")
     dmabuf_disabled = dmabuf_setting is not None and dmabuf_setting.value.strip() == "0"
     if dmabuf_capable(gpudirect) and not dmabuf_disabled:
         return
     unread = [*gpudirect.peer_memory_unknown, *(["/sys/module/nv_peer_mem"] if gpudirect.nv_peer_mem_loaded is None else [])]
     if not dmabuf_disabled:
-        unread += [path for path, value in (("/proc/sys/kernel/osrelease", kernel), ("/proc/driver/nvidia/version", gpudirect.driver_flavour)) if value is None]
+        unread += dmabuf_unread(gpudirect)
     if unread:
         raise Unknown(f"neither GPUDirect path is confirmed, and {gpudirect.why(unread[0])}")
     dmabuf = dmabuf_evidence(gpudirect)
@@ -201,8 +206,7 @@ def dmabuf_mapping(gpudirect: GpuDirectFacts, gpus: GpuFacts) -> DmabufMapping:
     if capable is False or (cuda is not None and cuda < CUDA_FOR_DMABUF_MAPPING):
         return DmabufMapping(False, evidence, "")
     if capable is None:
-        unread = "/proc/sys/kernel/osrelease" if gpudirect.kernel_release is None else "/proc/driver/nvidia/version"
-        return DmabufMapping(None, evidence, gpudirect.why(unread))
+        return DmabufMapping(None, evidence, gpudirect.why(dmabuf_unread(gpudirect)[0]))
     if cuda is None:
         return DmabufMapping(None, evidence, f"nvmlSystemGetCudaDriverVersion_v2: {gpus.cuda_driver_error or 'no answer'}")
     return DmabufMapping(True, evidence, "")
