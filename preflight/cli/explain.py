@@ -78,7 +78,7 @@ EXPLAIN = Command(
     ),
     options=(
         Option("--format", "output_format", "text or json.", default="text"),
-        Option("--check", "check", "Run the node checks that can confirm or refute each candidate.", kind="flag"),
+        Option("--check", "check", "Run the node checks that can confirm or refute each candidate, and those of the references a symptom candidate lists as related.", kind="flag"),
         Option("--root", "root", "With --check: the node to check (a recorded root, or a snapshot archive; default /)."),
         Option("--config", "config", "With --check: site config."),
         Option(

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, BinaryIO, Iterable
 
 from preflight.explain.analysis import Analysis, Candidate, Cascade, Evidence
 from preflight.explain.combinations import WaitedCollective
-from preflight.explain.confirm import Verdict
+from preflight.explain.confirm import RelatedOnNode, Verdict
 from preflight.explain.reader import ReadStats, iter_inputs
 from preflight.explain.stall import DUMP, SourceTails, Stall, find_stall
 from preflight.model import Reference
@@ -39,6 +39,8 @@ class Explanation:
     waited: WaitedCollective | None = None  # the collective the ranks' watchdogs timed out in
     verdicts: dict[str, Verdict] = field(default_factory=dict)
     check_error: str | None = None
+    # --check: misconfigurations found on the node that a symptom candidate lists as related
+    related_on_node: list[RelatedOnNode] = field(default_factory=list)
 
 
 @dataclass
@@ -121,22 +123,36 @@ def _plain_file_bytes(paths: list[str]) -> int:
 
 
 def check_candidates(explanation: Explanation, root: str, config_path: str | None, checks_dirs: tuple[str, ...] = ()) -> None:
-    """Fill ``explanation.verdicts`` from the node checks of every candidate."""
-    from preflight.explain.confirm import NodeCheckError, checks_reading_the_job, node_findings, outside_the_job, verdict_for
+    """Fill ``explanation.verdicts`` from the node checks of every candidate, and
+    ``explanation.related_on_node`` from those of the references a symptom candidate lists as
+    related: a symptom says to look for an earlier cause, and the node may hold it even when the
+    log never names it."""
+    from preflight.explain.confirm import (
+        NodeCheckError, checks_reading_the_job, node_findings, outside_the_job, related_found, related_to_symptoms, verdict_for,
+    )
     from preflight.probes.job import in_job_process
 
-    wanted = {check for c in explanation.candidates for check in explanation.references[c.reference_id].checks}
+    references = explanation.references
+    related = related_to_symptoms([(c.reference_id, c.tier) for c in explanation.candidates], references)
+    named = [c.reference_id for c in explanation.candidates]
+    wanted = {check for ref_id in [*named, *related] for check in references[ref_id].checks}
     try:
         findings = node_findings(wanted, root, config_path, checks_dirs)
     except NodeCheckError as error:
         explanation.check_error = str(error)
         return
-    for candidate in explanation.candidates:
-        explanation.verdicts[candidate.reference_id] = verdict_for(explanation.references[candidate.reference_id], findings)
+    for ref_id in named:
+        explanation.verdicts[ref_id] = verdict_for(references[ref_id], findings)
     # On the live node outside a job, the job's settings the checks read are this shell's; a
-    # recorded root or snapshot carries the environment it was taken in. Only a refutation changes.
+    # recorded root or snapshot carries the environment it was taken in. Only a refutation changes,
+    # and a related reference that such a check decides is not shown at all (related_found).
+    live_outside_job = root == "/" and not in_job_process(dict(os.environ))
     refuted = [ref_id for ref_id, verdict in explanation.verdicts.items() if verdict.status == "refuted"]
-    if refuted and root == "/" and not in_job_process(dict(os.environ)):
-        job_reading = checks_reading_the_job({check for ref_id in refuted for check in explanation.references[ref_id].checks}, checks_dirs)
+    if live_outside_job and refuted:
+        job_reading = checks_reading_the_job({check for ref_id in refuted for check in references[ref_id].checks}, checks_dirs)
         for ref_id in refuted:
-            explanation.verdicts[ref_id] = outside_the_job(explanation.verdicts[ref_id], explanation.references[ref_id], job_reading)
+            explanation.verdicts[ref_id] = outside_the_job(explanation.verdicts[ref_id], references[ref_id], job_reading)
+    shell_settings = None
+    if live_outside_job and related:
+        shell_settings = checks_reading_the_job({check for ref_id in related for check in references[ref_id].checks}, checks_dirs)
+    explanation.related_on_node = related_found(related, findings, references, shell_settings)

@@ -23,6 +23,16 @@ class Verdict:
     findings: list[Finding] = field(default_factory=list)
 
 
+@dataclass
+class RelatedOnNode:
+    """A reference no log line names, whose checks found it on the node, and that the catalogue
+    relates to a symptom the log does show: the earlier cause a symptom tells the reader to find."""
+
+    reference_id: str
+    symptoms: tuple[str, ...]  # the symptom candidates that list it as related
+    findings: list[Finding]
+
+
 class NodeCheckError(Exception):
     """The node could not be checked at all (bad root, broken config or plugin)."""
 
@@ -54,6 +64,36 @@ def node_findings(
     for finding in report.findings:
         by_reference.setdefault(finding.reference_id, []).append(finding)
     return by_reference
+
+
+def related_to_symptoms(candidates: list[tuple[str, str]], references: dict[str, Reference]) -> dict[str, tuple[str, ...]]:
+    """The checked references that the symptom candidates (``(id, tier)`` pairs, best first) list
+    as related, leaving out those whose checks a candidate's verdict already shows: reference ID
+    -> those symptoms, in the catalogue's order."""
+    named = {ref_id for ref_id, _tier in candidates}
+    shown = {check for ref_id in named for check in references[ref_id].checks}
+    related: dict[str, list[str]] = {}
+    for symptom in (ref_id for ref_id, tier in candidates if tier == "symptom"):
+        for ref_id in references[symptom].related:
+            reference = references.get(ref_id)
+            if reference is not None and reference.checks and ref_id not in named and not set(reference.checks) <= shown:
+                related.setdefault(ref_id, []).append(symptom)
+    return {ref_id: tuple(symptoms) for ref_id, symptoms in related.items()}
+
+
+def related_found(
+    related: dict[str, tuple[str, ...]], findings: dict[str, list[Finding]], references: dict[str, Reference], job_reading: set[str] | None = None
+) -> list[RelatedOnNode]:
+    """The ``related`` references (from :func:`related_to_symptoms`) whose checks found them on the
+    node, the most severe first. ``job_reading`` (the live node outside the job: the checks that
+    read this shell's settings instead of the job's) leaves out a reference any of those checks
+    decide: no log line stands behind it, and its evidence would describe the wrong process."""
+    found = {ref_id: verdict for ref_id in related if (verdict := verdict_for(references[ref_id], findings)).status == "confirmed"}
+    if job_reading is not None:
+        found = {ref_id: verdict for ref_id, verdict in found.items() if not set(references[ref_id].checks) & job_reading}
+    # sorted() keeps the catalogue's order of relations among findings of one severity
+    order = sorted(found, key=lambda ref_id: -max(f.severity.rank for f in found[ref_id].findings))
+    return [RelatedOnNode(ref_id, related[ref_id], found[ref_id].findings) for ref_id in order]
 
 
 def verdict_for(reference: Reference, findings: dict[str, list[Finding]]) -> Verdict:

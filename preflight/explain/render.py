@@ -10,6 +10,7 @@ from preflight.explain import Explanation
 from preflight.explain.analysis import DERIVED_SIGNATURE, Candidate, Evidence
 from preflight.explain.combinations import BARRIER_WAITERS, INTRA_NODE_STALL, WaitedCollective
 from preflight.hostlist import number_runs
+from preflight.model import Finding
 from preflight.text import printable_lines
 
 SCHEMA = "preflight-explain/1"
@@ -128,8 +129,32 @@ def render_text(explanation: Explanation) -> str:
             out.extend(_detailed(position, candidate, explanation))
         else:
             out.append(_one_line(position, candidate, explanation))
+    out.extend(_related_on_node_lines(explanation))
     # Log lines, host names and actors come from the logs: shown, never obeyed by the terminal.
     return printable_lines("\n".join(out)) + "\n"
+
+
+def _related_on_node_lines(explanation: Explanation) -> list[str]:
+    """What --check found on the node among the references the symptom candidates relate to."""
+    if not explanation.related_on_node:
+        return []
+    lines = ["", "Found on the node, related to the symptoms above though no log line names it (--check):"]
+    for related in explanation.related_on_node:
+        reference = explanation.references[related.reference_id]
+        severity = max((f.severity for f in related.findings), key=lambda severity: severity.rank)
+        lines.append(f"  {reference.id}  {reference.title}  [{severity.value}], related to {', '.join(related.symptoms)}")
+        lines.extend(f"     {_finding_facts(finding)}" for finding in related.findings[:3])
+        if reference.fix:
+            wrapped = textwrap.wrap("Fix: " + " ".join(reference.fix[0].split()), 96) or [""]
+            lines.extend(f"     {part}" for part in wrapped)
+    return lines
+
+
+def _finding_facts(finding: Finding) -> str:
+    """A present finding in one line: its subject, then where each fact was read and what it said
+    (the place once, when the subject already is that file)."""
+    facts = "; ".join(e.observed if e.source == finding.subject else f"{e.source}: {e.observed}" for e in finding.evidence[:3])
+    return f"{finding.subject}: {facts}"
 
 
 def _waited_lines(waited: WaitedCollective) -> list[str]:
@@ -179,10 +204,7 @@ def _detailed(position: int, candidate: Candidate, explanation: Explanation) -> 
     verdict = explanation.verdicts.get(candidate.reference_id)
     if verdict:
         lines.append(f"   On the node: {verdict.status}: {verdict.reason}")
-        for finding in verdict.findings[:3]:
-            if finding.status.value == "present":
-                facts = "; ".join(f"{e.source}: {e.observed}" for e in finding.evidence[:3])
-                lines.append(f"     {finding.subject}: {facts}")
+        lines.extend(f"     {_finding_facts(finding)}" for finding in verdict.findings[:3] if finding.status.value == "present")
     elif reference.checks:
         lines.append(f"   Check the node: preflight node --select {','.join(reference.checks)}   (or explain --check)")
     elif reference.why_log_only:
@@ -263,6 +285,16 @@ def render_json(explanation: Explanation) -> str:
         "candidates": [_candidate_json(p, c, explanation) for p, c in enumerate(explanation.candidates, 1)],
         "settings_seen": explanation.settings_seen,
         "check_error": explanation.check_error,
+        "related_on_node": [
+            {
+                "id": related.reference_id,
+                "title": explanation.references[related.reference_id].title,
+                "symptoms": list(related.symptoms),
+                "findings": [finding.to_json() for finding in related.findings],
+                "fix": list(explanation.references[related.reference_id].fix),
+            }
+            for related in explanation.related_on_node
+        ],
     }
     return json.dumps(document, indent=2) + "\n"
 

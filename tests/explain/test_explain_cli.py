@@ -230,6 +230,33 @@ def test_check_confirms_and_refutes_on_a_recorded_node(run_cli: Runner, example_
     assert "Traceback" not in refused.stderr
 
 
+def test_check_names_what_the_node_shows_behind_a_symptom(run_cli: Runner, example_root: Path, clean_root: Path, tmp_path: Path) -> None:
+    """A log that shows only a symptom ("unhandled system error") sends the reader to an earlier
+    cause: --check also runs the checks of the references the symptom lists as related, and names
+    those the node shows, apart from the candidates (which keep their own verdicts)."""
+    log = tmp_path / "rank0.log"
+    log.write_text(
+        "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:317, "
+        "unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5\n"
+    )
+    code, found = explain_json(run_cli, str(log), "--check", "--root", str(example_root))
+    assert [c["id"] for c in found["candidates"]] == ["NCCL007"] and found["candidates"][0]["tier"] == "symptom"
+    related = {entry["id"]: entry for entry in found["related_on_node"]}
+    # The example node's NCCL 2.21.5 retries a failed connect on the same socket (SOCK002, related
+    # to NCCL007); its 8 MiB memlock is MEM001, whose check NCCL007's own verdict already ran and shows.
+    assert "SOCK002" in related and related["SOCK002"]["symptoms"] == ["NCCL007"]
+    assert all(f["status"] == "present" and f["severity"] in ("warning", "error", "critical") for f in related["SOCK002"]["findings"])
+    assert "MEM001" not in related and any(f["id"] == "MEM001" for f in found["candidates"][0]["verdict"]["findings"])
+    assert code == 2  # NCCL007's own verdict is confirmed (memlock); the related list does not set the code
+    text = run_cli("explain", str(log), "--check", "--root", str(example_root)).stdout
+    assert "Found on the node, related to the symptoms above" in text and "SOCK002" in text.split("Found on the node")[1]
+    code, clean = explain_json(run_cli, str(log), "--check", "--root", str(clean_root))
+    assert clean["related_on_node"] == [] and code == 1
+    code, unchecked = explain_json(run_cli, str(log))
+    assert unchecked["related_on_node"] == []
+    assert "Found on the node" not in run_cli("explain", str(log), "--check", "--root", str(clean_root)).stdout
+
+
 def test_check_replays_a_snapshot_archive(run_cli: Runner, example_root: Path, tmp_path: Path) -> None:
     """`--root` takes a `preflight snapshot` archive, as `preflight node --root` does; a broken
     archive is a check error, not a traceback."""

@@ -14,7 +14,7 @@ from preflight.explain.analysis import Analysis
 from preflight.explain.matcher import Matcher
 from preflight.explain.prefixes import parse_line, strip_ansi
 from preflight.explain.reader import MAX_LINE, ReadStats, iter_inputs
-from preflight.model import Reference, Severity
+from preflight.model import Evidence as FindingEvidence, Finding, Reference, Severity, Status
 from preflight.signatures import required_literals, safety_problems
 
 if TYPE_CHECKING:
@@ -859,3 +859,44 @@ def test_a_directory_walk_stops_at_its_file_count_and_depth(tmp_path: Path, monk
     sources = [chunk.source for chunk in iter_inputs([str(tmp_path)], stats)]
     assert sources[-1] == str(tmp_path / "a" / "b" / "two-deep.log") and len(sources) == 6
     assert stats.problems == [f"{tmp_path / 'a' / 'b'}: more than 2 folders deep; its subfolders were not read"]
+
+
+def _checked(ref_id: str, checks: tuple[str, ...], related: tuple[str, ...] = ()) -> Reference:
+    return Reference(
+        id=ref_id, symbol=ref_id.lower(), title=ref_id, area="test", severity=Severity.ERROR, summary="s", fix=("f",),
+        checks=checks, related=related,
+    )
+
+
+def _finding(ref_id: str, status: Status, severity: Severity = Severity.ERROR) -> Finding:
+    return Finding(ref_id, ref_id.lower(), ref_id, status, severity, "node", (FindingEvidence("/proc/x", "seen", "not"),))
+
+
+def test_related_references_the_node_shows_behind_a_symptom() -> None:
+    """--check's second look: the checked references a symptom lists as related, found on the node,
+    the most severe first; none whose checks a candidate already ran, none for a cause candidate's
+    relations, and none decided by a check that read this shell's settings instead of the job's."""
+    from preflight.explain.confirm import related_found, related_to_symptoms
+
+    references = {
+        "SYM001": _checked("SYM001", ("MEMX01",), related=("WRN001", "ERR001", "MEMX01", "CLN001", "LOG001")),
+        "CAU001": _checked("CAU001", (), related=("OTH001",)),
+        "WRN001": _checked("WRN001", ("WRN001",)),
+        "ERR001": _checked("ERR001", ("ERR001",)),
+        "MEMX01": _checked("MEMX01", ("MEMX01",)),  # its check is SYM001's own: its verdict shows it
+        "CLN001": _checked("CLN001", ("CLN001",)),
+        "LOG001": _checked("LOG001", ()),  # no node check
+        "OTH001": _checked("OTH001", ("OTH001",)),
+    }
+    related = related_to_symptoms([("CAU001", "cause"), ("SYM001", "symptom")], references)
+    assert related == {"WRN001": ("SYM001",), "ERR001": ("SYM001",), "CLN001": ("SYM001",)}
+    findings = {
+        "WRN001": [_finding("WRN001", Status.PRESENT, Severity.WARNING)],
+        "ERR001": [_finding("ERR001", Status.PRESENT), _finding("ERR001", Status.ABSENT)],
+        "CLN001": [_finding("CLN001", Status.ABSENT)],
+    }
+    found = related_found(related, findings, references)
+    assert [(entry.reference_id, entry.symptoms) for entry in found] == [("ERR001", ("SYM001",)), ("WRN001", ("SYM001",))]
+    assert [f.status for f in found[0].findings] == [Status.PRESENT]
+    assert [entry.reference_id for entry in related_found(related, findings, references, job_reading={"ERR001"})] == ["WRN001"]
+    assert related_found(related, {"CLN001": findings["CLN001"]}, references) == []
