@@ -1,4 +1,6 @@
-"""Survey: ``preflight node`` on every real capture of ``tests/data/real-roots``.
+"""Survey: ``preflight node`` on every real capture of ``tests/data/real-roots``, then on the
+root each real ``nvidia-smi -q -x`` dump of ``tests/data/real-nvml`` reads back into (NVML's
+answers alone).
 
 Prints, per capture, the exit code and the ``present`` findings by severity, then the totals:
 the figure the "missing is not empty" work is judged by (a real capture with nothing planted
@@ -13,6 +15,7 @@ Each run gets an empty ``--config`` so that this machine's /etc/preflight does n
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import subprocess
 import sys
@@ -22,6 +25,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 CAPTURES = REPO / "tests" / "data" / "real-roots"
+NVML_DUMPS = REPO / "tests" / "data" / "real-nvml"
 
 
 def survey(preflight: list[str], archive: Path, config: str) -> tuple[int, list[dict[str, str]], Counter[str]]:
@@ -36,28 +40,45 @@ def survey(preflight: list[str], archive: Path, config: str) -> tuple[int, list[
     return result.returncode, present, Counter(f["status"] for f in report["findings"])
 
 
+def _nvml_roots(workdir: Path) -> list[Path]:
+    """A node root per dump of ``tests/data/real-nvml``, written by its importer."""
+    spec = importlib.util.spec_from_file_location("import_nvidia_smi", NVML_DUMPS / "import_nvidia_smi.py")
+    assert spec is not None and spec.loader is not None
+    importer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(importer)
+    roots = []
+    for dump in sorted((NVML_DUMPS / "dumps").glob("*.xml")):
+        importer.write_root(dump.read_bytes(), workdir / dump.stem)
+        roots.append(workdir / dump.stem)
+    return roots
+
+
+def _survey_all(preflight: list[str], roots: list[Path], config: str, details: bool, what: str) -> None:
+    totals: Counter[str] = Counter()
+    statuses: Counter[str] = Counter()
+    for root in roots:
+        code, present, counted = survey(preflight, root, config)
+        statuses.update(counted)
+        by_severity = Counter(f["severity"] for f in present)
+        totals.update(by_severity)
+        shown = ", ".join(f"{n} {s}" for s, n in sorted(by_severity.items())) or "-"
+        print(f"{root.name.removesuffix('.tar.gz'):48} exit {code}  present: {shown}")
+        if details:
+            for finding in present:
+                print(f"    {finding['id']} {finding['severity']} {finding['subject']}")
+    errors = totals["error"] + totals["critical"]
+    print(f"\n{len(roots)} {what}: present at error or above {errors}, warnings {totals['warning']}, "
+          f"refused {totals['refused']}; all findings {dict(sorted(statuses.items()))}\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preflight", default=str(Path(sys.executable).parent / "preflight"))
     parser.add_argument("--details", action="store_true", help="list every present finding")
     args = parser.parse_args()
-    totals: Counter[str] = Counter()
-    statuses: Counter[str] = Counter()
-    with tempfile.NamedTemporaryFile("w", suffix=".toml") as config:
-        archives = sorted(CAPTURES.glob("*.tar.gz"))
-        for archive in archives:
-            code, present, counted = survey([args.preflight], archive, config.name)
-            statuses.update(counted)
-            by_severity = Counter(f["severity"] for f in present)
-            totals.update(by_severity)
-            shown = ", ".join(f"{n} {s}" for s, n in sorted(by_severity.items())) or "-"
-            print(f"{archive.name[:-7]:48} exit {code}  present: {shown}")
-            if args.details:
-                for finding in present:
-                    print(f"    {finding['id']} {finding['severity']} {finding['subject']}")
-    errors = totals["error"] + totals["critical"]
-    print(f"\n{len(archives)} captures: present at error or above {errors}, warnings {totals['warning']}, "
-          f"refused {totals['refused']}; all findings {dict(sorted(statuses.items()))}")
+    with tempfile.NamedTemporaryFile("w", suffix=".toml") as config, tempfile.TemporaryDirectory() as workdir:
+        _survey_all([args.preflight], sorted(CAPTURES.glob("*.tar.gz")), config.name, args.details, "captures")
+        _survey_all([args.preflight], _nvml_roots(Path(workdir)), config.name, args.details, "nvidia-smi dumps")
 
 
 if __name__ == "__main__":

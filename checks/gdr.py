@@ -11,6 +11,7 @@ from preflight.model import (
     NotApplicable,
     Observation,
     Severity,
+    Status,
     Unknown,
     present,
     undecided,
@@ -21,6 +22,7 @@ from preflight.probes.gpudirect import (
     GpuDirectFacts,
     can_read_write,
 )
+from preflight.probes.rdma import IB_CLASS
 from preflight.registry import check
 from preflight.sources.nvml import UNANSWERED
 from preflight.units import format_size
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
     from preflight.probes.gpus import GpuFacts
     from preflight.probes.job import JobFacts
     from preflight.probes.nccl_libs import NcclCopy, NcclLibFacts
+    from preflight.probes.rdma import RdmaFacts
 
 SMALL_BAR1 = 256 << 20  # the legacy window consumer boards keep with Resizable BAR off
 
@@ -43,8 +46,26 @@ _UNIFIED_MEMORY = ("GH200", "GB10", "GB200")
 
 
 @check("GDR003", profiles=("prolog",))
-def peermem_gpu_mapping_rejected(bar1: Bar1Facts, gpus: GpuFacts) -> Iterator[Observation]:
-    """BAR1 too small for GPUDirect RDMA, or mostly mapped before the job starts."""
+def peermem_gpu_mapping_rejected(bar1: Bar1Facts, gpus: GpuFacts, rdma: RdmaFacts) -> Iterator[Observation]:
+    """BAR1 too small for GPUDirect RDMA, or mostly mapped before the job starts, on a node whose
+    RDMA NICs map GPU memory through it."""
+    # BAR1 is the window a NIC reaches GPU memory through (peer memory or DMA-BUF): without a data
+    # RDMA device nothing maps it for the network, and a 256 MiB BAR1 (T4, Quadro, GeForce
+    # without Resizable BAR) is no fault. Real nvidia-smi dumps of such GPUs showed the check
+    # draining healthy inference nodes (tests/data/real-nvml).
+    unread_rdma = next((str(problem) for problem in rdma.problems if problem.path == IB_CLASS), "")
+    if not unread_rdma and not rdma.data_devices:
+        raise NotApplicable(f"no RDMA devices in {IB_CLASS}: no NIC maps GPU memory through BAR1 here")
+    for observation in _bar1_observations(bar1, gpus):
+        if observation.status is Status.PRESENT and unread_rdma:
+            shown = "; ".join(e.observed for e in observation.evidence)
+            yield undecided(observation.subject, f"{shown}, which matters only where an RDMA NIC maps GPU memory, and {unread_rdma}")
+        else:
+            yield observation
+
+
+def _bar1_observations(bar1: Bar1Facts, gpus: GpuFacts) -> Iterator[Observation]:
+    """Each GPU whose BAR1 is too small or mostly mapped, or unread."""
     if bar1.nvml_error in UNANSWERED:  # no recording, or a broken one
         raise Unknown(f"no NVML answers recorded for this root ({bar1.nvml_error})")
     on_bus = len(gpus.pci_gpus)
@@ -66,6 +87,8 @@ def peermem_gpu_mapping_rejected(bar1: Bar1Facts, gpus: GpuFacts) -> Iterator[Ob
         if gpu.error or gpu.total is None:
             if gpu.aperture is not None and gpu.aperture <= SMALL_BAR1:
                 yield present(subject, Evidence(f"/sys/bus/pci/devices/{gpu.bus_id}/resource", f"BAR1 aperture {format_size(gpu.aperture)}", "more than 256 MiB"))
+            elif gpu.error in UNANSWERED:
+                yield undecided(subject, f"its BAR1 is not in the NVML answers recorded for this root ({gpu.error})")
             else:
                 yield undecided(subject, f"NVML does not report BAR1 for a GPU that has one ({gpu.error or 'no size'})")
             continue

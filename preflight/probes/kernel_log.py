@@ -73,7 +73,7 @@ class KernelLogFacts(Struct, frozen=True):
     xids: tuple[XidEvent, ...]
     link_downs: tuple[LinkEvent, ...]
     lossless_buffer_errors: tuple[str, ...]
-    error: str  # why the kernel log could not be read, "" when it was (or is not recorded)
+    error: str  # why the kernel log could not be read or is not there, "" when it was read
     read: bool  # whether any log was read at all
     join_failures: tuple[JoinFailure, ...] = ()
 
@@ -126,6 +126,9 @@ def probe_kernel_log(fs: NodeFS) -> KernelLogFacts:
     except SourceError as error:
         return KernelLogFacts((), (), (), str(error), False)
     if records is None:
-        return KernelLogFacts((), (), (), "", False)
+        # No log is no evidence of a quiet one: a container without /dev/kmsg, a recorded root
+        # without .preflight/kmsg (a partial capture, NVML answers alone).
+        where = "/dev/kmsg is not there (a container without the kernel log)" if fs.is_live else "not captured: this root records no kernel log (.preflight/kmsg)"
+        return KernelLogFacts((), (), (), where, False)
     lossless = tuple(record.split(";", 1)[-1][:300] for record in records if "lossless buffer" in record and _LOSSLESS_BUFFER.search(record))
     return KernelLogFacts(parse_xids(records), parse_link_downs(records), lossless, "", True, parse_join_failures(records))

@@ -40,8 +40,10 @@ class DnsSettings(Struct, frozen=True):
     lifetime: float = 2.0
 
 
-#: A recorded root holds at least one of these; anything else is some other directory.
-NODE_ROOT_DIRECTORIES = ("sys", "proc", "etc")
+#: A recorded root holds at least one of these; anything else is some other directory. A root of
+#: replay recordings alone (``.preflight/nvml.json`` and the like, e.g. NVML's answers read back
+#: from an nvidia-smi dump) is one too: every file source is then "not captured".
+NODE_ROOT_DIRECTORIES = ("sys", "proc", "etc", ".preflight")
 
 
 class RootError(Exception):

@@ -129,7 +129,7 @@ def test_pci_questions_of_a_capture_without_the_pci_bus_are_unknown(reports: dic
 def test_an_empty_directory_is_not_a_node_root(run_cli: Runner, tmp_path: Path) -> None:
     result = run_cli("node", "--root", str(tmp_path))
     assert result.returncode == 3 and result.stdout == ""
-    assert result.stderr.strip() == f"preflight: error: --root {tmp_path}: not a node root (it has none of sys/, proc/, etc/)"
+    assert result.stderr.strip() == f"preflight: error: --root {tmp_path}: not a node root (it has none of sys/, proc/, etc/, .preflight/)"
 
 
 def test_a_partial_copy_of_a_real_capture_stays_undecided(roots: dict[str, Path], tmp_path: Path) -> None:

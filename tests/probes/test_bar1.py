@@ -12,6 +12,7 @@ import pytest
 from preflight.probes.bar1 import largest_prefetchable, probe_bar1
 from preflight.checks.gdr import peermem_gpu_mapping_rejected
 from preflight.probes.gpus import probe_gpus
+from preflight.probes.rdma import probe_rdma
 from preflight.model import NotApplicable, Status, Unknown
 from preflight.sources import Sources
 
@@ -21,7 +22,7 @@ GIB, MIB = 1 << 30, 1 << 20
 def verdicts(root: Path) -> list[tuple[str, Status, str]]:
     sources = Sources.for_node(str(root), None)
     facts = probe_bar1(sources.fs, sources.nvml)
-    found = peermem_gpu_mapping_rejected(facts, probe_gpus(sources.fs, sources.nvml))
+    found = peermem_gpu_mapping_rejected(facts, probe_gpus(sources.fs, sources.nvml), probe_rdma(sources.fs))
     return [(o.subject, o.status, " ".join(e.observed for e in o.evidence) + o.reason) for o in found]
 
 
@@ -54,6 +55,24 @@ def test_small_bar1_is_present(node_copy: Path) -> None:
     edit_nvml(node_copy, small)
     found = verdicts(node_copy)
     assert [(s, st) for s, st, _ in found] == [("GPU2", Status.PRESENT)] and "bar1Total 256 MiB" in found[0][2]
+
+
+def test_small_bar1_matters_only_where_an_rdma_nic_maps_gpu_memory(node_copy: Path) -> None:
+    """A 256 MiB BAR1 (T4, Quadro, GeForce without Resizable BAR: real nvidia-smi dumps in
+    tests/data/real-nvml) is no fault on a node without RDMA NICs, and undecided while
+    /sys/class/infiniband is unread."""
+    def small(calls: dict[str, Any]) -> None:
+        calls["nvmlDeviceGetBAR1MemoryInfo"]["2"] = {"result": {"bar1Total": 256 * MIB, "bar1Free": 250 * MIB, "bar1Used": 6 * MIB}}
+
+    edit_nvml(node_copy, small)
+    classes = node_copy / "sys/class"
+    classes.rename(node_copy / "class-elsewhere")
+    found = verdicts(node_copy)  # a root without /sys/class: whether it has RDMA NICs is unread
+    assert [(s, st) for s, st, _ in found] == [("GPU2", Status.UNKNOWN)]
+    assert "bar1Total 256 MiB" in found[0][2] and "not captured" in found[0][2] and "/sys/class" in found[0][2]
+    classes.mkdir()  # /sys/class read, and no infiniband class in it: no RDMA device on this node
+    with pytest.raises(NotApplicable, match="no RDMA devices"):
+        verdicts(node_copy)
 
 
 def test_bar1_mostly_mapped_before_the_job_is_present(node_copy: Path) -> None:

@@ -181,4 +181,4 @@ def test_unreadable_kernel_log_is_unknown_with_the_reason() -> None:
         assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
         (finding,) = json.loads(result.stdout)
         assert (finding["subject"], finding["status"]) == ("kernel log", "unknown")
-        assert "Xid history since boot unreadable" in finding["reason"] and "permission denied" in finding["reason"]
+        assert "Xid history since boot unread" in finding["reason"] and "permission denied" in finding["reason"]
