@@ -13,7 +13,8 @@ from preflight.model import (
     present,
     undecided,
 )
-from preflight.probes.memlock import SLURM_CONF_PATHS, Limit, MemlockFacts, PamLimit
+from preflight.probes.memlock import Limit, MemlockFacts, PamLimit
+from preflight.slurm_conf import SLURM_CONF_PATHS
 from preflight.registry import check
 from preflight.units import format_size
 
@@ -51,7 +52,7 @@ def _unread_subject(path: str, memlock: MemlockFacts) -> str:
         return path
     if (path == "/proc" or path.endswith(("/comm", "/slurmd.pid"))) and memlock.slurmd_pid is None:
         return "slurmd"  # whether slurmd runs, and so its limit, is unknown
-    if path in SLURM_CONF_PATHS:
+    if path in SLURM_CONF_PATHS or path == memlock.slurm_conf:
         return "slurm.conf"
     if "/slurmd.service" in path:
         return "slurmd.service"
@@ -94,6 +95,8 @@ def memlock_limit_too_low(memlock: MemlockFacts, job: JobFacts, expect: Expectat
                 Evidence(source, f"slurmd will start with memlock {format_size(soft)}", f">= {format_size(minimum)}"),
                 fix="Add LimitMEMLOCK=infinity to slurmd's unit (a drop-in in /etc/systemd/system/slurmd.service.d/).",
             )
+    if memlock.slurm_conf is not None and memlock.memlock_propagated is None:
+        yield undecided("slurm.conf", f"{memlock.slurm_conf}: {memlock.propagation_setting}")  # an Include unread
     if memlock.slurm_conf is not None and memlock.memlock_propagated:
         yield present(
             "slurm.conf",

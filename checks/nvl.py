@@ -177,6 +177,8 @@ def _job_stack(platform: NcclPlatformFacts, job: JobFacts) -> tuple[int | None, 
     """The stack limit the job's processes get, where it was read, and why it is unknown."""
     if platform.stack_soft is None:
         return None, "", "/proc/self/limits has no readable 'Max stack size' row"
+    if job.in_slurmd_script and platform.slurm_conf is not None and platform.stack_propagated is None:
+        return None, "", f"{platform.slurm_conf}: {platform.propagation_setting}"  # an Include unread
     if job.in_slurmd_script and platform.stack_propagated:
         return None, "", f"the job gets the submitting shell's stack limit ({platform.slurm_conf}: {platform.propagation_setting})"
     source = "/proc/self/limits (slurmd's, which the job inherits: STACK not propagated)" if job.in_slurmd_script else "/proc/self/limits"

@@ -9,7 +9,8 @@ Sources:
 * the slurmd unit and its drop-ins: ``LimitMEMLOCK=`` (systemd.exec(5)).
 * ``/etc/security/limits.conf`` and ``limits.d/*.conf``: ``<domain> <type> memlock <KiB>``
   (limits.conf(5)); these apply to PAM sessions (ssh, login), not to services.
-* ``slurm.conf`` (``$SLURM_CONF`` or ``/etc/slurm/slurm.conf``): ``PropagateResourceLimits`` /
+* ``slurm.conf`` as Slurm reads it (:mod:`preflight.slurm_conf`: ``$SLURM_CONF``, ``/etc/slurm``, the
+  configless copy in ``/run/slurm/conf``; its Include files): ``PropagateResourceLimits`` /
   ``PropagateResourceLimitsExcept`` (slurm.conf(5)); when neither is set every limit of the
   submitting shell, MEMLOCK included, is propagated to the job.
 * ``/proc/meminfo`` ``MemTotal``.
@@ -27,6 +28,8 @@ from msgspec import Struct
 from preflight.probes.job import job_file_user, parse_environ
 from preflight.probing import FactReader
 from preflight.registry import probe
+from preflight.slurm_conf import find_slurm_conf
+from preflight.slurm_conf import propagated as propagated_limit
 from preflight.sources import NodeFS, SourceError
 from preflight.units import UNLIMITED, parse_size
 
@@ -36,7 +39,6 @@ NCCL_DEFAULT_BUFFSIZE = 4 * 1024 * 1024  # NCCL_BUFFSIZE default (NCCL environme
 _UNIT_DIRS = ("/etc/systemd/system", "/run/systemd/system", "/usr/lib/systemd/system", "/lib/systemd/system")
 
 
-SLURM_CONF_PATHS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf")
 
 
 class Limit(Struct, frozen=True):
@@ -68,7 +70,7 @@ class MemlockFacts(Struct, frozen=True):
     slurmd_unit_limit: Limit | None  # LimitMEMLOCK= in the unit or its drop-ins
     pam_limits: tuple[PamLimit, ...]  # /etc/security/limits.conf, limits.d/*.conf
     slurm_conf: str | None  # path of slurm.conf read
-    memlock_propagated: bool | None  # whether slurm.conf lets the submit host's MEMLOCK through
+    memlock_propagated: bool | None  # whether slurm.conf lets the submit host's MEMLOCK through; None: unread
     propagation_setting: str  # the deciding slurm.conf line, or "(default: ALL)"
     mem_total: int | None  # /proc/meminfo MemTotal, bytes
     rdma_devices: tuple[str, ...] | None  # /sys/class/infiniband; None when unknown
@@ -147,26 +149,6 @@ def parse_pam_limits(text: str, path: str) -> list[PamLimit]:
         size = UNLIMITED if size >= EFFECTIVELY_UNLIMITED else size
         entries.append(PamLimit(domain, kind, size, f"{path}:{number}"))
     return entries
-
-
-def parse_slurm_propagation(text: str) -> tuple[bool, str]:
-    """Whether slurm.conf propagates MEMLOCK from the submit host, and the deciding line."""
-    propagate = except_ = None
-    for line in text.splitlines():
-        stripped = line.split("#", 1)[0].strip()
-        match = re.match(r"(?i)^(PropagateResourceLimits(?:Except)?)\s*=\s*(\S*)", stripped)
-        if match:
-            if match.group(1).lower().endswith("except"):
-                except_ = (stripped, match.group(2))
-            else:
-                propagate = (stripped, match.group(2))
-    if except_ is not None:
-        names = {item.strip().upper() for item in except_[1].split(",")}
-        return "MEMLOCK" not in names and "ALL" not in names, except_[0]
-    if propagate is not None:
-        names = {item.strip().upper() for item in propagate[1].split(",")}
-        return "ALL" in names or "MEMLOCK" in names, propagate[0]
-    return True, "(neither PropagateResourceLimits nor PropagateResourceLimitsExcept set: ALL)"
 
 
 def parse_meminfo_total(text: str) -> int | None:
@@ -264,18 +246,11 @@ def probe_memlock(fs: NodeFS) -> MemlockFacts:
     except SourceError:
         environ = {}  # the job probe reports an unreadable environment
     conf_override, user = environ.get("SLURM_CONF", ""), job_file_user(fs, environ)
-    slurm_conf = propagated = None
-    setting = ""
-    for path in ((conf_override,) if conf_override.startswith("/") else ()) + SLURM_CONF_PATHS:
-        try:  # $SLURM_CONF is the job's to name: read with its user's rights
-            text = fs.read_for(path, user if path == conf_override else None)
-        except SourceError as error:
-            reader.problems.append(str(error))
-            text = None
-        if text is not None:
-            slurm_conf = path
-            propagated, setting = parse_slurm_propagation(text)
-            break
+    # $SLURM_CONF is the job's to name: it and what it includes are read with its user's rights.
+    conf, conf_problems = find_slurm_conf(fs.read, conf_override, lambda path: fs.read_for(path, user))
+    reader.problems.extend(conf_problems)
+    propagated, setting = propagated_limit(conf, "MEMLOCK") if conf is not None else (None, "")
+    slurm_conf = conf.path if conf is not None else None
     meminfo = reader.text("/proc/meminfo")
     rdma = reader.listing("/sys/class/infiniband")
     return MemlockFacts(

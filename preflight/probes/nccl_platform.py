@@ -24,7 +24,6 @@ and equal, ``src/mnnvl.cc``). Sources beyond the other probes (``nccl_platform``
 from __future__ import annotations
 
 import posixpath
-import re
 
 from msgspec import Struct
 
@@ -34,6 +33,8 @@ from preflight.model import (
 from preflight.probes.job import parse_environ
 from preflight.probing import FactReader
 from preflight.registry import probe
+from preflight.slurm_conf import find_slurm_conf
+from preflight.slurm_conf import propagated as propagated_limit
 from preflight.sources import NodeFS, SourceError
 from preflight.units import UNLIMITED
 
@@ -44,7 +45,6 @@ PCI_DEVICES = "/sys/bus/pci/devices"
 _NVIDIA, _GPU_CLASSES, _NVSWITCH_CLASS = "0x10de", ("0x0300", "0x0302"), "0x0680"
 
 
-_SLURM_CONF_PATHS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf")
 
 
 class NcclPlatformFacts(Struct, frozen=True):
@@ -76,25 +76,6 @@ def parse_stack_limit(text: str) -> int | None:
             if fields and (fields[0] == "unlimited" or fields[0].isdigit()):
                 return UNLIMITED if fields[0] == "unlimited" else int(fields[0])
     return None
-
-
-def parse_stack_propagation(text: str) -> tuple[bool, str]:
-    """Whether slurm.conf propagates STACK from the submitting shell, and the deciding line."""
-    decided: dict[str, tuple[str, str]] = {}
-    for line in text.splitlines():
-        stripped = line.split("#", 1)[0].strip()
-        match = re.match(r"(?i)^(PropagateResourceLimits(?:Except)?)\s*=\s*(\S*)", stripped)
-        if match:
-            decided["except" if match.group(1).lower().endswith("except") else "only"] = (stripped, match.group(2))
-    if "except" in decided:
-        line, value = decided["except"]
-        names = {item.strip().upper() for item in value.split(",")}
-        return not names & {"STACK", "ALL"}, line
-    if "only" in decided:
-        line, value = decided["only"]
-        names = {item.strip().upper() for item in value.split(",")}
-        return bool(names & {"STACK", "ALL"}), line
-    return True, "(neither PropagateResourceLimits nor PropagateResourceLimitsExcept set: ALL)"
 
 
 def _nvidia_functions(fs: NodeFS, reader: FactReader) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
@@ -146,13 +127,10 @@ def probe_nccl_platform(fs: NodeFS) -> NcclPlatformFacts:
     except SourceError:
         conf_override = ""  # the job probe reports an unreadable environment
     nvswitches, pci_gpus, without_link_speed, unclassified = _nvidia_functions(fs, reader)
-    slurm_conf, propagated, setting = None, None, ""
-    for path in ((conf_override,) if conf_override.startswith("/") else ()) + _SLURM_CONF_PATHS:
-        text = reader.text(path)
-        if text is not None:
-            slurm_conf = path
-            propagated, setting = parse_stack_propagation(text)
-            break
+    conf, conf_problems = find_slurm_conf(fs.read, conf_override)
+    reader.problems.extend(conf_problems)
+    propagated, setting = propagated_limit(conf, "STACK") if conf is not None else (None, "")
+    slurm_conf = conf.path if conf is not None else None
     return NcclPlatformFacts(
         stack_soft=parse_stack_limit(limits) if limits else None,
         slurm_conf=slurm_conf,

@@ -82,6 +82,15 @@ def test_mem001_absent_when_unlimited_and_not_propagated(memlock: MemlockFacts) 
     assert list(memlock_limit_too_low(unlimited(memlock), job(), Expectations())) == []
 
 
+def test_mem001_slurm_conf_with_an_unread_include_is_undecided(memlock: MemlockFacts) -> None:
+    """An Include that cannot be read may set PropagateResourceLimits: neither the warning nor
+    silence, but unknown with the Include named."""
+    unread = replace(unlimited(memlock), memlock_propagated=None,
+                     propagation_setting="/etc/slurm/slurm.conf:7: Include site.conf: /etc/slurm/site.conf is not there; it may set PropagateResourceLimits")
+    found = list(memlock_limit_too_low(unread, job(), Expectations()))
+    assert [(o.subject, o.status) for o in found] == [("slurm.conf", Status.UNKNOWN)] and "Include site.conf" in found[0].reason
+
+
 def test_mem001_site_minimum_accepts_finite_limits(memlock: MemlockFacts) -> None:
     finite = replace(unlimited(memlock), slurmd=Limit(64 * GIB, 64 * GIB, "/proc/2187/limits"))
     assert list(memlock_limit_too_low(finite, job(), Expectations(memlock_min=32 * GIB))) == []

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from preflight.nccl.releases import KNOWN_BUGS, carries, version_tuple
-from preflight.probes.nccl_platform import parse_stack_limit, parse_stack_propagation
+from preflight.probes.nccl_platform import parse_stack_limit
+from preflight.slurm_conf import propagated, read_slurm_conf
 from preflight.config import HostConfig
 from preflight.discovery import build_registry
 from preflight.engine import RunOptions, run
@@ -76,10 +77,15 @@ def test_parsers_on_kernel_and_nvml_formats() -> None:
     assert parse_stack_limit(limits) == 8388608
     assert parse_stack_limit(limits.replace("8388608   ", "unlimited ")) == UNLIMITED
     assert parse_stack_limit("Max stack size            lots                 unlimited            bytes\n") is None
-    assert parse_stack_propagation("ClusterName=x\n")[0] is True
-    assert parse_stack_propagation("PropagateResourceLimitsExcept=MEMLOCK,STACK\n") == (False, "PropagateResourceLimitsExcept=MEMLOCK,STACK")
-    assert parse_stack_propagation("PropagateResourceLimits=NONE # site\n")[0] is False
-    assert parse_stack_propagation("PropagateResourceLimits=CORE,STACK\n")[0] is True
+    def stack(text: str) -> tuple[bool | None, str]:
+        conf = read_slurm_conf({"/etc/slurm/slurm.conf": text}.get, "/etc/slurm/slurm.conf")
+        assert conf is not None
+        return propagated(conf, "STACK")
+
+    assert stack("ClusterName=x\n")[0] is True
+    assert stack("PropagateResourceLimitsExcept=MEMLOCK,STACK\n") == (False, "PropagateResourceLimitsExcept=MEMLOCK,STACK")
+    assert stack("PropagateResourceLimits=NONE # site\n")[0] is False
+    assert stack("PropagateResourceLimits=CORE,STACK\n")[0] is True
 
 
 # -- SOCK002 ------------------------------------------------------------------------------------

@@ -10,7 +10,8 @@ from preflight.probes.job import parse_group_membership
 from preflight.probes.gpus import normalise_bus_id
 from preflight.probes.hostname import parse_hosts
 from preflight.probes.job import in_job_process, parse_environ, parse_nccl_conf
-from preflight.probes.memlock import Limit, parse_limits_memlock, parse_meminfo_total, parse_pam_limits, parse_slurm_propagation, parse_systemd_limit, parse_unit_setting
+from preflight.probes.memlock import Limit, parse_limits_memlock, parse_meminfo_total, parse_pam_limits, parse_systemd_limit, parse_unit_setting
+from preflight.slurm_conf import SlurmConf, propagated, read_slurm_conf
 from preflight.hostlist import HostlistError, expand, matches, number_runs
 from preflight.sources.dns import parse_resolv_conf
 from preflight.sources.netlink import Address, parse_fib_trie_locals, parse_if_inet6, parse_proc_net_route
@@ -61,7 +62,7 @@ def test_parse_pam_limits_kib_and_unlimited() -> None:
 
 
 @pytest.mark.parametrize(
-    ("text", "propagated"),
+    ("text", "expected"),
     [
         ("ClusterName=x\n", True),
         ("PropagateResourceLimitsExcept=MEMLOCK\n", False),
@@ -73,8 +74,13 @@ def test_parse_pam_limits_kib_and_unlimited() -> None:
         ("#PropagateResourceLimitsExcept=MEMLOCK\n", True),
     ],
 )
-def test_parse_slurm_propagation(text: str, propagated: bool) -> None:
-    assert parse_slurm_propagation(text)[0] is propagated
+def test_parse_slurm_propagation(text: str, expected: bool) -> None:
+    conf = read_slurm_conf({"/etc/slurm/slurm.conf": text}.get, "/etc/slurm/slurm.conf")
+    assert isinstance(conf, SlurmConf) and memlock_propagated(conf) is expected
+
+
+def memlock_propagated(conf: SlurmConf) -> bool | None:
+    return propagated(conf, "MEMLOCK")[0]
 
 
 def test_parse_meminfo_total() -> None:

@@ -30,6 +30,8 @@ from pathlib import Path
 import pytest
 
 from conftest import EXAMPLE_ROOT, drain_datagrams, make_clean, preflight_command
+from preflight.slurm_conf import propagated, read_slurm_conf
+from preflight.sources import NodeFS
 
 pytestmark = pytest.mark.integration
 
@@ -200,6 +202,7 @@ MinJobAge=2
 GresTypes=gpu
 SlurmdDebug=debug2
 Include {base}/preflight-slurm.conf
+Include limits.conf
 NodeName={NODE} NodeAddr=127.0.0.1 NodeHostname={socket.gethostname().split('.')[0]} CPUs=1 Gres=gpu:2 State=UNKNOWN
 PartitionName=debug Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
 """
@@ -263,6 +266,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     ctld_port, slurmd_port = free_port(), free_port()
     conf = base / "slurm.conf"
     conf.write_text(slurm_conf(base, ctld_port, slurmd_port, munge_socket))
+    # Read by slurmctld and by preflight's own reader alike (a relative Include, a continued line).
+    (base / "limits.conf").write_text("# jobs keep slurmd's limits\nPropagateResourceLimitsExcept=MEMLOCK,\\\nSTACK  # not the login node's\n")
     (base / "gres.conf").write_text(f"NodeName={NODE} Name=gpu File=/dev/null\nNodeName={NODE} Name=gpu File=/dev/zero\n")
     (base / "preflight.toml").write_text(
         f"""\
@@ -419,6 +424,22 @@ def test_generated_slurm_conf_lines_are_what_slurmctld_runs(cluster: Cluster) ->
     assert shown["PrologFlags"] == "Alloc" and shown["HealthCheckProgram"] == f"{cluster.base}/preflight-healthcheck"
     assert shown["PrologEpilogTimeout"] == f"{int(PROLOG_BUDGET_S) + 2}" and shown["MessageTimeout"] == f"{MESSAGE_TIMEOUT_S} sec"
     assert shown["HealthCheckInterval"] == "3600 sec" and shown["HealthCheckNodeState"] == "ANY"
+
+
+def test_slurm_conf_is_read_as_slurmctld_reads_it(cluster: Cluster) -> None:
+    """preflight's slurm.conf reader against Slurm's own: the relative Include and the continued
+    PropagateResourceLimitsExcept line give what `scontrol show config` reports."""
+    shown = {
+        key.strip(): value.strip()
+        for key, _, value in (line.partition("=") for line in cluster.run("scontrol", "show", "config").stdout.splitlines())
+    }
+    conf = read_slurm_conf(NodeFS("/").read, str(cluster.conf))
+    assert conf is not None and conf.unread == ()
+    assert shown["PropagateResourceLimitsExcept"] == conf.settings["propagateresourcelimitsexcept"].value == "MEMLOCK,STACK"
+    assert propagated(conf, "MEMLOCK") == (False, f"PropagateResourceLimitsExcept=MEMLOCK,STACK ({cluster.base}/limits.conf:2)")
+    assert propagated(conf, "STACK")[0] is False and propagated(conf, "NOFILE")[0] is True
+    for key in ("ClusterName", "Prolog", "HealthCheckProgram", "SlurmdSpoolDir"):
+        assert conf.settings[key.lower()].value == shown[key], key
 
 
 def test_no_verdict_prolog_lets_the_job_run_and_leaves_a_trace(cluster: Cluster) -> None:

@@ -1,0 +1,172 @@
+"""slurm.conf as Slurm itself reads it, for the settings the probes judge.
+
+Slurm's parser (``src/common/parse_config.c``, ``read_config.c``) decides what a setting is, so
+this follows it rather than reading ``Key=value`` lines naively:
+
+* a line ending in an odd number of backslashes continues on the next one (the backslash goes);
+* ``#`` starts a comment unless escaped (``\\#``); then ``\\x`` becomes ``x``;
+* a line holds one ``Key=value`` (the value quoted when it has spaces); keys ignore case, and
+  the last assignment wins;
+* ``Include PATH`` (any case) reads another file in place: a relative path is taken from the
+  directory of the slurm.conf being read, ``%c`` is the cluster name in lower case, and a path
+  with ``*`` is skipped, as Slurm skips it.
+
+Which file: ``$SLURM_CONF``, else the packaged default (``/etc/slurm/slurm.conf``, Debian's older
+``/etc/slurm-llnl``), else the copy slurmd keeps in configless mode (``/run/slurm/conf``, a link
+into its spool directory). An Include that cannot be read leaves every setting undecided: what it
+would have said may override anything read before or after it. Work is bounded: at most
+:data:`MAX_FILES` files, each read through the node view (inside the root, size-capped).
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Callable, Iterator
+from typing import NamedTuple
+
+from preflight.sources.fs import SourceError
+
+SLURM_CONF_PATHS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf", "/run/slurm/conf/slurm.conf")
+MAX_FILES = 32  # slurm.conf and the files it includes, nested or not
+DEFAULT_PROPAGATION = "(neither PropagateResourceLimits nor PropagateResourceLimitsExcept set: ALL)"
+
+_KEY_VALUE = re.compile(r'\s*([A-Za-z0-9_.]+)\s*[-*+/]?=\s*(?:"([^"]*)"|(\S+))(?:\s|$)')
+_INCLUDE = re.compile(r"(?i)include\s+(\S+)")
+
+#: Reads one file of the node: its text, None when it is not there; SourceError when unreadable.
+Reader = Callable[[str], "str | None"]
+
+
+class Setting(NamedTuple):
+    key: str  # as written
+    value: str
+    where: str  # path:line
+
+
+class SlurmConf(NamedTuple):
+    path: str  # the slurm.conf read
+    settings: dict[str, Setting]  # lower-case key -> the assignment that wins
+    unread: tuple[str, ...]  # Include lines whose file could not be read, with the reason
+
+
+def logical_lines(text: str) -> Iterator[tuple[int, str]]:
+    """``(first line number, line)`` after continuations, comments and escapes, as Slurm's
+    ``_get_next_line`` makes them; blank lines are left out."""
+    pending: list[str] = []
+    start = 0
+    for number, raw in enumerate(text.splitlines(), 1):
+        if not pending:
+            start = number
+        line = _without_comment(raw)
+        stripped = line.rstrip()
+        trailing = len(stripped) - len(stripped.rstrip("\\"))
+        if trailing % 2 == 1:
+            pending.append(stripped[:-1])
+            continue
+        pending.append(line)
+        joined = _unescape("".join(pending))
+        pending = []
+        if joined.strip():
+            yield start, joined
+    if pending and (joined := _unescape("".join(pending))).strip():
+        yield start, joined
+
+
+def _without_comment(line: str) -> str:
+    backslashes = 0
+    for index, char in enumerate(line):
+        if char == "#" and backslashes % 2 == 0:
+            return line[:index]
+        backslashes = backslashes + 1 if char == "\\" else 0
+    return line
+
+
+def _unescape(line: str) -> str:
+    return re.sub(r"\\(.)", r"\1", line)
+
+
+def read_slurm_conf(read: Reader, path: str) -> SlurmConf | None:
+    """The settings of the slurm.conf at ``path`` and the files it includes; None when ``path``
+    is not there (SourceError when it cannot be read)."""
+    text = read(path)
+    if text is None:
+        return None
+    settings: dict[str, Setting] = {}
+    unread: list[str] = []
+    budget = [MAX_FILES - 1]
+    _read_into(read, path, text, posixpath.dirname(path), settings, unread, budget)
+    return SlurmConf(path, settings, tuple(unread))
+
+
+def _read_into(
+    read: Reader, path: str, text: str, base: str, settings: dict[str, Setting], unread: list[str], budget: list[int],
+) -> None:
+    for number, line in logical_lines(text):
+        include = _INCLUDE.match(line.lstrip())
+        if include:
+            _include(read, include.group(1), f"{path}:{number}", base, settings, unread, budget)
+            continue
+        match = _KEY_VALUE.match(line)
+        if match:
+            value = match.group(2) if match.group(2) is not None else match.group(3)
+            settings[match.group(1).lower()] = Setting(match.group(1), value, f"{path}:{number}")
+
+
+def _include(
+    read: Reader, target: str, where: str, base: str, settings: dict[str, Setting], unread: list[str], budget: list[int],
+) -> None:
+    if "%c" in target:
+        cluster = settings.get("clustername")
+        if cluster is None:
+            unread.append(f"{where}: Include {target}: no ClusterName before it for %c")
+            return
+        target = target.replace("%c", cluster.value.lower())
+    if "*" in target:
+        return  # Slurm does not expand globs: it logs an error and reads nothing
+    path = posixpath.normpath(target if target.startswith("/") else posixpath.join(base, target))
+    if budget[0] <= 0:
+        unread.append(f"{where}: Include {target}: more than {MAX_FILES} files (an include loop?)")
+        return
+    budget[0] -= 1
+    try:
+        text = read(path)
+    except SourceError as error:
+        unread.append(f"{where}: Include {target}: {error}")
+        return
+    if text is None:
+        unread.append(f"{where}: Include {target}: {path} is not there")
+        return
+    _read_into(read, path, text, base, settings, unread, budget)
+
+
+def find_slurm_conf(read: Reader, override: str = "", read_override: Reader | None = None) -> tuple[SlurmConf | None, list[str]]:
+    """The slurm.conf Slurm would read (``$SLURM_CONF`` as ``override``, read with
+    ``read_override`` when the job names it), and the problems met on the way."""
+    problems: list[str] = []
+    candidates = [(override, read_override or read)] if override.startswith("/") else []
+    for path, reader in candidates + [(path, read) for path in SLURM_CONF_PATHS]:
+        try:
+            conf = read_slurm_conf(reader, path)
+        except SourceError as error:
+            problems.append(str(error))
+            continue
+        if conf is not None:
+            return conf, problems
+    return None, problems
+
+
+def propagated(conf: SlurmConf, limit: str) -> tuple[bool | None, str]:
+    """Whether slurmd hands the submitting shell's ``limit`` (``MEMLOCK``, ``STACK``) to the job's
+    tasks (slurm.conf(5), PropagateResourceLimits[Except]), and the setting that decides it.
+    None while an Include could not be read."""
+    if conf.unread:
+        return None, f"{conf.unread[0]}; it may set PropagateResourceLimits"
+    for key, keeps in (("propagateresourcelimitsexcept", False), ("propagateresourcelimits", True)):
+        setting = conf.settings.get(key)
+        if setting is not None:
+            names = {item.strip().upper() for item in setting.value.split(",")}
+            named = bool(names & {limit.upper(), "ALL"})
+            shown = f"{setting.key}={setting.value}" + ("" if setting.where.startswith(conf.path + ":") else f" ({setting.where})")
+            return named == keeps, shown
+    return True, DEFAULT_PROPAGATION

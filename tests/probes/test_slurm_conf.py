@@ -1,0 +1,113 @@
+"""slurm.conf read as Slurm reads it (preflight/slurm_conf.py, after Slurm's parse_config.c):
+continuations, escaped and unescaped comments, one key per line in any case, quoted values, the
+last assignment winning, Include files (relative, %c, globs skipped, unread ones undecided), and
+the configless copy slurmd keeps under /run/slurm/conf."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from preflight.probes.memlock import probe_memlock
+from preflight.probes.nccl_platform import probe_nccl_platform
+from preflight.slurm_conf import DEFAULT_PROPAGATION, MAX_FILES, find_slurm_conf, logical_lines, propagated, read_slurm_conf
+from preflight.sources import NodeFS
+from preflight.sources.fs import SourceError
+
+CONF = "/etc/slurm/slurm.conf"
+
+
+def reader(files: dict[str, str]):  # type: ignore[no-untyped-def]
+    def read(path: str) -> str | None:
+        text = files.get(path)
+        if text == "<unreadable>":
+            raise SourceError(path, "permission denied (EACCES); needs root")
+        return text
+
+    return read
+
+
+def memlock(files: dict[str, str]) -> tuple[bool | None, str]:
+    conf = read_slurm_conf(reader(files), CONF)
+    assert conf is not None
+    return propagated(conf, "MEMLOCK")
+
+
+def test_lines_are_joined_stripped_and_unescaped_as_slurm_does() -> None:
+    text = "A=1 \\\n  B=2\n# whole comment\nC=x\\#y # trailing\nD=a\\\\\n\n   \nE=\"two words\"\n"
+    assert list(logical_lines(text)) == [(1, "A=1   B=2"), (4, "C=x#y "), (5, "D=a\\"), (8, 'E="two words"')]
+    conf = read_slurm_conf(reader({CONF: text}), CONF)
+    assert conf is not None and conf.settings["e"].value == "two words" and conf.settings["c"].value == "x#y"
+
+
+def test_keys_ignore_case_and_the_last_assignment_wins() -> None:
+    assert memlock({CONF: "propagateresourcelimitsEXCEPT=memlock\n"}) == (False, "propagateresourcelimitsEXCEPT=memlock")
+    assert memlock({CONF: "PropagateResourceLimits=NONE\nPropagateResourceLimits=ALL\n"})[0] is True
+    assert memlock({CONF: "PropagateResourceLimitsExcept=MEMLOCK,\\\nSTACK\n"}) == (False, "PropagateResourceLimitsExcept=MEMLOCK,STACK")
+    assert memlock({CONF: "ClusterName=a\n"}) == (True, DEFAULT_PROPAGATION)
+
+
+def test_include_files_are_read_in_place() -> None:
+    files = {
+        CONF: "ClusterName=Alpha\nInclude limits.conf\nINCLUDE /etc/slurm/%c/nodes.conf\ninclude /etc/slurm/parts/*.conf\n",
+        "/etc/slurm/limits.conf": "PropagateResourceLimitsExcept=MEMLOCK\n",
+        "/etc/slurm/alpha/nodes.conf": "NodeName=n[1-4] CPUs=8\n",
+    }
+    assert memlock(files) == (False, "PropagateResourceLimitsExcept=MEMLOCK (/etc/slurm/limits.conf:1)")
+    conf = read_slurm_conf(reader(files), CONF)
+    assert conf is not None and conf.settings["nodename"].where == "/etc/slurm/alpha/nodes.conf:1" and conf.unread == ()
+    # a setting after the Include overrides it, as in Slurm
+    files[CONF] += "PropagateResourceLimitsExcept=NOFILE\n"
+    assert memlock(files)[0] is True
+
+
+def test_an_include_that_cannot_be_read_leaves_propagation_undecided() -> None:
+    for included in (None, "<unreadable>"):
+        files = {CONF: "PropagateResourceLimitsExcept=MEMLOCK\nInclude /etc/slurm/site.conf\n"}
+        if included is not None:
+            files["/etc/slurm/site.conf"] = included
+        decided, why = memlock(files)
+        assert decided is None and "Include /etc/slurm/site.conf" in why and f"{CONF}:2" in why
+    decided, why = memlock({CONF: "Include %c.conf\n"})
+    assert decided is None and "no ClusterName" in why
+
+
+def test_include_loops_stop() -> None:
+    decided, why = memlock({CONF: "Include slurm.conf\n"})
+    assert decided is None and f"more than {MAX_FILES} files" in why
+
+
+def test_the_slurm_conf_slurm_would_read(tmp_path: Path) -> None:
+    """$SLURM_CONF first, then /etc/slurm, then the copy slurmd keeps in configless mode."""
+    files = {"/run/slurm/conf/slurm.conf": "PropagateResourceLimitsExcept=MEMLOCK\n"}
+    conf, problems = find_slurm_conf(reader(files))
+    assert conf is not None and conf.path == "/run/slurm/conf/slurm.conf" and problems == []
+    files["/srv/job.conf"] = "PropagateResourceLimits=ALL\n"
+    conf, _ = find_slurm_conf(reader(files), "/srv/job.conf")
+    assert conf is not None and conf.path == "/srv/job.conf"
+    conf, problems = find_slurm_conf(reader({CONF: "<unreadable>"}))
+    assert conf is None and problems and "needs root" in problems[0]
+
+
+def test_probes_read_includes_and_the_configless_copy_inside_the_root(tmp_path: Path) -> None:
+    root = tmp_path / "node"
+    (root / "etc" / "slurm").mkdir(parents=True)
+    (root / "proc").mkdir()
+    (root / "etc" / "slurm" / "slurm.conf").write_text("ClusterName=c\nInclude limits.conf\n")
+    (root / "etc" / "slurm" / "limits.conf").write_text("PropagateResourceLimitsExcept=MEMLOCK,STACK\n")
+    facts = probe_memlock(NodeFS(str(root)))
+    assert facts.memlock_propagated is False and "limits.conf:1" in facts.propagation_setting
+    platform = probe_nccl_platform(NodeFS(str(root)))
+    assert platform.stack_propagated is False and platform.slurm_conf == CONF
+    # configless: no /etc/slurm/slurm.conf, slurmd's cached copy behind /run/slurm/conf
+    (root / "etc" / "slurm" / "slurm.conf").unlink()
+    cache = root / "var" / "spool" / "slurmd" / "conf-cache"
+    cache.mkdir(parents=True)
+    (cache / "slurm.conf").write_text("PropagateResourceLimits=ALL\n")
+    (root / "run" / "slurm").mkdir(parents=True)
+    (root / "run" / "slurm" / "conf").symlink_to("/var/spool/slurmd/conf-cache")
+    facts = probe_memlock(NodeFS(str(root)))
+    assert facts.slurm_conf == "/run/slurm/conf/slurm.conf" and facts.memlock_propagated is True
+    # an include that escapes the root stays inside it (NodeFS resolves it there)
+    (cache / "slurm.conf").write_text("Include ../../../../../../etc/passwd\n")
+    facts = probe_memlock(NodeFS(str(root)))
+    assert facts.memlock_propagated is None and "is not there" in facts.propagation_setting
