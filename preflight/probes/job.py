@@ -175,10 +175,12 @@ def library_path_dirs(environ: dict[str, str]) -> list[str]:
 
 
 def parse_nccl_conf(text: str) -> tuple[tuple[str, str], ...]:
-    """``NAME=value`` lines as NCCL reads them: no trimming, ``#`` lines and lines without ``=``
+    """``NAME=value`` lines as NCCL reads them: no trimming but of one line end (``\\n``, then a
+    ``\\r`` before it: a file saved with Windows line ends), ``#`` lines and lines without ``=``
     ignored, values cut at 1023 characters (NCCL's buffer)."""
     entries = []
     for line in text.split("\n"):
+        line = line[:-1] if line.endswith("\r") else line
         if line.startswith("#") or "=" not in line:
             continue
         name, _, value = line.partition("=")

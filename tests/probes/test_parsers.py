@@ -114,6 +114,8 @@ def test_a_job_process_is_recognised_by_what_its_launcher_sets(environ: bytes, e
 def test_parse_nccl_conf_does_not_trim_like_nccl() -> None:
     text = "# comment\nNCCL_DEBUG=INFO\nNCCL_IB_HCA = mlx5_0\nno equals sign\n"
     assert parse_nccl_conf(text) == (("NCCL_DEBUG", "INFO"), ("NCCL_IB_HCA ", " mlx5_0"))
+    # NCCL drops the line end, a Windows one included (src/misc/param.cc, setEnvFile), and nothing else
+    assert parse_nccl_conf("NCCL_IB_GID_INDEX=3\r\nNCCL_DEBUG=WARN \r\n") == (("NCCL_IB_GID_INDEX", "3"), ("NCCL_DEBUG", "WARN "))
 
 
 def test_parse_if_inet6() -> None:
