@@ -6,6 +6,10 @@ covers every candidate, and each candidate becomes confirmed (a check found it a
 above), refuted (every check ran and found nothing) or undecided (no check covers it, a check
 could not reach a verdict, it noted information only, or the checks found nothing but test only
 some of the reference's causes: ``[detect] tests_only``).
+
+A symptom candidate (a watchdog timeout, "unhandled system error") asks for an earlier cause the
+log may never print: the same run also covers the checks of the references each symptom lists as
+related, and those the node shows become :class:`RelatedOnNode` entries, apart from the ranking.
 """
 
 from __future__ import annotations
