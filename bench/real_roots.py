@@ -15,7 +15,6 @@ Each run gets an empty ``--config`` so that this machine's /etc/preflight does n
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import subprocess
 import sys
@@ -42,10 +41,8 @@ def survey(preflight: list[str], archive: Path, config: str) -> tuple[int, list[
 
 def _nvml_roots(workdir: Path) -> list[Path]:
     """A node root per dump of ``tests/data/real-nvml``, written by its importer."""
-    spec = importlib.util.spec_from_file_location("import_nvidia_smi", NVML_DUMPS / "import_nvidia_smi.py")
-    assert spec is not None and spec.loader is not None
-    importer = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(importer)
+    sys.path.insert(0, str(NVML_DUMPS))
+    import import_nvidia_smi as importer
     roots = []
     for dump in sorted((NVML_DUMPS / "dumps").glob("*.xml")):
         importer.write_root(dump.read_bytes(), workdir / dump.stem)

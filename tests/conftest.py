@@ -16,6 +16,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -33,6 +34,17 @@ def pytest_configure(config: pytest.Config) -> None:
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_ROOT = REPO / "examples" / "nodes" / "hgx-h100"
 BIN = Path(sys.executable).parent
+
+
+def load_script(path: Path) -> ModuleType:
+    """A repository script that is not part of the package (a generator, an importer), as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def preflight_command() -> list[str]:

@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import ast
-import importlib.util
 import os
 import re
 import subprocess
@@ -22,7 +21,7 @@ from types import ModuleType
 
 import pytest
 
-from conftest import REPO, preflight_command
+from conftest import REPO, load_script, preflight_command
 from preflight.discovery import build_registry
 from preflight.tomlcompat import parse_toml
 
@@ -37,11 +36,7 @@ def markdown_files() -> list[Path]:
 
 def generator() -> ModuleType:
     """docs/gen_checks_table.py, which is a script and not part of the package."""
-    spec = importlib.util.spec_from_file_location("gen_checks_table", DOCS / "gen_checks_table.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(DOCS / "gen_checks_table.py")
 
 
 # ---- Markdown helpers ---------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import re
 import tomllib
 
 import pytest
+from conftest import load_script
 from real_logs import CORPUS, OUTSIDE, THREAD_URL, corpus, evaluate, figures
 
 from preflight.catalogue import load_all
@@ -133,12 +134,7 @@ def test_split_is_by_thread_and_holds_back_a_third() -> None:
 def test_the_split_was_made_once_and_stands() -> None:
     """Running the split tool again changes no log's part: a held-back log never moves to the
     part signatures are written against, nor back."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("split_real_logs", CORPUS / "split.py")
-    assert spec is not None and spec.loader is not None
-    split = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(split)
+    split = load_script(CORPUS / "split.py")
     entries = [entry for labels in sorted(CORPUS.glob("labels-*.toml")) for entry in tomllib.loads(labels.read_text())["log"]]
     assigned = split.assign(entries)
     assert all(assigned[entry["thread"]] == entry["split"] for entry in entries)

@@ -16,12 +16,10 @@ NICs may not do RDMA at all) is pinned below, as are the facts the dumps do prov
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -31,7 +29,7 @@ from preflight.engine import Report
 from preflight.model import Severity, Status
 from preflight.registry import Registry
 
-from conftest import REPO, Runner
+from conftest import REPO, Runner, load_script
 from reliability_harness import run_root, safety_net_catches
 
 if sys.version_info >= (3, 11):
@@ -48,15 +46,7 @@ SMALL_BAR1 = {  # dumps whose GPU has the legacy 256 MiB BAR1 window
 }
 
 
-def _importer() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("import_nvidia_smi", REAL_NVML / "import_nvidia_smi.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-IMPORTER = _importer()
+IMPORTER = load_script(REAL_NVML / "import_nvidia_smi.py")
 
 
 def _dumps() -> list[Path]:
