@@ -1,5 +1,5 @@
 """Fuzzing at scale: the targets of ``tests/fuzz_targets.py`` (snapshot archives, replay
-recordings, site configs, fleet reports) on many seeded random and mutated inputs, with the
+recordings, site configs, fleet reports, slurm.conf files a job names) on many seeded random and mutated inputs, with the
 figures the security notes quote: inputs tried, crashes, the slowest input, peak memory.
 
     .venv/bin/python bench/fuzz.py [--inputs 20000] [--seed 1]
@@ -55,7 +55,14 @@ def cases(rng: random.Random) -> dict[str, Callable[[], None]]:
     def fleet() -> None:
         targets.fuzz_fleet_report(json.dumps(targets.mutate_document(document, rng)).encode())
 
-    return {"archive": archive, "recording": recording, "config": config, "fleet report": fleet}
+    def slurm_conf() -> None:
+        text = targets.SLURM_CONF_SAMPLE
+        for _ in range(rng.randint(1, 8)):
+            at = rng.randrange(len(text) + 1)
+            text = text[:at] + rng.choice(["\\", "#", '"', "=", "\n", "Include slurm.conf\n", "%c", "*", "\x00", "é"]) + text[at:]
+        targets.fuzz_slurm_conf(text, rng.choice([text, targets.SLURM_CONF_SAMPLE, "", "\\" * rng.randint(1, 9)]))
+
+    return {"archive": archive, "recording": recording, "config": config, "fleet report": fleet, "slurm.conf": slurm_conf}
 
 
 def main() -> None:
@@ -64,7 +71,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     crashed = False
-    for name in ("archive", "recording", "config", "fleet report"):
+    for name in ("archive", "recording", "config", "fleet report", "slurm.conf"):
         slowest, crashes, begin = 0.0, 0, time.monotonic()
         for index in range(args.inputs):
             seed = args.seed * 1_000_003 + index

@@ -29,6 +29,7 @@ from preflight.sources.fs import SourceError
 
 SLURM_CONF_PATHS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf", "/run/slurm/conf/slurm.conf")
 MAX_FILES = 32  # slurm.conf and the files it includes, nested or not
+MAX_UNREAD = 8  # Include failures kept: the first one decides, the rest only explain it
 DEFAULT_PROPAGATION = "(neither PropagateResourceLimits nor PropagateResourceLimitsExcept set: ALL)"
 
 _KEY_VALUE = re.compile(r'\s*([A-Za-z0-9_.]+)\s*[-*+/]?=\s*(?:"([^"]*)"|(\S+))(?:\s|$)')
@@ -116,6 +117,8 @@ def _read_into(
 def _include(
     read: Reader, target: str, where: str, base: str, settings: dict[str, Setting], unread: list[str], budget: list[int],
 ) -> None:
+    if len(unread) >= MAX_UNREAD:
+        return  # undecided already; a file of a million failing Include lines stays cheap
     if "%c" in target:
         cluster = settings.get("clustername")
         if cluster is None:

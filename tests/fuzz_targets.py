@@ -180,3 +180,22 @@ def fuzz_fleet_report(data: bytes) -> None:
         report_from_bytes(data, "fuzz.json")
     except ReportError:
         pass
+
+
+# -- slurm.conf, which a job can name ($SLURM_CONF) -------------------------------------------------
+SLURM_CONF_SAMPLE = (
+    "ClusterName=gpu\nInclude limits.conf\ninclude /etc/slurm/%c/nodes.conf\n"
+    "PropagateResourceLimitsExcept=MEMLOCK,\\\nSTACK # keep slurmd's\nSlurmctldHost=\"head(10.0.0.1)\"\n"
+)
+
+
+def fuzz_slurm_conf(main: str, included: str) -> None:
+    """Read ``main`` as /etc/slurm/slurm.conf, every Include it names answering ``included``."""
+    from preflight.slurm_conf import propagated, read_slurm_conf
+
+    conf = read_slurm_conf(lambda path: main if path == "/etc/slurm/slurm.conf" else included, "/etc/slurm/slurm.conf")
+    assert conf is not None and len(conf.unread) <= 8
+    for limit in ("MEMLOCK", "STACK"):
+        decided, setting = propagated(conf, limit)
+        assert decided in (True, False, None) and isinstance(setting, str)
+

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from preflight.probes.memlock import probe_memlock
 from preflight.probes.nccl_platform import probe_nccl_platform
-from preflight.slurm_conf import DEFAULT_PROPAGATION, MAX_FILES, find_slurm_conf, logical_lines, propagated, read_slurm_conf
+from preflight.slurm_conf import DEFAULT_PROPAGATION, MAX_FILES, MAX_UNREAD, find_slurm_conf, logical_lines, propagated, read_slurm_conf
 from preflight.sources import NodeFS
 from preflight.sources.fs import SourceError
 
@@ -74,6 +74,8 @@ def test_an_include_that_cannot_be_read_leaves_propagation_undecided() -> None:
 def test_include_loops_stop() -> None:
     decided, why = memlock({CONF: "Include slurm.conf\n"})
     assert decided is None and f"more than {MAX_FILES} files" in why
+    conf = read_slurm_conf(reader({CONF: "Include missing.conf\n" * 100_000}), CONF)
+    assert conf is not None and len(conf.unread) == MAX_UNREAD
 
 
 def test_the_slurm_conf_slurm_would_read(tmp_path: Path) -> None:

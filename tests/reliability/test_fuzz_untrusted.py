@@ -89,3 +89,11 @@ def test_mutated_configs(rng: random.Random) -> None:
 def test_mutated_fleet_reports(rng: random.Random) -> None:
     document = json.loads(targets.GOLDEN_REPORT)
     targets.fuzz_fleet_report(json.dumps(targets.mutate_document(document, rng)).encode())
+
+
+@FAST
+@given(st.text(max_size=400), st.text(max_size=200))
+def test_random_text_as_a_slurm_conf_and_its_includes(main: str, included: str) -> None:
+    targets.fuzz_slurm_conf(main, included)
+    targets.fuzz_slurm_conf(targets.SLURM_CONF_SAMPLE + main, "Include slurm.conf\n" + included)
+
