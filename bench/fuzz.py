@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+# The checkout's preflight, as the tests use it, not an installed copy an edit has not reached yet.
+sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "tests" / "reliability"))  # where test_fuzz_untrusted lives
 
