@@ -17,7 +17,7 @@ from preflight.model import (
     undecided,
 )
 from preflight.probes.nvlink import require_nvml
-from preflight.probes.pcie import PcieFacts, unclassified_reason
+from preflight.probes.pcie import PciEndpoint, PcieFacts, unclassified_reason
 from preflight.registry import check
 
 if TYPE_CHECKING:
@@ -307,11 +307,35 @@ def p2p_bandwidth_degraded(pcie: PcieFacts) -> Iterator[Observation]:
         elif link.current_width == 0:
             yield undecided(subject, f"/sys/bus/pci/devices/{endpoint.bdf}/current_link_width is 0: the link is down or the device is powered off")
         elif link.current_width < link.max_width:
-            speed = f"; speed {link.current_speed or '?'} of {link.max_speed or '?'} (speed drops at idle and is not judged)"
-            yield present(
-                subject,
-                Evidence(f"/sys/bus/pci/devices/{endpoint.bdf}/current_link_width", f"x{link.current_width}{speed}", f"x{link.max_width} (max_link_width)"),
-            )
+            observation = _narrow_link(subject, endpoint, pcie.hypervisor)
+            if observation is not None:
+                yield observation
+
+
+def _narrow_link(subject: str, endpoint: PciEndpoint, hypervisor: bool) -> Observation | None:
+    """A link narrower than the function can run: degraded where the port above it could run it
+    wider; the slot's own width where it cannot (no finding); undecided where the port is not
+    there to ask (a guest's root bus) or emulated (any guest), or its width unread. Real dumps of
+    a T4 and an A10G in cloud guests, and of a Quadro in a desktop x8 slot, show x8 of x16 on
+    healthy machines (tests/data/real-nvml)."""
+    link = endpoint.link
+    assert link.current_width is not None and link.max_width is not None
+    narrow = f"x{link.current_width} of the x{link.max_width} the device can run"
+    if hypervisor:
+        return undecided(subject, f"{narrow}, inside a virtual machine: the port above it is emulated, so a narrow physical slot and a degraded link look the same")
+    if not link.port:
+        return undecided(subject, f"{narrow}, with no bridge above it in sysfs: the slot's width cannot be read")
+    if link.port_max_width is None:
+        return undecided(subject, f"{narrow}; /sys/bus/pci/devices/{link.port}/max_link_width (the port above it) not read")
+    if link.current_width >= link.port_max_width:
+        return None  # as wide as the slot allows
+    speed = f"; speed {link.current_speed or '?'} of {link.max_speed or '?'} (speed drops at idle and is not judged)"
+    expected = min(link.max_width, link.port_max_width)
+    return present(
+        subject,
+        Evidence(f"/sys/bus/pci/devices/{endpoint.bdf}/current_link_width", f"x{link.current_width}{speed}",
+                 f"x{expected} (max_link_width of the device and of port {link.port} above it)"),
+    )
 
 
 @check("PCI003", profiles=("prolog",))

@@ -106,6 +106,11 @@ class PcieLink(Struct, frozen=True):
     current_speed: str  # current_link_speed, e.g. "16.0 GT/s PCIe"; "" when not read
     max_speed: str  # max_link_speed
     problem: str  # why the widths are not known, "" when both were read
+    # The port above the function (its parent bridge) and that port's max_link_width: a GPU that
+    # can run x16 trains x8 in a slot wired x8, and that is the slot, not a fault. "" / None: no
+    # bridge above it (a virtual machine's root bus), or its width unread.
+    port: str = ""
+    port_max_width: int | None = None
 
 
 class PciEndpoint(Struct, frozen=True):
@@ -328,7 +333,11 @@ def _endpoint(fs: NodeFS, reader: FactReader, bdf: str, chain: tuple[str, ...], 
             domain = (fs.read(f"/sys/kernel/iommu_groups/{group}/type") or "").strip()
     except SourceError as error:
         problem = str(error)
-    return PciEndpoint(bdf, chain[:-1], _numa(reader.text(f"{base}/numa_node")), _link(reader, base), group, domain, problem, rdma)
+    link = _link(reader, base)
+    if len(chain) > 1:
+        port = chain[-2]
+        link = replace(link, port=port, port_max_width=parse_width(reader.text(f"/sys/bus/pci/devices/{port}/max_link_width")))
+    return PciEndpoint(bdf, chain[:-1], _numa(reader.text(f"{base}/numa_node")), link, group, domain, problem, rdma)
 
 
 def parse_width(text: str | None) -> int | None:

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+from msgspec.structs import replace
 
 from preflight.probes.job import probe_job
 from preflight.probes.pcie import AcsRegisters, Bridge, PcieFacts, PciEndpoint, PcieLink, bridges_between, device_chain, parse_acs, parse_width, probe_pcie
@@ -194,14 +195,38 @@ def test_parse_width_takes_lane_counts_only() -> None:
 
 
 def test_pci002_width_below_max_is_present_and_speed_never() -> None:
-    narrow = PcieLink(8, 16, "16.0 GT/s PCIe", "16.0 GT/s PCIe", "")
+    narrow = PcieLink(8, 16, "16.0 GT/s PCIe", "16.0 GT/s PCIe", "", "0000:17:02.0", 16)
     slow = PcieLink(16, 16, "2.5 GT/s PCIe", "32.0 GT/s PCIe", "")
     nic = endpoint("0000:1a:00.0", (*SWITCH, "0000:17:02.0"), narrow, rdma=("mlx5_0",))
     found = list(p2p_bandwidth_degraded(facts((endpoint("0000:18:00.0", SWITCH, slow), TWO_GPUS[1]), (nic,))))
     assert [(o.subject, o.status) for o in found] == [("NIC 0000:1a:00.0 (mlx5_0)", Status.PRESENT)]
-    assert found[0].evidence[0].observed.startswith("x8;") and found[0].evidence[0].expected == "x16 (max_link_width)"
+    assert found[0].evidence[0].observed.startswith("x8;")
+    assert found[0].evidence[0].expected == "x16 (max_link_width of the device and of port 0000:17:02.0 above it)"
     with pytest.raises(NotApplicable):
         list(p2p_bandwidth_degraded(facts(())))
+
+
+def test_pci002_a_slot_narrower_than_the_device_is_the_slot_not_a_fault() -> None:
+    """An x16 GPU in a slot wired x8 trains x8 (a T4 and an A10G in cloud guests and a Quadro
+    in a desktop show x8 of x16 in tests/data/real-nvml): only a port that could run it wider
+    makes the link degraded, and where the port cannot be read the check cannot tell."""
+    def gpu(link: PcieLink, chain: tuple[str, ...] = SWITCH) -> PciEndpoint:
+        return endpoint("0000:18:00.0", chain, link)
+
+    slot_x8 = PcieLink(8, 16, "8.0 GT/s PCIe", "8.0 GT/s PCIe", "", "0000:16:00.0", 8)
+    assert list(p2p_bandwidth_degraded(facts((gpu(slot_x8),)))) == []
+    slot_x16 = PcieLink(4, 16, "8.0 GT/s PCIe", "8.0 GT/s PCIe", "", "0000:16:00.0", 8)  # x4 in an x8 slot
+    (degraded,) = p2p_bandwidth_degraded(facts((gpu(slot_x16),)))
+    assert degraded.status is Status.PRESENT and degraded.evidence[0].expected.startswith("x8 ")
+    root_bus = PcieLink(8, 16, "8.0 GT/s PCIe", "8.0 GT/s PCIe", "")  # no bridge above: a guest's root bus
+    (unknown,) = p2p_bandwidth_degraded(facts((gpu(root_bus, ()),)))
+    assert unknown.status is Status.UNKNOWN and "no bridge above it" in unknown.reason
+    unread = PcieLink(8, 16, "8.0 GT/s PCIe", "8.0 GT/s PCIe", "", "0000:16:00.0", None)
+    (unknown,) = p2p_bandwidth_degraded(facts((gpu(unread),)))
+    assert unknown.status is Status.UNKNOWN and "0000:16:00.0/max_link_width" in unknown.reason
+    guest = replace(facts((gpu(PcieLink(8, 16, "8.0 GT/s PCIe", "8.0 GT/s PCIe", "", "0000:16:00.0", 16)),)), hypervisor=True)
+    (unknown,) = p2p_bandwidth_degraded(guest)
+    assert unknown.status is Status.UNKNOWN and "virtual machine" in unknown.reason
 
 
 def test_pci003_acs_on_a_gpu_only_path_is_not_pci001() -> None:
@@ -235,6 +260,15 @@ def test_pcie_probe_records_links_and_gpu_pairs(tmp_path: Path) -> None:
     assert facts_.gpus[0].link.problem.endswith("current_link_width and max_link_width are missing or unreadable")
     with pytest.raises(Unknown, match="no link width readable"):
         list(p2p_bandwidth_degraded(facts_))
+    # widths written: the probe also reads the width of the port above each function
+    device = "/sys/devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:00.0"
+    for path, width in ((f"{device}/0000:18:00.0/current_link_width", "8"), (f"{device}/0000:18:00.0/max_link_width", "16"),
+                        (f"{device}/max_link_width", "8")):
+        write(root, path, width + "\n")
+    link = probe_pcie(NodeFS(str(root))).gpus[0].link
+    assert (link.current_width, link.max_width, link.port, link.port_max_width) == (8, 16, "0000:17:00.0", 8)
+    second = probe_pcie(NodeFS(str(root))).gpus[1].link
+    assert second.port == "0000:97:01.0" and second.port_max_width is None  # its root port's width was not written
 
 
 def test_pci003_iommu_sources_missing_from_a_recorded_root_are_unknown(tmp_path: Path) -> None:
