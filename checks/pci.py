@@ -315,9 +315,9 @@ def p2p_bandwidth_degraded(pcie: PcieFacts) -> Iterator[Observation]:
 def _narrow_link(subject: str, endpoint: PciEndpoint, hypervisor: bool) -> Observation | None:
     """A link narrower than the function can run: degraded where the port above it could run it
     wider; the slot's own width where it cannot (no finding); undecided where the port is not
-    there to ask (a guest's root bus) or emulated (any guest), or its width unread. Real dumps of
-    a T4 and an A10G in cloud guests, and of a Quadro in a desktop x8 slot, show x8 of x16 on
-    healthy machines (tests/data/real-nvml)."""
+    there to ask (a guest's root bus) or emulated (any guest), or its width unread. Real
+    nvidia-smi dumps (tests/data/real-nvml) show x8 of x16 on working machines: a T4 and an A10G
+    at 0000:00:1e.0 (a guest's root bus), a Quadro P2000, an RTX 3060 laptop GPU."""
     link = endpoint.link
     assert link.current_width is not None and link.max_width is not None
     narrow = f"x{link.current_width} of the x{link.max_width} the device can run"

@@ -207,9 +207,10 @@ def test_pci002_width_below_max_is_present_and_speed_never() -> None:
 
 
 def test_pci002_a_slot_narrower_than_the_device_is_the_slot_not_a_fault() -> None:
-    """An x16 GPU in a slot wired x8 trains x8 (a T4 and an A10G in cloud guests and a Quadro
-    in a desktop show x8 of x16 in tests/data/real-nvml): only a port that could run it wider
-    makes the link degraded, and where the port cannot be read the check cannot tell."""
+    """An x16 GPU in a slot wired x8 trains x8 (real dumps in tests/data/real-nvml show x8 of x16
+    on a T4 and an A10G on a guest's root bus, a Quadro P2000, a laptop RTX 3060): only a port
+    that could run it wider makes the link degraded, and where the port cannot be read the check
+    cannot tell."""
     def gpu(link: PcieLink, chain: tuple[str, ...] = SWITCH) -> PciEndpoint:
         return endpoint("0000:18:00.0", chain, link)
 
