@@ -36,7 +36,10 @@ _JOIN_FAILED = re.compile(
 )
 
 
-_XID = re.compile(r"NVRM: Xid \(PCI:(?P<bus>[0-9A-Fa-f:.]{7,16})\): (?P<code>\d{1,3}),(?P<rest>.{0,200})")
+# On a GPU in MIG mode the driver adds the GPU instance (and compute instance) an error is
+# attributed to: "NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained: ..." (NVIDIA's
+# open-gpu-kernel-modules, src/nvidia/src/kernel/gpu/arch/ampere/kern_gpu_error_cont_ga100.c).
+_XID = re.compile(r"NVRM: Xid \(PCI:(?P<bus>[0-9A-Fa-f:.]{7,16})(?: GPU-I:\d{1,3}(?: GPU-CI:\d{1,3})?)?\): (?P<code>\d{1,3}),(?P<rest>.{0,200})")
 
 
 # Hardware and driver Xids (NVIDIA's Xid catalogue, docs.nvidia.com/deploy/xid-errors):

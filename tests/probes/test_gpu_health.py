@@ -97,6 +97,16 @@ def test_hardware_xids_since_boot_are_present_and_application_faults_are_not(nod
     assert [e.code for e in parse_xids(KMSG.splitlines())] == [79, 13, 79]
 
 
+def test_xids_of_a_gpu_in_mig_mode_name_their_instance_and_still_count() -> None:
+    """In MIG mode the driver puts the GPU (and compute) instance inside the parenthesis; the
+    line is NVIDIA's own example (open-gpu-kernel-modules, kern_gpu_error_cont_ga100.c)."""
+    records = [
+        "NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained: CE User Channel (0x9). RST: No, D-RST: No",
+        "NVRM: Xid (PCI:0000:3b:00 GPU-I:01 GPU-CI:02): 95, pid=9, name=a, Uncontained: LTC TAG (0x2, 0x1). RST: Yes, D-RST: No",
+    ]
+    assert [(event.bus, event.code) for event in parse_xids(records)] == [("0000:01:00", 94), ("0000:3b:00", 95)]
+
+
 def test_unreadable_kernel_log_is_unknown_beside_the_nvml_verdict(node_copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
