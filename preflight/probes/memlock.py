@@ -4,9 +4,11 @@ Sources:
 
 * ``/proc/self/limits`` and ``/proc/<slurmd pid>/limits``, row ``Max locked memory`` (proc(5));
   slurmd's pid from ``/run/slurmd.pid`` (``SlurmdPidFile``), else a scan of ``/proc/*/comm``.
-* ``/etc/systemd/system.conf`` and ``system.conf.d/*.conf``: ``DefaultLimitMEMLOCK=``
-  (systemd-system.conf(5); systemd's own default is 8M).
-* the slurmd unit and its drop-ins: ``LimitMEMLOCK=`` (systemd.exec(5)).
+* ``/etc/systemd/system.conf`` and ``system.conf.d/*.conf``: ``DefaultLimitMEMLOCK=`` in
+  ``[Manager]`` (systemd-system.conf(5); systemd's own default is 8M).
+* the slurmd unit and its drop-ins: ``LimitMEMLOCK=`` in ``[Service]`` (systemd.exec(5)), read as
+  systemd reads them: continued lines, drop-ins in file-name order with a name in ``/etc`` hiding
+  the same name further down, an empty assignment resetting the limit (systemd.unit(5)).
 * ``/etc/security/limits.conf`` and ``limits.d/*.conf``: ``<domain> <type> memlock <KiB>``
   (limits.conf(5)); these apply to PAM sessions (ssh, login), not to services.
 * ``slurm.conf`` as Slurm reads it (:mod:`preflight.slurm_conf`: ``$SLURM_CONF``, ``/etc/slurm``, the
@@ -121,16 +123,28 @@ def parse_systemd_limit(value: str, source: str) -> Limit | None:
     return Limit(soft, hard, source)
 
 
-def parse_unit_setting(text: str, key: str) -> str | None:
-    """Last assignment of ``key`` in a systemd INI file; an empty assignment resets it."""
+def parse_unit_setting(text: str, key: str, section: str = "Service") -> str | None:
+    """The last assignment of ``key`` in ``[section]`` of a systemd unit or configuration file
+    (systemd.syntax(7)): ``#``/``;`` comment lines, a trailing backslash continues a line, keys
+    elsewhere do not count. ``""`` is an empty assignment, which resets the setting to its
+    default; None: not assigned."""
     value: str | None = None
-    for line in text.splitlines():
-        stripped = line.strip()
-        if stripped.startswith((";", "#")) or "=" not in stripped:
+    current = ""
+    pending = ""
+    for raw in text.splitlines():
+        line = (pending + " " + raw.strip()) if pending else raw.strip()
+        pending = ""
+        if line.startswith(("#", ";")):
             continue
-        name, _, assigned = stripped.partition("=")
-        if name.strip() == key:
-            value = assigned.strip() or None
+        if line.endswith("\\"):
+            pending = line[:-1].rstrip()
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            current = line[1:-1].strip()
+            continue
+        name, equals, assigned = line.partition("=")
+        if equals and current == section and name.strip() == key:
+            value = assigned.strip()
     return value
 
 
@@ -192,17 +206,29 @@ def _drop_in_files(reader: FactReader, directory: str) -> list[str]:
 
 
 def _systemd_default(reader: FactReader) -> Limit | None:
+    """``DefaultLimitMEMLOCK`` of systemd's ``[Manager]`` (system.conf and its drop-ins); None:
+    systemd's own default."""
     found: Limit | None = None
-    files = ["/etc/systemd/system.conf"] + sorted(
-        _drop_in_files(reader, "/etc/systemd/system.conf.d") + _drop_in_files(reader, "/usr/lib/systemd/system.conf.d"),
-        key=lambda path: path.rsplit("/", 1)[-1],
-    )
+    files = ["/etc/systemd/system.conf"] + _ordered_drop_ins(reader, ("/etc/systemd/system.conf.d", "/run/systemd/system.conf.d", "/usr/lib/systemd/system.conf.d"))
     for path in files:
         text = reader.text(path)
-        value = parse_unit_setting(text, "DefaultLimitMEMLOCK") if text else None
-        if value is not None:
+        value = parse_unit_setting(text, "DefaultLimitMEMLOCK", section="Manager") if text else None
+        if value == "":
+            found = None  # an empty assignment resets it to systemd's own default
+        elif value is not None:
             found = parse_systemd_limit(value, path) or found
     return found
+
+
+def _ordered_drop_ins(reader: FactReader, directories: tuple[str, ...]) -> list[str]:
+    """The ``*.conf`` drop-ins systemd applies, in its order: by file name across the
+    directories, a name in an earlier (higher-priority) directory hiding the same name in a later
+    one (systemd.unit(5), "drop-in")."""
+    by_name: dict[str, str] = {}
+    for directory in directories:
+        for path in _drop_in_files(reader, directory):
+            by_name.setdefault(path.rsplit("/", 1)[-1], path)
+    return [by_name[name] for name in sorted(by_name)]
 
 
 def _slurmd_unit(reader: FactReader) -> tuple[str | None, Limit | None]:
@@ -212,15 +238,13 @@ def _slurmd_unit(reader: FactReader) -> tuple[str | None, Limit | None]:
     limit = None
     text = reader.text(unit) or ""
     value = parse_unit_setting(text, "LimitMEMLOCK")
-    if value is not None:
+    if value:
         limit = parse_systemd_limit(value, unit)
-    drop_ins = sorted(
-        (path for d in _UNIT_DIRS for path in _drop_in_files(reader, f"{d}/slurmd.service.d")),
-        key=lambda path: path.rsplit("/", 1)[-1],
-    )
-    for path in drop_ins:
+    for path in _ordered_drop_ins(reader, tuple(f"{d}/slurmd.service.d" for d in _UNIT_DIRS)):
         value = parse_unit_setting(reader.text(path) or "", "LimitMEMLOCK")
-        if value is not None:
+        if value == "":
+            limit = None  # reset: the manager's DefaultLimitMEMLOCK applies again
+        elif value is not None:
             limit = parse_systemd_limit(value, path) or limit
     return unit, limit
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from preflight.probes.gpudirect import can_read_write, DeviceNode, JobIdentity, parse_status_ids
@@ -49,7 +51,21 @@ def test_parse_systemd_limit_rejects_garbage() -> None:
 def test_parse_unit_setting_last_wins_and_empty_resets() -> None:
     text = "[Service]\nLimitMEMLOCK=8M\n# LimitMEMLOCK=1\nLimitMEMLOCK=infinity\n"
     assert parse_unit_setting(text, "LimitMEMLOCK") == "infinity"
-    assert parse_unit_setting(text + "LimitMEMLOCK=\n", "LimitMEMLOCK") is None
+    assert parse_unit_setting(text + "LimitMEMLOCK=\n", "LimitMEMLOCK") == ""  # a reset, not "unset"
+    assert parse_unit_setting("[Service]\nLimitNOFILE=1\n", "LimitMEMLOCK") is None
+
+
+def test_parse_unit_setting_reads_sections_and_continued_lines_as_systemd_does() -> None:
+    """Only [Service] sets a service's limits (systemd.syntax(7)); a trailing backslash continues
+    the line; system.conf's defaults live in [Manager]."""
+    text = "[Unit]\nLimitMEMLOCK=1\n[Service]\n; LimitMEMLOCK=2\nLimitMEMLOCK=\\\n  infinity\n[Install]\nLimitMEMLOCK=3\n"
+    assert parse_unit_setting(text, "LimitMEMLOCK") == "infinity"
+    assert parse_unit_setting("LimitMEMLOCK=8M\n", "LimitMEMLOCK") is None  # outside any section
+    assert parse_unit_setting("[Manager]\nDefaultLimitMEMLOCK=64M\n", "DefaultLimitMEMLOCK", section="Manager") == "64M"
+    # the unit Debian's slurmd package installs, as this machine has it (the CI installs slurmd)
+    packaged = Path("/lib/systemd/system/slurmd.service")
+    if packaged.exists():
+        assert parse_unit_setting(packaged.read_text(), "LimitMEMLOCK") == "infinity"
 
 
 def test_parse_pam_limits_kib_and_unlimited() -> None:

@@ -1,7 +1,8 @@
 """slurm.conf read as Slurm reads it (preflight/slurm_conf.py, after Slurm's parse_config.c):
 continuations, escaped and unescaped comments, one key per line in any case, quoted values, the
 last assignment winning, Include files (relative, %c, globs skipped, unread ones undecided), and
-the configless copy slurmd keeps under /run/slurm/conf."""
+the configless copy slurmd keeps under /run/slurm/conf; and slurmd's systemd unit with its
+drop-ins, read as systemd reads them."""
 
 from __future__ import annotations
 
@@ -113,3 +114,25 @@ def test_probes_read_includes_and_the_configless_copy_inside_the_root(tmp_path: 
     (cache / "slurm.conf").write_text("Include ../../../../../../etc/passwd\n")
     facts = probe_memlock(NodeFS(str(root)))
     assert facts.memlock_propagated is None and "is not there" in facts.propagation_setting
+
+
+def test_slurmd_unit_drop_ins_apply_as_systemd_applies_them(tmp_path: Path) -> None:
+    """slurmd's LimitMEMLOCK from its unit and drop-ins (systemd.unit(5)): drop-ins apply in file
+    name order across the unit directories, a name in /etc hides the same name in /usr/lib, and
+    an empty assignment resets the limit to the manager's default."""
+    root = tmp_path / "node"
+    unit = root / "usr/lib/systemd/system"
+    unit.mkdir(parents=True)
+    (root / "proc").mkdir()
+    (unit / "slurmd.service").write_text("[Unit]\nDescription=Slurm node daemon\n[Service]\nLimitMEMLOCK=infinity\n")
+    (unit / "slurmd.service.d").mkdir()
+    (unit / "slurmd.service.d" / "50-site.conf").write_text("[Service]\nLimitMEMLOCK=8M\n")
+    etc = root / "etc/systemd/system/slurmd.service.d"
+    etc.mkdir(parents=True)
+    facts = probe_memlock(NodeFS(str(root)))
+    assert facts.slurmd_unit_limit is not None and facts.slurmd_unit_limit.soft == 8 << 20  # the drop-in after the unit
+    (etc / "50-site.conf").write_text("[Service]\nLimitMEMLOCK=infinity\n")  # same name in /etc hides /usr/lib's
+    facts = probe_memlock(NodeFS(str(root)))
+    assert facts.slurmd_unit_limit is not None and facts.slurmd_unit_limit.source == "/etc/systemd/system/slurmd.service.d/50-site.conf"
+    (etc / "90-reset.conf").write_text("[Service]\nLimitMEMLOCK=\n")  # later by name: the reset wins
+    assert probe_memlock(NodeFS(str(root))).slurmd_unit_limit is None
