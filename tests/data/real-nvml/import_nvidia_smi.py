@@ -50,6 +50,8 @@ THROTTLE_BITS = {
     "hw_power_brake_slowdown": 0x80,
     "display_clocks_setting": 0x100,
 }
+
+
 class Unparsed(ValueError):
     """A stated value this importer cannot read back into NVML's answer."""
 
