@@ -25,7 +25,8 @@ import re
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
-from preflight.sources.fs import SourceError
+from preflight.probes.job import job_file_user, parse_environ
+from preflight.sources.fs import NodeFS, SourceError
 
 SLURM_CONF_PATHS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf", "/run/slurm/conf/slurm.conf")
 MAX_FILES = 32  # slurm.conf and the files it includes, nested or not
@@ -157,6 +158,18 @@ def find_slurm_conf(read: Reader, override: str = "", read_override: Reader | No
         if conf is not None:
             return conf, problems
     return None, problems
+
+
+def find_job_slurm_conf(fs: NodeFS) -> tuple[SlurmConf | None, list[str]]:
+    """:func:`find_slurm_conf` for the environment preflight runs in (``/proc/self/environ``: a
+    prolog's or a job step's). ``$SLURM_CONF`` is the job's to name, so it and what it includes
+    are read with the job user's rights; an unreadable environment leaves the default paths."""
+    try:
+        environ = parse_environ(fs.read_bytes("/proc/self/environ") or b"")
+    except SourceError:
+        environ = {}  # the job probe reports an unreadable environment
+    user = job_file_user(fs, environ)
+    return find_slurm_conf(fs.read, environ.get("SLURM_CONF", ""), lambda path: fs.read_for(path, user))
 
 
 def propagated(conf: SlurmConf, limit: str) -> tuple[bool | None, str]:

@@ -27,10 +27,9 @@ import re
 
 from msgspec import Struct
 
-from preflight.probes.job import job_file_user, parse_environ
 from preflight.probing import FactReader
 from preflight.registry import probe
-from preflight.slurm_conf import find_slurm_conf
+from preflight.slurm_conf import find_job_slurm_conf
 from preflight.slurm_conf import propagated as propagated_limit
 from preflight.sources import NodeFS, SourceError
 from preflight.units import UNLIMITED, parse_size
@@ -39,8 +38,6 @@ NCCL_DEFAULT_BUFFSIZE = 4 * 1024 * 1024  # NCCL_BUFFSIZE default (NCCL environme
 
 
 _UNIT_DIRS = ("/etc/systemd/system", "/run/systemd/system", "/usr/lib/systemd/system", "/lib/systemd/system")
-
-
 
 
 class Limit(Struct, frozen=True):
@@ -265,13 +262,7 @@ def probe_memlock(fs: NodeFS) -> MemlockFacts:
     pam: list[PamLimit] = []
     for path in ["/etc/security/limits.conf"] + _drop_in_files(reader, "/etc/security/limits.d"):
         pam.extend(parse_pam_limits(reader.text(path) or "", path))
-    try:
-        environ = parse_environ(fs.read_bytes("/proc/self/environ") or b"")
-    except SourceError:
-        environ = {}  # the job probe reports an unreadable environment
-    conf_override, user = environ.get("SLURM_CONF", ""), job_file_user(fs, environ)
-    # $SLURM_CONF is the job's to name: it and what it includes are read with its user's rights.
-    conf, conf_problems = find_slurm_conf(fs.read, conf_override, lambda path: fs.read_for(path, user))
+    conf, conf_problems = find_job_slurm_conf(fs)
     reader.problems.extend(conf_problems)
     propagated, setting = propagated_limit(conf, "MEMLOCK") if conf is not None else (None, "")
     slurm_conf = conf.path if conf is not None else None

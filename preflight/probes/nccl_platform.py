@@ -30,10 +30,9 @@ from msgspec import Struct
 from preflight.model import (
     Unknown,
 )
-from preflight.probes.job import parse_environ
 from preflight.probing import FactReader
 from preflight.registry import probe
-from preflight.slurm_conf import find_slurm_conf
+from preflight.slurm_conf import find_job_slurm_conf
 from preflight.slurm_conf import propagated as propagated_limit
 from preflight.sources import NodeFS, SourceError
 from preflight.units import UNLIMITED
@@ -122,12 +121,8 @@ def probe_nccl_platform(fs: NodeFS) -> NcclPlatformFacts:
     """The stack limit NCCL's threads will get, and GPUs without PCI link speeds."""
     reader = FactReader(fs)
     limits = reader.text("/proc/self/limits")
-    try:
-        conf_override = parse_environ(fs.read_bytes("/proc/self/environ") or b"").get("SLURM_CONF", "")
-    except SourceError:
-        conf_override = ""  # the job probe reports an unreadable environment
     nvswitches, pci_gpus, without_link_speed, unclassified = _nvidia_functions(fs, reader)
-    conf, conf_problems = find_slurm_conf(fs.read, conf_override)
+    conf, conf_problems = find_job_slurm_conf(fs)
     reader.problems.extend(conf_problems)
     propagated, setting = propagated_limit(conf, "STACK") if conf is not None else (None, "")
     slurm_conf = conf.path if conf is not None else None

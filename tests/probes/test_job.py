@@ -95,3 +95,16 @@ def test_a_prolog_for_another_users_job_keeps_a_0600_file_out_of_the_report(plac
     assert "TOPSECRET" not in result.stdout
     files = json.loads(result.stdout)["facts"]["job"]["nccl_conf_files"]
     assert any(entry["path"] == str(link) and "may not read it" in entry["error"] for entry in files)
+
+
+def test_a_job_named_slurm_conf_is_read_with_the_jobs_rights(place: Path, run_cli: Runner) -> None:
+    """Both readers of slurm.conf take $SLURM_CONF (and the files it includes) from the job, so
+    both read it as the job's user: a link to root's 0600 file stays out of the report."""
+    secret = owned(place / "shadow", "PropagateResourceLimitsExcept=TOPSECRET\n", 0, 0o600)
+    link = place / "slurm.conf"
+    os.symlink(secret, link)
+    os.lchown(link, 65534, 65534)
+    env = {"SLURM_JOB_UID": "65534", "SLURM_JOB_GID": "65534", "SLURM_JOB_ID": "7", "SLURM_CONF": str(link)}
+    result = run_cli("node", "--format", "json", "--select", "MEM001,NVL005", env=env)  # the memlock and nccl_platform probes
+    assert result.returncode in (0, 1, 2, 3) and "Traceback" not in result.stderr
+    assert "TOPSECRET" not in result.stdout and str(link) in result.stdout
