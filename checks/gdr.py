@@ -53,7 +53,7 @@ def peermem_gpu_mapping_rejected(bar1: Bar1Facts, gpus: GpuFacts, rdma: RdmaFact
     # RDMA device nothing maps it for the network, and a 256 MiB BAR1 (T4, Quadro, GeForce
     # without Resizable BAR) is no fault. Real nvidia-smi dumps of such GPUs showed the check
     # draining healthy inference nodes (tests/data/real-nvml).
-    unread_rdma = next((str(problem) for problem in rdma.problems if problem.path == IB_CLASS), "")
+    unread_rdma = rdma.class_unread
     if not unread_rdma and not rdma.data_devices:
         raise NotApplicable(f"no RDMA devices in {IB_CLASS}: no NIC maps GPU memory through BAR1 here")
     for observation in _bar1_observations(bar1, gpus):

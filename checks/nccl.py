@@ -234,9 +234,8 @@ def socket_transport(job: JobFacts, rdma: RdmaFacts) -> Evidence | None:
     net = job.nccl("NCCL_NET")
     if net is not None:
         return setting_evidence(job, "NCCL_NET", "IB or a network plugin") if net.value.strip().lower() == "socket" else None
-    unreadable = [problem for problem in rdma.problems if problem.path == IB_CLASS]
-    if unreadable:
-        raise Unknown(str(unreadable[0]))
+    if rdma.class_unread:
+        raise Unknown(rdma.class_unread)
     if not rdma.devices:
         return Evidence(IB_CLASS, "no RDMA devices", "an InfiniBand, RoCE or EFA device for NCCL's network")
     disabled = job.nccl("NCCL_IB_DISABLE")

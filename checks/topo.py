@@ -34,7 +34,7 @@ from preflight.nccl.releases import (
 )
 from preflight.probes.nccl_platform import NcclPlatformFacts
 from preflight.probes.pcie import LINK_RANK, PcieFacts, unclassified_reason
-from preflight.probes.rdma import IB_CLASS, RdmaFacts, require_rdma
+from preflight.probes.rdma import RdmaFacts, require_rdma
 
 
 @check("TOPO003", profiles=("full",))
@@ -45,7 +45,7 @@ def nccl_topology_search_regression(
     NVSwitch nodes with network devices (before 2.18.5), and run-to-run differences where sysfs
     has no PCI link speed for a GPU (before 2.19.4)."""
     require_nccl(nccl_libs)
-    rdma_unread = next((str(p) for p in rdma.problems if p.path == IB_CLASS), "")
+    rdma_unread = rdma.class_unread
     if nccl_platform.nvswitches and rdma_unread and any(affected(nccl_libs, NVLS_SEARCH)):
         yield undecided("node", f"NVSwitches present, but whether RDMA devices are: {rdma_unread}")
     if nccl_platform.nvswitches and rdma.devices and not switched_off(job, "NCCL_NVLS_ENABLE"):

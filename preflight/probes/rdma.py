@@ -194,6 +194,11 @@ class RdmaFacts(Struct, frozen=True):
     mlx5_driver_version: str | None = None
 
     @property
+    def class_unread(self) -> str:
+        """Why /sys/class/infiniband could not be read (which devices exist is then unknown), "" when it was."""
+        return next((str(problem) for problem in self.problems if problem.path == IB_CLASS), "")
+
+    @property
     def data_devices(self) -> tuple[RdmaDevice, ...]:
         return tuple(device for device in self.devices if device.is_data_nic)
 
@@ -539,9 +544,8 @@ def probe_rdma(fs: NodeFS) -> RdmaFacts:
 # -- helpers shared by the checks -------------------------------------------------------------
 def require_rdma(rdma: RdmaFacts) -> None:
     """NotApplicable without RDMA devices; Unknown when the class directory could not be read."""
-    unreadable = [p for p in rdma.problems if p.path == IB_CLASS]
-    if unreadable:
-        raise Unknown(str(unreadable[0]))
+    if rdma.class_unread:
+        raise Unknown(rdma.class_unread)
     if not rdma.devices:
         raise NotApplicable(f"no RDMA devices in {IB_CLASS}")
 
