@@ -318,14 +318,19 @@ def safety_net_catches(report: Report) -> list[str]:
     return caught
 
 
-def violations(baseline: Verdicts, report: Report, unreadable: bool) -> tuple[list[str], frozenset[str]]:
-    """What the oracle objects to in ``report`` (see the module docstring) and the references
-    whose verdict changed."""
-    problems = safety_net_catches(report)
-    problems += [
+def unclean_run(report: Report) -> list[str]:
+    """What no run may leave: exceptions the engine had to catch, and ``unknown`` findings that
+    do not say why."""
+    return safety_net_catches(report) + [
         f"{f.reference_id} {f.subject}: unknown without a reason" for f in report.findings
         if f.status is Status.UNKNOWN and not f.reason.strip()
     ]
+
+
+def violations(baseline: Verdicts, report: Report, unreadable: bool) -> tuple[list[str], frozenset[str]]:
+    """What the oracle objects to in ``report`` (see the module docstring) and the references
+    whose verdict changed."""
+    problems = unclean_run(report)
     after = verdicts(report)
     changed = frozenset(ref for ref in baseline.keys() | after.keys() if baseline.get(ref) != after.get(ref))
     if unreadable:
