@@ -68,6 +68,10 @@ def ib_transport_retry_exceeded(link_history: LinkHistoryFacts, kernel_log: Kern
         raise Unknown(link_history.unlisted)
     if not link_history.ports:
         raise NotApplicable("no RDMA ports on this node")
+    if kernel_log.error:
+        # The counters below may have been cleared since; the kernel log is the other witness of
+        # link-downs since boot, and a log not read is no quiet one.
+        yield undecided("kernel log", f"link-down history since boot unread: {kernel_log.error}")
     for port in link_history.ports:
         subject = f"{port.device}/{port.port}"
         if port.problem:

@@ -60,3 +60,12 @@ def test_garbage_counters_are_unknown_and_no_rdma_is_not_applicable(node_copy: P
     assert [(s, st) for s, st, _ in found] == [("mlx5_3/1", Status.UNKNOWN)] and "not a number" in found[0][2]
     with pytest.raises(NotApplicable):
         verdicts(bare_node(tmp_path))
+
+
+def test_a_kernel_log_not_read_leaves_the_link_down_history_undecided(node_copy: Path) -> None:
+    """Counters can be cleared; the kernel log is the other witness. A root that records none
+    (or a container without /dev/kmsg) gives the counters' verdict beside an unknown for the log."""
+    (node_copy / ".preflight/kmsg").unlink()
+    found = verdicts(node_copy)
+    assert [(s, st) for s, st, _ in found] == [("kernel log", Status.UNKNOWN)]
+    assert "link-down history since boot unread" in found[0][2] and "records no kernel log" in found[0][2]
