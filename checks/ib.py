@@ -530,6 +530,8 @@ def ib_subnet_manager_sweep_failure(rdma: RdmaFacts, kernel_log: KernelLogFacts 
 def _refused_joins(kernel_log: KernelLogFacts) -> Iterator[Observation]:
     """One warning per IPoIB interface whose multicast joins failed: without the broadcast group
     the interface has no carrier, and bootstrap traffic over it goes nowhere."""
+    if kernel_log.error:
+        yield undecided("kernel log", f"IPoIB multicast join history since boot unread: {kernel_log.error}")
     by_netdev: dict[str, list[JoinFailure]] = {}
     for failure in kernel_log.join_failures:
         by_netdev.setdefault(failure.netdev, []).append(failure)

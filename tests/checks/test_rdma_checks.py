@@ -206,6 +206,14 @@ def test_ib008_ipoib_joins_the_subnet_administrator_refused() -> None:
         list(ib_subnet_manager_sweep_failure(rdma(hca("mlx5_0", port(link_layer="Ethernet"))), log))
 
 
+def test_ib008_a_kernel_log_not_read_leaves_the_join_history_undecided() -> None:
+    """The ports' verdict stands beside an unknown for the joins the log would have shown."""
+    log = KernelLogFacts((), (), (), "the root records no kernel log (.preflight/kmsg)", False)
+    found = list(ib_subnet_manager_sweep_failure(eight(mlx5_0=port(state=2, lid=0, sm_lid=0)), log))
+    assert [(o.subject, o.status) for o in found] == [("kernel log", Status.UNKNOWN), ("mlx5_0/1", Status.PRESENT)]
+    assert found[0].reason == "IPoIB multicast join history since boot unread: the root records no kernel log (.preflight/kmsg)"
+
+
 def test_ib008_not_applicable_without_infiniband_ports() -> None:
     with pytest.raises(NotApplicable, match="no InfiniBand"):
         list(ib_subnet_manager_sweep_failure(rdma(hca("mlx5_0", port(link_layer="Ethernet", lid=0, sm_lid=0)))))

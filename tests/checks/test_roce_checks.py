@@ -360,7 +360,8 @@ def test_recorded_roots_end_to_end(run_cli: Runner, tmp_path: Path) -> None:
         ("ROCE005", "absent", "error", "node"), ("ROCE006", "absent", "error", "node"),
     ]
     assert run_roce(run_cli, NODES / "roce-macvlan-pod") == [
-        ("ROCE001", "unknown", "critical", "net1"), ("ROCE002", "unknown", "warning", "node"), ("ROCE003", "absent", "error", "node"), ("ROCE004", "absent", "error", "node"),
+        # A pod records no kernel log: whether mlx5 failed to size a lossless buffer stays unknown.
+        ("ROCE001", "unknown", "critical", "net1"), ("ROCE001", "unknown", "critical", "port buffers"), ("ROCE002", "unknown", "warning", "node"), ("ROCE003", "absent", "error", "node"), ("ROCE004", "absent", "error", "node"),
         ("ROCE005", "present", "error", "mlx5_0/1"), ("ROCE006", "absent", "error", "node"),
     ]
     mtu = [f for f in run_roce(run_cli, NODES / "roce-mtu4096") if f[0] == "ROCE006"]
@@ -407,3 +408,12 @@ def test_lossless_buffer_errors_in_the_kernel_log_are_present() -> None:
     readings = dcb(("ens1f0np0", (3,), DSCP_MAP))
     found = [o for o in roce_pfc_pause_storm(facts(port()), readings, job(), Expectations(lossless_priority=3), log) if o.subject == "port buffers"]
     assert len(found) == 1 and "is not enough for lossless buffer" in found[0].evidence[0].observed
+
+
+def test_an_unread_kernel_log_leaves_the_lossless_buffer_history_undecided() -> None:
+    from preflight.probes.kernel_log import KernelLogFacts
+
+    log = KernelLogFacts((), (), (), "/dev/kmsg: permission denied", False)
+    readings = dcb(("ens1f0np0", (3,), DSCP_MAP))
+    found = [o for o in roce_pfc_pause_storm(facts(port()), readings, job(), Expectations(lossless_priority=3), log) if o.subject == "port buffers"]
+    assert [(o.status, o.reason) for o in found] == [(Status.UNKNOWN, "lossless-buffer errors since boot unread: /dev/kmsg: permission denied")]
