@@ -50,6 +50,9 @@ _NCCL_INFO = "NCCL INFO "  # posts often lose the host:pid:tid [dev] before it
 # UCX's levels below DIAG (src/ucs/debug/log.c, "%-4s %-5s": "UCX  DEBUG "): what it logs there is
 # a fallback it took, never what stopped the run; UCX reports that at WARN, ERROR or FATAL.
 _UCX_QUIET = re.compile(r"\bUCX {1,3}(?:INFO|DEBUG|TRACE|REQ|DATA|ASYNC|FUNC|POLL) ")
+# nccl-tests' column header ("#  size  count  type  redop ... busbw  error"; "#wrong" from about
+# v2.10): the word names a column of every healthy run's table, not a failure.
+_NCCL_TESTS_HEADER = re.compile(r"#\s+size\s+count\s+type\s")
 
 
 @dataclass
@@ -375,8 +378,13 @@ def _handled_quietly(hit: Hit) -> bool:
     """An NCCL INFO line whose only sign of trouble is a failure word, or any UCX line below its
     DIAG level: a fallback the library took and logged as information (a plugin's older symbol
     version, a missing optional library, a registration cache it could not create), not a
-    failure; both report what they cannot get past as a WARN or an ERROR."""
-    return (_NCCL_INFO in hit.text and hit.signature.pattern.pattern == FAILURE_WORDS) or _UCX_QUIET.search(hit.text) is not None
+    failure; both report what they cannot get past as a WARN or an ERROR. Also nccl-tests' table
+    header, whose "error" column is in every healthy run's output."""
+    return (
+        (_NCCL_INFO in hit.text and hit.signature.pattern.pattern == FAILURE_WORDS)
+        or _UCX_QUIET.search(hit.text) is not None
+        or _NCCL_TESTS_HEADER.search(hit.text) is not None
+    )
 
 
 def _tier_score(entry: ReferenceHits, tier: str, sharing: dict[str, int]) -> int:

@@ -228,6 +228,18 @@ def test_a_successful_return_code_trace_is_not_a_failure() -> None:
     assert _analyse("node1:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC\nnode1:1:2 [0] NCCL INFO init.cc:12 -> 0\n", PEER).first_failure() is None
 
 
+def test_the_nccl_tests_table_header_is_not_a_failure() -> None:
+    """Older nccl-tests name a column "error"; the mpirun abort after it is the first failure."""
+    header = (
+        "#                                                     out-of-place                       in-place\n"
+        "#       size         count    type   redop     time   algbw   busbw  error     time   algbw   busbw  error\n"
+        "#        (B)    (elements)                     (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)\n"
+    )
+    assert _analyse(header, PEER).first_failure() is None
+    first = _analyse(header + "a non-zero exit code. Per user-direction, the job has been aborted.\n", PEER).first_failure()
+    assert first is not None and first.line_number == 4
+
+
 def test_a_message_wrapped_at_a_comma_with_an_indented_rest_is_rejoined() -> None:
     refused = _reference("GLX001", ("cause", r"SO_ERROR: Connection refused, ?remote=\[[^\]]{1,80}\]:\d+"))
     log = (
