@@ -243,10 +243,12 @@ class Matcher:
                 if signature.pattern.search(text):
                     yield Hit(signature, source, line_number, text)
 
-    def _match_joined(self, joined: str, source: str, line_number: int) -> Iterator[Hit]:
+    def _match_joined(self, joined: str, boundary: int, source: str, line_number: int) -> Iterator[Hit]:
+        """Signatures matched across the join at ``boundary``: one lying wholly in either line
+        is that line's own hit (or miss), and counting it again here would count one line twice."""
         raw = joined.encode("utf-8", "replace")
         for signature in self._candidates(raw):
-            if signature.pattern.search(joined):
+            if any(match.start() < boundary < match.end() for match in signature.pattern.finditer(joined)):
                 yield Hit(signature, source, line_number, joined)
 
     def _match_wrapped(self, data: bytes, start: int, end: int, line: str, source: str, line_number: int) -> Iterator[Hit]:
@@ -258,7 +260,7 @@ class Matcher:
             previous_start = data.rfind(b"\n", 0, start - 1) + 1
             previous = normalise(_decode(data[previous_start : start - 1]))
             if len(previous) >= _MIN_WRAP_WIDTH:
-                yield from self._match_joined(previous + line, source, line_number - 1)
+                yield from self._match_joined(previous + line, len(previous), source, line_number - 1)
         if len(line) >= _MIN_WRAP_WIDTH and end < len(data):
             next_end = data.find(b"\n", end + 1)
             following_raw = data[end + 1 : len(data) if next_end < 0 else next_end]
@@ -266,11 +268,11 @@ class Matcher:
                 return  # the usual case in a big log, decided without decoding the next line
             following = normalise(_decode(following_raw))
             if is_continuation(following):
-                yield from self._match_joined(line + following, source, line_number)
+                yield from self._match_joined(line + following, len(line), source, line_number)
             elif following[:1] in (" ", "\t") and line.rstrip().endswith(",") and following.strip():
                 # Wrapped at a word boundary, the rest indented (a post, a log formatter): a
                 # message that stops at a comma goes on there, after one space.
-                yield from self._match_joined(line.rstrip() + " " + following.strip(), source, line_number)
+                yield from self._match_joined(line.rstrip() + " " + following.strip(), len(line.rstrip()) + 1, source, line_number)
 
 
 # Printable bytes from the most to the least frequent in GPU job logs (measured on the test

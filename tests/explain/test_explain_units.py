@@ -174,6 +174,14 @@ def test_hard_wrapped_message_is_rejoined() -> None:
     assert [c.reference_id for c in analysis.candidates()] == ["IBX002"]
 
 
+def test_a_line_that_matched_alone_is_not_counted_again_joined_to_the_next() -> None:
+    """The next line has no log prefix, so the two are tried joined (a possible hard wrap); the
+    signature lies wholly in the first, which already counted it."""
+    log = NCCL_WARN + "\nsrc/transport/ibrc.cpp:486: non-zero status: 2 Unable to register memory handle\n"
+    analysis = _explain(log)
+    assert analysis.by_reference["IBX001"].lines == 1
+
+
 def _read_all(paths: list[str], stdin: bytes = b"") -> tuple[ReadStats, bytes]:
     stats = ReadStats()
     data = b"".join(chunk.data for chunk in iter_inputs(paths, stats, io.BytesIO(stdin)))
