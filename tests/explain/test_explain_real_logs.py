@@ -23,8 +23,8 @@ from preflight.explain import explain, load_catalogue
 # bench/explain_accuracy.py for all figures. Floors, not goals: the goals are top-1 85 %,
 # top-3 95 %, no candidate 0 %, out-of-catalogue logs given a cause <= 20 %.
 TOP1_FLOOR = 0.524
-TOP3_FLOOR = 0.549
-NO_CANDIDATE_CEILING = 0.279
+TOP3_FLOOR = 0.548
+NO_CANDIDATE_CEILING = 0.283
 OUTSIDE_CAUSE_CEILING = 0.20
 SILENT_CEILING = 23  # held-back failure logs answered "nothing found" (19 before stalls were named)
 # When the test part grows, the logs held back before keep the floors they had reached, so new,
@@ -68,7 +68,10 @@ SILENT_CEILING = 23  # held-back failure logs answered "nothing found" (19 befor
 #   52.6 / 54.4 / 28.1 % with 18 silent;
 # - batches a-zzzc (184 logs): batches zzzd-zzzg (5 held-back logs; neither of their 2 catalogued
 #   causes ranked first, 1 of their 3 out-of-catalogue logs given a cause, one more silent) moved
-#   them from 53.3 / 55.8 / 27.5 % with 22 silent to 52.5 / 54.9 / 27.9 % with 23 silent.
+#   them from 53.3 / 55.8 / 27.5 % with 22 silent to 52.5 / 54.9 / 27.9 % with 23 silent;
+# - batches a-zzzg (189 logs): batches zzzh-zzzk (5 held-back logs; 1 of their 2 catalogued causes
+#   ranked first, none of their 3 out-of-catalogue logs given a cause) moved them to
+#   52.4 / 54.8 / 28.2 % with 23 silent.
 EARLIER_PARTS = {
     "batches a-e": (set("abcde"), {"top1": 0.596, "top3": 0.629, "no_candidate": 0.210, "silent": 6}),
     "batches a-x": (set("abcdefghijklmnopqrstuvwx"), {"top1": 0.552, "top3": 0.576, "no_candidate": 0.283, "silent": 13}),
@@ -87,6 +90,7 @@ EARLIER_PARTS = {
     "batches a-zzu": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze", "zf", "zg", "zh", "zi", "zj", "zl", "zm", "zn", "zo", "zp", "zq", "zr", "zs", "zt", "zu", "zv", "zw", "zx", "zy", "zz", "zza", "zzb", "zzc", "zzd", "zze", "zzf", "zzg", "zzh", "zzi", "zzj", "zzk", "zzl", "zzm", "zzn", "zzo", "zzp", "zzq", "zzr", "zzs", "zzt", "zzu"}, {"top1": 0.543, "top3": 0.568, "no_candidate": 0.268, "silent": 18}),
     "batches a-zzy": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze", "zf", "zg", "zh", "zi", "zj", "zl", "zm", "zn", "zo", "zp", "zq", "zr", "zs", "zt", "zu", "zv", "zw", "zx", "zy", "zz", "zza", "zzb", "zzc", "zzd", "zze", "zzf", "zzg", "zzh", "zzi", "zzj", "zzk", "zzl", "zzm", "zzn", "zzo", "zzp", "zzq", "zzr", "zzs", "zzt", "zzu", "zzv", "zzw", "zzx", "zzy"}, {"top1": 0.529, "top3": 0.554, "no_candidate": 0.278, "silent": 21}),
     "batches a-zzzc": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze", "zf", "zg", "zh", "zi", "zj", "zl", "zm", "zn", "zo", "zp", "zq", "zr", "zs", "zt", "zu", "zv", "zw", "zx", "zy", "zz", "zza", "zzb", "zzc", "zzd", "zze", "zzf", "zzg", "zzh", "zzi", "zzj", "zzk", "zzl", "zzm", "zzn", "zzo", "zzp", "zzq", "zzr", "zzs", "zzt", "zzu", "zzv", "zzw", "zzx", "zzy", "zzz", "zzza", "zzzb", "zzzc"}, {"top1": 0.533, "top3": 0.558, "no_candidate": 0.275, "silent": 22}),
+    "batches a-zzzg": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze", "zf", "zg", "zh", "zi", "zj", "zl", "zm", "zn", "zo", "zp", "zq", "zr", "zs", "zt", "zu", "zv", "zw", "zx", "zy", "zz", "zza", "zzb", "zzc", "zzd", "zze", "zzf", "zzg", "zzh", "zzi", "zzj", "zzk", "zzl", "zzm", "zzn", "zzo", "zzp", "zzq", "zzr", "zzs", "zzt", "zzu", "zzv", "zzw", "zzx", "zzy", "zzz", "zzza", "zzzb", "zzzc", "zzzd", "zzze", "zzzf", "zzzg"}, {"top1": 0.524, "top3": 0.549, "no_candidate": 0.279, "silent": 23}),
 }
 
 
