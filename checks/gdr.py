@@ -98,11 +98,21 @@ def _bar1_observations(bar1: Bar1Facts, gpus: GpuFacts) -> Iterator[Observation]
                 evidence.append(Evidence(f"/sys/bus/pci/devices/{gpu.bus_id}/resource", f"aperture {format_size(gpu.aperture)}"))
             yield present(subject, *evidence)
         elif gpu.used is not None and gpu.used > gpu.total * MOSTLY_MAPPED:
-            yield present(
-                subject,
-                Evidence(source, f"bar1Used {format_size(gpu.used)} of {format_size(gpu.total)} before the job",
-                         f"at most {int(MOSTLY_MAPPED * 100)}% mapped on an idle GPU"),
-            )
+            yield _mostly_mapped(subject, gpu, Evidence(source, f"bar1Used {format_size(gpu.used)} of {format_size(gpu.total)}",
+                                                        f"at most {int(MOSTLY_MAPPED * 100)}% mapped on an idle GPU"))
+
+
+def _mostly_mapped(subject: str, gpu: Bar1, usage: Evidence) -> Observation:
+    """Mappings left behind, when the GPU runs nothing. A GPU running work has its buffers mapped
+    (a health check runs beside jobs), so there the share is no fault of the node: a warning-level
+    unknown, which never drains, says what runs (a stray process, when a prolog finds one)."""
+    if gpu.processes == 0:
+        return present(subject, usage, Evidence("nvmlDeviceGetComputeRunningProcesses", "no compute process on the GPU"))
+    if gpu.processes is None:
+        why = f"whether the GPU is idle is unread (nvmlDeviceGetComputeRunningProcesses: {gpu.processes_error})"
+    else:
+        why = f"{gpu.processes} compute process(es) run on the GPU, whose buffers are mapped through BAR1"
+    return Observation(subject, (usage,), Severity.WARNING, status=Status.UNKNOWN, reason=f"{usage.observed}, but {why}")
 
 
 def _unified(gpu: Bar1) -> bool:

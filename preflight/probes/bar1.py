@@ -10,6 +10,9 @@ Sources:
 * NVML ``nvmlDeviceGetBAR1MemoryInfo``: ``bar1Total``, ``bar1Used``, ``bar1Free`` in bytes.
   Unified-memory parts (Grace Hopper, GB10) answer ``NVML_ERROR_NOT_SUPPORTED``: there, the
   NIC reaches memory without BAR1 and the reference does not apply.
+* NVML ``nvmlDeviceGetComputeRunningProcesses``: the processes with a CUDA context on the GPU.
+  A GPU that runs work has its buffers mapped, so BAR1 use says something about leaked mappings
+  only on an idle GPU (a health check runs beside jobs; a prolog may find a stray process).
 * ``/sys/bus/pci/devices/<bdf>/resource``: one ``start end flags`` line per region. The BAR1
   aperture is the largest 64-bit prefetchable memory region; it is region 1 on some GPUs and
   region 2 on HGX H100 (region 0 is 64-bit there and takes two registers), so never index 1.
@@ -36,6 +39,8 @@ class Bar1(Struct, frozen=True):
     used: int | None
     error: str  # NVML error code of the BAR1 query, "" when it answered
     aperture: int | None  # bytes, largest 64-bit prefetchable region in sysfs
+    processes: int | None = None  # compute processes on the GPU; None when unread
+    processes_error: str = ""  # NVML error code of the process query, "" when it answered
 
 
 class Bar1Facts(Struct, frozen=True):
@@ -83,7 +88,8 @@ def probe_bar1(fs: NodeFS, nvml: Nvml) -> Bar1Facts:
             code = failure.code
         resource = reader.text(f"/sys/bus/pci/devices/{bus_id}/resource") if bus_id else None
         aperture = largest_prefetchable(resource) if resource else None
-        gpus.append(Bar1(index, name if isinstance(name, str) else None, bus_id, total, used, code, aperture))
+        processes, processes_error = _compute_processes(nvml, index) if total is not None else (None, "")
+        gpus.append(Bar1(index, name if isinstance(name, str) else None, bus_id, total, used, code, aperture, processes, processes_error))
     return Bar1Facts(tuple(gpus), "", tuple(reader.problems))
 
 
@@ -97,3 +103,14 @@ def _answer(nvml: Nvml, function: str, index: int) -> object:
 def _bytes(info: object, key: str) -> int | None:
     value = info.get(key) if isinstance(info, dict) else None
     return value if isinstance(value, int) and value >= 0 else None
+
+
+def _compute_processes(nvml: Nvml, index: int) -> tuple[int | None, str]:
+    """How many processes have a compute context on GPU ``index``, or None and why not."""
+    try:
+        listed = nvml.call("nvmlDeviceGetComputeRunningProcesses", index)
+    except NvmlError as failure:
+        return None, failure.code
+    if not isinstance(listed, list):
+        return None, f"not a list of processes: {type(listed).__name__}"
+    return len(listed), ""

@@ -95,6 +95,10 @@ def plain(value: Any) -> Any:
         return [plain(item) for item in value]
     if isinstance(value, (list, tuple)):
         return [plain(item) for item in value]
+    if type(value).__name__ == "nvmlFriendlyObject":
+        # pynvml's list-returning wrappers (nvmlDeviceGetComputeRunningProcesses) copy each struct
+        # into a plain object whose attributes are the struct's fields.
+        return {name: plain(field) for name, field in vars(value).items()}
     return value
 
 

@@ -160,6 +160,16 @@ def test_the_importer_reads_back_stated_values_only() -> None:
     assert "1" not in calls["nvmlDeviceGetPciInfo"]  # GPUs a trimmed dump left out get no answers
 
 
+def test_the_importer_lists_compute_processes_only() -> None:
+    process = "<process_info><pid>{pid}</pid><type>{kind}</type><process_name>p</process_name><used_memory>{used}</used_memory></process_info>"
+    calls = _calls("<processes>" + process.format(pid=725, kind="G", used="22 MiB") + process.format(pid=9001, kind="C", used="1024 MiB")
+                   + process.format(pid=9002, kind="C+G", used="N/A") + "</processes>")
+    assert calls["nvmlDeviceGetComputeRunningProcesses"]["0"] == {"result": [{"pid": 9001, "usedGpuMemory": 1 << 30}, {"pid": 9002, "usedGpuMemory": None}]}
+    assert _calls("<processes>\n</processes>")["nvmlDeviceGetComputeRunningProcesses"]["0"] == {"result": []}
+    assert "nvmlDeviceGetComputeRunningProcesses" not in _calls("")  # an older or trimmed dump: not stated
+    assert "nvmlDeviceGetComputeRunningProcesses" not in _calls("<processes>" + process.format(pid="[REDACTED]", kind="C", used="1 MiB") + "</processes>")
+
+
 def test_the_importer_leaves_mixed_redacted_and_unknown_values_unrecorded() -> None:
     calls = _calls(
         "<ecc_errors><volatile><sram_uncorrectable>N/A</sram_uncorrectable><dram_uncorrectable>0</dram_uncorrectable></volatile></ecc_errors>"

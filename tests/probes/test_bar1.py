@@ -13,7 +13,7 @@ from preflight.probes.bar1 import largest_prefetchable, probe_bar1
 from preflight.checks.gdr import peermem_gpu_mapping_rejected
 from preflight.probes.gpus import probe_gpus
 from preflight.probes.rdma import probe_rdma
-from preflight.model import NotApplicable, Status, Unknown
+from preflight.model import NotApplicable, Severity, Status, Unknown
 from preflight.sources import Sources
 
 GIB, MIB = 1 << 30, 1 << 20
@@ -81,7 +81,30 @@ def test_bar1_mostly_mapped_before_the_job_is_present(node_copy: Path) -> None:
 
     edit_nvml(node_copy, leaked)
     found = verdicts(node_copy)
-    assert [s for s, _, _ in found] == ["GPU5"] and "bar1Used 108 GiB of 128 GiB" in found[0][2]
+    assert [(s, st) for s, st, _ in found] == [("GPU5", Status.PRESENT)] and "bar1Used 108 GiB of 128 GiB" in found[0][2]
+    assert "no compute process on the GPU" in found[0][2]
+
+
+def test_bar1_mapped_by_running_work_is_no_leak(node_copy: Path) -> None:
+    """A health check runs beside jobs, whose buffers are mapped: the share is judged on an idle
+    GPU only, and otherwise a warning-level unknown (which never drains) says what runs."""
+    def busy(calls: dict[str, Any]) -> None:
+        calls["nvmlDeviceGetBAR1MemoryInfo"]["5"] = {"result": {"bar1Total": 128 * GIB, "bar1Free": 20 * GIB, "bar1Used": 108 * GIB}}
+        calls["nvmlDeviceGetComputeRunningProcesses"]["5"] = {"result": [{"pid": 4242, "usedGpuMemory": 70 * GIB}]}
+
+    edit_nvml(node_copy, busy)
+    sources = Sources.for_node(str(node_copy), None)
+    found = list(peermem_gpu_mapping_rejected(probe_bar1(sources.fs, sources.nvml), probe_gpus(sources.fs, sources.nvml), probe_rdma(sources.fs)))
+    assert [(o.subject, o.status, o.severity) for o in found] == [("GPU5", Status.UNKNOWN, Severity.WARNING)]
+    assert found[0].reason == "bar1Used 108 GiB of 128 GiB, but 1 compute process(es) run on the GPU, whose buffers are mapped through BAR1"
+
+    def unread(calls: dict[str, Any]) -> None:
+        del calls["nvmlDeviceGetComputeRunningProcesses"]
+
+    edit_nvml(node_copy, unread)
+    found = verdicts(node_copy)
+    assert [(s, st) for s, st, _ in found] == [("GPU5", Status.UNKNOWN)]
+    assert "whether the GPU is idle is unread (nvmlDeviceGetComputeRunningProcesses: NVML_NOT_RECORDED)" in found[0][2]
 
 
 def test_not_supported_is_not_applicable_on_unified_memory_and_unknown_elsewhere(node_copy: Path) -> None:

@@ -118,6 +118,14 @@ def test_live_nvml_passes_arguments_and_second_device_handles(monkeypatch: pytes
     assert calls == [("handle0", "handle3", 2)]
 
 
+def test_plain_turns_pynvml_process_objects_into_dicts() -> None:
+    """pynvml hands nvmlDeviceGetComputeRunningProcesses back as plain objects, not ctypes structs."""
+    import pynvml
+
+    listed = [pynvml.nvmlFriendlyObject({"pid": 4242, "usedGpuMemory": 1 << 30, "gpuInstanceId": 0xFFFFFFFF, "computeInstanceId": 0xFFFFFFFF})]
+    assert plain(listed) == [{"pid": 4242, "usedGpuMemory": 1 << 30, "gpuInstanceId": 0xFFFFFFFF, "computeInstanceId": 0xFFFFFFFF}]
+
+
 def test_plain_keeps_every_byte_of_a_binary_uuid_field() -> None:
     """A cluster UUID with a zero byte early on stays 16 bytes (ctypes would cut it at the NUL);
     text fields stay text."""

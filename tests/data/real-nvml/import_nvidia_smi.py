@@ -16,6 +16,10 @@ nvidia-smi prints what NVML answered, so each field maps back onto one call. The
 * a field the dump lacks (an older nvidia-smi, a dump trimmed by whoever published it), a value
   that does not parse (a redacted one), or a group of counters that mixes numbers and ``N/A`` is
   not recorded at all: the replay answers ``NVML_NOT_RECORDED`` and the checks say ``unknown``;
+* ``<processes>`` lists every process with a context on the GPU; those whose ``<type>`` has a
+  ``C`` (compute, or compute and graphics) are what ``nvmlDeviceGetComputeRunningProcesses``
+  answers, graphics-only ones (Xorg) are not. An empty element is an empty list; a dump without
+  the element, or with a process it cannot read, records nothing;
 * calls nvidia-smi -q does not show (compute capability, NVLink state, P2P status) stay
   unrecorded;
 * GPUs get NVML indices in the order the dump lists them, which is the order nvidia-smi asks NVML
@@ -180,6 +184,25 @@ def _fabric(gpu: ElementTree.Element) -> dict[str, Any] | None:
     return None
 
 
+def _compute_processes(gpu: ElementTree.Element) -> dict[str, Any] | None:
+    processes = gpu.find("processes")
+    if processes is None:
+        return None
+    listed = []
+    for process in processes.findall("process_info"):
+        kind, pid = _text(process, "type"), _text(process, "pid")
+        if kind is None or pid is None or not pid.isdigit():
+            return None
+        if "C" in kind:
+            used = _text(process, "used_memory")
+            try:
+                memory = _mib(used) if used is not None else None
+            except (Unparsed, ValueError):
+                memory = None  # "N/A" under WDDM, which NVML also leaves unset
+            listed.append({"pid": int(pid), "usedGpuMemory": memory})
+    return {"result": listed}
+
+
 def _device_calls(gpu: ElementTree.Element) -> dict[str, dict[str, Any] | None]:
     return {
         "nvmlDeviceGetName": _answer(_text(gpu, "product_name"), str),
@@ -191,6 +214,7 @@ def _device_calls(gpu: ElementTree.Element) -> dict[str, dict[str, Any] | None]:
             ("bar1_memory_usage/total", "bar1_memory_usage/used", "bar1_memory_usage/free"),
             lambda v: {"bar1Total": _mib(v[0]), "bar1Used": _mib(v[1]), "bar1Free": _mib(v[2])},
         ),
+        "nvmlDeviceGetComputeRunningProcesses": _compute_processes(gpu),
         "nvmlDeviceGetEccMode": _group(gpu, ("ecc_mode/current_ecc", "ecc_mode/pending_ecc"), lambda v: [_switch(v[0]), _switch(v[1])]),
         "nvmlDeviceGetRemappedRows": _remapped_rows(gpu),
         "nvmlDeviceGetCurrentClocksThrottleReasons": _throttle(gpu),
