@@ -116,6 +116,13 @@ def rendezvous_port_in_use(sockets: SocketFacts, job: JobFacts) -> Iterator[Obse
                 f"{low} {high} contains {port} ({origin}); ip_local_reserved_ports: {reserved}",
                 f"{port} outside the range or listed in ip_local_reserved_ports",
             ))
+    if errors and "MASTER_PORT" not in job.environ:
+        # A guessed port (torchrun's default) is no job's choice: the listener may be a running
+        # job's own rendezvous (a health check runs beside jobs, a shared node runs several), so
+        # it warns; only the port the job names makes the conflict certain enough to drain.
+        warnings.append(Evidence("guessed port", "a running job's rendezvous, or a stale one the next job using the default trips over",
+                                 "MASTER_PORT named by the job"))
+        errors, warnings = [], errors + warnings
     if errors or warnings:
         yield present(subject, *errors, *warnings, severity=None if errors else Severity.WARNING)
         return
