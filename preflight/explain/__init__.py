@@ -37,6 +37,9 @@ class Explanation:
     first_failure: Evidence | None = None  # the earliest failing line, catalogued or not
     stall: Stall | None = None  # where a log without failures went silent in NCCL's output
     waited: WaitedCollective | None = None  # the collective the ranks' watchdogs timed out in
+    # nccl-tests run as separate one-process tests: the line showing it, named as the first
+    # failing line when nothing else failed
+    separate_tests: Evidence | None = None
     verdicts: dict[str, Verdict] = field(default_factory=dict)
     check_error: str | None = None
     # --check: misconfigurations found on the node that a symptom candidate lists as related
@@ -96,10 +99,11 @@ def explain(
             if stall.peer is not None:
                 analysis.observations.intra_node_stall = (stall.peer, stall.last)
             candidates = analysis.candidates(stalled=True)
+    separate_tests = analysis.separate_tests() if not candidates and first_failure is None and stall is None else None
     settings = [entry.reference_id for entry in analysis.settings_seen(stalled=stall is not None)]
     return Explanation(
-        stats, candidates, references, analysis.cascade(), settings, time.perf_counter() - started, first_failure, stall=stall,
-        waited=analysis.observations.waited_collective(),
+        stats, candidates, references, analysis.cascade(), settings, time.perf_counter() - started, first_failure or separate_tests,
+        stall=stall, waited=analysis.observations.waited_collective(), separate_tests=separate_tests,
     )
 
 

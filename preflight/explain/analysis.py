@@ -326,17 +326,25 @@ class Analysis:
         entry.roles[DERIVED_SIGNATURE] = item.role
         entry.specificity[DERIVED_SIGNATURE] = item.specificity
         for sighting in item.sightings:
-            meta, _message = parse_line(sighting.text, self._year)
-            actor = self._actor_of(meta, sighting.source)
-            evidence = Evidence(sighting.source, sighting.line_number, sighting.text, item.role, DERIVED_SIGNATURE, meta.time_text, actor, meta.host)
+            meta, evidence = self._sighting_evidence(sighting, item.role)
             entry.first_line.setdefault(DERIVED_SIGNATURE, evidence.location)
             entry.lines += 1
             if all(e.location != evidence.location for e in entry.examples):
                 entry.examples.insert(0, evidence)
             entry.first = min(entry.first, (meta.time if meta.time is not None else float("inf"), 0))
-            if len(entry.actors) < MAX_ACTORS:
-                entry.actors.add(actor)
+            if len(entry.actors) < MAX_ACTORS and evidence.actor is not None:
+                entry.actors.add(evidence.actor)
         entry.examples.sort(key=lambda e: _DISPLAY_ORDER.index(e.role))
+
+    def _sighting_evidence(self, sighting: Sighting, role: str) -> tuple[LineMeta, Evidence]:
+        meta, _message = parse_line(sighting.text, self._year)
+        actor = self._actor_of(meta, sighting.source)
+        return meta, Evidence(sighting.source, sighting.line_number, sighting.text, role, DERIVED_SIGNATURE, meta.time_text, actor, meta.host)
+
+    def separate_tests(self) -> Evidence | None:
+        """The line that shows nccl-tests ran as separate tests (its second header or footer)."""
+        pair = self.observations.separate_tests
+        return None if pair is None else self._sighting_evidence(pair[1], "symptom")[1]
 
     def _actor_of(self, meta: LineMeta, source: str) -> str:
         """Who wrote a line read after the scan: its prefixes' actor, else the source's."""

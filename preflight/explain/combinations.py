@@ -53,6 +53,12 @@ Some causes never print a message of their own; they show only in how lines disa
   skips the barrier (TORCH002). None of them prints a line of its own, so the three are offered at
   symptom tier, ahead of the generic timeout (NCCL003) and the all-reduce hang (NCCL001) that a
   one-element exchange is not.
+* **nccl-tests run as several separate tests.** Only rank 0 of an nccl-tests job prints the
+  header (``# nThread 1 nGpus 8 minBytes ...``), the result table and the footer (``# Out of
+  bounds values : 0 OK``; ``src/common.cu``). A binary built without MPI (or against another MPI
+  than the one that started it) runs one test per process, each its own rank 0, so one log shows
+  a second header before any result table, or a second footer with no header between: every
+  process measured its own node alone. No line fails, so this is named only when nothing else is.
 * **Silence after connecting inside one node** (:mod:`preflight.explain.stall`): a log without
   failures that ends in NCCL's intra-node connection lines, with no network channel anywhere,
   is offered as PCI003 at symptom tier.
@@ -79,6 +85,7 @@ NCCL_VERSION = OBSERVATION + "nccl-version"
 SOCKET_ON_IB = OBSERVATION + "socket-on-ib"
 BUS_ERROR = OBSERVATION + "bus-error"
 SHM_FRAME = OBSERVATION + "nccl-shm-frame"
+NCCL_TESTS = OBSERVATION + "nccl-tests"
 
 # (reference ID, pattern) of the lines the matcher reports as observations.
 OBSERVATION_SIGNATURES = (
@@ -92,6 +99,8 @@ OBSERVATION_SIGNATURES = (
     (SOCKET_ON_IB, r"NET/Socket : Using .{0,400}?\[\d+\]ib\w{0,15}[:.<]"),
     (BUS_ERROR, r"SIGBUS|Bus error"),
     (SHM_FRAME, r"\bncclShmOpen\b"),  # a backtrace frame: NCCL prints the name in no message
+    # nccl-tests' header, its result table's column line and its footer (each printed by rank 0 only)
+    (NCCL_TESTS, r"# nThread \d{1,4} nGpus \d{1,4}|#\s{1,12}size\s{1,16}count\s{1,12}type\s{1,12}redop|# Out of bounds values\s{0,4}:"),
     (DISTANCE, r"GPU Direct RDMA Disabled for GPU(?: \S{1,40} / HCA \S+ \(|/\S{1,40} \(rank \d+\) - NET/\S+ \()distance \d+ >=? \d+\)"),  # ">=" up to 2.5
 )
 
@@ -107,6 +116,7 @@ _WATCHDOG = re.compile(
     r"OpType=(\w{1,40}), (?:NumelIn=(\d{1,20}), NumelOut=(\d{1,20}), |TensorShape=\[([^\]]{0,400})\], )?Timeout\(ms\)=\d"
 )
 _NCCL_VERSION = re.compile(r"NCCL version (\d{1,2})\.(\d{1,3})\.(\d{1,3})")
+_NCCL_TESTS_PART = re.compile(r"(# nThread )|(redop)|(# Out of bounds values)")
 SM120_FIXED_IN = (2, 26, 2)  # the first NCCL release whose kernels fit sm_120's shared memory
 
 _VIA = b"] via NET/"
@@ -222,6 +232,10 @@ class Observations:
     # A run connected only inside one node, then went silent (preflight.explain.stall): set
     # after the scan, for a log without failures.
     intra_node_stall: tuple[Sighting, Sighting] | None = None
+    # nccl-tests: the last header, table or footer seen in each source, and two headers (or
+    # footers) of one source with no table (or header) between, which separate tests printed.
+    nccl_tests_last: dict[str, tuple[str, Sighting]] = field(default_factory=dict)
+    separate_tests: tuple[Sighting, Sighting] | None = None
 
     def add(self, kind: str, sighting: Sighting) -> None:
         if kind == CHANNEL:
@@ -244,6 +258,8 @@ class Observations:
             self.bus_error = self.bus_error or sighting
         elif kind == SHM_FRAME:
             self.shm_frame = self.shm_frame or sighting
+        elif kind == NCCL_TESTS:
+            self._nccl_tests(sighting)
         elif kind == NCCL_VERSION and self.nccl_before_sm120_fix is None:
             found = _NCCL_VERSION.search(sighting.text)
             if found is not None and tuple(int(part) for part in found.groups()) < SM120_FIXED_IN:
@@ -262,6 +278,17 @@ class Observations:
         known = network.with_gdr if gdr else network.receive_without if direction == "receive" else None
         if known is not None and (host in known or len(known) < MAX_HOSTS):
             known.setdefault(host, sighting)  # the first hosts tell it; a log naming more stays bounded
+
+    def _nccl_tests(self, sighting: Sighting) -> None:
+        found = _NCCL_TESTS_PART.search(sighting.text)
+        if found is None or self.separate_tests is not None:
+            return
+        part = "header" if found.group(1) else "table" if found.group(2) else "footer"
+        last = self.nccl_tests_last.get(sighting.source)
+        if last is not None and last[0] == part != "table":
+            self.separate_tests = (last[1], sighting)
+        elif last is not None or len(self.nccl_tests_last) < MAX_HOSTS:
+            self.nccl_tests_last[sighting.source] = (part, sighting)
 
     def _fingerprint(self, sighting: Sighting) -> None:
         if self.ambiguous_sequences:

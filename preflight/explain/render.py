@@ -85,6 +85,8 @@ def render_text(explanation: Explanation) -> str:
         who = f" ({first.actor})" if first.actor and first.actor not in first.source else ""
         out.append(f"First failing line, not catalogued{who}:")
         out.append(f"  {_evidence_line(first)}")
+        if explanation.separate_tests is not None:
+            out.append(SEPARATE_TESTS)
         out.append("preflight names no cause for it; read the log from that line.")
         if explanation.settings_seen:
             out.append("Settings noted (not failures): " + ", ".join(explanation.settings_seen))
@@ -236,6 +238,13 @@ def _lines_after(count: int) -> str:
     return f"is {count} line{'s' if count != 1 else ''} before the log's end"
 
 
+SEPARATE_TESTS = (
+    "Only rank 0 of an nccl-tests job prints its header and footer; here one is printed again with no result "
+    "table (or no new header) between, so each process ran a test of its own, on its own node: a binary built "
+    "without MPI=1, or against another MPI than the mpirun that started it."
+)
+
+
 def render_json(explanation: Explanation) -> str:
     stats = explanation.stats
     cascade = explanation.cascade
@@ -282,6 +291,9 @@ def render_json(explanation: Explanation) -> str:
             "silent_ranks": list(explanation.waited.silent),
             "first_location": f"{explanation.waited.first.source}:{explanation.waited.first.line_number}",
         },
+        "separate_tests": None
+        if explanation.separate_tests is None
+        else {"location": explanation.separate_tests.location, "meaning": SEPARATE_TESTS},
         "candidates": [_candidate_json(p, c, explanation) for p, c in enumerate(explanation.candidates, 1)],
         "settings_seen": explanation.settings_seen,
         "check_error": explanation.check_error,

@@ -140,6 +140,18 @@ def test_nothing_found_is_said_plainly(run_cli: Runner, tmp_path: Path) -> None:
     assert "No failure found" in result.stdout and "does not guess" in result.stdout
 
 
+def test_nccl_tests_run_as_separate_tests_in_json(run_cli: Runner, tmp_path: Path) -> None:
+    log = tmp_path / "alltoall.log"
+    footer = "# Out of bounds values : 0 OK\n# Avg bus bandwidth    : 3.94145 \n#\n"
+    log.write_text(footer + footer)
+    code, document = explain_json(run_cli, str(log))
+    assert (code, document["status"]) == (1, "uncatalogued")
+    assert document["separate_tests"]["location"] == f"{log}:4" == document["first_failure"]["location"]
+    assert "built without MPI=1" in document["separate_tests"]["meaning"]
+    log.write_text(footer)
+    assert explain_json(run_cli, str(log))[1]["separate_tests"] is None
+
+
 def test_stdin_gzip_and_directories_of_rank_logs(run_cli: Runner, tmp_path: Path) -> None:
     source = next(p for p in CORPUS_FILES if p.name.startswith("MEM001__")).read_text()
     code, document = explain_json(run_cli, "-", input=source)

@@ -908,3 +908,40 @@ def test_related_references_the_node_shows_behind_a_symptom() -> None:
     assert [f.status for f in found[0].findings] == [Status.PRESENT]
     assert [entry.reference_id for entry in related_found(related, findings, references, job_reading={"ERR001"})] == ["WRN001"]
     assert related_found(related, {"CLN001": findings["CLN001"]}, references) == []
+
+# nccl-tests as its rank 0 prints it (src/common.cu): header, device list, table, footer.
+NCCL_TESTS_HEADER = "# nThread 1 nGpus 8 minBytes 1073741824 maxBytes 8589934592 step: 2(factor) warmup iters: 5 iters: 20 agg iters: 1 validation: 1 graph: 0\n#\n# Using devices\n"
+NCCL_TESTS_DEVICE = "#  Rank  {rank} Group  0 Pid    798 on       {host} device  {rank} [0x0f] NVIDIA H800\n"
+NCCL_TESTS_TABLE = (
+    "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong\n"
+    "  1073741824     268435456     float     sum      -1   4312.1  249.00  435.75      0   4305.8  249.37  436.40      0\n"
+)
+NCCL_TESTS_FOOTER = "# Out of bounds values : 0 OK\n# Avg bus bandwidth    : 436.075 \n#\n"
+
+
+def test_nccl_tests_run_as_separate_tests_is_named(tmp_path: Path) -> None:
+    """Each process its own rank 0: a second header before any result table, or a second footer
+    with no header between, is the one sign a log of such a launch carries."""
+    devices = "".join(NCCL_TESTS_DEVICE.format(rank=rank, host="hw14") for rank in range(2))
+    for text, line in (
+        (NCCL_TESTS_HEADER + NCCL_TESTS_HEADER + devices, 4),
+        (NCCL_TESTS_FOOTER + NCCL_TESTS_FOOTER, 4),
+    ):
+        explanation = _explained(tmp_path, text)
+        assert explanation.separate_tests is not None and explanation.separate_tests.line_number == line
+        assert explanation.first_failure == explanation.separate_tests and not explanation.candidates
+
+
+def test_nccl_tests_run_one_after_another_or_per_rank_file_are_one_test_each(tmp_path: Path) -> None:
+    run = NCCL_TESTS_HEADER + NCCL_TESTS_DEVICE.format(rank=0, host="hw14") + NCCL_TESTS_TABLE + NCCL_TESTS_FOOTER
+    assert _explained(tmp_path, run + run).separate_tests is None  # two runs pasted one after the other
+    assert _explained(tmp_path, run + "node1:2330:2658 [2] NCCL WARN NET/IB : Got completion from peer 10.1.2.8<41937> with status=12 opcode=1 len=0 vendor err 129 (Recv)\n").separate_tests is None
+    from preflight.explain import explain, load_catalogue
+
+    (tmp_path / "rank0.log").write_text(run)
+    (tmp_path / "rank1.log").write_text(run)  # one file per process: each its own test, nothing shared
+    assert explain([str(tmp_path / "rank0.log"), str(tmp_path / "rank1.log")], catalogue=load_catalogue()).separate_tests is None
+    # A real failure in the log is named instead of the repeated header.
+    failing = NCCL_TESTS_HEADER + NCCL_TESTS_HEADER + "RuntimeError: CUDA error: out of memory\n"
+    explanation = _explained(tmp_path, failing)
+    assert explanation.separate_tests is None and explanation.first_failure is not None and explanation.first_failure.line_number == 7
