@@ -28,7 +28,7 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from preflight.explain.combinations import NO_VERBS, OBSERVATION, Derived, Observations, Sighting
+from preflight.explain.combinations import NCCL_TESTS_TABLE, NO_VERBS, OBSERVATION, Derived, Observations, Sighting
 from preflight.explain.matcher import EXCEPTION_LINE, FAILURE_WORDS, TRACEBACK_HEADER, Hit
 from preflight.explain.prefixes import LineMeta, parse_line
 
@@ -50,9 +50,8 @@ _NCCL_INFO = "NCCL INFO "  # posts often lose the host:pid:tid [dev] before it
 # UCX's levels below DIAG (src/ucs/debug/log.c, "%-4s %-5s": "UCX  DEBUG "): what it logs there is
 # a fallback it took, never what stopped the run; UCX reports that at WARN, ERROR or FATAL.
 _UCX_QUIET = re.compile(r"\bUCX {1,3}(?:INFO|DEBUG|TRACE|REQ|DATA|ASYNC|FUNC|POLL) ")
-# nccl-tests' column header ("#  size  count  type  redop ... busbw  error"; "#wrong" from about
-# v2.10): the word names a column of every healthy run's table, not a failure.
-_NCCL_TESTS_HEADER = re.compile(r"#\s+size\s+count\s+type\s")
+# nccl-tests' table header names a column "error" in older releases: every healthy run prints it.
+_NCCL_TESTS_HEADER = re.compile(NCCL_TESTS_TABLE)
 
 
 @dataclass

@@ -87,6 +87,10 @@ BUS_ERROR = OBSERVATION + "bus-error"
 SHM_FRAME = OBSERVATION + "nccl-shm-frame"
 NCCL_TESTS = OBSERVATION + "nccl-tests"
 
+# nccl-tests' result table header ("#  size  count  type  redop  root  time  algbw  busbw  #wrong";
+# "error" for "#wrong" in older releases)
+NCCL_TESTS_TABLE = r"#\s{1,12}size\s{1,16}count\s{1,12}type\s{1,12}redop"
+
 # (reference ID, pattern) of the lines the matcher reports as observations.
 OBSERVATION_SIGNATURES = (
     (CHANNEL, r"\[(?:send|receive)\] via NET/[^/\n]{1,40}/\d"),
@@ -100,7 +104,7 @@ OBSERVATION_SIGNATURES = (
     (BUS_ERROR, r"SIGBUS|Bus error"),
     (SHM_FRAME, r"\bncclShmOpen\b"),  # a backtrace frame: NCCL prints the name in no message
     # nccl-tests' header, its result table's column line and its footer (each printed by rank 0 only)
-    (NCCL_TESTS, r"# nThread \d{1,4} nGpus \d{1,4}|#\s{1,12}size\s{1,16}count\s{1,12}type\s{1,12}redop|# Out of bounds values\s{0,4}:"),
+    (NCCL_TESTS, rf"# nThread \d{{1,4}} nGpus \d{{1,4}}|{NCCL_TESTS_TABLE}|# Out of bounds values\s{{0,4}}:"),
     (DISTANCE, r"GPU Direct RDMA Disabled for GPU(?: \S{1,40} / HCA \S+ \(|/\S{1,40} \(rank \d+\) - NET/\S+ \()distance \d+ >=? \d+\)"),  # ">=" up to 2.5
 )
 
