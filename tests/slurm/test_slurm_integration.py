@@ -245,7 +245,22 @@ def build_roots(base: Path) -> dict[str, Path]:
     nvml = json.loads(nvml_path.read_text())
     nvml["calls"]["nvmlDeviceGetCount"] = {"hang": True}  # a wedged driver
     nvml_path.write_text(json.dumps(nvml))
-    return {"clean": clean, "planted": planted, "hanging": hanging, "missing": base / "roots" / "missing"}
+    return {"clean": clean, "planted": planted, "hanging": hanging, "missing": base / "roots" / "missing", "busy": busy_root(clean, base)}
+
+
+def busy_root(clean: Path, base: Path) -> Path:
+    """The clean node while a job runs on it: the job's rank 0 listens on torchrun's default port
+    29500, and its process maps most of GPU 0's BAR1."""
+    busy = base / "roots" / "busy"
+    shutil.copytree(clean, busy, symlinks=True)
+    with (busy / "proc/net/tcp").open("a") as table:
+        table.write("  99: 00000000:733C 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1001        0 77001 1 0000000000000000 100 0 0 10 0\n")
+    nvml_path = busy / ".preflight" / "nvml.json"
+    nvml = json.loads(nvml_path.read_text())
+    nvml["calls"]["nvmlDeviceGetBAR1MemoryInfo"]["0"] = {"result": {"bar1Total": 128 << 30, "bar1Free": 20 << 30, "bar1Used": 108 << 30}}
+    nvml["calls"]["nvmlDeviceGetComputeRunningProcesses"]["0"] = {"result": [{"pid": 4242, "usedGpuMemory": 70 << 30}]}
+    nvml_path.write_text(json.dumps(nvml))
+    return busy
 
 
 @pytest.fixture(scope="module")
@@ -506,6 +521,23 @@ def test_4_healthcheck_leaves_an_admin_drain_alone(cluster: Cluster) -> None:
     finally:
         cluster.use_root("clean")
         cluster.resume()
+
+
+def test_4_healthcheck_beside_a_running_job_drains_nothing(cluster: Cluster) -> None:
+    """HealthCheckNodeState=ANY runs the health check on allocated nodes too: a job's own
+    rendezvous listener and BAR1 mappings are no fault of the node, and must not drain it."""
+    cluster.use_root("busy")
+    try:
+        checked = cluster.healthcheck()
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        assert "DRAIN" not in cluster.node()[0]
+        result = cluster.result("healthcheck")
+        findings = {(f["id"], f["subject"]): (f["status"], f["severity"]) for f in result["report"]["findings"]}  # type: ignore[index]
+        assert findings[("SOCK001", "port 29500")] == ("present", "warning")
+        assert findings[("GDR003", "GPU0")] == ("unknown", "warning")
+        assert result["verdict"] == "clean", result["verdict"]
+    finally:
+        cluster.use_root("clean")
 
 
 def test_5_hanging_probe_prolog_returns_within_its_deadline_and_the_job_runs(cluster: Cluster) -> None:
