@@ -80,13 +80,21 @@ def render_text(explanation: Explanation) -> str:
         out.append("No input could be read; nothing was explained.")
         return printable_lines("\n".join(out)) + "\n"
     first = explanation.first_failure
+    if not count and first is not None and explanation.separate_tests is not None:
+        out.append(f"nccl-tests ran as separate one-process tests, which the catalogue does not describe ({scanned}).")
+        out.append("The line that shows it:")
+        out.append(f"  {_evidence_line(first)}")
+        out.append(SEPARATE_TESTS)
+        out.append("Fix: rebuild nccl-tests against the MPI whose mpirun starts it (make clean; make MPI=1 MPI_HOME=...); "
+                   "one job then lists each rank once, with its own 'Rank N ... on <host>' line.")
+        if explanation.settings_seen:
+            out.append("Settings noted (not failures): " + ", ".join(explanation.settings_seen))
+        return printable_lines("\n".join(out)) + "\n"
     if not count and first is not None:
         out.append(f"The run failed in a way the catalogue does not describe ({scanned}).")
         who = f" ({first.actor})" if first.actor and first.actor not in first.source else ""
         out.append(f"First failing line, not catalogued{who}:")
         out.append(f"  {_evidence_line(first)}")
-        if explanation.separate_tests is not None:
-            out.append(SEPARATE_TESTS)
         out.append("preflight names no cause for it; read the log from that line.")
         if explanation.settings_seen:
             out.append("Settings noted (not failures): " + ", ".join(explanation.settings_seen))

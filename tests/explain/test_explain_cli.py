@@ -148,6 +148,8 @@ def test_nccl_tests_run_as_separate_tests_in_json(run_cli: Runner, tmp_path: Pat
     assert (code, document["status"]) == (1, "uncatalogued")
     assert document["separate_tests"]["location"] == f"{log}:4" == document["first_failure"]["location"]
     assert "built without MPI=1" in document["separate_tests"]["meaning"]
+    text = run_cli("explain", str(log)).stdout
+    assert text.startswith("nccl-tests ran as separate one-process tests") and f"{log}:4: # Out of bounds values" in text and "make MPI=1" in text
     log.write_text(footer)
     assert explain_json(run_cli, str(log))[1]["separate_tests"] is None
 
