@@ -17,6 +17,7 @@ from preflight.model import (
     undecided,
 )
 from preflight.nccl.releases import GDRCOPY_NEEDS_GDRDRV, PEERMEM_DETECTION, affected, release_evidence
+from preflight.probes.bar1 import MOSTLY_MAPPED
 from preflight.probes.gpudirect import (
     NVIDIA_PEERMEM_VERSION,
     GpuDirectFacts,
@@ -39,7 +40,6 @@ if TYPE_CHECKING:
 SMALL_BAR1 = 256 << 20  # the legacy window consumer boards keep with Resizable BAR off
 
 
-MOSTLY_MAPPED = 0.5  # share of BAR1 mapped on an idle GPU that means leaked mappings
 
 
 _UNIFIED_MEMORY = ("GH200", "GB10", "GB200")

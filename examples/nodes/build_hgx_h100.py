@@ -142,7 +142,7 @@ def build(root: str) -> None:
         shutil.rmtree(root)
     os.makedirs(root)
     nvml_devices: dict[str, dict[str, object]] = {
-        "name": {}, "pci": {}, "uuid": {}, "bar1": {}, "processes": {}, "fabric": {}, "rows": {}, "persistence": {}, "ecc_mode": {}, "ecc_volatile": {},
+        "name": {}, "pci": {}, "uuid": {}, "bar1": {}, "fabric": {}, "rows": {}, "persistence": {}, "ecc_mode": {}, "ecc_volatile": {},
         "clock_reasons": {},
     }
     for index, (gpu, nic, switch, port) in enumerate(PAIRS):
@@ -185,7 +185,6 @@ def build(root: str) -> None:
               "".join(f"0x{start:016x} 0x{(start + size - 1) if size else 0:016x} 0x{flags:016x}\n" for start, size, flags in regions)
               + "0x0000000000000000 0x0000000000000000 0x0000000000000000\n" * 10)
         nvml_devices["bar1"][str(index)] = {"result": {"bar1Total": 128 << 30, "bar1Free": (128 << 30) - (2 << 20), "bar1Used": 2 << 20}}
-        nvml_devices["processes"][str(index)] = {"result": []}  # idle: waiting for a job
         nvml_devices["fabric"][str(index)] = {"result": {"clusterUuid": [0] * 16, "status": 0, "cliqueId": 0, "state": 3}}
         nvml_devices["rows"][str(index)] = {"result": [0, 0, 0, 0]}  # correctable, uncorrectable, pending, failure
         nvml_devices["persistence"][str(index)] = {"result": 1}  # nvidia-persistenced keeps the GPUs initialised
@@ -299,7 +298,6 @@ def build(root: str) -> None:
             "nvmlDeviceGetPciInfo": nvml_devices["pci"],
             "nvmlDeviceGetUUID": nvml_devices["uuid"],
             "nvmlDeviceGetBAR1MemoryInfo": nvml_devices["bar1"],
-            "nvmlDeviceGetComputeRunningProcesses": nvml_devices["processes"],
             "nvmlDeviceGetGpuFabricInfo": nvml_devices["fabric"],
             "nvmlDeviceGetRemappedRows": nvml_devices["rows"],
             **nvlink_and_p2p_answers(len(PAIRS)),

@@ -10,9 +10,10 @@ Sources:
 * NVML ``nvmlDeviceGetBAR1MemoryInfo``: ``bar1Total``, ``bar1Used``, ``bar1Free`` in bytes.
   Unified-memory parts (Grace Hopper, GB10) answer ``NVML_ERROR_NOT_SUPPORTED``: there, the
   NIC reaches memory without BAR1 and the reference does not apply.
-* NVML ``nvmlDeviceGetComputeRunningProcesses``: the processes with a CUDA context on the GPU.
-  A GPU that runs work has its buffers mapped, so BAR1 use says something about leaked mappings
-  only on an idle GPU (a health check runs beside jobs; a prolog may find a stray process).
+* NVML ``nvmlDeviceGetComputeRunningProcesses``: the processes with a CUDA context on the GPU,
+  asked only when most of its BAR1 is mapped. A GPU that runs work has its buffers mapped, so
+  BAR1 use says something about leaked mappings only on an idle GPU (a health check runs beside
+  jobs; a prolog may find a stray process).
 * ``/sys/bus/pci/devices/<bdf>/resource``: one ``start end flags`` line per region. The BAR1
   aperture is the largest 64-bit prefetchable memory region; it is region 1 on some GPUs and
   region 2 on HGX H100 (region 0 is 64-bit there and takes two registers), so never index 1.
@@ -29,6 +30,7 @@ from preflight.sources import NodeFS
 from preflight.sources.nvml import Nvml, NvmlError
 
 _MEM, _PREFETCH, _MEM_64 = 0x200, 0x2000, 0x100000  # IORESOURCE_* (include/linux/ioport.h)
+MOSTLY_MAPPED = 0.5  # share of BAR1 mapped on an idle GPU that means leaked mappings (GDR003)
 
 
 class Bar1(Struct, frozen=True):
@@ -39,7 +41,7 @@ class Bar1(Struct, frozen=True):
     used: int | None
     error: str  # NVML error code of the BAR1 query, "" when it answered
     aperture: int | None  # bytes, largest 64-bit prefetchable region in sysfs
-    processes: int | None = None  # compute processes on the GPU; None when unread
+    processes: int | None = None  # compute processes on the GPU; None when unread or not asked
     processes_error: str = ""  # NVML error code of the process query, "" when it answered
 
 
@@ -88,7 +90,9 @@ def probe_bar1(fs: NodeFS, nvml: Nvml) -> Bar1Facts:
             code = failure.code
         resource = reader.text(f"/sys/bus/pci/devices/{bus_id}/resource") if bus_id else None
         aperture = largest_prefetchable(resource) if resource else None
-        processes, processes_error = _compute_processes(nvml, index) if total is not None else (None, "")
+        # Whether the GPU runs work matters only when most of its BAR1 is mapped: asked then only.
+        mostly_mapped = total is not None and used is not None and used > total * MOSTLY_MAPPED
+        processes, processes_error = _compute_processes(nvml, index) if mostly_mapped else (None, "")
         gpus.append(Bar1(index, name if isinstance(name, str) else None, bus_id, total, used, code, aperture, processes, processes_error))
     return Bar1Facts(tuple(gpus), "", tuple(reader.problems))
 

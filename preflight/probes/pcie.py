@@ -334,7 +334,9 @@ def _endpoint(fs: NodeFS, reader: FactReader, bdf: str, chain: tuple[str, ...], 
     except SourceError as error:
         problem = str(error)
     link = _link(reader, base)
-    if len(chain) > 1:
+    narrow = link.current_width is not None and link.max_width is not None and 0 < link.current_width < link.max_width
+    if narrow and len(chain) > 1:
+        # Only a narrow link asks its port: every prolog reads this for each GPU and NIC.
         port = chain[-2]
         link = replace(link, port=port, port_max_width=parse_width(reader.text(f"/sys/bus/pci/devices/{port}/max_link_width")))
     return PciEndpoint(bdf, chain[:-1], _numa(reader.text(f"{base}/numa_node")), link, group, domain, problem, rdma)

@@ -78,6 +78,7 @@ def test_small_bar1_matters_only_where_an_rdma_nic_maps_gpu_memory(node_copy: Pa
 def test_bar1_mostly_mapped_before_the_job_is_present(node_copy: Path) -> None:
     def leaked(calls: dict[str, Any]) -> None:
         calls["nvmlDeviceGetBAR1MemoryInfo"]["5"] = {"result": {"bar1Total": 128 * GIB, "bar1Free": 20 * GIB, "bar1Used": 108 * GIB}}
+        calls.setdefault("nvmlDeviceGetComputeRunningProcesses", {})["5"] = {"result": []}
 
     edit_nvml(node_copy, leaked)
     found = verdicts(node_copy)
@@ -90,7 +91,7 @@ def test_bar1_mapped_by_running_work_is_no_leak(node_copy: Path) -> None:
     GPU only, and otherwise a warning-level unknown (which never drains) says what runs."""
     def busy(calls: dict[str, Any]) -> None:
         calls["nvmlDeviceGetBAR1MemoryInfo"]["5"] = {"result": {"bar1Total": 128 * GIB, "bar1Free": 20 * GIB, "bar1Used": 108 * GIB}}
-        calls["nvmlDeviceGetComputeRunningProcesses"]["5"] = {"result": [{"pid": 4242, "usedGpuMemory": 70 * GIB}]}
+        calls.setdefault("nvmlDeviceGetComputeRunningProcesses", {})["5"] = {"result": [{"pid": 4242, "usedGpuMemory": 70 * GIB}]}
 
     edit_nvml(node_copy, busy)
     sources = Sources.for_node(str(node_copy), None)
@@ -105,6 +106,16 @@ def test_bar1_mapped_by_running_work_is_no_leak(node_copy: Path) -> None:
     found = verdicts(node_copy)
     assert [(s, st) for s, st, _ in found] == [("GPU5", Status.UNKNOWN)]
     assert "whether the GPU is idle is unread (nvmlDeviceGetComputeRunningProcesses: NVML_NOT_RECORDED)" in found[0][2]
+    for answer in ({"error": "NVML_ERROR_NO_PERMISSION"}, {"result": "garbage"}):
+        edit_nvml(node_copy, lambda calls: calls.update({"nvmlDeviceGetComputeRunningProcesses": {"5": answer}}))
+        assert [(s, st) for s, st, _ in verdicts(node_copy)] == [("GPU5", Status.UNKNOWN)], answer
+
+
+def test_processes_are_asked_only_where_most_of_bar1_is_mapped(example_root: Path) -> None:
+    """The prolog asks NVML once per GPU for BAR1, and for processes only where they decide."""
+    sources = Sources.for_node(str(example_root), None)
+    facts = probe_bar1(sources.fs, sources.nvml)
+    assert [(gpu.processes, gpu.processes_error) for gpu in facts.gpus] == [(None, "")] * 8
 
 
 def test_not_supported_is_not_applicable_on_unified_memory_and_unknown_elsewhere(node_copy: Path) -> None:

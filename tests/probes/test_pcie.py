@@ -268,8 +268,16 @@ def test_pcie_probe_records_links_and_gpu_pairs(tmp_path: Path) -> None:
         write(root, path, width + "\n")
     link = probe_pcie(NodeFS(str(root))).gpus[0].link
     assert (link.current_width, link.max_width, link.port, link.port_max_width) == (8, 16, "0000:17:00.0", 8)
+    # the second GPU's link is narrow too, and its root port's width was not written
+    second_gpu = "/sys/devices/pci0000:97/0000:97:01.0/0000:9a:00.0"
+    write(root, f"{second_gpu}/current_link_width", "8\n")
+    write(root, f"{second_gpu}/max_link_width", "16\n")
     second = probe_pcie(NodeFS(str(root))).gpus[1].link
-    assert second.port == "0000:97:01.0" and second.port_max_width is None  # its root port's width was not written
+    assert second.port == "0000:97:01.0" and second.port_max_width is None
+    # a link at its full width asks nothing of its port: the prolog reads it for every GPU and NIC
+    write(root, f"{device}/0000:18:00.0/current_link_width", "16\n")
+    full = probe_pcie(NodeFS(str(root))).gpus[0].link
+    assert (full.current_width, full.port, full.port_max_width) == (16, "", None)
 
 
 def test_pci003_iommu_sources_missing_from_a_recorded_root_are_unknown(tmp_path: Path) -> None:

@@ -67,7 +67,7 @@ CALLS = [
     ("nvmlDeviceGetName", "2"), ("nvmlDeviceGetPciInfo", "2"), ("nvmlDeviceGetUUID", "2"),
     ("nvmlDeviceGetBAR1MemoryInfo", "2"), ("nvmlDeviceGetGpuFabricInfo", "2"),
     ("nvmlDeviceGetRemappedRows", "2"), ("nvmlDeviceGetPersistenceMode", "2"), ("nvmlDeviceGetEccMode", "2"),
-    ("nvmlDeviceGetTotalEccErrors", "2/1/0"), ("nvmlDeviceGetComputeRunningProcesses", "2"),
+    ("nvmlDeviceGetTotalEccErrors", "2/1/0"),
 ]
 IDENTITY = ("nvmlDeviceGetName", "nvmlDeviceGetPciInfo", "nvmlDeviceGetUUID")
 HEALTH = ("nvmlDeviceGetRemappedRows", "nvmlDeviceGetPersistenceMode", "nvmlDeviceGetEccMode", "nvmlDeviceGetTotalEccErrors")
@@ -78,8 +78,6 @@ OWN_REFERENCE = {"nvmlDeviceGetBAR1MemoryInfo": "GDR003", "nvmlDeviceGetGpuFabri
 
 def expected(function: str, error: str) -> set[tuple[str, str]]:
     """(reference, status) for GPU2 after ``function`` answers ``error`` for it."""
-    if function == "nvmlDeviceGetComputeRunningProcesses":
-        return set()  # asked to tell a leak from running work, which GPU2's 2 MiB of BAR1 needs not
     if error == "NVML_ERROR_NOT_SUPPORTED":
         # BAR1 and the fabric state exist on an H100: not answering is unknown. Elsewhere the
         # feature is simply absent (and GPU2's ECC count still decides GPU002).

@@ -258,7 +258,7 @@ def busy_root(clean: Path, base: Path) -> Path:
     nvml_path = busy / ".preflight" / "nvml.json"
     nvml = json.loads(nvml_path.read_text())
     nvml["calls"]["nvmlDeviceGetBAR1MemoryInfo"]["0"] = {"result": {"bar1Total": 128 << 30, "bar1Free": 20 << 30, "bar1Used": 108 << 30}}
-    nvml["calls"]["nvmlDeviceGetComputeRunningProcesses"]["0"] = {"result": [{"pid": 4242, "usedGpuMemory": 70 << 30}]}
+    nvml["calls"].setdefault("nvmlDeviceGetComputeRunningProcesses", {})["0"] = {"result": [{"pid": 4242, "usedGpuMemory": 70 << 30}]}
     nvml_path.write_text(json.dumps(nvml))
     return busy
 
