@@ -34,8 +34,7 @@ def nccl_cuda_call_failed(gpu_health: GpuHealthFacts, kernel_log: KernelLogFacts
     """A GPU waiting for a reset to apply a row remap, out of spare rows, with uncorrectable ECC
     errors since it was initialised, or with hardware Xids since boot."""
     found = list(_hardware_xids(kernel_log))
-    if kernel_log.error:
-        found.append(undecided("kernel log", f"Xid history since boot unread: {kernel_log.error}"))
+    found.extend(kernel_log.unread("Xid history"))
     unusable = nvml_unusable(gpu_health, gpus)
     if unusable is not None:
         if isinstance(unusable, NotApplicable) and not found:

@@ -68,10 +68,8 @@ def ib_transport_retry_exceeded(link_history: LinkHistoryFacts, kernel_log: Kern
         raise Unknown(link_history.unlisted)
     if not link_history.ports:
         raise NotApplicable("no RDMA ports on this node")
-    if kernel_log.error:
-        # The counters below may have been cleared since; the kernel log is the other witness of
-        # link-downs since boot, and a log not read is no quiet one.
-        yield undecided("kernel log", f"link-down history since boot unread: {kernel_log.error}")
+    # The counters below may have been cleared since; the kernel log is the other witness.
+    yield from kernel_log.unread("link-down history")
     for port in link_history.ports:
         subject = f"{port.device}/{port.port}"
         if port.problem:
@@ -530,8 +528,7 @@ def ib_subnet_manager_sweep_failure(rdma: RdmaFacts, kernel_log: KernelLogFacts 
 def _refused_joins(kernel_log: KernelLogFacts) -> Iterator[Observation]:
     """One warning per IPoIB interface whose multicast joins failed: without the broadcast group
     the interface has no carrier, and bootstrap traffic over it goes nowhere."""
-    if kernel_log.error:
-        yield undecided("kernel log", f"IPoIB multicast join history since boot unread: {kernel_log.error}")
+    yield from kernel_log.unread("IPoIB multicast join history")
     by_netdev: dict[str, list[JoinFailure]] = {}
     for failure in kernel_log.join_failures:
         by_netdev.setdefault(failure.netdev, []).append(failure)

@@ -329,9 +329,9 @@ def roce_pfc_pause_storm(
             yield item
         else:
             used.append(item)
-    if used and kernel_log.error:
-        yield undecided("port buffers", f"lossless-buffer errors since boot unread: {kernel_log.error}")
-    elif used and kernel_log.lossless_buffer_errors:
+    if used:
+        yield from kernel_log.unread("lossless-buffer errors", subject="port buffers")
+    if used and kernel_log.lossless_buffer_errors:
         yield present(
             "port buffers",
             Evidence("kernel log since boot", kernel_log.lossless_buffer_errors[-1], "no lossless-buffer errors (mlx5 port_buffer.c)"),

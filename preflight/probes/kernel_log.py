@@ -17,9 +17,11 @@ for %pI6, status %d
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 from msgspec import Struct
 
+from preflight.model import Observation, undecided
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
 
@@ -79,6 +81,12 @@ class KernelLogFacts(Struct, frozen=True):
     error: str  # why the kernel log could not be read or is not there, "" when it was read
     read: bool  # whether any log was read at all
     join_failures: tuple[JoinFailure, ...] = ()
+
+    def unread(self, history: str, subject: str = "kernel log") -> Iterator[Observation]:
+        """The undecided half of a check whose ``history`` since boot only this log shows, when it
+        could not be read or is not there: a log not read is no quiet one."""
+        if self.error:
+            yield undecided(subject, f"{history} since boot unread: {self.error}")
 
 
 NOT_READ = KernelLogFacts((), (), (), "", False)
