@@ -46,6 +46,14 @@ TCP_STATES = {
 LISTEN = 10
 
 
+#: States of sockets their application has already closed: the kernel frees their ports on its own,
+#: TIME_WAIT after TCP_TIMEWAIT_LEN (60 s, fixed in include/net/tcp.h), an orphaned FIN_WAIT2 after
+#: net.ipv4.tcp_fin_timeout, the rest once the peer answers or the retransmissions give up. A job
+#: that just ended leaves thousands of them, so they can fill the range for a minute but never
+#: for good.
+CLOSING_STATES = frozenset({4, 5, 6, 9, 11})  # FIN_WAIT1, FIN_WAIT2, TIME_WAIT, LAST_ACK, CLOSING
+
+
 #: A node with thousands of sockets writes tens of MB here; read it whole, but not without bound.
 MAX_TABLE_BYTES = 64 * 1024 * 1024
 
@@ -78,7 +86,9 @@ class TcpTable(Struct, frozen=True):
     listening: tuple[ListeningSocket, ...]
     states: dict[str, int]  # sockets per state name
     local_ports: frozenset[int]  # local ports of every socket
+    open_local_ports: frozenset[int]  # local ports of sockets not in a CLOSING_STATES state
     destinations: dict[tuple[str, int], int]  # (remote address, port) -> sockets from ephemeral ports
+    open_destinations: dict[tuple[str, int], int]  # the same, counting only sockets not closing
     bad_lines: tuple[str, ...]
     bad_count: int
 
@@ -89,7 +99,9 @@ class SocketFacts(Struct, frozen=True):
     listening: tuple[ListeningSocket, ...]  # LISTEN sockets of tcp and tcp6
     states: dict[str, int]  # sockets per TCP state, both tables
     ephemeral_ports_in_use: int | None  # distinct usable ephemeral ports held by any socket
+    ephemeral_ports_open: int | None  # the same, held by a socket not in a CLOSING_STATES state
     busiest: tuple[Destination, ...]  # remote endpoints with the most sockets from ephemeral ports
+    busiest_open: int  # most sockets not closing from ephemeral ports to any one endpoint
     tables: tuple[str, ...]  # the tables that were read
     bad_lines: tuple[str, ...]  # "path:line: text" of lines that did not parse (first few)
     bad_line_count: int
@@ -129,7 +141,9 @@ def parse_tcp_table(text: str, path: str, ephemeral: tuple[int, int] | None = No
     listening: list[ListeningSocket] = []
     states: Counter[str] = Counter()
     local_ports: set[int] = set()
+    open_local_ports: set[int] = set()
     destinations: Counter[tuple[str, int]] = Counter()
+    open_destinations: Counter[tuple[str, int]] = Counter()
     bad: list[str] = []
     bad_count = 0
     for number, line in enumerate(lines[1:], 2):
@@ -150,11 +164,19 @@ def parse_tcp_table(text: str, path: str, ephemeral: tuple[int, int] | None = No
             continue
         states[TCP_STATES[state]] += 1
         local_ports.add(local_port)
+        closing = state in CLOSING_STATES
+        if not closing:
+            open_local_ports.add(local_port)
         if state == LISTEN:
             listening.append(ListeningSocket(local, local_port, uid, inode, f"{path}:{number}"))
         elif ephemeral is not None and ephemeral[0] <= local_port <= ephemeral[1]:
             destinations[(remote, remote_port)] += 1
-    return TcpTable(tuple(listening), dict(states), frozenset(local_ports), dict(destinations), tuple(bad), bad_count)
+            if not closing:
+                open_destinations[(remote, remote_port)] += 1
+    return TcpTable(
+        tuple(listening), dict(states), frozenset(local_ports), frozenset(open_local_ports),
+        dict(destinations), dict(open_destinations), tuple(bad), bad_count,
+    )
 
 
 def parse_port_range(text: str) -> tuple[int, int]:
@@ -211,6 +233,11 @@ def _parsed_setting(fs: NodeFS, path: str, parse: Callable[[str], T], problems: 
         return None
 
 
+def _ephemeral_count(ports: set[int], port_range: tuple[int, int], reserved: tuple[tuple[int, int], ...]) -> int:
+    """How many of ``ports`` the kernel would otherwise hand out as ephemeral ports."""
+    return sum(1 for port in ports if port_range[0] <= port <= port_range[1] and not reserved_ports(port, reserved))
+
+
 @probe("sockets")
 def probe_sockets(fs: NodeFS) -> SocketFacts:
     """Read the ephemeral port settings and the TCP tables of this network namespace."""
@@ -237,21 +264,28 @@ def probe_sockets(fs: NodeFS) -> SocketFacts:
         tables.append(path)
     states: Counter[str] = Counter()
     destinations: Counter[tuple[str, int]] = Counter()
+    open_destinations: Counter[tuple[str, int]] = Counter()
     local_ports: set[int] = set()
+    open_local_ports: set[int] = set()
     for table in parsed:
         states.update(table.states)
         local_ports |= table.local_ports
+        open_local_ports |= table.open_local_ports
         destinations.update(table.destinations)
-    in_use = None
+        open_destinations.update(table.open_destinations)
+    in_use = in_use_open = None
     if port_range is not None and tables:
-        in_use = sum(1 for port in local_ports if port_range[0] <= port <= port_range[1] and not reserved_ports(port, reserved))
+        in_use = _ephemeral_count(local_ports, port_range, reserved)
+        in_use_open = _ephemeral_count(open_local_ports, port_range, reserved)
     return SocketFacts(
         port_range,
         reserved,
         tuple(s for table in parsed for s in table.listening),
         dict(states),
         in_use,
+        in_use_open,
         tuple(Destination(a, p, n) for (a, p), n in destinations.most_common(MAX_DESTINATIONS)),
+        max(open_destinations.values(), default=0),
         tuple(tables),
         tuple(line for table in parsed for line in table.bad_lines),
         sum(table.bad_count for table in parsed),
