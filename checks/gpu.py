@@ -33,9 +33,9 @@ FEATURE_ABSENT = frozenset({"NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT
 def nccl_cuda_call_failed(gpu_health: GpuHealthFacts, kernel_log: KernelLogFacts, gpus: GpuFacts) -> Iterator[Observation]:
     """A GPU waiting for a reset to apply a row remap, out of spare rows, with uncorrectable ECC
     errors since it was initialised, or with hardware Xids since boot."""
-    found = list(_hardware_xids(kernel_log))
-    found.extend(kernel_log.unread("Xid history"))
     unusable = nvml_unusable(gpu_health, gpus)
+    found = list(_hardware_xids(kernel_log, {} if unusable is not None else _clean_now(gpu_health, gpus)))
+    found.extend(kernel_log.unread("Xid history"))
     if unusable is not None:
         if isinstance(unusable, NotApplicable) and not found:
             raise unusable
@@ -81,7 +81,56 @@ def _gpu_verdicts(gpu: GpuHealth) -> Iterator[Observation]:
         )
 
 
-def _hardware_xids(kernel_log: KernelLogFacts) -> Iterator[Observation]:
+#: Hardware Xids whose aftermath NVML's health queries show while it lasts: a lost GPU (79), a row
+#: remap pending or failed (63, 64), uncorrectable ECC errors since the GPU was initialised (48, 94,
+#: 95; 92 is a rate of corrected ones). For these a GPU that NVML reads clean now has been reset or
+#: recovered. An NVLink (74) or GSP (119, 120) fault leaves nothing these queries read, so a clean
+#: reading says nothing about them and they stay errors until the reboot clears the log.
+SHOWN_BY_NVML_XIDS = frozenset({48, 63, 64, 79, 92, 94, 95})
+
+
+RECOVERED_FIX = (
+    "NVML reads this GPU clean now: it has been reset or recovered since the Xid, which the kernel "
+    "log keeps until the next reboot. Watch for the Xid to come back (dmesg -T | grep Xid); if it "
+    "does, drain the node and have the GPU serviced."
+)
+
+
+def _bus_key(bus: str) -> tuple[int, int, int] | None:
+    """(domain, bus, device) of "0000:5d:00" (an Xid line) or "0000:5d:00.0" (NVML, sysfs)."""
+    parts = bus.split(".", 1)[0].split(":")
+    try:
+        numbers = [int(part, 16) for part in parts]
+    except ValueError:
+        return None
+    if len(numbers) == 2:
+        numbers.insert(0, 0)
+    return (numbers[0], numbers[1], numbers[2]) if len(numbers) == 3 else None
+
+
+def _clean_now(gpu_health: GpuHealthFacts, gpus: GpuFacts) -> dict[tuple[int, int, int], str]:
+    """The GPUs whose health NVML reads clean now, by bus, with what was read. The kernel log
+    keeps an Xid until the next reboot, but resetting the GPU (what NVIDIA's Xid catalogue asks
+    for after most hardware Xids) clears what the Xid left behind: a GPU that is not lost, has no
+    row remap pending or failed and no uncorrectable ECC error since it was initialised has
+    recovered, and an old Xid of it must not drain the node at every job."""
+    buses = {device.index: device.bus_id for device in gpus.devices if device.bus_id}
+    clean: dict[tuple[int, int, int], str] = {}
+    for gpu in gpu_health.gpus:
+        key = _bus_key(buses.get(gpu.index, ""))
+        if key is None or gpu.lost_in or any(True for _ in _gpu_verdicts(gpu)):
+            continue
+        read = []
+        if not gpu.rows_error:
+            read.append(f"no row remap pending or failed ({gpu.rows_uncorrectable} rows remapped for uncorrectable errors)")
+        if gpu.ecc_current and not gpu.volatile_error:
+            read.append("0 uncorrectable ECC errors since the GPU was initialised")
+        if read:
+            clean[key] = f"GPU{gpu.index}: " + "; ".join(read)
+    return clean
+
+
+def _hardware_xids(kernel_log: KernelLogFacts, clean_now: dict[tuple[int, int, int], str]) -> Iterator[Observation]:
     by_bus: dict[str, list[XidEvent]] = {}
     for event in kernel_log.xids:
         if event.code in HARDWARE_XIDS:
@@ -89,10 +138,14 @@ def _hardware_xids(kernel_log: KernelLogFacts) -> Iterator[Observation]:
     for bus, events in sorted(by_bus.items()):
         codes = sorted({event.code for event in events})
         described = ", ".join(f"{code} ({HARDWARE_XIDS[code]})" for code in codes)
-        yield present(
-            f"GPU {bus}",
-            Evidence("kernel log since boot", f"Xid {described}; {len(events)} event(s), last: {events[-1].text}", "no hardware Xid since boot"),
+        history = Evidence(
+            "kernel log since boot", f"Xid {described}; {len(events)} event(s), last: {events[-1].text}", "no hardware Xid since boot"
         )
+        now = clean_now.get(_bus_key(bus) or (-1, -1, -1))
+        if now is None or not set(codes) <= SHOWN_BY_NVML_XIDS:
+            yield present(f"GPU {bus}", history)
+        else:
+            yield present(f"GPU {bus}", history, Evidence("NVML now", now), severity=Severity.WARNING, fix=RECOVERED_FIX)
 
 
 # NVML start-up errors that say nothing about the driver: preflight could not ask it (the library

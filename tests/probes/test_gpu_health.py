@@ -12,7 +12,7 @@ from preflight.probes.gpu_health import GpuHealth, probe_gpu_health
 from preflight.checks.gpu import nccl_cuda_call_failed
 from preflight.probes.gpus import probe_gpus
 from preflight.probes.kernel_log import KernelLogFacts, parse_xids, probe_kernel_log
-from preflight.model import NotApplicable, Status, Unknown
+from preflight.model import NotApplicable, Severity, Status, Unknown
 from preflight.sources import Sources
 
 
@@ -89,12 +89,42 @@ KMSG = (
 )
 
 
+def severities(root: Path) -> dict[str, tuple[Status, Severity | None, str]]:
+    sources = Sources.for_node(str(root), None)
+    found = nccl_cuda_call_failed(probe_gpu_health(sources.nvml), probe_kernel_log(sources.fs), probe_gpus(sources.fs, sources.nvml))
+    return {o.subject: (o.status, o.severity, " | ".join(e.observed for e in o.evidence)) for o in found}
+
+
 def test_hardware_xids_since_boot_are_present_and_application_faults_are_not(node_copy: Path) -> None:
     (node_copy / ".preflight/kmsg").write_text(KMSG)
+    set_answers(node_copy, "nvmlDeviceGetName", {"3": {"error": "NVML_ERROR_GPU_IS_LOST"}})  # 0000:5d:00.0 is GPU3
+    set_rows(node_copy, {"3": {"error": "NVML_ERROR_GPU_IS_LOST"}})
     found = verdicts(node_copy)
-    assert [(s, st) for s, st, _ in found] == [("GPU 0000:5d:00", Status.PRESENT)]
+    assert [(s, st) for s, st, _ in found] == [("GPU 0000:5d:00", Status.PRESENT), ("GPU3", Status.UNKNOWN)]
     assert "Xid 79 (GPU has fallen off the bus); 2 event(s)" in found[0][2]
+    assert severities(node_copy)["GPU 0000:5d:00"][1] is None  # still lost: the reference's error
     assert [e.code for e in parse_xids(KMSG.splitlines())] == [79, 13, 79]
+
+
+def test_an_xid_of_a_gpu_nvml_reads_clean_now_is_a_warning(node_copy: Path) -> None:
+    """The kernel log keeps an Xid until the next reboot; after the GPU was reset, NVML reads it
+    clean, and an old Xid must not drain the node at every job. An Xid whose aftermath NVML's
+    health queries cannot show (NVLink, GSP) stays an error."""
+    (node_copy / ".preflight/kmsg").write_text(
+        KMSG
+        + "4,1025,8815000000,-;NVRM: Xid (PCI:0000:18:00): 94, pid=7194, name=python, Contained: CE User Channel (0x9). RST: No, D-RST: No\n"
+        + "4,1026,8816000000,-;NVRM: Xid (PCI:0000:2a:00): 119, pid=1, name=nvidia-smi, Timeout after 6s of waiting for RPC response from GPU1 GSP!\n"
+    )
+    found = severities(node_copy)  # every GPU of the example reads clean
+    status, severity, text = found["GPU 0000:5d:00"]
+    assert (status, severity) == (Status.PRESENT, Severity.WARNING)
+    assert "GPU3: no row remap pending or failed (0 rows remapped for uncorrectable errors); 0 uncorrectable ECC errors" in text
+    assert found["GPU 0000:18:00"][:2] == (Status.PRESENT, Severity.WARNING)
+    assert found["GPU 0000:2a:00"][:2] == (Status.PRESENT, None)  # GSP: nothing NVML reads shows a reset
+    # The contained error not yet cleared by a reset: uncorrectable errors counted since init.
+    set_answers(node_copy, "nvmlDeviceGetTotalEccErrors", {"0/1/0": {"result": 1}})
+    found = severities(node_copy)
+    assert found["GPU 0000:18:00"][:2] == (Status.PRESENT, None) and found["GPU0"][0] is Status.PRESENT
 
 
 def test_xids_of_a_gpu_in_mig_mode_name_their_instance_and_still_count() -> None:
@@ -164,6 +194,7 @@ def test_nvml_unavailable_is_unknown_with_gpus_on_the_bus(node_copy: Path) -> No
     (node_copy / ".preflight/kmsg").write_text(KMSG)
     found = verdicts(node_copy)  # the kernel log still speaks; NVML's half is unknown
     assert [(s, st) for s, st, _ in found] == [("GPU 0000:5d:00", Status.PRESENT), ("NVML", Status.UNKNOWN)]
+    assert severities(node_copy)["GPU 0000:5d:00"][1] is None  # nothing read says it recovered: an error
 
 
 def test_live_kernel_log_reads_or_names_the_privilege(tmp_path: Path) -> None:
