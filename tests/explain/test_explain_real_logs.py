@@ -22,11 +22,11 @@ from preflight.explain import explain, load_catalogue
 # Held-back figures (tests/data/real-logs, test part), measured when last raised; see
 # bench/explain_accuracy.py for all figures. Floors, not goals: the goals are top-1 85 %,
 # top-3 95 %, no candidate 0 %, out-of-catalogue logs given a cause <= 20 %.
-TOP1_FLOOR = 0.516
-TOP3_FLOOR = 0.548
-NO_CANDIDATE_CEILING = 0.283
+TOP1_FLOOR = 0.507
+TOP3_FLOOR = 0.539
+NO_CANDIDATE_CEILING = 0.286
 OUTSIDE_CAUSE_CEILING = 0.20
-SILENT_CEILING = 23  # held-back failure logs answered "nothing found" (19 before stalls were named)
+SILENT_CEILING = 24  # held-back failure logs answered "nothing found" (19 before stalls were named)
 # When the test part grows, the logs held back before keep the floors they had reached, so new,
 # harder logs cannot hide a loss on the old ones:
 # - batches a-e (74 logs): the first gathering, whose development part the first signatures were
@@ -75,6 +75,9 @@ SILENT_CEILING = 23  # held-back failure logs answered "nothing found" (19 befor
 # On 2026-12-05 one held-back label of batch i (ColBERT#318, one rank's long clustering while the
 # others waited) moved from NCCL003 to NCCL011, the corpus's label for one rank's host-side work:
 # every part holding batch i lost that log's top-1 (0.8 to 1.1 points) and its floors moved with it.
+# - batches a-zzzk (194 logs): batches zzzl-zzzo (4 held-back logs; neither of their 2 catalogued
+#   causes ranked first, neither out-of-catalogue log given a cause, one more silent) moved them
+#   to 50.8 / 54.0 / 28.6 % with 24 silent.
 EARLIER_PARTS = {
     "batches a-e": (set("abcde"), {"top1": 0.596, "top3": 0.629, "no_candidate": 0.210, "silent": 6}),
     "batches a-x": (set("abcdefghijklmnopqrstuvwx"), {"top1": 0.541, "top3": 0.576, "no_candidate": 0.283, "silent": 13}),
@@ -94,6 +97,7 @@ EARLIER_PARTS = {
     "batches a-zzy": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze", "zf", "zg", "zh", "zi", "zj", "zl", "zm", "zn", "zo", "zp", "zq", "zr", "zs", "zt", "zu", "zv", "zw", "zx", "zy", "zz", "zza", "zzb", "zzc", "zzd", "zze", "zzf", "zzg", "zzh", "zzi", "zzj", "zzk", "zzl", "zzm", "zzn", "zzo", "zzp", "zzq", "zzr", "zzs", "zzt", "zzu", "zzv", "zzw", "zzx", "zzy"}, {"top1": 0.521, "top3": 0.554, "no_candidate": 0.278, "silent": 21}),
     "batches a-zzzc": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze", "zf", "zg", "zh", "zi", "zj", "zl", "zm", "zn", "zo", "zp", "zq", "zr", "zs", "zt", "zu", "zv", "zw", "zx", "zy", "zz", "zza", "zzb", "zzc", "zzd", "zze", "zzf", "zzg", "zzh", "zzi", "zzj", "zzk", "zzl", "zzm", "zzn", "zzo", "zzp", "zzq", "zzr", "zzs", "zzt", "zzu", "zzv", "zzw", "zzx", "zzy", "zzz", "zzza", "zzzb", "zzzc"}, {"top1": 0.525, "top3": 0.558, "no_candidate": 0.275, "silent": 22}),
     "batches a-zzzg": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze", "zf", "zg", "zh", "zi", "zj", "zl", "zm", "zn", "zo", "zp", "zq", "zr", "zs", "zt", "zu", "zv", "zw", "zx", "zy", "zz", "zza", "zzb", "zzc", "zzd", "zze", "zzf", "zzg", "zzh", "zzi", "zzj", "zzk", "zzl", "zzm", "zzn", "zzo", "zzp", "zzq", "zzr", "zzs", "zzt", "zzu", "zzv", "zzw", "zzx", "zzy", "zzz", "zzza", "zzzb", "zzzc", "zzzd", "zzze", "zzzf", "zzzg"}, {"top1": 0.516, "top3": 0.549, "no_candidate": 0.279, "silent": 23}),
+    "batches a-zzzk": (set("abcdefghijklmnopqrstuvwxyz") | {"za", "zb", "zc", "zd", "ze", "zf", "zg", "zh", "zi", "zj", "zl", "zm", "zn", "zo", "zp", "zq", "zr", "zs", "zt", "zu", "zv", "zw", "zx", "zy", "zz", "zza", "zzb", "zzc", "zzd", "zze", "zzf", "zzg", "zzh", "zzi", "zzj", "zzk", "zzl", "zzm", "zzn", "zzo", "zzp", "zzq", "zzr", "zzs", "zzt", "zzu", "zzv", "zzw", "zzx", "zzy", "zzz", "zzza", "zzzb", "zzzc", "zzzd", "zzze", "zzzf", "zzzg", "zzzh", "zzzi", "zzzj", "zzzk"}, {"top1": 0.516, "top3": 0.548, "no_candidate": 0.283, "silent": 23}),
 }
 
 
