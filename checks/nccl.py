@@ -330,6 +330,18 @@ SLOWDOWN_REASONS = {
 }
 
 
+#: nvmlClocksThrottleReasonGpuIdle: nothing runs on the GPU. A prolog and an epilog see it set; a
+#: health check run while a job runs (HealthCheckNodeState=ANY) sees it clear.
+GPU_IDLE = 0x01
+
+
+BUSY_SLOWDOWN_FIX = (
+    "The GPU was busy when it was read, and one reading under load can catch a passing power or "
+    "temperature excursion: read it again when it is idle (nvidia-smi -q -d PERFORMANCE). If it "
+    "stays slowed down, check the GPU's cooling and the node's power delivery."
+)
+
+
 @check("NCCL011", profiles=("prolog",))
 def straggler_rank(gpu_health: GpuHealthFacts, gpus: GpuFacts) -> Iterator[Observation]:
     """A GPU whose clocks its hardware is already holding down before the job starts: its rank
@@ -347,10 +359,16 @@ def straggler_rank(gpu_health: GpuHealthFacts, gpus: GpuFacts) -> Iterator[Obser
         decided += 1
         slowed = [text for bit, text in SLOWDOWN_REASONS.items() if gpu.clock_reasons & bit]
         if slowed:
+            # An idle GPU held down has a fault of its own; a busy one may be passing through a
+            # power or heat peak of the load it carries, which must not drain the node.
+            busy = not gpu.clock_reasons & GPU_IDLE
             yield present(
                 f"GPU{gpu.index}",
-                Evidence(f"nvmlDeviceGetCurrentClocksThrottleReasons(GPU {gpu.index})", f"0x{gpu.clock_reasons:x}: " + "; ".join(slowed),
+                Evidence(f"nvmlDeviceGetCurrentClocksThrottleReasons(GPU {gpu.index})", f"0x{gpu.clock_reasons:x}: " + "; ".join(slowed)
+                         + ("; the GPU was busy (not idle)" if busy else ""),
                          "no hardware or thermal slowdown on a GPU waiting for a job"),
+                severity=Severity.WARNING if busy else None,
+                fix=BUSY_SLOWDOWN_FIX if busy else "",
             )
     if not decided and all(gpu.clock_reasons_error in ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND") for gpu in gpu_health.gpus):
         raise NotApplicable("the driver reports no clock throttle reasons for these GPUs")

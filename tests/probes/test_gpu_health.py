@@ -51,9 +51,20 @@ def test_clock_throttle_reasons_decide_nccl011(node_copy: Path) -> None:
         gpus = probe_gpus(sources.fs, sources.nvml)
         return [(o.subject, o.status.value) for o in straggler_rank(probe_gpu_health(sources.nvml), gpus)]
 
+    def severity() -> list[Severity | None]:
+        sources = Sources.for_node(str(node_copy))
+        return [o.severity for o in straggler_rank(probe_gpu_health(sources.nvml), probe_gpus(sources.fs, sources.nvml))]
+
     assert decide() == []
     set_answers(node_copy, "nvmlDeviceGetCurrentClocksThrottleReasons", {"2": {"result": 0x5}, "5": {"result": 0x41}})
     assert decide() == [("GPU5", "present")]  # 0x5: idle under the power cap; 0x41: HW thermal slowdown
+    assert severity() == [None]  # idle and held down: the reference's error
+    # Busy (no GpuIdle bit), as a health check beside a running job reads it: a slowdown under load
+    # may be a passing peak, a warning that never drains.
+    for busy in (0x40, 0x08, 0x0C):
+        set_answers(node_copy, "nvmlDeviceGetCurrentClocksThrottleReasons", {"5": {"result": busy}})
+        assert decide() == [("GPU5", "present")] and severity() == [Severity.WARNING]
+    set_answers(node_copy, "nvmlDeviceGetCurrentClocksThrottleReasons", {"5": {"result": 0x41}})
     set_answers(node_copy, "nvmlDeviceGetCurrentClocksThrottleReasons", {"5": {"error": "NVML_ERROR_UNKNOWN"}})
     assert decide() == [("GPU5", "unknown")]
     set_answers(node_copy, "nvmlDeviceGetCurrentClocksThrottleReasons", {"5": {"error": "NVML_ERROR_NOT_SUPPORTED"}})

@@ -250,7 +250,8 @@ def build_roots(base: Path) -> dict[str, Path]:
 
 def busy_root(clean: Path, base: Path) -> Path:
     """The clean node while a job runs on it: the job's rank 0 listens on torchrun's default port
-    29500, and its process maps most of GPU 0's BAR1."""
+    29500, its process maps most of GPU 0's BAR1, and GPU 0, busy, is caught in a power peak (HW
+    slowdown, no GpuIdle reason)."""
     busy = base / "roots" / "busy"
     shutil.copytree(clean, busy, symlinks=True)
     with (busy / "proc/net/tcp").open("a") as table:
@@ -259,6 +260,7 @@ def busy_root(clean: Path, base: Path) -> Path:
     nvml = json.loads(nvml_path.read_text())
     nvml["calls"]["nvmlDeviceGetBAR1MemoryInfo"]["0"] = {"result": {"bar1Total": 128 << 30, "bar1Free": 20 << 30, "bar1Used": 108 << 30}}
     nvml["calls"].setdefault("nvmlDeviceGetComputeRunningProcesses", {})["0"] = {"result": [{"pid": 4242, "usedGpuMemory": 70 << 30}]}
+    nvml["calls"]["nvmlDeviceGetCurrentClocksThrottleReasons"]["0"] = {"result": 0x08}
     nvml_path.write_text(json.dumps(nvml))
     return busy
 
@@ -535,6 +537,7 @@ def test_4_healthcheck_beside_a_running_job_drains_nothing(cluster: Cluster) -> 
         findings = {(f["id"], f["subject"]): (f["status"], f["severity"]) for f in result["report"]["findings"]}  # type: ignore[index]
         assert findings[("SOCK001", "port 29500")] == ("present", "warning")
         assert findings[("GDR003", "GPU0")] == ("unknown", "warning")
+        assert findings[("NCCL011", "GPU0")] == ("present", "warning")
         assert result["verdict"] == "clean", result["verdict"]
     finally:
         cluster.use_root("clean")
