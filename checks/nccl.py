@@ -84,6 +84,18 @@ def tree_algorithm_hang(job: JobFacts) -> Iterator[Observation]:
 RAS_CRASH_VERSIONS = frozenset({"2.27.3"})
 
 
+# NCCL012's and NCCL013's crashes need a RAS status query (the ncclras client, or an agent that
+# writes STATUS to localhost:28028). Nothing on a node says whether anything will query, and jobs
+# on a node nobody queries run as well as anywhere: a warning, never a drain of every node whose
+# image ships the release. A site that polls RAS raises the severity in its config.
+RAS_QUERY_FIX = (
+    "Upgrade NCCL (2.27.3 fixed the init race; the 2.27.3 query crash is fixed after it), or set "
+    "NCCL_RAS_ENABLE=0 in /etc/nccl.conf. Only a RAS status query (ncclras, or a monitoring agent "
+    "polling localhost:28028) triggers the crash; where the site polls RAS, drain such nodes with "
+    "[severity] NCCL012 = \"error\" and NCCL013 = \"error\" in the preflight config."
+)
+
+
 def job_copies(libs: NcclLibFacts, job: JobFacts) -> list[NcclCopy]:
     """Copies the job's LD_LIBRARY_PATH or LD_PRELOAD puts first, as recorded by the probe."""
     preload = [entry for entry in re.split(r"[\s:]+", job.environ.get("LD_PRELOAD", "")) if "libnccl" in entry]
@@ -151,6 +163,8 @@ def nccl_ras_query_crash(nccl_libs: NcclLibFacts, job: JobFacts) -> Iterator[Obs
                 copy.path,
                 Evidence(copy.path, f"NCCL {copy.version}", "a release without the RAS query crash"),
                 Evidence("NCCL_RAS_ENABLE", ras.value if ras else "unset (RAS on by default)", "0 until NCCL is upgraded"),
+                severity=Severity.WARNING,
+                fix=RAS_QUERY_FIX,
             )
 
 
@@ -197,11 +211,12 @@ def nccl_commsplit_nonblocking_segfault(nccl_libs: NcclLibFacts, job: JobFacts, 
 @check("NCCL013", profiles=("full",))
 def nccl_ras_init_race(nccl_libs: NcclLibFacts, job: JobFacts) -> Iterator[Observation]:
     """An NCCL release from 2.24 to 2.26 with RAS on (its default); as for NCCL012, a status query
-    is what crashes it, and nothing on the node says nobody will query."""
+    is what crashes it, and nothing on the node says whether anything will query (a warning)."""
     require_nccl(nccl_libs)
     if switched_off(job, "NCCL_RAS_ENABLE"):
         return
-    yield from release_findings(nccl_libs, RAS_INIT_RACE, setting_evidence(job, "NCCL_RAS_ENABLE", "0 until NCCL is upgraded (unset: RAS on)"))
+    setting = setting_evidence(job, "NCCL_RAS_ENABLE", "0 until NCCL is upgraded (unset: RAS on)")
+    yield from release_findings(nccl_libs, RAS_INIT_RACE, setting, severity=Severity.WARNING, fix=RAS_QUERY_FIX)
 
 
 # NCCL keeps each protocol's buffer size in an int (src/init.cc, v2.27.3-1: NCCL_PARAM(BuffSize,

@@ -112,10 +112,12 @@ def release_evidence(copy: NcclCopy, bug: KnownBug) -> Evidence:
     return Evidence(copy.path, f"NCCL {copy.version}: {bug.bug}", f"NCCL {bug.fixed} or newer")
 
 
-def release_findings(libs: NcclLibFacts, bug: KnownBug, *context: Evidence, severity: Severity | None = None) -> Iterator[Observation]:
+def release_findings(
+    libs: NcclLibFacts, bug: KnownBug, *context: Evidence, severity: Severity | None = None, fix: str = ""
+) -> Iterator[Observation]:
     """A finding per copy carrying ``bug``; ``unknown`` per copy whose release is not named."""
     carrying, unnamed = affected(libs, bug)
     for copy in carrying:
-        yield present(copy.path, release_evidence(copy, bug), *context, severity=severity)
+        yield present(copy.path, release_evidence(copy, bug), *context, severity=severity, fix=fix)
     for copy in unnamed:
         yield undecided(copy.path, f"the NCCL release of {copy.path} is not named by its file or wheel", *context)

@@ -16,6 +16,7 @@ from preflight.nccl.releases import KNOWN_BUGS, carries, version_tuple
 from preflight.probes.nccl_platform import parse_stack_limit
 from preflight.slurm_conf import propagated, read_slurm_conf
 from preflight.config import HostConfig
+from preflight.model import Severity
 from preflight.discovery import build_registry
 from preflight.engine import RunOptions, run
 from preflight.sources import NodeFS, Sources
@@ -145,6 +146,13 @@ def test_ras_init_race_releases_unless_ras_is_off(node_copy: Path) -> None:
     assert judge(node_copy, "NCCL013")["NCCL013"] == {("absent", "node")}  # 2.21.5 has no RAS
     upgrade_nccl(node_copy, "2.21.5", "2.26.2")
     assert judge(node_copy, "NCCL013")["NCCL013"] == {("present", "/usr/lib/x86_64-linux-gnu/libnccl.so.2.26.2"), ("present", WHEEL_COPY)}
+    # Only a RAS status query crashes it, and nothing here says whether anything queries: a
+    # warning, never a drain of every node whose image ships the release; a site that polls RAS
+    # raises the severity.
+    found = findings(node_copy, "NCCL013")
+    assert {f["severity"] for f in found} == {"warning"} and all("NCCL_RAS_ENABLE=0" in str(f["fix"]) for f in found)
+    polled = run(REGISTRY, Sources.for_fs(NodeFS(str(node_copy))), HostConfig(severity={"NCCL013": Severity.ERROR}), RunOptions(select=("NCCL013",)), "test")
+    assert {f.severity for f in polled.findings} == {Severity.ERROR}
     write(node_copy, "/etc/nccl.conf", "NCCL_RAS_ENABLE=0\n")
     assert judge(node_copy, "NCCL013")["NCCL013"] == {("absent", "node")}
     write(node_copy, "/etc/nccl.conf", "NCCL_RAS_ENABLE =0\n")  # NCCL does not trim: this is another variable

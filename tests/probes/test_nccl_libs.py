@@ -11,7 +11,7 @@ import pytest
 from preflight.probes.job import probe_job
 from preflight.checks.nccl import nccl_library_conflict, nccl_ras_query_crash
 from preflight.probes.nccl_libs import probe_nccl_libs
-from preflight.model import NotApplicable
+from preflight.model import NotApplicable, Severity
 from preflight.sources import NodeFS
 
 from conftest import bare_node, write
@@ -83,6 +83,8 @@ def test_ras_crash_release_unless_ras_is_off(node_copy: Path) -> None:
     found = verdicts(node_copy, "NCCL012")
     assert [subject for subject, _ in found] == [f"{SITE}/nvidia/nccl/lib/libnccl.so.2"]
     assert "NCCL 2.27.3" in found[0][1] and "unset (RAS on by default)" in found[0][1]
+    (observation,) = nccl_ras_query_crash(probe_nccl_libs(NodeFS(str(node_copy))), probe_job(NodeFS(str(node_copy))))
+    assert observation.severity is Severity.WARNING and "localhost:28028" in observation.fix  # a query crashes it
     environ(node_copy, NCCL_RAS_ENABLE="0")
     assert verdicts(node_copy, "NCCL012") == []
 
