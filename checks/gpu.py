@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # gpu_health imports this module at run time
     from preflight.config import Expectations
     from preflight.probes.gpu_health import GpuHealthFacts
 from preflight.probes.gpu_health import GPU_IS_LOST, GpuHealth, GpuHealthFacts, nvml_unusable
-from preflight.probes.gpus import UNEXPECTED_ANSWER, GpuFacts
+from preflight.probes.gpus import UNEXPECTED_ANSWER, GpuFacts, pci_device_key
 from preflight.probes.kernel_log import HARDWARE_XIDS, KernelLogFacts, XidEvent
 
 # The GPU or this driver lacks the feature: nothing to judge, not a failure to read.
@@ -96,18 +96,6 @@ RECOVERED_FIX = (
 )
 
 
-def _bus_key(bus: str) -> tuple[int, int, int] | None:
-    """(domain, bus, device) of "0000:5d:00" (an Xid line) or "0000:5d:00.0" (NVML, sysfs)."""
-    parts = bus.split(".", 1)[0].split(":")
-    try:
-        numbers = [int(part, 16) for part in parts]
-    except ValueError:
-        return None
-    if len(numbers) == 2:
-        numbers.insert(0, 0)
-    return (numbers[0], numbers[1], numbers[2]) if len(numbers) == 3 else None
-
-
 def _clean_now(gpu_health: GpuHealthFacts, gpus: GpuFacts) -> dict[tuple[int, int, int], str]:
     """The GPUs whose health NVML reads clean now, by bus, with what was read. The kernel log
     keeps an Xid until the next reboot, but resetting the GPU (what NVIDIA's Xid catalogue asks
@@ -117,7 +105,7 @@ def _clean_now(gpu_health: GpuHealthFacts, gpus: GpuFacts) -> dict[tuple[int, in
     buses = {device.index: device.bus_id for device in gpus.devices if device.bus_id}
     clean: dict[tuple[int, int, int], str] = {}
     for gpu in gpu_health.gpus:
-        key = _bus_key(buses.get(gpu.index, ""))
+        key = pci_device_key(buses.get(gpu.index, ""))
         if key is None or gpu.lost_in or any(True for _ in _gpu_verdicts(gpu)):
             continue
         read = []
@@ -141,7 +129,7 @@ def _hardware_xids(kernel_log: KernelLogFacts, clean_now: dict[tuple[int, int, i
         history = Evidence(
             "kernel log since boot", f"Xid {described}; {len(events)} event(s), last: {events[-1].text}", "no hardware Xid since boot"
         )
-        now = clean_now.get(_bus_key(bus) or (-1, -1, -1))
+        now = clean_now.get(pci_device_key(bus) or (-1, -1, -1))
         if now is None or not set(codes) <= SHOWN_BY_NVML_XIDS:
             yield present(f"GPU {bus}", history)
         else:

@@ -49,6 +49,7 @@ from preflight.config import (
 )
 from preflight.exitcodes import ExitCode
 from preflight.model import Finding, Status
+from preflight.probes.gpus import pci_device_key
 from preflight.sources import NodeFS, SourceError
 
 if TYPE_CHECKING:
@@ -63,6 +64,8 @@ REASON_MAX = 160
 #: The prolog and HealthCheckProgram environments have no PATH.
 FALLBACK_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _GPU_SUBJECT = re.compile(r"^GPU(\d+)$")
+# A GPU named by its PCI address ("GPU 0000:5d:00.0"; an Xid names the device: "GPU 0000:5d:00").
+_GPU_ADDRESS_SUBJECT = re.compile(r"^GPU ([0-9a-fA-F:.]{7,20})$")
 # syslog priorities (RFC 3164): facility daemon (3) * 8 + severity
 SYSLOG_ERR, SYSLOG_NOTICE, SYSLOG_INFO = 3 * 8 + 3, 3 * 8 + 5, 3 * 8 + 6
 
@@ -196,13 +199,42 @@ def job_scope(mode: str, environ: Mapping[str, str], settings: SlurmSettings) ->
     return JobScope(job_id, parse_gpu_indices(gpus_text), gpus_text, opted_out_by)
 
 
-def in_scope(finding: Finding, scope: JobScope) -> bool:
-    """Findings about one GPU count only when the job was given that GPU."""
-    match = _GPU_SUBJECT.match(finding.subject)
-    return scope.gpus is None or match is None or int(match.group(1)) in scope.gpus
+GpuIndices = Mapping[tuple[int, int, int], int]  # PCI (domain, bus, device) -> NVML index
 
 
-def judge_findings(findings: Sequence[Finding], settings: SlurmSettings, scope: JobScope) -> Verdict:
+def gpu_indices(facts: Mapping[str, Any]) -> dict[tuple[int, int, int], int]:
+    """The NVML index of each GPU by PCI address, from a report's ``gpus`` facts; empty when
+    they are missing (NVML unavailable, the probe timed out): then a GPU named by its address
+    counts for every job, as nothing says whose it is."""
+    gpus = facts.get("gpus")
+    devices = gpus.get("devices") if isinstance(gpus, dict) else None
+    found: dict[tuple[int, int, int], int] = {}
+    for device in devices if isinstance(devices, list) else ():
+        index, bus_id = (device.get("index"), device.get("bus_id")) if isinstance(device, dict) else (None, None)
+        key = pci_device_key(bus_id) if isinstance(bus_id, str) else None
+        if isinstance(index, int) and key is not None:
+            found[key] = index
+    return found
+
+
+def _gpu_of(subject: str, indices: GpuIndices) -> int | None:
+    """The NVML index of the GPU a finding is about, None when it is about no one GPU."""
+    match = _GPU_SUBJECT.match(subject)
+    if match is not None:
+        return int(match.group(1))
+    match = _GPU_ADDRESS_SUBJECT.match(subject)
+    key = pci_device_key(match.group(1)) if match is not None else None
+    return indices.get(key) if key is not None else None
+
+
+def in_scope(finding: Finding, scope: JobScope, indices: GpuIndices | None = None) -> bool:
+    """Findings about one GPU, by index or by PCI address, count only when the job was given
+    that GPU."""
+    index = _gpu_of(finding.subject, indices or {})
+    return scope.gpus is None or index is None or index in scope.gpus
+
+
+def judge_findings(findings: Sequence[Finding], settings: SlurmSettings, scope: JobScope, indices: GpuIndices | None = None) -> Verdict:
     """Split findings into those that drain, those that leave the node undecided, and those about
     GPUs the job does not use. ``unknown`` drains only when the site chose fail-closed."""
     threshold = settings.drain_severity.rank
@@ -210,7 +242,7 @@ def judge_findings(findings: Sequence[Finding], settings: SlurmSettings, scope: 
     for finding in findings:
         if finding.status not in (Status.PRESENT, Status.UNKNOWN) or finding.severity.rank < threshold:
             continue
-        if not in_scope(finding, scope):
+        if not in_scope(finding, scope, indices):
             out_of_scope.append(finding)
         elif finding.status is Status.PRESENT or settings.fail_closed:
             drain.append(finding)
@@ -502,7 +534,7 @@ def _judge_node(session: _Session, node: OpenedNode) -> int:
     check_budget = max(session.remaining() - calls * settings.scontrol_timeout_s - 0.2, 0.5)
     report = inspect_node(node, profile=profile, timeout_s=check_budget, ignore=scope.ignore, checks_dirs=args.checks_dirs, apart=True)
     outcome.report = report.to_json()
-    verdict = judge_findings(report.findings, settings, scope)
+    verdict = judge_findings(report.findings, settings, scope, gpu_indices(report.facts))
     outcome.verdict = verdict.outcome
     if verdict.drain:
         outcome.reason = drain_reason(verdict.drain, args.mode, scope.job_id)

@@ -57,6 +57,22 @@ class GpuFacts(Struct, frozen=True):
     cuda_driver_error: str = ""  # NVML_* code of that call when it failed, was not recorded or made no sense
 
 
+def pci_device_key(address: str) -> tuple[int, int, int] | None:
+    """(domain, bus, device) of a PCI address as the kernel log ("0000:5d:00"), sysfs
+    ("0000:5d:00.0") or NVML ("00000000:5D:00.0") writes it; None when it is none of those. The
+    function number is dropped: an Xid line names the device, not the function."""
+    parts = address.strip().split(".", 1)[0].split(":")
+    if len(parts) == 2:
+        parts.insert(0, "0")
+    if len(parts) != 3 or not all(parts) or any(len(part) > 8 for part in parts):
+        return None
+    try:
+        domain, bus, device = (int(part, 16) for part in parts)
+    except ValueError:
+        return None
+    return (domain, bus, device) if bus <= 0xFF and device <= 0x1F else None  # PCI: 8-bit bus, 5-bit device
+
+
 def normalise_bus_id(bus_id: str) -> str:
     """NVML's ``00000000:18:00.0`` (8-hex domain) -> sysfs ``0000:18:00.0``, lower case."""
     text = bus_id.strip().lower()

@@ -117,6 +117,15 @@ def test_hardware_xids_since_boot_are_present_and_application_faults_are_not(nod
     assert [e.code for e in parse_xids(KMSG.splitlines())] == [79, 13, 79]
 
 
+def test_pci_device_key_reads_the_kernel_logs_sysfs_and_nvmls_forms() -> None:
+    from preflight.probes.gpus import pci_device_key
+
+    assert pci_device_key("0000:5d:00") == pci_device_key("0000:5d:00.0") == pci_device_key("00000000:5D:00.0") == (0, 0x5D, 0)
+    assert pci_device_key("5d:00") == (0, 0x5D, 0) and pci_device_key("0001:3b:01.1") == (1, 0x3B, 1)
+    for garbage in ("", "gpu", "0000:5d", "0000::00.0", "zz:yy:xx", "0000:5d:00:00", "123456789:00:00"):
+        assert pci_device_key(garbage) is None, garbage
+
+
 def test_an_xid_of_a_gpu_nvml_reads_clean_now_is_a_warning(node_copy: Path) -> None:
     """The kernel log keeps an Xid until the next reboot; after the GPU was reset, NVML reads it
     clean, and an old Xid must not drain the node at every job. An Xid whose aftermath NVML's

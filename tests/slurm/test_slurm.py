@@ -21,6 +21,7 @@ from preflight.model import Evidence, Finding, Severity, Status
 from preflight.slurm import (
     JobScope,
     drain_reason,
+    gpu_indices,
     job_scope,
     judge_findings,
     opt_out_source,
@@ -223,6 +224,23 @@ def test_findings_about_gpus_outside_the_job_do_not_drain() -> None:
     assert outside_only.outcome == "clean" and len(outside_only.out_of_scope) == 1
     whole_node = judge_findings(findings, SlurmSettings(), JobScope())
     assert len(whole_node.drain) == 3
+
+
+def test_gpus_named_by_pci_address_are_scoped_through_nvml_indices() -> None:
+    """PCIe, topology and Xid findings name a GPU by its address; the report's gpus facts say
+    which NVML index that is. Without them nothing says whose GPU it is: it counts for the job."""
+    facts = {"gpus": {"devices": [{"index": 0, "bus_id": "0000:18:00.0"}, {"index": 3, "bus_id": "0000:5d:00.0"},
+                                  {"index": "x", "bus_id": "0000:9a:00.0"}, "garbage", {"index": 7, "bus_id": 12}]}}
+    indices = gpu_indices(facts)
+    assert indices == {(0, 0x18, 0): 0, (0, 0x5D, 0): 3}
+    findings = [finding("PCI002", subject="GPU 0000:18:00.0"), finding("GPU002", subject="GPU 0000:5d:00"),
+                finding("TOPO005", subject="GPU 0000:9a:00.0")]
+    scoped = judge_findings(findings, SlurmSettings(), JobScope("7", (0, 1), "0,1"), indices)
+    # GPU 3's Xid is not this job's; 9a's index is unknown (garbage facts), so it counts.
+    assert [f.subject for f in scoped.drain] == ["GPU 0000:18:00.0", "GPU 0000:9a:00.0"]
+    assert [f.subject for f in scoped.out_of_scope] == ["GPU 0000:5d:00"]
+    assert len(judge_findings(findings, SlurmSettings(), JobScope("7", (0, 1), "0,1"), gpu_indices({})).drain) == 3
+    assert gpu_indices({"gpus": None}) == {} and gpu_indices({"gpus": {"devices": "x"}}) == {}
 
 
 def test_drain_reason_names_ids_worst_first_and_the_job() -> None:
