@@ -62,6 +62,14 @@ def _reverse_mismatches(lookup: NameLookup) -> list[Evidence]:
     ]
 
 
+SINGLE_NODE_FIX = (
+    "This job runs on one node, where loopback reaches every rank, so it is not hurt; a job of "
+    "several nodes would be. Replace the loopback line for the host name in /etc/hosts with the "
+    "node's cluster address, or remove it so DNS answers ('getent ahosts $(hostname)' must show "
+    "an address peers can reach first)."
+)
+
+
 def _judge_name(lookup: NameLookup, facts: HostnameFacts) -> Observation | None:
     result = libc_lookup(lookup, facts)
     subject = lookup.name
@@ -99,6 +107,11 @@ def _judge_name(lookup: NameLookup, facts: HostnameFacts) -> Observation | None:
     if not (errors or warnings):
         # What libc would answer is unknown (no DNS answers, an NSS service we cannot follow).
         return undecided(subject, f"{subject}: {result.detail}") if result.status == "undetermined" else None
+    if errors and facts.nodes_in_job == 1 and ROLE_HOST in lookup.roles:
+        # A job of one node: its ranks meet on this host, where loopback reaches them all. The
+        # node still needs the fix before a job of several nodes, which the warning says; failing
+        # this job's prolog for it would requeue a job it cannot hurt.
+        return present(subject, *errors, *warnings, severity=Severity.WARNING, fix=SINGLE_NODE_FIX)
     return present(subject, *errors, *warnings, severity=None if errors else Severity.WARNING)
 
 

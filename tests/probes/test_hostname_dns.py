@@ -41,7 +41,7 @@ from conftest import REPO, Runner, write
 from preflight.probes.hostname import FILES_THEN_DNS, HostnameFacts, HostsEntry, NameLookup, NssService, libc_lookup, parse_nsswitch_hosts, probe_hostname, select_peers
 from preflight.checks.dns import hostname_resolution_broken
 from preflight.config import HostConfig
-from preflight.model import Severity, Status
+from preflight.model import Observation, Severity, Status
 from preflight.sources import DnsSettings, NodeFS
 from preflight.sources.dns import DnsAnswer, LiveDns, NameserverCheck, ResolvConf, parse_resolv_conf
 
@@ -292,6 +292,19 @@ def test_peer_and_master_addr_judgements() -> None:
     assert list(hostname_resolution_broken(facts_with(agree))) == []
     reverse_ok = replace(agree, reverse=(DnsAnswer("10.0.0.2", "PTR", names=("GPU02.test.cluster.",)),))
     assert list(hostname_resolution_broken(facts_with(reverse_ok))) == []
+
+
+def test_loopback_host_name_in_a_job_of_one_node_is_a_warning() -> None:
+    """The host's own name on loopback breaks the cross-node paths (Gloo, c10d advertise it); a
+    job of one node has none, so its prolog warns instead of requeueing it. Outside a job (a
+    health check, an operator's run) and in a job of several nodes it stays an error."""
+    def judged(nodes: int) -> Observation:
+        facts = HostnameFacts("gpu01", (HostsEntry("127.0.1.1", ("gpu01",), "/etc/hosts:3"),), (), (), nodes_in_job=nodes)
+        (finding,) = [o for o in hostname_resolution_broken(facts) if o.subject == "gpu01"]
+        return finding
+
+    assert judged(1).severity is Severity.WARNING and judged(2).severity is None and judged(0).severity is None
+    assert "runs on one node" in judged(1).fix and judged(1).evidence[0].source == "/etc/hosts:3"
 
 
 def test_nameserver_judgements() -> None:
