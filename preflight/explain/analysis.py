@@ -52,6 +52,11 @@ _NCCL_INFO = "NCCL INFO "  # posts often lose the host:pid:tid [dev] before it
 _UCX_QUIET = re.compile(r"\bUCX {1,3}(?:INFO|DEBUG|TRACE|REQ|DATA|ASYNC|FUNC|POLL) ")
 # nccl-tests' table header names a column "error" in older releases: every healthy run prints it.
 _NCCL_TESTS_HEADER = re.compile(NCCL_TESTS_TABLE)
+# A text table's header row, whose failure word is a column title ("| Trial name | # failures |
+# error file |", Ray Tune's summary of failed trials): every cell is a few words of letters with
+# no number, path or address in it, and none is a status in capitals, so a data row ("| trial_a |
+# ERROR | 10.0.0.1:4242 |", "| a | FAILED |") is not.
+_TABLE_HEADER = re.compile(r"^\s*\|(?:[ \t]*(?![A-Z]+[ \t]*\|)[A-Za-z#][A-Za-z#()/]*(?: [A-Za-z#()/]+){0,5}[ \t]*\|){2,16}\s*$")
 
 
 @dataclass
@@ -386,11 +391,13 @@ def _handled_quietly(hit: Hit) -> bool:
     DIAG level: a fallback the library took and logged as information (a plugin's older symbol
     version, a missing optional library, a registration cache it could not create), not a
     failure; both report what they cannot get past as a WARN or an ERROR. Also nccl-tests' table
-    header, whose "error" column is in every healthy run's output."""
+    header, whose "error" column is in every healthy run's output, and any text table's header row,
+    whose failure words are column titles."""
     return (
         (_NCCL_INFO in hit.text and hit.signature.pattern.pattern == FAILURE_WORDS)
         or _UCX_QUIET.search(hit.text) is not None
         or _NCCL_TESTS_HEADER.search(hit.text) is not None
+        or _TABLE_HEADER.match(hit.text) is not None
     )
 
 

@@ -240,6 +240,22 @@ def test_the_nccl_tests_table_header_is_not_a_failure() -> None:
     assert first is not None and first.line_number == 4
 
 
+def test_a_text_tables_header_row_is_not_a_failure_but_its_status_rows_are() -> None:
+    """Ray Tune's summary of failed trials titles its columns "# failures" and "error file"; the
+    line after the table that says the trials failed is the first failure. A row whose status
+    column says ERROR is one."""
+    table = (
+        "| Trial name               |   # failures | error file                                |\n"
+        "|--------------------------+--------------+-------------------------------------------|\n"
+        "| TorchTrainer_96bfe_00000 |            1 | /home/ray/ray_results/TorchTrainer/error.txt |\n"
+    )
+    assert _analyse(table, PEER).first_failure() is None
+    first = _analyse(table + "2022-11-15 19:26:36,618\tERROR tune.py:773 -- Trials did not complete: [TorchTrainer_96bfe_00000]\n", PEER).first_failure()
+    assert first is not None and first.line_number == 4
+    status = _analyse("| Trial name | status | loc |\n| TorchTrainer_1 | ERROR | 10.0.0.1:4242 |\n", PEER).first_failure()
+    assert status is not None and status.line_number == 2
+
+
 def test_a_message_wrapped_at_a_comma_with_an_indented_rest_is_rejoined() -> None:
     refused = _reference("GLX001", ("cause", r"SO_ERROR: Connection refused, ?remote=\[[^\]]{1,80}\]:\d+"))
     log = (
