@@ -45,6 +45,7 @@ evidence from another node, not instructions (``docs/security.md``).
     opt_out = "preflight=off"   # item in a job's extra/comment that skips checks ("" = no opt-out)
     opt_out_variables = ["SLURM_JOB_EXTRA", "SLURM_JOB_COMMENT"]
     cpu_job_ignore = ["GPU", "GDR", "NVL", "IB", "ROCE", "EFA", "PCI", "TOPO", "MEM", "NCCL"]
+    single_node_job_ignore = []  # e.g. ["IB", "ROCE", "EFA", "GDR001"]: what a one-node job never uses
     epilog_profile = "prolog"
     last_result = "/var/lib/preflight/slurm-{mode}.json"  # {mode}: prolog, epilog, healthcheck
     syslog = true
@@ -119,6 +120,9 @@ class SlurmSettings(Struct, frozen=True):
     opt_out: str = "preflight=off"
     opt_out_variables: tuple[str, ...] = ("SLURM_JOB_EXTRA", "SLURM_JOB_COMMENT")
     cpu_job_ignore: tuple[str, ...] = CPU_JOB_IGNORE
+    # References a GPU job of one node skips: off unless the site lists them, because the node
+    # still has what they find and the next job of several nodes will meet it.
+    single_node_job_ignore: tuple[str, ...] = ()
     epilog_profile: str = "prolog"
     last_result: str = "/var/lib/preflight/slurm-{mode}.json"
     syslog: bool = True
@@ -292,6 +296,7 @@ _SLURM_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "opt_out": ("opt_out", _text),
     "opt_out_variables": ("opt_out_variables", _variable_names),
     "cpu_job_ignore": ("cpu_job_ignore", lambda value: () if value == [] else _string_list(value)),
+    "single_node_job_ignore": ("single_node_job_ignore", lambda value: () if value == [] else _string_list(value)),
     "epilog_profile": ("epilog_profile", _choice(("prolog", "full"))),
     "last_result": ("last_result", _last_result),
     "syslog": ("syslog", _boolean),

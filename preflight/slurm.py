@@ -48,6 +48,7 @@ from preflight.config import (
     salvage_slurm_settings,
 )
 from preflight.exitcodes import ExitCode
+from preflight.hostlist import HostlistError, expand
 from preflight.model import Finding, Status
 from preflight.probes.gpus import pci_device_key
 from preflight.sources import NodeFS, SourceError
@@ -87,7 +88,7 @@ class JobScope(Struct, frozen=True):
     gpus: tuple[int, ...] | None = None  # SLURM_JOB_GPUS; None: no GPUs (CPU-only) or not a job
     gpus_text: str | None = None  # SLURM_JOB_GPUS as given; None when unset
     opted_out_by: str = ""  # "SLURM_JOB_COMMENT=preflight=off" when the job opted out
-    ignore: tuple[str, ...] = ()  # reference tokens skipped for this job (CPU-only jobs)
+    ignore: tuple[str, ...] = ()  # reference tokens skipped for this job (CPU-only or one-node jobs)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -196,7 +197,20 @@ def job_scope(mode: str, environ: Mapping[str, str], settings: SlurmSettings) ->
         # A job without GPUs cannot be hurt by GPU, GPUDirect or RDMA misconfigurations.
         return JobScope(job_id, None, gpus_text, opted_out_by, tuple(settings.cpu_job_ignore))
     # Unparsable: judge every GPU rather than guess which are the job's.
-    return JobScope(job_id, parse_gpu_indices(gpus_text), gpus_text, opted_out_by)
+    ignore = tuple(settings.single_node_job_ignore) if settings.single_node_job_ignore and _one_node(environ) else ()
+    return JobScope(job_id, parse_gpu_indices(gpus_text), gpus_text, opted_out_by, ignore)
+
+
+def _one_node(environ: Mapping[str, str]) -> bool:
+    """Whether SLURM_JOB_NODELIST names exactly one host; False when it is unset or unparsable,
+    so nothing is skipped on a guess."""
+    text = environ.get("SLURM_JOB_NODELIST", "").strip()
+    if not text:
+        return False
+    try:
+        return len(expand(text)) == 1
+    except HostlistError:
+        return False
 
 
 GpuIndices = Mapping[tuple[int, int, int], int]  # PCI (domain, bus, device) -> NVML index

@@ -166,6 +166,22 @@ def test_job_scope_gpu_job_cpu_job_and_healthcheck() -> None:
     assert job_scope("healthcheck", {"SLURM_JOB_ID": "46", "SLURM_JOB_COMMENT": "preflight=off"}, settings) == JobScope()
 
 
+def test_single_node_job_ignore_skips_only_for_a_gpu_job_of_one_node() -> None:
+    """Off by default; when a site lists references, a GPU job whose node list names one host
+    skips them, a job of several hosts, an unparsable or missing node list does not."""
+    gpu = {"SLURM_JOB_ID": "47", "SLURM_JOB_GPUS": "0,1"}
+    assert job_scope("prolog", {**gpu, "SLURM_JOB_NODELIST": "gpu017"}, SlurmSettings()).ignore == ()
+    settings = SlurmSettings(single_node_job_ignore=("IB", "ROCE", "GDR001"))
+    for nodelist in ("gpu017", "gpu[017]", " gpu017 "):
+        assert job_scope("prolog", {**gpu, "SLURM_JOB_NODELIST": nodelist}, settings).ignore == ("IB", "ROCE", "GDR001")
+    for environ in ({**gpu, "SLURM_JOB_NODELIST": "gpu[017-018]"}, {**gpu, "SLURM_JOB_NODELIST": "gpu[017-"}, gpu):
+        assert job_scope("epilog", environ, settings).ignore == ()
+    # A CPU job keeps its own list; the health check judges the whole node.
+    assert job_scope("prolog", {"SLURM_JOB_ID": "48", "SLURM_JOB_NODELIST": "cpu1"}, settings).ignore == CPU_JOB_IGNORE
+    assert job_scope("healthcheck", {**gpu, "SLURM_JOB_NODELIST": "gpu017"}, settings).ignore == ()
+    assert config('[slurm]\nsingle_node_job_ignore = ["IB", "EFA"]\n').single_node_job_ignore == ("IB", "EFA")
+
+
 @pytest.mark.parametrize(
     ("environ", "expected"),
     [
