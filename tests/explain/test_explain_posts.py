@@ -228,30 +228,34 @@ def test_a_successful_return_code_trace_is_not_a_failure() -> None:
     assert _analyse("node1:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC\nnode1:1:2 [0] NCCL INFO init.cc:12 -> 0\n", PEER).first_failure() is None
 
 
-def test_the_nccl_tests_table_header_is_not_a_failure() -> None:
-    """Older nccl-tests name a column "error"; the mpirun abort after it is the first failure."""
-    header = (
+# Table headers whose column titles hold failure words: older nccl-tests name a column "error";
+# Ray Tune's summary of failed trials titles its columns "# failures" and "error file". The line
+# after the table (mpirun's abort, Tune's "Trials did not complete") is the first failure.
+TABLE_HEADERS = {
+    "nccl-tests": (
         "#                                                     out-of-place                       in-place\n"
         "#       size         count    type   redop     time   algbw   busbw  error     time   algbw   busbw  error\n"
-        "#        (B)    (elements)                     (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)\n"
-    )
-    assert _analyse(header, PEER).first_failure() is None
-    first = _analyse(header + "a non-zero exit code. Per user-direction, the job has been aborted.\n", PEER).first_failure()
-    assert first is not None and first.line_number == 4
-
-
-def test_a_text_tables_header_row_is_not_a_failure_but_its_status_rows_are() -> None:
-    """Ray Tune's summary of failed trials titles its columns "# failures" and "error file"; the
-    line after the table that says the trials failed is the first failure. A row whose status
-    column says ERROR is one."""
-    table = (
+        "#        (B)    (elements)                     (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)\n",
+        "a non-zero exit code. Per user-direction, the job has been aborted.\n",
+    ),
+    "ray-tune": (
         "| Trial name               |   # failures | error file                                |\n"
         "|--------------------------+--------------+-------------------------------------------|\n"
-        "| TorchTrainer_96bfe_00000 |            1 | /home/ray/ray_results/TorchTrainer/error.txt |\n"
-    )
+        "| TorchTrainer_96bfe_00000 |            1 | /home/ray/ray_results/TorchTrainer/error.txt |\n",
+        "2022-11-15 19:26:36,618\tERROR tune.py:773 -- Trials did not complete: [TorchTrainer_96bfe_00000]\n",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TABLE_HEADERS))
+def test_a_table_header_is_not_a_failure(name: str) -> None:
+    table, failure = TABLE_HEADERS[name]
     assert _analyse(table, PEER).first_failure() is None
-    first = _analyse(table + "2022-11-15 19:26:36,618\tERROR tune.py:773 -- Trials did not complete: [TorchTrainer_96bfe_00000]\n", PEER).first_failure()
+    first = _analyse(table + failure, PEER).first_failure()
     assert first is not None and first.line_number == 4
+
+
+def test_a_text_table_row_whose_status_says_error_is_a_failure() -> None:
     status = _analyse("| Trial name | status | loc |\n| TorchTrainer_1 | ERROR | 10.0.0.1:4242 |\n", PEER).first_failure()
     assert status is not None and status.line_number == 2
 
