@@ -40,8 +40,6 @@ if TYPE_CHECKING:
 SMALL_BAR1 = 256 << 20  # the legacy window consumer boards keep with Resizable BAR off
 
 
-
-
 _UNIFIED_MEMORY = ("GH200", "GB10", "GB200")
 
 

@@ -34,7 +34,9 @@ def nccl_cuda_call_failed(gpu_health: GpuHealthFacts, kernel_log: KernelLogFacts
     """A GPU waiting for a reset to apply a row remap, out of spare rows, with uncorrectable ECC
     errors since it was initialised, or with hardware Xids since boot."""
     unusable = nvml_unusable(gpu_health, gpus)
-    found = list(_hardware_xids(kernel_log, {} if unusable is not None else _clean_now(gpu_health, gpus)))
+    # Each GPU's NVML verdicts, judged once: they decide too whether an old Xid still matters.
+    verdicts = {} if unusable is not None else {gpu.index: list(_gpu_verdicts(gpu)) for gpu in gpu_health.gpus}
+    found = list(_hardware_xids(kernel_log, _clean_now(gpu_health, gpus, verdicts)))
     found.extend(kernel_log.unread("Xid history"))
     if unusable is not None:
         if isinstance(unusable, NotApplicable) and not found:
@@ -46,7 +48,7 @@ def nccl_cuda_call_failed(gpu_health: GpuHealthFacts, kernel_log: KernelLogFacts
         yield from found
         return
     for gpu in gpu_health.gpus:
-        found.extend(_gpu_verdicts(gpu))
+        found.extend(verdicts[gpu.index])
     if not found and all(gpu.rows_error in FEATURE_ABSENT and gpu.volatile_error in FEATURE_ABSENT for gpu in gpu_health.gpus):
         raise NotApplicable("the GPUs neither remap rows (before Ampere) nor count ECC errors")
     yield from found
@@ -96,17 +98,20 @@ RECOVERED_FIX = (
 )
 
 
-def _clean_now(gpu_health: GpuHealthFacts, gpus: GpuFacts) -> dict[tuple[int, int, int], str]:
+def _clean_now(
+    gpu_health: GpuHealthFacts, gpus: GpuFacts, verdicts: dict[int, list[Observation]]
+) -> dict[tuple[int, int, int], str]:
     """The GPUs whose health NVML reads clean now, by bus, with what was read. The kernel log
     keeps an Xid until the next reboot, but resetting the GPU (what NVIDIA's Xid catalogue asks
     for after most hardware Xids) clears what the Xid left behind: a GPU that is not lost, has no
     row remap pending or failed and no uncorrectable ECC error since it was initialised has
-    recovered, and an old Xid of it must not drain the node at every job."""
+    recovered, and an old Xid of it must not drain the node at every job. ``verdicts``: each
+    GPU's NVML findings, empty where NVML cannot judge (then no GPU reads clean)."""
     buses = {device.index: device.bus_id for device in gpus.devices if device.bus_id}
     clean: dict[tuple[int, int, int], str] = {}
     for gpu in gpu_health.gpus:
         key = pci_device_key(buses.get(gpu.index, ""))
-        if key is None or gpu.lost_in or any(True for _ in _gpu_verdicts(gpu)):
+        if key is None or gpu.index not in verdicts or verdicts[gpu.index]:  # a lost GPU has its verdict
             continue
         read = []
         if not gpu.rows_error:

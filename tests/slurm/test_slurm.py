@@ -259,6 +259,15 @@ def test_gpus_named_by_pci_address_are_scoped_through_nvml_indices() -> None:
     assert gpu_indices({"gpus": None}) == {} and gpu_indices({"gpus": {"devices": "x"}}) == {}
 
 
+def test_gpu_indices_from_a_real_run_of_the_example_node(example_root: Path) -> None:
+    """The facts a prolog's own run reports: the example node's eight GPUs by address."""
+    from preflight.run import inspect_node, open_node
+
+    report = inspect_node(open_node(str(example_root), None), profile="prolog", select=("GPU002",))
+    indices = gpu_indices(report.facts)
+    assert indices[(0, 0x5D, 0)] == 3 and len(indices) == 8
+
+
 def test_drain_reason_names_ids_worst_first_and_the_job() -> None:
     findings = [finding("MEM001", subject="slurmd"), finding("ROCE003", severity=Severity.CRITICAL, subject="mlx5_0/1"), finding("MEM001", subject="slurm.conf")]
     reason = drain_reason(findings, "prolog", "4242")
