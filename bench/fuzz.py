@@ -1,8 +1,12 @@
 """Fuzzing at scale: the targets of ``tests/fuzz_targets.py`` (snapshot archives, replay
-recordings, site configs, fleet reports, slurm.conf files a job names) on many seeded random and mutated inputs, with the
-figures the security notes quote: inputs tried, crashes, the slowest input, peak memory.
+recordings, site configs, fleet reports, slurm.conf files a job names, node roots with edited
+files) on many seeded random and mutated inputs, with the figures the security notes quote:
+inputs tried, crashes, the slowest input, peak memory.
 
-    .venv/bin/python bench/fuzz.py [--inputs 20000] [--seed 1]
+    .venv/bin/python bench/fuzz.py [--inputs 20000] [--root-inputs 2000] [--seed 1]
+
+Node roots (each input a whole run of every probe and check, about 0.1 s) start from the example
+node, the fixture roots and the real captures in ``tests/data/real-roots``.
 
 A crash prints the target, the exception and the input's seed, and the run exits 1.
 """
@@ -13,6 +17,8 @@ import argparse
 import json
 import random
 import sys
+import tarfile
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -34,7 +40,18 @@ def peak_mib() -> float:
         return next(int(line.split()[1]) for line in status if line.startswith("VmHWM")) / 1024
 
 
-def cases(rng: random.Random) -> dict[str, Callable[[], None]]:
+def node_root_seeds(scratch: Path) -> list[Path]:
+    """The fixture roots and the real captures, unpacked under ``scratch``."""
+    seeds = list(targets.NODE_ROOT_SEEDS)
+    for archive in sorted((REPO / "tests" / "data" / "real-roots").glob("*.tar.gz")):
+        target = scratch / archive.name.removesuffix(".tar.gz")
+        with tarfile.open(archive) as tar:
+            tar.extractall(target, filter="data")
+        seeds.append(target)
+    return seeds
+
+
+def cases(rng: random.Random, roots: list[Path]) -> dict[str, Callable[[], None]]:
     document = json.loads(targets.GOLDEN_REPORT)
 
     def archive() -> None:
@@ -64,20 +81,28 @@ def cases(rng: random.Random) -> dict[str, Callable[[], None]]:
             text = text[:at] + rng.choice(["\\", "#", '"', "=", "\n", "Include slurm.conf\n", "%c", "*", "\x00", "é"]) + text[at:]
         targets.fuzz_slurm_conf(text, rng.choice([text, targets.SLURM_CONF_SAMPLE, "", "\\" * rng.randint(1, 9)]))
 
-    return {"archive": archive, "recording": recording, "config": config, "fleet report": fleet, "slurm.conf": slurm_conf}
+    def node_root() -> None:
+        targets.fuzz_root(rng.choice(roots), rng)
+
+    return {"archive": archive, "recording": recording, "config": config, "fleet report": fleet, "slurm.conf": slurm_conf,
+            "node root": node_root}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--inputs", type=int, default=20000, help="inputs per target")
+    parser.add_argument("--root-inputs", type=int, default=2000, help="node roots to edit and run")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     crashed = False
-    for name in ("archive", "recording", "config", "fleet report", "slurm.conf"):
+    scratch = tempfile.TemporaryDirectory(prefix="preflight-fuzz-roots-")
+    roots = node_root_seeds(Path(scratch.name))
+    for name in ("archive", "recording", "config", "fleet report", "slurm.conf", "node root"):
         slowest, crashes, begin = 0.0, 0, time.monotonic()
-        for index in range(args.inputs):
+        inputs = args.root_inputs if name == "node root" else args.inputs
+        for index in range(inputs):
             seed = args.seed * 1_000_003 + index
-            target = cases(random.Random(seed))[name]
+            target = cases(random.Random(seed), roots)[name]
             start = time.monotonic()
             try:
                 target()
@@ -86,8 +111,9 @@ def main() -> None:
                 crashed = True
                 print(f"CRASH {name} seed {seed}:\n{traceback.format_exc()}", file=sys.stderr)
             slowest = max(slowest, time.monotonic() - start)
-        print(f"{name}: {args.inputs} inputs, {crashes} crashes, slowest {slowest * 1000:.1f} ms, "
+        print(f"{name}: {inputs} inputs, {crashes} crashes, slowest {slowest * 1000:.1f} ms, "
               f"{time.monotonic() - begin:.1f} s, peak RSS so far {peak_mib():.0f} MiB", flush=True)
+    scratch.cleanup()
     sys.exit(1 if crashed else 0)
 
 

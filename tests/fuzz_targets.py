@@ -1,7 +1,9 @@
 """Fuzz targets for everything preflight reads from someone else: snapshot archives, the replay
-recordings inside them (NVML, netlink, DNS, devices, statvfs, read errors), site configs and
-fleet reports. Each target takes one input and returns normally when preflight either used it
-or refused it with its own error; any other exception is a bug (the target lets it through).
+recordings inside them (NVML, netlink, DNS, devices, statvfs, read errors), site configs, fleet
+reports, slurm.conf, and whole node roots with edited files. Each target takes one input and
+returns normally when preflight either used it or refused it with its own error; any other
+exception is a bug (the target lets it through, or, for a node root, where the engine caught it,
+raises AssertionError naming it).
 
 ``tests/reliability/test_fuzz_untrusted.py`` runs them under hypothesis, bounded for CI; ``bench/fuzz.py``
 runs many more seeded inputs with time and memory measured.
@@ -14,6 +16,8 @@ import io
 import json
 import os
 import random
+import re
+import shutil
 import tarfile
 import tempfile
 from pathlib import Path
@@ -21,7 +25,8 @@ from typing import Any
 
 from preflight.config import ConfigError, parse_config
 from preflight.fleet.load import ReportError, report_from_bytes
-from preflight.sources import NodeFS, SourceError
+from preflight.run import inspect_node, open_node
+from preflight.sources import NodeFS, RootError, SourceError
 from preflight.sources.archive import ArchiveError, extract_archive, remove_tree
 from preflight.sources.dns import ReplayDns
 from preflight.sources.netlink import ReplayNetlink
@@ -199,3 +204,65 @@ def fuzz_slurm_conf(main: str, included: str) -> None:
         decided, setting = propagated(conf, limit)
         assert decided in (True, False, None) and isinstance(setting, str)
 
+
+
+# -- whole node roots: every probe and check over mutated sysfs, procfs, configs and recordings ---
+#: Roots to mutate: the example node and every fixture root (recorded kernel formats).
+NODE_ROOT_SEEDS = sorted([REPO / "examples" / "nodes" / "hgx-h100", *(path for path in _ROOTS.iterdir() if path.is_dir())])
+#: Values that parse as numbers in some readers and not in others, or overflow them.
+_ODD_TOKENS = [b"-1", b"0", b"99999999999999999999999", b"nan", b"inf", b"", b"0x", b"1e309", b"-0", b"\x00",
+               "é".encode(), b"4294967296", b" ", b"1.5", b"18446744073709551616"]
+# The engine's catch-alls name the exception's type first ("KeyError: 'x'"), or say "check
+# failed"; preflight's own errors name the source read ("/sys/...: ...", "NVML: ...").
+_INTERNAL_ERROR = re.compile(r"^(check failed: )?[A-Z]\w*(Error|Exception|Iteration): ")
+
+
+def mutate_text(data: bytes, rng: random.Random) -> bytes:
+    """One edit of a sysfs/procfs/config file: cut short, a number made odd, bytes flipped,
+    replaced by junk, lines shuffled or dropped, or junk appended."""
+    choice = rng.randrange(6)
+    if choice == 0 and data:
+        return data[: rng.randrange(len(data))]
+    tokens = re.findall(rb"[0-9a-fx.:]+", data)
+    if choice == 1 and tokens:
+        return data.replace(rng.choice(tokens), rng.choice(_ODD_TOKENS), 1)
+    if choice == 2 and data:
+        edited = bytearray(data)
+        for _ in range(rng.randint(1, 5)):
+            edited[rng.randrange(len(edited))] = rng.randrange(256)
+        return bytes(edited)
+    if choice == 3:
+        return rng.randbytes(rng.randint(0, 64))
+    if choice == 4:
+        lines = data.split(b"\n")
+        rng.shuffle(lines)
+        return b"\n".join(lines[: rng.randint(0, len(lines))])
+    return data + rng.choice([b"\n\n\n", b" x y z\n", b"\t-5\n", b"=\n", b"\xff"])
+
+
+def fuzz_root(seed_root: Path, rng: random.Random) -> None:
+    """Copy ``seed_root``, edit one to four of its files, run every probe and check on it. A
+    probe or check that fails with a Python exception instead of saying what it could not read is
+    a bug (AssertionError); a root the tool refuses as a whole is fine."""
+    with tempfile.TemporaryDirectory(prefix="preflight-fuzz-") as scratch:
+        root = Path(scratch) / "root"
+        shutil.copytree(seed_root, root, symlinks=True)
+        files = sorted(path for path in root.rglob("*") if path.is_file() and not path.is_symlink())
+        for path in (rng.choice(files) for _ in range(rng.randint(1, 4))):
+            data = path.read_bytes()
+            if path.parent.name == ".preflight" and path.suffix == ".json" and rng.random() < 0.7:
+                try:
+                    path.write_text(json.dumps(mutate_document(json.loads(data), rng)))
+                    continue
+                except ValueError:  # already broken by an earlier edit: edit it as text
+                    pass
+            path.write_bytes(mutate_text(data, rng))
+        config = Path(scratch) / "preflight.toml"
+        config.write_text("")
+        try:
+            report = inspect_node(open_node(str(root), str(config)), timeout_s=30)
+        except RootError:
+            return
+        internal = [f"probe {outcome.name}: {outcome.error}" for outcome in report.probes if _INTERNAL_ERROR.match(outcome.error or "")]
+        internal += [f"{finding.reference_id}: {finding.reason}" for finding in report.findings if _INTERNAL_ERROR.match(finding.reason)]
+        assert not internal, internal

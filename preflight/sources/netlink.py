@@ -48,11 +48,12 @@ import struct
 from collections.abc import Iterable
 from typing import Any, Protocol
 
+import msgspec
 from msgspec import Struct
 from msgspec import to_builtins as asdict  # records as plain JSON values, recursively
 
 from preflight.sources.ethtool import PauseState, query_pause
-from preflight.sources.fs import NodeFS, RecordedDocument, SourceError
+from preflight.sources.fs import NodeFS, RecordedDocument, SourceError, load_recording
 from preflight.sources.nftables import SOURCE as FIREWALL_SOURCE
 from preflight.sources.nftables import Ruleset, read_ruleset
 from preflight.sources.routes import Route, file_route_get, live_route_get, replay_route
@@ -191,10 +192,6 @@ FIREWALL_NOT_RECORDED = "firewall rules not recorded"
 def load_firewall(path: str | None) -> Ruleset:
     """The ruleset recorded in ``path`` (a root's ``.preflight/firewall.json``); SourceError when
     there is none, the recorded dump failed, or the file is broken."""
-    import msgspec
-
-    from preflight.sources.fs import load_recording
-
     if path is None:
         raise SourceError(FIREWALL_SOURCE, f"{FIREWALL_NOT_RECORDED} (this root has no .preflight/{FIREWALL_FILE})")
     try:
@@ -226,16 +223,16 @@ class ReplayNetlink(RecordedDocument):
 
     def links(self) -> list[Link]:
         self._recorded_failure("links")
-        try:
-            return [Link(**item) for item in self._checked().get("links", [])]
-        except TypeError as error:
+        try:  # convert checks each field's type: a Struct built from a dict does not
+            return msgspec.convert(self._checked().get("links", []), list[Link])
+        except msgspec.ValidationError as error:
             raise SourceError(self._origin, f"malformed link entry: {error}") from None
 
     def addresses(self) -> list[Address]:
         self._recorded_failure("addresses")
         try:
-            return [Address(**item) for item in self._checked().get("addresses", [])]
-        except TypeError as error:
+            return msgspec.convert(self._checked().get("addresses", []), list[Address])
+        except msgspec.ValidationError as error:
             raise SourceError(self._origin, f"malformed address entry: {error}") from None
 
     def route_get(self, destination: str, source: str = "") -> Route:

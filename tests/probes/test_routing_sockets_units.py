@@ -199,6 +199,19 @@ def test_dump_records_route_lookups_and_replays_them(tmp_path: Path, example_roo
         assert (live.ifname, live.gateway, live.route_type, live.error) == (replayed.ifname, replayed.gateway, replayed.route_type, replayed.error)
 
 
+@pytest.mark.parametrize(("dump_name", "entry"), [
+    ("addresses", {"ifname": "eth0", "family": 4, "address": None, "prefixlen": 24, "scope": "global"}),
+    ("addresses", {"ifname": "eth0", "family": "4", "address": "10.0.0.5", "prefixlen": 24, "scope": "global"}),
+    ("links", {"name": True, "index": 2, "mtu": 1500, "operstate": "up", "link_type": "ether", "kind": "", "master": "", "mac": ""}),
+])
+def test_replayed_entry_of_the_wrong_type_is_a_source_error(dump_name: str, entry: dict[str, object]) -> None:
+    """A recording's field of the wrong type is refused where it is read, not left to fail
+    (AttributeError on None.split) in a probe that trusts the record's declared types."""
+    replay = ReplayNetlink({dump_name: [entry]})
+    with pytest.raises(SourceError, match="malformed (address|link) entry"):
+        replay.addresses() if dump_name == "addresses" else replay.links()
+
+
 def test_route_evidence_texts() -> None:
     assert Route("10.0.0.9", "", "unicast", "eno1", "", "10.0.0.1", 254).describe() == "via 10.0.0.1 dev eno1"
     assert Route("10.0.0.9", "", "local", "lo", "10.0.0.9", "", 255).describe() == "local dev lo src 10.0.0.9"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -97,3 +98,9 @@ def test_random_text_as_a_slurm_conf_and_its_includes(main: str, included: str) 
     targets.fuzz_slurm_conf(main, included)
     targets.fuzz_slurm_conf(targets.SLURM_CONF_SAMPLE + main, "Include slurm.conf\n" + included)
 
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(targets.NODE_ROOT_SEEDS), st.randoms(use_true_random=False))
+def test_node_roots_with_edited_files(seed_root: Path, rng: random.Random) -> None:
+    targets.fuzz_root(seed_root, rng)
