@@ -22,6 +22,7 @@ from preflight.nccl.ib import (
     HcaList,
     Selection,
     nccl_selection,
+    parse_nccl_ib_hca,
 )
 from preflight.nccl.releases import version_tuple
 from preflight.probes.gpudirect import DeviceNode, JobIdentity, can_read_write
@@ -330,7 +331,7 @@ def ib_device_order_differs_across_nodes(rdma: RdmaFacts, job: JobFacts, nccl_li
 PORT_INIT, PORT_ARMED = 2, 3
 
 
-PHYS_LINK_UP = 5
+PHYS_DISABLED, PHYS_LINK_UP = 3, 5
 
 
 def unlisted_ports(rdma: RdmaFacts) -> Iterator[Observation]:
@@ -412,10 +413,27 @@ def _degraded(port: RdmaPort, active: list[RdmaPort], rdma: RdmaFacts, expect: E
     return None
 
 
+def _left_out_by_nccl_ib_hca(job: JobFacts) -> HcaList | None:
+    """NCCL_IB_HCA as the job (its environment) or NCCL's configuration files set it, when it
+    narrows the selection; None when it is unset, empty or cannot be read (then every port is
+    judged, as before the setting was known)."""
+    try:
+        setting = job.nccl("NCCL_IB_HCA")
+    except Unknown:
+        return None
+    if setting is None or not setting.value.strip():
+        return None
+    return parse_nccl_ib_hca(setting.value)
+
+
 @check("IB009", profiles=("prolog",))
-def rdma_stack_or_ports_misconfigured(rdma: RdmaFacts, expect: Expectations, verbs: VerbsFacts = VERBS_NOT_READ) -> Iterator[Observation]:
+def rdma_stack_or_ports_misconfigured(
+    rdma: RdmaFacts, expect: Expectations, job: JobFacts, verbs: VerbsFacts = VERBS_NOT_READ
+) -> Iterator[Observation]:
     """Expected HCAs missing, data ports down, or links trained below their rate or width; inside
-    a job, a verbs user space (libibverbs, a device's provider) NCCL cannot load."""
+    a job, a verbs user space (libibverbs, a device's provider) NCCL cannot load. Ports that a
+    visible NCCL_IB_HCA leaves out are not judged (NCCL never opens them); a port an administrator
+    disabled is a warning."""
     require_rdma(rdma)
     yield from _verbs_user_space(verbs)
     yield from unlisted_ports(rdma)
@@ -426,10 +444,25 @@ def rdma_stack_or_ports_misconfigured(rdma: RdmaFacts, expect: Expectations, ver
                 Evidence(IB_CLASS, f"no {name} (devices: {', '.join(d.name for d in rdma.devices)})", f"{name} (expect.hcas)"),
             )
     active = []
+    # The site's expect.hcas names what must work; without it, NCCL's own selection does.
+    selection = _left_out_by_nccl_ib_hca(job) if expect.hcas is None else None
+    some_active = any(port.state == PORT_ACTIVE for port in rdma.data_ports)
     for port in judged_ports(rdma, expect):
+        if selection is not None and not selection.selects(port.device, port.number):
+            continue
         unreadable = _kind_unreadable(port, rdma) if expect.hcas is None else ""
         if unreadable and port.state != PORT_ACTIVE:
             yield undecided(port.subject, f"{unreadable}; cannot tell whether ports of its kind are in use")
+        elif port.state is not None and port.state != PORT_ACTIVE and port.phys_state == PHYS_DISABLED and expect.hcas is None and some_active:
+            # Disabled is set on purpose (ibportstate, the switch side, a spare port of a
+            # dual-port card); NCCL skips the port. A rail turned off by mistake still shows.
+            yield present(
+                port.subject,
+                port_evidence(port, "state", "phys_state", expected="4: ACTIVE, 5: LinkUp, or left out by NCCL_IB_HCA"),
+                severity=Severity.WARNING,
+                fix=f"If {port.subject} is a rail, enable it (ibportstate, or the switch port); if it is a spare, "
+                "list the rails in expect.hcas or NCCL_IB_HCA (/etc/nccl.conf) so that it is not judged.",
+            )
         elif port.state is not None and port.state != PORT_ACTIVE:
             yield present(port.subject, port_evidence(port, "state", "phys_state", expected="4: ACTIVE, 5: LinkUp"))
         elif port.state is None or port.phys_state is None:

@@ -117,7 +117,7 @@ def test_selection_keeps_active_ib_and_ethernet_ports_only() -> None:
 # -- IB009 ------------------------------------------------------------------------------------
 def test_ib009_present_for_down_port_and_degraded_rate() -> None:
     facts = eight(mlx5_3=port(state=1, phys=2, rate=None), mlx5_5=port(rate=PortRate(200.0, 2, "NDR")))
-    found = list(rdma_stack_or_ports_misconfigured(facts, Expectations()))
+    found = list(rdma_stack_or_ports_misconfigured(facts, Expectations(), job()))
     assert subjects(found) == {"mlx5_3/1", "mlx5_5/1"}
     degraded = next(o for o in found if o.subject == "mlx5_5/1")
     assert "200 Gb/sec (2X NDR)" in degraded.evidence[0].observed
@@ -127,47 +127,78 @@ def test_ib009_present_for_down_port_and_degraded_rate() -> None:
 def test_ib009_present_for_missing_expected_hca_and_rate_below_expectation() -> None:
     facts = eight()
     expect = Expectations(hcas=("mlx5_0", "mlx5_8"), rate_gbps=800)
-    assert subjects(rdma_stack_or_ports_misconfigured(facts, expect)) == {"mlx5_8", "mlx5_0/1"}
+    assert subjects(rdma_stack_or_ports_misconfigured(facts, expect, job())) == {"mlx5_8", "mlx5_0/1"}
 
 
 def test_ib009_width_below_peers_at_the_same_rate() -> None:
     facts = eight(mlx5_1=port(rate=PortRate(400.0, 2, "XDR")))
-    assert subjects(rdma_stack_or_ports_misconfigured(facts, Expectations())) == {"mlx5_1/1"}
+    assert subjects(rdma_stack_or_ports_misconfigured(facts, Expectations(), job())) == {"mlx5_1/1"}
 
 
 def test_ib009_absent_on_healthy_node_and_for_plausibly_unused_ports() -> None:
-    assert list(rdma_stack_or_ports_misconfigured(eight(), Expectations())) == []
+    assert list(rdma_stack_or_ports_misconfigured(eight(), Expectations(), job())) == []
     # A storage pair with one uncabled port: no majority of its kind is ACTIVE, so it is not judged.
     storage = (hca("mlx5_8", port(link_layer="Ethernet"), hca_type="MT4125"),
                hca("mlx5_9", port(state=1, phys=2, link_layer="Ethernet", rate=None), hca_type="MT4125"))
     facts = replace(eight(), devices=eight().devices + storage)
-    assert list(rdma_stack_or_ports_misconfigured(facts, Expectations())) == []
+    assert list(rdma_stack_or_ports_misconfigured(facts, Expectations(), job())) == []
     # ...unless the site says it is a data HCA.
-    assert subjects(rdma_stack_or_ports_misconfigured(facts, Expectations(hcas=("mlx5_9",)))) == {"mlx5_9/1"}
+    assert subjects(rdma_stack_or_ports_misconfigured(facts, Expectations(hcas=("mlx5_9",)), job())) == {"mlx5_9/1"}
+
+
+def test_ib009_skips_ports_nccl_ib_hca_leaves_out() -> None:
+    """NCCL never opens a port NCCL_IB_HCA leaves out, so its state cannot hurt a job; the setting
+    counts from the job's environment and from NCCL's configuration files alike."""
+    facts = rdma(*(hca(f"mlx5_{i}") for i in range(8)), hca("mlx5_8", port(state=1, phys=2, rate=None)))
+    assert subjects(rdma_stack_or_ports_misconfigured(facts, Expectations(), job())) == {"mlx5_8/1"}
+    rails = "=" + ",".join(f"mlx5_{i}" for i in range(8))
+    assert list(rdma_stack_or_ports_misconfigured(facts, Expectations(), job({"NCCL_IB_HCA": rails}))) == []
+    assert list(rdma_stack_or_ports_misconfigured(facts, Expectations(), job(conf={"NCCL_IB_HCA": "^mlx5_8"}))) == []
+    # A selection that keeps the port, an empty one (NCCL's "every device") and an unreadable
+    # nccl.conf still judge it; so does the site's expect.hcas, whatever NCCL_IB_HCA says.
+    for kept in (job({"NCCL_IB_HCA": "mlx5"}), job({"NCCL_IB_HCA": ""})):
+        assert subjects(rdma_stack_or_ports_misconfigured(facts, Expectations(), kept)) == {"mlx5_8/1"}
+    unreadable = JobFacts({}, "", (NcclConfFile("/etc/nccl.conf", (), "permission denied (EACCES)"),))
+    assert subjects(rdma_stack_or_ports_misconfigured(facts, Expectations(), unreadable)) == {"mlx5_8/1"}
+    expected = Expectations(hcas=("mlx5_0", "mlx5_8"))
+    assert subjects(rdma_stack_or_ports_misconfigured(facts, expected, job({"NCCL_IB_HCA": rails}))) == {"mlx5_8/1"}
+
+
+def test_ib009_disabled_port_is_a_warning_unless_expected() -> None:
+    """phys_state 3 (Disabled) is set on purpose, e.g. the spare port of a dual-port card of the
+    rails' type; a port that lost its link (2, Polling) stays an error."""
+    disabled = rdma(*(hca(f"mlx5_{i}") for i in range(8)), hca("mlx5_8", port(state=1, phys=3, rate=None)))
+    [found] = rdma_stack_or_ports_misconfigured(disabled, Expectations(), job())
+    assert (found.subject, found.severity) == ("mlx5_8/1", Severity.WARNING)
+    assert "3: Disabled" in found.evidence[0].observed and "expect.hcas or NCCL_IB_HCA" in found.fix
+    [expected] = rdma_stack_or_ports_misconfigured(disabled, Expectations(hcas=("mlx5_8",)), job())
+    assert expected.severity is None  # the reference's own (error)
+    [polling] = rdma_stack_or_ports_misconfigured(eight(mlx5_3=port(state=1, phys=2, rate=None)), Expectations(), job())
+    assert polling.severity is None
 
 
 def test_ib009_ignores_nvswitch_management_functions() -> None:
     lpf = hca("mlx5_8", port(state=2, lid=0, sm_lid=0), management=True)
     facts = replace(eight(), devices=eight().devices + (lpf,))
-    assert list(rdma_stack_or_ports_misconfigured(facts, Expectations())) == []
+    assert list(rdma_stack_or_ports_misconfigured(facts, Expectations(), job())) == []
 
 
 def test_ib009_judges_every_port_when_none_is_active() -> None:
     facts = rdma(hca("mlx5_0", port(state=1, phys=3)))
-    assert subjects(rdma_stack_or_ports_misconfigured(facts, Expectations())) == {"mlx5_0/1"}
+    assert subjects(rdma_stack_or_ports_misconfigured(facts, Expectations(), job())) == {"mlx5_0/1"}
 
 
 def test_ib009_not_applicable_and_unknown() -> None:
     with pytest.raises(NotApplicable):
-        list(rdma_stack_or_ports_misconfigured(rdma(), Expectations()))
+        list(rdma_stack_or_ports_misconfigured(rdma(), Expectations(), job()))
     with pytest.raises(Unknown, match="EACCES"):
-        list(rdma_stack_or_ports_misconfigured(rdma(problems=(Problem("/sys/class/infiniband", "permission denied (EACCES)"),)), Expectations()))
+        list(rdma_stack_or_ports_misconfigured(rdma(problems=(Problem("/sys/class/infiniband", "permission denied (EACCES)"),)), Expectations(), job()))
     broken = port(state=None, problems=(Problem("/sys/class/infiniband/mlx5_2/ports/1/state", "invalid argument (EINVAL)"),))
-    found = list(rdma_stack_or_ports_misconfigured(eight(mlx5_2=broken), Expectations()))
+    found = list(rdma_stack_or_ports_misconfigured(eight(mlx5_2=broken), Expectations(), job()))
     assert [(o.subject, o.status) for o in found] == [("mlx5_2/1", Status.UNKNOWN)]
     assert found[0].reason == "/sys/class/infiniband/mlx5_2/ports/1/state: invalid argument (EINVAL)"
     no_rate = port(rate=None, problems=(Problem("/sys/class/infiniband/mlx5_1/ports/1/rate", "empty"),))
-    assert subjects(rdma_stack_or_ports_misconfigured(eight(mlx5_1=no_rate), Expectations()), Status.UNKNOWN) == {"mlx5_1/1"}
+    assert subjects(rdma_stack_or_ports_misconfigured(eight(mlx5_1=no_rate), Expectations(), job()), Status.UNKNOWN) == {"mlx5_1/1"}
 
 
 # -- IB008 ------------------------------------------------------------------------------------
