@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from preflight.probes.gpus import GpuFacts
     from preflight.probes.job import JobFacts
     from preflight.probes.nccl_libs import NcclCopy, NcclLibFacts
-    from preflight.probes.rdma import RdmaFacts
+    from preflight.probes.rdma import RdmaDevice, RdmaFacts
 
 SMALL_BAR1 = 256 << 20  # the legacy window consumer boards keep with Resizable BAR off
 
@@ -158,15 +158,46 @@ def _require_nvidia(gpudirect: GpuDirectFacts) -> None:
         raise NotApplicable("the NVIDIA kernel driver is not loaded (/sys/module/nvidia is absent)")
 
 
+def _efa_gpu_memory(devices: list[RdmaDevice], gpudirect: GpuDirectFacts) -> Iterator[Observation]:
+    """EFA devices: Amazon's efa.ko maps GPU memory through its own provider (nvidia_p2p_* or
+    efa_nv_peermem, amzn-drivers efa_p2p.c), never through ib_core's peer-memory clients, and
+    names the provider it can use in device/p2p."""
+    providers = {device.name: device.efa_gpu_memory for device in devices}
+    if any(provider and provider.startswith("NVIDIA") for provider in providers.values()):
+        return
+    if all(provider is not None for provider in providers.values()):
+        name, provider = next(iter(providers.items()))
+        yield present(
+            "node",
+            Evidence(f"{IB_CLASS}/{name}/device/p2p", provider or "empty (no provider available)", "NVIDIA or NVIDIA peermem"),
+            fix="efa.ko finds no NVIDIA GPU-memory provider: check that the nvidia module is loaded and that the efa "
+            "driver of the AWS EFA installer (built with GPUDirect support) is the one loaded; "
+            f"'cat {IB_CLASS}/*/device/p2p' should name NVIDIA.",
+        )
+        return
+    if dmabuf_capable(gpudirect):
+        return
+    unnamed = next(name for name, provider in providers.items() if provider is None)
+    raise Unknown(
+        f"{unnamed} is an EFA device without efa.ko's device/p2p or device/gdr (the kernel's own efa driver, or not "
+        "readable): whether it maps GPU memory is not read here"
+    )
+
+
 @check("GDR001", profiles=("prolog",))
-def gpudirect_rdma_unavailable(gpudirect: GpuDirectFacts, job: JobFacts, nccl_libs: NcclLibFacts) -> Iterator[Observation]:
+def gpudirect_rdma_unavailable(gpudirect: GpuDirectFacts, rdma: RdmaFacts, job: JobFacts, nccl_libs: NcclLibFacts) -> Iterator[Observation]:
     """Neither the peer-memory nor the DMA-BUF path to GPUDirect RDMA is available, or only
-    nvidia_peermem is, which NCCL before 2.23.4 does not look for."""
+    nvidia_peermem is, which NCCL before 2.23.4 does not look for. EFA devices are judged by
+    efa.ko's own GPU-memory provider."""
     _require_nvidia(gpudirect)
     if gpudirect.rdma_devices is None:
         raise Unknown(gpudirect.why("/sys/class/infiniband"))
     if not gpudirect.rdma_devices:
         raise NotApplicable("no RDMA devices in /sys/class/infiniband")
+    efa = [device for device in rdma.devices if device.efa]
+    if efa and set(gpudirect.rdma_devices) <= {device.name for device in efa}:
+        yield from _efa_gpu_memory(efa, gpudirect)
+        return
     peer_clients = [path for path in gpudirect.peer_memory_files if path != NVIDIA_PEERMEM_VERSION]
     if peer_clients or gpudirect.nv_peer_mem_loaded:
         return  # every NCCL release finds a memory_peers client

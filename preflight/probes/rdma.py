@@ -176,6 +176,10 @@ class RdmaDevice(Struct, frozen=True):
     uverbs: str | None  # "uverbs3" from /sys/class/infiniband_verbs/*/ibdev
     ports: tuple[RdmaPort, ...]
     problems: tuple[Problem, ...]
+    # EFA only: the GPU-memory provider Amazon's efa.ko names in device/p2p ("NVIDIA", "NVIDIA
+    # peermem", "NEURON"; "" when none is available now), "NVIDIA" where an older efa.ko says
+    # device/gdr 1; None when neither file is there (the kernel's own efa driver) or readable.
+    efa_gpu_memory: str | None = None
 
     @property
     def is_data_nic(self) -> bool:
@@ -441,8 +445,25 @@ def _read_device(fs: NodeFS, name: str, uverbs: dict[str, str]) -> RdmaDevice:
         netdevs=tuple(reader.listing(f"{path}/device/net") or []) if link else (),
         uverbs=uverbs.get(name) or (_device_verbs(fs, path, name) if link else None),
         ports=ports,
+        efa_gpu_memory=_efa_gpu_memory(fs, path, reader) if link and looks_like_efa(name, vendor) else None,
         problems=reader.take(),
     )
+
+
+def _efa_gpu_memory(fs: NodeFS, path: str, reader: _Attributes) -> str | None:
+    """Amazon's efa.ko maps GPU memory itself (efa_p2p.c, amzn-drivers): device/p2p names the
+    first provider it can use now, empty when none; older releases built with GPUDirect
+    support have device/gdr reading 1 instead."""
+    for attribute in ("p2p", "gdr"):
+        try:
+            text = fs.read(f"{path}/device/{attribute}", max_bytes=_SYSFS_ATTRIBUTE_BYTES)
+        except SourceError as error:
+            reader.problems.append(Problem(f"{path}/device/{attribute}", error.reason))
+            return None
+        if text is not None:
+            value = text.strip()
+            return value if attribute == "p2p" else ("NVIDIA" if value == "1" else "")
+    return None
 
 
 def _verbs_devices(reader: _Attributes, entries: Iterable[str]) -> dict[str, str]:

@@ -118,6 +118,20 @@ def test_efa_devices_and_their_libraries() -> None:
     assert probe_efa(NodeFS(str(EXAMPLE))) is None
 
 
+def test_efa_gpu_memory_provider_from_device_p2p_or_gdr(tmp_path: Path) -> None:
+    """Amazon's efa.ko says which GPU-memory provider it can use in device/p2p (empty: none);
+    older releases say device/gdr 1; the kernel's own driver has neither. ConnectX: never read."""
+    root = tmp_path / "node"
+    shutil.copytree(FIXTURES / "efa-p4d", root, symlinks=True)
+    devices = root / "sys/class/infiniband"
+    (devices / "rdmap16s27/device/p2p").write_text("NVIDIA\n")
+    (devices / "rdmap32s27/device/p2p").write_text("\n")
+    (devices / "rdmap144s27/device/gdr").write_text("1\n")
+    facts = probe_rdma(NodeFS(str(root)))
+    assert [d.efa_gpu_memory for d in facts.devices] == ["NVIDIA", "", "NVIDIA", None]
+    assert all(d.efa_gpu_memory is None for d in probe_rdma(NodeFS(str(EXAMPLE))).devices)
+
+
 def test_device_nodes_and_job_identity_of_the_example() -> None:
     facts = probe_rdma(NodeFS(str(EXAMPLE)))
     assert facts.dev_infiniband == ("rdma_cm", *(f"uverbs{i}" for i in range(8)))
