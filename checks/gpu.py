@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # gpu_health imports this module at run time
 
     from preflight.config import Expectations
     from preflight.probes.gpu_health import GpuHealthFacts
+    from preflight.probes.job import JobFacts
 from preflight.probes.gpu_health import GPU_IS_LOST, GpuHealth, GpuHealthFacts, nvml_unusable
 from preflight.probes.gpus import UNEXPECTED_ANSWER, GpuFacts, pci_device_key
 from preflight.probes.kernel_log import HARDWARE_XIDS, KernelLogFacts, XidEvent
@@ -156,8 +157,51 @@ PERSISTENCE_FIX = (
 )
 
 
+def _slurm_gpu_count(job: JobFacts) -> int | None:
+    """How many GPUs Slurm gave this job step on this node (SLURM_STEP_GPUS, else
+    SLURM_JOB_GPUS: indices), when this process is one of the job's; None otherwise."""
+    from preflight.slurm import parse_gpu_indices  # only here: a rare path, kept off every run's imports
+
+    if not job.in_job_process:
+        return None
+    for name in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
+        indices = parse_gpu_indices(job.environ[name]) if name in job.environ else None
+        if indices is not None:
+            return len(indices)
+    return None
+
+
+def _not_visible(gpus: GpuFacts, job: JobFacts, missing: list[str], unidentified: int) -> Iterator[Observation]:
+    """GPUs on the PCI bus that NVML does not list, unless the view of this process was narrowed
+    on purpose: a container runtime's own /proc/driver/nvidia, or Slurm's device cgroup (with
+    ConstrainDevices NVML lists only the job's GPUs) in a job given as many GPUs as NVML lists."""
+    expected = f"{len(gpus.pci_gpus)} (as on the PCI bus)"
+    hidden = ""
+    if gpus.container_gpus is not None:
+        given = {pci_device_key(address) for address in gpus.container_gpus}
+        hidden = f"; {sum(1 for bdf in missing if pci_device_key(bdf) not in given)} not given to this container"
+        missing = [bdf for bdf in missing if pci_device_key(bdf) in given]
+        if len(missing) <= unidentified:
+            return
+        expected = f"{len(gpus.container_gpus)} (the container's, in /proc/driver/nvidia/gpus)"
+    elif gpus.view_error:
+        yield undecided(
+            "node",
+            f"NVML lists {len(gpus.devices)} of the {len(gpus.pci_gpus)} GPUs on the PCI bus, and whether a container "
+            f"runtime hid the others cannot be told: {gpus.view_error}",
+        )
+        return
+    elif _slurm_gpu_count(job) == len(gpus.devices):
+        return
+    yield present(
+        "node",
+        Evidence("nvmlDeviceGetCount", f"{len(gpus.devices)} GPUs", expected),
+        Evidence("/sys/bus/pci/devices", "not visible to NVML: " + ", ".join(missing) + hidden),
+    )
+
+
 @check("GPU001", profiles=("prolog",))
-def gpu_unusable_by_driver(gpus: GpuFacts, gpu_health: GpuHealthFacts, expect: Expectations) -> Iterator[Observation]:
+def gpu_unusable_by_driver(gpus: GpuFacts, gpu_health: GpuHealthFacts, job: JobFacts, expect: Expectations) -> Iterator[Observation]:
     """A GPU is on the bus but unusable: lost, invisible to NVML, or the driver stack is broken;
     a warning when persistence mode is off."""
     if gpus.nvml_error in UNANSWERED:  # no recording, or a broken one
@@ -192,16 +236,13 @@ def gpu_unusable_by_driver(gpus: GpuFacts, gpu_health: GpuHealthFacts, expect: E
     # A device whose PCI info NVML would not give may be any of the unmatched GPUs on the bus.
     unidentified = sum(1 for device in gpus.devices if not device.bus_id)
     if len(missing) > unidentified and (seen or not gpus.devices):
-        yield present(
-            "node",
-            Evidence("nvmlDeviceGetCount", f"{len(gpus.devices)} GPUs", f"{len(gpus.pci_gpus)} (as on the PCI bus)"),
-            Evidence("/sys/bus/pci/devices", "not visible to NVML: " + ", ".join(missing)),
-        )
-    if expect.gpu_count is not None and len(gpus.devices) < expect.gpu_count:
-        yield present(
-            "node",
-            Evidence("nvmlDeviceGetCount", f"{len(gpus.devices)} GPUs", f"{expect.gpu_count} (expect.gpu_count)"),
-        )
+        yield from _not_visible(gpus, job, missing, unidentified)
+    if expect.gpu_count is not None:
+        # In a view narrowed on purpose (see _not_visible) NVML counts the job's GPUs, not the node's.
+        narrowed = gpus.container_gpus is not None or _slurm_gpu_count(job) == len(gpus.devices)
+        count, source = (len(gpus.pci_gpus), "/sys/bus/pci/devices") if narrowed else (len(gpus.devices), "nvmlDeviceGetCount")
+        if count < expect.gpu_count:
+            yield present("node", Evidence(source, f"{count} GPUs", f"{expect.gpu_count} (expect.gpu_count)"))
     yield from _persistence(gpu_health, lost)
 
 

@@ -77,7 +77,20 @@ def memlock_limit_too_low(memlock: MemlockFacts, job: JobFacts, expect: Expectat
     slurmd_undecided = memlock.slurmd_pid is None and any(_unread_subject(p.split(":", 1)[0], memlock) == "slurmd" for p in memlock.problems)
     if memlock.process is not None and memlock.process.soft < minimum and not (job.in_slurmd_script and memlock.slurmd is not None):
         # A script slurmd runs has slurmd's limit: without slurmd's own entry it is the evidence.
-        yield present("slurmd" if job.in_slurmd_script else "process", _limit_evidence(memlock.process, minimum))
+        # Outside a job on a Slurm node (an operator's shell, cron, an audit over ssh) this
+        # process's limit is not what jobs get: slurmd's entries above and below decide that.
+        slurm_decides = memlock.slurmd is not None or memlock.slurmd_unit is not None
+        if job.in_slurmd_script or job.in_job_process or not slurm_decides:
+            yield present("slurmd" if job.in_slurmd_script else "process", _limit_evidence(memlock.process, minimum))
+        else:
+            yield present(
+                "process",
+                _limit_evidence(memlock.process, minimum),
+                severity=Severity.WARNING,
+                fix="This is the limit of the shell or service preflight ran from, not of Slurm jobs (they get "
+                "slurmd's, judged separately); ranks started from such a shell (ssh, mpirun, pdsh) get it: "
+                "raise it in /etc/security/limits.d/ or the service's LimitMEMLOCK.",
+            )
     if memlock.slurmd is not None and min(memlock.slurmd.soft, memlock.slurmd.hard) < minimum:
         yield present(
             "slurmd",

@@ -142,10 +142,13 @@ def nccl_library_conflict(nccl_libs: NcclLibFacts, job: JobFacts) -> Iterator[Ob
             )
     system = sorted({c.version for c in nccl_libs.copies if c.origin == "system" and c.version})
     if len(system) > 1:
+        # A warning: one process loads one libnccl.so.2, the first its search order finds; which
+        # one depends on the job's order, and the job-environment case above is the conflict.
         yield present(
             "library path",
             *(Evidence(c.path, f"NCCL {c.version}") for c in nccl_libs.copies if c.origin == "system" and c.version),
-            Evidence("ld.so search path", f"{len(system)} versions: {', '.join(system)}", "one NCCL version"),
+            Evidence("system library directories", f"{len(system)} versions: {', '.join(system)}", "one NCCL version"),
+            severity=Severity.WARNING,
         )
 
 

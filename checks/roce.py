@@ -50,13 +50,15 @@ _OS_ERROR = re.compile(r"\(E[A-Z0-9]+\)")
 
 
 # -- checks ---------------------------------------------------------------------------------------
-def _ports_nccl_uses(roce: RoceFacts, job: JobFacts) -> Iterator[RocePort | Observation]:
-    """The RoCE ports NCCL would open (ACTIVE, selected by NCCL_IB_HCA), and an undecided
-    observation for every port whose link layer could not be read."""
+def _ports_nccl_uses(roce: RoceFacts, job: JobFacts, site_hcas: tuple[str, ...] | None = None) -> Iterator[RocePort | Observation]:
+    """The RoCE ports NCCL would open (ACTIVE, selected by NCCL_IB_HCA; where that is not set,
+    the site's data HCAs, expect.hcas, when given), and an undecided observation for every port
+    whose link layer could not be read."""
     hca = job.nccl("NCCL_IB_HCA")
     selected = [
         port for port in roce.ports
         if (port.state is None or port.state.endswith("ACTIVE")) and ib_hca_selects(hca.value if hca else None, port.device, port.port)
+        and (hca is not None or site_hcas is None or port.device in site_hcas)
     ]
     if not roce.unreadable_ports:
         if not roce.ports:
@@ -66,6 +68,23 @@ def _ports_nccl_uses(roce: RoceFacts, job: JobFacts) -> Iterator[RocePort | Obse
     for subject, reason in roce.unreadable_ports:
         yield undecided(subject, reason)
     yield from selected
+
+
+#: Said where ports that disagree are compared as rails while the job's choice of ports is unseen.
+RAILS_UNSEEN_FIX = (
+    "If one of these ports is not a rail (a front-end or storage NIC that jobs leave out), name the rails in "
+    "NCCL_IB_HCA in /etc/nccl.conf (or in expect.hcas) so that only they are compared; a job that sets no "
+    "NCCL_IB_HCA uses every active port, and then the rails must agree."
+)
+
+
+def _rails_severity(job: JobFacts, expect: Expectations) -> Severity | None:
+    """A warning when the rails compared may include ports the jobs leave out: NCCL_IB_HCA is
+    set nowhere this run can see (a prolog, a health check or a shell sees neither the job's
+    environment nor its choice) and the site named no data HCAs; else the reference's own."""
+    if job.in_job_process or expect.hcas is not None or job.nccl("NCCL_IB_HCA") is not None:
+        return None
+    return Severity.WARNING
 
 
 def _variable_evidence(roce: RoceFacts) -> list[Evidence]:
@@ -255,7 +274,7 @@ def roce_path_mtu_mismatch(roce: RoceFacts, job: JobFacts, expect: Expectations)
     """A RoCE netdev MTU differs from the site's, yields a RoCE MTU below what its size suggests
     (4096 -> 2048), or the node's RoCE rails disagree."""
     rails: dict[int, list[RocePort]] = {}
-    for item in _ports_nccl_uses(roce, job):
+    for item in _ports_nccl_uses(roce, job, expect.hcas):
         if isinstance(item, Observation):
             yield item
             continue
@@ -279,7 +298,8 @@ def roce_path_mtu_mismatch(roce: RoceFacts, job: JobFacts, expect: Expectations)
             Evidence(f"/sys/class/net/{port.netdev}/mtu", f"{port.subject} on {port.netdev}: MTU {port.mtu} -> RoCE MTU {mtu}", "one RoCE MTU on every rail")
             for mtu, ports in sorted(rails.items()) for port in ports
         ]
-        yield present("RoCE rails", *evidence)
+        severity = _rails_severity(job, expect)
+        yield present("RoCE rails", *evidence, severity=severity, fix=RAILS_UNSEEN_FIX if severity else "")
 
 
 def _pause_storms(reading: DcbReading, pfc_on: bool) -> Iterator[Observation]:
@@ -324,7 +344,7 @@ def roce_pfc_pause_storm(
     priority (or on others too), ECN off there, NCCL_IB_TC mapped to a lossy priority, PFC
     priorities that differ between rails, or the driver failing to size a lossless buffer."""
     used = []
-    for item in _ports_nccl_uses(roce, job):
+    for item in _ports_nccl_uses(roce, job, expect.hcas):
         if isinstance(item, Observation):
             yield item
         else:
@@ -390,7 +410,13 @@ def roce_pfc_pause_storm(
             )
     if len(pfc_sets) > 1:
         described = "; ".join(f"{', '.join(map(str, pfc)) or 'none'} on {', '.join(names)}" for pfc, names in pfc_sets.items())
-        yield present("RoCE rails", Evidence("RTM_GETDCB (mlnx_qos -i <netdev>)", f"PFC priorities differ: {described}", "the same PFC priorities on every rail"))
+        severity = _rails_severity(job, expect)
+        yield present(
+            "RoCE rails",
+            Evidence("RTM_GETDCB (mlnx_qos -i <netdev>)", f"PFC priorities differ: {described}", "the same PFC priorities on every rail"),
+            severity=severity,
+            fix=RAILS_UNSEEN_FIX if severity else "",
+        )
 
 
 # -- ROCE002: GPUDirect RDMA over RoCE ------------------------------------------------------------

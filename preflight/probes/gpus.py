@@ -25,6 +25,7 @@ from msgspec import Struct
 
 from preflight.probing import FactReader
 from preflight.registry import probe
+from preflight.sources.fs import SourceError
 from preflight.sources.nvml import Nvml, NvmlError
 
 if TYPE_CHECKING:  # gpu_health imports this module at run time
@@ -55,6 +56,12 @@ class GpuFacts(Struct, frozen=True):
     problems: tuple[str, ...]
     cuda_driver_version: int | None = None  # nvmlSystemGetCudaDriverVersion_v2; None: see cuda_driver_error
     cuda_driver_error: str = ""  # NVML_* code of that call when it failed, was not recorded or made no sense
+    # Asked only when NVML lists fewer GPUs than the PCI bus: the GPUs a container runtime left
+    # this process (libnvidia-container mounts its own /proc/driver/nvidia and binds only the
+    # container's GPUs under gpus/), None when the driver's view is the host's or was not asked;
+    # view_error says why it could not be told.
+    container_gpus: tuple[str, ...] | None = None
+    view_error: str = ""
 
 
 def pci_device_key(address: str) -> tuple[int, int, int] | None:
@@ -137,7 +144,32 @@ def probe_gpus(fs: NodeFS, nvml: Nvml) -> GpuFacts:
     if not isinstance(count, int) or count < 0:
         return GpuFacts(pci, UNEXPECTED_ANSWER, f"device count {repr(count)[:40]}", str(driver), (), tuple(reader.problems), cuda, cuda_error)
     devices = tuple(_device(nvml, index) for index in range(count))
-    return GpuFacts(pci, "", "", str(driver), devices, tuple(reader.problems), cuda, cuda_error)
+    container_gpus, view_error = _container_view(reader) if len(devices) < len(pci) else (None, "")
+    return GpuFacts(pci, "", "", str(driver), devices, tuple(reader.problems), cuda, cuda_error, container_gpus, view_error)
+
+
+MOUNTINFO = "/proc/self/mountinfo"
+DRIVER_PROCFS = "/proc/driver/nvidia"
+
+
+def _container_view(reader: FactReader) -> tuple[tuple[str, ...] | None, str]:
+    """(the GPUs under a container's own /proc/driver/nvidia/gpus, "") when a mount there shows
+    that a runtime narrowed this process's view; (None, "") for the host's view; (None, why)
+    when it cannot be told."""
+    try:
+        text = reader.fs.read(MOUNTINFO, max_bytes=4 * 1024 * 1024)
+    except SourceError as error:
+        return None, str(error)
+    if text is None:
+        return None, f"{MOUNTINFO}: not in this root"
+    # Field 5 is the mount point, octal-escaped (proc(5)); nothing here contains a space.
+    points = (line.split(" ", 5)[4] for line in text.splitlines() if line.count(" ") >= 5)
+    if not any(point == DRIVER_PROCFS or point.startswith(f"{DRIVER_PROCFS}/") for point in points):
+        return None, ""
+    listed = reader.listing(f"{DRIVER_PROCFS}/gpus")
+    if listed is None:
+        return None, reader.problems[-1]
+    return tuple(sorted(entry.lower() for entry in listed)), ""
 
 
 def _cuda_driver_version(nvml: Nvml) -> tuple[int | None, str]:

@@ -20,10 +20,11 @@ from preflight.probes.hostname import HostnameFacts, HostsEntry
 from preflight.checks.dns import hostname_resolution_broken
 from preflight.probes.job import JobFacts, NcclConfFile
 from preflight.probes.nccl_libs import NcclCopy, NcclLibFacts
+from preflight.probes.rdma import RdmaDevice, RdmaFacts, probe_rdma
 from preflight.probes.memlock import Limit, MemlockFacts, PamLimit, probe_memlock
 from preflight.checks.mem import memlock_limit_too_low, nccl_buffsize_exceeds_pinned_memory
 from preflight.config import Expectations
-from preflight.model import NotApplicable, Severity, Status, Unknown
+from preflight.model import NotApplicable, Observation, Severity, Status, Unknown
 from preflight.sources import NodeFS, Sources
 from preflight.sources.dns import DnsAnswer
 from preflight.units import UNLIMITED
@@ -35,6 +36,10 @@ GIB = 1 << 30
 @pytest.fixture(scope="module")
 def memlock() -> MemlockFacts:
     return probe_memlock(NodeFS(str(EXAMPLE)))
+
+
+#: The example node's RDMA devices as the rdma probe reads them (ConnectX, no EFA).
+MLX = probe_rdma(NodeFS(str(EXAMPLE)))
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +81,19 @@ def test_mem001_prolog_reports_slurmd_not_its_own_copy_of_the_limit(memlock: Mem
     assert {o.subject for o in memlock_limit_too_low(memlock, prolog, Expectations())} == {"slurmd", "slurm.conf"}
     task_prolog = job(environ={"SLURM_SCRIPT_CONTEXT": "prolog_task"})  # runs inside the job
     assert "process" in {o.subject for o in memlock_limit_too_low(memlock, task_prolog, Expectations())}
+
+
+def test_mem001_own_limit_outside_a_job_on_a_slurm_node_is_a_warning(memlock: MemlockFacts) -> None:
+    """An operator's shell, cron or an audit over ssh has its own (often 8 MiB) limit while
+    slurmd, whose limit jobs inherit, has none: a warning about ssh-launched ranks, not a drain.
+    In a job's process, or where no slurmd says what jobs get, the own limit is the job's."""
+    low_self = replace(unlimited(memlock), process=Limit(8 << 20, 8 << 20, "/proc/self/limits"))
+    [found] = memlock_limit_too_low(low_self, job(), Expectations())
+    assert (found.subject, found.severity) == ("process", Severity.WARNING) and "not of Slurm jobs" in found.fix
+    in_job = job(environ={"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0"})
+    assert [o.severity for o in memlock_limit_too_low(low_self, in_job, Expectations())] == [None]
+    no_slurm = replace(low_self, slurmd=None, slurmd_pid=None, slurmd_unit=None)
+    assert [(o.subject, o.severity) for o in memlock_limit_too_low(no_slurm, job(), Expectations())] == [("process", None)]
 
 
 def test_mem001_absent_when_unlimited_and_not_propagated(memlock: MemlockFacts) -> None:
@@ -166,38 +184,68 @@ NCCL_2_21 = NcclLibFacts((NcclCopy("/usr/lib/x86_64-linux-gnu/libnccl.so.2.21.5"
 
 
 def test_gdr001_present_without_peermem_on_proprietary_driver(gpudirect: GpuDirectFacts) -> None:
-    found = list(gpudirect_rdma_unavailable(gpudirect, job(), NCCL_2_28))
+    found = list(gpudirect_rdma_unavailable(gpudirect, MLX, job(), NCCL_2_28))
     assert [o.subject for o in found] == ["node"]
 
 
 def test_gdr001_absent_with_peermem_or_dmabuf(gpudirect: GpuDirectFacts) -> None:
     with_peermem = replace(gpudirect, peer_memory_files=("/sys/module/nvidia_peermem/version",))
-    assert list(gpudirect_rdma_unavailable(with_peermem, job(), NCCL_2_28)) == []
+    assert list(gpudirect_rdma_unavailable(with_peermem, MLX, job(), NCCL_2_28)) == []
     with_peer_client = replace(gpudirect, peer_memory_files=("/sys/kernel/mm/memory_peers/nv_mem/version", "/sys/module/nvidia_peermem/version"))
-    assert list(gpudirect_rdma_unavailable(with_peer_client, job(), NCCL_2_21)) == []
+    assert list(gpudirect_rdma_unavailable(with_peer_client, MLX, job(), NCCL_2_21)) == []
     open_modules = replace(gpudirect, driver_flavour="open")
-    assert list(gpudirect_rdma_unavailable(open_modules, job(), NCCL_2_28)) == []
+    assert list(gpudirect_rdma_unavailable(open_modules, MLX, job(), NCCL_2_28)) == []
     disabled = job(environ={"NCCL_DMABUF_ENABLE": "0"})
-    assert len(list(gpudirect_rdma_unavailable(open_modules, disabled, NCCL_2_28))) == 1
+    assert len(list(gpudirect_rdma_unavailable(open_modules, MLX, disabled, NCCL_2_28))) == 1
     old_kernel = replace(open_modules, kernel_release="4.18.0-553.el8.x86_64")
-    assert len(list(gpudirect_rdma_unavailable(old_kernel, job(), NCCL_2_28))) == 1
+    assert len(list(gpudirect_rdma_unavailable(old_kernel, MLX, job(), NCCL_2_28))) == 1
+
+
+def efa_node(*providers: str | None) -> RdmaFacts:
+    """A p4d-like node: one EFA device per provider reading (None: no device/p2p or gdr)."""
+    devices = tuple(
+        RdmaDevice(f"rdmap{16 * (i + 1)}s27", f"/sys/class/infiniband/rdmap{16 * (i + 1)}s27", "unspecified", None, None,
+                   f"0000:{16 * (i + 1):02x}:1b.0", "0x1d0f", True, False, (), f"uverbs{i}", (), (), efa_gpu_memory=provider)
+        for i, provider in enumerate(providers)
+    )
+    return replace(MLX, devices=devices)
+
+
+def test_gdr001_efa_devices_are_judged_by_efa_ko_own_provider(gpudirect: GpuDirectFacts) -> None:
+    """EFA maps GPU memory through efa.ko's own provider (amzn-drivers efa_p2p.c), not through
+    nvidia_peermem: a p4d with the proprietary driver and no peermem has GPUDirect RDMA."""
+    def verdict(rdma: RdmaFacts, facts: GpuDirectFacts = gpudirect) -> list[Observation]:
+        names = tuple(device.name for device in rdma.devices)
+        return list(gpudirect_rdma_unavailable(replace(facts, rdma_devices=names), rdma, job(), NCCL_2_28))
+
+    assert verdict(efa_node("NVIDIA", "NVIDIA")) == [] and verdict(efa_node("NVIDIA peermem")) == []
+    [found] = verdict(efa_node("", ""))
+    assert found.evidence[0].source.endswith("/device/p2p") and "no provider available" in found.evidence[0].observed
+    assert "NEURON" in verdict(efa_node("NEURON"))[0].evidence[0].observed
+    # The kernel's own efa driver has no device/p2p: DMA-BUF decides, else the check cannot tell.
+    assert verdict(efa_node(None), replace(gpudirect, driver_flavour="open")) == []
+    with pytest.raises(Unknown, match="without efa.ko's device/p2p"):
+        verdict(efa_node(None))
+    # A ConnectX next to the EFA devices still needs a peer-memory client or DMA-BUF.
+    mixed = replace(MLX, devices=efa_node("NVIDIA").devices + MLX.devices)
+    assert [o.subject for o in verdict(mixed)] == ["node"]
 
 
 def test_gdr001_nvidia_peermem_alone_with_nccl_before_2_23_4(gpudirect: GpuDirectFacts) -> None:
     with_peermem = replace(gpudirect, peer_memory_files=("/sys/module/nvidia_peermem/version",))
-    [found] = gpudirect_rdma_unavailable(with_peermem, job(), NCCL_2_21)
+    [found] = gpudirect_rdma_unavailable(with_peermem, MLX, job(), NCCL_2_21)
     assert found.subject == "/usr/lib/x86_64-linux-gnu/libnccl.so.2.21.5" and "2.23.4" in found.evidence[0].expected
     unnamed = NcclLibFacts((NcclCopy("/opt/nccl/lib/libnccl.so.2", None, "system"),), ())
-    [found] = gpudirect_rdma_unavailable(with_peermem, job(), unnamed)
+    [found] = gpudirect_rdma_unavailable(with_peermem, MLX, job(), unnamed)
     assert found.status is Status.UNKNOWN and "not named" in found.reason
-    assert list(gpudirect_rdma_unavailable(replace(with_peermem, driver_flavour="open"), job(), NCCL_2_21)) == []  # DMA-BUF instead
+    assert list(gpudirect_rdma_unavailable(replace(with_peermem, driver_flavour="open"), MLX, job(), NCCL_2_21)) == []  # DMA-BUF instead
 
 
 def test_gdr001_not_applicable_without_driver_or_rdma(gpudirect: GpuDirectFacts) -> None:
     with pytest.raises(NotApplicable):
-        list(gpudirect_rdma_unavailable(replace(gpudirect, nvidia_driver=None, nvidia_loaded=False), job(), NCCL_2_28))
+        list(gpudirect_rdma_unavailable(replace(gpudirect, nvidia_driver=None, nvidia_loaded=False), MLX, job(), NCCL_2_28))
     with pytest.raises(NotApplicable):
-        list(gpudirect_rdma_unavailable(replace(gpudirect, rdma_devices=()), job(), NCCL_2_28))
+        list(gpudirect_rdma_unavailable(replace(gpudirect, rdma_devices=()), MLX, job(), NCCL_2_28))
 
 
 def test_gdr001_unknown_where_a_source_was_not_read(gpudirect: GpuDirectFacts) -> None:
@@ -205,16 +253,16 @@ def test_gdr001_unknown_where_a_source_was_not_read(gpudirect: GpuDirectFacts) -
     need their source; unread, each makes GDR001 unknown, never not_applicable or present."""
     why = ("/sys/module/nvidia: not captured: this root has no /sys/module (kernel modules)",)
     with pytest.raises(Unknown, match="not captured"):
-        list(gpudirect_rdma_unavailable(replace(gpudirect, nvidia_driver=None, nvidia_loaded=None, problems=why), job(), NCCL_2_28))
+        list(gpudirect_rdma_unavailable(replace(gpudirect, nvidia_driver=None, nvidia_loaded=None, problems=why), MLX, job(), NCCL_2_28))
     with pytest.raises(Unknown):
-        list(gpudirect_rdma_unavailable(replace(gpudirect, rdma_devices=None), job(), NCCL_2_28))
+        list(gpudirect_rdma_unavailable(replace(gpudirect, rdma_devices=None), MLX, job(), NCCL_2_28))
     unread = replace(gpudirect, peer_memory_unknown=("/sys/kernel/mm/memory_peers/nv_mem/version",))
     with pytest.raises(Unknown, match="neither GPUDirect path is confirmed"):
-        list(gpudirect_rdma_unavailable(unread, job(), NCCL_2_28))
+        list(gpudirect_rdma_unavailable(unread, MLX, job(), NCCL_2_28))
     with pytest.raises(Unknown):
-        list(gpudirect_rdma_unavailable(replace(gpudirect, kernel_release=None), job(), NCCL_2_28))
+        list(gpudirect_rdma_unavailable(replace(gpudirect, kernel_release=None), MLX, job(), NCCL_2_28))
     # an open driver on a new kernel needs no peer client: unread peer files change nothing
-    assert list(gpudirect_rdma_unavailable(replace(unread, driver_flavour="open"), job(), NCCL_2_28)) == []
+    assert list(gpudirect_rdma_unavailable(replace(unread, driver_flavour="open"), MLX, job(), NCCL_2_28)) == []
 
 
 # GDR002 ------------------------------------------------------------------------------------
@@ -326,48 +374,69 @@ def test_gdr002_no_gdrdrv_is_no_finding_where_nccl_maps_gpu_memory_itself(gpudir
 # GPU001 ------------------------------------------------------------------------------------
 def test_gpu001_absent_on_healthy_node(gpus: GpuFacts, health: GpuHealthFacts) -> None:
     assert len(gpus.devices) == 8 and len(gpus.pci_gpus) == 8 and len(health.gpus) == 8
-    assert list(gpu_unusable_by_driver(gpus, health, Expectations(gpu_count=8))) == []
+    assert list(gpu_unusable_by_driver(gpus, health, job(), Expectations(gpu_count=8))) == []
 
 
 def test_gpu001_lost_gpu_missing_gpu_and_version_mismatch(gpus: GpuFacts, health: GpuHealthFacts) -> None:
     lost = replace(gpus, devices=gpus.devices[:3] + (replace(gpus.devices[3], error="NVML_ERROR_GPU_IS_LOST"),) + gpus.devices[4:])
-    assert [o.subject for o in gpu_unusable_by_driver(lost, health, Expectations())] == ["GPU3"]
+    assert [o.subject for o in gpu_unusable_by_driver(lost, health, job(), Expectations())] == ["GPU3"]
     missing = replace(gpus, devices=gpus.devices[:7])
-    found = list(gpu_unusable_by_driver(missing, health, Expectations()))
+    found = list(gpu_unusable_by_driver(missing, health, job(), Expectations()))
     assert found and gpus.pci_gpus[7] in found[0].evidence[1].observed
     mismatch = replace(gpus, nvml_error="NVML_ERROR_LIB_RM_VERSION_MISMATCH", nvml_detail="RM has detected an NVML/RM version mismatch.", devices=())
-    assert [o.subject for o in gpu_unusable_by_driver(mismatch, health, Expectations())] == ["node"]
-    assert [o.subject for o in gpu_unusable_by_driver(gpus, health, Expectations(gpu_count=16))] == ["node"]
+    assert [o.subject for o in gpu_unusable_by_driver(mismatch, health, job(), Expectations())] == ["node"]
+    assert [o.subject for o in gpu_unusable_by_driver(gpus, health, job(), Expectations(gpu_count=16))] == ["node"]
+
+
+def test_gpu001_views_narrowed_on_purpose_are_not_missing_gpus(gpus: GpuFacts, health: GpuHealthFacts) -> None:
+    """In a container (the runtime's own /proc/driver/nvidia) or a Slurm job step with
+    ConstrainDevices, NVML lists the GPUs given to it while sysfs shows the whole bus."""
+    two = replace(gpus, devices=gpus.devices[:2])
+    container = replace(two, container_gpus=gpus.pci_gpus[:2])
+    assert list(gpu_unusable_by_driver(container, health, job(), Expectations(gpu_count=8))) == []
+    # A GPU given to the container that NVML does not list is still missing.
+    [found] = gpu_unusable_by_driver(replace(container, devices=gpus.devices[:1]), health, job(), Expectations())
+    assert found.evidence[1].observed == f"not visible to NVML: {gpus.pci_gpus[1]}; 6 not given to this container"
+    assert "the container's" in found.evidence[0].expected
+    step = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0"}
+    assert list(gpu_unusable_by_driver(two, health, job(environ={**step, "SLURM_STEP_GPUS": "0,1"}), Expectations(gpu_count=8))) == []
+    assert list(gpu_unusable_by_driver(two, health, job(environ={**step, "SLURM_JOB_GPUS": "4-5"}), Expectations())) == []
+    # Given three but NVML lists two, or outside a job: a GPU is missing.
+    assert [o.subject for o in gpu_unusable_by_driver(two, health, job(environ={**step, "SLURM_STEP_GPUS": "0-2"}), Expectations())] == ["node"]
+    assert [o.subject for o in gpu_unusable_by_driver(two, health, job(environ={"SLURM_JOB_GPUS": "0,1"}), Expectations())] == ["node"]
+    # Whether a runtime narrowed the view could not be read: unknown, not a lost GPU.
+    [unknown] = gpu_unusable_by_driver(replace(two, view_error="/proc/self/mountinfo: not in this root"), health, job(), Expectations())
+    assert unknown.status is Status.UNKNOWN and "NVML lists 2 of the 8 GPUs" in unknown.reason
 
 
 def test_gpu001_lost_in_a_health_query_is_present_once(gpus: GpuFacts, health: GpuHealthFacts) -> None:
     lost_ecc = replace(health, gpus=health.gpus[:5] + (replace(health.gpus[5], volatile_error="NVML_ERROR_GPU_IS_LOST"),) + health.gpus[6:])
-    (found,) = gpu_unusable_by_driver(gpus, lost_ecc, Expectations())
+    (found,) = gpu_unusable_by_driver(gpus, lost_ecc, job(), Expectations())
     assert found.subject == "GPU5" and found.evidence[0].source == "nvmlDeviceGetTotalEccErrors"
     both = replace(gpus, devices=gpus.devices[:5] + (replace(gpus.devices[5], error="NVML_ERROR_GPU_IS_LOST"),) + gpus.devices[6:])
-    assert [o.subject for o in gpu_unusable_by_driver(both, lost_ecc, Expectations())] == ["GPU5"]
+    assert [o.subject for o in gpu_unusable_by_driver(both, lost_ecc, job(), Expectations())] == ["GPU5"]
 
 
 def test_gpu001_persistence_off_is_one_warning(gpus: GpuFacts, health: GpuHealthFacts) -> None:
     off = replace(health, gpus=tuple(replace(gpu, persistence=gpu.index >= 6) for gpu in health.gpus))
-    (found,) = gpu_unusable_by_driver(gpus, off, Expectations())
+    (found,) = gpu_unusable_by_driver(gpus, off, job(), Expectations())
     assert found.subject == "nvidia-persistenced" and found.severity is Severity.WARNING
     assert "disabled on GPU0, GPU1, GPU2, GPU3, GPU4, GPU5 (6 of 8)" in found.evidence[0].observed and "nvidia-persistenced" in found.fix
     refused = replace(health, gpus=(replace(health.gpus[0], persistence=None, persistence_error="NVML_ERROR_NO_PERMISSION"),) + health.gpus[1:])
-    (unknown,) = gpu_unusable_by_driver(gpus, refused, Expectations())
+    (unknown,) = gpu_unusable_by_driver(gpus, refused, job(), Expectations())
     assert unknown.status is Status.UNKNOWN and "NO_PERMISSION" in unknown.reason
     unsupported = replace(health, gpus=tuple(replace(gpu, persistence=None, persistence_error="NVML_ERROR_NOT_SUPPORTED") for gpu in health.gpus))
-    assert list(gpu_unusable_by_driver(gpus, unsupported, Expectations())) == []
+    assert list(gpu_unusable_by_driver(gpus, unsupported, job(), Expectations())) == []
 
 
 def test_gpu001_not_applicable_and_unknown(gpus: GpuFacts, health: GpuHealthFacts) -> None:
     with pytest.raises(NotApplicable):
-        list(gpu_unusable_by_driver(GpuFacts((), "NVML_ERROR_LIBRARY_NOT_FOUND", "", None, (), ()), health, Expectations()))
+        list(gpu_unusable_by_driver(GpuFacts((), "NVML_ERROR_LIBRARY_NOT_FOUND", "", None, (), ()), health, job(), Expectations()))
     with pytest.raises(Unknown):
-        list(gpu_unusable_by_driver(replace(gpus, nvml_error="NVML_NOT_RECORDED"), health, Expectations()))
+        list(gpu_unusable_by_driver(replace(gpus, nvml_error="NVML_NOT_RECORDED"), health, job(), Expectations()))
     no_library = replace(gpus, nvml_error="NVML_ERROR_LIBRARY_NOT_FOUND", nvml_detail="libnvidia-ml.so.1: cannot open shared object file", devices=())
     with pytest.raises(Unknown, match="cannot ask the driver about the 8 NVIDIA GPUs"):
-        list(gpu_unusable_by_driver(no_library, health, Expectations()))
+        list(gpu_unusable_by_driver(no_library, health, job(), Expectations()))
 
 
 # DNS001 ------------------------------------------------------------------------------------

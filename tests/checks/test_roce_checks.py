@@ -12,7 +12,7 @@ import pytest
 
 from conftest import EXAMPLE_ROOT, Runner
 from preflight.nccl.gid import GidSettings, Slot, nccl_would_pick_gid, parse_gid, parse_gid_settings
-from preflight.probes.job import JobFacts, parse_environ
+from preflight.probes.job import JobFacts, NcclConfFile, parse_environ
 from preflight.probes.roce import DcbReading, EcnState, GidEntry, NcclGid, RoceDcbFacts, RoceFacts, RocePort, roce_mtu
 from preflight.checks.roce import roce_gid_index_mismatch, roce_gid_type_read_einval, roce_path_mtu_mismatch, roce_pfc_pause_storm
 from preflight.config import ConfigError, Expectations, parse_config
@@ -258,7 +258,7 @@ def dcb(
 ) -> RoceDcbFacts:
     """DCB readings; each interface's pause state is a healthy mlx5 one unless ``pause`` gives a
     state or the reason it could not be read."""
-    ports = {"ens1f0np0": ("mlx5_0/1",), "ens2f0np0": ("mlx5_1/1",)}
+    ports = {"ens1f0np0": ("mlx5_0/1",), "ens2f0np0": ("mlx5_1/1",), "eno1np0": ("mlx5_2/1",)}
     chosen = {name: (pause or {}).get(name, mlx5_pause(name)) for name, _, _ in readings}
     return RoceDcbFacts(tuple(
         DcbReading(
@@ -281,10 +281,41 @@ def test_pfc_absent_on_a_lossless_setup() -> None:
 
 def test_pfc_off_where_the_site_expects_it() -> None:
     readings = dcb(("ens1f0np0", (), DSCP_MAP), ("ens2f0np0", (3, 4), DSCP_MAP))
-    findings = observe(roce_pfc_pause_storm(TWO_RAILS, readings, job(), Expectations(lossless_priority=3)))
+    findings = observe(roce_pfc_pause_storm(TWO_RAILS, readings, job(SLURM_JOB_ID="42"), Expectations(lossless_priority=3)))
     assert findings == [
         ("ens1f0np0", Status.PRESENT, None), ("ens2f0np0", Status.PRESENT, Severity.WARNING), ("RoCE rails", Status.PRESENT, None),
     ]
+
+
+FRONT_END = port("mlx5_2", mtu=1500, netdev="eno1np0")
+
+
+@pytest.mark.parametrize(
+    ("where", "expect", "severity"),
+    [
+        (job(), Expectations(), Severity.WARNING),  # a prolog, health check or shell: the jobs' NCCL_IB_HCA unseen
+        (job(SLURM_JOB_ID="42"), Expectations(), None),  # a job's own process: no NCCL_IB_HCA means every port
+        (JobFacts({}, "", (NcclConfFile("/etc/nccl.conf", (("NCCL_IB_HCA", "mlx5"),)),)), Expectations(), None),
+    ],
+)
+def test_rails_that_disagree_while_the_jobs_choice_of_ports_is_unseen(where: JobFacts, expect: Expectations, severity: Severity | None) -> None:
+    """A front-end NIC beside the rails (MTU 1500, no PFC) is a rail only for jobs that set no
+    NCCL_IB_HCA; where that choice cannot be seen, the disagreement is a warning saying how to
+    name the rails."""
+    roce = facts(port(), port("mlx5_1", netdev="ens2f0np0"), FRONT_END)
+    [mtu] = roce_path_mtu_mismatch(roce, where, expect)
+    assert (mtu.subject, mtu.severity) == ("RoCE rails", severity) and ("NCCL_IB_HCA in /etc/nccl.conf" in mtu.fix) == (severity is not None)
+    readings = dcb(("ens1f0np0", (3,), DSCP_MAP), ("ens2f0np0", (3,), DSCP_MAP), ("eno1np0", (), ()))
+    [pfc] = roce_pfc_pause_storm(roce, readings, where, expect)
+    assert (pfc.subject, pfc.severity) == ("RoCE rails", severity)
+
+
+def test_site_data_hcas_name_the_rails_when_nccl_ib_hca_is_unset() -> None:
+    roce = facts(port(), port("mlx5_1", netdev="ens2f0np0"), FRONT_END)
+    assert observe(roce_path_mtu_mismatch(roce, job(), Expectations(hcas=("mlx5_0", "mlx5_1")))) == []
+    # NCCL_IB_HCA, where set, is what NCCL uses, whatever the site lists.
+    [mtu] = roce_path_mtu_mismatch(roce, job(NCCL_IB_HCA="mlx5"), Expectations(hcas=("mlx5_0", "mlx5_1")))
+    assert (mtu.subject, mtu.severity) == ("RoCE rails", None)
 
 
 def test_nccl_ib_tc_that_maps_to_a_lossy_priority() -> None:

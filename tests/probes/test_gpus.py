@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,43 @@ def test_nvml_that_does_not_start_names_its_error_for_the_cuda_version_too(node_
     sources = Sources.for_node(str(node_copy))
     facts = probe_gpus(sources.fs, sources.nvml)
     assert facts.cuda_driver_version is None and facts.cuda_driver_error == "NVML_ERROR_DRIVER_NOT_LOADED"
+
+
+HOST_MOUNTS = "22 1 259:2 / / rw,relatime shared:1 - ext4 /dev/nvme0n1p2 rw\n25 22 0:5 / /proc rw,nosuid shared:12 - proc proc rw\n"
+# libnvidia-container mounts a tmpfs at /proc/driver/nvidia and binds the container's GPUs under gpus/.
+CONTAINER_MOUNTS = HOST_MOUNTS + (
+    "700 25 0:88 / /proc/driver/nvidia rw,nosuid,nodev,noexec - tmpfs tmpfs ro,mode=555\n"
+    "701 700 0:5 /driver/nvidia/gpus/0000:18:00.0 /proc/driver/nvidia/gpus/0000:18:00.0 rw - proc proc rw\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("mounts", "container_gpus", "view_error"),
+    [
+        (CONTAINER_MOUNTS, ("0000:18:00.0", "0000:2a:00.0"), ""),
+        (HOST_MOUNTS, None, ""),
+        (None, None, "/proc/self/mountinfo: not in this root"),
+    ],
+)
+def test_whether_a_container_runtime_narrowed_the_view_is_asked_when_nvml_lists_fewer(
+    node_copy: Path, mounts: str | None, container_gpus: tuple[str, ...] | None, view_error: str
+) -> None:
+    path = node_copy / ".preflight/nvml.json"
+    document = json.loads(path.read_text())
+    document["calls"]["nvmlDeviceGetCount"] = {"result": 2}
+    path.write_text(json.dumps(document))
+    if mounts is not None:
+        (node_copy / "proc/self/mountinfo").write_text(mounts)
+    shutil.rmtree(node_copy / "proc/driver/nvidia/gpus", ignore_errors=True)
+    for address in ("0000:18:00.0", "0000:2a:00.0"):
+        (node_copy / "proc/driver/nvidia/gpus" / address).mkdir(parents=True)
+    sources = Sources.for_node(str(node_copy))
+    facts = probe_gpus(sources.fs, sources.nvml)
+    assert len(facts.devices) == 2 and len(facts.pci_gpus) == 8
+    assert (facts.container_gpus, facts.view_error) == (container_gpus, view_error)
+
+
+def test_the_view_is_not_asked_when_nvml_lists_every_gpu(node_copy: Path) -> None:
+    sources = Sources.for_node(str(node_copy))
+    facts = probe_gpus(sources.fs, sources.nvml)
+    assert (facts.container_gpus, facts.view_error) == (None, "")

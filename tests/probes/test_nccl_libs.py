@@ -40,6 +40,10 @@ def test_job_search_path_ahead_of_the_wheel_is_present(node_copy: Path) -> None:
     found = dict(verdicts(node_copy, "NCCL016"))
     assert "/opt/nccl-2.18.3/lib/libnccl.so.2.18.3 (NCCL 2.18.3)" in found["job environment"]
     assert "2 versions: 2.18.3, 2.21.5" in found["library path"]
+    # Two releases in the system directories are a hazard, not a conflict in one process.
+    fs = NodeFS(str(node_copy))
+    severities = {o.subject: o.severity for o in nccl_library_conflict(probe_nccl_libs(fs), probe_job(fs))}
+    assert severities == {"job environment": None, "library path": Severity.WARNING}
 
 
 def test_the_wheel_in_the_jobs_virtualenv_is_the_frameworks(node_copy: Path) -> None:
