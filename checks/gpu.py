@@ -10,6 +10,7 @@ from preflight.model import (
     Observation,
     Severity,
     Unknown,
+    Unread,
     present,
     undecided,
 )
@@ -157,12 +158,12 @@ PERSISTENCE_FIX = (
 )
 
 
-def _slurm_gpu_count(job: JobFacts) -> int | None:
+def _slurm_gpu_count(job: JobFacts | Unread) -> int | None:
     """How many GPUs Slurm gave this job step on this node (SLURM_STEP_GPUS, else
     SLURM_JOB_GPUS: indices), when this process is one of the job's; None otherwise."""
     from preflight.slurm import parse_gpu_indices  # only here: a rare path, kept off every run's imports
 
-    if not job.in_job_process:
+    if isinstance(job, Unread) or not job.in_job_process:
         return None
     for name in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
         indices = parse_gpu_indices(job.environ[name]) if name in job.environ else None
@@ -171,7 +172,7 @@ def _slurm_gpu_count(job: JobFacts) -> int | None:
     return None
 
 
-def _not_visible(gpus: GpuFacts, job: JobFacts, missing: list[str], unidentified: int) -> Iterator[Observation]:
+def _not_visible(gpus: GpuFacts, job: JobFacts | Unread, missing: list[str], unidentified: int) -> Iterator[Observation]:
     """GPUs on the PCI bus that NVML does not list, unless the view of this process was narrowed
     on purpose: a container runtime's own /proc/driver/nvidia, or Slurm's device cgroup (with
     ConstrainDevices NVML lists only the job's GPUs) in a job given as many GPUs as NVML lists."""
@@ -191,6 +192,13 @@ def _not_visible(gpus: GpuFacts, job: JobFacts, missing: list[str], unidentified
             f"runtime hid the others cannot be told: {gpus.view_error}",
         )
         return
+    elif isinstance(job, Unread):
+        yield undecided(
+            "node",
+            f"NVML lists {len(gpus.devices)} of the {len(gpus.pci_gpus)} GPUs on the PCI bus, and whether this is a Slurm "
+            f"job step that was given only those cannot be told: {job}",
+        )
+        return
     elif _slurm_gpu_count(job) == len(gpus.devices):
         return
     yield present(
@@ -200,8 +208,8 @@ def _not_visible(gpus: GpuFacts, job: JobFacts, missing: list[str], unidentified
     )
 
 
-@check("GPU001", profiles=("prolog",))
-def gpu_unusable_by_driver(gpus: GpuFacts, gpu_health: GpuHealthFacts, job: JobFacts, expect: Expectations) -> Iterator[Observation]:
+@check("GPU001", profiles=("prolog",), optional=("job",))
+def gpu_unusable_by_driver(gpus: GpuFacts, gpu_health: GpuHealthFacts, job: JobFacts | Unread, expect: Expectations) -> Iterator[Observation]:
     """A GPU is on the bus but unusable: lost, invisible to NVML, or the driver stack is broken;
     a warning when persistence mode is off."""
     if gpus.nvml_error in UNANSWERED:  # no recording, or a broken one

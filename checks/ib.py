@@ -13,6 +13,7 @@ from preflight.model import (
     Observation,
     Severity,
     Unknown,
+    Unread,
     present,
     undecided,
 )
@@ -413,10 +414,12 @@ def _degraded(port: RdmaPort, active: list[RdmaPort], rdma: RdmaFacts, expect: E
     return None
 
 
-def _left_out_by_nccl_ib_hca(job: JobFacts) -> HcaList | None:
+def _left_out_by_nccl_ib_hca(job: JobFacts | Unread) -> HcaList | None:
     """NCCL_IB_HCA as the job (its environment) or NCCL's configuration files set it, when it
     narrows the selection; None when it is unset, empty or cannot be read (then every port is
-    judged, as before the setting was known)."""
+    judged, as IB009 did before it read the setting: a port's state is evidence either way)."""
+    if isinstance(job, Unread):
+        return None
     try:
         setting = job.nccl("NCCL_IB_HCA")
     except Unknown:
@@ -426,9 +429,9 @@ def _left_out_by_nccl_ib_hca(job: JobFacts) -> HcaList | None:
     return parse_nccl_ib_hca(setting.value)
 
 
-@check("IB009", profiles=("prolog",))
+@check("IB009", profiles=("prolog",), optional=("job",))
 def rdma_stack_or_ports_misconfigured(
-    rdma: RdmaFacts, expect: Expectations, job: JobFacts, verbs: VerbsFacts = VERBS_NOT_READ
+    rdma: RdmaFacts, expect: Expectations, job: JobFacts | Unread, verbs: VerbsFacts = VERBS_NOT_READ
 ) -> Iterator[Observation]:
     """Expected HCAs missing, data ports down, or links trained below their rate or width; inside
     a job, a verbs user space (libibverbs, a device's provider) NCCL cannot load. Ports that a

@@ -29,6 +29,7 @@ from preflight.model import (
     Reference,
     Status,
     Unknown,
+    Unread,
     selects,
 )
 from preflight.registry import CheckSpec, ProbeSpec, Registry
@@ -289,12 +290,16 @@ def judge(
     spec: CheckSpec, reference: Reference, outcomes: dict[str, ProbeOutcome], config: HostConfig
 ) -> list[Finding]:
     """Run one check on gathered facts; never raises."""
+    arguments: dict[str, Any] = {}
     for name in spec.probes:
         outcome = outcomes[name]
-        if outcome.status != "ok":
-            detail = outcome.error or outcome.status
+        if outcome.status == "ok":
+            arguments[name] = outcome.facts
+            continue
+        detail = outcome.error or outcome.status
+        if name not in spec.optional:
             return [_verdict(reference, config, Status.UNKNOWN, f"probe {name}: {detail}")]
-    arguments: dict[str, Any] = {name: outcomes[name].facts for name in spec.probes}
+        arguments[name] = Unread(name, detail)
     if spec.wants_expect:
         arguments["expect"] = config.expect
     try:

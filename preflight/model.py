@@ -119,6 +119,18 @@ class Unknown(Exception):
     """Raised by a check when the facts it needs could not be read."""
 
 
+class Unread(Struct, frozen=True):
+    """What a check gets in place of an optional probe's facts (``@check(..., optional=...)``)
+    when that probe failed: which probe and why, so that the check can judge what it can without
+    them and say what it cannot."""
+
+    probe: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"probe {self.probe}: {self.reason}"
+
+
 class ProbeOutcome(Struct, frozen=True):
     """How one probe went: its facts (or None), status, duration and the reason it failed."""
 

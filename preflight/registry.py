@@ -55,6 +55,9 @@ class CheckSpec(Struct, frozen=True):
     wants_expect: bool
     profiles: tuple[str, ...]
     origin: str
+    # Probes the check can judge without: when one fails, the check gets an Unread in place of
+    # its facts instead of becoming unknown as a whole.
+    optional: tuple[str, ...] = ()
 
 
 # Code-object flags (CPython's CO_VARARGS and CO_VARKEYWORDS): reading the code object costs
@@ -96,21 +99,28 @@ def probe(name: str, *, timeout_s: float | None = None, gather_in: Iterable[str]
     return decorate
 
 
-def check(reference_id: str, *, profiles: Iterable[str] = ("full",)) -> Callable[[F], F]:
+def check(reference_id: str, *, profiles: Iterable[str] = ("full",), optional: Iterable[str] = ()) -> Callable[[F], F]:
     """Declare the check that decides reference ``reference_id``.
 
     ``profiles`` lists where it runs; ``full`` is always included. Checks for the ``prolog``
-    profile must be cheap and must not need slow probes.
+    profile must be cheap and must not need slow probes. ``optional`` names probes among its
+    parameters that the check can judge without: when one of them fails, the check is called with
+    a :class:`preflight.model.Unread` in its place (and must accept one) instead of becoming
+    ``unknown`` as a whole.
     """
     if not REFERENCE_ID.match(reference_id):
         raise RegistrationError(f"check ID {reference_id!r} is not AREA + 3 digits (e.g. MEM001)")
     chosen = tuple(dict.fromkeys((*profiles, "full")))
     _check_profiles(chosen, f"check {reference_id}")
+    wanted = tuple(optional)
 
     def decorate(func: F) -> F:
         parameters = _parameters(func, "check")
         probes = tuple(p for p in parameters if p != "expect")
-        spec = CheckSpec(reference_id, func, probes, "expect" in parameters, chosen, func.__module__)
+        stray = [name for name in wanted if name not in probes]
+        if stray:
+            raise RegistrationError(f"check {reference_id}: optional {stray} are not among its probe parameters {list(probes)}")
+        spec = CheckSpec(reference_id, func, probes, "expect" in parameters, chosen, func.__module__, wanted)
         setattr(func, _CHECK_TAG, spec)
         return func
 

@@ -24,7 +24,7 @@ from preflight.probes.rdma import RdmaDevice, RdmaFacts, probe_rdma
 from preflight.probes.memlock import Limit, MemlockFacts, PamLimit, probe_memlock
 from preflight.checks.mem import memlock_limit_too_low, nccl_buffsize_exceeds_pinned_memory
 from preflight.config import Expectations
-from preflight.model import NotApplicable, Observation, Severity, Status, Unknown
+from preflight.model import NotApplicable, Observation, Severity, Status, Unknown, Unread
 from preflight.sources import NodeFS, Sources
 from preflight.sources.dns import DnsAnswer
 from preflight.units import UNLIMITED
@@ -407,6 +407,11 @@ def test_gpu001_views_narrowed_on_purpose_are_not_missing_gpus(gpus: GpuFacts, h
     # Whether a runtime narrowed the view could not be read: unknown, not a lost GPU.
     [unknown] = gpu_unusable_by_driver(replace(two, view_error="/proc/self/mountinfo: not in this root"), health, job(), Expectations())
     assert unknown.status is Status.UNKNOWN and "NVML lists 2 of the 8 GPUs" in unknown.reason
+    # Nor whether this is a job step given two GPUs, when the job probe failed; the rest is judged.
+    unread = Unread("job", "/proc/self/environ: not captured")
+    [unknown] = gpu_unusable_by_driver(two, health, unread, Expectations())
+    assert unknown.status is Status.UNKNOWN and unknown.reason.endswith("probe job: /proc/self/environ: not captured")
+    assert list(gpu_unusable_by_driver(gpus, health, unread, Expectations(gpu_count=8))) == []
 
 
 def test_gpu001_lost_in_a_health_query_is_present_once(gpus: GpuFacts, health: GpuHealthFacts) -> None:

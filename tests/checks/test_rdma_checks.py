@@ -20,7 +20,7 @@ from preflight.probes.nccl_libs import NcclCopy, NcclLibFacts
 from preflight.probes.rdma import PortRate, Problem, RdmaDevice, RdmaFacts, RdmaPort
 from preflight.checks.ib import ib_subnet_manager_sweep_failure, rdma_device_nodes_missing, rdma_stack_or_ports_misconfigured
 from preflight.config import Expectations
-from preflight.model import NotApplicable, Observation, Severity, Status, Unknown
+from preflight.model import NotApplicable, Observation, Severity, Status, Unknown, Unread
 
 STATES = {1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE"}
 PHYS = {2: "Polling", 3: "Disabled", 5: "LinkUp"}
@@ -160,6 +160,8 @@ def test_ib009_skips_ports_nccl_ib_hca_leaves_out() -> None:
         assert subjects(rdma_stack_or_ports_misconfigured(facts, Expectations(), kept)) == {"mlx5_8/1"}
     unreadable = JobFacts({}, "", (NcclConfFile("/etc/nccl.conf", (), "permission denied (EACCES)"),))
     assert subjects(rdma_stack_or_ports_misconfigured(facts, Expectations(), unreadable)) == {"mlx5_8/1"}
+    # Without the job's facts (its probe failed) every port is judged, as before the setting was read.
+    assert subjects(rdma_stack_or_ports_misconfigured(facts, Expectations(), Unread("job", "/proc/self/environ: not captured"))) == {"mlx5_8/1"}
     expected = Expectations(hcas=("mlx5_0", "mlx5_8"))
     assert subjects(rdma_stack_or_ports_misconfigured(facts, expected, job({"NCCL_IB_HCA": rails}))) == {"mlx5_8/1"}
 

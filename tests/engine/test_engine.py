@@ -175,6 +175,42 @@ def test_probe_that_raises_makes_its_references_unknown(example_root: Path) -> N
     assert report.probes[0].status == "error"
 
 
+def test_an_optional_probe_that_fails_reaches_the_check_as_unread(example_root: Path) -> None:
+    """A check declaring a probe optional still runs when that probe fails: it gets an Unread
+    naming the probe and its error, judges what it can, and says what it cannot."""
+    from preflight.config import HostConfig
+    from preflight.engine import RunOptions, run
+    from preflight.model import Evidence, Unread, present, undecided
+    from preflight.sources import Sources
+
+    @probe("wedged")
+    def probe_wedged(fs):  # type: ignore[no-untyped-def]
+        raise OSError("device wedged")
+
+    @probe("steady")
+    def probe_steady(fs):  # type: ignore[no-untyped-def]
+        return 8
+
+    @check("GPU001", optional=("wedged",))
+    def gpu_unusable_by_driver(steady, wedged):  # type: ignore[no-untyped-def]
+        assert isinstance(wedged, Unread)
+        yield present("GPU0", Evidence("steady", str(steady)))
+        yield undecided("GPU1", str(wedged))
+
+    registry = registry_of(probe_wedged, probe_steady, gpu_unusable_by_driver, symbols={"GPU001": "gpu-unusable-by-driver"})
+    report = run(registry, Sources.for_node(str(example_root)), HostConfig(), RunOptions(), "gpu017")
+    assert [(f.subject, f.status.value, f.reason) for f in report.findings] == [
+        ("GPU0", "present", ""), ("GPU1", "unknown", "probe wedged: OSError: device wedged"),
+    ]
+
+
+def test_an_optional_name_that_is_not_a_probe_parameter_is_refused() -> None:
+    with pytest.raises(RegistrationError, match=r"optional \['jobs'\] are not among its probe parameters"):
+        @check("GPU001", optional=("jobs",))
+        def gpu_unusable_by_driver(job):  # type: ignore[no-untyped-def]
+            return []
+
+
 def test_site_checks_dir_cannot_redefine_a_builtin_check(run_cli: Runner, example_root: Path, tmp_path: Path) -> None:
     site = site_directory(tmp_path, '''
         from preflight.registry import check, probe

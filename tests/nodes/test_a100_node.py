@@ -15,6 +15,7 @@ from conftest import REPO, Runner
 from preflight.checks.gpu import nccl_cuda_call_failed
 from preflight.probes.gpu_health import probe_gpu_health
 from preflight.checks.gpu import gpu_unusable_by_driver
+from preflight.probes.job import probe_job
 from preflight.probes.gpus import probe_gpus
 from preflight.probes.kernel_log import probe_kernel_log
 from preflight.checks.pci import acs_redirect_breaks_gpudirect_rdma, p2p_bandwidth_degraded, p2p_transfers_hang_or_fault
@@ -77,7 +78,7 @@ def test_recorded_a100_is_clean_for_every_gpu_and_pcie_check() -> None:
     with pytest.raises(NotApplicable, match="NVLink through 6 NVSwitches"):
         list(p2p_transfers_hang_or_fault(pcie))
     gpus, health, log = probe_gpus(sources.fs, sources.nvml), probe_gpu_health(sources.nvml), probe_kernel_log(sources.fs)
-    assert observed(gpu_unusable_by_driver(gpus, health, Expectations(gpu_count=8))) == []
+    assert observed(gpu_unusable_by_driver(gpus, health, probe_job(sources.fs), Expectations(gpu_count=8))) == []
     assert [event.code for event in log.xids] == [31]  # an earlier job's MMU fault: GPU003's context, not a node fault
     assert observed(nccl_cuda_call_failed(health, log, gpus)) == []
 
@@ -113,7 +114,7 @@ def test_uncorrectable_ecc_and_persistence_off(a100: Path) -> None:
     gpus, health = probe_gpus(sources.fs, sources.nvml), probe_gpu_health(sources.nvml)
     ecc = observed(nccl_cuda_call_failed(health, probe_kernel_log(sources.fs), gpus))
     assert [(s, st) for s, st, _ in ecc] == [("GPU5", Status.PRESENT)] and "2 uncorrectable ECC errors" in ecc[0][2]
-    (warning,) = gpu_unusable_by_driver(gpus, health, Expectations())
+    (warning,) = gpu_unusable_by_driver(gpus, health, probe_job(sources.fs), Expectations())
     assert warning.subject == "nvidia-persistenced" and warning.severity is Severity.WARNING
     assert "(8 of 8)" in warning.evidence[0].observed
 
