@@ -13,6 +13,7 @@ from preflight.model import (
     Severity,
     Status,
     Unknown,
+    Unread,
     present,
     undecided,
 )
@@ -184,8 +185,8 @@ def _efa_gpu_memory(devices: list[RdmaDevice], gpudirect: GpuDirectFacts) -> Ite
     )
 
 
-@check("GDR001", profiles=("prolog",))
-def gpudirect_rdma_unavailable(gpudirect: GpuDirectFacts, rdma: RdmaFacts, job: JobFacts, nccl_libs: NcclLibFacts) -> Iterator[Observation]:
+@check("GDR001", profiles=("prolog",), optional=("job",))
+def gpudirect_rdma_unavailable(gpudirect: GpuDirectFacts, rdma: RdmaFacts, job: JobFacts | Unread, nccl_libs: NcclLibFacts) -> Iterator[Observation]:
     """Neither the peer-memory nor the DMA-BUF path to GPUDirect RDMA is available, or only
     nvidia_peermem is, which NCCL before 2.23.4 does not look for. EFA devices are judged by
     efa.ko's own GPU-memory provider."""
@@ -201,7 +202,12 @@ def gpudirect_rdma_unavailable(gpudirect: GpuDirectFacts, rdma: RdmaFacts, job: 
     peer_clients = [path for path in gpudirect.peer_memory_files if path != NVIDIA_PEERMEM_VERSION]
     if peer_clients or gpudirect.nv_peer_mem_loaded:
         return  # every NCCL release finds a memory_peers client
-    dmabuf_setting = job.nccl("NCCL_DMABUF_ENABLE")
+    if isinstance(job, Unread):  # NCCL_DMABUF_ENABLE unread: it matters only where DMA-BUF could work
+        if dmabuf_capable(gpudirect) is not False:
+            raise Unknown(f"no peer-memory client; whether NCCL_DMABUF_ENABLE keeps the DMA-BUF path is unread ({job})")
+        dmabuf_setting = None
+    else:
+        dmabuf_setting = job.nccl("NCCL_DMABUF_ENABLE")
     dmabuf_disabled = dmabuf_setting is not None and dmabuf_setting.value.strip() == "0"
     if dmabuf_capable(gpudirect) and not dmabuf_disabled:
         return

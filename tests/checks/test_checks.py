@@ -201,6 +201,15 @@ def test_gdr001_absent_with_peermem_or_dmabuf(gpudirect: GpuDirectFacts) -> None
     assert len(list(gpudirect_rdma_unavailable(old_kernel, MLX, job(), NCCL_2_28))) == 1
 
 
+def test_gdr001_without_the_jobs_facts(gpudirect: GpuDirectFacts) -> None:
+    """NCCL_DMABUF_ENABLE matters only where DMA-BUF could work: without the job's facts the
+    proprietary driver's missing peer-memory client is still present, an open-module node unknown."""
+    unread = Unread("job", "/proc/self/environ: not captured")
+    assert [o.subject for o in gpudirect_rdma_unavailable(gpudirect, MLX, unread, NCCL_2_28)] == ["node"]
+    with pytest.raises(Unknown, match="NCCL_DMABUF_ENABLE .*probe job: /proc/self/environ: not captured"):
+        list(gpudirect_rdma_unavailable(replace(gpudirect, driver_flavour="open"), MLX, unread, NCCL_2_28))
+
+
 def efa_node(*providers: str | None) -> RdmaFacts:
     """A p4d-like node: one EFA device per provider reading (None: no device/p2p or gdr)."""
     devices = tuple(
