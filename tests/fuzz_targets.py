@@ -240,15 +240,41 @@ def mutate_text(data: bytes, rng: random.Random) -> bytes:
     return data + rng.choice([b"\n\n\n", b" x y z\n", b"\t-5\n", b"=\n", b"\xff"])
 
 
+#: The job-environment variables preflight's code names ("NCCL_IB_HCA", "SLURM_JOB_GPUS", ...),
+#: found in its source, and values that parsers of such settings trip over.
+JOB_VARIABLES = sorted({
+    name for path in (*(REPO / "checks").glob("*.py"), *(REPO / "preflight").rglob("*.py"))
+    for name in re.findall(r'"((?:NCCL|SLURM|CUDA|TORCH|GLOO|UCX|FI|OMPI|PMIX|NVSHMEM|GDRCOPY|MASTER|WORLD|LOCAL|GROUP|HOROVOD|VLLM)_[A-Z0-9_]*[A-Z0-9])"', path.read_text())
+} | {"RANK", "HOME", "LD_LIBRARY_PATH", "LD_PRELOAD", "VIRTUAL_ENV", "CONDA_PREFIX"})
+_ODD_SETTINGS = ["", "0", "1", "-1", "99999999999999999999", "nan", "=", "^", "^=", ":", ",,,", "mlx5_0:1:2:3", "eth0,^docker",
+                 "é" * 50, "x" * 5000, "0x10", "1e9", "AF_INET6", "gpu[001-999999]", "gpu[", "0-3,5", "3-1", "10.0.0.1:29500",
+                 "[::1]:80", "127.0.1.1", "/tmp/../../etc", "/dev/null", " 1 ", "true"]
+
+
+def random_job_environment(rng: random.Random) -> bytes:
+    """A /proc/self/environ of up to a dozen variables preflight reads, with odd values."""
+    chosen = {rng.choice(JOB_VARIABLES): rng.choice(_ODD_SETTINGS) for _ in range(rng.randint(1, 12))}
+    if rng.random() < 0.5:
+        chosen["SLURM_JOB_ID"] = "42"  # one of a job's processes: the job's settings are judged
+    return b"".join(f"{name}={value}".encode() + b"\0" for name, value in chosen.items())
+
+
 def fuzz_root(seed_root: Path, rng: random.Random) -> None:
-    """Copy ``seed_root``, edit one to four of its files, run every probe and check on it. A
-    probe or check that fails with a Python exception instead of saying what it could not read is
-    a bug (AssertionError); a root the tool refuses as a whole is fine."""
+    """Copy ``seed_root``, edit one to four of its files (or give it a random job environment),
+    run every probe and check on it. A probe or check that fails with a Python exception instead
+    of saying what it could not read is a bug (AssertionError); a root refused as a whole is fine."""
     with tempfile.TemporaryDirectory(prefix="preflight-fuzz-") as scratch:
         root = Path(scratch) / "root"
         shutil.copytree(seed_root, root, symlinks=True)
         files = sorted(path for path in root.rglob("*") if path.is_file() and not path.is_symlink())
-        for path in (rng.choice(files) for _ in range(rng.randint(1, 4))):
+        if rng.random() < 0.3:
+            environ = root / "proc/self/environ"
+            if environ.is_symlink():
+                environ.unlink()
+            environ.parent.mkdir(parents=True, exist_ok=True)
+            environ.write_bytes(random_job_environment(rng))
+            files = []
+        for path in (rng.choice(files) for _ in range(rng.randint(1, 4) if files else 0)):
             data = path.read_bytes()
             if path.parent.name == ".preflight" and path.suffix == ".json" and rng.random() < 0.7:
                 try:
