@@ -35,7 +35,6 @@ from preflight.probes.rdma import (
     PORT_ACTIVE,
     RDMA_CM,
     VERBS_CLASS,
-    PortRate,
     Problem,
     RdmaDevice,
     RdmaFacts,
@@ -377,13 +376,13 @@ def judged_ports(rdma: RdmaFacts, expect: Expectations) -> list[RdmaPort]:
     ]
 
 
-def _reference_rate(port: RdmaPort, active: list[RdmaPort], rdma: RdmaFacts) -> tuple[PortRate, int, int] | None:
-    """The rate most active ports of this port's kind run at: (rate, holders, peers)."""
-    peers = [p.rate for p in active if p.rate is not None and _kind(p, rdma) == _kind(port, rdma)]
+def _reference_rate(port: RdmaPort, active: list[RdmaPort], rdma: RdmaFacts) -> tuple[float, int, int] | None:
+    """The bandwidth (Gb/s) most active ports of this port's kind run at: (Gb/s, holders, peers)."""
+    peers = [p.rate.gbps for p in active if p.rate is not None and _kind(p, rdma) == _kind(port, rdma)]
     if not peers:
         return None
-    rate, holders = Counter(peers).most_common(1)[0]
-    return (rate, holders, len(peers)) if 2 * holders > len(peers) else None
+    gbps, holders = Counter(peers).most_common(1)[0]
+    return (gbps, holders, len(peers)) if 2 * holders > len(peers) else None
 
 
 def _degraded(port: RdmaPort, active: list[RdmaPort], rdma: RdmaFacts, expect: Expectations) -> Observation | None:
@@ -395,21 +394,24 @@ def _degraded(port: RdmaPort, active: list[RdmaPort], rdma: RdmaFacts, expect: E
                 port_evidence(port, "rate", expected=f"{expect.rate_gbps:g} Gb/sec (expect.rate_gbps)"),
             )
         return None
+    # Bandwidth decides, not lanes: one speed comes as several width x lane-speed pairs (100 Gb/s
+    # as 4X EDR or 2X HDR, 400 Gb/s as 4X NDR or 2X XDR, by cable and optic; RoCE drivers map the
+    # netdev's speed onto them), and a link that lost lanes at one lane speed loses Gb/s too.
     unreadable = _kind_unreadable(port, rdma)
     if unreadable:
         rates = [p.rate for p in active if p.rate is not None]
-        if all(port.rate.gbps >= rate.gbps and port.rate.width >= rate.width for rate in rates):
-            return None  # as fast and wide as every active port: not degraded, whatever its kind
+        if all(port.rate.gbps >= rate.gbps for rate in rates):
+            return None  # as fast as every active port: not degraded, whatever its kind
         return undecided(port.subject, f"{unreadable}; cannot tell which ports its rate should match")
     reference = _reference_rate(port, active, rdma)
     if reference is None:
         return None
-    rate, holders, peers = reference
-    if port.rate.gbps < rate.gbps or port.rate.width < rate.width:
+    gbps, holders, peers = reference
+    if port.rate.gbps < gbps:
         link_layer, hca_type = _kind(port, rdma)
         return present(
             port.subject,
-            port_evidence(port, "rate", expected=f"{rate} like {holders} of {peers} active {link_layer} {hca_type} ports"),
+            port_evidence(port, "rate", expected=f"{gbps:g} Gb/sec like {holders} of {peers} active {link_layer} {hca_type} ports"),
         )
     return None
 
@@ -456,9 +458,12 @@ def rdma_stack_or_ports_misconfigured(
         unreadable = _kind_unreadable(port, rdma) if expect.hcas is None else ""
         if unreadable and port.state != PORT_ACTIVE:
             yield undecided(port.subject, f"{unreadable}; cannot tell whether ports of its kind are in use")
-        elif port.state is not None and port.state != PORT_ACTIVE and port.phys_state == PHYS_DISABLED and expect.hcas is None and some_active:
-            # Disabled is set on purpose (ibportstate, the switch side, a spare port of a
-            # dual-port card); NCCL skips the port. A rail turned off by mistake still shows.
+        elif (port.state is not None and port.state != PORT_ACTIVE and port.phys_state == PHYS_DISABLED
+              and port.link_layer == "InfiniBand" and expect.hcas is None and some_active):
+            # On InfiniBand, Disabled is set on purpose (ibportstate, the switch side, a spare port
+            # of a dual-port card); NCCL skips the port. A rail turned off by mistake still shows.
+            # Ethernet (RoCE) drivers report Disabled for any netdev without carrier (irdma, mana,
+            # ocrdma query_port): there it may be a pulled cable, and stays an error.
             yield present(
                 port.subject,
                 port_evidence(port, "state", "phys_state", expected="4: ACTIVE, 5: LinkUp, or left out by NCCL_IB_HCA"),

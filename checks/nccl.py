@@ -351,6 +351,15 @@ SLOWDOWN_REASONS = {
 #: nvmlClocksThrottleReasonGpuIdle: nothing runs on the GPU. A prolog and an epilog see it set; a
 #: health check run while a job runs (HealthCheckNodeState=ANY) sees it clear.
 GPU_IDLE = 0x01
+#: HwSlowdown alone, without the thermal or power-brake bit that names its cause: nvml.h says the
+#: bit "may be also reported during PState or clock change", as when a GPU leaves its idle state.
+HW_SLOWDOWN = 0x08
+
+LONE_HW_SLOWDOWN_FIX = (
+    "HW slowdown without a thermal or power-brake reason can be a passing clock or P-state change "
+    "(nvml.h): read it again (nvidia-smi -q -d PERFORMANCE). If it stays set on an idle GPU, check "
+    "the GPU's temperature and the node's power delivery."
+)
 
 
 BUSY_SLOWDOWN_FIX = (
@@ -378,15 +387,17 @@ def straggler_rank(gpu_health: GpuHealthFacts, gpus: GpuFacts) -> Iterator[Obser
         slowed = [text for bit, text in SLOWDOWN_REASONS.items() if gpu.clock_reasons & bit]
         if slowed:
             # An idle GPU held down has a fault of its own; a busy one may be passing through a
-            # power or heat peak of the load it carries, which must not drain the node.
+            # power or heat peak of the load it carries, which must not drain the node; nor may
+            # one reading of a bare HW slowdown bit, which a clock change also sets.
             busy = not gpu.clock_reasons & GPU_IDLE
+            lone = not busy and gpu.clock_reasons & sum(SLOWDOWN_REASONS) == HW_SLOWDOWN
             yield present(
                 f"GPU{gpu.index}",
                 Evidence(f"nvmlDeviceGetCurrentClocksThrottleReasons(GPU {gpu.index})", f"0x{gpu.clock_reasons:x}: " + "; ".join(slowed)
                          + ("; the GPU was busy (not idle)" if busy else ""),
                          "no hardware or thermal slowdown on a GPU waiting for a job"),
-                severity=Severity.WARNING if busy else None,
-                fix=BUSY_SLOWDOWN_FIX if busy else "",
+                severity=Severity.WARNING if busy or lone else None,
+                fix=BUSY_SLOWDOWN_FIX if busy else LONE_HW_SLOWDOWN_FIX if lone else "",
             )
     if not decided and all(gpu.clock_reasons_error in ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND") for gpu in gpu_health.gpus):
         raise NotApplicable("the driver reports no clock throttle reasons for these GPUs")

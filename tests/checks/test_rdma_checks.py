@@ -121,7 +121,7 @@ def test_ib009_present_for_down_port_and_degraded_rate() -> None:
     assert subjects(found) == {"mlx5_3/1", "mlx5_5/1"}
     degraded = next(o for o in found if o.subject == "mlx5_5/1")
     assert "200 Gb/sec (2X NDR)" in degraded.evidence[0].observed
-    assert "400 Gb/sec (4X NDR) like 6 of 7 active InfiniBand MT4129 ports" in degraded.evidence[0].expected
+    assert "400 Gb/sec like 6 of 7 active InfiniBand MT4129 ports" in degraded.evidence[0].expected
 
 
 def test_ib009_present_for_missing_expected_hca_and_rate_below_expectation() -> None:
@@ -130,9 +130,16 @@ def test_ib009_present_for_missing_expected_hca_and_rate_below_expectation() -> 
     assert subjects(rdma_stack_or_ports_misconfigured(facts, expect, job())) == {"mlx5_8", "mlx5_0/1"}
 
 
-def test_ib009_width_below_peers_at_the_same_rate() -> None:
-    facts = eight(mlx5_1=port(rate=PortRate(400.0, 2, "XDR")))
-    assert subjects(rdma_stack_or_ports_misconfigured(facts, Expectations(), job())) == {"mlx5_1/1"}
+def test_ib009_judges_bandwidth_not_lanes() -> None:
+    """One bandwidth comes as several width x lane-speed pairs (400 Gb/s as 4X NDR or 2X XDR; a
+    RoCE driver maps 100 Gb/s Ethernet to 4X EDR or 2X HDR by its lanes): none is degraded."""
+    assert list(rdma_stack_or_ports_misconfigured(eight(mlx5_1=port(rate=PortRate(400.0, 2, "XDR"))), Expectations(), job())) == []
+    edr, hdr = PortRate(100.0, 4, "EDR"), PortRate(100.0, 2, "HDR")
+    mixed = rdma(*(hca(f"mlx5_{i}", port(rate=edr if i % 2 else hdr, link_layer="Ethernet")) for i in range(8)))
+    assert list(rdma_stack_or_ports_misconfigured(mixed, Expectations(), job())) == []
+    # A link that lost lanes at its lane speed loses bandwidth, and that is judged.
+    halved = eight(mlx5_1=port(rate=PortRate(200.0, 2, "NDR")))
+    assert subjects(rdma_stack_or_ports_misconfigured(halved, Expectations(), job())) == {"mlx5_1/1"}
 
 
 def test_ib009_absent_on_healthy_node_and_for_plausibly_unused_ports() -> None:
@@ -167,8 +174,9 @@ def test_ib009_skips_ports_nccl_ib_hca_leaves_out() -> None:
 
 
 def test_ib009_disabled_port_is_a_warning_unless_expected() -> None:
-    """phys_state 3 (Disabled) is set on purpose, e.g. the spare port of a dual-port card of the
-    rails' type; a port that lost its link (2, Polling) stays an error."""
+    """On InfiniBand phys_state 3 (Disabled) is set on purpose, e.g. the spare port of a dual-port
+    card of the rails' type; a port that lost its link (2, Polling) stays an error, and so does a
+    RoCE port reading Disabled, which Ethernet RDMA drivers report for any netdev without carrier."""
     disabled = rdma(*(hca(f"mlx5_{i}") for i in range(8)), hca("mlx5_8", port(state=1, phys=3, rate=None)))
     [found] = rdma_stack_or_ports_misconfigured(disabled, Expectations(), job())
     assert (found.subject, found.severity) == ("mlx5_8/1", Severity.WARNING)
@@ -177,6 +185,10 @@ def test_ib009_disabled_port_is_a_warning_unless_expected() -> None:
     assert expected.severity is None  # the reference's own (error)
     [polling] = rdma_stack_or_ports_misconfigured(eight(mlx5_3=port(state=1, phys=2, rate=None)), Expectations(), job())
     assert polling.severity is None
+    roce = rdma(*(hca(f"mlx5_{i}", port(link_layer="Ethernet")) for i in range(8)),
+                hca("mlx5_8", port(state=1, phys=3, rate=None, link_layer="Ethernet")))
+    [no_carrier] = rdma_stack_or_ports_misconfigured(roce, Expectations(), job())
+    assert (no_carrier.subject, no_carrier.severity) == ("mlx5_8/1", None)
 
 
 def test_ib009_ignores_nvswitch_management_functions() -> None:

@@ -64,7 +64,13 @@ def test_clock_throttle_reasons_decide_nccl011(node_copy: Path) -> None:
     for busy in (0x40, 0x08, 0x0C):
         set_answers(node_copy, "nvmlDeviceGetCurrentClocksThrottleReasons", {"5": {"result": busy}})
         assert decide() == [("GPU5", "present")] and severity() == [Severity.WARNING]
-    set_answers(node_copy, "nvmlDeviceGetCurrentClocksThrottleReasons", {"5": {"result": 0x41}})
+    # Idle with the bare HW slowdown bit: nvml.h says a clock or P-state change sets it too, so one
+    # reading is a warning; with the thermal or power-brake bit that names a cause, an error.
+    set_answers(node_copy, "nvmlDeviceGetCurrentClocksThrottleReasons", {"5": {"result": 0x09}})
+    assert decide() == [("GPU5", "present")] and severity() == [Severity.WARNING]
+    for named in (0x49, 0x89, 0x21):
+        set_answers(node_copy, "nvmlDeviceGetCurrentClocksThrottleReasons", {"5": {"result": named}})
+        assert decide() == [("GPU5", "present")] and severity() == [None]
     set_answers(node_copy, "nvmlDeviceGetCurrentClocksThrottleReasons", {"5": {"error": "NVML_ERROR_UNKNOWN"}})
     assert decide() == [("GPU5", "unknown")]
     set_answers(node_copy, "nvmlDeviceGetCurrentClocksThrottleReasons", {"5": {"error": "NVML_ERROR_NOT_SUPPORTED"}})
