@@ -95,10 +95,20 @@ def _bar1_observations(bar1: Bar1Facts, gpus: GpuFacts) -> Iterator[Observation]
             evidence = [Evidence(source, f"bar1Total {format_size(gpu.total)} ({gpu.name or 'GPU'})", "more than 256 MiB: large BAR enabled")]
             if gpu.aperture is not None:
                 evidence.append(Evidence(f"/sys/bus/pci/devices/{gpu.bus_id}/resource", f"aperture {format_size(gpu.aperture)}"))
-            yield present(subject, *evidence)
+            # A warning: registrations fit until a job's buffers outgrow the window, which depends
+            # on its scale, and some boards (T4) have no larger BAR1 to enable.
+            yield present(subject, *evidence, severity=Severity.WARNING, fix=SMALL_BAR1_FIX)
         elif gpu.used is not None and gpu.used > gpu.total * MOSTLY_MAPPED:
             yield _mostly_mapped(subject, gpu, Evidence(source, f"bar1Used {format_size(gpu.used)} of {format_size(gpu.total)}",
                                                         f"at most {int(MOSTLY_MAPPED * 100)}% mapped on an idle GPU"))
+
+
+SMALL_BAR1_FIX = (
+    "NICs reach this GPU's memory through a 256 MiB window, which many communicators or large "
+    "NCCL_BUFFSIZE values outgrow (ibv_reg_mr then fails). Enable large BAR where the board and BIOS "
+    "allow it ('Above 4G decoding', 'Re-Size BAR support'); where they do not (T4), keep NCCL's buffers "
+    "at their defaults, or keep GPUDirect RDMA off for such nodes (NCCL_NET_GDR_LEVEL=LOC)."
+)
 
 
 def _mostly_mapped(subject: str, gpu: Bar1, usage: Evidence) -> Observation:

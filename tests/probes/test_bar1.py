@@ -55,6 +55,11 @@ def test_small_bar1_is_present(node_copy: Path) -> None:
     edit_nvml(node_copy, small)
     found = verdicts(node_copy)
     assert [(s, st) for s, st, _ in found] == [("GPU2", Status.PRESENT)] and "bar1Total 256 MiB" in found[0][2]
+    # A warning: whether a job's registrations outgrow 256 MiB depends on its scale, and some
+    # boards (T4) have no larger BAR1 to enable, so a drain would be for good.
+    sources = Sources.for_node(str(node_copy), None)
+    [observation] = peermem_gpu_mapping_rejected(probe_bar1(sources.fs, sources.nvml), probe_gpus(sources.fs, sources.nvml), probe_rdma(sources.fs))
+    assert observation.severity is Severity.WARNING and "NCCL_NET_GDR_LEVEL=LOC" in observation.fix
 
 
 def test_small_bar1_matters_only_where_an_rdma_nic_maps_gpu_memory(node_copy: Path) -> None:
