@@ -13,11 +13,12 @@ from preflight.model import (
     Observation,
     Severity,
     Unknown,
+    Unread,
     present,
     undecided,
 )
 from preflight.probes.nvlink import require_nvml
-from preflight.probes.pcie import PciEndpoint, PcieFacts, unclassified_reason
+from preflight.probes.pcie import REDIRECT_BITS, TRANSLATED_DOMAINS, PciEndpoint, PcieFacts, unclassified_reason
 from preflight.registry import check
 
 if TYPE_CHECKING:
@@ -27,7 +28,8 @@ if TYPE_CHECKING:
     from preflight.probes.gpus import GpuFacts
     from preflight.probes.job import JobFacts, Setting
     from preflight.probes.nccl_libs import NcclLibFacts
-    from preflight.probes.p2p import P2pFacts, P2pStatus
+    from preflight.probes.p2p import P2pFacts
+    from preflight.probes.pcie_p2p import P2pStatus, PcieP2pFacts
 
 STATUS_OK = 0
 
@@ -46,9 +48,6 @@ SM120_MAJOR = 12  # RTX 5090 / RTX PRO Blackwell: compute capability 12.x
 
 # NCCL 2.26.2 fitted its kernels' shared memory to these GPUs (release notes; NVIDIA/nccl#1637).
 SM120_MIN_NCCL = (2, 26, 2)
-
-
-_TRANSLATED_DOMAINS = ("DMA", "DMA-FQ")  # /sys/kernel/iommu_groups/*/type
 
 
 def _strtol(text: str) -> int | None:
@@ -215,7 +214,7 @@ def blackwell_sm120_multi_gpu_failure(p2p: P2pFacts, nccl_libs: NcclLibFacts, jo
     ]
     domains = {gpu.index: gpu.iommu_domain for gpu in sm120}
     for first, second in sorted(offered):
-        translated = [f"GPU{i} {domains[i]}" for i in (first, second) if domains[i] in _TRANSLATED_DOMAINS]
+        translated = [f"GPU{i} {domains[i]}" for i in (first, second) if domains[i] in TRANSLATED_DOMAINS]
         if translated:
             yield present(
                 f"GPU{first}-GPU{second}",
@@ -226,14 +225,8 @@ def blackwell_sm120_multi_gpu_failure(p2p: P2pFacts, nccl_libs: NcclLibFacts, jo
             )
 
 
-TRANSLATED_DOMAINS = ("DMA", "DMA-FQ")  # iommu_groups/<n>/type values that translate DMA
-
-
 # Kernel parameters that make the default IOMMU domain passthrough (identity).
 PASSTHROUGH_PARAMETERS = ("iommu=pt", "iommu.passthrough=1", "iommu.passthrough=y", "amd_iommu=pt")
-
-
-REDIRECT_BITS = 0x0004 | 0x0008
 
 
 @check("PCI001", profiles=("prolog",))
@@ -338,10 +331,35 @@ def _narrow_link(subject: str, endpoint: PciEndpoint, hypervisor: bool) -> Obser
     )
 
 
-@check("PCI003", profiles=("prolog",))
-def p2p_transfers_hang_or_fault(pcie: PcieFacts) -> Iterator[Observation]:
+def _pcie_p2p_offered(p2p: PcieP2pFacts | Unread, first: str, second: str) -> bool | None:
+    """Whether the driver offers P2P over PCIe between two GPUs (by PCI address): read and write
+    OK both ways, not over NVLink. None when that is not known (the reason: _p2p_unknown)."""
+    if isinstance(p2p, Unread):
+        return None
+    index = dict(p2p.by_bus)
+    if not p2p.asked or p2p.nvml_error or first not in index or second not in index:
+        return None
+    pair = {index[first], index[second]}
+    directions = [status for status in p2p.statuses if {status.source, status.target} == pair]
+    if len(directions) != 2 or any(status.error for status in directions):
+        return None
+    return _read_write_ok(directions) and not all(status.nvlink == STATUS_OK for status in directions)
+
+
+def _p2p_unknown(p2p: PcieP2pFacts | Unread) -> str:
+    if isinstance(p2p, Unread):
+        return f"whether the GPUs offer P2P is unread ({p2p})"
+    if not p2p.asked:
+        return "the driver's P2P answers were not asked"
+    if p2p.nvml_error:
+        return f"NVML cannot be asked whether the GPUs offer P2P ({p2p.nvml_error})"
+    return "nvmlDeviceGetP2PStatus did not answer for every GPU of the pair"
+
+
+@check("PCI003", profiles=("prolog",), optional=("pcie_p2p",))
+def p2p_transfers_hang_or_fault(pcie: PcieFacts, pcie_p2p: PcieP2pFacts | Unread) -> Iterator[Observation]:
     """ACS redirect on a bridge between two GPUs, or an IOMMU translating the GPUs' DMA, on bare
-    metal without NVSwitches."""
+    metal without NVSwitches, where the driver offers P2P over PCIe between those GPUs."""
     unclassified = unclassified_reason(pcie)
     if len(pcie.gpus) < 2:
         if unclassified:
@@ -358,26 +376,31 @@ def p2p_transfers_hang_or_fault(pcie: PcieFacts) -> Iterator[Observation]:
         raise NotApplicable(
             f"GPU peer traffic runs over NVLink through {len(pcie.nvswitches)} NVSwitches, not through PCIe bridges or the IOMMU"
         )
-    partners: dict[str, list[str]] = {}
+    partners: dict[str, list[tuple[str, str]]] = {}
     for first, second, between in pcie.gpu_pairs:
         for bdf in between:
-            partners.setdefault(bdf, []).append(f"GPU {first} <-> GPU {second}")
+            partners.setdefault(bdf, []).append((first, second))
     for bridge in pcie.bridges:
         if bridge.bdf not in partners:
             continue
         if bridge.unreadable:
             yield undecided(f"bridge {bridge.bdf}", bridge.unreadable)
         elif bridge.acs is not None and bridge.acs.control & REDIRECT_BITS:
-            yield present(
-                f"bridge {bridge.bdf}",
-                Evidence(f"/sys/bus/pci/devices/{bridge.bdf}/config", f"ACSCtl 0x{bridge.acs.control:04x}: {bridge.acs.describe()}",
-                         "ReqRedir- CmpltRedir- on GPU-to-GPU paths"),
-                Evidence("path", "; ".join(sorted(set(partners[bridge.bdf])))),
-            )
-    yield from _translating_iommu(pcie)
+            offers = {pair: _pcie_p2p_offered(pcie_p2p, *pair) for pair in partners[bridge.bdf]}
+            acs = Evidence(f"/sys/bus/pci/devices/{bridge.bdf}/config", f"ACSCtl 0x{bridge.acs.control:04x}: {bridge.acs.describe()}",
+                           "ReqRedir- CmpltRedir- on GPU-to-GPU paths")
+            hurt = sorted(f"GPU {first} <-> GPU {second}" for (first, second), offered in offers.items() if offered)
+            if hurt:
+                yield present(f"bridge {bridge.bdf}", acs, Evidence("path", "; ".join(hurt)), _P2P_OFFERED)
+            elif None in offers.values():
+                yield undecided(f"bridge {bridge.bdf}", f"{acs.observed}, which matters only where the GPUs use P2P, and {_p2p_unknown(pcie_p2p)}")
+    yield from _translating_iommu(pcie, pcie_p2p)
 
 
-def _translating_iommu(pcie: PcieFacts) -> Iterator[Observation]:
+_P2P_OFFERED = Evidence("nvmlDeviceGetP2PStatus", "read and write OK over PCIe: NCCL will send GPU-to-GPU traffic this way")
+
+
+def _translating_iommu(pcie: PcieFacts, pcie_p2p: PcieP2pFacts | Unread) -> Iterator[Observation]:
     if pcie.iommu_units is None:
         reason = next((problem for problem in pcie.problems if problem.startswith("/sys/class/iommu")), "/sys/class/iommu unreadable")
         yield undecided("IOMMU", f"whether an IOMMU translates the GPUs' DMA is not known: {reason}")
@@ -401,8 +424,12 @@ def _translating_iommu(pcie: PcieFacts) -> Iterator[Observation]:
             )
     if translated:
         observed = "; ".join(f"{domain}: {', '.join(gpus)}" for domain, gpus in sorted(translated.items()))
-        yield present(
-            "IOMMU",
-            Evidence("/sys/kernel/iommu_groups/*/type", f"translating domain for {observed}", "identity (passthrough, iommu=pt)"),
-            Evidence("/proc/cmdline", pcie.cmdline or "(empty)"),
-        )
+        domain = Evidence("/sys/kernel/iommu_groups/*/type", f"translating domain for {observed}", "identity (passthrough, iommu=pt)")
+        # Only GPU-to-GPU traffic over PCIe meets the translation: where the driver offers no
+        # P2P between any two GPUs, NCCL copies through host memory and nothing faults.
+        bdfs = [gpu.bdf for gpu in pcie.gpus]
+        offers = [_pcie_p2p_offered(pcie_p2p, first, second) for i, first in enumerate(bdfs) for second in bdfs[i + 1:]]
+        if any(offers):
+            yield present("IOMMU", domain, Evidence("/proc/cmdline", pcie.cmdline or "(empty)"), _P2P_OFFERED)
+        elif None in offers:
+            yield undecided("IOMMU", f"{domain.observed}, which matters only where the GPUs use P2P, and {_p2p_unknown(pcie_p2p)}")

@@ -29,12 +29,11 @@ from __future__ import annotations
 from msgspec import Struct
 
 from preflight.probes.gpus import normalise_bus_id
+from preflight.probes.pcie_p2p import P2pStatus, read_p2p_status
 from preflight.probing import FactReader
 from preflight.registry import probe
 from preflight.sources import NodeFS
-from preflight.sources.nvml import Gpu, Nvml, NvmlError
-
-CAPS_READ, CAPS_WRITE, CAPS_NVLINK = 0, 1, 2  # NVML_P2P_CAPS_INDEX_*
+from preflight.sources.nvml import Nvml, NvmlError
 
 
 class P2pGpu(Struct, frozen=True):
@@ -43,17 +42,6 @@ class P2pGpu(Struct, frozen=True):
     compute_capability: tuple[int, int] | None  # nvmlDeviceGetCudaComputeCapability
     bus_id: str | None  # nvmlDeviceGetPciInfo().busId in sysfs form
     iommu_domain: str | None  # /sys/bus/pci/devices/<bdf>/iommu_group/type; None: no IOMMU group
-
-
-class P2pStatus(Struct, frozen=True):
-    """nvmlDeviceGetP2PStatus from ``source`` to ``target``; None where the query failed."""
-
-    source: int
-    target: int
-    read: int | None
-    write: int | None
-    nvlink: int | None
-    error: str  # NVML error code of the first failed query, "" when all three answered
 
 
 class P2pFacts(Struct, frozen=True):
@@ -84,24 +72,6 @@ def _iommu_domain(reader: FactReader, bus_id: str | None) -> str | None:
     return text.strip() if text is not None else None
 
 
-def _status(nvml: Nvml, source: int, target: int) -> P2pStatus:
-    answers: list[int | None] = []
-    error = ""
-    for caps in (CAPS_READ, CAPS_WRITE, CAPS_NVLINK):
-        try:
-            value = nvml.call("nvmlDeviceGetP2PStatus", source, Gpu(target), caps)
-        except NvmlError as failure:
-            answers.append(None)
-            error = error or failure.code
-            continue
-        if type(value) is int:
-            answers.append(value)
-        else:
-            answers.append(None)
-            error = error or f"unexpected answer {value!r}"
-    return P2pStatus(source, target, answers[0], answers[1], answers[2], error)
-
-
 @probe("p2p")
 def probe_p2p(fs: NodeFS, nvml: Nvml) -> P2pFacts:
     """The driver's P2P status for every ordered pair of GPUs, and what each GPU is."""
@@ -125,5 +95,6 @@ def probe_p2p(fs: NodeFS, nvml: Nvml) -> P2pFacts:
             bus_id,
             _iommu_domain(reader, bus_id),
         ))
-    statuses = tuple(_status(nvml, source, target) for source in range(count) for target in range(count) if source != target)
+    statuses = tuple(read_p2p_status(nvml, source, target) for source in range(count) for target in range(count) if source != target)
     return P2pFacts(tuple(gpus), statuses, "", "", tuple(reader.problems))
+

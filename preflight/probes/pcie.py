@@ -90,6 +90,13 @@ class AcsRegisters(Struct, frozen=True):
         return " ".join(f"{name}{'+' if self.control & bit else '-'}" for bit, name in ACS_BITS)
 
 
+#: /sys/kernel/iommu_groups/<n>/type values whose domain translates the device's DMA.
+TRANSLATED_DOMAINS = ("DMA", "DMA-FQ")
+#: ACSCtl bits that send peer requests and completions up to the root complex (P2P Request and
+#: Completion Redirect, PCIe base specification 7.7.8.3).
+REDIRECT_BITS = 0x0004 | 0x0008
+
+
 class Bridge(Struct, frozen=True):
     """A bridge on some GPU-to-NIC path and what its config space says about ACS."""
 

@@ -16,6 +16,7 @@ from preflight.checks.gpu import nccl_cuda_call_failed
 from preflight.probes.gpu_health import probe_gpu_health
 from preflight.checks.gpu import gpu_unusable_by_driver
 from preflight.probes.job import probe_job
+from preflight.probes.pcie_p2p import probe_pcie_p2p
 from preflight.probes.gpus import probe_gpus
 from preflight.probes.kernel_log import probe_kernel_log
 from preflight.checks.pci import acs_redirect_breaks_gpudirect_rdma, p2p_bandwidth_degraded, p2p_transfers_hang_or_fault
@@ -42,7 +43,21 @@ def observed(found: Any) -> list[tuple[str, Status, str]]:
 
 
 def pcie_verdicts(root: Path, check: Any) -> list[tuple[str, Status, str]]:
-    return observed(check(probe_pcie(Sources.for_node(str(root)).fs)))
+    sources = Sources.for_node(str(root))
+    pcie = probe_pcie(sources.fs)
+    if check is p2p_transfers_hang_or_fault:  # it also weighs the driver's P2P answers
+        return observed(check(pcie, probe_pcie_p2p(sources.nvml, pcie, probe_gpus(sources.fs, sources.nvml))))
+    return observed(check(pcie))
+
+
+def offer_pcie_p2p(root: Path, status: int | None = 0) -> None:
+    """NVML's P2P answers of eight A100 PCIe cards: read and write ``status`` (0: OK), no NVLink."""
+    answer = {"result": status} if status is not None else {"error": "NVML_ERROR_UNKNOWN"}
+    answers = {f"{a}/gpu{b}/{caps}": answer if caps < 2 else {"result": 5} for a in range(8) for b in range(8) if a != b for caps in range(3)}
+    path = root / ".preflight/nvml.json"
+    document = json.loads(path.read_text())
+    document["calls"]["nvmlDeviceGetP2PStatus"] = answers
+    path.write_text(json.dumps(document))
 
 
 def edit_nvml(root: Path, function: str, answers: dict[str, Any]) -> None:
@@ -75,9 +90,11 @@ def test_recorded_a100_is_clean_for_every_gpu_and_pcie_check() -> None:
     assert {gpu.iommu_domain for gpu in pcie.gpus} == {"identity"} and not pcie.problems
     for check in (acs_redirect_breaks_gpudirect_rdma, p2p_bandwidth_degraded):
         assert observed(check(pcie)) == []
-    with pytest.raises(NotApplicable, match="NVLink through 6 NVSwitches"):
-        list(p2p_transfers_hang_or_fault(pcie))
     gpus, health, log = probe_gpus(sources.fs, sources.nvml), probe_gpu_health(sources.nvml), probe_kernel_log(sources.fs)
+    answers = probe_pcie_p2p(sources.nvml, pcie, gpus)
+    assert not answers.asked  # identity domains, no redirect: NVML is asked nothing more
+    with pytest.raises(NotApplicable, match="NVLink through 6 NVSwitches"):
+        list(p2p_transfers_hang_or_fault(pcie, answers))
     assert observed(gpu_unusable_by_driver(gpus, health, probe_job(sources.fs), Expectations(gpu_count=8))) == []
     assert [event.code for event in log.xids] == [31]  # an earlier job's MMU fault: GPU003's context, not a node fault
     assert observed(nccl_cuda_call_failed(health, log, gpus)) == []
@@ -126,6 +143,7 @@ def test_acs_redirect_between_two_gpus(a100: Path) -> None:
     with pytest.raises(NotApplicable, match="NVLink"):
         pcie_verdicts(a100, p2p_transfers_hang_or_fault)
     without_nvswitches(a100)
+    offer_pcie_p2p(a100)
     found = pcie_verdicts(a100, p2p_transfers_hang_or_fault)
     assert [(s, st) for s, st, _ in found] == [("bridge 0000:02:00.0", Status.PRESENT)]
     assert "ReqRedir+ CmpltRedir+" in found[0][2] and "GPU 0000:03:00.0 <-> GPU 0000:04:00.0" in found[0][2]
@@ -133,6 +151,7 @@ def test_acs_redirect_between_two_gpus(a100: Path) -> None:
 
 def test_truncated_bridge_config_is_unknown_never_off(a100: Path) -> None:
     without_nvswitches(a100)
+    offer_pcie_p2p(a100)
     truncated = a100 / GPU0_PORT / "config"
     truncated.write_bytes(truncated.read_bytes()[:64])  # what a reader without CAP_SYS_ADMIN gets
     for check in (p2p_transfers_hang_or_fault, acs_redirect_breaks_gpudirect_rdma):
@@ -144,12 +163,21 @@ def test_truncated_bridge_config_is_unknown_never_off(a100: Path) -> None:
 
 def test_translating_iommu_for_the_gpus(a100: Path) -> None:
     without_nvswitches(a100)
+    offer_pcie_p2p(a100)
     assert pcie_verdicts(a100, p2p_transfers_hang_or_fault) == []
     for group in (a100 / "sys/kernel/iommu_groups").iterdir():
         (group / "type").write_text("DMA-FQ\n")
     (a100 / "proc/cmdline").write_text("BOOT_IMAGE=/boot/vmlinuz-5.15.0-1042-nvidia root=/dev/md0 ro amd_iommu=on\n")
     (found,) = pcie_verdicts(a100, p2p_transfers_hang_or_fault)
     assert found[0] == "IOMMU" and found[1] is Status.PRESENT and "DMA-FQ: GPU 0000:03:00.0 (group" in found[2]
+    # Only GPU-to-GPU traffic over PCIe meets the translation: with no P2P on offer (GNS, as the
+    # driver answers for GeForce boards) NCCL copies through host memory; unanswered is unknown.
+    offer_pcie_p2p(a100, status=2)
+    assert pcie_verdicts(a100, p2p_transfers_hang_or_fault) == []
+    offer_pcie_p2p(a100, status=None)
+    (unanswered,) = pcie_verdicts(a100, p2p_transfers_hang_or_fault)
+    assert unanswered[:2] == ("IOMMU", Status.UNKNOWN) and "nvmlDeviceGetP2PStatus did not answer" in unanswered[2]
+    offer_pcie_p2p(a100)
     for group in (a100 / "sys/kernel/iommu_groups").iterdir():
         (group / "type").unlink()  # a kernel before 5.11
     found_old = pcie_verdicts(a100, p2p_transfers_hang_or_fault)
@@ -179,6 +207,7 @@ def test_cli_on_planted_a100(run_cli: Runner, a100: Path) -> None:
     edit_nvml(a100, "nvmlDeviceGetTotalEccErrors", {"2/1/0": {"result": 1}})
     edit_nvml(a100, "nvmlDeviceGetPersistenceMode", {"7": {"result": 0}})
     without_nvswitches(a100)
+    offer_pcie_p2p(a100)
     patch_config(a100, "sys/devices/pci0000:80/0000:80:01.1/0000:81:00.0/0000:82:01.0", ACSCTL, 0x000C)
     result = run_cli("node", "--root", str(a100), "--format", "json", "--select", "GPU,PCI,GDR003,TOPO005", "--profile", "prolog")
     report = json.loads(result.stdout)

@@ -14,8 +14,10 @@ from preflight.probes.job import probe_job
 from preflight.probes.pcie import AcsRegisters, Bridge, PcieFacts, PciEndpoint, PcieLink, bridges_between, device_chain, parse_acs, parse_width, probe_pcie
 from preflight.checks.pci import acs_redirect_breaks_gpudirect_rdma, p2p_bandwidth_degraded, p2p_transfers_hang_or_fault
 from preflight.checks.topo import gpu_hca_cross_numa_gdr
-from preflight.model import NotApplicable, Status, Unknown
-from preflight.sources import NodeFS
+from preflight.model import NotApplicable, Status, Unknown, Unread
+from preflight.probes.gpus import probe_gpus
+from preflight.probes.pcie_p2p import P2pStatus, PcieP2pFacts, probe_pcie_p2p
+from preflight.sources import NodeFS, Sources
 
 from conftest import bare_node, write
 
@@ -230,28 +232,43 @@ def test_pci002_a_slot_narrower_than_the_device_is_the_slot_not_a_fault() -> Non
     assert unknown.status is Status.UNKNOWN and "virtual machine" in unknown.reason
 
 
+def offered(facts: PcieFacts, status: int = 0) -> PcieP2pFacts:
+    """NVML answering P2P read and write ``status`` (0: OK) between every two GPUs, none over NVLink."""
+    bdfs = [gpu.bdf for gpu in facts.gpus]
+    statuses = tuple(P2pStatus(s, t, status, status, 5, "") for s in range(len(bdfs)) for t in range(len(bdfs)) if s != t)
+    return PcieP2pFacts(True, tuple((bdf, index) for index, bdf in enumerate(bdfs)), statuses, "")
+
+
 def test_pci003_acs_on_a_gpu_only_path_is_not_pci001() -> None:
     redirect = tuple(Bridge(bdf, AcsRegisters(0x5F, 0x001D if bdf == "0000:17:01.0" else 0), "") for bdf in GPU_PATH)
     nic = endpoint("0000:1a:00.0", (*SWITCH, "0000:17:00.0"), rdma=("mlx5_0",))
     both = facts(TWO_GPUS, (nic,), redirect, ((TWO_GPUS[0].bdf, TWO_GPUS[1].bdf, GPU_PATH),),
                  ((TWO_GPUS[0].bdf, nic.bdf, ("0000:17:00.0",)),))
     assert list(acs_redirect_breaks_gpudirect_rdma(both)) == []  # 17:01.0 is not between GPU 18 and its NIC
-    (found,) = p2p_transfers_hang_or_fault(both)
+    (found,) = p2p_transfers_hang_or_fault(both, offered(both))
     assert found.subject == "bridge 0000:17:01.0" and "GPU 0000:18:00.0 <-> GPU 0000:19:00.0" in found.evidence[1].observed
+    # The redirect hurts only P2P: with none on offer (GNS) there is no finding, unanswered is unknown.
+    assert list(p2p_transfers_hang_or_fault(both, offered(both, status=2))) == []
+    (unanswered,) = p2p_transfers_hang_or_fault(both, PcieP2pFacts(True, (), (), "NVML_ERROR_DRIVER_NOT_LOADED"))
+    assert unanswered.status is Status.UNKNOWN and "DRIVER_NOT_LOADED" in unanswered.reason
+    (unread,) = p2p_transfers_hang_or_fault(both, Unread("pcie_p2p", "needs probe gpus, which did not finish"))
+    assert unread.status is Status.UNKNOWN and "probe pcie_p2p: needs probe gpus" in unread.reason
     unreadable = facts(TWO_GPUS, bridges=(Bridge("0000:16:00.0", None, "config: permission denied"),), gpu_pairs=both.gpu_pairs)
-    (unknown,) = p2p_transfers_hang_or_fault(unreadable)
+    (unknown,) = p2p_transfers_hang_or_fault(unreadable, offered(unreadable))
     assert unknown.status is Status.UNKNOWN and "permission denied" in unknown.reason
 
 
 def test_pci003_iommu_domain_types() -> None:
     translated = (endpoint("0000:18:00.0", SWITCH, domain="DMA"), endpoint("0000:9a:00.0", ("0000:97:01.0",), domain="DMA-FQ"))
-    (found,) = p2p_transfers_hang_or_fault(facts(translated, cmdline="intel_iommu=on"))
+    node = facts(translated, cmdline="intel_iommu=on")
+    (found,) = p2p_transfers_hang_or_fault(node, offered(node))
     assert found.subject == "IOMMU" and "DMA: GPU 0000:18:00.0 (group 18); DMA-FQ: GPU 0000:9a:00.0" in found.evidence[0].observed
-    assert list(p2p_transfers_hang_or_fault(facts(translated, iommu=()))) == []  # no IOMMU unit is active
-    unread = tuple(PciEndpoint(gpu.bdf, gpu.chain, 0, FULL, "7", "", "/sys/kernel/iommu_groups/7/type: permission denied", ()) for gpu in TWO_GPUS)
-    assert {o.status for o in p2p_transfers_hang_or_fault(facts(unread))} == {Status.UNKNOWN}
-    outside = tuple(PciEndpoint(gpu.bdf, gpu.chain, 0, FULL, None, "", "", ()) for gpu in TWO_GPUS)
-    assert list(p2p_transfers_hang_or_fault(facts(outside, cmdline="intel_iommu=on"))) == []  # not behind the IOMMU
+    assert list(p2p_transfers_hang_or_fault(node, offered(node, status=2))) == []  # no P2P on offer: nothing meets the IOMMU
+    assert list(p2p_transfers_hang_or_fault(facts(translated, iommu=()), offered(node))) == []  # no IOMMU unit is active
+    unread = facts(tuple(PciEndpoint(gpu.bdf, gpu.chain, 0, FULL, "7", "", "/sys/kernel/iommu_groups/7/type: permission denied", ()) for gpu in TWO_GPUS))
+    assert {o.status for o in p2p_transfers_hang_or_fault(unread, offered(unread))} == {Status.UNKNOWN}
+    outside = facts(tuple(PciEndpoint(gpu.bdf, gpu.chain, 0, FULL, None, "", "", ()) for gpu in TWO_GPUS), cmdline="intel_iommu=on")
+    assert list(p2p_transfers_hang_or_fault(outside, offered(outside))) == []  # not behind the IOMMU
 
 
 def test_pcie_probe_records_links_and_gpu_pairs(tmp_path: Path) -> None:
@@ -292,7 +309,10 @@ def test_pci003_iommu_sources_missing_from_a_recorded_root_are_unknown(tmp_path:
     shutil.copytree(tests / "cases" / "PCI003" / "absent" / "root", source, symlinks=True, dirs_exist_ok=True)
 
     def pci003(root: Path) -> set[Status]:
-        return {observation.status for observation in p2p_transfers_hang_or_fault(probe_pcie(NodeFS(str(root))))}
+        sources = Sources.for_node(str(root))
+        pcie = probe_pcie(sources.fs)
+        answers = probe_pcie_p2p(sources.nvml, pcie, probe_gpus(sources.fs, sources.nvml))
+        return {observation.status for observation in p2p_transfers_hang_or_fault(pcie, answers)}
 
     whole = tmp_path / "whole"
     shutil.copytree(source, whole, symlinks=True)
@@ -305,3 +325,10 @@ def test_pci003_iommu_sources_missing_from_a_recorded_root_are_unknown(tmp_path:
     shutil.copytree(source, no_link, symlinks=True)
     (no_link / "sys/devices/pci0000:01/0000:01:01.1/0000:01:00.0/iommu_group").unlink()
     assert pci003(no_link) == {Status.UNKNOWN}
+    # The fixture itself, an AMD workstation whose GPUs sit in the kernel's default translated
+    # (DMA-FQ) domains, with its IOMMU unit recorded: the driver offers no P2P between the two
+    # RTX 5090s (GNS), so nothing meets the translation and the node is healthy.
+    amd = tmp_path / "amd"
+    shutil.copytree(tests / "fixtures" / "nodes" / "rtx5090-workstation", amd, symlinks=True)
+    (amd / "sys/class/iommu/ivhd0").mkdir(parents=True)
+    assert pci003(amd) == set()
