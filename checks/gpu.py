@@ -85,12 +85,14 @@ def _gpu_verdicts(gpu: GpuHealth) -> Iterator[Observation]:
         )
 
 
-#: Hardware Xids whose aftermath NVML's health queries show while it lasts: a lost GPU (79), a row
-#: remap pending or failed (63, 64), uncorrectable ECC errors since the GPU was initialised (48, 94,
-#: 95; 92 is a rate of corrected ones). For these a GPU that NVML reads clean now has been reset or
-#: recovered. An NVLink (74) or GSP (119, 120) fault leaves nothing these queries read, so a clean
-#: reading says nothing about them and they stay errors until the reboot clears the log.
-SHOWN_BY_NVML_XIDS = frozenset({48, 63, 64, 79, 92, 94, 95})
+#: Hardware Xids whose aftermath NVML's health queries show while it lasts, and the reading that
+#: shows it: uncorrectable ECC errors since the GPU was initialised (48, 94, 95; 92 is a rate of
+#: corrected ones), a row remap pending or failed (63, 64), a lost GPU (79). For these a GPU whose
+#: reading is clean now has been reset or recovered. An NVLink (74) or GSP (119, 120) fault leaves
+#: nothing these queries read, so a clean reading says nothing about them and they stay errors
+#: until the reboot clears the log; so does an Xid whose reading was not had (MIG mode and older
+#: boards answer NOT_SUPPORTED for remapped rows).
+XID_SHOWN_BY = {48: "ecc", 92: "ecc", 94: "ecc", 95: "ecc", 63: "remap", 64: "remap", 79: "alive"}
 
 
 RECOVERED_FIX = (
@@ -102,30 +104,28 @@ RECOVERED_FIX = (
 
 def _clean_now(
     gpu_health: GpuHealthFacts, gpus: GpuFacts, verdicts: dict[int, list[Observation]]
-) -> dict[tuple[int, int, int], str]:
-    """The GPUs whose health NVML reads clean now, by bus, with what was read. The kernel log
-    keeps an Xid until the next reboot, but resetting the GPU (what NVIDIA's Xid catalogue asks
-    for after most hardware Xids) clears what the Xid left behind: a GPU that is not lost, has no
-    row remap pending or failed and no uncorrectable ECC error since it was initialised has
-    recovered, and an old Xid of it must not drain the node at every job. ``verdicts``: each
-    GPU's NVML findings, empty where NVML cannot judge (then no GPU reads clean)."""
+) -> dict[tuple[int, int, int], dict[str, str]]:
+    """What NVML reads clean now of each GPU, by bus: for each reading of XID_SHOWN_BY, what was
+    read. The kernel log keeps an Xid until the next reboot, but resetting the GPU (what NVIDIA's
+    Xid catalogue asks for after most hardware Xids) clears what the Xid left behind, and an old
+    Xid of a recovered GPU must not drain the node at every job. ``verdicts``: each GPU's NVML
+    findings, empty where NVML cannot judge (then no GPU reads clean)."""
     buses = {device.index: device.bus_id for device in gpus.devices if device.bus_id}
-    clean: dict[tuple[int, int, int], str] = {}
+    clean: dict[tuple[int, int, int], dict[str, str]] = {}
     for gpu in gpu_health.gpus:
         key = pci_device_key(buses.get(gpu.index, ""))
         if key is None or gpu.index not in verdicts or verdicts[gpu.index]:  # a lost GPU has its verdict
             continue
-        read = []
+        read = {"alive": f"GPU{gpu.index} answers NVML (not lost)"}
         if not gpu.rows_error:
-            read.append(f"no row remap pending or failed ({gpu.rows_uncorrectable} rows remapped for uncorrectable errors)")
+            read["remap"] = f"GPU{gpu.index}: no row remap pending or failed ({gpu.rows_uncorrectable} rows remapped for uncorrectable errors)"
         if gpu.ecc_current and not gpu.volatile_error:
-            read.append("0 uncorrectable ECC errors since the GPU was initialised")
-        if read:
-            clean[key] = f"GPU{gpu.index}: " + "; ".join(read)
+            read["ecc"] = f"GPU{gpu.index}: 0 uncorrectable ECC errors since the GPU was initialised"
+        clean[key] = read
     return clean
 
 
-def _hardware_xids(kernel_log: KernelLogFacts, clean_now: dict[tuple[int, int, int], str]) -> Iterator[Observation]:
+def _hardware_xids(kernel_log: KernelLogFacts, clean_now: dict[tuple[int, int, int], dict[str, str]]) -> Iterator[Observation]:
     by_bus: dict[str, list[XidEvent]] = {}
     for event in kernel_log.xids:
         if event.code in HARDWARE_XIDS:
@@ -136,11 +136,13 @@ def _hardware_xids(kernel_log: KernelLogFacts, clean_now: dict[tuple[int, int, i
         history = Evidence(
             "kernel log since boot", f"Xid {described}; {len(events)} event(s), last: {events[-1].text}", "no hardware Xid since boot"
         )
-        now = clean_now.get(pci_device_key(bus) or (-1, -1, -1))
-        if now is None or not set(codes) <= SHOWN_BY_NVML_XIDS:
+        read = clean_now.get(pci_device_key(bus) or (-1, -1, -1), {})
+        needed = {XID_SHOWN_BY.get(code, "") for code in codes}
+        if not needed <= read.keys():  # an Xid no reading shows, or whose reading was not had
             yield present(f"GPU {bus}", history)
         else:
-            yield present(f"GPU {bus}", history, Evidence("NVML now", now), severity=Severity.WARNING, fix=RECOVERED_FIX)
+            shown = "; ".join(read[reading] for reading in sorted(needed))
+            yield present(f"GPU {bus}", history, Evidence("NVML now", shown), severity=Severity.WARNING, fix=RECOVERED_FIX)
 
 
 # NVML start-up errors that say nothing about the driver: preflight could not ask it (the library

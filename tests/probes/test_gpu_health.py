@@ -144,13 +144,27 @@ def test_an_xid_of_a_gpu_nvml_reads_clean_now_is_a_warning(node_copy: Path) -> N
     found = severities(node_copy)  # every GPU of the example reads clean
     status, severity, text = found["GPU 0000:5d:00"]
     assert (status, severity) == (Status.PRESENT, Severity.WARNING)
-    assert "GPU3: no row remap pending or failed (0 rows remapped for uncorrectable errors); 0 uncorrectable ECC errors" in text
+    assert text.endswith(" | GPU3 answers NVML (not lost)")  # fallen off the bus (79): answering again is the reading
     assert found["GPU 0000:18:00"][:2] == (Status.PRESENT, Severity.WARNING)
+    assert "GPU0: 0 uncorrectable ECC errors since the GPU was initialised" in found["GPU 0000:18:00"][2]
     assert found["GPU 0000:2a:00"][:2] == (Status.PRESENT, None)  # GSP: nothing NVML reads shows a reset
     # The contained error not yet cleared by a reset: uncorrectable errors counted since init.
     set_answers(node_copy, "nvmlDeviceGetTotalEccErrors", {"0/1/0": {"result": 1}})
     found = severities(node_copy)
     assert found["GPU 0000:18:00"][:2] == (Status.PRESENT, None) and found["GPU0"][0] is Status.PRESENT
+
+
+def test_an_xid_is_cleared_only_by_the_reading_that_shows_its_aftermath(node_copy: Path) -> None:
+    """A row-remap Xid (64) needs the remapped-rows reading: a GPU that answers NOT_SUPPORTED there
+    (MIG mode, as real MIG A100 dumps show) is not clean because its ECC count reads 0."""
+    (node_copy / ".preflight/kmsg").write_text(
+        "4,1025,8815000000,-;NVRM: Xid (PCI:0000:18:00): 64, pid=7194, name=python, Row Remapping Failure\n"
+    )
+    set_rows(node_copy, {"0": {"error": "NVML_ERROR_NOT_SUPPORTED"}})
+    assert severities(node_copy)["GPU 0000:18:00"][:2] == (Status.PRESENT, None)
+    set_rows(node_copy, {"0": {"result": [0, 0, 0, 0]}})  # read clean: reset since, remap applied
+    status, severity, text = severities(node_copy)["GPU 0000:18:00"]
+    assert (status, severity) == (Status.PRESENT, Severity.WARNING) and "GPU0: no row remap pending or failed" in text
 
 
 def test_xids_of_a_gpu_in_mig_mode_name_their_instance_and_still_count() -> None:
