@@ -435,10 +435,10 @@ def _left_out_by_nccl_ib_hca(job: JobFacts | Unread) -> HcaList | None:
 def rdma_stack_or_ports_misconfigured(
     rdma: RdmaFacts, expect: Expectations, job: JobFacts | Unread, verbs: VerbsFacts = VERBS_NOT_READ
 ) -> Iterator[Observation]:
-    """Expected HCAs missing, data ports down, or links trained below their rate or width; inside
-    a job, a verbs user space (libibverbs, a device's provider) NCCL cannot load. Ports that a
-    visible NCCL_IB_HCA leaves out are not judged (NCCL never opens them); a port an administrator
-    disabled is a warning."""
+    """Expected HCAs missing, data ports down, or links trained below the bandwidth of their peers;
+    inside a job, a verbs user space (libibverbs, a device's provider) NCCL cannot load. Ports that
+    a visible NCCL_IB_HCA leaves out are not judged (NCCL never opens them); an InfiniBand port an
+    administrator disabled is a warning."""
     require_rdma(rdma)
     yield from _verbs_user_space(verbs)
     yield from unlisted_ports(rdma)

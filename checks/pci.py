@@ -409,11 +409,13 @@ def _translating_iommu(pcie: PcieFacts, pcie_p2p: PcieP2pFacts | Unread) -> Iter
         return  # no IOMMU: nothing translates
     passthrough = [word for word in pcie.cmdline.split() if word in PASSTHROUGH_PARAMETERS]
     translated: dict[str, list[str]] = {}
+    translated_bdfs = set()
     for gpu in pcie.gpus:
         if gpu.iommu_group is None and not gpu.iommu_problem:
             continue  # not behind an IOMMU
         if gpu.iommu_domain in TRANSLATED_DOMAINS:
             translated.setdefault(gpu.iommu_domain, []).append(f"GPU {gpu.bdf} (group {gpu.iommu_group})")
+            translated_bdfs.add(gpu.bdf)
         elif gpu.iommu_problem:
             yield undecided(f"GPU {gpu.bdf}", f"IOMMU group or domain type unreadable: {gpu.iommu_problem}")
         elif not gpu.iommu_domain and not passthrough:
@@ -428,7 +430,10 @@ def _translating_iommu(pcie: PcieFacts, pcie_p2p: PcieP2pFacts | Unread) -> Iter
         # Only GPU-to-GPU traffic over PCIe meets the translation: where the driver offers no
         # P2P between any two GPUs, NCCL copies through host memory and nothing faults.
         bdfs = [gpu.bdf for gpu in pcie.gpus]
-        offers = [_pcie_p2p_offered(pcie_p2p, first, second) for i, first in enumerate(bdfs) for second in bdfs[i + 1:]]
+        offers = [
+            _pcie_p2p_offered(pcie_p2p, first, second)
+            for i, first in enumerate(bdfs) for second in bdfs[i + 1:] if {first, second} & translated_bdfs
+        ]
         if any(offers):
             yield present("IOMMU", domain, Evidence("/proc/cmdline", pcie.cmdline or "(empty)"), _P2P_OFFERED)
         elif None in offers:
