@@ -62,6 +62,14 @@ def _reverse_mismatches(lookup: NameLookup) -> list[Evidence]:
     ]
 
 
+PEER_NOT_FOUND_FIX = (
+    "No record for another node's name: jobs that dial it (MASTER_ADDR, the c10d store, Gloo) fail on "
+    "every node alike, so this node is not drained for it. Add the name to DNS or to the cluster's "
+    "managed /etc/hosts (or make Slurm's node names resolvable: NodeAddr/NodeHostname), and check with "
+    "'getent ahosts <name>' on any node."
+)
+
+
 SINGLE_NODE_FIX = (
     "This job runs on one node, where loopback reaches every rank, so it is not hurt; a job of "
     "several nodes would be. Replace the loopback line for the host name in /etc/hosts with the "
@@ -85,6 +93,12 @@ def _judge_name(lookup: NameLookup, facts: HostnameFacts) -> Observation | None:
             # DNS knows the name, but the hosts line stops libc before asking it.
             line = " ".join(s.name + "".join(f" [{a}]" for a in s.actions) for s in facts.hosts_order)
             evidence.append(Evidence("/etc/nsswitch.conf", f"hosts: {line}", "a service order that reaches DNS"))
+            return present(subject, *evidence)  # this node's nsswitch.conf is at fault
+        if ROLE_HOST not in lookup.roles:
+            # Another node's name with no record: the job needing it may fail, but the record is
+            # missing for every node alike; draining each node that looks the name up would
+            # drain the cluster for one missing entry.
+            return present(subject, *evidence, severity=Severity.WARNING, fix=PEER_NOT_FOUND_FIX)
         return present(subject, *evidence)
     errors: list[Evidence] = []
     loopback = [a for a in result.addresses if is_loopback_address(a)]

@@ -13,7 +13,7 @@ from preflight.model import (
     present,
     undecided,
 )
-from preflight.nccl.ib import nccl_selection
+from preflight.nccl.ib import nccl_selection, selection_unseen
 from preflight.nccl.releases import MNNVL_ALLTOALL, MNNVL_STACK, NVLS_DUAL_PORT, affected, release_findings, require_nccl
 from preflight.probes.job import integer_setting, setting_evidence, slurm_view, switched_off
 from preflight.probes.nccl_platform import NcclPlatformFacts
@@ -139,10 +139,22 @@ SAFE_STACK = 8192 * 1024  # NCCL's SAFE_STACK_SIZE: the Linux default limit, kno
 
 
 # -- checks -------------------------------------------------------------------------------------
+#: NVL005 where the jobs' NCCL_IB_HCA is unseen (preflight.nccl.ib.selection_unseen).
+DUAL_PORT_UNSEEN_FIX = (
+    "NCCL's default selection would use both ports of this adapter, but jobs that name their rails in "
+    "NCCL_IB_HCA (a storage or front-end dual-port NIC left out) are safe. Name the rails in NCCL_IB_HCA "
+    "in /etc/nccl.conf (or in expect.hcas) so that only they are judged, set NCCL_NVLS_ENABLE=0, or "
+    "upgrade NCCL past 2.20.2."
+)
+
+
 @check("NVL005", profiles=("full",))
-def nvls_dual_port_nic_corruption(nccl_libs: NcclLibFacts, nccl_platform: NcclPlatformFacts, rdma: RdmaFacts, job: JobFacts) -> Iterator[Observation]:
+def nvls_dual_port_nic_corruption(
+    nccl_libs: NcclLibFacts, nccl_platform: NcclPlatformFacts, rdma: RdmaFacts, job: JobFacts, expect: Expectations
+) -> Iterator[Observation]:
     """NCCL 2.18-2.20.2 with NVLS on an NVSwitch node whose NCCL selection uses both ports of a
-    dual-port NIC."""
+    dual-port NIC (where NCCL_IB_HCA is unset, the site's expect.hcas stand for it; where the
+    jobs' choice is unseen, a warning)."""
     require_nccl(nccl_libs)
     if not nccl_platform.nvswitches:
         nccl_platform.require_classified("no NVSwitch")
@@ -156,8 +168,11 @@ def nvls_dual_port_nic_corruption(nccl_libs: NcclLibFacts, nccl_platform: NcclPl
     if selection.undecided:
         port = selection.undecided[0]
         raise Unknown(port.why("state" if port.state is None else "link_layer"))
+    site = expect.hcas if selection.setting is None else None
     adapters: dict[str, list[str]] = {}
     for port in selection.ports:
+        if site is not None and port.device not in site:
+            continue
         device = rdma.device(port.device)
         address = device.pci_address if device is not None else None
         if address is not None:
@@ -165,11 +180,14 @@ def nvls_dual_port_nic_corruption(nccl_libs: NcclLibFacts, nccl_platform: NcclPl
     dual = {adapter: ports for adapter, ports in adapters.items() if len(ports) > 1}
     if not dual:
         return
+    unseen = selection_unseen(job, expect.hcas)
     yield from release_findings(
         nccl_libs, NVLS_DUAL_PORT,
         Evidence("/sys/bus/pci/devices", f"{len(nccl_platform.nvswitches)} NVSwitches (NVLS)"),
         Evidence("/sys/class/infiniband", "; ".join(f"adapter {adapter}: {', '.join(ports)}" for adapter, ports in sorted(dual.items())), "one port per adapter in NCCL's selection, or NVLS off"),
         setting_evidence(job, "NCCL_NVLS_ENABLE", "0 until NCCL is upgraded"),
+        severity=Severity.WARNING if unseen else None,
+        fix=DUAL_PORT_UNSEEN_FIX if unseen else "",
     )
 
 
@@ -177,6 +195,11 @@ def _job_stack(platform: NcclPlatformFacts, job: JobFacts) -> tuple[int | None, 
     """The stack limit the job's processes get, where it was read, and why it is unknown."""
     if platform.stack_soft is None:
         return None, "", "/proc/self/limits has no readable 'Max stack size' row"
+    if not job.in_slurmd_script and not job.in_job_process and platform.slurm_conf is not None:
+        # A health check has slurmd's limit and an operator's shell its own; a Slurm job gets the
+        # submitting shell's (STACK propagated, Slurm's default) or slurmd's, neither read here.
+        return None, "", ("outside a job on a Slurm node this process's stack limit is not a job's (a health check has "
+                          "slurmd's, a shell its own): run it inside a job (srun preflight node) to judge the job's")
     if job.in_slurmd_script and platform.slurm_conf is not None and platform.stack_propagated is None:
         return None, "", f"{platform.slurm_conf}: {platform.propagation_setting}"  # an Include unread
     if job.in_slurmd_script and platform.stack_propagated:
@@ -243,6 +266,13 @@ def _observed(gpu: GpuNvlinks) -> str:
     return f"{gpu.active_count} of {len(gpu.links)} NVLinks active{_inactive(gpu)}"
 
 
+NO_ACTIVE_LINK_FIX = (
+    "No NVLink of this GPU is up while its siblings have theirs: on PCIe boards, fit the NVLink bridge "
+    "if one belongs there (NCCL otherwise sends this GPU's traffic over PCIe); on SXM boards, check the "
+    "fabric (nvidia-smi nvlink --status, the fabric manager's log) and reset or service the GPU."
+)
+
+
 @check("NVL003", profiles=("prolog",))
 def nvlink_ring_search_fallback(nvlink: NvlinkFacts, gpus: GpuFacts, expect: Expectations) -> Iterator[Observation]:
     """GPUs with fewer active NVLinks than the site expects or than their siblings have."""
@@ -273,11 +303,21 @@ def nvlink_ring_search_fallback(nvlink: NvlinkFacts, gpus: GpuFacts, expect: Exp
     for name, siblings in sorted(models.items()):
         best = max(siblings, key=lambda gpu: gpu.active_count or 0)
         for gpu in siblings:
-            if (gpu.active_count or 0) < (best.active_count or 0):
-                yield present(
-                    f"GPU{gpu.index}",
-                    Evidence("nvmlDeviceGetNvLinkState", _observed(gpu), f"{best.active_count} active, as on GPU{best.index} ({name})"),
-                )
+            if (gpu.active_count or 0) >= (best.active_count or 0):
+                continue
+            like = f"{best.active_count} active, as on GPU{best.index} ({name})"
+            if not gpu.links:
+                # Every link number answered NOT_SUPPORTED or INVALID_ARGUMENT: the GPU reports no
+                # NVLink at all (a mode or board that hides them), which says nothing about links down.
+                yield undecided(f"GPU{gpu.index}", f"nvmlDeviceGetNvLinkState reports no NVLink on this GPU, while {like}")
+            elif not gpu.active_count:
+                # No active link at all: a PCIe card without its bridge sits outside the NVLink
+                # graph (NCCL uses PCIe for it), as does an SXM GPU whose fabric failed, which
+                # NVL006 judges from the fabric state; a lopsided graph needs some links up.
+                yield present(f"GPU{gpu.index}", Evidence("nvmlDeviceGetNvLinkState", _observed(gpu), like),
+                              severity=Severity.WARNING, fix=NO_ACTIVE_LINK_FIX)
+            else:
+                yield present(f"GPU{gpu.index}", Evidence("nvmlDeviceGetNvLinkState", _observed(gpu), like))
 
 
 ALLTOALL_HANG_RANKS = 80  # "at a scale of over 80 ranks" (v2.26.5-1 and v2.27.3-1 release notes)

@@ -16,7 +16,7 @@ from preflight.model import (
 )
 from preflight.nccl.gdr import DEFAULT_GDR_LEVEL, PATH_RANK, PXN_PEER_LIMIT, gdr_level, within
 from preflight.nccl.gid import ib_hca_selects, nccl_int
-from preflight.nccl.ib import nccl_selection
+from preflight.nccl.ib import nccl_selection, selection_unseen
 from preflight.nccl.releases import require_nccl, version_tuple
 from preflight.probes.job import setting_evidence
 from preflight.probes.kernel_log import NOT_READ, KernelLogFacts
@@ -79,12 +79,9 @@ RAILS_UNSEEN_FIX = (
 
 
 def _rails_severity(job: JobFacts, expect: Expectations) -> Severity | None:
-    """A warning when the rails compared may include ports the jobs leave out: NCCL_IB_HCA is
-    set nowhere this run can see (a prolog, a health check or a shell sees neither the job's
-    environment nor its choice) and the site named no data HCAs; else the reference's own."""
-    if job.in_job_process or expect.hcas is not None or job.nccl("NCCL_IB_HCA") is not None:
-        return None
-    return Severity.WARNING
+    """A warning when the rails compared may include ports the jobs leave out; else the
+    reference's own."""
+    return Severity.WARNING if selection_unseen(job, expect.hcas) else None
 
 
 def _variable_evidence(roce: RoceFacts) -> list[Evidence]:

@@ -120,6 +120,15 @@ MAX_DEVS_PER_NIC = 4
 FUSION_SINCE = (2, 24)
 
 
+def selection_unseen(job: JobFacts, site_hcas: tuple[str, ...] | None) -> bool:
+    """Whether the ports a job's NCCL opens are unseen here: NCCL_IB_HCA is set nowhere this run
+    can read (a prolog, a health check or a shell sees neither the job's environment nor its
+    choice; /etc/nccl.conf it does see), the run is not one of the job's processes, and the site
+    named no data HCAs (expect.hcas). A front-end or storage NIC beside the rails then counts only
+    for jobs that set no NCCL_IB_HCA. Raises Unknown where a configuration file is unreadable."""
+    return not job.in_job_process and site_hcas is None and job.nccl("NCCL_IB_HCA") is None
+
+
 def parse_force_merge(value: str) -> list[tuple[str, tuple[HcaEntry, ...]]]:
     """``NCCL_NET_FORCE_MERGE`` as ``ncclTopoForceMerge`` reads it (``src/graph/topo.cc``): groups
     split at ``;`` (empty ones skipped by strtok_r), each parsed by ``parseStringList``

@@ -15,7 +15,7 @@ import pytest
 from preflight.nccl.releases import KNOWN_BUGS, carries, version_tuple
 from preflight.probes.nccl_platform import parse_stack_limit
 from preflight.slurm_conf import propagated, read_slurm_conf
-from preflight.config import HostConfig
+from preflight.config import Expectations, HostConfig
 from preflight.model import Severity
 from preflight.discovery import build_registry
 from preflight.engine import RunOptions, run
@@ -124,6 +124,24 @@ def test_nvls_with_both_ports_of_dual_port_nics(tmp_path: Path) -> None:
     assert judge(root, "NVL005")["NVL005"] == {("absent", "node")}
 
 
+def test_nvls_dual_port_where_the_jobs_choice_of_ports_is_unseen(tmp_path: Path) -> None:
+    """A health check sees neither the job's NCCL_IB_HCA nor whether the dual-port adapter is a
+    storage NIC the jobs leave out: a warning saying how to name the rails, never a drain.
+    /etc/nccl.conf, which it does see, or the site's expect.hcas decide again."""
+    root = fixture("h800-dual-port", tmp_path)
+    environ(root, HOME="/root")
+    [finding] = findings(root, "NVL005")
+    assert (finding["status"], finding["severity"]) == ("present", "warning") and "NCCL_IB_HCA in /etc/nccl.conf" in str(finding["fix"])
+    write(root, "/etc/nccl.conf", "NCCL_IB_HCA=mlx5\n")  # every port: both of the adapter's
+    [finding] = findings(root, "NVL005")
+    assert (finding["status"], finding["severity"]) == ("present", "critical")
+    write(root, "/etc/nccl.conf", "# no NCCL_IB_HCA\n")
+    sources = Sources.for_fs(NodeFS(str(root)))
+    config = HostConfig(expect=Expectations(hcas=("mlx5_0", "mlx5_2")))  # one port per adapter
+    report = run(REGISTRY, sources, config, RunOptions(select=("NVL005",)), "test")
+    assert [(f.status.value, f.subject) for f in report.findings] == [("absent", "node")]
+
+
 def test_nvls_dual_port_fixed_release_single_port_nics_and_no_nvswitch(tmp_path: Path, node_copy: Path) -> None:
     root = fixture("h800-dual-port", tmp_path)
     os.rename(root / "usr/lib/x86_64-linux-gnu/libnccl.so.2.19.3", root / "usr/lib/x86_64-linux-gnu/libnccl.so.2.20.3")
@@ -223,6 +241,19 @@ def test_mnnvl_stack_from_a_prolog(tmp_path: Path) -> None:
     write(root, "/etc/slurm/slurm.conf", "ClusterName=nvl72\nPropagateResourceLimitsExcept=MEMLOCK,STACK\n")
     [finding] = findings(root, "NVL002")
     assert finding["status"] == "present" and "slurmd's, which the job inherits" in json.dumps(finding["evidence"])
+
+
+def test_mnnvl_stack_outside_a_job(tmp_path: Path) -> None:
+    """A health check (slurmd's unlimited stack, as Slurm's slurmd.service sets it) or an operator's
+    shell on a Slurm node reads a limit no job gets: unknown, never a drain. Without Slurm, the
+    shell's limit is what ranks started from it get."""
+    root = fixture("gb200-mnnvl", tmp_path)
+    environ(root, HOME="/root")
+    [finding] = findings(root, "NVL002")
+    assert finding["status"] == "unknown" and "outside a job on a Slurm node" in str(finding["reason"])
+    shutil.rmtree(root / "etc/slurm")
+    [finding] = findings(root, "NVL002")
+    assert finding["status"] == "present"
 
 
 def test_mnnvl_bad_nvml_and_limits(tmp_path: Path) -> None:

@@ -130,7 +130,7 @@ def test_planted_zone_through_the_cli(run_cli: Runner, server: PlantedDns, tmp_p
     verdicts = {subject: (f["status"], f["severity"]) for subject, f in found.items()}
     assert verdicts == {
         "gpu02": ("present", "warning"),
-        "gpu03": ("present", "error"),
+        "gpu03": ("present", "warning"),  # a peer with no record: missing for every node alike, no drain
         "gpu04": ("unknown", "error"),
         "gpu06": ("present", "warning"),
         f"nameserver {DEAD}": ("present", "warning"),
@@ -139,6 +139,7 @@ def test_planted_zone_through_the_cli(run_cli: Runner, server: PlantedDns, tmp_p
         "source": "DNS PTR 10.0.0.2", "observed": "gpu99.test.cluster.", "expected": "gpu02 (forward and reverse agree)",
     }
     assert [e["observed"] for e in found["gpu03"]["evidence"]] == ["no entry", "A NXDOMAIN, AAAA NXDOMAIN"]
+    assert "this node is not drained for it" in found["gpu03"]["fix"]
     assert "TIMEOUT" in str(found["gpu04"]["reason"]) and "0.5 s" in str(found["gpu04"]["reason"])
     assert found["gpu06"]["evidence"][0]["observed"] == "/etc/hosts: 10.0.0.66; DNS: 10.0.0.6"
     dead = found[f"nameserver {DEAD}"]["evidence"][0]
@@ -305,6 +306,17 @@ def test_loopback_host_name_in_a_job_of_one_node_is_a_warning() -> None:
 
     assert judged(1).severity is Severity.WARNING and judged(2).severity is None and judged(0).severity is None
     assert "runs on one node" in judged(1).fix and judged(1).evidence[0].source == "/etc/hosts:3"
+
+
+def test_a_name_with_no_record_drains_only_when_it_is_this_hosts() -> None:
+    """No record for this host's own name is this node's fault (an error); none for a peer or
+    MASTER_ADDR is missing for every node alike, and draining each node that looks it up would
+    drain the cluster for one entry: a warning."""
+    missing = (DnsAnswer("gpu01", "A", error="NXDOMAIN"), DnsAnswer("gpu01", "AAAA", error="NXDOMAIN"))
+    peer = NameLookup("gpu02", ("MASTER_ADDR", "peer"), (), (DnsAnswer("gpu02", "A", error="NXDOMAIN"), DnsAnswer("gpu02", "AAAA", error="NXDOMAIN")), ())
+    facts = HostnameFacts("gpu01", (), missing, (), peers=(peer,), nodes_in_job=2)
+    found = {o.subject: o.severity for o in hostname_resolution_broken(facts)}
+    assert found == {"gpu01": None, "gpu02": Severity.WARNING}
 
 
 def test_nameserver_judgements() -> None:

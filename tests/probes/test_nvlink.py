@@ -14,7 +14,7 @@ from preflight.probes.gpus import probe_gpus
 from preflight.probes.nvlink import GpuNvlinks, NvlinkFacts, probe_nvlink
 from preflight.checks.nvl import nvlink_ring_search_fallback
 from preflight.config import ConfigError, Expectations, parse_config
-from preflight.model import NotApplicable, Status, Unknown
+from preflight.model import NotApplicable, Severity, Status, Unknown
 from preflight.sources import Sources
 
 from conftest import Runner, bare_node
@@ -73,6 +73,18 @@ def test_gpu_with_fewer_links_than_its_siblings_is_present(node_copy: Path) -> N
     assert [(s, st) for s, st, _ in found] == [("GPU3", Status.PRESENT)]
     assert "16 of 18 NVLinks active; inactive: link 5, 11 / 18 active, as on GPU0" in found[0][2]
     assert facts(node_copy).gpus[3].active_count == 16
+
+
+def test_no_active_link_is_a_warning_and_no_link_answered_is_unknown(node_copy: Path) -> None:
+    """A GPU with every link down sits outside the NVLink graph (a PCIe card without its bridge;
+    an SXM GPU whose fabric failed is NVL006's): a warning. One that answers NOT_SUPPORTED for
+    every link number reports no NVLink at all, which says nothing about links down: unknown."""
+    edit_nvml(node_copy, "nvmlDeviceGetNvLinkState", {f"6/{link}": {"result": 0} for link in range(18)})
+    edit_nvml(node_copy, "nvmlDeviceGetNvLinkState", {f"7/{link}": {"error": "NVML_ERROR_NOT_SUPPORTED"} for link in range(18)})
+    sources = Sources.for_node(str(node_copy), None)
+    found = {o.subject: o for o in nvlink_ring_search_fallback(probe_nvlink(sources.nvml), probe_gpus(sources.fs, sources.nvml), Expectations())}
+    assert (found["GPU6"].status, found["GPU6"].severity) == (Status.PRESENT, Severity.WARNING) and "bridge" in found["GPU6"].fix
+    assert found["GPU7"].status is Status.UNKNOWN and "reports no NVLink on this GPU" in found["GPU7"].reason
 
 
 def test_expected_count_judges_every_gpu(node_copy: Path) -> None:
