@@ -404,7 +404,7 @@ def straggler_rank(gpu_health: GpuHealthFacts, gpus: GpuFacts) -> Iterator[Obser
 
 
 @check("NCCL004", profiles=("prolog",))
-def nccl_socket_connect_timeout(firewall: FirewallFacts, sockets: SocketFacts, job: JobFacts) -> Iterator[Observation]:
+def nccl_socket_connect_timeout(firewall: FirewallFacts, sockets: SocketFacts, job: JobFacts, rdma: RdmaFacts) -> Iterator[Observation]:
     """The host firewall silently drops TCP connections from other hosts to the ephemeral ports
     NCCL listens on, so peers' connects time out and NCCL's retry loop runs for minutes."""
-    yield from nccl_port_findings(firewall, sockets, job, frozenset({"dropped"}))
+    yield from nccl_port_findings(firewall, sockets, job, rdma, frozenset({"dropped"}))

@@ -16,7 +16,7 @@ from preflight.model import (
 )
 from preflight.nccl.gdr import DEFAULT_GDR_LEVEL, PATH_RANK, PXN_PEER_LIMIT, gdr_level, within
 from preflight.nccl.gid import ib_hca_selects, nccl_int
-from preflight.nccl.ib import nccl_selection, selection_unseen
+from preflight.nccl.ib import ib_transport_off, nccl_selection, selection_unseen
 from preflight.nccl.releases import require_nccl, version_tuple
 from preflight.probes.job import setting_evidence
 from preflight.probes.kernel_log import NOT_READ, KernelLogFacts
@@ -417,21 +417,10 @@ def roce_pfc_pause_storm(
 
 
 # -- ROCE002: GPUDirect RDMA over RoCE ------------------------------------------------------------
-def _ib_transport_off(job: JobFacts) -> str:
-    """Why NCCL will not use its IB transport (and so no RoCE GDR question arises), or ""."""
-    net = job.nccl("NCCL_NET")
-    if net is not None and net.value.strip().lower() != "ib":
-        return f"NCCL_NET={net.value}: NCCL uses another network than its IB/RoCE transport"
-    disabled = job.nccl("NCCL_IB_DISABLE")
-    if disabled is not None and nccl_int(disabled.value, 0) != 0:
-        return f"NCCL_IB_DISABLE={disabled.value}: NCCL's IB/RoCE transport is off"
-    return ""
-
-
 def _ib_ports(rdma: RdmaFacts, job: JobFacts) -> Selection:
     """The RDMA ports NCCL's IB transport would use; NotApplicable when the job turns that
     transport off, Unknown when the ports or NCCL_IB_HCA's choice cannot be told."""
-    off = _ib_transport_off(job)
+    off = ib_transport_off(job)
     if off:
         raise NotApplicable(off)
     require_rdma(rdma)

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from preflight.probes.nccl_libs import NcclLibFacts
+    from preflight.probes.rdma import RdmaFacts
 
 
 @check("SOCK002", profiles=("full",))
@@ -181,9 +182,9 @@ def ephemeral_port_exhaustion(sockets: SocketFacts) -> Iterator[Observation]:
 
 
 @check("SOCK004", profiles=("prolog",))
-def nccl_peer_connection_refused(firewall: FirewallFacts, sockets: SocketFacts, job: JobFacts) -> Iterator[Observation]:
+def nccl_peer_connection_refused(firewall: FirewallFacts, sockets: SocketFacts, job: JobFacts, rdma: RdmaFacts) -> Iterator[Observation]:
     """The host firewall rejects TCP connections from other hosts to the ephemeral ports NCCL
     listens on (its bootstrap, proxy and socket-transport listeners bind port 0, so the kernel
     picks from net.ipv4.ip_local_port_range), so peers' connects fail at once."""
-    yield from nccl_port_findings(firewall, sockets, job, frozenset({"rejected"}))
+    yield from nccl_port_findings(firewall, sockets, job, rdma, frozenset({"rejected"}))
 

@@ -23,6 +23,7 @@ import re
 
 from msgspec import Struct
 
+from preflight.nccl.gid import nccl_int
 from preflight.probes.job import JobFacts, Setting
 from preflight.probes.rdma import PORT_ACTIVE, RdmaFacts, RdmaPort, ports_unlisted
 
@@ -118,6 +119,30 @@ def nccl_selection(rdma: RdmaFacts, job: JobFacts) -> Selection:
 MAX_DEVS_PER_NIC = 4
 #: The first release with NIC fusion and NCCL_NET_FORCE_MERGE (absent from src/ at v2.23.4-1).
 FUSION_SINCE = (2, 24)
+
+
+def ib_transport_off(job: JobFacts) -> str:
+    """Why NCCL will not use its IB transport (NCCL_NET naming another network, NCCL_IB_DISABLE),
+    or "" when nothing turns it off."""
+    net = job.nccl("NCCL_NET")
+    if net is not None and net.value.strip().lower() != "ib":
+        return f"NCCL_NET={net.value}: NCCL uses another network than its IB/RoCE transport"
+    disabled = job.nccl("NCCL_IB_DISABLE")
+    if disabled is not None and nccl_int(disabled.value, 0) != 0:
+        return f"NCCL_IB_DISABLE={disabled.value}: NCCL's IB/RoCE transport is off"
+    return ""
+
+
+def ib_carries_data(rdma: RdmaFacts, job: JobFacts) -> bool | None:
+    """Whether NCCL's IB transport carries a job's data between nodes here (an ACTIVE port
+    NCCL_IB_HCA keeps, the transport not turned off); then NCCL's own sockets are its bootstrap
+    ones, on the one interface it picks first. None when the ports cannot be told."""
+    if ib_transport_off(job):
+        return False
+    selection = nccl_selection(rdma, job)
+    if selection.ports:
+        return True
+    return None if selection.undecided or selection.unlisted or rdma.verbs_class_present is None else False
 
 
 def selection_unseen(job: JobFacts, site_hcas: tuple[str, ...] | None) -> bool:

@@ -44,6 +44,7 @@ from preflight.sources.nftables import Chain, Condition, Rule, Ruleset
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
+    from preflight.probes.rdma import RdmaFacts
     from preflight.probes.sockets import SocketFacts
 
 LEGACY_TABLES = ("/proc/net/ip_tables_names", "/proc/net/ip6_tables_names")
@@ -512,10 +513,15 @@ def blocked_findings(fates: list[PortFate], kinds: frozenset[str], purpose: str,
 SOURCE_LABEL = "nftables ruleset (nf_tables netlink)"
 
 
-def nccl_port_findings(firewall: FirewallFacts, sockets: SocketFacts, job: JobFacts, kinds: frozenset[str]) -> list[Observation]:
+def nccl_port_findings(
+    firewall: FirewallFacts, sockets: SocketFacts, job: JobFacts, rdma: RdmaFacts, kinds: frozenset[str]
+) -> list[Observation]:
     """SOCK004 (rejected) and NCCL004 (dropped): what the firewall does to connections to
-    NCCL's listeners, which bind port 0 so the kernel picks from ip_local_port_range."""
+    NCCL's listeners, which bind port 0 so the kernel picks from ip_local_port_range. Where NCCL's
+    IB transport carries the data, its only listeners are the bootstrap ones, on the one interface
+    it picks first: a block on some of the candidates and not others is then undecided."""
     from preflight.model import NotApplicable, Unknown
+    from preflight.nccl.ib import ib_carries_data
     from preflight.probes.sockets import PORT_RANGE
 
     ruleset = readable_ruleset(firewall)
@@ -527,7 +533,18 @@ def nccl_port_findings(firewall: FirewallFacts, sockets: SocketFacts, job: JobFa
         raise NotApplicable("no interface NCCL would listen on (only loopback, or NCCL_SOCKET_IFNAME selects none)")
     fates = port_fates(firewall, ruleset, interfaces, (sockets.port_range,))
     found = blocked_findings(fates, kinds, "ephemeral port", "accepted: NCCL listens on ports the kernel picks from ip_local_port_range")
-    return found if firewall.addressed is not None else list(only_if_every_interface(found, interfaces, ADDRESSES_UNKNOWN))
+    if firewall.addressed is None:
+        found = list(only_if_every_interface(found, interfaces, ADDRESSES_UNKNOWN))
+    if ib_carries_data(rdma, job) is not False:  # IB carries the data, or whether it does is unknown
+        found = list(only_if_every_interface(found, interfaces, BOOTSTRAP_ONLY))
+    return found
+
+
+#: Why a block on one candidate interface may not matter where NCCL's IB transport carries the data.
+BOOTSTRAP_ONLY = (
+    "NCCL's IB transport carries the data here, so NCCL listens only on the bootstrap interface it picks first "
+    "(getifaddrs order, ib* first), which is not read here"
+)
 
 
 #: Why a block on one interface may not matter when the interfaces' addresses were not read.

@@ -28,6 +28,7 @@ from preflight.probes.firewall import (
     Packet,
     evaluate,
     gloo_interfaces,
+    nccl_port_findings,
     port_fates,
     readable_ruleset,
     selected_interfaces,
@@ -342,6 +343,34 @@ def test_port_fates_cut_the_range_where_rules_change_their_answer() -> None:
     facts = FirewallFacts(ruleset, "", "test", (), "", (Interface("eth0", 2),))
     fates = port_fates(facts, ruleset, facts.interfaces, ((32768, 60999),))
     assert [(f.low, f.high, f.outcomes[0].kind) for f in fates] == [(32768, 50000, "accepted"), (50001, 60999, "dropped")]
+
+
+def test_where_ib_carries_the_data_a_block_on_some_candidates_is_undecided() -> None:
+    """NCCL's own sockets are its bootstrap ones where its IB transport carries the data: they
+    listen on the one interface NCCL picks first, so a zone that rejects on eno2 beside a trusted
+    eno1 is undecided; without RDMA (the socket transport uses every candidate) it is present."""
+    from preflight.probes.job import JobFacts
+    from preflight.probes.rdma import PortRate, RdmaDevice, RdmaFacts, RdmaPort
+    from preflight.probes.sockets import SocketFacts
+
+    reject = _chain("input", Rule(1, (Condition("iifname", "==", ("eno2",)),), "reject", reject_with="admin-prohibited"),
+                    hook="input", policy="accept")
+    firewall = FirewallFacts(Ruleset((reject,), 1), "", "test", (), "", (Interface("eno1", 2), Interface("eno2", 3)), ("eno1", "eno2"))
+    sockets = SocketFacts((32768, 60999), (), (), {}, 0, 0, (), 0, ("/proc/net/tcp",), (), 0, ())
+    port = RdmaPort("mlx5_0", 1, "/sys/class/infiniband/mlx5_0/ports/1", 4, "ACTIVE", 5, "LinkUp", PortRate(400.0, 4, "NDR"),
+                    "InfiniBand", 1, 1, (), "", ())
+    device = RdmaDevice("mlx5_0", "/sys/class/infiniband/mlx5_0", "CA", "28.39.1002", "MT4129", "0000:1a:00.0", "0x15b3", False,
+                        False, (), "uverbs0", (port,), ())
+    with_ib = RdmaFacts((device,), True, ("uverbs0",), (), None, ())
+    without = RdmaFacts((), False, None, (), None, ())
+    job = JobFacts({}, "", ())
+    [found] = nccl_port_findings(firewall, sockets, job, with_ib, frozenset({"rejected"}))
+    assert (found.subject, found.status.value) == ("eno2", "unknown") and "bootstrap interface" in found.reason
+    [found] = nccl_port_findings(firewall, sockets, job, without, frozenset({"rejected"}))
+    assert (found.subject, found.status.value) == ("eno2", "present")
+    # Turned off, the IB transport carries nothing: every candidate counts again.
+    [found] = nccl_port_findings(firewall, sockets, JobFacts({"NCCL_IB_DISABLE": "1"}, "", ()), with_ib, frozenset({"rejected"}))
+    assert found.status.value == "present"
 
 
 def test_legacy_iptables_tables_make_the_rules_unknown() -> None:
