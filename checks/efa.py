@@ -61,6 +61,15 @@ def _found(efa: EfaFacts, names: list[str]) -> list[str]:
 _OTHER_DRIVERS = ("mlx", "hfi1", "qib", "irdma", "i40iw", "bnxt_re", "rxe", "siw", "hns", "qedr", "erdma", "mana", "cxgb", "ocrdma", "vmw_pvrdma", "usnic", "ionic")
 
 
+def efa_allowed(fi_provider: str) -> bool:
+    """Whether libfabric's FI_PROVIDER filter lets the efa provider load (ofi_create_filter and
+    ofi_apply_filter, libfabric src/fabric.c): a comma-separated list of the providers to use, or
+    after a leading '^' of those not to use."""
+    negated = fi_provider.startswith("^")
+    names = [name.lower() for name in fi_provider[negated:].split(",")]
+    return ("efa" not in names) if negated else ("efa" in names)
+
+
 @check("EFA001", profiles=("prolog",))
 def efa_provider_unavailable(rdma: RdmaFacts, efa: EfaFacts | None, job: JobFacts) -> Iterator[Observation]:
     """The job's settings or the node's libraries keep NCCL off the EFA devices."""
@@ -78,7 +87,7 @@ def efa_provider_unavailable(rdma: RdmaFacts, efa: EfaFacts | None, job: JobFact
         raise NotApplicable("no EFA devices in /sys/class/infiniband")
     on_node = Evidence(IB_CLASS, f"EFA devices: {', '.join(devices)}")
     provider = job.environ.get("FI_PROVIDER")
-    if provider is not None and "efa" not in provider.lower().split(","):
+    if provider is not None and not efa_allowed(provider):
         yield present("FI_PROVIDER", on_node, Evidence("/proc/self/environ FI_PROVIDER", repr(provider), "efa (or unset)"))
     net = job.nccl("NCCL_NET")
     if net is not None and net.value.strip().lower() in BUILTIN_NETS:

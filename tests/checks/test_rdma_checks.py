@@ -460,6 +460,9 @@ def test_efa001_present_warning_for_missing_libraries() -> None:
 
 def test_efa001_absent_with_plugin_and_efa_provider() -> None:
     assert list(efa_provider_unavailable(EFA_NODE, LIBS, job({"FI_PROVIDER": "efa"}))) == []
+    # libfabric's '^' lists the providers not to use: efa stays allowed unless it is listed.
+    assert list(efa_provider_unavailable(EFA_NODE, LIBS, job({"FI_PROVIDER": "^tcp,sockets"}))) == []
+    assert subjects(efa_provider_unavailable(EFA_NODE, LIBS, job({"FI_PROVIDER": "^efa"}))) == {"FI_PROVIDER"}
     assert list(efa_provider_unavailable(EFA_NODE, LIBS, job({"NCCL_NET_PLUGIN": "ofi"}))) == []
     assert list(efa_provider_unavailable(EFA_NODE, LIBS, job({"NCCL_NET_PLUGIN": "/opt/amazon/ofi-nccl/lib/libnccl-net.so"}))) == []
 
