@@ -15,8 +15,8 @@ from preflight.model import (
     undecided,
 )
 from preflight.nccl.gdr import DEFAULT_GDR_LEVEL, PATH_RANK, PXN_PEER_LIMIT, gdr_level, within
-from preflight.nccl.gid import ib_hca_selects, nccl_int
-from preflight.nccl.ib import ib_transport_off, nccl_selection, selection_unseen
+from preflight.nccl.gid import nccl_int
+from preflight.nccl.ib import ib_hca_selects, ib_transport_off, nccl_selection, selection_unseen
 from preflight.nccl.releases import require_nccl, version_tuple
 from preflight.probes.job import setting_evidence
 from preflight.probes.kernel_log import NOT_READ, KernelLogFacts

@@ -210,9 +210,3 @@ def nccl_would_pick_gid(slots: Mapping[int, Slot], table_size: int, settings: Gi
     return GidChoice(current, False, tuple(einval))
 
 
-def ib_hca_selects(setting: str | None, device: str, port: int) -> bool:
-    """Whether ``NCCL_IB_HCA`` lets NCCL use ``device`` port ``port`` (NCCL's grammar, parsed by
-    :func:`preflight.nccl.ib.parse_nccl_ib_hca`); unset or empty selects everything."""
-    from preflight.nccl.ib import parse_nccl_ib_hca
-
-    return parse_nccl_ib_hca(setting).selects(device, port)

@@ -79,6 +79,12 @@ def parse_nccl_ib_hca(value: str | None) -> HcaList:
     return HcaList(exclude, exact, tuple(entries))
 
 
+def ib_hca_selects(setting: str | None, device: str, port: int) -> bool:
+    """Whether ``NCCL_IB_HCA`` lets NCCL use ``device`` port ``port`` (NCCL's grammar, parsed by
+    :func:`parse_nccl_ib_hca`); unset or empty selects everything."""
+    return parse_nccl_ib_hca(setting).selects(device, port)
+
+
 class Selection(Struct, frozen=True):
     """What NCCL's IB transport would open on this node."""
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from preflight.nccl.gid import AF_INET, AF_INET6, GidSettings, Slot, gid_family, ib_hca_selects, in_addr_range, ipv4_of, nccl_int, nccl_would_pick_gid, parse_addr_range, parse_gid, parse_gid_settings, valid_gid
+from preflight.nccl.gid import AF_INET, AF_INET6, GidSettings, Slot, gid_family, in_addr_range, ipv4_of, nccl_int, nccl_would_pick_gid, parse_addr_range, parse_gid, parse_gid_settings, valid_gid
+from preflight.nccl.ib import ib_hca_selects
 
 V1, V2 = "IB/RoCE v1", "RoCE v2"
 EINVAL = "invalid argument (EINVAL)"
