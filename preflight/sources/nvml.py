@@ -168,6 +168,11 @@ def _error_name(pynvml: Any, error: Any) -> str:
     return "NVML_ERROR_UNKNOWN"
 
 
+#: More GPUs than any node holds (an HGX or NVL board has 8, the largest PCIe chassis 20 or so):
+#: a recording claiming more is refused, since probes ask NVML per device and per pair.
+MAX_REPLAYED_DEVICES = 256
+
+
 class ReplayNvml:
     """Answers from a recorded ``nvml.json`` (format in the module docstring)."""
 
@@ -197,7 +202,11 @@ class ReplayNvml:
         if not isinstance(entry, dict):
             where = function if index is None else f"{function}[{replay_key(index, args)}]"
             raise NvmlError("NVML_NOT_RECORDED", f"{where} is not in {self._origin}")
-        return _answer(entry, function)
+        answer = _answer(entry, function)
+        if function == "nvmlDeviceGetCount" and isinstance(answer, int) and answer > MAX_REPLAYED_DEVICES:
+            # Probes ask per device and per pair of devices: a recording must not choose that work.
+            raise NvmlError("NVML_REPLAY_UNREADABLE", f"{self._origin}: {answer} devices, more than any node has (at most {MAX_REPLAYED_DEVICES} are replayed)")
+        return answer
 
 
 def _answer(entry: dict[str, Any], function: str) -> Any:

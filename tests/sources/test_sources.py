@@ -81,6 +81,24 @@ def test_replayed_nvml_answers_errors_and_missing_entries() -> None:
         broken.call("nvmlDeviceGetCount")
 
 
+def test_a_recorded_device_count_beyond_any_node_is_refused(tmp_path: Path) -> None:
+    """Probes ask NVML per device and per pair of devices: a recording claiming a billion GPUs
+    would choose unbounded work, so the replay refuses it as unreadable (checks say unknown)."""
+    import time
+
+    from preflight.probes.gpus import probe_gpus
+    from preflight.sources import NodeFS
+
+    huge = ReplayNvml({"calls": {"nvmlDeviceGetCount": {"result": 10**9}, "nvmlSystemGetDriverVersion": {"result": "550.54.15"}}})
+    with pytest.raises(NvmlError) as refused:
+        huge.call("nvmlDeviceGetCount")
+    assert refused.value.code == "NVML_REPLAY_UNREADABLE" and "1000000000 devices" in str(refused.value)
+    assert ReplayNvml({"calls": {"nvmlDeviceGetCount": {"result": 256}}}).call("nvmlDeviceGetCount") == 256
+    start = time.monotonic()
+    facts = probe_gpus(NodeFS(str(tmp_path)), huge)
+    assert facts.nvml_error == "NVML_REPLAY_UNREADABLE" and facts.devices == () and time.monotonic() - start < 60  # hang guard only
+
+
 def test_replayed_nvml_calls_with_arguments_use_slash_keys() -> None:
     nvml = ReplayNvml({"calls": {
         "nvmlDeviceGetNvLinkState": {"0/0": {"result": 1}, "0/1": {"error": "NVML_ERROR_NOT_SUPPORTED"}},
