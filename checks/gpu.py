@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # gpu_health imports this module at run time
     from preflight.probes.job import JobFacts
 from preflight.probes.gpu_health import GPU_IS_LOST, GpuHealth, GpuHealthFacts, nvml_unusable
 from preflight.probes.gpus import UNEXPECTED_ANSWER, GpuFacts, pci_device_key
+from preflight.probes.job import parse_gpu_indices
 from preflight.probes.kernel_log import HARDWARE_XIDS, KernelLogFacts, XidEvent
 
 # The GPU or this driver lacks the feature: nothing to judge, not a failure to read.
@@ -163,8 +164,6 @@ PERSISTENCE_FIX = (
 def _slurm_gpu_count(job: JobFacts | Unread) -> int | None:
     """How many GPUs Slurm gave this job step on this node (SLURM_STEP_GPUS, else
     SLURM_JOB_GPUS: indices), when this process is one of the job's; None otherwise."""
-    from preflight.slurm import parse_gpu_indices  # only here: a rare path, kept off every run's imports
-
     if isinstance(job, Unread) or not job.in_job_process:
         return None
     for name in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):

@@ -51,6 +51,7 @@ from preflight.exitcodes import ExitCode
 from preflight.hostlist import HostlistError, expand
 from preflight.model import Finding, Status
 from preflight.probes.gpus import pci_device_key
+from preflight.probes.job import parse_gpu_indices
 from preflight.sources import NodeFS, SourceError
 
 if TYPE_CHECKING:
@@ -154,23 +155,6 @@ class NodeState(Struct, frozen=True):
 
 
 # ---- pure logic: scope, opt-out, verdict, reason, parsing ----------------------------------------
-
-
-def parse_gpu_indices(text: str) -> tuple[int, ...] | None:
-    """``SLURM_JOB_GPUS`` ("0,1,3"; Slurm also writes ranges "0-3" in some versions) -> indices,
-    or None when it is not such a list."""
-    indices: list[int] = []
-    for item in text.split(","):
-        item = item.strip()
-        low, dash, high = item.partition("-")
-        if low.isdigit() and (not dash or high.isdigit()):
-            end = int(high) if dash else int(low)
-            if end < int(low) or end - int(low) > 4096:
-                return None
-            indices.extend(range(int(low), end + 1))
-        else:
-            return None
-    return tuple(sorted(set(indices)))
 
 
 def opt_out_source(environ: Mapping[str, str], settings: SlurmSettings) -> str:

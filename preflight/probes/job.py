@@ -260,6 +260,23 @@ class SlurmView(Struct, frozen=True):
     nodelist: tuple[str, ...]  # SLURM_JOB_NODELIST expanded
 
 
+def parse_gpu_indices(text: str) -> tuple[int, ...] | None:
+    """``SLURM_JOB_GPUS`` ("0,1,3"; Slurm also writes ranges "0-3" in some versions) -> indices,
+    or None when it is not such a list."""
+    indices: list[int] = []
+    for item in text.split(","):
+        item = item.strip()
+        low, dash, high = item.partition("-")
+        if low.isdigit() and (not dash or high.isdigit()):
+            end = int(high) if dash else int(low)
+            if end < int(low) or end - int(low) > 4096:
+                return None
+            indices.extend(range(int(low), end + 1))
+        else:
+            return None
+    return tuple(sorted(set(indices)))
+
+
 def integer_setting(environ: dict[str, str], *names: str) -> int | None:
     for name in names:
         value = environ.get(name, "").strip()

@@ -429,6 +429,7 @@ def _read_device(fs: NodeFS, name: str, uverbs: dict[str, str]) -> RdmaDevice:
     if not numbers:
         reader.problems.append(Problem(f"{path}/ports", "no ports"))
     ports = tuple(_read_port(fs, name, path, number, len(numbers)) for number in numbers)
+    efa = looks_like_efa(name, vendor)
     management: bool | None = False
     if vendor == MELLANOX_VENDOR and any(port.link_layer == "InfiniBand" for port in ports):
         management = _management_function(fs, path, reader)
@@ -440,12 +441,12 @@ def _read_device(fs: NodeFS, name: str, uverbs: dict[str, str]) -> RdmaDevice:
         hca_type=reader.value(f"{path}/hca_type", _text, required=False),
         pci_address=pci_address,
         pci_vendor=vendor.lower() if vendor else None,
-        efa=looks_like_efa(name, vendor),
+        efa=efa,
         nvswitch_management=management,
         netdevs=tuple(reader.listing(f"{path}/device/net") or []) if link else (),
         uverbs=uverbs.get(name) or (_device_verbs(fs, path, name) if link else None),
         ports=ports,
-        efa_gpu_memory=_efa_gpu_memory(fs, path, reader) if link and looks_like_efa(name, vendor) else None,
+        efa_gpu_memory=_efa_gpu_memory(fs, path, reader) if link and efa else None,
         problems=reader.take(),
     )
 

@@ -18,6 +18,7 @@ import pytest
 from conftest import EXAMPLE_ROOT, Runner, drain_datagrams
 from preflight.config import CPU_JOB_IGNORE, ConfigError, SlurmSettings, parse_config, salvage_slurm_settings
 from preflight.model import Evidence, Finding, Severity, Status
+from preflight.probes.job import parse_gpu_indices
 from preflight.slurm import (
     JobScope,
     drain_reason,
@@ -25,7 +26,6 @@ from preflight.slurm import (
     job_scope,
     judge_findings,
     opt_out_source,
-    parse_gpu_indices,
     parse_show_node,
     prolog_timeout_problem,
     run_command,
