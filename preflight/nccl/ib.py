@@ -148,7 +148,8 @@ def ib_carries_data(rdma: RdmaFacts, job: JobFacts) -> bool | None:
     selection = nccl_selection(rdma, job)
     if selection.ports:
         return True
-    return None if selection.undecided or selection.unlisted or rdma.verbs_class_present is None else False
+    unknown = selection.undecided or selection.unlisted or rdma.class_unread or rdma.verbs_class_present is None
+    return None if unknown else False
 
 
 def selection_unseen(job: JobFacts, site_hcas: tuple[str, ...] | None) -> bool:

@@ -350,7 +350,7 @@ def test_where_ib_carries_the_data_a_block_on_some_candidates_is_undecided() -> 
     listen on the one interface NCCL picks first, so a zone that rejects on eno2 beside a trusted
     eno1 is undecided; without RDMA (the socket transport uses every candidate) it is present."""
     from preflight.probes.job import JobFacts
-    from preflight.probes.rdma import PortRate, RdmaDevice, RdmaFacts, RdmaPort
+    from preflight.probes.rdma import PortRate, Problem, RdmaDevice, RdmaFacts, RdmaPort
     from preflight.probes.sockets import SocketFacts
 
     reject = _chain("input", Rule(1, (Condition("iifname", "==", ("eno2",)),), "reject", reject_with="admin-prohibited"),
@@ -368,6 +368,11 @@ def test_where_ib_carries_the_data_a_block_on_some_candidates_is_undecided() -> 
     assert (found.subject, found.status.value) == ("eno2", "unknown") and "bootstrap interface" in found.reason
     [found] = nccl_port_findings(firewall, sockets, job, without, frozenset({"rejected"}))
     assert (found.subject, found.status.value) == ("eno2", "present")
+    # Whether any RDMA device exists is unread (a capture without /sys/class/infiniband): NCCL may
+    # listen on one interface only, so a block on some candidates stays undecided.
+    unread = RdmaFacts((), False, None, (), None, (Problem("/sys/class/infiniband", "not captured"),))
+    [found] = nccl_port_findings(firewall, sockets, job, unread, frozenset({"rejected"}))
+    assert found.status.value == "unknown"
     # Turned off, the IB transport carries nothing: every candidate counts again.
     [found] = nccl_port_findings(firewall, sockets, JobFacts({"NCCL_IB_DISABLE": "1"}, "", ()), with_ib, frozenset({"rejected"}))
     assert found.status.value == "present"
