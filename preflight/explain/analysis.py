@@ -327,8 +327,12 @@ class Analysis:
         return entries
 
     def _add_derived(self, entry: ReferenceHits, item: Derived) -> None:
-        entry.roles[DERIVED_SIGNATURE] = item.role
-        entry.specificity[DERIVED_SIGNATURE] = item.specificity
+        """Add one rule's evidence; when two rules name the same reference (a busy rank's
+        picture at cause tier, the barrier's at symptom tier), the stronger tier keeps its worth."""
+        known = entry.roles.get(DERIVED_SIGNATURE)
+        if known is None or TIERS.index(item.role) < TIERS.index(known):
+            entry.roles[DERIVED_SIGNATURE] = item.role
+            entry.specificity[DERIVED_SIGNATURE] = item.specificity
         for sighting in item.sightings:
             meta, evidence = self._sighting_evidence(sighting, item.role)
             entry.first_line.setdefault(DERIVED_SIGNATURE, evidence.location)

@@ -53,6 +53,14 @@ Some causes never print a message of their own; they show only in how lines disa
   skips the barrier (TORCH002). None of them prints a line of its own, so the three are offered at
   symptom tier, ahead of the generic timeout (NCCL003) and the all-reduce hang (NCCL001) that a
   one-element exchange is not.
+* **A rank still busy with its own work when the others time out.** tqdm redraws a progress bar
+  with a carriage return and no newline, so the next line any process writes to the same
+  terminal lands on the bar's line. When a watchdog report (``[E ProcessGroupNCCL.cpp:...]``)
+  lands on a bar that stopped short of 100 % while rank 0, which draws the bars in most training
+  scripts, printed no timeout of its own, the others waited in a collective for a rank that was
+  still tokenising, scanning labels or evolving anchors: one rank's long single-rank work
+  (NCCL011). A bar that reached 100 % (the loop ended, something after it hung), or a rank 0 that
+  timed out too (it was waiting like the rest), shows nothing of the kind.
 * **nccl-tests run as several separate tests.** Only rank 0 of an nccl-tests job prints the
   header (``# nThread 1 nGpus 8 minBytes ...``), the result table and the footer (``# Out of
   bounds values : 0 OK``; ``src/common.cu``). A binary built without MPI (or against another MPI
@@ -86,6 +94,7 @@ SOCKET_ON_IB = OBSERVATION + "socket-on-ib"
 BUS_ERROR = OBSERVATION + "bus-error"
 SHM_FRAME = OBSERVATION + "nccl-shm-frame"
 NCCL_TESTS = OBSERVATION + "nccl-tests"
+PROGRESS_CUT = OBSERVATION + "progress-cut"
 
 # nccl-tests' result table header ("#  size  count  type  redop  root  time  algbw  busbw  #wrong";
 # "error" for "#wrong" in older releases)
@@ -104,6 +113,9 @@ OBSERVATION_SIGNATURES = (
     (BUS_ERROR, r"SIGBUS|Bus error"),
     (SHM_FRAME, r"\bncclShmOpen\b"),  # a backtrace frame: NCCL prints the name in no message
     # nccl-tests' header, its result table's column line and its footer (each printed by rank 0 only)
+    # a progress bar short of 100 % ("  9%|███▊      | 280000/2969526 [29:55<4:48:08, ...]") with
+    # a ProcessGroupNCCL report written onto its line
+    (PROGRESS_CUT, r"(?<![\d.])\d{1,2}%\|[^\n]{0,800}?ProcessGroupNCCL\.cpp:\d{1,5}\]"),
     (NCCL_TESTS, rf"# nThread \d{{1,4}} nGpus \d{{1,4}}|{NCCL_TESTS_TABLE}|# Out of bounds values\s{{0,4}}:"),
     (DISTANCE, r"GPU Direct RDMA Disabled for GPU(?: \S{1,40} / HCA \S+ \(|/\S{1,40} \(rank \d+\) - NET/\S+ \()distance \d+ >=? \d+\)"),  # ">=" up to 2.5
 )
@@ -167,6 +179,10 @@ BARRIER_SPECIFICITY = 70
 BARRIER_STEP = 5
 BARRIER_WAITERS = ("TORCH009", "NCCL011", "TORCH002")
 _ONE_ELEMENT_OPS = ("ALLREDUCE", "ALLGATHER", "_ALLGATHER_BASE")
+# A rank's own progress cut by the others' timeout reports: one picture, read from two facts
+# (the bar and the ranks that timed out), so worth about a specific one-line message.
+BUSY_RANK_SPECIFICITY = 45
+BUSY_RANK = "NCCL011"
 STALL_SPECIFICITY = 10  # silence after intra-node connections: a picture, not a message
 INTRA_NODE_STALL = "PCI003"  # P2P traffic dropped by ACS redirect or a translating IOMMU
 MAX_SEQUENCES = 4096  # fingerprints kept per run: memory stays bounded on endless DETAIL logs
@@ -240,6 +256,7 @@ class Observations:
     # footers) of one source with no table (or header) between, which separate tests printed.
     nccl_tests_last: dict[str, tuple[str, Sighting]] = field(default_factory=dict)
     separate_tests: tuple[Sighting, Sighting] | None = None
+    progress_cut: Sighting | None = None  # the first unfinished progress bar a ProcessGroupNCCL report cut
 
     def add(self, kind: str, sighting: Sighting) -> None:
         if kind == CHANNEL:
@@ -264,6 +281,8 @@ class Observations:
             self.shm_frame = self.shm_frame or sighting
         elif kind == NCCL_TESTS:
             self._nccl_tests(sighting)
+        elif kind == PROGRESS_CUT:
+            self.progress_cut = self.progress_cut or sighting
         elif kind == NCCL_VERSION and self.nccl_before_sm120_fix is None:
             found = _NCCL_VERSION.search(sighting.text)
             if found is not None and tuple(int(part) for part in found.groups()) < SM120_FIXED_IN:
@@ -366,12 +385,23 @@ class Observations:
             result.append(Derived("NCCL007", SHM_SIGBUS_SPECIFICITY, (self.bus_error, self.shm_frame)))
         if self.intra_node_stall is not None:
             result.append(Derived(INTRA_NODE_STALL, STALL_SPECIFICITY, self.intra_node_stall, role="symptom"))
+        busy = self._busy_rank()
+        if busy is not None:
+            result.append(Derived(BUSY_RANK, BUSY_RANK_SPECIFICITY, busy))
         if self.barrier_timeout is not None:
             result.extend(
                 Derived(reference_id, BARRIER_SPECIFICITY - BARRIER_STEP * place, (self.barrier_timeout,), role="symptom")
                 for place, reference_id in enumerate(BARRIER_WAITERS)
             )
         return result
+
+    def _busy_rank(self) -> tuple[Sighting, ...] | None:
+        """The unfinished progress bar a timeout report cut, and the first timeout, when the
+        watchdog timed out and rank 0 (the rank that draws the bars) is not among those it names."""
+        if self.progress_cut is None or self.timeout_record is None or 0 in self.timed_out:
+            return None
+        first = min(self.timed_out.values(), key=lambda sighting: (sighting.source, sighting.line_number), default=None)
+        return (self.progress_cut,) if first is None or first == self.progress_cut else (self.progress_cut, first)
 
     def _gdr_missing(self, network: _Network) -> list[Derived]:
         if not network.with_gdr or not network.receive_without:

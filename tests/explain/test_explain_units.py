@@ -740,6 +740,35 @@ def test_a_timeout_in_a_barrier_names_the_rank_that_was_elsewhere(tmp_path: Path
         assert not set(waiters) & set(ranked), ranked
 
 
+BUSY_BAR = "Running tokenizer on dataset:  {percent}%|███▊      | 280000/2969526 [29:55<4:48:08, 155.57 examples/s]"
+
+
+@pytest.mark.parametrize(
+    ("percent", "rank_zero_timed_out", "busy"),
+    [
+        ("9", False, True),  # rank 0 still tokenising when the others' 30 minutes ran out
+        ("100", False, False),  # the loop finished: whatever hung came after it
+        ("9", True, False),  # rank 0 waited in the collective like the others
+    ],
+)
+def test_a_progress_bar_cut_by_the_others_timeouts_names_the_busy_rank(
+    tmp_path: Path, percent: str, rank_zero_timed_out: bool, busy: bool
+) -> None:
+    """tqdm redraws its bar without a newline, so a watchdog report lands on the bar's line: an
+    unfinished bar there, with rank 0 (the one drawing it) timing out nowhere, is one rank's long
+    single-rank work that the others waited for (NCCL011 at cause tier, ahead of the barrier's
+    symptom-tier guesses). A finished bar, or rank 0 timing out too, is no such picture."""
+    bar = BUSY_BAR.format(percent=percent)
+    ranks = [0, 1, 2] if rank_zero_timed_out else [1, 2, 3]
+    lines = [bar + "[E ProcessGroupNCCL.cpp:475] " + _timeout(ranks[0], 2).split("] ", 1)[1]]
+    lines += [_timeout(rank, 2) for rank in ranks[1:]]
+    ranked = _ranked(_explained(tmp_path, "\n".join(lines) + "\n"))
+    assert (ranked[0] == ("NCCL011", "cause")) is busy, ranked
+    if not busy:
+        assert ("NCCL011", "cause") not in ranked, ranked
+        assert ("NCCL011", "symptom") in ranked  # the barrier's guess stays
+
+
 def test_a_traceback_through_set_device_points_at_the_rank_to_gpu_mapping(tmp_path: Path) -> None:
     # The post stops inside the traceback, before the exception line: the frame that chose the GPU
     # is what the log still says. Posted code with the same call, and no failure, names nothing.
