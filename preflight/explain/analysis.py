@@ -277,7 +277,8 @@ class Analysis:
         cascade = self.cascade()
         first_actor = cascade.first.actor if cascade else None
         result = []
-        entries = self._with_derived()
+        derived = self.observations.derived()
+        entries = self._with_derived(derived)
         sharing = self._line_sharing(entries)
         for entry in entries.values():
             roles = set(entry.roles.values())
@@ -303,6 +304,7 @@ class Analysis:
         if cascade and CASCADE_REFERENCE not in entries and (self._areas is None or CASCADE_REFERENCE in self._areas):
             bonus = _UNEXPLAINED_CASCADE_BONUS if self._cascade_unexplained(cascade) else 0
             result.append(Candidate(CASCADE_REFERENCE, "symptom", bonus, ReferenceHits(CASCADE_REFERENCE), False, synthesized=True))
+        _keep_ahead(result, derived)
         named = {c.reference_id for c in result}
         listed_by = {
             c.reference_id: sum(1 for other in named if other != c.reference_id and c.reference_id in self._related.get(other, ()))
@@ -311,11 +313,10 @@ class Analysis:
         result.sort(key=lambda c: (TIERS.index(c.tier), -c.score, listed_by[c.reference_id], c.hits.first))
         return result
 
-    def _with_derived(self) -> dict[str, ReferenceHits]:
+    def _with_derived(self, derived: list[Derived]) -> dict[str, ReferenceHits]:
         """The references' hits with the evidence read from several lines together added as a
         signature of its own, cause tier unless the rule says otherwise (copies: asking twice
         gives the same answer)."""
-        derived = self.observations.derived()
         if not derived:
             return self.by_reference
         entries = dict(self.by_reference)
@@ -403,6 +404,20 @@ def _handled_quietly(hit: Hit) -> bool:
         or _NCCL_TESTS_HEADER.search(hit.text) is not None
         or _TABLE_HEADER.match(hit.text) is not None
     )
+
+
+def _keep_ahead(candidates: list[Candidate], derived: list[Derived]) -> None:
+    """Lower the score of every candidate a rule ranks its own reference ahead of (same tier)
+    to just below that reference's, so that their many matched lines cannot carry them past it."""
+    by_id = {candidate.reference_id: candidate for candidate in candidates}
+    for rule in derived:
+        own = by_id.get(rule.reference_id)
+        if own is None or own.tier != rule.role:
+            continue
+        for reference_id in rule.ahead_of:
+            other = by_id.get(reference_id)
+            if other is not None and other.tier == own.tier and other.score >= own.score:
+                other.score = max(0, own.score - 1)
 
 
 def _tier_score(entry: ReferenceHits, tier: str, sharing: dict[str, int]) -> int:

@@ -178,6 +178,10 @@ SHM_SIGBUS_SPECIFICITY = 50  # a crash report and the NCCL function it struck in
 BARRIER_SPECIFICITY = 70
 BARRIER_STEP = 5
 BARRIER_WAITERS = ("TORCH009", "NCCL011", "TORCH002")
+# The generic timeout and the all-reduce hang: every timeout line matches them, so a log with many
+# ranks' reports piles up their worth, yet a one-element exchange is neither a data collective that
+# hung nor news about which rank was away. The waiters stay ahead of them however many lines match.
+BARRIER_BEFORE = ("NCCL003", "NCCL001")
 _ONE_ELEMENT_OPS = ("ALLREDUCE", "ALLGATHER", "_ALLGATHER_BASE")
 # A rank's own progress cut by the others' timeout reports: one picture, read from two facts
 # (the bar and the ranks that timed out), so worth about a specific one-line message.
@@ -203,6 +207,9 @@ class Derived:
     specificity: int
     sightings: tuple[Sighting, ...]  # the lines that together make the evidence, first first
     role: str = "cause"
+    # References in the same tier that this reading of their own lines makes less likely: the
+    # candidate ranks ahead of them whatever their lines add up to.
+    ahead_of: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -390,7 +397,10 @@ class Observations:
             result.append(Derived(BUSY_RANK, BUSY_RANK_SPECIFICITY, busy))
         if self.barrier_timeout is not None:
             result.extend(
-                Derived(reference_id, BARRIER_SPECIFICITY - BARRIER_STEP * place, (self.barrier_timeout,), role="symptom")
+                Derived(
+                    reference_id, BARRIER_SPECIFICITY - BARRIER_STEP * place, (self.barrier_timeout,), role="symptom",
+                    ahead_of=BARRIER_BEFORE,
+                )
                 for place, reference_id in enumerate(BARRIER_WAITERS)
             )
         return result

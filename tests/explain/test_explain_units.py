@@ -740,6 +740,22 @@ def test_a_timeout_in_a_barrier_names_the_rank_that_was_elsewhere(tmp_path: Path
         assert not set(waiters) & set(ranked), ranked
 
 
+def test_the_barrier_waiters_stay_ahead_however_many_ranks_report_the_timeout(tmp_path: Path) -> None:
+    """Every rank's report and its tear-down lines match the generic timeout (NCCL003) and the
+    all-reduce hang (NCCL001) again and again; the barrier's reading of the same lines keeps its
+    three waiters first all the same."""
+    lines = []
+    for rank in range(1, 8):
+        lines += [
+            _timeout(rank, 3),
+            f"[rank{rank}]:[E1015 04:12:55.118 ProcessGroupNCCL.cpp:1537] [PG 0 Rank {rank}] Timeout at NCCL work: 3, last enqueued NCCL work: 3, last completed NCCL work: 2.",
+            f"[rank{rank}]:[E1015 04:12:55.118 ProcessGroupNCCL.cpp:577] [Rank {rank}] Some NCCL operations have failed or timed out. Due to the asynchronous nature of CUDA kernels, subsequent GPU operations might run on corrupted/incomplete data.",
+        ]
+    ranked = _ranked(_explained(tmp_path, "\n".join(lines) + "\n"))
+    assert ranked[:3] == [("TORCH009", "symptom"), ("NCCL011", "symptom"), ("TORCH002", "symptom")], ranked
+    assert ("NCCL003", "symptom") in ranked[3:]
+
+
 BUSY_BAR = "Running tokenizer on dataset:  {percent}%|███▊      | 280000/2969526 [29:55<4:48:08, 155.57 examples/s]"
 
 
