@@ -12,6 +12,7 @@ from preflight.model import (
     NotApplicable,
     Observation,
     Severity,
+    Status,
     Unknown,
     Unread,
     present,
@@ -232,6 +233,10 @@ PASSTHROUGH_PARAMETERS = ("iommu=pt", "iommu.passthrough=1", "iommu.passthrough=
 @check("PCI001", profiles=("prolog",))
 def acs_redirect_breaks_gpudirect_rdma(pcie: PcieFacts) -> Iterator[Observation]:
     """ACS P2P redirect on a bridge between a GPU and its nearest RDMA NIC, on bare metal."""
+    yield from _on_bare_metal(pcie, _gpu_nic_redirects(pcie))
+
+
+def _gpu_nic_redirects(pcie: PcieFacts) -> Iterator[Observation]:
     unclassified = unclassified_reason(pcie)
     if unclassified and not (pcie.gpus and pcie.nics and pcie.pairs):
         raise Unknown(unclassified)
@@ -241,7 +246,7 @@ def acs_redirect_breaks_gpudirect_rdma(pcie: PcieFacts) -> Iterator[Observation]
         raise NotApplicable("needs NVIDIA GPUs and RDMA NICs on this node")
     if pcie.hypervisor:
         raise NotApplicable(
-            "inside a virtual machine: the guest's emulated bridges do not route P2P traffic; "
+            f"inside a virtual machine ({pcie.virtualisation}): the guest's emulated bridges do not route P2P traffic; "
             "check ACS and the IOMMU on the host"
         )
     if not pcie.pairs:
@@ -270,6 +275,22 @@ def acs_redirect_breaks_gpudirect_rdma(pcie: PcieFacts) -> Iterator[Observation]
             yield present(f"bridge {bridge.bdf}", *evidence)
 
 
+def _on_bare_metal(pcie: PcieFacts, observations: Iterator[Observation]) -> Iterator[Observation]:
+    """The PCI findings hold on bare metal only: a guest's bridges, ACS bits, IOMMU and slots
+    are emulated. Where whether the node is a guest was not read, a finding is undecided."""
+    for observation in observations:
+        if pcie.hypervisor is None and observation.status is Status.PRESENT:
+            seen = observation.evidence[0].observed if observation.evidence else "found"
+            yield undecided(
+                observation.subject,
+                f"{seen}, but whether this node is a virtual machine is not known ({pcie.virtualisation}); "
+                "in a guest this is the emulated hardware's, not the host's",
+                *observation.evidence,
+            )
+        else:
+            yield observation
+
+
 def _iommu_note(pcie: PcieFacts) -> str:
     if not pcie.iommu_units:
         return ""
@@ -282,6 +303,10 @@ def _iommu_note(pcie: PcieFacts) -> str:
 @check("PCI002", profiles=("prolog",))
 def p2p_bandwidth_degraded(pcie: PcieFacts) -> Iterator[Observation]:
     """A GPU or RDMA NIC whose PCIe link trained narrower than it can run."""
+    yield from _on_bare_metal(pcie, _narrow_links(pcie))
+
+
+def _narrow_links(pcie: PcieFacts) -> Iterator[Observation]:
     endpoints = [("GPU", gpu) for gpu in pcie.gpus] + [("NIC", nic) for nic in pcie.nics]
     unclassified = unclassified_reason(pcie)
     if not endpoints:
@@ -300,7 +325,7 @@ def p2p_bandwidth_degraded(pcie: PcieFacts) -> Iterator[Observation]:
         elif link.current_width == 0:
             yield undecided(subject, f"/sys/bus/pci/devices/{endpoint.bdf}/current_link_width is 0: the link is down or the device is powered off")
         elif link.current_width < link.max_width:
-            observation = _narrow_link(subject, endpoint, pcie.hypervisor)
+            observation = _narrow_link(subject, endpoint, pcie.hypervisor is True)
             if observation is not None:
                 yield observation
 
@@ -360,6 +385,10 @@ def _p2p_unknown(p2p: PcieP2pFacts | Unread) -> str:
 def p2p_transfers_hang_or_fault(pcie: PcieFacts, pcie_p2p: PcieP2pFacts | Unread) -> Iterator[Observation]:
     """ACS redirect on a bridge between two GPUs, or an IOMMU translating the GPUs' DMA, on bare
     metal without NVSwitches, where the driver offers P2P over PCIe between those GPUs."""
+    yield from _on_bare_metal(pcie, _gpu_gpu_blockers(pcie, pcie_p2p))
+
+
+def _gpu_gpu_blockers(pcie: PcieFacts, pcie_p2p: PcieP2pFacts | Unread) -> Iterator[Observation]:
     unclassified = unclassified_reason(pcie)
     if len(pcie.gpus) < 2:
         if unclassified:
@@ -369,7 +398,7 @@ def p2p_transfers_hang_or_fault(pcie: PcieFacts, pcie_p2p: PcieP2pFacts | Unread
         yield undecided("PCI devices", unclassified)
     if pcie.hypervisor:
         raise NotApplicable(
-            "inside a virtual machine: the guest's emulated bridges and IOMMU do not route GPU peer traffic; "
+            f"inside a virtual machine ({pcie.virtualisation}): the guest's emulated bridges and IOMMU do not route GPU peer traffic; "
             "check ACS and the IOMMU on the host"
         )
     if pcie.nvswitches:

@@ -34,7 +34,8 @@ Sources:
   without an IOMMU) and ``/sys/kernel/iommu_groups/<n>/type`` (Linux 5.11+: ``identity`` for
   passthrough, ``DMA``/``DMA-FQ`` when the IOMMU translates the group's DMA).
 * NVSwitches: NVIDIA (0x10de) bridges of class 0x0680.
-* Virtual machines: the ``hypervisor`` CPU flag in ``/proc/cpuinfo``. In a guest the emulated
+* Virtual machines (:mod:`preflight.virtualisation`): the ``hypervisor`` CPU flag, a
+  device-tree hypervisor node, DMI names, the SMBIOS virtual-machine bit. In a guest the emulated
   bridges' ACS bits do not decide where P2P traffic goes; the host's do.
 """
 
@@ -48,6 +49,7 @@ from msgspec.structs import replace
 from preflight.probing import FactReader
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
+from preflight.virtualisation import detect as detect_virtualisation
 
 _BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 
@@ -139,7 +141,8 @@ class PcieFacts(Struct, frozen=True):
     gpu_pairs: tuple[tuple[str, str, tuple[str, ...]], ...]  # (gpu, gpu, bridges between them), same root port
     nvswitches: tuple[str, ...]  # NVIDIA bridges of class 0x0680
     nearest_nic: tuple[tuple[str, str, str], ...]  # (gpu, its nearest NIC, NCCL path class)
-    hypervisor: bool
+    # True in a virtual machine, None where that is unknown (``virtualisation`` says why)
+    hypervisor: bool | None
     iommu_units: tuple[str, ...] | None  # entries of /sys/class/iommu; None: not known (reason in problems)
     cmdline: str
     problems: tuple[str, ...]
@@ -149,6 +152,7 @@ class PcieFacts(Struct, frozen=True):
     # /proc/cpuinfo names an Arm CPU ("CPU implementer"): Grace hosts attach their GPUs over
     # NVLink-C2C, a path sysfs does not show and NCCL treats apart (C2C, P2C)
     arm_cpu: bool = False
+    virtualisation: str = ""  # what said guest or bare metal, or why it is unknown
 
     def path(self, gpu: str, nic: str) -> str | None:
         """NCCL's path class between two of the node's devices, as nearest_nic classes them."""
@@ -292,8 +296,9 @@ def probe_pcie(fs: NodeFS) -> PcieFacts:
                 gpu_pairs.append((first.bdf, second.bdf, between))
                 wanted.update(between)
     bridges = tuple(_bridge(fs, bdf) for bdf in sorted(wanted))
-    cpuinfo = reader.text("/proc/cpuinfo") or ""
-    flags = next((line for line in cpuinfo.splitlines() if line.startswith("flags")), "")
+    known_cpuinfo = reader.text("/proc/cpuinfo")
+    cpuinfo = known_cpuinfo or ""
+    virtual = detect_virtualisation(fs, known_cpuinfo)
     units = _iommu_units(reader)
     if units and not fs.is_live:
         gpus = [_without_group_link(gpu) for gpu in gpus]
@@ -305,12 +310,13 @@ def probe_pcie(fs: NodeFS) -> PcieFacts:
         gpu_pairs=tuple(gpu_pairs),
         nvswitches=tuple(nvswitches),
         nearest_nic=tuple(nearest_nic),
-        hypervisor=" hypervisor" in f" {flags.partition(':')[2]} ",
+        hypervisor=virtual.guest,
         iommu_units=units,
         cmdline=(reader.text("/proc/cmdline") or "").strip(),
         problems=tuple(reader.problems),
         sockets=sockets,
         arm_cpu=any(line.startswith("CPU implementer") for line in cpuinfo.splitlines()),
+        virtualisation=virtual.evidence,
     )
 
 

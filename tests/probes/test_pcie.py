@@ -122,6 +122,62 @@ def test_not_applicable_in_a_vm_or_without_gpus_and_nics(tmp_path: Path) -> None
         verdicts(bare_node(tmp_path / "empty"))
 
 
+GRACE_CPUINFO = "processor\t: 0\nBogoMIPS\t: 2000.00\nFeatures\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics\nCPU implementer\t: 0x41\n\n"
+
+
+def _smbios_type0(vm_bit: bool) -> bytes:
+    """SMBIOS structure type 0 (BIOS information), 0x18 bytes long: extension byte 2 at 0x13."""
+    data = bytearray(0x18)
+    data[0], data[1] = 0, 0x18
+    data[0x13] = 0x10 if vm_bit else 0x0C
+    return bytes(data) + b"\0\0"
+
+
+@pytest.mark.parametrize(
+    ("cpuinfo", "planted", "guest", "said"),
+    [
+        ("x86", {}, False, "no 'hypervisor' flag"),
+        ("x86-guest", {}, True, "'hypervisor' CPU flag"),
+        # A passthrough guest whose hypervisor hides the CPU flag still names itself in DMI.
+        ("x86", {"/sys/class/dmi/id/sys_vendor": "QEMU\n", "/sys/class/dmi/id/product_name": "Standard PC (Q35 + ICH9, 2009)\n"}, True, "QEMU"),
+        ("x86", {"/sys/class/dmi/id/sys_vendor": "Microsoft Corporation\n", "/sys/class/dmi/id/product_name": "Virtual Machine\n"}, True, "Hyper-V"),
+        ("x86", {"/sys/firmware/dmi/entries/0-0/raw": _smbios_type0(vm_bit=True)}, True, "SMBIOS virtual-machine bit"),
+        ("x86", {"/sys/firmware/dmi/entries/0-0/raw": _smbios_type0(vm_bit=False)}, False, "no 'hypervisor' flag"),
+        # Arm lists no x86 flags: without DMI or a device-tree hypervisor node nothing is known.
+        ("arm", {}, None, "lists no CPU flags"),
+        ("arm", {"/sys/class/dmi/id/sys_vendor": "Supermicro\n", "/sys/class/dmi/id/product_name": "ARS-121GL-NHIR\n"}, False, "DMI names no hypervisor"),
+        ("arm", {"/sys/class/dmi/id/sys_vendor": "Amazon EC2\n", "/sys/class/dmi/id/product_name": "g5g.2xlarge\n"}, True, "Amazon EC2"),
+        ("arm", {"/sys/class/dmi/id/sys_vendor": "Amazon EC2\n", "/sys/class/dmi/id/product_name": "c6g.metal\n"}, False, "DMI names no hypervisor"),
+        ("arm", {"/sys/firmware/devicetree/base/hypervisor/compatible": b"linux,kvm\0"}, True, "linux,kvm"),
+        (None, {}, None, "/proc/cpuinfo unread"),
+    ],
+)
+def test_a_virtual_machine_is_told_by_cpu_flag_device_tree_dmi_or_smbios(
+    tmp_path: Path, cpuinfo: str | None, planted: dict[str, str | bytes], guest: bool | None, said: str
+) -> None:
+    root = hgx_tree(tmp_path, hypervisor=cpuinfo == "x86-guest")
+    if cpuinfo == "arm":
+        write(root, "/proc/cpuinfo", GRACE_CPUINFO)
+    elif cpuinfo is None:
+        (root / "proc/cpuinfo").unlink()
+    for path, content in planted.items():
+        write(root, path, content)
+    facts = probe_pcie(NodeFS(str(root)))
+    assert (facts.hypervisor, said in facts.virtualisation) == (guest, True), facts.virtualisation
+
+
+def test_findings_on_a_node_not_known_to_be_bare_metal_are_undecided(tmp_path: Path) -> None:
+    """An ACS redirect read on an Arm node without DMI (or a capture without /proc/cpuinfo) may be
+    a guest's emulated bridge: unknown with both facts, never an error that drains the node."""
+    root = hgx_tree(tmp_path, switch_acs=0x001D)
+    write(root, "/proc/cpuinfo", GRACE_CPUINFO)
+    found = verdicts(root)
+    assert found and all(status is Status.UNKNOWN for _, status, _ in found), found
+    assert "ReqRedir+" in found[0][2] and "whether this node is a virtual machine is not known" in found[0][2]
+    write(root, "/sys/class/dmi/id/sys_vendor", "Supermicro\n")  # DMI read, no hypervisor named: bare metal
+    assert {status for _, status, _ in verdicts(root)} == {Status.PRESENT}
+
+
 @pytest.mark.parametrize("damage", ["missing", "empty", "garbage"])
 def test_damaged_config_space_is_unknown_with_the_reason(tmp_path: Path, damage: str) -> None:
     root = hgx_tree(tmp_path)
