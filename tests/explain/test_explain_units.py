@@ -756,6 +756,19 @@ def test_the_barrier_waiters_stay_ahead_however_many_ranks_report_the_timeout(tm
     assert ("NCCL003", "symptom") in ranked[3:]
 
 
+@pytest.mark.parametrize(("local_gid", "first"), [("fe80::ba59:9fff:fe3c:10a2", "ROCE005"), ("::ffff:10.20.2.13", "IB002")])
+def test_a_timed_out_rtr_names_the_gid_index_only_for_a_link_local_source_gid(tmp_path: Path, local_gid: str, first: str) -> None:
+    """NCCL 2.24+ prints the queue pair's GIDs when a move to RTR fails. A timeout there is an
+    unresolved peer address (IB002) unless the source GID is link-local: then the GID NCCL used
+    is the cause (ROCE005)."""
+    line = (
+        "gpu-node-03:1422:1530 [0] misc/ibvwrap.cc:376 NCCL WARN Call to ibv_modify_qp failed with 110 Connection timed out,"
+        f" on dev mlx5_2:1, curr state INIT, next state RTR, local GID index 3, local GID {local_gid}, remote GID ::ffff:10.20.5.41\n"
+    )
+    ranked = _ranked(_explained(tmp_path, line))
+    assert ranked[0] == (first, "cause"), ranked
+
+
 BUSY_BAR = "Running tokenizer on dataset:  {percent}%|███▊      | 280000/2969526 [29:55<4:48:08, 155.57 examples/s]"
 
 
