@@ -61,6 +61,11 @@ MODES = ("prolog", "epilog", "healthcheck")
 RESULT_SCHEMA = "preflight-slurm-result/1"
 #: Drain reasons preflight sets start with this; a reason that does not is someone else's.
 REASON_PREFIX = "preflight:"
+# Findings about room a running job's own use fills (the space its processes keep in /dev/shm,
+# the ephemeral ports its connections hold): on a node running jobs the health check cannot tell
+# them from a fault of the node, so they alone do not drain it there; the prolog, the epilog and
+# the health check on an idle node judge them as found.
+FILLED_BY_RUNNING_JOBS = {"VLLM001": "/dev/shm space", "SOCK005": "ephemeral ports"}
 #: sinfo -R shows reasons in a narrow column and slurmctld keeps them in its state file: stay short.
 REASON_MAX = 160
 #: The prolog and HealthCheckProgram environments have no PATH.
@@ -142,6 +147,12 @@ class NodeState(Struct, frozen=True):
     @property
     def ours(self) -> bool:
         return self.reason.startswith(REASON_PREFIX)
+
+    @property
+    def runs_jobs(self) -> bool:
+        """Allocated to jobs (``ALLOCATED``, ``MIXED``, also while draining) or finishing one."""
+        base = re.sub(r"[^A-Z].*", "", self.state)
+        return base in ("ALLOCATED", "MIXED") or "COMPLETING" in self.state
 
     @property
     def explained(self) -> bool:
@@ -613,6 +624,17 @@ def _healthcheck_actions(session: _Session, verdict: Verdict) -> None:
         why = shown.output.splitlines()[0] if shown.output else shown.status
         outcome.message = f"{outcome.reason or 'preflight: ' + verdict.outcome} (node state unreadable: {why}; left alone)"
         session.log(SYSLOG_ERR if verdict.drain else SYSLOG_INFO, outcome.message)
+        return
+    if verdict.drain and state.runs_jobs and all(
+        finding.status is Status.PRESENT and finding.reference_id in FILLED_BY_RUNNING_JOBS for finding in verdict.drain
+    ):
+        what = sorted({f"{finding.reference_id} ({FILLED_BY_RUNNING_JOBS[finding.reference_id]})" for finding in verdict.drain})
+        outcome.verdict, outcome.exit_code, outcome.reason = "undecided", ExitCode.OK, ""
+        outcome.message = (
+            f"preflight: {node} runs jobs ({state.state}), whose own use may fill {', '.join(what)}: not drained; "
+            "judged again when it is idle"
+        )
+        session.log(SYSLOG_NOTICE, outcome.message)
         return
     if verdict.drain:
         if state.held_by_someone_else:

@@ -15,7 +15,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from conftest import EXAMPLE_ROOT, Runner, drain_datagrams
+from conftest import EXAMPLE_ROOT, REPO, Runner, drain_datagrams
 from preflight.config import CPU_JOB_IGNORE, ConfigError, SlurmSettings, parse_config, salvage_slurm_settings
 from preflight.model import Evidence, Finding, Severity, Status
 from preflight.probes.job import parse_gpu_indices
@@ -631,6 +631,21 @@ def test_healthcheck_drains_and_resumes_only_what_it_owns(
         assert calls[1][3].startswith("Reason=preflight: ") and calls[1][3].endswith("(healthcheck)")
     if reason and not reason.startswith("preflight:"):
         assert "left alone" in result.stdout
+
+
+@pytest.mark.parametrize(("state", "drained"), [("MIXED", False), ("ALLOCATED+DRAIN", False), ("IDLE", True)])
+def test_healthcheck_beside_running_jobs_does_not_drain_for_what_they_fill(run_cli: Runner, tmp_path: Path, state: str, drained: bool) -> None:
+    """A vLLM container whose /dev/shm has no room for a ring (VLLM001): on a node running jobs the
+    space may be theirs, so the health check leaves the node alone and says so; on an idle node
+    nothing of a job's holds it, and the node drains."""
+    site = Site(tmp_path, show=show_node(state))
+    root = REPO / "tests" / "fixtures" / "nodes" / "vllm-container"
+    result = run_cli("slurm", "healthcheck", "--root", str(root), "--config", str(site.config), env={"SLURMD_NODENAME": "gpu017"})
+    calls = site.made_calls()
+    assert (any(call[:3] == ["update", "NodeName=gpu017", "State=DRAIN"] for call in calls), result.returncode) == (drained, 2 if drained else 0)
+    if not drained:
+        assert result.stdout.startswith(f"preflight: gpu017 runs jobs ({state}), whose own use may fill VLLM001 (/dev/shm space): not drained")
+        assert site.result("healthcheck")["verdict"] == "undecided"
 
 
 def test_healthcheck_does_not_repeat_an_identical_drain(run_cli: Runner, tmp_path: Path) -> None:
