@@ -131,10 +131,16 @@ def nccl_topo_xml_nic_without_busid(topo_file: TopoFileFacts) -> Iterator[Observ
         return
     for nic in topo_file.nics:
         if nic.busid is None:
+            # NCCL (ncclTopoAddCpu, 2.7.8 to 2.30.7) accepts a <nic> under <cpu> and hangs it off
+            # that CPU: jobs run, with GPUDirect RDMA to it judged across the CPU (off at the
+            # default NCCL_NET_GDR_LEVEL), and a merge of it with another NIC (NIC fusion, 2.24+)
+            # fails. A loss to warn of, not a node that fails every job.
             yield present(
                 f"nic {','.join(nic.names) or '?'}",
                 where,
-                Evidence(setting.value.strip(), "<nic> outside any <pci busid=...> node", "each <nic> inside the <pci> node of its PCI function"),
+                Evidence(setting.value.strip(), "<nic> outside any <pci busid=...> node: NCCL attaches it to the CPU",
+                         "each <nic> inside the <pci> node of its PCI function"),
+                severity=Severity.WARNING,
             )
     missing = sorted(set(topo_file.device_busids) - set(topo_file.node_busids))
     if missing and topo_file.node_busids:

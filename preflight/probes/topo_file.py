@@ -1,10 +1,10 @@
 """The topology XML a job hands NCCL with NCCL_TOPO_FILE, checked against this node (TOPO004).
 
 NCCL reads the file instead of probing (VMs whose virtual PCI tree hides the real one use it).
-Every NIC must sit under a ``<pci busid="...">`` node so NCCL can place it; one directly under
-``<cpu>`` stops communicator setup with "Attribute busid of node nic not found". And a file
-written for another machine names bus IDs this node does not have, so NCCL attaches GPUs and
-NICs to the wrong places.
+Every NIC should sit under a ``<pci busid="...">`` node so NCCL can place it; NCCL hangs one
+directly under ``<cpu>`` off that CPU (``ncclTopoAddCpu``), where GPUDirect RDMA to it is judged
+across the CPU and NIC fusion cannot merge it. And a file written for another machine names bus
+IDs this node does not have, so NCCL attaches GPUs and NICs to the wrong places.
 
 The format is what ``NCCL_TOPO_DUMP_FILE`` writes (``src/graph/xml.cc``)::
 

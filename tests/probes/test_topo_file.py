@@ -10,7 +10,7 @@ import pytest
 from preflight.checks.topo import nccl_topo_xml_nic_without_busid
 from preflight.probes.job import probe_job
 from preflight.probes.topo_file import parse_topology, probe_topo_file
-from preflight.model import NotApplicable, Status
+from preflight.model import NotApplicable, Severity, Status
 from preflight.sources import NodeFS
 
 from conftest import write
@@ -44,10 +44,14 @@ def test_a_file_matching_this_node_is_absent(node_copy: Path) -> None:
     assert verdicts(node_copy, GOOD) == []
 
 
-def test_a_nic_outside_any_pci_node_is_present(node_copy: Path) -> None:
+def test_a_nic_outside_any_pci_node_is_a_warning(node_copy: Path) -> None:
+    """NCCL hangs such a NIC off its CPU and runs (ncclTopoAddCpu): GPUDirect RDMA to it is lost,
+    no job fails, so the node is warned about, never drained."""
     stray = GOOD.replace("  </cpu>", '    <nic><net name="mlx5_7" dev="7" speed="400000" port="1"/></nic>\n  </cpu>')
     found = verdicts(node_copy, stray)
     assert [(s, st) for s, st, _ in found] == [("nic mlx5_7", Status.PRESENT)] and "outside any <pci" in found[0][2]
+    fs = NodeFS(str(node_copy))  # the files verdicts() wrote
+    assert [o.severity for o in nccl_topo_xml_nic_without_busid(probe_topo_file(fs, probe_job(fs)))] == [Severity.WARNING]
 
 
 def test_bus_ids_from_another_machine_are_present(node_copy: Path) -> None:
