@@ -62,6 +62,8 @@ def _reverse_mismatches(lookup: NameLookup) -> list[Evidence]:
     ]
 
 
+DNS_SERVICES = ("dns", "resolve")  # nsswitch.conf services that ask the nameservers
+
 PEER_NOT_FOUND_FIX = (
     "No record for another node's name: jobs that dial it (MASTER_ADDR, the c10d store, Gloo) fail on "
     "every node alike, so this node is not drained for it. Add the name to DNS or to the cluster's "
@@ -143,10 +145,13 @@ def _judge_nameserver(server: NameserverCheck, facts: HostnameFacts) -> Observat
                 "stub file, or give containers host networking or the cluster's DNS servers."
             )
         anyone = any(not c.error and c.rcode in HEALTHY_RCODES for c in facts.nameservers)
+        unneeded = "" if anyone else _dns_unneeded(facts)
+        if unneeded:
+            observed += f"; the job's names do not need DNS here: {unneeded}"
         return present(
             f"nameserver {server.server}",
             Evidence(where, observed, "an answer"),
-            severity=Severity.WARNING if anyone else None,
+            severity=Severity.WARNING if anyone or unneeded else None,
             fix=fix,
         )
     if server.rcode not in HEALTHY_RCODES:
@@ -159,6 +164,25 @@ def _judge_nameserver(server: NameserverCheck, facts: HostnameFacts) -> Observat
             severity=Severity.WARNING,
         )
     return None
+
+
+def _dns_unneeded(facts: HostnameFacts) -> str:
+    """Why libc never asks DNS for the names the job needs (so a dead nameserver cannot fail
+    it), or "" where it may: nsswitch.conf's hosts line names no DNS service, or this host's name
+    and every sampled peer's were answered by an earlier service (a cluster-wide /etc/hosts).
+    A health check knows no peers, so only the first reason counts there."""
+    if facts.hosts_order_error:
+        return ""
+    if not any(service.name in DNS_SERVICES for service in facts.hosts_order):
+        return "/etc/nsswitch.conf's hosts line names no DNS service"
+    lookups = facts.lookups()
+    if not facts.peers or facts.peers_error or facts.hostname is None:
+        return ""
+    results = [libc_lookup(lookup, facts) for lookup in lookups]
+    if all(result.status == "found" and result.service not in DNS_SERVICES for result in results):
+        services = sorted({result.service for result in results})
+        return f"this host's name and the {len(facts.peers)} peer name(s) looked up are answered by {', '.join(services)} before DNS"
+    return ""
 
 
 @check("DNS001", profiles=("prolog",))

@@ -160,6 +160,25 @@ def test_unreachable_stub_resolver_live(run_cli: Runner, server: PlantedDns, tmp
     assert server.queries == []
 
 
+@pytest.mark.parametrize("no_dns_needed", ["hosts-file", "nsswitch"])
+def test_a_dead_nameserver_the_jobs_names_never_reach_is_a_warning(run_cli: Runner, server: PlantedDns, tmp_path: Path, no_dns_needed: str) -> None:
+    """Clusters that keep every node in a managed /etc/hosts, or whose nsswitch.conf asks no DNS,
+    run their jobs with every nameserver dead: libc answers the job's names first. The dead
+    server is reported, and does not drain the node."""
+    root = tmp_path / "node"
+    shutil.copytree(DNS_PEERS, root)
+    if no_dns_needed == "hosts-file":
+        write(root, "/etc/hosts", "127.0.0.1 localhost\n" + "".join(f"10.0.0.{n} gpu0{n}.test.cluster gpu0{n}\n" for n in range(1, 7)))
+    else:
+        write(root, "/etc/nsswitch.conf", "passwd: files\nhosts: files\n")
+    found = dns001(run_cli, root, "--config", config(tmp_path, ["127.0.0.53"], server.port))
+    stub = found["nameserver 127.0.0.53"]
+    assert (stub["status"], stub["severity"]) == ("present", "warning"), stub
+    assert "the job's names do not need DNS here" in stub["evidence"][0]["observed"]
+    assert all(f["severity"] != "error" or f["status"] != "present" for f in found.values()), found
+    assert server.queries == []
+
+
 def test_unreachable_stub_resolver_replayed(run_cli: Runner) -> None:
     found = dns001(run_cli, FIXTURES / "dns-stub-container")
     assert set(found) == {"nameserver 127.0.0.53"}
