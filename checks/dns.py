@@ -169,20 +169,22 @@ def _judge_nameserver(server: NameserverCheck, facts: HostnameFacts) -> Observat
 def _dns_unneeded(facts: HostnameFacts) -> str:
     """Why libc never asks DNS for the names the job needs (so a dead nameserver cannot fail
     it), or "" where it may: nsswitch.conf's hosts line names no DNS service, or this host's name
-    and every sampled peer's were answered by an earlier service (a cluster-wide /etc/hosts).
-    A health check knows no peers, so only the first reason counts there."""
+    and every sampled peer's, another node's among them, were answered by an earlier service (a
+    cluster-wide /etc/hosts). This host's own line alone proves nothing: container runtimes and
+    Kubernetes write it into every /etc/hosts, and their pods find each other through DNS."""
     if facts.hosts_order_error:
         return ""
     if not any(service.name in DNS_SERVICES for service in facts.hosts_order):
         return "/etc/nsswitch.conf's hosts line names no DNS service"
-    lookups = facts.lookups()
-    if not facts.peers or facts.peers_error or facts.hostname is None:
+    if facts.peers_error or facts.hostname is None:
         return ""
-    results = [libc_lookup(lookup, facts) for lookup in lookups]
-    if all(result.status == "found" and result.service not in DNS_SERVICES for result in results):
-        services = sorted({result.service for result in results})
-        return f"this host's name and the {len(facts.peers)} peer name(s) looked up are answered by {', '.join(services)} before DNS"
-    return ""
+    if not any(not same_host(peer.name, facts.hostname) for peer in facts.peers):
+        return ""
+    results = [libc_lookup(lookup, facts) for lookup in facts.lookups()]
+    if not all(result.status == "found" and result.service not in DNS_SERVICES for result in results):
+        return ""
+    services = ", ".join(sorted({result.service for result in results}))
+    return f"this host's name and the {len(facts.peers)} peer name(s) looked up are answered by {services} before DNS"
 
 
 @check("DNS001", profiles=("prolog",))
