@@ -112,10 +112,10 @@ OBSERVATION_SIGNATURES = (
     (SOCKET_ON_IB, r"NET/Socket : Using .{0,400}?\[\d+\]ib\w{0,15}[:.<]"),
     (BUS_ERROR, r"SIGBUS|Bus error"),
     (SHM_FRAME, r"\bncclShmOpen\b"),  # a backtrace frame: NCCL prints the name in no message
-    # nccl-tests' header, its result table's column line and its footer (each printed by rank 0 only)
     # a progress bar short of 100 % ("  9%|███▊      | 280000/2969526 [29:55<4:48:08, ...]") with
     # a ProcessGroupNCCL report written onto its line
     (PROGRESS_CUT, r"(?<![\d.])\d{1,2}%\|[^\n]{0,800}?ProcessGroupNCCL\.cpp:\d{1,5}\]"),
+    # nccl-tests' header, its result table's column line and its footer (each printed by rank 0 only)
     (NCCL_TESTS, rf"# nThread \d{{1,4}} nGpus \d{{1,4}}|{NCCL_TESTS_TABLE}|# Out of bounds values\s{{0,4}}:"),
     (DISTANCE, r"GPU Direct RDMA Disabled for GPU(?: \S{1,40} / HCA \S+ \(|/\S{1,40} \(rank \d+\) - NET/\S+ \()distance \d+ >=? \d+\)"),  # ">=" up to 2.5
 )
