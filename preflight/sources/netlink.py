@@ -231,9 +231,16 @@ class ReplayNetlink(RecordedDocument):
     def addresses(self) -> list[Address]:
         self._recorded_failure("addresses")
         try:
-            return msgspec.convert(self._checked().get("addresses", []), list[Address])
+            entries = msgspec.convert(self._checked().get("addresses", []), list[Address])
         except msgspec.ValidationError as error:
             raise SourceError(self._origin, f"malformed address entry: {error}") from None
+        for entry in entries:
+            # Types alone let "10.0.0.x" or a v6 text under family 4 through, which the probes
+            # parse again (NCCL's interface choice, subnets): refused here, once, as malformed.
+            problem = _address_problem(entry)
+            if problem:
+                raise SourceError(self._origin, f"malformed address entry: {problem}")
+        return entries
 
     def route_get(self, destination: str, source: str = "") -> Route:
         return replay_route(self._checked().get("routes", {}), self._origin, destination, source)
@@ -391,6 +398,17 @@ def _uevent_devtype(uevent: str | None) -> str:
     return ""
 
 
+def _address_problem(entry: Address) -> str:
+    """Why a recorded address is not one a kernel reports; "" when it is."""
+    try:
+        parsed = ipaddress.ip_address(entry.address)
+    except ValueError:
+        return f"{entry.address!r} is not an IP address"
+    if parsed.version != entry.family or not 0 <= entry.prefixlen <= parsed.max_prefixlen:
+        return f"{entry.address}/{entry.prefixlen} recorded as family {entry.family}"
+    return ""
+
+
 def parse_if_inet6(text: str) -> list[Address]:
     """``/proc/net/if_inet6`` lines: ``<32 hex> <ifindex> <plen> <scope> <flags> <name>``."""
     found = []
@@ -417,9 +435,18 @@ def parse_fib_trie_locals(text: str) -> list[str]:
         if stripped.startswith("|-- "):
             leaf = stripped[4:].strip()
         elif stripped.startswith("/32") and stripped.endswith("LOCAL") and " host " in f" {stripped} ":
-            if leaf and leaf not in locals_:
+            if leaf and leaf not in locals_ and _is_ipv4(leaf):
                 locals_.append(leaf)
     return locals_
+
+
+def _is_ipv4(text: str) -> bool:
+    """A leaf of a damaged or planted fib_trie that is no IPv4 address is no address of this host."""
+    try:
+        ipaddress.IPv4Address(text)
+    except ValueError:
+        return False
+    return True
 
 
 class _Route(Struct, frozen=True):
@@ -451,10 +478,7 @@ def parse_proc_net_route(text: str) -> list[_Route]:
 def attach_ipv4(local: str, routes: list[_Route]) -> Address:
     """``local`` (a /32 LOCAL address of fib_trie) on the interface of the most specific
     gateway-less route containing it; ifname "" when no route places it."""
-    try:
-        address = ipaddress.IPv4Address(local)
-    except ValueError:
-        return Address("", 4, local, 32, "global")
+    address = ipaddress.IPv4Address(local)  # parse_fib_trie_locals keeps only IPv4 addresses
     if address.is_loopback:
         return Address("lo", 4, local, 8, "host")
     matches = [route for route in routes if address in route.network and route.network.prefixlen > 0]

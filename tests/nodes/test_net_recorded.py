@@ -75,6 +75,21 @@ def test_broken_recording_makes_every_network_reference_unknown(run_cli: Runner,
     assert all("unreadable netlink recording" in f["reason"] for f in parsed["findings"])
 
 
+@pytest.mark.parametrize("address", ["fe80::7ec2:55ff:fe0b:'101", "10.0.0.x", "fe80::1"])
+def test_a_recorded_address_that_is_no_address_makes_the_recording_malformed(run_cli: Runner, tmp_path: Path, address: str) -> None:
+    """Types alone passed an address that is no IP address, or a v6 text recorded as family 4, to
+    the probes, which parse it again (the fuzz target found NCCL's interface choice failing with
+    a ValueError): the replay refuses the entry, and the network references are unknown."""
+    root = tmp_path / "root"
+    shutil.copytree(FIXTURES / "container-bridge", root)
+    recording = json.loads((root / ".preflight/netlink.json").read_text())
+    recording["addresses"][0].update(address=address, family=4)
+    write(root, "/.preflight/netlink.json", json.dumps(recording))
+    parsed = report(run_cli, root)
+    net = [f for f in parsed["findings"] if f["id"].startswith("NET")]
+    assert net and all(f["status"] == "unknown" and "malformed address entry" in f["reason"] for f in net), net
+
+
 def test_unrecorded_route_lookup_is_unknown_for_that_peer(run_cli: Runner, tmp_path: Path) -> None:
     root = tmp_path / "root"
     shutil.copytree(FIXTURES / "container-bridge", root)

@@ -160,6 +160,8 @@ Local:
 
 def test_parse_fib_trie_locals_once_each() -> None:
     assert parse_fib_trie_locals(FIB_TRIE) == ["10.10.1.17"]
+    # A damaged leaf is no address of this host (it reached the probes as one before).
+    assert parse_fib_trie_locals(FIB_TRIE.replace("10.10.1.17", "10.10.1.x")) == []
 
 
 def test_parse_proc_net_route_keeps_connected_routes() -> None:
