@@ -240,12 +240,16 @@ def _socket_transport(job: JobFacts, reader: FactReader) -> str:
     return "" if rdma else "no RDMA devices in /sys/class/infiniband"
 
 
-def _ipv6_state(reader: FactReader) -> str:
+def _ipv6_state(reader: FactReader, candidates: tuple[IfAddr, ...]) -> str:
     disabled = reader.text("/proc/sys/net/ipv6/conf/all/disable_ipv6")
     if disabled is not None:
         return "disabled" if disabled.strip() == "1" else "enabled"
     if reader.presence("/proc/sys/net/ipv4") and reader.presence("/proc/sys/net/ipv6") is False:
-        return "off at boot"
+        # ipv6.disable=1 stops inet6_init before any of the stack registers (net/ipv6/af_inet6.c):
+        # no sysctls, no /proc/net/if_inet6, no IPv6 address. A copy that lacks only the sysctls
+        # while the node lists IPv6 addresses is a partial capture, not a node without IPv6.
+        if reader.presence("/proc/net/if_inet6") is False and not any(entry.family == 6 for entry in candidates):
+            return "off at boot"
     return "unknown"
 
 
@@ -266,7 +270,7 @@ def probe_nccl_socket(fs: NodeFS, netlink: Netlink, job: JobFacts) -> NcclSocket
         comm_id_address=comm_id_address,
         master_addr=job.environ.get("MASTER_ADDR", ""),
         socket_transport=_socket_transport(job, reader),
-        ipv6=_ipv6_state(reader),
+        ipv6=_ipv6_state(reader, candidates),
         links=links,
         candidates=candidates,
         bootstrap=bootstrap_choice(candidates, devices, comm_id, comm_id_address),

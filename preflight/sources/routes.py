@@ -47,6 +47,7 @@ ROUTE_ERRORS = ("ENETUNREACH", "EHOSTUNREACH", "EACCES", "EINVAL")
 _RTF_GATEWAY = 0x0002
 _RTF_REJECT = 0x0200
 FILE_ORIGIN = "/proc/net/route"
+FIB_TRIE = "/proc/net/fib_trie"  # every routing table, by name or "Id <n>:"
 
 
 class Route(Struct, frozen=True):
@@ -196,6 +197,20 @@ def parse_route_table(text: str) -> list[RouteEntry]:
     return entries
 
 
+def _only_main_and_local(fs: NodeFS) -> None:
+    """Raise SourceError unless ``/proc/net/fib_trie`` lists no routing table but Main and Local.
+    The kernel prints every table there, others as ``Id <n>:`` (``fib_table_print()``); where one
+    exists, policy rules (which no file shows) may send a destination the main table lacks to it,
+    so "no route" would be a guess."""
+    trie = fs.read(FIB_TRIE)
+    if trie is None:
+        raise SourceError(FIB_TRIE, "absent; whether other routing tables hold a route is not known")
+    other = next((line.strip() for line in trie.splitlines() if line.startswith("Id ")), None)
+    if other is not None:
+        raise SourceError(FILE_ORIGIN, f"no route in the main table, and {FIB_TRIE} lists table {other.rstrip(':')[3:]}, "
+                                       "which policy rules (not exposed as files) may use")
+
+
 def file_route_get(fs: NodeFS, locals_: list[str], destination: str, source: str = "") -> Route:
     """The main-table answer for an IPv4 destination, as the kernel's FIB would give it without
     policy rules: longest prefix first, then the lowest metric."""
@@ -215,6 +230,7 @@ def file_route_get(fs: NodeFS, locals_: list[str], destination: str, source: str
         raise SourceError(FILE_ORIGIN, str(error)) from None
     matches = [entry for entry in table if address in entry.network]
     if not matches:
+        _only_main_and_local(fs)
         return Route(destination, source, "", "", "", "", None, error="ENETUNREACH", origin=FILE_ORIGIN)
     best = min(matches, key=lambda entry: (-entry.network.prefixlen, entry.metric))
     if best.flags & _RTF_REJECT:

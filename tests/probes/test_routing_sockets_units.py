@@ -157,8 +157,12 @@ def test_file_route_lookup_longest_prefix_metric_reject_and_blackhole(tmp_path: 
         file_route_get(fs, [], "10.0.3.4", "10.0.0.2")
 
 
+FIB_TRIE_TABLES = "Main:\n  +-- 0.0.0.0/0 3 0 5\n     |-- 10.0.0.2\n        /32 host LOCAL\nLocal:\n  +-- 0.0.0.0/0 3 0 5\n"
+
+
 def test_file_route_lookup_without_route_and_with_garbage(tmp_path: Path) -> None:
     fs = _route_root(tmp_path, "eth0\t0000000A\t00000000\t0001\t0\t0\t0\t0000FFFF\t0\t0\t0\n")
+    (tmp_path / "proc" / "net" / "fib_trie").write_text(FIB_TRIE_TABLES)
     unreachable = file_route_get(fs, [], "192.0.2.1")
     assert unreachable.error == "ENETUNREACH" and unreachable.describe() == "Network is unreachable (ENETUNREACH)"
     (tmp_path / "proc" / "net" / "route").write_text(ROUTE_HEADER + "eth0 zz 00 01\n")
@@ -169,6 +173,19 @@ def test_file_route_lookup_without_route_and_with_garbage(tmp_path: Path) -> Non
         file_route_get(NodeFS(str(tmp_path)), [], "192.0.2.1")
     with pytest.raises(SourceError, match="absent|not captured"):
         file_route_get(NodeFS(str(tmp_path / "none")), [], "192.0.2.1")
+
+
+def test_no_main_table_route_beside_other_tables_is_not_an_answer(tmp_path: Path) -> None:
+    """/proc/net/route shows the main table only; policy rules, which no file shows, may send the
+    destination to another table. Where fib_trie lists one (AWS multi-ENI routing, VRFs), no
+    main-table route says nothing; where it is unread, neither."""
+    fs = _route_root(tmp_path, "eth0\t0000000A\t00000000\t0001\t0\t0\t0\t0000FFFF\t0\t0\t0\n")
+    with pytest.raises(SourceError, match="fib_trie"):
+        file_route_get(fs, [], "192.0.2.1")
+    (tmp_path / "proc" / "net" / "fib_trie").write_text(FIB_TRIE_TABLES + "Id 100:\n  +-- 0.0.0.0/0 2 0 2\n")
+    with pytest.raises(SourceError, match="lists table 100"):
+        file_route_get(NodeFS(str(tmp_path)), [], "192.0.2.1")
+    assert file_route_get(NodeFS(str(tmp_path)), [], "10.0.3.4").ifname == "eth0"  # a main-table route still answers
 
 
 def test_parse_route_table_reads_gateway_flags_and_metric() -> None:
