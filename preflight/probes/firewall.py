@@ -30,6 +30,7 @@ answer lists every outcome; checks call that unknown.
 from __future__ import annotations
 
 import ipaddress
+import re
 from typing import TYPE_CHECKING
 
 from msgspec import Struct
@@ -65,6 +66,9 @@ _FAMILY_CHAINS = {4: ("inet", "ip", "netdev"), 6: ("inet", "ip6", "netdev")}
 class Interface(Struct, frozen=True):
     name: str
     index: int
+    # IFF_RUNNING as /sys/class/net/<name>/operstate tells it ("up" or "unknown"); None: unread.
+    # NCCL lists only running interfaces (ncclOsFindInterfaces), so it never listens on the others.
+    running: bool | None = None
 
 
 class FirewallFacts(Struct, frozen=True):
@@ -302,8 +306,11 @@ def port_boundaries(ruleset: Ruleset) -> set[int]:
 
 
 def _listening(interfaces: tuple[Interface, ...], addressed: tuple[str, ...] | None) -> tuple[Interface, ...]:
-    """``interfaces`` but loopback and, when known, those without an IPv4 address."""
-    return tuple(i for i in interfaces if i.name != "lo" and (addressed is None or i.name in addressed))
+    """``interfaces`` but loopback, those known not to be running and, when known, those without
+    an IPv4 address."""
+    return tuple(
+        i for i in interfaces if i.name != "lo" and i.running is not False and (addressed is None or i.name in addressed)
+    )
 
 
 def selected_interfaces(interfaces: tuple[Interface, ...], setting: str | None, addressed: tuple[str, ...] | None = None) -> tuple[Interface, ...]:
@@ -373,8 +380,30 @@ def probe_firewall(fs: NodeFS, netlink: Netlink) -> FirewallFacts:
         error, source = "", "nf_tables netlink"
     except SourceError as failure:
         ruleset, error, source = None, failure.reason, failure.source
-    interfaces = tuple(Interface(name, index) for index, name in ruleset.interfaces) if ruleset else ()
-    return FirewallFacts(ruleset, error, source, legacy, legacy_error, interfaces, _ipv4_interfaces(fs))
+    addressed = _ipv4_interfaces(fs)
+    interfaces = tuple(
+        Interface(name, index, interface_running(fs, name) if addressed is None or name in addressed else None)
+        for index, name in (ruleset.interfaces if ruleset else ())
+    )
+    return FirewallFacts(ruleset, error, source, legacy, legacy_error, interfaces, addressed)
+
+
+#: An interface name the kernel accepts (dev_valid_name(): at most 15 bytes, no '/', not '.' or '..').
+_IFNAME = re.compile(r"(?!\.{1,2}$)[^/\s]{1,15}")
+#: operstate values with IFF_RUNNING set (RFC 2863 up, and "unknown" for drivers that report no state)
+_RUNNING_STATES = ("up", "unknown")
+
+
+def interface_running(fs: NodeFS, name: str) -> bool | None:
+    """Whether the interface is running, from sysfs; None when that is not read. The name comes
+    from a recording, so only a name the kernel could have given is looked up."""
+    if not _IFNAME.fullmatch(name):
+        return None
+    try:
+        state = fs.read(f"/sys/class/net/{name}/operstate")
+    except SourceError:
+        return None
+    return None if state is None else state.strip() in _RUNNING_STATES
 
 
 def _ipv4_interfaces(fs: NodeFS) -> tuple[str, ...] | None:

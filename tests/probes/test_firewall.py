@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from conftest import Runner, preflight_command
+from conftest import Runner, preflight_command, write
 from netns_lab import ENTER, Namespace, namespace
 
 from preflight.model import Unknown
@@ -31,9 +31,11 @@ from preflight.probes.firewall import (
     nccl_port_findings,
     port_fates,
     readable_ruleset,
+    interface_running,
     selected_interfaces,
 )
 from preflight.sources.nftables import Chain, Condition, Rule, Ruleset, set_intervals
+from preflight.sources import NodeFS
 
 FIREWALL_REFS = "SOCK004,NCCL004,GLOO002"
 
@@ -534,6 +536,21 @@ def test_only_interfaces_a_peer_can_reach_are_judged() -> None:
     assert names(gloo_interfaces(links, None, addressed)) == ["eno1", "bond0"]
     assert names(gloo_interfaces(links, "ens1f0,bond0", addressed)) == ["bond0"]
     assert names(selected_interfaces(links + (Interface("ibp26s0", 9),), None, (*addressed, "ibp26s0"))) == ["ibp26s0"]
+
+
+def test_an_interface_that_is_not_running_is_no_listener(tmp_path: Path) -> None:
+    """NCCL lists only running interfaces (ncclOsFindInterfaces skips those without IFF_RUNNING),
+    so a firewall zone on a down port that keeps its static address blocks no NCCL connection.
+    The state comes from sysfs; a name a recording made up is never looked up."""
+    for name, state in (("eno1", "up\n"), ("eno2", "down\n"), ("ib0", "unknown\n"), ("eno3", "lowerlayerdown\n")):
+        write(tmp_path, f"/sys/class/net/{name}/operstate", state)
+    fs = NodeFS(str(tmp_path))
+    assert [interface_running(fs, name) for name in ("eno1", "eno2", "ib0", "eno3", "eno9", "../../etc", "x" * 16)] == [
+        True, False, True, False, None, None, None
+    ]
+    links = (Interface("eno1", 2, True), Interface("eno2", 3, False), Interface("eno4", 5, None))
+    assert [i.name for i in selected_interfaces(links, None, ("eno1", "eno2", "eno4"))] == ["eno1", "eno4"]
+    assert [i.name for i in selected_interfaces(links, "eno", ("eno1", "eno2", "eno4"))] == ["eno1", "eno4"]
 
 
 def test_gloo_without_an_interface_setting_is_judged_only_when_every_interface_blocks(ns: Namespace) -> None:
