@@ -256,18 +256,43 @@ def _is_link_local(item: IfAddr) -> bool:
 
 
 # -- NET001 -----------------------------------------------------------------------------------
+#: Why a socket-transport device after the first is a warning: NCCL's topology search prefers
+#: the fastest network devices, and one without a link speed in sysfs (bridges, overlays) counts
+#: as 10 Gb/s (ncclNetSocketGetSpeed, src/transport/net_socket.cc), below a physical NIC's.
+SECONDARY_DEVICE = "a secondary socket device, used where no faster interface is left"
+#: Why the container end of a veth pair is a warning: a Kubernetes CNI routes pod addresses
+#: between nodes (the pod's eth0 is such a veth), Docker's default bridge does not (NAT).
+POD_VETH = "a container's veth: routable between nodes where the CNI routes pod addresses, not behind Docker's NAT"
+
+
 @check("NET001")
 def nccl_virtual_interface_selected(nccl_socket: NcclSocketFacts) -> Iterator[Observation]:
-    """NCCL would bind to a loopback, container, bridge, overlay or VPN interface."""
+    """NCCL would bind to a loopback, container, bridge, overlay or VPN interface; a warning for
+    a secondary socket device or a container's own veth, which may well be routable."""
     for use in uses(nccl_socket):
         reason = virtual_reason(use.interface)
         if not reason or _is_link_local(use.interface):
             continue  # an IPv6 link-local pick is NET003's case
+        doubt = SECONDARY_DEVICE if not use.primary else POD_VETH if _container_veth(use.interface) else ""
         yield present(
             use.interface.ifname,
             use.setting(),
-            Evidence("getifaddrs", f"{use.purpose}: {shown(use.interface)} ({reason})", "an interface routable between nodes"),
+            Evidence("getifaddrs", f"{use.purpose}: {shown(use.interface)} ({reason}{'; ' + doubt if doubt else ''})",
+                     "an interface routable between nodes"),
+            severity=Severity.WARNING if doubt else None,
         )
+
+
+def _container_veth(item: IfAddr) -> bool:
+    """A veth that no name marks as a host-side bridge port or overlay: the container's end of
+    the pair, whose address the pod network may route. Docker's default bridge (172.17.0.0/16)
+    is not routed between hosts."""
+    if item.kind != "veth" or any(item.ifname.startswith(prefix) for prefix in VIRTUAL_PREFIXES):
+        return False
+    return ipaddress.ip_address(item.address) not in DOCKER_DEFAULT_BRIDGE
+
+
+DOCKER_DEFAULT_BRIDGE = ipaddress.ip_network("172.17.0.0/16")  # docker0's default subnet
 
 
 # -- NET002 -----------------------------------------------------------------------------------
@@ -320,12 +345,14 @@ def nccl_proxy_connect_ipv6_link_local(nccl_socket: NcclSocketFacts) -> Iterator
     """NCCL would publish an IPv6 link-local address, reachable only on its own link."""
     for use in uses(nccl_socket):
         if _is_link_local(use.interface):
+            doubt = "" if use.primary else f"; {SECONDARY_DEVICE}"
             yield present(
                 use.interface.ifname,
                 use.setting(),
                 Evidence(
                     "getifaddrs",
-                    f"{use.purpose}: {shown(use.interface)} (IPv6 link-local; no IPv4 or global IPv6 address)",
+                    f"{use.purpose}: {shown(use.interface)} (IPv6 link-local; no IPv4 or global IPv6 address{doubt})",
                     "an IPv4 or global IPv6 address",
                 ),
+                severity=Severity.WARNING if doubt else None,
             )

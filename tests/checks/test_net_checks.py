@@ -113,9 +113,21 @@ def test_net001_prefix_setting_that_catches_a_bridge_and_virtual_secondary_devic
     node.env(NCCL_SOCKET_IFNAME="^docker,lo")
     found = subjects(nccl_virtual_interface_selected(node.socket()))
     assert set(found) == {"br-3f2a9c", "cali12ab"}  # bootstrap, and a socket transport device (no RDMA here)
+    # NCCL prefers its fastest devices and takes a bridge's or overlay's speed as 10 Gb/s: the
+    # secondary device is a warning, the bootstrap pick every job makes an error.
+    assert (found["br-3f2a9c"].severity, found["cali12ab"].severity) == (None, Severity.WARNING)
     assert text(found["br-3f2a9c"]).startswith("environment NCCL_SOCKET_IFNAME: ^docker,lo")
     node.rdma()  # with an IB transport only bootstrap and the out-of-band socket matter
     assert set(subjects(nccl_virtual_interface_selected(node.socket()))) == {"br-3f2a9c"}
+
+
+@pytest.mark.parametrize(("address", "severity"), [("10.128.2.132/23", Severity.WARNING), ("172.17.0.2/16", None)])
+def test_net001_a_containers_own_veth_is_a_warning_unless_docker_nats_it(node: Node, address: str, severity: Severity | None) -> None:
+    """A Kubernetes pod's eth0 is the container end of a veth whose address the CNI routes between
+    nodes; behind Docker's default bridge (172.17.0.0/16) it is NATed and unreachable."""
+    node.add("eth0", 2, address, kind="veth")
+    found = subjects(nccl_virtual_interface_selected(node.socket()))
+    assert set(found) == {"eth0"} and found["eth0"].severity == severity, found
 
 
 def test_net001_ipv4_link_local_interface_picked_before_the_real_nic(node: Node) -> None:
@@ -187,6 +199,7 @@ def test_net003_link_local_socket_device_only_when_sockets_carry_data(node: Node
     node.add("veth25f2e72", 3, "fe80::380d:bfff:fe5b:54d2/64", kind="veth")
     found = subjects(nccl_proxy_connect_ipv6_link_local(node.socket()))
     assert "socket transport device 1: veth25f2e72:fe80::380d:bfff:fe5b:54d2%veth25f2e72" in text(found["veth25f2e72"])
+    assert found["veth25f2e72"].severity is Severity.WARNING  # a secondary device, below eno1's speed
     assert list(nccl_virtual_interface_selected(node.socket())) == []  # link-local is NET003's, not NET001's
     node.rdma()
     assert list(nccl_proxy_connect_ipv6_link_local(node.socket())) == []
