@@ -98,11 +98,25 @@ def rank_to_gpu_mapping_wrong(job: JobFacts) -> Iterator[Observation]:
         ("WORLD_SIZE", world, view.ntasks, "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in environ else "SLURM_NTASKS"),
         ("LOCAL_RANK", local_rank, view.localid, "SLURM_LOCALID"),
     )
+    # A WORLD_SIZE with neither RANK nor LOCAL_RANK beside it is no rank's setting: batch scripts
+    # export it for a torchrun started in a later step, which gives its workers their own.
+    lone_world = rank is None and local_rank is None
     for name, value, slurm, slurm_name in expectations:
         if value is not None and slurm is not None and value != slurm:
-            yield present(name, _env(name, found[name], f"{slurm} as {slurm_name} says"), Evidence(f"/proc/self/environ {slurm_name}", str(slurm)))
+            yield present(
+                name, _env(name, found[name], f"{slurm} as {slurm_name} says"), Evidence(f"/proc/self/environ {slurm_name}", str(slurm)),
+                severity=Severity.WARNING if lone_world else None,
+                fix=LONE_WORLD_SIZE_FIX if lone_world else "",
+            )
     if local_rank is not None and per_node is not None and local_rank >= per_node:
         yield present("LOCAL_RANK", _env("LOCAL_RANK", found["LOCAL_RANK"], f"0-{per_node - 1} ({per_node} tasks per node)"))
+
+
+LONE_WORLD_SIZE_FIX = (
+    "WORLD_SIZE is set, but no RANK or LOCAL_RANK: this process is no rank, and a launcher such as "
+    "torchrun sets WORLD_SIZE for its own workers. If the job's ranks read this WORLD_SIZE themselves "
+    "(with SLURM_PROCID as their rank), make it SLURM_NTASKS; otherwise nothing needs changing."
+)
 
 
 # ProcessGroupNCCL's names for each setting, newest first (preflight/torch_settings.py).

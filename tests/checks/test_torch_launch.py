@@ -43,6 +43,18 @@ def test_consistent_srun_task_is_absent() -> None:
     assert list(rank_to_gpu_mapping_wrong(facts)) == []
 
 
+def test_a_lone_world_size_for_a_later_torchrun_is_only_a_warning() -> None:
+    """sbatch scripts export WORLD_SIZE for the torchrun of a later step and run a one-task-per-node
+    step (preflight itself) first: that process carries no RANK or LOCAL_RANK, so it is no rank,
+    and the mismatch with its own step's task count is a warning, not an error."""
+    environ = {key: value for key, value in SRUN_TASK.items() if key not in ("RANK", "LOCAL_RANK")}
+    environ.update(WORLD_SIZE="24", SLURM_STEP_NUM_TASKS="3", SLURM_NTASKS="3", SLURM_PROCID="1", SLURM_LOCALID="0")
+    found = list(rank_to_gpu_mapping_wrong(job(environ)))
+    assert [(o.subject, o.severity) for o in found] == [("WORLD_SIZE", Severity.WARNING)], found
+    with_rank = list(rank_to_gpu_mapping_wrong(job({**environ, "RANK": "1"})))
+    assert [(o.subject, o.severity) for o in with_rank] == [("WORLD_SIZE", None)]  # a rank's own setting: an error
+
+
 @pytest.mark.parametrize(
     "changes, subject",
     [
