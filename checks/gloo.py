@@ -49,6 +49,10 @@ def gloo_transport_misconfigured(job: JobFacts, interfaces: InterfaceFacts) -> I
     value = job.environ.get(GLOO_IFNAME)
     if value is None:
         raise NotApplicable(f"{GLOO_IFNAME} is unset: Gloo uses the address the host name resolves to (DNS001 judges a loopback one)")
+    if len(value) <= 1:
+        # ProcessGroupGloo's binding reads the variable only when it is longer than one character
+        # (torch/csrc/distributed/c10d/init.cpp: strlen(ifnameEnv) > 1), as NCCL does its own.
+        raise NotApplicable(f"{GLOO_IFNAME}={value!r} is ignored (PyTorch reads it only when longer than one character): Gloo uses the host name's address")
     setting = Evidence(f"/proc/self/environ {GLOO_IFNAME}", repr(value))
     links = sorted(link.name for link in interfaces.links)
     addressed = {address.ifname for address in interfaces.addresses}

@@ -214,6 +214,9 @@ def test_gloo_interface_with_an_address_is_absent(value: str) -> None:
 def test_gloo_without_an_interface_setting_is_not_applicable() -> None:
     with pytest.raises(NotApplicable, match="host name"):
         list(gloo_transport_misconfigured(job({"NCCL_SOCKET_IFNAME": "eno1"}), NODE))
+    # PyTorch's binding reads GLOO_SOCKET_IFNAME only when longer than one character (init.cpp)
+    with pytest.raises(NotApplicable, match="ignored"):
+        list(gloo_transport_misconfigured(job({"GLOO_SOCKET_IFNAME": "e"}), NODE))
 
 
 # -- TOPO002 ------------------------------------------------------------------------------------
