@@ -158,28 +158,25 @@ def test_net002_unrecognised_family_and_ipv6_asked_where_disabled(node: Node) ->
     assert all(item.severity is None for item in found.values())  # the reference's error
 
 
-def test_net002_ipv6_off_at_boot_is_read_from_the_missing_tree(node: Node) -> None:
-    # ipv6.disable=1: no IPv6 sysctls, no /proc/net/if_inet6, not even ::1 on lo
-    node.addresses = [address for address in node.addresses if address["family"] == 4]
+@pytest.mark.parametrize("partial_copy", [False, True])
+def test_net002_ipv6_off_at_boot_needs_the_whole_stack_gone(node: Node, partial_copy: bool) -> None:
+    """ipv6.disable=1 removes the IPv6 sysctls, /proc/net/if_inet6 and every IPv6 address (not
+    even ::1 on lo). A root that lacks only the sysctls while listing IPv6 addresses is a partial
+    capture, never a node without IPv6."""
+    if partial_copy:
+        node.file("/proc/net/if_inet6", "00000000000000000000000000000001 01 80 10 80       lo\n")
+    else:
+        node.addresses = [address for address in node.addresses if address["family"] == 4]
+        node.file("/proc/net/dev", "Inter-|   Receive\n")
     node.add("eno1", 2, "10.0.0.2/24")
     node.file("/proc/sys/net/ipv4/conf/all/rp_filter", "0\n")
-    node.file("/proc/net/dev", "Inter-|   Receive\n")
     node.env(NCCL_SOCKET_FAMILY="AF_INET6")
     facts = node.socket()
-    assert facts.ipv6 == "off at boot"
-    assert "ipv6.disable=1" in text(subjects(ipv6_address_family_mismatch(facts))["NCCL_SOCKET_FAMILY"])
-
-
-def test_net002_a_copy_without_the_ipv6_sysctls_but_with_ipv6_addresses_is_unknown(node: Node) -> None:
-    """ipv6.disable=1 takes /proc/net/if_inet6 away with the sysctls: a root that lists IPv6
-    addresses but lacks /proc/sys/net/ipv6 is a partial capture, never a node without IPv6."""
-    node.add("eno1", 2, "10.0.0.2/24")
-    node.file("/proc/sys/net/ipv4/conf/all/rp_filter", "0\n")
-    node.file("/proc/net/if_inet6", "00000000000000000000000000000001 01 80 10 80       lo\n")
-    node.env(MASTER_ADDR="fd00:10::17")
-    facts = node.socket()
-    assert facts.ipv6 == "unknown"
-    assert not any("ipv6.disable=1" in text(item) for item in ipv6_address_family_mismatch(facts))
+    found = subjects(ipv6_address_family_mismatch(facts))
+    if partial_copy:
+        assert (facts.ipv6, found) == ("unknown", {})
+    else:
+        assert facts.ipv6 == "off at boot" and "ipv6.disable=1" in text(found["NCCL_SOCKET_FAMILY"])
 
 
 def test_net002_global_ipv6_pick_nobody_asked_for(node: Node) -> None:
