@@ -36,6 +36,15 @@ def _is_loopback(address: str) -> bool:
         return False
 
 
+def _python_int(text: str) -> int | None:
+    """``int(text)`` as the env:// rendezvous and training scripts parse these variables (blanks
+    and a sign allowed, "2" superscript refused), or None where it raises."""
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
 def _env(name: str, value: str, expected: str = "") -> Evidence:
     return Evidence(f"/proc/self/environ {name}", repr(value), expected)
 
@@ -46,7 +55,8 @@ def ddp_process_group_setup_invalid(job: JobFacts) -> Iterator[Observation]:
     multi-node job."""
     found = _require_launch(job)
     for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
-        if name in found and not found[name].strip().isdigit():
+        value = _python_int(found[name]) if name in found else 0
+        if value is None or value < 0:
             yield present(name, _env(name, found[name], "a non-negative integer"))
     if "WORLD_SIZE" in found and found["WORLD_SIZE"].strip() == "0":
         yield present("WORLD_SIZE", _env("WORLD_SIZE", found["WORLD_SIZE"], "at least 1"))

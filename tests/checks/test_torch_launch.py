@@ -63,6 +63,7 @@ def test_a_lone_world_size_for_a_later_torchrun_is_only_a_warning() -> None:
         ({"WORLD_SIZE": "sixteen"}, "WORLD_SIZE"),
         ({"WORLD_SIZE": "0"}, "WORLD_SIZE"),
         ({"RANK": "-1"}, "RANK"),
+        ({"RANK": "\u00b2"}, "RANK"),  # str.isdigit() accepts a superscript two; int() does not
         ({"MASTER_ADDR": ""}, "MASTER_ADDR"),
         ({"MASTER_ADDR": "gpu001 "}, "MASTER_ADDR"),
         ({"MASTER_ADDR": "127.0.0.1"}, "MASTER_ADDR"),
@@ -73,6 +74,13 @@ def test_rendezvous_values_init_process_group_rejects(changes: dict[str, str], s
     found = list(ddp_process_group_setup_invalid(job({**SRUN_TASK, **changes})))
     assert subjects(found) == [subject]
     assert found[0].evidence[0].observed == repr(changes[subject])
+
+
+def test_rendezvous_values_python_parses_are_accepted() -> None:
+    """torch.distributed's env:// handler parses RANK and WORLD_SIZE with int(), which takes a
+    sign and surrounding blanks: such values are no setup error."""
+    facts = job({**SRUN_TASK, "RANK": "+9", "WORLD_SIZE": " 16 ", "LOCAL_RANK": "1\n"})
+    assert list(ddp_process_group_setup_invalid(facts)) == []
 
 
 def test_loopback_master_is_fine_on_one_node() -> None:
