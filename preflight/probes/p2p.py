@@ -97,4 +97,3 @@ def probe_p2p(fs: NodeFS, nvml: Nvml) -> P2pFacts:
         ))
     statuses = tuple(read_p2p_status(nvml, source, target) for source in range(count) for target in range(count) if source != target)
     return P2pFacts(tuple(gpus), statuses, "", "", tuple(reader.problems))
-

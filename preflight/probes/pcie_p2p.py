@@ -61,7 +61,10 @@ class PcieP2pFacts(Struct, frozen=True):
 
 
 def p2p_answers_matter(pcie: PcieFacts) -> bool:
-    """Whether PCI003 needs the driver's P2P answers on this node (see PcieP2pFacts)."""
+    """Whether PCI003 needs the driver's P2P answers on this node (see PcieP2pFacts). Not in a
+    virtual machine nor beside NVSwitches: PCI003 does not apply there whatever the answers."""
+    if pcie.hypervisor is True or pcie.nvswitches:
+        return False
     maybe_translated = bool(pcie.iommu_units) and any(
         gpu.iommu_domain in TRANSLATED_DOMAINS or (gpu.iommu_group is not None and not gpu.iommu_domain) or gpu.iommu_problem
         for gpu in pcie.gpus

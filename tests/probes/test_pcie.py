@@ -353,6 +353,28 @@ def test_pcie_probe_records_links_and_gpu_pairs(tmp_path: Path) -> None:
     assert (full.current_width, full.port, full.port_max_width) == (16, "", None)
 
 
+def test_the_p2p_answers_are_asked_only_where_pci003_can_use_them(tmp_path: Path) -> None:
+    """The prolog asks NVML for every GPU pair's P2P status only on nodes where PCI003 needs it:
+    an IOMMU translating the GPUs, on bare metal without NVSwitches. In a guest PCI003 does not
+    apply whatever the driver answers, so nothing is asked there."""
+    import shutil
+
+    tests = Path(__file__).resolve().parents[1]
+    root = tmp_path / "amd"
+    shutil.copytree(tests / "fixtures" / "nodes" / "rtx5090-workstation", root, symlinks=True)
+    (root / "sys/class/iommu/ivhd0").mkdir(parents=True)
+
+    def asked() -> bool:
+        sources = Sources.for_node(str(root))
+        pcie = probe_pcie(sources.fs)
+        return probe_pcie_p2p(sources.nvml, pcie, probe_gpus(sources.fs, sources.nvml)).asked
+
+    assert asked()  # DMA-FQ domains on bare metal
+    cpuinfo = root / "proc/cpuinfo"
+    cpuinfo.write_text(cpuinfo.read_text().replace("flags\t\t: fpu", "flags\t\t: fpu hypervisor"))
+    assert not asked()
+
+
 def test_pci003_iommu_sources_missing_from_a_recorded_root_are_unknown(tmp_path: Path) -> None:
     """Missing is not empty: a copied root without /sys/class/iommu says nothing about the IOMMU,
     and under an active IOMMU a GPU whose iommu_group link was not copied is undecided. The
