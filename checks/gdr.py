@@ -17,6 +17,7 @@ from preflight.model import (
     present,
     undecided,
 )
+from preflight.nccl.gid import nccl_int
 from preflight.nccl.releases import GDRCOPY_NEEDS_GDRDRV, PEERMEM_DETECTION, affected, release_evidence
 from preflight.probes.bar1 import MOSTLY_MAPPED
 from preflight.probes.gpudirect import (
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 SMALL_BAR1 = 256 << 20  # the legacy window consumer boards keep with Resizable BAR off
 
 
-_UNIFIED_MEMORY = ("GH200", "GB10", "GB200")
+_UNIFIED_MEMORY = ("GH200", "GB10", "GB200", "GB300")
 
 
 @check("GDR003", profiles=("prolog",))
@@ -84,10 +85,12 @@ def _bar1_observations(bar1: Bar1Facts, gpus: GpuFacts) -> Iterator[Observation]
         if gpu.error == "NVML_ERROR_NOT_SUPPORTED" and _unified(gpu):
             continue
         if gpu.error or gpu.total is None:
-            if gpu.aperture is not None and gpu.aperture <= SMALL_BAR1:
-                yield present(subject, Evidence(f"/sys/bus/pci/devices/{gpu.bus_id}/resource", f"BAR1 aperture {format_size(gpu.aperture)}", "more than 256 MiB"))
-            elif gpu.error in UNANSWERED:
+            if gpu.error in UNANSWERED:  # a recording without the call says nothing of the window
                 yield undecided(subject, f"its BAR1 is not in the NVML answers recorded for this root ({gpu.error})")
+            elif gpu.aperture is not None and gpu.aperture <= SMALL_BAR1:
+                # The same window NVML would have reported, so the same warning as below.
+                aperture = Evidence(f"/sys/bus/pci/devices/{gpu.bus_id}/resource", f"BAR1 aperture {format_size(gpu.aperture)}", "more than 256 MiB")
+                yield present(subject, aperture, severity=Severity.WARNING, fix=SMALL_BAR1_FIX)
             else:
                 yield undecided(subject, f"NVML does not report BAR1 for a GPU that has one ({gpu.error or 'no size'})")
             continue
@@ -218,7 +221,9 @@ def gpudirect_rdma_unavailable(gpudirect: GpuDirectFacts, rdma: RdmaFacts, job: 
         dmabuf_setting = None
     else:
         dmabuf_setting = job.nccl("NCCL_DMABUF_ENABLE")
-    dmabuf_disabled = dmabuf_setting is not None and dmabuf_setting.value.strip() == "0"
+    # NCCL reads it with strtoll and turns DMA-BUF off only at 0 ("false" and "0 # off" read as 0):
+    # dmaBufSupported in src/init.cc, v2.19.3-1 to v2.30.7-1.
+    dmabuf_disabled = dmabuf_setting is not None and nccl_int(dmabuf_setting.value, 1) == 0
     if dmabuf_capable(gpudirect) and not dmabuf_disabled:
         return
     unread = [*gpudirect.peer_memory_unknown, *(["/sys/module/nv_peer_mem"] if gpudirect.nv_peer_mem_loaded is None else [])]
@@ -227,7 +232,7 @@ def gpudirect_rdma_unavailable(gpudirect: GpuDirectFacts, rdma: RdmaFacts, job: 
     if unread:
         raise Unknown(f"neither GPUDirect path is confirmed, and {gpudirect.why(unread[0])}")
     dmabuf = dmabuf_evidence(gpudirect)
-    dmabuf_off = [Evidence(f"{dmabuf_setting.origin} NCCL_DMABUF_ENABLE", "0", "unset or 1")] if dmabuf_disabled and dmabuf_setting else []
+    dmabuf_off = [Evidence(f"{dmabuf_setting.origin} NCCL_DMABUF_ENABLE", dmabuf_setting.value, "unset or 1")] if dmabuf_disabled and dmabuf_setting else []
     if NVIDIA_PEERMEM_VERSION in gpudirect.peer_memory_files:
         old, unnamed = affected(nccl_libs, PEERMEM_DETECTION)
         loaded = Evidence(NVIDIA_PEERMEM_VERSION, "present, but no /sys/kernel/mm/memory_peers client", "a memory_peers client (nv_mem), or NCCL 2.23.4 or newer")
@@ -299,8 +304,10 @@ def gdrcopy_driver_unusable(gpudirect: GpuDirectFacts, job: JobFacts, nccl_libs:
     setting = job.nccl("NCCL_GDRCOPY_ENABLE")
     if setting is None:
         raise job.nothing_to_judge("NCCL_GDRCOPY_ENABLE", "NCCL's default 0: GDRCopy is not loaded")
-    if setting.value.strip() in ("", "0"):
-        return  # NCCL only loads GDRCopy when NCCL_GDRCOPY_ENABLE=1: the setting keeps it off
+    if nccl_int(setting.value, 0) != 1:
+        # initGdrCopy loads GDRCopy only when the value reads as exactly 1 (strtoll: "true" is 0,
+        # "2" is 2), src/init.cc v2.12.12-1 to v2.30.7-1: the setting keeps it off.
+        return
     requested = Evidence(f"{setting.origin} NCCL_GDRCOPY_ENABLE", setting.value)
     backend = job.nccl("NCCL_GDRCOPY_USE_INTERNAL_DMABUF")
     choice = backend.value.strip() if backend is not None else ""

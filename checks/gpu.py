@@ -161,11 +161,9 @@ PERSISTENCE_FIX = (
 )
 
 
-def _slurm_gpu_count(job: JobFacts | Unread) -> int | None:
+def _slurm_gpu_count(job: JobFacts) -> int | None:
     """How many GPUs Slurm gave this job step on this node (SLURM_STEP_GPUS, else
-    SLURM_JOB_GPUS: indices), when this process is one of the job's; None otherwise."""
-    if isinstance(job, Unread) or not job.in_job_process:
-        return None
+    SLURM_JOB_GPUS: indices); None when neither names any."""
     for name in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
         indices = parse_gpu_indices(job.environ[name]) if name in job.environ else None
         if indices is not None:
@@ -200,8 +198,19 @@ def _not_visible(gpus: GpuFacts, job: JobFacts | Unread, missing: list[str], uni
             f"job step that was given only those cannot be told: {job}",
         )
         return
-    elif _slurm_gpu_count(job) == len(gpus.devices):
-        return
+    elif job.in_job_process:
+        allotted = _slurm_gpu_count(job)
+        if allotted == len(gpus.devices):
+            return
+        if allotted is None:
+            # A CPU-only step, a gres/shard job or a launcher outside Slurm: with ConstrainDevices
+            # (or a pod's device list) NVML lists only what the job was given, and no variable says what.
+            yield undecided(
+                "node",
+                f"NVML lists {len(gpus.devices)} of the {len(gpus.pci_gpus)} GPUs on the PCI bus in a job process that "
+                "names no GPUs given to it (SLURM_STEP_GPUS, SLURM_JOB_GPUS): its device cgroup may hide the others",
+            )
+            return
     yield present(
         "node",
         Evidence("nvmlDeviceGetCount", f"{len(gpus.devices)} GPUs", expected),
@@ -248,7 +257,8 @@ def gpu_unusable_by_driver(gpus: GpuFacts, gpu_health: GpuHealthFacts, job: JobF
         yield from _not_visible(gpus, job, missing, unidentified)
     if expect.gpu_count is not None:
         # In a view narrowed on purpose (see _not_visible) NVML counts the job's GPUs, not the node's.
-        narrowed = gpus.container_gpus is not None or _slurm_gpu_count(job) == len(gpus.devices)
+        step_view = not isinstance(job, Unread) and job.in_job_process and _slurm_gpu_count(job) in (None, len(gpus.devices))
+        narrowed = gpus.container_gpus is not None or step_view
         count, source = (len(gpus.pci_gpus), "/sys/bus/pci/devices") if narrowed else (len(gpus.devices), "nvmlDeviceGetCount")
         if count < expect.gpu_count:
             yield present("node", Evidence(source, f"{count} GPUs", f"{expect.gpu_count} (expect.gpu_count)"))

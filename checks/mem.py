@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from preflight.model import (
@@ -13,6 +14,7 @@ from preflight.model import (
     present,
     undecided,
 )
+from preflight.nccl.gid import nccl_int
 from preflight.probes.memlock import Limit, MemlockFacts, PamLimit
 from preflight.slurm_conf import SLURM_CONF_PATHS
 from preflight.registry import check
@@ -79,17 +81,14 @@ def memlock_limit_too_low(memlock: MemlockFacts, job: JobFacts, expect: Expectat
         # A script slurmd runs has slurmd's limit: without slurmd's own entry it is the evidence.
         # Outside a job on a Slurm node (an operator's shell, cron, an audit over ssh) this
         # process's limit is not what jobs get: slurmd's entries above and below decide that.
-        slurm_decides = memlock.slurmd is not None or memlock.slurmd_unit is not None
-        if job.in_slurmd_script or job.in_job_process or not slurm_decides:
+        if _process_limit_is_jobs(memlock, job):
             yield present("slurmd" if job.in_slurmd_script else "process", _limit_evidence(memlock.process, minimum))
         else:
             yield present(
                 "process",
                 _limit_evidence(memlock.process, minimum),
                 severity=Severity.WARNING,
-                fix="This is the limit of the shell or service preflight ran from, not of Slurm jobs (they get "
-                "slurmd's, judged separately); ranks started from such a shell (ssh, mpirun, pdsh) get it: "
-                "raise it in /etc/security/limits.d/ or the service's LimitMEMLOCK.",
+                fix=OWN_LIMIT_FIX,
             )
     if memlock.slurmd is not None and min(memlock.slurmd.soft, memlock.slurmd.hard) < minimum:
         yield present(
@@ -160,12 +159,39 @@ def _low_pam_limits(entries: tuple[PamLimit, ...], minimum: int) -> list[PamLimi
     return [entries[position] for position in sorted(low)]
 
 
-def _parse_buffsize(value: str) -> int | None:
-    try:
-        number = int(value.strip(), 0)
-    except ValueError:
-        return None
-    return number if number > 0 else None
+OWN_LIMIT_FIX = (
+    "This is the limit of the shell or service preflight ran from, not of Slurm jobs (they get "
+    "slurmd's, judged separately); ranks started from such a shell (ssh, mpirun, pdsh) get it: "
+    "raise it in /etc/security/limits.d/ or the service's LimitMEMLOCK."
+)
+
+
+def _process_limit_is_jobs(memlock: MemlockFacts, job: JobFacts) -> bool:
+    """Whether this process's memlock limit is the one the job's ranks get: inside a job or a
+    script slurmd runs, or on a node where no slurmd (process or unit) decides it. Outside a job on
+    a Slurm node (an operator's shell, cron, a timer) it is only the limit of whatever started us."""
+    slurm_decides = memlock.slurmd is not None or memlock.slurmd_unit is not None
+    return job.in_slurmd_script or job.in_job_process or not slurm_decides
+
+
+# NCCL_BUFFSIZE as ncclParamBuffSize reads it: strtoll(value, NULL, 0), so "8388608 # 8 MiB" is
+# 8388608 and "4M" is 4 bytes; an empty value, or -2, leaves NCCL's default
+# (src/misc/param.cc and computeBuffSizes in src/init.cc, v2.30.7-1).
+NCCL_DEFAULT_MARK = -2
+_LEADING_NUMBER = re.compile(r"\s*[+-]?(?:0[xX][0-9a-fA-F]+|\d+)")
+
+
+def _buffsize_problem(value: str, number: int) -> str:
+    """Why NCCL's reading of ``value`` (``number``) is not what was written ("" when it is): no
+    buffer at all, or a number cut short by a unit or separator strtoll stops at ("4M", "4_194_304").
+    A comment after the number, as nccl.conf lines carry, changes nothing."""
+    if number <= 0:
+        return f"NCCL reads {number}: no buffer"
+    match = _LEADING_NUMBER.match(value)
+    rest = value[match.end():].strip() if match else value
+    if rest and not rest.startswith("#"):
+        return f"NCCL reads {number} bytes and ignores {rest!r}"
+    return ""
 
 
 @check("MEM002", profiles=("prolog",))
@@ -178,26 +204,40 @@ def nccl_buffsize_exceeds_pinned_memory(
         raise job.nothing_to_judge("NCCL_BUFFSIZE", "NCCL's default of 4 MiB applies")
     source = "environment" if setting.origin == "environment" else setting.origin
     where = "/proc/self/environ NCCL_BUFFSIZE" if source == "environment" else f"{source} NCCL_BUFFSIZE"
-    buffsize = _parse_buffsize(setting.value)
-    if buffsize is None:
-        yield present("NCCL_BUFFSIZE", Evidence(where, repr(setting.value), "a positive byte count such as 4194304"))
+    buffsize = nccl_int(setting.value, NCCL_DEFAULT_MARK)
+    if buffsize == NCCL_DEFAULT_MARK:
+        raise NotApplicable(f"NCCL_BUFFSIZE={setting.value!r} ({source}) leaves NCCL's default of 4 MiB")
+    problem = _buffsize_problem(setting.value, buffsize)
+    if problem:
+        yield present("NCCL_BUFFSIZE", Evidence(where, f"{setting.value!r}: {problem}", "a positive byte count such as 4194304"))
         return
     # The smallest footprint NCCL can have over the network: one channel, one send and one
     # receive buffer, each registered with the NIC and so charged to RLIMIT_MEMLOCK.
     smallest = 2 * buffsize
-    # slurmd first: on a tie its limit is the one jobs inherit, the clearer evidence.
-    limits = [limit for limit in (memlock.slurmd, memlock.process) if limit is not None]
+    # slurmd first: on a tie its limit is the one jobs inherit, the clearer evidence. The
+    # process's own limit counts only where it is the job's (MEM001 reads it the same way).
+    own = memlock.process if memlock.process is not None and _process_limit_is_jobs(memlock, job) else None
+    limits = [limit for limit in (memlock.slurmd, own) if limit is not None]
     if memlock.rdma_devices is None and limits and min(limit.soft for limit in limits) < smallest:
         # Too low for registration, if the node has RDMA devices: that is not known.
         yield undecided("NCCL_BUFFSIZE", next((p for p in memlock.problems if p.startswith("/sys/class/infiniband")), "RDMA devices not read"))
         return
-    if memlock.rdma_devices and limits:
-        tightest = min(limits, key=lambda limit: limit.soft)
-        if tightest.soft < smallest:
+    if memlock.rdma_devices:
+        tightest = min(limits, key=lambda limit: limit.soft) if limits else None
+        if tightest is not None and tightest.soft < smallest:
             yield present(
                 "NCCL_BUFFSIZE",
                 Evidence(where, format_size(buffsize)),
                 Evidence(tightest.source, f"memlock soft {format_size(tightest.soft)}", f">= {format_size(smallest)} (2 x NCCL_BUFFSIZE)"),
+            )
+            return
+        if memlock.process is not None and own is None and memlock.process.soft < smallest:
+            yield present(
+                "NCCL_BUFFSIZE",
+                Evidence(where, format_size(buffsize)),
+                Evidence(memlock.process.source, f"memlock soft {format_size(memlock.process.soft)}", f">= {format_size(smallest)} (2 x NCCL_BUFFSIZE)"),
+                severity=Severity.WARNING,
+                fix=OWN_LIMIT_FIX,
             )
             return
     # The largest footprint: every channel of every local GPU with a send and a receive buffer

@@ -21,6 +21,7 @@ Sources (all readable without root):
 
 from __future__ import annotations
 
+import re
 import stat as stat_codes
 
 from msgspec import Struct
@@ -82,8 +83,18 @@ class GpuDirectFacts(Struct, frozen=True):
         return (named or list(self.problems) or [f"{path}: not read"])[0]
 
 
-def parse_driver_flavour(text: str) -> str:
-    return "open" if "Open Kernel Module" in text else "proprietary"
+# /proc/driver/nvidia/version's first line: "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05 ..."
+# for the proprietary modules, "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  535.104.05 ..."
+# for the open ones.
+_NVRM_LINE = re.compile(r"NVRM version: NVIDIA UNIX (?P<open>Open )?.{0,40}?Kernel Module")
+
+
+def parse_driver_flavour(text: str) -> str | None:
+    """"open" or "proprietary"; None for text that is neither form (a damaged file says nothing)."""
+    match = _NVRM_LINE.search(text)
+    if match is None:
+        return None
+    return "open" if match.group("open") else "proprietary"
 
 
 def parse_status_ids(text: str) -> tuple[int, tuple[int, ...]] | None:
@@ -152,18 +163,21 @@ def probe_gpudirect(fs: NodeFS) -> GpuDirectFacts:
         reader.problems.append(str(error))
         environ = None
     # The driver creates /sys/module/nvidia and /proc/driver/nvidia/{version,gpus/}; a capture
-    # may hold only some of them. /proc says "not loaded" only when /proc/driver/nvidia is absent.
+    # may hold only some of them, and either one read says "loaded". "Not loaded" needs
+    # /sys/module read: a capture without it and with a partial /proc (no /proc/driver) would
+    # otherwise say "not loaded" beside NVML's answers from the same node.
     gpus = reader.listing("/proc/driver/nvidia/gpus")
-    if (flavour_known and flavour_text is not None) or gpus:
-        procfs: bool | None = True
-    else:
-        procfs = False if reader.presence("/proc/driver/nvidia") is False else None
-    loaded = _either(reader.presence("/sys/module/nvidia"), procfs)
+    procfs = bool(flavour_known and flavour_text is not None) or bool(gpus)
+    module = reader.presence("/sys/module/nvidia")
+    loaded = True if module or procfs else (False if module is False else None)
     peer = {path: reader.presence(path) for path in _PEER_MEMORY_FILES}
+    flavour = parse_driver_flavour(flavour_text) if flavour_text else None
+    if flavour_text and flavour is None:
+        reader.problems.append("/proc/driver/nvidia/version: no 'NVRM version: NVIDIA UNIX ... Kernel Module' line")
     return GpuDirectFacts(
         nvidia_driver=version.strip() if version else ("unknown" if loaded else None),
         nvidia_loaded=loaded,
-        driver_flavour=parse_driver_flavour(flavour_text) if flavour_text else None,
+        driver_flavour=flavour,
         nvidia_gpus=None if gpus is None else len(gpus),
         kernel_release=release.strip() if release else None,
         peer_memory_files=tuple(path for path, there in peer.items() if there),
@@ -175,13 +189,6 @@ def probe_gpudirect(fs: NodeFS) -> GpuDirectFacts:
         job_identity=read_job_identity(reader, environ) if environ is not None else None,
         problems=tuple(reader.problems),
     )
-
-
-def _either(first: bool | None, second: bool | None) -> bool | None:
-    """True when either source says so, else False when one says not, None when neither knows."""
-    if first or second:
-        return True
-    return False if first is False or second is False else None
 
 
 def _tuple_or_none(items: list[str] | None) -> tuple[str, ...] | None:

@@ -150,6 +150,7 @@ def probe_gpus(fs: NodeFS, nvml: Nvml) -> GpuFacts:
 
 MOUNTINFO = "/proc/self/mountinfo"
 DRIVER_PROCFS = "/proc/driver/nvidia"
+GPU_LISTING = f"{DRIVER_PROCFS}/gpus"
 
 
 def _container_view(reader: FactReader) -> tuple[tuple[str, ...] | None, str]:
@@ -163,10 +164,16 @@ def _container_view(reader: FactReader) -> tuple[tuple[str, ...] | None, str]:
     if text is None:
         return None, f"{MOUNTINFO}: not in this root"
     # Field 5 is the mount point, octal-escaped (proc(5)); nothing here contains a space.
-    points = (line.split(" ", 5)[4] for line in text.splitlines() if line.count(" ") >= 5)
-    if not any(point == DRIVER_PROCFS or point.startswith(f"{DRIVER_PROCFS}/") for point in points):
+    points = {line.split(" ", 5)[4] for line in text.splitlines() if line.count(" ") >= 5}
+    under = {point for point in points if point.startswith(f"{DRIVER_PROCFS}/")}
+    if DRIVER_PROCFS not in points and not any(point == GPU_LISTING or point.startswith(f"{GPU_LISTING}/") for point in under):
+        if under:
+            # A runtime mounted something else there (the CDI hook mounts only params,
+            # nvidia-container-toolkit's disable-device-node-modification): it narrowed this view
+            # through /dev alone, and the gpus/ listing is the host's.
+            return None, f"a container runtime mounted {sorted(under)[0]} but left the host's {GPU_LISTING}: which GPUs it gave is not listed"
         return None, ""
-    listed = reader.listing(f"{DRIVER_PROCFS}/gpus")
+    listed = reader.listing(GPU_LISTING)
     if listed is None:
         return None, reader.problems[-1]
     return tuple(sorted(entry.lower() for entry in listed)), ""

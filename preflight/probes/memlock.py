@@ -246,18 +246,23 @@ def _slurmd_unit(reader: FactReader) -> tuple[str | None, Limit | None]:
     return unit, limit
 
 
+def _read_memlock(reader: FactReader, path: str) -> Limit | None:
+    """The memlock row of a limits file; a file read without a row that parses is a problem
+    (MEM001 then says unknown for it), not a process without a limit."""
+    text = reader.text(path)
+    limit = parse_limits_memlock(text, path) if text is not None else None
+    if text is not None and limit is None:
+        reader.problems.append(f"{path}: no 'Max locked memory' row that parses")
+    return limit
+
+
 @probe("memlock")
 def probe_memlock(fs: NodeFS) -> MemlockFacts:
     """Gather every source of the job's locked-memory limit."""
     reader = FactReader(fs)
-    limits_text = reader.text("/proc/self/limits")
-    process = parse_limits_memlock(limits_text, "/proc/self/limits") if limits_text else None
+    process = _read_memlock(reader, "/proc/self/limits")
     slurmd_pid = _find_slurmd(reader)
-    slurmd = None
-    if slurmd_pid is not None:
-        source = f"/proc/{slurmd_pid}/limits"
-        text = reader.text(source)
-        slurmd = parse_limits_memlock(text, source) if text else None
+    slurmd = _read_memlock(reader, f"/proc/{slurmd_pid}/limits") if slurmd_pid is not None else None
     unit, unit_limit = _slurmd_unit(reader)
     pam: list[PamLimit] = []
     for path in ["/etc/security/limits.conf"] + _drop_in_files(reader, "/etc/security/limits.d"):

@@ -6,10 +6,11 @@ Facts start from the example node's probes (so they are realistic) and are varie
 
 from __future__ import annotations
 
-from msgspec.structs import replace
+import shutil
 from pathlib import Path
 
 import pytest
+from msgspec.structs import replace
 
 from preflight.probes.gpudirect import DeviceNode, GpuDirectFacts, JobIdentity, probe_gpudirect
 from preflight.checks.gdr import gdrcopy_driver_unusable, gpudirect_rdma_unavailable
@@ -153,6 +154,19 @@ def test_mem001_unreadable_limits_is_unknown_not_absent(memlock: MemlockFacts) -
     assert [(o.status, o.subject) for o in found] == [(Status.UNKNOWN, "/proc/2187/limits")]
 
 
+
+@pytest.mark.parametrize("row", ["Max locked memory         8M                   8M                   bytes\n", ""])
+def test_mem001_limits_file_without_a_memlock_row_that_parses_is_unknown(node_copy: Path, row: str) -> None:
+    """A limits file read whose memlock row is garbled or missing leaves that limit unknown: it
+    was reported absent (no finding), as if the process had no limit to judge."""
+    limits = node_copy / "proc/self/limits"
+    kept = [line for line in limits.read_text().splitlines(keepends=True) if not line.startswith("Max locked memory")]
+    limits.write_text("".join(kept) + row)
+    facts = probe_memlock(NodeFS(str(node_copy)))
+    assert facts.process is None and "/proc/self/limits: no 'Max locked memory' row that parses" in facts.problems
+    found = list(memlock_limit_too_low(replace(facts, slurmd=None, slurmd_pid=None, slurmd_unit=None), job(), Expectations()))
+    assert ("/proc/self/limits", Status.UNKNOWN) in [(o.subject, o.status) for o in found]
+
 # MEM002 ------------------------------------------------------------------------------------
 def test_mem002_present_when_buffsize_exceeds_memlock(memlock: MemlockFacts, gpudirect: GpuDirectFacts) -> None:
     found = list(nccl_buffsize_exceeds_pinned_memory(job(conf={"NCCL_BUFFSIZE": "268435456"}), memlock, gpudirect))
@@ -178,6 +192,40 @@ def test_mem002_garbage_value_is_present(memlock: MemlockFacts, gpudirect: GpuDi
     assert found and "4MB" in found[0].evidence[0].observed
 
 
+
+@pytest.mark.parametrize(
+    ("value", "verdict"),
+    [
+        ("8388608 # 8 MiB for IB", "absent"),  # nccl.conf keeps the comment; strtoll stops before it
+        (" 0x800000", "absent"),
+        ("", "not applicable"),  # an empty value leaves NCCL's default
+        ("-2", "not applicable"),  # computeBuffSizes' mark for "default"
+        ("4_194_304", "present"),  # Python's int() took it; strtoll reads 4 bytes
+        ("4M", "present"),
+        ("lots", "present"),
+        ("0", "present"),
+    ],
+)
+def test_mem002_reads_the_value_as_nccl_does(memlock: MemlockFacts, gpudirect: GpuDirectFacts, value: str, verdict: str) -> None:
+    setting = job(conf={"NCCL_BUFFSIZE": value})
+    if verdict == "not applicable":
+        with pytest.raises(NotApplicable, match="NCCL's default"):
+            list(nccl_buffsize_exceeds_pinned_memory(setting, unlimited(memlock), gpudirect))
+        return
+    found = list(nccl_buffsize_exceeds_pinned_memory(setting, unlimited(memlock), gpudirect))
+    assert (found[0].evidence[0].observed.split(":")[1].split()[:2] == ["NCCL", "reads"]) if verdict == "present" else found == []
+
+
+def test_mem002_own_limit_outside_a_job_is_a_warning(memlock: MemlockFacts, gpudirect: GpuDirectFacts) -> None:
+    """Run from cron or an operator's shell on a Slurm node, preflight's own memlock limit is not
+    the one jobs get (slurmd's is): a warning, as MEM001 says of the same limit."""
+    low_own = replace(unlimited(memlock), process=Limit(8 << 20, 8 << 20, "/proc/self/limits"))
+    found = list(nccl_buffsize_exceeds_pinned_memory(job(conf={"NCCL_BUFFSIZE": str(16 << 20)}), low_own, gpudirect))
+    assert [(o.severity, o.evidence[1].source) for o in found] == [(Severity.WARNING, "/proc/self/limits")]
+    in_job = job(environ={"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0"}, conf={"NCCL_BUFFSIZE": str(16 << 20)})
+    found = list(nccl_buffsize_exceeds_pinned_memory(in_job, low_own, gpudirect))
+    assert [(o.severity, o.evidence[1].source) for o in found] == [(None, "/proc/self/limits")]
+
 # GDR001 ------------------------------------------------------------------------------------
 NCCL_2_28 = NcclLibFacts((NcclCopy("/usr/lib/x86_64-linux-gnu/libnccl.so.2.28.9", "2.28.9", "system"),), ())
 NCCL_2_21 = NcclLibFacts((NcclCopy("/usr/lib/x86_64-linux-gnu/libnccl.so.2.21.5", "2.21.5", "system"),), ())
@@ -195,8 +243,9 @@ def test_gdr001_absent_with_peermem_or_dmabuf(gpudirect: GpuDirectFacts) -> None
     assert list(gpudirect_rdma_unavailable(with_peer_client, MLX, job(), NCCL_2_21)) == []
     open_modules = replace(gpudirect, driver_flavour="open")
     assert list(gpudirect_rdma_unavailable(open_modules, MLX, job(), NCCL_2_28)) == []
-    disabled = job(environ={"NCCL_DMABUF_ENABLE": "0"})
-    assert len(list(gpudirect_rdma_unavailable(open_modules, MLX, disabled, NCCL_2_28))) == 1
+    for off in ("0", "0 # off", "false"):  # strtoll reads each as 0
+        disabled = job(environ={"NCCL_DMABUF_ENABLE": off})
+        assert len(list(gpudirect_rdma_unavailable(open_modules, MLX, disabled, NCCL_2_28))) == 1
     old_kernel = replace(open_modules, kernel_release="4.18.0-553.el8.x86_64")
     assert len(list(gpudirect_rdma_unavailable(old_kernel, MLX, job(), NCCL_2_28))) == 1
 
@@ -274,6 +323,32 @@ def test_gdr001_unknown_where_a_source_was_not_read(gpudirect: GpuDirectFacts) -
     assert list(gpudirect_rdma_unavailable(replace(unread, driver_flavour="open"), MLX, job(), NCCL_2_28)) == []
 
 
+
+@pytest.mark.parametrize(
+    ("text", "flavour"),
+    [
+        ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\n", "proprietary"),
+        ("NVRM version: NVIDIA UNIX Open Kernel Module for aarch64  570.133.20  Release Build\n", "open"),
+        ("\x00\x00garbage\n", None),  # a damaged file names neither: DMA-BUF undecided, not "proprietary"
+    ],
+)
+def test_driver_flavour_only_from_the_nvrm_line(node_copy: Path, text: str, flavour: str | None) -> None:
+    (node_copy / "proc/driver/nvidia/version").write_text(text)
+    facts = probe_gpudirect(NodeFS(str(node_copy)))
+    assert facts.driver_flavour == flavour and facts.nvidia_loaded
+    assert any(p.startswith("/proc/driver/nvidia/version") for p in facts.problems) == (flavour is None)
+
+
+def test_driver_not_loaded_only_where_sys_module_was_read(node_copy: Path) -> None:
+    """A capture without /sys/module and without /proc/driver says nothing of the driver: unknown,
+    not "not loaded" (which made GDR001 not applicable beside NVML's answers)."""
+    shutil.rmtree(node_copy / "sys/module")
+    shutil.rmtree(node_copy / "proc/driver")
+    facts = probe_gpudirect(NodeFS(str(node_copy)))
+    assert facts.nvidia_loaded is None
+    with pytest.raises(Unknown, match="NVIDIA driver is loaded"):
+        list(gpudirect_rdma_unavailable(facts, MLX, job(), NCCL_2_28))
+
 # GDR002 ------------------------------------------------------------------------------------
 def test_gdr002_present_when_enabled_without_gdrdrv(gpudirect: GpuDirectFacts, gpus: GpuFacts) -> None:
     found = list(gdrcopy_driver_unusable(gpudirect, job(conf={"NCCL_GDRCOPY_ENABLE": "1"}), NCCL_2_28, gpus))
@@ -299,6 +374,10 @@ def test_gdr002_absent_when_not_requested(gpudirect: GpuDirectFacts, gpus: GpuFa
     with pytest.raises(NotApplicable, match="NCCL_GDRCOPY_ENABLE not set"):
         list(gdrcopy_driver_unusable(gpudirect, job(), NCCL_2_28, gpus))
     assert list(gdrcopy_driver_unusable(gpudirect, job(environ={"NCCL_GDRCOPY_ENABLE": "0"}), NCCL_2_28, gpus)) == []
+    # initGdrCopy loads GDRCopy only when the value reads as exactly 1 through strtoll
+    for value in ("true", "2", "yes"):
+        assert list(gdrcopy_driver_unusable(gpudirect, job(environ={"NCCL_GDRCOPY_ENABLE": value}), NCCL_2_28, gpus)) == []
+    assert list(gdrcopy_driver_unusable(gpudirect, job(environ={"NCCL_GDRCOPY_ENABLE": "1 # on"}), NCCL_2_28, gpus)) != []
 
 
 NCCL_2_32 = NcclLibFacts((NcclCopy("/opt/venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2", "2.32.6", "wheel"),), ())
@@ -410,6 +489,10 @@ def test_gpu001_views_narrowed_on_purpose_are_not_missing_gpus(gpus: GpuFacts, h
     step = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0"}
     assert list(gpu_unusable_by_driver(two, health, job(environ={**step, "SLURM_STEP_GPUS": "0,1"}), Expectations(gpu_count=8))) == []
     assert list(gpu_unusable_by_driver(two, health, job(environ={**step, "SLURM_JOB_GPUS": "4-5"}), Expectations())) == []
+    # A job process that names no GPUs given to it (a CPU-only step, gres/shard, a launcher
+    # outside Slurm) may have a device cgroup hiding the rest: unknown, not missing GPUs.
+    [unknown] = gpu_unusable_by_driver(two, health, job(environ=step), Expectations(gpu_count=8))
+    assert unknown.status is Status.UNKNOWN and "names no GPUs given to it" in unknown.reason
     # Given three but NVML lists two, or outside a job: a GPU is missing.
     assert [o.subject for o in gpu_unusable_by_driver(two, health, job(environ={**step, "SLURM_STEP_GPUS": "0-2"}), Expectations())] == ["node"]
     assert [o.subject for o in gpu_unusable_by_driver(two, health, job(environ={"SLURM_JOB_GPUS": "0,1"}), Expectations())] == ["node"]

@@ -62,6 +62,35 @@ def test_small_bar1_is_present(node_copy: Path) -> None:
     assert observation.severity is Severity.WARNING and "NCCL_NET_GDR_LEVEL=LOC" in observation.fix
 
 
+
+def test_small_aperture_read_from_sysfs_is_the_same_warning_and_a_missing_answer_is_unknown(node_copy: Path) -> None:
+    """Where NVML does not answer, the PCI resource file shows the same 256 MiB window: the same
+    warning as NVML's figure gives (a T4 has no larger one to enable). A recording that lacks the
+    call says nothing, so the window is not judged from sysfs then."""
+    sources = Sources.for_node(str(node_copy), None)
+    bus_id = probe_bar1(sources.fs, sources.nvml).gpus[2].bus_id
+    (node_copy / f"sys/bus/pci/devices/{bus_id}/resource").write_text(
+        "0x00000000e0000000 0x00000000e0ffffff 0x0000000000040200\n"  # region 0: 16 MiB registers
+        "0x0000380000000000 0x000038000fffffff 0x000000000014220c\n"  # region 1: 256 MiB, 64-bit prefetchable
+        "0x0000000000000000 0x0000000000000000 0x0000000000000000\n"
+        "0x0000380010000000 0x0000380011ffffff 0x000000000014220c\n"  # region 3: 32 MiB
+    )
+
+    def unanswered(calls: dict[str, Any]) -> None:
+        calls["nvmlDeviceGetBAR1MemoryInfo"]["2"] = {"error": "NVML_ERROR_UNKNOWN"}
+
+    edit_nvml(node_copy, unanswered)
+    sources = Sources.for_node(str(node_copy), None)
+    [observation] = peermem_gpu_mapping_rejected(probe_bar1(sources.fs, sources.nvml), probe_gpus(sources.fs, sources.nvml), probe_rdma(sources.fs))
+    assert (observation.subject, observation.status, observation.severity) == ("GPU2", Status.PRESENT, Severity.WARNING)
+    assert "BAR1 aperture 256 MiB" in observation.evidence[0].observed
+
+    def not_recorded(calls: dict[str, Any]) -> None:
+        del calls["nvmlDeviceGetBAR1MemoryInfo"]["2"]
+
+    edit_nvml(node_copy, not_recorded)
+    assert [(s, st) for s, st, _ in verdicts(node_copy)] == [("GPU2", Status.UNKNOWN)]
+
 def test_small_bar1_matters_only_where_an_rdma_nic_maps_gpu_memory(node_copy: Path) -> None:
     """A 256 MiB BAR1 (T4, Quadro, GeForce without Resizable BAR: real nvidia-smi dumps in
     tests/data/real-nvml) is no fault on a node without RDMA NICs, and undecided while
@@ -129,6 +158,13 @@ def test_not_supported_is_not_applicable_on_unified_memory_and_unknown_elsewhere
         calls["nvmlDeviceGetName"] = {str(i): {"result": "NVIDIA GH200 480GB"} for i in range(8)}
 
     edit_nvml(node_copy, unified)
+    with pytest.raises(NotApplicable, match="unified-memory"):
+        verdicts(node_copy)
+
+    def gb300(calls: dict[str, Any]) -> None:
+        calls["nvmlDeviceGetName"] = {str(i): {"result": "NVIDIA GB300"} for i in range(8)}
+
+    edit_nvml(node_copy, gb300)  # Grace with Blackwell Ultra over NVLink-C2C, as GB200
     with pytest.raises(NotApplicable, match="unified-memory"):
         verdicts(node_copy)
 

@@ -60,6 +60,9 @@ CONTAINER_MOUNTS = HOST_MOUNTS + (
     "701 700 0:5 /driver/nvidia/gpus/0000:18:00.0 /proc/driver/nvidia/gpus/0000:18:00.0 rw - proc proc rw\n"
 )
 
+# nvidia-container-toolkit's CDI hook (disable-device-node-modification) bind-mounts a copy of params.
+CDI_MOUNTS = HOST_MOUNTS + "702 25 0:89 /nvct-params /proc/driver/nvidia/params ro,nosuid - tmpfs tmpfs ro\n"
+
 
 @pytest.mark.parametrize(
     ("mounts", "container_gpus", "view_error"),
@@ -67,6 +70,8 @@ CONTAINER_MOUNTS = HOST_MOUNTS + (
         (CONTAINER_MOUNTS, ("0000:18:00.0", "0000:2a:00.0"), ""),
         (HOST_MOUNTS, None, ""),
         (None, None, "/proc/self/mountinfo: not in this root"),
+        # The CDI hook binds only params over the host's file: the gpus/ listing is the host's.
+        (CDI_MOUNTS, None, "a container runtime mounted /proc/driver/nvidia/params but left the host's /proc/driver/nvidia/gpus: which GPUs it gave is not listed"),
     ],
 )
 def test_whether_a_container_runtime_narrowed_the_view_is_asked_when_nvml_lists_fewer(
