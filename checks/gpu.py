@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # gpu_health imports this module at run time
     from preflight.config import Expectations
     from preflight.probes.gpu_health import GpuHealthFacts
     from preflight.probes.job import JobFacts
+    from preflight.probes.nvlink import NvlinkFacts
 from preflight.probes.gpu_health import GPU_IS_LOST, GpuHealth, GpuHealthFacts, nvml_unusable
 from preflight.probes.gpus import UNEXPECTED_ANSWER, GpuFacts, pci_device_key
 from preflight.probes.job import parse_gpu_indices
@@ -32,14 +33,16 @@ from preflight.probes.kernel_log import HARDWARE_XIDS, KernelLogFacts, XidEvent
 FEATURE_ABSENT = frozenset({"NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND"})
 
 
-@check("GPU002", profiles=("prolog",))
-def nccl_cuda_call_failed(gpu_health: GpuHealthFacts, kernel_log: KernelLogFacts, gpus: GpuFacts) -> Iterator[Observation]:
+@check("GPU002", profiles=("prolog",), optional=("nvlink",))
+def nccl_cuda_call_failed(
+    gpu_health: GpuHealthFacts, kernel_log: KernelLogFacts, gpus: GpuFacts, nvlink: NvlinkFacts | Unread
+) -> Iterator[Observation]:
     """A GPU waiting for a reset to apply a row remap, out of spare rows, with uncorrectable ECC
     errors since it was initialised, or with hardware Xids since boot."""
     unusable = nvml_unusable(gpu_health, gpus)
     # Each GPU's NVML verdicts, judged once: they decide too whether an old Xid still matters.
     verdicts = {} if unusable is not None else {gpu.index: list(_gpu_verdicts(gpu)) for gpu in gpu_health.gpus}
-    found = list(_hardware_xids(kernel_log, _clean_now(gpu_health, gpus, verdicts)))
+    found = list(_hardware_xids(kernel_log, _clean_now(gpu_health, gpus, verdicts, nvlink)))
     found.extend(kernel_log.unread("Xid history"))
     if unusable is not None:
         if isinstance(unusable, NotApplicable) and not found:
@@ -86,14 +89,14 @@ def _gpu_verdicts(gpu: GpuHealth) -> Iterator[Observation]:
         )
 
 
-#: Hardware Xids whose aftermath NVML's health queries show while it lasts, and the reading that
-#: shows it: uncorrectable ECC errors since the GPU was initialised (48, 94, 95; 92 is a rate of
-#: corrected ones), a row remap pending or failed (63, 64), a lost GPU (79). For these a GPU whose
-#: reading is clean now has been reset or recovered. An NVLink (74) or GSP (119, 120) fault leaves
-#: nothing these queries read, so a clean reading says nothing about them and they stay errors
-#: until the reboot clears the log; so does an Xid whose reading was not had (MIG mode and older
-#: boards answer NOT_SUPPORTED for remapped rows).
-XID_SHOWN_BY = {48: "ecc", 92: "ecc", 94: "ecc", 95: "ecc", 63: "remap", 64: "remap", 79: "alive"}
+#: Hardware Xids whose aftermath NVML's queries show while it lasts, and the reading that shows
+#: it: uncorrectable ECC errors since the GPU was initialised (48, 94, 95; 92 is a rate of
+#: corrected ones), a row remap pending or failed (63, 64), a lost GPU (79), an NVLink that went
+#: down (74: the link stays down until the GPU is reset). For these a GPU whose reading is clean
+#: now has been reset or recovered. A GSP fault (119, 120) leaves nothing these queries read, so
+#: it stays an error until the reboot clears the log; so does an Xid whose reading was not had
+#: (MIG mode and older boards answer NOT_SUPPORTED for remapped rows).
+XID_SHOWN_BY = {48: "ecc", 92: "ecc", 94: "ecc", 95: "ecc", 63: "remap", 64: "remap", 79: "alive", 74: "nvlink"}
 
 
 RECOVERED_FIX = (
@@ -104,7 +107,7 @@ RECOVERED_FIX = (
 
 
 def _clean_now(
-    gpu_health: GpuHealthFacts, gpus: GpuFacts, verdicts: dict[int, list[Observation]]
+    gpu_health: GpuHealthFacts, gpus: GpuFacts, verdicts: dict[int, list[Observation]], nvlink: NvlinkFacts | Unread
 ) -> dict[tuple[int, int, int], dict[str, str]]:
     """What NVML reads clean now of each GPU, by bus: for each reading of XID_SHOWN_BY, what was
     read. The kernel log keeps an Xid until the next reboot, but resetting the GPU (what NVIDIA's
@@ -112,6 +115,7 @@ def _clean_now(
     Xid of a recovered GPU must not drain the node at every job. ``verdicts``: each GPU's NVML
     findings, empty where NVML cannot judge (then no GPU reads clean)."""
     buses = {device.index: device.bus_id for device in gpus.devices if device.bus_id}
+    links = {} if isinstance(nvlink, Unread) or nvlink.nvml_error else {gpu.index: gpu for gpu in nvlink.gpus}
     clean: dict[tuple[int, int, int], dict[str, str]] = {}
     for gpu in gpu_health.gpus:
         key = pci_device_key(buses.get(gpu.index, ""))
@@ -122,6 +126,9 @@ def _clean_now(
             read["remap"] = f"GPU{gpu.index}: no row remap pending or failed ({gpu.rows_uncorrectable} rows remapped for uncorrectable errors)"
         if gpu.ecc_current and not gpu.volatile_error:
             read["ecc"] = f"GPU{gpu.index}: 0 uncorrectable ECC errors since the GPU was initialised"
+        own = links.get(gpu.index)
+        if own is not None and own.links and not own.error and len(own.active) == len(own.links):
+            read["nvlink"] = f"GPU{gpu.index}: all {len(own.links)} NVLinks active"
         clean[key] = read
     return clean
 

@@ -17,6 +17,7 @@ from preflight.probes.gpu_health import probe_gpu_health
 from preflight.checks.gpu import gpu_unusable_by_driver
 from preflight.probes.job import probe_job
 from preflight.probes.pcie_p2p import probe_pcie_p2p
+from preflight.probes.nvlink import probe_nvlink
 from preflight.probes.gpus import probe_gpus
 from preflight.probes.kernel_log import probe_kernel_log
 from preflight.checks.pci import acs_redirect_breaks_gpudirect_rdma, p2p_bandwidth_degraded, p2p_transfers_hang_or_fault
@@ -97,7 +98,7 @@ def test_recorded_a100_is_clean_for_every_gpu_and_pcie_check() -> None:
         list(p2p_transfers_hang_or_fault(pcie, answers))
     assert observed(gpu_unusable_by_driver(gpus, health, probe_job(sources.fs), Expectations(gpu_count=8))) == []
     assert [event.code for event in log.xids] == [31]  # an earlier job's MMU fault: GPU003's context, not a node fault
-    assert observed(nccl_cuda_call_failed(health, log, gpus)) == []
+    assert observed(nccl_cuda_call_failed(health, log, gpus, probe_nvlink(sources.nvml))) == []
 
 
 def test_gpu_trained_at_x8_is_present_and_idle_speed_is_not(a100: Path) -> None:
@@ -129,7 +130,7 @@ def test_uncorrectable_ecc_and_persistence_off(a100: Path) -> None:
     edit_nvml(a100, "nvmlDeviceGetPersistenceMode", {str(i): {"result": 0} for i in range(8)})
     sources = Sources.for_node(str(a100))
     gpus, health = probe_gpus(sources.fs, sources.nvml), probe_gpu_health(sources.nvml)
-    ecc = observed(nccl_cuda_call_failed(health, probe_kernel_log(sources.fs), gpus))
+    ecc = observed(nccl_cuda_call_failed(health, probe_kernel_log(sources.fs), gpus, probe_nvlink(sources.nvml)))
     assert [(s, st) for s, st, _ in ecc] == [("GPU5", Status.PRESENT)] and "2 uncorrectable ECC errors" in ecc[0][2]
     (warning,) = gpu_unusable_by_driver(gpus, health, probe_job(sources.fs), Expectations())
     assert warning.subject == "nvidia-persistenced" and warning.severity is Severity.WARNING

@@ -11,6 +11,7 @@ import pytest
 from preflight.probes.gpu_health import GpuHealth, probe_gpu_health
 from preflight.checks.gpu import nccl_cuda_call_failed
 from preflight.probes.gpus import probe_gpus
+from preflight.probes.nvlink import probe_nvlink
 from preflight.probes.kernel_log import KernelLogFacts, parse_xids, probe_kernel_log
 from preflight.model import NotApplicable, Severity, Status, Unknown
 from preflight.sources import Sources
@@ -19,7 +20,7 @@ from preflight.sources import Sources
 def verdicts(root: Path, kernel_log: KernelLogFacts | None = None) -> list[tuple[str, Status, str]]:
     sources = Sources.for_node(str(root), None)
     log = kernel_log if kernel_log is not None else probe_kernel_log(sources.fs)
-    found = nccl_cuda_call_failed(probe_gpu_health(sources.nvml), log, probe_gpus(sources.fs, sources.nvml))
+    found = nccl_cuda_call_failed(probe_gpu_health(sources.nvml), log, probe_gpus(sources.fs, sources.nvml), probe_nvlink(sources.nvml))
     return [(o.subject, o.status, " ".join(e.observed for e in o.evidence) + o.reason) for o in found]
 
 
@@ -108,7 +109,7 @@ KMSG = (
 
 def severities(root: Path) -> dict[str, tuple[Status, Severity | None, str]]:
     sources = Sources.for_node(str(root), None)
-    found = nccl_cuda_call_failed(probe_gpu_health(sources.nvml), probe_kernel_log(sources.fs), probe_gpus(sources.fs, sources.nvml))
+    found = nccl_cuda_call_failed(probe_gpu_health(sources.nvml), probe_kernel_log(sources.fs), probe_gpus(sources.fs, sources.nvml), probe_nvlink(sources.nvml))
     return {o.subject: (o.status, o.severity, " | ".join(e.observed for e in o.evidence)) for o in found}
 
 
@@ -135,7 +136,7 @@ def test_pci_device_key_reads_the_kernel_logs_sysfs_and_nvmls_forms() -> None:
 def test_an_xid_of_a_gpu_nvml_reads_clean_now_is_a_warning(node_copy: Path) -> None:
     """The kernel log keeps an Xid until the next reboot; after the GPU was reset, NVML reads it
     clean, and an old Xid must not drain the node at every job. An Xid whose aftermath NVML's
-    health queries cannot show (NVLink, GSP) stays an error."""
+    queries cannot show (GSP) stays an error."""
     (node_copy / ".preflight/kmsg").write_text(
         KMSG
         + "4,1025,8815000000,-;NVRM: Xid (PCI:0000:18:00): 94, pid=7194, name=python, Contained: CE User Channel (0x9). RST: No, D-RST: No\n"
@@ -152,6 +153,18 @@ def test_an_xid_of_a_gpu_nvml_reads_clean_now_is_a_warning(node_copy: Path) -> N
     set_answers(node_copy, "nvmlDeviceGetTotalEccErrors", {"0/1/0": {"result": 1}})
     found = severities(node_copy)
     assert found["GPU 0000:18:00"][:2] == (Status.PRESENT, None) and found["GPU0"][0] is Status.PRESENT
+
+
+def test_an_nvlink_xid_of_a_gpu_whose_links_are_all_up_now_is_a_warning(node_copy: Path) -> None:
+    """An NVLink error (Xid 74) takes the link down until the GPU is reset: every link of that GPU
+    active now is the reading that shows the reset. One link still down keeps the error."""
+    (node_copy / ".preflight/kmsg").write_text(
+        "4,1025,8815000000,-;NVRM: Xid (PCI:0000:2a:00): 74, pid=7194, name=python, NVLink: fatal error detected on link 3(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)\n"
+    )
+    status, severity, text = severities(node_copy)["GPU 0000:2a:00"]  # GPU1
+    assert (status, severity) == (Status.PRESENT, Severity.WARNING) and text.endswith(" | GPU1: all 18 NVLinks active")
+    set_answers(node_copy, "nvmlDeviceGetNvLinkState", {"1/3": {"result": 0}})
+    assert severities(node_copy)["GPU 0000:2a:00"][:2] == (Status.PRESENT, None)
 
 
 def test_an_xid_is_cleared_only_by_the_reading_that_shows_its_aftermath(node_copy: Path) -> None:
