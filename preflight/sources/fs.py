@@ -59,6 +59,7 @@ import os
 import stat as stat_codes
 import struct
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
@@ -68,6 +69,7 @@ from preflight.sources.capture import unit_of
 
 #: Reads stop here: sysfs attributes are one page, and a 10 GB "file" must not fill memory.
 KERNEL_LOG_MAX_BYTES = 8 << 20  # a full default kernel ring buffer is 1-4 MiB
+KERNEL_LOG_READ_LIMIT = 64 << 20  # twice the largest ring buffer CONFIG_LOG_BUF_SHIFT allows
 DEFAULT_MAX_BYTES = 4 * 1024 * 1024
 #: Listings stop here: /proc on a busy node holds tens of thousands of entries and a library
 #: directory a few thousand; a root whose directory holds millions must not fill memory.
@@ -486,7 +488,7 @@ class NodeFS:
         if code is not None:
             raise SourceError(path, describe_os_error(OSError(code, os.strerror(code))))
 
-    def read_kernel_log(self, max_bytes: int = KERNEL_LOG_MAX_BYTES) -> list[str] | None:
+    def read_kernel_log(self, max_bytes: int = KERNEL_LOG_MAX_BYTES, keep: tuple[str, ...] = ()) -> list[str] | None:
         """The kernel's log records since boot, one ``pri,seq,usec,flags;message`` line each.
 
         Live: ``/dev/kmsg``, opened non-blocking (each read returns one record; EAGAIN ends the
@@ -494,27 +496,33 @@ class NodeFS:
         needs root where ``kernel.dmesg_restrict`` is 1. A recorded root replays
         ``.preflight/kmsg`` (the same lines; a line starting with a space continues the record
         before it, as the ``KEY=value`` dictionary lines of a ``/dev/kmsg`` record do). ``None``
-        when there is no log to read."""
+        when there is no log to read. ``keep``: only records containing one of these texts count
+        (and are returned), so that ``max_bytes`` holds what the caller reads, not routine noise.
+        Beyond ``max_bytes`` the oldest records are dropped: the newest (the last job's) matter most."""
         if not self.is_live:
             self._raise_recorded_error("/dev/kmsg", exact_only=True)
             replay = self.replay_file("kmsg")
             if replay is None:
                 return None
             try:
-                data = read_recording(replay, max_bytes, cut=True)
+                data = read_recording(replay, max_bytes, cut=True, tail=True)  # the newest records matter
             except OSError as error:
                 raise SourceError(".preflight/kmsg", describe_os_error(error)) from None
-            return join_kmsg_continuations(data.decode("utf-8", "replace").splitlines())
+            lines = join_kmsg_continuations(data.decode("utf-8", "replace").splitlines())
+            return [line for line in lines if any(text in line for text in keep)] if keep else lines
         try:
             descriptor = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
         except FileNotFoundError:
             return None
         except OSError as error:
             raise SourceError("/dev/kmsg", describe_os_error(error)) from None
-        records: list[str] = []
-        total = 0
+        # A log beyond KERNEL_LOG_READ_LIMIT (log_buf_len= can ask for more than
+        # CONFIG_LOG_BUF_SHIFT's 32 MiB) is not read to its end, and says so.
+        wanted = tuple(text.encode() for text in keep)
+        records: deque[bytes] = deque()
+        kept = read = 0
         try:
-            while total < max_bytes:
+            while True:
                 try:
                     record = os.read(descriptor, 8192)
                 except BlockingIOError:
@@ -525,11 +533,18 @@ class NodeFS:
                     raise SourceError("/dev/kmsg", describe_os_error(error)) from None
                 if not record:
                     break
-                total += len(record)
-                records.append(record.decode("utf-8", "replace").rstrip("\n"))
+                read += len(record)
+                if read > KERNEL_LOG_READ_LIMIT:
+                    raise SourceError("/dev/kmsg", f"more than {KERNEL_LOG_READ_LIMIT >> 20} MiB of records: the newest were not read")
+                if wanted and not any(text in record for text in wanted):
+                    continue
+                records.append(record)
+                kept += len(record)
+                while kept > max_bytes:
+                    kept -= len(records.popleft())
         finally:
             os.close(descriptor)
-        return records
+        return [record.decode("utf-8", "replace").rstrip("\n") for record in records]
 
     def replay_file(self, name: str) -> str | None:
         """Path of a recorded answer file (``<root>/.preflight/<name>``) in root mode, if any."""
@@ -548,9 +563,10 @@ class NodeFS:
 RECORDING_MAX_BYTES = 32 * 1024 * 1024
 
 
-def read_recording(path: str, max_bytes: int = RECORDING_MAX_BYTES, cut: bool = False) -> bytes:
+def read_recording(path: str, max_bytes: int = RECORDING_MAX_BYTES, cut: bool = False, tail: bool = False) -> bytes:
     """A ``.preflight`` recording's bytes: regular files only (never blocks on a FIFO), at most
-    ``max_bytes`` (``cut``: the first ``max_bytes``; otherwise a larger file fails). Raises
+    ``max_bytes`` (``cut``: the first ``max_bytes``, or with ``tail`` the whole lines of the last
+    ``max_bytes``; otherwise a larger file fails). Raises
     OSError, with a readable ``strerror`` for the refusals. Neither the file nor its directory
     (``.preflight``) may be a symbolic link: a recording is part of the root, and a link would
     read a file of this machine into the report (or into a new snapshot)."""
@@ -568,6 +584,9 @@ def read_recording(path: str, max_bytes: int = RECORDING_MAX_BYTES, cut: bool = 
             raise OSError(errno_codes.EINVAL, "not a regular file")
         if status.st_size > max_bytes and not cut:
             raise OSError(errno_codes.EFBIG, f"larger than {max_bytes} bytes")
+        skip_partial = tail and status.st_size > max_bytes
+        if skip_partial:
+            os.lseek(fd, status.st_size - max_bytes, os.SEEK_SET)
         chunks: list[bytes] = []
         remaining = max_bytes + 1
         while remaining > 0:
@@ -582,7 +601,9 @@ def read_recording(path: str, max_bytes: int = RECORDING_MAX_BYTES, cut: bool = 
     if len(data) > max_bytes:
         if not cut:
             raise OSError(errno_codes.EFBIG, f"larger than {max_bytes} bytes")
-        data = data[:max_bytes]
+        data = data[-max_bytes:] if tail else data[:max_bytes]
+    if skip_partial:
+        data = data[data.find(b"\n") + 1 :]  # the first line began before the window
     return data
 
 

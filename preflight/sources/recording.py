@@ -351,9 +351,9 @@ class RecordingFS(NodeFS):
                 self._note_entry(resolved)
         return usage
 
-    def read_kernel_log(self, max_bytes: int = KERNEL_LOG_MAX_BYTES) -> list[str] | None:
+    def read_kernel_log(self, max_bytes: int = KERNEL_LOG_MAX_BYTES, keep: tuple[str, ...] = ()) -> list[str] | None:
         try:
-            records = super().read_kernel_log(max_bytes)
+            records = super().read_kernel_log(max_bytes, keep)
         except SourceError as error:
             self._record_error("read", "/dev/kmsg", error)
             raise

@@ -94,7 +94,9 @@ def test_snapshot_layout_is_a_recorded_root(tmp_path: Path) -> None:
     assert not any(name.startswith(("/", "..")) or "/../" in name for name in names)
     # sysfs class entries stay symlinks into /sys/devices, as on the node
     assert links["sys/class/infiniband/mlx5_0"].startswith("../../devices/pci")
-    assert kmsg == (EXAMPLE_ROOT / ".preflight" / "kmsg").read_text()
+    # The example's log holds no record the kernel_log probe reads (Xids, link downs, refused
+    # joins, lossless-buffer warnings): a snapshot keeps only those, so nothing.
+    assert kmsg == "" and (EXAMPLE_ROOT / ".preflight" / "kmsg").read_text()
     assert devices["nodes"]["/dev/infiniband/uverbs0"]["type"] == "char"
     assert manifest["format"] == "preflight-snapshot/1" and manifest["profile"] == "full"
     assert manifest["source"] == "recorded root" and manifest["scrub"] == {"categories": []}
@@ -265,6 +267,22 @@ def test_kernel_log_records_keep_their_continuation_lines(node_copy: Path) -> No
     (node_copy / ".preflight" / "kmsg").write_text("6,1,5,-;mlx5_core 0000:1a:00.0: hello\n SUBSYSTEM=pci\n DEVICE=+pci:0000:1a:00.0\n4,2,9,-;second\n")
     records = NodeFS(str(node_copy)).read_kernel_log()
     assert records == ["6,1,5,-;mlx5_core 0000:1a:00.0: hello\n SUBSYSTEM=pci\n DEVICE=+pci:0000:1a:00.0", "4,2,9,-;second"]
+
+
+def test_kernel_log_keeps_the_newest_records_it_is_asked_for(node_copy: Path) -> None:
+    """Beyond the byte budget the oldest records go (the last job's Xid matters most), and with
+    ``keep`` routine records never use the budget at all."""
+    noise = "".join(f"6,{n},{n}000,-;mlx5_core 0000:1a:00.0: routine message number {n}\n" for n in range(2000))
+    (node_copy / ".preflight" / "kmsg").write_text(
+        "4,0,1,-;NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=python, GPU has fallen off the bus.\n" + noise
+        + "4,9999,99999999,-;NVRM: Xid (PCI:0000:5d:00): 94, pid=2, name=python, Contained: CE User Channel (0x9).\n"
+    )
+    fs = NodeFS(str(node_copy))
+    tail = fs.read_kernel_log(max_bytes=4096)
+    assert tail is not None and tail[-1].startswith("4,9999,") and "GPU has fallen off" not in "".join(tail)
+    assert all(record[:1].isdigit() for record in tail)  # the record cut by the window is dropped whole
+    kept = fs.read_kernel_log(max_bytes=1 << 20, keep=("Xid",))
+    assert kept is not None and [record.split(";")[0] for record in kept] == ["4,0,1,-", "4,9999,99999999,-"]
 
 
 class _HangingNvml:

@@ -228,3 +228,20 @@ def test_a_directory_past_the_listing_cap_is_an_error_not_a_partial_list(
     (full / "libibverbs.so.1").write_bytes(b"")
     with pytest.raises(SourceError, match="more than 5 entries; not listed"):
         NodeFS(str(tmp_path)).listdir("/usr/lib")
+
+
+def test_live_kernel_log_keeps_the_newest_records_within_its_budget() -> None:
+    """/dev/kmsg hands out records oldest first; past the budget the oldest are dropped, so a
+    large ring buffer still shows the last job's Xid."""
+    fs = NodeFS("/")
+    try:
+        whole = fs.read_kernel_log()
+    except SourceError as error:
+        pytest.skip(f"this machine's kernel log cannot be read: {error}")
+    if not whole or sum(len(record) for record in whole) < 8192:
+        pytest.skip("this machine's kernel log is too short to cut")
+    newest = fs.read_kernel_log(max_bytes=4096)
+    assert newest is not None and 0 < len(newest) < len(whole)
+    # Records logged between the two reads only add at the end.
+    first = whole.index(newest[0])
+    assert whole[first:] == newest[: len(whole) - first]
