@@ -170,6 +170,10 @@ class NodeFS:
     def _host_path(self, path: str) -> str:
         if not path.startswith("/"):
             raise ValueError(f"node paths are absolute, got {path!r}")
+        if "\0" in path:
+            # Paths built from what a node's files say (a netdev name in gid_attrs/ndevs): the
+            # kernel has no such path, and os refuses it with a ValueError.
+            raise SourceError(path.replace("\0", "\\0")[:300], "not a path: it holds a NUL byte")
         return os.path.normpath(path)
 
     def _resolve(self, path: str, follow_last: bool = True) -> str:

@@ -245,3 +245,14 @@ def test_live_kernel_log_keeps_the_newest_records_within_its_budget() -> None:
     # Records logged between the two reads only add at the end.
     first = whole.index(newest[0])
     assert whole[first:] == newest[: len(whole) - first]
+
+
+@pytest.mark.parametrize("live", [True, False])
+def test_a_path_with_a_nul_byte_is_a_source_error(live: bool, example_root: Path) -> None:
+    """Probes build paths from what files say (a netdev name in gid_attrs/ndevs); a NUL byte in one
+    made os raise ValueError, which ended the roce probe (fuzz seed 45000561)."""
+    fs = NodeFS("/" if live else str(example_root))
+    path = "/sys/class/net/ens1f\0np0/mtu"
+    for operation in (fs.read, fs.listdir, fs.readlink, fs.stat, fs.exists):
+        with pytest.raises(SourceError, match="NUL byte"):
+            operation(path)
