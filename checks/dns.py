@@ -87,7 +87,7 @@ def _judge_name(lookup: NameLookup, facts: HostnameFacts) -> Observation | None:
         return undecided(subject, f"DNS did not answer for {subject}: {_dns_summary(lookup.dns_answers) or result.detail}")
     if result.status == "not_found":
         evidence = [
-            Evidence("/etc/hosts", facts.hosts_error or "no entry"),
+            Evidence("/etc/hosts", "missing" if facts.hosts_missing else "no entry"),
             Evidence("DNS", ", ".join(f"{a.rdtype} {a.error or ' '.join(a.addresses)}" for a in lookup.dns_answers),
                      "an A or AAAA record"),
         ]

@@ -9,7 +9,10 @@ Sources:
 * ``/etc/nsswitch.conf`` ``hosts:`` line (nsswitch.conf(5)): the services libc asks, in order, and
   the ``[STATUS=action]`` items between them. Without a ``hosts`` line glibc 2.36 asks ``files``
   and then ``dns`` (measured: a name in both /etc/hosts and DNS resolves to the hosts address);
-* ``/etc/hosts`` (hosts(5));
+* ``/etc/hosts`` (hosts(5)). Both files are read as glibc reads them, bytes line by line
+  (``read_as_glibc``): a byte that is not UTF-8 in a comment changes nothing. glibc's files service
+  answers UNAVAIL only when it cannot open /etc/hosts (it is missing); a file preflight could not
+  read although glibc would (past the read cap, not captured) leaves the lookup undetermined;
 * ``/proc/self/environ``: ``SLURM_JOB_NODELIST`` (expanded like ``scontrol show hostnames``) and
   ``MASTER_ADDR``;
 * DNS through the node's resolv.conf (search list, ``ndots``; ``preflight.sources.dns``): one
@@ -46,7 +49,7 @@ from preflight.hostlist import HostlistError, expand
 from preflight.probes.job import parse_environ
 from preflight.probing import FactReader
 from preflight.registry import probe
-from preflight.sources import NodeFS, NotCaptured, SourceError
+from preflight.sources import NodeFS, SourceError
 from preflight.sources.dns import Dns, DnsAnswer, NameserverCheck
 
 #: Peers resolved by one node besides MASTER_ADDR and the first node of the job.
@@ -101,14 +104,15 @@ class HostnameFacts(Struct, frozen=True):
     hostname: str | None  # /proc/sys/kernel/hostname
     hosts_entries: tuple[HostsEntry, ...]  # /etc/hosts lines naming this host exactly (any case)
     dns_answers: tuple[DnsAnswer, ...]  # this host's A and AAAA; () when DNS could not be read
-    problems: tuple[str, ...]  # files that could not be read (host name, nsswitch.conf)
+    problems: tuple[str, ...]  # files that could not be read (the host name)
     reverse: tuple[DnsAnswer, ...] = ()  # PTR answers for this host's addresses
     peers: tuple[NameLookup, ...] = ()  # MASTER_ADDR and sampled SLURM_JOB_NODELIST peers
     nodes_in_job: int = 0  # hosts in SLURM_JOB_NODELIST
     peers_error: str = ""  # why the job's peers are not known (environ unreadable, bad node list)
     hosts_order: tuple[NssService, ...] = FILES_THEN_DNS  # /etc/nsswitch.conf hosts:
-    hosts_error: str = ""  # why /etc/hosts could not be read, "" when it was
-    hosts_order_error: str = ""  # why /etc/nsswitch.conf's order is unknown (not captured), "" when known
+    hosts_error: str = ""  # why /etc/hosts could not be read, "" when it was (or is missing)
+    hosts_order_error: str = ""  # why /etc/nsswitch.conf's order is unknown (unread, not captured), "" when known
+    hosts_missing: bool = False  # no /etc/hosts at all, which glibc's files service answers UNAVAIL
     nameservers: tuple[NameserverCheck, ...] = ()  # one timed query to each nameserver
     nameserver_origin: str = "/etc/resolv.conf"  # or the site config's [dns] nameservers
     dns_error: str = ""  # why DNS answers could not be had at all (no recording...)
@@ -122,6 +126,18 @@ class HostnameFacts(Struct, frozen=True):
 
 
 # -- parsers ----------------------------------------------------------------------------------
+def read_as_glibc(fs: NodeFS, path: str) -> str | None:
+    """A file glibc's NSS reads line by line (/etc/hosts, /etc/nsswitch.conf), as glibc sees it:
+    bytes, not text. Each line ends at its first NUL (glibc parses lines as C strings,
+    nss/nss_readline.c) and bytes that are not UTF-8 are replaced: addresses, names and keywords
+    are ASCII, so a Latin-1 comment must not make the whole file unreadable. ``None`` when absent;
+    SourceError past the read cap, which glibc does not have."""
+    data = fs.read_bytes(path)
+    if data is None:
+        return None
+    return "\n".join(line.split(b"\0", 1)[0].decode("utf-8", "replace") for line in data.split(b"\n"))
+
+
 def parse_hosts(text: str, path: str = "/etc/hosts") -> list[HostsEntry]:
     entries = []
     for number, line in enumerate(text.splitlines(), 1):
@@ -263,11 +279,13 @@ def libc_lookup(lookup: NameLookup, facts: HostnameFacts) -> LibcResult:
     for service_entry in facts.hosts_order:
         service = service_entry.name
         if service == "files":
-            if facts.hosts_error.startswith("not captured"):
-                # glibc reads the node's /etc/hosts; a capture without one says nothing of it.
-                return LibcResult("undetermined", (), service, f"/etc/hosts: {facts.hosts_error}")
             if facts.hosts_error:
-                status, addresses, detail = "UNAVAIL", (), f"/etc/hosts: {facts.hosts_error}"
+                # A read glibc would not fail (past preflight's cap, refused, not captured): what
+                # glibc finds there is unknown, and calling it UNAVAIL would hand the name to DNS.
+                return LibcResult("undetermined", (), service, f"/etc/hosts: {facts.hosts_error}")
+            if facts.hosts_missing:
+                # nss/nss_files/files-XXX.c internal_setent: a failed fopen is UNAVAIL.
+                status, addresses, detail = "UNAVAIL", (), "/etc/hosts: missing (glibc's files service: UNAVAIL)"
             elif lookup.hosts_entries:
                 status = "SUCCESS"
                 addresses = tuple(entry.address for entry in lookup.hosts_entries)
@@ -295,6 +313,8 @@ def libc_lookup(lookup: NameLookup, facts: HostnameFacts) -> LibcResult:
         if _action(service_entry, status) in ("return", "merge"):
             break
     results = {"SUCCESS": "found", "NOTFOUND": "not_found"}
+    if status == "UNAVAIL" and service == "files":
+        return LibcResult("not_found", (), service, detail)  # no /etc/hosts, and no service after it
     return LibcResult(results.get(status, "unavailable"), gai_order(addresses), service, detail)
 
 
@@ -305,18 +325,18 @@ def probe_hostname(fs: NodeFS, dns: Dns, settings: HostConfig) -> HostnameFacts:
     reader = FactReader(fs)
     raw = reader.text("/proc/sys/kernel/hostname")
     hostname = raw.strip() if raw and raw.strip() else None
-    hosts_error = ""
+    hosts_error, hosts_text = "", None
     try:
-        all_entries = parse_hosts(fs.read("/etc/hosts") or "")
+        hosts_text = read_as_glibc(fs, "/etc/hosts")
     except SourceError as error:
-        all_entries, hosts_error = [], error.reason
+        hosts_error = error.reason
+    all_entries = parse_hosts(hosts_text or "")
     try:
-        order_error, order = "", parse_nsswitch_hosts(fs.read("/etc/nsswitch.conf") or "")
-    except NotCaptured as error:
+        order_error, order = "", parse_nsswitch_hosts(read_as_glibc(fs, "/etc/nsswitch.conf") or "")
+    except SourceError as error:
+        # glibc would read it (no size cap) or was not captured reading it: its order is unknown,
+        # and guessing glibc's defaults could send every name to a service the node never asks.
         order_error, order = str(error), FILES_THEN_DNS
-    except SourceError as error:  # glibc falls back to its defaults too
-        reader.problems.append(str(error))
-        order_error, order = "", parse_nsswitch_hosts("")
     peers_error = ""
     try:
         environ = parse_environ(fs.read_bytes("/proc/self/environ") or b"")
@@ -339,6 +359,7 @@ def probe_hostname(fs: NodeFS, dns: Dns, settings: HostConfig) -> HostnameFacts:
     facts = HostnameFacts(
         hostname, (), (), (), nodes_in_job=len(nodes), peers_error=peers_error, hosts_order=order,
         hosts_error=hosts_error, hosts_order_error=order_error, nameserver_origin=origin,
+        hosts_missing=hosts_text is None and not hosts_error,
     )
     checks: list[NameserverCheck] = []
     try:

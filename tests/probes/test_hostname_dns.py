@@ -44,6 +44,7 @@ from preflight.config import HostConfig
 from preflight.model import Observation, Severity, Status
 from preflight.sources import DnsSettings, NodeFS
 from preflight.sources.dns import DnsAnswer, LiveDns, NameserverCheck, ResolvConf, parse_resolv_conf
+from preflight.sources.fs import DEFAULT_MAX_BYTES
 
 FIXTURES = REPO / "tests" / "fixtures" / "nodes"
 DNS_PEERS = FIXTURES / "dns-peers"
@@ -195,6 +196,59 @@ def test_loopback_host_line_found_with_live_dns(run_cli: Runner, server: Planted
     found = dns001(run_cli, root, "--config", config(tmp_path, [LIVE], server.port))
     assert found["gpu01"]["status"] == "present" and found["gpu01"]["severity"] == "error"
     assert found["gpu01"]["evidence"][0]["source"] == "/etc/hosts:3"
+
+
+GLIBC_READS = {
+    # glibc reads bytes: a Latin-1 comment or a NUL changes nothing for the lines it parses.
+    "latin-1 comment": (b"# Cluster hosts \xe9dit\xe9 par Jos\xe9\n127.0.0.1 localhost\n10.0.0.7 gpu07.test.cluster gpu07\n", None),
+    "NUL in a line": (b"127.0.0.1 localhost\n10.0.0.7 gpu07.test.cluster gpu07\0 trailing bytes\n", None),
+    # hosts: files myhostname, after a Latin-1 comment: myhostname answers this host's name.
+    "latin-1 nsswitch.conf": (None, b"# \xe9dit\xe9\nhosts: files myhostname\n"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GLIBC_READS))
+def test_files_that_are_not_utf8_are_read_as_glibc_reads_them(run_cli: Runner, server: PlantedDns, tmp_path: Path, case: str) -> None:
+    """gpu07 has no DNS record: only /etc/hosts (or nss-myhostname) answers it. A file preflight
+    could not decode used to count as glibc's UNAVAIL, the lookup went on to DNS, and the NXDOMAIN
+    there drained a healthy node."""
+    root = tmp_path / "node"
+    shutil.copytree(DNS_PEERS, root)
+    write(root, "/proc/sys/kernel/hostname", "gpu07\n")
+    hosts, nsswitch = GLIBC_READS[case]
+    if hosts is not None:
+        write(root, "/etc/hosts", hosts)
+    if nsswitch is not None:
+        write(root, "/etc/nsswitch.conf", nsswitch)
+    found = dns001(run_cli, root, "--config", config(tmp_path, [LIVE], server.port))
+    assert "gpu07" not in found, found["gpu07"]
+
+
+def test_a_hosts_file_preflight_cannot_read_whole_is_unknown(run_cli: Runner, server: PlantedDns, tmp_path: Path) -> None:
+    """glibc reads /etc/hosts at any size; past preflight's read cap what it finds is unknown, not
+    UNAVAIL (which sent the name on to DNS and its NXDOMAIN made an error)."""
+    root = tmp_path / "node"
+    shutil.copytree(DNS_PEERS, root)
+    write(root, "/proc/sys/kernel/hostname", "gpu07\n")
+    write(root, "/etc/hosts", b"# padding\n" * (DEFAULT_MAX_BYTES // 10 + 1) + b"10.0.0.7 gpu07\n")
+    found = dns001(run_cli, root, "--config", config(tmp_path, [LIVE], server.port))
+    assert found["gpu07"]["status"] == "unknown" and "larger than" in str(found["gpu07"]["reason"]), found["gpu07"]
+
+
+def test_a_missing_hosts_file_is_unavail_as_glibc_says(run_cli: Runner, server: PlantedDns, tmp_path: Path) -> None:
+    """glibc's files service answers UNAVAIL when /etc/hosts cannot be opened (files-XXX.c
+    internal_setent), so "[NOTFOUND=return]" after it does not stop the lookup before DNS."""
+    root = tmp_path / "node"
+    shutil.copytree(DNS_PEERS, root)
+    (root / "etc" / "hosts").unlink()
+    write(root, "/etc/nsswitch.conf", "hosts: files [NOTFOUND=return] dns\n")
+    found = dns001(run_cli, root, "--config", config(tmp_path, [LIVE], server.port))
+    assert "gpu01" not in found, found["gpu01"]  # DNS answers 10.0.0.1
+    write(root, "/etc/nsswitch.conf", "hosts: files\n")
+    found = dns001(run_cli, root, "--config", config(tmp_path, [LIVE], server.port))
+    # With nothing after it, the name does not resolve: this host's own name is an error.
+    assert (found["gpu01"]["status"], found["gpu01"]["severity"]) == ("present", "error")
+    assert found["gpu01"]["evidence"][0] == {"source": "/etc/hosts", "observed": "missing", "expected": ""}
 
 
 def test_recorded_root_without_dns_is_unknown_per_name(run_cli: Runner, tmp_path: Path) -> None:
