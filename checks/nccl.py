@@ -61,8 +61,11 @@ def _is_power_of_two(count: int) -> bool:
 
 @check("NCCL015", profiles=("prolog",))
 def tree_algorithm_hang(job: JobFacts) -> Iterator[Observation]:
-    """NCCL_ALGO leaves all-reduce only Tree (no Ring to fall back on), worst at rank or node
-    counts that are not a power of two."""
+    """NCCL_ALGO leaves all-reduce only Tree (no Ring to fall back on). A warning at any count:
+    forcing Tree is a job's or a site's tuning choice, the node is healthy, and no NCCL release
+    note ties a hang to counts that are not a power of two (``ncclGetBtree`` and ``ncclGetDtree``
+    in src/graph/trees.cc@v2.30.7-1 build the double binary tree for any rank count, shifting the
+    second tree when the count is odd); such counts are named in the evidence only."""
     setting = job.nccl("NCCL_ALGO")
     if setting is None:
         raise job.nothing_to_judge("NCCL_ALGO", "NCCL chooses among all its algorithms, Ring included")
@@ -77,7 +80,7 @@ def tree_algorithm_hang(job: JobFacts) -> Iterator[Observation]:
     evidence = [Evidence(f"{where} NCCL_ALGO", repr(setting.value), "unset, or a list that keeps Ring for all-reduce")]
     odd = [(name, count) for name, count in (("nodes", view.nnodes), ("ranks", world)) if count is not None and not _is_power_of_two(count)]
     evidence += [Evidence("/proc/self/environ", f"{count} {name}", "a power of two while Tree is forced") for name, count in odd]
-    yield present("NCCL_ALGO", *evidence, severity=None if odd else Severity.WARNING)
+    yield present("NCCL_ALGO", *evidence, severity=Severity.WARNING)
 
 
 # Releases with a crash NCCL's own tracker ties to them (references/NCCL012.toml).
