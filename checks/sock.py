@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from typing import TYPE_CHECKING
 
 from preflight.model import (
@@ -13,6 +14,7 @@ from preflight.model import (
 )
 from preflight.nccl.releases import CONNECT_RETRY, release_findings, require_nccl
 from preflight.probes.firewall import FirewallFacts, nccl_port_findings
+from preflight.probes.hostname import is_ip_literal, is_loopback_address, same_host
 from preflight.probes.job import JobFacts
 from preflight.probes.sockets import (
     PORT_RANGE,
@@ -99,9 +101,59 @@ def _master_port(job: JobFacts) -> tuple[int | None, str]:
     return int(text), f"MASTER_PORT={int(text)} (job environment)"
 
 
+#: Variables that say this node is the rendezvous store's host when they are 0: torch's env://
+#: handler starts the TCPStore server on RANK 0, torchrun's static rendezvous on its node rank
+#: (GROUP_RANK) 0, and Slurm numbers the job's first node SLURM_NODEID 0.
+FIRST_RANK_NAMES = ("RANK", "GROUP_RANK", "SLURM_NODEID")
+
+
+def _is_zero(value: str | None) -> bool:
+    """``0`` as int() reads it (" 0 ", "+0"), as torch and launch scripts parse these variables."""
+    try:
+        return value is not None and int(value) == 0
+    except ValueError:
+        return False
+
+
+def _own_address(address: str, sockets: SocketFacts) -> bool:
+    if sockets.addresses is None or not is_ip_literal(address):
+        return False
+    wanted = ipaddress.ip_address(address.split("%", 1)[0])
+    return any(is_ip_literal(a) and ipaddress.ip_address(a.split("%", 1)[0]) == wanted for a in sockets.addresses)
+
+
+def store_host(sockets: SocketFacts, job: JobFacts) -> str:
+    """Why this node may be the one that binds MASTER_PORT, or "" when the job shows the store on
+    another node. Only the store's host listens there (torch's env:// handler on rank 0, torchrun's
+    static rendezvous on node rank 0, its c10d backend where the endpoint names this machine);
+    every other node only connects to it, so a listener here is no conflict for the job."""
+    for name in FIRST_RANK_NAMES:
+        if _is_zero(job.environ.get(name)):
+            return f"{name}={job.environ[name].strip()}"
+    address = job.environ.get("MASTER_ADDR", "").strip()
+    if not address:
+        return "MASTER_ADDR unset"
+    if address.lower().rstrip(".") == "localhost" or is_loopback_address(address):
+        return f"MASTER_ADDR={address} (loopback)"
+    if sockets.hostname is not None and same_host(address, sockets.hostname):
+        return f"MASTER_ADDR={address} (this host)"
+    if _own_address(address, sockets):
+        return f"MASTER_ADDR={address} (an address of this node)"
+    return ""
+
+
+def _elsewhere(sockets: SocketFacts, job: JobFacts) -> Evidence:
+    address = job.environ.get("MASTER_ADDR", "").strip()
+    unseen = [what for what, missing in (("its host name", sockets.hostname is None), ("its addresses", sockets.addresses is None)) if missing]
+    caveat = f" (this node's {' and '.join(unseen)} could not be read)" if unseen else ""
+    return Evidence("MASTER_ADDR", f"{address}: another host{caveat}; this node only connects to the store there",
+                    "this node, for the listener to stop the store from binding")
+
+
 @check("SOCK001", profiles=("prolog",))
 def rendezvous_port_in_use(sockets: SocketFacts, job: JobFacts) -> Iterator[Observation]:
-    """MASTER_PORT is already listened on, or lies in the ephemeral range without a reservation."""
+    """MASTER_PORT is already listened on (an error on the node that binds it), or lies in the
+    ephemeral range without a reservation."""
     port, origin = _master_port(job)
     if port is None:
         yield undecided("MASTER_PORT", origin)
@@ -130,6 +182,10 @@ def rendezvous_port_in_use(sockets: SocketFacts, job: JobFacts) -> Iterator[Obse
         warnings.append(Evidence("guessed port", "a running job's rendezvous, or a stale one the next job using the default trips over",
                                  "MASTER_PORT named by the job"))
         errors, warnings = [], errors + warnings
+    elif errors and not store_host(sockets, job):
+        # Another node hosts the store: the listener here (another job's, on a shared node) takes
+        # nothing from this job, which draining the node for it would requeue all the same.
+        errors, warnings = [], errors + [_elsewhere(sockets, job)] + warnings
     if errors or warnings:
         yield present(subject, *errors, *warnings, severity=None if errors else Severity.WARNING)
         return

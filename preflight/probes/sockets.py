@@ -10,6 +10,9 @@ Sources (kernel ``Documentation/networking/proc_net_tcp.rst`` and ``ip-sysctl.rs
 * ``/proc/sys/net/ipv4/ip_local_port_range`` (two numbers, tab-separated) and
   ``ip_local_reserved_ports`` (comma-separated ports and ranges, excluded from ephemeral use).
 * ``MASTER_PORT`` from the job environment (``preflight.probes.job``); torchrun's default is 29500.
+* ``/proc/sys/kernel/hostname``, and this node's addresses from ``/proc/net/fib_trie`` (its ``/32
+  host LOCAL`` leaves) and ``/proc/net/if_inet6``: whether ``MASTER_ADDR`` names this node, i.e.
+  whether this node binds the rendezvous port at all.
 
 All of it is per network namespace: a prolog on the host sees the host's sockets, a job in its
 own namespace may see others.
@@ -106,6 +109,8 @@ class SocketFacts(Struct, frozen=True):
     bad_lines: tuple[str, ...]  # "path:line: text" of lines that did not parse (first few)
     bad_line_count: int
     problems: tuple[str, ...]  # files that could not be read
+    hostname: str | None = None  # /proc/sys/kernel/hostname; None when unread
+    addresses: tuple[str, ...] | None = None  # this node's IPv4 and IPv6 addresses; None when unread
 
 
 class TableError(ValueError):
@@ -290,4 +295,31 @@ def probe_sockets(fs: NodeFS) -> SocketFacts:
         tuple(line for table in parsed for line in table.bad_lines),
         sum(table.bad_count for table in parsed),
         tuple(problems),
+        _hostname(fs),
+        _own_addresses(fs),
     )
+
+
+def _hostname(fs: NodeFS) -> str | None:
+    """This node's host name; None when it cannot be read (SOCK001 then cannot tell whether
+    MASTER_ADDR names this node, and does not call the node the store's host)."""
+    try:
+        text = fs.read("/proc/sys/kernel/hostname")
+    except SourceError:
+        return None
+    name = (text or "").strip()
+    return name or None
+
+
+def _own_addresses(fs: NodeFS) -> tuple[str, ...] | None:
+    """The addresses this network namespace holds, from procfs (the prolog reads no netlink);
+    None when either table cannot be read. A missing if_inet6 is IPv6 switched off."""
+    from preflight.sources.netlink import parse_fib_trie_locals, parse_if_inet6
+
+    try:
+        trie, inet6 = fs.read("/proc/net/fib_trie"), fs.read("/proc/net/if_inet6")
+    except SourceError:
+        return None
+    if trie is None:
+        return None
+    return tuple(parse_fib_trie_locals(trie)) + tuple(entry.address for entry in parse_if_inet6(inet6 or ""))

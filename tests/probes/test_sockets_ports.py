@@ -96,6 +96,8 @@ def test_probe_on_the_exhausted_root() -> None:
         bad_lines=(),
         bad_line_count=0,
         problems=(),
+        hostname="gpu07",
+        addresses=None,  # the recording has no /proc/net/fib_trie
     )
 
 
@@ -136,6 +138,50 @@ def test_a_listener_on_the_port_the_job_names_is_an_error(run_cli: Runner, tmp_p
     sock001 = findings(run_cli, root)["SOCK001"]
     assert (sock001["status"], sock001["severity"]) == ("present", "error")
     assert sock001["evidence"][0]["observed"].startswith("0.0.0.0:29500 LISTEN (uid 1002, inode 991234); MASTER_PORT=29500 (job environment)")
+
+
+FIB_TRIE = """Main:
+  +-- 0.0.0.0/0 3 0 5
+     |-- 0.0.0.0
+        /0 universe UNICAST
+     +-- 10.0.0.0/24 2 0 2
+        |-- 10.0.0.7
+           /32 host LOCAL
+"""
+
+
+@pytest.mark.parametrize(
+    ("environ", "severity"),
+    [
+        # Another node hosts the store: the listener (another job's) is in nobody's way here.
+        ({"MASTER_ADDR": "gpu01", "RANK": "8"}, "warning"),
+        ({"MASTER_ADDR": "10.0.0.1"}, "warning"),
+        # This node binds the port.
+        ({"MASTER_ADDR": "gpu07", "RANK": "8"}, "error"),
+        ({"MASTER_ADDR": "GPU07.cluster.example."}, "error"),
+        ({"MASTER_ADDR": "10.0.0.7"}, "error"),
+        ({"MASTER_ADDR": "localhost"}, "error"),
+        ({"MASTER_ADDR": "127.0.0.1"}, "error"),
+        ({"MASTER_ADDR": "gpu01", "RANK": "0"}, "error"),
+        ({"MASTER_ADDR": "gpu01", "GROUP_RANK": " 0 "}, "error"),
+        ({"MASTER_ADDR": "gpu01", "SLURM_NODEID": "0"}, "error"),
+    ],
+)
+def test_a_listener_is_an_error_only_on_the_node_that_binds_the_port(
+    run_cli: Runner, tmp_path: Path, environ: dict[str, str], severity: str
+) -> None:
+    """Only the store's host binds MASTER_PORT (env:// on rank 0, torchrun on node rank 0, the c10d
+    backend where the endpoint is this machine); on the other nodes of the job a listener there,
+    another job's on a shared node, takes nothing from the job."""
+    root = tmp_path / "node"
+    shutil.copytree(PORTS_EXHAUSTED, root)
+    write(root, "/proc/net/fib_trie", FIB_TRIE)
+    variables = {"SLURM_JOB_ID": "9", "MASTER_PORT": "29500", **environ}
+    write(root, "/proc/self/environ", "".join(f"{k}={v}\0" for k, v in variables.items()).encode())
+    sock001 = findings(run_cli, root)["SOCK001"]
+    assert (sock001["status"], sock001["severity"]) == ("present", severity), sock001
+    if severity == "warning":
+        assert sock001["evidence"][1]["source"] == "MASTER_ADDR" and "another host" in sock001["evidence"][1]["observed"]
 
 
 def test_master_port_inside_the_range_unless_reserved(run_cli: Runner, tmp_path: Path) -> None:
