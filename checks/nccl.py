@@ -14,7 +14,7 @@ from preflight.model import (
     present,
     undecided,
 )
-from preflight.nccl.releases import RAS_INIT_RACE, SPLIT_NONBLOCKING, release_findings, require_nccl
+from preflight.nccl.releases import RAS_INIT_RACE, SPLIT_NONBLOCKING, loaded_copies, release_findings, require_nccl
 from preflight.probes.firewall import FirewallFacts, nccl_port_findings
 from preflight.probes.frameworks import FrameworkFacts, parse_version
 from preflight.probes.gpu_health import GpuHealthFacts, nvml_unusable
@@ -163,7 +163,7 @@ def nccl_ras_query_crash(nccl_libs: NcclLibFacts, job: JobFacts) -> Iterator[Obs
     ras = job.nccl("NCCL_RAS_ENABLE")
     if ras is not None and ras.value.strip() == "0":
         return
-    for copy in nccl_libs.copies:
+    for copy in loaded_copies(nccl_libs).copies:
         if copy.version in RAS_CRASH_VERSIONS:
             yield present(
                 copy.path,
@@ -211,7 +211,7 @@ def nccl_commsplit_nonblocking_segfault(nccl_libs: NcclLibFacts, job: JobFacts, 
             "no PyTorch installed to judge either; a program that asks NCCL for non-blocking communicators itself is not visible here",
         )
     if triggers:
-        yield from release_findings(nccl_libs, SPLIT_NONBLOCKING, *triggers, severity=Severity.WARNING if only_risk else None)
+        yield from release_findings(loaded_copies(nccl_libs), SPLIT_NONBLOCKING, *triggers, severity=Severity.WARNING if only_risk else None)
 
 
 @check("NCCL013", profiles=("full",))
@@ -222,7 +222,7 @@ def nccl_ras_init_race(nccl_libs: NcclLibFacts, job: JobFacts) -> Iterator[Obser
     if switched_off(job, "NCCL_RAS_ENABLE"):
         return
     setting = setting_evidence(job, "NCCL_RAS_ENABLE", "0 until NCCL is upgraded (unset: RAS on)")
-    yield from release_findings(nccl_libs, RAS_INIT_RACE, setting, severity=Severity.WARNING, fix=RAS_QUERY_FIX)
+    yield from release_findings(loaded_copies(nccl_libs), RAS_INIT_RACE, setting, severity=Severity.WARNING, fix=RAS_QUERY_FIX)
 
 
 # NCCL keeps each protocol's buffer size in an int (src/init.cc, v2.27.3-1: NCCL_PARAM(BuffSize,

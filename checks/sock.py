@@ -12,7 +12,7 @@ from preflight.model import (
     present,
     undecided,
 )
-from preflight.nccl.releases import CONNECT_RETRY, release_findings, require_nccl
+from preflight.nccl.releases import CONNECT_RETRY, loaded_copies, release_findings, require_nccl
 from preflight.probes.firewall import FirewallFacts, nccl_port_findings
 from preflight.probes.hostname import is_ip_literal, is_loopback_address, same_host
 from preflight.probes.job import JobFacts
@@ -37,7 +37,7 @@ def nccl_connect_retry_econnaborted(nccl_libs: NcclLibFacts) -> Iterator[Observa
     """An NCCL release whose connect retry fails on the socket it retries; every multi-process
     job bootstraps over sockets, so a late peer turns into 'Software caused connection abort'."""
     require_nccl(nccl_libs)
-    yield from release_findings(nccl_libs, CONNECT_RETRY, severity=Severity.WARNING)
+    yield from release_findings(loaded_copies(nccl_libs), CONNECT_RETRY, severity=Severity.WARNING)
 
 
 #: torchrun / init_process_group(env://) listen here when MASTER_PORT is not set.

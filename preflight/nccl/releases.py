@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterator
 
 from msgspec import Struct
+from msgspec.structs import replace
 
 from preflight.model import Evidence, NotApplicable, Observation, Severity, Unknown, present, undecided
 from preflight.probes.nccl_libs import NcclCopy, NcclLibFacts
@@ -91,6 +92,17 @@ def carries(bug: KnownBug, version: str) -> bool:
     """Whether release ``version`` is in ``[bug.first, bug.fixed)``."""
     release, first, fixed = version_tuple(version), version_tuple(bug.first), version_tuple(bug.fixed)
     return release is not None and first is not None and fixed is not None and first <= release < fixed
+
+
+def loaded_copies(libs: NcclLibFacts) -> NcclLibFacts:
+    """``libs`` without the versioned files no loader picks (``NcclCopy.unreached``): a release
+    bug in a file left over beside the one ``libnccl.so.2`` links to bites no job. NotApplicable
+    when those are all the node holds (the file the link reaches lies in a directory not searched)."""
+    loaded = tuple(copy for copy in libs.copies if not copy.unreached)
+    if libs.copies and not loaded:
+        stale = libs.copies[0]
+        raise NotApplicable(f"every libnccl found is a file no loader picks: {stale.path} ({stale.unreached})")
+    return replace(libs, copies=loaded)
 
 
 def require_nccl(libs: NcclLibFacts) -> None:

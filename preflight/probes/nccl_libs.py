@@ -14,10 +14,17 @@ Sources, read through the node's filesystem:
   ``nvidia_nccl_cu12-2.27.3.dist-info`` directory beside it;
 * the job's ``LD_LIBRARY_PATH`` and ``LD_PRELOAD`` (the job environment), which put a copy ahead
   of the one the framework was built with.
+
+A program asks the loader for NCCL by its SONAME, ``libnccl.so.2`` (or links ``-lnccl`` through
+``libnccl.so``), and ld.so finds that name in each directory (ld.so(8)); ldconfig points the
+``libnccl.so.2`` link at the newest file it finds. A versioned file that no such link in its
+directory reaches, while one does reach another version there, is left over from an older
+package: no job loads it, and the checks of release bugs leave it out (``NcclCopy.unreached``).
 """
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Mapping
 
@@ -54,6 +61,9 @@ class NcclCopy(Struct, frozen=True):
     # A Python environment's nvidia-nccl wheels beside the library ("nvidia_nccl_cu12-2.21.5"): all
     # of them install the same nvidia/nccl/lib/libnccl.so.2, so with two the last one installed won.
     wheels: tuple[str, ...] = ()
+    # Why no loader picks this versioned file ("libnccl.so.2 links to libnccl.so.2.28.3"): the
+    # directory's libnccl.so.2 and libnccl.so reach another version. "" when one may load it.
+    unreached: str = ""
 
 
 class NcclLibFacts(Struct, frozen=True):
@@ -73,13 +83,52 @@ def library_dirs(reader: FactReader) -> list[str]:
     return dirs
 
 
+#: The names a program's loader asks for: the SONAME (DT_NEEDED of anything linked with -lnccl)
+#: and the link name the linker resolves -lnccl through.
+LOADER_NAMES = ("libnccl.so.2", "libnccl.so")
+_MAX_LINK_HOPS = 8
+
+
+def _link_end(fs: NodeFS, path: str) -> str:
+    """The file a chain of symbolic links starting at ``path`` ends at (node paths, followed
+    textually and at most _MAX_LINK_HOPS deep); SourceError when a link cannot be read."""
+    for _ in range(_MAX_LINK_HOPS):
+        target = fs.readlink(path)
+        if target is None:
+            return path
+        path = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
+    return path
+
+
+def _stale_reason(fs: NodeFS, directory: str, names: list[str], versioned: list[str]) -> dict[str, str]:
+    """Versioned files of ``directory`` that no loader name there reaches while one reaches
+    another version, with why; {} when a link cannot be read (then every file is judged)."""
+    reached: dict[str, str] = {}  # end of each loader link -> the link's name
+    try:
+        for name in LOADER_NAMES:
+            if name in names:
+                reached[_link_end(fs, f"{directory}/{name}")] = name
+    except SourceError:
+        return {}
+    others = {end: link for end, link in reached.items() if end.rsplit("/", 1)[-1] in versioned and end.startswith(f"{directory}/")}
+    if not others:
+        return {}  # no link reaches a versioned file that is there: nothing says which one loads
+    return {
+        name: "; ".join(f"{link} links to {end.rsplit('/', 1)[-1]}" for end, link in others.items())
+        for name in versioned
+        if f"{directory}/{name}" not in reached
+    }
+
+
 def _copies_in(fs: NodeFS, reader: FactReader, directory: str, origin: str) -> list[NcclCopy]:
     names = reader.listing(directory) or []
     found = []
-    for name in names:
+    versioned = [name for name in names if _VERSIONED.match(name)]
+    stale = _stale_reason(fs, directory, names, versioned)
+    for name in versioned:
         match = _VERSIONED.match(name)
         if match:
-            found.append(NcclCopy(f"{directory}/{name}", match.group(1), origin))
+            found.append(NcclCopy(f"{directory}/{name}", match.group(1), origin, unreached=stale.get(name, "")))
     if not found and "libnccl.so.2" in names:
         target = fs.readlink(f"{directory}/libnccl.so.2") or ""
         match = _VERSIONED.match(target.rsplit("/", 1)[-1])

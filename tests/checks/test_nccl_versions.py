@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from preflight.nccl.releases import KNOWN_BUGS, carries, version_tuple
+from preflight.probes.nccl_libs import probe_nccl_libs
 from preflight.probes.nccl_platform import parse_stack_limit
 from preflight.slurm_conf import propagated, read_slurm_conf
 from preflight.config import Expectations, HostConfig
@@ -110,6 +111,25 @@ def test_unreadable_library_directory_without_any_copy_is_unknown(tmp_path: Path
     found = findings(root, "SOCK002")
     assert [(f["status"], f["subject"]) for f in found] == [("unknown", "node")]
     assert "no libnccl found" in str(found[0]["reason"]) and "ELOOP" in str(found[0]["reason"])
+
+
+# -- files no loader picks ------------------------------------------------------------------------
+def test_a_versioned_file_no_link_reaches_is_not_judged(node_copy: Path) -> None:
+    """Old versioned files left beside the libnccl.so.2 link, which points to a fixed release: a
+    program asks ld.so for libnccl.so.2, so none of them loads and no release bug of theirs bites."""
+    upgrade_nccl(node_copy, "2.21.5", "2.28.3")
+    system = node_copy / "usr/lib/x86_64-linux-gnu"
+    for stale in ("2.21.5", "2.26.2", "2.27.3"):  # SOCK002 and NCCL018, NCCL013, NCCL012
+        write(system, f"/libnccl.so.{stale}", b"")
+    environ(node_copy, TORCH_NCCL_USE_COMM_NONBLOCKING="1")
+    ids = ("SOCK002", "NCCL018", "NCCL013", "NCCL012")
+    assert judge(node_copy, *ids) == {ref_id: {("absent", "node")} for ref_id in ids}
+    facts = probe_nccl_libs(NodeFS(str(node_copy)))
+    unreached = {c.path.rsplit("/", 1)[-1]: c.unreached for c in facts.copies if c.origin == "system"}
+    assert unreached["libnccl.so.2.21.5"] == "libnccl.so.2 links to libnccl.so.2.28.3" and unreached["libnccl.so.2.28.3"] == ""
+    # Without a link that reaches one of them, nothing says which file loads: all are judged.
+    (system / "libnccl.so.2").unlink()
+    assert ("present", "/usr/lib/x86_64-linux-gnu/libnccl.so.2.21.5") in judge(node_copy, "SOCK002")["SOCK002"]
 
 
 # -- NVL005 -------------------------------------------------------------------------------------
