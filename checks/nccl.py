@@ -14,7 +14,7 @@ from preflight.model import (
     present,
     undecided,
 )
-from preflight.nccl.releases import RAS_INIT_RACE, SPLIT_NONBLOCKING, loaded_copies, release_findings, require_nccl
+from preflight.nccl.releases import RAS_INIT_RACE, SPLIT_NONBLOCKING, loaded_copies, release_findings, require_nccl, version_tuple
 from preflight.probes.firewall import FirewallFacts, nccl_port_findings
 from preflight.probes.frameworks import FrameworkFacts, parse_version
 from preflight.probes.gpu_health import GpuHealthFacts, nvml_unusable
@@ -99,15 +99,18 @@ RAS_QUERY_FIX = (
 )
 
 
-def job_copies(libs: NcclLibFacts, job: JobFacts) -> list[NcclCopy]:
-    """Copies the job's LD_LIBRARY_PATH or LD_PRELOAD puts first, as recorded by the probe."""
+def job_copies(libs: NcclLibFacts, job: JobFacts) -> list[tuple[NcclCopy, str]]:
+    """Copies the job's LD_PRELOAD or LD_LIBRARY_PATH puts first, with the variable that does. A
+    directory of LD_LIBRARY_PATH gives the file its libnccl.so.2 reaches, not one left beside it."""
     preload = [entry for entry in re.split(r"[\s:]+", job.environ.get("LD_PRELOAD", "")) if "libnccl" in entry]
     search = [entry.rstrip("/") for entry in job.environ.get("LD_LIBRARY_PATH", "").split(":") if entry]
     chosen = []
     for copy in libs.copies:
         folder = copy.path.rsplit("/", 1)[0]
-        if copy.path in preload or folder in search:
-            chosen.append(NcclCopy(copy.path, copy.version, "job"))
+        if copy.path in preload:
+            chosen.append((NcclCopy(copy.path, copy.version, "job"), "LD_PRELOAD"))
+        elif folder in search and not copy.unreached:
+            chosen.append((NcclCopy(copy.path, copy.version, "job"), "LD_LIBRARY_PATH"))
     return chosen
 
 
@@ -120,19 +123,39 @@ def framework_copies(libs: NcclLibFacts, job: JobFacts) -> list[NcclCopy]:
     return own or wheels
 
 
+def _override_evidence(copy: NcclCopy, how: str, wheel: set[str]) -> tuple[Evidence, bool]:
+    """Evidence for a job copy that differs from the framework's wheel, and whether it breaks the
+    framework. Only an LD_PRELOAD copy older than every wheel does: the framework then calls
+    symbols that copy lacks (undefined symbol at import). A newer preloaded copy keeps NCCL's 2.x
+    ABI, which is how the reference itself says to upgrade. A copy only in LD_LIBRARY_PATH loses
+    to the wheel for pip's torch: its libraries carry DT_RPATH $ORIGIN/../../nvidia/nccl/lib
+    (pytorch .ci/manywheel/build_cuda.sh, patchelf --force-rpath), which ld.so searches before
+    LD_LIBRARY_PATH (ld.so(8)); other programs of the job may still load it."""
+    shipped = ", ".join(sorted(wheel, key=lambda v: version_tuple(v) or ()))
+    release = version_tuple(copy.version or "")
+    older = how == "LD_PRELOAD" and release is not None and all(release < (version_tuple(v) or ()) for v in wheel)
+    if how == "LD_PRELOAD":
+        expected = f"NCCL {shipped} as the framework's wheel ships, or newer (an older one lacks symbols the framework calls)"
+    else:
+        expected = f"NCCL {shipped} as the framework's wheel ships (pip's torch finds its wheel first through its RPATH; other programs take this one)"
+    return Evidence(how, f"{copy.path} (NCCL {copy.version})", expected), older
+
+
 @check("NCCL016", profiles=("full",))
 def nccl_library_conflict(nccl_libs: NcclLibFacts, job: JobFacts) -> Iterator[Observation]:
-    """A job here can load two different NCCL builds: its search path overrides the framework's
-    copy, a Python environment holds two nvidia-nccl wheels, or the system library path itself
-    holds different versions."""
+    """A job here can load two different NCCL builds: its LD_PRELOAD puts an older copy under the
+    framework (an error), a newer one or one in its LD_LIBRARY_PATH differs from the framework's
+    wheel (a warning), a Python environment holds two nvidia-nccl wheels, or the system library
+    path itself holds different versions."""
     if not nccl_libs.copies:
         raise NotApplicable("no libnccl on this node's library path or in its Python environments")
     wheel = {c.version for c in framework_copies(nccl_libs, job) if c.version}
-    overrides = [c for c in job_copies(nccl_libs, job) if c.version and wheel and c.version not in wheel]
-    if overrides:
+    judged = [_override_evidence(c, how, wheel) for c, how in job_copies(nccl_libs, job) if c.version and wheel and c.version not in wheel]
+    if judged:
         yield present(
             "job environment",
-            *(Evidence("LD_LIBRARY_PATH/LD_PRELOAD", f"{c.path} (NCCL {c.version})", f"NCCL {', '.join(sorted(wheel))} as the framework's wheel ships") for c in overrides),
+            *(evidence for evidence, _ in judged),
+            severity=None if any(older for _, older in judged) else Severity.WARNING,
         )
     for copy in nccl_libs.copies:
         if len(copy.wheels) > 1:

@@ -129,11 +129,26 @@ def _copies_in(fs: NodeFS, reader: FactReader, directory: str, origin: str) -> l
         match = _VERSIONED.match(name)
         if match:
             found.append(NcclCopy(f"{directory}/{name}", match.group(1), origin, unreached=stale.get(name, "")))
-    if not found and "libnccl.so.2" in names:
+    if not found and "libnccl.so.2" in names and _reaches_a_file(fs, reader, directory, names):
         target = fs.readlink(f"{directory}/libnccl.so.2") or ""
         match = _VERSIONED.match(target.rsplit("/", 1)[-1])
         found.append(NcclCopy(f"{directory}/libnccl.so.2", match.group(1) if match else None, origin))
     return found
+
+
+def _reaches_a_file(fs: NodeFS, reader: FactReader, directory: str, names: list[str]) -> bool:
+    """Whether ``directory``'s libnccl.so.2 is a file or a link that ends at one: a dangling link
+    (its package removed) is no copy a job could load. An unreadable link or target is in
+    ``problems`` and counts as none."""
+    try:
+        end = _link_end(fs, f"{directory}/libnccl.so.2")
+    except SourceError as error:
+        reader.problems.append(str(error))
+        return False
+    folder, name = posixpath.split(end)
+    if folder == directory:
+        return name in names  # the listing already says what this directory holds
+    return bool(reader.presence(end))
 
 
 def python_prefixes(environ: Mapping[str, str]) -> list[str]:

@@ -40,10 +40,36 @@ def test_job_search_path_ahead_of_the_wheel_is_present(node_copy: Path) -> None:
     found = dict(verdicts(node_copy, "NCCL016"))
     assert "/opt/nccl-2.18.3/lib/libnccl.so.2.18.3 (NCCL 2.18.3)" in found["job environment"]
     assert "2 versions: 2.18.3, 2.21.5" in found["library path"]
-    # Two releases in the system directories are a hazard, not a conflict in one process.
-    fs = NodeFS(str(node_copy))
-    severities = {o.subject: o.severity for o in nccl_library_conflict(probe_nccl_libs(fs), probe_job(fs))}
-    assert severities == {"job environment": None, "library path": Severity.WARNING}
+    # Two releases in the system directories are a hazard, not a conflict in one process; and pip's
+    # torch finds its wheel through its RPATH before LD_LIBRARY_PATH (ld.so(8)): a warning too.
+    assert severities(node_copy) == {"job environment": Severity.WARNING, "library path": Severity.WARNING}
+
+
+def severities(root: Path) -> dict[str, Severity | None]:
+    fs = NodeFS(str(root))
+    return {o.subject: o.severity for o in nccl_library_conflict(probe_nccl_libs(fs), probe_job(fs))}
+
+
+@pytest.mark.parametrize(("release", "severity"), [("2.18.3", None), ("2.27.3", Severity.WARNING)])
+def test_a_preloaded_copy_is_an_error_only_when_older_than_the_wheel(node_copy: Path, release: str, severity: Severity | None) -> None:
+    """LD_PRELOAD puts its copy under the framework: an older one lacks symbols the framework's
+    NCCL calls (import fails), a newer one keeps the 2.x ABI and is how the reference upgrades."""
+    write(node_copy, f"/opt/nccl/lib/libnccl.so.{release}", b"")
+    environ(node_copy, LD_PRELOAD=f"/opt/nccl/lib/libnccl.so.{release}")
+    found = dict(verdicts(node_copy, "NCCL016"))
+    assert found["job environment"] == f"/opt/nccl/lib/libnccl.so.{release} (NCCL {release})"
+    assert severities(node_copy)["job environment"] is severity
+
+
+def test_a_dangling_so2_link_is_no_copy(node_copy: Path) -> None:
+    """A libnccl.so.2 link left behind by a removed package loads nothing."""
+    system = node_copy / "usr/lib/x86_64-linux-gnu"
+    (system / "libnccl.so.2.21.5").unlink()
+    write(node_copy, "/opt/nccl/lib/libnccl.so.2.23.4", b"")
+    os.symlink("libnccl.so.2.23.4", node_copy / "opt/nccl/lib/libnccl.so.2")
+    facts = probe_nccl_libs(NodeFS(str(node_copy)))
+    assert not any(c.path.startswith("/usr/lib/x86_64-linux-gnu/") for c in facts.copies), facts.copies
+    assert "library path" not in dict(verdicts(node_copy, "NCCL016"))  # one system version, not "2.21.5, 2.23.4"
 
 
 def test_the_wheel_in_the_jobs_virtualenv_is_the_frameworks(node_copy: Path) -> None:
