@@ -10,6 +10,7 @@ from preflight.model import (
     Observation,
     Severity,
     Unknown,
+    Unread,
     present,
 )
 from preflight.registry import check
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from preflight.probes.frameworks import FrameworkFacts
+    from preflight.probes.gpudirect import GpuDirectFacts
     from preflight.probes.shm import ShmFacts
 
 #: NCCL's container guidance (troubleshooting, "Docker"): --shm-size=1g.
@@ -30,13 +32,17 @@ SHM_MIN_SIZE = 1 << 30
 VLLM_RING_BYTES = 10 * 10 * (1 << 20) + (1 << 20)
 
 
-@check("VLLM001", profiles=("prolog",))
-def vllm_shm_broadcast_stall(shm: ShmFacts, frameworks: FrameworkFacts) -> Iterator[Observation]:
-    """vLLM is installed and /dev/shm is smaller than NCCL's guidance or cannot hold one of
-    vLLM's shared-memory rings."""
+@check("VLLM001", profiles=("prolog",), optional=("gpudirect",))
+def vllm_shm_broadcast_stall(shm: ShmFacts, frameworks: FrameworkFacts, gpudirect: GpuDirectFacts | Unread) -> Iterator[Observation]:
+    """vLLM is installed on a node of several GPUs and /dev/shm is smaller than NCCL's guidance or
+    cannot hold one of vLLM's shared-memory rings."""
     vllm = frameworks.versions("vllm")
     if not vllm:
         raise NotApplicable("vLLM is not installed in this node's Python environments")
+    if not isinstance(gpudirect, Unread) and gpudirect.nvidia_gpus == 1:
+        # vLLM makes its shared-memory MessageQueue only for the multiprocessing executor, which
+        # it picks for a world size above 1; one GPU runs world size 1 on the uniprocess one.
+        raise NotApplicable("one GPU on this node: vLLM runs it in one process, without shared-memory rings")
     if shm.error:
         raise Unknown(f"statvfs {shm.path}: {shm.error}")
     installed = Evidence(vllm[0].metadata, f"vLLM {vllm[0].version}")
@@ -44,6 +50,11 @@ def vllm_shm_broadcast_stall(shm: ShmFacts, frameworks: FrameworkFacts) -> Itera
         yield present(shm.path, installed, Evidence(shm.path, "missing", f"a tmpfs of at least {format_size(SHM_MIN_SIZE)}"))
         return
     usage = shm.usage
+    if usage.size == 0:
+        # No blocks at all is a tmpfs mounted with size=0: "the limit is removed if the size is 0"
+        # (tmpfs(5); Documentation/filesystems/tmpfs.rst), and mm/shmem.c shmem_statfs fills the
+        # block counts only under a limit. A file system that really holds nothing has blocks.
+        return
     if usage.available < VLLM_RING_BYTES:
         severity = None  # the next ring vLLM creates will not fit
     elif usage.size < SHM_MIN_SIZE:

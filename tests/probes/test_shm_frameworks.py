@@ -125,6 +125,26 @@ def test_small_but_roomy_shm_is_a_warning_and_a_large_one_absent(tmp_path: Path)
     assert (finding["status"], finding["severity"]) == ("present", "error")  # large but full
 
 
+def test_a_tmpfs_without_a_size_limit_is_absent(tmp_path: Path) -> None:
+    """tmpfs mounted with size=0 has no limit (Documentation/filesystems/tmpfs.rst) and reports
+    zero blocks, zero free: not a full /dev/shm."""
+    root = container(tmp_path)
+    record_shm(root, {"f_frsize": 4096, "f_blocks": 0, "f_bfree": 0, "f_bavail": 0})
+    assert [(f["status"], f["subject"]) for f in vllm001(root)] == [("absent", "node")]
+
+
+def test_a_node_with_one_gpu_is_not_applicable(tmp_path: Path) -> None:
+    """One GPU runs vLLM with world size 1, whose uniprocess executor creates no shared-memory
+    ring; NCCL007 leaves such a node out for the same reason."""
+    root = container(tmp_path)  # Docker's 64 MiB /dev/shm
+    write(root, "/proc/driver/nvidia/gpus/0000:18:00.0/information", "Model: NVIDIA H100\n")
+    [finding] = vllm001(root)
+    assert finding["status"] == "not_applicable" and "one GPU" in str(finding["reason"])
+    write(root, "/proc/driver/nvidia/gpus/0000:2a:00.0/information", "Model: NVIDIA H100\n")
+    [finding] = vllm001(root)
+    assert (finding["status"], finding["severity"]) == ("present", "error")
+
+
 def test_missing_unreadable_and_not_applicable(tmp_path: Path, example_root: Path) -> None:
     root = container(tmp_path)
     shutil.rmtree(root / "dev/shm")
