@@ -9,6 +9,7 @@ from preflight.model import Evidence, Observation, Severity, present, undecided
 from preflight.probes.hostname import (
     HEALTHY_RCODES,
     ROLE_HOST,
+    ROLE_MASTER,
     ROLE_PEER,
     HostnameFacts,
     NameLookup,
@@ -80,6 +81,47 @@ SINGLE_NODE_FIX = (
 )
 
 
+GLOO_IFNAME_FIX = (
+    "GLOO_SOCKET_IFNAME names Gloo's interface, so Gloo neither binds to nor advertises this loopback "
+    "address, and torch elastic publishes the host's name, which each peer resolves itself: this job is "
+    "not hurt. Jobs without the setting would be: replace the loopback line for the host name in "
+    "/etc/hosts with the node's cluster address ('getent ahosts $(hostname)' must show an address peers "
+    "can reach first)."
+)
+
+
+LOOPBACK_MASTER_FIX = (
+    "MASTER_ADDR names loopback, which is the job's setting and the same on every node, so this node is "
+    "not drained for it: on several nodes each one meets only its own ranks there. Set MASTER_ADDR to the "
+    "first node of the job (e.g. $(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1))."
+)
+
+
+#: Names that mean this very host on every node (RFC 6761 reserves localhost and .localhost;
+#: Debian's /etc/hosts adds the ip6- aliases): naming one in MASTER_ADDR is the job's choice.
+LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
+
+
+def _loopback_name(name: str) -> bool:
+    plain = name.lower().rstrip(".")
+    return plain in LOOPBACK_NAMES or plain.endswith(".localhost")
+
+
+def _loopback_downgrade(lookup: NameLookup, facts: HostnameFacts) -> str:
+    """Why a name on loopback is only a warning here, as the fix to show; "" when it is an error."""
+    if ROLE_HOST in lookup.roles:
+        if facts.nodes_in_job == 1:
+            # A job of one node: its ranks meet on this host, where loopback reaches them all. The
+            # node still needs the fix before a job of several nodes, which the warning says;
+            # failing this job's prolog for it would requeue a job it cannot hurt.
+            return SINGLE_NODE_FIX
+        if facts.gloo_socket_ifname:
+            return GLOO_IFNAME_FIX  # Gloo's default device is what the host name's address feeds
+    elif ROLE_MASTER in lookup.roles and _loopback_name(lookup.name):
+        return LOOPBACK_MASTER_FIX
+    return ""
+
+
 def _judge_name(lookup: NameLookup, facts: HostnameFacts) -> Observation | None:
     result = libc_lookup(lookup, facts)
     subject = lookup.name
@@ -106,7 +148,7 @@ def _judge_name(lookup: NameLookup, facts: HostnameFacts) -> Observation | None:
     loopback = [a for a in result.addresses if is_loopback_address(a)]
     if loopback and (ROLE_HOST in lookup.roles or ROLE_PEER in lookup.roles or facts.nodes_in_job > 1):
         expected = (
-            "a routable address of this node (Gloo, torchrun's c10d store and MASTER_ADDR users advertise it; NCCL picks an interface instead)"
+            "a routable address of this node (Gloo binds to and advertises it unless GLOO_SOCKET_IFNAME names an interface; NCCL picks an interface instead)"
             if ROLE_HOST in lookup.roles
             else "the peer's routable address (the c10d rendezvous and Gloo dial it; NCCL's unique ID travels through it)"
         )
@@ -123,11 +165,9 @@ def _judge_name(lookup: NameLookup, facts: HostnameFacts) -> Observation | None:
     if not (errors or warnings):
         # What libc would answer is unknown (no DNS answers, an NSS service we cannot follow).
         return undecided(subject, f"{subject}: {result.detail}") if result.status == "undetermined" else None
-    if errors and facts.nodes_in_job == 1 and ROLE_HOST in lookup.roles:
-        # A job of one node: its ranks meet on this host, where loopback reaches them all. The
-        # node still needs the fix before a job of several nodes, which the warning says; failing
-        # this job's prolog for it would requeue a job it cannot hurt.
-        return present(subject, *errors, *warnings, severity=Severity.WARNING, fix=SINGLE_NODE_FIX)
+    downgrade = _loopback_downgrade(lookup, facts) if errors else ""
+    if downgrade:
+        return present(subject, *errors, *warnings, severity=Severity.WARNING, fix=downgrade)
     return present(subject, *errors, *warnings, severity=None if errors else Severity.WARNING)
 
 

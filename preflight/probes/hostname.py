@@ -13,18 +13,23 @@ Sources:
   (``read_as_glibc``): a byte that is not UTF-8 in a comment changes nothing. glibc's files service
   answers UNAVAIL only when it cannot open /etc/hosts (it is missing); a file preflight could not
   read although glibc would (past the read cap, not captured) leaves the lookup undetermined;
-* ``/proc/self/environ``: ``SLURM_JOB_NODELIST`` (expanded like ``scontrol show hostnames``) and
-  ``MASTER_ADDR``;
+* ``/proc/self/environ``: ``SLURM_JOB_NODELIST`` (expanded like ``scontrol show hostnames``), or
+  inside a job step (``SLURM_STEP_ID``) the step's own ``SLURM_STEP_NODELIST`` and
+  ``SLURM_STEP_NUM_NODES`` (a step may run on fewer nodes than the allocation), ``MASTER_ADDR``
+  and ``GLOO_SOCKET_IFNAME``;
 * DNS through the node's resolv.conf (search list, ``ndots``; ``preflight.sources.dns``): one
   timed query to each nameserver on its own, then ``A``/``AAAA`` for every name and ``PTR`` for
   the addresses libc would hand out, through the nameservers that answered.
 
 Why it matters: torchrun's c10d rendezvous, Gloo and the ``MASTER_ADDR`` store resolve host names
-with ``getaddrinfo`` and use (or advertise) the first address. glibc sorts an IPv4 loopback
-address ahead of a routable one for the same name wherever the lines sit in /etc/hosts (RFC 6724
-rule 8 with glibc's scope table, which puts 127/8 in link-local scope; reproduced with glibc
-2.36), so a Debian-style ``127.0.1.1 <hostname>`` line makes Gloo peers and the rendezvous dial
-their own loopback. NCCL's own bootstrap never resolves this host's name: it advertises the
+with ``getaddrinfo`` and dial the first address. glibc sorts an IPv4 loopback address ahead of a
+routable one for the same name wherever the lines sit in /etc/hosts (RFC 6724 rule 8 with glibc's
+scope table, which puts 127/8 in link-local scope; reproduced with glibc 2.36). Gloo, unless
+``GLOO_SOCKET_IFNAME`` names an interface, binds to and advertises the address its own host name
+resolves to, so a Debian-style ``127.0.1.1 <hostname>`` line makes its peers dial their own
+loopback. torch elastic publishes a name, not an address (``RendezvousStoreInfo.build``:
+``local_addr or socket.getfqdn()``), which each peer resolves with its own resolver. NCCL's own
+bootstrap never resolves this host's name: it advertises the
 address of the interface it picks (``NCCL_SOCKET_IFNAME``, else ``ib*``, else the first interface
 that is not docker, lo or virbr; ``src/misc/socket.cc``), so NCCL is hurt only through the
 rendezvous that carries its unique ID. ``socket.getfqdn()``, which
@@ -107,12 +112,13 @@ class HostnameFacts(Struct, frozen=True):
     problems: tuple[str, ...]  # files that could not be read (the host name)
     reverse: tuple[DnsAnswer, ...] = ()  # PTR answers for this host's addresses
     peers: tuple[NameLookup, ...] = ()  # MASTER_ADDR and sampled SLURM_JOB_NODELIST peers
-    nodes_in_job: int = 0  # hosts in SLURM_JOB_NODELIST
+    nodes_in_job: int = 0  # nodes of the job step (SLURM_STEP_NUM_NODES) inside one, else of SLURM_JOB_NODELIST
     peers_error: str = ""  # why the job's peers are not known (environ unreadable, bad node list)
     hosts_order: tuple[NssService, ...] = FILES_THEN_DNS  # /etc/nsswitch.conf hosts:
     hosts_error: str = ""  # why /etc/hosts could not be read, "" when it was (or is missing)
     hosts_order_error: str = ""  # why /etc/nsswitch.conf's order is unknown (unread, not captured), "" when known
     hosts_missing: bool = False  # no /etc/hosts at all, which glibc's files service answers UNAVAIL
+    gloo_socket_ifname: str = ""  # GLOO_SOCKET_IFNAME when PyTorch reads it (longer than one character)
     nameservers: tuple[NameserverCheck, ...] = ()  # one timed query to each nameserver
     nameserver_origin: str = "/etc/resolv.conf"  # or the site config's [dns] nameservers
     dns_error: str = ""  # why DNS answers could not be had at all (no recording...)
@@ -226,6 +232,21 @@ def select_peers(hostname: str | None, nodes: Sequence[str], master_addr: str) -
         elif ROLE_PEER not in chosen[known]:
             chosen[known].append(ROLE_PEER)
     return [(name, tuple(roles)) for name, roles in chosen.items()]
+
+
+def job_nodes(environ: dict[str, str]) -> tuple[list[str], int, str]:
+    """The nodes whose names the job dials, how many nodes it runs on, and why they are not known
+    ("" when they are). Inside a job step (``SLURM_STEP_ID``) the step's: separate single-node
+    runs inside a larger allocation meet on one node whatever the allocation holds."""
+    in_step = "SLURM_STEP_ID" in environ
+    variable = "SLURM_STEP_NODELIST" if in_step and environ.get("SLURM_STEP_NODELIST") else "SLURM_JOB_NODELIST"
+    try:
+        nodes = expand(environ.get(variable, ""))
+    except HostlistError as error:
+        return [], 0, f"{variable}: {error}"
+    count = environ.get("SLURM_STEP_NUM_NODES", "").strip() if in_step else ""
+    # ASCII digits only: str.isdigit() also takes a superscript two, which int() refuses.
+    return nodes, int(count) if count.isascii() and count.isdigit() else len(nodes), ""
 
 
 # -- what libc would answer -------------------------------------------------------------------
@@ -342,11 +363,8 @@ def probe_hostname(fs: NodeFS, dns: Dns, settings: HostConfig) -> HostnameFacts:
         environ = parse_environ(fs.read_bytes("/proc/self/environ") or b"")
     except SourceError as error:
         environ, peers_error = {}, str(error)
-    nodes: list[str] = []
-    try:
-        nodes = expand(environ.get("SLURM_JOB_NODELIST", ""))
-    except HostlistError as error:
-        peers_error = f"SLURM_JOB_NODELIST: {error}"
+    nodes, node_count, list_error = job_nodes(environ)
+    peers_error = peers_error or list_error
     subjects = ([(hostname, (ROLE_HOST,))] if hostname else []) + select_peers(
         hostname, nodes, environ.get("MASTER_ADDR", "").strip()
     )
@@ -357,9 +375,11 @@ def probe_hostname(fs: NodeFS, dns: Dns, settings: HostConfig) -> HostnameFacts:
     ]
     origin = f"[dns] nameservers in {settings.origin or 'the site config'}" if settings.dns.nameservers else "/etc/resolv.conf"
     facts = HostnameFacts(
-        hostname, (), (), (), nodes_in_job=len(nodes), peers_error=peers_error, hosts_order=order,
+        hostname, (), (), (), nodes_in_job=node_count, peers_error=peers_error, hosts_order=order,
         hosts_error=hosts_error, hosts_order_error=order_error, nameserver_origin=origin,
         hosts_missing=hosts_text is None and not hosts_error,
+        # ProcessGroupGloo reads it only when longer than one character (checks/gloo.py).
+        gloo_socket_ifname=gloo if len(gloo := environ.get("GLOO_SOCKET_IFNAME", "")) > 1 else "",
     )
     checks: list[NameserverCheck] = []
     try:

@@ -38,7 +38,7 @@ import dns.rrset
 import pytest
 
 from conftest import REPO, Runner, write
-from preflight.probes.hostname import FILES_THEN_DNS, HostnameFacts, HostsEntry, NameLookup, NssService, libc_lookup, parse_nsswitch_hosts, probe_hostname, select_peers
+from preflight.probes.hostname import FILES_THEN_DNS, HostnameFacts, HostsEntry, NameLookup, NssService, job_nodes, libc_lookup, parse_nsswitch_hosts, probe_hostname, select_peers
 from preflight.checks.dns import hostname_resolution_broken
 from preflight.config import HostConfig
 from preflight.model import Observation, Severity, Status
@@ -358,8 +358,14 @@ def test_libc_emulation_follows_the_hosts_line() -> None:
 def test_peer_and_master_addr_judgements() -> None:
     localhost = NameLookup("localhost", ("MASTER_ADDR",), (HostsEntry("127.0.0.1", ("localhost",), "/etc/hosts:1"),), ())
     (multi,) = hostname_resolution_broken(facts_with(localhost, nodes=2))
-    assert multi.subject == "localhost" and multi.evidence[0].source == "/etc/hosts:1" and multi.severity is None
+    # A loopback MASTER_ADDR is the job's own setting, the same on every node: a warning, no drain.
+    assert multi.subject == "localhost" and multi.evidence[0].source == "/etc/hosts:1" and multi.severity is Severity.WARNING
+    assert "not drained" in multi.fix
     assert list(hostname_resolution_broken(facts_with(localhost, nodes=1))) == []
+    # Another node's name that this node's /etc/hosts puts on loopback is this node's fault.
+    mapped = NameLookup("gpu09", ("MASTER_ADDR",), (HostsEntry("127.0.1.1", ("gpu09",), "/etc/hosts:3"),), ())
+    (wrong,) = hostname_resolution_broken(facts_with(mapped, nodes=2))
+    assert wrong.severity is None
     sss = lookup("gpu02", dns="NXDOMAIN")
     found = {o.subject: o for o in hostname_resolution_broken(facts_with(sss, order="hosts: sss dns"))}
     assert {subject: o.status for subject, o in found.items()} == {"gpu01": Status.UNKNOWN, "gpu02": Status.UNKNOWN}
@@ -381,6 +387,46 @@ def test_loopback_host_name_in_a_job_of_one_node_is_a_warning() -> None:
 
     assert judged(1).severity is Severity.WARNING and judged(2).severity is None and judged(0).severity is None
     assert "runs on one node" in judged(1).fix and judged(1).evidence[0].source == "/etc/hosts:3"
+
+
+def test_loopback_host_name_with_gloo_socket_ifname_is_a_warning() -> None:
+    """The host name's loopback address hurts a job through Gloo's default device; with
+    GLOO_SOCKET_IFNAME naming an interface (PyTorch reads it when longer than one character) Gloo
+    never uses it, and torch elastic publishes the name, which peers resolve themselves."""
+    def severity(gloo: str) -> Severity | None:
+        facts = HostnameFacts("gpu01", (HostsEntry("127.0.1.1", ("gpu01",), "/etc/hosts:3"),), (), (), nodes_in_job=4, gloo_socket_ifname=gloo)
+        (finding,) = [o for o in hostname_resolution_broken(facts) if o.subject == "gpu01"]
+        assert "advertises it unless GLOO_SOCKET_IFNAME" in finding.evidence[0].expected
+        return finding.severity
+
+    assert severity("ib0") is Severity.WARNING and severity("") is None
+
+
+@pytest.mark.parametrize(
+    ("environ", "nodes", "count"),
+    [
+        ({"SLURM_JOB_NODELIST": "gpu[01-06]"}, 6, 6),
+        # Single-node runs inside a six-node allocation: the step's count is the job's.
+        ({"SLURM_JOB_NODELIST": "gpu[01-06]", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "gpu01", "SLURM_STEP_NUM_NODES": "1"}, 1, 1),
+        ({"SLURM_JOB_NODELIST": "gpu[01-06]", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_NODES": "2"}, 6, 2),
+        ({"SLURM_JOB_NODELIST": "gpu[01-06]", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_NODES": "\u00b2"}, 6, 6),
+        ({"SLURM_JOB_NODELIST": "gpu[01-06]", "SLURM_STEP_NUM_NODES": "1"}, 6, 6),  # no step: the allocation's
+    ],
+)
+def test_the_job_step_decides_how_many_nodes_the_job_has(environ: dict[str, str], nodes: int, count: int) -> None:
+    found, number, error = job_nodes(environ)
+    assert (len(found), number, error) == (nodes, count, "")
+
+
+def test_loopback_host_name_in_a_one_node_step_of_a_larger_allocation(run_cli: Runner, tmp_path: Path) -> None:
+    root = tmp_path / "node"
+    shutil.copytree(DNS_PEERS, root)
+    write(root, "/etc/hosts", "127.0.0.1 localhost\n127.0.1.1 gpu01.test.cluster gpu01\n")
+    variables = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "gpu[01-06]", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "gpu01", "SLURM_STEP_NUM_NODES": "1"}
+    write(root, "/proc/self/environ", "".join(f"{k}={v}\0" for k, v in variables.items()).encode())
+    found = dns001(run_cli, root)
+    assert (found["gpu01"]["status"], found["gpu01"]["severity"]) == ("present", "warning"), found["gpu01"]
+    assert "runs on one node" in str(found["gpu01"]["fix"])
 
 
 def test_a_name_with_no_record_drains_only_when_it_is_this_hosts() -> None:
