@@ -324,7 +324,9 @@ MONITORING = ("TORCH_NCCL_ENABLE_MONITORING",)  # no older name: the monitor cam
 @check("NCCL006", profiles=("prolog",))
 def watchdog_heartbeat_hang(job: JobFacts, frameworks: FrameworkFacts) -> Iterator[Observation]:
     """The job switches ProcessGroupNCCL's heartbeat monitor off, so a watchdog stuck in a CUDA or
-    NCCL call hangs the job instead of ending it."""
+    NCCL call hangs the job instead of ending it. A warning: the setting neither breaks nor slows
+    a job, it only changes how a rank that already hung ends (jobs set it on purpose around long
+    checkpoints), and it is the job's own choice, the same on every node."""
     if job.environ_error:
         raise Unknown(f"/proc/self/environ unreadable ({job.environ_error})")
     if not any(name in job.environ for name in MONITORING):
@@ -335,7 +337,7 @@ def watchdog_heartbeat_hang(job: JobFacts, frameworks: FrameworkFacts) -> Iterat
             evidence = [Evidence(f"/proc/self/environ {setting.name}", repr(setting.value), "unset or 1 (the monitor aborts a rank whose watchdog stopped)")]
             if release is not None:
                 evidence.append(release)
-            yield present(setting.name, *evidence)
+            yield present(setting.name, *evidence, severity=Severity.WARNING)
             return
 
 
