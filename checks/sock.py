@@ -165,16 +165,8 @@ def rendezvous_port_in_use(sockets: SocketFacts, job: JobFacts) -> Iterator[Obse
         for s in sockets.listening
         if s.port == port
     ]
-    warnings = []
-    if sockets.port_range is not None:
-        low, high = sockets.port_range
-        if low <= port <= high and not reserved_ports(port, sockets.reserved):
-            reserved = ",".join(f"{a}-{b}" if a != b else str(a) for a, b in sockets.reserved) or "empty"
-            warnings.append(Evidence(
-                PORT_RANGE,
-                f"{low} {high} contains {port} ({origin}); ip_local_reserved_ports: {reserved}",
-                f"{port} outside the range or listed in ip_local_reserved_ports",
-            ))
+    in_range = _range_evidence(port, origin, sockets)
+    warnings = [in_range] if isinstance(in_range, Evidence) else []
     if errors and "MASTER_PORT" not in job.environ:
         # A guessed port (torchrun's default) is no job's choice: the listener may be a running
         # job's own rendezvous (a health check runs beside jobs, a shared node runs several), so
@@ -189,20 +181,44 @@ def rendezvous_port_in_use(sockets: SocketFacts, job: JobFacts) -> Iterator[Obse
     if errors or warnings:
         yield present(subject, *errors, *warnings, severity=None if errors else Severity.WARNING)
         return
-    incomplete = _table_problems(sockets)
-    if sockets.port_range is None:
-        incomplete = "; ".join(filter(None, [incomplete, *(p for p in sockets.problems if p.startswith(PORT_RANGE))]))
+    incomplete = "; ".join(filter(None, [_table_problems(sockets), in_range if isinstance(in_range, str) else ""]))
     if incomplete:
         yield undecided(subject, incomplete)
+
+
+def _sysctl_problems(sockets: SocketFacts, *paths: str) -> str:
+    return "; ".join(p for p in sockets.problems if p.startswith(paths)) or f"{paths[0]} was not read"
+
+
+def _range_evidence(port: int, origin: str, sockets: SocketFacts) -> Evidence | str | None:
+    """Evidence that ``port`` lies in the ephemeral range unreserved (the kernel may hand it to
+    any outgoing connection), None when it does not, or why that cannot be told: an unread range,
+    or an unread reservation list for a port inside the range."""
+    if sockets.port_range is None:
+        return _sysctl_problems(sockets, PORT_RANGE)
+    low, high = sockets.port_range
+    if not low <= port <= high:
+        return None
+    if sockets.reserved is None:
+        return _sysctl_problems(sockets, RESERVED_PORTS)
+    if reserved_ports(port, sockets.reserved):
+        return None
+    reserved = ",".join(f"{a}-{b}" if a != b else str(a) for a, b in sockets.reserved) or "empty"
+    return Evidence(
+        PORT_RANGE,
+        f"{low} {high} contains {port} ({origin}); ip_local_reserved_ports: {reserved}",
+        f"{port} outside the range or listed in ip_local_reserved_ports",
+    )
 
 
 @check("SOCK005", profiles=("prolog",))
 def ephemeral_port_exhaustion(sockets: SocketFacts) -> Iterator[Observation]:
     """The ephemeral range is nearly used up, or too narrow to start with."""
     subject = "ip_local_port_range"
-    if sockets.port_range is None:
-        yield undecided(subject, "; ".join(p for p in sockets.problems if p.startswith((PORT_RANGE, RESERVED_PORTS)))
-                        or f"{PORT_RANGE} was not read")
+    if sockets.port_range is None or sockets.reserved is None:
+        # Reserved ports are no ephemeral ports: without the list, neither the usable count nor
+        # the share in use is known ("nothing reserved" would be a guess).
+        yield undecided(subject, _sysctl_problems(sockets, PORT_RANGE, RESERVED_PORTS))
         return
     low, high = sockets.port_range
     usable = usable_ports(sockets.port_range, sockets.reserved)

@@ -98,7 +98,7 @@ class TcpTable(Struct, frozen=True):
 
 class SocketFacts(Struct, frozen=True):
     port_range: tuple[int, int] | None  # ip_local_port_range; None when unread
-    reserved: tuple[tuple[int, int], ...]  # ip_local_reserved_ports as inclusive ranges
+    reserved: tuple[tuple[int, int], ...] | None  # ip_local_reserved_ports as inclusive ranges; None when unread
     listening: tuple[ListeningSocket, ...]  # LISTEN sockets of tcp and tcp6
     states: dict[str, int]  # sockets per TCP state, both tables
     ephemeral_ports_in_use: int | None  # distinct usable ephemeral ports held by any socket
@@ -248,7 +248,7 @@ def probe_sockets(fs: NodeFS) -> SocketFacts:
     """Read the ephemeral port settings and the TCP tables of this network namespace."""
     problems: list[str] = []
     port_range = _parsed_setting(fs, PORT_RANGE, parse_port_range, problems)
-    reserved = _parsed_setting(fs, RESERVED_PORTS, parse_reserved_ports, problems) or ()
+    reserved = _parsed_setting(fs, RESERVED_PORTS, parse_reserved_ports, problems)
     tables: list[str] = []
     parsed: list[TcpTable] = []
     for path in TCP_TABLES:
@@ -279,7 +279,7 @@ def probe_sockets(fs: NodeFS) -> SocketFacts:
         destinations.update(table.destinations)
         open_destinations.update(table.open_destinations)
     in_use = in_use_open = None
-    if port_range is not None and tables:
+    if port_range is not None and reserved is not None and tables:
         in_use = _ephemeral_count(local_ports, port_range, reserved)
         in_use_open = _ephemeral_count(open_local_ports, port_range, reserved)
     return SocketFacts(

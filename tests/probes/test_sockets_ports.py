@@ -227,6 +227,21 @@ def test_unreadable_tables_are_unknown_with_the_reason(
         assert found[ref]["status"] == "unknown" and reason in str(found[ref]["reason"]), found[ref]
 
 
+@pytest.mark.parametrize("content", [b"29400,29500\x00garbage\n", b"\xff\xfe\n", None], ids=["garbled", "not UTF-8", "missing"])
+def test_unread_reserved_ports_are_unknown_not_nothing_reserved(run_cli: Runner, clean_root: Path, content: bytes | None) -> None:
+    """Reserved ports are no ephemeral ports: an ip_local_reserved_ports that cannot be read says
+    nothing about which ports the kernel hands out, and reading it as empty was a guess."""
+    (clean_root / "proc/sys/net/ipv4/ip_local_reserved_ports").unlink()
+    if content is not None:
+        write(clean_root, "/proc/sys/net/ipv4/ip_local_reserved_ports", content)
+    write(clean_root, "/proc/self/environ", b"SLURM_JOB_ID=9\0MASTER_PORT=40000\0")  # inside 32768-60999
+    found = findings(run_cli, clean_root)
+    for ref in ("SOCK001", "SOCK005"):
+        assert found[ref]["status"] == "unknown" and "ip_local_reserved_ports" in str(found[ref]["reason"]), found[ref]
+    write(clean_root, "/proc/self/environ", b"SLURM_JOB_ID=9\0MASTER_PORT=29500\0")  # outside it: no reservation needed
+    assert findings(run_cli, clean_root)["SOCK001"]["status"] == "absent"
+
+
 def test_garbage_line_does_not_hide_a_listener(run_cli: Runner, clean_root: Path) -> None:
     table = clean_root / "proc/net/tcp"
     write(clean_root, "/proc/net/tcp", table.read_text() + "junk\n" + LISTEN_29500)
