@@ -107,17 +107,14 @@ def _stale_reason(fs: NodeFS, directory: str, names: list[str], versioned: list[
     try:
         for name in LOADER_NAMES:
             if name in names:
-                reached[_link_end(fs, f"{directory}/{name}")] = name
+                reached.setdefault(_link_end(fs, f"{directory}/{name}"), name)
     except SourceError:
         return {}
-    others = {end: link for end, link in reached.items() if end.rsplit("/", 1)[-1] in versioned and end.startswith(f"{directory}/")}
+    here = {f"{directory}/{name}": name for name in versioned}
+    others = [f"{link} links to {here[end]}" for end, link in reached.items() if end in here]
     if not others:
         return {}  # no link reaches a versioned file that is there: nothing says which one loads
-    return {
-        name: "; ".join(f"{link} links to {end.rsplit('/', 1)[-1]}" for end, link in others.items())
-        for name in versioned
-        if f"{directory}/{name}" not in reached
-    }
+    return {name: "; ".join(others) for path, name in here.items() if path not in reached}
 
 
 def _copies_in(fs: NodeFS, reader: FactReader, directory: str, origin: str) -> list[NcclCopy]:
