@@ -78,6 +78,14 @@ RAILS_UNSEEN_FIX = (
 )
 
 
+#: Said where one port's finding is a warning because the jobs' choice of ports is unseen.
+PORT_UNSEEN_FIX = (
+    "If this port is not a rail (a spare, front-end or storage NIC that jobs leave out), name the rails in "
+    "NCCL_IB_HCA in /etc/nccl.conf (or in expect.hcas) so that only they are judged; a job that sets no "
+    "NCCL_IB_HCA uses every active port, this one included."
+)
+
+
 def _rails_severity(job: JobFacts, expect: Expectations) -> Severity | None:
     """A warning when the rails compared may include ports the jobs leave out; else the
     reference's own."""
@@ -92,10 +100,10 @@ def _usable(entry: GidEntry | None) -> bool:
     return entry is not None and entry.version == 2 and not entry.link_local
 
 
-def _ports_with_choice(roce: RoceFacts, job: JobFacts) -> Iterator[Observation | tuple[RocePort, NcclGid]]:
-    """The ports NCCL uses with the GID choice for the job's settings; a port whose table could
-    not be read comes out as an undecided observation instead."""
-    for item in _ports_nccl_uses(roce, job):
+def _ports_with_choice(roce: RoceFacts, job: JobFacts, site_hcas: tuple[str, ...] | None) -> Iterator[Observation | tuple[RocePort, NcclGid]]:
+    """The ports NCCL uses (chosen as for ROCE006) with the GID choice for the job's settings; a
+    port whose table could not be read comes out as an undecided observation instead."""
+    for item in _ports_nccl_uses(roce, job, site_hcas):
         if isinstance(item, Observation):
             yield item
         elif item.nccl_job is None:
@@ -168,13 +176,15 @@ def _other_libraries_fixed_gid(roce: RoceFacts, fixed: list[tuple[str, str, str,
 
 
 @check("ROCE005", profiles=("prolog",))
-def roce_gid_index_mismatch(roce: RoceFacts, job: JobFacts) -> Iterator[Observation]:
+def roce_gid_index_mismatch(roce: RoceFacts, job: JobFacts, expect: Expectations) -> Iterator[Observation]:
     """The GID NCCL would use on a RoCE port is empty, RoCE v1 or link-local, or a fixed
     NCCL_IB_GID_INDEX means different things on different ports; a fixed GID index the job gives
-    NVSHMEM, Mooncake, MSCCL++ or UCCL that names an unusable slot is a warning."""
+    NVSHMEM, Mooncake, MSCCL++ or UCCL that names an unusable slot is a warning. Where the jobs'
+    NCCL_IB_HCA is unseen and the site names no rails, a port's finding is a warning: a spare or
+    storage port without an IPv4 address counts only for jobs that set no NCCL_IB_HCA."""
     fixed = _other_library_gid_indices(job)
     try:
-        nccl = list(_nccl_gid_choice_findings(roce, job))
+        nccl = list(_nccl_gid_choice_findings(roce, job, expect))
     except NotApplicable:
         # NCCL_IB_HCA may leave NCCL no RoCE port while NVSHMEM or Mooncake, which pick their
         # HCAs themselves, still use one: their fixed index is judged all the same.
@@ -185,10 +195,12 @@ def roce_gid_index_mismatch(roce: RoceFacts, job: JobFacts) -> Iterator[Observat
     yield from _other_libraries_fixed_gid(roce, fixed)
 
 
-def _nccl_gid_choice_findings(roce: RoceFacts, job: JobFacts) -> Iterator[Observation]:
+def _nccl_gid_choice_findings(roce: RoceFacts, job: JobFacts, expect: Expectations) -> Iterator[Observation]:
     """ROCE005's NCCL part: the GID NCCL would use on each RoCE port it opens."""
     forced_families: dict[int, list[str]] = {}  # address family of a fixed index's usable GID -> ports
-    for item in _ports_with_choice(roce, job):
+    severity = _rails_severity(job, expect)
+    fix = PORT_UNSEEN_FIX if severity else ""
+    for item in _ports_with_choice(roce, job, expect.hcas):
         if isinstance(item, Observation):
             yield item
             continue
@@ -216,21 +228,26 @@ def _nccl_gid_choice_findings(roce: RoceFacts, job: JobFacts) -> Iterator[Observ
             f"a routable RoCE v2 GID, e.g. index {routable[0].index} ({routable[0].ipv4})"
             if routable else "a routable RoCE v2 GID (this port has no IPv4 RoCE v2 GID: no IPv4 address on its netdev?)"
         )
-        yield present(port.subject, *_variable_evidence(roce), Evidence(where, observed, expected))
+        yield present(port.subject, *_variable_evidence(roce), Evidence(where, observed, expected), severity=severity, fix=fix)
     if len(forced_families) > 1:
         described = "; ".join(f"RoCE v2 IPv{family} on {', '.join(ports)}" for family, ports in sorted(forced_families.items()))
         yield present(
             "NCCL_IB_GID_INDEX",
             *_variable_evidence(roce),
             Evidence(f"{IB_SYSFS}/*/ports/*/gids", described, "the same address family and RoCE version on every port"),
+            severity=severity,
+            fix=RAILS_UNSEEN_FIX if severity else "",
         )
 
 
 @check("ROCE004", profiles=("prolog",))
-def roce_gid_type_read_einval(roce: RoceFacts, job: JobFacts) -> Iterator[Observation]:
+def roce_gid_type_read_einval(roce: RoceFacts, job: JobFacts, expect: Expectations) -> Iterator[Observation]:
     """NCCL's automatic GID scan reads a gid_attrs/types file that fails, or the GID table looks
-    like a container's, whose hidden leading slots make NCCL 2.21-2.25 abort."""
-    for item in _ports_with_choice(roce, job):
+    like a container's, whose hidden leading slots make NCCL 2.21-2.25 abort. Ports are chosen and
+    softened where the jobs' choice is unseen as for ROCE005."""
+    severity = _rails_severity(job, expect)
+    fix = PORT_UNSEEN_FIX if severity else ""
+    for item in _ports_with_choice(roce, job, expect.hcas):
         if isinstance(item, Observation):
             yield item
             continue
@@ -242,7 +259,9 @@ def roce_gid_type_read_einval(roce: RoceFacts, job: JobFacts) -> Iterator[Observ
             if not _OS_ERROR.search(choice.error):
                 yield undecided(port.subject, f"{path}: {choice.error}")
             else:
-                yield present(port.subject, *_variable_evidence(roce), Evidence(path, choice.error, "readable for every configured GID"))
+                yield present(
+                    port.subject, *_variable_evidence(roce), Evidence(path, choice.error, "readable for every configured GID"), severity=severity, fix=fix
+                )
             continue
         pin = f"NCCL >= 2.26, or NCCL_IB_GID_INDEX={choice.index} for this node"
         if choice.einval_reads:
@@ -251,6 +270,8 @@ def roce_gid_type_read_einval(roce: RoceFacts, job: JobFacts) -> Iterator[Observ
                 port.subject,
                 *_variable_evidence(roce),
                 Evidence(f"{port.path}/gid_attrs", f"NCCL's scan reads {files}: invalid argument (EINVAL); NCCL 2.21-2.25 abort", pin),
+                severity=severity,
+                fix=fix,
             )
             continue
         first = min((entry.index for entry in port.gids), default=None)

@@ -76,21 +76,31 @@ def job(**environ: str) -> JobFacts:
     return JobFacts(dict(environ), "", ())
 
 
+def roce005(roce: RoceFacts, where: JobFacts, expect: Expectations | None = None) -> Iterator[Observation]:
+    """ROCE005 with the site's expectations (none unless given)."""
+    return roce_gid_index_mismatch(roce, where, expect or Expectations())
+
+
+def roce004(roce: RoceFacts, where: JobFacts, expect: Expectations | None = None) -> Iterator[Observation]:
+    """ROCE004 with the site's expectations (none unless given)."""
+    return roce_gid_type_read_einval(roce, where, expect or Expectations())
+
+
 def observe(observations: Iterator[Observation]) -> list[tuple[str, Status, Severity | None]]:
     return [(o.subject, o.status, o.severity) for o in observations]
 
 
 # -- ROCE005 ------------------------------------------------------------------------------------
 def test_gid_index_absent_on_a_healthy_port() -> None:
-    assert observe(roce_gid_index_mismatch(facts(port()), job())) == []
+    assert observe(roce005(facts(port()), job())) == []
     gid_index = {"NCCL_IB_GID_INDEX": "3"}
-    assert observe(roce_gid_index_mismatch(facts(port(variables=gid_index), variables=gid_index), job(**gid_index))) == []
+    assert observe(roce005(facts(port(variables=gid_index), variables=gid_index), job(**gid_index))) == []
 
 
 @pytest.mark.parametrize(("value", "observed"), [("1", "link-local"), ("2", V1), ("9", "empty slot"), ("300", "beyond the table")])
 def test_fixed_gid_index_that_is_wrong(value: str, observed: str) -> None:
     variables = {"NCCL_IB_GID_INDEX": value}
-    (finding,) = list(roce_gid_index_mismatch(facts(port(variables=variables), variables=variables), job(**variables)))
+    (finding,) = list(roce005(facts(port(variables=variables), variables=variables), job(**variables)))
     assert finding.subject == "mlx5_0/1" and finding.status is Status.PRESENT
     assert finding.evidence[0].source == "environment NCCL_IB_GID_INDEX" and observed in finding.evidence[1].observed
     assert "index 3 (10.10.0.17)" in finding.evidence[1].expected
@@ -98,13 +108,13 @@ def test_fixed_gid_index_that_is_wrong(value: str, observed: str) -> None:
 
 def test_port_without_an_ipv4_address_falls_back_to_link_local() -> None:
     only_link_local = host_gids()[:2]
-    (finding,) = list(roce_gid_index_mismatch(facts(port(entries=only_link_local)), job()))
+    (finding,) = list(roce005(facts(port(entries=only_link_local)), job()))
     assert "index 0" in finding.evidence[0].observed and "no IPv4 RoCE v2 GID" in finding.evidence[0].expected
 
 
 @pytest.mark.parametrize("variables", [{"NCCL_IB_ROCE_VERSION_NUM": "1"}, {"NCCL_IB_ADDR_RANGE": "192.168.0.0/16"}])
 def test_selection_variables_that_lead_away_from_roce_v2(variables: dict[str, str]) -> None:
-    (finding,) = list(roce_gid_index_mismatch(facts(port(variables=variables), variables=variables), job(**variables)))
+    (finding,) = list(roce005(facts(port(variables=variables), variables=variables), job(**variables)))
     assert finding.evidence[0].source.endswith(next(iter(variables)))
 
 
@@ -112,49 +122,77 @@ def test_fixed_index_that_means_different_things_on_different_ports() -> None:
     variables = {"NCCL_IB_GID_INDEX": "3"}
     ipv6 = [*host_gids("ens2f0np0")[:3], GidEntry(3, "fd00:0000:0000:0004:e4ea:71ff:feb9:4970", V2, "", "ens2f0np0", None)]
     roce = facts(port(variables=variables), port("mlx5_1", ipv6, variables, netdev="ens2f0np0"), variables=variables)
-    findings = list(roce_gid_index_mismatch(roce, job(**variables)))
+    findings = list(roce005(roce, job(**variables)))
     assert [f.subject for f in findings] == ["NCCL_IB_GID_INDEX"]
     assert "IPv4 on mlx5_0/1" in findings[0].evidence[-1].observed and "IPv6 on mlx5_1/1" in findings[0].evidence[-1].observed
+
+
+IN_JOB = job(SLURM_JOB_ID="42")  # a job's own process: no NCCL_IB_HCA means every active port
+PROLOG = job(SLURM_JOB_ID="42", SLURM_SCRIPT_CONTEXT="prolog_slurmd")  # the jobs' NCCL_IB_HCA unseen
+RAILS = Expectations(hcas=("mlx5_0", "mlx5_1"))
+
+
+def spare(entries: list[GidEntry]) -> RoceFacts:
+    """Two healthy rails beside a cabled spare or storage port mlx5_2 (MTU 1500, no PFC)."""
+    return facts(port(), port("mlx5_1", netdev="ens2f0np0"), port("mlx5_2", entries, mtu=1500, netdev="eno1np0"))
+
+
+@pytest.mark.parametrize(
+    ("where", "expect", "severity"),
+    [(PROLOG, Expectations(), Severity.WARNING), (PROLOG, RAILS, "absent"), (IN_JOB, Expectations(), None), (IN_JOB, RAILS, "absent"),
+     (job(NCCL_IB_HCA="mlx5"), RAILS, None)],  # NCCL_IB_HCA, where set, is what NCCL opens whatever the site lists
+)
+def test_a_spare_port_counts_only_where_jobs_may_use_it(where: JobFacts, expect: Expectations, severity: Severity | str | None) -> None:
+    """A port without an IPv4 address (link-local GIDs only) beside the rails is NCCL's only for jobs
+    that set no NCCL_IB_HCA: not judged where the site names its rails, a warning where a prolog
+    cannot see the job's choice, an error in the job's own process."""
+    no_address = host_gids("eno1np0")[:2]
+    einval = [*host_gids("eno1np0")[:3], GidEntry(3, ipv4(0x12), None, "invalid argument (EINVAL)", "eno1np0", "10.10.2.18")]
+    for check, entries in ((roce005, no_address), (roce004, einval)):
+        found = observe(check(spare(entries), where, expect))
+        assert found == ([] if severity == "absent" else [("mlx5_2/1", Status.PRESENT, severity)]), check.__name__
+    if severity is Severity.WARNING:
+        assert "name the rails in NCCL_IB_HCA" in next(roce005(spare(no_address), where, expect)).fix
 
 
 @pytest.mark.parametrize("name", ["NVSHMEM_IB_GID_INDEX", "MC_GID_INDEX", "MSCCLPP_IB_GID_INDEX", "UCCL_IB_GID_INDEX", "UCCL_P2P_RDMA_GID_INDEX"])
 def test_another_librarys_fixed_gid_index_on_a_link_local_slot_is_a_warning(name: str) -> None:
     # NCCL picks index 3 by itself; the other library is told to use 0, the link-local RoCE v1 slot.
-    findings = list(roce_gid_index_mismatch(facts(port(), port("mlx5_1", state="1: DOWN")), job(**{name: "0"})))
+    findings = list(roce005(facts(port(), port("mlx5_1", state="1: DOWN")), job(**{name: "0"})))
     assert observe(iter(findings)) == [(f"{name} on mlx5_0/1", Status.PRESENT, Severity.WARNING)]
     assert findings[0].evidence[0].source == f"environment {name}" and "link-local" in findings[0].evidence[1].observed
-    assert "index 9: empty slot" in next(roce_gid_index_mismatch(facts(port()), job(**{name: "9"}))).evidence[1].observed
+    assert "index 9: empty slot" in next(roce005(facts(port()), job(**{name: "9"}))).evidence[1].observed
     for healthy in ("3", "-1", "auto", ""):
-        assert observe(roce_gid_index_mismatch(facts(port()), job(**{name: healthy}))) == []
+        assert observe(roce005(facts(port()), job(**{name: healthy}))) == []
     # A slot whose type file could not be read is not a wrong GID: undecided, never present.
     unread = [*host_gids()[:3], GidEntry(3, ipv4(0x11), None, "permission denied (EACCES)", "ens1f0np0", "10.10.0.17")]
     roce = facts(port(entries=unread, variables={"NCCL_IB_GID_INDEX": "2"}), variables={"NCCL_IB_GID_INDEX": "2"})
-    statuses = observe(roce_gid_index_mismatch(roce, job(NCCL_IB_GID_INDEX="2", **{name: "3"})))
+    statuses = observe(roce005(roce, job(NCCL_IB_GID_INDEX="2", **{name: "3"})))
     assert (f"{name} on mlx5_0/1", Status.UNKNOWN, None) in statuses
 
 
 def test_mooncake_ignores_a_gid_index_above_255() -> None:
-    assert observe(roce_gid_index_mismatch(facts(port()), job(MC_GID_INDEX="300"))) == []
-    (finding,) = list(roce_gid_index_mismatch(facts(port()), job(NVSHMEM_IB_GID_INDEX="300")))
+    assert observe(roce005(facts(port()), job(MC_GID_INDEX="300"))) == []
+    (finding,) = list(roce005(facts(port()), job(NVSHMEM_IB_GID_INDEX="300")))
     assert "beyond the table (16 slots)" in finding.evidence[1].observed
 
 
 def test_another_librarys_gid_index_is_judged_when_nccl_ib_hca_leaves_nccl_no_roce_port() -> None:
     # NCCL is steered to an InfiniBand HCA; NVSHMEM still opens the RoCE port with its own index.
-    (finding,) = list(roce_gid_index_mismatch(facts(port()), job(NCCL_IB_HCA="=mlx5_4", NVSHMEM_IB_GID_INDEX="0")))
+    (finding,) = list(roce005(facts(port()), job(NCCL_IB_HCA="=mlx5_4", NVSHMEM_IB_GID_INDEX="0")))
     assert (finding.subject, finding.status, finding.severity) == ("NVSHMEM_IB_GID_INDEX on mlx5_0/1", Status.PRESENT, Severity.WARNING)
     # A usable index there is a checked answer (absent), not "not applicable".
-    assert observe(roce_gid_index_mismatch(facts(port()), job(NCCL_IB_HCA="=mlx5_4", NVSHMEM_IB_GID_INDEX="3"))) == []
+    assert observe(roce005(facts(port()), job(NCCL_IB_HCA="=mlx5_4", NVSHMEM_IB_GID_INDEX="3"))) == []
     # A table that could not be read, or a port state that could not be read, is never "absent".
     unreadable = port(unreadable=("/sys/class/infiniband/mlx5_0/ports/1/gids/0: permission denied (EACCES)",))
-    assert observe(roce_gid_index_mismatch(facts(unreadable), job(NCCL_IB_HCA="=mlx5_4", NVSHMEM_IB_GID_INDEX="0"))) == [
+    assert observe(roce005(facts(unreadable), job(NCCL_IB_HCA="=mlx5_4", NVSHMEM_IB_GID_INDEX="0"))) == [
         ("NVSHMEM_IB_GID_INDEX on mlx5_0/1", Status.UNKNOWN, None)
     ]
-    (unread_state,) = list(roce_gid_index_mismatch(facts(port(state=None)), job(NCCL_IB_HCA="=mlx5_4", NVSHMEM_IB_GID_INDEX="0")))
+    (unread_state,) = list(roce005(facts(port(state=None)), job(NCCL_IB_HCA="=mlx5_4", NVSHMEM_IB_GID_INDEX="0")))
     assert unread_state.status is Status.PRESENT and "link-local" in unread_state.evidence[1].observed
     # No active RoCE port at all: nothing for any library to use.
     with pytest.raises(NotApplicable, match="NCCL_IB_HCA"):
-        list(roce_gid_index_mismatch(facts(port(state="1: DOWN")), job(NVSHMEM_IB_GID_INDEX="0")))
+        list(roce005(facts(port(state="1: DOWN")), job(NVSHMEM_IB_GID_INDEX="0")))
 
 
 def test_the_job_environment_keeps_other_libraries_gid_variables() -> None:
@@ -168,16 +206,16 @@ def test_the_job_environment_keeps_other_libraries_gid_variables() -> None:
 
 def test_gid_index_unknown_and_not_applicable() -> None:
     broken = port(unreadable=("/sys/class/infiniband/mlx5_0/ports/1/gids/3: not UTF-8 text",))
-    assert observe(roce_gid_index_mismatch(facts(broken), job())) == [("mlx5_0/1", Status.UNKNOWN, None)]
+    assert observe(roce005(facts(broken), job())) == [("mlx5_0/1", Status.UNKNOWN, None)]
     unreadable = facts(unreadable=(("mlx5_0/1", "link_layer: invalid argument (EINVAL)"),))
-    assert observe(roce_gid_index_mismatch(unreadable, job())) == [("mlx5_0/1", Status.UNKNOWN, None)]
+    assert observe(roce005(unreadable, job())) == [("mlx5_0/1", Status.UNKNOWN, None)]
     with pytest.raises(NotApplicable, match="link_layer Ethernet"):
-        list(roce_gid_index_mismatch(facts(), job()))
+        list(roce005(facts(), job()))
     with pytest.raises(NotApplicable, match="NCCL_IB_HCA"):
-        list(roce_gid_index_mismatch(facts(port(state="1: DOWN")), job()))
+        list(roce005(facts(port(state="1: DOWN")), job()))
     bad = {"NCCL_IB_GID_INDEX": "9"}
     with pytest.raises(NotApplicable):  # the job only uses mlx5_1, so mlx5_0's table does not matter
-        list(roce_gid_index_mismatch(facts(port(variables=bad), variables=bad), job(NCCL_IB_HCA="=mlx5_1", **bad)))
+        list(roce005(facts(port(variables=bad), variables=bad), job(NCCL_IB_HCA="=mlx5_1", **bad)))
 
 
 # -- ROCE004 ------------------------------------------------------------------------------------
@@ -189,36 +227,36 @@ def pod_gids() -> list[GidEntry]:
 
 
 def test_gid_type_read_absent_on_a_host_table_or_a_fixed_index() -> None:
-    assert observe(roce_gid_type_read_einval(facts(port()), job())) == []
+    assert observe(roce004(facts(port()), job())) == []
     fixed = {"NCCL_IB_GID_INDEX": "5"}
-    assert observe(roce_gid_type_read_einval(facts(port(entries=pod_gids(), variables=fixed), variables=fixed), job(**fixed))) == []
+    assert observe(roce004(facts(port(entries=pod_gids(), variables=fixed), variables=fixed), job(**fixed))) == []
 
 
 def test_pod_table_with_leading_holes_is_a_warning() -> None:
-    (finding,) = list(roce_gid_type_read_einval(facts(port(entries=pod_gids(), netdev="net1")), job()))
+    (finding,) = list(roce004(facts(port(entries=pod_gids(), netdev="net1")), job()))
     assert finding.severity is Severity.WARNING
     assert "slots 0-3 empty" in finding.evidence[0].observed and "NCCL_IB_GID_INDEX=5" in finding.evidence[0].expected
 
 
 def test_scan_that_reads_einval_is_an_error() -> None:
     hidden = [*host_gids()[:3], GidEntry(3, ipv4(0x11), None, "invalid argument (EINVAL)", "ens1f0np0", "10.10.0.17")]
-    (finding,) = list(roce_gid_type_read_einval(facts(port(entries=hidden)), job()))
+    (finding,) = list(roce004(facts(port(entries=hidden)), IN_JOB))
     assert finding.severity is None and "types/3: invalid argument (EINVAL)" in finding.evidence[0].observed
     # NCCL_IB_ADDR_FAMILY=AF_INET6 in a pod reads the type of empty slot 0.
     variables = {"NCCL_IB_ADDR_FAMILY": "AF_INET6"}
     ipv6 = [*pod_gids(), GidEntry(8, "fd00:0000:0000:0004:e4ea:71ff:feb9:4970", V1, "", "net1", None),
             GidEntry(9, "fd00:0000:0000:0004:e4ea:71ff:feb9:4970", V2, "", "net1", None)]
-    (finding,) = list(roce_gid_type_read_einval(facts(port(entries=ipv6, variables=variables), variables=variables), job(**variables)))
+    (finding,) = list(roce004(facts(port(entries=ipv6, variables=variables), variables=variables), job(**variables)))
     assert "types/0" in finding.evidence[-1].observed
 
 
 def test_missing_type_file_and_unreadable_one() -> None:
     missing = [*host_gids()[:3], GidEntry(3, ipv4(0x11), None, "no such file or directory (ENOENT)", "ens1f0np0", "10.10.0.17")]
-    (finding,) = list(roce_gid_type_read_einval(facts(port(entries=missing)), job()))
+    (finding,) = list(roce004(facts(port(entries=missing)), job()))
     assert finding.status is Status.PRESENT and finding.evidence[0].source.endswith("gid_attrs/types/3")
     garbled = [*host_gids()[:3], GidEntry(3, ipv4(0x11), None, "not UTF-8 text (binary or garbled content)", "ens1f0np0", "10.10.0.17")]
-    assert observe(roce_gid_type_read_einval(facts(port(entries=garbled)), job())) == [("mlx5_0/1", Status.UNKNOWN, None)]
-    assert observe(roce_gid_index_mismatch(facts(port(entries=garbled)), job())) == [("mlx5_0/1", Status.UNKNOWN, None)]
+    assert observe(roce004(facts(port(entries=garbled)), job())) == [("mlx5_0/1", Status.UNKNOWN, None)]
+    assert observe(roce005(facts(port(entries=garbled)), job())) == [("mlx5_0/1", Status.UNKNOWN, None)]
 
 
 # -- ROCE006 ------------------------------------------------------------------------------------
