@@ -24,6 +24,7 @@ from preflight.nccl.ib import (
     Selection,
     nccl_selection,
     parse_nccl_ib_hca,
+    require_ib_transport_on,
 )
 from preflight.nccl.releases import version_tuple
 from preflight.probes.gpudirect import DeviceNode, JobIdentity, can_read_write
@@ -225,6 +226,7 @@ def _mixed_and_management(rdma: RdmaFacts, selection: Selection, severity: Sever
 def ib_hca_selection_mismatch(rdma: RdmaFacts, job: JobFacts) -> Iterator[Observation]:
     """NCCL_IB_HCA entries that match nothing or too much, an empty or mixed selection."""
     require_ib_transport(rdma)
+    require_ib_transport_on(job)
     selection = nccl_selection(rdma, job)
     for port in selection.undecided:
         yield undecided(port.subject, port.why("state" if port.state is None else "link_layer"))
@@ -248,6 +250,7 @@ def ib_hca_selection_mismatch(rdma: RdmaFacts, job: JobFacts) -> Iterator[Observ
 def ib_odd_nic_count_rail_hang(rdma: RdmaFacts, job: JobFacts) -> Iterator[Observation]:
     """NCCL would use exactly three IB/RoCE ports on this node."""
     require_ib_transport(rdma)
+    require_ib_transport_on(job)
     selection = nccl_selection(rdma, job)
     _decided(selection)
     if len(selection.ports) == 3:
@@ -286,6 +289,7 @@ def ib_device_order_differs_across_nodes(rdma: RdmaFacts, job: JobFacts, nccl_li
     """The RDMA devices NCCL uses are not numbered in PCI address order, and an NCCL that does not
     sort them (before 2.29.7, or told not to) may run here."""
     require_ib_transport(rdma)
+    require_ib_transport_on(job)
     selection = nccl_selection(rdma, job)
     _decided(selection)
     setting, pci_order = _pci_order_setting(job)

@@ -16,7 +16,7 @@ from preflight.model import (
 )
 from preflight.nccl.gdr import DEFAULT_GDR_LEVEL, PATH_RANK, PXN_PEER_LIMIT, gdr_level, within
 from preflight.nccl.gid import nccl_int
-from preflight.nccl.ib import ib_hca_selects, ib_transport_off, nccl_selection, selection_unseen
+from preflight.nccl.ib import ib_hca_selects, nccl_selection, require_ib_transport_on, selection_unseen
 from preflight.nccl.releases import require_nccl, version_tuple
 from preflight.probes.job import setting_evidence
 from preflight.probes.kernel_log import NOT_READ, KernelLogFacts
@@ -53,7 +53,8 @@ _OS_ERROR = re.compile(r"\(E[A-Z0-9]+\)")
 def _ports_nccl_uses(roce: RoceFacts, job: JobFacts, site_hcas: tuple[str, ...] | None = None) -> Iterator[RocePort | Observation]:
     """The RoCE ports NCCL would open (ACTIVE, selected by NCCL_IB_HCA; where that is not set,
     the site's data HCAs, expect.hcas, when given), and an undecided observation for every port
-    whose link layer could not be read."""
+    whose link layer could not be read. NotApplicable when the job turns NCCL's IB transport off."""
+    require_ib_transport_on(job)
     hca = job.nccl("NCCL_IB_HCA")
     selected = [
         port for port in roce.ports
@@ -441,9 +442,7 @@ def roce_pfc_pause_storm(
 def _ib_ports(rdma: RdmaFacts, job: JobFacts) -> Selection:
     """The RDMA ports NCCL's IB transport would use; NotApplicable when the job turns that
     transport off, Unknown when the ports or NCCL_IB_HCA's choice cannot be told."""
-    off = ib_transport_off(job)
-    if off:
-        raise NotApplicable(off)
+    require_ib_transport_on(job)
     require_rdma(rdma)
     selection = nccl_selection(rdma, job)
     if selection.unlisted:

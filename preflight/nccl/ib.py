@@ -23,6 +23,7 @@ import re
 
 from msgspec import Struct
 
+from preflight.model import NotApplicable
 from preflight.nccl.gid import nccl_int
 from preflight.probes.job import JobFacts, Setting
 from preflight.probes.rdma import PORT_ACTIVE, RdmaFacts, RdmaPort, ports_unlisted
@@ -137,6 +138,15 @@ def ib_transport_off(job: JobFacts) -> str:
     if disabled is not None and nccl_int(disabled.value, 0) != 0:
         return f"NCCL_IB_DISABLE={disabled.value}: NCCL's IB/RoCE transport is off"
     return ""
+
+
+def require_ib_transport_on(job: JobFacts) -> None:
+    """NotApplicable, with the reason, when the job turns NCCL's IB transport off: ncclIbInit then
+    returns before it opens any device (init.cc@v2.30.7-1), so no port's state, GID or MTU matters
+    to NCCL."""
+    off = ib_transport_off(job)
+    if off:
+        raise NotApplicable(off)
 
 
 def ib_carries_data(rdma: RdmaFacts, job: JobFacts) -> bool | None:

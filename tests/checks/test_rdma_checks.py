@@ -390,6 +390,18 @@ def test_ib003_absent_not_applicable_and_unknown() -> None:
         list(ib_odd_nic_count_rail_hang(eight(mlx5_5=unreadable), job()))
 
 
+@pytest.mark.parametrize("where", [job({"NCCL_IB_DISABLE": "1"}), job(conf={"NCCL_NET": "Socket"})])
+def test_ib003_ib004_ib005_not_applicable_where_nccls_ib_transport_is_off(where: JobFacts) -> None:
+    """NCCL never opens an RDMA device then (ncclIbInit returns first): three ports, a prefix that
+    selects too much or names out of PCI order are not NCCL's business."""
+    three = rdma(hca("mlx5_0"), hca("mlx5_1"), hca("mlx5_2", bus=0x9c), hca("mlx5_3", port(state=1, phys=2), bus=0x5f))
+    conf = JobFacts(where.environ, "", (NcclConfFile("/etc/nccl.conf", (*where.nccl_conf_files[0].entries, ("NCCL_IB_HCA", "mlx5_1,mlx5_3"))),))
+    for verdict in (lambda: ib_odd_nic_count_rail_hang(three, where), lambda: ib_hca_selection_mismatch(twelve(), conf),
+                    lambda: ib_device_order_differs_across_nodes(shuffled(), where, OLD_NCCL)):
+        with pytest.raises(NotApplicable, match="NCCL_IB_DISABLE=1|NCCL_NET=Socket"):
+            list(verdict())
+
+
 # -- IB005 ------------------------------------------------------------------------------------
 def shuffled() -> RdmaFacts:
     """mlx5_2 sits on a later bus than mlx5_3."""

@@ -155,6 +155,26 @@ def test_a_spare_port_counts_only_where_jobs_may_use_it(where: JobFacts, expect:
         assert "name the rails in NCCL_IB_HCA" in next(roce005(spare(no_address), where, expect)).fix
 
 
+IB_OFF = [job(NCCL_IB_DISABLE="1"), JobFacts({}, "", (NcclConfFile("/etc/nccl.conf", (("NCCL_NET", "Socket"),)),))]
+
+
+@pytest.mark.parametrize("where", IB_OFF)
+def test_nothing_to_judge_where_nccls_ib_transport_is_off(where: JobFacts) -> None:
+    """NCCL_IB_DISABLE=1 or NCCL_NET naming another network: NCCL opens no RDMA port, so a port
+    without an IPv4 address or MTU 1500 beside the rails (storage, say) is not NCCL's business."""
+    roce = spare(host_gids("eno1np0")[:2])
+    readings = dcb(("ens1f0np0", (3,), DSCP_MAP), ("ens2f0np0", (3,), DSCP_MAP), ("eno1np0", (), ()))
+    for verdict in (
+        lambda: roce005(roce, where), lambda: roce004(roce, where), lambda: roce_path_mtu_mismatch(roce, where, Expectations()),
+        lambda: roce_pfc_pause_storm(roce, readings, where, Expectations()),
+    ):
+        with pytest.raises(NotApplicable, match="NCCL_IB_DISABLE=1|NCCL_NET=Socket"):
+            list(verdict())
+    # NVSHMEM picks its HCAs and GID itself: its fixed index is still judged.
+    nvshmem = observe(roce005(roce, JobFacts({**where.environ, "NVSHMEM_IB_GID_INDEX": "0"}, "", where.nccl_conf_files)))
+    assert nvshmem == [(f"NVSHMEM_IB_GID_INDEX on mlx5_{i}/1", Status.PRESENT, Severity.WARNING) for i in range(3)]
+
+
 @pytest.mark.parametrize("name", ["NVSHMEM_IB_GID_INDEX", "MC_GID_INDEX", "MSCCLPP_IB_GID_INDEX", "UCCL_IB_GID_INDEX", "UCCL_P2P_RDMA_GID_INDEX"])
 def test_another_librarys_fixed_gid_index_on_a_link_local_slot_is_a_warning(name: str) -> None:
     # NCCL picks index 3 by itself; the other library is told to use 0, the link-local RoCE v1 slot.
