@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from preflight.config import Expectations
     from preflight.nccl.ib import Selection
     from preflight.probes.job import JobFacts
-    from preflight.probes.nccl_libs import NcclLibFacts
+    from preflight.probes.nccl_libs import NcclCopy, NcclLibFacts
     from preflight.probes.nvlink import NvlinkFacts
     from preflight.probes.pcie import PcieFacts
     from preflight.probes.rdma import RdmaFacts
@@ -241,51 +241,108 @@ def _nccl_gid_choice_findings(roce: RoceFacts, job: JobFacts, expect: Expectatio
         )
 
 
+#: NCCL's automatic GID scan (ncclIbRoceGetVersionNum) and where it fails on a slot whose
+#: gid_attrs/types read answers EINVAL: 2.20 has no scan (src/transport/net_ib.cc@v2.20.5-1 uses
+#: NCCL_IB_GID_INDEX, default 0); 2.21 to 2.25 return ncclSystemError on any failed read
+#: (net_ib.cc@v2.21.5-1:248, net_ib.cc@v2.25.1-1:329); 2.26 returns success on EINVAL and moves on
+#: to the next slot (net_ib.cc@v2.26.2-1:338).
+GID_SCAN_SINCE = (2, 21)
+EINVAL_SKIPPED_SINCE = (2, 26)
+
+
+def _einval_fatal(nccl_libs: NcclLibFacts) -> tuple[list[NcclCopy], str, str]:
+    """(copies, unread, none): the NCCL copies whose GID scan aborts on an EINVAL read (2.21-2.25,
+    or a release the node does not name), why the releases cannot be told, and why no copy here
+    aborts (no NCCL, or every copy outside 2.21-2.25)."""
+    try:
+        require_nccl(nccl_libs)
+    except Unknown as error:
+        return [], str(error), ""
+    except NotApplicable as error:
+        return [], "", str(error)
+    fatal = []
+    for copy in nccl_libs.copies:
+        release = version_tuple(copy.version) if copy.version is not None else None
+        if release is None or GID_SCAN_SINCE <= release < EINVAL_SKIPPED_SINCE:
+            fatal.append(copy)
+    none = "" if fatal else "every NCCL installed here is 2.26 or newer, which skips GID slots that read EINVAL, or older than 2.21, which does not scan the GID table"
+    return fatal, "", none
+
+
+def _fatal_evidence(fatal: list[NcclCopy]) -> Evidence:
+    shown = ", ".join(f"{copy.version or 'release not named'} ({copy.path})" for copy in fatal)
+    return Evidence("NCCL installed", shown, "NCCL 2.26 or newer, which skips such slots")
+
+
 @check("ROCE004", profiles=("prolog",))
-def roce_gid_type_read_einval(roce: RoceFacts, job: JobFacts, expect: Expectations) -> Iterator[Observation]:
-    """NCCL's automatic GID scan reads a gid_attrs/types file that fails, or the GID table looks
-    like a container's, whose hidden leading slots make NCCL 2.21-2.25 abort. Ports are chosen and
-    softened where the jobs' choice is unseen as for ROCE005."""
+def roce_gid_type_read_einval(roce: RoceFacts, job: JobFacts, nccl_libs: NcclLibFacts, expect: Expectations) -> Iterator[Observation]:
+    """NCCL's automatic GID scan reads a gid_attrs/types file that fails, or reads EINVAL or the
+    GID table looks like a container's (hidden leading slots) while an NCCL that aborts on EINVAL
+    (2.21-2.25, or a release not named) is installed. Ports are chosen, and softened where the
+    jobs' choice is unseen, as for ROCE005."""
     severity = _rails_severity(job, expect)
     fix = PORT_UNSEEN_FIX if severity else ""
+    fatal, unread, none = _einval_fatal(nccl_libs)
+    versions = (_fatal_evidence(fatal),) if fatal else ()
+    findings: list[Observation] = []
+    skipped = False  # a port whose table only an NCCL that is not installed here would choke on
     for item in _ports_with_choice(roce, job, expect.hcas):
         if isinstance(item, Observation):
-            yield item
+            findings.append(item)
             continue
         port, choice = item
         if choice.forced:
             continue  # a fixed NCCL_IB_GID_INDEX skips the scan
         if choice.failed_read is not None:
-            path = f"{port.path}/gid_attrs/types/{choice.failed_read}"
-            if not _OS_ERROR.search(choice.error):
-                yield undecided(port.subject, f"{path}: {choice.error}")
-            else:
-                yield present(
-                    port.subject, *_variable_evidence(roce), Evidence(path, choice.error, "readable for every configured GID"), severity=severity, fix=fix
-                )
+            findings.append(_failed_read(roce, port, choice, severity, fix))
             continue
-        pin = f"NCCL >= 2.26, or NCCL_IB_GID_INDEX={choice.index} for this node"
-        if choice.einval_reads:
-            files = ", ".join(f"types/{index}" for index in choice.einval_reads)
-            yield present(
-                port.subject,
-                *_variable_evidence(roce),
-                Evidence(f"{port.path}/gid_attrs", f"NCCL's scan reads {files}: invalid argument (EINVAL); NCCL 2.21-2.25 abort", pin),
-                severity=severity,
-                fix=fix,
-            )
+        einval = _einval_or_holes(roce, port, choice, versions, severity, fix)
+        if einval is None:
             continue
-        first = min((entry.index for entry in port.gids), default=None)
-        if first is not None and first > 0:
-            yield present(
-                port.subject,
-                Evidence(
-                    f"{port.path}/gids",
-                    f"slots 0-{first - 1} empty, GIDs start at index {first} (a container's or pod's view of the table)",
-                    pin,
-                ),
-                severity=Severity.WARNING,
-            )
+        if unread:
+            findings.append(undecided(port.subject, f"whether an NCCL that aborts on EINVAL (2.21-2.25) is installed: {unread}"))
+        elif fatal:
+            findings.append(einval)
+        else:
+            skipped = True
+    if skipped and not findings:
+        raise NotApplicable(none)
+    yield from findings
+
+
+def _failed_read(roce: RoceFacts, port: RocePort, choice: NcclGid, severity: Severity | None, fix: str) -> Observation:
+    """A types read that fails otherwise than with EINVAL fails every NCCL's scan (2.21 and later)."""
+    path = f"{port.path}/gid_attrs/types/{choice.failed_read}"
+    if not _OS_ERROR.search(choice.error):
+        return undecided(port.subject, f"{path}: {choice.error}")
+    return present(port.subject, *_variable_evidence(roce), Evidence(path, choice.error, "readable for every configured GID"), severity=severity, fix=fix)
+
+
+def _einval_or_holes(
+    roce: RoceFacts, port: RocePort, choice: NcclGid, versions: tuple[Evidence, ...], severity: Severity | None, fix: str
+) -> Observation | None:
+    """The scan reading EINVAL (NCCL 2.21-2.25 abort), else a table whose leading slots are empty
+    (a pod's view, where such reads are likely) as a warning; None for a table NCCL reads whole."""
+    pin = f"NCCL >= 2.26, or NCCL_IB_GID_INDEX={choice.index} for this node"
+    if choice.einval_reads:
+        files = ", ".join(f"types/{index}" for index in choice.einval_reads)
+        return present(
+            port.subject,
+            *_variable_evidence(roce),
+            Evidence(f"{port.path}/gid_attrs", f"NCCL's scan reads {files}: invalid argument (EINVAL); NCCL 2.21-2.25 abort", pin),
+            *versions,
+            severity=severity,
+            fix=fix,
+        )
+    first = min((entry.index for entry in port.gids), default=None)
+    if first is None or first == 0:
+        return None
+    return present(
+        port.subject,
+        Evidence(f"{port.path}/gids", f"slots 0-{first - 1} empty, GIDs start at index {first} (a container's or pod's view of the table)", pin),
+        *versions,
+        severity=Severity.WARNING,
+    )
 
 
 @check("ROCE006", profiles=("prolog",))

@@ -13,6 +13,7 @@ import pytest
 from conftest import EXAMPLE_ROOT, Runner
 from preflight.nccl.gid import GidSettings, Slot, nccl_would_pick_gid, parse_gid, parse_gid_settings
 from preflight.probes.job import JobFacts, NcclConfFile, parse_environ
+from preflight.probes.nccl_libs import NcclCopy, NcclLibFacts
 from preflight.probes.roce import DcbReading, EcnState, GidEntry, NcclGid, RoceDcbFacts, RoceFacts, RocePort, roce_mtu
 from preflight.checks.roce import roce_gid_index_mismatch, roce_gid_type_read_einval, roce_path_mtu_mismatch, roce_pfc_pause_storm
 from preflight.config import ConfigError, Expectations, parse_config
@@ -81,9 +82,17 @@ def roce005(roce: RoceFacts, where: JobFacts, expect: Expectations | None = None
     return roce_gid_index_mismatch(roce, where, expect or Expectations())
 
 
-def roce004(roce: RoceFacts, where: JobFacts, expect: Expectations | None = None) -> Iterator[Observation]:
-    """ROCE004 with the site's expectations (none unless given)."""
-    return roce_gid_type_read_einval(roce, where, expect or Expectations())
+def installed(*versions: str | None, problems: tuple[str, ...] = ()) -> NcclLibFacts:
+    """NCCL copies of these releases (None: a file whose release is not named)."""
+    return NcclLibFacts(tuple(NcclCopy(f"/usr/lib/x86_64-linux-gnu/libnccl.so.{i}", v, "system") for i, v in enumerate(versions)), problems)
+
+
+NCCL_2_23 = installed("2.23.4")  # aborts on a GID type read that answers EINVAL
+
+
+def roce004(roce: RoceFacts, where: JobFacts, expect: Expectations | None = None, libs: NcclLibFacts = NCCL_2_23) -> Iterator[Observation]:
+    """ROCE004 with the site's expectations (none unless given) and NCCL 2.23 unless told."""
+    return roce_gid_type_read_einval(roce, where, libs, expect or Expectations())
 
 
 def observe(observations: Iterator[Observation]) -> list[tuple[str, Status, Severity | None]]:
@@ -267,7 +276,40 @@ def test_scan_that_reads_einval_is_an_error() -> None:
     ipv6 = [*pod_gids(), GidEntry(8, "fd00:0000:0000:0004:e4ea:71ff:feb9:4970", V1, "", "net1", None),
             GidEntry(9, "fd00:0000:0000:0004:e4ea:71ff:feb9:4970", V2, "", "net1", None)]
     (finding,) = list(roce004(facts(port(entries=ipv6, variables=variables), variables=variables), job(**variables)))
-    assert "types/0" in finding.evidence[-1].observed
+    assert "types/0" in finding.evidence[-2].observed and finding.evidence[-1].observed == "2.23.4 (/usr/lib/x86_64-linux-gnu/libnccl.so.0)"
+
+
+HIDDEN_TYPE = [*host_gids()[:3], GidEntry(3, ipv4(0x11), None, "invalid argument (EINVAL)", "ens1f0np0", "10.10.0.17")]
+
+
+@pytest.mark.parametrize(
+    ("libs", "shown"),
+    [(installed("2.27.3", "2.23.4"), "2.23.4 (/usr/lib/x86_64-linux-gnu/libnccl.so.1)"),
+     (installed("2.27.3", None), "release not named (/usr/lib/x86_64-linux-gnu/libnccl.so.1)"),
+     (installed("2.21.5"), "2.21.5 (/usr/lib/x86_64-linux-gnu/libnccl.so.0)"), (installed("2.25.1"), "2.25.1 (/usr/lib/x86_64-linux-gnu/libnccl.so.0)")],
+)
+def test_einval_and_pod_tables_are_judged_where_an_nccl_that_aborts_is_installed(libs: NcclLibFacts, shown: str) -> None:
+    for table, severity in ((HIDDEN_TYPE, None), (pod_gids(), Severity.WARNING)):
+        (finding,) = roce004(facts(port(entries=table, netdev="net1")), IN_JOB, libs=libs)
+        assert (finding.status, finding.severity, finding.evidence[-1].observed) == (Status.PRESENT, severity, shown)
+
+
+@pytest.mark.parametrize(
+    ("libs", "reason"),
+    [(installed("2.27.3"), "2.26 or newer"), (installed("2.20.5", "2.26.2"), "older than 2.21"), (installed(), "no libnccl")],
+)
+def test_einval_and_pod_tables_do_not_matter_to_the_nccl_installed_here(libs: NcclLibFacts, reason: str) -> None:
+    """NCCL 2.26 skips a slot whose type read answers EINVAL; NCCL 2.20 does not scan at all."""
+    for table in (HIDDEN_TYPE, pod_gids()):
+        with pytest.raises(NotApplicable, match=reason):
+            list(roce004(facts(port(entries=table, netdev="net1")), IN_JOB, libs=libs))
+    # A type file that fails otherwise (ENOENT) fails every NCCL that scans, 2.26 included.
+    missing = [*host_gids()[:3], GidEntry(3, ipv4(0x11), None, "no such file or directory (ENOENT)", "ens1f0np0", "10.10.0.17")]
+    assert observe(roce004(facts(port(entries=missing)), IN_JOB, libs=libs)) == [("mlx5_0/1", Status.PRESENT, None)]
+    # Where no library directory could be read, whether an NCCL that aborts is here is unknown.
+    unread = installed(problems=("/opt/nccl/lib: permission denied (EACCES)",))
+    [unknown] = roce004(facts(port(entries=HIDDEN_TYPE)), IN_JOB, libs=unread)
+    assert unknown.status is Status.UNKNOWN and "EACCES" in unknown.reason
 
 
 def test_missing_type_file_and_unreadable_one() -> None:
