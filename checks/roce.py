@@ -144,6 +144,12 @@ def _other_library_gid_indices(job: JobFacts) -> list[tuple[str, str, str, int]]
     return found
 
 
+def _state_unread(port: RocePort, subject: str = "") -> Observation:
+    """For a port whose state could not be read and whose GID would be wrong: the port may be
+    down, which NCCL and the other libraries skip, so the GID is no verdict."""
+    return undecided(subject or port.subject, port.state_error or f"{port.path}/state: not read")
+
+
 def _may_be_active(port: RocePort) -> bool:
     """ACTIVE, or a state that could not be read (judged like NCCL's own part does)."""
     return port.state is None or port.state.endswith("ACTIVE")
@@ -166,6 +172,9 @@ def _other_libraries_fixed_gid(roce: RoceFacts, fixed: list[tuple[str, str, str,
                 yield undecided(subject, f"{port.path}/gid_attrs/types/{index}: {entry.type_error}")
                 continue
             if _usable(entry):
+                continue
+            if port.state is None:
+                yield _state_unread(port, subject)
                 continue
             observed = f"{library} uses " + (entry.describe() if entry else f"index {index}: {_missing_slot(port, index)}")
             yield present(
@@ -218,6 +227,9 @@ def _nccl_gid_choice_findings(roce: RoceFacts, job: JobFacts, expect: Expectatio
         if _usable(entry):
             if choice.forced and entry is not None:
                 forced_families.setdefault(4 if entry.ipv4 else 6, []).append(port.subject)
+            continue
+        if port.state is None:
+            yield _state_unread(port)
             continue
         how = "NCCL_IB_GID_INDEX fixes" if choice.forced else "NCCL 2.21+ would choose"
         if entry is None:
@@ -294,7 +306,7 @@ def roce_gid_type_read_einval(roce: RoceFacts, job: JobFacts, nccl_libs: NcclLib
         if choice.forced:
             continue  # a fixed NCCL_IB_GID_INDEX skips the scan
         if choice.failed_read is not None:
-            findings.append(_failed_read(roce, port, choice, severity, fix))
+            findings.append(_state_unread(port) if port.state is None else _failed_read(roce, port, choice, severity, fix))
             continue
         einval = _einval_or_holes(roce, port, choice, versions, severity, fix)
         if einval is None:
@@ -302,7 +314,7 @@ def roce_gid_type_read_einval(roce: RoceFacts, job: JobFacts, nccl_libs: NcclLib
         if unread:
             findings.append(undecided(port.subject, f"whether an NCCL that aborts on EINVAL (2.21-2.25) is installed: {unread}"))
         elif fatal:
-            findings.append(einval)
+            findings.append(_state_unread(port) if port.state is None else einval)
         else:
             skipped = True
     if skipped and not findings:

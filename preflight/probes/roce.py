@@ -145,6 +145,7 @@ class RocePort(Struct, frozen=True):
     roce_mtu: int | None  # derived from mtu (iboe_get_mtu)
     trust: str | None  # /sys/class/net/<netdev>/qos/trust ("pcp"/"dscp"), MLNX_OFED only
     ecn: EcnState
+    state_error: str = ""  # "path: reason" when state is None, "" when it was read
 
     @property
     def subject(self) -> str:
@@ -272,8 +273,10 @@ def _ecn(fs: NodeFS, reader: FactReader, netdev: str) -> EcnState:
 
 def _read_port(fs: NodeFS, reader: FactReader, device: str, port: int, job_settings: GidSettings) -> RocePort:
     base = f"{IB_SYSFS}/{device}/ports/{port}"
-    state, _ = _read_attr(fs, f"{base}/state")
-    state = state if state is not None and _PORT_STATE.match(state) else None
+    state, state_reason = _read_attr(fs, f"{base}/state")
+    if state is not None and not _PORT_STATE.match(state):
+        state_reason = f"unexpected value {state[:32]!r}"
+        state = None
     table_size, entries, unreadable = _scan_gids(fs, reader, base)
     nccl_job = nccl_default = None
     if not unreadable:
@@ -293,7 +296,7 @@ def _read_port(fs: NodeFS, reader: FactReader, device: str, port: int, job_setti
         ecn = _ecn(fs, reader, netdev)
     return RocePort(
         device, port, state, table_size, tuple(entries), tuple(unreadable), nccl_job, nccl_default,
-        netdev, netdev_source, mtu, mtu_error, derived, trust, ecn,
+        netdev, netdev_source, mtu, mtu_error, derived, trust, ecn, f"{base}/state: {state_reason}" if state is None else "",
     )
 
 

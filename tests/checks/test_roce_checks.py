@@ -9,6 +9,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
+from msgspec.structs import replace
 
 from conftest import EXAMPLE_ROOT, Runner
 from preflight.nccl.gid import GidSettings, Slot, nccl_would_pick_gid, parse_gid, parse_gid_settings
@@ -217,11 +218,26 @@ def test_another_librarys_gid_index_is_judged_when_nccl_ib_hca_leaves_nccl_no_ro
     assert observe(roce005(facts(unreadable), job(NCCL_IB_HCA="=mlx5_4", NVSHMEM_IB_GID_INDEX="0"))) == [
         ("NVSHMEM_IB_GID_INDEX on mlx5_0/1", Status.UNKNOWN, None)
     ]
-    (unread_state,) = list(roce005(facts(port(state=None)), job(NCCL_IB_HCA="=mlx5_4", NVSHMEM_IB_GID_INDEX="0")))
-    assert unread_state.status is Status.PRESENT and "link-local" in unread_state.evidence[1].observed
+    (unread_state,) = list(roce005(facts(UNREAD_STATE), job(NCCL_IB_HCA="=mlx5_4", NVSHMEM_IB_GID_INDEX="0")))
+    assert (unread_state.subject, unread_state.status, unread_state.reason) == ("NVSHMEM_IB_GID_INDEX on mlx5_0/1", Status.UNKNOWN, STATE_ERROR)
     # No active RoCE port at all: nothing for any library to use.
     with pytest.raises(NotApplicable, match="NCCL_IB_HCA"):
         list(roce005(facts(port(state="1: DOWN")), job(NVSHMEM_IB_GID_INDEX="0")))
+
+
+STATE_ERROR = "/sys/class/infiniband/mlx5_0/ports/1/state: not UTF-8 text (binary or garbled content)"
+UNREAD_STATE = replace(port(state=None), state_error=STATE_ERROR)
+
+
+def test_a_port_whose_state_is_unread_is_undecided_unless_its_gid_is_usable() -> None:
+    """A port without an IPv4 address is most likely the down one NCCL skips: with its state
+    unread, its link-local GID is no verdict; a usable GID is a checked answer all the same."""
+    no_address = replace(UNREAD_STATE, gids=tuple(host_gids()[:2]), nccl_job=choice(host_gids()[:2], GidSettings()))
+    for check in (roce005, roce004):
+        assert observe(check(facts(UNREAD_STATE), IN_JOB)) == []
+    assert [(o.subject, o.status, o.reason) for o in roce005(facts(no_address), IN_JOB)] == [("mlx5_0/1", Status.UNKNOWN, STATE_ERROR)]
+    hidden = replace(UNREAD_STATE, gids=tuple(HIDDEN_TYPE), nccl_job=choice(HIDDEN_TYPE, GidSettings()))
+    assert [(o.subject, o.status, o.reason) for o in roce004(facts(hidden), IN_JOB)] == [("mlx5_0/1", Status.UNKNOWN, STATE_ERROR)]
 
 
 def test_the_job_environment_keeps_other_libraries_gid_variables() -> None:

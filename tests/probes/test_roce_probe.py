@@ -210,10 +210,12 @@ def test_bad_ecn_switch(tmp_path: Path, how: str) -> None:
     assert ecn.notification_point is None and "ecn/roce_np/enable/3" in ecn.error
 
 
-def test_garbled_port_state_is_unknown_not_inactive(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("how", "error"), [("garbage", "UTF-8"), ("empty", "unexpected value ''"), ("einval", "EINVAL")])
+def test_garbled_port_state_is_unknown_not_inactive(tmp_path: Path, how: str, error: str) -> None:
     root = copy_node(tmp_path, "roce-v1v2")
-    plant(root, f"{PORT}/state", "garbage")
-    assert mlx5_0(root).state is None
+    plant(root, f"{PORT}/state", how)
+    port = mlx5_0(root)
+    assert port.state is None and port.state_error.startswith("/sys/class/infiniband/mlx5_0/ports/1/state: ") and error in port.state_error
 
 
 # -- NodeFS recorded read errors ------------------------------------------------------------------
