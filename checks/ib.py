@@ -147,6 +147,19 @@ def accidental_prefix(entry: HcaEntry, device: str) -> bool:
     )
 
 
+def _added_by_accident(hca: HcaList, entry: HcaEntry, device: RdmaDevice) -> bool:
+    """Whether ``entry`` reaches a port of ``device`` only through an accidental prefix that no
+    other entry names on purpose: NCCL's set is the union of every entry's matches (matchIfList,
+    src/misc/utils.cc@v2.30.7-1), so ``mlx5_1`` in a list that also names ``mlx5_10`` adds nothing."""
+    if not accidental_prefix(entry, device.name):
+        return False
+    others = [other for other in hca.entries if other is not entry and not accidental_prefix(other, device.name)]
+    return any(
+        hca.entry_matches(entry, device.name, port.number) and not any(hca.entry_matches(other, device.name, port.number) for other in others)
+        for port in device.ports
+    )
+
+
 def _unmatched_note(entry: HcaEntry) -> str:
     if entry.name != entry.name.strip():
         return "; NCCL does not trim spaces"
@@ -176,7 +189,7 @@ def _entry_findings(rdma: RdmaFacts, selection: Selection) -> Iterator[Observati
                 severity=Severity.WARNING,
             )
             continue
-        extra = [device.name for device in matched if not hca.exact and accidental_prefix(entry, device.name)]
+        extra = [device.name for device in matched if not hca.exact and _added_by_accident(hca, entry, device)]
         if extra:
             verb = "also excludes" if hca.exclude else "also selects"
             yield present(

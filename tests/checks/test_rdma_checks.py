@@ -339,6 +339,22 @@ def test_ib004_accidental_prefix_unmatched_entries_and_down_ports() -> None:
     assert spaced.severity is Severity.WARNING and "does not trim spaces" in spaced.evidence[1].observed
 
 
+@pytest.mark.parametrize(
+    ("value", "reported"),
+    [
+        ("mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_6,mlx5_7,mlx5_8,mlx5_9,mlx5_10,mlx5_11", None),  # a DGX's rails, named one by one
+        ("mlx5_1,mlx5_10", "also selects mlx5_11"), ("mlx5_1,mlx5_10:2", "also selects mlx5_10, mlx5_11"),  # mlx5_10 has port 1 only
+        ("mlx5,mlx5_1", None),  # the family prefix names every mlx5 device on purpose
+        ("^mlx5_1,mlx5_10,mlx5_11", None), ("^mlx5_1,mlx5_11", "also excludes mlx5_10"),
+    ],
+)
+def test_ib004_a_prefix_is_accidental_only_for_devices_no_other_entry_names(value: str, reported: str | None) -> None:
+    """NCCL selects the union of every entry's matches: 'mlx5_1' reaching mlx5_10 and mlx5_11
+    changes nothing where the list names them too."""
+    found = [o for o in ib_hca_selection_mismatch(twelve(), job(conf={"NCCL_IB_HCA": value})) if o.subject == "NCCL_IB_HCA 'mlx5_1'"]
+    assert [o.evidence[1].observed for o in found] == ([] if reported is None else [f"prefix 'mlx5_1' {reported}"])
+
+
 def test_ib004_exclusion_prefix_and_empty_selection() -> None:
     excluded = list(ib_hca_selection_mismatch(twelve(), job({"NCCL_IB_HCA": "^mlx5_1"})))
     assert subjects(excluded) == {"NCCL_IB_HCA 'mlx5_1'"} and "also excludes" in excluded[0].evidence[1].observed
