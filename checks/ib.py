@@ -202,11 +202,14 @@ def _entry_findings(rdma: RdmaFacts, selection: Selection) -> Iterator[Observati
 
 
 def _listed_but_down(hca: HcaList, entry: HcaEntry, matched: list[RdmaDevice], selection: Selection) -> Iterator[Observation]:
-    """Ports an entry names outright (``mlx5_3``, ``mlx5_3:1``) that NCCL will skip; a family
-    prefix such as ``mlx5`` names no port in particular."""
+    """Ports an entry names outright (``mlx5_3:1``, or ``mlx5_3`` when no port of it is ACTIVE)
+    that NCCL will skip; a family prefix such as ``mlx5`` names no port in particular, and a
+    device named without a port is served by its active port (NCCL skips the spare one)."""
     for device in matched:
         if device.name != entry.name:
             continue
+        if entry.port is None and any(port.state is None or port.state == PORT_ACTIVE for port in device.ports):
+            continue  # a port that is, or may be, ACTIVE carries the device; the others are spares
         for port in device.ports:
             if hca.entry_matches(entry, device.name, port.number) and port.state is not None and port.state != PORT_ACTIVE:
                 yield present(

@@ -355,6 +355,27 @@ def test_ib004_a_prefix_is_accidental_only_for_devices_no_other_entry_names(valu
     assert [o.evidence[1].observed for o in found] == ([] if reported is None else [f"prefix 'mlx5_1' {reported}"])
 
 
+def dual_port(name: str, first: int | None, second: int | None) -> RdmaDevice:
+    """A two-port HCA (mlx4/ConnectX-3 and other multi-port drivers) with these port states."""
+    device = hca(name, port(state=first, phys=5 if first == 4 else 2))
+    spare = replace(port(state=second, phys=5 if second == 4 else 2, rate=None), device=name, number=2, path=f"/sys/class/infiniband/{name}/ports/2")
+    return replace(device, ports=(device.ports[0], spare))
+
+
+def test_ib004_a_device_named_without_a_port_is_down_only_when_none_of_its_ports_is_active() -> None:
+    """NCCL_IB_HCA=mlx5_0 asks for the device: NCCL uses its active port and skips the uncabled
+    one; 'mlx5_0:2' names the port, and a device with no active port at all is a listed rail down."""
+    spares = rdma(dual_port("mlx5_0", 4, 1), dual_port("mlx5_1", 4, 1))
+    assert list(ib_hca_selection_mismatch(spares, job(conf={"NCCL_IB_HCA": "mlx5_0,mlx5_1"}))) == []
+    assert subjects(ib_hca_selection_mismatch(spares, job(conf={"NCCL_IB_HCA": "mlx5_0:2,mlx5_1"}))) == {"mlx5_0/2"}
+    dead = rdma(dual_port("mlx5_0", 1, 1), dual_port("mlx5_1", 4, 1))
+    assert subjects(ib_hca_selection_mismatch(dead, job(conf={"NCCL_IB_HCA": "mlx5_0,mlx5_1"}))) == {"mlx5_0/1", "mlx5_0/2"}
+    # A port whose state is unread may be the active one: it is unknown, and its sibling not judged.
+    unread = rdma(dual_port("mlx5_0", None, 1), dual_port("mlx5_1", 4, 1))
+    found = list(ib_hca_selection_mismatch(unread, job(conf={"NCCL_IB_HCA": "mlx5_0,mlx5_1"})))
+    assert [(o.subject, o.status) for o in found] == [("mlx5_0/1", Status.UNKNOWN)]
+
+
 def test_ib004_exclusion_prefix_and_empty_selection() -> None:
     excluded = list(ib_hca_selection_mismatch(twelve(), job({"NCCL_IB_HCA": "^mlx5_1"})))
     assert subjects(excluded) == {"NCCL_IB_HCA 'mlx5_1'"} and "also excludes" in excluded[0].evidence[1].observed
