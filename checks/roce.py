@@ -79,12 +79,13 @@ RAILS_UNSEEN_FIX = (
 )
 
 
-#: Said where one port's finding is a warning because the jobs' choice of ports is unseen.
-PORT_UNSEEN_FIX = (
-    "If this port is not a rail (a spare, front-end or storage NIC that jobs leave out), name the rails in "
-    "NCCL_IB_HCA in /etc/nccl.conf (or in expect.hcas) so that only they are judged; a job that sets no "
-    "NCCL_IB_HCA uses every active port, this one included."
-)
+def _port_unseen_fix(repair: str) -> str:
+    """Said where one port's finding is a warning because the jobs' choice of ports is unseen."""
+    return (
+        f"If this port is a rail, {repair}. If it is not (a spare, front-end or storage NIC that jobs leave out), "
+        "name the rails in NCCL_IB_HCA in /etc/nccl.conf (or in expect.hcas) so that only they are judged; a job "
+        "that sets no NCCL_IB_HCA uses every active port, this one included."
+    )
 
 
 def _rails_severity(job: JobFacts, expect: Expectations) -> Severity | None:
@@ -209,7 +210,7 @@ def _nccl_gid_choice_findings(roce: RoceFacts, job: JobFacts, expect: Expectatio
     """ROCE005's NCCL part: the GID NCCL would use on each RoCE port it opens."""
     forced_families: dict[int, list[str]] = {}  # address family of a fixed index's usable GID -> ports
     severity = _rails_severity(job, expect)
-    fix = PORT_UNSEEN_FIX if severity else ""
+    fix = _port_unseen_fix("give its netdev a routable IPv4 address, or fix the NCCL_IB_* GID settings, as the evidence shows") if severity else ""
     for item in _ports_with_choice(roce, job, expect.hcas):
         if isinstance(item, Observation):
             yield item
@@ -293,7 +294,7 @@ def roce_gid_type_read_einval(roce: RoceFacts, job: JobFacts, nccl_libs: NcclLib
     (2.21-2.25, or a release not named) is installed. Ports are chosen, and softened where the
     jobs' choice is unseen, as for ROCE005."""
     severity = _rails_severity(job, expect)
-    fix = PORT_UNSEEN_FIX if severity else ""
+    fix = _port_unseen_fix("upgrade NCCL to 2.26 or later, or pin NCCL_IB_GID_INDEX to its routable RoCE v2 index") if severity else ""
     fatal, unread, none = _einval_fatal(nccl_libs)
     versions = (_fatal_evidence(fatal),) if fatal else ()
     findings: list[Observation] = []

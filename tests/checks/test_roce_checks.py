@@ -162,7 +162,8 @@ def test_a_spare_port_counts_only_where_jobs_may_use_it(where: JobFacts, expect:
         found = observe(check(spare(entries), where, expect))
         assert found == ([] if severity == "absent" else [("mlx5_2/1", Status.PRESENT, severity)]), check.__name__
     if severity is Severity.WARNING:
-        assert "name the rails in NCCL_IB_HCA" in next(roce005(spare(no_address), where, expect)).fix
+        fix = next(roce005(spare(no_address), where, expect)).fix
+        assert fix.startswith("If this port is a rail, give its netdev a routable IPv4 address") and "name the rails in NCCL_IB_HCA" in fix
 
 
 IB_OFF = [job(NCCL_IB_DISABLE="1"), JobFacts({}, "", (NcclConfFile("/etc/nccl.conf", (("NCCL_NET", "Socket"),)),))]
