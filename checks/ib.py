@@ -405,7 +405,16 @@ def _reference_rate(port: RdmaPort, active: list[RdmaPort], rdma: RdmaFacts) -> 
     return (gbps, holders, len(peers)) if 2 * holders > len(peers) else None
 
 
-def _degraded(port: RdmaPort, active: list[RdmaPort], rdma: RdmaFacts, expect: Expectations) -> Observation | None:
+def _unnamed_fix(port: RdmaPort, repair: str) -> str:
+    """The fix of a finding softened because nothing names the port as a rail."""
+    return (
+        f"If {port.subject} is a rail, {repair}. If it is a storage, in-band or spare port (it may be the rails' own "
+        "HCA model), list the rails in expect.hcas or NCCL_IB_HCA (/etc/nccl.conf): then only they are judged, and a "
+        "rail that is down or slow is an error."
+    )
+
+
+def _degraded(port: RdmaPort, active: list[RdmaPort], rdma: RdmaFacts, expect: Expectations, named: bool) -> Observation | None:
     assert port.rate is not None
     if expect.rate_gbps is not None:
         if port.rate.gbps < expect.rate_gbps:
@@ -432,6 +441,8 @@ def _degraded(port: RdmaPort, active: list[RdmaPort], rdma: RdmaFacts, expect: E
         return present(
             port.subject,
             port_evidence(port, "rate", expected=f"{gbps:g} Gb/sec like {holders} of {peers} active {link_layer} {hca_type} ports"),
+            severity=None if named else Severity.WARNING,
+            fix="" if named else _unnamed_fix(port, "reseat or replace its cable or optic, or set the switch port's speed"),
         )
     return None
 
@@ -458,7 +469,8 @@ def rdma_stack_or_ports_misconfigured(
     """Expected HCAs missing, data ports down, or links trained below the bandwidth of their peers;
     inside a job, a verbs user space (libibverbs, a device's provider) NCCL cannot load. Ports that
     a visible NCCL_IB_HCA leaves out are not judged (NCCL never opens them); an InfiniBand port an
-    administrator disabled is a warning."""
+    administrator disabled is a warning, and so is a port down or slower than its kind while
+    neither expect.hcas nor a visible NCCL_IB_HCA names the rails."""
     require_rdma(rdma)
     yield from _verbs_user_space(verbs)
     yield from unlisted_ports(rdma)
@@ -472,6 +484,10 @@ def rdma_stack_or_ports_misconfigured(
     # The site's expect.hcas names what must work; without it, NCCL's own selection does.
     selection = _left_out_by_nccl_ib_hca(job) if expect.hcas is None else None
     some_active = any(port.state == PORT_ACTIVE for port in rdma.data_ports)
+    # Without either, a port of the rails' own HCA model may be a storage or in-band port (DGX
+    # H100 storage cards are ConnectX-7 like the rails): one down or slower than most of its kind
+    # is only a warning. With no port up at all, the rails are down whichever they are.
+    named = expect.hcas is not None or selection is not None or not some_active
     for port in judged_ports(rdma, expect):
         if selection is not None and not selection.selects(port.device, port.number):
             continue
@@ -492,7 +508,12 @@ def rdma_stack_or_ports_misconfigured(
                 "list the rails in expect.hcas or NCCL_IB_HCA (/etc/nccl.conf) so that it is not judged.",
             )
         elif port.state is not None and port.state != PORT_ACTIVE:
-            yield present(port.subject, port_evidence(port, "state", "phys_state", expected="4: ACTIVE, 5: LinkUp"))
+            yield present(
+                port.subject,
+                port_evidence(port, "state", "phys_state", expected="4: ACTIVE, 5: LinkUp"),
+                severity=None if named else Severity.WARNING,
+                fix="" if named else _unnamed_fix(port, "bring its link up (cable, optic, switch port)"),
+            )
         elif port.state is None or port.phys_state is None:
             yield undecided(port.subject, port.why("state" if port.state is None else "phys_state"))
         elif port.phys_state != PHYS_LINK_UP:
@@ -503,7 +524,7 @@ def rdma_stack_or_ports_misconfigured(
         if port.rate is None:
             yield undecided(port.subject, port.why("rate"))
             continue
-        observation = _degraded(port, active, rdma, expect)
+        observation = _degraded(port, active, rdma, expect, named)
         if observation is not None:
             yield observation
 

@@ -31,8 +31,10 @@ Sources (kernel ``drivers/infiniband/core/sysfs.c``; all world-readable except `
 
 Which ports a missing link condemns: without ``expect.hcas`` a port is only judged when most ports
 of its kind (same link layer and HCA model) are ACTIVE, or when no port on the node is; an
-uncabled second port or an unused storage port is then not mistaken for a broken data link. Sites
-that list their data HCAs in ``expect.hcas`` get every port of those HCAs judged.
+uncabled second port or an unused storage port of another model is then not mistaken for a broken
+data link. A storage port of the rails' own model (DGX H100) still counts with its kind, so while
+neither ``expect.hcas`` nor a visible ``NCCL_IB_HCA`` names the rails IB009 reports such ports as
+warnings. Sites that list their data HCAs in ``expect.hcas`` get every port of those HCAs judged.
 """
 
 from __future__ import annotations

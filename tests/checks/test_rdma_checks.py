@@ -183,12 +183,38 @@ def test_ib009_disabled_port_is_a_warning_unless_expected() -> None:
     assert "3: Disabled" in found.evidence[0].observed and "expect.hcas or NCCL_IB_HCA" in found.fix
     [expected] = rdma_stack_or_ports_misconfigured(disabled, Expectations(hcas=("mlx5_8",)), job())
     assert expected.severity is None  # the reference's own (error)
-    [polling] = rdma_stack_or_ports_misconfigured(eight(mlx5_3=port(state=1, phys=2, rate=None)), Expectations(), job())
+    rails = job(conf={"NCCL_IB_HCA": "mlx5"})  # a visible selection that keeps every port
+    [polling] = rdma_stack_or_ports_misconfigured(eight(mlx5_3=port(state=1, phys=2, rate=None)), Expectations(), rails)
     assert polling.severity is None
     roce = rdma(*(hca(f"mlx5_{i}", port(link_layer="Ethernet")) for i in range(8)),
                 hca("mlx5_8", port(state=1, phys=3, rate=None, link_layer="Ethernet")))
-    [no_carrier] = rdma_stack_or_ports_misconfigured(roce, Expectations(), job())
+    [no_carrier] = rdma_stack_or_ports_misconfigured(roce, Expectations(), rails)
     assert (no_carrier.subject, no_carrier.severity) == ("mlx5_8/1", None)
+
+
+HALF_NDR = PortRate(200.0, 2, "NDR")
+
+
+@pytest.mark.parametrize(
+    ("facts", "odd", "rails_down"),
+    [
+        # eight 400G rails and a storage pair of the same ConnectX-7 cabled at NDR200
+        (rdma(*(hca(f"mlx5_{i}", port(rate=HALF_NDR if i > 7 else NDR)) for i in range(10))), ("mlx5_8/1", "mlx5_9/1"), ()),
+        # twelve ConnectX-7 functions, one port of a storage card uncabled, and a rail (mlx5_2)
+        (rdma(*(hca(f"mlx5_{i}", port(state=1, phys=2, rate=None) if i in (2, 8) else port()) for i in range(12))), ("mlx5_2/1", "mlx5_8/1"), ("mlx5_2/1",)),
+    ],
+)
+def test_ib009_ports_nothing_names_as_rails_are_warnings(facts: RdmaFacts, odd: tuple[str, ...], rails_down: tuple[str, ...]) -> None:
+    """The HCA model is not the role: a storage port of the rails' own model, slower or down, is
+    indistinguishable from a broken rail until expect.hcas or a visible NCCL_IB_HCA names the rails."""
+    found = list(rdma_stack_or_ports_misconfigured(facts, Expectations(), job({"SLURM_SCRIPT_CONTEXT": "prolog_slurmd"})))
+    assert [(o.subject, o.status, o.severity) for o in found] == [(subject, Status.PRESENT, Severity.WARNING) for subject in odd]
+    assert "is a rail, " in found[0].fix and "list the rails in expect.hcas or NCCL_IB_HCA" in found[0].fix
+    # Named rails: theirs is an error, the rest is not judged.
+    site = Expectations(hcas=tuple(f"mlx5_{i}" for i in (0, 1, 2, 3, 4, 5, 6, 7)))
+    assert [(o.subject, o.severity) for o in rdma_stack_or_ports_misconfigured(facts, site, job())] == [(s, None) for s in rails_down]
+    listed = job(conf={"NCCL_IB_HCA": "mlx5"})
+    assert [(o.subject, o.severity) for o in rdma_stack_or_ports_misconfigured(facts, Expectations(), listed)] == [(s, None) for s in odd]
 
 
 def test_ib009_ignores_nvswitch_management_functions() -> None:
@@ -200,6 +226,9 @@ def test_ib009_ignores_nvswitch_management_functions() -> None:
 def test_ib009_judges_every_port_when_none_is_active() -> None:
     facts = rdma(hca("mlx5_0", port(state=1, phys=3)))
     assert subjects(rdma_stack_or_ports_misconfigured(facts, Expectations(), job())) == {"mlx5_0/1"}
+    # With no port up, the rails are down whichever they are: an error without naming them.
+    no_sm = rdma(*(hca(f"mlx5_{i}", port(state=2, lid=0, sm_lid=0)) for i in range(4)))
+    assert {(o.subject, o.severity) for o in rdma_stack_or_ports_misconfigured(no_sm, Expectations(), job())} == {(f"mlx5_{i}/1", None) for i in range(4)}
 
 
 def test_ib009_not_applicable_and_unknown() -> None:
