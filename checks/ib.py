@@ -40,6 +40,7 @@ from preflight.probes.rdma import (
     RdmaDevice,
     RdmaFacts,
     RdmaPort,
+    management_unknown,
     natural_key,
     port_evidence,
     ports_unlisted,
@@ -494,6 +495,8 @@ def rdma_stack_or_ports_misconfigured(
         unreadable = _kind_unreadable(port, rdma) if expect.hcas is None else ""
         if unreadable and port.state != PORT_ACTIVE:
             yield undecided(port.subject, f"{unreadable}; cannot tell whether ports of its kind are in use")
+        elif port.state is not None and (unsure := management_unknown(rdma.device(port.device), port)):
+            yield undecided(port.subject, unsure)
         elif (port.state is not None and port.state != PORT_ACTIVE and port.phys_state == PHYS_DISABLED
               and port.link_layer == "InfiniBand" and expect.hcas is None and some_active):
             # On InfiniBand, Disabled is set on purpose (ibportstate, the switch side, a spare port
@@ -595,6 +598,8 @@ def ib_subnet_manager_sweep_failure(rdma: RdmaFacts, kernel_log: KernelLogFacts 
             yield undecided(port.subject, port.why("link_layer"))
         elif port.state is None:
             yield undecided(port.subject, port.why("state"))
+        elif port.state in (PORT_INIT, PORT_ARMED) and (unsure := management_unknown(rdma.device(port.device), port)):
+            yield undecided(port.subject, unsure)
         elif port.state in (PORT_INIT, PORT_ARMED):
             yield present(
                 port.subject,

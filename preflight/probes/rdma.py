@@ -27,7 +27,8 @@ Sources (kernel ``drivers/infiniband/core/sysfs.c``; all world-readable except `
   use to manage the NVSwitches; they are not data NICs. NVIDIA's Fabric Manager guide says their
   PCI VPD carries the vendor field ``SMDL=SW_MNG``, which is what ``nvidia-fabricmanager-start.sh``
   tests; we read ``<dev>/device/vpd`` of InfiniBand-link Mellanox functions for it. The file is
-  root-only (mode 0600): run as non-root, LPFs cannot be told apart and count as data NICs.
+  root-only (mode 0600): run as non-root, LPFs cannot be told apart and count as data NICs, except
+that IB008 and IB009 call an inactive port of such a function unknown (see ``management_unknown``).
 
 Which ports a missing link condemns: without ``expect.hcas`` a port is only judged when most ports
 of its kind (same link layer and HCA model) are ACTIVE, or when no port on the node is; an
@@ -579,6 +580,18 @@ def ports_unlisted(device: RdmaDevice) -> Problem | None:
     if device.ports:
         return None
     return next((p for p in device.problems if p.path == f"{device.path}/ports" and p.reason != "no ports"), None)
+
+
+def management_unknown(device: RdmaDevice | None, port: RdmaPort) -> str:
+    """Why a port that is not ACTIVE may belong to an NVSwitch management function rather than a
+    data NIC: its device's ``vpd``, the only file that tells them apart, was not read (root-only;
+    those functions' ports sit in INIT). "" when the device is known to be one or the other, or
+    the port is ACTIVE."""
+    if device is None or device.nvswitch_management is not None or port.state == PORT_ACTIVE:
+        return ""
+    vpd = f"{device.path}/device/vpd"
+    problem = next((str(p) for p in device.problems if p.path == vpd), f"{vpd}: not read")
+    return f"{problem}: cannot tell an NVSwitch management function from a data NIC"
 
 
 def port_evidence(port: RdmaPort, *attributes: str, expected: str = "") -> Evidence:

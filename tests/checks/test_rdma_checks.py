@@ -223,6 +223,26 @@ def test_ib009_ignores_nvswitch_management_functions() -> None:
     assert list(rdma_stack_or_ports_misconfigured(facts, Expectations(), job())) == []
 
 
+def unread_vpd(name: str, state: int) -> RdmaDevice:
+    """A Mellanox InfiniBand function whose device/vpd a non-root run could not read."""
+    vpd = Problem(f"/sys/class/infiniband/{name}/device/vpd", "permission denied (EACCES)")
+    return hca(name, port(state=state, lid=0 if state != 4 else 0x41, sm_lid=0 if state != 4 else 1), management=None, problems=(vpd,))
+
+
+def test_ib008_ib009_an_inactive_port_of_an_unread_vpd_is_undecided() -> None:
+    """An NVSwitch management function (LPF, ports in INIT) is told from a data NIC by its
+    root-only VPD alone: read as non-root, an inactive port of such a function may be either."""
+    facts = replace(eight(), devices=(*eight().devices, unread_vpd("mlx5_8", 2), unread_vpd("mlx5_9", 2)))
+    reason = "/sys/class/infiniband/mlx5_8/device/vpd: permission denied (EACCES): cannot tell an NVSwitch management function from a data NIC"
+    for found in (list(ib_subnet_manager_sweep_failure(facts)), list(rdma_stack_or_ports_misconfigured(facts, Expectations(), job()))):
+        assert [(o.subject, o.status) for o in found] == [("mlx5_8/1", Status.UNKNOWN), ("mlx5_9/1", Status.UNKNOWN)]
+        assert found[0].reason == reason
+    # An ACTIVE port is judged whatever the VPD says: LPFs never come up.
+    slow = replace(unread_vpd("mlx5_8", 4), ports=(replace(unread_vpd("mlx5_8", 4).ports[0], rate=PortRate(200.0, 2, "NDR")),))
+    found = list(rdma_stack_or_ports_misconfigured(replace(eight(), devices=(*eight().devices, slow)), Expectations(), job()))
+    assert [(o.subject, o.status) for o in found] == [("mlx5_8/1", Status.PRESENT)]
+
+
 def test_ib009_judges_every_port_when_none_is_active() -> None:
     facts = rdma(hca("mlx5_0", port(state=1, phys=3)))
     assert subjects(rdma_stack_or_ports_misconfigured(facts, Expectations(), job())) == {"mlx5_0/1"}
