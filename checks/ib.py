@@ -642,9 +642,21 @@ def _node_problem(rdma: RdmaFacts, path: str) -> Problem | None:
     return next((p for p in rdma.problems if p.path in (path, DEV_INFINIBAND, ".preflight/devices.json")), None)
 
 
-@check("IB007", profiles=("prolog",))
-def rdma_device_nodes_missing(rdma: RdmaFacts) -> Iterator[Observation]:
-    """RDMA devices the job can see in sysfs but cannot open through /dev/infiniband."""
+def _devices_named(rdma: RdmaFacts, job: JobFacts | Unread, expect: Expectations) -> set[str] | None:
+    """The data devices named as the job's: a visible NCCL_IB_HCA (what NCCL opens), else the
+    site's expect.hcas; None when nothing names them (every device counts)."""
+    hca = _left_out_by_nccl_ib_hca(job)
+    if hca is not None:
+        return {device.name for device in rdma.data_devices if any(hca.selects(device.name, port.number) for port in device.ports)}
+    return set(expect.hcas) if expect.hcas is not None else None
+
+
+@check("IB007", profiles=("prolog",), optional=("job",))
+def rdma_device_nodes_missing(rdma: RdmaFacts, job: JobFacts | Unread, expect: Expectations) -> Iterator[Observation]:
+    """RDMA devices the job can see in sysfs but cannot open through /dev/infiniband. A device
+    that a visible NCCL_IB_HCA (else expect.hcas) leaves out is at most a warning: a pod's device
+    plugin mounts only the devices it hands out, while sysfs shows them all, and NCCL skips a
+    device it cannot open (init.cc@v2.30.7-1, 'Unable to open device')."""
     require_rdma(rdma)
     devices = rdma.data_devices
     if not devices:
@@ -669,16 +681,18 @@ def rdma_device_nodes_missing(rdma: RdmaFacts) -> Iterator[Observation]:
         )
         return
     identity = rdma.job_identity
+    named = _devices_named(rdma, job, expect)
     for device in devices:
+        severity = Severity.ERROR if named is None or device.name in named else Severity.WARNING
         if device.uverbs is None:
             problem = next((p for p in rdma.problems if p.path.startswith(VERBS_CLASS)), None)
             if problem is not None:
                 yield undecided(device.name, str(problem))
             else:
-                yield present(device.name, Evidence(VERBS_CLASS, f"no uverbsN whose ibdev is {device.name}", "one"))
+                yield present(device.name, Evidence(VERBS_CLASS, f"no uverbsN whose ibdev is {device.name}", "one"), severity=severity)
             continue
         path = f"{DEV_INFINIBAND}/{device.uverbs}"
-        yield from _judge_node(rdma, device.name, path, identity, Severity.ERROR)
+        yield from _judge_node(rdma, device.name, path, identity, severity)
     if any(port.link_layer in ("InfiniBand", "Ethernet") for device in devices for port in device.ports):
         yield from _judge_node(rdma, "rdma_cm", RDMA_CM, identity, Severity.WARNING)
 

@@ -66,6 +66,11 @@ def job(environ: dict[str, str] | None = None, conf: dict[str, str] | None = Non
     return JobFacts(environ or {}, "", (NcclConfFile("/etc/nccl.conf", tuple((conf or {}).items())),))
 
 
+def ib007(facts: RdmaFacts, where: JobFacts | None = None, expect: Expectations | None = None) -> Iterable[Observation]:
+    """IB007 for a job whose NCCL_IB_HCA and site expectations are none unless given."""
+    return rdma_device_nodes_missing(facts, where or job(), expect or Expectations())
+
+
 def subjects(observations: Iterable[Observation], status: Status = Status.PRESENT) -> set[str]:
     return {o.subject for o in observations if o.status is status}
 
@@ -325,7 +330,7 @@ def test_ib008_unknown_when_lids_or_link_layer_unreadable() -> None:
 # -- IB007 ------------------------------------------------------------------------------------
 def test_ib007_present_when_container_has_no_dev_infiniband() -> None:
     facts = rdma(hca("mlx5_0"), hca("mlx5_1"), dev=None, nodes={})
-    found = list(rdma_device_nodes_missing(replace(facts, dev_infiniband=None)))
+    found = list(ib007(replace(facts, dev_infiniband=None)))
     assert subjects(found) == {"/dev/infiniband"}
     assert found[0].evidence[0].observed == "mlx5_0, mlx5_1"
 
@@ -334,7 +339,7 @@ def test_ib007_present_for_missing_node_permissions_and_rdma_cm() -> None:
     facts = rdma(hca("mlx5_0"), hca("mlx5_1"), hca("mlx5_2"),
                  nodes={"/dev/infiniband/uverbs0": CHAR, "/dev/infiniband/uverbs1": stat.S_IFCHR | 0o600,
                         "/dev/infiniband/uverbs2": stat.S_IFREG | 0o666})
-    found = list(rdma_device_nodes_missing(facts))
+    found = list(ib007(facts))
     assert subjects(found) == {"mlx5_1", "mlx5_2", "rdma_cm"}
     assert next(o for o in found if o.subject == "rdma_cm").severity is Severity.WARNING
     denied = next(o for o in found if o.subject == "mlx5_1").evidence[0]
@@ -342,32 +347,46 @@ def test_ib007_present_for_missing_node_permissions_and_rdma_cm() -> None:
 
 
 def test_ib007_present_without_ib_uverbs_or_a_uverbs_device() -> None:
-    assert subjects(rdma_device_nodes_missing(rdma(hca("mlx5_0"), verbs=False))) == {"ib_uverbs"}
-    assert subjects(rdma_device_nodes_missing(rdma(hca("mlx5_0"), hca("mlx5_1", uverbs=None)))) == {"mlx5_1"}
+    assert subjects(ib007(rdma(hca("mlx5_0"), verbs=False))) == {"ib_uverbs"}
+    assert subjects(ib007(rdma(hca("mlx5_0"), hca("mlx5_1", uverbs=None)))) == {"mlx5_1"}
 
 
 def test_ib007_absent_for_root_prolog_and_world_writable_nodes() -> None:
-    assert list(rdma_device_nodes_missing(rdma(hca("mlx5_0"), hca("mlx5_1")))) == []
+    assert list(ib007(rdma(hca("mlx5_0"), hca("mlx5_1")))) == []
     root_only = rdma(hca("mlx5_0"), nodes={"/dev/infiniband/uverbs0": stat.S_IFCHR | 0o600, "/dev/infiniband/rdma_cm": CHAR},
                      identity=JobIdentity(0, (0,), "/proc/self/status"))
-    assert list(rdma_device_nodes_missing(root_only)) == []
+    assert list(ib007(root_only)) == []
     # EFA needs no rdma_cm.
     efa = rdma(hca("efa_0", port(link_layer="Unknown"), efa=True), nodes={"/dev/infiniband/uverbs0": CHAR})
-    assert list(rdma_device_nodes_missing(efa)) == []
+    assert list(ib007(efa)) == []
+
+
+def test_ib007_devices_the_job_leaves_out_are_at_most_warnings() -> None:
+    """A pod's device plugin mounts the uverbs node of the HCA it hands out while sysfs shows every
+    HCA; NCCL skips a device it cannot open. The devices the job or the site names stay errors."""
+    pod = rdma(*(hca(f"mlx5_{i}", port(link_layer="Ethernet")) for i in range(4)), nodes={"/dev/infiniband/uverbs2": CHAR, "/dev/infiniband/rdma_cm": CHAR})
+    found = [(o.subject, o.severity) for o in ib007(pod, job({"SLURM_JOB_ID": "42", "NCCL_IB_HCA": "=mlx5_2"}))]
+    assert found == [("mlx5_0", Severity.WARNING), ("mlx5_1", Severity.WARNING), ("mlx5_3", Severity.WARNING)]
+    assert [(o.subject, o.severity) for o in ib007(pod, job({"NCCL_IB_HCA": "=mlx5_1,mlx5_2"}))][1] == ("mlx5_1", Severity.ERROR)
+    site = [(o.subject, o.severity) for o in ib007(pod, job(), Expectations(hcas=("mlx5_0", "mlx5_2")))]
+    assert site == [("mlx5_0", Severity.ERROR), ("mlx5_1", Severity.WARNING), ("mlx5_3", Severity.WARNING)]
+    # Nothing names the devices (or the job's facts are unread): every device is the job's.
+    for where in (job(), Unread("job", "/proc/self/environ: not captured")):
+        assert {o.severity for o in rdma_device_nodes_missing(pod, where, Expectations())} == {Severity.ERROR}
 
 
 def test_ib007_not_applicable_and_unknown() -> None:
     with pytest.raises(NotApplicable):
-        list(rdma_device_nodes_missing(rdma()))
+        list(ib007(rdma()))
     with pytest.raises(NotApplicable, match="NVSwitch management"):
-        list(rdma_device_nodes_missing(rdma(hca("mlx5_0", management=True))))
-    found = list(rdma_device_nodes_missing(rdma(hca("mlx5_0"), identity=None)))
+        list(ib007(rdma(hca("mlx5_0", management=True))))
+    found = list(ib007(rdma(hca("mlx5_0"), identity=None)))
     assert subjects(found, Status.UNKNOWN) == {"mlx5_0", "rdma_cm"} and "identity" in found[0].reason
     broken = rdma(hca("mlx5_0"), nodes={}, problems=(Problem(".preflight/devices.json", "malformed recording"),))
-    assert subjects(rdma_device_nodes_missing(broken), Status.UNKNOWN) == {"mlx5_0", "rdma_cm"}
+    assert subjects(ib007(broken), Status.UNKNOWN) == {"mlx5_0", "rdma_cm"}
     unlisted = rdma(hca("mlx5_0"), problems=(Problem("/dev/infiniband", "permission denied (EACCES)"),))
     with pytest.raises(Unknown, match="EACCES"):
-        list(rdma_device_nodes_missing(replace(unlisted, dev_infiniband=None)))
+        list(ib007(replace(unlisted, dev_infiniband=None)))
 
 
 # -- IB004 ------------------------------------------------------------------------------------
