@@ -21,7 +21,7 @@ from msgspec import Struct
 
 from preflight.probing import FactReader
 from preflight.registry import probe
-from preflight.sources import NodeFS
+from preflight.sources import NodeFS, SourceError
 
 IB_SYSFS = "/sys/class/infiniband"
 
@@ -51,6 +51,17 @@ def _counter(reader: FactReader, path: str) -> int | None:
         return None
 
 
+def _bus(fs: NodeFS, device: str) -> tuple[str, str]:
+    """The device's PCI function (``<dev>/device`` names it), or "" and why the link could not be
+    read: kept with that device's ports, so the other devices' history still counts."""
+    path = f"{IB_SYSFS}/{device}/device"
+    try:
+        target = fs.readlink(path) or ""
+    except SourceError as error:
+        return "", f"{path}: {error.reason}"
+    return (target.rsplit("/", 1)[-1] if target else ""), ""
+
+
 @probe("link_history")
 def probe_link_history(fs: NodeFS) -> LinkHistoryFacts:
     """The link-down counters of every RDMA port."""
@@ -60,13 +71,13 @@ def probe_link_history(fs: NodeFS) -> LinkHistoryFacts:
     if devices is None:
         return LinkHistoryFacts((), reader.problems[0])
     for device in devices:
-        target = fs.readlink(f"{IB_SYSFS}/{device}/device") or ""
-        bus = target.rsplit("/", 1)[-1] if target else ""
+        bus, link_problem = _bus(fs, device)
         numbers = reader.listing(f"{IB_SYSFS}/{device}/ports")
         if numbers is None:
             ports.append(PortHistory(device, "*", bus, None, None, reader.problems[-1]))
             continue
-        for port in numbers:
+        # Ports are numbered in ASCII digits; anything else in the directory is no port.
+        for port in (name for name in numbers if name.isascii() and name.isdigit()):
             base = f"{IB_SYSFS}/{device}/ports/{port}/counters"
             before = len(reader.problems)
             downed = _counter(reader, f"{base}/link_downed")
@@ -74,5 +85,5 @@ def probe_link_history(fs: NodeFS) -> LinkHistoryFacts:
             problem = "; ".join(reader.problems[before:])
             if downed is None and not problem:
                 problem = f"{base}/link_downed: missing"
-            ports.append(PortHistory(device, port, bus, downed, recovered, problem))
+            ports.append(PortHistory(device, port, bus, downed, recovered, problem or link_problem))
     return LinkHistoryFacts(tuple(ports))

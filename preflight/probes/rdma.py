@@ -257,7 +257,8 @@ def parse_pci_link(target: str) -> str | None:
 
 def natural_key(name: str) -> tuple[tuple[int, str], ...]:
     """Sort ``mlx5_2`` before ``mlx5_10``, as device numbering means them."""
-    return tuple((int(part), "") if part.isdigit() else (-1, part) for part in re.split(r"(\d+)", name) if part)
+    # re's \d and str.isdigit() also take non-ASCII digits ('²'), which int() may refuse.
+    return tuple((int(part), "") if part.isascii() and part.isdigit() else (-1, part) for part in re.split(r"(\d+)", name) if part)
 
 
 def looks_like_efa(name: str, vendor: str | None) -> bool:
@@ -344,7 +345,7 @@ def _pci_netdevs(fs: NodeFS, device_path: str, port: int, ports: int, reader: _A
         return tuple(names)
     chosen = []
     for name in names:
-        dev_port = reader.value(f"{device_path}/device/net/{name}/dev_port", lambda t: int(t) if t.strip().isdigit() else None, required=False)
+        dev_port = reader.value(f"{device_path}/device/net/{name}/dev_port", lambda t: int(t) if t.strip().isascii() and t.strip().isdigit() else None, required=False)
         if dev_port is None or dev_port == port - 1:
             chosen.append(name)
     return tuple(chosen)
@@ -428,7 +429,8 @@ def _read_device(fs: NodeFS, name: str, uverbs: dict[str, str]) -> RdmaDevice:
     if link and pci_address is None:
         reader.problems.append(Problem(f"{path}/device", f"not a PCI function: {link!r}"))
     vendor = reader.value(f"{path}/device/vendor", _text, required=False) if link else None
-    numbers = sorted(int(entry) for entry in (reader.listing(f"{path}/ports") or []) if entry.isdigit())
+    # Ports are numbered in ASCII digits; one odd entry ('³', which isdigit() takes and int() refuses) must not sink the probe.
+    numbers = sorted(int(entry) for entry in (reader.listing(f"{path}/ports") or []) if entry.isascii() and entry.isdigit())
     if not numbers:
         reader.problems.append(Problem(f"{path}/ports", "no ports"))
     ports = tuple(_read_port(fs, name, path, number, len(numbers)) for number in numbers)

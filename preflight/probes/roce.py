@@ -77,6 +77,12 @@ _LINK_LAYERS = ("InfiniBand", "Ethernet", "Unknown")
 _PORT_STATE = re.compile(r"^\d: [A-Z_]+$")  # "4: ACTIVE"
 
 
+#: The kernel's GID table of a port is gid_tbl_len slots long (256 on an mlx5 RoCE port, fewer on
+#: most others); a slot number above this bound comes from a garbled or crafted copy, never a
+#: kernel, and must not make the probe build a table that size.
+GID_INDEX_LIMIT = 4096
+
+
 def roce_mtu(netdev_mtu: int) -> int | None:
     """``iboe_get_mtu()``: the largest IB MTU that fits the netdev MTU less the RoCE headers."""
     return next((mtu for mtu in IB_MTUS if netdev_mtu - ROCE_HEADER_BYTES >= mtu), None)
@@ -192,16 +198,31 @@ def _read_attr(fs: NodeFS, path: str) -> tuple[str | None, str]:
     return text.strip(), ""
 
 
+def _gid_indices(names: list[str], base: str) -> tuple[list[int], list[str]]:
+    """The slot numbers a ``gids/`` listing holds, and the problems that make the table garbled:
+    an index past any kernel's table, or slots missing below the last one (the kernel lists all
+    ``gid_tbl_len`` of them; a gap is a damaged or partial copy), reported as a count."""
+    # str.isdigit() also takes '²', which int() refuses: only ASCII digits name slots.
+    numbered = [name for name in names if name.isascii() and name.isdigit()]
+    beyond = [name for name in numbered if len(name) > 5 or int(name) > GID_INDEX_LIMIT]
+    if beyond:
+        return [], [f"{base}/gids/{beyond[0][:24]}: index above {GID_INDEX_LIMIT}, past any kernel's GID table (garbled copy)"]
+    indices = sorted({int(name) for name in numbered})
+    table_size = indices[-1] + 1 if indices else 0
+    gaps = table_size - len(indices)
+    if gaps:
+        first = next(index for index, slot in enumerate(indices) if index != slot)
+        return indices, [f"{base}/gids: {gaps} of {table_size} slots missing, the first {first}"]
+    return indices, []
+
+
 def _scan_gids(fs: NodeFS, reader: FactReader, base: str) -> tuple[int, list[GidEntry], list[str]]:
     names = reader.listing(f"{base}/gids")
     if names is None:
         return 0, [], [reader.problems.pop()]  # the table is unknown, not empty
-    indices = sorted(int(name) for name in names if name.isdigit())
+    indices, unreadable = _gid_indices(names, base)
     entries: list[GidEntry] = []
-    unreadable: list[str] = []
     table_size = indices[-1] + 1 if indices else 0
-    # The kernel lists every slot up to the table length; a gap is a damaged or partial copy.
-    unreadable += [f"{base}/gids/{index}: missing" for index in sorted(set(range(table_size)) - set(indices))]
     for index in indices:
         text, reason = _read_attr(fs, f"{base}/gids/{index}")
         raw = parse_gid(text) if text is not None else None
@@ -288,7 +309,7 @@ def _read_port(fs: NodeFS, reader: FactReader, device: str, port: int, job_setti
     ecn = EcnState(None, None, "")
     if netdev is not None:
         text, reason = _read_attr(fs, f"/sys/class/net/{netdev}/mtu")
-        mtu = nccl_int(text, -1) if text is not None and text.isdigit() else None
+        mtu = nccl_int(text, -1) if text is not None and text.isascii() and text.isdigit() else None
         problem = reason or "not a number: " + repr((text or "")[:32])
         mtu_error = "" if mtu is not None else f"/sys/class/net/{netdev}/mtu: {problem}"
         derived = roce_mtu(mtu) if mtu is not None else None
@@ -311,8 +332,8 @@ def probe_roce(fs: NodeFS, job: JobFacts) -> RoceFacts:
     # Unlisted directories stay in reader.problems and become unreadable_ports below.
     for device in reader.listing(IB_SYSFS) or []:
         for name in reader.listing(f"{IB_SYSFS}/{device}/ports") or []:
-            if not name.isdigit():
-                continue
+            if not (name.isascii() and name.isdigit()):
+                continue  # ports are numbered in ASCII digits; int() refuses '³', which isdigit() takes
             layer, reason = _read_attr(fs, f"{IB_SYSFS}/{device}/ports/{name}/link_layer")
             if layer == "Ethernet":
                 ports.append(_read_port(fs, reader, device, int(name), job_settings))

@@ -3,6 +3,7 @@ settings too short to ride out a retrain, on copies of the example node."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -69,3 +70,15 @@ def test_a_kernel_log_not_read_leaves_the_link_down_history_undecided(node_copy:
     found = verdicts(node_copy)
     assert [(s, st) for s, st, _ in found] == [("kernel log", Status.UNKNOWN)]
     assert "link-down history since boot unread" in found[0][2] and "records no kernel log" in found[0][2]
+
+
+def test_an_unreadable_device_link_or_an_odd_port_entry_stays_with_its_device(node_copy: Path) -> None:
+    """The PCI link only matches kernel messages to the device: one that cannot be read leaves
+    that device's ports unknown and the others judged; a non-numeric entry under ports/ is no port."""
+    (node_copy / PORT).parents[1].joinpath("³").mkdir()
+    write(node_copy, "/.preflight/read-errors.json", json.dumps({"readlink": {"/sys/class/infiniband/mlx5_3/device": "EACCES"}}).encode())
+    facts = probe_link_history(NodeFS(str(node_copy)))
+    assert "³" not in {port.port for port in facts.ports} and facts.unlisted == ""
+    broken = [(port.device, port.port, port.problem) for port in facts.ports if port.problem]
+    assert broken == [("mlx5_3", "1", "/sys/class/infiniband/mlx5_3/device: permission denied (EACCES); needs root")]
+    assert len(facts.ports) > 1

@@ -100,6 +100,20 @@ def test_multi_port_device_maps_netdevs_by_dev_port(tmp_path: Path) -> None:
     assert facts.devices[0].problems == ()
 
 
+def test_odd_entries_under_ports_and_in_names_do_not_sink_the_probe(tmp_path: Path) -> None:
+    """'³' passes str.isdigit() but not int(): one such entry must not turn every device unknown."""
+    root = tmp_path / "node"
+    shutil.copytree(FIXTURES / "degraded-b200", root, symlinks=True)
+    ports = (root / "sys/class/infiniband/mlx5_0").resolve() / "ports"
+    (ports / "³").mkdir()
+    (ports / "1/gid_attrs/ndevs").mkdir(parents=True)
+    (ports / "1/gid_attrs/ndevs/²").write_text("ibp26s0\n")
+    facts = probe_rdma(NodeFS(str(root)))
+    mlx5_0 = facts.device("mlx5_0")
+    assert mlx5_0 is not None and [port.number for port in mlx5_0.ports] == [1] and len(facts.devices) == 12
+    assert natural_key("mlx5_²") == ((-1, "mlx"), (5, ""), (-1, "_²"))  # '²' is no number to sort by
+
+
 def test_nvswitch_management_functions_are_recognised_by_vpd() -> None:
     facts = probe_rdma(NodeFS(str(FIXTURES / "degraded-b200")))
     management = {device.name for device in facts.devices if device.nvswitch_management}

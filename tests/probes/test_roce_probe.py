@@ -29,6 +29,9 @@ NODES = Path(__file__).resolve().parents[1] / "fixtures" / "nodes"
 V1, V2 = "IB/RoCE v1", "RoCE v2"
 
 
+ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000\n"
+
+
 def copy_node(tmp_path: Path, name: str) -> Path:
     target = tmp_path / name
     shutil.copytree(NODES / name, target, symlinks=True)
@@ -178,6 +181,32 @@ def test_missing_gid_type_is_a_partial_copy_not_a_failing_read(tmp_path: Path) -
     port = mlx5_0(root)
     assert port.nccl_job is None
     assert port.unreadable_gids == ("/sys/class/infiniband/mlx5_0/ports/1/gid_attrs/types/3: no such file or directory (ENOENT)",)
+
+
+@pytest.mark.parametrize("index", ["4097", "100000000", "9" * 200])
+def test_a_gid_index_past_any_kernels_table_makes_the_table_garbled(tmp_path: Path, index: str) -> None:
+    """Kernel tables are gid_tbl_len slots long (256 on mlx5 RoCE): a higher slot number is a
+    garbled copy, reported as such at once instead of sizing a table (and a gap list) by it."""
+    root = copy_node(tmp_path, "roce-v1v2")
+    (root / PORT / "gids" / index).write_text("")
+    port = mlx5_0(root)
+    assert port.nccl_job is None and port.gids == () and port.table_size == 0
+    assert port.unreadable_gids == (f"/sys/class/infiniband/mlx5_0/ports/1/gids/{index[:24]}: index above 4096, past any kernel's GID table (garbled copy)",)
+    (root / PORT / "gids" / index).unlink()
+    (root / PORT / "gids/4096").write_text(ZERO_GID)  # the bound itself is a table, with its gaps counted
+    assert mlx5_0(root).unreadable_gids == ("/sys/class/infiniband/mlx5_0/ports/1/gids: 4080 of 4097 slots missing, the first 16",)
+
+
+def test_gaps_in_the_gid_table_are_counted_and_odd_names_ignored(tmp_path: Path) -> None:
+    root = copy_node(tmp_path, "roce-v1v2")
+    for name in ("5", "9"):
+        (root / PORT / "gids" / name).unlink()
+    (root / PORT / "gids/²").write_text("")  # str.isdigit() takes it, int() does not
+    (root / PORT.replace("ports/1", "ports/³")).mkdir()
+    facts = probe_roce(NodeFS(str(root)), probe_job(NodeFS(str(root))))
+    assert [port.subject for port in facts.ports] == ["mlx5_0/1", "mlx5_1/1"] and facts.unreadable_ports == ()
+    assert facts.ports[0].unreadable_gids == ("/sys/class/infiniband/mlx5_0/ports/1/gids: 2 of 16 slots missing, the first 5",)
+    assert facts.ports[0].nccl_job is None and [entry.index for entry in facts.ports[0].gids] == [0, 1, 2, 3]
 
 
 @pytest.mark.parametrize(("how", "error"), [("empty", "unexpected value ''"), ("garbage", "UTF-8"), ("einval", "EINVAL")])
