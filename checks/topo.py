@@ -124,7 +124,15 @@ def nccl_topo_xml_nic_without_busid(topo_file: TopoFileFacts) -> Iterator[Observ
             yield present("NCCL_TOPO_FILE", where, Evidence("path", topo_file.read_error, "an absolute path"), severity=Severity.WARNING)
         return
     if not topo_file.exists:
-        yield present("NCCL_TOPO_FILE", where, Evidence(setting.value.strip(), "does not exist on this node", "the topology file for this node type"))
+        # ncclTopoGetXmlFromFile logs the failed fopen and returns success; NCCL then detects the
+        # node from sysfs as if the variable were unset (xml.cc, topo.cc@v2.7.8-1..v2.30.7-1).
+        # The job runs: the file meant for this node type is missing, which is worth a warning.
+        yield present(
+            "NCCL_TOPO_FILE", where,
+            Evidence(setting.value.strip(), "does not exist on this node: NCCL detects the node from sysfs instead",
+                     "the topology file for this node type"),
+            severity=Severity.WARNING,
+        )
         return
     if topo_file.parse_error:
         yield present("NCCL_TOPO_FILE", where, Evidence(setting.value.strip(), f"not valid XML: {topo_file.parse_error}", "NCCL's topology XML"))

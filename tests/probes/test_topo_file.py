@@ -40,6 +40,12 @@ def verdicts(root: Path, topology: str | None, variable: str = "/etc/nccl/topo.x
     return [(o.subject, o.status, " ".join(e.observed for e in o.evidence) + o.reason) for o in found]
 
 
+def severities(root: Path) -> list[Severity | None]:
+    """The severities TOPO004 gives the files verdicts() last wrote."""
+    fs = NodeFS(str(root))
+    return [o.severity for o in nccl_topo_xml_nic_without_busid(probe_topo_file(fs, probe_job(fs)))]
+
+
 def test_a_file_matching_this_node_is_absent(node_copy: Path) -> None:
     assert verdicts(node_copy, GOOD) == []
 
@@ -61,6 +67,7 @@ def test_bus_ids_from_another_machine_are_present(node_copy: Path) -> None:
 
 def test_missing_relative_and_broken_files(node_copy: Path) -> None:
     assert "does not exist" in verdicts(node_copy, None, "/etc/nccl/none.xml")[0][2]
+    assert severities(node_copy) == [Severity.WARNING]  # NCCL ignores a file it cannot open and reads sysfs
     assert "relative path" in verdicts(node_copy, GOOD, "topo.xml")[0][2]
     assert "not valid XML" in verdicts(node_copy, "<system><cpu></system>")[0][2]
     bomb = '<?xml version="1.0"?><!DOCTYPE l [<!ENTITY a "aaaaaaaaaa"><!ENTITY b "&a;&a;&a;&a;&a;&a;&a;&a;&a;&a;">]><system>&b;</system>'
