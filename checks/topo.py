@@ -152,10 +152,16 @@ def nccl_topo_xml_nic_without_busid(topo_file: TopoFileFacts) -> Iterator[Observ
             )
     missing = sorted(set(topo_file.device_busids) - set(topo_file.node_busids))
     if missing and topo_file.node_busids:
+        # Since v2.8.3-1 ncclTopoGetSystem trims every file branch that no GPU or NIC of this
+        # node claimed (ncclTopoTrimXml, topo.cc/xml.cc to v2.30.7-1): this node's GPUs are read
+        # from sysfs and a NIC is placed by its <net name>. A file written for another machine
+        # misplaces devices, it does not stop the job (2.7 had no trim).
         yield present(
             "NCCL_TOPO_FILE",
             where,
-            Evidence(setting.value.strip(), f"GPU/NIC bus IDs not on this node: {', '.join(missing)}", "the bus IDs in /sys/bus/pci/devices"),
+            Evidence(setting.value.strip(), f"GPU/NIC bus IDs not on this node: {', '.join(missing)} (NCCL drops those entries)",
+                     "the bus IDs in /sys/bus/pci/devices"),
+            severity=Severity.WARNING,
         )
 
 
