@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # imported where a topology file is parsed: most nodes have n
     from preflight.probes.nccl_libs import NcclLibFacts
     from preflight.probes.topo_file import TopoFileFacts
     pass
+from preflight.nccl.gdr import DEFAULT_GDR_LEVEL, gdr_level, within
 from preflight.nccl.ib import FUSION_SINCE, nccl_selection, parse_force_merge
 from preflight.nccl.releases import (
     NVLS_SEARCH,
@@ -33,7 +34,7 @@ from preflight.nccl.releases import (
     version_tuple,
 )
 from preflight.probes.nccl_platform import NcclPlatformFacts
-from preflight.probes.pcie import LINK_RANK, PcieFacts, unclassified_reason
+from preflight.probes.pcie import PcieFacts, unclassified_reason
 from preflight.probes.rdma import RdmaFacts, require_rdma
 
 
@@ -68,18 +69,6 @@ def nccl_topology_search_regression(
         )
 
 
-def _setting(job: JobFacts, name: str) -> str:
-    setting = job.nccl(name)
-    return setting.value.strip() if setting else ""
-
-
-# NCCL_NET_GDR_LEVEL also accepts the old numbers: 0 LOC, 1 PIX, 2 PXB, 3 PHB, 4 or 5 SYS.
-_LEVEL_NUMBERS = {"1": "PIX", "2": "PXB", "3": "PHB", "4": "SYS", "5": "SYS"}
-
-
-DEFAULT_GDR_LEVEL = "PXB"
-
-
 @check("TOPO005", profiles=("prolog",))
 def gpu_hca_cross_numa_gdr(pcie: PcieFacts, job: JobFacts) -> Iterator[Observation]:
     """A GPU whose nearest RDMA NIC is on another socket, or GPUDirect RDMA forced across the CPU."""
@@ -90,8 +79,9 @@ def gpu_hca_cross_numa_gdr(pcie: PcieFacts, job: JobFacts) -> Iterator[Observati
         raise NotApplicable("needs NVIDIA GPUs and RDMA NICs on this node")
     if unclassified:
         yield undecided("PCI devices", unclassified)
-    gdr_level = _setting(job, "NCCL_NET_GDR_LEVEL")
-    forced = _LEVEL_NUMBERS.get(gdr_level, gdr_level.upper())
+    setting = job.nccl("NCCL_NET_GDR_LEVEL")
+    # Read as ncclGetLevel reads it: exact path names (strcmp, so "phb" is ignored) or old numbers.
+    forced = gdr_level(setting.value) if setting else None
     for gpu, nic, distance in pcie.nearest_nic:
         if distance == "UNKNOWN":
             yield undecided(f"GPU {gpu}", f"numa_node of GPU {gpu} or NIC {nic} is not reported on this multi-socket node")
@@ -101,10 +91,10 @@ def gpu_hca_cross_numa_gdr(pcie: PcieFacts, job: JobFacts) -> Iterator[Observati
                 Evidence(f"/sys/bus/pci/devices/{gpu}/numa_node", f"nearest RDMA NIC {nic} is {distance} (another socket)",
                          "a NIC under the GPU's own PCIe switch or root complex"),
             )
-        elif forced in LINK_RANK and LINK_RANK[forced] >= LINK_RANK["PHB"] and LINK_RANK[distance] > LINK_RANK[DEFAULT_GDR_LEVEL]:
+        elif setting and forced and within(distance, forced) and not within(distance, DEFAULT_GDR_LEVEL):
             yield present(
                 f"GPU {gpu}",
-                Evidence("NCCL_NET_GDR_LEVEL", f"{gdr_level}: GPUDirect RDMA forced over a {distance} path to NIC {nic}",
+                Evidence("NCCL_NET_GDR_LEVEL", f"{setting.value}: GPUDirect RDMA forced over a {distance} path to NIC {nic}",
                          f"unset (NCCL's default {DEFAULT_GDR_LEVEL} stages such transfers through host memory)"),
             )
 

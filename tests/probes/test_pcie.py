@@ -226,6 +226,19 @@ def test_nic_on_the_same_socket_is_phb_and_only_flagged_when_gdr_is_forced(tmp_p
     forced = topo_verdicts(root, {"NCCL_NET_GDR_LEVEL": "SYS"})
     assert [s for s, _ in forced] == ["GPU 0000:9a:00.0"] and "forced over a PHB path" in forced[0][1]
     assert topo_verdicts(root, {"NCCL_NET_GDR_LEVEL": "2"}) == []
+    assert [s for s, _ in topo_verdicts(root, {"NCCL_NET_GDR_LEVEL": "3"})] == ["GPU 0000:9a:00.0"]  # old number for PHB
+
+
+@pytest.mark.parametrize("value", ["phb", "Sys", " SYS", "PXN"])
+def test_gdr_level_names_are_matched_as_ncclgetlevel_does(tmp_path: Path, value: str) -> None:
+    """ncclGetLevel compares NCCL_NET_GDR_LEVEL with strcmp (paths.cc, v2.7.8-1 to v2.30.7-1): a
+    name in another case or with a blank is ignored and the default PXB stays; PXN stops short of
+    PHB. None forces GPUDirect RDMA over the PHB path."""
+    root = hgx_tree(tmp_path)
+    for bdf_path in ("pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:01.0/0000:1a:00.0",
+                     "pci0000:97/0000:97:01.0/0000:9a:00.0"):
+        numa(root, bdf_path, 1)
+    assert topo_verdicts(root, {"NCCL_NET_GDR_LEVEL": value}) == []
 
 
 # PCI002 / PCI003 on hand-built facts -------------------------------------------------------------
