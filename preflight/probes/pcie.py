@@ -15,7 +15,8 @@ Sources:
 
 * ``/sys/bus/pci/devices/<bdf>`` links give each function's place in the tree
   (``../../../devices/pci0000:15/0000:15:01.0/0000:17:00.0/0000:18:00.0``), with ``vendor`` and
-  ``class``; an ``infiniband/`` directory marks an RDMA NIC.
+  ``class``; an ``infiniband/`` directory marks an RDMA NIC. An entry that is not such a link
+  ending in its own name is a problem (the device is unclassified), not a device to skip.
 * ``/sys/bus/pci/devices/<bdf>/config``: extended capabilities from offset 0x100 (header: ID in
   bits 0-15, next offset in bits 20-31); the ACS capability (ID 0x000D) holds the capability
   register at +4 and the control register at +6 (bits in ``include/uapi/linux/pci_regs.h``).
@@ -254,11 +255,8 @@ def probe_pcie(fs: NodeFS) -> PcieFacts:
     # verdicts unknown instead of "no GPUs here".
     for bdf in reader.listing("/sys/bus/pci/devices") or []:
         base = f"/sys/bus/pci/devices/{bdf}"
-        target = fs.readlink(base)
-        if target is None:
-            continue
-        chain = device_chain(target)
-        if not chain or chain[-1] != bdf:
+        chain = _place(fs, reader, bdf)
+        if chain is None:
             continue
         chains[bdf] = chain
         vendor = (reader.text(f"{base}/vendor") or "").strip()
@@ -318,6 +316,27 @@ def probe_pcie(fs: NodeFS) -> PcieFacts:
         arm_cpu=any(line.startswith("CPU implementer") for line in cpuinfo.splitlines()),
         virtualisation=virtual.evidence,
     )
+
+
+def _place(fs: NodeFS, reader: FactReader, bdf: str) -> tuple[str, ...] | None:
+    """The device's chain from its ``/sys/bus/pci/devices`` link. An entry that is no link (a
+    capture taken with ``cp -L``/``tar -h`` turns them into directories) or whose target does not
+    end in its own name has no place in the tree: it becomes a problem, so the checks say unknown
+    rather than "no GPUs here" for a device they could not classify."""
+    base = f"/sys/bus/pci/devices/{bdf}"
+    try:
+        target = fs.readlink(base)
+    except SourceError as error:
+        reader.problems.append(f"{base}: {error.reason}")
+        return None
+    if target is None:
+        reader.problems.append(f"{base}: not a link into /sys/devices, so its place in the PCI tree is unknown")
+        return None
+    chain = device_chain(target)
+    if not chain or chain[-1] != bdf:
+        reader.problems.append(f"{base}: link target {target[:120]!r} does not end in {bdf}")
+        return None
+    return chain
 
 
 def _iommu_units(reader: FactReader) -> tuple[str, ...] | None:

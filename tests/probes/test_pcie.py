@@ -194,6 +194,31 @@ def test_damaged_config_space_is_unknown_with_the_reason(tmp_path: Path, damage:
         assert status is Status.UNKNOWN and "config" in text
 
 
+@pytest.mark.parametrize("damage", ["dereferenced", "wrong-target"])
+def test_a_device_entry_that_is_not_its_link_is_unknown_not_absent(tmp_path: Path, damage: str) -> None:
+    """A capture taken with cp -L or tar -h turns /sys/bus/pci/devices/* into directories, and a
+    link may name another function: those devices have no place in the tree, and the checks
+    must say unknown, never "no GPUs here" (which hid a real ACS redirect on such a copy)."""
+    import shutil
+
+    root = hgx_tree(tmp_path, switch_acs=0x001D)
+    devices = root / "sys/bus/pci/devices"
+    for entry in sorted(devices.iterdir()):
+        target = entry.resolve()
+        entry.unlink()
+        if damage == "dereferenced":
+            shutil.copytree(target, entry)
+        else:
+            os.symlink(f"../../../devices/pci0000:15/0000:15:01.0/{entry.name[:-1]}7", entry)
+    facts_ = probe_pcie(NodeFS(str(root)))
+    assert facts_.gpus == () and facts_.problems[0].startswith("/sys/bus/pci/devices/0000:15:01.0: ")
+    for check in (acs_redirect_breaks_gpudirect_rdma, p2p_bandwidth_degraded, p2p_transfers_hang_or_fault):
+        with pytest.raises(Unknown, match="cannot tell which PCI devices"):
+            list(check(facts_, offered(facts_)) if check is p2p_transfers_hang_or_fault else check(facts_))
+    with pytest.raises(Unknown, match="cannot tell which PCI devices"):
+        topo_verdicts(root)
+
+
 def numa(root: Path, bdf_path: str, node: int) -> None:
     write(root, f"/sys/devices/{bdf_path}/numa_node", f"{node}\n")
 
