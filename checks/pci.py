@@ -18,8 +18,9 @@ from preflight.model import (
     present,
     undecided,
 )
+from preflight.nccl.gdr import gdr_level, within
 from preflight.probes.nvlink import require_nvml
-from preflight.probes.pcie import REDIRECT_BITS, TRANSLATED_DOMAINS, PciEndpoint, PcieFacts, unclassified_reason
+from preflight.probes.pcie import REDIRECT_BITS, TRANSLATED_DOMAINS, PciEndpoint, PcieFacts, path_class, unclassified_reason
 from preflight.registry import check
 
 if TYPE_CHECKING:
@@ -89,6 +90,44 @@ def p2p_switched_off(job: JobFacts, any_nvlink: bool | None) -> P2pOverride | No
     if level.value in ("NVL", "NVB") and any_nvlink is False:
         return P2pOverride("NCCL_P2P_LEVEL", level, f"{level.value} allows P2P only over NVLink, which no GPU pair here has")
     return None
+
+
+AMD_X86 = "AuthenticAMD"
+
+
+class P2pLevel(Struct, frozen=True):
+    """The farthest PCI path over which NCCL lets two GPUs of this node use P2P."""
+
+    candidates: tuple[str, ...]  # one NCCL path name, or two where the CPU vendor was not read
+    why: Evidence
+
+
+def nccl_p2p_level(pcie: PcieFacts, job: JobFacts) -> P2pLevel:
+    """``ncclTopoCheckP2p``'s level (paths.cc@v2.30.7-1): the job's NCCL_P2P_DISABLE=1 (LOC) or
+    NCCL_P2P_LEVEL as ncclGetLevel reads it; else PXB, and SYS on an AMD x86 CPU. NCCL gives
+    AMD SYS only when the communicator has at most two GPUs on the node (2.23.4 and later; every
+    count before), so any pair of an AMD node carries P2P for a two-GPU job. Raises Unknown when
+    an NCCL configuration file that may set them could not be read."""
+    disable = job.nccl("NCCL_P2P_DISABLE")
+    if disable is not None and _strtol(disable.value) == 1:
+        return P2pLevel(("LOC",), Evidence(f"NCCL_P2P_DISABLE ({disable.origin})", disable.value))
+    level = job.nccl("NCCL_P2P_LEVEL")
+    name = gdr_level(level.value) if level is not None else None
+    if level is not None and name is not None:
+        return P2pLevel((name,), Evidence(f"NCCL_P2P_LEVEL ({level.origin})", f"{level.value}: P2P up to {name} paths"))
+    if pcie.cpu_vendor is None:
+        return P2pLevel(("PXB", "SYS"), Evidence("/proc/cpuinfo", "unread: whether the CPU is AMD (NCCL's P2P level SYS) is not known"))
+    if pcie.cpu_vendor == AMD_X86:
+        return P2pLevel(("SYS",), Evidence("/proc/cpuinfo", f"{AMD_X86}: NCCL allows P2P across the CPU (level SYS) for jobs of up to two GPUs"))
+    return P2pLevel(("PXB",), Evidence("NCCL's P2P level", "PXB (its default off AMD CPUs): P2P only between GPUs under one PCIe switch"))
+
+
+def nccl_uses_p2p(pcie: PcieFacts, level: P2pLevel, first: PciEndpoint, second: PciEndpoint) -> bool | None:
+    """Whether the path between two GPUs is within ``level`` (None: it depends on what was not read)."""
+    kind = path_class(first, second, pcie.sockets)
+    kinds = ("PHB", "SYS") if kind == "UNKNOWN" else (kind,)  # different root ports, sockets not known
+    answers = {within(path, limit) for path in kinds for limit in level.candidates}
+    return answers.pop() if len(answers) == 1 else None
 
 
 def _subject(override: P2pOverride) -> str:
@@ -185,9 +224,9 @@ def _version(text: str) -> tuple[int, ...] | None:
 
 
 @check("PCI005", profiles=("full",))
-def blackwell_sm120_multi_gpu_failure(p2p: P2pFacts, nccl_libs: NcclLibFacts, job: JobFacts, gpus: GpuFacts) -> Iterator[Observation]:
+def blackwell_sm120_multi_gpu_failure(p2p: P2pFacts, nccl_libs: NcclLibFacts, job: JobFacts, gpus: GpuFacts, pcie: PcieFacts) -> Iterator[Observation]:
     """Several sm_120 GPUs with an NCCL older than 2.26.2 on the node, or with P2P offered under
-    a translating IOMMU."""
+    a translating IOMMU between cards NCCL lets use P2P."""
     require_nvml(p2p.nvml_error, p2p.nvml_detail, gpus, "the GPUs' compute capability")
     unknown = [gpu for gpu in p2p.gpus if gpu.compute_capability is None]
     sm120 = [gpu for gpu in p2p.gpus if gpu.compute_capability and gpu.compute_capability[0] == SM120_MAJOR]
@@ -214,16 +253,34 @@ def blackwell_sm120_multi_gpu_failure(p2p: P2pFacts, nccl_libs: NcclLibFacts, jo
         if key[0] in indexes and key[1] in indexes and not any(s.error for s in directions) and _read_write_ok(directions)
     ]
     domains = {gpu.index: gpu.iommu_domain for gpu in sm120}
+    level: P2pLevel | None = None
     for first, second in sorted(offered):
         translated = [f"GPU{i} {domains[i]}" for i in (first, second) if domains[i] in TRANSLATED_DOMAINS]
-        if translated:
+        if not translated:
+            continue
+        level = level or nccl_p2p_level(pcie, job)
+        used = _cards_use_p2p(pcie, level, p2p, first, second)
+        subject = f"GPU{first}-GPU{second}"
+        if used is None:
+            yield undecided(subject, f"{', '.join(translated)}: whether NCCL uses P2P between them is not known "
+                                     f"(not placed in the PCI tree, or {_path_unknown(level)})")
+        elif used:
             yield present(
-                f"GPU{first}-GPU{second}",
+                subject,
                 Evidence("nvmlDeviceGetP2PStatus", "read and write OK: NCCL will use P2P between these cards"),
+                level.why,
                 Evidence("/sys/bus/pci/devices/*/iommu_group/type", ", ".join(translated), "identity (iommu=pt) or no IOMMU"),
                 cards,
                 severity=Severity.WARNING,
             )
+
+
+def _cards_use_p2p(pcie: PcieFacts, level: P2pLevel, p2p: P2pFacts, first: int, second: int) -> bool | None:
+    """nccl_uses_p2p for two GPUs by NVML index; None where either is not placed in the PCI tree."""
+    bus = {gpu.index: gpu.bus_id for gpu in p2p.gpus}
+    placed = {gpu.bdf: gpu for gpu in pcie.gpus}
+    a, b = placed.get(bus.get(first) or ""), placed.get(bus.get(second) or "")
+    return nccl_uses_p2p(pcie, level, a, b) if a is not None and b is not None else None
 
 
 # Kernel parameters that make the default IOMMU domain passthrough (identity).
@@ -382,13 +439,14 @@ def _p2p_unknown(p2p: PcieP2pFacts | Unread) -> str:
 
 
 @check("PCI003", profiles=("prolog",), optional=("pcie_p2p",))
-def p2p_transfers_hang_or_fault(pcie: PcieFacts, pcie_p2p: PcieP2pFacts | Unread) -> Iterator[Observation]:
+def p2p_transfers_hang_or_fault(pcie: PcieFacts, pcie_p2p: PcieP2pFacts | Unread, job: JobFacts) -> Iterator[Observation]:
     """ACS redirect on a bridge between two GPUs, or an IOMMU translating the GPUs' DMA, on bare
-    metal without NVSwitches, where the driver offers P2P over PCIe between those GPUs."""
-    yield from _on_bare_metal(pcie, _gpu_gpu_blockers(pcie, pcie_p2p))
+    metal without NVSwitches, where the driver offers P2P over PCIe between those GPUs (and, for
+    the IOMMU, NCCL's P2P level reaches their path)."""
+    yield from _on_bare_metal(pcie, _gpu_gpu_blockers(pcie, pcie_p2p, job))
 
 
-def _gpu_gpu_blockers(pcie: PcieFacts, pcie_p2p: PcieP2pFacts | Unread) -> Iterator[Observation]:
+def _gpu_gpu_blockers(pcie: PcieFacts, pcie_p2p: PcieP2pFacts | Unread, job: JobFacts) -> Iterator[Observation]:
     unclassified = unclassified_reason(pcie)
     if len(pcie.gpus) < 2:
         if unclassified:
@@ -423,13 +481,13 @@ def _gpu_gpu_blockers(pcie: PcieFacts, pcie_p2p: PcieP2pFacts | Unread) -> Itera
                 yield present(f"bridge {bridge.bdf}", acs, Evidence("path", "; ".join(hurt)), _P2P_OFFERED)
             elif None in offers.values():
                 yield undecided(f"bridge {bridge.bdf}", f"{acs.observed}, which matters only where the GPUs use P2P, and {_p2p_unknown(pcie_p2p)}")
-    yield from _translating_iommu(pcie, pcie_p2p)
+    yield from _translating_iommu(pcie, pcie_p2p, job)
 
 
 _P2P_OFFERED = Evidence("nvmlDeviceGetP2PStatus", "read and write OK over PCIe: NCCL will send GPU-to-GPU traffic this way")
 
 
-def _translating_iommu(pcie: PcieFacts, pcie_p2p: PcieP2pFacts | Unread) -> Iterator[Observation]:
+def _translating_iommu(pcie: PcieFacts, pcie_p2p: PcieP2pFacts | Unread, job: JobFacts) -> Iterator[Observation]:
     if pcie.iommu_units is None:
         reason = next((problem for problem in pcie.problems if problem.startswith("/sys/class/iommu")), "/sys/class/iommu unreadable")
         yield undecided("IOMMU", f"whether an IOMMU translates the GPUs' DMA is not known: {reason}")
@@ -456,14 +514,31 @@ def _translating_iommu(pcie: PcieFacts, pcie_p2p: PcieP2pFacts | Unread) -> Iter
     if translated:
         observed = "; ".join(f"{domain}: {', '.join(gpus)}" for domain, gpus in sorted(translated.items()))
         domain = Evidence("/sys/kernel/iommu_groups/*/type", f"translating domain for {observed}", "identity (passthrough, iommu=pt)")
-        # Only GPU-to-GPU traffic over PCIe meets the translation: where the driver offers no
-        # P2P between any two GPUs, NCCL copies through host memory and nothing faults.
-        bdfs = [gpu.bdf for gpu in pcie.gpus]
-        offers = [
-            _pcie_p2p_offered(pcie_p2p, first, second)
-            for i, first in enumerate(bdfs) for second in bdfs[i + 1:] if {first, second} & translated_bdfs
-        ]
-        if any(offers):
-            yield present("IOMMU", domain, Evidence("/proc/cmdline", pcie.cmdline or "(empty)"), _P2P_OFFERED)
-        elif None in offers:
-            yield undecided("IOMMU", f"{domain.observed}, which matters only where the GPUs use P2P, and {_p2p_unknown(pcie_p2p)}")
+        yield from _translated_pairs(pcie, pcie_p2p, job, domain, translated_bdfs)
+
+
+def _translated_pairs(pcie: PcieFacts, pcie_p2p: PcieP2pFacts | Unread, job: JobFacts, domain: Evidence,
+                      translated: set[str]) -> Iterator[Observation]:
+    """Only GPU-to-GPU traffic over PCIe meets the translation, and only between GPUs that NCCL
+    lets use P2P: where the driver offers none, or their path is beyond NCCL's P2P level (GPUs on
+    separate root ports of an Intel host), NCCL copies through host memory and nothing faults."""
+    level = nccl_p2p_level(pcie, job)
+    pairs = [(first, second) for i, first in enumerate(pcie.gpus) for second in pcie.gpus[i + 1:] if {first.bdf, second.bdf} & translated]
+    judged = [(f"GPU {a.bdf} <-> GPU {b.bdf}", _pcie_p2p_offered(pcie_p2p, a.bdf, b.bdf), nccl_uses_p2p(pcie, level, a, b)) for a, b in pairs]
+    hurt = [pair for pair, offered, used in judged if offered and used]
+    if hurt:
+        yield present("IOMMU", domain, Evidence("/proc/cmdline", pcie.cmdline or "(empty)"),
+                      Evidence("nvmlDeviceGetP2PStatus", f"read and write OK over PCIe: {'; '.join(hurt)}"), level.why)
+        return
+    offer_unknown = [pair for pair, offered, used in judged if offered is None and used is not False]
+    path_unknown = [pair for pair, offered, used in judged if used is None and offered is not False]
+    if offer_unknown:
+        yield undecided("IOMMU", f"{domain.observed}, which matters only where the GPUs use P2P, and {_p2p_unknown(pcie_p2p)}")
+    elif path_unknown:
+        yield undecided("IOMMU", f"{domain.observed}, and whether NCCL uses P2P between {path_unknown[0]} is not known: {_path_unknown(level)}")
+
+
+def _path_unknown(level: P2pLevel) -> str:
+    if len(level.candidates) > 1:
+        return f"{level.why.source} {level.why.observed}"
+    return "their numa_node is not reported on this multi-socket node"

@@ -153,6 +153,9 @@ class PcieFacts(Struct, frozen=True):
     # /proc/cpuinfo names an Arm CPU ("CPU implementer"): Grace hosts attach their GPUs over
     # NVLink-C2C, a path sysfs does not show and NCCL treats apart (C2C, P2C)
     arm_cpu: bool = False
+    # /proc/cpuinfo's vendor_id ("AuthenticAMD", "GenuineIntel"; "" on CPUs without one, Arm);
+    # None: /proc/cpuinfo unread. NCCL lets GPUs use P2P across an AMD x86 CPU (PCI003).
+    cpu_vendor: str | None = None
     virtualisation: str = ""  # what said guest or bare metal, or why it is unknown
 
     def path(self, gpu: str, nic: str) -> str | None:
@@ -314,6 +317,7 @@ def probe_pcie(fs: NodeFS) -> PcieFacts:
         problems=tuple(reader.problems),
         sockets=sockets,
         arm_cpu=any(line.startswith("CPU implementer") for line in cpuinfo.splitlines()),
+        cpu_vendor=None if known_cpuinfo is None else cpu_vendor(known_cpuinfo),
         virtualisation=virtual.evidence,
     )
 
@@ -337,6 +341,16 @@ def _place(fs: NodeFS, reader: FactReader, bdf: str) -> tuple[str, ...] | None:
         reader.problems.append(f"{base}: link target {target[:120]!r} does not end in {bdf}")
         return None
     return chain
+
+
+def cpu_vendor(cpuinfo: str) -> str:
+    """The first ``vendor_id`` of ``/proc/cpuinfo`` (x86 only: the CPUID vendor string NCCL
+    reads too), "" when there is none."""
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == "vendor_id":
+            return value.strip()
+    return ""
 
 
 def _iommu_units(reader: FactReader) -> tuple[str, ...] | None:

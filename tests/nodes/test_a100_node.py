@@ -47,7 +47,7 @@ def pcie_verdicts(root: Path, check: Any) -> list[tuple[str, Status, str]]:
     sources = Sources.for_node(str(root))
     pcie = probe_pcie(sources.fs)
     if check is p2p_transfers_hang_or_fault:  # it also weighs the driver's P2P answers
-        return observed(check(pcie, probe_pcie_p2p(sources.nvml, pcie, probe_gpus(sources.fs, sources.nvml))))
+        return observed(check(pcie, probe_pcie_p2p(sources.nvml, pcie, probe_gpus(sources.fs, sources.nvml)), probe_job(sources.fs)))
     return observed(check(pcie))
 
 
@@ -95,7 +95,7 @@ def test_recorded_a100_is_clean_for_every_gpu_and_pcie_check() -> None:
     answers = probe_pcie_p2p(sources.nvml, pcie, gpus)
     assert not answers.asked  # identity domains, no redirect: NVML is asked nothing more
     with pytest.raises(NotApplicable, match="NVLink through 6 NVSwitches"):
-        list(p2p_transfers_hang_or_fault(pcie, answers))
+        list(p2p_transfers_hang_or_fault(pcie, answers, probe_job(sources.fs)))
     assert observed(gpu_unusable_by_driver(gpus, health, probe_job(sources.fs), Expectations(gpu_count=8))) == []
     assert [event.code for event in log.xids] == [31]  # an earlier job's MMU fault: GPU003's context, not a node fault
     assert observed(nccl_cuda_call_failed(health, log, gpus, probe_nvlink(sources.nvml))) == []

@@ -18,6 +18,7 @@ from preflight.probes.p2p import P2pGpu, P2pStatus, probe_p2p
 from preflight.checks.pci import blackwell_sm120_multi_gpu_failure, p2p_transport_disabled
 from preflight.config import Expectations
 from preflight.model import NotApplicable, Observation, Severity, Status, Unknown
+from preflight.probes.pcie import probe_pcie
 from preflight.sources import Sources
 
 from conftest import write
@@ -36,7 +37,7 @@ def pci004(root: Path, expect: Expectations = Expectations()) -> list[Observatio
 def pci005(root: Path) -> list[Observation]:
     sources = Sources.for_node(str(root), None)
     return list(blackwell_sm120_multi_gpu_failure(probe_p2p(sources.fs, sources.nvml), probe_nccl_libs(sources.fs),
-                                                  probe_job(sources.fs), probe_gpus(sources.fs, sources.nvml)))
+                                                  probe_job(sources.fs), probe_gpus(sources.fs, sources.nvml), probe_pcie(sources.fs)))
 
 
 def text(observation: Observation) -> str:
@@ -202,6 +203,24 @@ def test_p2p_offered_under_a_translating_iommu_is_present(rtx: Path) -> None:
     assert "GPU0 DMA-FQ, GPU1 DMA-FQ" in text(found)
     environ(rtx, NCCL_P2P_DISABLE="1")
     assert pci005(rtx) == []  # P2P is off: nothing crosses the IOMMU
+
+
+def test_translating_iommu_counts_only_where_nccl_uses_p2p(rtx: Path) -> None:
+    """The two cards hang off separate root ports: NCCL's default P2P level PXB does not reach
+    them on an Intel host (ncclTopoCheckP2p, paths.cc@v2.30.7-1), so NCCL copies through host
+    memory and nothing meets the IOMMU; raised by the job, or on the AMD CPU the fixture has
+    (level SYS), it does."""
+    edit_nvml(rtx, "nvmlDeviceGetP2PStatus", p2p_answers([(0, 1)], 0, 0, 5))
+    cpuinfo = rtx / "proc/cpuinfo"
+    cpuinfo.write_text(cpuinfo.read_text().replace("AuthenticAMD", "GenuineIntel"))
+    assert pci005(rtx) == []
+    environ(rtx, NCCL_P2P_LEVEL="SYS")
+    (found,) = pci005(rtx)
+    assert (found.subject, found.severity) == ("GPU0-GPU1", Severity.WARNING) and "NCCL_P2P_LEVEL (environment): SYS" in text(found)
+    environ(rtx)
+    cpuinfo.unlink()
+    (unknown,) = pci005(rtx)
+    assert unknown.status is Status.UNKNOWN and "/proc/cpuinfo" in unknown.reason
 
 
 def test_p2p_offered_with_iommu_passthrough_is_absent(rtx: Path) -> None:

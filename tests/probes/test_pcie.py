@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from msgspec.structs import replace
 
-from preflight.probes.job import probe_job
+from preflight.probes.job import JobFacts, probe_job
 from preflight.probes.pcie import AcsRegisters, Bridge, PcieFacts, PciEndpoint, PcieLink, bridges_between, device_chain, parse_acs, parse_width, probe_pcie
 from preflight.checks.pci import acs_redirect_breaks_gpudirect_rdma, p2p_bandwidth_degraded, p2p_transfers_hang_or_fault
 from preflight.checks.topo import gpu_hca_cross_numa_gdr
@@ -214,7 +214,7 @@ def test_a_device_entry_that_is_not_its_link_is_unknown_not_absent(tmp_path: Pat
     assert facts_.gpus == () and facts_.problems[0].startswith("/sys/bus/pci/devices/0000:15:01.0: ")
     for check in (acs_redirect_breaks_gpudirect_rdma, p2p_bandwidth_degraded, p2p_transfers_hang_or_fault):
         with pytest.raises(Unknown, match="cannot tell which PCI devices"):
-            list(check(facts_, offered(facts_)) if check is p2p_transfers_hang_or_fault else check(facts_))
+            list(check(facts_, offered(facts_), NO_JOB) if check is p2p_transfers_hang_or_fault else check(facts_))
     with pytest.raises(Unknown, match="cannot tell which PCI devices"):
         topo_verdicts(root)
 
@@ -277,7 +277,10 @@ def endpoint(bdf: str, chain: tuple[str, ...], link: PcieLink = FULL, domain: st
 def facts(gpus: tuple[PciEndpoint, ...], nics: tuple[PciEndpoint, ...] = (), bridges: tuple[Bridge, ...] = (),
           gpu_pairs: tuple[tuple[str, str, tuple[str, ...]], ...] = (), pairs: tuple[tuple[str, str, tuple[str, ...]], ...] = (),
           iommu: tuple[str, ...] = ("dmar0",), cmdline: str = "intel_iommu=on iommu=pt") -> PcieFacts:
-    return PcieFacts(gpus, nics, bridges, pairs, gpu_pairs, (), (), False, iommu, cmdline, ())
+    return PcieFacts(gpus, nics, bridges, pairs, gpu_pairs, (), (), False, iommu, cmdline, (), cpu_vendor="GenuineIntel")
+
+
+NO_JOB = JobFacts({}, "", ())  # a job that sets no NCCL variable
 
 
 SWITCH = ("0000:15:01.0", "0000:16:00.0")
@@ -339,30 +342,53 @@ def test_pci003_acs_on_a_gpu_only_path_is_not_pci001() -> None:
     both = facts(TWO_GPUS, (nic,), redirect, ((TWO_GPUS[0].bdf, TWO_GPUS[1].bdf, GPU_PATH),),
                  ((TWO_GPUS[0].bdf, nic.bdf, ("0000:17:00.0",)),))
     assert list(acs_redirect_breaks_gpudirect_rdma(both)) == []  # 17:01.0 is not between GPU 18 and its NIC
-    (found,) = p2p_transfers_hang_or_fault(both, offered(both))
+    (found,) = p2p_transfers_hang_or_fault(both, offered(both), NO_JOB)
     assert found.subject == "bridge 0000:17:01.0" and "GPU 0000:18:00.0 <-> GPU 0000:19:00.0" in found.evidence[1].observed
     # The redirect hurts only P2P: with none on offer (GNS) there is no finding, unanswered is unknown.
-    assert list(p2p_transfers_hang_or_fault(both, offered(both, status=2))) == []
-    (unanswered,) = p2p_transfers_hang_or_fault(both, PcieP2pFacts(True, (), (), "NVML_ERROR_DRIVER_NOT_LOADED"))
+    assert list(p2p_transfers_hang_or_fault(both, offered(both, status=2), NO_JOB)) == []
+    (unanswered,) = p2p_transfers_hang_or_fault(both, PcieP2pFacts(True, (), (), "NVML_ERROR_DRIVER_NOT_LOADED"), NO_JOB)
     assert unanswered.status is Status.UNKNOWN and "DRIVER_NOT_LOADED" in unanswered.reason
-    (unread,) = p2p_transfers_hang_or_fault(both, Unread("pcie_p2p", "needs probe gpus, which did not finish"))
+    (unread,) = p2p_transfers_hang_or_fault(both, Unread("pcie_p2p", "needs probe gpus, which did not finish"), NO_JOB)
     assert unread.status is Status.UNKNOWN and "probe pcie_p2p: needs probe gpus" in unread.reason
     unreadable = facts(TWO_GPUS, bridges=(Bridge("0000:16:00.0", None, "config: permission denied"),), gpu_pairs=both.gpu_pairs)
-    (unknown,) = p2p_transfers_hang_or_fault(unreadable, offered(unreadable))
+    (unknown,) = p2p_transfers_hang_or_fault(unreadable, offered(unreadable), NO_JOB)
     assert unknown.status is Status.UNKNOWN and "permission denied" in unknown.reason
 
 
 def test_pci003_iommu_domain_types() -> None:
-    translated = (endpoint("0000:18:00.0", SWITCH, domain="DMA"), endpoint("0000:9a:00.0", ("0000:97:01.0",), domain="DMA-FQ"))
-    node = facts(translated, cmdline="intel_iommu=on")
-    (found,) = p2p_transfers_hang_or_fault(node, offered(node))
-    assert found.subject == "IOMMU" and "DMA: GPU 0000:18:00.0 (group 18); DMA-FQ: GPU 0000:9a:00.0" in found.evidence[0].observed
-    assert list(p2p_transfers_hang_or_fault(node, offered(node, status=2))) == []  # no P2P on offer: nothing meets the IOMMU
-    assert list(p2p_transfers_hang_or_fault(facts(translated, iommu=()), offered(node))) == []  # no IOMMU unit is active
+    """A translating IOMMU meets GPU traffic only where NCCL uses P2P (ncclTopoCheckP2p,
+    paths.cc@v2.30.7-1): by default up to PXB, two GPUs under one PCIe switch. GPUs on separate
+    root ports of an Intel host are PHB apart, NCCL copies through host memory, and nothing
+    faults, unless the job raises NCCL_P2P_LEVEL or the CPU is AMD (level SYS)."""
+    same_switch = (endpoint("0000:18:00.0", (*SWITCH, "0000:17:00.0"), domain="DMA"),
+                   endpoint("0000:19:00.0", (*SWITCH, "0000:17:01.0"), domain="DMA-FQ"))
+    node = facts(same_switch, cmdline="intel_iommu=on")
+    (found,) = p2p_transfers_hang_or_fault(node, offered(node), NO_JOB)
+    assert (found.subject, found.status) == ("IOMMU", Status.PRESENT)
+    assert "DMA: GPU 0000:18:00.0 (group 18); DMA-FQ: GPU 0000:19:00.0" in found.evidence[0].observed
+    assert "GPU 0000:18:00.0 <-> GPU 0000:19:00.0" in found.evidence[2].observed and "PXB" in found.evidence[3].observed
+    assert list(p2p_transfers_hang_or_fault(node, offered(node, status=2), NO_JOB)) == []  # no P2P on offer: nothing meets the IOMMU
+    assert list(p2p_transfers_hang_or_fault(facts(same_switch, iommu=()), offered(node), NO_JOB)) == []  # no IOMMU unit is active
+    assert list(p2p_transfers_hang_or_fault(node, offered(node), JobFacts({"NCCL_P2P_DISABLE": "1"}, "", ()))) == []
+
+    apart = (endpoint("0000:18:00.0", SWITCH, domain="DMA"), endpoint("0000:9a:00.0", ("0000:97:01.0",), domain="DMA-FQ"))
+    intel = facts(apart, cmdline="intel_iommu=on")
+    assert list(p2p_transfers_hang_or_fault(intel, offered(intel), NO_JOB)) == []  # separate root ports: PHB, beyond PXB
+    for raised in ("PHB", "SYS", "3", "4"):
+        (found,) = p2p_transfers_hang_or_fault(intel, offered(intel), JobFacts({"NCCL_P2P_LEVEL": raised}, "", ()))
+        assert found.status is Status.PRESENT and found.evidence[3].source == "NCCL_P2P_LEVEL (environment)"
+    assert list(p2p_transfers_hang_or_fault(intel, offered(intel), JobFacts({"NCCL_P2P_LEVEL": "phb"}, "", ()))) == []  # strcmp
+    amd = replace(intel, cpu_vendor="AuthenticAMD")
+    (found,) = p2p_transfers_hang_or_fault(amd, offered(amd), NO_JOB)
+    assert found.status is Status.PRESENT and "AuthenticAMD" in found.evidence[3].observed
+    assert list(p2p_transfers_hang_or_fault(amd, offered(amd), JobFacts({"NCCL_P2P_LEVEL": "PXB"}, "", ()))) == []
+    (unknown,) = p2p_transfers_hang_or_fault(replace(intel, cpu_vendor=None), offered(intel), NO_JOB)
+    assert unknown.status is Status.UNKNOWN and "/proc/cpuinfo unread" in unknown.reason
+
     unread = facts(tuple(PciEndpoint(gpu.bdf, gpu.chain, 0, FULL, "7", "", "/sys/kernel/iommu_groups/7/type: permission denied", ()) for gpu in TWO_GPUS))
-    assert {o.status for o in p2p_transfers_hang_or_fault(unread, offered(unread))} == {Status.UNKNOWN}
+    assert {o.status for o in p2p_transfers_hang_or_fault(unread, offered(unread), NO_JOB)} == {Status.UNKNOWN}
     outside = facts(tuple(PciEndpoint(gpu.bdf, gpu.chain, 0, FULL, None, "", "", ()) for gpu in TWO_GPUS), cmdline="intel_iommu=on")
-    assert list(p2p_transfers_hang_or_fault(outside, offered(outside))) == []  # not behind the IOMMU
+    assert list(p2p_transfers_hang_or_fault(outside, offered(outside), NO_JOB)) == []  # not behind the IOMMU
 
 
 def test_pcie_probe_records_links_and_gpu_pairs(tmp_path: Path) -> None:
@@ -428,7 +454,7 @@ def test_pci003_iommu_sources_missing_from_a_recorded_root_are_unknown(tmp_path:
         sources = Sources.for_node(str(root))
         pcie = probe_pcie(sources.fs)
         answers = probe_pcie_p2p(sources.nvml, pcie, probe_gpus(sources.fs, sources.nvml))
-        return {observation.status for observation in p2p_transfers_hang_or_fault(pcie, answers)}
+        return {observation.status for observation in p2p_transfers_hang_or_fault(pcie, answers, probe_job(sources.fs))}
 
     whole = tmp_path / "whole"
     shutil.copytree(source, whole, symlinks=True)
