@@ -52,6 +52,26 @@ def _manager_missing(manager: FabricManager) -> Evidence:
                     "nvidia-fabricmanager running on NVSwitch systems")
 
 
+def _fabric_completed(fabric: FabricFacts) -> bool:
+    """Every GPU reports its NVLink fabric completed with success: the fabric manager did its
+    work, whatever this view of the node shows of it."""
+    return bool(fabric.gpus) and all(not gpu.error and gpu.state == _COMPLETED and gpu.status == 0 for gpu in fabric.gpus)
+
+
+def _manager_not_seen(fabric: FabricFacts, manager: FabricManager, forced: list[Evidence]) -> Observation:
+    """No fabric manager process or command socket seen: present only in the host's own process
+    table (positive evidence, see the fabric probe) and while some GPU's fabric is not completed."""
+    if manager.host_view is None:
+        return undecided("fabric manager", f"no nv-fabricmanager process seen, but {manager.not_host}: "
+                                           "whether this is the host's process table is not known")
+    if not manager.host_view:
+        return undecided("fabric manager", f"no nv-fabricmanager process seen, but {manager.not_host}: this is not the host's process table")
+    if _fabric_completed(fabric):
+        return undecided("fabric manager", "no nv-fabricmanager process or command socket seen, but every GPU reports its NVLink "
+                                           "fabric completed with success (nvmlDeviceGetGpuFabricInfo), which a fabric manager did")
+    return present("fabric manager", _manager_missing(manager), Evidence("/sys/bus/pci/devices", f"{len(fabric.nvswitches)} NVSwitches"), *forced)
+
+
 @check("NVL006", profiles=("full",))
 def nvls_multicast_init_failure(fabric: FabricFacts, job: JobFacts) -> Iterator[Observation]:
     """GPUs outside a completed NVLink fabric, or an NVSwitch system without its fabric manager."""
@@ -74,15 +94,11 @@ def nvls_multicast_init_failure(fabric: FabricFacts, job: JobFacts) -> Iterator[
     forced = [Evidence(f"NCCL_NVLS_ENABLE ({nvls.origin})", nvls.value, "unset, or 0 until the fabric is fixed")] if nvls and nvls.value.strip() == "1" else []
     manager = fabric.fabric_manager
     if fabric.nvswitches:
-        # The fabric manager serves NVLS multicast setup while jobs run: a fabric that completed
-        # at boot is not enough once it is gone.
+        # The fabric manager serves NVLS multicast setup while jobs run, so one that is gone
+        # matters; but one not seen in a view that may not be the host's, or beside GPUs whose
+        # fabric it completed, may simply run where this view cannot see it.
         if not manager.running:
-            if manager.host_view:
-                yield present("fabric manager", _manager_missing(manager),
-                              Evidence("/sys/bus/pci/devices", f"{len(fabric.nvswitches)} NVSwitches"), *forced)
-            else:
-                why = "/proc could not be scanned" if manager.host_view is None else f"PID 1 is {manager.pid1 or 'unreadable'}, not the host's init"
-                yield undecided("fabric manager", f"no nv-fabricmanager process seen, but {why}: this is not the host's process table")
+            yield _manager_not_seen(fabric, manager, forced)
     if fabric.gpus and all(gpu.error in _API_MISSING for gpu in fabric.gpus):
         return  # a driver without the fabric-info API: the fabric manager is all there is to check
     for gpu in fabric.gpus:

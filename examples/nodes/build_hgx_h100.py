@@ -431,6 +431,8 @@ def proc_stat(pid: int, comm: str, ppid: int, start_ticks: int) -> str:
 def fabric_manager_process(root: str) -> None:
     write(root, "/proc/1/comm", "systemd\n")
     write(root, "/proc/1/stat", proc_stat(1, "systemd", 0, 12))
+    # The host's init: no container= in its environment (NVL006 takes the process table for the host's).
+    write(root, "/proc/1/environ", b"HOME=/\0init=/sbin/init\0TERM=linux\0BOOT_IMAGE=/boot/vmlinuz-5.15.0-1042-nvidia\0")
     write(root, f"/proc/{FABRIC_MANAGER_PID}/comm", "nv-fabricmanage\n")  # the kernel keeps 15 characters
     write(root, f"/proc/{FABRIC_MANAGER_PID}/stat", proc_stat(FABRIC_MANAGER_PID, "nv-fabricmanage", 1, 4215))
 

@@ -23,9 +23,14 @@ Sources:
   ``/proc/<pid>/comm`` is ``nv-fabricmanage`` (the kernel keeps 15 characters), or its command
   socket listening: TCP ``FM_CMD_PORT_NUMBER`` (default 6666, bound to ``FM_CMD_BIND_INTERFACE``,
   default 127.0.0.1) in ``/proc/net/tcp``, or ``FM_CMD_UNIX_SOCKET_PATH`` in ``/proc/net/unix``,
-  as configured in ``/usr/share/nvidia/nvswitch/fabricmanager.cfg``. The process table is only
-  the host's when PID 1 is the init system (``/proc/1/comm`` systemd or init); in a container's
-  own PID namespace a missing process proves nothing.
+  as configured in ``/usr/share/nvidia/nvswitch/fabricmanager.cfg``. The process table counts
+  as the host's only on positive evidence: PID 1 is the init system (``/proc/1/comm`` systemd or
+  init), its environment (``/proc/1/environ``, root only) has no ``container=`` (the variable
+  systemd-nspawn, LXC/LXD and podman give a container's init, and systemd's own test), and
+  neither ``/run/systemd/container``, ``/.dockerenv`` nor ``/run/.containerenv`` exists. A system
+  container runs its own systemd as PID 1 in its own PID and network namespaces, where the
+  host's fabric manager is invisible; there, or where any of these could not be read, a missing
+  process proves nothing.
 * ``/proc/<pid>/stat`` field 22 (``starttime``, clock ticks after boot; USER_HZ is 100 on Linux):
   when the fabric manager started.
 * The job's ``NCCL_NVLS_ENABLE``.
@@ -38,7 +43,7 @@ from msgspec import Struct
 from preflight.probes.sockets import TableError, parse_tcp_table
 from preflight.probing import FactReader
 from preflight.registry import probe
-from preflight.sources import NodeFS
+from preflight.sources import NodeFS, SourceError
 from preflight.sources.nvml import Nvml, NvmlError
 
 _NVSWITCH_CLASS = "0x0680"
@@ -48,6 +53,10 @@ _FABRIC_MANAGER_COMM = "nv-fabricmanag"
 
 
 _HOST_INITS = ("systemd", "init")
+
+
+# Files container managers create inside a container (systemd-detect-virt looks for them too).
+CONTAINER_MARKERS = ("/run/systemd/container", "/.dockerenv", "/run/.containerenv")
 
 
 FABRIC_MANAGER_CONFIG = "/usr/share/nvidia/nvswitch/fabricmanager.cfg"
@@ -72,11 +81,12 @@ class FabricManager(Struct, frozen=True):
     """What the node shows of a running fabric manager."""
 
     pids: tuple[int, ...]  # processes named nv-fabricmanage
-    host_view: bool | None  # PID 1 is the init system; None: /proc could not be scanned
+    host_view: bool | None  # the host's process table (see the module docstring); None: not known
     pid1: str | None  # /proc/1/comm
     listening: str | None  # "127.0.0.1:6666 (/proc/net/tcp:3)" or the unix socket path
     started_after_boot_s: float | None  # of the first pid, from /proc/<pid>/stat
     problems: tuple[str, ...]
+    not_host: str = ""  # why host_view is not True: "PID 1 is pause, not the host's init", ...
 
     @property
     def running(self) -> bool:
@@ -170,7 +180,7 @@ def _fabric_manager(reader: FactReader) -> FabricManager:
     # Unlisted /proc stays in problems: the checks cannot tell whether the manager runs.
     pids = sorted(int(name) for name in reader.listing("/proc") or [] if name.isdigit())
     if not pids:
-        return FabricManager((), None, None, _listening(reader), None, tuple(reader.problems))
+        return FabricManager((), None, None, _listening(reader), None, tuple(reader.problems), "/proc could not be scanned")
     pid1 = reader.text("/proc/1/comm")
     found = []
     for pid in pids:
@@ -184,8 +194,32 @@ def _fabric_manager(reader: FactReader) -> FabricManager:
             started = parse_start_after_boot(stat) if stat is not None else None
         except ValueError as error:
             reader.problems.append(f"/proc/{found[0]}/stat: {error}")
-    host = pid1 is not None and pid1.strip() in _HOST_INITS
-    return FabricManager(tuple(found), host, pid1.strip() if pid1 else None, _listening(reader), started, tuple(reader.problems))
+    name = pid1.strip() if pid1 is not None else None
+    host, not_host = _host_view(reader, name)
+    return FabricManager(tuple(found), host, name, _listening(reader), started, tuple(reader.problems), not_host)
+
+
+def _host_view(reader: FactReader, pid1: str | None) -> tuple[bool | None, str]:
+    """Whether this /proc is the host's process table, and why not: only on positive evidence."""
+    if pid1 is None:
+        return None, "PID 1 is unreadable (/proc/1/comm)"
+    if pid1 not in _HOST_INITS:
+        return False, f"PID 1 is {pid1}, not the host's init"
+    try:
+        environ = reader.fs.read_bytes("/proc/1/environ")
+    except SourceError as error:
+        return None, f"/proc/1/environ is unreadable ({error.reason}), so a container's own {pid1} cannot be ruled out"
+    if environ is None:
+        return None, f"/proc/1/environ is missing, so a container's own {pid1} cannot be ruled out"
+    if any(item.startswith(b"container=") for item in environ.split(b"\0")):
+        return False, f"PID 1's environment has container=: {pid1} is a container's own init"
+    for marker in CONTAINER_MARKERS:
+        there = reader.presence(marker)
+        if there is None:
+            return None, f"whether {marker} exists (a container marker) could not be read"
+        if there:
+            return False, f"{marker} exists: {pid1} is a container's own init"
+    return True, ""
 
 
 @probe("fabric", gather_in=("full",))

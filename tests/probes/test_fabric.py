@@ -96,11 +96,14 @@ def test_gpu_whose_fabric_is_not_started_is_present(node_copy: Path) -> None:
     assert "fabric not started" in found[1][2] and found[1][2].endswith(" 1")
 
 
-def test_stopped_fabric_manager_is_present_even_with_a_completed_fabric(node_copy: Path) -> None:
+def test_fabric_manager_not_seen_beside_a_completed_fabric_is_unknown(node_copy: Path) -> None:
+    """Every GPU reporting its fabric completed with success is the fabric manager's work: one not
+    seen may run where this view cannot see it, so at most unknown, never an error."""
     stop_fabric_manager(node_copy, socket=False)
     assert verdicts(node_copy) == []  # its command port still listens: it runs where /proc cannot see it
     stop_fabric_manager(node_copy, process=False)
-    assert [(s, st) for s, st, _ in verdicts(node_copy)] == [("fabric manager", Status.PRESENT)]
+    found = verdicts(node_copy)
+    assert [(s, st) for s, st, _ in found] == [("fabric manager", Status.UNKNOWN)] and "fabric completed" in found[0][2]
 
 
 def test_old_driver_falls_back_on_the_fabric_manager(node_copy: Path) -> None:
@@ -125,12 +128,42 @@ def test_fabric_manager_on_a_configured_port_or_unix_socket(node_copy: Path) -> 
 
 def test_container_process_table_makes_a_missing_fabric_manager_unknown(node_copy: Path) -> None:
     stop_fabric_manager(node_copy)
+    edit_fabric(node_copy, {str(i): {"result": {**HEALTHY, "state": 1}} for i in range(8)})  # not started: NVL006's other half
+    assert [(s, st) for s, st, _ in verdicts(node_copy)][0] == ("fabric manager", Status.PRESENT)  # the host's table
     write(node_copy, "/proc/1/comm", "pause\n")
-    assert verdicts(node_copy) == [("fabric manager", Status.UNKNOWN,
-                                    "no nv-fabricmanager process seen, but PID 1 is pause, not the host's init: "
-                                    "this is not the host's process table")]
+    assert verdicts(node_copy)[0] == ("fabric manager", Status.UNKNOWN,
+                                      "no nv-fabricmanager process seen, but PID 1 is pause, not the host's init: "
+                                      "this is not the host's process table")
     (node_copy / "proc/1/comm").unlink()
     assert "PID 1 is unreadable" in verdicts(node_copy)[0][2]
+
+
+@pytest.mark.parametrize(
+    ("planted", "said"),
+    [
+        ({"/proc/1/environ": b"container=lxc\0HOME=/\0"}, "container="),  # LXD/Incus, systemd-nspawn, podman
+        ({"/run/systemd/container": "lxc\n"}, "/run/systemd/container exists"),
+        ({"/.dockerenv": ""}, "/.dockerenv exists"),
+        ({"/run/.containerenv": ""}, "/run/.containerenv exists"),
+        ({"/proc/1/environ": None}, "/proc/1/environ is missing"),
+    ],
+)
+def test_a_system_container_s_own_systemd_is_not_the_host(node_copy: Path, planted: dict[str, str | bytes | None], said: str) -> None:
+    """LXD/Incus, systemd-nspawn and pods whose entrypoint is /sbin/init run their own systemd as
+    PID 1 in their own PID and network namespaces: the host's fabric manager is invisible there.
+    The table counts as the host's only on positive evidence (PID 1's environment read, no
+    container marker), else a missing fabric manager is unknown."""
+    stop_fabric_manager(node_copy)
+    edit_fabric(node_copy, {str(i): {"result": {**HEALTHY, "state": 1}} for i in range(8)})
+    for path, content in planted.items():
+        if content is None:
+            (node_copy / path.lstrip("/")).unlink()
+        else:
+            write(node_copy, path, content)
+    manager = facts(node_copy).fabric_manager
+    assert manager.host_view is (None if "missing" in said else False) and said in manager.not_host
+    found = verdicts(node_copy)
+    assert found[0][:2] == ("fabric manager", Status.UNKNOWN) and said in found[0][2]
 
 
 def test_not_applicable_without_nvswitches_or_fabric(node_copy: Path) -> None:
