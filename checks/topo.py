@@ -125,7 +125,12 @@ def nccl_topo_xml_nic_without_busid(topo_file: TopoFileFacts) -> Iterator[Observ
         )
         return
     if topo_file.parse_error:
-        yield present("NCCL_TOPO_FILE", where, Evidence(setting.value.strip(), f"not valid XML: {topo_file.parse_error}", "NCCL's topology XML"))
+        # Every release's reader stops (ncclInternalError/ncclInvalidUsage): every rank's init fails.
+        yield present("NCCL_TOPO_FILE", where, Evidence(setting.value.strip(), f"NCCL's topology reader refuses it: {topo_file.parse_error}",
+                                                        "a file NCCL's reader accepts (src/graph/xml.cc)"))
+        return
+    if topo_file.parse_unknown:
+        yield undecided("NCCL_TOPO_FILE", topo_file.parse_unknown, where)
         return
     for nic in topo_file.nics:
         if nic.busid is None:

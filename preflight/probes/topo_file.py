@@ -14,8 +14,11 @@ The format is what ``NCCL_TOPO_DUMP_FILE`` writes (``src/graph/xml.cc``)::
           <pci busid="0000:18:00.0" class="0x030200" ...><gpu dev="0" .../></pci>
           <pci busid="0000:1a:00.0" class="0x020700" ...><nic><net name="mlx5_0" .../></nic></pci>
 
-The file is read through the node's filesystem (bounded) and parsed with the standard library's
-expat-based parser, which refuses entity expansion bombs.
+The file is read through the node's filesystem (bounded) and read as NCCL reads it
+(:mod:`preflight.nccl.topo_xml`, under the rules of every release from 2.7.8): a file NCCL
+refuses fails every rank's init, one an XML parser refuses may be fine for NCCL (a raw ``&`` in a
+value, an element after ``</system>``) and the reverse (``<?xml ...?>``, tab indentation, a tag
+broken over lines, a byte order mark). Bus IDs are taken from the elements NCCL keeps.
 """
 
 from __future__ import annotations
@@ -24,13 +27,12 @@ from typing import TYPE_CHECKING
 
 from msgspec import Struct
 
+from preflight.nccl.topo_xml import XmlNode, read_topology
 from preflight.probing import FactReader
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
 
-if TYPE_CHECKING:  # imported where a topology file is parsed: most nodes have none
-    from xml.etree import ElementTree
-
+if TYPE_CHECKING:
     from preflight.probes.job import JobFacts, Setting
 
 
@@ -47,31 +49,45 @@ class TopoFileFacts(Struct, frozen=True):
     nics: tuple[TopoNic, ...]
     device_busids: tuple[str, ...]  # busids of <pci> nodes holding a <gpu> or <nic>
     node_busids: tuple[str, ...]  # /sys/bus/pci/devices on this node
+    parse_unknown: str = ""  # why whether NCCL reads the file is not known (releases differ), "" if known
 
 
-def parse_topology(text: str) -> tuple[tuple[TopoNic, ...], tuple[str, ...]]:
-    """NICs with their enclosing bus ID, and the bus IDs of GPU/NIC PCI nodes; ValueError on XML errors."""
-    from xml.etree import ElementTree
+class ParsedTopology(Struct, frozen=True):
+    nics: tuple[TopoNic, ...]
+    device_busids: tuple[str, ...]
+    refused: str  # why NCCL refuses the file (every release), "" when it reads it
+    unsure: str  # why that depends on the release, or was not judged; "" otherwise
 
-    try:
-        root = ElementTree.fromstring(text)
-    except ElementTree.ParseError as error:
-        raise ValueError(str(error)) from None
+
+def parse_topology(text: str) -> ParsedTopology:
+    """The file as NCCL reads it, with the NICs (and their enclosing bus ID) and the bus IDs of
+    GPU/NIC PCI elements among the elements NCCL keeps."""
+    read = read_topology(text.encode("utf-8"))  # the file's own bytes: read() decoded them as UTF-8
+    nics, devices = _devices(read.roots)
+    return ParsedTopology(nics, devices, read.refused, read.unsure)
+
+
+def _devices(roots: list[XmlNode]) -> tuple[tuple[TopoNic, ...], tuple[str, ...]]:
+    """Depth first, without recursion (the elements are bounded by NCCL's node limit)."""
     nics: list[TopoNic] = []
     devices: list[str] = []
-
-    def walk(node: ElementTree.Element, busid: str | None) -> None:
-        if node.tag == "pci" and node.get("busid"):
-            busid = node.get("busid", "").lower()
-            if any(child.tag in ("gpu", "nic") for child in node):
+    pending: list[tuple[XmlNode, str | None]] = [(root, None) for root in reversed(roots)]
+    while pending:
+        node, busid = pending.pop()
+        found = node.get(b"busid") if node.name == b"pci" else None
+        if found:
+            busid = _text(found).lower()
+            if any(child.name in (b"gpu", b"nic") for child in node.subs):
                 devices.append(busid)
-        if node.tag == "nic":
-            nics.append(TopoNic(tuple(net.get("name", "?") for net in node if net.tag == "net"), busid))
-        for child in node:
-            walk(child, busid)
-
-    walk(root, None)
+        if node.name == b"nic":
+            names = tuple(_text(net.get(b"name") or b"?") for net in node.subs if net.name == b"net")
+            nics.append(TopoNic(names, busid))
+        pending.extend((child, busid) for child in reversed(node.subs))
     return tuple(nics), tuple(devices)
+
+
+def _text(value: bytes) -> str:
+    return value.decode("utf-8", "replace")
 
 
 @probe("topo_file")
@@ -92,8 +108,5 @@ def probe_topo_file(fs: NodeFS, job: JobFacts) -> TopoFileFacts:
         return TopoFileFacts(setting, True, "", error.reason, (), (), node_busids)
     if text is None:
         return TopoFileFacts(setting, False, "", "", (), (), node_busids)
-    try:
-        nics, devices = parse_topology(text)
-    except ValueError as error:
-        return TopoFileFacts(setting, True, str(error), "", (), (), node_busids)
-    return TopoFileFacts(setting, True, "", "", nics, devices, node_busids)
+    parsed = parse_topology(text)
+    return TopoFileFacts(setting, True, parsed.refused, "", parsed.nics, parsed.device_busids, node_busids, parsed.unsure)

@@ -9,6 +9,7 @@ import pytest
 
 from preflight.checks.topo import nccl_topo_xml_nic_without_busid
 from preflight.probes.job import probe_job
+from preflight.nccl import topo_xml
 from preflight.probes.topo_file import parse_topology, probe_topo_file
 from preflight.model import NotApplicable, Severity, Status
 from preflight.sources import NodeFS
@@ -72,7 +73,7 @@ def test_missing_relative_and_broken_files(node_copy: Path) -> None:
     assert "does not exist" in verdicts(node_copy, None, "/etc/nccl/none.xml")[0][2]
     assert severities(node_copy) == [Severity.WARNING]  # NCCL ignores a file it cannot open and reads sysfs
     assert "relative path" in verdicts(node_copy, GOOD, "topo.xml")[0][2]
-    assert "not valid XML" in verdicts(node_copy, "<system><cpu></system>")[0][2]
+    assert "reader refuses it" in verdicts(node_copy, "<system><cpu></system>")[0][2]
     bomb = '<?xml version="1.0"?><!DOCTYPE l [<!ENTITY a "aaaaaaaaaa"><!ENTITY b "&a;&a;&a;&a;&a;&a;&a;&a;&a;&a;">]><system>&b;</system>'
     assert [st for _, st, _ in verdicts(node_copy, bomb)] in ([], [Status.PRESENT])  # small entity use parses or is refused, never hangs
 
@@ -83,6 +84,101 @@ def test_not_applicable_without_the_variable(example_root: Path) -> None:
 
 
 def test_parse_keeps_the_enclosing_bus_id() -> None:
-    nics, devices = parse_topology(GOOD)
-    assert nics[0].names == ("mlx5_0",) and nics[0].busid == "0000:1a:00.0"
-    assert devices == ("0000:18:00.0", "0000:1a:00.0")
+    parsed = parse_topology(GOOD)
+    assert parsed.nics[0].names == ("mlx5_0",) and parsed.nics[0].busid == "0000:1a:00.0"
+    assert parsed.device_busids == ("0000:18:00.0", "0000:1a:00.0") and (parsed.refused, parsed.unsure) == ("", "")
+
+
+def _kept(count: int) -> str:
+    """<system>, <cpu> and count - 2 <pci> elements: count elements NCCL keeps."""
+    return '<system version="1">\n <cpu numaid="0">\n' + "".join(f'  <pci busid="0000:{i:02x}:00.0"/>\n' for i in range(count - 2)) + " </cpu>\n</system>\n"
+
+
+FIRST_PCI = '<pci busid="0000:17:00.0" class="0x060400" vendor="0x1000" device="0xc030" link_speed="32.0 GT/s PCIe" link_width="16">'
+
+# What NCCL's own reader makes of each file: v2.30.7-1 (RELEASES[-1]) and v2.18.3-1 (RELEASES[1],
+# the rules of 2.8.3 to 2.19.0). Each row was checked against xml.cc of those tags compiled
+# unchanged (xmlLoadSub with the topology handlers, 256 and 1024 nodes): "read" is ncclSuccess.
+NCCL_OUTCOMES: list[tuple[str, bytes, str, str]] = [
+    ("an NCCL_TOPO_DUMP_FILE dump", GOOD.encode(), "read", "read"),
+    ("<?xml ...?> first line", b'<?xml version="1.0"?>\n' + GOOD.encode(), "refused", "refused"),
+    ("tab indentation", GOOD.replace("  ", "\t").encode(), "refused", "refused"),
+    ("a tag broken over lines", GOOD.replace(' class="0x030200"', '\n        class="0x030200"').encode(), "refused", "refused"),
+    ("a UTF-8 byte order mark", b"\xef\xbb\xbf" + GOOD.encode(), "refused", "refused"),
+    ("CRLF line ends", GOOD.replace("\n", "\r\n").encode(), "read", "read"),
+    ("an element after </system>", GOOD.encode() + b'<extra a="1"><b/></extra>\n', "read", "read"),
+    ("a stray closing tag after </system> (opens a skipped element)", GOOD.encode() + b"</extra>\n", "refused", "refused"),
+    ("raw & and < in a value", GOOD.replace('vendor="GenuineIntel"', 'vendor="AT&T <x>"').encode(), "read", "read"),
+    ("a duplicated attribute", GOOD.replace('gdr="1"/>', 'gdr="1" gdr="0"/>', 1).encode(), "read", "read"),
+    ("a comment first", b"<!-- node type A -->\n" + GOOD.encode(), "read", "read"),
+    ("a comment starting with '='", b"<!--=== A ===-->\n" + GOOD.encode(), "refused", "refused"),
+    ("a tag name followed by '='", b'<system version="1"><cpu=1/></system>\n', "refused", "refused"),
+    ("single-quoted values", GOOD.replace('busid="0000:18:00.0"', "busid='0000:18:00.0'").encode(), "read", "refused"),
+    ("a 254-byte value", _kept(3).replace('busid="0000:00:00.0"', f'busid="{"a" * 254}"').encode(), "refused", "read"),
+    ("<system> without version", b"<system>\n</system>\n", "refused", "refused"),
+    ("version 2", b'<system version="2">\n</system>\n', "refused", "refused"),
+    ("version 0x1 (strtol)", b'<system version="0x1">\n</system>\n', "read", "read"),
+    ("version as the 17th attribute", ("<system " + " ".join(f'a{i}="{i}"' for i in range(16)) + ' version="1">\n</system>\n').encode(), "refused", "refused"),
+    ("a mismatched closing tag inside a skipped element", b'<system version="1"><foo><bar></baz></foo></system>\n', "read", "read"),
+    ("a mismatched closing tag of a kept element", b'<system version="1"><cpu numaid="0"></pci></system>\n', "refused", "refused"),
+    ("a closing tag with a blank", b'<system version="1"><cpu numaid="0"></cpu ></system>\n', "refused", "refused"),
+    ("two blanks between attributes, a name without value", b'<system version="1"><cpu  numaid="0" flag/></system>\n', "read", "read"),
+    ("text between elements", b'<system version="1">\n hello\n</system>\n', "refused", "refused"),
+    ("an unterminated <cpu>", b'<system version="1">\n <cpu numaid="0">\n', "refused", "refused"),
+    ("an empty file", b"", "read", "read"),
+    ("255 kept elements", _kept(255).encode(), "read", "undefined"),  # 2.18.3: a 33rd child overflows subs[32]
+    ("256 kept elements", _kept(256).encode(), "refused", "undefined"),
+]
+
+
+@pytest.mark.parametrize(("what", "data", "newest", "older"), NCCL_OUTCOMES, ids=[row[0] for row in NCCL_OUTCOMES])
+def test_the_reader_accepts_and_refuses_what_nccl_does(what: str, data: bytes, newest: str, older: str) -> None:
+    def outcome(rules: topo_xml.XmlRules) -> str:
+        try:
+            topo_xml.read_xml(data, rules)
+        except topo_xml.Refused:
+            return "refused"
+        except topo_xml.Undefined:
+            return "undefined"
+        return "read"
+
+    assert (outcome(topo_xml.RELEASES[-1]), outcome(topo_xml.RELEASES[1])) == (newest, older)
+
+
+@pytest.mark.parametrize(
+    ("topology", "status", "said"),
+    [
+        ('<?xml version="1.0"?>\n' + GOOD, Status.PRESENT, "expected '>' or a space in <?xml>, got '?'"),
+        (GOOD.replace("  ", "\t"), Status.PRESENT, "expected '<', got '\\t' (line 2)"),
+        ("\ufeff" + GOOD, Status.PRESENT, "expected '<', got '\\xef'"),
+        (GOOD + '<extra a="1"/>\n', None, ""),
+        (GOOD.replace('vendor="GenuineIntel"', 'vendor="AT&T <x>"'), None, ""),
+        (GOOD.replace('gdr="1"/>', 'gdr="1" gdr="0"/>', 1), None, ""),
+        (GOOD.replace('busid="0000:18:00.0"', "busid='0000:18:00.0'"), Status.UNKNOWN, "2.27.3 and later: read"),
+    ],
+)
+def test_topo004_judges_the_file_as_nccl_reads_it(node_copy: Path, topology: str, status: Status | None, said: str) -> None:
+    """Files an XML parser takes but NCCL refuses fail every rank's init (error); files NCCL reads
+    though an XML parser would not are fine; where releases differ the verdict is unknown."""
+    found = verdicts(node_copy, topology)
+    if status is None:
+        assert found == []
+    else:
+        assert [(s, st) for s, st, _ in found] == [("NCCL_TOPO_FILE", status)] and said in found[0][2], found
+
+
+def test_bus_ids_are_taken_from_the_elements_nccl_keeps(node_copy: Path) -> None:
+    """NCCL skips an element it does not know with everything inside it: a <pci> there is not
+    read, so its bus ID is not this node's concern."""
+    skipped = GOOD.replace("  </cpu>", '    <spare><pci busid="0000:c1:00.0" class="0x030200"><gpu dev="9"/></pci></spare>\n  </cpu>')
+    assert verdicts(node_copy, skipped) == []
+    assert parse_topology(skipped).device_busids == ("0000:18:00.0", "0000:1a:00.0")
+
+
+@pytest.mark.parametrize("shape", ["deep", "wide"])
+def test_hostile_files_are_bounded_and_unknown(node_copy: Path, shape: str) -> None:
+    """100 000 nested elements (which made the old recursive walk raise RecursionError) or
+    200 000 tags: read without recursion, stopped at the reader's bounds, and unknown."""
+    body = "<a>" * 100_000 + "</a>" * 100_000 if shape == "deep" else "<a/>" * 200_000
+    found = verdicts(node_copy, '<system version="1">' + body + "</system>\n")
+    assert [(s, st) for s, st, _ in found] == [("NCCL_TOPO_FILE", Status.UNKNOWN)] and "not judged" in found[0][2]
