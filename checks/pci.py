@@ -522,7 +522,10 @@ def _translated_pairs(pcie: PcieFacts, pcie_p2p: PcieP2pFacts | Unread, job: Job
     """Only GPU-to-GPU traffic over PCIe meets the translation, and only between GPUs that NCCL
     lets use P2P: where the driver offers none, or their path is beyond NCCL's P2P level (GPUs on
     separate root ports of an Intel host), NCCL copies through host memory and nothing faults."""
-    level = nccl_p2p_level(pcie, job)
+    try:
+        level = nccl_p2p_level(pcie, job)
+    except Unknown as error:  # an unreadable nccl.conf: every level is possible, the ACS findings stand
+        level = P2pLevel(("LOC", "SYS"), Evidence("NCCL_P2P_LEVEL", f"not known ({error})"))
     pairs = [(first, second) for i, first in enumerate(pcie.gpus) for second in pcie.gpus[i + 1:] if {first.bdf, second.bdf} & translated]
     judged = [(f"GPU {a.bdf} <-> GPU {b.bdf}", _pcie_p2p_offered(pcie_p2p, a.bdf, b.bdf), nccl_uses_p2p(pcie, level, a, b)) for a, b in pairs]
     hurt = [pair for pair, offered, used in judged if offered and used]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from msgspec.structs import replace
 
-from preflight.probes.job import JobFacts, probe_job
+from preflight.probes.job import JobFacts, NcclConfFile, probe_job
 from preflight.probes.pcie import AcsRegisters, Bridge, PcieFacts, PciEndpoint, PcieLink, bridges_between, device_chain, parse_acs, parse_width, probe_pcie
 from preflight.checks.pci import acs_redirect_breaks_gpudirect_rdma, p2p_bandwidth_degraded, p2p_transfers_hang_or_fault
 from preflight.checks.topo import gpu_hca_cross_numa_gdr
@@ -384,6 +384,9 @@ def test_pci003_iommu_domain_types() -> None:
     assert list(p2p_transfers_hang_or_fault(amd, offered(amd), JobFacts({"NCCL_P2P_LEVEL": "PXB"}, "", ()))) == []
     (unknown,) = p2p_transfers_hang_or_fault(replace(intel, cpu_vendor=None), offered(intel), NO_JOB)
     assert unknown.status is Status.UNKNOWN and "/proc/cpuinfo unread" in unknown.reason
+    unreadable_conf = JobFacts({}, "", (NcclConfFile("/home/alice/.nccl.conf", (), "permission denied"),))
+    (unknown,) = p2p_transfers_hang_or_fault(node, offered(node), unreadable_conf)
+    assert unknown.status is Status.UNKNOWN and "NCCL_P2P_LEVEL not known" in unknown.reason and "permission denied" in unknown.reason
 
     unread = facts(tuple(PciEndpoint(gpu.bdf, gpu.chain, 0, FULL, "7", "", "/sys/kernel/iommu_groups/7/type: permission denied", ()) for gpu in TWO_GPUS))
     assert {o.status for o in p2p_transfers_hang_or_fault(unread, offered(unread), NO_JOB)} == {Status.UNKNOWN}
