@@ -62,7 +62,7 @@ def ddp_process_group_setup_invalid(job: JobFacts) -> Iterator[Observation]:
         yield present("WORLD_SIZE", _env("WORLD_SIZE", found["WORLD_SIZE"], "at least 1"))
     if "MASTER_PORT" in found:
         port = found["MASTER_PORT"].strip()
-        if not port.isdigit() or not 1 <= int(port) <= 65535:
+        if not port.isdecimal() or not 1 <= int(port) <= 65535:
             yield present("MASTER_PORT", _env("MASTER_PORT", found["MASTER_PORT"], "a TCP port, 1-65535"))
     if "MASTER_ADDR" in found:
         address = found["MASTER_ADDR"]

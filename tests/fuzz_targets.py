@@ -248,7 +248,8 @@ JOB_VARIABLES = sorted({
 } | {"RANK", "HOME", "LD_LIBRARY_PATH", "LD_PRELOAD", "VIRTUAL_ENV", "CONDA_PREFIX"})
 _ODD_SETTINGS = ["", "0", "1", "-1", "99999999999999999999", "nan", "=", "^", "^=", ":", ",,,", "mlx5_0:1:2:3", "eth0,^docker",
                  "é" * 50, "x" * 5000, "0x10", "1e9", "AF_INET6", "gpu[001-999999]", "gpu[", "0-3,5", "3-1", "10.0.0.1:29500",
-                 "[::1]:80", "127.0.1.1", "/tmp/../../etc", "/dev/null", " 1 ", "true"]
+                 "[::1]:80", "127.0.1.1", "/tmp/../../etc", "/dev/null", " 1 ", "true",
+                 "²", "1²", "٣"]  # str.isdigit() takes a superscript two, which int() refuses
 
 
 def random_job_environment(rng: random.Random) -> bytes:
@@ -283,12 +284,19 @@ def fuzz_root(seed_root: Path, rng: random.Random) -> None:
                 except ValueError:  # already broken by an earlier edit: edit it as text
                     pass
             path.write_bytes(mutate_text(data, rng))
+        assert_judged_without_crash(root)
+
+
+def assert_judged_without_crash(root: Path) -> None:
+    """Every probe and check on ``root`` either reads it or says what it could not read: a Python
+    exception is a bug (AssertionError); a root refused as a whole is fine."""
+    with tempfile.TemporaryDirectory(prefix="preflight-fuzz-config-") as scratch:
         config = Path(scratch) / "preflight.toml"
         config.write_text("")
         try:
             report = inspect_node(open_node(str(root), str(config)), timeout_s=30)
         except RootError:
             return
-        internal = [f"probe {outcome.name}: {outcome.error}" for outcome in report.probes if _INTERNAL_ERROR.match(outcome.error or "")]
-        internal += [f"{finding.reference_id}: {finding.reason}" for finding in report.findings if _INTERNAL_ERROR.match(finding.reason)]
-        assert not internal, internal
+    internal = [f"probe {outcome.name}: {outcome.error}" for outcome in report.probes if _INTERNAL_ERROR.match(outcome.error or "")]
+    internal += [f"{finding.reference_id}: {finding.reason}" for finding in report.findings if _INTERNAL_ERROR.match(finding.reason)]
+    assert not internal, internal

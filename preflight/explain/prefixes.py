@@ -98,7 +98,7 @@ def _peel_one(rest: str, meta: LineMeta, year: int) -> str | None:
     if not rest:
         return None
     first = rest[0]
-    if first.isdigit():
+    if first.isdecimal():
         match = _ISO.match(rest)
         if match:
             _set_time(meta, _iso_epoch(match), _iso_text(match))

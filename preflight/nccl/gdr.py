@@ -53,7 +53,7 @@ def gdr_level(value: str | None) -> str | None:
         return None
     if value in PATH_RANK:
         return value
-    if value[:1].isdigit():
+    if value[:1].isdecimal():
         number = nccl_int(value, 0)
         return _OLD_LEVELS[min(max(number, 0), len(_OLD_LEVELS) - 1)]
     return None

@@ -178,7 +178,7 @@ def _listening(reader: FactReader) -> str | None:
 
 def _fabric_manager(reader: FactReader) -> FabricManager:
     # Unlisted /proc stays in problems: the checks cannot tell whether the manager runs.
-    pids = sorted(int(name) for name in reader.listing("/proc") or [] if name.isdigit())
+    pids = sorted(int(name) for name in reader.listing("/proc") or [] if name.isdecimal())
     if not pids:
         return FabricManager((), None, None, _listening(reader), None, tuple(reader.problems), "/proc could not be scanned")
     pid1 = reader.text("/proc/1/comm")

@@ -294,7 +294,7 @@ def port_boundaries(ruleset: Ruleset) -> set[int]:
                     continue
                 for text in condition.values:
                     low, _, high = text.partition("-")
-                    if not (low.isdigit() and (high or low).isdigit()):
+                    if not (low.isdecimal() and (high or low).isdecimal()):
                         continue
                     points.update((int(low), int(high or low) + 1))
                     if condition.op in ("<", "<=", ">", ">="):

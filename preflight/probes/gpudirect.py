@@ -128,8 +128,8 @@ def read_job_identity(reader: FactReader, job_environ: dict[str, str]) -> JobIde
     """Who opens device files for the job: a prolog runs as root for another user's job."""
     own = parse_status_ids(reader.text("/proc/self/status") or "")
     job_uid = job_environ.get("SLURM_JOB_UID", "")
-    if job_uid.isdigit() and (own is None or int(job_uid) != own[0]):
-        gids = [int(job_environ["SLURM_JOB_GID"])] if job_environ.get("SLURM_JOB_GID", "").isdigit() else []
+    if job_uid.isdecimal() and (own is None or int(job_uid) != own[0]):
+        gids = [int(job_environ["SLURM_JOB_GID"])] if job_environ.get("SLURM_JOB_GID", "").isdecimal() else []
         user = job_environ.get("SLURM_JOB_USER", "")
         if user:
             known, groups = reader.known_text("/etc/group")

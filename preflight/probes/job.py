@@ -215,9 +215,9 @@ def job_file_user(fs: NodeFS, environ: dict[str, str]) -> FileUser | None:
     preflight's own). Groups that cannot be read are left out: a permission they would grant
     is then refused, never assumed."""
     uid = environ.get("SLURM_JOB_UID", "")
-    if not uid.isdigit():
+    if not uid.isdecimal():
         return None
-    gids = [int(environ["SLURM_JOB_GID"])] if environ.get("SLURM_JOB_GID", "").isdigit() else []
+    gids = [int(environ["SLURM_JOB_GID"])] if environ.get("SLURM_JOB_GID", "").isdecimal() else []
     user = environ.get("SLURM_JOB_USER", "")
     if user:
         try:
@@ -267,7 +267,7 @@ def parse_gpu_indices(text: str) -> tuple[int, ...] | None:
     for item in text.split(","):
         item = item.strip()
         low, dash, high = item.partition("-")
-        if low.isdigit() and (not dash or high.isdigit()):
+        if low.isdecimal() and (not dash or high.isdecimal()):
             end = int(high) if dash else int(low)
             if end < int(low) or end - int(low) > 4096:
                 return None
@@ -280,7 +280,7 @@ def parse_gpu_indices(text: str) -> tuple[int, ...] | None:
 def integer_setting(environ: dict[str, str], *names: str) -> int | None:
     for name in names:
         value = environ.get(name, "").strip()
-        if value.isdigit():
+        if value.isdecimal():
             return int(value)
     return None
 

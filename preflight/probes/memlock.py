@@ -170,12 +170,12 @@ def parse_meminfo_total(text: str) -> int | None:
 def _find_slurmd(reader: FactReader) -> int | None:
     for pid_file in ("/run/slurmd.pid", "/var/run/slurmd.pid"):
         text = reader.text(pid_file)
-        if text and text.strip().isdigit():
+        if text and text.strip().isdecimal():
             pid = int(text.strip())
             if (reader.text(f"/proc/{pid}/comm") or "").strip() == "slurmd":
                 return pid
     for entry in reader.listing("/proc") or []:  # unlisted: the problem makes slurmd undecided
-        if entry.isdigit():
+        if entry.isdecimal():
             try:
                 comm = reader.fs.read(f"/proc/{entry}/comm")
             except SourceError:

@@ -72,7 +72,7 @@ def parse_stack_limit(text: str) -> int | None:
     for line in text.splitlines():
         if line.startswith("Max stack size"):
             fields = line[len("Max stack size"):].split()
-            if fields and (fields[0] == "unlimited" or fields[0].isdigit()):
+            if fields and (fields[0] == "unlimited" or fields[0].isdecimal()):
                 return UNLIMITED if fields[0] == "unlimited" else int(fields[0])
     return None
 

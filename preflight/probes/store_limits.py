@@ -41,7 +41,7 @@ class StoreLimitsFacts(Struct, frozen=True):
 def parse_somaxconn(text: str) -> int:
     """The sysctl's one decimal number; ValueError for anything else."""
     value = text.strip()
-    if not value.isdigit():
+    if not value.isdecimal():
         raise ValueError(f"not a non-negative integer: {value[:40]!r}")
     return int(value)
 

@@ -120,7 +120,7 @@ def parse_resolv_conf(text: str) -> ResolvConf:
         elif fields[0] == "options":
             for option in fields[1:]:
                 key, _, value = option.partition(":")
-                if key == "ndots" and value.isdigit():
+                if key == "ndots" and value.isdecimal():
                     ndots = min(int(value), 15)
     return ResolvConf(tuple(nameservers), search, ndots)
 

@@ -8,6 +8,7 @@ import json
 import random
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -104,3 +105,13 @@ def test_random_text_as_a_slurm_conf_and_its_includes(main: str, included: str) 
 @given(st.sampled_from(targets.NODE_ROOT_SEEDS), st.randoms(use_true_random=False))
 def test_node_roots_with_edited_files(seed_root: Path, rng: random.Random) -> None:
     targets.fuzz_root(seed_root, rng)
+
+
+@pytest.mark.parametrize("value", ["²", "1²", "٣"])
+def test_every_job_variable_set_to_digits_int_refuses(value: str, node_copy: Path) -> None:
+    """str.isdigit() takes a superscript two, which int() refuses: a job environment where each
+    variable preflight reads holds such a value is judged without a crash."""
+    environ = node_copy / "proc/self/environ"
+    environ.unlink()
+    environ.write_bytes(b"".join(f"{name}={value}".encode() + b"\0" for name in [*targets.JOB_VARIABLES, "SLURM_JOB_ID"]))
+    targets.assert_judged_without_crash(node_copy)
