@@ -360,7 +360,7 @@ def nccl_init_system_error(shm: ShmFacts, nccl_libs: NcclLibFacts, gpudirect: Gp
     wanted = f"a tmpfs of at least {format_size(NCCL_SHM_MIN_SIZE)} (docker --shm-size=1g, or --ipc=host)"
     if shm.usage is None:
         yield present(shm.path, Evidence(shm.path, "missing", wanted))
-    elif shm.usage.size < NCCL_SHM_MIN_SIZE:
+    elif shm.usage.size < NCCL_SHM_MIN_SIZE and not shm.unlimited:
         observed = f"size {format_size(shm.usage.size)}, {format_size(shm.usage.available)} available"
         yield present(shm.path, Evidence(f"statvfs {shm.path}", observed, wanted), severity=Severity.WARNING)
 

@@ -50,10 +50,7 @@ def vllm_shm_broadcast_stall(shm: ShmFacts, frameworks: FrameworkFacts, gpudirec
         yield present(shm.path, installed, Evidence(shm.path, "missing", f"a tmpfs of at least {format_size(SHM_MIN_SIZE)}"))
         return
     usage = shm.usage
-    if usage.size == 0:
-        # No blocks at all is a tmpfs mounted with size=0: "the limit is removed if the size is 0"
-        # (tmpfs(5); Documentation/filesystems/tmpfs.rst), and mm/shmem.c shmem_statfs fills the
-        # block counts only under a limit. A file system that really holds nothing has blocks.
+    if shm.unlimited:
         return
     if usage.available < VLLM_RING_BYTES:
         severity = None  # the next ring vLLM creates will not fit

@@ -31,6 +31,13 @@ class ShmFacts(Struct, frozen=True):
     usage: FsUsage | None  # statvfs(/dev/shm); None when absent or unreadable
     error: str  # why statvfs failed, "" when it answered or the path is absent
 
+    @property
+    def unlimited(self) -> bool:
+        """No blocks at all: a tmpfs mounted with size=0, which has no limit ("the limit is
+        removed if the size is 0", tmpfs(5); mm/shmem.c's shmem_statfs fills the block counts
+        only under a limit). A file system that really holds nothing still has blocks."""
+        return self.usage is not None and self.usage.size == 0
+
 
 @probe("shm")
 def probe_shm(fs: NodeFS) -> ShmFacts:

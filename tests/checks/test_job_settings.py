@@ -304,6 +304,7 @@ def test_shared_memory_too_small_for_nccl_is_present(facts: ShmFacts, count: int
 
 def test_shared_memory_for_nccl_decided_otherwise() -> None:
     assert list(nccl_init_system_error(shm(16 << 30), libs("2.21.5"), gpus(8))) == []
+    assert list(nccl_init_system_error(shm(0), libs("2.21.5"), gpus(8))) == []  # tmpfs size=0: no limit
     with pytest.raises(NotApplicable, match="one GPU"):
         list(nccl_init_system_error(shm(64 * MiB), libs("2.21.5"), gpus(1)))
     with pytest.raises(NotApplicable, match="no libnccl"):
