@@ -114,9 +114,11 @@ def require_nccl(libs: NcclLibFacts) -> None:
 
 
 def affected(libs: NcclLibFacts, bug: KnownBug) -> tuple[list[NcclCopy], list[NcclCopy]]:
-    """Copies whose release carries ``bug``, and copies whose release the node does not name."""
-    carrying = [copy for copy in libs.copies if copy.version is not None and carries(bug, copy.version)]
-    unnamed = [copy for copy in libs.copies if copy.version is None]
+    """Copies whose release carries ``bug``, and copies whose release the node does not name;
+    files no loader picks (``NcclCopy.unreached``) are neither: their bugs bite no job."""
+    loaded = [copy for copy in libs.copies if not copy.unreached]
+    carrying = [copy for copy in loaded if copy.version is not None and carries(bug, copy.version)]
+    unnamed = [copy for copy in loaded if copy.version is None]
     return carrying, unnamed
 
 

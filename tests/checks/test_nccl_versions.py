@@ -119,10 +119,10 @@ def test_a_versioned_file_no_link_reaches_is_not_judged(node_copy: Path) -> None
     program asks ld.so for libnccl.so.2, so none of them loads and no release bug of theirs bites."""
     upgrade_nccl(node_copy, "2.21.5", "2.28.3")
     system = node_copy / "usr/lib/x86_64-linux-gnu"
-    for stale in ("2.21.5", "2.26.2", "2.27.3"):  # SOCK002 and NCCL018, NCCL013, NCCL012
+    for stale in ("2.18.3", "2.21.5", "2.26.2", "2.27.3"):  # TOPO003, SOCK002 and NCCL018, NCCL013, NCCL012
         write(system, f"/libnccl.so.{stale}", b"")
     environ(node_copy, TORCH_NCCL_USE_COMM_NONBLOCKING="1")
-    ids = ("SOCK002", "NCCL018", "NCCL013", "NCCL012")
+    ids = ("TOPO003", "SOCK002", "NCCL018", "NCCL013", "NCCL012")
     assert judge(node_copy, *ids) == {ref_id: {("absent", "node")} for ref_id in ids}
     facts = probe_nccl_libs(NodeFS(str(node_copy)))
     unreached = {c.path.rsplit("/", 1)[-1]: c.unreached for c in facts.copies if c.origin == "system"}
