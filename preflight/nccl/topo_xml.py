@@ -33,15 +33,14 @@ bounded regular expression or ``bytes.find``.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from msgspec import Struct, field  # not dataclasses: its import (inspect, ast) costs the prolog
 
 MAX_DEPTH = 1024  # open elements; NCCL recurses without limit into skipped elements, this does not
 MAX_TAGS = 10_000  # tags and comments per reading; a dump of an 8-GPU node has a few hundred
 TOPO_XML_VERSION = 1  # NCCL_TOPO_XML_VERSION, 1 in every release
 
 
-@dataclass(frozen=True)
-class XmlRules:
+class XmlRules(Struct, frozen=True):
     """What one range of NCCL releases accepts (from ``since`` to the next row)."""
 
     since: str
@@ -89,8 +88,7 @@ class TooBig(Exception):
     """Beyond this reader's own bounds: not judged."""
 
 
-@dataclass
-class XmlNode:
+class XmlNode(Struct):
     """A kept element: its name, attributes in file order and kept children."""
 
     name: bytes
@@ -236,8 +234,7 @@ def _char(byte: int) -> str:
     return f"'{_show(bytes([byte]))}'"
 
 
-@dataclass
-class _Frame:
+class _Frame(Struct):
     node: XmlNode | None  # a kept element, None for the top level and skipped elements
     keeps: frozenset[bytes]  # the children it keeps
     skipped: bool  # skipped content: any closing tag ends it
@@ -297,8 +294,7 @@ def _check_version(system: XmlNode, reader: _Reader) -> None:
         raise Refused(f"<system version=\"{_show(version)}\">: NCCL reads version {TOPO_XML_VERSION} only")
 
 
-@dataclass(frozen=True)
-class TopologyRead:
+class TopologyRead(Struct, frozen=True):
     """What the releases make of a file: the newest release's kept elements when every release
     reads it, why every release refuses it, or why the verdict depends on the release."""
 
