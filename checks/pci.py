@@ -438,15 +438,15 @@ def _p2p_unknown(p2p: PcieP2pFacts | Unread) -> str:
     return "nvmlDeviceGetP2PStatus did not answer for every GPU of the pair"
 
 
-@check("PCI003", profiles=("prolog",), optional=("pcie_p2p",))
-def p2p_transfers_hang_or_fault(pcie: PcieFacts, pcie_p2p: PcieP2pFacts | Unread, job: JobFacts) -> Iterator[Observation]:
+@check("PCI003", profiles=("prolog",), optional=("pcie_p2p", "job"))
+def p2p_transfers_hang_or_fault(pcie: PcieFacts, pcie_p2p: PcieP2pFacts | Unread, job: JobFacts | Unread) -> Iterator[Observation]:
     """ACS redirect on a bridge between two GPUs, or an IOMMU translating the GPUs' DMA, on bare
     metal without NVSwitches, where the driver offers P2P over PCIe between those GPUs (and, for
     the IOMMU, NCCL's P2P level reaches their path)."""
     yield from _on_bare_metal(pcie, _gpu_gpu_blockers(pcie, pcie_p2p, job))
 
 
-def _gpu_gpu_blockers(pcie: PcieFacts, pcie_p2p: PcieP2pFacts | Unread, job: JobFacts) -> Iterator[Observation]:
+def _gpu_gpu_blockers(pcie: PcieFacts, pcie_p2p: PcieP2pFacts | Unread, job: JobFacts | Unread) -> Iterator[Observation]:
     unclassified = unclassified_reason(pcie)
     if len(pcie.gpus) < 2:
         if unclassified:
@@ -487,7 +487,7 @@ def _gpu_gpu_blockers(pcie: PcieFacts, pcie_p2p: PcieP2pFacts | Unread, job: Job
 _P2P_OFFERED = Evidence("nvmlDeviceGetP2PStatus", "read and write OK over PCIe: NCCL will send GPU-to-GPU traffic this way")
 
 
-def _translating_iommu(pcie: PcieFacts, pcie_p2p: PcieP2pFacts | Unread, job: JobFacts) -> Iterator[Observation]:
+def _translating_iommu(pcie: PcieFacts, pcie_p2p: PcieP2pFacts | Unread, job: JobFacts | Unread) -> Iterator[Observation]:
     if pcie.iommu_units is None:
         reason = next((problem for problem in pcie.problems if problem.startswith("/sys/class/iommu")), "/sys/class/iommu unreadable")
         yield undecided("IOMMU", f"whether an IOMMU translates the GPUs' DMA is not known: {reason}")
@@ -517,14 +517,16 @@ def _translating_iommu(pcie: PcieFacts, pcie_p2p: PcieP2pFacts | Unread, job: Jo
         yield from _translated_pairs(pcie, pcie_p2p, job, domain, translated_bdfs)
 
 
-def _translated_pairs(pcie: PcieFacts, pcie_p2p: PcieP2pFacts | Unread, job: JobFacts, domain: Evidence,
+def _translated_pairs(pcie: PcieFacts, pcie_p2p: PcieP2pFacts | Unread, job: JobFacts | Unread, domain: Evidence,
                       translated: set[str]) -> Iterator[Observation]:
     """Only GPU-to-GPU traffic over PCIe meets the translation, and only between GPUs that NCCL
     lets use P2P: where the driver offers none, or their path is beyond NCCL's P2P level (GPUs on
     separate root ports of an Intel host), NCCL copies through host memory and nothing faults."""
+    # The job's settings matter only here: an unread environment or nccl.conf makes every level
+    # possible, while the ACS findings, and a node without two GPUs, stand without them.
     try:
-        level = nccl_p2p_level(pcie, job)
-    except Unknown as error:  # an unreadable nccl.conf: every level is possible, the ACS findings stand
+        level = nccl_p2p_level(pcie, job) if not isinstance(job, Unread) else P2pLevel(("LOC", "SYS"), Evidence("NCCL_P2P_LEVEL", f"not known ({job})"))
+    except Unknown as error:
         level = P2pLevel(("LOC", "SYS"), Evidence("NCCL_P2P_LEVEL", f"not known ({error})"))
     pairs = [(first, second) for i, first in enumerate(pcie.gpus) for second in pcie.gpus[i + 1:] if {first.bdf, second.bdf} & translated]
     judged = [(f"GPU {a.bdf} <-> GPU {b.bdf}", _pcie_p2p_offered(pcie_p2p, a.bdf, b.bdf), nccl_uses_p2p(pcie, level, a, b)) for a, b in pairs]

@@ -477,3 +477,15 @@ def test_pci003_iommu_sources_missing_from_a_recorded_root_are_unknown(tmp_path:
     shutil.copytree(tests / "fixtures" / "nodes" / "rtx5090-workstation", amd, symlinks=True)
     (amd / "sys/class/iommu/ivhd0").mkdir(parents=True)
     assert pci003(amd) == set()
+
+
+def test_pci003_without_the_job_environment_still_decides_what_needs_no_job(node_copy: Path) -> None:
+    """The job's NCCL_P2P_LEVEL matters only for GPU pairs under a translating IOMMU: a capture
+    without /proc/self/environ is still an NVSwitch system (not applicable), not unknown because
+    the job probe could not read it."""
+    from preflight.run import inspect_node, open_node
+
+    (node_copy / "proc/self/environ").unlink()
+    report = inspect_node(open_node(str(node_copy), None), select=("PCI003",))
+    [finding] = [f for f in report.findings if f.reference_id == "PCI003"]
+    assert finding.status is Status.NOT_APPLICABLE and "NVSwitch" in finding.reason
