@@ -52,7 +52,9 @@ from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
 from preflight.virtualisation import detect as detect_virtualisation
 
-_BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+# The kernel prints the domain with %04x: more digits above 0xffff, as Intel VMD's domains
+# (10000 and up) have.
+_BDF = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 
 
 _NVIDIA = "0x10de"

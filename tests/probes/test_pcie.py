@@ -95,6 +95,9 @@ def test_path_between_devices_turns_around_at_the_common_bridge() -> None:
     nic = ("0000:15:01.0", "0000:16:00.0", "0000:17:01.0", "0000:1a:00.0")
     assert bridges_between(chain, nic) == ("0000:16:00.0", "0000:17:00.0", "0000:17:01.0")
     assert bridges_between(chain, ("0000:97:01.0", "0000:9a:00.0")) is None
+    # Domains above 0xffff print with more digits (Intel VMD's 10000 and up; a capture's trailing
+    # slash, as hwloc's test roots have): still a device, not a target "without its own name".
+    assert device_chain("../../../devices/pci10000:00/10000:00:02.0/10000:01:00.0/") == ("10000:00:02.0", "10000:01:00.0")
 
 
 def test_clean_switch_is_absent_even_with_acs_on_root_ports(tmp_path: Path) -> None:
