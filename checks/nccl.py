@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+from msgspec.structs import replace
+
 from preflight.model import (
     Evidence,
     NotApplicable,
@@ -234,7 +236,27 @@ def nccl_commsplit_nonblocking_segfault(nccl_libs: NcclLibFacts, job: JobFacts, 
             "no PyTorch installed to judge either; a program that asks NCCL for non-blocking communicators itself is not visible here",
         )
     if triggers:
-        yield from release_findings(loaded_copies(nccl_libs), SPLIT_NONBLOCKING, *triggers, severity=Severity.WARNING if only_risk else None)
+        libs = loaded_copies(nccl_libs)
+        if not any(evidence.source.endswith("NCCL_COMM_SPLIT_SHARE_RESOURCES") for evidence in triggers):
+            libs = _torch_nccl(libs, frameworks)  # only PyTorch asks: only its NCCL matters
+        yield from release_findings(libs, SPLIT_NONBLOCKING, *triggers, severity=Severity.WARNING if only_risk else None)
+
+
+def _torch_nccl(libs: NcclLibFacts, frameworks: FrameworkFacts) -> NcclLibFacts:
+    """The copies PyTorch loads: where every PyTorch install has an nvidia-nccl wheel beside it,
+    that wheel's (its libraries carry DT_RPATH $ORIGIN/../../nvidia/nccl/lib, which ld.so(8)
+    searches before LD_LIBRARY_PATH and the system directories), plus any copy the job's own
+    environment adds (LD_PRELOAD comes before everything); otherwise every copy."""
+    try:
+        sites = {package.metadata.rsplit("/", 2)[0] for package in frameworks.versions("torch")}
+    except Unknown:
+        return libs  # whether PyTorch sits beside a wheel is not known: every copy may be its
+
+    wheels = {site: f"{site}/{WHEEL_LIBRARY}" for site in sites}
+    on_wheel = {copy.path for copy in libs.copies if copy.path in wheels.values()}
+    if not sites or not all(path in on_wheel for path in wheels.values()):
+        return libs
+    return replace(libs, copies=tuple(copy for copy in libs.copies if copy.path in on_wheel or copy.origin == "job"))
 
 
 @check("NCCL013", profiles=("full",))

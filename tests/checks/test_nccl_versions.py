@@ -229,6 +229,18 @@ def test_nonblocking_requested_by_the_job_is_an_error_until_2_27_3(node_copy: Pa
     assert judge(node_copy, "NCCL018")["NCCL018"] == {("not_applicable", "node")}  # nothing non-blocking, no PyTorch
 
 
+
+def test_a_pytorch_setting_judges_the_nccl_pytorch_loads(node_copy: Path) -> None:
+    """TORCH_NCCL_USE_COMM_NONBLOCKING is PyTorch's: with PyTorch beside an nvidia-nccl wheel, its
+    libraries find that wheel's NCCL first (DT_RPATH), so an old system libnccl is no job's. An
+    NCCL setting (NCCL_COMM_SPLIT_SHARE_RESOURCES) reaches every program, so every copy counts."""
+    write(node_copy, f"{SITE}/torch-2.7.1.dist-info/METADATA", "Metadata-Version: 2.1\nName: torch\nVersion: 2.7.1\n")
+    environ(node_copy, TORCH_NCCL_USE_COMM_NONBLOCKING="1")
+    assert judge(node_copy, "NCCL018")["NCCL018"] == {("present", WHEEL_COPY)}
+    environ(node_copy, NCCL_COMM_SPLIT_SHARE_RESOURCES="1")
+    assert judge(node_copy, "NCCL018")["NCCL018"] == {("present", WHEEL_COPY), ("present", SYSTEM_COPY)}
+
+
 # -- NVL002 -------------------------------------------------------------------------------------
 def test_mnnvl_with_unlimited_stack(tmp_path: Path) -> None:
     root = fixture("gb200-mnnvl", tmp_path)
