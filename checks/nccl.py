@@ -168,13 +168,15 @@ def nccl_library_conflict(nccl_libs: NcclLibFacts, job: JobFacts) -> Iterator[Ob
                 Evidence(folder, f"{count} NCCL wheels: {', '.join(copy.wheels)}", "one nvidia-nccl wheel"),
                 Evidence(copy.path, "one file for all of them: the wheel installed last wrote it"),
             )
-    system = sorted({c.version for c in nccl_libs.copies if c.origin == "system" and c.version})
+    # Left-over versioned files (no libnccl.so.2 link reaches them) are no version a loader picks.
+    installed = [c for c in nccl_libs.copies if c.origin == "system" and c.version and not c.unreached]
+    system = sorted({c.version for c in installed if c.version})
     if len(system) > 1:
         # A warning: one process loads one libnccl.so.2, the first its search order finds; which
         # one depends on the job's order, and the job-environment case above is the conflict.
         yield present(
             "library path",
-            *(Evidence(c.path, f"NCCL {c.version}") for c in nccl_libs.copies if c.origin == "system" and c.version),
+            *(Evidence(c.path, f"NCCL {c.version}") for c in installed),
             Evidence("system library directories", f"{len(system)} versions: {', '.join(system)}", "one NCCL version"),
             severity=Severity.WARNING,
         )

@@ -130,3 +130,10 @@ def test_version_from_the_so2_link_and_unknown_versions(tmp_path: Path) -> None:
 def test_not_applicable_without_nccl(tmp_path: Path) -> None:
     with pytest.raises(NotApplicable):
         verdicts(bare_node(tmp_path), "NCCL016")
+
+
+def test_left_over_versioned_files_are_no_second_system_version(node_copy: Path) -> None:
+    """An old versioned file beside the libnccl.so.2 link of the installed release is loaded by
+    nothing (ld.so asks for libnccl.so.2): one version on the library path, not two."""
+    write(node_copy, "/usr/lib/x86_64-linux-gnu/libnccl.so.2.18.3", b"")
+    assert "library path" not in dict(verdicts(node_copy, "NCCL016"))
