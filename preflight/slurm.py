@@ -286,9 +286,16 @@ def drain_reason(findings: Sequence[Finding], mode: str, job_id: str = "", limit
     return sanitise_reason(" ".join(part for part in (REASON_PREFIX, id_text, detail, context) if part), limit)
 
 
+# What scontrol prints after a reason in one-line mode (src/api/node_info.c): the reason's
+# `` [user@time]`` when it has a time, then these optional fields.
+_AFTER_REASON = re.compile(
+    r"\s\[[^\[\]@\s]*@[^\[\]]*\]|\s(?:Comment|Extra|InstanceId|InstanceType|ReservationName|TLSCertTokenSet|Topology|Parameters)="
+)
+
+
 def parse_show_node(text: str) -> NodeState | None:
-    """``scontrol show node -o NAME``: one line of ``Key=value`` pairs; the reason runs to the
-    end of the line (it may contain spaces) followed by `` [user@time]``."""
+    """``scontrol show node -o NAME``: one line of ``Key=value`` pairs; the reason may contain
+    spaces and ends at its `` [user@time]``, or at the next optional field."""
     line = next((line for line in text.splitlines() if "NodeName=" in line), "")
     state = re.search(r"(?:^|\s)State=(\S+)", line)
     if state is None:
@@ -296,7 +303,8 @@ def parse_show_node(text: str) -> NodeState | None:
     reason = ""
     found = re.search(r"(?:^|\s)Reason=(.*)$", line)
     if found:
-        reason = re.sub(r"\s*\[[^\[\]@]*@[^\[\]]*\]\s*$", "", found.group(1)).strip()
+        end = _AFTER_REASON.search(found.group(1))
+        reason = found.group(1)[: end.start() if end else None].strip()
         reason = "" if reason == "(null)" else reason
     return NodeState(state.group(1), reason)
 
@@ -474,12 +482,19 @@ def run_slurm(args: SlurmArgs, environ: Mapping[str, str] | None = None) -> int:
     config must not drain a fleet); 2: the node has findings that drain it (prolog and epilog
     then fail, which makes Slurm drain the node); 3 (healthcheck only): no verdict.
     """
+    try:
+        return _run_slurm(args, os.environ if environ is None else environ)
+    except Exception as error:  # a bug before the session exists (its own setup) fails no job either
+        print(f"preflight: no verdict ({args.mode}): internal error: {type(error).__name__}: {str(error)[:300]}", file=sys.stderr)
+        return ExitCode.NO_VERDICT if args.mode == "healthcheck" else ExitCode.OK
+
+
+def _run_slurm(args: SlurmArgs, environ: Mapping[str, str]) -> int:
     from preflight.catalogue import CatalogueError
     from preflight.registry import RegistrationError
     from preflight.run import UsageProblem, open_node
     from preflight.sources import RootError
 
-    environ = os.environ if environ is None else environ
     if args.mode not in MODES:
         print(f"preflight: error: unknown mode {args.mode!r}; choose one of {', '.join(MODES)}", file=sys.stderr)
         return ExitCode.NO_VERDICT

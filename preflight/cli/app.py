@@ -91,6 +91,16 @@ def build_app() -> typer.Typer:
     return app
 
 
+def _usage_exit(arguments: list[str]) -> int:
+    """The exit code of a command line the CLI refuses. A job's prolog or epilog exits 0: slurmd
+    drains the node and requeues the job on any other code (slurm.conf(5), Prolog), and a typo
+    in a site's own prolog script must not drain the fleet (docs/operators/slurm.md)."""
+    if arguments[:1] == ["slurm"] and arguments[1:2] in (["prolog"], ["epilog"]):
+        print(f"preflight: no verdict ({arguments[1]}): the command line above was not understood", file=sys.stderr)
+        return ExitCode.OK
+    return ExitCode.NO_VERDICT
+
+
 def run_app(arguments: list[str]) -> NoReturn:
     """Run the typer application on ``arguments``; exits the process."""
     try:
@@ -101,7 +111,7 @@ def run_app(arguments: list[str]) -> NoReturn:
         show = getattr(error, "show", None)
         if callable(show) and hasattr(error, "exit_code"):
             show()
-            sys.exit(ExitCode.NO_VERDICT)
+            sys.exit(_usage_exit(arguments))
         if type(error).__name__ == "Abort":
             sys.exit(ExitCode.NO_VERDICT)
         raise

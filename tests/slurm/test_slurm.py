@@ -317,6 +317,16 @@ def test_node_state_ownership(state: str, reason: str, drained: bool, foreign: b
     assert parsed.drained is drained and parsed.held_by_someone_else is foreign
 
 
+@pytest.mark.parametrize("after", ["", " Comment=rack7 Extra=x", " Topology=default:s1"])
+@pytest.mark.parametrize("stamp", [" [root@2024-05-02T09:00:01]", ""])
+def test_parse_show_node_reason_stops_at_the_fields_after_it(after: str, stamp: str) -> None:
+    """scontrol -o prints Comment=, Extra=, Topology= ... on the reason's line (src/api/node_info.c):
+    kept in the reason, a health check never saw its own reason and drained the node again."""
+    line = f"NodeName=gpu001 Arch=x86_64 State=IDLE+DRAIN Reason=preflight: GPU001 x (healthcheck){stamp}{after}\n"
+    state = parse_show_node(line)
+    assert state is not None and state.reason == "preflight: GPU001 x (healthcheck)"
+
+
 @pytest.mark.parametrize("text", ["", "Node gpu099 not found", "slurm_load_node error: Unable to contact slurm controller", "NodeName=x Arch=x86_64"])
 def test_parse_show_node_without_a_state_is_none(text: str) -> None:
     assert parse_show_node(text) is None
@@ -785,10 +795,27 @@ def test_the_job_modes_start_without_typer() -> None:
 def test_fast_path_falls_back_to_typer_for_help_and_typos(run_cli: Runner) -> None:
     helped = run_cli("slurm", "prolog", "--help")
     assert helped.returncode == 0 and "--root" in helped.stdout
+    # A prolog or epilog whose command line is not understood lets the job run: slurmd drains the
+    # node and requeues the job on any other exit (slurm.conf(5), Prolog). A health check says 3.
     typo = run_cli("slurm", "prolog", "--rooot", "/")
-    assert typo.returncode == 3 and "--rooot" in typo.stderr
-    bad_number = run_cli("slurm", "prolog", "--timeout", "soon")
-    assert bad_number.returncode == 3
+    assert typo.returncode == 0 and "--rooot" in typo.stderr and "no verdict (prolog)" in typo.stderr
+    bad_number = run_cli("slurm", "epilog", "--timeout", "soon")
+    assert bad_number.returncode == 0 and "no verdict (epilog)" in bad_number.stderr
+    assert run_cli("slurm", "healthcheck", "--timeout", "soon").returncode == 3
+
+
+def test_a_crash_before_the_session_exists_fails_no_job(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """run_slurm never raises: a bug in its own setup (the job's scope, the node's name) lets
+    the job run, as a bug later in the run does."""
+    import preflight.slurm as slurm
+
+    def broken(*_: object) -> None:
+        raise ValueError("a bug")
+
+    monkeypatch.setattr(slurm, "job_scope", broken)
+    assert slurm.run_slurm(slurm.SlurmArgs("prolog"), {"SLURM_JOB_ID": "7"}) == 0
+    assert slurm.run_slurm(slurm.SlurmArgs("healthcheck"), {}) == 3
+    assert "internal error: ValueError: a bug" in capsys.readouterr().err
 
 
 def test_slurm_prolog_does_not_import_the_cli_framework(example_root: Path, site: Site) -> None:
