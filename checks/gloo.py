@@ -27,6 +27,7 @@ from preflight.probes.firewall import (
 )
 from preflight.probes.sockets import PORT_RANGE
 from preflight.registry import check
+from preflight.units import is_number
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -79,7 +80,7 @@ def gloo_rendezvous_connection_refused(firewall: FirewallFacts, sockets: SocketF
     if sockets.port_range is None:
         raise Unknown(f"{PORT_RANGE} unread: the ports Gloo listens on are not known")
     value = job.environ.get("MASTER_PORT", "").strip()
-    if value and not (value.isascii() and value.isdigit() and 0 < int(value) <= 65535):
+    if value and not (is_number(value) and 0 < int(value) <= 65535):
         raise Unknown(f"MASTER_PORT={value!r} is not a port number")
     port = int(value) if value else TORCH_DEFAULT_PORT
     # Gloo takes GLOO_SOCKET_IFNAME as exact names; unset, the host name's address (any interface).

@@ -22,6 +22,7 @@ from preflight.nccl.gdr import gdr_level, within
 from preflight.probes.nvlink import require_nvml
 from preflight.probes.pcie import REDIRECT_BITS, TRANSLATED_DOMAINS, PciEndpoint, PcieFacts, path_class, unclassified_reason
 from preflight.registry import check
+from preflight.units import MAX_DIGITS
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -56,8 +57,8 @@ def _strtol(text: str) -> int | None:
     """C ``strtol(text, NULL, 0)`` for the forms people write: leading blanks, sign, decimal,
     0x hex or 0 octal; None where strtol would return 0 because no digits were read."""
     match = re.match(r"\s*([+-]?)(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)", text)
-    if not match:
-        return None
+    if not match or len(match.group(2)) > MAX_DIGITS:
+        return None  # no digits, or beyond long (which int() would refuse to read at all)
     digits = match.group(2)
     value = int(digits, 16) if digits[:2].lower() == "0x" else int(digits, 8) if digits.startswith("0") else int(digits)
     return -value if match.group(1) == "-" else value

@@ -24,6 +24,7 @@ from preflight.probes.sockets import (
     reserved_ports,
 )
 from preflight.registry import check
+from preflight.units import is_number
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -96,7 +97,7 @@ def _master_port(job: JobFacts) -> tuple[int | None, str]:
         return TORCH_DEFAULT_PORT, f"MASTER_PORT unset: torchrun's default {TORCH_DEFAULT_PORT}"
     text = value.strip()
     # isdigit() alone accepts "²" and other digits int() refuses.
-    if not (text.isascii() and text.isdigit()) or not 0 < int(text) <= 65535:
+    if not is_number(text) or not 0 < int(text) <= 65535:
         return None, f"MASTER_PORT={value!r} is not a port number"
     return int(text), f"MASTER_PORT={int(text)} (job environment)"
 

@@ -11,6 +11,7 @@ from preflight.probes.job import JobFacts, integer_setting, slurm_view
 from preflight.probes.store_limits import SOMAXCONN, StoreLimitsFacts
 from preflight.registry import check
 from preflight.torch_settings import as_bool, as_int, read_setting, readers_for
+from preflight.units import is_number
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -62,7 +63,7 @@ def ddp_process_group_setup_invalid(job: JobFacts) -> Iterator[Observation]:
         yield present("WORLD_SIZE", _env("WORLD_SIZE", found["WORLD_SIZE"], "at least 1"))
     if "MASTER_PORT" in found:
         port = found["MASTER_PORT"].strip()
-        if not port.isdecimal() or not 1 <= int(port) <= 65535:
+        if not is_number(port) or not 1 <= int(port) <= 65535:
             yield present("MASTER_PORT", _env("MASTER_PORT", found["MASTER_PORT"], "a TCP port, 1-65535"))
     if "MASTER_ADDR" in found:
         address = found["MASTER_ADDR"]

@@ -21,6 +21,7 @@ from msgspec import Struct
 
 from preflight.model import Evidence
 from preflight.probes.frameworks import FrameworkFacts, PythonPackage, parse_version
+from preflight.units import MAX_DIGITS
 
 #: The release that reads the TORCH_-prefixed names (pytorch/pytorch#114077).
 TORCH_PREFIX_SINCE = (2, 2)
@@ -51,7 +52,9 @@ def read_setting(environ: dict[str, str], names: tuple[str, ...], prefixed_names
 def as_int(value: str) -> int | None:
     """The value ``std::stoi`` would read; None where it would throw."""
     match = _INTEGER.match(value)
-    return int(match.group(1)) if match else None
+    if match is None or len(match.group(1)) > MAX_DIGITS:
+        return None  # beyond int, where std::stoi throws out_of_range
+    return int(match.group(1))
 
 
 def as_bool(value: str) -> bool | None:

@@ -12,6 +12,17 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTPE]?)(i?)B?\s*$", re.IGNORECASE
 _POWERS = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4, "P": 5, "E": 6}
 
 
+#: More digits than any count, size or id a node holds: int() refuses strings of over 4300 digits
+#: (Python's conversion limit), and untrusted files and environments can carry them.
+MAX_DIGITS = 40
+
+
+def is_number(text: str) -> bool:
+    """ASCII digits, at most MAX_DIGITS of them: what int() reads at once. ``str.isdigit()`` alone
+    also takes a superscript two, which int() refuses, and any length."""
+    return text.isascii() and text.isdigit() and len(text) <= MAX_DIGITS
+
+
 def parse_size(value: Any) -> int:
     """``"64GiB"``, ``"8M"``, ``4096``, ``"unlimited"``/``"infinity"`` -> bytes.
 

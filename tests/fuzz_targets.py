@@ -211,7 +211,7 @@ def fuzz_slurm_conf(main: str, included: str) -> None:
 NODE_ROOT_SEEDS = sorted([REPO / "examples" / "nodes" / "hgx-h100", *(path for path in _ROOTS.iterdir() if path.is_dir())])
 #: Values that parse as numbers in some readers and not in others, or overflow them.
 _ODD_TOKENS = [b"-1", b"0", b"99999999999999999999999", b"nan", b"inf", b"", b"0x", b"1e309", b"-0", b"\x00",
-               "é".encode(), b"4294967296", b" ", b"1.5", b"18446744073709551616"]
+               "é".encode(), b"4294967296", b" ", b"1.5", b"18446744073709551616", b"9" * 5000]
 # The engine's catch-alls name the exception's type first ("KeyError: 'x'"), or say "check
 # failed"; preflight's own errors name the source read ("/sys/...: ...", "NVML: ...").
 _INTERNAL_ERROR = re.compile(r"^(check failed: )?[A-Z]\w*(Error|Exception|Iteration): ")
@@ -237,7 +237,7 @@ def mutate_text(data: bytes, rng: random.Random) -> bytes:
         lines = data.split(b"\n")
         rng.shuffle(lines)
         return b"\n".join(lines[: rng.randint(0, len(lines))])
-    return data + rng.choice([b"\n\n\n", b" x y z\n", b"\t-5\n", b"=\n", b"\xff"])
+    return data + rng.choice([b"\n\n\n", b" x y z\n", b"\t-5\n", b"=\n", b"\xff", b"9" * 5000])
 
 
 #: The job-environment variables preflight's code names ("NCCL_IB_HCA", "SLURM_JOB_GPUS", ...),
@@ -249,7 +249,7 @@ JOB_VARIABLES = sorted({
 _ODD_SETTINGS = ["", "0", "1", "-1", "99999999999999999999", "nan", "=", "^", "^=", ":", ",,,", "mlx5_0:1:2:3", "eth0,^docker",
                  "é" * 50, "x" * 5000, "0x10", "1e9", "AF_INET6", "gpu[001-999999]", "gpu[", "0-3,5", "3-1", "10.0.0.1:29500",
                  "[::1]:80", "127.0.1.1", "/tmp/../../etc", "/dev/null", " 1 ", "true",
-                 "²", "1²", "٣"]  # str.isdigit() takes a superscript two, which int() refuses
+                 "²", "1²", "٣", "9" * 5000]  # str.isdigit() takes a superscript two, which int() refuses
 
 
 def random_job_environment(rng: random.Random) -> bytes:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from preflight.units import is_number
 
 # ESC-based sequences, and the "[0m"/"[31;1m" remnants left when a shipper drops the ESC byte.
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Z0-9]|\[[0-9][0-9;]{0,7}m")
@@ -98,7 +99,7 @@ def _peel_one(rest: str, meta: LineMeta, year: int) -> str | None:
     if not rest:
         return None
     first = rest[0]
-    if first.isdecimal():
+    if is_number(first):
         match = _ISO.match(rest)
         if match:
             _set_time(meta, _iso_epoch(match), _iso_text(match))

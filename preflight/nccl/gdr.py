@@ -27,6 +27,7 @@ GPU-to-NIC path on a PCIe host can have, keep that order in every release.
 from __future__ import annotations
 
 from preflight.nccl.gid import nccl_int
+from preflight.units import is_number
 
 #: NCCL's path types, nearest first (``PATH_LOC`` .. ``PATH_SYS`` at v2.30.7-1).
 NCCL_PATHS = ("LOC", "NVL", "NVB", "C2C", "PIX", "PXB", "P2C", "PXN", "PHB", "SYS")
@@ -53,7 +54,7 @@ def gdr_level(value: str | None) -> str | None:
         return None
     if value in PATH_RANK:
         return value
-    if value[:1].isdecimal():
+    if is_number(value[:1]):
         number = nccl_int(value, 0)
         return _OLD_LEVELS[min(max(number, 0), len(_OLD_LEVELS) - 1)]
     return None

@@ -26,6 +26,8 @@ from collections.abc import Mapping
 
 from msgspec import Struct
 
+from preflight.units import MAX_DIGITS
+
 AF_INET, AF_INET6 = 4, 6
 
 
@@ -95,6 +97,8 @@ def nccl_int(value: str | None, default: int) -> int:
     digits = match.group(2) if match else None
     if not digits:
         return 0
+    if len(digits) > MAX_DIGITS:
+        return default  # beyond long long: strtoll says ERANGE, and int() would refuse the string
     number = int(digits, 16) if digits[:2].lower() == "0x" else int(digits, 8) if digits.startswith("0") else int(digits)
     number = -number if match is not None and match.group(1) == "-" else number
     return number if -(2**63) <= number < 2**63 else default

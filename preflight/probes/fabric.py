@@ -45,6 +45,7 @@ from preflight.probing import FactReader
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
 from preflight.sources.nvml import Nvml, NvmlError
+from preflight.units import is_number
 
 _NVSWITCH_CLASS = "0x0680"
 
@@ -178,7 +179,7 @@ def _listening(reader: FactReader) -> str | None:
 
 def _fabric_manager(reader: FactReader) -> FabricManager:
     # Unlisted /proc stays in problems: the checks cannot tell whether the manager runs.
-    pids = sorted(int(name) for name in reader.listing("/proc") or [] if name.isdecimal())
+    pids = sorted(int(name) for name in reader.listing("/proc") or [] if is_number(name))
     if not pids:
         return FabricManager((), None, None, _listening(reader), None, tuple(reader.problems), "/proc could not be scanned")
     pid1 = reader.text("/proc/1/comm")

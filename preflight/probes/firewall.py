@@ -41,6 +41,7 @@ from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
 from preflight.sources.netlink import Netlink
 from preflight.sources.nftables import Chain, Condition, Rule, Ruleset
+from preflight.units import is_number
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -294,7 +295,7 @@ def port_boundaries(ruleset: Ruleset) -> set[int]:
                     continue
                 for text in condition.values:
                     low, _, high = text.partition("-")
-                    if not (low.isdecimal() and (high or low).isdecimal()):
+                    if not (is_number(low) and is_number(high or low)):
                         continue
                     points.update((int(low), int(high or low) + 1))
                     if condition.op in ("<", "<=", ">", ">="):

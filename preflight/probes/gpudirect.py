@@ -30,6 +30,7 @@ from preflight.probes.job import parse_environ, parse_group_membership
 from preflight.probing import FactReader
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
+from preflight.units import is_number
 
 NVIDIA_PEERMEM_VERSION = "/sys/module/nvidia_peermem/version"
 
@@ -128,8 +129,8 @@ def read_job_identity(reader: FactReader, job_environ: dict[str, str]) -> JobIde
     """Who opens device files for the job: a prolog runs as root for another user's job."""
     own = parse_status_ids(reader.text("/proc/self/status") or "")
     job_uid = job_environ.get("SLURM_JOB_UID", "")
-    if job_uid.isdecimal() and (own is None or int(job_uid) != own[0]):
-        gids = [int(job_environ["SLURM_JOB_GID"])] if job_environ.get("SLURM_JOB_GID", "").isdecimal() else []
+    if is_number(job_uid) and (own is None or int(job_uid) != own[0]):
+        gids = [int(job_environ["SLURM_JOB_GID"])] if is_number(job_environ.get("SLURM_JOB_GID", "")) else []
         user = job_environ.get("SLURM_JOB_USER", "")
         if user:
             known, groups = reader.known_text("/etc/group")

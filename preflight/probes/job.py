@@ -40,6 +40,7 @@ from preflight.model import Evidence, NotApplicable, Unknown
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
 from preflight.sources.fs import FileUser
+from preflight.units import is_number
 
 SYSTEM_NCCL_CONF = "/etc/nccl.conf"
 
@@ -215,9 +216,9 @@ def job_file_user(fs: NodeFS, environ: dict[str, str]) -> FileUser | None:
     preflight's own). Groups that cannot be read are left out: a permission they would grant
     is then refused, never assumed."""
     uid = environ.get("SLURM_JOB_UID", "")
-    if not uid.isdecimal():
+    if not is_number(uid):
         return None
-    gids = [int(environ["SLURM_JOB_GID"])] if environ.get("SLURM_JOB_GID", "").isdecimal() else []
+    gids = [int(environ["SLURM_JOB_GID"])] if is_number(environ.get("SLURM_JOB_GID", "")) else []
     user = environ.get("SLURM_JOB_USER", "")
     if user:
         try:
@@ -267,7 +268,7 @@ def parse_gpu_indices(text: str) -> tuple[int, ...] | None:
     for item in text.split(","):
         item = item.strip()
         low, dash, high = item.partition("-")
-        if low.isdecimal() and (not dash or high.isdecimal()):
+        if is_number(low) and (not dash or is_number(high)):
             end = int(high) if dash else int(low)
             if end < int(low) or end - int(low) > 4096:
                 return None
@@ -280,7 +281,7 @@ def parse_gpu_indices(text: str) -> tuple[int, ...] | None:
 def integer_setting(environ: dict[str, str], *names: str) -> int | None:
     for name in names:
         value = environ.get(name, "").strip()
-        if value.isdecimal():
+        if is_number(value):
             return int(value)
     return None
 

@@ -32,7 +32,7 @@ from preflight.registry import probe
 from preflight.slurm_conf import find_job_slurm_conf
 from preflight.slurm_conf import propagated as propagated_limit
 from preflight.sources import NodeFS, SourceError
-from preflight.units import UNLIMITED, parse_size
+from preflight.units import UNLIMITED, is_number, parse_size
 
 NCCL_DEFAULT_BUFFSIZE = 4 * 1024 * 1024  # NCCL_BUFFSIZE default (NCCL environment variable docs)
 
@@ -170,12 +170,12 @@ def parse_meminfo_total(text: str) -> int | None:
 def _find_slurmd(reader: FactReader) -> int | None:
     for pid_file in ("/run/slurmd.pid", "/var/run/slurmd.pid"):
         text = reader.text(pid_file)
-        if text and text.strip().isdecimal():
+        if text and is_number(text.strip()):
             pid = int(text.strip())
             if (reader.text(f"/proc/{pid}/comm") or "").strip() == "slurmd":
                 return pid
     for entry in reader.listing("/proc") or []:  # unlisted: the problem makes slurmd undecided
-        if entry.isdecimal():
+        if is_number(entry):
             try:
                 comm = reader.fs.read(f"/proc/{entry}/comm")
             except SourceError:

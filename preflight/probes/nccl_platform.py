@@ -35,7 +35,7 @@ from preflight.registry import probe
 from preflight.slurm_conf import find_job_slurm_conf
 from preflight.slurm_conf import propagated as propagated_limit
 from preflight.sources import NodeFS, SourceError
-from preflight.units import UNLIMITED
+from preflight.units import UNLIMITED, is_number
 
 pass
 PCI_DEVICES = "/sys/bus/pci/devices"
@@ -72,7 +72,7 @@ def parse_stack_limit(text: str) -> int | None:
     for line in text.splitlines():
         if line.startswith("Max stack size"):
             fields = line[len("Max stack size"):].split()
-            if fields and (fields[0] == "unlimited" or fields[0].isdecimal()):
+            if fields and (fields[0] == "unlimited" or is_number(fields[0])):
                 return UNLIMITED if fields[0] == "unlimited" else int(fields[0])
     return None
 

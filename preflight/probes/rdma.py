@@ -55,6 +55,7 @@ from preflight.probes.gpudirect import DeviceNode, JobIdentity, read_job_identit
 from preflight.probes.job import parse_environ
 from preflight.probing import FactReader
 from preflight.registry import probe
+from preflight.units import is_number
 from preflight.sources import NodeFS, SourceError
 
 IB_CLASS = "/sys/class/infiniband"
@@ -345,7 +346,7 @@ def _pci_netdevs(fs: NodeFS, device_path: str, port: int, ports: int, reader: _A
         return tuple(names)
     chosen = []
     for name in names:
-        dev_port = reader.value(f"{device_path}/device/net/{name}/dev_port", lambda t: int(t) if t.strip().isascii() and t.strip().isdigit() else None, required=False)
+        dev_port = reader.value(f"{device_path}/device/net/{name}/dev_port", lambda t: int(t) if is_number(t.strip()) else None, required=False)
         if dev_port is None or dev_port == port - 1:
             chosen.append(name)
     return tuple(chosen)
@@ -387,7 +388,7 @@ def _read_port(fs: NodeFS, device: str, device_path: str, number: int, port_coun
 def parse_counter(text: str) -> int | None:
     """A ``hw_counters`` file: a decimal count (``"4819337"``)."""
     value = text.strip()
-    return int(value) if value.isascii() and value.isdigit() else None
+    return int(value) if is_number(value) else None
 
 
 def _counter(fs: NodeFS, path: str) -> int | None:

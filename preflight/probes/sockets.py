@@ -29,6 +29,7 @@ from msgspec import Struct
 
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
+from preflight.units import is_number
 
 TCP_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
 
@@ -187,7 +188,7 @@ def parse_tcp_table(text: str, path: str, ephemeral: tuple[int, int] | None = No
 def parse_port_range(text: str) -> tuple[int, int]:
     """``32768\\t60999`` -> (32768, 60999)."""
     fields = text.split()
-    if len(fields) != 2 or not all(field.isdecimal() for field in fields):
+    if len(fields) != 2 or not all(is_number(field) for field in fields):
         raise ValueError(f"expected two port numbers, got {text.strip()[:60]!r}")
     low, high = int(fields[0]), int(fields[1])
     if not 0 < low <= high <= 65535:
@@ -202,7 +203,7 @@ def parse_reserved_ports(text: str) -> tuple[tuple[int, int], ...]:
         if not item:
             continue
         low, dash, high = item.strip().partition("-")
-        if not low.isdecimal() or (dash and not high.isdecimal()):
+        if not is_number(low) or (dash and not is_number(high)):
             raise ValueError(f"{item!r} is not a port or a port range")
         ranges.append((int(low), int(high) if dash else int(low)))
     return tuple(ranges)

@@ -24,6 +24,7 @@ from msgspec import Struct
 from preflight.probes.memlock import Limit, parse_limits_row
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
+from preflight.units import is_number
 
 SOMAXCONN = "/proc/sys/net/core/somaxconn"
 
@@ -41,7 +42,7 @@ class StoreLimitsFacts(Struct, frozen=True):
 def parse_somaxconn(text: str) -> int:
     """The sysctl's one decimal number; ValueError for anything else."""
     value = text.strip()
-    if not value.isdecimal():
+    if not is_number(value):
         raise ValueError(f"not a non-negative integer: {value[:40]!r}")
     return int(value)
 

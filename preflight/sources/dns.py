@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from msgspec import Struct
 
 from preflight.sources.fs import RecordedDocument, SourceError, describe_os_error
+from preflight.units import is_number
 
 if TYPE_CHECKING:
     from preflight.sources.dnswire import Response
@@ -120,7 +121,7 @@ def parse_resolv_conf(text: str) -> ResolvConf:
         elif fields[0] == "options":
             for option in fields[1:]:
                 key, _, value = option.partition(":")
-                if key == "ndots" and value.isdecimal():
+                if key == "ndots" and is_number(value):
                     ndots = min(int(value), 15)
     return ResolvConf(tuple(nameservers), search, ndots)
 
