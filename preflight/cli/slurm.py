@@ -40,6 +40,14 @@ def _job_mode(mode: str, help: str, timeout: Option) -> Command:
     return Command(("slurm", mode), help, run, options=(ROOT, CONFIG, timeout, CHECKS_DIR), fast=True, probe_threads=True)
 
 
+def _interval_problem(interval_s: int, healthcheck_timeout_s: float) -> str:
+    """Why HealthCheckInterval cannot hold a health check ("" when it can): slurmd would start the
+    next one before the last may finish (Slurm 26.05 logs that as an error)."""
+    if interval_s > healthcheck_timeout_s:
+        return ""
+    return f"--interval {interval_s} must be longer than [slurm] healthcheck_timeout ({healthcheck_timeout_s:g} s), the time one health check may take"
+
+
 def run_config(values: Values) -> int:
     """Print the slurm.conf lines and write or show the wrapper scripts."""
     import sys
@@ -61,7 +69,11 @@ def run_config(values: Values) -> int:
         settings = load_host_config(config, "").slurm
     except ConfigError as broken:
         return error(str(broken))
-    problem = prolog_timeout_problem(settings, message_timeout) or (wrapper_dir_problem(wrapper_dir) if wrapper_dir is not None else "")
+    problem = (
+        prolog_timeout_problem(settings, message_timeout)
+        or _interval_problem(values["interval"], settings.healthcheck_timeout_s)
+        or (wrapper_dir_problem(wrapper_dir) if wrapper_dir is not None else "")
+    )
     if problem:
         return error(problem)
     directory = (wrapper_dir or "/etc/slurm").rstrip("/") or "/"

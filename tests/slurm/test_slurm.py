@@ -728,6 +728,7 @@ def test_slurm_config_prints_only_slurm_conf_syntax_with_the_wrappers_as_comment
         (["--wrapper-dir", "relative"], "--wrapper-dir relative: must be an existing directory"),
         (["--wrapper-dir", "/nonexistent/slurm"], "must be an existing directory"),
         (["--message-timeout", "8"], "needs PrologEpilogTimeout=10 (2 s more, to start and write the result), above MessageTimeout=8"),
+        (["--interval", "30"], "--interval 30 must be longer than [slurm] healthcheck_timeout (50 s)"),
     ],
 )
 def test_slurm_config_refuses_what_cannot_work(run_cli: Runner, site: Site, arguments: list[str], message: str) -> None:
