@@ -54,9 +54,9 @@ from preflight.hostlist import HostlistError, expand
 from preflight.probes.job import parse_environ
 from preflight.probing import FactReader
 from preflight.registry import probe
-from preflight.units import is_number
 from preflight.sources import NodeFS, SourceError
 from preflight.sources.dns import Dns, DnsAnswer, NameserverCheck
+from preflight.units import is_number
 
 #: Peers resolved by one node besides MASTER_ADDR and the first node of the job.
 PEER_SUCCESSORS = 6
@@ -246,7 +246,6 @@ def job_nodes(environ: dict[str, str]) -> tuple[list[str], int, str]:
     except HostlistError as error:
         return [], 0, f"{variable}: {error}"
     count = environ.get("SLURM_STEP_NUM_NODES", "").strip() if in_step else ""
-    # ASCII digits only: str.isdigit() also takes a superscript two, which int() refuses.
     return nodes, int(count) if is_number(count) else len(nodes), ""
 
 

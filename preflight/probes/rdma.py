@@ -55,8 +55,8 @@ from preflight.probes.gpudirect import DeviceNode, JobIdentity, read_job_identit
 from preflight.probes.job import parse_environ
 from preflight.probing import FactReader
 from preflight.registry import probe
-from preflight.units import is_number
 from preflight.sources import NodeFS, SourceError
+from preflight.units import is_number
 
 IB_CLASS = "/sys/class/infiniband"
 
