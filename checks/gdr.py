@@ -208,6 +208,10 @@ def gpudirect_rdma_unavailable(gpudirect: GpuDirectFacts, rdma: RdmaFacts, job: 
         raise Unknown(gpudirect.why("/sys/class/infiniband"))
     if not gpudirect.rdma_devices:
         raise NotApplicable("no RDMA devices in /sys/class/infiniband")
+    if rdma.devices and not rdma.data_devices and not rdma.class_unread:
+        # HGX B200's NVSwitch management functions (SMDL=SW_MNG in device/vpd) are RDMA devices
+        # that carry no job traffic: no NIC here maps GPU memory (as GDR003 and IB007 read them).
+        raise NotApplicable(f"the RDMA devices are NVSwitch management functions only ({', '.join(d.name for d in rdma.devices[:4])})")
     efa = [device for device in rdma.devices if device.efa]
     if efa and set(gpudirect.rdma_devices) <= {device.name for device in efa}:
         yield from _efa_gpu_memory(efa, gpudirect)

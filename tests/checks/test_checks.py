@@ -339,6 +339,15 @@ def test_driver_flavour_only_from_the_nvrm_line(node_copy: Path, text: str, flav
     assert any(p.startswith("/proc/driver/nvidia/version") for p in facts.problems) == (flavour is None)
 
 
+def test_gdr001_not_applicable_where_the_rdma_devices_are_nvswitch_management_functions(gpudirect: GpuDirectFacts) -> None:
+    """A node whose only RDMA devices are NVSwitch management functions (SMDL=SW_MNG) has no NIC
+    that maps GPU memory for jobs, whatever the driver flavour."""
+    management = replace(MLX, devices=tuple(replace(device, nvswitch_management=True) for device in MLX.devices))
+    with pytest.raises(NotApplicable, match="NVSwitch management functions only"):
+        list(gpudirect_rdma_unavailable(gpudirect, management, job(), NCCL_2_28))
+    assert len(list(gpudirect_rdma_unavailable(gpudirect, MLX, job(), NCCL_2_28))) == 1  # the data NICs: judged
+
+
 def test_driver_not_loaded_only_where_sys_module_was_read(node_copy: Path) -> None:
     """A capture without /sys/module and without /proc/driver says nothing of the driver: unknown,
     not "not loaded" (which made GDR001 not applicable beside NVML's answers)."""
