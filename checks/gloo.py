@@ -25,7 +25,7 @@ from preflight.probes.firewall import (
     port_fates,
     readable_ruleset,
 )
-from preflight.probes.sockets import PORT_RANGE
+from preflight.probes.sockets import PORT_RANGE, TORCH_DEFAULT_PORT
 from preflight.registry import check
 from preflight.units import is_number
 
@@ -63,10 +63,6 @@ def gloo_transport_misconfigured(job: JobFacts, interfaces: InterfaceFacts) -> I
             yield present(name, setting, Evidence("network interfaces", f"no interface {name!r}; this node has {shown or 'none'}", "an interface of exactly that name"))
         elif name not in addressed:
             yield present(name, setting, Evidence(f"addresses of {name}", "none", "an IPv4 or IPv6 address for Gloo to bind and publish"))
-
-
-#: torch.distributed's env:// rendezvous (and torchrun's --master-port) when MASTER_PORT is unset.
-TORCH_DEFAULT_PORT = 29500
 
 
 @check("GLOO002", profiles=("prolog",))

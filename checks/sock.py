@@ -21,10 +21,10 @@ from preflight.probes.sockets import (
     RESERVED_PORTS,
     TCP_TABLES,
     SocketFacts,
+    job_master_port,
     reserved_ports,
 )
 from preflight.registry import check
-from preflight.units import is_number
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -39,10 +39,6 @@ def nccl_connect_retry_econnaborted(nccl_libs: NcclLibFacts) -> Iterator[Observa
     job bootstraps over sockets, so a late peer turns into 'Software caused connection abort'."""
     require_nccl(nccl_libs)
     yield from release_findings(loaded_copies(nccl_libs), CONNECT_RETRY, severity=Severity.WARNING)
-
-
-#: torchrun / init_process_group(env://) listen here when MASTER_PORT is not set.
-TORCH_DEFAULT_PORT = 29500
 
 
 #: Below this many usable ephemeral ports a node is called narrow: eight ranks with NCCL socket
@@ -86,20 +82,6 @@ def _table_problems(sockets: SocketFacts) -> str:
     if "/proc/net/tcp" not in sockets.tables:
         reasons.append("/proc/net/tcp was not read")
     return "; ".join(dict.fromkeys(reasons))
-
-
-def _master_port(job: JobFacts) -> tuple[int | None, str]:
-    """The port the job's rendezvous will bind and where that came from, or (None, why not)."""
-    if job.environ_error:
-        return None, f"/proc/self/environ: {job.environ_error}"
-    value = job.environ.get("MASTER_PORT")
-    if value is None:
-        return TORCH_DEFAULT_PORT, f"MASTER_PORT unset: torchrun's default {TORCH_DEFAULT_PORT}"
-    text = value.strip()
-    # isdigit() alone accepts "²" and other digits int() refuses.
-    if not is_number(text) or not 0 < int(text) <= 65535:
-        return None, f"MASTER_PORT={value!r} is not a port number"
-    return int(text), f"MASTER_PORT={int(text)} (job environment)"
 
 
 #: Variables that say this node is the rendezvous store's host when they are 0: torch's env://
@@ -155,7 +137,7 @@ def _elsewhere(sockets: SocketFacts, job: JobFacts) -> Evidence:
 def rendezvous_port_in_use(sockets: SocketFacts, job: JobFacts) -> Iterator[Observation]:
     """MASTER_PORT is already listened on (an error on the node that binds it), or lies in the
     ephemeral range without a reservation."""
-    port, origin = _master_port(job)
+    port, origin = job_master_port(job)
     if port is None:
         yield undecided("MASTER_PORT", origin)
         return

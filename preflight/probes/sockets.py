@@ -12,7 +12,7 @@ Sources (kernel ``Documentation/networking/proc_net_tcp.rst`` and ``ip-sysctl.rs
 * ``MASTER_PORT`` from the job environment (``preflight.probes.job``); torchrun's default is 29500.
 * ``/proc/sys/kernel/hostname``, and this node's addresses from ``/proc/net/fib_trie`` (its ``/32
   host LOCAL`` leaves) and ``/proc/net/if_inet6``: whether ``MASTER_ADDR`` names this node, i.e.
-  whether this node binds the rendezvous port at all.
+  whether this node binds the rendezvous port at all; read only where something listens on it.
 
 All of it is per network namespace: a prolog on the host sees the host's sockets, a job in its
 own namespace may see others.
@@ -27,6 +27,7 @@ from typing import TypeVar
 
 from msgspec import Struct
 
+from preflight.probes.job import JobFacts
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
 from preflight.units import is_number
@@ -110,8 +111,9 @@ class SocketFacts(Struct, frozen=True):
     bad_lines: tuple[str, ...]  # "path:line: text" of lines that did not parse (first few)
     bad_line_count: int
     problems: tuple[str, ...]  # files that could not be read
-    hostname: str | None = None  # /proc/sys/kernel/hostname; None when unread
-    addresses: tuple[str, ...] | None = None  # this node's IPv4 and IPv6 addresses; None when unread
+    # Read only where something listens on the job's port (SOCK001's question); None otherwise or unread.
+    hostname: str | None = None  # /proc/sys/kernel/hostname
+    addresses: tuple[str, ...] | None = None  # this node's IPv4 and IPv6 addresses
 
 
 class TableError(ValueError):
@@ -244,8 +246,25 @@ def _ephemeral_count(ports: set[int], port_range: tuple[int, int], reserved: tup
     return sum(1 for port in ports if port_range[0] <= port <= port_range[1] and not reserved_ports(port, reserved))
 
 
+#: torchrun / init_process_group(env://) listen here when MASTER_PORT is not set.
+TORCH_DEFAULT_PORT = 29500
+
+
+def job_master_port(job: JobFacts) -> tuple[int | None, str]:
+    """The port the job's rendezvous will bind and where that came from, or (None, why not)."""
+    if job.environ_error:
+        return None, f"/proc/self/environ: {job.environ_error}"
+    value = job.environ.get("MASTER_PORT")
+    if value is None:
+        return TORCH_DEFAULT_PORT, f"MASTER_PORT unset: torchrun's default {TORCH_DEFAULT_PORT}"
+    text = value.strip()
+    if not is_number(text) or not 0 < int(text) <= 65535:
+        return None, f"MASTER_PORT={value!r} is not a port number"
+    return int(text), f"MASTER_PORT={int(text)} (job environment)"
+
+
 @probe("sockets")
-def probe_sockets(fs: NodeFS) -> SocketFacts:
+def probe_sockets(fs: NodeFS, job: JobFacts) -> SocketFacts:
     """Read the ephemeral port settings and the TCP tables of this network namespace."""
     problems: list[str] = []
     port_range = _parsed_setting(fs, PORT_RANGE, parse_port_range, problems)
@@ -279,6 +298,7 @@ def probe_sockets(fs: NodeFS) -> SocketFacts:
         open_local_ports |= table.open_local_ports
         destinations.update(table.destinations)
         open_destinations.update(table.open_destinations)
+    listening = tuple(s for table in parsed for s in table.listening)
     in_use = in_use_open = None
     if port_range is not None and reserved is not None and tables:
         in_use = _ephemeral_count(local_ports, port_range, reserved)
@@ -286,7 +306,7 @@ def probe_sockets(fs: NodeFS) -> SocketFacts:
     return SocketFacts(
         port_range,
         reserved,
-        tuple(s for table in parsed for s in table.listening),
+        listening,
         dict(states),
         in_use,
         in_use_open,
@@ -296,9 +316,18 @@ def probe_sockets(fs: NodeFS) -> SocketFacts:
         tuple(line for table in parsed for line in table.bad_lines),
         sum(table.bad_count for table in parsed),
         tuple(problems),
-        _hostname(fs),
-        _own_addresses(fs),
+        *_store_host_facts(fs, job, listening),
     )
+
+
+def _store_host_facts(fs: NodeFS, job: JobFacts, listening: tuple[ListeningSocket, ...]) -> tuple[str | None, tuple[str, ...] | None]:
+    """This node's host name and addresses, read only where something listens on the job's port:
+    SOCK001 asks them only then (is this the node that will bind it?), and the routing table can
+    be large on hosts with many routes, so the prolog does not read it for nothing."""
+    port, _ = job_master_port(job)
+    if port is None or not any(socket.port == port for socket in listening):
+        return None, None
+    return _hostname(fs), _own_addresses(fs)
 
 
 def _hostname(fs: NodeFS) -> str | None:

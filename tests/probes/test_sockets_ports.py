@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, Runner, write
-from preflight.probes.job import JobFacts
+from preflight.probes.job import JobFacts, probe_job
 from preflight.probes.sockets import Destination, ListeningSocket, SocketFacts, TableError, parse_port_range, parse_reserved_ports, parse_tcp_table, probe_sockets
 from preflight.checks.sock import ephemeral_port_exhaustion, rendezvous_port_in_use
 from preflight.model import Severity, Status
@@ -79,7 +79,7 @@ def test_parse_port_settings() -> None:
 
 # -- recorded roots -----------------------------------------------------------------------------
 def test_probe_on_the_exhausted_root() -> None:
-    facts = probe_sockets(NodeFS(str(PORTS_EXHAUSTED)))
+    facts = probe_sockets(NodeFS(str(PORTS_EXHAUSTED)), probe_job(NodeFS(str(PORTS_EXHAUSTED))))
     assert facts == SocketFacts(
         port_range=(50000, 50999),
         reserved=(),
@@ -148,6 +148,20 @@ FIB_TRIE = """Main:
         |-- 10.0.0.7
            /32 host LOCAL
 """
+
+
+def test_own_addresses_are_read_only_where_something_listens_on_the_jobs_port(tmp_path: Path) -> None:
+    """The prolog asks whether this node hosts the store only for a listener on the job's port:
+    otherwise the host name and the routing table (large on hosts with many routes) stay unread."""
+    root = tmp_path / "node"
+    shutil.copytree(PORTS_EXHAUSTED, root)
+    write(root, "/proc/net/fib_trie", FIB_TRIE)
+    for port, read in (("29500", True), ("29511", False)):
+        write(root, "/proc/self/environ", f"SLURM_JOB_ID=9\0MASTER_PORT={port}\0".encode())
+        fs = NodeFS(str(root))
+        facts = probe_sockets(fs, probe_job(fs))
+        assert (facts.addresses is not None, facts.hostname is not None) == (read, read), port
+        assert read is ("10.0.0.7" in (facts.addresses or ()))
 
 
 @pytest.mark.parametrize(
@@ -258,7 +272,7 @@ def test_missing_tcp6_is_fine_but_a_bad_port_range_is_unknown(run_cli: Runner, c
 
 
 def test_bad_master_port_is_unknown() -> None:
-    facts = probe_sockets(NodeFS(str(PORTS_EXHAUSTED)))
+    facts = probe_sockets(NodeFS(str(PORTS_EXHAUSTED)), probe_job(NodeFS(str(PORTS_EXHAUSTED))))
     (observation,) = rendezvous_port_in_use(facts, job(MASTER_PORT="twenty"))
     assert observation.status is Status.UNKNOWN and observation.subject == "MASTER_PORT"
     (observation,) = rendezvous_port_in_use(facts, JobFacts({}, "permission denied (EACCES); needs root", ()))
@@ -303,7 +317,7 @@ def test_live_proc_net_tcp_finds_a_real_listener(listener: socket.socket) -> Non
     port = listener.getsockname()[1]
     with socket.create_connection(("127.0.0.1", port)):
         accepted, _ = listener.accept()
-        facts = probe_sockets(NodeFS("/"))
+        facts = probe_sockets(NodeFS("/"), probe_job(NodeFS("/")))
         accepted.close()
     assert any(s.address == "127.0.0.1" and s.port == port for s in facts.listening)
     assert facts.states.get("ESTABLISHED", 0) >= 2 and "/proc/net/tcp" in facts.tables
@@ -349,7 +363,7 @@ def test_live_ipv6_listener_is_read_from_tcp6() -> None:
     with server:
         server.listen()
         port = server.getsockname()[1]
-        facts = probe_sockets(NodeFS("/"))
+        facts = probe_sockets(NodeFS("/"), probe_job(NodeFS("/")))
     assert any(s.address == "::1" and s.port == port and s.source.startswith("/proc/net/tcp6:") for s in facts.listening)
 
 
