@@ -22,6 +22,18 @@ post what it printed. A
 log without failures that holds such a dump in its last lines is stalled at the dump's first
 thread.
 
+Without NCCL_DEBUG a hang in setting up the process group prints no NCCL line at all, and what the
+log ends with is the framework's own start-up line right before the group's first collective: the
+ranks meet in ``init_process_group`` or in their first ``barrier()``. Those lines are printed by
+every healthy run too (``references/coverage``: DeepSpeed's ``Initializing TorchBackend in
+DeepSpeed with backend nccl``, ``deepspeed/comm/comm.py``; Lightning's ``Initializing distributed:
+GLOBAL_RANK: 0, MEMBER: 1/8``, ``lightning/fabric/utilities/distributed.py``; ProcessGroupNCCL's
+``using GPU 0 to perform barrier as devices used by this process are currently unknown``, printed by
+a ``barrier()`` without ``device_ids``; vLLM's ``vLLM is using nccl==2.26.2``, printed when its own
+NCCL communicator is set up, ``vllm/distributed/device_communicators/pynccl.py``), so only a log
+that ends within a few lines of one, with nothing after it saying the run went on, finished or
+failed, is stalled there.
+
 CUDA's p2pBandwidthLatencyTest sample, the program threads run to see whether GPUs of one node
 reach each other, lists the devices and which pairs can access each other, then measures one
 matrix after another, each printed under its title (``Unidirectional P2P=Disabled Bandwidth Matrix
@@ -57,6 +69,7 @@ from preflight.explain.reader import Chunk
 TAIL_BYTES = 16 << 10
 MAX_SOURCES = 1024
 DUMP = "a stack dump of the waiting process"  # Stall.what of a dump
+FRAMEWORK_SETUP = "the framework's last line before the first collective"  # Stall.what of a framework stall
 LAST_LINES = 20  # NCCL's last line must be among a source's last this many non-blank lines
 
 _NCCL_INFO = re.compile(r"\[\d+\] NCCL INFO \S")  # posts often lose the host:pid:tid before it
@@ -80,6 +93,16 @@ _STACK_DUMP = re.compile(
     r"|^\s*\*?\s*frame #\d{1,4}: 0x[0-9a-fA-F]{6,16} \S"
     r"|^(?:Current thread|Thread) 0x[0-9a-fA-F]{6,16} \(most recent call first\):"
 )
+# The frameworks' last lines before the process group's first collective (module docstring).
+_FRAMEWORK_SETUP = re.compile(
+    r"Initializing TorchBackend in DeepSpeed with backend \w"
+    r"|Initializing distributed: GLOBAL_RANK: \d{1,7}, MEMBER: \d{1,7}/\d{1,7}"
+    r"|using GPU \d{1,4} to perform barrier as devices used by this process are currently unknown"
+    r"|vLLM is using nccl==\d"
+)
+# A framework's setup line must be among a source's last this many non-blank lines: they are
+# followed at once by the first collective, so more output after one means the run went past it.
+FRAMEWORK_LAST_LINES = 6
 # The CUDA peer-to-peer sample's matrix titles (older releases say "P2P=Enabled Bandwidth Matrix",
 # newer ones name the copy kind, "(P2P Writes)" or "(P2P Reads)"), the header row under each, and
 # the line it opens with.
@@ -163,7 +186,7 @@ def find_stall(tails: SourceTails, network_seen: bool) -> Stall | None:
             continue
         nccl = [index for index, line in enumerate(lines) if _NCCL_INFO.search(line.text)]
         if not nccl:
-            stall = _tests_stall(kept, network_seen) or _p2p_sample_stall(kept) or _dump_stall(kept)
+            stall = _tests_stall(kept, network_seen) or _p2p_sample_stall(kept) or _dump_stall(kept) or _framework_stall(kept)
             if stall is not None:
                 return stall
             continue
@@ -215,3 +238,13 @@ def _dump_stall(lines: list[Sighting]) -> Stall | None:
         return None
     index = next(index for index, line in enumerate(lines) if _STACK_DUMP.search(line.text))
     return Stall(lines[index], len(lines) - 1 - index, None, DUMP)
+
+
+def _framework_stall(lines: list[Sighting]) -> Stall | None:
+    """A framework's start-up line right before the process group's first collective among the
+    source's last few lines: the ranks never got through it. Named at the last such line."""
+    recent = lines[-FRAMEWORK_LAST_LINES:]
+    setup = [index for index, line in enumerate(recent) if _FRAMEWORK_SETUP.search(line.text)]
+    if not setup:
+        return None
+    return Stall(recent[setup[-1]], len(recent) - 1 - setup[-1], None, FRAMEWORK_SETUP)

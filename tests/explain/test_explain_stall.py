@@ -270,3 +270,44 @@ def test_the_cuda_peer_to_peer_sample_with_values_or_its_closing_note_is_no_stal
     for lines in (P2P_SAMPLE[:13], [*P2P_SAMPLE, "     0 913.03  27.07", "     1  11.46 916.42", note]):
         _text, document = _explained(tmp_path, lines)
         assert document["status"] == "nothing-found" and document["stall"] is None, lines[-1]
+
+
+# Each framework's own start-up line right before the process group's first collective, as those
+# frameworks print it (references/coverage: deepspeed.toml, lightning.toml, pytorch-2x.toml, vllm.toml).
+FRAMEWORK_SETUP_LINES = [
+    "[2024-06-11 00:23:36,254] [INFO] [comm.py:668:init_distributed] Initializing TorchBackend in DeepSpeed with backend nccl",
+    "Initializing distributed: GLOBAL_RANK: 3, MEMBER: 4/16",
+    "[rank1]:[W1105 13:37:10.134661876 ProcessGroupNCCL.cpp:4115] [PG ID 0 PG GUID 0 Rank 1]  using GPU 1 to perform barrier"
+    " as devices used by this process are currently unknown. This can potentially cause a hang if this rank to GPU mapping is incorrect.",
+    "(VllmWorker rank=0 pid=4887) INFO 07-08 10:09:09 [pynccl.py:70] vLLM is using nccl==2.26.2",
+]
+
+
+@pytest.mark.parametrize("setup", FRAMEWORK_SETUP_LINES)
+def test_a_log_ending_at_a_frameworks_last_line_before_the_first_collective_is_stalled_there(tmp_path: Path, setup: str) -> None:
+    text, document = _explained(tmp_path, ["loading model", setup, "", "```", "waiting"])
+    # vLLM's line is also NCCL016's context, a candidate beside a hang: "candidates", not "stalled"
+    assert document["status"] == ("candidates" if "vLLM" in setup else "stalled")
+    assert document["stall"] == {"location": f"{tmp_path}/job.log:2", "text": setup, "lines_after": 1}
+    assert "the framework's last line before the first collective" in text.lower()
+
+
+@pytest.mark.parametrize("setup", FRAMEWORK_SETUP_LINES)
+def test_a_frameworks_setup_line_followed_by_progress_finish_or_failure_is_no_stall(tmp_path: Path, setup: str) -> None:
+    went_on = [setup, *[f"step {n} loss 1.{n}" for n in range(6)]]
+    assert _explained(tmp_path, went_on)[1]["stall"] is None
+    finished = [setup, "gpu7:4410:4410 [0] NCCL INFO comm 0x55d1c2a0 rank 0 nranks 2 cudaDev 0 busId 1b000 - Destroy COMPLETE"]
+    assert _explained(tmp_path, finished)[1]["stall"] is None
+    failed = [setup, "RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1269, unhandled system error"]
+    assert _explained(tmp_path, failed)[1]["status"] != "stalled"
+
+
+def test_a_framework_stall_lets_the_settings_the_log_shows_count_as_beside_a_failure(tmp_path: Path) -> None:
+    # Ray's /dev/shm size (NCCL007's context signature) is a candidate only beside a failure or a hang.
+    shm = (
+        "2023-11-18 03:39:16,283 WARNING services.py:1996 -- WARNING: The object store is using /tmp instead of /dev/shm"
+        " because /dev/shm has only 67108864 bytes available. This will harm performance!"
+    )
+    assert _explained(tmp_path, [shm, "loading model"])[1]["candidates"] == []
+    _text, document = _explained(tmp_path, [shm, FRAMEWORK_SETUP_LINES[0]])
+    assert document["status"] == "candidates" and [c["id"] for c in document["candidates"]] == ["NCCL007"]
