@@ -50,7 +50,8 @@ Some causes never print a message of their own; they show only in how lines disa
   all-reduce or all-gather (``OpType=ALLREDUCE, NumelIn=1, NumelOut=1``, or ``OpType=BARRIER``)
   shows ranks that waited at a synchronisation point for a rank that was elsewhere: writing a
   checkpoint (TORCH009), busy with single-rank work or stuck (NCCL011), or on a code path that
-  skips the barrier (TORCH002). None of them prints a line of its own, so the three are offered at
+  skips the barrier (TORCH002); the checkpoint comes last when rank 0, its writer, timed out in
+  the barrier too. None of them prints a line of its own, so the three are offered at
   symptom tier, ahead of the generic timeout (NCCL003) and the all-reduce hang (NCCL001) that a
   one-element exchange is not.
 * **A rank still busy with its own work when the others time out.** tqdm redraws a progress bar
@@ -178,6 +179,7 @@ SHM_SIGBUS_SPECIFICITY = 50  # a crash report and the NCCL function it struck in
 BARRIER_SPECIFICITY = 70
 BARRIER_STEP = 5
 BARRIER_WAITERS = ("TORCH009", "NCCL011", "TORCH002")
+CHECKPOINT_WRITER = "TORCH009"  # rank 0 away writing a checkpoint
 # The generic timeout and the all-reduce hang: every timeout line matches them, so a log with many
 # ranks' reports piles up their worth, yet a one-element exchange is neither a data collective that
 # hung nor news about which rank was away. The waiters stay ahead of them however many lines match.
@@ -401,9 +403,17 @@ class Observations:
                     reference_id, BARRIER_SPECIFICITY - BARRIER_STEP * place, (self.barrier_timeout,), role="symptom",
                     ahead_of=BARRIER_BEFORE,
                 )
-                for place, reference_id in enumerate(BARRIER_WAITERS)
+                for place, reference_id in enumerate(self._barrier_waiters())
             )
         return result
+
+    def _barrier_waiters(self) -> tuple[str, ...]:
+        """The barrier's readings, likeliest first. A checkpoint is written by rank 0 (TORCH009's
+        first cause), so when rank 0 itself timed out in the barrier it was not the rank away
+        writing: the checkpoint reading goes last."""
+        if 0 not in self.timed_out:
+            return BARRIER_WAITERS
+        return (*(waiter for waiter in BARRIER_WAITERS if waiter != CHECKPOINT_WRITER), CHECKPOINT_WRITER)
 
     def _busy_rank(self) -> tuple[Sighting, ...] | None:
         """The unfinished progress bar a timeout report cut, and the first timeout, when the

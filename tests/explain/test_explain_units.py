@@ -756,6 +756,38 @@ def test_the_barrier_waiters_stay_ahead_however_many_ranks_report_the_timeout(tm
     assert ("NCCL003", "symptom") in ranked[3:]
 
 
+@pytest.mark.parametrize(("ranks", "order"), [((1, 2, 3), ("TORCH009", "NCCL011", "TORCH002")), ((0,), ("NCCL011", "TORCH002", "TORCH009")), ((0, 1, 2), ("NCCL011", "TORCH002", "TORCH009"))])
+def test_a_barrier_rank_0_timed_out_in_was_not_held_up_by_rank_0s_checkpoint(tmp_path: Path, ranks: tuple[int, ...], order: tuple[str, ...]) -> None:
+    """Rank 0 writes the checkpoint TORCH009 describes: while it waited in the barrier itself, the
+    rank away from the barrier was busy otherwise or skipped it, and the checkpoint reading goes last."""
+    ranked = _ranked(_explained(tmp_path, "\n".join(_timeout(rank, 3) for rank in ranks) + "\n"))
+    assert tuple(reference_id for reference_id, _tier in ranked[:3]) == order, ranked
+
+
+@pytest.mark.parametrize(("count", "expected"), [("290", ("TORCH007", "cause")), ("0", ("TORCH007", "symptom"))])
+def test_a_ddp_parameter_count_of_0_is_an_exchange_that_never_delivered_not_another_model(tmp_path: Path, count: str, expected: tuple[str, str]) -> None:
+    """DDP reads the other ranks' counts from a buffer the all-gather should have filled: 0 says the
+    exchange failed (a straggler, or no data moved), so only a real count is TORCH007's cause."""
+    line = f"RuntimeError: DDP expects same model across all ranks, but Rank 5 has 288 params, while rank 0 has inconsistent {count} params.\n"
+    assert expected in _ranked(_explained(tmp_path, line))
+
+
+@pytest.mark.parametrize(
+    ("line", "net001"),
+    [
+        ("[E socket.cpp:922] [c10d] The client socket has timed out after 1800s while trying to connect to (172.17.0.2\n, 44737).", True),
+        ("[W socket.cpp:601] [c10d] The client socket has failed to connect to [172.17.0.3]:29500 (errno: 110 - Connection timed out).", True),
+        ("[E socket.cpp:922] [c10d] The client socket has timed out after 1800s while trying to connect to (10.1.2.3, 29500).", False),
+        ("[W socket.cpp:601] [c10d] The client socket has failed to connect to [172.170.0.3]:29500 (errno: 110 - Connection timed out).", False),
+    ],
+)
+def test_a_c10d_store_client_failing_on_a_docker_bridge_address_is_net001(tmp_path: Path, line: str, net001: bool) -> None:
+    """c10d's TCPStore client naming a 172.17.x.y address: the rendezvous points at a container's
+    private bridge address (NET001), also when the post wraps the record before the port."""
+    ranked = _ranked(_explained(tmp_path, line + "\n"))
+    assert (("NET001", "cause") in ranked) is net001, ranked
+
+
 @pytest.mark.parametrize(("local_gid", "first"), [("fe80::ba59:9fff:fe3c:10a2", "ROCE005"), ("::ffff:10.20.2.13", "IB002")])
 def test_a_timed_out_rtr_names_the_gid_index_only_for_a_link_local_source_gid(tmp_path: Path, local_gid: str, first: str) -> None:
     """NCCL 2.24+ prints the queue pair's GIDs when a move to RTR fails. A timeout there is an
