@@ -35,7 +35,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from msgspec import Struct, field
@@ -62,10 +62,20 @@ RESULT_SCHEMA = "preflight-slurm-result/1"
 #: Drain reasons preflight sets start with this; a reason that does not is someone else's.
 REASON_PREFIX = "preflight:"
 # Findings about room a running job's own use fills (the space its processes keep in /dev/shm,
-# the ephemeral ports its connections hold): on a node running jobs the health check cannot tell
-# them from a fault of the node, so they alone do not drain it there; the prolog, the epilog and
-# the health check on an idle node judge them as found.
+# the ephemeral ports its connections hold): on a node running other jobs no run can tell them
+# from a fault of the node, so they alone do not drain it there. The health check asks slurmctld
+# whether the node runs jobs; the prolog and the epilog, which must not call Slurm on a clean run
+# and run beside their own job, look for other jobs' cgroups (other_jobs_on_node). On a node
+# running nothing else they are judged as found.
 FILLED_BY_RUNNING_JOBS = {"VLLM001": "/dev/shm space", "SOCK005": "ephemeral ports"}
+# Where slurmstepd keeps each running job's cgroup: under cgroup v2,
+# <cgroup root>/<slice>/[<node>_]slurmstepd.scope/job_<id> (src/plugins/cgroup/v2/cgroup_v2.c; the
+# slice is CgroupSlice, system.slice by default); under v1,
+# <mount>/<controller>/slurm[_<node>]/uid_<uid>/job_<id> (v1/xcgroup.c, CgroupPrepend).
+CGROUP_ROOT = "/sys/fs/cgroup"
+CGROUP_V1_CONTROLLERS = ("freezer", "cpuset", "memory", "devices")
+_JOB_CGROUP = re.compile(r"^job_(\d{1,10})$")
+MAX_CGROUP_ENTRIES = 4096  # directory entries looked at per level: a huge tree stays bounded
 #: sinfo -R shows reasons in a narrow column and slurmctld keeps them in its state file: stay short.
 REASON_MAX = 160
 #: The prolog and HealthCheckProgram environments have no PATH.
@@ -563,8 +573,18 @@ def _judge_node(session: _Session, node: OpenedNode) -> int:
     if verdict.drain:
         outcome.reason = drain_reason(verdict.drain, args.mode, scope.job_id)
         outcome.exit_code = ExitCode.ERROR
+    filled = _filled_by_jobs(verdict) if args.mode != "healthcheck" else []
+    others = other_jobs_on_node(node.fs, scope.job_id) if filled else None
     if args.mode == "healthcheck":
         _healthcheck_actions(session, verdict)
+    elif others:
+        outcome.verdict, outcome.exit_code, outcome.reason = "undecided", ExitCode.OK, ""
+        listed = ", ".join(others[:8]) + (f" and {len(others) - 8} more" if len(others) > 8 else "")
+        outcome.message = (
+            f"preflight: {outcome.node} also runs job(s) {listed}, whose own use may fill {', '.join(filled)}: "
+            f"not drained ({args.mode} job {scope.job_id or '?'})"
+        )
+        session.log(SYSLOG_NOTICE, outcome.message)
     elif verdict.drain:
         outcome.message = outcome.reason
         if settings.drain:
@@ -574,6 +594,51 @@ def _judge_node(session: _Session, node: OpenedNode) -> int:
         outcome.message = _summary(outcome, report.findings, verdict, report.duration_s)
     print(outcome.message)
     return session.finish()
+
+
+def other_jobs_on_node(fs: NodeFS, own_job: str) -> tuple[str, ...] | None:
+    """The IDs of the Slurm jobs other than ``own_job`` with a cgroup on this node, from the tree
+    slurmstepd keeps (``CGROUP_ROOT``); None where no slurmstepd tree was found (no cgroup plugin,
+    cgroup unreadable, a recorded root without it): then nobody can say."""
+    found: set[str] = set()
+    tree_seen = False
+    for slice_name in _entries(fs, CGROUP_ROOT, lambda name: name.endswith(".slice")):
+        for scope in _entries(fs, f"{CGROUP_ROOT}/{slice_name}", lambda name: name.endswith("slurmstepd.scope")):
+            tree_seen = True
+            found.update(_job_ids(fs, f"{CGROUP_ROOT}/{slice_name}/{scope}"))
+    for controller in CGROUP_V1_CONTROLLERS:
+        base = f"{CGROUP_ROOT}/{controller}"
+        for prefix in _entries(fs, base, lambda name: name == "slurm" or name.startswith("slurm_")):
+            tree_seen = True
+            for user in _entries(fs, f"{base}/{prefix}", lambda name: name.startswith("uid_")):
+                found.update(_job_ids(fs, f"{base}/{prefix}/{user}"))
+    if not tree_seen:
+        return None
+    return tuple(sorted(found - {own_job}, key=int))
+
+
+def _entries(fs: NodeFS, path: str, wanted: Callable[[str], bool]) -> list[str]:
+    """The names in ``path`` that ``wanted`` accepts, at most MAX_CGROUP_ENTRIES looked at; none
+    where the directory cannot be read."""
+    try:
+        names = fs.listdir(path) or []
+    except SourceError:
+        return []
+    return [name for name in names[:MAX_CGROUP_ENTRIES] if wanted(name)]
+
+
+def _job_ids(fs: NodeFS, path: str) -> set[str]:
+    return {found.group(1) for name in _entries(fs, path, lambda name: name.startswith("job_")) if (found := _JOB_CGROUP.match(name))}
+
+
+def _filled_by_jobs(verdict: Verdict) -> list[str]:
+    """``VLLM001 (/dev/shm space)``, ...: what the drain findings are, when every one of them is
+    room a running job's own use may fill; empty when any is not."""
+    if not verdict.drain or not all(
+        finding.status is Status.PRESENT and finding.reference_id in FILLED_BY_RUNNING_JOBS for finding in verdict.drain
+    ):
+        return []
+    return sorted({f"{finding.reference_id} ({FILLED_BY_RUNNING_JOBS[finding.reference_id]})" for finding in verdict.drain})
 
 
 def _summary(outcome: _Outcome, findings: Sequence[Finding], verdict: Verdict, seconds: float) -> str:
@@ -640,10 +705,8 @@ def _healthcheck_actions(session: _Session, verdict: Verdict) -> None:
         outcome.message = f"{outcome.reason or 'preflight: ' + verdict.outcome} (node state unreadable: {why}; left alone)"
         session.log(SYSLOG_ERR if verdict.drain else SYSLOG_INFO, outcome.message)
         return
-    if verdict.drain and state.runs_jobs and all(
-        finding.status is Status.PRESENT and finding.reference_id in FILLED_BY_RUNNING_JOBS for finding in verdict.drain
-    ):
-        what = sorted({f"{finding.reference_id} ({FILLED_BY_RUNNING_JOBS[finding.reference_id]})" for finding in verdict.drain})
+    what = _filled_by_jobs(verdict)
+    if what and state.runs_jobs:
         outcome.verdict, outcome.exit_code, outcome.reason = "undecided", ExitCode.OK, ""
         outcome.message = (
             f"preflight: {node} runs jobs ({state.state}), whose own use may fill {', '.join(what)}: not drained; "

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import stat
 import subprocess
@@ -26,6 +27,7 @@ from preflight.slurm import (
     job_scope,
     judge_findings,
     opt_out_source,
+    other_jobs_on_node,
     parse_show_node,
     prolog_timeout_problem,
     run_command,
@@ -35,6 +37,7 @@ from preflight.slurm import (
     wrapper_scripts,
     write_atomically,
 )
+from preflight.sources import NodeFS
 
 REPORT_SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "preflight/schemas/report-v1.schema.json").read_text())
 SHOW_NODE = (
@@ -656,6 +659,52 @@ def test_healthcheck_beside_running_jobs_does_not_drain_for_what_they_fill(run_c
     if not drained:
         assert result.stdout.startswith(f"preflight: gpu017 runs jobs ({state}), whose own use may fill VLLM001 (/dev/shm space): not drained")
         assert site.result("healthcheck")["verdict"] == "undecided"
+
+
+VLLM_CONTAINER = REPO / "tests" / "fixtures" / "nodes" / "vllm-container"
+
+
+@pytest.mark.parametrize(
+    ("jobs", "drained"),
+    [
+        (["system.slice/slurmstepd.scope/job_4242", "system.slice/slurmstepd.scope/job_4177"], False),  # cgroup v2
+        (["system.slice/gpu017_slurmstepd.scope/job_4177"], False),  # v2, several slurmd per host
+        (["freezer/slurm/uid_1000/job_4177", "freezer/slurm/uid_1001/job_4242"], False),  # cgroup v1
+        (["system.slice/slurmstepd.scope/job_4242", "system.slice/slurmstepd.scope/system"], True),  # only the job itself
+        (["system.slice/slurmd.service"], True),  # no slurmstepd tree: nobody can say, judged as found
+    ],
+)
+@pytest.mark.parametrize("mode", ["prolog", "epilog"])
+def test_prolog_and_epilog_beside_other_jobs_do_not_drain_for_what_they_fill(
+    run_cli: Runner, tmp_path: Path, mode: str, jobs: list[str], drained: bool
+) -> None:
+    """/dev/shm without room for vLLM's ring (VLLM001) on a node where other jobs run: their own
+    files may hold it, so the prolog or epilog of this job lets the node be and says why, without
+    calling Slurm; where no other job's cgroup is seen the node drains as before."""
+    root = tmp_path / "root"
+    shutil.copytree(VLLM_CONTAINER, root)
+    for job in jobs:
+        (root / "sys" / "fs" / "cgroup" / job).mkdir(parents=True)
+    site = Site(tmp_path)
+    result = run_cli("slurm", mode, "--root", str(root), "--config", str(site.config), env=JOB)
+    calls = site.made_calls()
+    if drained:
+        assert result.returncode == 2 and result.stdout.startswith("preflight: VLLM001 "), result.stdout + result.stderr
+        assert calls[-1][:3] == ["update", "NodeName=gpu017", "State=DRAIN"]
+    else:
+        assert result.returncode == 0 and calls == [], result.stdout + result.stderr
+        assert result.stdout.strip() == (
+            f"preflight: gpu017 also runs job(s) 4177, whose own use may fill VLLM001 (/dev/shm space): not drained ({mode} job 4242)"
+        )
+        assert site.result(mode)["verdict"] == "undecided"
+        assert any(line.startswith("<29>preflight[") for line in site.logged())
+
+
+def test_other_jobs_on_node_reads_only_slurmstepd_job_cgroups(tmp_path: Path) -> None:
+    assert other_jobs_on_node(NodeFS(str(tmp_path)), "7") is None  # no cgroup tree at all
+    for job in ("job_7", "job_12", "job_9", "step_extern", "job_x1", "job_" + "9" * 11):
+        (tmp_path / "sys/fs/cgroup/user.slice/slurmstepd.scope" / job).mkdir(parents=True)
+    assert other_jobs_on_node(NodeFS(str(tmp_path)), "7") == ("9", "12")
 
 
 def test_healthcheck_does_not_repeat_an_identical_drain(run_cli: Runner, tmp_path: Path) -> None:
