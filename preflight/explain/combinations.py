@@ -44,6 +44,13 @@ Some causes never print a message of their own; they show only in how lines disa
   error; 2.19 reserves the space with ``fallocate`` and warns. A SIGBUS report (``received signal
   SIGBUS``, ``Bus error``) together with a backtrace frame in ``ncclShmOpen`` is the container's
   small /dev/shm (NCCL007) even though NCCL printed nothing.
+* **An interface other hosts cannot reach, and a connection to it that failed.** NCCL keeps any
+  interface but loopback and docker* when it picks its socket interfaces (``src/misc/socket.cc``),
+  so a link-local (169.254.0.0/16) or Docker default-bridge (172.17.0.0/16) address can be the one it
+  advertises. An interface list (``NET/Socket : Using ... [1]pod-id-link0:169.254.170.23<0>``,
+  ``Bootstrap : Using eth0:172.17.0.2<0>``) together with a failed connection to that very address
+  (``connect to 169.254.170.23<51877> returned Connection refused``) is the selection at fault
+  (NET001), ahead of the refused connection's usual reading, a peer that was not listening (SOCK004).
 * **Waiting in a barrier.** PyTorch runs ``barrier()`` on the NCCL backend as an all-reduce of one
   element, and the object collectives (``all_gather_object``, ``broadcast_object_list``) start by
   exchanging one-element sizes, so a watchdog timeout whose first record names a one-element
@@ -96,6 +103,8 @@ BUS_ERROR = OBSERVATION + "bus-error"
 SHM_FRAME = OBSERVATION + "nccl-shm-frame"
 NCCL_TESTS = OBSERVATION + "nccl-tests"
 PROGRESS_CUT = OBSERVATION + "progress-cut"
+UNROUTED_USE = OBSERVATION + "unrouted-interface"
+UNROUTED_CONNECT = OBSERVATION + "unrouted-connect"
 
 # nccl-tests' result table header ("#  size  count  type  redop  root  time  algbw  busbw  #wrong";
 # "error" for "#wrong" in older releases)
@@ -118,6 +127,10 @@ OBSERVATION_SIGNATURES = (
     (PROGRESS_CUT, r"(?<![\d.])\d{1,2}%\|[^\n]{0,800}?ProcessGroupNCCL\.cpp:\d{1,5}\]"),
     # nccl-tests' header, its result table's column line and its footer (each printed by rank 0 only)
     (NCCL_TESTS, rf"# nThread \d{{1,4}} nGpus \d{{1,4}}|{NCCL_TESTS_TABLE}|# Out of bounds values\s{{0,4}}:"),
+    # NCCL's interface list naming a link-local or Docker default-bridge address, and a connection
+    # to such an address that failed (NET001's picture when both name the same address)
+    (UNROUTED_USE, r"(?:Bootstrap ?: ?Using|NET/Socket : Using) [^\n]{0,600}?:(?:169\.254|172\.17)\.\d{1,3}\.\d{1,3}<"),
+    (UNROUTED_CONNECT, r"[Cc]onnect to (?:169\.254|172\.17)\.\d{1,3}\.\d{1,3}<[^>\s]{1,12}>,? (?:failed|returned)"),
     (DISTANCE, r"GPU Direct RDMA Disabled for GPU(?: \S{1,40} / HCA \S+ \(|/\S{1,40} \(rank \d+\) - NET/\S+ \()distance \d+ >=? \d+\)"),  # ">=" up to 2.5
 )
 
@@ -133,6 +146,8 @@ _WATCHDOG = re.compile(
     r"OpType=(\w{1,40}), (?:NumelIn=(\d{1,20}), NumelOut=(\d{1,20}), |TensorShape=\[([^\]]{0,400})\], )?Timeout\(ms\)=\d"
 )
 _NCCL_VERSION = re.compile(r"NCCL version (\d{1,2})\.(\d{1,3})\.(\d{1,3})")
+_UNROUTED_ADDRESS = re.compile(r"(?<![\d.])((?:169\.254|172\.17)\.\d{1,3}\.\d{1,3})<")
+MAX_UNROUTED = 64  # link-local or bridge addresses remembered from interface lists and failed connects
 _NCCL_TESTS_PART = re.compile(r"(# nThread )|(redop)|(# Out of bounds values)")
 SM120_FIXED_IN = (2, 26, 2)  # the first NCCL release whose kernels fit sm_120's shared memory
 
@@ -189,6 +204,12 @@ _ONE_ELEMENT_OPS = ("ALLREDUCE", "ALLGATHER", "_ALLGATHER_BASE")
 # (the bar and the ranks that timed out), so worth about a specific one-line message.
 BUSY_RANK_SPECIFICITY = 45
 BUSY_RANK = "NCCL011"
+# NCCL advertised an interface whose address other hosts cannot reach, and a peer's connection to
+# exactly that address failed: the selection, not the peer, is at fault. Worth more than the plugin
+# or refusal lines (about 60) that the same run prints on its way to the socket transport.
+UNROUTED_SPECIFICITY = 65
+UNROUTED_REFERENCE = "NET001"
+UNROUTED_AHEAD_OF = ("SOCK004",)  # the refused connection is the symptom of the address, not of a dead peer
 STALL_SPECIFICITY = 10  # silence after intra-node connections: a picture, not a message
 INTRA_NODE_STALL = "PCI003"  # P2P traffic dropped by ACS redirect or a translating IOMMU
 MAX_SEQUENCES = 4096  # fingerprints kept per run: memory stays bounded on endless DETAIL logs
@@ -266,6 +287,9 @@ class Observations:
     nccl_tests_last: dict[str, tuple[str, Sighting]] = field(default_factory=dict)
     separate_tests: tuple[Sighting, Sighting] | None = None
     progress_cut: Sighting | None = None  # the first unfinished progress bar a ProcessGroupNCCL report cut
+    # link-local or bridge address -> the first interface list naming it, the first failed connect to it
+    unrouted_used: dict[str, Sighting] = field(default_factory=dict)
+    unrouted_failed: dict[str, Sighting] = field(default_factory=dict)
 
     def add(self, kind: str, sighting: Sighting) -> None:
         if kind == CHANNEL:
@@ -292,6 +316,11 @@ class Observations:
             self._nccl_tests(sighting)
         elif kind == PROGRESS_CUT:
             self.progress_cut = self.progress_cut or sighting
+        elif kind in (UNROUTED_USE, UNROUTED_CONNECT):
+            seen = self.unrouted_used if kind == UNROUTED_USE else self.unrouted_failed
+            for address in _UNROUTED_ADDRESS.findall(sighting.text):
+                if address not in seen and len(seen) < MAX_UNROUTED:
+                    seen[address] = sighting
         elif kind == NCCL_VERSION and self.nccl_before_sm120_fix is None:
             found = _NCCL_VERSION.search(sighting.text)
             if found is not None and tuple(int(part) for part in found.groups()) < SM120_FIXED_IN:
@@ -394,6 +423,10 @@ class Observations:
             result.append(Derived("NCCL007", SHM_SIGBUS_SPECIFICITY, (self.bus_error, self.shm_frame)))
         if self.intra_node_stall is not None:
             result.append(Derived(INTRA_NODE_STALL, STALL_SPECIFICITY, self.intra_node_stall, role="symptom"))
+        unrouted = next((address for address in self.unrouted_failed if address in self.unrouted_used), None)
+        if unrouted is not None:
+            pair = sorted((self.unrouted_used[unrouted], self.unrouted_failed[unrouted]), key=lambda seen: (seen.source, seen.line_number))
+            result.append(Derived(UNROUTED_REFERENCE, UNROUTED_SPECIFICITY, tuple(pair), ahead_of=UNROUTED_AHEAD_OF))
         busy = self._busy_rank()
         if busy is not None:
             result.append(Derived(BUSY_RANK, BUSY_RANK_SPECIFICITY, busy))

@@ -788,6 +788,24 @@ def test_a_c10d_store_client_failing_on_a_docker_bridge_address_is_net001(tmp_pa
     assert (("NET001", "cause") in ranked) is net001, ranked
 
 
+@pytest.mark.parametrize(("advertised", "first"), [("169.254.170.23", "NET001"), ("169.254.9.9", "EFA001"), ("172.17.0.2", "NET001")])
+def test_a_failed_connect_to_the_unreachable_address_nccl_advertised_is_its_interface_choice(tmp_path: Path, advertised: str, first: str) -> None:
+    """NCCL listed a link-local or bridge address among its interfaces, and a connection to that very
+    address failed: the interface choice (NET001) comes before the plugin's fallback on the way
+    (EFA001) and a peer that was not listening (SOCK004). Another address proves nothing of the kind."""
+    target = "172.17.0.2" if advertised.startswith("172.") else "169.254.170.23"
+    log = (
+        "node-3:5512:5512 [0] NCCL INFO NET/OFI No eligible providers were found\n"
+        "node-3:5512:5512 [0] NCCL INFO NET/OFI aws-ofi-nccl initialization failed\n"
+        f"node-3:5512:5512 [0] NCCL INFO NET/Socket : Using [0]enp73s0:10.1.216.156<0> [1]pod-id-link0:{advertised}<0>\n"
+        f"node-4:6120:6190 [0] NCCL INFO socketPollConnect: connect to {target}<51877> returned Connection refused, retrying (13/34) after sleep for 1300 msec\n"
+    )
+    ranked = _ranked(_explained(tmp_path, log))
+    assert ranked[0] == (first, "cause"), ranked
+    if first == "NET001":
+        assert ranked.index(("SOCK004", "cause")) > 0
+
+
 @pytest.mark.parametrize(("local_gid", "first"), [("fe80::ba59:9fff:fe3c:10a2", "ROCE005"), ("::ffff:10.20.2.13", "IB002")])
 def test_a_timed_out_rtr_names_the_gid_index_only_for_a_link_local_source_gid(tmp_path: Path, local_gid: str, first: str) -> None:
     """NCCL 2.24+ prints the queue pair's GIDs when a move to RTR fails. A timeout there is an
