@@ -23,7 +23,8 @@ from preflight.probes.bar1 import MOSTLY_MAPPED
 from preflight.probes.gpudirect import (
     NVIDIA_PEERMEM_VERSION,
     GpuDirectFacts,
-    can_read_write,
+    access_decided,
+    membership_unknown,
 )
 from preflight.probes.rdma import IB_CLASS
 from preflight.registry import check
@@ -367,7 +368,10 @@ def _gdrdrv_unusable(gpudirect: GpuDirectFacts, requested: Evidence, *fallback: 
     if identity is None:
         yield undecided("/dev/gdrdrv", f"who the job runs as is unknown: {gpudirect.why('/proc/self/status')}", requested)
         return
-    if not can_read_write(node, identity):
+    access = access_decided(node, identity)
+    if access is None:
+        yield undecided("/dev/gdrdrv", membership_unknown(node, identity), requested)
+    elif not access:
         yield _gdrcopy_lost(
             "/dev/gdrdrv",
             requested,

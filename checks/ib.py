@@ -27,7 +27,7 @@ from preflight.nccl.ib import (
     require_ib_transport_on,
 )
 from preflight.nccl.releases import version_tuple
-from preflight.probes.gpudirect import DeviceNode, JobIdentity, can_read_write
+from preflight.probes.gpudirect import DeviceNode, JobIdentity, access_decided, membership_unknown
 from preflight.probes.kernel_log import NOT_READ, JoinFailure, KernelLogFacts
 from preflight.probes.link_history import IB_SYSFS, LinkHistoryFacts
 from preflight.probes.rdma import (
@@ -713,5 +713,7 @@ def _judge_node(
         yield present(subject, Evidence(path, f"not a character device ({stat_codes.filemode(node.mode)})", "character device"), severity=severity)
     elif identity is None:
         yield undecided(subject, f"{path} exists, but the job's identity could not be read (/proc/self/status)")
-    elif not can_read_write(node, identity):
+    elif (access := access_decided(node, identity)) is None:
+        yield undecided(subject, membership_unknown(node, identity))
+    elif not access:
         yield present(subject, _access(node, identity), severity=severity)

@@ -27,6 +27,7 @@ import stat as stat_codes
 from msgspec import Struct
 
 from preflight.probes.job import parse_environ, parse_group_membership
+from preflight.probes.nss import NSSWITCH_CONF, groups_beyond_files, read_as_glibc
 from preflight.probing import FactReader
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
@@ -57,6 +58,9 @@ class JobIdentity(Struct, frozen=True):
     uid: int
     gids: tuple[int, ...]  # primary first, then supplementary
     source: str
+    # Group services past /etc/group that libc also asks (nsswitch.conf group: sss, ldap...): a
+    # job user's supplementary groups read from /etc/group may then miss some. () when complete.
+    groups_elsewhere: tuple[str, ...] = ()
 
 
 class GpuDirectFacts(Struct, frozen=True):
@@ -112,6 +116,26 @@ def parse_status_ids(text: str) -> tuple[int, tuple[int, ...]] | None:
     return uid, tuple(dict.fromkeys(gids))
 
 
+def access_decided(node: DeviceNode, identity: JobIdentity) -> bool | None:
+    """Whether ``identity`` can open ``node`` read-write; None when only a membership in the
+    node's group would allow it and the groups were read where some may be missing
+    (``groups_elsewhere``)."""
+    if can_read_write(node, identity):
+        return True
+    group_bits = stat_codes.S_IRGRP | stat_codes.S_IWGRP
+    if identity.groups_elsewhere and node.uid != identity.uid and node.gid not in identity.gids and node.mode & group_bits == group_bits:
+        return None
+    return False
+
+
+def membership_unknown(node: DeviceNode, identity: JobIdentity) -> str:
+    """Why ``access_decided`` could not decide, for a finding's reason."""
+    return (
+        f"{node.path} is read-write for group {node.gid} only, and whether uid {identity.uid} is in it is unknown: "
+        f"/etc/group does not list it, and the group database also asks {', '.join(identity.groups_elsewhere)} (nsswitch.conf)"
+    )
+
+
 def can_read_write(node: DeviceNode, identity: JobIdentity) -> bool:
     """Classic Unix permission check for opening ``node`` O_RDWR as ``identity``."""
     if identity.uid == 0:
@@ -132,15 +156,28 @@ def read_job_identity(reader: FactReader, job_environ: dict[str, str]) -> JobIde
     if is_number(job_uid) and (own is None or int(job_uid) != own[0]):
         gids = [int(job_environ["SLURM_JOB_GID"])] if is_number(job_environ.get("SLURM_JOB_GID", "")) else []
         user = job_environ.get("SLURM_JOB_USER", "")
+        elsewhere: tuple[str, ...] = ()
         if user:
             known, groups = reader.known_text("/etc/group")
             if not known:
                 return None  # supplementary groups unknown: permissions cannot be judged
             gids += parse_group_membership(groups or "", user)
-        return JobIdentity(int(job_uid), tuple(dict.fromkeys(gids)), "SLURM_JOB_UID, SLURM_JOB_GID, /etc/group")
+            elsewhere = _group_services_elsewhere(reader, groups or "")
+        return JobIdentity(int(job_uid), tuple(dict.fromkeys(gids)), "SLURM_JOB_UID, SLURM_JOB_GID, /etc/group", elsewhere)
     if own is None:
         return None
     return JobIdentity(own[0], own[1], "/proc/self/status")
+
+
+def _group_services_elsewhere(reader: FactReader, group_text: str) -> tuple[str, ...]:
+    """The group services past /etc/group libc asks (``groups_beyond_files``); an unreadable
+    nsswitch.conf says nothing of them, so it counts as one ("nsswitch.conf unread")."""
+    try:
+        nsswitch = read_as_glibc(reader.fs, NSSWITCH_CONF)
+    except SourceError as error:
+        reader.problems.append(str(error))
+        return ("nsswitch.conf unread",)
+    return groups_beyond_files(nsswitch or "", group_text)
 
 
 @probe("gpudirect")

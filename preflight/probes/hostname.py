@@ -43,7 +43,6 @@ while no node sends thousands of queries at job start.
 from __future__ import annotations
 
 import ipaddress
-import re
 from collections.abc import Sequence
 
 from msgspec import Struct
@@ -52,6 +51,7 @@ from msgspec.structs import replace
 from preflight.config import HostConfig
 from preflight.hostlist import HostlistError, expand
 from preflight.probes.job import parse_environ
+from preflight.probes.nss import NssService, nsswitch_services, read_as_glibc
 from preflight.probing import FactReader
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
@@ -83,13 +83,6 @@ class HostsEntry(Struct, frozen=True):
     address: str
     names: tuple[str, ...]
     source: str  # "/etc/hosts:3"
-
-
-class NssService(Struct, frozen=True):
-    """One service of the nsswitch.conf ``hosts:`` line and the action items after it."""
-
-    name: str  # "files", "dns", "myhostname", "resolve", "sss"...
-    actions: tuple[str, ...] = ()  # "NOTFOUND=return", "!UNAVAIL=return"
 
 
 #: glibc 2.36 without a hosts line: files, then dns (see the module docstring).
@@ -133,18 +126,6 @@ class HostnameFacts(Struct, frozen=True):
 
 
 # -- parsers ----------------------------------------------------------------------------------
-def read_as_glibc(fs: NodeFS, path: str) -> str | None:
-    """A file glibc's NSS reads line by line (/etc/hosts, /etc/nsswitch.conf), as glibc sees it:
-    bytes, not text. Each line ends at its first NUL (glibc parses lines as C strings,
-    nss/nss_readline.c) and bytes that are not UTF-8 are replaced: addresses, names and keywords
-    are ASCII, so a Latin-1 comment must not make the whole file unreadable. ``None`` when absent;
-    SourceError past the read cap, which glibc does not have."""
-    data = fs.read_bytes(path)
-    if data is None:
-        return None
-    return "\n".join(line.split(b"\0", 1)[0].decode("utf-8", "replace") for line in data.split(b"\n"))
-
-
 def parse_hosts(text: str, path: str = "/etc/hosts") -> list[HostsEntry]:
     entries = []
     for number, line in enumerate(text.splitlines(), 1):
@@ -155,31 +136,9 @@ def parse_hosts(text: str, path: str = "/etc/hosts") -> list[HostsEntry]:
     return entries
 
 
-_NSS_TOKEN = re.compile(r"\[([^\]]*)\]|([^\s\[]+)")
-
-
-def _action_item(item: str) -> str:
-    """``notfound=Return`` -> ``NOTFOUND=return``: statuses and actions are case-insensitive."""
-    condition, _, action = item.partition("=")
-    return f"{condition.upper()}={action.lower()}"
-
-
 def parse_nsswitch_hosts(text: str) -> tuple[NssService, ...]:
     """The ``hosts:`` line of nsswitch.conf; glibc's default order when there is none."""
-    for line in text.splitlines():
-        database, colon, rest = line.split("#", 1)[0].partition(":")
-        if not colon or database.strip() != "hosts":
-            continue
-        services: list[NssService] = []
-        for bracket, word in _NSS_TOKEN.findall(rest):
-            if word:
-                services.append(NssService(word.lower()))
-            elif services:
-                items = tuple(_action_item(item) for item in bracket.split() if "=" in item)
-                services[-1] = NssService(services[-1].name, services[-1].actions + items)
-        if services:
-            return tuple(services)
-    return FILES_THEN_DNS
+    return nsswitch_services(text, "hosts") or FILES_THEN_DNS
 
 
 # -- names ------------------------------------------------------------------------------------

@@ -346,6 +346,17 @@ def test_ib007_present_for_missing_node_permissions_and_rdma_cm() -> None:
     assert denied.observed == "mode crw------- owner 0:0" and "uid 1001" in denied.expected
 
 
+def test_ib007_is_unknown_where_only_a_group_the_directory_may_hold_would_open_the_node() -> None:
+    """/dev/infiniband nodes read-write for a group (0660) and a job user /etc/group does not list
+    in it, on a node whose group database also asks sss: the membership is unknown, not missing."""
+    group_only = {"/dev/infiniband/uverbs0": stat.S_IFCHR | 0o660, "/dev/infiniband/rdma_cm": stat.S_IFCHR | 0o660}
+    directory = replace(ALICE, groups_elsewhere=("sss",))
+    found = list(ib007(rdma(hca("mlx5_0"), nodes=group_only, identity=directory)))
+    assert {(o.subject, o.status) for o in found} == {("mlx5_0", Status.UNKNOWN), ("rdma_cm", Status.UNKNOWN)}
+    assert "also asks sss (nsswitch.conf)" in found[0].reason
+    assert subjects(ib007(rdma(hca("mlx5_0"), nodes=group_only))) == {"mlx5_0", "rdma_cm"}  # files only: decided
+
+
 def test_ib007_present_without_ib_uverbs_or_a_uverbs_device() -> None:
     assert subjects(ib007(rdma(hca("mlx5_0"), verbs=False))) == {"ib_uverbs"}
     assert subjects(ib007(rdma(hca("mlx5_0"), hca("mlx5_1", uverbs=None)))) == {"mlx5_1"}

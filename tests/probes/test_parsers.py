@@ -6,7 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from preflight.probes.gpudirect import can_read_write, DeviceNode, JobIdentity, parse_status_ids
+from preflight.probes.gpudirect import access_decided, can_read_write, DeviceNode, JobIdentity, parse_status_ids, read_job_identity
+from preflight.probes.nss import groups_beyond_files
+from preflight.probing import FactReader
+from preflight.sources import NodeFS
 from preflight.checks.gdr import parse_kernel_version
 from preflight.probes.job import parse_group_membership
 from preflight.probes.gpus import normalise_bus_id
@@ -247,6 +250,39 @@ def test_can_read_write_uses_owner_group_other_bits() -> None:
     assert not can_read_write(node, JobIdentity(1001, (1001,), "t"))
     assert can_read_write(node, JobIdentity(0, (0,), "t"))
     assert can_read_write(DeviceNode("/dev/gdrdrv", 0o20666, 0, 0), JobIdentity(1001, (1001,), "t"))
+
+
+@pytest.mark.parametrize(
+    ("nsswitch", "group", "elsewhere"),
+    [
+        ("", "", ()),  # no nsswitch.conf line: glibc asks files only
+        ("group:  files systemd\n", "", ()),  # Debian's default: nss-systemd adds no site users
+        ("passwd: files sss\ngroup: files [SUCCESS=merge] sss\n", "", ("sss",)),
+        ("group: files ldap # site directory\n", "", ("ldap",)),
+        ("group: compat\n", "video:x:44:bob\n", ()),
+        ("group: compat\n", "video:x:44:bob\n+:::\n", ("nis (compat)",)),
+    ],
+)
+def test_groups_beyond_files_names_the_group_services_etc_group_does_not_hold(nsswitch: str, group: str, elsewhere: tuple[str, ...]) -> None:
+    assert groups_beyond_files(nsswitch, group) == elsewhere
+
+
+def test_a_job_users_groups_read_from_etc_group_are_incomplete_under_a_directory_service(tmp_path: Path) -> None:
+    """The prolog reads a job user's groups from /etc/group; where nsswitch.conf also asks sss or
+    ldap, a membership only the directory holds decides nothing either way."""
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/group").write_text("rdma:x:996:bob\n")
+    (tmp_path / "etc/nsswitch.conf").write_text("group: files sss\n")
+    environ = {"SLURM_JOB_UID": "1001", "SLURM_JOB_GID": "1001", "SLURM_JOB_USER": "alice"}
+    identity = read_job_identity(FactReader(NodeFS(str(tmp_path))), environ)
+    assert identity is not None and identity.gids == (1001,) and identity.groups_elsewhere == ("sss",)
+    group_only = DeviceNode("/dev/infiniband/uverbs0", 0o20660, 0, 996)
+    assert access_decided(group_only, identity) is None
+    assert access_decided(DeviceNode("/dev/infiniband/uverbs0", 0o20600, 0, 996), identity) is False  # no group can open it
+    assert access_decided(DeviceNode("/dev/infiniband/uverbs0", 0o20666, 0, 996), identity) is True
+    assert access_decided(group_only, JobIdentity(1001, (1001,), "t")) is False  # /etc/group is all there is
+    (tmp_path / "etc/nsswitch.conf").write_text("group: files systemd\n")
+    assert read_job_identity(FactReader(NodeFS(str(tmp_path))), environ) == JobIdentity(1001, (1001,), identity.source)
 
 
 def test_number_runs_are_the_ranges_a_hostlist_would_write() -> None:
