@@ -377,6 +377,10 @@ def test_gdr002_device_node_missing_or_not_accessible(gpudirect: GpuDirectFacts,
     assert found and "crw-rw----" in found[0].evidence[1].observed and found[0].severity == Severity.WARNING
     member = replace(locked, job_identity=JobIdentity(1001, (1001, 44), "SLURM_JOB_UID"))
     assert list(gdrcopy_driver_unusable(member, enabled, NCCL_2_28, gpus)) == []
+    # the job user's groups read from /etc/group while nsswitch.conf also asks sss: group 44 may be theirs
+    directory = replace(locked, job_identity=replace(alice, groups_elsewhere=("sss",)))
+    found = list(gdrcopy_driver_unusable(directory, enabled, NCCL_2_28, gpus))
+    assert [(o.subject, o.status) for o in found] == [("/dev/gdrdrv", Status.UNKNOWN)] and "also asks sss" in found[0].reason
 
 
 def test_gdr002_absent_when_not_requested(gpudirect: GpuDirectFacts, gpus: GpuFacts) -> None:
