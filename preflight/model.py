@@ -13,9 +13,9 @@ from typing import Any
 from msgspec import Struct
 
 #: Stable reference IDs look like lint codes: an area of 2-5 capitals and three digits.
-REFERENCE_ID = re.compile(r"^[A-Z]{2,5}[0-9]{3}$")
+REFERENCE_ID = re.compile(r"^[A-Z]{2,5}[0-9]{3}\Z")  # \Z: "$" would let a final newline through
 #: Symbols name the misconfiguration in kebab case, e.g. ``memlock-limit-too-low``.
-SYMBOL = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+SYMBOL = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*\Z")
 
 
 class Status(str, enum.Enum):

@@ -134,29 +134,28 @@ def check_candidates(explanation: Explanation, root: str, config_path: str | Non
     from preflight.explain.confirm import (
         NodeCheckError, checks_reading_the_job, node_findings, outside_the_job, related_found, related_to_symptoms, verdict_for,
     )
-    from preflight.probes.job import in_job_process
-
     references = explanation.references
     related = related_to_symptoms([(c.reference_id, c.tier) for c in explanation.candidates], references)
     named = [c.reference_id for c in explanation.candidates]
     wanted = {check for ref_id in [*named, *related] for check in references[ref_id].checks}
     try:
-        findings = node_findings(wanted, root, config_path, checks_dirs)
+        node = node_findings(wanted, root, config_path, checks_dirs)
     except NodeCheckError as error:
         explanation.check_error = str(error)
         return
+    findings = node.by_reference
     for ref_id in named:
         explanation.verdicts[ref_id] = verdict_for(references[ref_id], findings)
-    # On the live node outside a job, the job's settings the checks read are this shell's; a
-    # recorded root or snapshot carries the environment it was taken in. Only a refutation changes,
-    # and a related reference that such a check decides is not shown at all (related_found).
-    live_outside_job = root == "/" and not in_job_process(dict(os.environ))
-    refuted = [ref_id for ref_id, verdict in explanation.verdicts.items() if verdict.status == "refuted"]
-    if live_outside_job and refuted:
-        job_reading = checks_reading_the_job({check for ref_id in refuted for check in references[ref_id].checks}, checks_dirs)
-        for ref_id in refuted:
+    # The job's settings the checks read come from the environment they ran in: this shell's on the
+    # live node, the recorder's in a root or snapshot (a prolog, an audit). Unless that is a job's,
+    # what those checks found or missed is not about the failed job: its refutations and its
+    # confirmations become undecided, and a related reference it decides is not shown (related_found).
+    decided = [ref_id for ref_id, verdict in explanation.verdicts.items() if verdict.status in ("refuted", "confirmed")]
+    if not node.read_a_job and decided:
+        job_reading = checks_reading_the_job({check for ref_id in decided for check in references[ref_id].checks}, checks_dirs)
+        for ref_id in decided:
             explanation.verdicts[ref_id] = outside_the_job(explanation.verdicts[ref_id], references[ref_id], job_reading)
     shell_settings = None
-    if live_outside_job and related:
+    if not node.read_a_job and related:
         shell_settings = checks_reading_the_job({check for ref_id in related for check in references[ref_id].checks}, checks_dirs)
     explanation.related_on_node = related_found(related, findings, references, shell_settings)

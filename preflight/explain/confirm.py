@@ -2,10 +2,12 @@
 
 A log line only says a failure happened. The checks in a candidate's ``detect.checks`` look
 at the node (this one, or a recorded root) for the misconfiguration itself; one engine run
-covers every candidate, and each candidate becomes confirmed (a check found it at warning or
+covers every candidate, and each candidate becomes confirmed (a check found it at error or
 above), refuted (every check ran and found nothing) or undecided (no check covers it, a check
-could not reach a verdict, it noted information only, or the checks found nothing but test only
-some of the reference's causes: ``[detect] tests_only``).
+could not reach a verdict, it found only warnings or information, or the checks found nothing
+but test only some of the reference's causes: ``[detect] tests_only``). A warning is a finding
+its check itself calls no fault on its own (persistence mode off, a limit that is this shell's
+and not the jobs'): shown beside the candidate, it does not confirm a cause the log names.
 
 A symptom candidate (a watchdog timeout, "unhandled system error") asks for an earlier cause the
 log may never print: the same run also covers the checks of the references each symptom lists as
@@ -18,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 
 from preflight.model import Finding, Reference, Severity, Status
+from preflight.sources import NodeFS, SourceError
 
 
 @dataclass
@@ -25,6 +28,12 @@ class Verdict:
     status: str  # confirmed | refuted | undecided
     reason: str
     findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def harmful(self) -> bool:
+        """The checks found something at warning or above: a confirmation, or the warnings that
+        leave a candidate undecided (enough to name a related reference a symptom points at)."""
+        return any(f.status is Status.PRESENT and f.severity.rank > Severity.INFO.rank for f in self.findings)
 
 
 @dataclass
@@ -41,11 +50,21 @@ class NodeCheckError(Exception):
     """The node could not be checked at all (bad root, broken config or plugin)."""
 
 
+@dataclass
+class NodeFindings:
+    """What one engine run on the node found, by reference ID, and whether the environment its
+    checks read (``/proc/self/environ``: this process's on the live node, the recorded one in a
+    root or snapshot) is a job's; False where it is not or could not be read."""
+
+    by_reference: dict[str, list[Finding]]
+    read_a_job: bool
+
+
 def node_findings(
     check_ids: set[str], root: str, config_path: str | None, checks_dirs: tuple[str, ...] = ()
-) -> dict[str, list[Finding]]:
+) -> NodeFindings:
     """Run exactly ``check_ids`` on ``root`` (a directory, or a snapshot archive) with the full
-    profile; findings by reference ID."""
+    profile."""
     from preflight.catalogue import CatalogueError
     from preflight.config import ConfigError
     from preflight.registry import RegistrationError
@@ -54,20 +73,32 @@ def node_findings(
     from preflight.sources.archive import ArchiveError, opened_root
 
     if not check_ids:
-        return {}
+        return NodeFindings({}, False)
     try:
         # A snapshot archive (preflight snapshot) is replayed as `preflight node --root` does.
         with opened_root(root, time.monotonic() + unpack_budget(root, None, config_path)) as (directory, _label):
             node = open_node(directory, config_path)
+            read_a_job = _environ_is_a_jobs(node.fs)
             report = inspect_node(node, profile="full", select=tuple(sorted(check_ids)), checks_dirs=checks_dirs)
     except NothingToRun:
-        return {}
+        return NodeFindings({}, False)
     except (RootError, ConfigError, RegistrationError, CatalogueError, ArchiveError) as error:
         raise NodeCheckError(str(error)) from None
     by_reference: dict[str, list[Finding]] = {}
     for finding in report.findings:
         by_reference.setdefault(finding.reference_id, []).append(finding)
-    return by_reference
+    return NodeFindings(by_reference, read_a_job)
+
+
+def _environ_is_a_jobs(fs: NodeFS) -> bool:
+    """The environment the job probe reads on ``fs`` belongs to a job's process."""
+    from preflight.probes.job import in_job_process, parse_environ
+
+    try:
+        data = fs.read_bytes("/proc/self/environ")
+    except SourceError:
+        return False
+    return data is not None and in_job_process(parse_environ(data))
 
 
 def related_to_symptoms(candidates: list[tuple[str, str]], references: dict[str, Reference]) -> dict[str, tuple[str, ...]]:
@@ -92,7 +123,7 @@ def related_found(
     node, the most severe first. ``job_reading`` (the live node outside the job: the checks that
     read this shell's settings instead of the job's) leaves out a reference any of those checks
     decide: no log line stands behind it, and its evidence would describe the wrong process."""
-    found = {ref_id: verdict for ref_id in related if (verdict := verdict_for(references[ref_id], findings)).status == "confirmed"}
+    found = {ref_id: verdict for ref_id in related if (verdict := verdict_for(references[ref_id], findings)).harmful}
     if job_reading is not None:
         found = {ref_id: verdict for ref_id, verdict in found.items() if not set(references[ref_id].checks) & job_reading}
     # sorted() keeps the catalogue's order of relations among findings of one severity
@@ -107,9 +138,12 @@ def verdict_for(reference: Reference, findings: dict[str, list[Finding]]) -> Ver
     present = [f for f in results if f.status is Status.PRESENT]
     # An info-level finding is a note, not a misconfiguration (NET005's deliberate NCCL_SOCKET_IFNAME
     # on a separate data network): it neither confirms the candidate nor rules it out.
-    harmful = [f for f in present if f.severity.rank > Severity.INFO.rank]
-    if harmful:
-        return Verdict("confirmed", "the node shows the misconfiguration", harmful)
+    faults = [f for f in present if f.severity.rank >= Severity.ERROR.rank]
+    if faults:
+        return Verdict("confirmed", "the node shows the misconfiguration", faults)
+    warnings = [f for f in present if f.severity.rank > Severity.INFO.rank]
+    if warnings:
+        return Verdict("undecided", "the node checks found only warnings, which by themselves do not cause this failure", warnings)
     if present:
         notes = "; ".join(f"{f.subject}: {f.evidence[0].observed}" if f.evidence else f.subject for f in present[:3])
         return Verdict("undecided", f"the node checks noted only information, no misconfiguration ({notes})", present)
@@ -146,14 +180,32 @@ def checks_reading_the_job(check_ids: set[str], checks_dirs: tuple[str, ...] = (
 
 
 def outside_the_job(verdict: Verdict, reference: Reference, job_reading: set[str]) -> Verdict:
-    """``verdict`` as it stands when ``--check`` ran on the live node outside the failed job: a
-    check that read the job's settings read this shell's instead, so its clean result rules out
-    nothing about the job (a refutation becomes undecided, saying where to run it)."""
-    if verdict.status != "refuted" or not set(reference.checks) & job_reading:
-        return verdict
-    return Verdict(
-        "undecided",
-        "the node checks found no sign of it, but read the job's settings from this shell's environment, not the "
-        "failed job's: run --check inside the job's allocation (srun ... preflight explain --check) or on a snapshot taken there",
-        verdict.findings,
+    """``verdict`` as it stands when the checks read an environment that is not the failed job's
+    (the live node from a shell, a root or snapshot recorded outside a job): a check that read the
+    job's settings read that process's instead, so neither its clean result nor what it found
+    says anything about the job. A refutation by such checks, or a confirmation resting only on
+    what that process itself showed (its environment, limits or credentials, /proc/self/...),
+    becomes undecided, saying where to run it. Findings about the node (slurmd's limits, a
+    module, /etc/nccl.conf, which every job reads) still confirm."""
+    where = (
+        "run --check inside the job's allocation (srun ... preflight explain --check) or on a snapshot taken there"
     )
+    if verdict.status == "refuted" and set(reference.checks) & job_reading:
+        return Verdict(
+            "undecided",
+            f"the node checks found no sign of it, but read the job's settings from an environment that is not the failed job's: {where}",
+            verdict.findings,
+        )
+    if verdict.status == "confirmed" and verdict.findings and all(_read_from_this_process(finding) for finding in verdict.findings):
+        return Verdict(
+            "undecided",
+            f"the node checks found it in the settings of an environment that is not the failed job's: {where}",
+            verdict.findings,
+        )
+    return verdict
+
+
+def _read_from_this_process(finding: Finding) -> bool:
+    """The finding rests on something of the process the checks ran in (/proc/self/environ,
+    limits, status), not of the node."""
+    return any(evidence.source.startswith("/proc/self/") for evidence in finding.evidence)

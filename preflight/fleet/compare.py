@@ -303,14 +303,16 @@ def build_fleet(nodes: Sequence[NodeReport], skipped: Sequence[Skipped], ignore_
 
 
 def fleet_exit_code(fleet: Fleet) -> ExitCode:
-    """3 no report could be read; 2 an error or critical finding present on some node or in the
-    fleet findings, or a disagreement (odd one out or tie); 1 a warning present on some node or in
-    the fleet findings, or a file skipped; 0 otherwise. Unknown findings do not count, as for
+    """3 no report could be read; 2 an error or critical finding present on some node, in the
+    fleet findings or in a second report for a node, or a disagreement (odd one out or tie); 1 a
+    warning present on some node or in the fleet findings, or a file skipped; 0 otherwise. Unknown findings do not count, as for
     ``preflight node``."""
     if not fleet.nodes:
         return ExitCode.NO_VERDICT
     ranks = [row.worst.rank for row in fleet.references if row.worst is not None]
     ranks += [Severity(f.severity).rank for f in fleet.findings if f.status == Status.PRESENT.value]
+    # a second report for a node, left out of the comparison, still counts with what it found
+    ranks += [SEVERITY_RANK.get(s.duplicate_worst, 0) for s in fleet.skipped if s.duplicate_worst]
     if fleet.disagreements or any(rank >= Severity.ERROR.rank for rank in ranks):
         return ExitCode.ERROR
     if fleet.skipped or any(rank >= Severity.WARNING.rank for rank in ranks):

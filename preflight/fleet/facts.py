@@ -201,19 +201,24 @@ def _hca_names(facts: Any) -> str | None:
 
 def _hca_firmware(facts: Any) -> str | None:
     devices = data_hcas(facts)
-    return joined(at(device, "fw_ver") or "unreadable" for device in devices) if devices is not None else None
+    if devices is None:
+        return None
+    versions = [at(device, "fw_ver") for device in devices]
+    return joined(versions) if all(versions) else None  # one unreadable: the node's firmware is unknown
 
 
 def _port_rates(facts: Any) -> str | None:
     ports = data_ports(facts)
     if ports is None:
         return None
-    rates: set[tuple[float, int, str] | None] = set()  # (gbps, width, speed); None: unreadable
+    rates: set[tuple[float, int, str]] = set()  # (gbps, width, speed)
     for port in ports:
         rate = at(port, "rate")
-        rates.add((rate.gbps, rate.width, rate.speed) if rate is not None and rate.speed else None)
+        if rate is None or not rate.speed:
+            return None  # one port's rate unreadable: the node's rates are unknown
+        rates.add((rate.gbps, rate.width, rate.speed))
     # formatted once per distinct rate, not once per port
-    return joined(f"{rate[0]:g} Gb/s ({rate[1]}X {rate[2]})" if rate else "unreadable" for rate in rates)
+    return joined(f"{rate[0]:g} Gb/s ({rate[1]}X {rate[2]})" for rate in rates)
 
 
 def _rdma_stack(facts: Any) -> str | None:
@@ -283,10 +288,9 @@ def _nccl_gid_index(facts: Any) -> str | None:
     for port in ports:
         job = at(port, "nccl_job")
         if job is None:
-            chosen.append("unreadable")
-        else:
-            index = at(job, "index")
-            chosen.append(str(index) if index is not None else "no usable GID")
+            return None  # one port's choice unreadable: the node's is unknown
+        index = at(job, "index")
+        chosen.append(str(index) if index is not None else "no usable GID")
     return joined(chosen)
 
 
@@ -297,8 +301,7 @@ def _nccl_conf(facts: Any) -> str | None:
     shown = []
     for conf in files:
         if conf.error:
-            shown.append(f"{conf.path or '?'}: unreadable")
-            continue
+            return None  # a file NCCL reads that preflight could not: the node's settings are unknown
         pairs = [f"{name}={value}" for name, value in conf.entries]
         shown.append(f"{conf.path or '?'}: {' '.join(pairs) or '(empty)'}")
     return "; ".join(shown) if shown else NONE
@@ -307,8 +310,8 @@ def _nccl_conf(facts: Any) -> str | None:
 def _peer_memory(facts: Any) -> str | None:
     files = at(facts, "gpudirect", "peer_memory_files")
     legacy = at(facts, "gpudirect", "nv_peer_mem_loaded")
-    if files is None or not isinstance(legacy, bool):
-        return None
+    if files is None or not isinstance(legacy, bool) or at(facts, "gpudirect", "peer_memory_unknown"):
+        return None  # a peer-memory file that could not be looked up may be the one loaded
     # "/sys/module/nvidia_peermem/version" -> "nvidia_peermem": the client, not where it was seen
     names = [path.removesuffix("/version").rsplit("/", 1)[-1] for path in files]
     if legacy:
@@ -328,7 +331,9 @@ def _memlock_slurmd(facts: Any) -> str | None:
     if memlock is None or memlock.slurmd is msgspec.UNSET:
         return None
     if memlock.slurmd is None:
-        return "no slurmd" if at(memlock, "slurmd_pid") is None else None
+        # "no slurmd" only where /proc was listed: an unlisted /proc hides a running one
+        listed = not any(problem.startswith("/proc:") for problem in at(memlock, "problems") or ())
+        return "no slurmd" if at(memlock, "slurmd_pid") is None and listed else None
     return _limit(memlock.slurmd)
 
 
@@ -394,9 +399,12 @@ FACTS: tuple[Fact, ...] = (
                                               "interfaces.links.name", "interfaces.links.mtu"), _roce_mtu, decides="ROCE006"),
     Fact("nccl_gid_index", "GID index NCCL picks (RoCE)", ("roce.ports.nccl_job.index",), _nccl_gid_index),
     Fact("nccl_conf", "nccl.conf", ("job.nccl_conf_files",), _nccl_conf),
-    Fact("peer_memory", "GPUDirect peer memory", ("gpudirect.peer_memory_files", "gpudirect.nv_peer_mem_loaded"), _peer_memory),
+    Fact(
+        "peer_memory", "GPUDirect peer memory",
+        ("gpudirect.peer_memory_files", "gpudirect.peer_memory_unknown", "gpudirect.nv_peer_mem_loaded"), _peer_memory,
+    ),
     Fact("gdrdrv", "gdrdrv loaded", ("gpudirect.gdrdrv_loaded",), lambda f: flag(at(f, "gpudirect", "gdrdrv_loaded"))),
-    Fact("memlock_slurmd", "memlock of slurmd (jobs inherit it)", ("memlock.slurmd", "memlock.slurmd_pid"), _memlock_slurmd),
+    Fact("memlock_slurmd", "memlock of slurmd (jobs inherit it)", ("memlock.slurmd", "memlock.slurmd_pid", "memlock.problems"), _memlock_slurmd),
     Fact("memlock_propagated", "slurm.conf propagates memlock", ("memlock.memlock_propagated",), lambda f: flag(at(f, "memlock", "memlock_propagated"))),
     Fact("acs_redirect", "ACS redirect on GPU-NIC paths", ("pcie.bridges.bdf", "pcie.bridges.unreadable", "pcie.bridges.acs"), _acs_redirect),
     Fact("nvswitches", "NVSwitches", ("fabric.nvswitches",), lambda f: count(at(f, "fabric", "nvswitches"))),

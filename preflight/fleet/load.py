@@ -37,7 +37,7 @@ MAX_REPORT_BYTES = 16 * 1024 * 1024
 MAX_REPORTS = 200_000
 #: Host names as the kernel and DNS allow them; anything else (a "/", "..", a control character,
 #: an escape sequence meant for the terminal that shows the fleet table) is refused.
-HOST_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,252})$")
+HOST_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,252})\Z")  # \Z: "$" would let a final newline through
 #: How a fleet names its nodes: by the host name each report gives, or by the report's file name
 #: less ".json" (the Ansible role saves each report under the host's inventory name, which is
 #: how its operators know the node, and which differs from the host name on many fleets).
@@ -57,6 +57,9 @@ class ReportError(Exception):
 class Skipped(Struct, frozen=True):
     file: str
     reason: str
+    # A second report for a node already read: the worst severity present in it, which the exit
+    # code keeps (which report is current cannot be told, so neither may hide the other's finding).
+    duplicate_worst: str = ""
 
 
 
@@ -480,6 +483,12 @@ def _load_many(paths: list[str], max_bytes: int, workers: int | None, node_names
     return [_load_one(job) for job in jobs]
 
 
+def worst_present(report: NodeReport) -> str:
+    """The worst severity among the report's present findings; "" when none is present."""
+    present = [body[0] for _ref_id, status, _symbol, _title, body in report.mentions if status == Status.PRESENT.value]
+    return max(present, key=lambda severity: SEVERITY_RANK.get(severity, 0), default="")
+
+
 def load_reports(
     inputs: Iterable[str], max_bytes: int = MAX_REPORT_BYTES, workers: int | None = None, node_names: str = "host"
 ) -> tuple[list[NodeReport], list[Skipped]]:
@@ -495,7 +504,8 @@ def load_reports(
         path = report.file
         if report.name in first_file:
             what = "host" if node_names == "host" else "node"
-            skipped.append(Skipped(path, f"a second report for {what} {report.name} (first: {first_file[report.name]})"))
+            reason = f"a second report for {what} {report.name} (first: {first_file[report.name]})"
+            skipped.append(Skipped(path, reason, worst_present(report)))
             continue
         first_file[report.name] = path
         reports.append(report)

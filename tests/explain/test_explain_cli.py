@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -223,6 +224,13 @@ def test_a_50_mb_single_line_streams_in_bounded_memory(tmp_path: Path) -> None:
     assert int(peak_kib) < 150 * 1024, f"peak RSS {int(peak_kib) // 1024} MiB"
 
 
+def record_job_step(root: Path) -> None:
+    """Make ``root`` a recording taken inside a job step: its environ without the prolog's context."""
+    environ = root / "proc/self/environ"
+    pairs = [item for item in environ.read_bytes().split(b"\0") if item and not item.startswith(b"SLURM_SCRIPT_CONTEXT=")]
+    environ.write_bytes(b"\0".join([*pairs, b"SLURM_STEP_ID=0"]) + b"\0")
+
+
 def test_check_confirms_and_refutes_on_a_recorded_node(run_cli: Runner, example_root: Path, clean_root: Path) -> None:
     path = next(p for p in CORPUS_FILES if p.name.startswith("MEM001__"))
     code, planted = explain_json(run_cli, str(path), "--check", "--root", str(example_root))
@@ -234,7 +242,13 @@ def test_check_confirms_and_refutes_on_a_recorded_node(run_cli: Runner, example_
     verdict = clean["candidates"][0]["verdict"]
     assert verdict["status"] == "undecided" and verdict["reason"].startswith("the node checks test only ") and code == 1
     # GDR001's check reads every cause it lists (peer-memory modules, DMA-BUF, NCCL_DMABUF_ENABLE).
+    # Recorded by a prolog, which sees none of what the job exports (NCCL_DMABUF_ENABLE), a clean
+    # root rules out nothing of the job's settings; recorded in a job step it refutes.
     gdr = next(p for p in CORPUS_FILES if p.name.startswith("GDR001__"))
+    code, gdr_prolog = explain_json(run_cli, str(gdr), "--check", "--root", str(clean_root))
+    verdict = gdr_prolog["candidates"][0]["verdict"]
+    assert verdict["status"] == "undecided" and "not the failed job's" in verdict["reason"] and code == 1
+    record_job_step(clean_root)
     code, gdr_clean = explain_json(run_cli, str(gdr), "--check", "--root", str(clean_root))
     assert gdr_clean["candidates"][0]["verdict"]["status"] == "refuted" and code == 1
     without_checks = [c for c in clean["candidates"] if not c["checks"]]
@@ -253,6 +267,14 @@ def test_check_names_what_the_node_shows_behind_a_symptom(run_cli: Runner, examp
         "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:317, "
         "unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5\n"
     )
+    # The example node was recorded by a prolog: the NCCL copies its job-reading checks found are not
+    # the job's, so SOCK002 is named only where the root was recorded in a job step.
+    code, prolog = explain_json(run_cli, str(log), "--check", "--root", str(example_root))
+    assert "SOCK002" not in {entry["id"] for entry in prolog["related_on_node"]}
+    in_job = tmp_path / "in-job"
+    shutil.copytree(example_root, in_job, symlinks=True)
+    record_job_step(in_job)
+    example_root = in_job
     code, found = explain_json(run_cli, str(log), "--check", "--root", str(example_root))
     assert [c["id"] for c in found["candidates"]] == ["NCCL007"] and found["candidates"][0]["tier"] == "symptom"
     related = {entry["id"]: entry for entry in found["related_on_node"]}

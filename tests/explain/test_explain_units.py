@@ -883,6 +883,14 @@ def test_a_clean_check_refutes_only_a_reference_whose_causes_it_all_tests() -> N
     noted = {"GPU902": [Finding("GPU902", "s", "t", Status.PRESENT, Severity.INFO, "GPU0")]}
     verdict = verdict_for(whole, noted)
     assert verdict.status == "undecided" and "noted only information" in verdict.reason and verdict.findings
+    # A warning is what its check calls no fault on its own (GPU001's persistence mode off): shown,
+    # it leaves the candidate undecided instead of telling the reader to drain the node.
+    warned = {"GPU902": [Finding("GPU902", "s", "t", Status.PRESENT, Severity.WARNING, "GPU0")]}
+    verdict = verdict_for(whole, warned)
+    assert verdict.status == "undecided" and "only warnings" in verdict.reason and verdict.findings and verdict.harmful
+    both = {"GPU902": [*warned["GPU902"], Finding("GPU902", "s", "t", Status.PRESENT, Severity.CRITICAL, "GPU3")]}
+    verdict = verdict_for(whole, both)
+    assert verdict.status == "confirmed" and [f.subject for f in verdict.findings] == ["GPU3"]
 
 
 def test_a_refutation_from_a_shell_outside_the_job_is_undecided_for_checks_of_the_job_settings() -> None:
@@ -898,8 +906,14 @@ def test_a_refutation_from_a_shell_outside_the_job_is_undecided_for_checks_of_th
     moved = outside_the_job(refuted, by_id["GDR001"], reading)
     assert moved.status == "undecided" and "inside the job's allocation" in moved.reason
     assert outside_the_job(refuted, by_id["PCI001"], reading) is refuted
-    confirmed = Verdict("confirmed", "the node shows the misconfiguration")
+    # A confirmation stands where it rests on the node (a module, /etc/nccl.conf every job reads) and
+    # not where it rests only on the checking process itself (its environment, its limits).
+    node_wide = Finding("GDR001", "s", "t", Status.PRESENT, Severity.ERROR, "node", (FindingEvidence("/etc/nccl.conf NCCL_DMABUF_ENABLE", "0"),))
+    confirmed = Verdict("confirmed", "the node shows the misconfiguration", [node_wide])
     assert outside_the_job(confirmed, by_id["GDR001"], reading) is confirmed
+    own = Finding("MEM001", "s", "t", Status.PRESENT, Severity.ERROR, "process", (FindingEvidence("/proc/self/limits", "memlock 8 MiB"),))
+    moved = outside_the_job(Verdict("confirmed", "the node shows the misconfiguration", [own]), by_id["MEM001"], reading)
+    assert moved.status == "undecided" and "not the failed job's" in moved.reason
 
 
 def test_every_probe_that_reads_the_environment_counts_as_reading_the_job() -> None:
@@ -931,27 +945,39 @@ def test_check_candidates_reconsiders_refutations_only_on_the_live_node_outside_
 
     references = {reference.id: reference for reference in load_all()}
     clean = {"GDR001": [Finding("GDR001", "s", "t", Status.ABSENT, Severity.ERROR, "node")]}
-    monkeypatch.setattr(confirm, "node_findings", lambda *args, **kwargs: clean)
 
-    def verdict(root: str) -> str:
+    def verdict(read_a_job: bool) -> str:
+        monkeypatch.setattr(confirm, "node_findings", lambda *args, **kwargs: confirm.NodeFindings(clean, read_a_job))
         candidate = Candidate("GDR001", "cause", 1, None, True)  # type: ignore[arg-type]  (hits unused here)
         explanation = Explanation(ReadStats(), [candidate], references, None, [], 0.0)
-        check_candidates(explanation, root, None)
+        check_candidates(explanation, "/srv/snapshots/gpu017", None)
         return explanation.verdicts["GDR001"].status
 
-    from preflight.probes.job import ENV_RENDEZVOUS_NAMES, LAUNCHED_RANK_NAMES
+    assert verdict(read_a_job=False) == "undecided" and verdict(read_a_job=True) == "refuted"
 
-    for name in ("SLURM_JOB_ID", "SLURM_SCRIPT_CONTEXT", *LAUNCHED_RANK_NAMES, *ENV_RENDEZVOUS_NAMES):
-        monkeypatch.delenv(name, raising=False)
-    assert verdict("/") == "undecided" and verdict("/srv/snapshots/gpu017") == "refuted"
-    monkeypatch.setenv("SLURM_JOB_ID", "4242")
-    assert verdict("/") == "refuted"
-    monkeypatch.setenv("SLURM_SCRIPT_CONTEXT", "prolog_slurmd")  # a prolog sees none of what the job exports
-    assert verdict("/") == "undecided"
-    monkeypatch.delenv("SLURM_JOB_ID")
-    monkeypatch.delenv("SLURM_SCRIPT_CONTEXT")
-    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "3")  # a rank mpirun started
-    assert verdict("/") == "refuted"
+
+@pytest.mark.parametrize(
+    ("environ", "a_job"),
+    [
+        ({"HOME": "/root", "PATH": "/usr/bin"}, False),  # an operator's shell, an Ansible audit
+        ({"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0"}, True),  # a job step
+        ({"SLURM_JOB_ID": "4242", "SLURM_SCRIPT_CONTEXT": "prolog_slurmd"}, False),  # a prolog sees none of what the job exports
+        ({"OMPI_COMM_WORLD_RANK": "3"}, True),  # a rank mpirun started
+        (None, False),  # no environ recorded: nothing says it is a job's
+    ],
+)
+def test_whether_the_checks_read_a_jobs_environment_comes_from_the_root_they_read(
+    tmp_path: Path, environ: dict[str, str] | None, a_job: bool
+) -> None:
+    """The live node's /proc/self/environ is this process's; a root's or snapshot's is the one its
+    recorder ran in (a prolog, an audit, a job step): either way it is what the job-reading checks
+    read, so it decides whether their results are about a job."""
+    from preflight.explain.confirm import node_findings
+
+    (tmp_path / "proc/self").mkdir(parents=True)
+    if environ is not None:
+        (tmp_path / "proc/self/environ").write_bytes(b"".join(f"{k}={v}".encode() + b"\0" for k, v in environ.items()))
+    assert node_findings({"PCI001"}, str(tmp_path), None).read_a_job is a_job
 
 
 def test_a_directory_walk_stops_at_its_file_count_and_depth(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -78,6 +78,26 @@ def test_an_unreadable_or_unrecorded_rdma_stack_is_unknown_not_odd(tmp_path: Pat
     assert (stack.verdict, stack.common, stack.unknown) == (SAME, "24.01-0.3.3", ("gpu002", "gpu003"))
 
 
+@pytest.mark.parametrize(
+    ("key", "unread"),
+    [
+        ("hca_firmware", lambda d: d["facts"]["rdma"]["devices"][3].update(fw_ver=None)),
+        ("port_rates", lambda d: d["facts"]["rdma"]["devices"][1]["ports"][0].update(rate=None)),
+        ("nccl_conf", lambda d: d["facts"]["job"]["nccl_conf_files"][0].update(entries=[], error="permission denied (EACCES)")),
+        ("peer_memory", lambda d: d["facts"]["gpudirect"].update(peer_memory_files=[], peer_memory_unknown=["/sys/module/nvidia_peermem/version"])),
+        ("memlock_slurmd", lambda d: d["facts"]["memlock"].update(slurmd=None, slurmd_pid=None, problems=["/proc: permission denied (EACCES)"])),
+    ],
+)
+def test_a_value_a_node_could_not_read_makes_it_unknown_not_the_odd_one_out(tmp_path: Path, key: str, unread: Any) -> None:
+    """Missing is not empty: a firmware, rate, nccl.conf, peer-memory file or /proc listing the
+    probe could not read leaves that node out of the comparison, under unknown, instead of naming
+    it the odd one out (and failing the audit) for a read error."""
+    documents = [report(f"node{i}") for i in range(1, 6)]
+    unread(documents[2])
+    found = comparison(audit([str(write_all(tmp_path / "r", documents))]), key)
+    assert (found.verdict, found.unknown) == (SAME, ("node3",))
+
+
 def test_an_agreeing_clean_fleet_exits_zero_and_lists_nothing_odd(tmp_path: Path) -> None:
     fleet = audit([str(write_all(tmp_path / "r", [report(f"gpu00{i}") for i in range(1, 4)]))])
     assert not fleet.disagreements and not fleet.references
@@ -141,10 +161,8 @@ def test_the_gid_index_nccl_picks_is_compared_on_roce_nodes(tmp_path: Path) -> N
     documents[2]["facts"]["roce"]["ports"][0]["nccl_job"] = None  # the table was unreadable
     documents[3]["facts"]["roce"]["ports"][0]["nccl_job"]["index"] = None  # no GID NCCL can use
     found = comparison(audit([str(write_all(tmp_path / "r", documents))]), "nccl_gid_index")
-    assert (found.verdict, found.common, found.odd) == (ODD, "3", ("roce2", "roce3", "roce4"))
-    assert [(g.value, g.hosts) for g in found.values] == [
-        ("3", ("roce1", "roce5")), ("0, 3", ("roce2",)), ("3, no usable GID", ("roce4",)), ("3, unreadable", ("roce3",)),
-    ]
+    assert (found.verdict, found.common, found.odd, found.unknown) == (ODD, "3", ("roce2", "roce4"), ("roce3",))
+    assert [(g.value, g.hosts) for g in found.values] == [("3", ("roce1", "roce5")), ("0, 3", ("roce2",)), ("3, no usable GID", ("roce4",))]
 
 
 def test_nodes_are_compared_only_within_their_hardware_class(tmp_path: Path) -> None:

@@ -63,6 +63,7 @@ def with_host(host: Any) -> str:
         (with_host(""), "is not a plain host name"),
         (with_host(7), "host int is not a plain host name"),
         (with_host("x" * 300), "is not a plain host name"),
+        (with_host("gpu001\n"), "is not a plain host name"),  # would pass a "$" anchor as a node of its own
     ],
 )
 def test_bad_files_are_skipped_with_a_reason(tmp_path: Path, content: str | bytes, reason: str) -> None:
@@ -138,6 +139,20 @@ def test_a_second_report_for_the_same_host_is_skipped(tmp_path: Path) -> None:
     (skipped,) = fleet.skipped
     assert skipped.reason == f"a second report for host gpu001 (first: {directory / 'gpu001.json'})"
     assert fleet_exit_code(fleet) is ExitCode.WARNING
+
+
+def test_a_second_report_for_a_host_still_counts_with_what_it_found(tmp_path: Path) -> None:
+    """Which of two reports for one host is current cannot be told: the one left out (here a newer
+    report with a lost GPU, sorted after a stale clean one) keeps the exit code at its worst finding."""
+    directory = tmp_path / "reports"
+    good_pair(directory)
+    lost = report("gpu001")
+    lost["findings"].append(finding("GPU001", severity="critical", subject="GPU3"))
+    (directory / "zz-gpu001-new.json").write_text(json.dumps(lost))
+    fleet = audit([str(directory)])
+    (skipped,) = fleet.skipped
+    assert skipped.duplicate_worst == "critical" and "a second report for host gpu001" in skipped.reason
+    assert fleet_exit_code(fleet) is ExitCode.ERROR
 
 
 def test_huge_numbers_and_odd_types_in_facts_are_unknown_or_shown_safely(tmp_path: Path) -> None:
