@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from preflight.model import Evidence, NotApplicable, Observation, Status, Unknown, present
+from msgspec.structs import replace
+
+from preflight.model import Evidence, NotApplicable, Observation, Severity, Status, Unknown, present
 from preflight.probes.firewall import (
     ADDRESSES_UNKNOWN,
     FirewallFacts,
@@ -85,11 +87,20 @@ def gloo_rendezvous_connection_refused(firewall: FirewallFacts, sockets: SocketF
     if not interfaces:
         raise NotApplicable(f"no interface Gloo would listen on (only loopback, or {GLOO_IFNAME} names none this node has)")
     blocked = frozenset({"dropped", "rejected"})
-    origin = f"MASTER_PORT={port}" if value else f"MASTER_PORT unset: default {port}"
+    # A prolog or epilog sees none of what the job exports: an unset MASTER_PORT there says
+    # nothing of the job's, and PyTorch's default is only the port of a job that sets none.
+    unseen = not value and job.in_slurmd_script
+    origin = (
+        f"MASTER_PORT={port}" if value
+        else f"MASTER_PORT not visible to a slurmd script: PyTorch's default {port}, used only by a job that sets none" if unseen
+        else f"MASTER_PORT unset: default {port}"
+    )
     rendezvous = blocked_findings(
         port_fates(firewall, ruleset, interfaces, ((port, port),)), blocked,
         f"the rendezvous port ({origin})", "accepted: the TCPStore of rank 0 listens there",
     )
+    if unseen:
+        rendezvous = [replace(item, severity=Severity.WARNING) if item.status is Status.PRESENT else item for item in rendezvous]
     ephemeral = blocked_findings(
         port_fates(firewall, ruleset, interfaces, (sockets.port_range,)), blocked,
         "ephemeral port", "accepted: Gloo's pairs listen on ports the kernel picks from ip_local_port_range",
@@ -111,6 +122,9 @@ def _merged(observations: list[Observation]) -> Iterator[Observation]:
     for subject, items in by_subject.items():
         found = [item for item in items if item.status is Status.PRESENT]
         if found:
-            yield present(subject, *(e for item in found for e in item.evidence))
+            # the worst of the parts: a part without a severity of its own has the reference's
+            weakest = all(item.severity is not None for item in found)
+            severity = max((item.severity for item in found if item.severity), key=lambda s: s.rank) if weakest else None
+            yield present(subject, *(e for item in found for e in item.evidence), severity=severity)
         else:
             yield items[0]

@@ -149,8 +149,8 @@ def probe(ns: Namespace, *args: str) -> FirewallFacts:
     return msgspec.json.decode(ns.python(PROBE, *args), type=FirewallFacts)
 
 
-def run_checks(ns: Namespace, env: dict[str, str] | None = None, root: str = "") -> dict[tuple[str, str], tuple[str, str]]:
-    """(id, subject) -> (status, evidence or reason) of the three checks run inside the namespace."""
+def run_report(ns: Namespace, env: dict[str, str] | None = None, root: str = "") -> list[dict[str, Any]]:
+    """The findings of the three checks run inside the namespace."""
     command = [*preflight_command(), "node", "--select", FIREWALL_REFS, "--format", "json"]
     if root:
         command += ["--root", root]
@@ -158,9 +158,14 @@ def run_checks(ns: Namespace, env: dict[str, str] | None = None, root: str = "")
     result = subprocess.run([sys.executable, "-c", ENTER, ns.name, *command], capture_output=True, text=True, timeout=120, env=clean, cwd=ns.home)
     assert result.returncode in (0, 1, 2), result.stderr
     report: dict[str, Any] = json.loads(result.stdout)
+    return list(report["findings"])
+
+
+def run_checks(ns: Namespace, env: dict[str, str] | None = None, root: str = "") -> dict[tuple[str, str], tuple[str, str]]:
+    """(id, subject) -> (status, evidence or reason) of the three checks run inside the namespace."""
     return {
         (f["id"], f["subject"]): (f["status"], f.get("reason") or " | ".join(e["observed"] for e in f["evidence"]))
-        for f in report["findings"]
+        for f in run_report(ns, env, root)
     }
 
 
@@ -232,6 +237,17 @@ def test_the_rendezvous_port_alone_refused(ns: Namespace) -> None:
     found = run_checks(ns, {"GLOO_SOCKET_IFNAME": "ens9", "MASTER_PORT": "29500"})
     assert found[("GLOO002", "ens9")][0] == "present" and "tcp reset" in found[("GLOO002", "ens9")][1]
     assert statuses(run_checks(ns, {"GLOO_SOCKET_IFNAME": "ens9", "MASTER_PORT": "29600"})) == {}
+
+
+def test_a_prolog_that_cannot_see_master_port_warns_about_the_default_port_without_draining(ns: Namespace) -> None:
+    """A prolog sees none of what the job exports: 29500 refused is a warning there (only a job
+    that sets no MASTER_PORT uses it), and an error where the job's own environment leaves it unset."""
+    load(ns, RENDEZVOUS_RESET)
+    prolog = {"GLOO_SOCKET_IFNAME": "ens9", "SLURM_JOB_ID": "7", "SLURM_SCRIPT_CONTEXT": "prolog_slurmd"}
+    (found,) = [f for f in run_report(ns, prolog) if f["id"] == "GLOO002" and f["status"] == "present"]
+    assert found["severity"] == "warning" and "not visible to a slurmd script" in found["evidence"][0]["observed"]
+    (found,) = [f for f in run_report(ns, {"GLOO_SOCKET_IFNAME": "ens9", "SLURM_JOB_ID": "7"}) if f["id"] == "GLOO002" and f["status"] == "present"]
+    assert found["severity"] == "error"
 
 
 def test_without_cap_net_admin_the_rules_are_unknown(ns: Namespace) -> None:
