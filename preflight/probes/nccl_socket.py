@@ -243,7 +243,12 @@ def _socket_transport(job: JobFacts, reader: FactReader) -> str:
 def _ipv6_state(reader: FactReader, candidates: tuple[IfAddr, ...]) -> str:
     disabled = reader.text("/proc/sys/net/ipv6/conf/all/disable_ipv6")
     if disabled is not None:
-        return "disabled" if disabled.strip() == "1" else "enabled"
+        # Writing "all" copies the value to every interface once; a later per-interface write turns
+        # IPv6 back on there while "all" still reads 1 (net/ipv6/addrconf.c, addrconf_disable_ipv6).
+        # An interface disabled this way holds no IPv6 address at all, so one that holds any has it on.
+        if disabled.strip() == "1" and not any(entry.family == 6 and entry.scope != "host" for entry in candidates):
+            return "disabled"
+        return "enabled"
     if reader.presence("/proc/sys/net/ipv4") and reader.presence("/proc/sys/net/ipv6") is False:
         # ipv6.disable=1 stops inet6_init before any of the stack registers (net/ipv6/af_inet6.c):
         # no sysctls, no /proc/net/if_inet6, no IPv6 address. A copy that lacks only the sysctls

@@ -158,6 +158,17 @@ def test_net002_unrecognised_family_and_ipv6_asked_where_disabled(node: Node) ->
     assert all(item.severity is None for item in found.values())  # the reference's error
 
 
+def test_net002_ipv6_turned_back_on_for_one_interface_is_not_disabled(node: Node) -> None:
+    """"all/disable_ipv6 = 1" then eno1's own 0: the kernel copies "all" to every interface once
+    and keeps reading 1 there, while eno1 holds IPv6 addresses again and NCCL uses them."""
+    node.file("/proc/sys/net/ipv6/conf/all/disable_ipv6", "1\n")
+    node.file("/proc/sys/net/ipv6/conf/eno1/disable_ipv6", "0\n")
+    node.add("eno1", 2, "2001:db8:40::21/64", "fe80::21/64")
+    node.env(NCCL_SOCKET_FAMILY="AF_INET6", NCCL_SOCKET_IFNAME="=eno1")
+    facts = node.socket()
+    assert facts.ipv6 == "enabled" and list(ipv6_address_family_mismatch(facts)) == []
+
+
 @pytest.mark.parametrize("partial_copy", [False, True])
 def test_net002_ipv6_off_at_boot_needs_the_whole_stack_gone(node: Node, partial_copy: bool) -> None:
     """ipv6.disable=1 removes the IPv6 sysctls, /proc/net/if_inet6 and every IPv6 address (not
