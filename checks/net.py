@@ -134,7 +134,11 @@ def _route_mismatch(facts: NcclSocketFacts, routing: RoutingFacts) -> Iterator[O
         )
 
 
-def _multi_rail(routing: RoutingFacts) -> Iterator[Observation]:
+def _multi_rail(routing: RoutingFacts, used: set[str]) -> Iterator[Observation]:
+    """Interfaces sharing a subnet whose replies the kernel drops (strict rp_filter) or answers for
+    each other (ARP). On an IPoIB interface NCCL's sockets do not use, that costs NCCL nothing: its
+    InfiniBand transport addresses peers by LID and GID, with neither IP nor ARP (net_ib.cc), so it
+    is a warning for the other IP users there."""
     for group in routing.same_subnet:
         names = ", ".join(f"{m.ifname}:{m.address}/{m.prefixlen}" for m in group)
         shared = Evidence("ip -4 address", f"same subnet: {names}", "one subnet per interface, or per-interface source routing")
@@ -161,7 +165,9 @@ def _multi_rail(routing: RoutingFacts) -> Iterator[Observation]:
                     Evidence(f"{knob}/arp_ignore", f"{member.arp_ignore.all}, {member.arp_ignore.interface} (effective {ignore})", ">= 1"),
                     Evidence(f"{knob}/arp_announce", f"{member.arp_announce.all}, {member.arp_announce.interface} (effective {announce})", ">= 2"),
                 ]
-            if rp_evidence:
+            if rp_evidence and member.link_type == "infiniband" and member.ifname not in used:
+                yield present(member.ifname, shared, *rp_evidence, *arp_evidence, severity=Severity.WARNING)
+            elif rp_evidence:
                 yield present(member.ifname, shared, *rp_evidence, *arp_evidence)
             elif arp_evidence:
                 yield present(member.ifname, shared, *arp_evidence, severity=Severity.WARNING, fix=ARP_FIX)
@@ -189,7 +195,8 @@ def merge_by_subject(observations: Iterable[Observation]) -> list[Observation]:
 def nccl_wrong_socket_interface(nccl_socket: NcclSocketFacts, routing: RoutingFacts) -> Iterator[Observation]:
     """NCCL selects nothing usable, or an interface the peers are not reached through; or
     several interfaces share a subnet with strict reverse-path filtering or ARP flux."""
-    yield from merge_by_subject(chain(_selection_problems(nccl_socket), _route_mismatch(nccl_socket, routing), _multi_rail(routing)))
+    used = {use.interface.ifname for use in uses(nccl_socket)}
+    yield from merge_by_subject(chain(_selection_problems(nccl_socket), _route_mismatch(nccl_socket, routing), _multi_rail(routing, used)))
 
 
 # Interfaces that never carry traffic between nodes: name prefixes (Docker, libvirt, CNI plugins,

@@ -80,6 +80,7 @@ class RailMember(Struct, frozen=True):
     arp_announce: Sysctl
     return_route: Route | None  # route get <address in the subnet> from <address>
     return_route_error: str
+    link_type: str = ""  # the link's ARPHRD type: "ether", "infiniband" (IPoIB)...
 
 
 class RoutingFacts(Struct, frozen=True):
@@ -233,7 +234,9 @@ def _probe_target(member: Address, locals_: set[str], peers: list[Peer]) -> str:
     return ""
 
 
-def _rail_member(reader: FactReader, netlink: Netlink, member: Address, locals_: set[str], peers: list[Peer]) -> RailMember:
+def _rail_member(
+    reader: FactReader, netlink: Netlink, member: Address, locals_: set[str], peers: list[Peer], link_types: dict[str, str]
+) -> RailMember:
     target = _probe_target(member, locals_, peers)
     route: Route | None = None
     error = ""
@@ -244,7 +247,7 @@ def _rail_member(reader: FactReader, netlink: Netlink, member: Address, locals_:
     return RailMember(
         member.ifname, member.address, member.prefixlen,
         _sysctl(reader, member.ifname, "rp_filter"), _sysctl(reader, member.ifname, "arp_ignore"),
-        _sysctl(reader, member.ifname, "arp_announce"), route, error,
+        _sysctl(reader, member.ifname, "arp_announce"), route, error, link_types.get(member.ifname, ""),
     )
 
 
@@ -255,9 +258,11 @@ def probe_routing(fs: NodeFS, netlink: Netlink, dns: Dns, settings: HostConfig, 
     hostname = (reader.text("/proc/sys/kernel/hostname") or "").strip()
     peers, total, peer_problems, problems = _peers(fs, netlink, dns, settings, job, hostname)
     addresses = netlink.addresses()
+    links = netlink.links()
+    link_types = {link.name: link.link_type for link in links}
     locals_ = {a.address for a in addresses}
     groups = tuple(
-        tuple(_rail_member(reader, netlink, member, locals_, peers) for member in group)
-        for group in same_subnet_groups(netlink.links(), addresses)
+        tuple(_rail_member(reader, netlink, member, locals_, peers, link_types) for member in group)
+        for group in same_subnet_groups(links, addresses)
     )
     return RoutingFacts(hostname, tuple(peers), total, tuple(peer_problems), groups, tuple(problems + reader.problems))

@@ -323,6 +323,21 @@ def test_net005_strict_rp_filter_without_source_routing(node: Node) -> None:
     assert "(effective 1: strict)" in text(found["r2"]) and "ip route get 10.50.0.1 from 10.50.0.3: dev r1" in text(found["r2"])
 
 
+def test_net005_strict_rp_filter_on_ipoib_rails_nccl_does_not_use_is_a_warning(node: Node) -> None:
+    """IPoIB interfaces in one subnet under strict rp_filter: NCCL's InfiniBand transport reaches
+    peers by LID and GID without IP, and its sockets use eno1, so only the other IP users there
+    suffer. Where NCCL's own socket is one of them, it is the error it was."""
+    _rails(node, 1, (1, 2), own_tables=False)
+    for link in node.links:
+        if link["name"] in ("r1", "r2"):
+            link["link_type"] = "infiniband"
+    found = subjects(nccl_wrong_socket_interface(node.socket(), node.routing()))
+    assert set(found) == {"r2"} and found["r2"].severity is Severity.WARNING
+    node.env(NCCL_SOCKET_IFNAME="=r2")
+    found = subjects(nccl_wrong_socket_interface(node.socket(), node.routing()))
+    assert found["r2"].severity is None
+
+
 def test_net005_arp_flux_warning_and_clean_multi_rail(node: Node) -> None:
     _rails(node, 2, (0, 0), own_tables=False)
     found = subjects(nccl_wrong_socket_interface(node.socket(), node.routing()))
