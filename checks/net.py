@@ -24,6 +24,7 @@ from preflight.probes.nccl_socket import (
     NcclSocketFacts,
     SocketChoice,
     comm_id_host,
+    match_subnet,
     parse_ifname_list,
     shown,
 )
@@ -82,7 +83,7 @@ def _entry_state(entry: str, exact: bool, facts: NcclSocketFacts) -> str:
     return f"{entry}: {'; '.join(parts)}"
 
 
-def _selection_problems(facts: NcclSocketFacts) -> Iterator[Observation]:
+def _selection_problems(facts: NcclSocketFacts, routing: RoutingFacts) -> Iterator[Observation]:
     setting = facts.socket_ifname
     if setting is not None and len(setting.value) <= 1:
         yield present(
@@ -102,12 +103,27 @@ def _selection_problems(facts: NcclSocketFacts) -> Iterator[Observation]:
             evidence += [Evidence("network interfaces", _entry_state(entry, spec.exact, facts)) for entry in spec.entries]
         yield present("NCCL_SOCKET_IFNAME" if facts.devices.source != DEFAULT_ORDER else "node", *evidence)
     elif not facts.bootstrap.interfaces:
-        # NCCL: "NET/Socket : No usable listening interface found".
-        yield present(
-            "NCCL_COMM_ID",
-            Evidence(facts.bootstrap.source, facts.bootstrap.rule),
-            Evidence("getifaddrs", "no local address in that subnet", "an interface in the subnet of NCCL_COMM_ID's address"),
-        )
+        yield from _comm_id_subnet(facts, routing)
+
+
+def _comm_id_subnet(facts: NcclSocketFacts, routing: RoutingFacts) -> Iterator[Observation]:
+    """NCCL_COMM_ID's host resolved, and no local address in its subnet: NCCL's "NET/Socket : No
+    usable listening interface found". NCCL resolves the host with getaddrinfo (files, then DNS:
+    socket.cc ncclSocketGetAddrFromString); the socket probe reads /etc/hosts only, so a host it
+    could not resolve takes the address the routing probe's resolver found, and stays unknown
+    where nothing resolves it."""
+    evidence = [Evidence(facts.bootstrap.source, facts.bootstrap.rule)]
+    if facts.comm_id is not None and not facts.comm_id_address:
+        host = comm_id_host(facts.comm_id.value)
+        peer = next((peer for peer in routing.peers if "NCCL_COMM_ID" in peer.origins and peer.addresses), None)
+        if peer is None:
+            yield undecided("NCCL_COMM_ID", f"its host {host!r} does not resolve here (neither /etc/hosts nor DNS), so its subnet is unknown")
+            return
+        if any(match_subnet(facts.candidates, address) for address in peer.addresses):
+            return
+        evidence.append(Evidence(peer.resolved_by or "resolver", f"{host}: {', '.join(peer.addresses[:4])}"))
+    evidence.append(Evidence("getifaddrs", "no local address in that subnet", "an interface in the subnet of NCCL_COMM_ID's address"))
+    yield present("NCCL_COMM_ID", *evidence)
 
 
 def _route_mismatch(facts: NcclSocketFacts, routing: RoutingFacts) -> Iterator[Observation]:
@@ -196,7 +212,7 @@ def nccl_wrong_socket_interface(nccl_socket: NcclSocketFacts, routing: RoutingFa
     """NCCL selects nothing usable, or an interface the peers are not reached through; or
     several interfaces share a subnet with strict reverse-path filtering or ARP flux."""
     used = {use.interface.ifname for use in uses(nccl_socket)}
-    yield from merge_by_subject(chain(_selection_problems(nccl_socket), _route_mismatch(nccl_socket, routing), _multi_rail(routing, used)))
+    yield from merge_by_subject(chain(_selection_problems(nccl_socket, routing), _route_mismatch(nccl_socket, routing), _multi_rail(routing, used)))
 
 
 # Interfaces that never carry traffic between nodes: name prefixes (Docker, libvirt, CNI plugins,

@@ -291,6 +291,24 @@ def test_net005_one_character_value_and_comm_id_without_a_local_subnet(node: Nod
     assert "no local address in that subnet" in text(found["NCCL_COMM_ID"])
 
 
+def test_net005_comm_id_host_resolved_by_dns_as_nccl_resolves_it(node: Node) -> None:
+    """NCCL resolves NCCL_COMM_ID's host with getaddrinfo (files, then DNS): a host only DNS knows
+    is judged by its DNS address, and one nothing resolves leaves the subnet unknown, never a
+    "no local address in that subnet" error."""
+    node.add("eno1", 2, "10.10.1.17/16")
+    node.env(NCCL_COMM_ID="gpu018:29600")
+    node.routes = {"10.10.1.18": unicast("eno1")}
+    answered = {"gpu018 A": {"addresses": ["10.10.1.18"]}, "gpu018 AAAA": {"error": "NOANSWER"}}
+    assert list(nccl_wrong_socket_interface(node.socket(), node.routing(dns=answered))) == []
+    elsewhere = {"gpu018 A": {"addresses": ["10.99.0.18"]}, "gpu018 AAAA": {"error": "NOANSWER"}}
+    node.routes = {"10.99.0.18": unicast("eno1", "10.10.0.1")}
+    found = subjects(nccl_wrong_socket_interface(node.socket(), node.routing(dns=elsewhere)))
+    assert found["NCCL_COMM_ID"].status is Status.PRESENT and "gpu018: 10.99.0.18" in text(found["NCCL_COMM_ID"])
+    nowhere = {"gpu018 A": {"error": "NXDOMAIN"}, "gpu018 AAAA": {"error": "NXDOMAIN"}}
+    found = subjects(nccl_wrong_socket_interface(node.socket(), node.routing(dns=nowhere)))
+    assert found["NCCL_COMM_ID"].status is Status.UNKNOWN and "does not resolve here" in found["NCCL_COMM_ID"].reason
+
+
 def test_net005_peers_routed_elsewhere_warning_when_automatic_info_when_chosen(node: Node) -> None:
     node.add("eno1", 2, "10.0.0.2/24")
     node.add("ib0", 3, "192.168.50.2/24")
