@@ -286,6 +286,11 @@ SECONDARY_DEVICE = "a secondary socket device, used where no faster interface is
 #: Why the container end of a veth pair is a warning: a Kubernetes CNI routes pod addresses
 #: between nodes (the pod's eth0 is such a veth), Docker's default bridge does not (NAT).
 POD_VETH = "a container's veth: routable between nodes where the CNI routes pod addresses, not behind Docker's NAT"
+#: Why a dummy, tun, WireGuard or tunnel device NCCL picks is a warning: routing-on-the-host
+#: fabrics put the node's one routable address on a dummy device, and VPN meshes join nodes
+#: through tun and WireGuard devices; elsewhere such a device reaches no other node.
+ROUTED_KIND = "routable only where the host routes its address (a BGP-announced /32, a VPN mesh)"
+ROUTABLE_KINDS = frozenset({"dummy", "tun", "wireguard", "vxlan", "geneve", "ipip"})
 
 
 @check("NET001")
@@ -296,7 +301,12 @@ def nccl_virtual_interface_selected(nccl_socket: NcclSocketFacts) -> Iterator[Ob
         reason = virtual_reason(use.interface)
         if not reason or _is_link_local(use.interface):
             continue  # an IPv6 link-local pick is NET003's case
-        doubt = SECONDARY_DEVICE if not use.primary else POD_VETH if _container_veth(use.interface) else ""
+        doubt = (
+            SECONDARY_DEVICE if not use.primary
+            else POD_VETH if _container_veth(use.interface)
+            else ROUTED_KIND if _routable_kind(use.interface)
+            else ""
+        )
         yield present(
             use.interface.ifname,
             use.setting(),
@@ -304,6 +314,15 @@ def nccl_virtual_interface_selected(nccl_socket: NcclSocketFacts) -> Iterator[Ob
                      "an interface routable between nodes"),
             severity=Severity.WARNING if doubt else None,
         )
+
+
+def _routable_kind(item: IfAddr) -> bool:
+    """A dummy, tun, WireGuard or tunnel device known by its kind alone (no name marks it as a
+    container bridge or overlay agent): such a device carries a host's routed address by design
+    where the host itself routes (a /32 on a dummy announced by BGP) or a VPN mesh joins the nodes."""
+    if item.kind not in ROUTABLE_KINDS or any(item.ifname.startswith(prefix) for prefix in VIRTUAL_PREFIXES):
+        return False
+    return not ipaddress.ip_address(item.address).is_link_local
 
 
 def _container_veth(item: IfAddr) -> bool:

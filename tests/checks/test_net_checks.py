@@ -130,6 +130,20 @@ def test_net001_a_containers_own_veth_is_a_warning_unless_docker_nats_it(node: N
     assert set(found) == {"eth0"} and found["eth0"].severity == severity, found
 
 
+@pytest.mark.parametrize(("name", "kind", "severity"), [
+    ("dummy0", "dummy", Severity.WARNING), ("wg0", "wireguard", Severity.WARNING), ("kube-ipvs0", "dummy", None),
+])
+def test_net001_a_dummy_or_vpn_device_by_kind_alone_is_a_warning(node: Node, name: str, kind: str, severity: Severity | None) -> None:
+    """Routing on the host puts the node's one routable /32 on a dummy device (the NICs carry only
+    link-local addresses), and VPN meshes join nodes through WireGuard: a device known by its kind
+    alone may be routed, so it is a warning; kube-proxy's IPVS dummy, named as such, never is."""
+    node.add("eno1", 2, "fe80::21/64")
+    node.add(name, 3, "10.40.0.21/32", kind=kind)
+    node.env(NCCL_SOCKET_IFNAME=f"={name}")
+    found = subjects(nccl_virtual_interface_selected(node.socket()))
+    assert set(found) == {name} and found[name].severity == severity, found
+
+
 def test_net001_ipv4_link_local_interface_picked_before_the_real_nic(node: Node) -> None:
     node.add("pod-id-link0", 2, "169.254.170.23/32")
     node.add("eno1", 3, "10.0.0.2/24")
