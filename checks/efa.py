@@ -94,7 +94,15 @@ def efa_provider_unavailable(rdma: RdmaFacts, efa: EfaFacts | None, job: JobFact
         yield present("NCCL_NET", on_node, Evidence(_where(net, "NCCL_NET"), repr(net.value), "the plugin's name (Libfabric / AWS Libfabric) or unset"))
     plugin_setting = job.nccl("NCCL_NET_PLUGIN")
     names = plugin_names(plugin_setting)
-    if names is None and plugin_setting is not None:
+    if names == [] and plugin_setting is not None:
+        # NCCL 2.26 and earlier load libnccl-net.so for an empty value; 2.27 reads it as a list of
+        # no plugins, as it reads "none" (src/plugin/net.cc at v2.26.2-1 and v2.27.3-1).
+        yield undecided(
+            "NCCL_NET_PLUGIN",
+            f"{_where(plugin_setting, 'NCCL_NET_PLUGIN')} is set but empty: NCCL 2.26 and earlier then load libnccl-net.so, "
+            "2.27 and later load no plugin, so EFA's plugin depends on the job's NCCL",
+        )
+    elif names is None and plugin_setting is not None:
         yield present("NCCL_NET_PLUGIN", on_node, Evidence(_where(plugin_setting, "NCCL_NET_PLUGIN"), repr(plugin_setting.value), "aws-ofi-nccl's library (or unset)"))
     elif names is not None and not _found(efa, names) and efa.problems:
         yield undecided("aws-ofi-nccl", f"no {', '.join(names)} found, but: {efa.problems[0]}")

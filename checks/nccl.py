@@ -16,6 +16,7 @@ from preflight.model import (
     present,
     undecided,
 )
+from preflight.nccl.gid import nccl_int
 from preflight.nccl.releases import RAS_INIT_RACE, SPLIT_NONBLOCKING, loaded_copies, release_findings, require_nccl, version_tuple
 from preflight.probes.firewall import FirewallFacts, nccl_port_findings
 from preflight.probes.frameworks import FrameworkFacts, parse_version
@@ -307,7 +308,7 @@ def socket_transport(job: JobFacts, rdma: RdmaFacts) -> Evidence | None:
     if not rdma.devices:
         return Evidence(IB_CLASS, "no RDMA devices", "an InfiniBand, RoCE or EFA device for NCCL's network")
     disabled = job.nccl("NCCL_IB_DISABLE")
-    if disabled is not None and disabled.value.strip() not in ("", "0") and not any(device.efa for device in rdma.devices):
+    if disabled is not None and nccl_int(disabled.value, 0) != 0 and not any(device.efa for device in rdma.devices):
         return setting_evidence(job, "NCCL_IB_DISABLE", "unset or 0")
     return None
 

@@ -33,6 +33,7 @@ import ipaddress
 
 from msgspec import Struct
 
+from preflight.nccl.gid import nccl_int
 from preflight.probes.hostname import parse_hosts
 from preflight.probes.job import JobFacts, Setting
 from preflight.probing import FactReader
@@ -230,8 +231,8 @@ def _socket_transport(job: JobFacts, reader: FactReader) -> str:
     if net is not None and net.value.lower() == "socket":
         return f"{net.origin} NCCL_NET={net.value}"
     disable = job.nccl("NCCL_IB_DISABLE")
-    if disable is not None and disable.value.strip() == "1":
-        return f"{disable.origin} NCCL_IB_DISABLE=1"
+    if disable is not None and nccl_int(disable.value, 0) != 0:  # any non-zero value, as NCCL's strtoll reads it
+        return f"{disable.origin} NCCL_IB_DISABLE={disable.value}"
     try:
         rdma = reader.fs.listdir("/sys/class/infiniband")
     except SourceError as error:

@@ -225,8 +225,11 @@ def test_net003_link_local_socket_device_only_when_sockets_carry_data(node: Node
     assert list(nccl_virtual_interface_selected(node.socket())) == []  # link-local is NET003's, not NET001's
     node.rdma()
     assert list(nccl_proxy_connect_ipv6_link_local(node.socket())) == []
-    node.env(NCCL_IB_DISABLE="1")
-    assert set(subjects(nccl_proxy_connect_ipv6_link_local(node.socket()))) == {"veth25f2e72"}
+    for value in ("1", "2", "0x1"):  # any non-zero value NCCL's strtoll reads turns IB off
+        node.env(NCCL_IB_DISABLE=value)
+        assert set(subjects(nccl_proxy_connect_ipv6_link_local(node.socket()))) == {"veth25f2e72"}
+    node.env(NCCL_IB_DISABLE="0")
+    assert list(nccl_proxy_connect_ipv6_link_local(node.socket())) == []
 
 
 def test_net003_ipoib_with_only_link_local_is_the_bootstrap_pick(node: Node) -> None:

@@ -579,6 +579,12 @@ def test_efa001_present_for_provider_net_and_plugin_settings() -> None:
     assert next(o for o in found if o.subject == "NCCL_NET_PLUGIN").evidence[1].source == "/etc/nccl.conf NCCL_NET_PLUGIN"
 
 
+def test_efa001_an_empty_plugin_setting_depends_on_the_nccl_release() -> None:
+    """NCCL_NET_PLUGIN set but empty: up to 2.26 NCCL loads libnccl-net.so, from 2.27 no plugin at all."""
+    (found,) = efa_provider_unavailable(EFA_NODE, LIBS, job({"NCCL_NET_PLUGIN": ""}))
+    assert (found.subject, found.status) == ("NCCL_NET_PLUGIN", Status.UNKNOWN) and "2.27 and later load no plugin" in found.reason
+
+
 def test_efa001_present_warning_for_missing_libraries() -> None:
     found = list(efa_provider_unavailable(EFA_NODE, replace(LIBS, libraries=()), job()))
     assert [(o.subject, o.severity) for o in found] == [("aws-ofi-nccl", Severity.WARNING), ("libfabric", Severity.WARNING)]
