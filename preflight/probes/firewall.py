@@ -419,11 +419,11 @@ def _ipv4_interfaces(fs: NodeFS) -> tuple[str, ...] | None:
         return None  # not captured: every interface stays a candidate
     routes = parse_proc_net_route(route_table)
     names = set()
-    for local in parse_fib_trie_locals(trie):
-        placed = attach_ipv4(local, routes)
-        if not placed.ifname:
-            return None  # an address we cannot place might be on any interface
-        names.add(placed.ifname)
+    try:
+        for local in parse_fib_trie_locals(trie):
+            names.add(attach_ipv4(local, routes).ifname)
+    except SourceError:
+        return None  # an address we cannot place might be on any interface
     return tuple(sorted(names))
 
 

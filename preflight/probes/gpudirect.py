@@ -26,8 +26,8 @@ import stat as stat_codes
 
 from msgspec import Struct
 
+from preflight.nss import NSSWITCH_CONF, groups_beyond_files, read_as_glibc
 from preflight.probes.job import parse_environ, parse_group_membership
-from preflight.probes.nss import NSSWITCH_CONF, groups_beyond_files, read_as_glibc
 from preflight.probing import FactReader
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError

@@ -50,8 +50,8 @@ from msgspec.structs import replace
 
 from preflight.config import HostConfig
 from preflight.hostlist import HostlistError, expand
+from preflight.nss import NssService, nsswitch_services, read_as_glibc
 from preflight.probes.job import parse_environ
-from preflight.probes.nss import NssService, nsswitch_services, read_as_glibc
 from preflight.probing import FactReader
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError

@@ -477,15 +477,23 @@ def parse_proc_net_route(text: str) -> list[_Route]:
 
 def attach_ipv4(local: str, routes: list[_Route]) -> Address:
     """``local`` (a /32 LOCAL address of fib_trie) on the interface of the most specific
-    gateway-less route containing it; ifname "" when no route places it."""
+    gateway-less route containing it. procfs names no interface for an IPv4 address, so where no
+    such route holds it (a /32 reached through an on-link gateway, an anycast address on lo) or
+    routes of the same length on several interfaces do (rails sharing a subnet), which interface
+    holds it cannot be told: SourceError, and the addresses are unknown rather than misplaced."""
     address = ipaddress.IPv4Address(local)  # parse_fib_trie_locals keeps only IPv4 addresses
     if address.is_loopback:
         return Address("lo", 4, local, 8, "host")
     matches = [route for route in routes if address in route.network and route.network.prefixlen > 0]
     if not matches:
-        return Address("", 4, local, 32, "global")
-    best = max(matches, key=lambda route: route.network.prefixlen)
-    return Address(best.ifname, 4, local, best.network.prefixlen, "global")
+        raise SourceError("/proc/net/fib_trie", f"local address {local} is in no interface's subnet in /proc/net/route: which interface holds it is unknown")
+    longest = max(route.network.prefixlen for route in matches)
+    holders = sorted({route.ifname for route in matches if route.network.prefixlen == longest})
+    if len(holders) > 1:
+        raise SourceError(
+            "/proc/net/fib_trie", f"local address {local} is in the subnet of {', '.join(holders[:4])} alike: which of them holds it is unknown without netlink",
+        )
+    return Address(holders[0], 4, local, longest, "global")
 
 
 # -- DCB netlink (include/uapi/linux/dcbnl.h) ------------------------------------------------------

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from preflight.probes.gpudirect import access_decided, can_read_write, DeviceNode, JobIdentity, parse_status_ids, read_job_identity
-from preflight.probes.nss import groups_beyond_files
+from preflight.nss import groups_beyond_files
 from preflight.probing import FactReader
 from preflight.sources import NodeFS
 from preflight.checks.gdr import parse_kernel_version
@@ -171,6 +171,24 @@ def test_parse_proc_net_route_keeps_connected_routes() -> None:
     text = "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\n" "eno1\t00000000\t01010A0A\t0003\t0\t0\t0\t00000000\n" "eno1\t00000A0A\t00000000\t0001\t0\t0\t0\t0000FFFF\n"
     routes = parse_proc_net_route(text)
     assert [(r.ifname, str(r.network)) for r in routes] == [("eno1", "10.10.0.0/16")]
+
+
+ROUTE_HEADER = "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\n"
+
+
+def test_an_ipv4_address_procfs_cannot_place_on_one_interface_is_unknown_not_misplaced() -> None:
+    """procfs names no interface for an IPv4 address: the subnet route holding it does. Rails
+    sharing a subnet, or a /32 reached through an on-link gateway, leave the holder unknown."""
+    from preflight.sources import SourceError
+    from preflight.sources.netlink import attach_ipv4
+
+    rails = parse_proc_net_route(ROUTE_HEADER + "r1\t00320A0A\t00000000\t0001\t0\t0\t0\t00FFFFFF\n" "r2\t00320A0A\t00000000\t0001\t0\t0\t0\t00FFFFFF\n")
+    with pytest.raises(SourceError, match="in the subnet of r1, r2 alike"):
+        attach_ipv4("10.10.50.3", rails)
+    with pytest.raises(SourceError, match="in no interface's subnet"):
+        attach_ipv4("10.10.1.17", parse_proc_net_route(ROUTE_HEADER + "eno1\t01000A0A\t00000000\t0005\t0\t0\t0\tFFFFFFFF\n"))
+    one = parse_proc_net_route(ROUTE_HEADER + "eno1\t00000A0A\t00000000\t0001\t0\t0\t0\t0000FFFF\n" "ib0\t00010A0A\t00000000\t0001\t0\t0\t0\t00FFFFFF\n")
+    assert attach_ipv4("10.10.1.17", one) == Address("ib0", 4, "10.10.1.17", 24, "global")  # the most specific wins
 
 
 @pytest.mark.parametrize(
