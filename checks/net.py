@@ -14,12 +14,15 @@ from preflight.model import (
     Observation,
     Severity,
     Status,
+    Unread,
     present,
     undecided,
 )
+from preflight.nccl.releases import version_tuple
 from preflight.probes.nccl_socket import (
     DEFAULT_ORDER,
     FAMILIES,
+    RUNNING_FILTER_SINCE,
     IfAddr,
     NcclSocketFacts,
     SocketChoice,
@@ -28,6 +31,7 @@ from preflight.probes.nccl_socket import (
     parse_ifname_list,
     shown,
 )
+from preflight.probes.nccl_libs import NcclLibFacts
 from preflight.probes.routing import CONF, RoutingFacts
 from preflight.registry import check
 
@@ -207,12 +211,45 @@ def merge_by_subject(observations: Iterable[Observation]) -> list[Observation]:
     return list(merged.values())
 
 
-@check("NET005")
-def nccl_wrong_socket_interface(nccl_socket: NcclSocketFacts, routing: RoutingFacts) -> Iterator[Observation]:
-    """NCCL selects nothing usable, or an interface the peers are not reached through; or
-    several interfaces share a subnet with strict reverse-path filtering or ARP flux."""
+@check("NET005", optional=("nccl_libs",))
+def nccl_wrong_socket_interface(nccl_socket: NcclSocketFacts, routing: RoutingFacts, nccl_libs: NcclLibFacts | Unread) -> Iterator[Observation]:
+    """NCCL selects nothing usable, or an interface the peers are not reached through, or (before
+    2.28) one that is not running; or several interfaces share a subnet with strict reverse-path
+    filtering or ARP flux."""
     used = {use.interface.ifname for use in uses(nccl_socket)}
-    yield from merge_by_subject(chain(_selection_problems(nccl_socket, routing), _route_mismatch(nccl_socket, routing), _multi_rail(routing, used)))
+    yield from merge_by_subject(chain(
+        _selection_problems(nccl_socket, routing), _route_mismatch(nccl_socket, routing), _multi_rail(routing, used),
+        _down_pick_before_2_28(nccl_socket, nccl_libs),
+    ))
+
+
+def _down_pick_before_2_28(facts: NcclSocketFacts, nccl_libs: NcclLibFacts | Unread) -> Iterator[Observation]:
+    """NCCL before 2.28 takes interfaces that are not running (socket.cc at v2.27.7-1 has no
+    IFF_RUNNING test): an IPoIB port that is down but keeps its address is then its bootstrap
+    interface, and the job hangs there. An error where every NCCL the node holds is that old, a
+    warning where a newer one may be the job's."""
+    older = facts.bootstrap_before_2_28
+    picked = older.interfaces[0] if older is not None and older.interfaces else None
+    if picked is None or picked.running:
+        return
+    setting = Evidence(older.source if older else "", older.rule if older else "")
+    seen = Evidence("getifaddrs", f"bootstrap before NCCL 2.28: {shown(picked)}, which is not running", "a running interface")
+    if isinstance(nccl_libs, Unread):
+        yield undecided(picked.ifname, f"NCCL before 2.28 would bind to it, and which NCCL the node holds is unknown ({nccl_libs})", setting, seen)
+        return
+    loaded = [copy for copy in nccl_libs.copies if not copy.unreached]
+    versions = [version_tuple(copy.version) if copy.version else None for copy in loaded]
+    old = [copy for copy, version in zip(loaded, versions) if version is not None and version[:2] < RUNNING_FILTER_SINCE]
+    if not old:
+        if any(version is None for version in versions) or (not loaded and nccl_libs.problems):
+            yield undecided(picked.ifname, "NCCL before 2.28 would bind to it, and the node's NCCL release is not known")
+        return
+    rest = len(loaded) - len(old)
+    yield present(
+        picked.ifname, setting, seen,
+        *(Evidence(copy.path, f"NCCL {copy.version}", f"NCCL {RUNNING_FILTER_SINCE[0]}.{RUNNING_FILTER_SINCE[1]} or newer") for copy in old[:4]),
+        severity=Severity.WARNING if rest else None,
+    )
 
 
 # Interfaces that never carry traffic between nodes: name prefixes (Docker, libvirt, CNI plugins,

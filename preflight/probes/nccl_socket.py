@@ -11,7 +11,8 @@ NCCL picks its socket interfaces once per process (``ncclFindInterfaces()`` in
   in the same subnet as the ID's address; everything except ``^docker,lo,virbr``; then ``docker``,
   ``lo`` and ``virbr`` themselves.
 * It walks ``getifaddrs()``: only ``IFF_RUNNING`` interfaces (the kernel sets it when the
-  operstate is ``up`` or ``unknown``), AF_INET/AF_INET6 only, never ``::1``, the first address per
+  operstate is ``up`` or ``unknown``; releases before 2.28 take any interface, and search
+  without the ``virbr`` steps: ``bootstrap_before_2_28``), AF_INET/AF_INET6 only, never ``::1``, the first address per
   interface, in the order glibc's netlink dump gives: every IPv4 address (by ifindex) before every
   IPv6 one, and on one interface global IPv6 before link-local. ``NCCL_SOCKET_FAMILY`` =
   ``AF_INET``/``AF_INET6`` keeps one family; any other value is ignored.
@@ -48,6 +49,10 @@ _PREFIX_MAX = 63  # struct netIf.prefix is char[64]
 
 
 DEFAULT_SEARCH = ("ib", "", "^docker,lo,virbr", "docker", "lo", "virbr")  # "" marks the NCCL_COMM_ID step
+# NCCL before 2.28 searched without the virbr steps and took interfaces that are not running
+# (IFF_RUNNING is first tested in socket.cc at v2.28.3-1; v2.27.7-1 findInterfaces has no test).
+SEARCH_BEFORE_2_28 = ("ib", "", "^docker,lo", "docker", "lo")
+RUNNING_FILTER_SINCE = (2, 28)
 
 
 DEFAULT_ORDER = "NCCL default interface order"
@@ -101,6 +106,9 @@ class NcclSocketFacts(Struct, frozen=True):
     bootstrap: SocketChoice  # bootstrap's one interface
     devices: SocketChoice  # socket transport devices; the first is also the IB out-of-band interface
     problems: tuple[str, ...]  # facts that could not be read
+    # What NCCL before 2.28 binds bootstrap to, where that differs from the choice above (it also
+    # takes interfaces that are not running); None where both releases choose alike.
+    bootstrap_before_2_28: SocketChoice | None = None
 
 
 # -- NCCL's grammar and search --------------------------------------------------------------------
@@ -142,13 +150,16 @@ def getifaddrs_order(links: tuple[Link, ...], addresses: tuple[Address, ...]) ->
     return tuple(sorted(entries, key=lambda e: (e.family, e.index, scope_rank.get(e.scope, 2) if e.family == 6 else 0)))
 
 
-def find_interfaces(candidates: tuple[IfAddr, ...], spec: IfnameList, family: int | None, limit: int) -> tuple[IfAddr, ...]:
-    """``ncclOsFindInterfaces()``: the first address of each matching running interface."""
+def find_interfaces(
+    candidates: tuple[IfAddr, ...], spec: IfnameList, family: int | None, limit: int, running_only: bool = True
+) -> tuple[IfAddr, ...]:
+    """``ncclOsFindInterfaces()``: the first address of each matching running interface (any
+    matching interface before NCCL 2.28: ``running_only`` False)."""
     found: list[IfAddr] = []
     for entry in candidates:
         if len(found) >= limit:
             break
-        if not entry.running or (family is not None and entry.family != family):
+        if (running_only and not entry.running) or (family is not None and entry.family != family):
             continue
         if entry.family == 6 and ipaddress.ip_address(entry.address).is_loopback:
             continue
@@ -173,19 +184,22 @@ def match_subnet(candidates: tuple[IfAddr, ...], remote: str) -> IfAddr | None:
 
 
 def nccl_choice(
-    candidates: tuple[IfAddr, ...], ifname: Setting | None, family: int | None, comm_id_address: str, limit: int
+    candidates: tuple[IfAddr, ...], ifname: Setting | None, family: int | None, comm_id_address: str, limit: int,
+    before_2_28: bool = False,
 ) -> SocketChoice:
-    """``ncclFindInterfaces()`` for ``limit`` interfaces."""
+    """``ncclFindInterfaces()`` for ``limit`` interfaces, as NCCL 2.28 and later search, or as
+    earlier releases did (``before_2_28``)."""
+    running_only = not before_2_28
     if ifname is not None and len(ifname.value) > 1:
-        found = find_interfaces(candidates, parse_ifname_list(ifname.value), family, limit)
+        found = find_interfaces(candidates, parse_ifname_list(ifname.value), family, limit, running_only)
         return SocketChoice(f"{ifname.origin} NCCL_SOCKET_IFNAME", ifname.value, found)
-    for step in DEFAULT_SEARCH:
+    for step in SEARCH_BEFORE_2_28 if before_2_28 else DEFAULT_SEARCH:
         if step == "":
             picked = match_subnet(candidates, comm_id_address) if comm_id_address else None
             if picked is not None:
                 return SocketChoice(DEFAULT_ORDER, f"same subnet as NCCL_COMM_ID {comm_id_address}", (picked,))
             continue
-        found = find_interfaces(candidates, parse_ifname_list(step), family, limit)
+        found = find_interfaces(candidates, parse_ifname_list(step), family, limit, running_only)
         if found:
             rule = f"names except {step[1:]}" if step.startswith("^") else f"'{step}' prefix"
             return SocketChoice(DEFAULT_ORDER, rule, found)
@@ -268,6 +282,10 @@ def probe_nccl_socket(fs: NodeFS, netlink: Netlink, job: JobFacts) -> NcclSocket
     ifname, family, comm_id = job.nccl("NCCL_SOCKET_IFNAME"), job.nccl("NCCL_SOCKET_FAMILY"), job.nccl("NCCL_COMM_ID")
     comm_id_address = _resolve_from_hosts(reader, comm_id_host(comm_id.value)) if comm_id is not None else ""
     devices = nccl_choice(candidates, ifname, family_setting(family), comm_id_address, MAX_IFS)
+    bootstrap = bootstrap_choice(candidates, devices, comm_id, comm_id_address)
+    older = nccl_choice(candidates, ifname, family_setting(family), comm_id_address, MAX_IFS, before_2_28=True)
+    bootstrap_older = bootstrap_choice(candidates, older, comm_id, comm_id_address)
+    differs = [item.ifname for item in bootstrap_older.interfaces] != [item.ifname for item in bootstrap.interfaces]
     problems = [job.environ_error] if job.environ_error else []
     return NcclSocketFacts(
         socket_ifname=ifname,
@@ -279,9 +297,10 @@ def probe_nccl_socket(fs: NodeFS, netlink: Netlink, job: JobFacts) -> NcclSocket
         ipv6=_ipv6_state(reader, candidates),
         links=links,
         candidates=candidates,
-        bootstrap=bootstrap_choice(candidates, devices, comm_id, comm_id_address),
+        bootstrap=bootstrap,
         devices=devices,
         problems=tuple(problems + reader.problems),
+        bootstrap_before_2_28=bootstrap_older if differs else None,
     )
 
 

@@ -14,15 +14,17 @@ from preflight.probes.job import probe_job
 from preflight.probes.job import Setting
 from preflight.probes.routing import Peer, RailMember, RoutingFacts, Sysctl, probe_routing
 from preflight.checks.net import merge_by_subject, nccl_socket_network_unreachable, nccl_wrong_socket_interface
+from preflight.probes.nccl_libs import NcclCopy, NcclLibFacts
 from preflight.probes.nccl_socket import NcclSocketFacts, probe_nccl_socket
 from preflight.checks.net import ipv6_address_family_mismatch, nccl_proxy_connect_ipv6_link_local, nccl_virtual_interface_selected
 from preflight.config import Expectations, HostConfig
-from preflight.model import Evidence, NotApplicable, Observation, Severity, Status, present, undecided
+from preflight.model import Evidence, NotApplicable, Observation, Severity, Status, Unread, present, undecided
 from preflight.sources import NodeFS
 from preflight.sources.dns import ReplayDns
 from preflight.sources.netlink import ReplayNetlink
 from preflight.sources.routes import Route
 
+NO_NCCL = NcclLibFacts((), ())  # no NCCL on the node: nothing to judge of older releases
 LO = {"name": "lo", "index": 1, "mtu": 65536, "operstate": "unknown", "link_type": "loopback", "kind": "", "master": "", "mac": ""}
 
 
@@ -288,14 +290,14 @@ def test_net005_socket_ifname_matching_nothing_usable(node: Node) -> None:
     node.add("ens9f0", 3, "10.1.0.2/24", state="down")
     node.add("ens10f0", 4)
     node.file("/etc/nccl.conf", "NCCL_SOCKET_IFNAME==eth0,ens9f0,ens10f0\n")
-    found = subjects(nccl_wrong_socket_interface(node.socket(), node.routing()))
+    found = subjects(nccl_wrong_socket_interface(node.socket(), node.routing(), NO_NCCL))
     evidence = text(found["NCCL_SOCKET_IFNAME"])
     assert evidence.startswith("/etc/nccl.conf NCCL_SOCKET_IFNAME: =eth0,ens9f0,ens10f0")
     assert "eth0: no such interface" in evidence and "ens9f0 is down" in evidence and "ens10f0 has no IP address" in evidence
     node.file("/etc/nccl.conf", "NCCL_SOCKET_IFNAME=^e\n")  # leaves lo: NET001's case, not this one
-    assert list(nccl_wrong_socket_interface(node.socket(), node.routing())) == []
+    assert list(nccl_wrong_socket_interface(node.socket(), node.routing(), NO_NCCL)) == []
     node.file("/etc/nccl.conf", "NCCL_SOCKET_IFNAME=^e,lo\n")
-    found = subjects(nccl_wrong_socket_interface(node.socket(), node.routing()))
+    found = subjects(nccl_wrong_socket_interface(node.socket(), node.routing(), NO_NCCL))
     assert set(found) == {"NCCL_SOCKET_IFNAME"} and "no running interface with an address matches" in text(found["NCCL_SOCKET_IFNAME"])
 
 
@@ -303,7 +305,7 @@ def test_net005_one_character_value_and_comm_id_without_a_local_subnet(node: Nod
     node.add("eno1", 2, "10.0.0.2/24")
     node.env(NCCL_SOCKET_IFNAME="e", NCCL_COMM_ID="10.5.0.1:6000")
     node.routes = {"10.5.0.1": unicast("eno1", "10.0.0.1")}
-    found = subjects(nccl_wrong_socket_interface(node.socket(), node.routing()))
+    found = subjects(nccl_wrong_socket_interface(node.socket(), node.routing(), NO_NCCL))
     assert found["NCCL_SOCKET_IFNAME"].severity is Severity.WARNING
     assert "no local address in that subnet" in text(found["NCCL_COMM_ID"])
 
@@ -316,14 +318,34 @@ def test_net005_comm_id_host_resolved_by_dns_as_nccl_resolves_it(node: Node) -> 
     node.env(NCCL_COMM_ID="gpu018:29600")
     node.routes = {"10.10.1.18": unicast("eno1")}
     answered = {"gpu018 A": {"addresses": ["10.10.1.18"]}, "gpu018 AAAA": {"error": "NOANSWER"}}
-    assert list(nccl_wrong_socket_interface(node.socket(), node.routing(dns=answered))) == []
+    assert list(nccl_wrong_socket_interface(node.socket(), node.routing(dns=answered), NO_NCCL)) == []
     elsewhere = {"gpu018 A": {"addresses": ["10.99.0.18"]}, "gpu018 AAAA": {"error": "NOANSWER"}}
     node.routes = {"10.99.0.18": unicast("eno1", "10.10.0.1")}
-    found = subjects(nccl_wrong_socket_interface(node.socket(), node.routing(dns=elsewhere)))
+    found = subjects(nccl_wrong_socket_interface(node.socket(), node.routing(dns=elsewhere), NO_NCCL))
     assert found["NCCL_COMM_ID"].status is Status.PRESENT and "gpu018: 10.99.0.18" in text(found["NCCL_COMM_ID"])
     nowhere = {"gpu018 A": {"error": "NXDOMAIN"}, "gpu018 AAAA": {"error": "NXDOMAIN"}}
-    found = subjects(nccl_wrong_socket_interface(node.socket(), node.routing(dns=nowhere)))
+    found = subjects(nccl_wrong_socket_interface(node.socket(), node.routing(dns=nowhere), NO_NCCL))
     assert found["NCCL_COMM_ID"].status is Status.UNKNOWN and "does not resolve here" in found["NCCL_COMM_ID"].reason
+
+
+def test_net005_a_down_interface_nccl_before_2_28_would_bind_to(node: Node) -> None:
+    """NCCL before 2.28 takes interfaces that are not running: an IPoIB port that is down but keeps
+    its address is its bootstrap interface ("ib" comes first in its default order)."""
+    node.add("eno1", 2, "10.40.0.21/16")
+    node.add("ib0", 3, "10.50.0.21/16", state="down")
+    old = NcclCopy("/usr/lib/x86_64-linux-gnu/libnccl.so.2.21.5", "2.21.5", "system")
+    new = NcclCopy("/opt/venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2", "2.28.9", "python")
+    facts, routing = node.socket(), node.routing()
+    assert facts.bootstrap.interfaces[0].ifname == "eno1" and facts.bootstrap_before_2_28 is not None
+    found = subjects(nccl_wrong_socket_interface(facts, routing, NcclLibFacts((old,), ())))
+    assert found["ib0"].severity is None and "not running" in text(found["ib0"]) and "NCCL 2.21.5" in text(found["ib0"])
+    found = subjects(nccl_wrong_socket_interface(facts, routing, NcclLibFacts((old, new), ())))
+    assert found["ib0"].severity is Severity.WARNING  # the job may load the newer one
+    assert list(nccl_wrong_socket_interface(facts, routing, NcclLibFacts((new,), ()))) == []
+    unread = subjects(nccl_wrong_socket_interface(facts, routing, Unread("nccl_libs", "timed out")))
+    assert unread["ib0"].status is Status.UNKNOWN
+    node.links[-1]["operstate"] = "up"
+    assert node.socket().bootstrap_before_2_28 is None  # both releases pick the running ib0
 
 
 def test_net005_peers_routed_elsewhere_warning_when_automatic_info_when_chosen(node: Node) -> None:
@@ -331,12 +353,12 @@ def test_net005_peers_routed_elsewhere_warning_when_automatic_info_when_chosen(n
     node.add("ib0", 3, "192.168.50.2/24")
     node.env(MASTER_ADDR="10.0.0.9")
     node.routes = {"10.0.0.9": unicast("eno1")}
-    found = subjects(nccl_wrong_socket_interface(node.socket(), node.routing()))
+    found = subjects(nccl_wrong_socket_interface(node.socket(), node.routing(), NO_NCCL))
     assert found["ib0"].severity is Severity.WARNING and "10.0.0.9: dev eno1" in text(found["ib0"])
     node.env(MASTER_ADDR="10.0.0.9", NCCL_SOCKET_IFNAME="=ib0")
-    assert subjects(nccl_wrong_socket_interface(node.socket(), node.routing()))["ib0"].severity is Severity.INFO
+    assert subjects(nccl_wrong_socket_interface(node.socket(), node.routing(), NO_NCCL))["ib0"].severity is Severity.INFO
     node.env(MASTER_ADDR="10.0.0.9", NCCL_SOCKET_IFNAME="=eno1")
-    assert list(nccl_wrong_socket_interface(node.socket(), node.routing())) == []
+    assert list(nccl_wrong_socket_interface(node.socket(), node.routing(), NO_NCCL)) == []
 
 
 def _rails(node: Node, rp_filter: int, arp: tuple[int, int], own_tables: bool) -> None:
@@ -353,7 +375,7 @@ def _rails(node: Node, rp_filter: int, arp: tuple[int, int], own_tables: bool) -
 
 def test_net005_strict_rp_filter_without_source_routing(node: Node) -> None:
     _rails(node, 1, (1, 2), own_tables=False)
-    found = subjects(nccl_wrong_socket_interface(node.socket(), node.routing()))
+    found = subjects(nccl_wrong_socket_interface(node.socket(), node.routing(), NO_NCCL))
     assert set(found) == {"r2"} and found["r2"].severity is None
     assert "(effective 1: strict)" in text(found["r2"]) and "ip route get 10.50.0.1 from 10.50.0.3: dev r1" in text(found["r2"])
 
@@ -366,21 +388,21 @@ def test_net005_strict_rp_filter_on_ipoib_rails_nccl_does_not_use_is_a_warning(n
     for link in node.links:
         if link["name"] in ("r1", "r2"):
             link["link_type"] = "infiniband"
-    found = subjects(nccl_wrong_socket_interface(node.socket(), node.routing()))
+    found = subjects(nccl_wrong_socket_interface(node.socket(), node.routing(), NO_NCCL))
     assert set(found) == {"r2"} and found["r2"].severity is Severity.WARNING
     node.env(NCCL_SOCKET_IFNAME="=r2")
-    found = subjects(nccl_wrong_socket_interface(node.socket(), node.routing()))
+    found = subjects(nccl_wrong_socket_interface(node.socket(), node.routing(), NO_NCCL))
     assert found["r2"].severity is None
 
 
 def test_net005_arp_flux_warning_and_clean_multi_rail(node: Node) -> None:
     _rails(node, 2, (0, 0), own_tables=False)
-    found = subjects(nccl_wrong_socket_interface(node.socket(), node.routing()))
+    found = subjects(nccl_wrong_socket_interface(node.socket(), node.routing(), NO_NCCL))
     assert set(found) == {"r1", "r2"} and {item.severity for item in found.values()} == {Severity.WARNING}
     assert "arp_ignore=1" in found["r1"].fix
     clean = Node(node.root.parent / "clean")
     _rails(clean, 1, (1, 2), own_tables=True)
-    assert list(nccl_wrong_socket_interface(clean.socket(), clean.routing())) == []
+    assert list(nccl_wrong_socket_interface(clean.socket(), clean.routing(), NO_NCCL)) == []
 
 
 def test_net005_unreadable_or_garbage_sysctls_are_undecided(node: Node) -> None:
@@ -388,7 +410,7 @@ def test_net005_unreadable_or_garbage_sysctls_are_undecided(node: Node) -> None:
     node.file("/proc/sys/net/ipv4/conf/r2/rp_filter", "strict\n")
     facts = node.routing()
     assert any("not a number" in problem for problem in facts.problems)
-    found = subjects(nccl_wrong_socket_interface(node.socket(), facts))
+    found = subjects(nccl_wrong_socket_interface(node.socket(), facts, NO_NCCL))
     assert found["r2"].status is Status.UNKNOWN and "rp_filter unreadable" in found["r2"].reason
 
 
@@ -396,7 +418,7 @@ def test_net005_strict_rp_filter_with_unknown_reply_route_on_a_copied_root(node:
     _rails(node, 1, (1, 2), own_tables=False)
     member = RailMember("r2", "10.50.0.3", 24, Sysctl(0, 1), Sysctl(1, 1), Sysctl(2, 2), None, "source-specific lookups depend on policy rules")
     facts = replace(node.routing(), same_subnet=((member,),))
-    found = subjects(nccl_wrong_socket_interface(node.socket(), facts))
+    found = subjects(nccl_wrong_socket_interface(node.socket(), facts, NO_NCCL))
     assert found["r2"].status is Status.UNKNOWN and "policy rules" in found["r2"].reason
 
 
