@@ -21,7 +21,7 @@ from msgspec import Struct
 
 from preflight import __version__
 from preflight.fleet.compare import TIE, Comparison, Fleet, NodeMention, fleet_exit_code
-from preflight.fleet.render import compress_hosts, printable
+from preflight.fleet.render import compress_hosts, mixed_runs, printable
 
 #: Cell kinds, worst first: a present finding's severity, or "unknown".
 KINDS = ("critical", "error", "warning", "info", "unknown")
@@ -98,7 +98,8 @@ def _summary(fleet: Fleet) -> str:
     classes = len(fleet.classes)
     return (f"{len(fleet.nodes)} nodes · {classes} hardware {'class' if classes == 1 else 'classes'} · "
             f"{len(fleet.disagreements)} disagreements · {len(fleet.skipped)} files skipped · "
-            f"exit code {int(fleet_exit_code(fleet))}")
+            f"exit code {int(fleet_exit_code(fleet))}"
+            + (f" · mixed runs, compare with care: {mixed}" if (mixed := mixed_runs(fleet)) else ""))
 
 
 # -- Markdown --------------------------------------------------------------------------------------

@@ -229,6 +229,26 @@ def _finding_rows(findings: Sequence[FleetFinding]) -> list[list[str]]:
     return rows
 
 
+def mixed_runs(fleet: Fleet) -> str:
+    """``profiles: full 4, prolog 1 · preflight versions: ...``: the profiles and preflight
+    versions of the reports when they differ, "" when every report shares them. A node whose report
+    ran the prolog profile shows no finding for a check only the full profile runs, which is not
+    "found nothing"."""
+    parts = []
+    for label, values in (("profiles", [n.profile for n in fleet.nodes]), ("preflight versions", [n.tool_version for n in fleet.nodes])):
+        counts: dict[str, int] = {}
+        for value in values:
+            counts[value] = counts.get(value, 0) + 1
+        if len(counts) > 1:
+            shown = sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:MIXED_SHOWN]
+            more = f", {len(counts) - MIXED_SHOWN} more" if len(counts) > MIXED_SHOWN else ""
+            parts.append(f"{label}: " + ", ".join(f"{printable(value or '?', 40)} {count}" for value, count in shown) + more)
+    return " · ".join(parts)
+
+
+MIXED_SHOWN = 4  # distinct profiles or versions named in the summary line
+
+
 def render_table(fleet: Fleet, width: int | None = None) -> str:
     """The fleet as text tables that fit ``width`` columns (default: the terminal's, as node
     tables do): long values wrap inside their column instead of running past the edge."""
@@ -238,6 +258,7 @@ def render_table(fleet: Fleet, width: int | None = None) -> str:
     sections = [
         f"preflight {__version__} fleet · {len(fleet.nodes)} nodes · {len(fleet.classes)} hardware "
         f"{'class' if len(fleet.classes) == 1 else 'classes'} · {len(fleet.skipped)} files skipped"
+        + (f"\nmixed runs, compare with care: {mixed}" if (mixed := mixed_runs(fleet)) else "")
     ]
     if fleet.classes:
         rows = [[str(len(g.hosts)), printable(g.hardware.label, 80), _hosts_cell(g.hosts)] for g in fleet.classes]

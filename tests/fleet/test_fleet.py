@@ -98,6 +98,21 @@ def test_a_value_a_node_could_not_read_makes_it_unknown_not_the_odd_one_out(tmp_
     assert (found.verdict, found.unknown) == (SAME, ("node3",))
 
 
+def test_reports_of_other_profiles_or_versions_are_named_in_the_summary(tmp_path: Path) -> None:
+    """A node audited with the prolog profile shows nothing for the checks only the full profile
+    runs: the summary says the runs are mixed, in the table and the pages alike."""
+    from preflight.fleet.pages import render_markdown
+
+    documents = [report(f"gpu00{i}") for i in range(1, 6)]
+    documents[4]["profile"] = "prolog"
+    documents[3]["tool"]["version"] = documents[2]["tool"]["version"] = "0.0.1"
+    fleet = audit([str(write_all(tmp_path / "r", documents))])
+    assert "mixed runs, compare with care: profiles: full 4, prolog 1 · preflight versions: " in render_table(fleet, width=200)
+    assert "0.0.1 2" in render_table(fleet, width=200) and "mixed runs, compare with care" in render_markdown(fleet)
+    same = audit([str(write_all(tmp_path / "same", documents[:2]))])
+    assert "mixed runs" not in render_table(same, width=200)
+
+
 def test_an_agreeing_clean_fleet_exits_zero_and_lists_nothing_odd(tmp_path: Path) -> None:
     fleet = audit([str(write_all(tmp_path / "r", [report(f"gpu00{i}") for i in range(1, 4)]))])
     assert not fleet.disagreements and not fleet.references
