@@ -324,6 +324,8 @@ def _findings(findings_in: list[Any]) -> tuple[dict[str, int], tuple[NodeFinding
     return counts, tuple(kept)
 
 
+#: Subjects one node's mention of one reference keeps (GPUs, ports, interfaces: a node has tens).
+SUBJECTS_PER_MENTION = 64
 #: Mention bodies by the ids of the findings they were worked out from (the cache holds the
 #: findings, so their ids cannot be reused meanwhile).
 _bodies: dict[tuple[int, ...], tuple[tuple[NodeFinding, ...], MentionBody]] = {}
@@ -339,7 +341,11 @@ def _mention_body(findings: Sequence[NodeFinding]) -> MentionBody:
             detail.extend(
                 line.observed + (f" (expected {line.expected})" if line.expected else "") for line in finding.evidence[:2]
             )
-    return worst, tuple(dict.fromkeys(f.subject for f in findings)), tuple(dict.fromkeys(detail))[:5]
+    subjects = tuple(dict.fromkeys(f.subject for f in findings))
+    if len(subjects) > SUBJECTS_PER_MENTION:
+        # a hostile report of 150,000 subjects must not keep them all for the whole audit
+        subjects = (*subjects[:SUBJECTS_PER_MENTION], f"... and {len(subjects) - SUBJECTS_PER_MENTION} more")
+    return worst, subjects, tuple(dict.fromkeys(detail))[:5]
 
 
 def _body(items: Sequence[NodeFinding]) -> MentionBody:

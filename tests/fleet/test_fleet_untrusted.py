@@ -155,6 +155,22 @@ def test_a_second_report_for_a_host_still_counts_with_what_it_found(tmp_path: Pa
     assert fleet_exit_code(fleet) is ExitCode.ERROR
 
 
+def test_a_report_with_forty_thousand_subjects_keeps_only_a_few(tmp_path: Path) -> None:
+    """Memory grows with the number of nodes, not with what one report claims: a mention keeps
+    its first subjects and says how many more there were."""
+    from preflight.fleet.load import SUBJECTS_PER_MENTION
+
+    directory = tmp_path / "reports"
+    good_pair(directory)
+    noisy = report("gpu003")
+    noisy["findings"] = [finding("IB009", severity="warning", subject=f"mlx5_{n}:1") for n in range(40_000)]
+    (directory / "gpu003.json").write_text(json.dumps(noisy))
+    fleet = audit([str(directory)])
+    (node,) = [n for n in fleet.nodes if n.host == "gpu003"]
+    ((_ref_id, _status, _symbol, _title, (_worst, subjects, _detail)),) = node.mentions
+    assert len(subjects) == SUBJECTS_PER_MENTION + 1 and subjects[-1] == f"... and {40_000 - SUBJECTS_PER_MENTION} more"
+
+
 def test_huge_numbers_and_odd_types_in_facts_are_unknown_or_shown_safely(tmp_path: Path) -> None:
     document = report("gpu003")
     document["facts"]["memlock"]["slurmd"]["soft"] = 10**4000  # within Python's digit limit
