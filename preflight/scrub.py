@@ -59,6 +59,7 @@ from msgspec.structs import replace
 
 from preflight.hostlist import split_top_level
 from preflight.sources.archive import Member
+from preflight.sources.netlink import FIREWALL_FILE
 
 CATEGORIES = ("hostnames", "addresses", "guids", "macs", "serials", "users")
 
@@ -72,6 +73,12 @@ _TOKENS = re.compile(
     rf"|(?P<ipv6>(?<![0-9A-Za-z:.])(?:{_HEX}{{0,4}}:){{2,7}}(?:{_HEX}{{1,4}}|(?:\d{{1,3}}\.){{3}}\d{{1,3}})?(?![0-9A-Za-z:.])(?:/(?P<plen6>\d{{1,3}})(?!\d))?)"
     rf"|(?P<ipv4>(?<![\w.-])(?:\d{{1,3}}\.){{3}}\d{{1,3}}(?![\w.]|-\d)(?:/(?P<plen4>\d{{1,2}})(?!\d))?)"
 )
+# An IPv4 range as nftables rules write it ("10.10.1.17-10.10.1.30"): _TOKENS leaves an address
+# next to a hyphen alone (package versions such as "MLNX_OFED_LINUX-5.8-1.1.2.1"), so a range's
+# two ends are found here.
+_IPV4_RANGE = re.compile(r"(?<![\w.-])((?:\d{1,3}\.){3}\d{1,3})-((?:\d{1,3}\.){3}\d{1,3})(?![\w.-])")
+#: CIDR blocks one range of a firewall recording may become (any IPv4 range needs at most 62).
+MAX_RANGE_BLOCKS = 256
 _LABEL = re.compile(r"(?<![\w-])[A-Za-z0-9_][A-Za-z0-9_-]*")
 _SERIAL_LINE = re.compile(
     r"(?im)^(?P<key>[ \t]*(?:[a-z]+[ \t_-])*serial(?:[ \t_-]?(?:number|num|no))?[ \t]*[:=][ \t]*)(?P<value>\S.*?)[ \t]*$"
@@ -212,6 +219,8 @@ class Scrubber:
     # -- text ----------------------------------------------------------------------------------------
     def scrub_text(self, text: str, hostnames: bool = False) -> str:
         """Every identifier of the chosen categories in ``text`` replaced."""
+        if self._addresses():
+            text = _IPV4_RANGE.sub(self._ipv4_range, text)
         text = _TOKENS.sub(self._token, text)
         if hostnames and "hostnames" in self.categories and (self.host_labels or self.host_prefixes):
             text = _LABEL.sub(self._label_match, text)
@@ -242,6 +251,42 @@ class Scrubber:
         if kind == "ipv4" and self._addresses():
             return self._ipv4_text(match)
         return token
+
+    def _ipv4_range(self, match: re.Match[str]) -> str:
+        """Both ends of a range, each mapped alone: in free text the order of the ends may turn
+        (a prefix-preserving map keeps blocks, not order). A firewall recording's ranges become
+        blocks instead (``_ranges_as_blocks``), which keeps which addresses they hold."""
+        try:
+            first, last = (int(ipaddress.IPv4Address(end)) for end in match.groups())
+        except ValueError:
+            return match.group(0)
+        return f"{ipaddress.IPv4Address(self.map_ipv4(first))}-{ipaddress.IPv4Address(self.map_ipv4(last))}"
+
+    def _ranges_as_blocks(self, value: Any) -> Any:
+        """A firewall recording with each address range of a rule's values ("10.10.1.17-10.10.1.30")
+        replaced by the CIDR blocks that make it up: a prefix-preserving map takes a block onto a
+        block, so the scrubbed rule matches exactly the images of the addresses it matched."""
+        if isinstance(value, dict):
+            return {name: self._block_values(item) if name == "values" else self._ranges_as_blocks(item) for name, item in value.items()}
+        if isinstance(value, list):
+            return [self._ranges_as_blocks(item) for item in value]
+        return value
+
+    def _block_values(self, values: Any) -> Any:
+        if not isinstance(values, list):
+            return self._ranges_as_blocks(values)
+        expanded: list[Any] = []
+        for item in values:
+            first, _, last = item.partition("-") if isinstance(item, str) else ("", "", "")
+            try:
+                blocks = list(ipaddress.summarize_address_range(ipaddress.ip_address(first), ipaddress.ip_address(last)))
+            except (ValueError, TypeError):
+                blocks = []
+            if blocks and len(blocks) <= MAX_RANGE_BLOCKS:
+                expanded.extend(str(block) for block in blocks)
+            else:
+                expanded.append(item)
+        return expanded
 
     def _ipv4_text(self, match: re.Match[str]) -> str:
         address = match.group(0).split("/", 1)[0]
@@ -441,6 +486,8 @@ class Scrubber:
         if name == "nvml.json":
             document = self._scrub_nvml(document)
         else:
+            if name == FIREWALL_FILE and self._addresses():
+                document = self._ranges_as_blocks(document)
             keys = self.scrub_path if name in ("devices.json", "read-errors.json", "statvfs.json") else (lambda key: self.scrub_text(self.scrub_users(key), hostnames))
             document = _map_json(document, lambda text: self.scrub_text(self.scrub_users(text), hostnames), keys)
         return (json.dumps(document) + "\n").encode("utf-8")

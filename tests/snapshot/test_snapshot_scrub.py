@@ -109,6 +109,25 @@ def test_ipv4_mapping_preserves_prefixes_and_blocks() -> None:
         assert mapped != address and ipaddress.IPv4Address(mapped) in ipaddress.IPv4Network(block)
 
 
+def test_address_ranges_are_scrubbed_and_a_firewall_recording_keeps_what_they_match() -> None:
+    """nftables writes address ranges ("10.10.1.17-10.10.1.30"). In text both ends are replaced;
+    in a firewall recording each range becomes the CIDR blocks it is made of, which a
+    prefix-preserving map takes onto blocks, so the scrubbed rule matches exactly the images of
+    the addresses the original matched (a mapped range's ends could come out in either order)."""
+    scrub = scrubber()
+    text = scrub.scrub_text("ip saddr 10.10.1.17-10.10.1.30 accept")
+    assert "10.10.1.17" not in text and "10.10.1.30" not in text and text.count("-") == 1
+    rule = {"field": "ip saddr", "op": "==", "values": ["10.10.1.17-10.10.1.30", "10.10.0.0/16"], "mask": 0}
+    recording = {"format": "preflight-firewall/1", "ruleset": {"chains": [{"rules": [{"conditions": [rule]}]}]}}
+    scrubbed = json.loads(scrub.scrub_file(".preflight/firewall.json", json.dumps(recording).encode()))
+    values = scrubbed["ruleset"]["chains"][0]["rules"][0]["conditions"][0]["values"]
+    assert not any("10.10.1." in value for value in values) and all("-" not in value for value in values)
+    blocks = [ipaddress.IPv4Network(value) for value in values[:-1]]
+    inside = range(int(ipaddress.IPv4Address("10.10.1.17")), int(ipaddress.IPv4Address("10.10.1.30")) + 1)
+    images = {ipaddress.IPv4Address(scrub.map_ipv4(value)) for value in inside}
+    assert images == {address for block in blocks for address in block}
+
+
 def test_ipv6_mapping_preserves_prefixes_and_blocks() -> None:
     scrub = scrubber()
     rng = random.Random(11)
