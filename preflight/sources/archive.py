@@ -324,10 +324,12 @@ def _tar_entries(stream: _GzipStream) -> Iterator[_Entry]:
         name = overrides.pop("path", name)
         linkname = overrides.pop("linkpath", _text(header[157:257].split(b"\0", 1)[0]))
         if "size" in overrides:
-            try:
-                size = int(overrides.pop("size"))
-            except ValueError:
-                raise ArchiveError("a pax header with a size that is not a number") from None
+            text = overrides.pop("size")
+            # ASCII digits only: int() would take "-1000000000000", and a negative size would
+            # lower the extraction total and the cap with it
+            if not (text.isascii() and text.isdigit() and len(text) <= 20):
+                raise ArchiveError("a pax header with a size that is not a number")
+            size = int(text)
             padded = -(-size // _BLOCK) * _BLOCK
         overrides.clear()
         kind = _KIND_NAMES.get(_TYPES.get(kind_byte, ""), _TYPES.get(kind_byte, f"type {kind_byte!r}"))
@@ -360,10 +362,9 @@ def _number(field: bytes) -> int:
             raise ArchiveError("a tar header with a negative size")
         return int.from_bytes(field[1:], "big")
     text = field.split(b"\0", 1)[0].strip()
-    try:
-        return int(text, 8) if text else 0
-    except ValueError:
-        raise ArchiveError("corrupt or truncated archive (a tar header's size is not a number)") from None
+    if text and not all(48 <= byte <= 55 for byte in text):  # octal digits only: no sign, no "0x"
+        raise ArchiveError("corrupt or truncated archive (a tar header's size is not a number)")
+    return int(text, 8) if text else 0
 
 
 def _text(raw: bytes) -> str:

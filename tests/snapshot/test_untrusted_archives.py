@@ -81,6 +81,29 @@ def test_a_huge_pax_header_is_refused_and_memory_stays_flat(tmp_path: Path) -> N
     assert int(peak_kib) < 200 * 1024  # the interpreter and preflight: no 1 GiB buffer
 
 
+@pytest.mark.parametrize("size", ["-1000000000000", "+5", "0x10", " 7"])
+def test_a_pax_size_that_is_not_plain_digits_is_refused(tmp_path: Path, size: str) -> None:
+    """A negative size would lower the running total, and with it the extraction cap."""
+    line = f" size={size}\n"
+    length = len(line) + len(str(len(line)))  # a pax record counts its own length digits
+    length += len(str(length)) - len(str(len(line)))
+    record = f"{length}{line}"
+    assert len(record) == length
+    body = record.encode().ljust(512, b"\0")
+    archive = gz(tmp_path / "neg.tar.gz", header(b"PaxHeader", len(record), b"x"), body, header(b"sys/x", 0, b"0"), b"\0" * 1024)
+    with pytest.raises(ArchiveError, match="size that is not a number"):
+        extract(archive, tmp_path)
+
+
+def test_a_tar_size_field_with_a_sign_is_refused(tmp_path: Path) -> None:
+    block = bytearray(header(b"sys/x", 0, b"0"))
+    block[124:136] = b"-0000000777\0"
+    block[148:156] = b"        "
+    block[148:156] = f"{sum(block):06o}\0 ".encode()
+    with pytest.raises(ArchiveError, match="size is not a number"):
+        extract(gz(tmp_path / "sign.tar.gz", bytes(block), b"\0" * 1024), tmp_path)
+
+
 def test_names_from_pax_and_gnu_records_are_used_and_checked(tmp_path: Path) -> None:
     long_name = "sys/" + "d/" * 40 + "value"
     path = tmp_path / "pax-ok.tar.gz"
