@@ -145,10 +145,20 @@ class HostConfig(Struct, frozen=True):
     origin: str = ""  # the file this came from, "" for built-in defaults
 
 
+#: The longest deadline any run takes: past it, select() and the timers refuse the number
+#: (OverflowError), and no node check needs a day.
+MAX_TIMEOUT_S = 86_400.0
+
+
+def seconds_problem(value: float) -> str:
+    """Why ``value`` is no usable deadline, "" when it is one."""
+    return "" if 0 < value <= MAX_TIMEOUT_S else f"must be a positive number of seconds, at most {MAX_TIMEOUT_S:g}"
+
+
 def _positive_float(value: Any) -> float:
     # TOML has nan and inf: neither bounds a run.
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-        raise ValueError("must be a positive number of seconds")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or seconds_problem(value):
+        raise ValueError(seconds_problem(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else "must be a positive number of seconds")
     return float(value)
 
 
@@ -216,12 +226,31 @@ def _variable_names(value: Any) -> tuple[str, ...]:
 
 
 def _last_result(value: Any) -> str:
+    import string  # only where a site sets last_result
+
     path = _absolute_path(value)
     try:
-        path.format(mode="prolog")
-    except (KeyError, IndexError, ValueError):
-        raise ValueError("may contain no placeholder other than {mode}") from None
+        # "{mode}" alone: a format spec ("{mode:>99999999999}") would make every run build a
+        # string of that width, and other fields name nothing
+        fields = [(name, spec, conversion) for _text, name, spec, conversion in string.Formatter().parse(path) if name is not None]
+    except ValueError:
+        fields = [("", "", None)]
+    if any(field != ("mode", "", None) for field in fields):
+        raise ValueError("may contain no placeholder other than {mode}")
     return path
+
+
+def _nameservers(value: Any) -> tuple[str, ...]:
+    """Addresses only: a name would be resolved by this machine's own resolver, not asked."""
+    import ipaddress  # only where a site names its nameservers
+
+    names = _string_list(value)
+    for name in names:
+        try:
+            ipaddress.ip_address(name)
+        except ValueError:
+            raise ValueError(f"{name!r} is not an IP address") from None
+    return names
 
 
 def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
@@ -279,7 +308,7 @@ _RUN_KEYS: dict[str, Callable[[Any], Any]] = {
     "checks_dirs": _string_list,
 }
 _DNS_KEYS: dict[str, Callable[[Any], Any]] = {
-    "nameservers": _string_list,
+    "nameservers": _nameservers,
     "port": _port,
     "lifetime": _positive_float,
 }

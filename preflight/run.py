@@ -13,7 +13,7 @@ import os
 
 from msgspec import Struct
 
-from preflight.config import DEFAULT_CONFIG_PATH, ConfigError, HostConfig, parse_config
+from preflight.config import DEFAULT_CONFIG_PATH, ConfigError, HostConfig, parse_config, seconds_problem
 from preflight.engine import EarlyProbes, Report, RunOptions, run, select_checks, start_early
 from preflight.model import selects
 from preflight.registry import PROFILES, Registry
@@ -88,8 +88,8 @@ def check_profile(profile: str | None) -> None:
 
 
 def check_timeout(timeout: float | None) -> None:
-    if timeout is not None and not 0 < timeout < math.inf:
-        raise UsageProblem("--timeout must be a positive number of seconds")
+    if timeout is not None and seconds_problem(timeout):
+        raise UsageProblem(f"--timeout {seconds_problem(timeout)}")
 
 
 def inspect_node(

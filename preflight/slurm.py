@@ -46,6 +46,7 @@ from preflight.config import (
     SlurmSettings,
     healthcheck_budget_problem,
     salvage_slurm_settings,
+    seconds_problem,
 )
 from preflight.exitcodes import ExitCode
 from preflight.hostlist import HostlistError, expand
@@ -509,8 +510,8 @@ def _run_slurm(args: SlurmArgs, environ: Mapping[str, str]) -> int:
         print(f"preflight: error: unknown mode {args.mode!r}; choose one of {', '.join(MODES)}", file=sys.stderr)
         return ExitCode.NO_VERDICT
     try:
-        if args.timeout is not None and not args.timeout > 0:
-            raise UsageProblem("--timeout must be a positive number of seconds")
+        if args.timeout is not None and seconds_problem(args.timeout):
+            raise UsageProblem(f"--timeout {seconds_problem(args.timeout)}")
         # The same limit as [slurm] healthcheck_timeout: slurmd would kill the run first.
         problem = healthcheck_budget_problem(args.timeout) if args.mode == "healthcheck" and args.timeout else ""
         if problem:

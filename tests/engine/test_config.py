@@ -66,3 +66,27 @@ def test_known_ids_in_every_place_are_accepted() -> None:
     assert config.disabled == {"SOCK002", "GDR002"} and config.severity == {"DNS001": Severity.WARNING, "GDR001": Severity.INFO}
     with pytest.raises(ConfigError, match="NCCL999"):
         parse_config('disable = ["NCCL999"]\n', "site.toml", "gpu1")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[run]\ntimeout = 1e10\n", "run.timeout: 10000000000.0 must be a positive number of seconds, at most 86400"),
+        ("[slurm]\ntimeout = 1e10\n", "slurm.timeout: 10000000000.0 must be a positive number of seconds, at most 86400"),
+        ('[slurm]\nlast_result = "/var/lib/preflight/{mode:>99999999999}.json"\n', "may contain no placeholder other than {mode}"),
+        ('[slurm]\nlast_result = "/var/lib/preflight/{mode!r}.json"\n', "may contain no placeholder other than {mode}"),
+        ('[dns]\nnameservers = ["not-an-ip"]\n', "'not-an-ip' is not an IP address"),
+    ],
+)
+def test_values_that_would_crash_a_run_or_ask_the_wrong_server_are_refused(text: str, message: str) -> None:
+    """A deadline past what select() takes, a format width that allocates gigabytes, a nameserver
+    given by name (this machine's resolver would answer for it): each is a config error."""
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_config(text, "site.toml", "gpu1")
+    assert parse_config('[slurm]\nlast_result = "/var/lib/preflight/{mode}.json"\n[dns]\nnameservers = ["10.0.0.2", "fd00::53"]\n', "site.toml", "gpu1")
+
+
+@pytest.mark.parametrize("command", [("node",), ("slurm", "prolog")])
+def test_a_timeout_past_a_day_is_a_usage_error_not_a_traceback(run_cli: Runner, example_root: Path, command: tuple[str, ...]) -> None:
+    result = run_cli(*command, "--root", str(example_root), "--timeout", "1e10")
+    assert "Traceback" not in result.stderr and "at most 86400" in result.stderr + result.stdout
