@@ -70,8 +70,10 @@ _TOKENS = re.compile(
     rf"|(?P<uuid>(?<![0-9A-Fa-f]){_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}(?![0-9A-Fa-f]))"
     rf"|(?P<mac>(?<![0-9A-Fa-f:]){_HEX}{{2}}(?::{_HEX}{{2}}){{5}}(?![0-9A-Fa-f:]))"
     rf"|(?P<guid>(?<![0-9A-Fa-f:]){_HEX}{{4}}(?::{_HEX}{{4}}){{3}}(?![0-9A-Fa-f:]))"
-    rf"|(?P<ipv6>(?<![0-9A-Za-z:.])(?:{_HEX}{{0,4}}:){{2,7}}(?:{_HEX}{{1,4}}|(?:\d{{1,3}}\.){{3}}\d{{1,3}})?(?![0-9A-Za-z:.])(?:/(?P<plen6>\d{{1,3}})(?!\d))?)"
-    rf"|(?P<ipv4>(?<![\w.-])(?:\d{{1,3}}\.){{3}}\d{{1,3}}(?![\w.]|-\d)(?:/(?P<plen4>\d{{1,2}})(?!\d))?)"
+    # an address may end a sentence ("... from 10.10.1.17."): a full stop counts as part of the
+    # token only when a digit follows it (an OID, a longer version number)
+    rf"|(?P<ipv6>(?<![0-9A-Za-z:.])(?:{_HEX}{{0,4}}:){{2,7}}(?:{_HEX}{{1,4}}|(?:\d{{1,3}}\.){{3}}\d{{1,3}})?(?![0-9A-Za-z:]|\.\w)(?:/(?P<plen6>\d{{1,3}})(?!\d))?)"
+    rf"|(?P<ipv4>(?<![\w.-])(?:\d{{1,3}}\.){{3}}\d{{1,3}}(?!\w|\.\d|-\d)(?:/(?P<plen4>\d{{1,2}})(?!\d))?)"
 )
 # An IPv4 range as nftables rules write it ("10.10.1.17-10.10.1.30"): _TOKENS leaves an address
 # next to a hyphen alone (package versions such as "MLNX_OFED_LINUX-5.8-1.1.2.1"), so a range's
@@ -85,15 +87,20 @@ _SERIAL_LINE = re.compile(
 )
 _PROC_NET = re.compile(r"^proc/(?:[^/]+/)?net/(?P<name>route|tcp6?|udp6?|raw6?|if_inet6|ipv6_route)$")
 _SERIAL_FILE = re.compile(r"(?:^|/)(?:[\w-]*_serial|serial|serial_number)$|^etc/machine-id$")
-_HOSTNAME_SCOPE = re.compile(r"^(?:etc/|proc/sys/kernel/(?:hostname|domainname)$|proc/[^/]+/environ$|\.preflight/(?:dns|snapshot)\.json$)")
+_HOSTNAME_SCOPE = re.compile(
+    r"^(?:etc/|proc/sys/kernel/(?:hostname|domainname)$|proc/[^/]+/environ$|\.preflight/(?:dns|snapshot|nvml)\.json$"
+    r"|(?:home/[^/]+|root)/\.nccl\.conf$)"
+)
 _SLURM_HOSTS = re.compile(r"(?i)\b(?:NodeName|NodeHostname|NodeAddr|Nodes|SlurmctldHost|ControlMachine|BackupController)=(\S+)")
-_HOST_VARIABLES = ("MASTER_ADDR", "SLURMD_NODENAME", "SLURM_SUBMIT_HOST", "SLURM_CLUSTER_NAME", "HOSTNAME", "NCCL_COMM_ID")
+_HOST_VARIABLES = (
+    "MASTER_ADDR", "SLURMD_NODENAME", "SLURM_SUBMIT_HOST", "SLURM_CLUSTER_NAME", "HOSTNAME", "NCCL_COMM_ID", "SLURM_SRUN_COMM_HOST",
+)
 _USER_VARIABLES = ("USER", "LOGNAME", "USERNAME", "SLURM_JOB_USER", "SUDO_USER")
 _HOME_VARIABLES = ("HOME", "VIRTUAL_ENV", "CONDA_PREFIX", "PWD", "SLURM_SUBMIT_DIR")
 _HOME_DIR = re.compile(r"(?:^|/)home/(?P<name>[^/\0\s:]+)")
 _ACCOUNT = re.compile(r"[a-z_][a-z0-9_.-]{0,31}", re.IGNORECASE)
 # Where account names are replaced inside files: configuration, job environments, recordings.
-_USER_SCOPE = re.compile(r"^(?:etc/|proc/[^/]+/environ$|\.preflight/)")
+_USER_SCOPE = re.compile(r"^(?:etc/|proc/[^/]+/environ$|\.preflight/|(?:home/[^/]+|root)/\.nccl\.conf$)")
 # Accounts that name a service, not a person: kept so that the snapshot still reads naturally.
 _SERVICE_ACCOUNTS = frozenset({
     "root", "nobody", "daemon", "bin", "sys", "sync", "adm", "admin", "slurm", "munge", "nvidia",
@@ -464,17 +471,22 @@ class Scrubber:
                 text = data.decode("utf-8", "surrogateescape")
                 core = text.strip()
                 return text.replace(core, self.map_serial(core)).encode("utf-8", "surrogateescape")
+        hostnames = _HOSTNAME_SCOPE.match(path) is not None
+        users = _USER_SCOPE.match(path) is not None
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError:
-            return data  # binary: only the formats handled above carry identifiers
+            if not (hostnames or users):
+                return data  # binary: only the formats handled above carry identifiers
+            # a configuration file or an environment with one Latin-1 byte is still text, whose
+            # names and addresses must go; its other bytes come back as they were
+            text = data.decode("utf-8", "surrogateescape")
         proc_net = _PROC_NET.match(path)
         if proc_net and self._addresses():
             text = self._scrub_proc_net(proc_net.group("name"), text)
-        hostnames = _HOSTNAME_SCOPE.match(path) is not None
-        if _USER_SCOPE.match(path):
+        if users:
             text = self.scrub_users(text)
-        return "\0".join(self.scrub_text(part, hostnames) for part in text.split("\0")).encode("utf-8")
+        return "\0".join(self.scrub_text(part, hostnames) for part in text.split("\0")).encode("utf-8", "surrogateescape")
 
     def _scrub_json_file(self, path: str, data: bytes) -> bytes:
         try:
@@ -498,11 +510,32 @@ class Scrubber:
             return document
         for function, entry in calls.items():
             def text(value: str, serial: bool = "Serial" in function) -> str:
-                return self.map_serial(value) if serial and "serials" in self.categories else self.scrub_text(value)
+                if serial and "serials" in self.categories:
+                    return self.map_serial(value)
+                # messages name the recorded root's path and host ("no NVML recording in /home/alice/...")
+                return self.scrub_text(self.scrub_users(value), hostnames=True)
 
             # Keys of per-device answers are indices and arguments ("0/gpu1/0"), never identifiers.
-            calls[function] = _map_json(entry, text, lambda key: key)
+            calls[function] = self._cluster_uuids(_map_json(entry, text, lambda key: key))
         return document
+
+    def _cluster_uuids(self, value: Any) -> Any:
+        """NVLink fabric answers carry the cluster's UUID as 16 byte values (``clusterUuid``),
+        which no text pattern sees: mapped as the UUID they spell."""
+        if isinstance(value, list):
+            return [self._cluster_uuids(item) for item in value]
+        if not isinstance(value, dict):
+            return value
+        mapped = {}
+        for name, item in value.items():
+            # all zero: no fabric cluster at all, which the NVLink checks read as such
+            if name == "clusterUuid" and "serials" in self.categories and _uuid_bytes(item) and any(item):
+                spelled = bytes(item).hex()
+                uuid = self._uuid(f"{spelled[:8]}-{spelled[8:12]}-{spelled[12:16]}-{spelled[16:20]}-{spelled[20:]}")
+                mapped[name] = list(bytes.fromhex(uuid.replace("-", "")))
+            else:
+                mapped[name] = self._cluster_uuids(item)
+        return mapped
 
     def scrub_manifest(self, manifest: dict[str, Any]) -> dict[str, Any]:
         scrubbed: dict[str, Any] = _map_json(manifest, lambda text: self.scrub_text(self.scrub_users(text), hostnames=True), lambda key: key)
@@ -609,6 +642,10 @@ class Scrubber:
                     cursor = value_at + size
             position = end
         return bytes(buffer)
+
+
+def _uuid_bytes(value: Any) -> bool:
+    return isinstance(value, list) and len(value) == 16 and all(isinstance(b, int) and not isinstance(b, bool) and 0 <= b <= 255 for b in value)
 
 
 def _le32(field: str) -> int | None:

@@ -268,6 +268,32 @@ def test_host_names_are_replaced_label_by_label_keeping_numbers() -> None:
     assert "sys/devices/system/node/node0/cpulist" in scrubbed  # sysfs is never treated as host names
 
 
+def test_names_are_scrubbed_wherever_the_audit_found_them_left() -> None:
+    """Found by an audit of scrubbed snapshots: a file with one Latin-1 byte, an address ending a
+    sentence, a home directory's .nccl.conf, srun's submit host, NVML's messages naming the
+    recorded root, and the NVLink cluster UUID NVML gives as 16 bytes (all zero: no cluster, kept)."""
+    scrub = scrubber()
+    environ = b"SLURM_JOB_USER=alice\0SLURM_SRUN_COMM_HOST=login07\0HOSTNAME=gpu017\0"
+    fabric = {"result": {"clusterUuid": list(range(1, 17)), "state": 3}}
+    nvml = {"calls": {"nvmlInit": {"error": "no NVML recording in /home/alice/gpu017"}, "nvmlDeviceGetGpuFabricInfo": {"0": fabric, "1": {"result": {"clusterUuid": [0] * 16}}}}}
+    members = {
+        "proc/self/environ": Member("proc/self/environ", "file", environ),
+        "proc/sys/kernel/hostname": Member("proc/sys/kernel/hostname", "file", b"gpu017\n"),
+        "etc/slurm/slurm.conf": Member("etc/slurm/slurm.conf", "file", "# \xe9t\xe9 maintained by alice\nNodeName=gpu[001-064]\n".encode("latin-1")),
+        "etc/motd": Member("etc/motd", "file", b"Served from 10.10.1.17. Ask fd00:1:2::17.\n"),
+        "home/alice/.nccl.conf": Member("home/alice/.nccl.conf", "file", b"# alice on gpu017\nNCCL_SOCKET_IFNAME=eno1\n"),
+        ".preflight/nvml.json": Member(".preflight/nvml.json", "file", json.dumps(nvml).encode()),
+    }
+    scrubbed = {path: member.data for path, member in scrub.scrub_members(members).items()}
+    everything = b"\n".join(scrubbed.values()) + b"\n".join(path.encode() for path in scrubbed)
+    for original in (b"alice", b"gpu017", b"login07", b"10.10.1.17", b"fd00:1:2::17"):
+        assert original not in everything, original
+    assert scrubbed["etc/slurm/slurm.conf"].startswith(b"# \xe9t\xe9 maintained by ")  # its other bytes as they were
+    calls = json.loads(scrubbed[".preflight/nvml.json"])["calls"]["nvmlDeviceGetGpuFabricInfo"]
+    assert calls["0"]["result"]["clusterUuid"] != list(range(1, 17)) and len(calls["0"]["result"]["clusterUuid"]) == 16
+    assert calls["1"]["result"]["clusterUuid"] == [0] * 16
+
+
 def test_account_names_are_replaced_in_environments_configs_and_paths() -> None:
     scrub = scrubber(categories=frozenset({"users"}))
     environ = b"USER=alice\0HOME=/home/alice\0VIRTUAL_ENV=/home/bob/venvs/train\0SLURM_JOB_USER=alice\0LOGNAME=root\0"
