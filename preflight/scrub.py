@@ -88,8 +88,8 @@ _SERIAL_LINE = re.compile(
 _PROC_NET = re.compile(r"^proc/(?:[^/]+/)?net/(?P<name>route|tcp6?|udp6?|raw6?|if_inet6|ipv6_route)$")
 _SERIAL_FILE = re.compile(r"(?:^|/)(?:[\w-]*_serial|serial|serial_number)$|^etc/machine-id$")
 _HOSTNAME_SCOPE = re.compile(
-    r"^(?:etc/|proc/sys/kernel/(?:hostname|domainname)$|proc/[^/]+/environ$|\.preflight/(?:dns|snapshot|nvml)\.json$"
-    r"|(?:home/[^/]+|root)/\.nccl\.conf$)"
+    r"^(?:etc/|proc/sys/kernel/(?:hostname|domainname)$|proc/[^/]+/(?:environ|cmdline)$|proc/cmdline$"
+    r"|\.preflight/(?:(?:dns|snapshot|nvml|netlink|firewall)\.json|kmsg)$|(?:home/[^/]+|root)/\.nccl\.conf$)"
 )
 _SLURM_HOSTS = re.compile(r"(?i)\b(?:NodeName|NodeHostname|NodeAddr|Nodes|SlurmctldHost|ControlMachine|BackupController)=(\S+)")
 _HOST_VARIABLES = (

@@ -271,7 +271,8 @@ def test_host_names_are_replaced_label_by_label_keeping_numbers() -> None:
 def test_names_are_scrubbed_wherever_the_audit_found_them_left() -> None:
     """Found by an audit of scrubbed snapshots: a file with one Latin-1 byte, an address ending a
     sentence, a home directory's .nccl.conf, srun's submit host, NVML's messages naming the
-    recorded root, and the NVLink cluster UUID NVML gives as 16 bytes (all zero: no cluster, kept)."""
+    recorded root, the NVLink cluster UUID NVML gives as 16 bytes (all zero: no cluster, kept), and
+    host names in the kernel log, the kernel command line and the netlink recording."""
     scrub = scrubber()
     environ = b"SLURM_JOB_USER=alice\0SLURM_SRUN_COMM_HOST=login07\0HOSTNAME=gpu017\0"
     fabric = {"result": {"clusterUuid": list(range(1, 17)), "state": 3}}
@@ -283,6 +284,9 @@ def test_names_are_scrubbed_wherever_the_audit_found_them_left() -> None:
         "etc/motd": Member("etc/motd", "file", b"Served from 10.10.1.17. Ask fd00:1:2::17.\n"),
         "home/alice/.nccl.conf": Member("home/alice/.nccl.conf", "file", b"# alice on gpu017\nNCCL_SOCKET_IFNAME=eno1\n"),
         ".preflight/nvml.json": Member(".preflight/nvml.json", "file", json.dumps(nvml).encode()),
+        ".preflight/kmsg": Member(".preflight/kmsg", "file", b"6,812,91234,-;systemd[1]: Set hostname to <gpu017>.\n"),
+        "proc/cmdline": Member("proc/cmdline", "file", b"BOOT_IMAGE=/vmlinuz root=/dev/sda1 nfsroot=login07:/export\n"),
+        ".preflight/netlink.json": Member(".preflight/netlink.json", "file", b'{"links": [{"name": "eno1", "alias": "uplink of gpu017"}]}'),
     }
     scrubbed = {path: member.data for path, member in scrub.scrub_members(members).items()}
     everything = b"\n".join(scrubbed.values()) + b"\n".join(path.encode() for path in scrubbed)
