@@ -87,6 +87,7 @@ class NodeReport(Struct, frozen=True):
     hardware: HardwareClass
     values: dict[str, str | None]  # fact key -> canonical value, None when unknown
     failed_probes: dict[str, str]  # probe name -> why it gave no facts
+    started_at: float | None = None  # when the report's run started (seconds since the epoch), None if not given
 
 
 def report_paths(inputs: Sequence[str]) -> tuple[list[str], list[Skipped]]:
@@ -431,7 +432,15 @@ def node_report(document: Any, file: str, node_names: str = "host") -> NodeRepor
         hardware=_intern(hardware_class(facts)),
         values={key: _intern(value) for key, value in values.items()},
         failed_probes=_failed_probes(document.get("probes")),
+        started_at=_started_at(document.get("started_at")),
     )
+
+
+def _started_at(value: Any) -> float | None:
+    """A report's start time when it is a plain finite number of seconds."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not -1e12 < value < 1e12:
+        return None
+    return float(value)
 
 
 def report_from_bytes(data: bytes, file: str, node_names: str = "host") -> NodeReport:
@@ -498,21 +507,30 @@ def worst_present(report: NodeReport) -> str:
 def load_reports(
     inputs: Iterable[str], max_bytes: int = MAX_REPORT_BYTES, workers: int | None = None, node_names: str = "host"
 ) -> tuple[list[NodeReport], list[Skipped]]:
-    """Every usable report, and every file skipped with the reason (a second report for a node
-    name already read is skipped too: which of the two is current cannot be told safely)."""
+    """Every usable report, and every file skipped with the reason. Of two reports for one node
+    the one that says it started later is compared (the first read when either does not say);
+    the other is skipped and keeps its worst finding in the exit code (``duplicate_worst``)."""
     paths, skipped = report_paths(list(inputs))
     reports: list[NodeReport] = []
-    first_file: dict[str, str] = {}
+    kept_at: dict[str, int] = {}  # node name -> index in reports
+    what = "host" if node_names == "host" else "node"
     for report in _load_many(paths, max_bytes, workers, node_names):
         if isinstance(report, Skipped):
             skipped.append(report)
             continue
-        path = report.file
-        if report.name in first_file:
-            what = "host" if node_names == "host" else "node"
-            reason = f"a second report for {what} {report.name} (first: {first_file[report.name]})"
-            skipped.append(Skipped(path, reason, worst_present(report)))
+        index = kept_at.get(report.name)
+        if index is None:
+            kept_at[report.name] = len(reports)
+            reports.append(report)
             continue
-        first_file[report.name] = path
-        reports.append(report)
+        kept = reports[index]
+        if _newer(report, kept):
+            reports[index], report, kept = report, kept, report
+        reason = f"a second report for {what} {report.name}, not the newer one (kept: {kept.file})"
+        skipped.append(Skipped(report.file, reason, worst_present(report)))
     return reports, skipped
+
+
+def _newer(report: NodeReport, kept: NodeReport) -> bool:
+    """``report`` started after ``kept``, both saying when; otherwise the first read stays."""
+    return report.started_at is not None and kept.started_at is not None and report.started_at > kept.started_at

@@ -75,6 +75,7 @@ class ReportShape(TypedDict, total=False):
     host: Any
     tool: Any
     profile: Any
+    started_at: Any
     findings: list[NodeFinding]
     probes: list[ProbeShape]
     facts: FactsViewType  # the probes' own fact types, narrowed to what the audit reads

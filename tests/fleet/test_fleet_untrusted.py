@@ -137,38 +137,29 @@ def test_a_second_report_for_the_same_host_is_skipped(tmp_path: Path) -> None:
     (directory / "zz-copy.json").write_text(json.dumps(report("gpu001")))
     fleet = audit([str(directory)])
     (skipped,) = fleet.skipped
-    assert skipped.reason == f"a second report for host gpu001 (first: {directory / 'gpu001.json'})"
+    assert skipped.reason == f"a second report for host gpu001, not the newer one (kept: {directory / 'gpu001.json'})"
     assert fleet_exit_code(fleet) is ExitCode.WARNING
 
 
-def test_a_second_report_for_a_host_still_counts_with_what_it_found(tmp_path: Path) -> None:
-    """Which of two reports for one host is current cannot be told: the one left out (here a newer
-    report with a lost GPU, sorted after a stale clean one) keeps the exit code at its worst finding."""
+@pytest.mark.parametrize(("started_at", "kept_lost"), [(2.0, True), (0.5, False)])
+def test_of_two_reports_for_a_host_the_newer_is_compared_and_the_other_still_counts(
+    tmp_path: Path, started_at: float, kept_lost: bool
+) -> None:
+    """A report with a lost GPU beside a clean one for the same host, sorted after it: compared
+    where it started later; skipped where it is the older, its critical finding kept in the exit
+    code all the same (which of two reports is current, file names do not say)."""
     directory = tmp_path / "reports"
     good_pair(directory)
     lost = report("gpu001")
+    lost["started_at"] = started_at
     lost["findings"].append(finding("GPU001", severity="critical", subject="GPU3"))
-    (directory / "zz-gpu001-new.json").write_text(json.dumps(lost))
+    (directory / "zz-gpu001-other.json").write_text(json.dumps(lost))
     fleet = audit([str(directory)])
     (skipped,) = fleet.skipped
-    assert skipped.duplicate_worst == "critical" and "a second report for host gpu001" in skipped.reason
+    (node,) = [n for n in fleet.nodes if n.host == "gpu001"]
+    assert (node.file.endswith("zz-gpu001-other.json")) is kept_lost
+    assert skipped.duplicate_worst == ("" if kept_lost else "critical") and "not the newer one" in skipped.reason
     assert fleet_exit_code(fleet) is ExitCode.ERROR
-
-
-def test_a_report_with_forty_thousand_subjects_keeps_only_a_few(tmp_path: Path) -> None:
-    """Memory grows with the number of nodes, not with what one report claims: a mention keeps
-    its first subjects and says how many more there were."""
-    from preflight.fleet.load import SUBJECTS_PER_MENTION
-
-    directory = tmp_path / "reports"
-    good_pair(directory)
-    noisy = report("gpu003")
-    noisy["findings"] = [finding("IB009", severity="warning", subject=f"mlx5_{n}:1") for n in range(40_000)]
-    (directory / "gpu003.json").write_text(json.dumps(noisy))
-    fleet = audit([str(directory)])
-    (node,) = [n for n in fleet.nodes if n.host == "gpu003"]
-    ((_ref_id, _status, _symbol, _title, (_worst, subjects, _detail)),) = node.mentions
-    assert len(subjects) == SUBJECTS_PER_MENTION + 1 and subjects[-1] == f"... and {40_000 - SUBJECTS_PER_MENTION} more"
 
 
 def test_huge_numbers_and_odd_types_in_facts_are_unknown_or_shown_safely(tmp_path: Path) -> None:
