@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from msgspec.structs import replace
 
-from preflight.model import Evidence, NotApplicable, Observation, Severity, Status, Unknown, present
+from preflight.model import Evidence, NotApplicable, Observation, Severity, Status, Unknown, merge_by_subject, present
 from preflight.probes.firewall import (
     ADDRESSES_UNKNOWN,
     FirewallFacts,
@@ -105,26 +105,10 @@ def gloo_rendezvous_connection_refused(firewall: FirewallFacts, sockets: SocketF
         port_fates(firewall, ruleset, interfaces, (sockets.port_range,)), blocked,
         "ephemeral port", "accepted: Gloo's pairs listen on ports the kernel picks from ip_local_port_range",
     )
-    merged = list(_merged(rendezvous + ephemeral))
+    merged = merge_by_subject(rendezvous + ephemeral)  # one finding per interface
     if names and firewall.addressed is not None:
         yield from merged
     else:
         # Unset, Gloo listens on one address only, the host name's, where peers reach the node.
         doubt = f"{GLOO_IFNAME} is unset, so Gloo listens on the host name's address alone" if not names else ADDRESSES_UNKNOWN
         yield from only_if_every_interface(merged, interfaces, doubt)
-
-
-def _merged(observations: list[Observation]) -> Iterator[Observation]:
-    """One finding per interface: present evidence joined, unknown only when nothing is present."""
-    by_subject: dict[str, list[Observation]] = {}
-    for item in observations:
-        by_subject.setdefault(item.subject, []).append(item)
-    for subject, items in by_subject.items():
-        found = [item for item in items if item.status is Status.PRESENT]
-        if found:
-            # the worst of the parts: a part without a severity of its own has the reference's
-            weakest = all(item.severity is not None for item in found)
-            severity = max((item.severity for item in found if item.severity), key=lambda s: s.rank) if weakest else None
-            yield present(subject, *(e for item in found for e in item.evidence), severity=severity)
-        else:
-            yield items[0]

@@ -13,8 +13,8 @@ from preflight.model import (
     NotApplicable,
     Observation,
     Severity,
-    Status,
     Unread,
+    merge_by_subject,
     present,
     undecided,
 )
@@ -36,7 +36,7 @@ from preflight.probes.routing import CONF, RoutingFacts
 from preflight.registry import check
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator
+    from collections.abc import Iterator
 
 ARP_FIX = (
     "Set net.ipv4.conf.all.arp_ignore=1 and net.ipv4.conf.all.arp_announce=2 so each interface answers ARP "
@@ -195,22 +195,6 @@ def _multi_rail(routing: RoutingFacts, used: set[str]) -> Iterator[Observation]:
                 yield undecided(member.ifname, "; ".join(unknown), shared)
 
 
-def merge_by_subject(observations: Iterable[Observation]) -> list[Observation]:
-    """One observation per subject (one report row): a present one wins over an undecided one;
-    two present ones join their evidence and keep the stronger severity (None is the
-    reference's own, the strongest here)."""
-    merged: dict[str, Observation] = {}
-    for item in observations:
-        earlier = merged.get(item.subject)
-        if earlier is None or (earlier.status is not Status.PRESENT and item.status is Status.PRESENT):
-            merged[item.subject] = item
-        elif earlier.status is Status.PRESENT and item.status is Status.PRESENT:
-            severity = None if earlier.severity is None or item.severity is None else max(earlier.severity, item.severity, key=lambda s: s.rank)
-            fix = earlier.fix if earlier.fix == item.fix else ""
-            merged[item.subject] = Observation(item.subject, earlier.evidence + item.evidence, severity, fix)
-    return list(merged.values())
-
-
 @check("NET005", optional=("nccl_libs",))
 def nccl_wrong_socket_interface(nccl_socket: NcclSocketFacts, routing: RoutingFacts, nccl_libs: NcclLibFacts | Unread) -> Iterator[Observation]:
     """NCCL selects nothing usable, or an interface the peers are not reached through, or (before
@@ -229,10 +213,10 @@ def _down_pick_before_2_28(facts: NcclSocketFacts, nccl_libs: NcclLibFacts | Unr
     interface, and the job hangs there. An error where every NCCL the node holds is that old, a
     warning where a newer one may be the job's."""
     older = facts.bootstrap_before_2_28
-    picked = older.interfaces[0] if older is not None and older.interfaces else None
-    if picked is None or picked.running:
+    if older is None or not older.interfaces or older.interfaces[0].running:
         return
-    setting = Evidence(older.source if older else "", older.rule if older else "")
+    picked = older.interfaces[0]
+    setting = Evidence(older.source, older.rule)
     seen = Evidence("getifaddrs", f"bootstrap before NCCL 2.28: {shown(picked)}, which is not running", "a running interface")
     if isinstance(nccl_libs, Unread):
         yield undecided(picked.ifname, f"NCCL before 2.28 would bind to it, and which NCCL the node holds is unknown ({nccl_libs})", setting, seen)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from msgspec import Struct
@@ -109,6 +110,22 @@ def undecided(subject: str, reason: str, *evidence: Evidence) -> Observation:
     """Build the observation for a subject whose facts could not be read: it becomes
     ``unknown`` with ``reason`` rather than a silent ``absent``."""
     return Observation(subject=subject, evidence=tuple(evidence), status=Status.UNKNOWN, reason=reason)
+
+
+def merge_by_subject(observations: Iterable[Observation]) -> list[Observation]:
+    """One observation per subject (one report row): a present one wins over an undecided one;
+    two present ones join their evidence and keep the stronger severity (None is the
+    reference's own, the strongest here)."""
+    merged: dict[str, Observation] = {}
+    for item in observations:
+        earlier = merged.get(item.subject)
+        if earlier is None or (earlier.status is not Status.PRESENT and item.status is Status.PRESENT):
+            merged[item.subject] = item
+        elif earlier.status is Status.PRESENT and item.status is Status.PRESENT:
+            severity = None if earlier.severity is None or item.severity is None else max(earlier.severity, item.severity, key=lambda s: s.rank)
+            fix = earlier.fix if earlier.fix == item.fix else ""
+            merged[item.subject] = Observation(item.subject, earlier.evidence + item.evidence, severity, fix)
+    return list(merged.values())
 
 
 class NotApplicable(Exception):

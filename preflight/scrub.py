@@ -262,38 +262,12 @@ class Scrubber:
     def _ipv4_range(self, match: re.Match[str]) -> str:
         """Both ends of a range, each mapped alone: in free text the order of the ends may turn
         (a prefix-preserving map keeps blocks, not order). A firewall recording's ranges become
-        blocks instead (``_ranges_as_blocks``), which keeps which addresses they hold."""
+        blocks instead (:func:`_ranges_as_blocks`), which keeps which addresses they hold."""
         try:
             first, last = (int(ipaddress.IPv4Address(end)) for end in match.groups())
         except ValueError:
             return match.group(0)
         return f"{ipaddress.IPv4Address(self.map_ipv4(first))}-{ipaddress.IPv4Address(self.map_ipv4(last))}"
-
-    def _ranges_as_blocks(self, value: Any) -> Any:
-        """A firewall recording with each address range of a rule's values ("10.10.1.17-10.10.1.30")
-        replaced by the CIDR blocks that make it up: a prefix-preserving map takes a block onto a
-        block, so the scrubbed rule matches exactly the images of the addresses it matched."""
-        if isinstance(value, dict):
-            return {name: self._block_values(item) if name == "values" else self._ranges_as_blocks(item) for name, item in value.items()}
-        if isinstance(value, list):
-            return [self._ranges_as_blocks(item) for item in value]
-        return value
-
-    def _block_values(self, values: Any) -> Any:
-        if not isinstance(values, list):
-            return self._ranges_as_blocks(values)
-        expanded: list[Any] = []
-        for item in values:
-            first, _, last = item.partition("-") if isinstance(item, str) else ("", "", "")
-            try:
-                blocks = list(ipaddress.summarize_address_range(ipaddress.ip_address(first), ipaddress.ip_address(last)))
-            except (ValueError, TypeError):
-                blocks = []
-            if blocks and len(blocks) <= MAX_RANGE_BLOCKS:
-                expanded.extend(str(block) for block in blocks)
-            else:
-                expanded.append(item)
-        return expanded
 
     def _ipv4_text(self, match: re.Match[str]) -> str:
         address = match.group(0).split("/", 1)[0]
@@ -499,7 +473,7 @@ class Scrubber:
             document = self._scrub_nvml(document)
         else:
             if name == FIREWALL_FILE and self._addresses():
-                document = self._ranges_as_blocks(document)
+                document = _ranges_as_blocks(document)
             keys = self.scrub_path if name in ("devices.json", "read-errors.json", "statvfs.json") else (lambda key: self.scrub_text(self.scrub_users(key), hostnames))
             document = _map_json(document, lambda text: self.scrub_text(self.scrub_users(text), hostnames), keys)
         return (json.dumps(document) + "\n").encode("utf-8")
@@ -642,6 +616,30 @@ class Scrubber:
                     cursor = value_at + size
             position = end
         return bytes(buffer)
+
+
+def _ranges_as_blocks(value: Any, in_values: bool = False) -> Any:
+    """A firewall recording with each address range of a rule's ``values`` ("10.10.1.17-10.10.1.30")
+    replaced by the CIDR blocks that make it up: a prefix-preserving map takes a block onto a
+    block, so the scrubbed rule matches exactly the images of the addresses it matched."""
+    if isinstance(value, dict):
+        return {name: _ranges_as_blocks(item, name == "values") for name, item in value.items()}
+    if not isinstance(value, list):
+        return value
+    if not in_values:
+        return [_ranges_as_blocks(item) for item in value]
+    expanded: list[Any] = []
+    for item in value:
+        first, _, last = item.partition("-") if isinstance(item, str) else ("", "", "")
+        try:
+            blocks = list(ipaddress.summarize_address_range(ipaddress.ip_address(first), ipaddress.ip_address(last)))
+        except (ValueError, TypeError):
+            blocks = []
+        if 0 < len(blocks) <= MAX_RANGE_BLOCKS:
+            expanded.extend(str(block) for block in blocks)
+        else:
+            expanded.append(item)
+    return expanded
 
 
 def _uuid_bytes(value: Any) -> bool:

@@ -13,12 +13,12 @@ import pytest
 from preflight.probes.job import probe_job
 from preflight.probes.job import Setting
 from preflight.probes.routing import Peer, RailMember, RoutingFacts, Sysctl, probe_routing
-from preflight.checks.net import merge_by_subject, nccl_socket_network_unreachable, nccl_wrong_socket_interface
+from preflight.checks.net import nccl_socket_network_unreachable, nccl_wrong_socket_interface
 from preflight.probes.nccl_libs import NcclCopy, NcclLibFacts
 from preflight.probes.nccl_socket import NcclSocketFacts, probe_nccl_socket
 from preflight.checks.net import ipv6_address_family_mismatch, nccl_proxy_connect_ipv6_link_local, nccl_virtual_interface_selected
 from preflight.config import Expectations, HostConfig
-from preflight.model import Evidence, NotApplicable, Observation, Severity, Status, Unread, present, undecided
+from preflight.model import Evidence, NotApplicable, Observation, Severity, Status, Unread, merge_by_subject, present, undecided
 from preflight.sources import NodeFS
 from preflight.sources.dns import ReplayDns
 from preflight.sources.netlink import ReplayNetlink
