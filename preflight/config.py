@@ -35,7 +35,7 @@ evidence from another node, not instructions (``docs/security.md``).
 
     [slurm]                 # `preflight slurm prolog|epilog|healthcheck` (docs/operators/slurm.md)
     timeout = 8.0           # prolog/epilog budget, scontrol included; below PrologEpilogTimeout
-    healthcheck_timeout = 50.0  # HealthCheckProgram budget; Slurm kills it at 60 s
+    healthcheck_timeout = 50.0  # HealthCheckProgram budget; slurmd kills it at HealthCheckTimeout (60 s)
     scontrol_timeout = 3.0  # one scontrol call; never retried
     drain_severity = "error"    # present findings at or above this drain the node
     fail_closed = false     # true: unknown findings at or above drain_severity drain too
@@ -73,6 +73,7 @@ from msgspec.structs import replace
 from preflight.catalogue import reference_ids
 from preflight.hostlist import HostlistError, expand, matches, split_top_level
 from preflight.model import REFERENCE_ID, Severity
+from preflight.slurm_conf import MAX_HEALTH_CHECK_TIMEOUT_S
 from preflight.sources import DnsSettings
 from preflight.tomlcompat import TomlError, parse_toml
 from preflight.units import UNLIMITED, parse_size
@@ -110,7 +111,7 @@ class SlurmSettings(Struct, frozen=True):
     """How ``preflight slurm ...`` runs under Slurm (``[slurm]``); see docs/operators/slurm.md."""
 
     timeout_s: float = 8.0  # prolog/epilog: everything, the scontrol call included
-    healthcheck_timeout_s: float = 50.0  # HealthCheckProgram is killed by slurmd after 60 s
+    healthcheck_timeout_s: float = 50.0  # slurmd kills HealthCheckProgram at HealthCheckTimeout (60 s)
     scontrol_timeout_s: float = 3.0
     drain_severity: Severity = Severity.ERROR
     fail_closed: bool = False  # unknown never drains unless the site asks for it
@@ -501,16 +502,14 @@ def _slurm_settings(reader: _Reader, table: Any) -> SlurmSettings:
     return settings
 
 
-#: slurmd kills HealthCheckProgram after this many seconds (slurm.conf(5), HealthCheckProgram).
-HEALTHCHECK_KILL_S = 60.0
-
-
 def healthcheck_budget_problem(seconds: float) -> str:
     """Why a health-check budget cannot work ("" when it can): shared by ``[slurm]
-    healthcheck_timeout`` and ``preflight slurm healthcheck --timeout``."""
-    if seconds < HEALTHCHECK_KILL_S:
+    healthcheck_timeout`` and ``preflight slurm healthcheck --timeout``. No slurmd lets
+    HealthCheckProgram run that long; the node's own limit (``HealthCheckTimeout``, else 60 s) is
+    known only on the node, where :mod:`preflight.slurm` cuts a budget that would outlast it."""
+    if seconds < MAX_HEALTH_CHECK_TIMEOUT_S:
         return ""
-    return f"{seconds:g} must be below {HEALTHCHECK_KILL_S:g} (slurmd kills HealthCheckProgram at {HEALTHCHECK_KILL_S:g} s)"
+    return f"{seconds:g} must be below {MAX_HEALTH_CHECK_TIMEOUT_S} (the longest HealthCheckTimeout slurmd accepts)"
 
 
 def salvage_slurm_settings(text: str) -> SlurmSettings:

@@ -18,7 +18,8 @@ guide and slurm.conf man page):
   GPUs are ``SLURM_JOB_GPUS`` (``CUDA_VISIBLE_DEVICES`` there is not the job's view), the job's
   ``--extra`` and ``--comment`` are ``SLURM_JOB_EXTRA`` and ``SLURM_JOB_COMMENT``, the node is
   ``SLURMD_NODENAME``.
-* ``HealthCheckProgram`` is killed after 60 s and also runs when slurmd starts, before the node
+* ``HealthCheckProgram`` is killed after ``HealthCheckTimeout`` (Slurm 26.05 and later; 60 s by
+  default, and fixed at 60 s before) and also runs when slurmd starts, before the node
   has registered, when ``scontrol`` can hang (NHC issue #159): every call here has a timeout.
   It drains NHC-style: the reason prefix ``preflight:`` marks the drains it owns; it never
   overwrites a reason someone else set and resumes only nodes it drained.
@@ -53,6 +54,7 @@ from preflight.hostlist import HostlistError, expand
 from preflight.model import Finding, Status
 from preflight.probes.gpus import pci_device_key
 from preflight.probes.job import parse_gpu_indices
+from preflight.slurm_conf import DEFAULT_HEALTH_CHECK_TIMEOUT_S, KillTime, health_check_kill_time
 from preflight.sources import NodeFS, SourceError
 
 if TYPE_CHECKING:
@@ -429,6 +431,8 @@ class _Outcome(Struct):
     actions: list[CommandResult] = field(default_factory=list)
     report: dict[str, Any] | None = None
     errors: list[str] = field(default_factory=list)
+    kill_time: KillTime | None = None  # healthcheck: when slurmd kills the run
+    notes: list[str] = field(default_factory=list)  # what the run changed about itself (a cut budget)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -445,6 +449,8 @@ class _Outcome(Struct):
             "node_state": None if self.node_state is None else {"state": self.node_state.state, "reason": self.node_state.reason},
             "actions": [action.to_json() for action in self.actions],
             "errors": self.errors,
+            "kill_time": None if self.kill_time is None else {"seconds": self.kill_time.seconds, "source": self.kill_time.source},
+            "notes": self.notes,
             "report": self.report,
         }
 
@@ -464,6 +470,21 @@ class _Session:
 
     def remaining(self) -> float:
         return self.budget - (time.monotonic() - self.begin)
+
+    def fit_kill_time(self, fs: NodeFS) -> None:
+        """A health check that slurmd kills leaves no verdict, no drain and no last result, so a
+        budget that would not end :data:`STARTUP_MARGIN_S` before the node's limit is cut to end
+        then, and the cut is noted (a site may set HealthCheckTimeout below 60 s)."""
+        limit = health_check_kill_time(fs.read, self.environ.get("SLURM_CONF", ""))
+        self.outcome.kill_time = limit
+        if self.budget + STARTUP_MARGIN_S <= limit.seconds:
+            return
+        # A limit too short for the margin still gets half its time for the checks.
+        cut = limit.seconds - STARTUP_MARGIN_S if limit.seconds > 2 * STARTUP_MARGIN_S else limit.seconds / 2
+        note = f"budget cut from {self.budget:g} s to {cut:g} s: slurmd kills HealthCheckProgram at {limit.seconds} s ({limit.source})"
+        self.outcome.notes.append(note)
+        self.log(SYSLOG_NOTICE, f"preflight: {note}")
+        self.budget = cut
 
     def scontrol(self, *arguments: str) -> CommandResult:
         program = resolve_program(self.settings.scontrol, self.environ)
@@ -512,7 +533,7 @@ def _run_slurm(args: SlurmArgs, environ: Mapping[str, str]) -> int:
     try:
         if args.timeout is not None and seconds_problem(args.timeout):
             raise UsageProblem(f"--timeout {seconds_problem(args.timeout)}")
-        # The same limit as [slurm] healthcheck_timeout: slurmd would kill the run first.
+        # The same bound as [slurm] healthcheck_timeout; the node's own limit is applied below.
         problem = healthcheck_budget_problem(args.timeout) if args.mode == "healthcheck" and args.timeout else ""
         if problem:
             raise UsageProblem(f"--timeout {problem}")
@@ -522,6 +543,8 @@ def _run_slurm(args: SlurmArgs, environ: Mapping[str, str]) -> int:
         return _no_verdict(_Session(args, environ, trace_settings(args.config)), str(error))
     session = _Session(args, environ, settings)
     try:
+        if args.mode == "healthcheck":
+            session.fit_kill_time(node.fs)
         return _judge_node(session, node)
     except (UsageProblem, RegistrationError, CatalogueError) as error:
         return _no_verdict(session, str(error))
@@ -803,6 +826,7 @@ def slurm_conf_lines(
         f"HealthCheckProgram={wrapper_dir}/preflight-healthcheck",
         f"HealthCheckInterval={interval_s}",
         "HealthCheckNodeState=ANY",
+        *healthcheck_timeout_lines(settings),
         "# When the prolog fails, the node drains (with preflight's reason) and slurmctld",
         "# requeues a batch job held: squeue shows \"launch failed requeued held\" until",
         "# `scontrol release JOBID`. srun and salloc jobs are cancelled. To requeue batch jobs",
@@ -811,6 +835,21 @@ def slurm_conf_lines(
         "#SchedulerParameters=nohold_on_prolog_fail",
         "",
     ])
+
+
+def healthcheck_timeout_lines(settings: SlurmSettings) -> list[str]:
+    """``HealthCheckTimeout``, only where the health check's budget needs more than slurmd's
+    default 60 s: slurmd before 26.05 refuse the key (and kill at 60 s whatever it says)."""
+    needed = math.ceil(settings.healthcheck_timeout_s + STARTUP_MARGIN_S)
+    if needed <= DEFAULT_HEALTH_CHECK_TIMEOUT_S:
+        return []
+    return [
+        f"# slurmd kills HealthCheckProgram after this: preflight's budget of {settings.healthcheck_timeout_s:g} s",
+        f"# ([slurm] healthcheck_timeout) plus {STARTUP_MARGIN_S:g} s. Slurm 26.05 and later only: earlier slurmd refuse",
+        f"# this key and kill at {DEFAULT_HEALTH_CHECK_TIMEOUT_S} s, where the health check cuts its budget to "
+        f"{DEFAULT_HEALTH_CHECK_TIMEOUT_S - STARTUP_MARGIN_S:g} s.",
+        f"HealthCheckTimeout={needed}",
+    ]
 
 
 def wrapper_scripts(program: str, wrapper_dir: str = "/etc/slurm", config: str | None = None) -> dict[str, str]:

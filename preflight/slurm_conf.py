@@ -186,3 +186,56 @@ def propagated(conf: SlurmConf, limit: str) -> tuple[bool | None, str]:
             shown = f"{setting.key}={setting.value}" + ("" if setting.where.startswith(conf.path + ":") else f" ({setting.where})")
             return named == keeps, shown
     return True, DEFAULT_PROPAGATION
+
+
+#: slurmd's HealthCheckProgram limit when slurm.conf does not set one: fixed before Slurm 26.05,
+#: the default of ``HealthCheckTimeout`` since (``DEFAULT_HEALTH_CHECK_TIMEOUT``, slurm.conf(5)).
+DEFAULT_HEALTH_CHECK_TIMEOUT_S = 60
+#: ``HealthCheckTimeout`` is a 16-bit count of seconds; UNLIMITED/INFINITE parse to its maximum.
+MAX_HEALTH_CHECK_TIMEOUT_S = 0xFFFF
+
+
+class KillTime(NamedTuple):
+    """When slurmd kills HealthCheckProgram, and what says so."""
+
+    seconds: int
+    source: str  # the setting read, or why Slurm's default is assumed
+
+
+def health_check_kill_time(read: Reader, override: str = "") -> KillTime:
+    """slurmd (26.05 and later) kills HealthCheckProgram after ``HealthCheckTimeout`` seconds
+    (``src/slurmd/slurmd/slurmd.c``: the run's ``max_wait``); earlier releases after a fixed 60 s
+    and refuse a slurm.conf that sets the key, so a file that sets it speaks for its slurmd. Read
+    the way ``s_p_handle_uint16`` reads it (``strtoul`` with base 0; 0 is reset to the default)."""
+    default = DEFAULT_HEALTH_CHECK_TIMEOUT_S
+    conf, problems = find_slurm_conf(read, override)
+    if conf is None:
+        return KillTime(default, f"{problems[0] if problems else 'no slurm.conf found'}: Slurm's default assumed")
+    setting = conf.settings.get("healthchecktimeout")
+    if setting is None:
+        if conf.unread:
+            return KillTime(default, f"{conf.unread[0]}; it may set HealthCheckTimeout: Slurm's default assumed")
+        return KillTime(default, f"HealthCheckTimeout not set in {conf.path}: Slurm's default")
+    seconds = _slurm_uint16(setting.value)
+    if seconds is None or seconds == 0:
+        return KillTime(default, f"{setting.key}={setting.value} ({setting.where}) is not a limit slurmd keeps: Slurm's default")
+    return KillTime(seconds, f"{setting.key}={setting.value} ({setting.where})")
+
+
+def _slurm_uint16(text: str) -> int | None:
+    """A number as ``strtoul(text, &end, 0)`` reads it in full (0x hex, leading-0 octal), or the
+    maximum for UNLIMITED/INFINITE; None when Slurm would reject it."""
+    if text.upper() in ("UNLIMITED", "INFINITE"):
+        return MAX_HEALTH_CHECK_TIMEOUT_S
+    body = text.strip()  # strtoul skips leading space; _KEY_VALUE keeps no trailing space
+    if body.startswith("+"):
+        body = body[1:]
+    if re.fullmatch(r"0[xX][0-9a-fA-F]{1,8}", body):
+        value = int(body, 16)
+    elif re.fullmatch(r"0[0-7]{0,11}", body):
+        value = int(body, 8)
+    elif re.fullmatch(r"[1-9][0-9]{0,9}", body):
+        value = int(body)
+    else:
+        return None
+    return value if value <= MAX_HEALTH_CHECK_TIMEOUT_S else None

@@ -23,7 +23,8 @@ _EPILOG_EXIT_CODES = (
 _TIMEOUT = Option("--timeout", "timeout", "Budget for the whole run, scontrol included (default: the config's slurm.timeout, 8 s).", kind="number")
 _HEALTHCHECK_TIMEOUT = Option(
     "--timeout", "timeout",
-    "Budget for the whole run, scontrol included; below 60 (default: the config's slurm.healthcheck_timeout, 50 s).",
+    "Budget for the whole run, scontrol included (default: the config's slurm.healthcheck_timeout, 50 s); cut to end "
+    "2 s before slurmd's kill (slurm.conf HealthCheckTimeout, else 60 s).",
     kind="number",
 )
 

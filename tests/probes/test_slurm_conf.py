@@ -10,7 +10,16 @@ from pathlib import Path
 
 from preflight.probes.memlock import probe_memlock
 from preflight.probes.nccl_platform import probe_nccl_platform
-from preflight.slurm_conf import DEFAULT_PROPAGATION, MAX_FILES, MAX_UNREAD, find_slurm_conf, logical_lines, propagated, read_slurm_conf
+from preflight.slurm_conf import (
+    DEFAULT_PROPAGATION,
+    MAX_FILES,
+    MAX_UNREAD,
+    find_slurm_conf,
+    health_check_kill_time,
+    logical_lines,
+    propagated,
+    read_slurm_conf,
+)
 from preflight.sources import NodeFS
 from preflight.sources.fs import SourceError
 
@@ -31,6 +40,27 @@ def memlock(files: dict[str, str]) -> tuple[bool | None, str]:
     conf = read_slurm_conf(reader(files), CONF)
     assert conf is not None
     return propagated(conf, "MEMLOCK")
+
+
+def test_health_check_kill_time_is_read_as_slurmd_reads_it() -> None:
+    """HealthCheckTimeout (Slurm 26.05): strtoul with base 0, UNLIMITED as 65535, 0 reset to the
+    default, anything Slurm refuses read as the default; Include that cannot be read undecided."""
+    def kill(text: str | None, **extra: str) -> tuple[int, str]:
+        files = {CONF: text} if text is not None else {}
+        return tuple(health_check_kill_time(reader({**files, **extra})))  # type: ignore[return-value]
+
+    assert kill("ClusterName=c\nhealthchecktimeout=20\n") == (20, f"healthchecktimeout=20 ({CONF}:2)")
+    assert kill("HealthCheckTimeout=0x3c\n")[0] == 60 and kill("HealthCheckTimeout=036\n")[0] == 30
+    assert kill("HealthCheckTimeout=UNLIMITED\n")[0] == 65535 and kill("HealthCheckTimeout=+90\n")[0] == 90
+    for refused in ("0", "-5", "70000", "20s", "08", ""):
+        seconds, source = kill(f"HealthCheckTimeout={refused}\n") if refused else kill("HealthCheckTimeout=\"\"\n")
+        assert seconds == 60 and "is not a limit slurmd keeps" in source, refused
+    assert kill("ClusterName=c\n") == (60, f"HealthCheckTimeout not set in {CONF}: Slurm's default")
+    seconds, source = kill("Include extra.conf\n", **{"/etc/slurm/extra.conf": "<unreadable>"})
+    assert seconds == 60 and "it may set HealthCheckTimeout: Slurm's default assumed" in source
+    assert kill(None) == (60, "no slurm.conf found: Slurm's default assumed")
+    seconds, source = kill(None, **{CONF: "<unreadable>"})
+    assert seconds == 60 and "permission denied" in source
 
 
 def test_lines_are_joined_stripped_and_unescaped_as_slurm_does() -> None:

@@ -120,7 +120,7 @@ syslog_socket = "/run/systemd/journal/dev-log"
         ("syslog_socket = \"dev/log\"", "slurm.syslog_socket"),
         ("drain_timeout = 3", "slurm.drain_timeout: unknown key"),
         ("timeout = 5\nscontrol_timeout = 3", "slurm.timeout: 5 must be more than twice slurm.scontrol_timeout (3)"),
-        ("healthcheck_timeout = 60", "slurm.healthcheck_timeout: 60 must be below 60"),
+        ("healthcheck_timeout = 65535", "slurm.healthcheck_timeout: 65535 must be below 65535 (the longest HealthCheckTimeout"),
     ],
 )
 def test_slurm_section_rejects_bad_values_naming_line_and_key(body: str, message: str) -> None:
@@ -548,19 +548,56 @@ def test_epilog_keeps_a_reason_already_set(run_cli: Runner, example_root: Path, 
         assert site.result("epilog")["node_state"] == {"state": state, "reason": reason}
 
 
-def test_healthcheck_timeout_follows_the_health_check_rule(run_cli: Runner, clean_root: Path, site: Site) -> None:
-    """--timeout is refused where [slurm] healthcheck_timeout would be: slurmd kills at 60 s."""
-    refused = run_cli("slurm", "healthcheck", "--root", str(clean_root), "--config", str(site.config), "--timeout", "120")
+def test_healthcheck_budget_is_cut_to_end_before_slurmd_kills_it(run_cli: Runner, clean_root: Path, site: Site) -> None:
+    """slurmd kills HealthCheckProgram at the node's HealthCheckTimeout (Slurm 26.05), else at 60 s: a
+    budget that would outlast it is cut to end 2 s before, and the cut is noted; one that fits is
+    kept. No slurmd accepts a limit of 65535 s or more, so neither does --timeout nor the config."""
+    refused = run_cli("slurm", "healthcheck", "--root", str(clean_root), "--config", str(site.config), "--timeout", "70000")
     assert refused.returncode == 3
-    assert "--timeout 120 must be below 60 (slurmd kills HealthCheckProgram at 60 s)" in refused.stderr
-    with pytest.raises(ConfigError, match="slurm.healthcheck_timeout: 120 must be below 60 \\(slurmd kills HealthCheckProgram at 60 s\\)"):
-        config("[slurm]\nhealthcheck_timeout = 120\n")
+    assert "--timeout 70000 must be below 65535 (the longest HealthCheckTimeout slurmd accepts)" in refused.stderr
+    with pytest.raises(ConfigError, match="slurm.healthcheck_timeout: 70000 must be below 65535"):
+        config("[slurm]\nhealthcheck_timeout = 70000\n")
     assert site.made_calls() == []
+
+    run_cli("slurm", "healthcheck", "--root", str(clean_root), "--config", str(site.config), "--timeout", "120")
+    written = site.result("healthcheck")
+    assert written["kill_time"] == {"seconds": 60, "source": "HealthCheckTimeout not set in /etc/slurm/slurm.conf: Slurm's default"}
+    assert written["notes"] == [
+        "budget cut from 120 s to 58 s: slurmd kills HealthCheckProgram at 60 s "
+        "(HealthCheckTimeout not set in /etc/slurm/slurm.conf: Slurm's default)"
+    ]
+    assert any("budget cut from 120 s to 58 s" in line for line in site.logged())
+
+    slurm_conf = clean_root / "etc/slurm/slurm.conf"
+    lines = slurm_conf.read_text().splitlines()
+    slurm_conf.write_text("\n".join([*lines, "HealthCheckTimeout=20"]) + "\n")
+    run_cli("slurm", "healthcheck", "--root", str(clean_root), "--config", str(site.config))
+    written = site.result("healthcheck")
+    assert written["kill_time"]["seconds"] == 20  # type: ignore[index]
+    assert written["notes"] == [
+        f"budget cut from 50 s to 18 s: slurmd kills HealthCheckProgram at 20 s "
+        f"(HealthCheckTimeout=20 (/etc/slurm/slurm.conf:{len(lines) + 1}))"
+    ]
+    assert written["report"]["duration_s"] < 18  # type: ignore[index]
+
+    slurm_conf.write_text("\n".join([*lines, "HealthCheckTimeout=300"]) + "\n")
+    run_cli("slurm", "healthcheck", "--root", str(clean_root), "--config", str(site.config), "--timeout", "120")
+    written = site.result("healthcheck")
+    assert written["kill_time"]["seconds"] == 300 and written["notes"] == []  # type: ignore[index]
+
+
+def test_slurm_config_sets_health_check_timeout_only_where_the_budget_needs_it() -> None:
+    """HealthCheckTimeout is printed only for a budget slurmd's default 60 s cannot hold: slurmd
+    before 26.05 refuse the key."""
+    assert "HealthCheckTimeout" not in slurm_conf_lines(config(""))
+    lines = slurm_conf_lines(config("[slurm]\nhealthcheck_timeout = 100\n")).splitlines()
+    assert "HealthCheckTimeout=102" in lines
+    assert any("Slurm 26.05 and later only" in line for line in lines)
 
 
 def test_slurm_help_texts_describe_each_mode(run_cli: Runner) -> None:
     healthcheck = run_cli("slurm", "healthcheck", "--help", env={"COLUMNS": "200"}).stdout
-    assert "slurm.healthcheck_timeout, 50 s" in healthcheck and "below 60" in healthcheck and "slurm.timeout," not in healthcheck
+    assert "slurm.healthcheck_timeout, 50 s" in healthcheck and "HealthCheckTimeout, else 60 s" in healthcheck and "slurm.timeout," not in healthcheck
     prolog = run_cli("slurm", "prolog", "--help", env={"COLUMNS": "200"}).stdout
     assert "slurm.timeout, 8 s" in prolog and "requeues a batch job held" in prolog
     epilog = run_cli("slurm", "epilog", "--help", env={"COLUMNS": "200"}).stdout
