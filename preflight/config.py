@@ -73,7 +73,7 @@ from msgspec.structs import replace
 from preflight.catalogue import reference_ids
 from preflight.hostlist import HostlistError, expand, matches, split_top_level
 from preflight.model import REFERENCE_ID, Severity
-from preflight.slurm_conf import MAX_HEALTH_CHECK_TIMEOUT_S
+from preflight.slurm_conf import MAX_SCRIPT_TIMEOUT_S
 from preflight.sources import DnsSettings
 from preflight.tomlcompat import TomlError, parse_toml
 from preflight.units import UNLIMITED, parse_size
@@ -507,9 +507,9 @@ def healthcheck_budget_problem(seconds: float) -> str:
     healthcheck_timeout`` and ``preflight slurm healthcheck --timeout``. No slurmd lets
     HealthCheckProgram run that long; the node's own limit (``HealthCheckTimeout``, else 60 s) is
     known only on the node, where :mod:`preflight.slurm` cuts a budget that would outlast it."""
-    if seconds < MAX_HEALTH_CHECK_TIMEOUT_S:
+    if seconds < MAX_SCRIPT_TIMEOUT_S:
         return ""
-    return f"{seconds:g} must be below {MAX_HEALTH_CHECK_TIMEOUT_S} (the longest HealthCheckTimeout slurmd accepts)"
+    return f"{seconds:g} must be below {MAX_SCRIPT_TIMEOUT_S} (the longest HealthCheckTimeout slurmd accepts)"
 
 
 def salvage_slurm_settings(text: str) -> SlurmSettings:

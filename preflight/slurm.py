@@ -54,7 +54,7 @@ from preflight.hostlist import HostlistError, expand
 from preflight.model import Finding, Status
 from preflight.probes.gpus import pci_device_key
 from preflight.probes.job import parse_gpu_indices
-from preflight.slurm_conf import DEFAULT_HEALTH_CHECK_TIMEOUT_S, KillTime, health_check_kill_time
+from preflight.slurm_conf import DEFAULT_HEALTH_CHECK_TIMEOUT_S, KillTime, script_kill_time
 from preflight.sources import NodeFS, SourceError
 
 if TYPE_CHECKING:
@@ -431,7 +431,7 @@ class _Outcome(Struct):
     actions: list[CommandResult] = field(default_factory=list)
     report: dict[str, Any] | None = None
     errors: list[str] = field(default_factory=list)
-    kill_time: KillTime | None = None  # healthcheck: when slurmd kills the run
+    kill_time: KillTime | None = None  # when slurmd kills the run; None before it was read
     notes: list[str] = field(default_factory=list)  # what the run changed about itself (a cut budget)
 
     def to_json(self) -> dict[str, Any]:
@@ -449,7 +449,7 @@ class _Outcome(Struct):
             "node_state": None if self.node_state is None else {"state": self.node_state.state, "reason": self.node_state.reason},
             "actions": [action.to_json() for action in self.actions],
             "errors": self.errors,
-            "kill_time": None if self.kill_time is None else {"seconds": self.kill_time.seconds, "source": self.kill_time.source},
+            "kill_time": None if self.kill_time is None else self.kill_time._asdict(),
             "notes": self.notes,
             "report": self.report,
         }
@@ -472,16 +472,18 @@ class _Session:
         return self.budget - (time.monotonic() - self.begin)
 
     def fit_kill_time(self, fs: NodeFS) -> None:
-        """A health check that slurmd kills leaves no verdict, no drain and no last result, so a
-        budget that would not end :data:`STARTUP_MARGIN_S` before the node's limit is cut to end
-        then, and the cut is noted (a site may set HealthCheckTimeout below 60 s)."""
-        limit = health_check_kill_time(fs.read, self.environ.get("SLURM_CONF", ""))
+        """slurmd kills a Prolog, Epilog or HealthCheckProgram that outlasts the node's limit
+        (slurm.conf PrologTimeout, EpilogTimeout, PrologEpilogTimeout, HealthCheckTimeout): a
+        killed prolog or epilog drains the node, a killed health check leaves no verdict. A budget
+        that would not end :data:`STARTUP_MARGIN_S` before the limit is cut to end then, and the cut
+        is noted."""
+        limit = script_kill_time(fs.read, self.args.mode, self.environ.get("SLURM_CONF", ""))
         self.outcome.kill_time = limit
-        if self.budget + STARTUP_MARGIN_S <= limit.seconds:
+        if limit.seconds is None or self.budget + STARTUP_MARGIN_S <= limit.seconds:
             return
         # A limit too short for the margin still gets half its time for the checks.
         cut = limit.seconds - STARTUP_MARGIN_S if limit.seconds > 2 * STARTUP_MARGIN_S else limit.seconds / 2
-        note = f"budget cut from {self.budget:g} s to {cut:g} s: slurmd kills HealthCheckProgram at {limit.seconds} s ({limit.source})"
+        note = f"budget cut from {self.budget:g} s to {cut:g} s: slurmd kills the {self.args.mode} at {limit.seconds} s ({limit.source})"
         self.outcome.notes.append(note)
         self.log(SYSLOG_NOTICE, f"preflight: {note}")
         self.budget = cut
@@ -543,8 +545,6 @@ def _run_slurm(args: SlurmArgs, environ: Mapping[str, str]) -> int:
         return _no_verdict(_Session(args, environ, trace_settings(args.config)), str(error))
     session = _Session(args, environ, settings)
     try:
-        if args.mode == "healthcheck":
-            session.fit_kill_time(node.fs)
         return _judge_node(session, node)
     except (UsageProblem, RegistrationError, CatalogueError) as error:
         return _no_verdict(session, str(error))
@@ -586,6 +586,7 @@ def _judge_node(session: _Session, node: OpenedNode) -> int:
         session.log(SYSLOG_INFO, outcome.message)
         return session.finish()
 
+    session.fit_kill_time(node.fs)
     profile = {"prolog": "prolog", "epilog": settings.epilog_profile, "healthcheck": "full"}[args.mode]
     # The scontrol calls this run may make get their time before the checks do.
     calls = (1 if args.mode == "prolog" else 2) if settings.drain else 0

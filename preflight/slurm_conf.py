@@ -191,42 +191,57 @@ def propagated(conf: SlurmConf, limit: str) -> tuple[bool | None, str]:
 #: slurmd's HealthCheckProgram limit when slurm.conf does not set one: fixed before Slurm 26.05,
 #: the default of ``HealthCheckTimeout`` since (``DEFAULT_HEALTH_CHECK_TIMEOUT``, slurm.conf(5)).
 DEFAULT_HEALTH_CHECK_TIMEOUT_S = 60
-#: ``HealthCheckTimeout`` is a 16-bit count of seconds; UNLIMITED/INFINITE parse to its maximum.
-MAX_HEALTH_CHECK_TIMEOUT_S = 0xFFFF
+#: The time limits are 16-bit counts of seconds; UNLIMITED/INFINITE parse to the maximum.
+MAX_SCRIPT_TIMEOUT_S = 0xFFFF
+#: The keys that limit each script, the first one set winning (``read_config.c``): PrologTimeout
+#: and EpilogTimeout (Slurm 25.05) before PrologEpilogTimeout; HealthCheckTimeout (26.05). A
+#: slurmd older than a key refuses a slurm.conf that sets it, so a key set speaks for its slurmd.
+SCRIPT_TIMEOUT_KEYS = {
+    "prolog": ("PrologTimeout", "PrologEpilogTimeout"),
+    "epilog": ("EpilogTimeout", "PrologEpilogTimeout"),
+    "healthcheck": ("HealthCheckTimeout",),
+}
 
 
 class KillTime(NamedTuple):
-    """When slurmd kills HealthCheckProgram, and what says so."""
+    """When slurmd kills a Prolog, Epilog or HealthCheckProgram, and what says so."""
 
-    seconds: int
+    seconds: int | None  # None: slurmd waits for it as long as it runs
     source: str  # the setting read, or why Slurm's default is assumed
 
 
-def health_check_kill_time(read: Reader, override: str = "") -> KillTime:
-    """slurmd (26.05 and later) kills HealthCheckProgram after ``HealthCheckTimeout`` seconds
-    (``src/slurmd/slurmd/slurmd.c``: the run's ``max_wait``); earlier releases after a fixed 60 s
-    and refuse a slurm.conf that sets the key, so a file that sets it speaks for its slurmd. Read
-    the way ``s_p_handle_uint16`` reads it (``strtoul`` with base 0; 0 is reset to the default)."""
-    default = DEFAULT_HEALTH_CHECK_TIMEOUT_S
+def script_kill_time(read: Reader, mode: str, override: str = "") -> KillTime:
+    """When slurmd kills the ``mode`` script (prolog, epilog, healthcheck): the run's ``max_wait``
+    (``prep_script_slurmd.c``, ``slurmd.c``). Without a key set, slurmd waits for a Prolog or Epilog
+    and kills HealthCheckProgram at 60 s. A value is read as ``s_p_handle_uint16`` reads it
+    (``strtoul`` with base 0); slurmd resets a HealthCheckTimeout of 0 to its default."""
+    keys = SCRIPT_TIMEOUT_KEYS[mode]
+    default = DEFAULT_HEALTH_CHECK_TIMEOUT_S if mode == "healthcheck" else None
+    assumed = f"Slurm's default ({f'{default} s' if default else 'no limit'})"
     conf, problems = find_slurm_conf(read, override)
     if conf is None:
-        return KillTime(default, f"{problems[0] if problems else 'no slurm.conf found'}: Slurm's default assumed")
-    setting = conf.settings.get("healthchecktimeout")
+        return KillTime(default, f"{problems[0] if problems else 'no slurm.conf found'}: {assumed} assumed")
+    setting = next((conf.settings[key.lower()] for key in keys if key.lower() in conf.settings), None)
     if setting is None:
+        either = " or ".join(keys)
         if conf.unread:
-            return KillTime(default, f"{conf.unread[0]}; it may set HealthCheckTimeout: Slurm's default assumed")
-        return KillTime(default, f"HealthCheckTimeout not set in {conf.path}: Slurm's default")
+            return KillTime(default, f"{conf.unread[0]}; it may set {either}: {assumed} assumed")
+        unset = f"neither {keys[0]} nor {keys[1]} set" if len(keys) > 1 else f"{keys[0]} not set"
+        return KillTime(default, f"{unset} in {conf.path}: {assumed}")
+    shown = f"{setting.key}={setting.value} ({setting.where})"
     seconds = _slurm_uint16(setting.value)
-    if seconds is None or seconds == 0:
-        return KillTime(default, f"{setting.key}={setting.value} ({setting.where}) is not a limit slurmd keeps: Slurm's default")
-    return KillTime(seconds, f"{setting.key}={setting.value} ({setting.where})")
+    if seconds is None or (seconds == 0 and mode == "healthcheck"):
+        return KillTime(default, f"{shown} is not a limit slurmd keeps: {assumed}")
+    if seconds == 0:
+        return KillTime(None, f"{shown}: no limit")  # run_command waits without end for max_wait <= 0
+    return KillTime(seconds, shown)
 
 
 def _slurm_uint16(text: str) -> int | None:
     """A number as ``strtoul(text, &end, 0)`` reads it in full (0x hex, leading-0 octal), or the
     maximum for UNLIMITED/INFINITE; None when Slurm would reject it."""
     if text.upper() in ("UNLIMITED", "INFINITE"):
-        return MAX_HEALTH_CHECK_TIMEOUT_S
+        return MAX_SCRIPT_TIMEOUT_S
     body = text.strip()  # strtoul skips leading space; _KEY_VALUE keeps no trailing space
     if body.startswith("+"):
         body = body[1:]
@@ -238,4 +253,4 @@ def _slurm_uint16(text: str) -> int | None:
         value = int(body)
     else:
         return None
-    return value if value <= MAX_HEALTH_CHECK_TIMEOUT_S else None
+    return value if value <= MAX_SCRIPT_TIMEOUT_S else None

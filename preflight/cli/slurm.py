@@ -20,7 +20,12 @@ _EPILOG_EXIT_CODES = (
     "above the configured drain_severity are present: the node is drained with a preflight reason, unless it "
     "is already drained or down with a reason (the failed prolog's, an operator's), which is kept."
 )
-_TIMEOUT = Option("--timeout", "timeout", "Budget for the whole run, scontrol included (default: the config's slurm.timeout, 8 s).", kind="number")
+_TIMEOUT = Option(
+    "--timeout", "timeout",
+    "Budget for the whole run, scontrol included (default: the config's slurm.timeout, 8 s); cut to end 2 s before "
+    "slurmd's kill (slurm.conf PrologTimeout, EpilogTimeout or PrologEpilogTimeout).",
+    kind="number",
+)
 _HEALTHCHECK_TIMEOUT = Option(
     "--timeout", "timeout",
     "Budget for the whole run, scontrol included (default: the config's slurm.healthcheck_timeout, 50 s); cut to end "

@@ -15,10 +15,10 @@ from preflight.slurm_conf import (
     MAX_FILES,
     MAX_UNREAD,
     find_slurm_conf,
-    health_check_kill_time,
     logical_lines,
     propagated,
     read_slurm_conf,
+    script_kill_time,
 )
 from preflight.sources import NodeFS
 from preflight.sources.fs import SourceError
@@ -42,25 +42,39 @@ def memlock(files: dict[str, str]) -> tuple[bool | None, str]:
     return propagated(conf, "MEMLOCK")
 
 
-def test_health_check_kill_time_is_read_as_slurmd_reads_it() -> None:
-    """HealthCheckTimeout (Slurm 26.05): strtoul with base 0, UNLIMITED as 65535, 0 reset to the
-    default, anything Slurm refuses read as the default; Include that cannot be read undecided."""
-    def kill(text: str | None, **extra: str) -> tuple[int, str]:
+def test_script_kill_times_are_read_as_slurmd_reads_them() -> None:
+    """HealthCheckTimeout (Slurm 26.05), PrologTimeout/EpilogTimeout (25.05) before
+    PrologEpilogTimeout: strtoul with base 0, UNLIMITED as 65535, anything Slurm refuses read as the
+    default; 0 resets a health check's to 60 s and lifts a prolog's limit; an Include that cannot be
+    read leaves the default, said to be assumed."""
+    def kill(mode: str, text: str | None, **extra: str) -> tuple[int | None, str]:
         files = {CONF: text} if text is not None else {}
-        return tuple(health_check_kill_time(reader({**files, **extra})))  # type: ignore[return-value]
+        return tuple(script_kill_time(reader({**files, **extra}), mode))  # type: ignore[return-value]
 
-    assert kill("ClusterName=c\nhealthchecktimeout=20\n") == (20, f"healthchecktimeout=20 ({CONF}:2)")
-    assert kill("HealthCheckTimeout=0x3c\n")[0] == 60 and kill("HealthCheckTimeout=036\n")[0] == 30
-    assert kill("HealthCheckTimeout=UNLIMITED\n")[0] == 65535 and kill("HealthCheckTimeout=+90\n")[0] == 90
-    for refused in ("0", "-5", "70000", "20s", "08", ""):
-        seconds, source = kill(f"HealthCheckTimeout={refused}\n") if refused else kill("HealthCheckTimeout=\"\"\n")
-        assert seconds == 60 and "is not a limit slurmd keeps" in source, refused
-    assert kill("ClusterName=c\n") == (60, f"HealthCheckTimeout not set in {CONF}: Slurm's default")
-    seconds, source = kill("Include extra.conf\n", **{"/etc/slurm/extra.conf": "<unreadable>"})
-    assert seconds == 60 and "it may set HealthCheckTimeout: Slurm's default assumed" in source
-    assert kill(None) == (60, "no slurm.conf found: Slurm's default assumed")
-    seconds, source = kill(None, **{CONF: "<unreadable>"})
+    assert kill("healthcheck", "ClusterName=c\nhealthchecktimeout=20\n") == (20, f"healthchecktimeout=20 ({CONF}:2)")
+    assert kill("healthcheck", "HealthCheckTimeout=0x3c\n")[0] == 60 and kill("healthcheck", "HealthCheckTimeout=036\n")[0] == 30
+    assert kill("healthcheck", "HealthCheckTimeout=UNLIMITED\n")[0] == 65535
+    assert kill("healthcheck", "HealthCheckTimeout=+90\n")[0] == 90
+    for refused in ("0", "-5", "70000", "20s", "08", '""'):
+        seconds, source = kill("healthcheck", f"HealthCheckTimeout={refused}\n")
+        assert seconds == 60 and source.endswith("is not a limit slurmd keeps: Slurm's default (60 s)"), refused
+    assert kill("healthcheck", "ClusterName=c\n") == (60, f"HealthCheckTimeout not set in {CONF}: Slurm's default (60 s)")
+    seconds, source = kill("healthcheck", "Include extra.conf\n", **{"/etc/slurm/extra.conf": "<unreadable>"})
+    assert seconds == 60 and source.endswith("it may set HealthCheckTimeout: Slurm's default (60 s) assumed")
+    assert kill("healthcheck", None) == (60, "no slurm.conf found: Slurm's default (60 s) assumed")
+    seconds, source = kill("healthcheck", None, **{CONF: "<unreadable>"})
     assert seconds == 60 and "permission denied" in source
+
+    both = "PrologEpilogTimeout=30\nEpilogTimeout=90\n"
+    assert kill("prolog", both) == (30, f"PrologEpilogTimeout=30 ({CONF}:1)")
+    assert kill("epilog", both) == (90, f"EpilogTimeout=90 ({CONF}:2)")
+    assert kill("prolog", "PrologTimeout=5\n" + both)[0] == 5
+    assert kill("prolog", "PrologEpilogTimeout=0\n") == (None, f"PrologEpilogTimeout=0 ({CONF}:1): no limit")
+    assert kill("epilog", "ClusterName=c\n") == (
+        None, f"neither EpilogTimeout nor PrologEpilogTimeout set in {CONF}: Slurm's default (no limit)"
+    )
+    seconds, source = kill("prolog", "Include extra.conf\n", **{"/etc/slurm/extra.conf": "<unreadable>"})
+    assert seconds is None and source.endswith("it may set PrologTimeout or PrologEpilogTimeout: Slurm's default (no limit) assumed")
 
 
 def test_lines_are_joined_stripped_and_unescaped_as_slurm_does() -> None:

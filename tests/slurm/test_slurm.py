@@ -561,10 +561,10 @@ def test_healthcheck_budget_is_cut_to_end_before_slurmd_kills_it(run_cli: Runner
 
     run_cli("slurm", "healthcheck", "--root", str(clean_root), "--config", str(site.config), "--timeout", "120")
     written = site.result("healthcheck")
-    assert written["kill_time"] == {"seconds": 60, "source": "HealthCheckTimeout not set in /etc/slurm/slurm.conf: Slurm's default"}
+    assert written["kill_time"] == {"seconds": 60, "source": "HealthCheckTimeout not set in /etc/slurm/slurm.conf: Slurm's default (60 s)"}
     assert written["notes"] == [
-        "budget cut from 120 s to 58 s: slurmd kills HealthCheckProgram at 60 s "
-        "(HealthCheckTimeout not set in /etc/slurm/slurm.conf: Slurm's default)"
+        "budget cut from 120 s to 58 s: slurmd kills the healthcheck at 60 s "
+        "(HealthCheckTimeout not set in /etc/slurm/slurm.conf: Slurm's default (60 s))"
     ]
     assert any("budget cut from 120 s to 58 s" in line for line in site.logged())
 
@@ -575,7 +575,7 @@ def test_healthcheck_budget_is_cut_to_end_before_slurmd_kills_it(run_cli: Runner
     written = site.result("healthcheck")
     assert written["kill_time"]["seconds"] == 20  # type: ignore[index]
     assert written["notes"] == [
-        f"budget cut from 50 s to 18 s: slurmd kills HealthCheckProgram at 20 s "
+        f"budget cut from 50 s to 18 s: slurmd kills the healthcheck at 20 s "
         f"(HealthCheckTimeout=20 (/etc/slurm/slurm.conf:{len(lines) + 1}))"
     ]
     assert written["report"]["duration_s"] < 18  # type: ignore[index]
@@ -622,6 +622,31 @@ def test_hanging_probe_does_not_drain_by_default_but_does_fail_closed(run_cli: R
     result = run_cli("slurm", "prolog", "--root", str(clean_root), "--config", str(closed.config), env=JOB)
     assert result.returncode == 2 and "GPU001" in result.stdout and "unknown" in result.stdout
     assert len(closed.made_calls()) == 1
+
+
+def test_prolog_ends_before_slurmd_kills_it(run_cli: Runner, clean_root: Path, site: Site) -> None:
+    """A prolog slurmd kills drains the node: where slurm.conf limits the prolog (PrologEpilogTimeout,
+    PrologTimeout) below the budget, the run ends 2 s before the limit, even on a hung NVML call, and
+    says so; without a limit (Slurm's default) nothing is cut."""
+    run_cli("slurm", "prolog", "--root", str(clean_root), "--config", str(site.config), env=JOB)
+    written = site.result("prolog")
+    assert written["notes"] == [] and written["kill_time"] == {
+        "seconds": None, "source": "neither PrologTimeout nor PrologEpilogTimeout set in /etc/slurm/slurm.conf: Slurm's default (no limit)",
+    }
+    nvml_path = clean_root / ".preflight" / "nvml.json"
+    nvml = json.loads(nvml_path.read_text())
+    nvml["calls"]["nvmlDeviceGetCount"] = {"hang": True}
+    nvml_path.write_text(json.dumps(nvml))
+    slurm_conf = clean_root / "etc/slurm/slurm.conf"
+    slurm_conf.write_text(slurm_conf.read_text() + "PrologEpilogTimeout=30\nPrologTimeout=5\n")
+    result = run_cli("slurm", "prolog", "--root", str(clean_root), "--config", str(site.config), env=JOB)
+    written = site.result("prolog")
+    assert result.returncode == 0 and written["verdict"] == "undecided", result.stdout
+    assert written["kill_time"]["seconds"] == 5  # type: ignore[index]
+    assert written["notes"] == [
+        f"budget cut from 8 s to 3 s: slurmd kills the prolog at 5 s (PrologTimeout=5 (/etc/slurm/slurm.conf:{len(slurm_conf.read_text().splitlines())}))"
+    ]
+    assert written["report"]["duration_s"] < 3  # type: ignore[index]
 
 
 def test_broken_config_never_fails_a_job_and_leaves_a_trace(run_cli: Runner, example_root: Path, site: Site) -> None:
