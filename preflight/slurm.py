@@ -15,9 +15,12 @@ guide and slurm.conf man page):
   reason; a failing epilog first reads the node's state, so as not to replace a reason already
   there (the failed prolog's, for a job that never ran).
 * The prolog runs outside the job's cgroup with a minimal environment (no ``PATH``): the job's
-  GPUs are ``SLURM_JOB_GPUS`` (``CUDA_VISIBLE_DEVICES`` there is not the job's view), the job's
-  ``--extra`` and ``--comment`` are ``SLURM_JOB_EXTRA`` and ``SLURM_JOB_COMMENT``, the node is
-  ``SLURMD_NODENAME``.
+  GPUs are ``SLURM_JOB_GPUS`` (``CUDA_VISIBLE_DEVICES`` there is not the job's view). It holds
+  Slurm's GRES indices (``gres_common_prep_set_env``), which are NVML's indices where gres.conf
+  has ``AutoDetect=nvml`` (``gres_gpu.c`` sorts the GPUs in NVML's PCI-bus order) and otherwise
+  the order in which gres.conf names the device files (``File=/dev/nvidia[0-7]``), NVML's too
+  where the minor numbers follow the bus order, as they usually do. The job's ``--extra`` and
+  ``--comment`` are ``SLURM_JOB_EXTRA`` and ``SLURM_JOB_COMMENT``, the node is ``SLURMD_NODENAME``.
 * ``HealthCheckProgram`` is killed after ``HealthCheckTimeout`` (Slurm 26.05 and later; 60 s by
   default, and fixed at 60 s before) and also runs when slurmd starts, before the node
   has registered, when ``scontrol`` can hang (NHC issue #159): every call here has a timeout.
