@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from msgspec import Struct, field
+from msgspec import Struct, field, structs
 
 from preflight.config import (
     DEFAULT_CONFIG_PATH,
@@ -57,7 +57,7 @@ from preflight.hostlist import HostlistError, expand
 from preflight.model import Finding, Status
 from preflight.probes.gpus import pci_device_key
 from preflight.probes.job import parse_gpu_indices
-from preflight.slurm_conf import DEFAULT_HEALTH_CHECK_TIMEOUT_S, KillTime, script_kill_time
+from preflight.slurm_conf import DEFAULT_HEALTH_CHECK_TIMEOUT_S, KillTime, SlurmConf, find_slurm_conf, gpus_as_gres, script_kill_time
 from preflight.sources import NodeFS, SourceError
 
 if TYPE_CHECKING:
@@ -205,11 +205,30 @@ def job_scope(mode: str, environ: Mapping[str, str], settings: SlurmSettings) ->
     opted_out_by = opt_out_source(environ, settings)
     gpus_text = environ.get("SLURM_JOB_GPUS")
     if gpus_text is None or not gpus_text.strip():
-        # A job without GPUs cannot be hurt by GPU, GPUDirect or RDMA misconfigurations.
+        # A job without GPUs cannot be hurt by GPU, GPUDirect or RDMA misconfigurations (where the
+        # cluster gives GPUs as GRES at all: _job_without_gpu_gres).
         return JobScope(job_id, None, gpus_text, opted_out_by, tuple(settings.cpu_job_ignore))
     # Unparsable: judge every GPU rather than guess which are the job's.
-    ignore = tuple(settings.single_node_job_ignore) if settings.single_node_job_ignore and _one_node(environ) else ()
-    return JobScope(job_id, parse_gpu_indices(gpus_text), gpus_text, opted_out_by, ignore)
+    return JobScope(job_id, parse_gpu_indices(gpus_text), gpus_text, opted_out_by, _gpu_job_ignore(environ, settings))
+
+
+def _gpu_job_ignore(environ: Mapping[str, str], settings: SlurmSettings) -> tuple[str, ...]:
+    return tuple(settings.single_node_job_ignore) if settings.single_node_job_ignore and _one_node(environ) else ()
+
+
+def _job_without_gpu_gres(session: _Session, found: tuple[SlurmConf | None, list[str]]) -> JobScope:
+    """A job without ``SLURM_JOB_GPUS`` is a CPU job only where the cluster gives GPUs as GRES.
+    Elsewhere (whole-node jobs on a cluster without ``GresTypes=gpu``) nothing says which GPUs it
+    uses, so it is judged as a job that may use them all. Where slurm.conf could not say, the
+    CPU-job skips stay, and the note says why."""
+    scope = session.outcome.scope
+    gres, shown = gpus_as_gres(found)
+    if gres is False:
+        session.outcome.notes.append(f"no SLURM_JOB_GPUS on a cluster that gives no GPUs as GRES ({shown}): judged as using every GPU")
+        return structs.replace(scope, ignore=_gpu_job_ignore(session.environ, session.settings))
+    if gres is None and scope.ignore:
+        session.outcome.notes.append(f"no SLURM_JOB_GPUS, and whether the cluster gives GPUs as GRES is not known ({shown}): judged as a CPU job")
+    return scope
 
 
 def _one_node(environ: Mapping[str, str]) -> bool:
@@ -474,13 +493,13 @@ class _Session:
     def remaining(self) -> float:
         return self.budget - (time.monotonic() - self.begin)
 
-    def fit_kill_time(self, fs: NodeFS) -> None:
+    def fit_kill_time(self, found: tuple[SlurmConf | None, list[str]]) -> None:
         """slurmd kills a Prolog, Epilog or HealthCheckProgram that outlasts the node's limit
         (slurm.conf PrologTimeout, EpilogTimeout, PrologEpilogTimeout, HealthCheckTimeout): a
         killed prolog or epilog drains the node, a killed health check leaves no verdict. A budget
         that would not end :data:`STARTUP_MARGIN_S` before the limit is cut to end then, and the cut
         is noted."""
-        limit = script_kill_time(fs.read, self.args.mode, self.environ.get("SLURM_CONF", ""))
+        limit = script_kill_time(found, self.args.mode)
         self.outcome.kill_time = limit
         if limit.seconds is None or self.budget + STARTUP_MARGIN_S <= limit.seconds:
             return
@@ -589,7 +608,10 @@ def _judge_node(session: _Session, node: OpenedNode) -> int:
         session.log(SYSLOG_INFO, outcome.message)
         return session.finish()
 
-    session.fit_kill_time(node.fs)
+    found = find_slurm_conf(node.fs.read, session.environ.get("SLURM_CONF", ""))
+    session.fit_kill_time(found)
+    if args.mode != "healthcheck" and not (scope.gpus_text or "").strip():
+        scope = outcome.scope = _job_without_gpu_gres(session, found)
     profile = {"prolog": "prolog", "epilog": settings.epilog_profile, "healthcheck": "full"}[args.mode]
     # The scontrol calls this run may make get their time before the checks do.
     calls = (1 if args.mode == "prolog" else 2) if settings.drain else 0
@@ -674,6 +696,10 @@ def _summary(outcome: _Outcome, findings: Sequence[Finding], verdict: Verdict, s
     unknown = sum(1 for f in findings if f.status is Status.UNKNOWN)
     job = f" job {outcome.scope.job_id}" if outcome.scope.job_id else ""
     extra = f"; {len(verdict.out_of_scope)} about GPUs outside the job" if verdict.out_of_scope else ""
+    skipped = outcome.scope.ignore
+    if skipped:
+        why = "no SLURM_JOB_GPUS" if not (outcome.scope.gpus_text or "").strip() else "a one-node job"
+        extra += f"; skipped for {why}: {', '.join(skipped)}"
     return (
         f"preflight ok ({outcome.mode}{job}): {len(findings)} findings, {present} present (none drains), "
         f"{unknown} unknown{extra}, {seconds:.2f} s"

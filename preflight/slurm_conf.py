@@ -210,15 +210,16 @@ class KillTime(NamedTuple):
     source: str  # the setting read, or why Slurm's default is assumed
 
 
-def script_kill_time(read: Reader, mode: str, override: str = "") -> KillTime:
-    """When slurmd kills the ``mode`` script (prolog, epilog, healthcheck): the run's ``max_wait``
-    (``prep_script_slurmd.c``, ``slurmd.c``). Without a key set, slurmd waits for a Prolog or Epilog
-    and kills HealthCheckProgram at 60 s. A value is read as ``s_p_handle_uint16`` reads it
-    (``strtoul`` with base 0); slurmd resets a HealthCheckTimeout of 0 to its default."""
+def script_kill_time(found: tuple[SlurmConf | None, list[str]], mode: str) -> KillTime:
+    """When slurmd kills the ``mode`` script (prolog, epilog, healthcheck), from what
+    :func:`find_slurm_conf` found: the run's ``max_wait`` (``prep_script_slurmd.c``,
+    ``slurmd.c``). Without a key set, slurmd waits for a Prolog or Epilog and kills
+    HealthCheckProgram at 60 s. A value is read as ``s_p_handle_uint16`` reads it (``strtoul`` with
+    base 0); slurmd resets a HealthCheckTimeout of 0 to its default."""
     keys = SCRIPT_TIMEOUT_KEYS[mode]
     default = DEFAULT_HEALTH_CHECK_TIMEOUT_S if mode == "healthcheck" else None
     assumed = f"Slurm's default ({f'{default} s' if default else 'no limit'})"
-    conf, problems = find_slurm_conf(read, override)
+    conf, problems = found
     if conf is None:
         return KillTime(default, f"{problems[0] if problems else 'no slurm.conf found'}: {assumed} assumed")
     setting = next((conf.settings[key.lower()] for key in keys if key.lower() in conf.settings), None)
@@ -235,6 +236,22 @@ def script_kill_time(read: Reader, mode: str, override: str = "") -> KillTime:
     if seconds == 0:
         return KillTime(None, f"{shown}: no limit")  # run_command waits without end for max_wait <= 0
     return KillTime(seconds, shown)
+
+
+def gpus_as_gres(found: tuple[SlurmConf | None, list[str]]) -> tuple[bool | None, str]:
+    """Whether the cluster can give a job GPUs as GRES (``GresTypes`` names ``gpu``; Slurm sets
+    ``SLURM_JOB_GPUS`` only for those), and the setting that says so; None when no slurm.conf was
+    read or an Include that could set it was not."""
+    conf, problems = found
+    if conf is None:
+        return None, problems[0] if problems else "no slurm.conf found"
+    setting = conf.settings.get("grestypes")
+    if setting is not None:
+        shown = f"{setting.key}={setting.value} ({setting.where})"
+        return "gpu" in {name.strip().lower() for name in setting.value.split(",")}, shown
+    if conf.unread:
+        return None, f"{conf.unread[0]}; it may set GresTypes"
+    return False, f"GresTypes not set in {conf.path}"
 
 
 def _slurm_uint16(text: str) -> int | None:

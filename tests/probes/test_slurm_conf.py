@@ -15,6 +15,7 @@ from preflight.slurm_conf import (
     MAX_FILES,
     MAX_UNREAD,
     find_slurm_conf,
+    gpus_as_gres,
     logical_lines,
     propagated,
     read_slurm_conf,
@@ -49,7 +50,7 @@ def test_script_kill_times_are_read_as_slurmd_reads_them() -> None:
     read leaves the default, said to be assumed."""
     def kill(mode: str, text: str | None, **extra: str) -> tuple[int | None, str]:
         files = {CONF: text} if text is not None else {}
-        return tuple(script_kill_time(reader({**files, **extra}), mode))  # type: ignore[return-value]
+        return tuple(script_kill_time(find_slurm_conf(reader({**files, **extra})), mode))  # type: ignore[return-value]
 
     assert kill("healthcheck", "ClusterName=c\nhealthchecktimeout=20\n") == (20, f"healthchecktimeout=20 ({CONF}:2)")
     assert kill("healthcheck", "HealthCheckTimeout=0x3c\n")[0] == 60 and kill("healthcheck", "HealthCheckTimeout=036\n")[0] == 30
@@ -75,6 +76,19 @@ def test_script_kill_times_are_read_as_slurmd_reads_them() -> None:
     )
     seconds, source = kill("prolog", "Include extra.conf\n", **{"/etc/slurm/extra.conf": "<unreadable>"})
     assert seconds is None and source.endswith("it may set PrologTimeout or PrologEpilogTimeout: Slurm's default (no limit) assumed")
+
+
+def test_gpus_as_gres_only_where_gres_types_names_gpu() -> None:
+    """Slurm drops a node's Gres=gpu unless GresTypes names gpu (gres_name_filter), and sets
+    SLURM_JOB_GPUS only for GPUs given as GRES."""
+    def gres(files: dict[str, str]) -> tuple[bool | None, str]:
+        return gpus_as_gres(find_slurm_conf(reader(files)))
+
+    assert gres({CONF: "GresTypes=mps,gpu,shard\n"}) == (True, f"GresTypes=mps,gpu,shard ({CONF}:1)")
+    assert gres({CONF: "GresTypes=nic\nNodeName=n[1-4] Gres=gpu:4\n"})[0] is False
+    assert gres({CONF: "ClusterName=c\n"}) == (False, f"GresTypes not set in {CONF}")
+    assert gres({CONF: "Include gres.conf.d\n"})[0] is None
+    assert gres({}) == (None, "no slurm.conf found")
 
 
 def test_lines_are_joined_stripped_and_unescaped_as_slurm_does() -> None:

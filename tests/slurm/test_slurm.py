@@ -505,6 +505,35 @@ def test_cpu_only_job_skips_gpu_and_rdma_references(run_cli: Runner, example_roo
     assert result.stdout.startswith("preflight: DNS001 hostname-resolution-broken on gpu017 (prolog job 4242)")
     judged = {f["id"] for f in site.result("prolog")["report"]["findings"]}  # type: ignore[index]
     assert "DNS001" in judged and not judged & {"MEM001", "GDR001", "PCI001", "GPU001", "IB009"}
+    assert site.result("prolog")["notes"] == []
+
+
+def test_job_without_gpus_on_a_cluster_without_gpu_gres_is_judged_whole(run_cli: Runner, clean_root: Path, site: Site) -> None:
+    """Slurm sets SLURM_JOB_GPUS only for GPUs given as GRES: where slurm.conf's GresTypes has no
+    gpu (whole-node jobs), a job without it may use every GPU and is checked for all of them; where
+    GresTypes names gpu it is a CPU job, and the clean line says what was skipped."""
+    cpu_job = {**JOB, "SLURM_JOB_GPUS": ""}
+    result = run_cli("slurm", "prolog", "--root", str(clean_root), "--config", str(site.config), env=cpu_job)
+    assert result.returncode == 0
+    assert "; skipped for no SLURM_JOB_GPUS: GPU, GDR, NVL, IB, ROCE, EFA, PCI, TOPO, MEM, NCCL," in result.stdout
+    slurm_conf = clean_root / "etc/slurm/slurm.conf"
+    slurm_conf.write_text(slurm_conf.read_text().replace("GresTypes=gpu\n", ""))
+    nvml_path = clean_root / ".preflight" / "nvml.json"
+    nvml = json.loads(nvml_path.read_text())
+    nvml["calls"]["nvmlDeviceGetCount"] = {"error": "NVML_ERROR_GPU_IS_LOST"}
+    nvml_path.write_text(json.dumps(nvml))
+    result = run_cli("slurm", "prolog", "--root", str(clean_root), "--config", str(site.config), env=cpu_job)
+    written = site.result("prolog")
+    assert result.returncode == 2 and "GPU001" in result.stdout, result.stdout
+    assert written["job"]["ignored"] == []  # type: ignore[index]
+    assert written["notes"] == [
+        "no SLURM_JOB_GPUS on a cluster that gives no GPUs as GRES (GresTypes not set in /etc/slurm/slurm.conf): judged as using every GPU"
+    ]
+    slurm_conf.write_text(slurm_conf.read_text() + "Include gres-types.conf\n")
+    run_cli("slurm", "prolog", "--root", str(clean_root), "--config", str(site.config), env=cpu_job)
+    written = site.result("prolog")
+    assert written["verdict"] == "clean" and written["job"]["ignored"]  # type: ignore[index]
+    assert "whether the cluster gives GPUs as GRES is not known" in written["notes"][0]  # type: ignore[index]
 
 
 def test_opted_out_job_is_not_checked(run_cli: Runner, example_root: Path, site: Site) -> None:
