@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from preflight.exitcodes import ExitCode
 from preflight.fleet.compare import Fleet, build_fleet, fleet_exit_code
 from preflight.fleet.facts import FACTS
-from preflight.fleet.load import MAX_REPORT_BYTES, NODE_NAMES, load_reports
+from preflight.fleet.load import MAX_REPORT_BYTES, NODE_NAMES, file_identity, load_reports
 from preflight.fleet.render import printable, render_json, render_table
 
 FLEET_FORMATS = ("table", "json", "markdown", "html")
@@ -97,6 +97,10 @@ def run_fleet(
     if not fleet.nodes:
         print("preflight: error: no usable node report"
               + (f" among {len(fleet.skipped)} files" if fleet.skipped else " (no *.json files found)"), file=sys.stderr)
+    overwritten = _input_at(output, fleet) if output else None
+    if overwritten is not None:
+        print(f"preflight: error: --output {output} is the report {overwritten} that was compared; write the fleet report elsewhere", file=sys.stderr)
+        return ExitCode.NO_VERDICT
     if output:
         try:
             _write(output, text)
@@ -106,6 +110,16 @@ def run_fleet(
     else:
         _print(text, output_format)
     return fleet_exit_code(fleet)
+
+
+def _input_at(output: str, fleet: Fleet) -> str | None:
+    """The node report file (usable or not) that ``output`` names, which writing would destroy;
+    an earlier fleet report there may be replaced."""
+    if not os.path.lexists(output):
+        return None
+    target = file_identity(output)
+    read = [node.file for node in fleet.nodes] + [skipped.file for skipped in fleet.skipped if not skipped.fleet_document]
+    return next((file for file in read if file_identity(file) == target), None)
 
 
 def _print(text: str, output_format: str) -> None:

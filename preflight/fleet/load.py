@@ -54,12 +54,21 @@ class ReportError(Exception):
     """This file cannot be used as a node report; the message says why."""
 
 
+class FleetDocument(ReportError):
+    """The file is a fleet report (an earlier ``preflight fleet --output``), not a node report."""
+
+
+#: What a fleet report's own ``schema`` starts with (preflight-fleet/1).
+FLEET_SCHEMA_PREFIX = "preflight-fleet/"
+
+
 class Skipped(Struct, frozen=True):
     file: str
     reason: str
     # A second report for a node already read: the worst severity present in it, which the exit
     # code keeps (which report is current cannot be told, so neither may hide the other's finding).
     duplicate_worst: str = ""
+    fleet_document: bool = False  # an earlier fleet report: left out when a directory listed it
 
 
 
@@ -90,11 +99,25 @@ class NodeReport(Struct, frozen=True):
     started_at: float | None = None  # when the report's run started (seconds since the epoch), None if not given
 
 
-def report_paths(inputs: Sequence[str]) -> tuple[list[str], list[Skipped]]:
+def report_paths(inputs: Sequence[str]) -> tuple[list[str], list[Skipped], set[str]]:
     """Files named on the command line, and the ``*.json`` files directly inside named
-    directories (sorted, so the audit does not depend on directory order)."""
+    directories (sorted, so the audit does not depend on directory order), each file once however
+    often it is reached (a directory and a file in it, ``.`` and ``./x.json``); and which of them
+    only a directory listed."""
     paths: list[str] = []
     skipped: list[Skipped] = []
+    listed: set[str] = set()
+    seen: set[object] = set()
+
+    def add(path: str, from_directory: bool) -> None:
+        identity = file_identity(path)
+        if identity in seen:
+            return
+        seen.add(identity)
+        paths.append(path)
+        if from_directory:
+            listed.add(path)
+
     for item in inputs:
         if os.path.isdir(item):
             try:
@@ -102,16 +125,28 @@ def report_paths(inputs: Sequence[str]) -> tuple[list[str], list[Skipped]]:
             except OSError as error:
                 skipped.append(Skipped(item, f"cannot list the directory: {error.strerror or error}"))
                 continue
-            paths.extend(os.path.join(item, name) for name in names if name.endswith(".json"))
+            for name in names:
+                if name.endswith(".json"):
+                    add(os.path.join(item, name), True)
         else:
-            paths.append(item)
+            add(item, False)
     if len(paths) > MAX_REPORTS:
         # One line for the rest, not one per file: their names are known, their content is not.
         more = len(paths) - MAX_REPORTS - 1
         also = f", nor are {more} more after it in name order" if more else ""
         skipped.append(Skipped(paths[MAX_REPORTS], f"not read: over the {MAX_REPORTS}-report limit{also}"))
         del paths[MAX_REPORTS:]
-    return paths, skipped
+    return paths, skipped, listed
+
+
+def file_identity(path: str) -> object:
+    """What makes two names one file: device and inode, or the resolved path where the file
+    cannot be looked at (it is then skipped with the reason when read)."""
+    try:
+        status = os.stat(path)
+    except (OSError, ValueError):
+        return os.path.realpath(path)
+    return (status.st_dev, status.st_ino)
 
 
 def read_capped(path: str, max_bytes: int) -> bytes:
@@ -402,6 +437,8 @@ def node_report(document: Any, file: str, node_names: str = "host") -> NodeRepor
     schema = document.get("schema")
     if schema is None:
         raise ReportError("not a preflight node report (no \"schema\" field)")
+    if isinstance(schema, str) and schema.startswith(FLEET_SCHEMA_PREFIX):
+        raise FleetDocument(f"a fleet report ({_shown(schema)}), not a node report")
     if schema != REPORT_SCHEMA:
         raise ReportError(f"report schema {_shown(schema)} is not supported (this preflight reads {REPORT_SCHEMA})")
     host = document.get("host")
@@ -460,7 +497,7 @@ def _load_one(job: tuple[str, int, str]) -> NodeReport | Skipped:
     try:
         return load_report(path, max_bytes, node_names)
     except ReportError as error:
-        return Skipped(path, str(error))
+        return Skipped(path, str(error), fleet_document=isinstance(error, FleetDocument))
 
 
 #: Parsing is CPU-bound (about 1 ms of CPU for a full 40 KB report): from this many files on,
@@ -507,16 +544,20 @@ def worst_present(report: NodeReport) -> str:
 def load_reports(
     inputs: Iterable[str], max_bytes: int = MAX_REPORT_BYTES, workers: int | None = None, node_names: str = "host"
 ) -> tuple[list[NodeReport], list[Skipped]]:
-    """Every usable report, and every file skipped with the reason. Of two reports for one node
+    """Every usable report, and every file skipped with the reason (a fleet report a directory
+    holds is left out, not skipped). Of two reports for one node
     the one that says it started later is compared (the first read when either does not say);
     the other is skipped and keeps its worst finding in the exit code (``duplicate_worst``)."""
-    paths, skipped = report_paths(list(inputs))
+    paths, skipped, listed = report_paths(list(inputs))
     reports: list[NodeReport] = []
     kept_at: dict[str, int] = {}  # node name -> index in reports
     what = "host" if node_names == "host" else "node"
     for report in _load_many(paths, max_bytes, workers, node_names):
         if isinstance(report, Skipped):
-            skipped.append(report)
+            # A fleet report saved beside the node reports it compared is no node's: a directory
+            # that holds one is read as if it did not (named on its own, it is skipped and counted).
+            if not (report.fleet_document and report.file in listed):
+                skipped.append(report)
             continue
         index = kept_at.get(report.name)
         if index is None:

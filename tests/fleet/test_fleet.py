@@ -473,3 +473,37 @@ def test_the_cyclic_collector_is_paused_for_the_audit_and_restored(tmp_path: Pat
     with pytest.raises(RuntimeError):
         fleet_package.run_fleet([str(directory)], "json")
     assert gc.isenabled()  # restored on the way out of an error too
+
+
+def test_a_file_reached_twice_is_read_once(run_cli: Runner, tmp_path: Path) -> None:
+    """A directory and a file in it, or one file under two names, are one report: never a
+    "second report" for its node, which would raise a clean fleet's exit code."""
+    directory = write_all(tmp_path / "r", [report("gpu001"), report("gpu002")])
+    (tmp_path / "alias.json").symlink_to(directory / "gpu002.json")
+    result = run_cli("fleet", str(directory), str(directory / "gpu002.json"), f"{directory}/./gpu001.json", str(tmp_path / "alias.json"))
+    assert result.returncode == 0 and "skipped" not in result.stderr, result.stderr
+    assert "2 of 2 nodes" in result.stdout or "2 nodes" in result.stdout
+
+
+def test_a_fleet_report_saved_among_node_reports_is_left_out(run_cli: Runner, tmp_path: Path) -> None:
+    """The same command run twice over a directory it writes into gives the same verdict: its own
+    earlier output is no node's report. Named on its own, a fleet report is skipped with the reason."""
+    directory = write_all(tmp_path / "r", [report("gpu001"), report("gpu002")])
+    output = directory / "fleet.json"
+    for _run in range(2):
+        result = run_cli("fleet", "--format", "json", "--output", str(output), str(directory))
+        assert result.returncode == 0 and result.stderr == "", result.stderr
+        assert len(json.loads(output.read_text())["nodes"]) == 2
+    named = run_cli("fleet", str(directory / "gpu001.json"), str(output))
+    assert named.returncode == 1
+    assert f"skipped {output}: a fleet report ('preflight-fleet/1'), not a node report" in named.stderr
+
+
+def test_output_never_replaces_a_node_report_it_compared(run_cli: Runner, tmp_path: Path) -> None:
+    directory = write_all(tmp_path / "r", [report("gpu001"), report("gpu002")])
+    before = (directory / "gpu001.json").read_bytes()
+    for inputs in ([str(directory / "gpu001.json"), str(directory / "gpu002.json")], [str(directory)]):
+        result = run_cli("fleet", "--format", "json", "--output", str(directory / "gpu001.json"), *inputs)
+        assert result.returncode == 3
+        assert f"--output {directory / 'gpu001.json'} is the report" in result.stderr and "write the fleet report elsewhere" in result.stderr
+    assert (directory / "gpu001.json").read_bytes() == before

@@ -56,7 +56,7 @@ def with_host(host: Any) -> str:
         ("[1, 2, 3]", "top level is not an object"),
         ('{"hello": "world"}', 'no "schema" field'),
         ('{"schema": "preflight-report/2", "host": "gpu003"}', "report schema 'preflight-report/2' is not supported"),
-        ('{"schema": "preflight-fleet/1"}', "is not supported"),
+        ('{"schema": 3}', "report schema int is not supported"),
         (with_host("../../etc/passwd"), "host '../../etc/passwd' is not a plain host name"),
         (with_host("gpu\x1b[2J003"), "host 'gpu\\x1b[2J003' is not a plain host name"),
         (with_host("a/b"), "is not a plain host name"),
@@ -281,7 +281,7 @@ def test_reports_past_the_count_cap_are_not_read(tmp_path: Path, monkeypatch: py
     monkeypatch.setattr(load, "MAX_REPORTS", 3)
     for index in range(5):
         (tmp_path / f"gpu{index:03}.json").write_text("{}")
-    paths, skipped = load.report_paths([str(tmp_path)])
+    paths, skipped, _listed = load.report_paths([str(tmp_path)])
     assert paths == [str(tmp_path / f"gpu{index:03}.json") for index in range(3)]
     assert [(s.file, s.reason) for s in skipped] == [(str(tmp_path / "gpu003.json"), "not read: over the 3-report limit, nor are 1 more after it in name order")]
     (tmp_path / "gpu004.json").unlink()  # exactly one over: named alone
