@@ -98,16 +98,31 @@ def defaults(command: Command) -> Values:
     return values
 
 
+class OptionNamesNothing(Exception):
+    """A list option given with nothing in it (``--scrub ""`` from an unset shell variable): it
+    would act as if it were not given (a snapshot left unscrubbed, every check selected). Shown
+    and exited on like the CLI framework's usage errors (:func:`preflight.cli.app.run_app`)."""
+
+    exit_code = 2
+
+    def show(self) -> None:
+        print(f"preflight: error: {self}", file=sys.stderr)
+
+
 def finish_values(command: Command, raw: Values) -> Values:
     """Values as the run function receives them, whichever parser read them: repeatable options
-    as tuples, token lists split at commas."""
+    as tuples, token lists split at commas. OptionNamesNothing for a list option given empty."""
     values = defaults(command)
     for option in command.options:
         value = raw.get(option.field)
         if value is None:
             continue
         if option.kind == "tokens":
-            value = split_tokens(list(value))
+            given = list(value)
+            value = split_tokens(given)
+            if given and not value:
+                shown = " ".join(f"{option.flag} {item!r}" for item in given)
+                raise OptionNamesNothing(f"{shown} names nothing (a comma-separated list was expected)")
         elif option.kind == "many":
             value = tuple(value)
         values[option.field] = value
@@ -162,7 +177,10 @@ def parse(command: Command, argv: Sequence[str]) -> Values | None:
         if len(arguments) > 1 and not command.argument.many:
             return None
         raw[command.argument.field] = arguments if command.argument.many else (arguments[0] if arguments else None)
-    return finish_values(command, raw)
+    try:
+        return finish_values(command, raw)
+    except OptionNamesNothing:
+        return None  # typer's path raises it again, and says so
 
 
 def _converted(option: Option, text: str) -> Any:

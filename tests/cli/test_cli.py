@@ -127,6 +127,8 @@ def test_junit_output(run_cli: Runner, example_root: Path) -> None:
         (["--timeout", "-1"], "--timeout"),
         (["--config", "/nonexistent.toml"], "no such file"),
         (["--bogus"], "No such option"),
+        (["--select", ","], "--select ',' names nothing"),
+        (["--ignore="], "--ignore '' names nothing"),
     ],
 )
 def test_bad_arguments_exit_3_without_traceback(run_cli: Runner, example_root: Path, args: list[str], message: str) -> None:
@@ -378,6 +380,13 @@ def test_snapshot_refuses_a_name_that_promises_another_format(run_cli: Runner, e
     assert result.returncode == 3
     assert result.stderr == f"preflight: error: {target}: a snapshot is a gzip-compressed tar archive; name it *.tar.gz or *.tgz\n"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_snapshot_refuses_a_scrub_option_that_names_nothing(run_cli: Runner, example_root: Path, tmp_path: Path) -> None:
+    """``--scrub "$UNSET"`` must not write an unscrubbed snapshot meant to leave the site."""
+    result = run_cli("snapshot", str(tmp_path / "node.tar.gz"), "--root", str(example_root), "--scrub", "")
+    assert result.returncode == 3 and "--scrub '' names nothing" in result.stderr
+    assert not (tmp_path / "node.tar.gz").exists()
 
 
 def test_snapshot_with_a_tgz_name_replays(run_cli: Runner, example_root: Path, tmp_path: Path) -> None:
