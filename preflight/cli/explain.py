@@ -14,7 +14,8 @@ def run_explain(values: Values) -> int:
     from preflight.catalogue import CatalogueError
     from preflight.discovery import known_references
     from preflight.explain import check_candidates, explain, load_catalogue
-    from preflight.explain.render import exit_status, render_json, render_text
+    from preflight.explain.render import exit_status, no_input_message, render_json, render_text
+    from preflight.text import printable
     from preflight.registry import RegistrationError
 
     output_format, check, root, config = values["output_format"], values["check"], values["root"], values["config"]
@@ -43,6 +44,12 @@ def run_explain(values: Values) -> int:
         check_candidates(explanation, root or "/", config, values["checks_dirs"])
     sys.stdout.write(render_json(explanation) if output_format == "json" else render_text(explanation))
     sys.stdout.flush()
+    # On stderr, as other commands say what they could not read: a report redirected to a file
+    # (an epilog's) must not hide why a log was left out.
+    for problem in explanation.stats.problem_lines():
+        print(f"preflight: {printable(problem, 500)}", file=sys.stderr)
+    if exit_status(explanation) == "no-input":
+        print(f"preflight: error: {no_input_message(explanation)}", file=sys.stderr)
     if explanation.check_error:  # the candidates stand, but the node asked about gave no verdict
         return error(f"--check: {explanation.check_error}")
     return EXIT_CODES[exit_status(explanation)]
@@ -68,8 +75,8 @@ EXPLAIN = Command(
 
     Exit codes: 0 no failure found, 1 candidates found, a failure no reference describes (its
     first line is named), or a run that stopped in NCCL's output without an error or a finish
-    (NCCL's last line is named), 2 a candidate confirmed by --check, 3 no input could be read,
-    bad arguments, or --check could not examine the node (the candidates are still shown).
+    (NCCL's last line is named), 2 a candidate confirmed by --check, 3 no input could be read
+    or all was empty, bad arguments, or --check could not examine the node (the candidates are still shown).
     """,
     run=run_explain,
     argument=Argument(

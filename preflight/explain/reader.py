@@ -83,6 +83,7 @@ def _walk(directory: str, stats: ReadStats) -> Iterator[Chunk]:
 
     base_depth = directory.rstrip(os.sep).count(os.sep)
     seen = 0
+    problems_before = len(stats.problems) + stats.problems_left_out
     for folder, subfolders, files in os.walk(directory, onerror=on_error):
         if folder.count(os.sep) - base_depth >= MAX_WALK_DEPTH and subfolders:
             stats.problem(f"{folder}: more than {MAX_WALK_DEPTH} folders deep; its subfolders were not read")
@@ -97,6 +98,8 @@ def _walk(directory: str, stats: ReadStats) -> Iterator[Chunk]:
                 return
             seen += 1
             yield from _open_and_stream(path, stats)
+    if not seen and len(stats.problems) + stats.problems_left_out == problems_before:
+        stats.problem(f"{directory}: no files in it")
 
 
 def _open_and_stream(path: str, stats: ReadStats) -> Iterator[Chunk]:

@@ -57,8 +57,8 @@ def _sharing_lines(candidate: Candidate, explanation: Explanation) -> list[str]:
 
 
 def exit_status(explanation: Explanation) -> str:
-    if not explanation.stats.files:
-        return "no-input"
+    if not explanation.stats.files or not explanation.stats.lines:
+        return "no-input"  # nothing read, or only empty inputs: a wrong path, a log not written yet
     if not explanation.candidates:
         # A log that fails in a way no reference describes is not a log without failures.
         if explanation.first_failure:
@@ -69,15 +69,21 @@ def exit_status(explanation: Explanation) -> str:
     return "candidates"
 
 
+def no_input_message(explanation: Explanation) -> str:
+    """Why a run explained nothing (status ``no-input``)."""
+    files = explanation.stats.files
+    if not files:
+        return "No input could be read; nothing was explained."
+    return f"{'Every input was' if files > 1 else 'The input was'} empty ({files} read, 0 lines); nothing was explained."
+
+
 def render_text(explanation: Explanation) -> str:
     stats = explanation.stats
-    out: list[str] = []
-    for problem in stats.problem_lines():
-        out.append(f"preflight: {problem}")
+    out: list[str] = []  # the inputs' problems go to stderr (preflight.cli.explain), not here
     count = len(explanation.candidates)
     scanned = f"{stats.lines:,} lines of {stats.files} input{'s' if stats.files != 1 else ''} in {explanation.duration_s:.2f} s"
-    if not stats.files:
-        out.append("No input could be read; nothing was explained.")
+    if not stats.files or not stats.lines:
+        out.append(no_input_message(explanation))
         return printable_lines("\n".join(out)) + "\n"
     first = explanation.first_failure
     if not count and first is not None and explanation.separate_tests is not None:

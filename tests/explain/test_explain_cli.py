@@ -181,8 +181,26 @@ def test_bad_inputs_get_a_message_not_a_traceback(run_cli: Runner, tmp_path: Pat
     assert document["candidates"][0]["id"] == "MEM001"  # the non-UTF-8 file is still scanned
     result = run_cli("explain", str(tmp_path / "nope.log"))
     assert result.returncode == 3 and "No input could be read" in result.stdout and "Traceback" not in result.stderr
+    # Why, on stderr too: a report redirected to a file must not hide it.
+    assert f"preflight: {tmp_path / 'nope.log'}: cannot read (" in result.stderr
+    assert "preflight: error: No input could be read" in result.stderr and "cannot read" not in result.stdout
     result = run_cli("explain", "--format", "yaml", str(garbage))
     assert result.returncode == 3 and "Traceback" not in result.stderr
+
+
+def test_empty_inputs_explain_nothing_and_say_so(run_cli: Runner, tmp_path: Path) -> None:
+    """An empty log (a wrong path, a log not yet written) is no clean run, and a directory with no
+    files in it is named: both exit 3, with the reason on stderr."""
+    empty_dir = tmp_path / "logs"
+    empty_dir.mkdir()
+    result = run_cli("explain", str(empty_dir))
+    assert result.returncode == 3 and f"preflight: {empty_dir}: no files in it" in result.stderr
+    (tmp_path / "empty.log").write_text("")
+    result = run_cli("explain", str(tmp_path / "empty.log"))
+    assert result.returncode == 3 and "The input was empty (1 read, 0 lines); nothing was explained." in result.stdout
+    assert "preflight: error: The input was empty" in result.stderr
+    code, document = explain_json(run_cli, "-", input="")
+    assert code == 3 and document["status"] == "no-input" and document["inputs"]["lines"] == 0
 
 
 def test_a_directory_of_many_unreadable_files_names_a_few_and_counts_the_rest(run_cli: Runner, tmp_path: Path) -> None:
@@ -200,8 +218,9 @@ def test_a_directory_of_many_unreadable_files_names_a_few_and_counts_the_rest(ru
     assert len(problems) == MAX_PROBLEMS + 1 and problems[-1] == "7 more input problem(s) not listed"
     assert problems[0].endswith("shard-000.pt: binary data, not a text log (skipped)")
     assert document["candidates"][0]["id"] == "MEM001"
-    text = run_cli("explain", str(run)).stdout
-    assert text.count("binary data, not a text log") == MAX_PROBLEMS and "7 more input problem(s)" in text
+    shown = run_cli("explain", str(run))
+    assert shown.stderr.count("binary data, not a text log") == MAX_PROBLEMS and "7 more input problem(s)" in shown.stderr
+    assert "binary data" not in shown.stdout and shown.stdout.startswith("1 candidate")
 
 
 def test_a_50_mb_single_line_streams_in_bounded_memory(tmp_path: Path) -> None:
