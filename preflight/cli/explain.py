@@ -46,8 +46,8 @@ def run_explain(values: Values) -> int:
     sys.stdout.flush()
     # On stderr, as other commands say what they could not read: a report redirected to a file
     # (an epilog's) must not hide why a log was left out.
-    for problem in explanation.stats.problem_lines():
-        print(f"preflight: {printable(problem, 500)}", file=sys.stderr)
+    for skipped in explanation.stats.problem_lines():
+        print(f"preflight: {printable(skipped, 500)}", file=sys.stderr)
     if exit_status(explanation) == "no-input":
         print(f"preflight: error: {no_input_message(explanation)}", file=sys.stderr)
     if explanation.check_error:  # the candidates stand, but the node asked about gave no verdict
