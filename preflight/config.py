@@ -512,6 +512,27 @@ def healthcheck_budget_problem(seconds: float) -> str:
     return f"{seconds:g} must be below {MAX_SCRIPT_TIMEOUT_S} (the longest HealthCheckTimeout slurmd accepts)"
 
 
+_TABLE_HEADER = re.compile(r"^\s*\[")
+_SLURM_HEADER = re.compile(r"^\s*\[\s*slurm\s*\]\s*(?:#.*)?$")
+
+
+def _slurm_lines(text: str) -> dict[str, Any]:
+    """The ``[slurm]`` keys of a file that is not valid TOML, each line read on its own: a
+    syntax error elsewhere (or on another line of the table) must not lose ``last_result``."""
+    found: dict[str, Any] = {}
+    inside = False
+    for line in text.splitlines()[:10_000]:
+        if _TABLE_HEADER.match(line):
+            inside = bool(_SLURM_HEADER.match(line))
+            continue
+        if inside and "=" in line:
+            try:
+                found.update(parse_toml(line))
+            except TomlError:
+                continue  # this key keeps its default
+    return found
+
+
 def salvage_slurm_settings(text: str) -> SlurmSettings:
     """The ``[slurm]`` keys that are valid on their own in a config that failed validation, the
     defaults for the rest: a prolog that cannot decide still leaves its trace (last-result file,
@@ -519,7 +540,7 @@ def salvage_slurm_settings(text: str) -> SlurmSettings:
     try:
         table = parse_toml(text).get("slurm")
     except TomlError:
-        table = None
+        table = _slurm_lines(text)
     values: dict[str, Any] = {}
     for key, value in (table.items() if isinstance(table, dict) else ()):
         if key in _SLURM_KEYS:

@@ -3,7 +3,8 @@
 * 0: nothing present at warning or above (info findings and unknowns allowed);
 * 1: the worst present finding is a warning;
 * 2: an error or critical finding is present;
-* 3: no verdict: bad arguments, a missing or unreadable root, a broken config or plugin.
+* 3: no verdict: bad arguments, a missing or unreadable root, a broken config or plugin, or
+  (``preflight node``) every check unknown.
 
 Unknown findings do not change the code unless the site's ``[policy] unknown`` says so: a bug
 or a hung driver in the checker must not drain a fleet by default.

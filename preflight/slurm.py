@@ -829,12 +829,17 @@ def prolog_timeout_problem(settings: SlurmSettings, message_timeout_s: int) -> s
     needed = prolog_epilog_timeout(settings)
     if needed <= message_timeout_s:
         return ""
-    return (
+    problem = (
         f"[slurm] timeout = {settings.timeout_s:g} needs PrologEpilogTimeout={needed} ({STARTUP_MARGIN_S:g} s more, to start "
         f"and write the result), above MessageTimeout={message_timeout_s}, within which slurm.conf(5) expects a Prolog "
-        f"to finish: set [slurm] timeout to {message_timeout_s - STARTUP_MARGIN_S:g} or less, or give the cluster's "
-        "MessageTimeout with --message-timeout"
+        "to finish: "
     )
+    fits = message_timeout_s - STARTUP_MARGIN_S
+    if fits <= 0:
+        return problem + f"no prolog budget fits in a MessageTimeout of {STARTUP_MARGIN_S:g} s or less; raise the cluster's MessageTimeout"
+    # The budget must also hold two scontrol calls ([slurm] scontrol_timeout; config.py's rule).
+    scontrol = "" if settings.scontrol_timeout_s * 2 < fits else f" and [slurm] scontrol_timeout below {fits / 2:g}"
+    return problem + f"set [slurm] timeout to {fits:g} or less{scontrol}, or give the cluster's MessageTimeout with --message-timeout"
 
 
 def slurm_conf_lines(

@@ -14,6 +14,8 @@ from preflight import __version__
 from preflight.cli.spec import COMMAND_MODULES, Command, Values, finish, finish_values
 from preflight.exitcodes import ExitCode
 
+#: -h as well as --help, as most tools take it
+_HELP_OPTIONS = {"help_option_names": ["-h", "--help"]}
 #: the value type typer converts to, by option kind; ``None`` defaults make the value optional
 _TYPES: dict[str, Any] = {"text": str, "number": float, "integer": int, "flag": bool, "many": List[str], "tokens": List[str]}
 
@@ -52,8 +54,11 @@ def _callback(command: Command) -> Any:
 
 def _paragraphs(text: str) -> str:
     """``text`` with each paragraph on one line: typer's rich help keeps a docstring's line breaks,
-    so a paragraph wrapped at 100 columns in the source came out broken mid-sentence at 80."""
-    return "\n\n".join(" ".join(paragraph.split()) for paragraph in inspect.cleandoc(text).split("\n\n"))
+    so a paragraph wrapped at 100 columns in the source came out broken mid-sentence at 80. Square
+    brackets are escaped: rich would take ``[slurm]`` for a style and drop it."""
+    from rich.markup import escape
+
+    return "\n\n".join(escape(" ".join(paragraph.split())) for paragraph in inspect.cleandoc(text).split("\n\n"))
 
 
 def _version(value: bool) -> None:
@@ -68,6 +73,7 @@ def build_app() -> typer.Typer:
         no_args_is_help=True,
         add_completion=True,  # --install-completion, --show-completion (bash, zsh, fish, PowerShell)
         pretty_exceptions_enable=False,
+        context_settings=_HELP_OPTIONS,
     )
 
     @app.callback()
@@ -84,10 +90,10 @@ def build_app() -> typer.Typer:
             if len(command.path) == 2:
                 group = command.path[0]
                 if group not in groups:
-                    groups[group] = typer.Typer(help=_paragraphs(module.GROUP_HELP), no_args_is_help=True)
+                    groups[group] = typer.Typer(help=_paragraphs(module.GROUP_HELP), no_args_is_help=True, context_settings=_HELP_OPTIONS)
                     app.add_typer(groups[group], name=group)
                 target = groups[group]
-            target.command(command.path[-1], help=_paragraphs(command.help))(_callback(command))
+            target.command(command.path[-1], help=_paragraphs(command.help), context_settings=_HELP_OPTIONS)(_callback(command))
     return app
 
 

@@ -19,9 +19,11 @@ def run_node(values: Values) -> int:
     archive, replayed from a private temporary copy removed afterwards."""
     from preflight.catalogue import CatalogueError
     from preflight.config import ConfigError
-    from preflight.exitcodes import exit_code
+    from preflight.exitcodes import ExitCode, exit_code
+    from preflight.model import Status
     from preflight.registry import RegistrationError
     from preflight.reporters import render
+    from preflight.text import printable
     from preflight.run import (
         UsageProblem,
         check_profile,
@@ -58,7 +60,13 @@ def run_node(values: Values) -> int:
     except (UsageProblem, RootError, ConfigError, RegistrationError, CatalogueError, ArchiveError) as problem:
         return error(str(problem))
     sys.stdout.write(output)
-    return exit_code(report.findings, node.config.unknown_policy)
+    code = exit_code(report.findings, node.config.unknown_policy)
+    if code is ExitCode.OK and report.findings and all(f.status is Status.UNKNOWN for f in report.findings):
+        # Nothing was decided (a deadline spent before any probe answered, a root of nothing):
+        # that is no verdict, not a healthy node.
+        first = report.findings[0]
+        return error(f"no verdict: every check is unknown ({first.reference_id}: {printable(first.reason, 200)})")
+    return code
 
 
 NODE = Command(
@@ -66,7 +74,7 @@ NODE = Command(
     help="""Inspect this node (or --root) and report catalogued misconfigurations.
 
     Exit codes: 0 nothing at warning or above, 1 warnings, 2 errors or critical,
-    3 no verdict (bad arguments, unreadable root, broken config or plugin).
+    3 no verdict (bad arguments, unreadable root, broken config or plugin, every check unknown).
     """,
     run=run_node,
     options=(

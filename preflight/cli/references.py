@@ -77,7 +77,7 @@ def run_search(values: Values) -> int:
     found = search_references(references, words)
     if values["output_format"] == "json":
         print(json.dumps([reference_json(r) for r in found], indent=2))
-        return 0
+        return 0 if found else 1  # as in the table: a script may test "is there a reference for X"
     if not found:
         print(f"No reference mentions {' '.join(words)!r}.")
         return 1
@@ -183,7 +183,7 @@ COMMANDS = (
     Command(("references", "list"), "List every catalogued reference.", run_list, options=(FORMAT_TABLE, CHECKS_DIR)),
     Command(
         ("references", "search"),
-        "Find references whose title, summary, causes, fix or signature examples mention TEXT.",
+        "Find references whose title, summary, causes, fix or signature examples mention TEXT. Exit codes: 0 found, 1 nothing matches, 3 bad arguments.",
         run_search,
         argument=Argument("words", "TEXT...", "Words to look for (all must occur).", many=True),
         options=(FORMAT_TABLE, CHECKS_DIR),

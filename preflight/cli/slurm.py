@@ -114,7 +114,7 @@ COMMANDS = (
     ),
     Command(
         ("slurm", "config"),
-        """Print the slurm.conf lines (Prolog, Epilog, PrologFlags, PrologEpilogTimeout, HealthCheckProgram, HealthCheckInterval), ready to include, and write or show the wrapper scripts they name.
+        """Print the slurm.conf lines (Prolog, Epilog, PrologFlags, PrologEpilogTimeout, HealthCheckProgram, HealthCheckInterval, HealthCheckNodeState, and HealthCheckTimeout where the budget needs it), ready to include, and write or show the wrapper scripts they name.
 
     Exit codes: 0 done, 3 refused (a broken config, a [slurm] timeout that PrologEpilogTimeout cannot cover, an unusable --wrapper-dir).
     """,

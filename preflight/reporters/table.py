@@ -92,6 +92,11 @@ def _rows(findings: list[Finding]) -> list[list[str]]:
 _CHECK_STATUS_ORDER = (Status.PRESENT, Status.UNKNOWN, Status.ABSENT, Status.NOT_APPLICABLE)
 
 
+def _count(number: int, noun: str) -> str:
+    """``1 check``, ``2 checks``."""
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
 def _summary(report: Report) -> str:
     """Checks by status (they add up to the header's count), and the present findings by severity:
     one check can find a problem on several subjects."""
@@ -102,10 +107,10 @@ def _summary(report: Report) -> str:
     for found in statuses.values():
         checks[next(status for status in _CHECK_STATUS_ORDER if status in found)] += 1
     present = [f for f in report.findings if f.status is Status.PRESENT]
-    text = f"{len(statuses)} checks: {checks[Status.PRESENT]} present"
+    text = f"{_count(len(statuses), 'check')}: {checks[Status.PRESENT]} present"
     if present:
         by_severity = [f"{sum(1 for f in present if f.severity is s)} {s.value}" for s in Severity if any(f.severity is s for f in present)]
-        text += f" ({len(present)} finding{'s' if len(present) > 1 else ''}: {', '.join(by_severity)})"
+        text += f" ({_count(len(present), 'finding')}: {', '.join(by_severity)})"
     return (
         f"{text}, {checks[Status.UNKNOWN]} unknown, {checks[Status.ABSENT]} absent, "
         f"{checks[Status.NOT_APPLICABLE]} not applicable."
@@ -134,7 +139,7 @@ def render(report: Report, show_all: bool) -> str:
     width = terminal_width()
     header = [
         f"preflight {__version__}", f"host {printable(report.hostname)}", f"profile {report.profile}", f"root {printable(report.root)}",
-        f"{len({f.reference_id for f in report.findings})} checks in {report.duration_s:.2f} s",
+        f"{_count(len({f.reference_id for f in report.findings}), 'check')} in {report.duration_s:.2f} s",
     ]
     sections = [_join_fitting(header, width)]
     present = [f for f in report.findings if f.status is Status.PRESENT]

@@ -137,6 +137,20 @@ def test_bad_arguments_exit_3_without_traceback(run_cli: Runner, example_root: P
     assert message in result.stderr and "Traceback" not in result.stderr
 
 
+def test_a_run_in_which_every_check_is_unknown_is_no_verdict(run_cli: Runner, node_copy: Path) -> None:
+    """Nothing decided is not a healthy node: exit 3 with the first reason, the report still shown."""
+    nvml_path = node_copy / ".preflight" / "nvml.json"
+    nvml = json.loads(nvml_path.read_text())
+    nvml["calls"]["nvmlDeviceGetCount"] = {"hang": True}
+    nvml_path.write_text(json.dumps(nvml))
+    result = run_cli("node", "--root", str(node_copy), "--select", "GPU001", "--timeout", "2")
+    assert result.returncode == 3, result.stdout
+    assert "1 check" in result.stdout and "1 unknown" in result.stdout
+    assert "preflight: error: no verdict: every check is unknown (GPU001: " in result.stderr
+    decided = run_cli("node", "--root", str(node_copy), "--select", "GPU001,DNS001", "--timeout", "2")
+    assert decided.returncode == 2  # DNS001 is present on the example node: one decided check is a verdict
+
+
 def test_config_typo_names_file_line_and_key(run_cli: Runner, example_root: Path, tmp_path: Path) -> None:
     config = tmp_path / "preflight.toml"
     config.write_text("[run]\ntimeout = 5\n\n[expect]\nmemlock_minimum = \"unlimited\"\n")
@@ -183,6 +197,8 @@ def test_references_search(run_cli: Runner) -> None:
     assert "MEM001" in {r["id"] for r in as_json}
     nothing = run_cli("references", "search", "no-such-words-anywhere")
     assert nothing.returncode == 1 and "No reference mentions" in nothing.stdout
+    nothing = run_cli("references", "search", "no-such-words-anywhere", "--format", "json")
+    assert nothing.returncode == 1 and json.loads(nothing.stdout) == []
 
 
 def test_version(run_cli: Runner) -> None:

@@ -137,7 +137,10 @@ def test_salvaged_slurm_keys_say_where_a_broken_config_leaves_its_trace() -> Non
         'syslog_socket = "/run/log"\ntimeout = "soon"\n'
     )
     assert salvaged == SlurmSettings(last_result="/srv/pf/{mode}.json", syslog_socket="/run/log")
-    assert salvage_slurm_settings("[slurm\nlast_result = 3") == SlurmSettings()  # not TOML: the defaults
+    assert salvage_slurm_settings("[slurm\nlast_result = 3") == SlurmSettings()  # no [slurm] table: the defaults
+    # Not TOML at all: the [slurm] table's lines are read one by one, a broken one left out.
+    broken = 'garbage = = [\n[slurm]\nlast_result = "/srv/pf/{mode}.json"\ntimeout = = 3\nsyslog = false\n[run]\nsyslog = true\n'
+    assert salvage_slurm_settings(broken) == SlurmSettings(last_result="/srv/pf/{mode}.json", syslog=False)
     assert salvage_slurm_settings("slurm = 3\n") == SlurmSettings()
 
 
@@ -405,7 +408,13 @@ def test_slurm_conf_lines_fit_the_budget() -> None:
 
 @pytest.mark.parametrize(
     ("timeout", "message_timeout", "problem"),
-    [(8.0, 10, ""), (3.5, 10, ""), (8.5, 10, "needs PrologEpilogTimeout=11"), (9.0, 20, ""), (5.0, 5, "above MessageTimeout=5")],
+    [
+        (8.0, 10, ""), (3.5, 10, ""), (8.5, 10, "needs PrologEpilogTimeout=11"), (9.0, 20, ""), (5.0, 5, "above MessageTimeout=5"),
+        # advice that can be followed: the smaller budget must still hold two scontrol calls
+        (8.0, 5, "set [slurm] timeout to 3 or less and [slurm] scontrol_timeout below 1.5, or give"),
+        (8.0, 9, "set [slurm] timeout to 7 or less, or give"),
+        (8.0, 2, "no prolog budget fits in a MessageTimeout of 2 s or less"),
+    ],
 )
 def test_prolog_budget_must_fit_within_message_timeout(timeout: float, message_timeout: int, problem: str) -> None:
     found = prolog_timeout_problem(SlurmSettings(timeout_s=timeout), message_timeout)
@@ -692,6 +701,10 @@ def test_broken_config_never_fails_a_job_and_leaves_a_trace(run_cli: Runner, exa
     healthcheck = run_cli("slurm", "healthcheck", "--root", str(example_root), "--config", str(site.config), env=JOB)
     assert healthcheck.returncode == 3 and site.result("healthcheck")["verdict"] == "no-verdict"
     assert site.made_calls() == []
+    site.config.write_text("this is = = not TOML\n" + site.config.read_text())
+    epilog = run_cli("slurm", "epilog", "--root", str(example_root), "--config", str(site.config), env=JOB)
+    assert epilog.returncode == 0 and "not valid TOML" in epilog.stderr
+    assert site.result("epilog")["verdict"] == "no-verdict"  # where the config says, not the default path
 
 
 def test_wrong_root_never_fails_a_job_and_leaves_a_trace(run_cli: Runner, site: Site, tmp_path: Path) -> None:
