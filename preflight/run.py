@@ -135,7 +135,7 @@ def _inspect(
                 raise UsageProblem(f"--select/--ignore {token!r} matches no reference ID prefix or symbol")
     timeout = timeout_s if timeout_s is not None else config.timeout_s
     if timeout <= 0:
-        raise UsageProblem("unpacking the snapshot used the whole --timeout")
+        raise UsageProblem("the whole --timeout was spent before the checks started (opening the root, its config or snapshot)")
     options = RunOptions(
         profile=chosen_profile,
         select=select,

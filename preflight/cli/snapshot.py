@@ -25,7 +25,7 @@ SNAPSHOT = Command(
     options=(
         Option("--root", "root", "Record this recorded root (directory or snapshot) instead of the live node.", default="/"),
         Option("--config", "config", "Site config; it is stored in the snapshot as the node's own."),
-        Option("--profile", "profile", "prolog or full (default: full, which reads everything prolog does)."),
+        Option("--profile", "profile", "prolog or full (default: the config's [run] profile, full, which reads everything prolog does)."),
         Option("--scrub", "scrub", "Replace identifiers: hostnames,addresses,guids,macs,serials,users or all.", kind="tokens"),
         Option(
             "--scrub-key", "scrub_key",
@@ -33,7 +33,7 @@ SNAPSHOT = Command(
             "(default: a random key, consistent within this snapshot only). Also read from $PREFLIGHT_SCRUB_KEY.",
             envvar="PREFLIGHT_SCRUB_KEY",
         ),
-        Option("--timeout", "timeout", "Deadline for the recording run, seconds (default 10).", kind="number"),
+        Option("--timeout", "timeout", "Deadline for the recording run, seconds (default: the config's [run] timeout, 10 s).", kind="number"),
         CHECKS_DIR,
     ),
     probe_threads=True,

@@ -100,6 +100,10 @@ def open_root(root: str) -> NodeFS:
     """The filesystem view of ``root``; RootError when it cannot be used at all."""
     path = os.path.abspath(root)
     if not os.path.isdir(path):
+        if root == "-":
+            raise RootError("--root does not read standard input; give a directory or a snapshot archive")
+        if os.path.lexists(path):
+            raise RootError(f"--root {root}: neither a directory nor a snapshot archive; not opened")
         raise RootError(f"--root {root}: no such directory")
     if not os.access(path, os.R_OK | os.X_OK):
         raise RootError(f"--root {root}: not readable")

@@ -151,6 +151,17 @@ def test_a_run_in_which_every_check_is_unknown_is_no_verdict(run_cli: Runner, no
     assert decided.returncode == 2  # DNS001 is present on the example node: one decided check is a verdict
 
 
+def test_a_root_that_is_a_fifo_device_or_dash_is_named_for_what_it_is(run_cli: Runner, tmp_path: Path) -> None:
+    import os
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for root, message in ((str(fifo), "neither a directory nor a snapshot archive; not opened"), ("/dev/null", "neither a directory"),
+                          ("-", "--root does not read standard input")):
+        result = run_cli("node", "--root", root, timeout=30)
+        assert result.returncode == 3 and message in result.stderr, (root, result.stderr)
+
+
 def test_config_typo_names_file_line_and_key(run_cli: Runner, example_root: Path, tmp_path: Path) -> None:
     config = tmp_path / "preflight.toml"
     config.write_text("[run]\ntimeout = 5\n\n[expect]\nmemlock_minimum = \"unlimited\"\n")
