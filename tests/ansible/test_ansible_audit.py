@@ -135,7 +135,7 @@ def test_audit_installs_the_controllers_wheel_and_flags_the_odd_host_only(lab: P
     assert result.returncode == 0, shown(result)
     reports = report_dir(lab)
     # the default report directory: per run, under the controller's cache, not in the checkout
-    assert reports.parent == lab / "cache" / "preflight" and re.fullmatch(r"audit-\d{8}T\d{6}Z", reports.name)
+    assert reports.parent == lab / "cache" / "preflight" and re.fullmatch(r"audit-\d{8}T\d{6}Z-[0-9a-f]{6}", reports.name)
     assert f"Reports: {reports}" in result.stdout
     (wheel,) = (reports / "wheel").glob("*.whl")
     distribution = wheel.name.split("-")[0].replace("_", "-")
@@ -147,6 +147,10 @@ def test_audit_installs_the_controllers_wheel_and_flags_the_odd_host_only(lab: P
     assert set(counts) >= set(HOSTS) and all(c["failed"] == 0 and c["unreachable"] == 0 for c in counts.values())
     assert counts["gpu001"]["changed"] >= 2  # the venv, the wheel, the install
     assert sorted(path.name for path in reports.glob("gpu*.json")) == [f"{host}.json" for host in HOSTS]
+    assert (reports / "missing.txt").read_text() == "" and "Not compared" not in result.stdout
+    # the wheel was built from a copy, never in the checkout (pip and setuptools write build/ there)
+    assert not (reports / "source").exists() and not list((lab / "source").glob("*.egg-info"))
+    assert not (lab / "source" / "build").exists()
 
     document = fleet_report(lab)
     summary = document["summary"]
@@ -192,7 +196,7 @@ def test_tags_audit_runs_the_audit_without_installing(lab: Path) -> None:
     (lab / "default-source.json").write_text(json.dumps({"all": {"hosts": {"gpu001": gpu001}}}))
     installing = playbook(lab, "--tags", "install", inventory="default-source.json")
     assert installing.returncode == 0, shown(installing)
-    assert "Build the wheel from the checkout" in installing.stdout and "Install preflight" in installing.stdout
+    assert "Build the wheel from the copy" in installing.stdout and "Install preflight" in installing.stdout
     assert "Run preflight node" not in installing.stdout and "Ask the controller" not in installing.stdout
     assert len(list((report_dir(lab) / "wheel").glob("*.whl"))) == 1
 
@@ -215,6 +219,12 @@ def broken_lab(lab: Path) -> Path:
         script.chmod(0o755)
         hosts[name] = installed(preflight_command=str(script))
     hosts["missing"] = installed(preflight_command=str(lab / "nowhere" / "bin" / "preflight"))
+    hosts["unstartable"] = installed(preflight_command="no-such-preflight")  # a bare name not on the PATH
+    hung = scripts / "hung"
+    hung.write_text("#!/bin/sh\nexec sleep 60\n")
+    hung.chmod(0o755)
+    hosts["hung"] = installed(preflight_command=str(hung), preflight_run_limit=5)
+    hosts["fd00::17"] = installed(preflight_root=str(lab / "roots" / "gpu002"))  # an address as inventory name
     inventory = {"all": {"hosts": hosts, "vars": {"preflight_controller_command": str(BIN / "preflight")}}}
     (lab / "broken.json").write_text(json.dumps(inventory))
     return lab
@@ -225,18 +235,25 @@ def test_a_host_without_preflight_or_a_usable_report_fails_with_the_reason(broke
     assert result.returncode != 0
     counts = recap(result)
     assert {host: c["failed"] for host, c in counts.items()} == {
-        "gpu002": 0, "empty": 1, "usage": 1, "foreign": 1, "wrapper": 1, "missing": 1,
+        "gpu002": 0, "empty": 1, "usage": 1, "foreign": 1, "wrapper": 1, "missing": 1, "unstartable": 1, "hung": 1, "fd00::17": 1,
     }, shown(result)
     out = result.stdout
     assert f"preflight is not installed on this host: {broken_lab / 'nowhere' / 'bin' / 'preflight'} does not exist" in out
     assert "was not found on this host (exit 127): preflight: command not found" in out
     assert "preflight node exited 0 without a report (empty output)" in out
+    assert "no-such-preflight could not be started on this host (not found on the PATH, or not executable)" in out
+    assert "The inventory name 'fd00::17' cannot name this host's report file" in out
+    assert "Timed out after 5 second(s)" in out  # the hung host failed alone; the others were compared
     reports = report_dir(broken_lab)
     assert f"cannot be used ({reports / 'usage.json'}): not JSON" in out
     assert f"cannot be used ({reports / 'foreign.json'}): report schema 'other-report/9' is not supported" in out
     document = fleet_report(broken_lab)
     assert [node["name"] for node in document["nodes"]] == ["gpu002"]  # type: ignore[index]
     assert sorted(Path(s["file"]).name for s in document["skipped"]) == ["foreign.json", "usage.json"]  # type: ignore[attr-defined]
+    # the hosts that delivered no report at all are named beside the fleet report, and by the play
+    left_out = ["empty", "fd00::17", "hung", "missing", "unstartable", "wrapper"]
+    assert sorted((reports / "missing.txt").read_text().split()) == left_out
+    assert "Not compared (no report; see the recap): " in out
 
 
 def test_a_controller_without_preflight_fails_before_any_audit(broken_lab: Path) -> None:
@@ -254,6 +271,20 @@ def test_argument_specs_reject_a_wrong_type(lab: Path) -> None:
     assert "argument 'preflight_timeout' is of type str and we were unable to convert to float" in result.stdout
     assert "argument 'preflight_become' is of type str and we were unable to convert to bool" in result.stdout
     assert "Run preflight node" not in result.stdout
+
+
+def test_a_string_for_a_list_and_a_relative_report_dir_are_refused_before_any_host_runs(lab: Path) -> None:
+    as_string = playbook(lab, "-e", "preflight_node_args=--ignore", "--limit", "gpu002")
+    assert as_string.returncode != 0 and "preflight_node_args and preflight_pip_args are lists: pass them as JSON" in as_string.stdout
+    relative = playbook(lab, "-e", "preflight_report_dir=reports", "--limit", "gpu002")
+    assert relative.returncode != 0 and "preflight_report_dir 'reports' is relative: give an absolute path" in relative.stdout
+    for result in (as_string, relative):
+        assert "Run preflight node" not in result.stdout
+
+
+def test_the_unrelated_preflight_project_is_refused(lab: Path) -> None:
+    result = playbook(lab, "-e", "preflight_package=Preflight==0.1.0", "--limit", "gpu001")
+    assert result.returncode != 0 and "names the unrelated PyPI project 'preflight'" in result.stdout
 
 
 @pytest.mark.parametrize("package", ["gpu-preflight", "gpu-preflight>=0.1", "gpu-preflight==0.1.*"])
