@@ -284,6 +284,7 @@ def build(root: str) -> None:
     write(root, "/etc/slurm/slurm.conf",
           "ClusterName=example\nSlurmctldHost=head01\nSlurmdPidFile=/run/slurmd.pid\nProctrackType=proctrack/cgroup\n"
           "TaskPlugin=task/affinity,task/cgroup\nPrologFlags=Alloc,Contain\n"
+          "GresTypes=gpu\n"
           "NodeName=gpu[001-064] CPUs=224 Gres=gpu:h100:8 RealMemory=2000000 State=UNKNOWN\n"
           "PartitionName=gpu Nodes=gpu[001-064] Default=YES MaxTime=INFINITE State=UP\n")
     write(root, "/etc/nccl.conf", "NCCL_BUFFSIZE=268435456\nNCCL_GDRCOPY_ENABLE=1\nNCCL_IB_HCA=mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7\n")

@@ -102,7 +102,7 @@ def open_root(root: str) -> NodeFS:
     if not os.path.isdir(path):
         if root == "-":
             raise RootError("--root does not read standard input; give a directory or a snapshot archive")
-        if os.path.lexists(path):
+        if os.path.exists(path):  # a link to nowhere is "no such directory" too
             raise RootError(f"--root {root}: neither a directory nor a snapshot archive; not opened")
         raise RootError(f"--root {root}: no such directory")
     if not os.access(path, os.R_OK | os.X_OK):

@@ -20,7 +20,8 @@ def report(run_cli: Runner, root: Path) -> dict[str, Any]:
     config = root / "etc" / "preflight" / "preflight.toml"
     given = ("--config", str(config)) if config.is_file() else ()
     result = run_cli("node", "--root", str(root), "--select", "NET", "--format", "json", *given)
-    assert result.returncode in (0, 1, 2), result.stderr
+    # 3 only when the selection decided nothing (every NET check unknown): still a full report
+    assert result.returncode in (0, 1, 2) or "no verdict: every check is unknown" in result.stderr, result.stderr
     parsed: dict[str, Any] = json.loads(result.stdout)
     return parsed
 
