@@ -42,7 +42,8 @@ PROVENANCE = tomllib.loads((REAL_NVML / "PROVENANCE.toml").read_text())["dump"]
 REDISTRIBUTABLE = {"MIT", "GPL-3.0-or-later"}
 SMALL_BAR1 = {  # dumps whose GPU has the legacy 256 MiB BAR1 window
     "netdata-rtx-2080-win", "netdata-rtx-4090-driver-535", "telegraf-gtx-1660-ti", "telegraf-quadro-p2000-v12",
-    "telegraf-quadro-p400", "telegraf-rtx-3060-v12", "telegraf-tesla-t4",
+    "telegraf-quadro-p400", "telegraf-rtx-3060-v12", "telegraf-tesla-t4", "pai-gtx-1070-x6", "pai-rtx-2080-ti-x2",
+    "telegraf-grid-p4-1q",
 }
 
 
