@@ -37,8 +37,9 @@ FEATURE_ABSENT = frozenset({"NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT
 def nccl_cuda_call_failed(
     gpu_health: GpuHealthFacts, kernel_log: KernelLogFacts, gpus: GpuFacts, nvlink: NvlinkFacts | Unread
 ) -> Iterator[Observation]:
-    """A GPU waiting for a reset to apply a row remap, out of spare rows, with uncorrectable ECC
-    errors since it was initialised, or with hardware Xids since boot."""
+    """A GPU waiting for a reset to apply a row remap (a page retirement before Ampere), out of
+    spare rows, with uncorrectable ECC errors since it was initialised, or with hardware Xids
+    since boot."""
     unusable = nvml_unusable(gpu_health, gpus)
     # Each GPU's NVML verdicts, judged once: they decide too whether an old Xid still matters.
     verdicts = {} if unusable is not None else {gpu.index: list(_gpu_verdicts(gpu)) for gpu in gpu_health.gpus}
@@ -73,6 +74,12 @@ def _gpu_verdicts(gpu: GpuHealth) -> Iterator[Observation]:
             yield present(subject, Evidence("nvmlDeviceGetRemappedRows", f"remapping failed; {counts}", "no failure (spare rows left)"))
         elif gpu.remap_pending:
             yield present(subject, Evidence("nvmlDeviceGetRemappedRows", f"remap pending; {counts}", "no remap pending (reset the GPU to apply it)"))
+    # Before Ampere a bad page is retired instead of a row remapped, at the next driver load,
+    # reset or reboot; a GPU that remaps rows answers NOT_SUPPORTED here.
+    if gpu.pages_pending:
+        yield present(subject, Evidence("nvmlDeviceGetRetiredPagesPendingStatus", "page retirement pending", "none pending (reset the GPU or reboot to retire the page)"))
+    elif gpu.rows_error in FEATURE_ABSENT and gpu.pages_error and gpu.pages_error not in FEATURE_ABSENT:
+        yield undecided(subject, f"nvmlDeviceGetRetiredPagesPendingStatus: {gpu.pages_error}")
     if gpu.ecc_current is False or gpu.volatile_error in FEATURE_ABSENT:
         return  # ECC off or absent: there is nothing to count
     if gpu.volatile_error:
@@ -95,8 +102,10 @@ def _gpu_verdicts(gpu: GpuHealth) -> Iterator[Observation]:
 #: down (74: the link stays down until the GPU is reset). For these a GPU whose reading is clean
 #: now has been reset or recovered. A GSP fault (119, 120) leaves nothing these queries read, so
 #: it stays an error until the reboot clears the log; so does an Xid whose reading was not had
-#: (MIG mode and older boards answer NOT_SUPPORTED for remapped rows).
-XID_SHOWN_BY = {48: "ecc", 92: "ecc", 94: "ecc", 95: "ecc", 63: "remap", 64: "remap", 79: "alive", 74: "nvlink"}
+#: (MIG mode and older boards answer NOT_SUPPORTED for remapped rows). Before Ampere, 63 is a page
+#: retired at the next driver load, which NVML shows pending until then; a failed retirement (64)
+#: shows nowhere in NVML there.
+XID_SHOWN_BY = {48: "ecc", 92: "ecc", 94: "ecc", 95: "ecc", 63: "remap", 64: "remap_failure", 79: "alive", 74: "nvlink"}
 
 
 RECOVERED_FIX = (
@@ -123,7 +132,11 @@ def _clean_now(
             continue
         read = {"alive": f"GPU{gpu.index} answers NVML (not lost)"}
         if not gpu.rows_error:
-            read["remap"] = f"GPU{gpu.index}: no row remap pending or failed ({gpu.rows_uncorrectable} rows remapped for uncorrectable errors)"
+            read["remap"] = read["remap_failure"] = (
+                f"GPU{gpu.index}: no row remap pending or failed ({gpu.rows_uncorrectable} rows remapped for uncorrectable errors)"
+            )
+        elif gpu.rows_error in FEATURE_ABSENT and not gpu.pages_error:
+            read["remap"] = f"GPU{gpu.index}: no page retirement pending"
         if gpu.ecc_current and not gpu.volatile_error:
             read["ecc"] = f"GPU{gpu.index}: 0 uncorrectable ECC errors since the GPU was initialised"
         own = links.get(gpu.index)

@@ -143,7 +143,7 @@ def build(root: str) -> None:
     os.makedirs(root)
     nvml_devices: dict[str, dict[str, object]] = {
         "name": {}, "pci": {}, "uuid": {}, "bar1": {}, "fabric": {}, "rows": {}, "persistence": {}, "ecc_mode": {}, "ecc_volatile": {},
-        "clock_reasons": {},
+        "clock_reasons": {}, "pages_pending": {},
     }
     for index, (gpu, nic, switch, port) in enumerate(PAIRS):
         numa = 0 if index < 4 else 1
@@ -190,6 +190,8 @@ def build(root: str) -> None:
         nvml_devices["persistence"][str(index)] = {"result": 1}  # nvidia-persistenced keeps the GPUs initialised
         nvml_devices["ecc_mode"][str(index)] = {"result": [1, 1]}  # current, pending
         nvml_devices["clock_reasons"][str(index)] = {"result": 0x1}  # GpuIdle: waiting for a job, nothing holds it back
+        # Hopper remaps rows instead of retiring pages: nvidia-smi prints pending_retirement N/A.
+        nvml_devices["pages_pending"][str(index)] = {"error": "NVML_ERROR_NOT_SUPPORTED"}
         # nvmlDeviceGetTotalEccErrors(UNCORRECTED=1, VOLATILE=0): extra arguments join the key
         nvml_devices["ecc_volatile"][f"{index}/1/0"] = {"result": 0}
         nvml_devices["name"][str(index)] = {"result": "NVIDIA H100 80GB HBM3"}
@@ -306,6 +308,7 @@ def build(root: str) -> None:
             "nvmlDeviceGetEccMode": nvml_devices["ecc_mode"],
             "nvmlDeviceGetTotalEccErrors": nvml_devices["ecc_volatile"],
             "nvmlDeviceGetCurrentClocksThrottleReasons": nvml_devices["clock_reasons"],
+            "nvmlDeviceGetRetiredPagesPendingStatus": nvml_devices["pages_pending"],
         },
     }
     write(root, "/.preflight/nvml.json", json.dumps(nvml, indent=1) + "\n")

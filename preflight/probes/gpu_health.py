@@ -12,7 +12,10 @@ Sources:
 
 * NVML ``nvmlDeviceGetRemappedRows`` per GPU, ``(correctable, uncorrectable, pending, failure)``
   (Ampere and later; earlier GPUs answer ``NVML_ERROR_NOT_SUPPORTED`` and use page retirement
-  instead, which this check leaves alone);
+  instead);
+* NVML ``nvmlDeviceGetRetiredPagesPendingStatus`` (1: a page is marked for retirement that takes
+  effect only at the next driver load, GPU reset or reboot): the page-retirement side of the same
+  question on GPUs before Ampere (https://docs.nvidia.com/deploy/dynamic-page-retirement/);
 * NVML ``nvmlDeviceGetEccMode`` (``[current, pending]``, 1 enabled) and
   ``nvmlDeviceGetTotalEccErrors(handle, NVML_MEMORY_ERROR_TYPE_UNCORRECTED (1),
   NVML_VOLATILE_ECC (0))``. Volatile counts restart whenever the driver initialises the GPU:
@@ -80,6 +83,9 @@ class GpuHealth(Struct, frozen=True):
     # nvmlDeviceGetCurrentClocksThrottleReasons
     clock_reasons: int | None = None
     clock_reasons_error: str = NOT_RECORDED
+    # nvmlDeviceGetRetiredPagesPendingStatus (recordings made before it was read have none)
+    pages_pending: bool | None = None
+    pages_error: str = NOT_RECORDED
 
     @property
     def lost_in(self) -> str:
@@ -90,6 +96,7 @@ class GpuHealth(Struct, frozen=True):
             ("nvmlDeviceGetEccMode", self.ecc_mode_error),
             ("nvmlDeviceGetTotalEccErrors", self.volatile_error),
             ("nvmlDeviceGetCurrentClocksThrottleReasons", self.clock_reasons_error),
+            ("nvmlDeviceGetRetiredPagesPendingStatus", self.pages_error),
         ):
             if error == GPU_IS_LOST:
                 return call
@@ -141,6 +148,10 @@ def _gpu_health(nvml: Nvml, index: int) -> GpuHealth:
     if not volatile_error and _count(volatile) is None:
         volatile_error = _unexpected(volatile)
 
+    pages, pages_error = _ask(nvml, "nvmlDeviceGetRetiredPagesPendingStatus", index)
+    if not pages_error and _flag(pages) is None:
+        pages_error = _unexpected(pages)
+
     reasons, clock_reasons_error = _ask(nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", index)
     if not clock_reasons_error and _count(reasons) is None:
         clock_reasons_error = _unexpected(reasons)
@@ -161,6 +172,8 @@ def _gpu_health(nvml: Nvml, index: int) -> GpuHealth:
         volatile_error=volatile_error,
         clock_reasons=None if clock_reasons_error else _count(reasons),
         clock_reasons_error=clock_reasons_error,
+        pages_pending=None if pages_error else _flag(pages),
+        pages_error=pages_error,
     )
 
 

@@ -39,6 +39,7 @@ else:  # pragma: no cover
 
 REAL_NVML = REPO / "tests" / "data" / "real-nvml"
 PROVENANCE = tomllib.loads((REAL_NVML / "PROVENANCE.toml").read_text())["dump"]
+FAULTY = tomllib.loads((REAL_NVML / "PROVENANCE.toml").read_text())["faulty"]
 REDISTRIBUTABLE = {"MIT", "GPL-3.0-or-later"}
 SMALL_BAR1 = {  # dumps whose GPU has the legacy 256 MiB BAR1 window
     "netdata-rtx-2080-win", "netdata-rtx-4090-driver-535", "telegraf-gtx-1660-ti", "telegraf-quadro-p2000-v12",
@@ -109,6 +110,21 @@ def test_a_small_bar1_is_no_error_where_no_rdma_nic_is_known(reports: dict[str, 
         assert all("bar1Total 256 MiB" in text and "RDMA NIC" in text and "/sys/class" in text for _, text in found.values()), found
     large = [name for name in reports if name not in SMALL_BAR1 and "a100-sxm4-v12" not in name and "3080-v13" not in name]
     assert large and all({status for status, _ in _verdicts(reports[name], "GDR003").values()} <= {Status.ABSENT} for name in large)
+
+
+def test_a_real_faulty_gpu_is_found(tmp_path: Path) -> None:
+    """The one published dump of a faulty GPU (a V100 with an uncorrectable ECC error since boot
+    and a retired page waiting for a reset): GPU002 is present on it, with both readings."""
+    (entry,) = FAULTY
+    data = (REAL_NVML / entry["file"]).read_bytes()
+    assert hashlib.sha256(data).hexdigest() == entry["sha256"] and (REAL_NVML / entry["licence_text"]).is_file()
+    IMPORTER.write_root(data, tmp_path / "v100")
+    report = run_root(build_registry(plugins=False), tmp_path / "v100")
+    present = [f for f in report.findings if f.reference_id == "GPU002" and f.status is Status.PRESENT]
+    assert {f.subject for f in present} == {"GPU0"} and {f.severity for f in present} == {Severity.ERROR}
+    observed = " / ".join(e.observed for f in present for e in f.evidence)
+    assert "page retirement pending" in observed and "1 uncorrectable ECC errors since the driver initialised the GPU" in observed
+    assert unclean_run(report) == []
 
 
 def test_what_the_dumps_prove(reports: dict[str, Report]) -> None:

@@ -38,7 +38,7 @@ def set_rows(root: Path, answers: dict[str, object]) -> None:
 def test_probe_reads_every_health_query_of_the_example(example_root: Path) -> None:
     facts = probe_gpu_health(Sources.for_node(str(example_root)).nvml)
     assert facts.nvml_error == "" and len(facts.gpus) == 8
-    assert facts.gpus[3] == GpuHealth(3, 0, 0, False, False, "", True, "", True, True, "", 0, "", 0x1, "")
+    assert facts.gpus[3] == GpuHealth(3, 0, 0, False, False, "", True, "", True, True, "", 0, "", 0x1, "", None, "NVML_ERROR_NOT_SUPPORTED")
 
 
 def test_clock_throttle_reasons_decide_nccl011(node_copy: Path) -> None:
@@ -91,8 +91,28 @@ def test_pending_and_failed_remaps_are_present(node_copy: Path) -> None:
     assert set(found) == {"GPU1", "GPU4", "GPU6", "GPU7"}
 
 
+def test_gpus_before_ampere_are_judged_by_page_retirement(node_copy: Path) -> None:
+    """Before Ampere a bad page is retired, not a row remapped, at the next driver load, reset or
+    reboot: a retirement pending is present; a status that could not be read, or was not recorded,
+    is unknown; GPUs that retire no pages (GeForce) are judged by their ECC counts alone."""
+    set_rows(node_copy, {str(i): {"error": "NVML_ERROR_NOT_SUPPORTED"} for i in range(8)})
+    set_answers(node_copy, "nvmlDeviceGetRetiredPagesPendingStatus", {
+        **{str(i): {"result": 0} for i in range(8)}, "2": {"result": 1}, "5": {"error": "NVML_ERROR_UNKNOWN"},
+        "6": {"error": "NVML_ERROR_NOT_SUPPORTED"},
+    })
+    document = json.loads((node_copy / ".preflight/nvml.json").read_text())
+    del document["calls"]["nvmlDeviceGetRetiredPagesPendingStatus"]["7"]  # a recording made before it was read
+    (node_copy / ".preflight/nvml.json").write_text(json.dumps(document))
+    found = {subject: (status, text) for subject, status, text in verdicts(node_copy)}
+    assert found["GPU2"] == (Status.PRESENT, "page retirement pending")
+    assert found["GPU5"][0] is Status.UNKNOWN and "nvmlDeviceGetRetiredPagesPendingStatus: NVML_ERROR_UNKNOWN" in found["GPU5"][1]
+    assert found["GPU7"][0] is Status.UNKNOWN and "NVML_NOT_RECORDED" in found["GPU7"][1]
+    assert set(found) == {"GPU2", "GPU5", "GPU7"}
+
+
 def test_gpus_without_row_remapping_are_not_applicable(node_copy: Path) -> None:
     set_rows(node_copy, {str(i): {"error": "NVML_ERROR_NOT_SUPPORTED"} for i in range(8)})
+    set_answers(node_copy, "nvmlDeviceGetRetiredPagesPendingStatus", {str(i): {"error": "NVML_ERROR_NOT_SUPPORTED"} for i in range(8)})
     assert verdicts(node_copy) == []  # pre-Ampere GPUs with ECC: the ECC counts still decide
     set_answers(node_copy, "nvmlDeviceGetTotalEccErrors", {f"{i}/1/0": {"error": "NVML_ERROR_NOT_SUPPORTED"} for i in range(8)})
     with pytest.raises(NotApplicable, match="before Ampere"):
@@ -178,6 +198,25 @@ def test_an_xid_is_cleared_only_by_the_reading_that_shows_its_aftermath(node_cop
     set_rows(node_copy, {"0": {"result": [0, 0, 0, 0]}})  # read clean: reset since, remap applied
     status, severity, text = severities(node_copy)["GPU 0000:18:00"]
     assert (status, severity) == (Status.PRESENT, Severity.WARNING) and "GPU0: no row remap pending or failed" in text
+
+
+def test_a_page_retirement_xid_before_ampere_is_cleared_by_no_retirement_pending(node_copy: Path) -> None:
+    """Before Ampere Xid 63 is a page retired at the next driver load, which NVML shows pending
+    until then: none pending now means the GPU was reset since. A failed retirement (64) shows
+    nowhere in NVML there and stays an error."""
+    (node_copy / ".preflight/kmsg").write_text(
+        "4,1025,8815000000,-;NVRM: Xid (PCI:0000:18:00): 63, pid=7194, name=python, Dynamic Page Retirement: New retired page\n"
+        "4,1026,8815000001,-;NVRM: Xid (PCI:0000:2a:00): 64, pid=7194, name=python, Dynamic Page Retirement: Fatal error\n"
+    )
+    set_rows(node_copy, {"0": {"error": "NVML_ERROR_NOT_SUPPORTED"}, "1": {"error": "NVML_ERROR_NOT_SUPPORTED"}})
+    set_answers(node_copy, "nvmlDeviceGetRetiredPagesPendingStatus", {"0": {"result": 0}, "1": {"result": 0}})
+    found = severities(node_copy)
+    status, severity, text = found["GPU 0000:18:00"]
+    assert (status, severity) == (Status.PRESENT, Severity.WARNING) and "GPU0: no page retirement pending" in text
+    assert found["GPU 0000:2a:00"][:2] == (Status.PRESENT, None)
+    set_answers(node_copy, "nvmlDeviceGetRetiredPagesPendingStatus", {"0": {"result": 1}})
+    found = severities(node_copy)
+    assert found["GPU 0000:18:00"][:2] == (Status.PRESENT, None) and found["GPU0"][0] is Status.PRESENT
 
 
 def test_xids_of_a_gpu_in_mig_mode_name_their_instance_and_still_count() -> None:

@@ -144,6 +144,15 @@ def _remapped_rows(gpu: ElementTree.Element) -> dict[str, Any] | None:
     return _group(element, paths, lambda v: [_count(v[0]), _count(v[1]), _switch(v[2]), _switch(v[3])])
 
 
+def _pages_pending(gpu: ElementTree.Element) -> dict[str, Any] | None:
+    """``retired_pages/pending_retirement``: Yes/No as NVML's enable state, N/A as not supported."""
+    element = gpu.find("retired_pages/pending_retirement")
+    text = (element.text or "").strip() if element is not None else ""
+    if text == "N/A":
+        return NOT_SUPPORTED
+    return {"result": {"Yes": 1, "No": 0}[text]} if text in ("Yes", "No") else None
+
+
 def _throttle(gpu: ElementTree.Element) -> dict[str, Any] | None:
     for group, prefix in (("clocks_event_reasons", "clocks_event_reason_"), ("clocks_throttle_reasons", "clocks_throttle_reason_")):
         element = gpu.find(group)
@@ -217,6 +226,7 @@ def _device_calls(gpu: ElementTree.Element) -> dict[str, dict[str, Any] | None]:
         "nvmlDeviceGetComputeRunningProcesses": _compute_processes(gpu),
         "nvmlDeviceGetEccMode": _group(gpu, ("ecc_mode/current_ecc", "ecc_mode/pending_ecc"), lambda v: [_switch(v[0]), _switch(v[1])]),
         "nvmlDeviceGetRemappedRows": _remapped_rows(gpu),
+        "nvmlDeviceGetRetiredPagesPendingStatus": _pages_pending(gpu),
         "nvmlDeviceGetCurrentClocksThrottleReasons": _throttle(gpu),
         "nvmlDeviceGetGpuFabricInfo": _fabric(gpu),
     }
