@@ -111,6 +111,7 @@ class JobScope(Struct, frozen=True):
     gpus_text: str | None = None  # SLURM_JOB_GPUS as given; None when unset
     opted_out_by: str = ""  # "SLURM_JOB_COMMENT=preflight=off" when the job opted out
     ignore: tuple[str, ...] = ()  # reference tokens skipped for this job (CPU-only or one-node jobs)
+    ignored_for: str = ""  # why: "no SLURM_JOB_GPUS" or "a one-node job"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -207,13 +208,16 @@ def job_scope(mode: str, environ: Mapping[str, str], settings: SlurmSettings) ->
     if gpus_text is None or not gpus_text.strip():
         # A job without GPUs cannot be hurt by GPU, GPUDirect or RDMA misconfigurations (where the
         # cluster gives GPUs as GRES at all: _job_without_gpu_gres).
-        return JobScope(job_id, None, gpus_text, opted_out_by, tuple(settings.cpu_job_ignore))
+        return JobScope(job_id, None, gpus_text, opted_out_by, tuple(settings.cpu_job_ignore), "no SLURM_JOB_GPUS")
     # Unparsable: judge every GPU rather than guess which are the job's.
-    return JobScope(job_id, parse_gpu_indices(gpus_text), gpus_text, opted_out_by, _gpu_job_ignore(environ, settings))
+    return JobScope(job_id, parse_gpu_indices(gpus_text), gpus_text, opted_out_by, *_gpu_job_ignore(environ, settings))
 
 
-def _gpu_job_ignore(environ: Mapping[str, str], settings: SlurmSettings) -> tuple[str, ...]:
-    return tuple(settings.single_node_job_ignore) if settings.single_node_job_ignore and _one_node(environ) else ()
+def _gpu_job_ignore(environ: Mapping[str, str], settings: SlurmSettings) -> tuple[tuple[str, ...], str]:
+    """What a GPU job skips, and why: ``single_node_job_ignore`` for a job on one node."""
+    if settings.single_node_job_ignore and _one_node(environ):
+        return tuple(settings.single_node_job_ignore), "a one-node job"
+    return (), ""
 
 
 def _job_without_gpu_gres(session: _Session, found: tuple[SlurmConf | None, list[str]]) -> JobScope:
@@ -225,7 +229,8 @@ def _job_without_gpu_gres(session: _Session, found: tuple[SlurmConf | None, list
     gres, shown = gpus_as_gres(found)
     if gres is False:
         session.outcome.notes.append(f"no SLURM_JOB_GPUS on a cluster that gives no GPUs as GRES ({shown}): judged as using every GPU")
-        return structs.replace(scope, ignore=_gpu_job_ignore(session.environ, session.settings))
+        ignore, ignored_for = _gpu_job_ignore(session.environ, session.settings)
+        return structs.replace(scope, ignore=ignore, ignored_for=ignored_for)
     if gres is None and scope.ignore:
         session.outcome.notes.append(f"no SLURM_JOB_GPUS, and whether the cluster gives GPUs as GRES is not known ({shown}): judged as a CPU job")
     return scope
@@ -696,10 +701,8 @@ def _summary(outcome: _Outcome, findings: Sequence[Finding], verdict: Verdict, s
     unknown = sum(1 for f in findings if f.status is Status.UNKNOWN)
     job = f" job {outcome.scope.job_id}" if outcome.scope.job_id else ""
     extra = f"; {len(verdict.out_of_scope)} about GPUs outside the job" if verdict.out_of_scope else ""
-    skipped = outcome.scope.ignore
-    if skipped:
-        why = "no SLURM_JOB_GPUS" if not (outcome.scope.gpus_text or "").strip() else "a one-node job"
-        extra += f"; skipped for {why}: {', '.join(skipped)}"
+    if outcome.scope.ignore:
+        extra += f"; skipped for {outcome.scope.ignored_for or 'this job'}: {', '.join(outcome.scope.ignore)}"
     return (
         f"preflight ok ({outcome.mode}{job}): {len(findings)} findings, {present} present (none drains), "
         f"{unknown} unknown{extra}, {seconds:.2f} s"

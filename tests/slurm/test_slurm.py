@@ -163,7 +163,7 @@ def test_parse_gpu_indices(text: str, expected: tuple[int, ...] | None) -> None:
 def test_job_scope_gpu_job_cpu_job_and_healthcheck() -> None:
     settings = SlurmSettings()
     gpu_job = job_scope("prolog", {"SLURM_JOB_ID": "42", "SLURM_JOB_GPUS": "1,3", "CUDA_VISIBLE_DEVICES": "0,1"}, settings)
-    assert gpu_job == JobScope("42", (1, 3), "1,3", "", ())
+    assert gpu_job == JobScope("42", (1, 3), "1,3", "", (), "")
     cpu_job = job_scope("epilog", {"SLURM_JOB_ID": "43"}, settings)
     assert cpu_job.gpus is None and cpu_job.ignore == CPU_JOB_IGNORE
     assert job_scope("prolog", {"SLURM_JOB_ID": "44", "SLURM_JOB_GPUS": ""}, settings).ignore == CPU_JOB_IGNORE
@@ -543,6 +543,13 @@ def test_job_without_gpus_on_a_cluster_without_gpu_gres_is_judged_whole(run_cli:
     written = site.result("prolog")
     assert written["verdict"] == "clean" and written["job"]["ignored"]  # type: ignore[index]
     assert "whether the cluster gives GPUs as GRES is not known" in written["notes"][0]  # type: ignore[index]
+    # Judged as a GPU job, a one-node job skips what the site lists for those, and says why.
+    slurm_conf.write_text(slurm_conf.read_text().replace("Include gres-types.conf\n", ""))
+    (site.base / "one").mkdir()
+    one_node = Site(site.base / "one", 'single_node_job_ignore = ["IB", "ROCE"]\n')
+    nvml_path.write_text(json.dumps({**nvml, "calls": {**nvml["calls"], "nvmlDeviceGetCount": {"result": 8}}}))
+    result = run_cli("slurm", "prolog", "--root", str(clean_root), "--config", str(one_node.config), env={**cpu_job, "SLURM_JOB_NODELIST": "gpu017"})
+    assert result.returncode == 0 and "; skipped for a one-node job: IB, ROCE," in result.stdout, result.stdout
 
 
 def test_opted_out_job_is_not_checked(run_cli: Runner, example_root: Path, site: Site) -> None:
