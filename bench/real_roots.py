@@ -32,11 +32,15 @@ def survey(preflight: list[str], archive: Path, config: str) -> tuple[int, list[
         [*preflight, "node", "--root", str(archive), "--format", "json", "--config", config],
         capture_output=True, text=True, timeout=120,
     )
-    if result.returncode not in (0, 1, 2):
+    # Exit 3 with a report: every check was unknown (a capture of a few files), which is no verdict
+    # but no refusal either; its findings are counted like the others'.
+    decided_nothing = result.returncode == 3 and "every check is unknown" in result.stderr
+    if result.returncode not in (0, 1, 2) and not decided_nothing:
         return result.returncode, [{"id": "-", "severity": "refused", "subject": result.stderr.strip()[:120]}], Counter()
     report = json.loads(result.stdout)
     present = [f for f in report["findings"] if f["status"] == "present"]
-    return result.returncode, present, Counter(f["status"] for f in report["findings"])
+    counted = Counter(f["status"] for f in report["findings"])
+    return result.returncode, present, counted
 
 
 def _nvml_roots(workdir: Path) -> list[Path]:
@@ -56,6 +60,7 @@ def _survey_all(preflight: list[str], roots: list[Path], config: str, details: b
     for root in roots:
         code, present, counted = survey(preflight, root, config)
         statuses.update(counted)
+        totals["no verdict"] += code == 3 and "refused" not in {f["severity"] for f in present}
         by_severity = Counter(f["severity"] for f in present)
         totals.update(by_severity)
         shown = ", ".join(f"{n} {s}" for s, n in sorted(by_severity.items())) or "-"
@@ -65,7 +70,8 @@ def _survey_all(preflight: list[str], roots: list[Path], config: str, details: b
                 print(f"    {finding['id']} {finding['severity']} {finding['subject']}")
     errors = totals["error"] + totals["critical"]
     print(f"\n{len(roots)} {what}: present at error or above {errors}, warnings {totals['warning']}, "
-          f"refused {totals['refused']}; all findings {dict(sorted(statuses.items()))}\n")
+          f"refused {totals['refused']}, no verdict (every check unknown) {totals['no verdict']}; "
+          f"all findings {dict(sorted(statuses.items()))}\n")
 
 
 def main() -> None:
