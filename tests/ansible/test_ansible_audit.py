@@ -194,8 +194,11 @@ def test_tags_audit_runs_the_audit_without_installing(lab: Path) -> None:
     gpu001 = {key: value for key, value in json.loads((lab / "inventory.json").read_text())["all"]["hosts"]["gpu001"].items()
               if key != "preflight_source"}
     (lab / "default-source.json").write_text(json.dumps({"all": {"hosts": {"gpu001": gpu001}}}))
+    stale = lab / "venv-gpu001" / "gpu_preflight-0.0.1-py3-none-any.whl"  # an earlier install's wheel
+    stale.write_bytes(b"old")
     installing = playbook(lab, "--tags", "install", inventory="default-source.json")
     assert installing.returncode == 0, shown(installing)
+    assert not stale.exists() and len(list((lab / "venv-gpu001").glob("*.whl"))) == 1
     assert "Build the wheel from the copy" in installing.stdout and "Install preflight" in installing.stdout
     assert "Run preflight node" not in installing.stdout and "Ask the controller" not in installing.stdout
     assert len(list((report_dir(lab) / "wheel").glob("*.whl"))) == 1
