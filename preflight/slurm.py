@@ -875,11 +875,18 @@ def slurm_conf_lines(
     ])
 
 
-def healthcheck_timeout_lines(settings: SlurmSettings) -> list[str]:
-    """``HealthCheckTimeout``, only where the health check's budget needs more than slurmd's
-    default 60 s: slurmd before 26.05 refuse the key (and kill at 60 s whatever it says)."""
+def printed_healthcheck_timeout(settings: SlurmSettings) -> int | None:
+    """The ``HealthCheckTimeout`` the health check's budget needs, only where that is more than
+    slurmd's default 60 s (slurmd before 26.05 refuse the key, and kill at 60 s whatever it says)."""
     needed = math.ceil(settings.healthcheck_timeout_s + STARTUP_MARGIN_S)
-    if needed <= DEFAULT_HEALTH_CHECK_TIMEOUT_S:
+    return needed if needed > DEFAULT_HEALTH_CHECK_TIMEOUT_S else None
+
+
+def healthcheck_timeout_lines(settings: SlurmSettings) -> list[str]:
+    """The ``HealthCheckTimeout`` line and its comment, where :func:`printed_healthcheck_timeout`
+    gives one."""
+    needed = printed_healthcheck_timeout(settings)
+    if needed is None:
         return []
     return [
         f"# slurmd kills HealthCheckProgram after this: preflight's budget of {settings.healthcheck_timeout_s:g} s",

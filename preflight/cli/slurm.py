@@ -46,9 +46,12 @@ def _job_mode(mode: str, help: str, timeout: Option) -> Command:
     return Command(("slurm", mode), help, run, options=(ROOT, CONFIG, timeout, CHECKS_DIR), fast=True, probe_threads=True)
 
 
-def _interval_problem(interval_s: int, healthcheck_timeout_s: float) -> str:
+def _interval_problem(interval_s: int, healthcheck_timeout_s: float, printed_timeout_s: int | None) -> str:
     """Why HealthCheckInterval cannot hold a health check ("" when it can): slurmd would start the
-    next one before the last may finish (Slurm 26.05 logs that as an error)."""
+    next one before the last may finish; Slurm 26.05 also logs an error when the HealthCheckTimeout
+    printed beside it is not below it."""
+    if printed_timeout_s is not None and interval_s <= printed_timeout_s:
+        return f"--interval {interval_s} must be longer than the HealthCheckTimeout={printed_timeout_s} printed for [slurm] healthcheck_timeout"
     if interval_s > healthcheck_timeout_s:
         return ""
     return f"--interval {interval_s} must be longer than [slurm] healthcheck_timeout ({healthcheck_timeout_s:g} s), the time one health check may take"
@@ -62,6 +65,7 @@ def run_config(values: Values) -> int:
     from preflight.run import load_host_config
     from preflight.slurm import (
         commented_wrappers,
+        printed_healthcheck_timeout,
         preflight_program,
         prolog_timeout_problem,
         slurm_conf_lines,
@@ -77,7 +81,7 @@ def run_config(values: Values) -> int:
         return error(str(broken))
     problem = (
         prolog_timeout_problem(settings, message_timeout)
-        or _interval_problem(values["interval"], settings.healthcheck_timeout_s)
+        or _interval_problem(values["interval"], settings.healthcheck_timeout_s, printed_healthcheck_timeout(settings))
         or (wrapper_dir_problem(wrapper_dir) if wrapper_dir is not None else "")
     )
     if problem:

@@ -897,6 +897,16 @@ def test_slurm_config_refuses_what_cannot_work(run_cli: Runner, site: Site, argu
     assert result.stderr.startswith("preflight: error: ") and message in result.stderr and "Traceback" not in result.stderr
 
 
+def test_slurm_config_interval_must_exceed_the_health_check_timeout_it_prints(run_cli: Runner, tmp_path: Path) -> None:
+    """Slurm 26.05 logs an error when HealthCheckTimeout is not below HealthCheckInterval."""
+    config = tmp_path / "long.toml"
+    config.write_text("[slurm]\nhealthcheck_timeout = 100\n")
+    refused = run_cli("slurm", "config", "--config", str(config), "--interval", "101")
+    assert refused.returncode == 3 and "--interval 101 must be longer than the HealthCheckTimeout=102 printed" in refused.stderr
+    accepted = run_cli("slurm", "config", "--config", str(config), "--interval", "103")
+    assert accepted.returncode == 0 and "HealthCheckTimeout=102" in accepted.stdout and "HealthCheckInterval=103" in accepted.stdout
+
+
 def test_slurm_config_refuses_a_prolog_budget_slurm_would_cut_short(run_cli: Runner, tmp_path: Path) -> None:
     site = Site(tmp_path, "timeout = 9.0\n")
     refused = run_cli("slurm", "config", "--config", str(site.config))
