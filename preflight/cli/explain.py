@@ -80,7 +80,7 @@ EXPLAIN = Command(
     """,
     run=run_explain,
     argument=Argument(
-        "inputs", "[FILE|DIR|-]...", "Log files, .gz files, directories of per-rank logs, or - for stdin (the default).",
+        "inputs", "FILE|DIR|-", "Log files, .gz files, directories of per-rank logs, or - for stdin (the default).",
         many=True, required=False,
     ),
     options=(

@@ -23,7 +23,7 @@ FLEET = Command(
     3 no verdict (no usable report, bad arguments).
     """,
     run=run_fleet,
-    argument=Argument("inputs", "REPORT...|DIR", "`preflight node --format json` reports, or directories of *.json reports.", many=True, required=False),
+    argument=Argument("inputs", "REPORT|DIR", "`preflight node --format json` reports, or directories of *.json reports.", many=True, required=False),
     options=(
         Option("--format", "output_format", "table, json (schema preflight-fleet/1), markdown or html (one static page).", default="table"),
         Option("--output", "output", "Write the fleet report to FILE (replaced whole) instead of stdout."),

@@ -185,7 +185,7 @@ COMMANDS = (
         ("references", "search"),
         "Find references whose title, summary, causes, fix or signature examples mention TEXT. Exit codes: 0 found, 1 nothing matches, 3 bad arguments.",
         run_search,
-        argument=Argument("words", "TEXT...", "Words to look for (all must occur).", many=True),
+        argument=Argument("words", "TEXT", "Words to look for (all must occur).", many=True),
         options=(FORMAT_TABLE, CHECKS_DIR),
     ),
     Command(
