@@ -175,7 +175,7 @@ def in_process_rows(work: Path, runs: int) -> list[Row]:
         os.close(holder)
     rows.append(Row("FIFO with a writer in a recorded root, IB009 run", 2.0, seconds, "test_reliability_hangs (fifo)"))
 
-    from preflight.checks.routing import resolve_in_dns
+    from preflight.probes.routing import resolve_in_dns
     from preflight.sources.dns import ReplayDns
 
     dns = ReplayDns({"answers": {"a A": {"addresses": ["10.0.0.1"]}, "a AAAA": {"error": "NOANSWER"}, "b A": {"hang": True}}})
@@ -237,6 +237,15 @@ def slurm_rows(work: Path, runs: int) -> list[Row]:
     config = slurm_site(work, "hung-probe", "timeout = 5.0\n", 0)
     seconds = median(runs, lambda: cli("slurm", "prolog", "--root", str(clean), "--config", config, env=job)[0])
     rows.append(Row("slurm prolog, NVML hangs, budget 5 s", 5 + 2, seconds, "test_slurm (hanging probe)"))
+    # slurm.conf says slurmd kills the prolog at 5 s: the 8 s budget is cut to 3 s, and the whole
+    # command must end before the kill.
+    cut = work / "clean-hung-nvml-prolog-timeout"
+    shutil.copytree(clean, cut, symlinks=True)
+    with (cut / "etc/slurm/slurm.conf").open("a") as conf:
+        conf.write("PrologTimeout=5\n")
+    config = slurm_site(work, "prolog-timeout", "", 0)
+    seconds = median(runs, lambda: cli("slurm", "prolog", "--root", str(cut), "--config", config, env=job)[0])
+    rows.append(Row("slurm prolog, NVML hangs, PrologTimeout=5 (budget cut to 3 s)", 5, seconds, "test_slurm (ends before slurmd kills it)"))
     config = slurm_site(work, "healthcheck", "healthcheck_timeout = 8.0\n", 60)
     seconds = median(runs, lambda: cli("slurm", "healthcheck", "--root", str(EXAMPLE), "--config", config, env={"SLURMD_NODENAME": "gpu017"})[0])
     rows.append(Row("slurm healthcheck, scontrol hangs, budget 8 s", 8 + 2, seconds, "test_slurm (healthcheck)"))

@@ -73,7 +73,6 @@ from msgspec.structs import replace
 from preflight.catalogue import reference_ids
 from preflight.hostlist import HostlistError, expand, matches, split_top_level
 from preflight.model import REFERENCE_ID, Severity
-from preflight.slurm_conf import MAX_SCRIPT_TIMEOUT_S
 from preflight.sources import DnsSettings
 from preflight.tomlcompat import TomlError, parse_toml
 from preflight.units import UNLIMITED, parse_size
@@ -500,6 +499,11 @@ def _slurm_settings(reader: _Reader, table: Any) -> SlurmSettings:
     if problem:
         raise reader.fail("slurm.healthcheck_timeout", problem)
     return settings
+
+
+#: slurm.conf's script time limits (HealthCheckTimeout, PrologTimeout...) are 16-bit counts of
+#: seconds (``s_p_handle_uint16``); UNLIMITED/INFINITE parse to this maximum.
+MAX_SCRIPT_TIMEOUT_S = 0xFFFF
 
 
 def healthcheck_budget_problem(seconds: float) -> str:

@@ -25,6 +25,7 @@ import re
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
+from preflight.config import MAX_SCRIPT_TIMEOUT_S
 from preflight.probes.job import job_file_user, parse_environ
 from preflight.sources.fs import NodeFS, SourceError
 
@@ -191,8 +192,6 @@ def propagated(conf: SlurmConf, limit: str) -> tuple[bool | None, str]:
 #: slurmd's HealthCheckProgram limit when slurm.conf does not set one: fixed before Slurm 26.05,
 #: the default of ``HealthCheckTimeout`` since (``DEFAULT_HEALTH_CHECK_TIMEOUT``, slurm.conf(5)).
 DEFAULT_HEALTH_CHECK_TIMEOUT_S = 60
-#: The time limits are 16-bit counts of seconds; UNLIMITED/INFINITE parse to the maximum.
-MAX_SCRIPT_TIMEOUT_S = 0xFFFF
 #: The keys that limit each script, the first one set winning (``read_config.c``): PrologTimeout
 #: and EpilogTimeout (Slurm 25.05) before PrologEpilogTimeout; HealthCheckTimeout (26.05). A
 #: slurmd older than a key refuses a slurm.conf that sets it, so a key set speaks for its slurmd.
