@@ -82,7 +82,10 @@ def memlock_limit_too_low(memlock: MemlockFacts, job: JobFacts, expect: Expectat
         # Outside a job on a Slurm node (an operator's shell, cron, an audit over ssh) this
         # process's limit is not what jobs get: slurmd's entries above and below decide that.
         if _process_limit_is_jobs(memlock, job):
-            yield present("slurmd" if job.in_slurmd_script else "process", _limit_evidence(memlock.process, minimum))
+            if not job.in_slurmd_script and _limit_waived(memlock, job):
+                pass  # RDMA registrations and mlock of this process are not charged to the limit
+            else:
+                yield present("slurmd" if job.in_slurmd_script else "process", _limit_evidence(memlock.process, minimum))
         else:
             yield present(
                 "process",
@@ -166,6 +169,18 @@ OWN_LIMIT_FIX = (
 )
 
 
+def _limit_waived(memlock: MemlockFacts, job: JobFacts) -> bool:
+    """Whether this process holds CAP_IPC_LOCK as a granted right: ib_umem_get() (drivers/
+    infiniband/core/umem.c) and mlock(2) charge pinned pages to RLIMIT_MEMLOCK only without it,
+    and a container that NVIDIA's and the clouds' RDMA recipes start with ``capabilities: add:
+    [IPC_LOCK]`` keeps the runtime's low limit on purpose. A full root shell (uid 0 with
+    CAP_SYS_ADMIN) outside a job holds it by being root, which says nothing of the jobs' rights."""
+    exemption = memlock.exemption
+    if exemption is None or not exemption.ipc_lock:
+        return False
+    return job.in_job_process or not exemption.full_root
+
+
 def _process_limit_is_jobs(memlock: MemlockFacts, job: JobFacts) -> bool:
     """Whether this process's memlock limit is the one the job's ranks get: inside a job or a
     script slurmd runs, or on a node where no slurmd (process or unit) decides it. Outside a job on
@@ -216,7 +231,9 @@ def nccl_buffsize_exceeds_pinned_memory(
     smallest = 2 * buffsize
     # slurmd first: on a tie its limit is the one jobs inherit, the clearer evidence. The
     # process's own limit counts only where it is the job's (MEM001 reads it the same way).
-    own = memlock.process if memlock.process is not None and _process_limit_is_jobs(memlock, job) else None
+    # A granted CAP_IPC_LOCK lifts the limit for this process's registrations (MEM001 likewise).
+    waived = not job.in_slurmd_script and _limit_waived(memlock, job)
+    own = memlock.process if memlock.process is not None and _process_limit_is_jobs(memlock, job) and not waived else None
     limits = [limit for limit in (memlock.slurmd, own) if limit is not None]
     if memlock.rdma_devices is None and limits and min(limit.soft for limit in limits) < smallest:
         # Too low for registration, if the node has RDMA devices: that is not known.
@@ -231,7 +248,7 @@ def nccl_buffsize_exceeds_pinned_memory(
                 Evidence(tightest.source, f"memlock soft {format_size(tightest.soft)}", f">= {format_size(smallest)} (2 x NCCL_BUFFSIZE)"),
             )
             return
-        if memlock.process is not None and own is None and memlock.process.soft < smallest:
+        if memlock.process is not None and own is None and not waived and memlock.process.soft < smallest:
             yield present(
                 "NCCL_BUFFSIZE",
                 Evidence(where, format_size(buffsize)),

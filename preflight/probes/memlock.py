@@ -58,6 +58,16 @@ class PamLimit(Struct, frozen=True):
     source: str  # "/etc/security/limits.conf:12"
 
 
+class Exemption(Struct, frozen=True):
+    """What ``/proc/self/status`` and ``/proc/self/uid_map`` say about this process's rights:
+    ib_umem_get() and mlock(2) skip the RLIMIT_MEMLOCK charge for a holder of CAP_IPC_LOCK
+    (``capable()``, i.e. in the initial user namespace)."""
+
+    ipc_lock: bool  # CapEff bit 14 (CAP_IPC_LOCK) in the initial user namespace
+    full_root: bool  # uid 0 with CAP_SYS_ADMIN: an administrator's shell, not a granted right
+    evidence: str  # "CapEff 00000000a80435fb (CAP_IPC_LOCK), uid 0, initial user namespace"
+
+
 class MemlockFacts(Struct, frozen=True):
     """Every place the job's RLIMIT_MEMLOCK can come from."""
 
@@ -74,6 +84,9 @@ class MemlockFacts(Struct, frozen=True):
     mem_total: int | None  # /proc/meminfo MemTotal, bytes
     rdma_devices: tuple[str, ...] | None  # /sys/class/infiniband; None when unknown
     problems: tuple[str, ...]  # files that could not be read or were not captured: "path: reason"
+    # This process's exemption from RLIMIT_MEMLOCK (None: /proc/self/status or uid_map unread)
+    exemption: Exemption | None = None
+
 
 
 def parse_limits_memlock(text: str, source: str) -> Limit | None:
@@ -246,6 +259,36 @@ def _slurmd_unit(reader: FactReader) -> tuple[str | None, Limit | None]:
     return unit, limit
 
 
+CAP_IPC_LOCK = 14  # include/uapi/linux/capability.h
+CAP_SYS_ADMIN = 21
+_INITIAL_UID_MAP = ("0", "0", "4294967295")  # user_namespaces(7): the initial namespace's map
+
+
+def parse_exemption(status: str, uid_map: str) -> Exemption | None:
+    """CAP_IPC_LOCK from ``CapEff`` (hex, proc(5)); None when the line or the Uid line is
+    missing. Outside the initial user namespace the capability does not satisfy ``capable()``."""
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    try:
+        capabilities = int(fields["CapEff"].strip(), 16)
+        uid = int(fields["Uid"].split()[1])  # real, effective, saved, filesystem: the effective uid
+    except (KeyError, ValueError, IndexError):
+        return None
+    initial = tuple(uid_map.split()) == _INITIAL_UID_MAP
+    held = bool(capabilities >> CAP_IPC_LOCK & 1)
+    where = "initial user namespace" if initial else f"user namespace with uid_map {' '.join(uid_map.split())[:60]!r}"
+    return Exemption(
+        ipc_lock=held and initial,
+        full_root=uid == 0 and bool(capabilities >> CAP_SYS_ADMIN & 1),
+        evidence=f"CapEff {fields['CapEff'].strip()[:16]} ({'CAP_IPC_LOCK' if held else 'no CAP_IPC_LOCK'}), uid {uid}, {where}",
+    )
+
+
+def _read_exemption(reader: FactReader) -> Exemption | None:
+    status = reader.text("/proc/self/status")
+    uid_map = reader.text("/proc/self/uid_map")
+    return parse_exemption(status, uid_map) if status is not None and uid_map is not None else None
+
+
 def _read_memlock(reader: FactReader, path: str) -> Limit | None:
     """The memlock row of a limits file; a file read without a row that parses is a problem
     (MEM001 then says unknown for it), not a process without a limit."""
@@ -287,4 +330,6 @@ def probe_memlock(fs: NodeFS) -> MemlockFacts:
         mem_total=parse_meminfo_total(meminfo) if meminfo else None,
         rdma_devices=None if rdma is None else tuple(rdma),
         problems=tuple(reader.problems),
+        # Read apart: an unreadable status leaves the exemption unknown, never a limit unknown.
+        exemption=_read_exemption(FactReader(fs)),
     )

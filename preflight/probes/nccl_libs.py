@@ -30,7 +30,7 @@ from collections.abc import Mapping
 
 from msgspec import Struct
 
-from preflight.probes.job import parse_environ
+from preflight.probes.job import library_path_dirs, parse_environ
 from preflight.probing import FactReader
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
@@ -153,13 +153,43 @@ def python_prefixes(environ: Mapping[str, str]) -> list[str]:
     return [environ[name].rstrip("/") for name in ("VIRTUAL_ENV", "CONDA_PREFIX") if environ.get(name, "").startswith("/")]
 
 
-def job_python_prefixes(fs: NodeFS) -> list[str]:
-    """:func:`python_prefixes` of the node's job environment; an unreadable environment names
-    none (the job probe reports it)."""
+def job_environ(fs: NodeFS) -> dict[str, str]:
+    """The node's job environment; an unreadable one names nothing (the job probe reports it)."""
     try:
-        return python_prefixes(parse_environ(fs.read_bytes("/proc/self/environ") or b""))
+        return parse_environ(fs.read_bytes("/proc/self/environ") or b"")
     except SourceError:
-        return []
+        return {}
+
+
+# LD_PRELOAD entries looked at: a real one names a handful of libraries.
+MAX_PRELOAD_ENTRIES = 32
+
+
+def _job_copies(fs: NodeFS, reader: FactReader, environ: Mapping[str, str], searched: list[str]) -> list[NcclCopy]:
+    """Copies only the job's environment reaches: libnccl in the directories its LD_LIBRARY_PATH
+    adds (cloud images put NCCL there: /usr/local/cuda-*/lib on AWS's Deep Learning AMI, the TCPX
+    and gIB plugin directories on Google's A3, a module's or uenv's prefix on HPE Cray systems),
+    and a libnccl file its LD_PRELOAD names. Paths are the node's, read under its root."""
+    found = []
+    for directory in library_path_dirs(dict(environ)):
+        if directory.rstrip("/") not in searched:
+            found += _copies_in(fs, reader, directory.rstrip("/"), "job")
+    preload = [entry for entry in re.split(r"[\s:]+", environ.get("LD_PRELOAD", ""))[:MAX_PRELOAD_ENTRIES] if entry.startswith("/")]
+    known = {copy.path for copy in found}
+    for entry in preload:
+        folder, name = posixpath.split(entry)
+        if not name.startswith("libnccl.so") or entry in known or folder in searched or not reader.presence(entry):
+            continue
+        match = _VERSIONED.match(name) or _VERSIONED.match(posixpath.basename(_link_end_or_self(fs, entry)))
+        found.append(NcclCopy(entry, match.group(1) if match else None, "job"))
+    return found
+
+
+def _link_end_or_self(fs: NodeFS, path: str) -> str:
+    try:
+        return _link_end(fs, path)
+    except SourceError:
+        return path
 
 
 def site_dirs(reader: FactReader, prefixes: list[str]) -> list[str]:
@@ -176,9 +206,9 @@ def site_dirs(reader: FactReader, prefixes: list[str]) -> list[str]:
     return found
 
 
-def _python_copies(fs: NodeFS, reader: FactReader) -> list[NcclCopy]:
+def _python_copies(fs: NodeFS, reader: FactReader, environ: Mapping[str, str]) -> list[NcclCopy]:
     found = []
-    for folder in site_dirs(reader, job_python_prefixes(fs)):
+    for folder in site_dirs(reader, python_prefixes(environ)):
         entries = reader.listing(folder) or []
         if "nvidia" not in entries:
             continue
@@ -194,10 +224,14 @@ def _python_copies(fs: NodeFS, reader: FactReader) -> list[NcclCopy]:
 
 @probe("nccl_libs", gather_in=("full",))
 def probe_nccl_libs(fs: NodeFS) -> NcclLibFacts:
-    """Every libnccl in the system library path and in Python environments."""
+    """Every libnccl in the system library path, in Python environments and in the places the
+    job's environment adds."""
     reader = FactReader(fs)
     copies: list[NcclCopy] = []
-    for directory in library_dirs(reader):
+    searched = library_dirs(reader)
+    for directory in searched:
         copies += _copies_in(fs, reader, directory, "system")
-    copies += _python_copies(fs, reader)
+    environ = job_environ(fs)
+    copies += _python_copies(fs, reader, environ)
+    copies += _job_copies(fs, reader, environ, searched)
     return NcclLibFacts(tuple(copies), tuple(reader.problems))

@@ -576,3 +576,28 @@ def test_dns001_dns_answers() -> None:
     dead = (DnsAnswer("gpu1", "A", error="TIMEOUT"), DnsAnswer("gpu1", "AAAA", error="TIMEOUT"))
     (unknown,) = hostname_resolution_broken(hostname_facts([], dead))
     assert unknown.status is Status.UNKNOWN and "TIMEOUT" in unknown.reason
+
+
+def test_mem001_a_granted_cap_ipc_lock_lifts_the_process_limit(memlock: MemlockFacts) -> None:
+    """A pod started with capabilities: add: [IPC_LOCK] keeps the runtime's 8 MiB limit, which
+    ib_umem_get() and mlock(2) do not charge a CAP_IPC_LOCK holder; an administrator's full root
+    shell outside a job holds the capability by being root, which says nothing of the jobs."""
+    from preflight.probes.memlock import parse_exemption
+
+    initial = "         0          0 4294967295\n"
+    pod = parse_exemption("Name:\tpython\nUid:\t0\t0\t0\t0\nCapEff:\t00000000a80465fb\n", initial)
+    shell = parse_exemption("Uid:\t0\t0\t0\t0\nCapEff:\t000001ffffffffff\n", initial)
+    rootless = parse_exemption("Uid:\t0\t0\t0\t0\nCapEff:\t00000000a80465fb\n", "0 1000 1\n")
+    assert pod is not None and pod.ipc_lock and not pod.full_root and "CAP_IPC_LOCK" in pod.evidence
+    assert shell is not None and shell.full_root and rootless is not None and not rootless.ipc_lock
+    assert parse_exemption("Uid:\t0\t0\t0\t0\nCapEff:\tzz\n", initial) is None
+    low = replace(memlock, slurmd=None, slurmd_pid=None, slurmd_unit=None, memlock_propagated=None, slurm_conf=None,
+                  process=Limit(8 << 20, 8 << 20, "/proc/self/limits"), pam_limits=())
+    assert [o.subject for o in memlock_limit_too_low(replace(low, exemption=pod), job(), Expectations())] == []
+    for exemption in (None, shell, rootless):
+        assert [o.subject for o in memlock_limit_too_low(replace(low, exemption=exemption), job(), Expectations())] == ["process"]
+    in_job = job(environ={"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0"})  # root's own job step: root's rights are its ranks'
+    assert [o.subject for o in memlock_limit_too_low(replace(low, exemption=shell), in_job, Expectations())] == []
+    big = job(environ={"NCCL_BUFFSIZE": str(16 << 20)})
+    assert list(nccl_buffsize_exceeds_pinned_memory(big, replace(low, exemption=pod), probe_gpudirect(NodeFS(str(EXAMPLE))))) == []
+    assert [o.subject for o in nccl_buffsize_exceeds_pinned_memory(big, replace(low, exemption=shell), probe_gpudirect(NodeFS(str(EXAMPLE))))] == ["NCCL_BUFFSIZE"]

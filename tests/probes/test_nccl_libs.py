@@ -137,3 +137,28 @@ def test_left_over_versioned_files_are_no_second_system_version(node_copy: Path)
     nothing (ld.so asks for libnccl.so.2): one version on the library path, not two."""
     write(node_copy, "/usr/lib/x86_64-linux-gnu/libnccl.so.2.18.3", b"")
     assert "library path" not in dict(verdicts(node_copy, "NCCL016"))
+
+
+def test_a_copy_only_the_jobs_library_path_reaches_is_judged(tmp_path: Path) -> None:
+    """Cloud images put NCCL where only the job's LD_LIBRARY_PATH reaches it (Google's A3 puts
+    /var/lib/tcpx/lib64 first, AWS's Deep Learning AMI /usr/local/cuda-12.4/lib): its release bugs
+    are the job's, not "no libnccl on this node"."""
+    root = bare_node(tmp_path)
+    write(root, "/var/lib/tcpx/lib64/libnccl.so.2.27.3", b"")
+    os.symlink("libnccl.so.2.27.3", root / "var/lib/tcpx/lib64/libnccl.so.2")
+    with pytest.raises(NotApplicable):  # without the job's environment nothing points there
+        verdicts(root, "NCCL012")
+    environ(root, LD_LIBRARY_PATH="/var/lib/tcpx/lib64/:relative/lib:/usr/local/nvidia/lib64")
+    facts = probe_nccl_libs(NodeFS(str(root)))
+    assert [(c.path, c.version, c.origin) for c in facts.copies] == [("/var/lib/tcpx/lib64/libnccl.so.2.27.3", "2.27.3", "job")]
+    assert [subject for subject, _ in verdicts(root, "NCCL012")] == ["/var/lib/tcpx/lib64/libnccl.so.2.27.3"]
+
+
+def test_a_preloaded_copy_outside_the_library_path_is_found(tmp_path: Path) -> None:
+    """LD_PRELOAD may name a libnccl anywhere, through a link whose target names the release."""
+    root = bare_node(tmp_path)
+    write(root, "/scratch/nccl/build/lib/libnccl.so.2.27.3", b"")
+    os.symlink("libnccl.so.2.27.3", root / "scratch/nccl/build/lib/libnccl.so.2")
+    environ(root, LD_PRELOAD="/scratch/nccl/build/lib/libnccl.so.2 /lib/libfoo.so", LD_LIBRARY_PATH="/../../../etc")
+    facts = probe_nccl_libs(NodeFS(str(root)))
+    assert [(c.path, c.version, c.origin) for c in facts.copies] == [("/scratch/nccl/build/lib/libnccl.so.2", "2.27.3", "job")]
