@@ -11,12 +11,14 @@ from preflight.model import (
     Observation,
     Severity,
     Unknown,
+    Unread,
     present,
     undecided,
 )
 from preflight.nccl.gdr import DEFAULT_GDR_LEVEL, PATH_RANK, PXN_PEER_LIMIT, gdr_level, within
 from preflight.nccl.gid import nccl_int
 from preflight.nccl.ib import ib_hca_selects, nccl_selection, require_ib_transport_on, selection_unseen
+from preflight.nccl.net_choice import NOT_GIVEN, passed_over, passed_over_if_read
 from preflight.nccl.releases import require_nccl, version_tuple
 from preflight.probes.job import setting_evidence
 from preflight.probes.kernel_log import NOT_READ, KernelLogFacts
@@ -42,6 +44,8 @@ if TYPE_CHECKING:
     from preflight.probes.job import JobFacts
     from preflight.probes.nccl_libs import NcclCopy, NcclLibFacts
     from preflight.probes.nvlink import NvlinkFacts
+    from collections.abc import Mapping
+
     from preflight.probes.pcie import PcieFacts
     from preflight.probes.rdma import RdmaFacts
     from preflight.sources.netlink import DcbConfig
@@ -50,22 +54,29 @@ _OS_ERROR = re.compile(r"\(E[A-Z0-9]+\)")
 
 
 # -- checks ---------------------------------------------------------------------------------------
-def _ports_nccl_uses(roce: RoceFacts, job: JobFacts, site_hcas: tuple[str, ...] | None = None) -> Iterator[RocePort | Observation]:
+def _ports_nccl_uses(
+    roce: RoceFacts, job: JobFacts, site_hcas: tuple[str, ...] | None = None, passed: Mapping[str, str] | None = None
+) -> Iterator[RocePort | Observation]:
     """The RoCE ports NCCL would open (ACTIVE, selected by NCCL_IB_HCA; where that is not set,
-    the site's data HCAs, expect.hcas, when given), and an undecided observation for every port
-    whose link layer could not be read. NotApplicable when the job turns NCCL's IB transport off."""
+    the site's data HCAs, expect.hcas, when given, else every port but those NCCL's topology
+    search passes over, ``passed``), and an undecided observation for every port whose link layer
+    could not be read. NotApplicable when the job turns NCCL's IB transport off."""
     require_ib_transport_on(job)
     hca = job.nccl("NCCL_IB_HCA")
+    everything = hca is None and site_hcas is None
+    skipped = passed or {}
     selected = [
         port for port in roce.ports
         if (port.state is None or port.state.endswith("ACTIVE")) and ib_hca_selects(hca.value if hca else None, port.device, port.port)
         and (hca is not None or site_hcas is None or port.device in site_hcas)
+        and not (everything and port.device in skipped)
     ]
     if not roce.unreadable_ports:
         if not roce.ports:
             raise NotApplicable("no RDMA port with link_layer Ethernet in /sys/class/infiniband")
         if not selected:
-            raise NotApplicable("no ACTIVE RoCE port is selected by NCCL_IB_HCA")
+            unused = sorted({port.device for port in roce.ports if everything and port.device in skipped})
+            raise NotApplicable(skipped[unused[0]] if unused else "no ACTIVE RoCE port is selected by NCCL_IB_HCA")
     for subject, reason in roce.unreadable_ports:
         yield undecided(subject, reason)
     yield from selected
@@ -102,10 +113,12 @@ def _usable(entry: GidEntry | None) -> bool:
     return entry is not None and entry.version == 2 and not entry.link_local
 
 
-def _ports_with_choice(roce: RoceFacts, job: JobFacts, site_hcas: tuple[str, ...] | None) -> Iterator[Observation | tuple[RocePort, NcclGid]]:
+def _ports_with_choice(
+    roce: RoceFacts, job: JobFacts, site_hcas: tuple[str, ...] | None, passed: Mapping[str, str]
+) -> Iterator[Observation | tuple[RocePort, NcclGid]]:
     """The ports NCCL uses (chosen as for ROCE006) with the GID choice for the job's settings; a
     port whose table could not be read comes out as an undecided observation instead."""
-    for item in _ports_nccl_uses(roce, job, site_hcas):
+    for item in _ports_nccl_uses(roce, job, site_hcas, passed):
         if isinstance(item, Observation):
             yield item
         elif item.nccl_job is None:
@@ -186,8 +199,10 @@ def _other_libraries_fixed_gid(roce: RoceFacts, fixed: list[tuple[str, str, str,
             )
 
 
-@check("ROCE005", profiles=("prolog",))
-def roce_gid_index_mismatch(roce: RoceFacts, job: JobFacts, expect: Expectations) -> Iterator[Observation]:
+@check("ROCE005", profiles=("prolog",), optional=("rdma", "pcie"))
+def roce_gid_index_mismatch(
+    roce: RoceFacts, job: JobFacts, expect: Expectations, rdma: RdmaFacts | Unread = NOT_GIVEN, pcie: PcieFacts | Unread = NOT_GIVEN
+) -> Iterator[Observation]:
     """The GID NCCL would use on a RoCE port is empty, RoCE v1 or link-local, or a fixed
     NCCL_IB_GID_INDEX means different things on different ports; a fixed GID index the job gives
     NVSHMEM, Mooncake, MSCCL++ or UCCL that names an unusable slot is a warning. Where the jobs'
@@ -195,7 +210,7 @@ def roce_gid_index_mismatch(roce: RoceFacts, job: JobFacts, expect: Expectations
     storage port without an IPv4 address counts only for jobs that set no NCCL_IB_HCA."""
     fixed = _other_library_gid_indices(job)
     try:
-        nccl = list(_nccl_gid_choice_findings(roce, job, expect))
+        nccl = list(_nccl_gid_choice_findings(roce, job, expect, passed_over_if_read(rdma, pcie)))
     except NotApplicable:
         # NCCL_IB_HCA may leave NCCL no RoCE port while NVSHMEM or Mooncake, which pick their
         # HCAs themselves, still use one: their fixed index is judged all the same.
@@ -206,12 +221,12 @@ def roce_gid_index_mismatch(roce: RoceFacts, job: JobFacts, expect: Expectations
     yield from _other_libraries_fixed_gid(roce, fixed)
 
 
-def _nccl_gid_choice_findings(roce: RoceFacts, job: JobFacts, expect: Expectations) -> Iterator[Observation]:
+def _nccl_gid_choice_findings(roce: RoceFacts, job: JobFacts, expect: Expectations, passed: Mapping[str, str]) -> Iterator[Observation]:
     """ROCE005's NCCL part: the GID NCCL would use on each RoCE port it opens."""
     forced_families: dict[int, list[str]] = {}  # address family of a fixed index's usable GID -> ports
     severity = _rails_severity(job, expect)
     fix = _port_unseen_fix("give its netdev a routable IPv4 address, or fix the NCCL_IB_* GID settings, as the evidence shows") if severity else ""
-    for item in _ports_with_choice(roce, job, expect.hcas):
+    for item in _ports_with_choice(roce, job, expect.hcas, passed):
         if isinstance(item, Observation):
             yield item
             continue
@@ -287,8 +302,11 @@ def _fatal_evidence(fatal: list[NcclCopy]) -> Evidence:
     return Evidence("NCCL installed", shown, "NCCL 2.26 or newer, which skips such slots")
 
 
-@check("ROCE004", profiles=("prolog",))
-def roce_gid_type_read_einval(roce: RoceFacts, job: JobFacts, nccl_libs: NcclLibFacts, expect: Expectations) -> Iterator[Observation]:
+@check("ROCE004", profiles=("prolog",), optional=("rdma", "pcie"))
+def roce_gid_type_read_einval(
+    roce: RoceFacts, job: JobFacts, nccl_libs: NcclLibFacts, expect: Expectations,
+    rdma: RdmaFacts | Unread = NOT_GIVEN, pcie: PcieFacts | Unread = NOT_GIVEN,
+) -> Iterator[Observation]:
     """NCCL's automatic GID scan reads a gid_attrs/types file that fails, or reads EINVAL or the
     GID table looks like a container's (hidden leading slots) while an NCCL that aborts on EINVAL
     (2.21-2.25, or a release not named) is installed. Ports are chosen, and softened where the
@@ -299,7 +317,7 @@ def roce_gid_type_read_einval(roce: RoceFacts, job: JobFacts, nccl_libs: NcclLib
     versions = (_fatal_evidence(fatal),) if fatal else ()
     findings: list[Observation] = []
     skipped = False  # a port whose table only an NCCL that is not installed here would choke on
-    for item in _ports_with_choice(roce, job, expect.hcas):
+    for item in _ports_with_choice(roce, job, expect.hcas, passed_over_if_read(rdma, pcie)):
         if isinstance(item, Observation):
             findings.append(item)
             continue
@@ -358,12 +376,14 @@ def _einval_or_holes(
     )
 
 
-@check("ROCE006", profiles=("prolog",))
-def roce_path_mtu_mismatch(roce: RoceFacts, job: JobFacts, expect: Expectations) -> Iterator[Observation]:
+@check("ROCE006", profiles=("prolog",), optional=("rdma", "pcie"))
+def roce_path_mtu_mismatch(
+    roce: RoceFacts, job: JobFacts, expect: Expectations, rdma: RdmaFacts | Unread = NOT_GIVEN, pcie: PcieFacts | Unread = NOT_GIVEN
+) -> Iterator[Observation]:
     """A RoCE netdev MTU differs from the site's, yields a RoCE MTU below what its size suggests
     (4096 -> 2048), or the node's RoCE rails disagree."""
     rails: dict[int, list[RocePort]] = {}
-    for item in _ports_nccl_uses(roce, job, expect.hcas):
+    for item in _ports_nccl_uses(roce, job, expect.hcas, passed_over_if_read(rdma, pcie)):
         if isinstance(item, Observation):
             yield item
             continue
@@ -424,16 +444,17 @@ def _trust(port_trust: str | None, config: DcbConfig) -> str:
     return port_trust or ("dscp" if config.dscp_to_priority else "pcp")
 
 
-@check("ROCE001")
+@check("ROCE001", optional=("rdma", "pcie"))
 def roce_pfc_pause_storm(
-    roce: RoceFacts, roce_dcb: RoceDcbFacts, job: JobFacts, expect: Expectations, kernel_log: KernelLogFacts = NOT_READ
+    roce: RoceFacts, roce_dcb: RoceDcbFacts, job: JobFacts, expect: Expectations, kernel_log: KernelLogFacts = NOT_READ,
+    rdma: RdmaFacts | Unread = NOT_GIVEN, pcie: PcieFacts | Unread = NOT_GIVEN,
 ) -> Iterator[Observation]:
     """The NIC recorded pause storms since the driver loaded, or the lossless setup a RoCE port
     needs against them is off or inconsistent: stall watchdog off, PFC not on the site's lossless
     priority (or on others too), ECN off there, NCCL_IB_TC mapped to a lossy priority, PFC
     priorities that differ between rails, or the driver failing to size a lossless buffer."""
     used = []
-    for item in _ports_nccl_uses(roce, job, expect.hcas):
+    for item in _ports_nccl_uses(roce, job, expect.hcas, passed_over_if_read(rdma, pcie)):
         if isinstance(item, Observation):
             yield item
         else:
@@ -509,12 +530,13 @@ def roce_pfc_pause_storm(
 
 
 # -- ROCE002: GPUDirect RDMA over RoCE ------------------------------------------------------------
-def _ib_ports(rdma: RdmaFacts, job: JobFacts) -> Selection:
-    """The RDMA ports NCCL's IB transport would use; NotApplicable when the job turns that
-    transport off, Unknown when the ports or NCCL_IB_HCA's choice cannot be told."""
+def _ib_ports(rdma: RdmaFacts, job: JobFacts, passed: Mapping[str, str] | None = None) -> Selection:
+    """The RDMA ports NCCL's IB transport would use (without NCCL_IB_HCA, not those its topology
+    search passes over, ``passed``); NotApplicable when the job turns that transport off, Unknown
+    when the ports or NCCL_IB_HCA's choice cannot be told."""
     require_ib_transport_on(job)
     require_rdma(rdma)
-    selection = nccl_selection(rdma, job)
+    selection = nccl_selection(rdma, job, passed)
     if selection.unlisted:
         raise Unknown(selection.unlisted[0])
     return selection
@@ -559,7 +581,7 @@ def roce_gpudirect_rdma_not_used(pcie: PcieFacts, rdma: RdmaFacts, nvlink: Nvlin
         if unclassified:
             raise Unknown(unclassified)
         raise NotApplicable("needs NVIDIA GPUs and RDMA NICs on this node")
-    selection = _ib_ports(rdma, job)
+    selection = _ib_ports(rdma, job, passed_over(rdma, pcie))
     usable = _usable_nics(pcie, selection)
     if not any(roce for _, roce in usable.values()):
         if selection.undecided:

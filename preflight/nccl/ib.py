@@ -20,6 +20,7 @@ NCCL's rules (``src/transport/net_ib/init.cc`` ``ncclIbInitDevices``, ``src/misc
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 from msgspec import Struct
 
@@ -94,6 +95,9 @@ class Selection(Struct, frozen=True):
     ports: tuple[RdmaPort, ...]  # kept ports, in device order
     undecided: tuple[RdmaPort, ...]  # listed ports whose state or link layer is unknown
     unlisted: tuple[str, ...] = ()  # "path: reason" of selected devices whose ports are unknown
+    # Why devices NCCL_IB_HCA leaves in are not kept: its topology search passes them over
+    # (preflight.nccl.net_choice), given only where the caller asked for that model
+    passed_over: tuple[str, ...] = ()
 
     @property
     def devices(self) -> list[str]:
@@ -103,11 +107,16 @@ class Selection(Struct, frozen=True):
         return ", ".join(f"{port.subject} {port.link_layer}" for port in self.ports) or "nothing"
 
 
-def nccl_selection(rdma: RdmaFacts, job: JobFacts) -> Selection:
+def nccl_selection(rdma: RdmaFacts, job: JobFacts, passed: Mapping[str, str] | None = None) -> Selection:
+    """The ports NCCL_IB_HCA leaves NCCL; where it is unset, without the devices ``passed``
+    names (those NCCL's topology search never makes a GPU's network device)."""
     setting = job.nccl("NCCL_IB_HCA")
     hca = parse_nccl_ib_hca(setting.value if setting else None)
     kept, unknown, unlisted = [], [], []
+    skipped = (passed or {}) if setting is None else {}
     for device in rdma.devices:
+        if device.name in skipped:
+            continue
         problem = ports_unlisted(device)
         if problem is not None and (hca.exclude or not hca.entries or any(device.name.startswith(e.name.strip()) for e in hca.entries)):
             unlisted.append(str(problem))
@@ -118,7 +127,7 @@ def nccl_selection(rdma: RdmaFacts, job: JobFacts) -> Selection:
                 unknown.append(port)
             elif port.state == PORT_ACTIVE and port.link_layer in NCCL_LINK_LAYERS:
                 kept.append(port)
-    return Selection(setting, hca, tuple(kept), tuple(unknown), tuple(unlisted))
+    return Selection(setting, hca, tuple(kept), tuple(unknown), tuple(unlisted), tuple(skipped[name] for name in sorted(skipped)))
 
 
 #: Devices one fused NIC may hold (NCCL_NET_MAX_DEVS_PER_NIC, net API v9 and v10); NCCL's list

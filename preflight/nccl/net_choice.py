@@ -1,0 +1,82 @@
+"""RDMA devices NCCL's topology search passes over when NCCL_IB_HCA leaves it every port
+(references ROCE001, ROCE002, ROCE004-ROCE006, IB004, IB005).
+
+NCCL initialises every ACTIVE InfiniBand or Ethernet port, but it connects on a port only once its
+topology search has made that port a GPU's network device. For each GPU, ``ncclTopoGetLocal``
+(``src/graph/topo.cc``, NCCL 2.30) keeps the NICs of the highest path bandwidth and, among those,
+the nearest path type; channels then cycle through them (``ncclTopoGetLocalNet``). A RoCE port's
+GID table is read only when a connection is made on it (``ncclIbGetGidIndex`` is called from
+``src/transport/net_ib/connect.cc``, not at init), and a link-layer mix is refused only within
+one connection or against the peer's device of that connection (the "incompatible devices"
+warnings there). So a front-end port several times slower than the rails beside it, such as the
+accelerated-networking function ``mlx5_an0`` of Azure's ND-series VMs next to eight 400 Gb/s
+InfiniBand functions, carries no NCCL traffic, and its empty GID table breaks nothing.
+
+The model, kept on the safe side of NCCL's: a port is passed over when, for every GPU, another
+port is at least twice as fast and at least as near on a path that stays on the GPU's socket
+(PIX, PXB or PHB). Twice, because a path's bandwidth is that of its slowest link and a PCIe link
+can be narrower than its NIC; on the GPU's socket, because a cross-socket path's bandwidth is
+the inter-CPU link's, on which a slow and a fast port can tie.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from preflight.model import Unread
+from preflight.nccl.ib import NCCL_LINK_LAYERS
+from preflight.probes.pcie import LINK_RANK, PcieFacts, PciEndpoint, path_class
+from preflight.probes.rdma import PORT_ACTIVE, RdmaFacts
+
+#: How many times faster the port that takes a GPU's traffic must be.
+FASTER = 2.0
+SAME_SOCKET = ("PIX", "PXB", "PHB")
+
+
+#: What a caller that gives no rdma or pcie facts (a test calling a check) stands for.
+NOT_GIVEN = Unread("rdma or pcie", "not given")
+
+
+def passed_over_if_read(rdma: RdmaFacts | Unread, pcie: PcieFacts | Unread) -> Mapping[str, str]:
+    """:func:`passed_over`, or nothing where either probe failed (every port then counts)."""
+    return {} if isinstance(rdma, Unread) or isinstance(pcie, Unread) else passed_over(rdma, pcie)
+
+
+def passed_over(rdma: RdmaFacts, pcie: PcieFacts) -> Mapping[str, str]:
+    """{device: why} for the RDMA devices none of whose ACTIVE ports NCCL's topology search would
+    make any GPU's network device; {} where that is not known (no GPU seen, or no port placed)."""
+    if not pcie.gpus:
+        return {}
+    endpoint_of = {name: nic for nic in pcie.nics for name in nic.rdma_devices}
+    ports: list[tuple[str, float, PciEndpoint]] = []  # (device, Gb/s, its PCI function)
+    for device in rdma.devices:
+        nic = endpoint_of.get(device.name)
+        for port in device.ports:
+            if port.state == PORT_ACTIVE and port.link_layer in NCCL_LINK_LAYERS and port.rate is not None and nic is not None:
+                ports.append((device.name, port.rate.gbps, nic))
+    skipped: dict[str, str] = {}
+    for device in rdma.devices:
+        mine = [(rate, nic) for name, rate, nic in ports if name == device.name]
+        active = [port for port in device.ports if port.state == PORT_ACTIVE and port.link_layer in NCCL_LINK_LAYERS]
+        if not mine or len(mine) != len(active):
+            continue  # no port NCCL keeps, or one whose rate or place is unknown
+        winners = [_winner(pcie, gpu, rate, nic, device.name, ports) for gpu in pcie.gpus for rate, nic in mine]
+        if all(winners):
+            first = next(winner for winner in winners if winner)
+            skipped[device.name] = (
+                f"{device.name} is passed over by NCCL's topology search: {first} is at least "
+                f"{FASTER:g} times as fast and as near to every GPU"
+            )
+    return skipped
+
+
+def _winner(pcie: PcieFacts, gpu: PciEndpoint, rate: float, nic: PciEndpoint, device: str, ports: list[tuple[str, float, PciEndpoint]]) -> str:
+    """A port NCCL prefers to (rate, nic) for ``gpu``, described; "" when there is none."""
+    own = LINK_RANK[path_class(gpu, nic, pcie.sockets)]
+    for name, other_rate, other in ports:
+        if name == device or other_rate < FASTER * rate:
+            continue
+        path = path_class(gpu, other, pcie.sockets)
+        if path in SAME_SOCKET and LINK_RANK[path] <= own:
+            return f"{name} ({other_rate:g} Gb/s, {path} from GPU {gpu.bdf})"
+    return ""

@@ -1,0 +1,76 @@
+"""Which RDMA devices NCCL's topology search passes over when NCCL_IB_HCA is unset: a slow
+front-end function beside the rails (Azure's mlx5_an0 next to eight 400 Gb/s InfiniBand VFs)
+is never a GPU's network device, so its empty GID table, its link layer and its place in the
+device order are judged for no job (ROCE005, IB004, IB005). Facts are the example node's, with
+one more function added the way the probes would report it."""
+
+from __future__ import annotations
+
+import pytest
+from msgspec.structs import replace
+
+from preflight.checks.ib import ib_device_order_differs_across_nodes, ib_hca_selection_mismatch
+from preflight.checks.roce import roce_gid_index_mismatch
+from preflight.config import Expectations
+from preflight.model import NotApplicable
+from preflight.nccl.net_choice import passed_over
+from preflight.probes.job import JobFacts
+from preflight.probes.nccl_libs import NcclLibFacts
+from preflight.probes.pcie import PcieFacts, probe_pcie
+from preflight.probes.rdma import PortRate, RdmaFacts, probe_rdma
+from preflight.sources import NodeFS
+
+from conftest import EXAMPLE_ROOT
+from test_roce_checks import facts, port
+
+FS = NodeFS(str(EXAMPLE_ROOT))
+RDMA, PCIE = probe_rdma(FS), probe_pcie(FS)
+FRONT_END = "0000:b1:00.0"
+
+
+def with_front_end(gbps: float, numa: int | None = 0) -> tuple[RdmaFacts, PcieFacts]:
+    """The example node plus an Ethernet function ``mlx5_an0`` of ``gbps`` on NUMA node ``numa``,
+    on a root port of its own (no switch shared with a GPU)."""
+    rail = RDMA.devices[0]
+    link = replace(rail.ports[0], device="mlx5_an0", link_layer="Ethernet", rate=PortRate(gbps, 1, "EDR"))
+    device = replace(rail, name="mlx5_an0", path="/sys/class/infiniband/mlx5_an0", pci_address=FRONT_END, ports=(link,), netdevs=("enP1s1",))
+    nic = replace(PCIE.nics[0], bdf=FRONT_END, chain=("0000:b0:01.0",), numa_node=numa, rdma_devices=("mlx5_an0",))
+    return replace(RDMA, devices=(device, *RDMA.devices)), replace(PCIE, nics=(*PCIE.nics, nic))
+
+
+def test_a_slow_front_end_function_is_passed_over_and_a_rail_is_not() -> None:
+    rdma, pcie = with_front_end(40)
+    skipped = passed_over(rdma, pcie)
+    assert list(skipped) == ["mlx5_an0"] and "mlx5_0 (400 Gb/s, PIX from GPU 0000:18:00.0)" in skipped["mlx5_an0"]
+    assert passed_over(*with_front_end(400)) == {}  # as fast as a rail: NCCL may well use it
+    assert passed_over(*with_front_end(250)) == {}  # faster than half a rail: a narrow PCIe link could tie
+    assert list(passed_over(*with_front_end(40, numa=None))) == ["mlx5_an0"]  # wherever it is, PIX rails win
+    assert passed_over(rdma, replace(pcie, gpus=())) == {}  # no GPU seen: nothing is known to win
+
+
+def test_only_a_path_on_the_gpus_socket_wins() -> None:
+    """Across sockets the inter-CPU link sets a path's bandwidth, and a slow port can tie there
+    with a fast one: rails that are all on the other socket from the GPUs win nothing."""
+    rdma, pcie = with_front_end(40)
+    rails = tuple(replace(nic, numa_node=1, chain=("0000:c0:01.0",)) for nic in pcie.nics if nic.bdf != FRONT_END)
+    far = replace(pcie, nics=(*rails, pcie.nics[-1]), gpus=tuple(replace(gpu, numa_node=0) for gpu in pcie.gpus))
+    assert passed_over(rdma, far) == {}
+
+
+STEP = JobFacts({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0"}, "", ())  # a job step that sets no NCCL_IB_HCA
+
+
+def test_checks_leave_a_passed_over_port_out_only_where_nccl_ib_hca_is_unset() -> None:
+    rdma, pcie = with_front_end(40)
+    empty = facts(port(device="mlx5_an0", entries=[], netdev="enP1s1"))  # no address on its netdev: no GID
+    with pytest.raises(NotApplicable, match="passed over by NCCL's topology search"):
+        list(roce_gid_index_mismatch(empty, STEP, Expectations(), rdma, pcie))
+    assert [o.severity for o in roce_gid_index_mismatch(empty, STEP, Expectations())] == [None]  # without the facts: an error
+    named = JobFacts({**STEP.environ, "NCCL_IB_HCA": "=mlx5_an0"}, "", ())
+    assert [o.subject for o in roce_gid_index_mismatch(empty, named, Expectations(), rdma, pcie)] == ["mlx5_an0/1"]
+    # IB004: the IB/RoCE mix is only with a port NCCL leaves out; IB005: its name sorts first, no rail moves
+    assert list(ib_hca_selection_mismatch(rdma, STEP, pcie)) == []
+    assert [o.subject for o in ib_hca_selection_mismatch(rdma, STEP)] == ["NCCL IB selection"]
+    unsorted = NcclLibFacts((), ())
+    assert list(ib_device_order_differs_across_nodes(rdma, STEP, unsorted, pcie)) == []
+    assert [o.subject for o in ib_device_order_differs_across_nodes(rdma, STEP, unsorted)] == ["node"]
