@@ -18,6 +18,7 @@ from preflight.model import (
     present,
     undecided,
 )
+from preflight.nccl.net_choice import NOT_GIVEN
 from preflight.nccl.releases import version_tuple
 from preflight.probes.nccl_socket import (
     DEFAULT_ORDER,
@@ -37,6 +38,8 @@ from preflight.registry import check
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+
+    from preflight.probes.rdma import RdmaFacts
 
 ARP_FIX = (
     "Set net.ipv4.conf.all.arp_ignore=1 and net.ipv4.conf.all.arp_announce=2 so each interface answers ARP "
@@ -154,11 +157,35 @@ def _route_mismatch(facts: NcclSocketFacts, routing: RoutingFacts) -> Iterator[O
         )
 
 
-def _multi_rail(routing: RoutingFacts, used: set[str]) -> Iterator[Observation]:
+def _roce_netdevs(rdma: RdmaFacts | Unread) -> set[str] | None:
+    """The netdevs of RDMA ports with an Ethernet (RoCE) link layer; None where that is not known
+    (RDMA unread, a port's link layer unread, or a RoCE port whose netdev is not found)."""
+    if isinstance(rdma, Unread) or rdma.class_unread:
+        return None
+    names: set[str] = set()
+    for device in rdma.devices:
+        for port in device.ports:
+            if port.link_layer is None:
+                return None
+            if port.link_layer == "Ethernet":
+                found = {*port.netdevs, *device.netdevs}
+                if not found:
+                    return None
+                names |= found
+    return names
+
+
+def _multi_rail(routing: RoutingFacts, used: set[str], roce: set[str] | None) -> Iterator[Observation]:
     """Interfaces sharing a subnet whose replies the kernel drops (strict rp_filter) or answers for
-    each other (ARP). On an IPoIB interface NCCL's sockets do not use, that costs NCCL nothing: its
-    InfiniBand transport addresses peers by LID and GID, with neither IP nor ARP (net_ib.cc), so it
-    is a warning for the other IP users there."""
+    each other (ARP). On an interface NCCL's sockets do not use and that carries no RoCE port,
+    that costs NCCL nothing: its InfiniBand transport over IPoIB ports addresses peers by LID and
+    GID (net_ib.cc), and a plugin's fabric (HPE Slingshot's cxi through libfabric, with all hsn
+    interfaces in one subnet by design) by its own NIC addresses, with neither IP nor ARP; so it
+    is a warning for the other IP users there. A RoCE port is NCCL's own: the kernel resolves
+    the peer's MAC for a RoCE v2 address handle through IP routing and ARP. ARP answers only
+    for the interface's own addresses with arp_ignore >= 1; arp_announce >= 2 keeps another
+    interface's address out of its requests, and so does 1 where replies leave by the
+    interface itself (source routing), as OCI's RDMA hosts set it up."""
     for group in routing.same_subnet:
         names = ", ".join(f"{m.ifname}:{m.address}/{m.prefixlen}" for m in group)
         shared = Evidence("ip -4 address", f"same subnet: {names}", "one subnet per interface, or per-interface source routing")
@@ -167,11 +194,12 @@ def _multi_rail(routing: RoutingFacts, used: set[str]) -> Iterator[Observation]:
             unknown: list[str] = []
             rp_evidence: list[Evidence] = []
             strict, route = member.rp_filter.effective, member.return_route
+            own_way_out = route is not None and route.ifname == member.ifname
             if strict is None:
                 unknown.append("rp_filter unreadable")
             elif strict == 1 and route is None:
                 unknown.append(f"rp_filter is strict and the reply route is unknown: {member.return_route_error or 'no address to look up'}")
-            elif strict == 1 and route is not None and route.ifname != member.ifname:
+            elif strict == 1 and route is not None and not own_way_out:
                 rp_evidence = [
                     Evidence(f"{knob}/rp_filter", f"{member.rp_filter.all}, {member.rp_filter.interface} (effective 1: strict)", "0 or 2, or replies routed back out of this interface"),
                     Evidence(route.where, route.describe(), f"dev {member.ifname}"),
@@ -180,12 +208,14 @@ def _multi_rail(routing: RoutingFacts, used: set[str]) -> Iterator[Observation]:
             arp_evidence: list[Evidence] = []
             if ignore is None or announce is None:
                 unknown.append("arp_ignore/arp_announce unreadable")
-            elif ignore < 1 or announce < 2:
+            elif ignore < 1 or announce < (1 if own_way_out else 2):
+                wanted = ">= 1 (replies leave by this interface)" if own_way_out else ">= 2"
                 arp_evidence = [
                     Evidence(f"{knob}/arp_ignore", f"{member.arp_ignore.all}, {member.arp_ignore.interface} (effective {ignore})", ">= 1"),
-                    Evidence(f"{knob}/arp_announce", f"{member.arp_announce.all}, {member.arp_announce.interface} (effective {announce})", ">= 2"),
+                    Evidence(f"{knob}/arp_announce", f"{member.arp_announce.all}, {member.arp_announce.interface} (effective {announce})", wanted),
                 ]
-            if rp_evidence and member.link_type == "infiniband" and member.ifname not in used:
+            not_nccls = member.ifname not in used and (member.link_type == "infiniband" or (roce is not None and member.ifname not in roce))
+            if rp_evidence and not_nccls:
                 yield present(member.ifname, shared, *rp_evidence, *arp_evidence, severity=Severity.WARNING)
             elif rp_evidence:
                 yield present(member.ifname, shared, *rp_evidence, *arp_evidence)
@@ -195,14 +225,16 @@ def _multi_rail(routing: RoutingFacts, used: set[str]) -> Iterator[Observation]:
                 yield undecided(member.ifname, "; ".join(unknown), shared)
 
 
-@check("NET005", optional=("nccl_libs",))
-def nccl_wrong_socket_interface(nccl_socket: NcclSocketFacts, routing: RoutingFacts, nccl_libs: NcclLibFacts | Unread) -> Iterator[Observation]:
+@check("NET005", optional=("nccl_libs", "rdma"))
+def nccl_wrong_socket_interface(
+    nccl_socket: NcclSocketFacts, routing: RoutingFacts, nccl_libs: NcclLibFacts | Unread, rdma: RdmaFacts | Unread = NOT_GIVEN
+) -> Iterator[Observation]:
     """NCCL selects nothing usable, or an interface the peers are not reached through, or (before
     2.28) one that is not running; or several interfaces share a subnet with strict reverse-path
     filtering or ARP flux."""
     used = {use.interface.ifname for use in uses(nccl_socket)}
     yield from merge_by_subject(chain(
-        _selection_problems(nccl_socket, routing), _route_mismatch(nccl_socket, routing), _multi_rail(routing, used),
+        _selection_problems(nccl_socket, routing), _route_mismatch(nccl_socket, routing), _multi_rail(routing, used, _roce_netdevs(rdma)),
         _down_pick_before_2_28(nccl_socket, nccl_libs),
     ))
 

@@ -36,7 +36,8 @@ from msgspec import Struct
 
 from preflight.nccl.gid import nccl_int
 from preflight.probes.hostname import parse_hosts
-from preflight.probes.job import JobFacts, Setting
+from preflight.probes.job import JobFacts, Setting, library_path_dirs
+from preflight.probes.nccl_libs import library_dirs
 from preflight.probing import FactReader
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
@@ -240,19 +241,51 @@ def _resolve_from_hosts(reader: FactReader, host: str) -> str:
     return ""
 
 
+#: What NCCL dlopens for its network plugin when NCCL_NET_PLUGIN is unset (src/plugin/net.cc).
+DEFAULT_NET_PLUGIN = "libnccl-net.so"
+
+
 def _socket_transport(job: JobFacts, reader: FactReader) -> str:
+    """Why NCCL would carry data over its socket transport here, "" where it would not or that
+    is not known. NCCL tries a network plugin first (NCCL_NET_PLUGIN's names, else
+    libnccl-net.so wherever the loader finds it; "none" for none), then IB, then sockets: a
+    plugin (aws-ofi-nccl for EFA or Slingshot's cxi, Google's TCPX, FasTrak and gIB) carries the
+    data on nodes without verbs devices."""
     net = job.nccl("NCCL_NET")
-    if net is not None and net.value.lower() == "socket":
-        return f"{net.origin} NCCL_NET={net.value}"
+    if net is not None:
+        # "Socket" chooses it; IB or a plugin's name ("AWS Libfabric", "gIB") does not.
+        return f"{net.origin} NCCL_NET={net.value}" if net.value.lower() == "socket" else ""
     disable = job.nccl("NCCL_IB_DISABLE")
-    if disable is not None and nccl_int(disable.value, 0) != 0:  # any non-zero value, as NCCL's strtoll reads it
-        return f"{disable.origin} NCCL_IB_DISABLE={disable.value}"
     try:
         rdma = reader.fs.listdir("/sys/class/infiniband")
     except SourceError as error:
         reader.problems.append(str(error))
         return ""  # unknown: claim nothing about the socket transport's extra devices
-    return "" if rdma else "no RDMA devices in /sys/class/infiniband"
+    if not rdma or (disable is not None and nccl_int(disable.value, 0) != 0):  # any non-zero value, as NCCL's strtoll reads it
+        if _net_plugin(job, reader) is not False:
+            return ""  # a plugin may carry the data (or whether one loads is not known)
+        if rdma:
+            return f"{disable.origin} NCCL_IB_DISABLE={disable.value}" if disable is not None else ""
+        return "no RDMA devices in /sys/class/infiniband and no NCCL network plugin"
+    return ""
+
+
+def _net_plugin(job: JobFacts, reader: FactReader) -> bool | None:
+    """Whether NCCL would find a network plugin to load: NCCL_NET_PLUGIN names one (or "none"),
+    else libnccl-net.so in a directory the loader searches (the job's LD_LIBRARY_PATH, the
+    system's and ld.so.conf's); None when a directory could not be listed."""
+    named = job.nccl("NCCL_NET_PLUGIN")
+    if named is not None:
+        return named.value.strip().lower() not in ("", "none")
+    scan = FactReader(reader.fs)  # its own problems: an unlisted directory leaves only this unknown
+    unread = False
+    for directory in [*library_path_dirs(job.environ), *library_dirs(scan)]:
+        names = scan.listing(directory.rstrip("/"))
+        if names is None:
+            unread = True
+        elif DEFAULT_NET_PLUGIN in names:
+            return True
+    return None if unread else False
 
 
 def _ipv6_state(reader: FactReader, candidates: tuple[IfAddr, ...]) -> str:

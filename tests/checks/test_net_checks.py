@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+
 import json
 from msgspec.structs import replace
 from pathlib import Path
@@ -51,6 +53,7 @@ class Node:
         self.file("/etc/hostname", "node1\n")
         self.env()
         (self.root / "sys" / "class").mkdir(parents=True)  # no RDMA class: no RDMA devices
+        (self.root / "usr" / "lib").mkdir(parents=True)  # libraries recorded: no NCCL network plugin
 
     def file(self, path: str, text: str | bytes) -> None:
         full = self.root / path.lstrip("/")
@@ -106,6 +109,27 @@ def test_net001_docker_bridge_picked_and_absent_with_a_real_nic(node: Node) -> N
     assert set(found) == {"docker0"} and "Docker bridge" in text(found["docker0"])
     node.add("eno1", 4, "10.0.0.2/24")
     assert list(nccl_virtual_interface_selected(node.socket())) == []
+
+
+def test_a_network_plugin_carries_the_data_where_there_are_no_verbs_devices(node: Node) -> None:
+    """NCCL loads a network plugin before its own IB and socket transports: libnccl-net.so where
+    the loader finds it (aws-ofi-nccl on EFA and Slingshot, Google's TCPX), or the names in
+    NCCL_NET_PLUGIN. Then its socket transport carries nothing, and its extra devices are no
+    finding; NCCL_NET_PLUGIN=none or NCCL_NET=Socket brings the socket transport back."""
+    node.add("eno1", 2, "10.0.0.2/24")
+    node.add("cali12ab", 3, "10.244.3.1/32", kind="veth")
+    node.file("/opt/amazon/ofi-nccl/lib/libnccl-net.so", b"")
+    node.env(NCCL_SOCKET_IFNAME="^docker,lo", LD_LIBRARY_PATH="/opt/amazon/ofi-nccl/lib")
+    assert node.socket().socket_transport == "" and list(nccl_virtual_interface_selected(node.socket())) == []
+    node.env(NCCL_SOCKET_IFNAME="^docker,lo", LD_LIBRARY_PATH="/opt/amazon/ofi-nccl/lib", NCCL_NET_PLUGIN="none")
+    assert "no NCCL network plugin" in node.socket().socket_transport
+    assert set(subjects(nccl_virtual_interface_selected(node.socket()))) == {"cali12ab"}
+    node.env(NCCL_SOCKET_IFNAME="^docker,lo", NCCL_NET_PLUGIN="ofi")
+    assert node.socket().socket_transport == ""
+    node.env(NCCL_SOCKET_IFNAME="^docker,lo", NCCL_NET="AWS Libfabric")
+    assert node.socket().socket_transport == ""
+    node.env(NCCL_SOCKET_IFNAME="^docker,lo", NCCL_NET="Socket", LD_LIBRARY_PATH="/opt/amazon/ofi-nccl/lib")
+    assert node.socket().socket_transport.endswith("NCCL_NET=Socket")
 
 
 def test_net001_prefix_setting_that_catches_a_bridge_and_virtual_secondary_devices(node: Node) -> None:
@@ -403,6 +427,38 @@ def test_net005_arp_flux_warning_and_clean_multi_rail(node: Node) -> None:
     clean = Node(node.root.parent / "clean")
     _rails(clean, 1, (1, 2), own_tables=True)
     assert list(nccl_wrong_socket_interface(clean.socket(), clean.routing(), NO_NCCL)) == []
+
+
+def test_net005_rails_that_carry_no_roce_and_no_nccl_socket_are_a_warning(node: Node) -> None:
+    """HPE Slingshot puts every hsn interface in one subnet; NCCL's data goes over the cxi NIC
+    through libfabric, which addresses peers without IP, and its socket uses eno1. With RDMA read
+    and no RoCE port on r1/r2, strict rp_filter there is a warning for other IP users; a RoCE
+    port on r2 (the kernel resolves its peers' MACs through IP) keeps the error, and so does an
+    RDMA class that was not read."""
+    from preflight.probes.rdma import probe_rdma
+
+    _rails(node, 1, (1, 2), own_tables=False)
+    fs = NodeFS(str(node.root))
+    found = subjects(nccl_wrong_socket_interface(node.socket(), node.routing(), NO_NCCL, probe_rdma(fs)))
+    assert set(found) == {"r2"} and found["r2"].severity is Severity.WARNING
+    assert subjects(nccl_wrong_socket_interface(node.socket(), node.routing(), NO_NCCL))["r2"].severity is None  # RDMA unread
+    node.file("/sys/class/infiniband/mlx5_1/ports/1/link_layer", "Ethernet\n")
+    node.file("/sys/class/infiniband/mlx5_1/ports/1/state", "4: ACTIVE\n")
+    os.makedirs(node.root / "sys/class/infiniband/mlx5_1/device/net/r2")
+    found = subjects(nccl_wrong_socket_interface(node.socket(), node.routing(), NO_NCCL, probe_rdma(NodeFS(str(node.root)))))
+    assert found["r2"].severity is None
+
+
+def test_net005_arp_announce_1_is_enough_where_replies_leave_by_their_own_interface(node: Node) -> None:
+    """OCI's RDMA hosts: all ports in one subnet, arp_ignore=2, arp_announce=1 and a source-routing
+    table per port. A packet then leaves by the port that owns its source address, so no ARP
+    request carries another port's address."""
+    _rails(node, 0, (2, 1), own_tables=True)
+    assert list(nccl_wrong_socket_interface(node.socket(), node.routing(), NO_NCCL)) == []
+    shared = Node(node.root.parent / "shared")
+    _rails(shared, 0, (2, 1), own_tables=False)
+    found = subjects(nccl_wrong_socket_interface(shared.socket(), shared.routing(), NO_NCCL))
+    assert set(found) == {"r2"} and found["r2"].evidence[-1].expected == ">= 2" and "(effective 1)" in text(found["r2"])
 
 
 def test_net005_unreadable_or_garbage_sysctls_are_undecided(node: Node) -> None:

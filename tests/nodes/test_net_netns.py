@@ -225,7 +225,7 @@ def test_recorded_namespace_replays_to_the_same_findings(ns: Namespace, tmp_path
     (root / ".preflight").mkdir(parents=True)
     (root / ".preflight" / "netlink.json").write_text(recording)
     (root / "proc" / "self").mkdir(parents=True)
-    for unit in ("etc", "sys/class"):  # captured, without nccl.conf and without RDMA devices
+    for unit in ("etc", "sys/class", "usr/lib"):  # captured, without nccl.conf, RDMA devices or NCCL plugin
         (root / unit).mkdir(parents=True)
     (root / "proc" / "self" / "environ").write_bytes(b"".join(f"{k}={v}\0".encode() for k, v in env.items()))
     for knob in ("rp_filter", "arp_ignore", "arp_announce"):
