@@ -349,14 +349,19 @@ ROUTABLE_KINDS = frozenset({"dummy", "tun", "wireguard", "vxlan", "geneve", "ipi
 @check("NET001")
 def nccl_virtual_interface_selected(nccl_socket: NcclSocketFacts) -> Iterator[Observation]:
     """NCCL would bind to a loopback, container, bridge, overlay or VPN interface; a warning for
-    a secondary socket device or a container's own veth, which may well be routable."""
+    a secondary socket device or a container's own veth, which may well be routable, and nothing
+    for a Kubernetes pod's eth0 (kubelet's /etc/hosts): the Kubernetes network model has every
+    pod reach every other pod, on any node, without NAT (kubernetes.io, Cluster Networking)."""
     for use in uses(nccl_socket):
         reason = virtual_reason(use.interface)
         if not reason or _is_link_local(use.interface):
             continue  # an IPv6 link-local pick is NET003's case
+        pod_veth = _container_veth(use.interface)
+        if pod_veth and nccl_socket.kubernetes_pod and use.interface.ifname == "eth0":
+            continue  # a pod's own eth0: Kubernetes routes pod addresses between nodes without NAT
         doubt = (
             SECONDARY_DEVICE if not use.primary
-            else POD_VETH if _container_veth(use.interface)
+            else POD_VETH if pod_veth
             else ROUTED_KIND if _routable_kind(use.interface)
             else ""
         )

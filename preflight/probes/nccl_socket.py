@@ -110,6 +110,9 @@ class NcclSocketFacts(Struct, frozen=True):
     # What NCCL before 2.28 binds bootstrap to, where that differs from the choice above (it also
     # takes interfaces that are not running); None where both releases choose alike.
     bootstrap_before_2_28: SocketChoice | None = None
+    # /etc/hosts carries kubelet's header: this is a Kubernetes pod, whose network model routes
+    # pod addresses between nodes without NAT. None: /etc/hosts unread.
+    kubernetes_pod: bool | None = None
 
 
 # -- NCCL's grammar and search --------------------------------------------------------------------
@@ -334,7 +337,18 @@ def probe_nccl_socket(fs: NodeFS, netlink: Netlink, job: JobFacts) -> NcclSocket
         devices=devices,
         problems=tuple(problems + reader.problems),
         bootstrap_before_2_28=bootstrap_older if differs else None,
+        kubernetes_pod=_kubernetes_pod(reader),
     )
+
+
+#: The first line kubelet writes into every pod's /etc/hosts (pkg/kubelet/kubelet_pods.go,
+#: managedHostsHeader; "(host network)" follows it for hostNetwork pods, which have no veth).
+KUBELET_HOSTS_HEADER = "# Kubernetes-managed hosts file"
+
+
+def _kubernetes_pod(reader: FactReader) -> bool | None:
+    hosts = FactReader(reader.fs).text("/etc/hosts")  # its own problems: this is a detail of NET001
+    return None if hosts is None else hosts.startswith(KUBELET_HOSTS_HEADER)
 
 
 def shown(item: IfAddr) -> str:

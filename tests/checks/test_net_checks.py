@@ -156,6 +156,21 @@ def test_net001_a_containers_own_veth_is_a_warning_unless_docker_nats_it(node: N
     assert set(found) == {"eth0"} and found["eth0"].severity == severity, found
 
 
+def test_net001_a_kubernetes_pods_eth0_is_routable(node: Node) -> None:
+    """kubelet heads every pod's /etc/hosts with its own line; in a pod the Kubernetes network
+    model routes the eth0 veth's address to every node without NAT (EKS's VPC CNI gives it a VPC
+    /32 behind 169.254.1.1). A veth under another name is still a warning."""
+    node.add("eth0", 2, "10.1.77.201/32", kind="veth")
+    node.file("/etc/hosts", "# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n10.1.77.201\tnccl-worker-0\n")
+    assert node.socket().kubernetes_pod is True and list(nccl_virtual_interface_selected(node.socket())) == []
+    node.env(NCCL_SOCKET_IFNAME="=eth1")
+    node.add("eth1", 3, "10.1.9.2/24", kind="veth")
+    assert subjects(nccl_virtual_interface_selected(node.socket()))["eth1"].severity is Severity.WARNING
+    node.file("/etc/hosts", "127.0.0.1\tlocalhost\n")  # Docker's /etc/hosts: no header
+    node.env()
+    assert node.socket().kubernetes_pod is False and set(subjects(nccl_virtual_interface_selected(node.socket()))) == {"eth0"}
+
+
 @pytest.mark.parametrize(("name", "kind", "severity"), [
     ("dummy0", "dummy", Severity.WARNING), ("wg0", "wireguard", Severity.WARNING), ("kube-ipvs0", "dummy", None),
 ])
