@@ -73,9 +73,16 @@ def ib_transport_retry_exceeded(link_history: LinkHistoryFacts, kernel_log: Kern
         raise Unknown(link_history.unlisted)
     if not link_history.ports:
         raise NotApplicable("no RDMA ports on this node")
+    ports = [port for port in link_history.ports if port.link_layer in (None, "InfiniBand", "Ethernet")]
+    if not ports:
+        other = link_history.ports[0]
+        raise NotApplicable(
+            f"no InfiniBand or RoCE port ({other.device}/{other.port}: link layer {other.link_layer}): NCCL's IB transport "
+            "opens no other, and EFA's are aws-ofi-nccl's"
+        )
     # The counters below may have been cleared since; the kernel log is the other witness.
     yield from kernel_log.unread("link-down history")
-    for port in link_history.ports:
+    for port in ports:
         subject = f"{port.device}/{port.port}"
         if port.problem:
             yield undecided(subject, port.problem)
@@ -84,7 +91,7 @@ def ib_transport_retry_exceeded(link_history: LinkHistoryFacts, kernel_log: Kern
             if port.link_error_recovery:
                 evidence.append(Evidence("link_error_recovery", str(port.link_error_recovery)))
             yield present(subject, *evidence, severity=Severity.WARNING)
-    by_bus = {port.bus: port.device for port in link_history.ports if port.bus}
+    by_bus = {port.bus: port.device for port in ports if port.bus}
     downs: dict[str, list[str]] = {}
     for event in kernel_log.link_downs:
         if event.bus in by_bus:

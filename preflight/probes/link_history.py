@@ -33,6 +33,9 @@ class PortHistory(Struct, frozen=True):
     link_downed: int | None
     link_error_recovery: int | None
     problem: str  # why the counters could not be read, "" when they were
+    # ports/<n>/link_layer: "InfiniBand", "Ethernet", or another layer NCCL's IB transport never
+    # opens (EFA's "Unknown"/"Unspecified", whose driver keeps no PMA counters); None: unread
+    link_layer: str | None = None
 
 
 class LinkHistoryFacts(Struct, frozen=True):
@@ -78,6 +81,11 @@ def probe_link_history(fs: NodeFS) -> LinkHistoryFacts:
             continue
         # Ports are numbered in ASCII digits; anything else in the directory is no port.
         for port in (name for name in numbers if name.isascii() and name.isdigit()):
+            layer_text = FactReader(fs).text(f"{IB_SYSFS}/{device}/ports/{port}/link_layer")  # unread: judged as before
+            layer = layer_text.strip() if layer_text is not None else None
+            if layer is not None and layer not in ("InfiniBand", "Ethernet"):
+                ports.append(PortHistory(device, port, bus, None, None, "", layer))
+                continue  # no counters to read: the kernel makes them for IB and RoCE ports only
             base = f"{IB_SYSFS}/{device}/ports/{port}/counters"
             before = len(reader.problems)
             downed = _counter(reader, f"{base}/link_downed")
@@ -85,5 +93,5 @@ def probe_link_history(fs: NodeFS) -> LinkHistoryFacts:
             problem = "; ".join(reader.problems[before:])
             if downed is None and not problem:
                 problem = f"{base}/link_downed: missing"
-            ports.append(PortHistory(device, port, bus, downed, recovered, problem or link_problem))
+            ports.append(PortHistory(device, port, bus, downed, recovered, problem or link_problem, layer))
     return LinkHistoryFacts(tuple(ports))

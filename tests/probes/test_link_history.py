@@ -82,3 +82,20 @@ def test_an_unreadable_device_link_or_an_odd_port_entry_stays_with_its_device(no
     broken = [(port.device, port.port, port.problem) for port in facts.ports if port.problem]
     assert broken == [("mlx5_3", "1", "/sys/class/infiniband/mlx5_3/device: permission denied (EACCES); needs root")]
     assert len(facts.ports) > 1
+
+
+def test_efa_ports_are_not_the_ib_transports(tmp_path: Path) -> None:
+    """EFA's ports report link layer "Unknown" and no PMA counters (the kernel makes
+    ports/<n>/counters for InfiniBand and RoCE ports only); NCCL's IB transport never opens them
+    (aws-ofi-nccl does), so IB006 does not apply, where every port said "counters missing"."""
+    efa = Path(__file__).resolve().parents[1] / "fixtures" / "nodes" / "efa-p4d"
+    facts = probe_link_history(NodeFS(str(efa)))
+    assert {(port.link_layer, port.problem) for port in facts.ports} == {("Unknown", "")} and len(facts.ports) == 4
+    fs = NodeFS(str(efa))
+    with pytest.raises(NotApplicable, match="link layer Unknown"):
+        list(ib_transport_retry_exceeded(facts, probe_kernel_log(fs), probe_job(fs)))
+    root = bare_node(tmp_path)  # a port whose link layer is not recorded keeps its counters' verdict
+    write(root, "/sys/class/infiniband/mlx5_0/ports/1/counters/link_downed", "3\n")
+    write(root, "/sys/class/infiniband/mlx5_0/ports/1/counters/link_error_recovery", "0\n")
+    (port,) = probe_link_history(NodeFS(str(root))).ports
+    assert (port.link_layer, port.link_downed) == (None, 3)
