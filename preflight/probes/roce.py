@@ -54,6 +54,7 @@ from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
 from preflight.sources.ethtool import PauseState
 from preflight.sources.netlink import DcbConfig, Netlink
+from preflight.virtualisation import detect as detect_virtualisation
 
 IB_SYSFS = "/sys/class/infiniband"
 
@@ -180,6 +181,10 @@ class DcbReading(Struct, frozen=True):
     error: str  # why it could not be read, "" when it was
     pause: PauseState | None = None  # pause-storm counters and stall watchdog (ethtool ioctl)
     pause_error: str = ""  # why those could not be read
+    # Why the interface's driver offering no DCB (EOPNOTSUPP) leaves PFC to another host: a
+    # virtual function (mlx5 registers DCB netlink only on a vport group manager, the PF) or a
+    # virtual machine's NIC; "" otherwise
+    host_owned: str = ""
 
 
 class RoceDcbFacts(Struct, frozen=True):
@@ -367,8 +372,19 @@ def probe_roce_dcb(fs: NodeFS, netlink: Netlink, roce: RoceFacts) -> RoceDcbFact
     for ifname, subjects in carried.items():
         config, error = _ask(netlink.dcb, ifname)
         pause, pause_error = _ask(netlink.pause, ifname)
-        readings.append(DcbReading(ifname, tuple(subjects), config, error, pause, pause_error))
+        owner = _pfc_owner(fs, ifname) if "EOPNOTSUPP" in error else ""
+        readings.append(DcbReading(ifname, tuple(subjects), config, error, pause, pause_error, owner))
     return RoceDcbFacts(tuple(readings))
+
+
+def _pfc_owner(fs: NodeFS, ifname: str) -> str:
+    """Who sets PFC for an interface without DCB netlink: its physical function's host ("" when
+    this node is that host, or when that is not known)."""
+    reader = FactReader(fs)
+    if reader.presence(f"/sys/class/net/{ifname}/device/physfn"):
+        return f"{ifname} is a virtual function (device/physfn): PFC is its physical function's"
+    guest = detect_virtualisation(fs, reader.text("/proc/cpuinfo"))
+    return f"{ifname} is a virtual machine's NIC ({guest.evidence}): PFC is the host's" if guest.guest else ""
 
 
 def _ask(query: Callable[[str], T], ifname: str) -> tuple[T | None, str]:

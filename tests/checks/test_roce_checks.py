@@ -457,6 +457,28 @@ def test_pfc_unknown_where_dcb_is_not_exposed() -> None:
     assert observe(roce_pfc_pause_storm(broken_ecn, healthy, job(), Expectations(lossless_priority=3))) == [("ens1f0np0", Status.UNKNOWN, None)]
 
 
+def test_pfc_of_a_virtual_function_is_its_hosts(tmp_path: Path) -> None:
+    """mlx5 offers DCB netlink only on the physical function: a VF (in a pod, device/physfn) or a
+    cloud VM's NIC (Azure's accelerated networking, Google's A3 Ultra) answers EOPNOTSUPP, and
+    the host that owns the port sets its PFC: nothing for this node to fix. A bare-metal PF that
+    answers so stays unknown."""
+    from msgspec.structs import replace as replaced
+
+    from preflight.probes.roce import _pfc_owner
+    from preflight.sources import NodeFS
+
+    (tmp_path / "sys/class/net/net1/device/physfn").mkdir(parents=True)
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc/cpuinfo").write_text("processor\t: 0\nflags\t\t: fpu sse2\n")
+    assert "virtual function" in _pfc_owner(NodeFS(str(tmp_path)), "net1")
+    assert _pfc_owner(NodeFS(str(tmp_path)), "ens1f0np0") == ""  # a PF on bare metal
+    (tmp_path / "proc/cpuinfo").write_text("processor\t: 0\nflags\t\t: fpu sse2 hypervisor\n")
+    assert "virtual machine's NIC" in _pfc_owner(NodeFS(str(tmp_path)), "ens1f0np0")
+    readings = dcb(("ens1f0np0", None, ()), error="RTM_GETDCB ens1f0np0: operation not supported (EOPNOTSUPP)")
+    guest = RoceDcbFacts(tuple(replaced(reading, host_owned="a VM's NIC") for reading in readings.readings))
+    assert observe(roce_pfc_pause_storm(facts(port()), guest, job(), Expectations())) == []
+
+
 def test_pause_storms_the_nic_recorded_since_the_driver_loaded() -> None:
     stormy = dcb(
         ("ens1f0np0", (3,), DSCP_MAP), ("ens2f0np0", (3,), DSCP_MAP),
