@@ -92,11 +92,30 @@ def gpu_hca_cross_numa_gdr(pcie: PcieFacts, job: JobFacts) -> Iterator[Observati
                          "a NIC under the GPU's own PCIe switch or root complex"),
             )
         elif setting and forced and within(distance, forced) and not within(distance, DEFAULT_GDR_LEVEL):
+            hidden = _switches_hidden(pcie, gpu, nic)
+            if hidden and job.nccl("NCCL_TOPO_FILE") is not None:
+                continue  # NCCL takes the paths from the topology file (TOPO004 checks it), not from sysfs
+            if hidden:
+                yield undecided(f"GPU {gpu}", hidden)
+                continue
             yield present(
                 f"GPU {gpu}",
                 Evidence("NCCL_NET_GDR_LEVEL", f"{setting.value}: GPUDirect RDMA forced over a {distance} path to NIC {nic}",
                          f"unset (NCCL's default {DEFAULT_GDR_LEVEL} stages such transfers through host memory)"),
             )
+
+
+def _switches_hidden(pcie: PcieFacts, gpu: str, nic: str) -> str:
+    """Why sysfs cannot show the path between ``gpu`` and ``nic``: in a virtual machine that puts
+    each device alone on a root bus (Hyper-V's vPCI on Azure's ND series), the PCIe switch they
+    share on the host is out of sight and every pair looks PHB. "" when the path is seen."""
+    if not pcie.hypervisor:
+        return ""
+    ends = [device for device in (*pcie.gpus, *pcie.nics) if device.bdf in (gpu, nic)]
+    if len(ends) == 2 and not any(device.chain for device in ends):
+        return (f"GPU {gpu} and NIC {nic} each sit alone on a root bus of a virtual machine ({pcie.virtualisation}): "
+                "the PCIe switch between them, if any, is the host's and not visible here")
+    return ""
 
 
 @check("TOPO004", profiles=("prolog",))

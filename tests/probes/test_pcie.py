@@ -269,6 +269,26 @@ def test_gdr_level_names_are_matched_as_ncclgetlevel_does(tmp_path: Path, value:
     assert topo_verdicts(root, {"NCCL_NET_GDR_LEVEL": value}) == []
 
 
+def test_gdr_forced_in_a_vm_that_hides_the_switches(tmp_path: Path) -> None:
+    """Hyper-V (Azure's ND series) gives each GPU and NIC a root bus of its own: every pair looks
+    PHB although GPU k and NIC k share a switch on the host. Forced GDR there is undecided; with
+    NCCL_TOPO_FILE NCCL takes its paths from the file (Azure's ndv5-topo.xml puts them under one
+    bridge), so there is nothing to say from sysfs."""
+    root = bare_node(tmp_path)
+    pci(root, ["0001:00:00.0"], "0x10de", "0x030200")
+    pci(root, ["0101:00:00.0"], "0x15b3", "0x020700", rdma=True)
+    for bdf_path in ("pci0001:00/0001:00:00.0", "pci0101:00/0101:00:00.0"):
+        numa(root, bdf_path, 0)
+    write(root, "/proc/cpuinfo", "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu hypervisor\n\n")
+    fs = NodeFS(str(root))
+    write(root, "/proc/self/environ", b"NCCL_NET_GDR_LEVEL=5\0")
+    found = list(gpu_hca_cross_numa_gdr(probe_pcie(fs), probe_job(fs)))
+    assert [(o.subject, o.status) for o in found] == [("GPU 0001:00:00.0", Status.UNKNOWN)] and "root bus of a virtual machine" in found[0].reason
+    assert topo_verdicts(root, {"NCCL_NET_GDR_LEVEL": "5", "NCCL_TOPO_FILE": "/opt/microsoft/ndv5-topo.xml"}) == []
+    write(root, "/proc/cpuinfo", "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu\n\n")  # bare metal: PHB is PHB
+    assert [s for s, _ in topo_verdicts(root, {"NCCL_NET_GDR_LEVEL": "5"})] == ["GPU 0001:00:00.0"]
+
+
 # PCI002 / PCI003 on hand-built facts -------------------------------------------------------------
 FULL = PcieLink(16, 16, "2.5 GT/s PCIe", "16.0 GT/s PCIe", "")
 
