@@ -51,9 +51,14 @@ def _where(setting: Setting, name: str) -> str:
 
 
 def _found(efa: EfaFacts, names: list[str]) -> list[str]:
-    wanted = {posixpath.basename(name) for name in names}
+    """The plugin files NCCL would open: a bare name where the loader searches, a path as named."""
+    wanted = {posixpath.basename(name) for name in names if "/" not in name}
     absolute = {name for name in names if name.startswith("/")}
-    return [path for path in efa.libraries if posixpath.basename(path) in wanted or path in absolute]
+    searched = {folder.rstrip("/") for folder in efa.loader_dirs or efa.library_dirs}
+    return [
+        path for path in efa.libraries
+        if path in absolute or (posixpath.basename(path) in wanted and posixpath.dirname(path) in searched)
+    ]
 
 
 #: Device names the kernel's other RDMA drivers give: never an EFA, whatever the vendor file

@@ -51,6 +51,11 @@ class EfaFacts(Struct, frozen=True):
     library_dirs: tuple[str, ...]  # directories searched, in loader order
     libraries: tuple[str, ...]  # paths of libnccl-net*.so* and libfabric.so* found there
     problems: tuple[str, ...]
+    # The directories the dynamic loader searches (the job's LD_LIBRARY_PATH, ld.so.conf, the
+    # defaults): NCCL dlopens its plugin by bare name, so a plugin only in an installer's directory
+    # (/opt/amazon/ofi-nccl/lib without its ld.so.conf.d entry) is not found; libfabric is, through
+    # the plugin's RPATH. Empty in reports written before this field: every directory counted.
+    loader_dirs: tuple[str, ...] = ()
 
 
 def parse_ld_so_conf(text: str) -> tuple[list[str], list[str]]:
@@ -89,11 +94,12 @@ def probe_efa(fs: NodeFS) -> EfaFacts | None:
     except SourceError:
         environ = {}
     job_dirs = library_path_dirs(environ)
-    directories = list(dict.fromkeys(job_dirs + _conf_dirs(reader) + list(DEFAULT_LIBRARY_DIRS) + list(EFA_LIBRARY_DIRS)))
+    loader = list(dict.fromkeys(job_dirs + _conf_dirs(reader) + list(DEFAULT_LIBRARY_DIRS)))
+    directories = list(dict.fromkeys(loader + list(EFA_LIBRARY_DIRS)))
     found = [
         f"{folder.rstrip('/')}/{entry}"
         for folder in directories
         for entry in reader.listing(folder) or []
         if entry.startswith((PLUGIN_PREFIX, "libfabric.so"))
     ]
-    return EfaFacts(tuple(directories), tuple(found), tuple(reader.problems))
+    return EfaFacts(tuple(directories), tuple(found), tuple(reader.problems), tuple(loader))

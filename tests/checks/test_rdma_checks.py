@@ -601,6 +601,19 @@ def test_efa001_absent_with_plugin_and_efa_provider() -> None:
     assert list(efa_provider_unavailable(EFA_NODE, LIBS, job({"NCCL_NET_PLUGIN": "/opt/amazon/ofi-nccl/lib/libnccl-net.so"}))) == []
 
 
+def test_efa001_a_plugin_the_loader_does_not_search_for_is_missing() -> None:
+    """NCCL dlopens libnccl-net.so by bare name: aws-ofi-nccl left in /opt/amazon/ofi-nccl/lib
+    without its ld.so.conf.d entry or the job's LD_LIBRARY_PATH is not found (NCCL falls back to
+    sockets); named by its path, it is. libfabric is found through the plugin's RPATH."""
+    unsearched = replace(LIBS, loader_dirs=("/usr/lib/x86_64-linux-gnu", "/usr/lib"))
+    found = list(efa_provider_unavailable(EFA_NODE, unsearched, job({"FI_PROVIDER": "efa"})))
+    assert [(o.subject, o.severity) for o in found] == [("aws-ofi-nccl", Severity.WARNING)]
+    path = job({"FI_PROVIDER": "efa", "NCCL_NET_PLUGIN": "/opt/amazon/ofi-nccl/lib/libnccl-net.so"})
+    assert list(efa_provider_unavailable(EFA_NODE, unsearched, path)) == []
+    searched = replace(LIBS, loader_dirs=("/opt/amazon/ofi-nccl/lib/", "/usr/lib"))
+    assert list(efa_provider_unavailable(EFA_NODE, searched, job({"FI_PROVIDER": "efa"}))) == []
+
+
 def test_efa001_not_applicable_and_unknown() -> None:
     with pytest.raises(NotApplicable):
         list(efa_provider_unavailable(eight(), None, job()))

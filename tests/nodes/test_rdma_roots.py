@@ -101,6 +101,10 @@ def test_efa_root_absent_once_fixed(tmp_path: Path) -> None:
     (root / "opt/amazon/ofi-nccl/lib").mkdir(parents=True)
     (root / "opt/amazon/ofi-nccl/lib/libnccl-net.so").write_text("")
     (root / "proc/self/environ").write_bytes(b"FI_PROVIDER=efa\0SLURM_JOB_UID=1001\0")
+    # installed without telling the loader (the installer's ld.so.conf.d entry): NCCL cannot find it
+    assert ("present", "aws-ofi-nccl") in verdicts(judge(root))["EFA001"]
+    (root / "etc/ld.so.conf.d").mkdir(parents=True, exist_ok=True)
+    (root / "etc/ld.so.conf.d/100_ofinccl.conf").write_text("/opt/amazon/ofi-nccl/lib\n")
     assert verdicts(judge(root))["EFA001"] == {("absent", "node")}
 
 
