@@ -381,7 +381,8 @@ def _narrow_links(pcie: PcieFacts) -> Iterator[Observation]:
         if link.problem or link.current_width is None or link.max_width is None:
             yield undecided(subject, link.problem or "link width not read")
         elif link.current_width == 0:
-            yield undecided(subject, f"/sys/bus/pci/devices/{endpoint.bdf}/current_link_width is 0: the link is down or the device is powered off")
+            where = link.function or endpoint.bdf
+            yield undecided(subject, f"/sys/bus/pci/devices/{where}/current_link_width is 0: the link is down or the device is powered off")
         elif link.current_width < link.max_width:
             observation = _narrow_link(subject, endpoint, pcie.hypervisor is True)
             if observation is not None:
@@ -409,7 +410,7 @@ def _narrow_link(subject: str, endpoint: PciEndpoint, hypervisor: bool) -> Obser
     expected = min(link.max_width, link.port_max_width)
     return present(
         subject,
-        Evidence(f"/sys/bus/pci/devices/{endpoint.bdf}/current_link_width", f"x{link.current_width}{speed}",
+        Evidence(f"/sys/bus/pci/devices/{link.function or endpoint.bdf}/current_link_width", f"x{link.current_width}{speed}",
                  f"x{expected} (max_link_width of the device and of port {link.port} above it)"),
     )
 

@@ -123,6 +123,9 @@ class PcieLink(Struct, frozen=True):
     # bridge above it (a virtual machine's root bus), or its width unread.
     port: str = ""
     port_max_width: int | None = None
+    # Whose link this is where it is not the function's own: an SR-IOV virtual function's Link
+    # Status is reserved (it reads x0), and its link is its physical function's (device/physfn)
+    function: str = ""
 
 
 class PciEndpoint(Struct, frozen=True):
@@ -382,12 +385,26 @@ def _endpoint(fs: NodeFS, reader: FactReader, bdf: str, chain: tuple[str, ...], 
     except SourceError as error:
         problem = str(error)
     link = _link(reader, base)
+    if link.current_width == 0:
+        physical = _physical_function(fs, base)
+        if physical:
+            link = replace(_link(reader, f"/sys/bus/pci/devices/{physical}"), function=physical)
     narrow = link.current_width is not None and link.max_width is not None and 0 < link.current_width < link.max_width
     if narrow and len(chain) > 1:
         # Only a narrow link asks its port: every prolog reads this for each GPU and NIC.
         port = chain[-2]
         link = replace(link, port=port, port_max_width=parse_width(reader.text(f"/sys/bus/pci/devices/{port}/max_link_width")))
     return PciEndpoint(bdf, chain[:-1], _numa(reader.text(f"{base}/numa_node")), link, group, domain, problem, rdma)
+
+
+def _physical_function(fs: NodeFS, base: str) -> str:
+    """The PCI address ``<bdf>/physfn`` links to: the device is an SR-IOV virtual function; "" when
+    it is none (or the link cannot be read, and then its own x0 stands)."""
+    try:
+        target = fs.readlink(f"{base}/physfn")
+    except SourceError:
+        return ""
+    return target.rstrip("/").rsplit("/", 1)[-1] if target else ""
 
 
 def parse_width(text: str | None) -> int | None:

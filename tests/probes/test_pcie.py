@@ -328,6 +328,24 @@ def test_pci002_width_below_max_is_present_and_speed_never() -> None:
         list(p2p_bandwidth_degraded(facts(())))
 
 
+def test_pci002_a_virtual_function_has_its_physical_functions_link(tmp_path: Path) -> None:
+    """An SR-IOV VF's Link Status is reserved and reads x0, which is no link down: its link is its
+    PF's (device/physfn), as a pod given VFs by the SR-IOV device plugin sees them."""
+    root = hgx_tree(tmp_path)
+    device = "sys/devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:01.0"
+    pci(root, ["0000:15:01.0", "0000:16:00.0", "0000:17:01.0", "0000:1a:00.2"], "0x15b3", "0x020000", rdma=True)
+    for function, width in (("0000:1a:00.0", "8"), ("0000:1a:00.2", "0")):
+        write(root, f"/{device}/{function}/current_link_width", width + "\n")
+        write(root, f"/{device}/{function}/max_link_width", "16\n")
+    write(root, f"/{device}/max_link_width", "16\n")  # the port above both
+    os.symlink("../0000:1a:00.0", root / device / "0000:1a:00.2" / "physfn")
+    vf = next(nic for nic in probe_pcie(NodeFS(str(root))).nics if nic.bdf == "0000:1a:00.2")
+    assert (vf.link.current_width, vf.link.function) == (8, "0000:1a:00.0")
+    found = {o.subject: o for o in p2p_bandwidth_degraded(probe_pcie(NodeFS(str(root))))}
+    narrow = found["NIC 0000:1a:00.2 (mlx5_0)"]
+    assert narrow.status is Status.PRESENT and narrow.evidence[0].source == "/sys/bus/pci/devices/0000:1a:00.0/current_link_width"
+
+
 def test_pci002_a_slot_narrower_than_the_device_is_the_slot_not_a_fault() -> None:
     """An x16 GPU in a slot wired x8 trains x8 (real dumps in tests/data/real-nvml show x8 of x16
     on a T4 and an A10G on a guest's root bus, a Quadro P2000, a laptop RTX 3060): only a port
