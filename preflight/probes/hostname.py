@@ -205,7 +205,20 @@ def job_nodes(environ: dict[str, str]) -> tuple[list[str], int, str]:
     except HostlistError as error:
         return [], 0, f"{variable}: {error}"
     count = environ.get("SLURM_STEP_NUM_NODES", "").strip() if in_step else ""
+    if not nodes and not is_number(count):
+        return [], _torchrun_nodes(environ), ""
     return nodes, int(count) if is_number(count) else len(nodes), ""
+
+
+def _torchrun_nodes(environ: dict[str, str]) -> int:
+    """The nodes of a job torchrun started outside Slurm: GROUP_WORLD_SIZE (its agents, one per
+    node), else 1 where the job's ranks are all this node's (WORLD_SIZE equal to
+    LOCAL_WORLD_SIZE, as with --standalone); 0 when not known."""
+    groups = environ.get("GROUP_WORLD_SIZE", "").strip()
+    if is_number(groups):
+        return int(groups)
+    world, local = environ.get("WORLD_SIZE", "").strip(), environ.get("LOCAL_WORLD_SIZE", "").strip()
+    return 1 if is_number(world) and world == local and int(world) > 0 else 0
 
 
 # -- what libc would answer -------------------------------------------------------------------

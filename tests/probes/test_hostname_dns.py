@@ -466,3 +466,15 @@ def test_peer_sample_covers_the_job_without_asking_everyone() -> None:
 def test_parse_resolv_conf_options() -> None:
     conf = parse_resolv_conf("nameserver 127.0.0.53\noptions edns0 trust-ad ndots:20 timeout:0 attempts:9\nsearch .\n")
     assert (conf.ndots, conf.search) == (15, (".",))
+
+
+def test_a_torchrun_job_outside_slurm_counts_its_nodes() -> None:
+    """torchrun --standalone (or one agent) runs every rank on this node: a host name on loopback
+    reaches them all, as for a one-node Slurm job (a warning, not a drain)."""
+    from preflight.probes.hostname import job_nodes
+
+    assert job_nodes({"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8"}) == ([], 1, "")
+    assert job_nodes({"WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8"}) == ([], 0, "")
+    assert job_nodes({"GROUP_WORLD_SIZE": "2", "WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8"}) == ([], 2, "")
+    assert job_nodes({}) == ([], 0, "") and job_nodes({"WORLD_SIZE": "0", "LOCAL_WORLD_SIZE": "0"}) == ([], 0, "")
+    assert job_nodes({"SLURM_JOB_NODELIST": "gpu[01-02]", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8"})[1] == 2  # Slurm's word wins
