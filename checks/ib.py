@@ -670,8 +670,12 @@ def rdma_device_nodes_missing(rdma: RdmaFacts, job: JobFacts | Unread, expect: E
     """RDMA devices the job can see in sysfs but cannot open through /dev/infiniband. A device
     that a visible NCCL_IB_HCA (else expect.hcas) leaves out is at most a warning: a pod's device
     plugin mounts only the devices it hands out, while sysfs shows them all, and NCCL skips a
-    device it cannot open (init.cc@v2.30.7-1, 'Unable to open device')."""
+    device it cannot open (init.cc@v2.30.7-1, 'Unable to open device'). A job that turns NCCL's
+    IB transport off (a pod of a multi-node NVLink ComputeDomain given GPUs and an IMEX channel
+    only, with NCCL_IB_DISABLE=1) opens none."""
     require_rdma(rdma)
+    if not isinstance(job, Unread):
+        require_ib_transport_on(job)
     devices = rdma.data_devices
     if not devices:
         raise NotApplicable("only NVSwitch management functions, no data RDMA devices")

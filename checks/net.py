@@ -147,13 +147,18 @@ def _route_mismatch(facts: NcclSocketFacts, routing: RoutingFacts) -> Iterator[O
         yield undecided(picked.ifname, f"peers {', '.join(unresolved[:4])} unresolved; {routing.problems[0]}")
     if elsewhere:
         chosen = facts.socket_ifname is not None and len(facts.socket_ifname.value) > 1
+        # NCCL's default pick of an IPoIB port (ib* first): its peers pick theirs too and dial the
+        # address each one publishes on it, never the one their names resolve to; clusters keep
+        # IPoIB in one subnet (Azure's ND series, DGX systems under Base Command Manager, GB200
+        # trays), so the other route is worth knowing, not a fault.
+        ipoib = picked.link_type == "infiniband"
         yield present(
             picked.ifname,
             Evidence(facts.bootstrap.source, facts.bootstrap.rule),
             Evidence("getifaddrs", f"bootstrap: {shown(picked)}"),
             *(Evidence(route.where, f"{peer.name}: {route.describe()}", f"dev {picked.ifname}") for peer, route in elsewhere[:8]),
             # A deliberate NCCL_SOCKET_IFNAME on a separate data network is common; say so quietly.
-            severity=Severity.INFO if chosen else Severity.WARNING,
+            severity=Severity.INFO if chosen or ipoib else Severity.WARNING,
         )
 
 

@@ -13,10 +13,12 @@ accelerated-networking function ``mlx5_an0`` of Azure's ND-series VMs next to ei
 InfiniBand functions, carries no NCCL traffic, and its empty GID table breaks nothing.
 
 The model, kept on the safe side of NCCL's: a port is passed over when, for every GPU, another
-port is at least twice as fast and at least as near on a path that stays on the GPU's socket
-(PIX, PXB or PHB). Twice, because a path's bandwidth is that of its slowest link and a PCIe link
-can be narrower than its NIC; on the GPU's socket, because a cross-socket path's bandwidth is
-the inter-CPU link's, on which a slow and a fast port can tie.
+port on a path that stays on the GPU's socket (PIX, PXB or PHB) beats it: at least twice as fast
+and at least as near, or as fast and nearer. Twice, because a path's bandwidth is that of its
+slowest link and a PCIe link can be narrower than its NIC; as fast and nearer, because equal
+bandwidths leave the choice to the nearer path type (a DGX H100's storage ports on CPU root
+ports beside the rails under the GPUs' switches); on the GPU's socket, because a cross-socket
+path's bandwidth is the inter-CPU link's, on which a slow and a fast port can tie.
 """
 
 from __future__ import annotations
@@ -64,8 +66,8 @@ def passed_over(rdma: RdmaFacts, pcie: PcieFacts) -> Mapping[str, str]:
         if all(winners):
             first = next(winner for winner in winners if winner)
             skipped[device.name] = (
-                f"{device.name} is passed over by NCCL's topology search: {first} is at least "
-                f"{FASTER:g} times as fast and as near to every GPU"
+                f"{device.name} is passed over by NCCL's topology search: {first} is faster and as near, "
+                "or as fast and nearer, to every GPU"
             )
     return skipped
 
@@ -74,9 +76,9 @@ def _winner(pcie: PcieFacts, gpu: PciEndpoint, rate: float, nic: PciEndpoint, de
     """A port NCCL prefers to (rate, nic) for ``gpu``, described; "" when there is none."""
     own = LINK_RANK[path_class(gpu, nic, pcie.sockets)]
     for name, other_rate, other in ports:
-        if name == device or other_rate < FASTER * rate:
+        if name == device or other_rate < rate:
             continue
         path = path_class(gpu, other, pcie.sockets)
-        if path in SAME_SOCKET and LINK_RANK[path] <= own:
+        if path in SAME_SOCKET and (LINK_RANK[path] < own or (other_rate >= FASTER * rate and LINK_RANK[path] <= own)):
             return f"{name} ({other_rate:g} Gb/s, {path} from GPU {gpu.bdf})"
     return ""

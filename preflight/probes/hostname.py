@@ -147,16 +147,13 @@ def _plain(name: str) -> str:
 
 
 def same_host(first: str, second: str) -> bool:
-    """Two spellings of one host: equal ignoring case and the root dot, or a short name and an
-    FQDN whose first label it is."""
-    a, b = _plain(first), _plain(second)
-    if a == b:
-        return True
-    if "." not in a:
-        return b.split(".", 1)[0] == a
-    if "." not in b:
-        return a.split(".", 1)[0] == b
-    return False
+    """Two spellings of one host: equal ignoring case and the root dot, or a relative name and an
+    FQDN whose leading labels it is (the resolver's search domains complete gpu01 to
+    gpu01.cluster.local, and a Kubernetes pod's trainer-0.trainer to
+    trainer-0.trainer.default.svc.cluster.local)."""
+    a, b = _plain(first).split("."), _plain(second).split(".")
+    shorter, longer = (a, b) if len(a) <= len(b) else (b, a)
+    return longer[: len(shorter)] == shorter
 
 
 def is_ip_literal(text: str) -> bool:

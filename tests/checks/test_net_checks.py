@@ -401,6 +401,19 @@ def test_net005_peers_routed_elsewhere_warning_when_automatic_info_when_chosen(n
     assert list(nccl_wrong_socket_interface(node.socket(), node.routing(), NO_NCCL)) == []
 
 
+def test_net005_nccls_default_ipoib_pick_with_peers_named_on_ethernet_is_information(node: Node) -> None:
+    """A real IPoIB port first in NCCL's default order: every peer picks its own and NCCL dials the
+    address each publishes there, not the Ethernet address a peer's name resolves to (Azure ND,
+    DGX under Base Command Manager, GB200 trays)."""
+    node.add("eno1", 2, "10.0.0.2/24")
+    node.add("ib0", 3, "192.168.50.2/24")
+    node.links[-1]["link_type"] = "infiniband"
+    node.env(MASTER_ADDR="10.0.0.9")
+    node.routes = {"10.0.0.9": unicast("eno1")}
+    found = subjects(nccl_wrong_socket_interface(node.socket(), node.routing(), NO_NCCL))
+    assert found["ib0"].severity is Severity.INFO and "10.0.0.9: dev eno1" in text(found["ib0"])
+
+
 def _rails(node: Node, rp_filter: int, arp: tuple[int, int], own_tables: bool) -> None:
     node.add("eno1", 2, "10.0.0.2/24")
     node.add("r1", 3, "10.50.0.2/24")

@@ -28,13 +28,13 @@ RDMA, PCIE = probe_rdma(FS), probe_pcie(FS)
 FRONT_END = "0000:b1:00.0"
 
 
-def with_front_end(gbps: float, numa: int | None = 0) -> tuple[RdmaFacts, PcieFacts]:
+def with_front_end(gbps: float, numa: int | None = 0, chain: tuple[str, ...] = ("0000:b0:01.0",)) -> tuple[RdmaFacts, PcieFacts]:
     """The example node plus an Ethernet function ``mlx5_an0`` of ``gbps`` on NUMA node ``numa``,
-    on a root port of its own (no switch shared with a GPU)."""
+    on a root port of its own (no switch shared with a GPU) unless ``chain`` says otherwise."""
     rail = RDMA.devices[0]
     link = replace(rail.ports[0], device="mlx5_an0", link_layer="Ethernet", rate=PortRate(gbps, 1, "EDR"))
     device = replace(rail, name="mlx5_an0", path="/sys/class/infiniband/mlx5_an0", pci_address=FRONT_END, ports=(link,), netdevs=("enP1s1",))
-    nic = replace(PCIE.nics[0], bdf=FRONT_END, chain=("0000:b0:01.0",), numa_node=numa, rdma_devices=("mlx5_an0",))
+    nic = replace(PCIE.nics[0], bdf=FRONT_END, chain=chain, numa_node=numa, rdma_devices=("mlx5_an0",))
     return replace(RDMA, devices=(device, *RDMA.devices)), replace(PCIE, nics=(*PCIE.nics, nic))
 
 
@@ -42,8 +42,15 @@ def test_a_slow_front_end_function_is_passed_over_and_a_rail_is_not() -> None:
     rdma, pcie = with_front_end(40)
     skipped = passed_over(rdma, pcie)
     assert list(skipped) == ["mlx5_an0"] and "mlx5_0 (400 Gb/s, PIX from GPU 0000:18:00.0)" in skipped["mlx5_an0"]
-    assert passed_over(*with_front_end(400)) == {}  # as fast as a rail: NCCL may well use it
-    assert passed_over(*with_front_end(250)) == {}  # faster than half a rail: a narrow PCIe link could tie
+    # As fast as a rail but farther from every GPU than its rail (a DGX H100's storage ports on
+    # CPU root ports): equal bandwidths leave the choice to the nearer path, the rail's.
+    assert list(passed_over(*with_front_end(400))) == ["mlx5_an0"]
+    # Under a GPU's own switch, as near as that GPU's rail: NCCL may well use it, at any speed
+    # above half a rail's (a narrow PCIe link could tie them).
+    rail_switch = PCIE.nics[0].chain
+    assert passed_over(*with_front_end(400, chain=rail_switch)) == {}
+    assert passed_over(*with_front_end(250, chain=rail_switch)) == {}
+    assert list(passed_over(*with_front_end(100, chain=rail_switch))) == ["mlx5_an0"]
     assert list(passed_over(*with_front_end(40, numa=None))) == ["mlx5_an0"]  # wherever it is, PIX rails win
     assert passed_over(rdma, replace(pcie, gpus=())) == {}  # no GPU seen: nothing is known to win
 

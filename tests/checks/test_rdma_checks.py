@@ -335,6 +335,14 @@ def test_ib007_present_when_container_has_no_dev_infiniband() -> None:
     assert found[0].evidence[0].observed == "mlx5_0, mlx5_1"
 
 
+def test_ib007_not_applicable_where_the_job_turns_nccls_ib_transport_off() -> None:
+    """A Kubernetes pod of a multi-node NVLink ComputeDomain gets GPUs and an IMEX channel, no
+    /dev/infiniband, and NCCL_IB_DISABLE=1: NCCL opens no RDMA device."""
+    facts = replace(rdma(hca("mlx5_0"), dev=None, nodes={}), dev_infiniband=None)
+    with pytest.raises(NotApplicable, match="NCCL_IB_DISABLE=1"):
+        list(rdma_device_nodes_missing(facts, job({"NCCL_IB_DISABLE": "1"}), Expectations()))
+
+
 def test_ib007_present_for_missing_node_permissions_and_rdma_cm() -> None:
     facts = rdma(hca("mlx5_0"), hca("mlx5_1"), hca("mlx5_2"),
                  nodes={"/dev/infiniband/uverbs0": CHAR, "/dev/infiniband/uverbs1": stat.S_IFCHR | 0o600,

@@ -478,3 +478,12 @@ def test_a_torchrun_job_outside_slurm_counts_its_nodes() -> None:
     assert job_nodes({"GROUP_WORLD_SIZE": "2", "WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8"}) == ([], 2, "")
     assert job_nodes({}) == ([], 0, "") and job_nodes({"WORLD_SIZE": "0", "LOCAL_WORLD_SIZE": "0"}) == ([], 0, "")
     assert job_nodes({"SLURM_JOB_NODELIST": "gpu[01-02]", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8"})[1] == 2  # Slurm's word wins
+
+
+def test_same_host_accepts_a_relative_name_the_search_domains_complete() -> None:
+    from preflight.probes.hostname import same_host
+
+    assert same_host("gpu01", "GPU01.cluster.local.") and same_host("gpu01.cluster.local", "gpu01")
+    assert same_host("trainer-master-0.trainer", "trainer-master-0.trainer.default.svc.cluster.local.")
+    assert not same_host("gpu01", "gpu011.cluster.local") and not same_host("gpu01.a", "gpu01.b.a")
+    assert not same_host("node-1.ib", "node-1.eth.cluster")
