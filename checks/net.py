@@ -33,12 +33,14 @@ from preflight.probes.nccl_socket import (
     shown,
 )
 from preflight.probes.nccl_libs import NcclLibFacts
+from preflight.probes.hostname import job_nodes
 from preflight.probes.routing import CONF, RoutingFacts
 from preflight.registry import check
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
+    from preflight.probes.job import JobFacts
     from preflight.probes.rdma import RdmaFacts
 
 ARP_FIX = (
@@ -351,12 +353,22 @@ ROUTED_KIND = "routable only where the host routes its address (a BGP-announced 
 ROUTABLE_KINDS = frozenset({"dummy", "tun", "wireguard", "vxlan", "geneve", "ipip"})
 
 
-@check("NET001")
-def nccl_virtual_interface_selected(nccl_socket: NcclSocketFacts) -> Iterator[Observation]:
+#: Why an interface that reaches no other node is a warning in a job of one node.
+ONE_NODE_FIX = (
+    "This job runs on one node, where its ranks meet over this interface, so it is not hurt; a job "
+    "of several nodes would be. Set NCCL_SOCKET_IFNAME to an interface routable between nodes (or run "
+    "the container with --network=host) before such a job."
+)
+
+
+@check("NET001", optional=("job",))
+def nccl_virtual_interface_selected(nccl_socket: NcclSocketFacts, job: JobFacts | Unread = NOT_GIVEN) -> Iterator[Observation]:
     """NCCL would bind to a loopback, container, bridge, overlay or VPN interface; a warning for
     a secondary socket device or a container's own veth, which may well be routable, and nothing
     for a Kubernetes pod's eth0 (kubelet's /etc/hosts): the Kubernetes network model has every
-    pod reach every other pod, on any node, without NAT (kubernetes.io, Cluster Networking)."""
+    pod reach every other pod, on any node, without NAT (kubernetes.io, Cluster Networking). In a
+    job known to run on one node (Slurm's node count, torchrun's) every pick is a warning."""
+    one_node = not isinstance(job, Unread) and job_nodes(job.environ)[1] == 1
     for use in uses(nccl_socket):
         reason = virtual_reason(use.interface)
         if not reason or _is_link_local(use.interface):
@@ -375,7 +387,8 @@ def nccl_virtual_interface_selected(nccl_socket: NcclSocketFacts) -> Iterator[Ob
             use.setting(),
             Evidence("getifaddrs", f"{use.purpose}: {shown(use.interface)} ({reason}{'; ' + doubt if doubt else ''})",
                      "an interface routable between nodes"),
-            severity=Severity.WARNING if doubt else None,
+            severity=Severity.WARNING if doubt or one_node else None,
+            fix=ONE_NODE_FIX if one_node and not doubt else "",
         )
 
 

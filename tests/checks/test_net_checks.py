@@ -156,6 +156,21 @@ def test_net001_a_containers_own_veth_is_a_warning_unless_docker_nats_it(node: N
     assert set(found) == {"eth0"} and found["eth0"].severity == severity, found
 
 
+def test_net001_a_one_node_job_is_not_hurt_by_a_bridge(node: Node) -> None:
+    """docker run --gpus all on the default bridge: NCCL's ranks in the container meet over the
+    NATed eth0, which only a job of several nodes cannot cross (torchrun --standalone, or Slurm
+    saying one node, make every pick a warning)."""
+    from preflight.probes.job import probe_job
+
+    node.add("eth0", 2, "172.17.0.2/16", kind="veth")
+    assert [o.severity for o in nccl_virtual_interface_selected(node.socket())] == [None]
+    node.env(WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
+    (found,) = nccl_virtual_interface_selected(node.socket(), probe_job(NodeFS(str(node.root))))
+    assert found.severity is Severity.WARNING and "runs on one node" in found.fix
+    node.env(WORLD_SIZE="16", LOCAL_WORLD_SIZE="8")
+    assert [o.severity for o in nccl_virtual_interface_selected(node.socket(), probe_job(NodeFS(str(node.root))))] == [None]
+
+
 def test_net001_a_kubernetes_pods_eth0_is_routable(node: Node) -> None:
     """kubelet heads every pod's /etc/hosts with its own line; in a pod the Kubernetes network
     model routes the eth0 veth's address to every node without NAT (EKS's VPC CNI gives it a VPC
