@@ -153,7 +153,7 @@ def _route_mismatch(facts: NcclSocketFacts, routing: RoutingFacts) -> Iterator[O
         # address each one publishes on it, never the one their names resolve to; clusters keep
         # IPoIB in one subnet (Azure's ND series, DGX systems under Base Command Manager, GB200
         # trays), so the other route is worth knowing, not a fault.
-        ipoib = picked.link_type == "infiniband"
+        ipoib = picked.link_type == "infiniband" and picked.scope == "global"  # a link-local pick is NET003's
         yield present(
             picked.ifname,
             Evidence(facts.bootstrap.source, facts.bootstrap.rule),
