@@ -23,7 +23,7 @@ path's bandwidth is the inter-CPU link's, on which a slow and a fast port can ti
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from preflight.model import Unread
 from preflight.nccl.ib import NCCL_LINK_LAYERS
@@ -44,9 +44,22 @@ def passed_over_if_read(rdma: RdmaFacts | Unread, pcie: PcieFacts | Unread) -> M
     return {} if isinstance(rdma, Unread) or isinstance(pcie, Unread) else passed_over(rdma, pcie)
 
 
+#: The last answer, for the same two facts objects: six checks of one run ask the same question.
+_last: tuple[RdmaFacts, PcieFacts, Mapping[str, str]] | None = None
+
+
 def passed_over(rdma: RdmaFacts, pcie: PcieFacts) -> Mapping[str, str]:
     """{device: why} for the RDMA devices none of whose ACTIVE ports NCCL's topology search would
     make any GPU's network device; {} where that is not known (no GPU seen, or no port placed)."""
+    global _last
+    if _last is not None and _last[0] is rdma and _last[1] is pcie:
+        return _last[2]
+    answer = _passed_over(rdma, pcie)
+    _last = (rdma, pcie, answer)
+    return answer
+
+
+def _passed_over(rdma: RdmaFacts, pcie: PcieFacts) -> Mapping[str, str]:
     if not pcie.gpus:
         return {}
     endpoint_of = {name: nic for nic in pcie.nics for name in nic.rdma_devices}
@@ -56,15 +69,31 @@ def passed_over(rdma: RdmaFacts, pcie: PcieFacts) -> Mapping[str, str]:
         for port in device.ports:
             if port.state == PORT_ACTIVE and port.link_layer in NCCL_LINK_LAYERS and port.rate is not None and nic is not None:
                 ports.append((device.name, port.rate.gbps, nic))
+    classes: dict[tuple[str, str], str] = {}
+
+    def path(gpu: PciEndpoint, nic: PciEndpoint) -> str:
+        key = (gpu.bdf, nic.bdf)
+        if key not in classes:
+            classes[key] = path_class(gpu, nic, pcie.sockets)
+        return classes[key]
+
     skipped: dict[str, str] = {}
     for device in rdma.devices:
         mine = [(rate, nic) for name, rate, nic in ports if name == device.name]
         active = [port for port in device.ports if port.state == PORT_ACTIVE and port.link_layer in NCCL_LINK_LAYERS]
         if not mine or len(mine) != len(active):
             continue  # no port NCCL keeps, or one whose rate or place is unknown
-        winners = [_winner(pcie, gpu, rate, nic, device.name, ports) for gpu in pcie.gpus for rate, nic in mine]
-        if all(winners):
-            first = next(winner for winner in winners if winner)
+        first = ""
+        for gpu in pcie.gpus:
+            for rate, nic in mine:
+                winner = _winner(path, gpu, rate, nic, device.name, ports)
+                if not winner:
+                    break
+                first = first or winner
+            else:
+                continue
+            break  # some GPU may take one of its ports
+        else:
             skipped[device.name] = (
                 f"{device.name} is passed over by NCCL's topology search: {first} is faster and as near, "
                 "or as fast and nearer, to every GPU"
@@ -72,13 +101,16 @@ def passed_over(rdma: RdmaFacts, pcie: PcieFacts) -> Mapping[str, str]:
     return skipped
 
 
-def _winner(pcie: PcieFacts, gpu: PciEndpoint, rate: float, nic: PciEndpoint, device: str, ports: list[tuple[str, float, PciEndpoint]]) -> str:
+def _winner(
+    path: Callable[[PciEndpoint, PciEndpoint], str], gpu: PciEndpoint, rate: float, nic: PciEndpoint, device: str,
+    ports: list[tuple[str, float, PciEndpoint]],
+) -> str:
     """A port NCCL prefers to (rate, nic) for ``gpu``, described; "" when there is none."""
-    own = LINK_RANK[path_class(gpu, nic, pcie.sockets)]
+    own = LINK_RANK[path(gpu, nic)]
     for name, other_rate, other in ports:
         if name == device or other_rate < rate:
             continue
-        path = path_class(gpu, other, pcie.sockets)
-        if path in SAME_SOCKET and (LINK_RANK[path] < own or (other_rate >= FASTER * rate and LINK_RANK[path] <= own)):
-            return f"{name} ({other_rate:g} Gb/s, {path} from GPU {gpu.bdf})"
+        kind = path(gpu, other)
+        if kind in SAME_SOCKET and (LINK_RANK[kind] < own or (other_rate >= FASTER * rate and LINK_RANK[kind] <= own)):
+            return f"{name} ({other_rate:g} Gb/s, {kind} from GPU {gpu.bdf})"
     return ""
