@@ -88,7 +88,6 @@ class MemlockFacts(Struct, frozen=True):
     exemption: Exemption | None = None
 
 
-
 def parse_limits_memlock(text: str, source: str) -> Limit | None:
     """The ``Max locked memory`` row of ``/proc/<pid>/limits``."""
     return parse_limits_row(text, "Max locked memory", source)
