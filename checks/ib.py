@@ -8,6 +8,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from preflight.model import (
+    NOT_GIVEN,
     Evidence,
     NotApplicable,
     Observation,
@@ -26,11 +27,11 @@ from preflight.nccl.ib import (
     parse_nccl_ib_hca,
     require_ib_transport_on,
 )
-from preflight.nccl.net_choice import NOT_GIVEN, passed_over_if_read
 from preflight.nccl.releases import version_tuple
 from preflight.probes.gpudirect import DeviceNode, JobIdentity, access_decided, membership_unknown
 from preflight.probes.kernel_log import NOT_READ, JoinFailure, KernelLogFacts
 from preflight.probes.link_history import IB_SYSFS, LinkHistoryFacts
+from preflight.probes.nccl_nets import NcclNetsFacts, skipped_devices
 from preflight.probes.rdma import (
     DEV_INFINIBAND,
     IB_CLASS,
@@ -56,7 +57,6 @@ if TYPE_CHECKING:
     from preflight.config import Expectations
     from preflight.probes.job import JobFacts, Setting
     from preflight.probes.nccl_libs import NcclLibFacts
-    from preflight.probes.pcie import PcieFacts
 
 # NCCL_IB_TIMEOUT is an exponent: 4.096 us * 2**value per try. NCCL's default is 20 (about 4 s);
 # below 14 (about 67 ms) a link retraining outlasts every retry.
@@ -248,14 +248,14 @@ def _mixed_and_management(rdma: RdmaFacts, selection: Selection, severity: Sever
         )
 
 
-@check("IB004", profiles=("prolog",), optional=("pcie",))
-def ib_hca_selection_mismatch(rdma: RdmaFacts, job: JobFacts, pcie: PcieFacts | Unread = NOT_GIVEN) -> Iterator[Observation]:
+@check("IB004", profiles=("prolog",), optional=("nccl_nets",))
+def ib_hca_selection_mismatch(rdma: RdmaFacts, job: JobFacts, nccl_nets: NcclNetsFacts | Unread = NOT_GIVEN) -> Iterator[Observation]:
     """NCCL_IB_HCA entries that match nothing or too much, an empty or mixed selection. Unset, it
     leaves NCCL every port but those its topology search passes over (an IB/RoCE mix of ports it
     does use is refused per connection)."""
     require_ib_transport(rdma)
     require_ib_transport_on(job)
-    selection = nccl_selection(rdma, job, passed_over_if_read(rdma, pcie))
+    selection = nccl_selection(rdma, job, skipped_devices(nccl_nets))
     for port in selection.undecided:
         yield undecided(port.subject, port.why("state" if port.state is None else "link_layer"))
     for problem in selection.unlisted:
@@ -312,16 +312,16 @@ def _pci_order_setting(job: JobFacts) -> tuple[Setting | None, bool]:
 PCI_ORDER_DEFAULT_SINCE = (2, 29, 7)
 
 
-@check("IB005", profiles=("prolog",), optional=("pcie",))
+@check("IB005", profiles=("prolog",), optional=("nccl_nets",))
 def ib_device_order_differs_across_nodes(
-    rdma: RdmaFacts, job: JobFacts, nccl_libs: NcclLibFacts, pcie: PcieFacts | Unread = NOT_GIVEN
+    rdma: RdmaFacts, job: JobFacts, nccl_libs: NcclLibFacts, nccl_nets: NcclNetsFacts | Unread = NOT_GIVEN
 ) -> Iterator[Observation]:
     """The RDMA devices NCCL uses are not numbered in PCI address order, and an NCCL that does not
     sort them (before 2.29.7, or told not to) may run here. A device NCCL's topology search passes
     over (a slow front-end port) carries no rail: its place in the order moves no rail."""
     require_ib_transport(rdma)
     require_ib_transport_on(job)
-    selection = nccl_selection(rdma, job, passed_over_if_read(rdma, pcie))
+    selection = nccl_selection(rdma, job, skipped_devices(nccl_nets))
     _decided(selection)
     setting, pci_order = _pci_order_setting(job)
     if setting is not None and pci_order:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from msgspec import Struct
 
 from preflight.model import (
+    NOT_GIVEN,
     Evidence,
     NotApplicable,
     Observation,
@@ -18,7 +19,6 @@ from preflight.model import (
     present,
     undecided,
 )
-from preflight.nccl.net_choice import NOT_GIVEN
 from preflight.nccl.releases import version_tuple
 from preflight.probes.nccl_socket import (
     DEFAULT_ORDER,

@@ -6,6 +6,7 @@ import re
 from typing import TYPE_CHECKING
 
 from preflight.model import (
+    NOT_GIVEN,
     Evidence,
     NotApplicable,
     Observation,
@@ -18,10 +19,10 @@ from preflight.model import (
 from preflight.nccl.gdr import DEFAULT_GDR_LEVEL, PATH_RANK, PXN_PEER_LIMIT, gdr_level, within
 from preflight.nccl.gid import nccl_int
 from preflight.nccl.ib import ib_hca_selects, nccl_selection, require_ib_transport_on, selection_unseen
-from preflight.nccl.net_choice import NOT_GIVEN, passed_over, passed_over_if_read
 from preflight.nccl.releases import require_nccl, version_tuple
 from preflight.probes.job import setting_evidence
 from preflight.probes.kernel_log import NOT_READ, KernelLogFacts
+from preflight.probes.nccl_nets import NcclNetsFacts, skipped_devices
 from preflight.probes.pcie import unclassified_reason
 from preflight.probes.rdma import MELLANOX_VENDOR, RdmaPort, require_rdma
 from preflight.probes.roce import (
@@ -199,9 +200,9 @@ def _other_libraries_fixed_gid(roce: RoceFacts, fixed: list[tuple[str, str, str,
             )
 
 
-@check("ROCE005", profiles=("prolog",), optional=("rdma", "pcie"))
+@check("ROCE005", profiles=("prolog",), optional=("nccl_nets",))
 def roce_gid_index_mismatch(
-    roce: RoceFacts, job: JobFacts, expect: Expectations, rdma: RdmaFacts | Unread = NOT_GIVEN, pcie: PcieFacts | Unread = NOT_GIVEN
+    roce: RoceFacts, job: JobFacts, expect: Expectations, nccl_nets: NcclNetsFacts | Unread = NOT_GIVEN
 ) -> Iterator[Observation]:
     """The GID NCCL would use on a RoCE port is empty, RoCE v1 or link-local, or a fixed
     NCCL_IB_GID_INDEX means different things on different ports; a fixed GID index the job gives
@@ -210,7 +211,7 @@ def roce_gid_index_mismatch(
     storage port without an IPv4 address counts only for jobs that set no NCCL_IB_HCA."""
     fixed = _other_library_gid_indices(job)
     try:
-        nccl = list(_nccl_gid_choice_findings(roce, job, expect, passed_over_if_read(rdma, pcie)))
+        nccl = list(_nccl_gid_choice_findings(roce, job, expect, skipped_devices(nccl_nets)))
     except NotApplicable:
         # NCCL_IB_HCA may leave NCCL no RoCE port while NVSHMEM or Mooncake, which pick their
         # HCAs themselves, still use one: their fixed index is judged all the same.
@@ -302,10 +303,9 @@ def _fatal_evidence(fatal: list[NcclCopy]) -> Evidence:
     return Evidence("NCCL installed", shown, "NCCL 2.26 or newer, which skips such slots")
 
 
-@check("ROCE004", profiles=("prolog",), optional=("rdma", "pcie"))
+@check("ROCE004", profiles=("prolog",), optional=("nccl_nets",))
 def roce_gid_type_read_einval(
-    roce: RoceFacts, job: JobFacts, nccl_libs: NcclLibFacts, expect: Expectations,
-    rdma: RdmaFacts | Unread = NOT_GIVEN, pcie: PcieFacts | Unread = NOT_GIVEN,
+    roce: RoceFacts, job: JobFacts, nccl_libs: NcclLibFacts, expect: Expectations, nccl_nets: NcclNetsFacts | Unread = NOT_GIVEN
 ) -> Iterator[Observation]:
     """NCCL's automatic GID scan reads a gid_attrs/types file that fails, or reads EINVAL or the
     GID table looks like a container's (hidden leading slots) while an NCCL that aborts on EINVAL
@@ -317,7 +317,7 @@ def roce_gid_type_read_einval(
     versions = (_fatal_evidence(fatal),) if fatal else ()
     findings: list[Observation] = []
     skipped = False  # a port whose table only an NCCL that is not installed here would choke on
-    for item in _ports_with_choice(roce, job, expect.hcas, passed_over_if_read(rdma, pcie)):
+    for item in _ports_with_choice(roce, job, expect.hcas, skipped_devices(nccl_nets)):
         if isinstance(item, Observation):
             findings.append(item)
             continue
@@ -376,14 +376,14 @@ def _einval_or_holes(
     )
 
 
-@check("ROCE006", profiles=("prolog",), optional=("rdma", "pcie"))
+@check("ROCE006", profiles=("prolog",), optional=("nccl_nets",))
 def roce_path_mtu_mismatch(
-    roce: RoceFacts, job: JobFacts, expect: Expectations, rdma: RdmaFacts | Unread = NOT_GIVEN, pcie: PcieFacts | Unread = NOT_GIVEN
+    roce: RoceFacts, job: JobFacts, expect: Expectations, nccl_nets: NcclNetsFacts | Unread = NOT_GIVEN
 ) -> Iterator[Observation]:
     """A RoCE netdev MTU differs from the site's, yields a RoCE MTU below what its size suggests
     (4096 -> 2048), or the node's RoCE rails disagree."""
     rails: dict[int, list[RocePort]] = {}
-    for item in _ports_nccl_uses(roce, job, expect.hcas, passed_over_if_read(rdma, pcie)):
+    for item in _ports_nccl_uses(roce, job, expect.hcas, skipped_devices(nccl_nets)):
         if isinstance(item, Observation):
             yield item
             continue
@@ -444,17 +444,17 @@ def _trust(port_trust: str | None, config: DcbConfig) -> str:
     return port_trust or ("dscp" if config.dscp_to_priority else "pcp")
 
 
-@check("ROCE001", optional=("rdma", "pcie"))
+@check("ROCE001", optional=("nccl_nets",))
 def roce_pfc_pause_storm(
     roce: RoceFacts, roce_dcb: RoceDcbFacts, job: JobFacts, expect: Expectations, kernel_log: KernelLogFacts = NOT_READ,
-    rdma: RdmaFacts | Unread = NOT_GIVEN, pcie: PcieFacts | Unread = NOT_GIVEN,
+    nccl_nets: NcclNetsFacts | Unread = NOT_GIVEN,
 ) -> Iterator[Observation]:
     """The NIC recorded pause storms since the driver loaded, or the lossless setup a RoCE port
     needs against them is off or inconsistent: stall watchdog off, PFC not on the site's lossless
     priority (or on others too), ECN off there, NCCL_IB_TC mapped to a lossy priority, PFC
     priorities that differ between rails, or the driver failing to size a lossless buffer."""
     used = []
-    for item in _ports_nccl_uses(roce, job, expect.hcas, passed_over_if_read(rdma, pcie)):
+    for item in _ports_nccl_uses(roce, job, expect.hcas, skipped_devices(nccl_nets)):
         if isinstance(item, Observation):
             yield item
         else:
@@ -574,8 +574,10 @@ def _usable_nics(pcie: PcieFacts, selection: Selection) -> dict[str, tuple[str, 
     return usable
 
 
-@check("ROCE002", profiles=("prolog",))
-def roce_gpudirect_rdma_not_used(pcie: PcieFacts, rdma: RdmaFacts, nvlink: NvlinkFacts, job: JobFacts) -> Iterator[Observation]:
+@check("ROCE002", profiles=("prolog",), optional=("nccl_nets",))
+def roce_gpudirect_rdma_not_used(
+    pcie: PcieFacts, rdma: RdmaFacts, nvlink: NvlinkFacts, job: JobFacts, nccl_nets: NcclNetsFacts | Unread = NOT_GIVEN
+) -> Iterator[Observation]:
     """A GPU whose nearest RoCE NIC NCCL may use is farther than NCCL_NET_GDR_LEVEL allows, with
     no NVLink peer to relay through (PXN), or GPUDirect RDMA reads switched off by the job."""
     unclassified = unclassified_reason(pcie)
@@ -583,7 +585,7 @@ def roce_gpudirect_rdma_not_used(pcie: PcieFacts, rdma: RdmaFacts, nvlink: Nvlin
         if unclassified:
             raise Unknown(unclassified)
         raise NotApplicable("needs NVIDIA GPUs and RDMA NICs on this node")
-    selection = _ib_ports(rdma, job, passed_over(rdma, pcie))
+    selection = _ib_ports(rdma, job, skipped_devices(nccl_nets))
     usable = _usable_nics(pcie, selection)
     if not any(roce for _, roce in usable.values()):
         if selection.undecided:

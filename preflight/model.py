@@ -148,6 +148,11 @@ class Unread(Struct, frozen=True):
         return f"probe {self.probe}: {self.reason}"
 
 
+#: What an optional probe's facts are when a caller gives none (a test calling a check directly):
+#: the check then judges as it does without them.
+NOT_GIVEN = Unread("", "not given by the caller")
+
+
 class ProbeOutcome(Struct, frozen=True):
     """How one probe went: its facts (or None), status, duration and the reason it failed."""
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from preflight.model import Unread
 from preflight.nccl.ib import NCCL_LINK_LAYERS
 from preflight.probes.pcie import LINK_RANK, PcieFacts, PciEndpoint, path_class
 from preflight.probes.rdma import PORT_ACTIVE, RdmaFacts
@@ -35,31 +34,10 @@ FASTER = 2.0
 SAME_SOCKET = ("PIX", "PXB", "PHB")
 
 
-#: What a caller that gives no rdma or pcie facts (a test calling a check) stands for.
-NOT_GIVEN = Unread("rdma or pcie", "not given")
-
-
-def passed_over_if_read(rdma: RdmaFacts | Unread, pcie: PcieFacts | Unread) -> Mapping[str, str]:
-    """:func:`passed_over`, or nothing where either probe failed (every port then counts)."""
-    return {} if isinstance(rdma, Unread) or isinstance(pcie, Unread) else passed_over(rdma, pcie)
-
-
-#: The last answer, for the same two facts objects: six checks of one run ask the same question.
-_last: tuple[RdmaFacts, PcieFacts, Mapping[str, str]] | None = None
-
-
 def passed_over(rdma: RdmaFacts, pcie: PcieFacts) -> Mapping[str, str]:
     """{device: why} for the RDMA devices none of whose ACTIVE ports NCCL's topology search would
-    make any GPU's network device; {} where that is not known (no GPU seen, or no port placed)."""
-    global _last
-    if _last is not None and _last[0] is rdma and _last[1] is pcie:
-        return _last[2]
-    answer = _passed_over(rdma, pcie)
-    _last = (rdma, pcie, answer)
-    return answer
-
-
-def _passed_over(rdma: RdmaFacts, pcie: PcieFacts) -> Mapping[str, str]:
+    make any GPU's network device; {} where that is not known (no GPU seen, or no port placed).
+    The nccl_nets probe asks it once per run."""
     if not pcie.gpus:
         return {}
     endpoint_of = {name: nic for nic in pcie.nics for name in nic.rdma_devices}
@@ -95,8 +73,8 @@ def _passed_over(rdma: RdmaFacts, pcie: PcieFacts) -> Mapping[str, str]:
             break  # some GPU may take one of its ports
         else:
             skipped[device.name] = (
-                f"{device.name} is passed over by NCCL's topology search: {first} is faster and as near, "
-                "or as fast and nearer, to every GPU"
+                f"{device.name} is passed over by NCCL's topology search: every GPU has a port faster and as near, "
+                f"or as fast and nearer ({first})"
             )
     return skipped
 
@@ -112,5 +90,5 @@ def _winner(
             continue
         kind = path(gpu, other)
         if kind in SAME_SOCKET and (LINK_RANK[kind] < own or (other_rate >= FASTER * rate and LINK_RANK[kind] <= own)):
-            return f"{name} ({other_rate:g} Gb/s, {kind} from GPU {gpu.bdf})"
+            return f"GPU {gpu.bdf}: {name}, {other_rate:g} Gb/s, {kind}"
     return ""

@@ -83,6 +83,12 @@ def _conf_dirs(reader: FactReader) -> list[str]:
     return directories
 
 
+def loader_dirs(reader: FactReader, environ: dict[str, str]) -> list[str]:
+    """Where the dynamic loader looks for a library asked for by bare name, in its order: the
+    job's LD_LIBRARY_PATH, ld.so.conf (with its include globs), the default directories."""
+    return list(dict.fromkeys(library_path_dirs(environ) + _conf_dirs(reader) + list(DEFAULT_LIBRARY_DIRS)))
+
+
 @probe("efa")
 def probe_efa(fs: NodeFS) -> EfaFacts | None:
     """List the libraries NCCL needs for EFA; ``None`` (nothing read) on nodes without EFA."""
@@ -93,8 +99,7 @@ def probe_efa(fs: NodeFS) -> EfaFacts | None:
         environ = parse_environ(fs.read_bytes("/proc/self/environ") or b"")
     except SourceError:
         environ = {}
-    job_dirs = library_path_dirs(environ)
-    loader = list(dict.fromkeys(job_dirs + _conf_dirs(reader) + list(DEFAULT_LIBRARY_DIRS)))
+    loader = loader_dirs(reader, environ)
     directories = list(dict.fromkeys(loader + list(EFA_LIBRARY_DIRS)))
     found = [
         f"{folder.rstrip('/')}/{entry}"

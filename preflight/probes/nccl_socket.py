@@ -36,8 +36,8 @@ from msgspec import Struct
 
 from preflight.nccl.gid import nccl_int
 from preflight.probes.hostname import parse_hosts
-from preflight.probes.job import JobFacts, Setting, library_path_dirs
-from preflight.probes.nccl_libs import library_dirs
+from preflight.probes.efa import loader_dirs
+from preflight.probes.job import JobFacts, Setting
 from preflight.probing import FactReader
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
@@ -275,20 +275,16 @@ def _socket_transport(job: JobFacts, reader: FactReader) -> str:
 
 def _net_plugin(job: JobFacts, reader: FactReader) -> bool | None:
     """Whether NCCL would find a network plugin to load: NCCL_NET_PLUGIN names one (or "none"),
-    else libnccl-net.so in a directory the loader searches (the job's LD_LIBRARY_PATH, the
-    system's and ld.so.conf's); None when a directory could not be listed."""
+    else libnccl-net.so where the loader looks for it; None when a directory or ld.so.conf
+    could not be read."""
     named = job.nccl("NCCL_NET_PLUGIN")
     if named is not None:
         return named.value.strip().lower() not in ("", "none")
-    scan = FactReader(reader.fs)  # its own problems: an unlisted directory leaves only this unknown
-    unread = False
-    for directory in [*library_path_dirs(job.environ), *library_dirs(scan)]:
-        names = scan.listing(directory.rstrip("/"))
-        if names is None:
-            unread = True
-        elif DEFAULT_NET_PLUGIN in names:
+    scan = FactReader(reader.fs)  # its own problems: an unread file leaves only this unknown
+    for directory in loader_dirs(scan, job.environ):
+        if DEFAULT_NET_PLUGIN in (scan.listing(directory.rstrip("/")) or []):
             return True
-    return None if unread else False
+    return None if scan.problems else False
 
 
 def _ipv6_state(reader: FactReader, candidates: tuple[IfAddr, ...]) -> str:

@@ -14,6 +14,7 @@ from preflight.checks.roce import roce_gid_index_mismatch
 from preflight.config import Expectations
 from preflight.model import NotApplicable
 from preflight.nccl.net_choice import passed_over
+from preflight.probes.nccl_nets import probe_nccl_nets
 from preflight.probes.job import JobFacts
 from preflight.probes.nccl_libs import NcclLibFacts
 from preflight.probes.pcie import PcieFacts, probe_pcie
@@ -41,7 +42,7 @@ def with_front_end(gbps: float, numa: int | None = 0, chain: tuple[str, ...] = (
 def test_a_slow_front_end_function_is_passed_over_and_a_rail_is_not() -> None:
     rdma, pcie = with_front_end(40)
     skipped = passed_over(rdma, pcie)
-    assert list(skipped) == ["mlx5_an0"] and "mlx5_0 (400 Gb/s, PIX from GPU 0000:18:00.0)" in skipped["mlx5_an0"]
+    assert list(skipped) == ["mlx5_an0"] and "every GPU has a port faster and as near, or as fast and nearer (GPU 0000:18:00.0: mlx5_0, 400 Gb/s, PIX)" in skipped["mlx5_an0"]
     # As fast as a rail but farther from every GPU than its rail (a DGX H100's storage ports on
     # CPU root ports): equal bandwidths leave the choice to the nearer path, the rail's.
     assert list(passed_over(*with_front_end(400))) == ["mlx5_an0"]
@@ -69,15 +70,17 @@ STEP = JobFacts({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0"}, "", ())  # a job st
 
 def test_checks_leave_a_passed_over_port_out_only_where_nccl_ib_hca_is_unset() -> None:
     rdma, pcie = with_front_end(40)
+    nets = probe_nccl_nets(rdma, pcie)
+    assert [device for device, _ in nets.passed_over] == ["mlx5_an0"]
     empty = facts(port(device="mlx5_an0", entries=[], netdev="enP1s1"))  # no address on its netdev: no GID
     with pytest.raises(NotApplicable, match="passed over by NCCL's topology search"):
-        list(roce_gid_index_mismatch(empty, STEP, Expectations(), rdma, pcie))
+        list(roce_gid_index_mismatch(empty, STEP, Expectations(), nets))
     assert [o.severity for o in roce_gid_index_mismatch(empty, STEP, Expectations())] == [None]  # without the facts: an error
     named = JobFacts({**STEP.environ, "NCCL_IB_HCA": "=mlx5_an0"}, "", ())
-    assert [o.subject for o in roce_gid_index_mismatch(empty, named, Expectations(), rdma, pcie)] == ["mlx5_an0/1"]
+    assert [o.subject for o in roce_gid_index_mismatch(empty, named, Expectations(), nets)] == ["mlx5_an0/1"]
     # IB004: the IB/RoCE mix is only with a port NCCL leaves out; IB005: its name sorts first, no rail moves
-    assert list(ib_hca_selection_mismatch(rdma, STEP, pcie)) == []
+    assert list(ib_hca_selection_mismatch(rdma, STEP, nets)) == []
     assert [o.subject for o in ib_hca_selection_mismatch(rdma, STEP)] == ["NCCL IB selection"]
     unsorted = NcclLibFacts((), ())
-    assert list(ib_device_order_differs_across_nodes(rdma, STEP, unsorted, pcie)) == []
+    assert list(ib_device_order_differs_across_nodes(rdma, STEP, unsorted, nets)) == []
     assert [o.subject for o in ib_device_order_differs_across_nodes(rdma, STEP, unsorted)] == ["node"]
