@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from msgspec import Struct
 
+from preflight.probes.rdma import parse_link_layer
 from preflight.probing import FactReader
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
@@ -81,9 +82,10 @@ def probe_link_history(fs: NodeFS) -> LinkHistoryFacts:
             continue
         # Ports are numbered in ASCII digits; anything else in the directory is no port.
         for port in (name for name in numbers if name.isascii() and name.isdigit()):
-            layer_text = FactReader(fs).text(f"{IB_SYSFS}/{device}/ports/{port}/link_layer")  # unread: judged as before
-            layer = layer_text.strip() if layer_text is not None else None
-            if layer is not None and layer not in ("InfiniBand", "Ethernet"):
+            # Unread or garbled: None, and the port is judged as before.
+            text = FactReader(fs).text(f"{IB_SYSFS}/{device}/ports/{port}/link_layer")
+            layer = parse_link_layer(text) if text is not None else None
+            if layer == "Unknown":  # the kernel's word for neither InfiniBand nor Ethernet (EFA)
                 ports.append(PortHistory(device, port, bus, None, None, "", layer))
                 continue  # no counters to read: the kernel makes them for IB and RoCE ports only
             base = f"{IB_SYSFS}/{device}/ports/{port}/counters"

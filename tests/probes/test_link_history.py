@@ -99,3 +99,13 @@ def test_efa_ports_are_not_the_ib_transports(tmp_path: Path) -> None:
     write(root, "/sys/class/infiniband/mlx5_0/ports/1/counters/link_error_recovery", "0\n")
     (port,) = probe_link_history(NodeFS(str(root))).ports
     assert (port.link_layer, port.link_downed) == (None, 3)
+
+
+def test_a_garbled_link_layer_keeps_the_counters_verdict(tmp_path: Path) -> None:
+    """Only the kernel's own "Unknown" marks a port NCCL's IB transport never opens; a garbled
+    file says nothing, and the port's counters are read as before."""
+    root = bare_node(tmp_path)
+    write(root, "/sys/class/infiniband/mlx5_0/ports/1/link_layer", "\x00\xffUnk\n")
+    write(root, "/sys/class/infiniband/mlx5_0/ports/1/counters/link_downed", "2\n")
+    (port,) = probe_link_history(NodeFS(str(root))).ports
+    assert (port.link_layer, port.link_downed) == (None, 2)
