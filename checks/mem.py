@@ -82,9 +82,7 @@ def memlock_limit_too_low(memlock: MemlockFacts, job: JobFacts, expect: Expectat
         # Outside a job on a Slurm node (an operator's shell, cron, an audit over ssh) this
         # process's limit is not what jobs get: slurmd's entries above and below decide that.
         if _process_limit_is_jobs(memlock, job):
-            if not job.in_slurmd_script and _limit_waived(memlock, job):
-                pass  # RDMA registrations and mlock of this process are not charged to the limit
-            else:
+            if not _limit_waived(memlock, job):  # waived: its RDMA registrations and mlock are not charged
                 yield present("slurmd" if job.in_slurmd_script else "process", _limit_evidence(memlock.process, minimum))
         else:
             yield present(
@@ -174,9 +172,10 @@ def _limit_waived(memlock: MemlockFacts, job: JobFacts) -> bool:
     infiniband/core/umem.c) and mlock(2) charge pinned pages to RLIMIT_MEMLOCK only without it,
     and a container that NVIDIA's and the clouds' RDMA recipes start with ``capabilities: add:
     [IPC_LOCK]`` keeps the runtime's low limit on purpose. A full root shell (uid 0 with
-    CAP_SYS_ADMIN) outside a job holds it by being root, which says nothing of the jobs' rights."""
+    CAP_SYS_ADMIN) outside a job holds it by being root, which says nothing of the jobs' rights,
+    and a script slurmd runs has slurmd's rights, not the job's."""
     exemption = memlock.exemption
-    if exemption is None or not exemption.ipc_lock:
+    if exemption is None or not exemption.ipc_lock or job.in_slurmd_script:
         return False
     return job.in_job_process or not exemption.full_root
 
@@ -232,7 +231,7 @@ def nccl_buffsize_exceeds_pinned_memory(
     # slurmd first: on a tie its limit is the one jobs inherit, the clearer evidence. The
     # process's own limit counts only where it is the job's (MEM001 reads it the same way).
     # A granted CAP_IPC_LOCK lifts the limit for this process's registrations (MEM001 likewise).
-    waived = not job.in_slurmd_script and _limit_waived(memlock, job)
+    waived = _limit_waived(memlock, job)
     own = memlock.process if memlock.process is not None and _process_limit_is_jobs(memlock, job) and not waived else None
     limits = [limit for limit in (memlock.slurmd, own) if limit is not None]
     if memlock.rdma_devices is None and limits and min(limit.soft for limit in limits) < smallest:

@@ -596,6 +596,8 @@ def test_mem001_a_granted_cap_ipc_lock_lifts_the_process_limit(memlock: MemlockF
     assert [o.subject for o in memlock_limit_too_low(replace(low, exemption=pod), job(), Expectations())] == []
     for exemption in (None, shell, rootless):
         assert [o.subject for o in memlock_limit_too_low(replace(low, exemption=exemption), job(), Expectations())] == ["process"]
+    prolog = job(environ={"SLURM_SCRIPT_CONTEXT": "prolog_slurmd"})  # slurmd's rights, not the job's
+    assert [o.subject for o in memlock_limit_too_low(replace(low, exemption=pod), prolog, Expectations())] == ["slurmd"]
     in_job = job(environ={"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0"})  # root's own job step: root's rights are its ranks'
     assert [o.subject for o in memlock_limit_too_low(replace(low, exemption=shell), in_job, Expectations())] == []
     big = job(environ={"NCCL_BUFFSIZE": str(16 << 20)})
