@@ -5,15 +5,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from preflight.model import (
+    NOT_GIVEN,
     Evidence,
     NotApplicable,
     Observation,
     Severity,
     Unknown,
+    Unread,
     present,
     undecided,
 )
 from preflight.nccl.ib import nccl_selection, selection_unseen
+from preflight.nccl.nvls import nvls_ruled_out
 from preflight.nccl.releases import MNNVL_ALLTOALL, MNNVL_STACK, NVLS_DUAL_PORT, affected, release_findings, require_nccl
 from preflight.probes.job import integer_setting, setting_evidence, slurm_view, switched_off
 from preflight.probes.nccl_platform import NcclPlatformFacts
@@ -31,6 +34,7 @@ if TYPE_CHECKING:
     from preflight.probes.job import JobFacts
     from preflight.nccl.releases import KnownBug
     from preflight.probes.nccl_libs import NcclCopy, NcclLibFacts
+    from preflight.probes.p2p import P2pFacts
 
 # A fabric manager that first started this long after boot was restarted (or started by hand);
 # at boot it starts with the driver, within a minute or two. Generous, so that a driver
@@ -164,17 +168,20 @@ DUAL_PORT_UNSEEN_FIX = (
 )
 
 
-@check("NVL005", profiles=("full",))
+@check("NVL005", profiles=("full",), optional=("p2p",))
 def nvls_dual_port_nic_corruption(
-    nccl_libs: NcclLibFacts, nccl_platform: NcclPlatformFacts, rdma: RdmaFacts, job: JobFacts, expect: Expectations
+    nccl_libs: NcclLibFacts, nccl_platform: NcclPlatformFacts, rdma: RdmaFacts, job: JobFacts, expect: Expectations,
+    p2p: P2pFacts | Unread = NOT_GIVEN,
 ) -> Iterator[Observation]:
-    """NCCL 2.18-2.20.2 with NVLS on an NVSwitch node whose NCCL selection uses both ports of a
-    dual-port NIC (where NCCL_IB_HCA is unset, the site's expect.hcas stand for it; where the
-    jobs' choice is unseen, a warning)."""
+    """NCCL 2.18-2.20.2 with NVLS on an NVSwitch node of Hopper or later GPUs whose NCCL selection
+    uses both ports of a dual-port NIC (where NCCL_IB_HCA is unset, the site's expect.hcas stand
+    for it; where the jobs' choice is unseen, a warning)."""
     require_nccl(nccl_libs)
     if not nccl_platform.nvswitches:
         nccl_platform.require_classified("no NVSwitch")
         raise NotApplicable("no NVSwitch on this node: NVLS cannot run")
+    if ruled_out := nvls_ruled_out(p2p):
+        raise NotApplicable(ruled_out)
     require_rdma(rdma)  # unknown when the RDMA devices could not be listed
     if switched_off(job, "NCCL_NVLS_ENABLE"):
         return

@@ -5,14 +5,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from preflight.model import (
+    NOT_GIVEN,
     Evidence,
     NotApplicable,
     Observation,
     Severity,
     Unknown,
+    Unread,
     present,
     undecided,
 )
+from preflight.nccl.nvls import nvls_ruled_out
 from preflight.nccl.releases import release_findings
 from preflight.probes.job import switched_off
 from preflight.registry import check
@@ -22,6 +25,7 @@ if TYPE_CHECKING:  # imported where a topology file is parsed: most nodes have n
 
     from preflight.probes.job import JobFacts
     from preflight.probes.nccl_libs import NcclLibFacts
+    from preflight.probes.p2p import P2pFacts
     from preflight.probes.topo_file import TopoFileFacts
     pass
 from preflight.nccl.gdr import DEFAULT_GDR_LEVEL, gdr_level, within
@@ -38,18 +42,21 @@ from preflight.probes.pcie import PcieFacts, unclassified_reason
 from preflight.probes.rdma import RdmaFacts, require_rdma
 
 
-@check("TOPO003", profiles=("full",))
+@check("TOPO003", profiles=("full",), optional=("p2p",))
 def nccl_topology_search_regression(
-    nccl_libs: NcclLibFacts, nccl_platform: NcclPlatformFacts, rdma: RdmaFacts, job: JobFacts
+    nccl_libs: NcclLibFacts, nccl_platform: NcclPlatformFacts, rdma: RdmaFacts, job: JobFacts,
+    p2p: P2pFacts | Unread = NOT_GIVEN,
 ) -> Iterator[Observation]:
     """NCCL 2.18.3-2.19.3 where its known topology regressions apply: the NVLS search crash on
-    NVSwitch nodes with network devices (before 2.18.5), and run-to-run differences where sysfs
-    has no PCI link speed for a GPU (before 2.19.4)."""
+    NVSwitch nodes of Hopper or later GPUs with network devices (before 2.18.5), and run-to-run
+    differences where sysfs has no PCI link speed for a GPU (before 2.19.4)."""
     require_nccl(nccl_libs)
     rdma_unread = rdma.class_unread
-    if nccl_platform.nvswitches and rdma_unread and any(affected(nccl_libs, NVLS_SEARCH)):
+    # An A100 board has NVSwitches too, but NCCL never runs the NVLS search below Hopper.
+    nvls_search = bool(nccl_platform.nvswitches) and nvls_ruled_out(p2p) is None
+    if nvls_search and rdma_unread and any(affected(nccl_libs, NVLS_SEARCH)):
         yield undecided("node", f"NVSwitches present, but whether RDMA devices are: {rdma_unread}")
-    if nccl_platform.nvswitches and rdma.devices and not switched_off(job, "NCCL_NVLS_ENABLE"):
+    if nvls_search and rdma.devices and not switched_off(job, "NCCL_NVLS_ENABLE"):
         yield from release_findings(
             nccl_libs, NVLS_SEARCH,
             Evidence("/sys/bus/pci/devices", f"{len(nccl_platform.nvswitches)} NVSwitches (NVLS) and {len(rdma.devices)} RDMA devices"),

@@ -171,6 +171,34 @@ def test_nvls_dual_port_fixed_release_single_port_nics_and_no_nvswitch(tmp_path:
     assert judge(fixture("vm-no-link-speed", tmp_path), "NVL005")["NVL005"] == {("not_applicable", "node")}
 
 
+def set_capability(root: Path, capability: list[int] | None) -> None:
+    """Record every GPU's nvmlDeviceGetCudaComputeCapability answer (None: the call failed)."""
+    nvml = json.loads((root / ".preflight/nvml.json").read_text())
+    count = nvml["calls"]["nvmlDeviceGetCount"]["result"]
+    answer = {"result": capability} if capability is not None else {"error": "NVML_ERROR_UNKNOWN"}
+    nvml["calls"]["nvmlDeviceGetCudaComputeCapability"] = {str(index): answer for index in range(count)}
+    write(root, "/.preflight/nvml.json", json.dumps(nvml))
+
+
+def test_nvls_bugs_need_hopper_gpus(tmp_path: Path, node_copy: Path) -> None:
+    """A100 boards have NVSwitches (gen 2, PCI functions like Hopper's), but NCCL never builds
+    NVLS below compute capability 9.0: neither NVLS bug can bite there. A capability that could
+    not be read rules nothing out."""
+    root = fixture("h800-dual-port", tmp_path)
+    set_capability(root, [8, 0])
+    [finding] = findings(root, "NVL005")
+    assert finding["status"] == "not_applicable" and "compute capability is 8.0" in str(finding["reason"])
+    set_capability(root, None)
+    assert {status for status, _ in judge(root, "NVL005")["NVL005"]} == {"present"}
+    set_capability(root, [9, 0])
+    assert {status for status, _ in judge(root, "NVL005")["NVL005"]} == {"present"}
+    upgrade_nccl(node_copy, "2.21.5", "2.18.3")  # NVSwitches and eight HCAs: the NVLS search crash
+    set_capability(node_copy, [8, 0])
+    assert judge(node_copy, "TOPO003")["TOPO003"] == {("absent", "node")}
+    set_capability(node_copy, [9, 0])
+    assert {status for status, _ in judge(node_copy, "TOPO003")["TOPO003"]} == {"present"}
+
+
 def test_nvls_dual_port_unknown_port_state(tmp_path: Path) -> None:
     root = fixture("h800-dual-port", tmp_path)
     state = next(root.glob("sys/devices/**/infiniband/mlx5_1/ports/1/state"))
