@@ -83,12 +83,18 @@ def _winner(
     path: Callable[[PciEndpoint, PciEndpoint], str], gpu: PciEndpoint, rate: float, nic: PciEndpoint, device: str,
     ports: list[tuple[str, float, PciEndpoint]],
 ) -> str:
-    """A port NCCL prefers to (rate, nic) for ``gpu``, described; "" when there is none."""
+    """The port NCCL would take for ``gpu`` among those it prefers to (rate, nic), described (the
+    nearest, then the fastest: the GPU's own rail, not whichever port is listed first); "" when
+    there is none."""
     own = LINK_RANK[path(gpu, nic)]
+    better: list[tuple[int, float, str, str]] = []
     for name, other_rate, other in ports:
         if name == device or other_rate < rate:
             continue
         kind = path(gpu, other)
         if kind in SAME_SOCKET and (LINK_RANK[kind] < own or (other_rate >= FASTER * rate and LINK_RANK[kind] <= own)):
-            return f"GPU {gpu.bdf}: {name}, {other_rate:g} Gb/s, {kind}"
-    return ""
+            better.append((LINK_RANK[kind], -other_rate, name, kind))
+    if not better:
+        return ""
+    _, speed, name, kind = min(better)
+    return f"GPU {gpu.bdf}: {name}, {-speed:g} Gb/s, {kind}"

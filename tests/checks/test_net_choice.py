@@ -56,6 +56,17 @@ def test_a_slow_front_end_function_is_passed_over_and_a_rail_is_not() -> None:
     assert passed_over(rdma, replace(pcie, gpus=())) == {}  # no GPU seen: nothing is known to win
 
 
+def test_the_port_named_is_the_one_the_gpu_takes() -> None:
+    """The example in the reason is the GPU's own rail (nearest, then fastest), not the first port
+    listed that beats the passed-over one: on a DGX B200 that was an NVSwitch management function
+    (mlx5_0, PHB) instead of the GPU's rail under its own switch."""
+    rdma, pcie = with_front_end(40)
+    far, far_nic = replace(rdma.devices[0], name="mlx5_a0", pci_address="0000:b2:00.0"), replace(pcie.nics[-1], bdf="0000:b2:00.0", chain=("0000:b2:01.0",), rdma_devices=("mlx5_a0",))
+    far = replace(far, ports=tuple(replace(p, device="mlx5_a0", link_layer="InfiniBand", rate=PortRate(400, 4, "NDR")) for p in far.ports))
+    skipped = passed_over(replace(rdma, devices=(far, *rdma.devices)), replace(pcie, nics=(*pcie.nics, far_nic)))
+    assert "(GPU 0000:18:00.0: mlx5_0, 400 Gb/s, PIX)" in skipped["mlx5_an0"]
+
+
 def test_only_a_path_on_the_gpus_socket_wins() -> None:
     """Across sockets the inter-CPU link sets a path's bandwidth, and a slow port can tie there
     with a fast one: rails that are all on the other socket from the GPUs win nothing."""
