@@ -62,7 +62,20 @@ def _fabric_completed(fabric: FabricFacts) -> bool:
     return bool(fabric.gpus) and all(not gpu.error and gpu.state == _COMPLETED and gpu.status == 0 for gpu in fabric.gpus)
 
 
-def _manager_not_seen(fabric: FabricFacts, manager: FabricManager, forced: list[Evidence]) -> Observation:
+def _switch_evidence(nvswitches: tuple[str, ...], rdma: RdmaFacts | Unread) -> Evidence | None:
+    """What shows that this node's GPUs sit on NVSwitches: NVSwitch PCI functions (HGX A100 and
+    H100 boards), or the baseboard's NVSwitch management functions (HGX/DGX B200 and later, whose
+    switches Fabric Manager and NVLSM reach through those ConnectX functions, not over PCIe, so no
+    NVSwitch is on the host's PCI bus); None when neither is seen."""
+    if nvswitches:
+        return Evidence("/sys/bus/pci/devices", f"{len(nvswitches)} NVSwitches")
+    management = [] if isinstance(rdma, Unread) else [device.name for device in rdma.devices if device.nvswitch_management]
+    if management:
+        return Evidence("/sys/class/infiniband/*/device/vpd", f"{', '.join(management)}: NVSwitch management functions (SMDL=SW_MNG)")
+    return None
+
+
+def _manager_not_seen(fabric: FabricFacts, switches: Evidence, manager: FabricManager, forced: list[Evidence]) -> Observation:
     """No fabric manager process or command socket seen: present only in the host's own process
     table (positive evidence, see the fabric probe) and while some GPU's fabric is not completed."""
     if manager.host_view is None:
@@ -73,22 +86,23 @@ def _manager_not_seen(fabric: FabricFacts, manager: FabricManager, forced: list[
     if _fabric_completed(fabric):
         return undecided("fabric manager", "no nv-fabricmanager process or command socket seen, but every GPU reports its NVLink "
                                            "fabric completed with success (nvmlDeviceGetGpuFabricInfo), which a fabric manager did")
-    return present("fabric manager", _manager_missing(manager), Evidence("/sys/bus/pci/devices", f"{len(fabric.nvswitches)} NVSwitches"), *forced)
+    return present("fabric manager", _manager_missing(manager), switches, *forced)
 
 
-@check("NVL006", profiles=("full",))
-def nvls_multicast_init_failure(fabric: FabricFacts, job: JobFacts) -> Iterator[Observation]:
+@check("NVL006", profiles=("full",), optional=("rdma",))
+def nvls_multicast_init_failure(fabric: FabricFacts, job: JobFacts, rdma: RdmaFacts | Unread = NOT_GIVEN) -> Iterator[Observation]:
     """GPUs outside a completed NVLink fabric, or an NVSwitch system without its fabric manager."""
-    if not fabric.nvswitches and fabric.nvswitch_problem:
+    switches = _switch_evidence(fabric.nvswitches, rdma)
+    if not switches and fabric.nvswitch_problem:
         raise Unknown(f"cannot tell whether this node has NVSwitches: {fabric.nvswitch_problem}")
     if not fabric.nvidia_functions and not fabric.gpus:
         raise NotApplicable("no NVIDIA GPU or NVSwitch on this node's PCI bus")
-    if not fabric.nvswitches and fabric.nvml_error in ("NVML_REPLAY_UNREADABLE", "NVML_UNEXPECTED_ANSWER", "NVML_NOT_RECORDED"):
+    if not switches and fabric.nvml_error in ("NVML_REPLAY_UNREADABLE", "NVML_UNEXPECTED_ANSWER", "NVML_NOT_RECORDED"):
         raise Unknown(f"NVML answers are not available ({fabric.nvml_error}): a multi-node fabric cannot be looked for")
-    if not fabric.nvswitches and fabric.nvml_error:
+    if not switches and fabric.nvml_error:
         # GPU001 reports a broken NVML; here it only means a GB200-style tray cannot be recognised.
         raise NotApplicable(f"no NVSwitch on this node (NVML unavailable, {fabric.nvml_error}, to look for a multi-node fabric)")
-    if not fabric.nvswitches and not fabric.multi_node_tray:
+    if not switches and not fabric.multi_node_tray:
         raise NotApplicable("no NVSwitch on this node and no GPU in a multi-node NVLink fabric")
     if fabric.nvml_error == "NVML_NOT_RECORDED":
         raise Unknown("no NVML answers recorded for this root")
@@ -97,12 +111,12 @@ def nvls_multicast_init_failure(fabric: FabricFacts, job: JobFacts) -> Iterator[
     nvls = job.nccl("NCCL_NVLS_ENABLE")
     forced = [Evidence(f"NCCL_NVLS_ENABLE ({nvls.origin})", nvls.value, "unset, or 0 until the fabric is fixed")] if nvls and nvls.value.strip() == "1" else []
     manager = fabric.fabric_manager
-    if fabric.nvswitches:
+    if switches:
         # The fabric manager serves NVLS multicast setup while jobs run, so one that is gone
         # matters; but one not seen in a view that may not be the host's, or beside GPUs whose
         # fabric it completed, may simply run where this view cannot see it.
         if not manager.running:
-            yield _manager_not_seen(fabric, manager, forced)
+            yield _manager_not_seen(fabric, switches, manager, forced)
     if fabric.gpus and all(gpu.error in _API_MISSING for gpu in fabric.gpus):
         return  # a driver without the fabric-info API: the fabric manager is all there is to check
     for gpu in fabric.gpus:
@@ -122,13 +136,14 @@ def _duration(seconds: float) -> str:
     return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
 
 
-@check("NVL004", profiles=("full",))
-def nvls_cuda_invalid_argument(fabric: FabricFacts) -> Iterator[Observation]:
+@check("NVL004", profiles=("full",), optional=("rdma",))
+def nvls_cuda_invalid_argument(fabric: FabricFacts, rdma: RdmaFacts | Unread = NOT_GIVEN) -> Iterator[Observation]:
     """A fabric manager on an NVSwitch system that started long after boot: restarted, so NVLS
     multicast state may be invalid until the node reboots."""
-    if not fabric.nvswitches and fabric.nvswitch_problem:
+    switches = _switch_evidence(fabric.nvswitches, rdma)
+    if not switches and fabric.nvswitch_problem:
         raise Unknown(f"cannot tell whether this node has NVSwitches: {fabric.nvswitch_problem}")
-    if not fabric.nvswitches:
+    if not switches:
         raise NotApplicable("no NVSwitch on this node: no fabric manager runs here")
     manager = fabric.fabric_manager
     if not manager.pids:
@@ -177,7 +192,8 @@ def nvls_dual_port_nic_corruption(
     uses both ports of a dual-port NIC (where NCCL_IB_HCA is unset, the site's expect.hcas stand
     for it; where the jobs' choice is unseen, a warning)."""
     require_nccl(nccl_libs)
-    if not nccl_platform.nvswitches:
+    switches = _switch_evidence(nccl_platform.nvswitches, rdma)
+    if not switches:
         nccl_platform.require_classified("no NVSwitch")
         raise NotApplicable("no NVSwitch on this node: NVLS cannot run")
     if ruled_out := nvls_ruled_out(p2p):
@@ -206,7 +222,7 @@ def nvls_dual_port_nic_corruption(
     unseen = selection_unseen(job, expect.hcas)
     yield from release_findings(
         nccl_libs, NVLS_DUAL_PORT,
-        Evidence("/sys/bus/pci/devices", f"{len(nccl_platform.nvswitches)} NVSwitches (NVLS)"),
+        switches,
         Evidence("/sys/class/infiniband", "; ".join(f"adapter {adapter}: {', '.join(ports)}" for adapter, ports in sorted(dual.items())), "one port per adapter in NCCL's selection, or NVLS off"),
         setting_evidence(job, "NCCL_NVLS_ENABLE", "0 until NCCL is upgraded"),
         severity=Severity.WARNING if unseen else None,

@@ -14,7 +14,10 @@ NV_WARN_NOTHING_TO_DO without NVSwitches).
 Sources:
 
 * ``/sys/bus/pci/devices/*``: NVSwitches are NVIDIA (0x10de) bridges of class 0x0680. (Grace's
-  own PCIe root ports are NVIDIA bridges of class 0x0604 and are not NVSwitches.)
+  own PCIe root ports are NVIDIA bridges of class 0x0604 and are not NVSwitches.) On HGX/DGX
+  B200 and later boards the switches are not on the host's PCI bus: Fabric Manager and NVLSM
+  reach them through the baseboard's NVSwitch management functions, which the rdma probe finds
+  by their VPD (``SMDL=SW_MNG``); the NVL checks count those too.
 * NVML ``nvmlDeviceGetGpuFabricInfo`` per GPU: ``state`` (0 not supported, 1 not started,
   2 in progress, 3 completed), ``status`` (an NVML return code; 0 is success), ``clusterUuid``
   and ``cliqueId`` (non-zero on multi-node NVLink trays). Drivers before the fabric-info API

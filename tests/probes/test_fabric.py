@@ -14,6 +14,7 @@ import pytest
 from preflight.probes.fabric import FabricFacts, parse_fm_config, parse_start_after_boot, probe_fabric
 from preflight.checks.nvl import nvls_cuda_invalid_argument, nvls_multicast_init_failure
 from preflight.probes.job import probe_job
+from preflight.probes.rdma import probe_rdma
 from preflight.model import NotApplicable, Severity, Status
 from preflight.sources import Sources
 
@@ -31,12 +32,12 @@ def facts(root: Path) -> FabricFacts:
 
 def verdicts(root: Path) -> list[tuple[str, Status, str]]:
     sources = Sources.for_node(str(root), None)
-    found = nvls_multicast_init_failure(probe_fabric(sources.fs, sources.nvml), probe_job(sources.fs))
+    found = nvls_multicast_init_failure(probe_fabric(sources.fs, sources.nvml), probe_job(sources.fs), probe_rdma(sources.fs))
     return [(o.subject, o.status, " ".join(e.observed for e in o.evidence) + o.reason) for o in found]
 
 
 def restarts(root: Path) -> list[tuple[str, Status, Severity | None, str]]:
-    found = nvls_cuda_invalid_argument(facts(root))
+    found = nvls_cuda_invalid_argument(facts(root), probe_rdma(Sources.for_node(str(root), None).fs))
     return [(o.subject, o.status, o.severity, " ".join(f"{e.observed} / {e.expected}" for e in o.evidence) + o.reason) for o in found]
 
 
@@ -173,6 +174,23 @@ def test_not_applicable_without_nvswitches_or_fabric(node_copy: Path) -> None:
         verdicts(node_copy)
     with pytest.raises(NotApplicable, match="no NVSwitch"):
         verdicts(NODES / "rtx5090-workstation")
+
+
+def test_blackwell_board_is_known_by_its_nvswitch_management_functions(node_copy: Path) -> None:
+    """HGX/DGX B200: the NVSwitches are not on the host's PCI bus (Fabric Manager and NVLSM reach
+    them through the baseboard's ConnectX functions whose VPD says SMDL=SW_MNG), yet GPUs whose
+    fabric never completed fail CUDA's start: the fabric is judged as on a Hopper board."""
+    for bdf in ("0000:05:00.0", "0000:06:00.0", "0000:07:00.0", "0000:08:00.0"):
+        (node_copy / "sys/bus/pci/devices" / bdf).unlink()
+    write(node_copy, "/sys/class/infiniband/mlx5_0/device/vpd", b"\x82\x10\x00ConnectX-7 Bridge\x90\x10\x00V2\x0bSMDL=SW_MNG\x78\x00")
+    assert verdicts(node_copy) == [] and restarts(node_copy) == []  # judged, and healthy
+    answers = {str(i): {"result": HEALTHY} for i in range(8)}
+    answers["3"] = {"result": {**HEALTHY, "state": 2}}
+    edit_fabric(node_copy, answers)
+    stop_fabric_manager(node_copy)
+    found = verdicts(node_copy)
+    assert [(s, st) for s, st, _ in found] == [("fabric manager", Status.PRESENT), ("GPU3", Status.PRESENT)]
+    assert "mlx5_0: NVSwitch management functions (SMDL=SW_MNG)" in found[0][2]
 
 
 def test_gb200_gpu_outside_the_fabric_is_present_without_asking_for_a_fabric_manager(gb200: Path) -> None:
