@@ -155,6 +155,9 @@ class PcieFacts(Struct, frozen=True):
     # NUMA nodes listed in /sys/devices/system/node (2 when unlisted: an unplaced path is then
     # UNKNOWN, not PHB); with the endpoints it gives every GPU-NIC path class (path())
     sockets: int = 2
+    # NUMA nodes without CPUs (/sys/devices/system/node/has_cpu); None: not known. On an Arm host
+    # they are the GPUs' memory of a coherent NVLink-C2C platform (Grace Hopper, Grace Blackwell).
+    memory_only_nodes: int | None = None
     # /proc/cpuinfo names an Arm CPU ("CPU implementer"): Grace hosts attach their GPUs over
     # NVLink-C2C, a path sysfs does not show and NCCL treats apart (C2C, P2C)
     arm_cpu: bool = False
@@ -227,6 +230,21 @@ def _numa(text: str | None) -> int | None:
     return node if node >= 0 else None
 
 
+def count_node_list(text: str) -> int | None:
+    """How many nodes a kernel node list names ("0-3,8" is 5: the format of
+    /sys/devices/system/node/has_cpu); None when the text is not such a list."""
+    count = 0
+    for part in text.strip().split(","):
+        first, _, last = part.partition("-")
+        if not first.isascii() or not first.isdigit() or (last and (not last.isascii() or not last.isdigit())):
+            return None
+        low, high = int(first), int(last or first)
+        if high < low:
+            return None
+        count += high - low + 1
+    return count
+
+
 # NCCL's path classes (src/graph/paths.cc), nearest first. NCCL has no NODE: two root ports of
 # one socket are PHB to it; only a path across sockets is SYS.
 PATH_CLASSES = ("PIX", "PXB", "PHB", "SYS")
@@ -276,8 +294,11 @@ def probe_pcie(fs: NodeFS) -> PcieFacts:
         elif "infiniband" in (reader.listing(base) or []):
             nics.append(_endpoint(fs, reader, bdf, chain, tuple(sorted(reader.listing(f"{base}/infiniband") or []))))
     nodes = reader.listing("/sys/devices/system/node")
+    listed = None if nodes is None else sum(1 for name in nodes if re.fullmatch(r"node\d+", name))
+    with_cpus = count_node_list(reader.text("/sys/devices/system/node/has_cpu") or "") if nodes is not None else None
+    # NUMA nodes with CPUs: a Grace Hopper's GPU memory is NUMA nodes too, none of them a socket.
     # Unlisted NUMA nodes: as if several sockets, so an unplaced path is UNKNOWN, not PHB.
-    sockets = 2 if nodes is None else sum(1 for name in nodes if re.fullmatch(r"node\d+", name))
+    sockets = with_cpus if with_cpus else listed if listed is not None else 2
     pairs = []
     nearest_nic = []
     wanted: set[str] = set()
@@ -321,6 +342,7 @@ def probe_pcie(fs: NodeFS) -> PcieFacts:
         cmdline=(reader.text("/proc/cmdline") or "").strip(),
         problems=tuple(reader.problems),
         sockets=sockets,
+        memory_only_nodes=None if listed is None or not with_cpus else max(listed - with_cpus, 0),
         arm_cpu=any(line.startswith("CPU implementer") for line in cpuinfo.splitlines()),
         cpu_vendor=None if known_cpuinfo is None else cpu_vendor(known_cpuinfo),
         virtualisation=virtual.evidence,

@@ -289,6 +289,33 @@ def test_gdr_forced_in_a_vm_that_hides_the_switches(tmp_path: Path) -> None:
     assert [s for s, _ in topo_verdicts(root, {"NCCL_NET_GDR_LEVEL": "5"})] == ["GPU 0001:00:00.0"]
 
 
+def test_grace_gpu_forced_gdr_over_its_c2c_path_is_not_flagged(tmp_path: Path) -> None:
+    """A GH200's GPU and NIC hang off one Grace socket's root ports (PHB in sysfs), but the GPU
+    reaches the socket over NVLink-C2C, a path NCCL classes P2C and uses for GPUDirect RDMA (by
+    default from 2.27); CSCS tells GH200 users to set NCCL_NET_GDR_LEVEL=PHB for older NCCL.
+    Its HBM shows as CPU-less NUMA nodes; an Arm host without them (PCIe GPUs) is judged as on
+    x86, one whose has_cpu is unreadable is undecided. A one-socket GH200 whose NIC reports no
+    NUMA node is PHB, not unknown: the GPU memory nodes are not sockets."""
+    root = bare_node(tmp_path)
+    pci(root, ["0009:01:00.0"], "0x10de", "0x030200")
+    pci(root, ["0000:01:00.0"], "0x15b3", "0x020700", rdma=True)
+    write(root, "/proc/cpuinfo", "processor\t: 0\nCPU implementer\t: 0x41\nCPU part\t: 0xd4f\n\n")
+    for node in range(9):  # one Grace socket, eight CPU-less nodes of GPU memory
+        (root / f"sys/devices/system/node/node{node}").mkdir(parents=True)
+    write(root, "/sys/devices/system/node/has_cpu", "0\n")
+    gdr = {"NCCL_NET_GDR_LEVEL": "PHB"}
+    assert probe_pcie(NodeFS(str(root))).nearest_nic == (("0009:01:00.0", "0000:01:00.0", "PHB"),)
+    assert topo_verdicts(root, gdr) == []
+    write(root, "/sys/devices/system/node/has_cpu", "0-8\n")  # Arm with PCIe GPUs, no coherent memory
+    assert [s for s, _ in topo_verdicts(root, gdr)] == ["GPU 0009:01:00.0"]
+    write(root, "/sys/devices/system/node/has_cpu", "garbage\n")
+    for bdf_path in ("pci0009:01/0009:01:00.0", "pci0000:01/0000:01:00.0"):
+        numa(root, bdf_path, 0)  # placed, so the path is PHB whatever the socket count
+    fs = NodeFS(str(root))
+    found = list(gpu_hca_cross_numa_gdr(probe_pcie(fs), probe_job(fs)))
+    assert [o.status for o in found] == [Status.UNKNOWN] and "NVLink-C2C" in found[0].reason
+
+
 # PCI002 / PCI003 on hand-built facts -------------------------------------------------------------
 FULL = PcieLink(16, 16, "2.5 GT/s PCIe", "16.0 GT/s PCIe", "")
 
