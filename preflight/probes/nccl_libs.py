@@ -41,7 +41,9 @@ SYSTEM_DIRS = (
 )
 
 
-PYTHON_ROOTS = ("/usr/lib", "/usr/local/lib", "/opt/conda/lib")
+# RHEL and Fedora keep compiled packages (torch, the nvidia-nccl wheels) in lib64 (sysconfig's
+# platlib; pip as root writes /usr/local/lib64): site.getsitepackages() there lists both.
+PYTHON_ROOTS = ("/usr/lib", "/usr/lib64", "/usr/local/lib", "/usr/local/lib64", "/opt/conda/lib")
 
 
 _VERSIONED = re.compile(r"^libnccl\.so\.(\d+\.\d+\.\d+)$")

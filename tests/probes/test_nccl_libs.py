@@ -88,6 +88,17 @@ def test_the_wheel_in_the_jobs_virtualenv_is_the_frameworks(node_copy: Path) -> 
     assert verdicts(node_copy, "NCCL016") == []
 
 
+def test_rhel_system_python_keeps_compiled_wheels_in_lib64(tmp_path: Path) -> None:
+    """On RHEL and Fedora, pip (as root) puts compiled wheels in /usr/local/lib64/python3.X/
+    site-packages (sysconfig's platlib): the wheel's NCCL and torch there are the system Python's."""
+    root = bare_node(tmp_path / "node")
+    site = "/usr/local/lib64/python3.9/site-packages"
+    write(root, f"{site}/nvidia/nccl/lib/libnccl.so.2", b"")
+    (root / site.lstrip("/") / "nvidia_nccl_cu12-2.21.5.dist-info").mkdir()
+    facts = probe_nccl_libs(NodeFS(str(root)))
+    assert (f"{site}/nvidia/nccl/lib/libnccl.so.2", "2.21.5", "python") in {(c.path, c.version, c.origin) for c in facts.copies}
+
+
 def test_two_nccl_wheels_in_one_environment_are_present(node_copy: Path) -> None:
     """nvidia-nccl-cu11 and -cu12 (or two -cu12 releases' metadata) both own
     nvidia/nccl/lib/libnccl.so.2: whichever was installed last is what the framework loads."""
