@@ -379,9 +379,16 @@ def unlisted_ports(rdma: RdmaFacts) -> Iterator[Observation]:
 
 
 # -- IB009 ------------------------------------------------------------------------------------
-def _kind(port: RdmaPort, rdma: RdmaFacts) -> tuple[str, str]:
+def _kind(port: RdmaPort, rdma: RdmaFacts) -> tuple[str, str, int]:
+    """Ports compared with one another: one link layer, one HCA model, adapters of as many
+    functions (a 2x200G BlueField-3 DPU beside 1x400G BlueField-3 SuperNICs is another card)."""
     device = rdma.device(port.device)
-    return (port.link_layer or "?", (device.hca_type if device else None) or "?")
+    return (port.link_layer or "?", (device.hca_type if device else None) or "?", device.adapter_functions if device else 1)
+
+
+def _kind_name(kind: tuple[str, str, int]) -> str:
+    link_layer, hca_type, functions = kind
+    return f"{link_layer} {hca_type} ports" + (f" of {functions}-port adapters" if functions > 1 else "")
 
 
 def _kind_unreadable(port: RdmaPort, rdma: RdmaFacts) -> str:
@@ -399,7 +406,7 @@ def judged_ports(rdma: RdmaFacts, expect: Expectations) -> list[RdmaPort]:
     ports = list(rdma.data_ports)
     if not any(port.state == PORT_ACTIVE for port in ports):
         return ports
-    groups: dict[tuple[str, str], list[RdmaPort]] = {}
+    groups: dict[tuple[str, str, int], list[RdmaPort]] = {}
     for port in ports:
         groups.setdefault(_kind(port, rdma), []).append(port)
     return [
@@ -452,10 +459,9 @@ def _degraded(port: RdmaPort, active: list[RdmaPort], rdma: RdmaFacts, expect: E
         return None
     gbps, holders, peers = reference
     if port.rate.gbps < gbps:
-        link_layer, hca_type = _kind(port, rdma)
         return present(
             port.subject,
-            port_evidence(port, "rate", expected=f"{gbps:g} Gb/sec like {holders} of {peers} active {link_layer} {hca_type} ports"),
+            port_evidence(port, "rate", expected=f"{gbps:g} Gb/sec like {holders} of {peers} active {_kind_name(_kind(port, rdma))}"),
             severity=None if named else Severity.WARNING,
             fix="" if named else _unnamed_fix(port, "reseat or replace its cable or optic, or set the switch port's speed"),
         )

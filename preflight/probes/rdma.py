@@ -31,8 +31,8 @@ Sources (kernel ``drivers/infiniband/core/sysfs.c``; all world-readable except `
 that IB008 and IB009 call an inactive port of such a function unknown (see ``management_unknown``).
 
 Which ports a missing link condemns: without ``expect.hcas`` a port is only judged when most ports
-of its kind (same link layer and HCA model) are ACTIVE, or when no port on the node is; an
-uncabled second port or an unused storage port of another model is then not mistaken for a broken
+of its kind (same link layer and HCA model, on adapters of as many functions) are ACTIVE, or when
+no port on the node is; an uncabled second port or an unused storage port of another model is then not mistaken for a broken
 data link. A storage port of the rails' own model (DGX H100) still counts with its kind, so while
 neither ``expect.hcas`` nor a visible ``NCCL_IB_HCA`` names the rails IB009 reports such ports as
 warnings. Sites that list their data HCAs in ``expect.hcas`` get every port of those HCAs judged.
@@ -41,10 +41,12 @@ warnings. Sites that list their data HCAs in ``expect.hcas`` get every port of t
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 from msgspec import Struct
+from msgspec.structs import replace
 
 from preflight.model import (
     Evidence,
@@ -184,6 +186,9 @@ class RdmaDevice(Struct, frozen=True):
     # peermem", "NEURON"; "" when none is available now), "NVIDIA" where an older efa.ko says
     # device/gdr 1; None when neither file is there (the kernel's own efa driver) or readable.
     efa_gpu_memory: str | None = None
+    # RDMA devices on this device's adapter (PCI functions of one bus:device): a dual-port card
+    # shows two. A 1x400G BlueField-3 SuperNIC and a 2x200G BlueField-3 DPU share hca_type MT41692.
+    adapter_functions: int = 1
 
     @property
     def is_data_nic(self) -> bool:
@@ -533,6 +538,18 @@ def _mlx5_driver_version(reader: _Attributes) -> str | None:
     return "" if text is None else text.strip()[:100]
 
 
+def _adapter(device: RdmaDevice) -> str | None:
+    return device.pci_address.rsplit(".", 1)[0] if device.pci_address else None
+
+
+def _with_adapter_functions(devices: tuple[RdmaDevice, ...]) -> tuple[RdmaDevice, ...]:
+    counts = Counter(adapter for adapter in map(_adapter, devices) if adapter is not None)
+    return tuple(
+        replace(device, adapter_functions=counts[adapter]) if (adapter := _adapter(device)) is not None and counts[adapter] > 1 else device
+        for device in devices
+    )
+
+
 @probe("rdma", gather_in=("full",))
 def probe_rdma(fs: NodeFS) -> RdmaFacts:
     """Read every RDMA device, its ports and netdevs, and the job's device nodes."""
@@ -541,7 +558,7 @@ def probe_rdma(fs: NodeFS) -> RdmaFacts:
     verbs_entries = reader.listing(VERBS_CLASS)
     verbs_loaded = _uverbs_loaded(reader) if verbs_entries is None else True
     uverbs = _verbs_devices(reader, verbs_entries or [])
-    devices = tuple(_read_device(fs, name, uverbs) for name in sorted(names, key=natural_key))
+    devices = _with_adapter_functions(tuple(_read_device(fs, name, uverbs) for name in sorted(names, key=natural_key)))
     if verbs_loaded is not True and any(device.uverbs for device in devices):
         verbs_loaded = True  # found under the devices themselves
         reader.problems = [p for p in reader.problems if not p.path.startswith((VERBS_CLASS, "/sys/module/ib_uverbs"))]

@@ -129,6 +129,20 @@ def test_ib009_present_for_down_port_and_degraded_rate() -> None:
     assert "400 Gb/sec like 6 of 7 active InfiniBand MT4129 ports" in degraded.evidence[0].expected
 
 
+def test_ib009_compares_ports_of_like_adapters() -> None:
+    """Eight 1x400G BlueField-3 SuperNICs and a 2x200G BlueField-3 DPU all say MT41692: the DPU's
+    two functions on one adapter make it another card, whose 200G is not a degraded rail."""
+    rails = [hca(f"mlx5_{i}", port(link_layer="Ethernet"), hca_type="MT41692") for i in range(8)]
+
+    def dpus(slow: float = 200.0) -> list[RdmaDevice]:
+        return [replace(hca(f"mlx5_{8 + i}", port(link_layer="Ethernet", rate=PortRate(slow if i == 3 else 200.0, 4, "HDR")), hca_type="MT41692"),
+                        pci_address=f"0000:c{1 + i // 2}:00.{i % 2}", adapter_functions=2) for i in range(4)]
+
+    assert list(rdma_stack_or_ports_misconfigured(rdma(*rails, *dpus()), Expectations(), job())) == []
+    [found] = rdma_stack_or_ports_misconfigured(rdma(*rails, *dpus(slow=100.0)), Expectations(), job())
+    assert found.subject == "mlx5_11/1" and "200 Gb/sec like 3 of 4 active Ethernet MT41692 ports of 2-port adapters" in found.evidence[0].expected
+
+
 def test_ib009_present_for_missing_expected_hca_and_rate_below_expectation() -> None:
     facts = eight()
     expect = Expectations(hcas=("mlx5_0", "mlx5_8"), rate_gbps=800)

@@ -16,7 +16,7 @@ from preflight.probes.gpudirect import DeviceNode, JobIdentity
 from preflight.probes.rdma import PortRate, Problem, RdmaDevice, RdmaFacts, RdmaPort, natural_key, parse_hex, parse_link_layer, parse_numbered, parse_pci_link, parse_rate, probe_rdma
 from preflight.sources import NodeFS, SourceError
 
-from conftest import bare_node
+from conftest import EXAMPLE_ROOT, bare_node
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nodes"
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "nodes" / "hgx-h100"
@@ -239,3 +239,12 @@ def test_ib_uverbs_not_loaded_only_from_a_captured_sys_module(tmp_path: Path) ->
     os.symlink("../../../0000:00:02.0", device / "device")
     facts = probe_rdma(NodeFS(str(root)))
     assert facts.verbs_class_present is True and facts.devices[0].uverbs == "uverbs0"
+
+
+def test_functions_of_one_adapter_are_counted() -> None:
+    """A dual-port card is two PCI functions of one bus:device: each of its RDMA devices knows the
+    adapter has two, so IB009 compares it with like cards only."""
+    dual = probe_rdma(NodeFS(str(FIXTURES / "h800-dual-port")))
+    assert [(d.pci_address, d.adapter_functions) for d in dual.devices] == [
+        ("0000:1a:00.0", 2), ("0000:1a:00.1", 2), ("0000:9c:00.0", 2), ("0000:9c:00.1", 2)]
+    assert {d.adapter_functions for d in probe_rdma(NodeFS(str(EXAMPLE_ROOT))).devices} == {1}
