@@ -32,8 +32,8 @@ that IB008 and IB009 call an inactive port of such a function unknown (see ``man
 
 Which ports a missing link condemns: without ``expect.hcas`` a port is only judged when most ports
 of its kind (same link layer and HCA model, on adapters of as many functions) are ACTIVE, or when
-no port on the node is; an uncabled second port or an unused storage port of another model is then not mistaken for a broken
-data link. A storage port of the rails' own model (DGX H100) still counts with its kind, so while
+no port on the node is; an uncabled second port or an unused storage port of another model is
+then not mistaken for a broken data link. A storage port of the rails' own model (DGX H100) still counts with its kind, so while
 neither ``expect.hcas`` nor a visible ``NCCL_IB_HCA`` names the rails IB009 reports such ports as
 warnings. Sites that list their data HCAs in ``expect.hcas`` get every port of those HCAs judged.
 """
