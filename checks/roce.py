@@ -20,7 +20,7 @@ from preflight.nccl.gdr import DEFAULT_GDR_LEVEL, PATH_RANK, PXN_PEER_LIMIT, gdr
 from preflight.nccl.gid import nccl_int
 from preflight.nccl.ib import ib_hca_selects, nccl_selection, require_ib_transport_on, selection_unseen
 from preflight.nccl.releases import require_nccl, version_tuple
-from preflight.probes.job import setting_evidence
+from preflight.probes.job import named_net_plugin, setting_evidence
 from preflight.probes.kernel_log import NOT_READ, KernelLogFacts
 from preflight.probes.nccl_nets import NcclNetsFacts, skipped_devices
 from preflight.probes.pcie import unclassified_reason
@@ -704,6 +704,7 @@ def roce_packet_reordering(rdma: RdmaFacts, job: JobFacts, nccl_libs: NcclLibFac
     # ar is 0 on RoCE unless NCCL_IB_ADAPTIVE_ROUTING is set to something other than -2 (auto)
     ar_on = ar is not None and nccl_int(ar.value, -2) not in (-2, 0)
     named = [copy for copy in reading if copy.version is not None]
+    plugin = named_net_plugin(job)  # e.g. NVIDIA's Spectrum-X plugin, whose rules are not public
     versions = Evidence("NCCL installed", ", ".join(f"{copy.version} ({copy.path})" for copy in named), "2.30.3 or newer reads NCCL_IB_OOO_RQ")
     for port in roce:
         mlx5 = _mlx5(rdma, port.device)
@@ -713,6 +714,9 @@ def roce_packet_reordering(rdma: RdmaFacts, job: JobFacts, nccl_libs: NcclLibFac
             yield undecided(port.subject, f"neither the name nor the PCI vendor of {port.device} tells whether NCCL drives it through mlx5")
         elif ar_on:
             yield undecided(port.subject, "NCCL_IB_OOO_RQ and adaptive routing are on: whether both sides' NICs support out-of-order receive is known only to mlx5dv, not sysfs")
+        elif plugin is not None:
+            yield undecided(port.subject, f"{plugin.origin} NCCL_NET_PLUGIN={plugin.value}: where that plugin loads, its own transport, "
+                                          "not NCCL's, decides what NCCL_IB_OOO_RQ asks of the fabric")
         elif not named:
             yield undecided(port.subject, f"the NCCL release of {reading[0].path} is not named by its file or wheel")
         else:

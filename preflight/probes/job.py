@@ -308,6 +308,13 @@ def switched_off(job: JobFacts, name: str) -> Setting | None:
     return setting if setting is not None and setting.value.strip() == "0" else None
 
 
+def named_net_plugin(job: JobFacts) -> Setting | None:
+    """NCCL_NET_PLUGIN when it names a network plugin for NCCL to load ("none" and "" load none;
+    src/plugin/net.cc): where that plugin loads, its transport, not NCCL's own, carries the data."""
+    setting = job.nccl("NCCL_NET_PLUGIN")
+    return setting if setting is not None and setting.value.strip().lower() not in ("", "none") else None
+
+
 def setting_evidence(job: JobFacts, name: str, expected: str = "") -> Evidence:
     """Evidence for the value NCCL would see for ``name``, naming where it was set."""
     setting = job.nccl(name)

@@ -37,7 +37,7 @@ from msgspec import Struct
 from preflight.nccl.gid import nccl_int
 from preflight.probes.hostname import parse_hosts
 from preflight.probes.efa import loader_dirs
-from preflight.probes.job import JobFacts, Setting
+from preflight.probes.job import JobFacts, Setting, named_net_plugin
 from preflight.probing import FactReader
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
@@ -277,9 +277,8 @@ def _net_plugin(job: JobFacts, reader: FactReader) -> bool | None:
     """Whether NCCL would find a network plugin to load: NCCL_NET_PLUGIN names one (or "none"),
     else libnccl-net.so where the loader looks for it; None when a directory or ld.so.conf
     could not be read."""
-    named = job.nccl("NCCL_NET_PLUGIN")
-    if named is not None:
-        return named.value.strip().lower() not in ("", "none")
+    if job.nccl("NCCL_NET_PLUGIN") is not None:
+        return named_net_plugin(job) is not None
     scan = FactReader(reader.fs)  # its own problems: an unread file leaves only this unknown
     for directory in loader_dirs(scan, job.environ):
         if DEFAULT_NET_PLUGIN in (scan.listing(directory.rstrip("/")) or []):

@@ -75,6 +75,16 @@ def test_ooo_rq_with_adaptive_routing_on_is_unknown_not_present(tmp_path: Path) 
     assert {status for _, status, _ in found} == {Status.UNKNOWN}
 
 
+def test_a_named_network_plugin_makes_its_own_rules(tmp_path: Path) -> None:
+    """With NCCL_NET_PLUGIN naming a plugin (NVIDIA's Spectrum-X plugin, for one), that plugin's
+    transport carries the data where it loads: NCCL's refusal is not known to apply; "none"
+    loads no plugin, so NCCL's own transport and its rule stay."""
+    found = verdicts(node(tmp_path / "a", {"NCCL_IB_OOO_RQ": "1", "NCCL_NET_PLUGIN": "spcx"}))
+    assert {status for _, status, _ in found} == {Status.UNKNOWN} and "NCCL_NET_PLUGIN=spcx" in found[0][2]
+    found = verdicts(node(tmp_path / "b", {"NCCL_IB_OOO_RQ": "1", "NCCL_NET_PLUGIN": "none"}))
+    assert {status for _, status, _ in found} == {Status.PRESENT}
+
+
 def test_counters_alone_never_make_a_finding(tmp_path: Path) -> None:
     """Counts since the driver loaded, which plain loss raises too: a healthy node has some."""
     assert verdicts(node(tmp_path, {}, counters={"out_of_sequence": "4819337", "packet_seq_err": "220194"})) == []
