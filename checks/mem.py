@@ -82,7 +82,10 @@ def memlock_limit_too_low(memlock: MemlockFacts, job: JobFacts, expect: Expectat
         # Outside a job on a Slurm node (an operator's shell, cron, an audit over ssh) this
         # process's limit is not what jobs get: slurmd's entries above and below decide that.
         if _process_limit_is_jobs(memlock, job):
-            if not _limit_waived(memlock, job):  # waived: its RDMA registrations and mlock are not charged
+            waived = _limit_waived(memlock, job)  # waived: its RDMA registrations and mlock are not charged
+            if waived is None:
+                yield undecided("process", f"memlock {format_size(memlock.process.soft)} is below {format_size(minimum)}, but {_waiver_unknown(memlock)}")
+            elif not waived:
                 yield present("slurmd" if job.in_slurmd_script else "process", _limit_evidence(memlock.process, minimum))
         else:
             yield present(
@@ -167,17 +170,25 @@ OWN_LIMIT_FIX = (
 )
 
 
-def _limit_waived(memlock: MemlockFacts, job: JobFacts) -> bool:
+def _limit_waived(memlock: MemlockFacts, job: JobFacts) -> bool | None:
     """Whether this process holds CAP_IPC_LOCK as a granted right: ib_umem_get() (drivers/
     infiniband/core/umem.c) and mlock(2) charge pinned pages to RLIMIT_MEMLOCK only without it,
     and a container that NVIDIA's and the clouds' RDMA recipes start with ``capabilities: add:
     [IPC_LOCK]`` keeps the runtime's low limit on purpose. A full root shell (uid 0 with
     CAP_SYS_ADMIN) outside a job holds it by being root, which says nothing of the jobs' rights,
-    and a script slurmd runs has slurmd's rights, not the job's."""
+    and a script slurmd runs has slurmd's rights, not the job's. None: whether it holds the
+    right is not known (/proc/self/status, or the namespace of a capability held, unread)."""
     exemption = memlock.exemption
-    if exemption is None or not exemption.ipc_lock or job.in_slurmd_script:
+    if job.in_slurmd_script or (exemption is not None and exemption.full_root and not job.in_job_process):
         return False
-    return job.in_job_process or not exemption.full_root
+    return None if exemption is None else exemption.ipc_lock
+
+
+def _waiver_unknown(memlock: MemlockFacts) -> str:
+    """Why :func:`_limit_waived` could not tell."""
+    exemption = memlock.exemption
+    known = exemption.evidence if exemption is not None else "/proc/self/status not read or without CapEff and Uid lines"
+    return f"whether this process holds CAP_IPC_LOCK, which lifts the limit for its registrations, is not known: {known}"
 
 
 def _process_limit_is_jobs(memlock: MemlockFacts, job: JobFacts) -> bool:
@@ -232,7 +243,7 @@ def nccl_buffsize_exceeds_pinned_memory(
     # process's own limit counts only where it is the job's (MEM001 reads it the same way).
     # A granted CAP_IPC_LOCK lifts the limit for this process's registrations (MEM001 likewise).
     waived = _limit_waived(memlock, job)
-    own = memlock.process if memlock.process is not None and _process_limit_is_jobs(memlock, job) and not waived else None
+    own = memlock.process if memlock.process is not None and _process_limit_is_jobs(memlock, job) and waived is not True else None
     limits = [limit for limit in (memlock.slurmd, own) if limit is not None]
     if memlock.rdma_devices is None and limits and min(limit.soft for limit in limits) < smallest:
         # Too low for registration, if the node has RDMA devices: that is not known.
@@ -240,6 +251,9 @@ def nccl_buffsize_exceeds_pinned_memory(
         return
     if memlock.rdma_devices:
         tightest = min(limits, key=lambda limit: limit.soft) if limits else None
+        if tightest is not None and tightest.soft < smallest and tightest is own and waived is None:
+            yield undecided("NCCL_BUFFSIZE", f"memlock soft {format_size(tightest.soft)} is below 2 x NCCL_BUFFSIZE, but {_waiver_unknown(memlock)}")
+            return
         if tightest is not None and tightest.soft < smallest:
             yield present(
                 "NCCL_BUFFSIZE",

@@ -63,7 +63,7 @@ class Exemption(Struct, frozen=True):
     ib_umem_get() and mlock(2) skip the RLIMIT_MEMLOCK charge for a holder of CAP_IPC_LOCK
     (``capable()``, i.e. in the initial user namespace)."""
 
-    ipc_lock: bool  # CapEff bit 14 (CAP_IPC_LOCK) in the initial user namespace
+    ipc_lock: bool | None  # CapEff bit 14 (CAP_IPC_LOCK) in the initial user namespace; None: held, namespace unread
     full_root: bool  # uid 0 with CAP_SYS_ADMIN: an administrator's shell, not a granted right
     evidence: str  # "CapEff 00000000a80435fb (CAP_IPC_LOCK), uid 0, initial user namespace"
 
@@ -84,7 +84,7 @@ class MemlockFacts(Struct, frozen=True):
     mem_total: int | None  # /proc/meminfo MemTotal, bytes
     rdma_devices: tuple[str, ...] | None  # /sys/class/infiniband; None when unknown
     problems: tuple[str, ...]  # files that could not be read or were not captured: "path: reason"
-    # This process's exemption from RLIMIT_MEMLOCK (None: /proc/self/status or uid_map unread)
+    # This process's exemption from RLIMIT_MEMLOCK (None: /proc/self/status unread or unparsed)
     exemption: Exemption | None = None
 
 
@@ -263,20 +263,25 @@ CAP_SYS_ADMIN = 21
 _INITIAL_UID_MAP = ("0", "0", "4294967295")  # user_namespaces(7): the initial namespace's map
 
 
-def parse_exemption(status: str, uid_map: str) -> Exemption | None:
+def parse_exemption(status: str, uid_map: str | None) -> Exemption | None:
     """CAP_IPC_LOCK from ``CapEff`` (hex, proc(5)); None when the line or the Uid line is
-    missing. Outside the initial user namespace the capability does not satisfy ``capable()``."""
+    missing. Outside the initial user namespace the capability does not satisfy ``capable()``:
+    with ``uid_map`` unread (None) a capability held is of an unknown namespace."""
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
     try:
         capabilities = int(fields["CapEff"].strip(), 16)
         uid = int(fields["Uid"].split()[1])  # real, effective, saved, filesystem: the effective uid
     except (KeyError, ValueError, IndexError):
         return None
-    initial = tuple(uid_map.split()) == _INITIAL_UID_MAP
     held = bool(capabilities >> CAP_IPC_LOCK & 1)
-    where = "initial user namespace" if initial else f"user namespace with uid_map {' '.join(uid_map.split())[:60]!r}"
+    if uid_map is None:
+        initial: bool | None = None
+        where = "user namespace not known (/proc/self/uid_map not read)"
+    else:
+        initial = tuple(uid_map.split()) == _INITIAL_UID_MAP
+        where = "initial user namespace" if initial else f"user namespace with uid_map {' '.join(uid_map.split())[:60]!r}"
     return Exemption(
-        ipc_lock=held and initial,
+        ipc_lock=held and initial if held else False,
         full_root=uid == 0 and bool(capabilities >> CAP_SYS_ADMIN & 1),
         evidence=f"CapEff {fields['CapEff'].strip()[:16]} ({'CAP_IPC_LOCK' if held else 'no CAP_IPC_LOCK'}), uid {uid}, {where}",
     )
@@ -284,8 +289,7 @@ def parse_exemption(status: str, uid_map: str) -> Exemption | None:
 
 def _read_exemption(reader: FactReader) -> Exemption | None:
     status = reader.text("/proc/self/status")
-    uid_map = reader.text("/proc/self/uid_map")
-    return parse_exemption(status, uid_map) if status is not None and uid_map is not None else None
+    return parse_exemption(status, reader.text("/proc/self/uid_map")) if status is not None else None
 
 
 def _read_memlock(reader: FactReader, path: str) -> Limit | None:

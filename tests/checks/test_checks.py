@@ -22,7 +22,7 @@ from preflight.checks.dns import hostname_resolution_broken
 from preflight.probes.job import JobFacts, NcclConfFile
 from preflight.probes.nccl_libs import NcclCopy, NcclLibFacts
 from preflight.probes.rdma import RdmaDevice, RdmaFacts, probe_rdma
-from preflight.probes.memlock import Limit, MemlockFacts, PamLimit, probe_memlock
+from preflight.probes.memlock import Limit, MemlockFacts, PamLimit, parse_exemption, probe_memlock
 from preflight.checks.mem import memlock_limit_too_low, nccl_buffsize_exceeds_pinned_memory
 from preflight.config import Expectations
 from preflight.model import NotApplicable, Observation, Severity, Status, Unknown, Unread
@@ -219,7 +219,8 @@ def test_mem002_reads_the_value_as_nccl_does(memlock: MemlockFacts, gpudirect: G
 def test_mem002_own_limit_outside_a_job_is_a_warning(memlock: MemlockFacts, gpudirect: GpuDirectFacts) -> None:
     """Run from cron or an operator's shell on a Slurm node, preflight's own memlock limit is not
     the one jobs get (slurmd's is): a warning, as MEM001 says of the same limit."""
-    low_own = replace(unlimited(memlock), process=Limit(8 << 20, 8 << 20, "/proc/self/limits"))
+    no_right = parse_exemption("Uid:\t1001\t1001\t1001\t1001\nCapEff:\t0000000000000000\n", "0 0 4294967295\n")
+    low_own = replace(unlimited(memlock), process=Limit(8 << 20, 8 << 20, "/proc/self/limits"), exemption=no_right)
     found = list(nccl_buffsize_exceeds_pinned_memory(job(conf={"NCCL_BUFFSIZE": str(16 << 20)}), low_own, gpudirect))
     assert [(o.severity, o.evidence[1].source) for o in found] == [(Severity.WARNING, "/proc/self/limits")]
     in_job = job(environ={"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0"}, conf={"NCCL_BUFFSIZE": str(16 << 20)})
@@ -582,8 +583,6 @@ def test_mem001_a_granted_cap_ipc_lock_lifts_the_process_limit(memlock: MemlockF
     """A pod started with capabilities: add: [IPC_LOCK] keeps the runtime's 8 MiB limit, which
     ib_umem_get() and mlock(2) do not charge a CAP_IPC_LOCK holder; an administrator's full root
     shell outside a job holds the capability by being root, which says nothing of the jobs."""
-    from preflight.probes.memlock import parse_exemption
-
     initial = "         0          0 4294967295\n"
     pod = parse_exemption("Name:\tpython\nUid:\t0\t0\t0\t0\nCapEff:\t00000000a80465fb\n", initial)
     shell = parse_exemption("Uid:\t0\t0\t0\t0\nCapEff:\t000001ffffffffff\n", initial)
@@ -594,8 +593,19 @@ def test_mem001_a_granted_cap_ipc_lock_lifts_the_process_limit(memlock: MemlockF
     low = replace(memlock, slurmd=None, slurmd_pid=None, slurmd_unit=None, memlock_propagated=None, slurm_conf=None,
                   process=Limit(8 << 20, 8 << 20, "/proc/self/limits"), pam_limits=())
     assert [o.subject for o in memlock_limit_too_low(replace(low, exemption=pod), job(), Expectations())] == []
-    for exemption in (None, shell, rootless):
-        assert [o.subject for o in memlock_limit_too_low(replace(low, exemption=exemption), job(), Expectations())] == ["process"]
+    for exemption in (shell, rootless):
+        assert [(o.subject, o.status) for o in memlock_limit_too_low(replace(low, exemption=exemption), job(), Expectations())] == [("process", Status.PRESENT)]
+    # Whether the right is held is not known: status unread, or a capability of an unread namespace.
+    # Without the capability the namespace does not matter.
+    unmapped = parse_exemption("Uid:\t1001\t1001\t1001\t1001\nCapEff:\t00000000a80465fb\n", None)
+    plain = parse_exemption("Uid:\t1001\t1001\t1001\t1001\nCapEff:\t0000000000000000\n", None)
+    assert unmapped is not None and unmapped.ipc_lock is None and plain is not None and plain.ipc_lock is False
+    for exemption in (None, unmapped):
+        [found] = memlock_limit_too_low(replace(low, exemption=exemption), job(), Expectations())
+        assert found.status is Status.UNKNOWN and "CAP_IPC_LOCK" in found.reason and "8 MiB" in found.reason
+    assert [o.status for o in memlock_limit_too_low(replace(low, exemption=plain), job(), Expectations())] == [Status.PRESENT]
+    [found] = nccl_buffsize_exceeds_pinned_memory(job(environ={"NCCL_BUFFSIZE": str(16 << 20)}), replace(low, exemption=unmapped), probe_gpudirect(NodeFS(str(EXAMPLE))))
+    assert found.status is Status.UNKNOWN and "CAP_IPC_LOCK" in found.reason
     prolog = job(environ={"SLURM_SCRIPT_CONTEXT": "prolog_slurmd"})  # slurmd's rights, not the job's
     assert [o.subject for o in memlock_limit_too_low(replace(low, exemption=pod), prolog, Expectations())] == ["slurmd"]
     in_job = job(environ={"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0"})  # root's own job step: root's rights are its ranks'
