@@ -318,11 +318,16 @@ def nvlink_ring_search_fallback(nvlink: NvlinkFacts, gpus: GpuFacts, expect: Exp
     require_nvml(nvlink.nvml_error, nvlink.nvml_detail, gpus, "the NVLink state")
     if not nvlink.gpus:
         raise NotApplicable("NVML reports no GPU")
+    # A GPU in MIG mode does no peer-to-peer over NVLink: its links are no part of NCCL's graph.
+    mig = gpus.mig_indices
+    whole = [gpu for gpu in nvlink.gpus if gpu.index not in mig]
+    if not whole:
+        raise NotApplicable("every GPU is in MIG mode (nvmlDeviceGetMigMode): none does peer-to-peer over NVLink")
     expected = expect.nvlinks_per_gpu
-    if expected is None and not any(gpu.links or gpu.error for gpu in nvlink.gpus):
+    if expected is None and not any(gpu.links or gpu.error for gpu in whole):
         raise NotApplicable("no GPU on this node has NVLinks")
-    known = [gpu for gpu in nvlink.gpus if gpu.active_count is not None]
-    for gpu in nvlink.gpus:
+    known = [gpu for gpu in whole if gpu.active_count is not None]
+    for gpu in whole:
         if gpu.error:
             yield undecided(f"GPU{gpu.index}", f"nvmlDeviceGetNvLinkState: {gpu.error}")
     if expected is not None:

@@ -200,8 +200,9 @@ def p2p_transport_disabled(p2p: P2pFacts, job: JobFacts, gpus: GpuFacts, expect:
     for error, where in sorted(failed.items()):
         yield undecided("GPU pairs", f"nvmlDeviceGetP2PStatus: {error} for {', '.join(where[:6])}{' ...' if len(where) > 6 else ''}")
     ignore = job.nccl("NCCL_IGNORE_DISABLED_P2P")
+    mig = gpus.mig_indices  # a GPU in MIG mode does no peer-to-peer at all (NVIDIA's MIG user guide)
     for (first, second), directions in sorted(answered.items()):
-        if _read_write_ok(directions):
+        if _read_write_ok(directions) or first in mig or second in mig:
             continue
         observed = Evidence("nvmlDeviceGetP2PStatus", _describe(directions), "read and write OK")
         subject = f"GPU{first}-GPU{second}"

@@ -6,7 +6,10 @@ Sources:
   (class 0x03xxxx; NVSwitches are bridges, class 0x0680, and are not counted);
 * NVML: ``nvmlSystemGetDriverVersion``, ``nvmlSystemGetCudaDriverVersion_v2`` (the CUDA version
   the driver supports, ``1000 * major + 10 * minor``: 13030 is CUDA 13.3), ``nvmlDeviceGetCount``,
-  and per device ``nvmlDeviceGetName``, ``nvmlDeviceGetPciInfo`` (``busId``), ``nvmlDeviceGetUUID``.
+  and per device ``nvmlDeviceGetName``, ``nvmlDeviceGetPciInfo`` (``busId``), ``nvmlDeviceGetUUID``,
+  ``nvmlDeviceGetMigMode`` (current, pending; 1 is enabled; NOT_SUPPORTED on GPUs without MIG).
+  A GPU in MIG mode does no peer-to-peer over PCIe or NVLink (NVIDIA's MIG user guide), so the
+  NVLink and P2P checks leave it out.
 
 A GPU that is on the bus but missing from NVML, NVML refusing to start because the kernel module
 and the user-space library differ, or ``NVML_ERROR_GPU_IS_LOST`` (from any NVML call, including
@@ -45,6 +48,7 @@ class NvmlDevice(Struct, frozen=True):
     bus_id: str | None  # nvmlDeviceGetPciInfo().busId, normalised to sysfs form 0000:18:00.0
     uuid: str | None  # nvmlDeviceGetUUID
     error: str  # NVML error code of the first failing call, "" when all succeeded
+    mig: bool | None = None  # MIG mode on now (nvmlDeviceGetMigMode); False also without MIG; None: unanswered
 
 
 class GpuFacts(Struct, frozen=True):
@@ -62,6 +66,11 @@ class GpuFacts(Struct, frozen=True):
     # view_error says why it could not be told.
     container_gpus: tuple[str, ...] | None = None
     view_error: str = ""
+
+    @property
+    def mig_indices(self) -> frozenset[int]:
+        """NVML indices of the GPUs in MIG mode (no peer-to-peer traffic over PCIe or NVLink)."""
+        return frozenset(device.index for device in self.devices if device.mig)
 
 
 def pci_device_key(address: str) -> tuple[int, int, int] | None:
@@ -127,7 +136,23 @@ def _device(nvml: Nvml, index: int) -> NvmlDevice:
         bus_id=normalise_bus_id(bus_id) if isinstance(bus_id, str) else None,
         uuid=values.get("uuid"),
         error=error,
+        mig=_mig_mode(nvml, index),
     )
+
+
+MIG_ENABLED = 1  # NVML_DEVICE_MIG_ENABLE
+
+
+def _mig_mode(nvml: Nvml, index: int) -> bool | None:
+    """Whether MIG mode is on now; a GPU without MIG answers NOT_SUPPORTED (off). Its own error,
+    apart from the device's: an older recording without the call keeps the GPU as it was."""
+    try:
+        modes = nvml.call("nvmlDeviceGetMigMode", index)
+    except NvmlError as failure:
+        return False if failure.code == "NVML_ERROR_NOT_SUPPORTED" else None
+    if isinstance(modes, (list, tuple)) and modes and type(modes[0]) is int:
+        return modes[0] == MIG_ENABLED
+    return None
 
 
 @probe("gpus")

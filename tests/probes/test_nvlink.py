@@ -87,6 +87,20 @@ def test_no_active_link_is_a_warning_and_no_link_answered_is_unknown(node_copy: 
     assert found["GPU7"].status is Status.UNKNOWN and "reports no NVLink on this GPU" in found["GPU7"].reason
 
 
+def test_gpus_in_mig_mode_are_left_out(node_copy: Path) -> None:
+    """A GPU in MIG mode does no peer-to-peer over NVLink (NVIDIA's MIG user guide): its links,
+    whatever NVML says of them, are not compared with the others', even where the site gives a
+    count; with every GPU in MIG mode there is nothing to judge."""
+    edit_nvml(node_copy, "nvmlDeviceGetNvLinkState", {f"{g}/{link}": {"result": 0} for g in (4, 5, 6, 7) for link in range(18)})
+    edit_nvml(node_copy, "nvmlDeviceGetMigMode", {str(g): {"result": [1, 1]} for g in (4, 5, 6, 7)})
+    assert verdicts(node_copy) == [] and verdicts(node_copy, Expectations(nvlinks_per_gpu=18)) == []
+    edit_nvml(node_copy, "nvmlDeviceGetMigMode", {"7": {"error": "NVML_NOT_RECORDED"}})  # not known: judged as before
+    assert [(s, st) for s, st, _ in verdicts(node_copy)] == [("GPU7", Status.PRESENT)]
+    edit_nvml(node_copy, "nvmlDeviceGetMigMode", {str(g): {"result": [1, 1]} for g in range(8)})
+    with pytest.raises(NotApplicable, match="every GPU is in MIG mode"):
+        verdicts(node_copy)
+
+
 def test_expected_count_judges_every_gpu(node_copy: Path) -> None:
     # An A100-like board: only 12 links answer, all active; the site says 18.
     edit_nvml(node_copy, "nvmlDeviceGetNvLinkState",

@@ -137,6 +137,17 @@ def test_nvlink_connected_pair_without_p2p_is_critical(node_copy: Path) -> None:
     assert "NCCL_IGNORE_DISABLED_P2P (environment): 1" in text(found) and "nvlink --status" in found.fix
 
 
+def test_a_gpu_in_mig_mode_does_no_p2p(node_copy: Path) -> None:
+    """NVIDIA's MIG user guide: GPU-to-GPU P2P (PCIe or NVLink) is not supported in MIG mode, so
+    a MIG GPU's pairs answering 'not supported' beside NVLink OK are no fault; a GPU without MIG
+    answers nvmlDeviceGetMigMode NOT_SUPPORTED and is judged as before."""
+    edit_nvml(node_copy, "nvmlDeviceGetP2PStatus", {"2/gpu5/0": {"result": 6}, "5/gpu2/1": {"result": 6}})
+    edit_nvml(node_copy, "nvmlDeviceGetMigMode", {"5": {"result": [1, 1]}, "2": {"error": "NVML_ERROR_NOT_SUPPORTED"}})
+    assert pci004(node_copy) == []
+    edit_nvml(node_copy, "nvmlDeviceGetMigMode", {"5": {"result": [0, 1]}})  # enabled at the next reset: not yet
+    assert [o.subject for o in pci004(node_copy)] == ["GPU2-GPU5"]
+
+
 def test_p2p_disabled_by_regkey_is_present(rtx: Path) -> None:
     edit_nvml(rtx, "nvmlDeviceGetP2PStatus", p2p_answers([(0, 1)], 4, 4, 5))
     (found,) = pci004(rtx)

@@ -225,6 +225,7 @@ def _device_calls(gpu: ElementTree.Element) -> dict[str, dict[str, Any] | None]:
         ),
         "nvmlDeviceGetComputeRunningProcesses": _compute_processes(gpu),
         "nvmlDeviceGetEccMode": _group(gpu, ("ecc_mode/current_ecc", "ecc_mode/pending_ecc"), lambda v: [_switch(v[0]), _switch(v[1])]),
+        "nvmlDeviceGetMigMode": _group(gpu, ("mig_mode/current_mig", "mig_mode/pending_mig"), lambda v: [_switch(v[0]), _switch(v[1])]),
         "nvmlDeviceGetRemappedRows": _remapped_rows(gpu),
         "nvmlDeviceGetRetiredPagesPendingStatus": _pages_pending(gpu),
         "nvmlDeviceGetCurrentClocksThrottleReasons": _throttle(gpu),
