@@ -181,20 +181,32 @@ PERSISTENCE_FIX = (
 )
 
 
-def _slurm_gpu_count(job: JobFacts) -> int | None:
-    """How many GPUs Slurm gave this job step on this node (SLURM_STEP_GPUS, else
-    SLURM_JOB_GPUS: indices); None when neither names any."""
-    for name in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
-        indices = parse_gpu_indices(job.environ[name]) if name in job.environ else None
-        if indices is not None:
-            return len(indices)
-    return None
+def _in_slurm_view(job: JobFacts | Unread) -> bool:
+    """Whether this process sees the GPUs Slurm's device cgroup gives a job: one of the job's own
+    processes, or a prolog or epilog run in the job's cgroup (PrologFlags=RunInJob puts it in
+    the extern step, slurm.conf(5))."""
+    return not isinstance(job, Unread) and (job.in_job_process or (job.in_slurmd_script and job.cgroup_job is not None))
+
+
+def _slurm_gpu_counts(job: JobFacts) -> set[int] | None:
+    """How many GPUs Slurm may have given this process on this node: SLURM_STEP_GPUS's count,
+    else SLURM_JOB_GPUS's; None when neither names any. An srun step without SLURM_STEP_GPUS may
+    also have none: Slurm unsets it for a step given none (srun --gres=none) and leaves the job's
+    (gres_common_gpu_set_env)."""
+    step = parse_gpu_indices(job.environ["SLURM_STEP_GPUS"]) if "SLURM_STEP_GPUS" in job.environ else None
+    if step is not None:
+        return {len(step)}
+    given = parse_gpu_indices(job.environ["SLURM_JOB_GPUS"]) if "SLURM_JOB_GPUS" in job.environ else None
+    if given is None:
+        return None
+    return {len(given), 0} if "SLURM_STEP_ID" in job.environ else {len(given)}
 
 
 def _not_visible(gpus: GpuFacts, job: JobFacts | Unread, missing: list[str], unidentified: int) -> Iterator[Observation]:
     """GPUs on the PCI bus that NVML does not list, unless the view of this process was narrowed
     on purpose: a container runtime's own /proc/driver/nvidia, or Slurm's device cgroup (with
-    ConstrainDevices NVML lists only the job's GPUs) in a job given as many GPUs as NVML lists."""
+    ConstrainDevices NVML lists only the job's GPUs) in a job given as many GPUs as NVML lists,
+    which holds a prolog or epilog too where it runs in the job's cgroup (PrologFlags=RunInJob)."""
     expected = f"{len(gpus.pci_gpus)} (as on the PCI bus)"
     hidden = ""
     if gpus.container_gpus is not None:
@@ -218,9 +230,9 @@ def _not_visible(gpus: GpuFacts, job: JobFacts | Unread, missing: list[str], uni
             f"job step that was given only those cannot be told: {job}",
         )
         return
-    elif job.in_job_process:
-        allotted = _slurm_gpu_count(job)
-        if allotted == len(gpus.devices):
+    elif _in_slurm_view(job):
+        allotted = _slurm_gpu_counts(job)
+        if allotted is not None and len(gpus.devices) in allotted:
             return
         if allotted is None:
             # A CPU-only step, a gres/shard job or a launcher outside Slurm: with ConstrainDevices
@@ -277,7 +289,8 @@ def gpu_unusable_by_driver(gpus: GpuFacts, gpu_health: GpuHealthFacts, job: JobF
         yield from _not_visible(gpus, job, missing, unidentified)
     if expect.gpu_count is not None:
         # In a view narrowed on purpose (see _not_visible) NVML counts the job's GPUs, not the node's.
-        step_view = not isinstance(job, Unread) and job.in_job_process and _slurm_gpu_count(job) in (None, len(gpus.devices))
+        allotted = _slurm_gpu_counts(job) if not isinstance(job, Unread) else None
+        step_view = _in_slurm_view(job) and (allotted is None or len(gpus.devices) in allotted)
         narrowed = gpus.container_gpus is not None or step_view
         count, source = (len(gpus.pci_gpus), "/sys/bus/pci/devices") if narrowed else (len(gpus.devices), "nvmlDeviceGetCount")
         if count < expect.gpu_count:

@@ -33,6 +33,8 @@ configuration files for ``NCCL_ALGO``.
 
 from __future__ import annotations
 
+import re
+
 from msgspec import Struct
 
 from preflight.hostlist import expand
@@ -114,6 +116,10 @@ class JobFacts(Struct, frozen=True):
     # Whose rights files the environment names are read with (another user's job, seen by a
     # prolog running as root): SLURM_JOB_UID, SLURM_JOB_GID and the user's groups in /etc/group.
     file_user: FileUser | None = None
+    # The Slurm job whose cgroup holds this process ("job_<id>" or its SLUID, from /proc/self/cgroup):
+    # with PrologFlags=RunInJob the prolog and epilog run in the job's extern step, where
+    # ConstrainDevices shows them only the job's GPUs. None: in no job's cgroup, or not read.
+    cgroup_job: str | None = None
 
     def nccl(self, name: str) -> Setting | None:
         """What NCCL would use for ``name``: the environment first, then the files in order.
@@ -247,7 +253,23 @@ def probe_job(fs: NodeFS) -> JobFacts:
             conf = _read_conf(fs, path, reader)
             if conf is not None:
                 files.append(conf)
-    return JobFacts(environ, "", tuple(files), user)
+    return JobFacts(environ, "", tuple(files), user, _cgroup_job(fs))
+
+
+# Slurm's cgroup paths: v1 ".../slurm/uid_<uid>/job_<id>/step_<step>", v2
+# ".../slurmstepd.scope/job_<id>/step_<step>/..."; from 26.05 v2 names the job directory by its
+# SLUID ("s" and 13 base-32 characters) unless CgroupJobIdPaths=yes (src/plugins/cgroup/v1/
+# xcgroup.c, v2/cgroup_v2.c, cgroup.conf(5)).
+_CGROUP_JOB = re.compile(r"/(job_\d+|s[0-9A-Z]{13})/step_")
+
+
+def _cgroup_job(fs: NodeFS) -> str | None:
+    try:
+        text = fs.read("/proc/self/cgroup", max_bytes=64 * 1024)
+    except SourceError:
+        return None
+    match = _CGROUP_JOB.search(text or "")
+    return match.group(1) if match else None
 
 
 class SlurmView(Struct, frozen=True):

@@ -510,6 +510,14 @@ def test_gpu001_views_narrowed_on_purpose_are_not_missing_gpus(gpus: GpuFacts, h
     # Given three but NVML lists two, or outside a job: a GPU is missing.
     assert [o.subject for o in gpu_unusable_by_driver(two, health, job(environ={**step, "SLURM_STEP_GPUS": "0-2"}), Expectations())] == ["node"]
     assert [o.subject for o in gpu_unusable_by_driver(two, health, job(environ={"SLURM_JOB_GPUS": "0,1"}), Expectations())] == ["node"]
+    # A step given no GPU inside a GPU job (srun --gres=none): Slurm unsets SLURM_STEP_GPUS, keeps
+    # SLURM_JOB_GPUS, and the step's device cgroup hides every GPU.
+    assert list(gpu_unusable_by_driver(replace(gpus, devices=()), health, job(environ={**step, "SLURM_JOB_GPUS": "0,1"}), Expectations())) == []
+    # A prolog in the job's cgroup (PrologFlags=RunInJob, ConstrainDevices) sees the job's GPUs only;
+    # one run by slurmd outside it sees every GPU, so two listed there are six missing.
+    prolog = {"SLURM_JOB_ID": "7", "SLURM_SCRIPT_CONTEXT": "prolog_slurmd", "SLURM_JOB_GPUS": "4,5"}
+    assert list(gpu_unusable_by_driver(two, health, replace(job(environ=prolog), cgroup_job="job_7"), Expectations(gpu_count=8))) == []
+    assert [o.subject for o in gpu_unusable_by_driver(two, health, job(environ=prolog), Expectations())] == ["node"]
     # Whether a runtime narrowed the view could not be read: unknown, not a lost GPU.
     [unknown] = gpu_unusable_by_driver(replace(two, view_error="/proc/self/mountinfo: not in this root"), health, job(), Expectations())
     assert unknown.status is Status.UNKNOWN and "NVML lists 2 of the 8 GPUs" in unknown.reason

@@ -14,7 +14,7 @@ from preflight.checks.gdr import parse_kernel_version
 from preflight.probes.job import parse_group_membership
 from preflight.probes.gpus import normalise_bus_id
 from preflight.probes.hostname import parse_hosts
-from preflight.probes.job import in_job_process, parse_environ, parse_nccl_conf
+from preflight.probes.job import in_job_process, parse_environ, parse_nccl_conf, probe_job
 from preflight.probes.memlock import Limit, parse_limits_memlock, parse_meminfo_total, parse_pam_limits, parse_systemd_limit, parse_unit_setting
 from preflight.slurm_conf import SlurmConf, propagated, read_slurm_conf
 from preflight.hostlist import HostlistError, expand, matches, number_runs
@@ -128,6 +128,24 @@ def test_parse_environ_keeps_only_communication_variables() -> None:
 )
 def test_a_job_process_is_recognised_by_what_its_launcher_sets(environ: bytes, expected: bool) -> None:
     assert in_job_process(parse_environ(environ)) is expected
+
+
+@pytest.mark.parametrize(
+    "cgroup, job",
+    [
+        ("0::/system.slice/slurmstepd.scope/job_4242/step_extern/user/task_special\n", "job_4242"),  # cgroup v2
+        ("0::/system.slice/slurmstepd.scope/sEKNKTV3WPV500/step_0/user/task_0\n", "sEKNKTV3WPV500"),  # v2 from 26.05: the SLUID
+        ("12:devices:/slurm/uid_1001/job_77/step_batch\n4:cpuset:/slurm/uid_1001/job_77/step_batch\n", "job_77"),  # v1
+        ("0::/system.slice/slurmd.service\n", None),  # slurmd's own: a prolog run outside the job
+        ("0::/user.slice/user-1001.slice/session-3.scope\n", None),
+        ("", None),
+    ],
+)
+def test_the_slurm_job_cgroup_holding_this_process(tmp_path: Path, cgroup: str, job: str | None) -> None:
+    (tmp_path / "proc/self").mkdir(parents=True)
+    (tmp_path / "proc/self/environ").write_bytes(b"")
+    (tmp_path / "proc/self/cgroup").write_text(cgroup)
+    assert probe_job(NodeFS(str(tmp_path))).cgroup_job == job
 
 
 def test_parse_nccl_conf_does_not_trim_like_nccl() -> None:
