@@ -92,7 +92,7 @@ def memlock_limit_too_low(memlock: MemlockFacts, job: JobFacts, expect: Expectat
                 "process",
                 _limit_evidence(memlock.process, minimum),
                 severity=Severity.WARNING,
-                fix=OWN_LIMIT_FIX,
+                fix=_own_limit_fix(memlock),
             )
     if memlock.slurmd is not None and min(memlock.slurmd.soft, memlock.slurmd.hard) < minimum:
         yield present(
@@ -168,6 +168,13 @@ OWN_LIMIT_FIX = (
     "slurmd's, judged separately); ranks started from such a shell (ssh, mpirun, pdsh) get it: "
     "raise it in /etc/security/limits.d/ or the service's LimitMEMLOCK."
 )
+NO_SLURMD_OWN_LIMIT_FIX = (
+    "This is the limit of the root shell or service preflight ran from (cron, an audit over ssh); "
+    "jobs on this node get the limit of whatever starts them: a container runtime (docker run "
+    "--ulimit memlock=-1, or default-ulimits in /etc/docker/daemon.json), sshd's PAM session "
+    "(/etc/security/limits.d/) or a service's LimitMEMLOCK. Run preflight the way the jobs start "
+    "(inside their container, or as their user over ssh) to judge theirs."
+)
 
 
 def _limit_waived(memlock: MemlockFacts, job: JobFacts) -> bool | None:
@@ -194,9 +201,19 @@ def _waiver_unknown(memlock: MemlockFacts) -> str:
 def _process_limit_is_jobs(memlock: MemlockFacts, job: JobFacts) -> bool:
     """Whether this process's memlock limit is the one the job's ranks get: inside a job or a
     script slurmd runs, or on a node where no slurmd (process or unit) decides it. Outside a job on
-    a Slurm node (an operator's shell, cron, a timer) it is only the limit of whatever started us."""
-    slurm_decides = memlock.slurmd is not None or memlock.slurmd_unit is not None
-    return job.in_slurmd_script or job.in_job_process or not slurm_decides
+    a Slurm node (an operator's shell, cron, a timer) it is only the limit of whatever started us,
+    and so is a full root shell's outside any job on a node without slurmd: jobs there start
+    from a container runtime (docker run --ulimit), sshd's PAM session or an agent of their own."""
+    if job.in_slurmd_script or job.in_job_process:
+        return True
+    if memlock.slurmd is not None or memlock.slurmd_unit is not None:
+        return False
+    return not (memlock.exemption is not None and memlock.exemption.full_root)
+
+
+def _own_limit_fix(memlock: MemlockFacts) -> str:
+    """The fix for a limit that is this process's own, not the jobs'."""
+    return OWN_LIMIT_FIX if memlock.slurmd is not None or memlock.slurmd_unit is not None else NO_SLURMD_OWN_LIMIT_FIX
 
 
 # NCCL_BUFFSIZE as ncclParamBuffSize reads it: strtoll(value, NULL, 0), so "8388608 # 8 MiB" is
@@ -267,7 +284,7 @@ def nccl_buffsize_exceeds_pinned_memory(
                 Evidence(where, format_size(buffsize)),
                 Evidence(memlock.process.source, f"memlock soft {format_size(memlock.process.soft)}", f">= {format_size(smallest)} (2 x NCCL_BUFFSIZE)"),
                 severity=Severity.WARNING,
-                fix=OWN_LIMIT_FIX,
+                fix=_own_limit_fix(memlock),
             )
             return
     # The largest footprint: every channel of every local GPU with a send and a receive buffer

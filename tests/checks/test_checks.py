@@ -621,3 +621,18 @@ def test_mem001_a_granted_cap_ipc_lock_lifts_the_process_limit(memlock: MemlockF
     big = job(environ={"NCCL_BUFFSIZE": str(16 << 20)})
     assert list(nccl_buffsize_exceeds_pinned_memory(big, replace(low, exemption=pod), probe_gpudirect(NodeFS(str(EXAMPLE))))) == []
     assert [o.subject for o in nccl_buffsize_exceeds_pinned_memory(big, replace(low, exemption=shell), probe_gpudirect(NodeFS(str(EXAMPLE))))] == ["NCCL_BUFFSIZE"]
+
+
+def test_mem001_a_root_shell_outside_any_job_on_a_node_without_slurmd(memlock: MemlockFacts) -> None:
+    """Root's cron audit on a Docker-only node: the jobs run in containers started with their own
+    --ulimit, so root's 8 MiB is a warning that says where the jobs' limit comes from, not a
+    drain; a process that is not a full root shell (a pod, a user's job) is judged as the jobs'."""
+    initial = "         0          0 4294967295\n"
+    shell = parse_exemption("Uid:\t0\t0\t0\t0\nCapEff:\t000001ffffffffff\n", initial)
+    user = parse_exemption("Uid:\t1001\t1001\t1001\t1001\nCapEff:\t0000000000000000\n", initial)
+    low = replace(memlock, slurmd=None, slurmd_pid=None, slurmd_unit=None, memlock_propagated=None, slurm_conf=None,
+                  process=Limit(8 << 20, 8 << 20, "/proc/self/limits"), pam_limits=())
+    [found] = memlock_limit_too_low(replace(low, exemption=shell), job(), Expectations())
+    assert (found.status, found.severity) == (Status.PRESENT, Severity.WARNING) and "docker run --ulimit memlock=-1" in found.fix
+    [found] = memlock_limit_too_low(replace(low, exemption=user), job(), Expectations())
+    assert (found.status, found.severity) == (Status.PRESENT, None)
