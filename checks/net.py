@@ -350,6 +350,10 @@ POD_VETH = "a container's veth: routable between nodes where the CNI routes pod 
 #: fabrics put the node's one routable address on a dummy device, and VPN meshes join nodes
 #: through tun and WireGuard devices; elsewhere such a device reaches no other node.
 ROUTED_KIND = "routable only where the host routes its address (a BGP-announced /32, a VPN mesh)"
+#: Why an IPv4 link-local address on a physical NIC is a warning: it reaches the nodes on the same
+#: link, which is all of them where nodes are cabled back to back (NVIDIA's DGX Spark playbooks
+#: address the direct QSFP link so) or share one L2 segment, and none across a router.
+LINK_LOCAL_NIC = "reaches only nodes on the same link: enough where nodes are cabled back to back or share one L2 segment"
 ROUTABLE_KINDS = frozenset({"dummy", "tun", "wireguard", "vxlan", "geneve", "ipip"})
 
 
@@ -380,6 +384,7 @@ def nccl_virtual_interface_selected(nccl_socket: NcclSocketFacts, job: JobFacts 
             SECONDARY_DEVICE if not use.primary
             else POD_VETH if pod_veth
             else ROUTED_KIND if _routable_kind(use.interface)
+            else LINK_LOCAL_NIC if _physical(use.interface)
             else ""
         )
         yield present(
@@ -390,6 +395,13 @@ def nccl_virtual_interface_selected(nccl_socket: NcclSocketFacts, job: JobFacts 
             severity=Severity.WARNING if doubt or one_node else None,
             fix=ONE_NODE_FIX if one_node and not doubt else "",
         )
+
+
+def _physical(item: IfAddr) -> bool:
+    """A NIC of the node's own, neither virtual by its name nor by its kind (the only reason
+    left for it is an IPv4 link-local address)."""
+    virtual = item.kind in ROUTABLE_KINDS or bool(VIRTUAL_KINDS.get(item.kind)) or item.ifname.startswith(tuple(VIRTUAL_PREFIXES))
+    return not virtual and item.link_type != "loopback" and item.ifname != "lo"
 
 
 def _routable_kind(item: IfAddr) -> bool:

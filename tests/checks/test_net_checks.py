@@ -202,13 +202,23 @@ def test_net001_a_dummy_or_vpn_device_by_kind_alone_is_a_warning(node: Node, nam
 
 
 def test_net001_ipv4_link_local_interface_picked_before_the_real_nic(node: Node) -> None:
-    node.add("pod-id-link0", 2, "169.254.170.23/32")
+    node.add("pod-id-link0", 2, "169.254.170.23/32", kind="dummy")  # EKS Pod Identity's agent link
     node.add("eno1", 3, "10.0.0.2/24")
     node.env(NCCL_SOCKET_IFNAME="^docker,lo")
     found = subjects(nccl_virtual_interface_selected(node.socket()))
     assert set(found) == {"pod-id-link0"} and "IPv4 link-local address" in text(found["pod-id-link0"])
+    assert found["pod-id-link0"].severity is None
     node.env(NCCL_SOCKET_IFNAME="eno1")
     assert list(nccl_virtual_interface_selected(node.socket())) == []
+
+
+def test_net001_ipv4_link_local_on_a_nic_of_the_node_is_a_warning(node: Node) -> None:
+    """NVIDIA's DGX Spark playbooks give the back-to-back QSFP link 169.254 addresses: it reaches
+    the nodes on the same link, which is every node there, and none across a router."""
+    node.add("enP2p1s0f1np1", 2, "169.254.53.21/16")
+    node.env(NCCL_SOCKET_IFNAME="enP2p1s0f1np1")
+    found = subjects(nccl_virtual_interface_selected(node.socket()))
+    assert found["enP2p1s0f1np1"].severity is Severity.WARNING and "cabled back to back" in text(found["enP2p1s0f1np1"])
 
 
 def test_net001_loopback_fallback(node: Node) -> None:
