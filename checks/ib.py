@@ -312,6 +312,11 @@ def _pci_order_setting(job: JobFacts) -> tuple[Setting | None, bool]:
 PCI_ORDER_DEFAULT_SINCE = (2, 29, 7)
 
 
+#: rdma-core's persistent RDMA device names (udev's rdma_rename NAME_PCI; "ibp26s0", "rocep1s0f1",
+#: "roceP2p1s0f1" with the PCI domain): the name is the PCI address, so alike nodes list alike.
+PCI_DERIVED_NAME = re.compile(r"^(?:ib|roce|iw)(?:P\d+)?p\d+s\d+(?:f\d+)?$")
+
+
 @check("IB005", profiles=("prolog",), optional=("nccl_nets",))
 def ib_device_order_differs_across_nodes(
     rdma: RdmaFacts, job: JobFacts, nccl_libs: NcclLibFacts, nccl_nets: NcclNetsFacts | Unread = NOT_GIVEN
@@ -331,6 +336,8 @@ def ib_device_order_differs_across_nodes(
     if unreadable:
         raise Unknown(str(unreadable[0]))
     located = [device for device in devices if device.pci_address is not None]
+    if located and all(PCI_DERIVED_NAME.match(device.name) for device in located):
+        return  # rdma-core's persistent names come from the PCI address: alike on alike nodes
     by_name = sorted(located, key=lambda device: natural_key(device.name))
     by_pci = sorted(located, key=lambda device: pci_key(device.pci_address or ""))
     if [d.name for d in by_name] == [d.name for d in by_pci]:

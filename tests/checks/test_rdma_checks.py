@@ -562,6 +562,16 @@ def test_ib005_present_with_severity_by_setting() -> None:
     assert [(o.subject, o.severity) for o in forced] == [("node", None)]
 
 
+def test_ib005_names_made_from_pci_addresses_list_alike_on_alike_nodes() -> None:
+    """rdma-core's persistent names (NAME_PCI: "rocep1s0f1", "roceP2p1s0f1" with a PCI domain, as
+    on a DGX Spark) are the PCI address: however they sort, alike nodes sort them alike. GUID-based
+    names are not, and kernel names are judged as before."""
+    def named(first: str, second: str) -> RdmaFacts:
+        return rdma(replace(hca("mlx5_0", bus=0x01), name=first), replace(hca("mlx5_1", bus=0x01), name=second, pci_address="0002:01:00.1"))
+    assert list(ib_device_order_differs_across_nodes(named("rocep1s0f1", "roceP2p1s0f1"), job(), OLD_NCCL)) == []
+    assert [o.severity for o in ib_device_order_differs_across_nodes(named("mlx5_1", "mlx5_0"), job(), OLD_NCCL)] == [Severity.WARNING]
+
+
 def test_ib005_unset_order_is_fine_where_every_nccl_sorts_by_pci_address() -> None:
     """NCCL 2.29.7 made NCCL_IB_DEVICE_PCI_ORDER=1 the default: a node whose NCCL copies are all that
     recent numbers its devices the same way as its siblings whatever the kernel named them."""
