@@ -77,13 +77,26 @@ def _devices(roots: list[XmlNode]) -> tuple[tuple[TopoNic, ...], tuple[str, ...]
         found = node.get(b"busid") if node.name == b"pci" else None
         if found:
             busid = _text(found).lower()
-            if any(child.name in (b"gpu", b"nic") for child in node.subs):
+            if any(child.name in (b"gpu", b"nic") for child in node.subs) or _device_leaf(node):
                 devices.append(busid)
         if node.name == b"nic":
             names = tuple(_text(net.get(b"name") or b"?") for net in node.subs if net.name == b"net")
             nics.append(TopoNic(names, busid))
         pending.extend((child, busid) for child in reversed(node.subs))
     return tuple(nics), tuple(devices)
+
+
+#: PCI classes (the XML's class attribute, 0x<base><sub><prog-if>) of the GPUs and network
+#: controllers NCCL attaches to a <pci> element: display (0x0300), 3D (0x0302), Ethernet (0x0200),
+#: InfiniBand (0x0207).
+DEVICE_CLASSES = (b"0x0300", b"0x0302", b"0x0200", b"0x0207")
+
+
+def _device_leaf(node: XmlNode) -> bool:
+    """A <pci> element with nothing under it whose class is a GPU's or a NIC's: cloud providers'
+    files name their devices so (Crusoe's VM topologies), and NCCL adds the <gpu> or <nic> itself
+    when it finds the bus ID (ncclTopoFillGpu, ncclTopoFillNet in src/graph/xml.cc)."""
+    return not node.subs and (node.get(b"class") or b"").strip().lower().startswith(DEVICE_CLASSES)
 
 
 def _text(value: bytes) -> str:

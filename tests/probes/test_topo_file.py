@@ -69,6 +69,29 @@ def test_bus_ids_from_another_machine_are_a_warning(node_copy: Path) -> None:
     assert severities(node_copy) == [Severity.WARNING]
 
 
+#: Crusoe's VM topology files name GPUs and NICs by bare <pci> elements under made-up ffff:ff
+#: switches (crusoecloud/solutions-library, b300-288gb-sxm-ib-cloud-hypervisor.xml); NCCL adds the
+#: <gpu> and <nic> when it finds the bus ID.
+LEAVES = """<system version="1">
+  <cpu numaid="0" affinity="ffffffff" arch="x86_64" vendor="GenuineIntel" familyid="6" modelid="143">
+    <pci busid="ffff:ff:01.0" class="0x060400" vendor="0xffff" device="0xffff" link_speed="32.0 GT/s PCIe" link_width="16">
+      <pci busid="0000:18:00.0" class="0x030200" vendor="0x10de" device="0x2330" link_speed="32.0 GT/s PCIe" link_width="16"/>
+      <pci busid="0000:1a:00.0" class="0x020700" vendor="0x15b3" device="0x101e" link_speed="32.0 GT/s PCIe" link_width="16"/>
+    </pci>
+  </cpu>
+</system>
+"""
+
+
+def test_bare_pci_elements_of_gpus_and_nics_are_devices(node_copy: Path) -> None:
+    """A hypervisor update moves a VM's devices and leaves the provider's file behind: the file's
+    devices are its bare <pci> elements of GPU and NIC class, not the made-up switches."""
+    assert parse_topology(LEAVES).device_busids == ("0000:18:00.0", "0000:1a:00.0")
+    assert verdicts(node_copy, LEAVES) == []
+    found = verdicts(node_copy, LEAVES.replace("0000:18:00.0", "0000:c1:00.0"))
+    assert [s for s, _, _ in found] == ["NCCL_TOPO_FILE"] and "not on this node: 0000:c1:00.0" in found[0][2]
+
+
 def test_missing_relative_and_broken_files(node_copy: Path) -> None:
     assert "does not exist" in verdicts(node_copy, None, "/etc/nccl/none.xml")[0][2]
     assert severities(node_copy) == [Severity.WARNING]  # NCCL ignores a file it cannot open and reads sysfs
