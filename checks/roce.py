@@ -544,10 +544,14 @@ def _ib_ports(rdma: RdmaFacts, job: JobFacts, passed: Mapping[str, str] | None =
     return selection
 
 
-def _no_roce(rdma: RdmaFacts) -> str:
+def _no_roce(rdma: RdmaFacts, selection: Selection) -> str:
     if not any(port.link_layer == "Ethernet" for port in rdma.data_ports):
         return "no RDMA port with link_layer Ethernet (RoCE) on this node"
-    return "no ACTIVE RoCE port is selected by NCCL_IB_HCA"
+    if selection.setting is not None:
+        return "no ACTIVE RoCE port is selected by NCCL_IB_HCA"
+    if selection.passed_over:
+        return f"no ACTIVE RoCE port NCCL would use: {selection.passed_over[0]}"
+    return "no RoCE port is ACTIVE"
 
 
 def _nvlink_everywhere(pcie: PcieFacts, nvlink: NvlinkFacts) -> bool | None:
@@ -591,7 +595,7 @@ def roce_gpudirect_rdma_not_used(
         if selection.undecided:
             port = selection.undecided[0]
             raise Unknown(port.why("state" if port.state is None else "link_layer"))
-        raise NotApplicable(_no_roce(rdma))
+        raise NotApplicable(_no_roce(rdma, selection))
     if job.environ_error:
         raise Unknown(f"/proc/self/environ unreadable ({job.environ_error}): NCCL_NET_GDR_LEVEL and NCCL_IB_HCA unknown")
     for port in selection.undecided:
@@ -688,7 +692,7 @@ def roce_packet_reordering(rdma: RdmaFacts, job: JobFacts, nccl_libs: NcclLibFac
     selection = _ib_ports(rdma, job)
     roce = [port for port in selection.ports if port.link_layer == "Ethernet"]
     if not roce and not selection.undecided:
-        raise NotApplicable(_no_roce(rdma))
+        raise NotApplicable(_no_roce(rdma, selection))
     if job.environ_error:
         raise Unknown(f"/proc/self/environ unreadable ({job.environ_error}): NCCL_IB_OOO_RQ unknown")
     setting = job.nccl("NCCL_IB_OOO_RQ")

@@ -178,7 +178,7 @@ def parse_acs(config: bytes) -> AcsRegisters | None:
 
     Raises ValueError when the dump stops before the extended capabilities."""
     if len(config) <= EXTENDED_CONFIG_START:
-        raise ValueError(f"only {len(config)} bytes of config space are readable (the rest needs CAP_SYS_ADMIN, which a container's root usually lacks)")
+        raise ValueError(f"only {len(config)} bytes of config space are readable (the rest needs CAP_SYS_ADMIN: run as root, outside a container or in a privileged one)")
     offset = EXTENDED_CONFIG_START
     for _ in range(_MAX_CAPABILITIES):
         if offset < EXTENDED_CONFIG_START or offset + 8 > len(config):

@@ -10,16 +10,17 @@ import pytest
 from msgspec.structs import replace
 
 from preflight.checks.ib import ib_device_order_differs_across_nodes, ib_hca_selection_mismatch
-from preflight.checks.roce import roce_gid_index_mismatch
+from preflight.checks.roce import roce_gid_index_mismatch, roce_gpudirect_rdma_not_used
 from preflight.config import Expectations
 from preflight.model import NotApplicable
 from preflight.nccl.net_choice import passed_over
 from preflight.probes.nccl_nets import probe_nccl_nets
 from preflight.probes.job import JobFacts
 from preflight.probes.nccl_libs import NcclLibFacts
+from preflight.probes.nvlink import probe_nvlink
 from preflight.probes.pcie import PcieFacts, probe_pcie
 from preflight.probes.rdma import PortRate, RdmaFacts, probe_rdma
-from preflight.sources import NodeFS
+from preflight.sources import NodeFS, Sources
 
 from conftest import EXAMPLE_ROOT
 from test_roce_checks import facts, port
@@ -95,3 +96,13 @@ def test_checks_leave_a_passed_over_port_out_only_where_nccl_ib_hca_is_unset() -
     unsorted = NcclLibFacts((), ())
     assert list(ib_device_order_differs_across_nodes(rdma, STEP, unsorted, nets)) == []
     assert [o.subject for o in ib_device_order_differs_across_nodes(rdma, STEP, unsorted)] == ["node"]
+
+
+def test_roce002_says_the_roce_port_is_passed_over_not_left_out_by_a_setting() -> None:
+    """With NCCL_IB_HCA unset, a RoCE front end NCCL passes over makes ROCE002 not applicable for
+    that reason: the reason named NCCL_IB_HCA, which nothing had set."""
+    rdma, pcie = with_front_end(40)
+    nets = probe_nccl_nets(rdma, pcie)
+    nvlink = probe_nvlink(Sources.for_node(str(EXAMPLE_ROOT), None).nvml)
+    with pytest.raises(NotApplicable, match="no ACTIVE RoCE port NCCL would use: mlx5_an0 is passed over"):
+        list(roce_gpudirect_rdma_not_used(pcie, rdma, nvlink, STEP, nets))
