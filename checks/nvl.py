@@ -154,6 +154,9 @@ def nvls_cuda_invalid_argument(fabric: FabricFacts, rdma: RdmaFacts | Unread = N
         if unread:  # the process may be the one whose name could not be read
             yield undecided("fabric manager", f"cannot tell whether nv-fabricmanager runs: {unread[0]}")
             return
+        if manager.host_view is not True:  # a container's process table: the host's manager is out of sight
+            yield undecided("fabric manager", f"no nv-fabricmanager process seen, but {manager.not_host or 'whether this is the host process table is not known'}")
+            return
         raise NotApplicable("no fabric manager process running (NVL006 reports that)")
     pid = manager.pids[0]
     if manager.started_after_boot_s is None:

@@ -137,6 +137,10 @@ def test_container_process_table_makes_a_missing_fabric_manager_unknown(node_cop
                                       "this is not the host's process table")
     (node_copy / "proc/1/comm").unlink()
     assert "PID 1 is unreadable" in verdicts(node_copy)[0][2]
+    # NVL004 cannot date a fabric manager it cannot see either: unknown, not "none runs"
+    write(node_copy, "/proc/1/comm", "pause\n")
+    [(subject, status, _, said)] = restarts(node_copy)
+    assert (subject, status) == ("fabric manager", Status.UNKNOWN) and "PID 1 is pause" in said
 
 
 @pytest.mark.parametrize(
