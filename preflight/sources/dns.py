@@ -12,7 +12,8 @@ Three kinds of question:
   the question to the next one, NXDOMAIN moves on to the next name of the search list;
 * ``resolve(address, "PTR")``: the reverse lookup of an IPv4/IPv6 address (``in-addr.arpa`` /
   ``ip6.arpa``), never searched;
-* ``check_nameservers(name)``: one query to *each* nameserver on its own, timed, so that a dead or
+* ``check_nameservers(name)``: one query (``A`` of the first name glibc would send for ``name``,
+  search domain included) to *each* nameserver on its own, timed, so that a dead or
   slow server is seen even when another one answers for it. The socket is connected, so an ICMP
   port-unreachable (nothing listens, e.g. a systemd-resolved stub at 127.0.0.53 seen from a
   container's network namespace) is reported at once as refused instead of as a timeout.
@@ -232,8 +233,12 @@ class LiveDns:
         return _in_parallel(calls, self._lifetime + _JOIN_SLACK_S, late)
 
     def check_nameservers(self, name: str) -> list[NameserverCheck]:
+        # The first name glibc would send for ``name``: with a search list a short host name goes
+        # out qualified, and systemd-resolved refuses a bare one-label name by design (SERVFAIL,
+        # REFUSED from systemd 257), which says nothing about the names the node does look up.
+        qname = self._qnames(name)[0]
         servers = list(self._resolv.nameservers)
-        calls = [lambda s=server: self._check_one(s, name) for server in servers]
+        calls = [lambda s=server: self._check_one(s, qname) for server in servers]
 
         def late(index: int) -> NameserverCheck:
             return NameserverCheck(servers[index], error="TIMEOUT", detail=f"no answer within {self._lifetime:g} s")
