@@ -297,6 +297,19 @@ def _ecn(fs: NodeFS, reader: FactReader, netdev: str) -> EcnState:
     return EcnState(found[0], found[1], "")
 
 
+def _merged_ecn(states: list[EcnState]) -> EcnState:
+    """One port's DCQCN over the interfaces that carry it: a priority counts as enabled only where
+    every member enables it (a bond hashes flows onto any member); the first error stands."""
+    for state in states:
+        if state.error:
+            return state
+    known = [state for state in states if state.notification_point is not None and state.reaction_point is not None]
+    if not known:
+        return EcnState(None, None, "")
+    points = [set.intersection(*(set(getattr(state, point) or ()) for state in known)) for point in ("notification_point", "reaction_point")]
+    return EcnState(tuple(sorted(points[0])), tuple(sorted(points[1])), "")
+
+
 def _read_port(fs: NodeFS, reader: FactReader, device: str, port: int, job_settings: GidSettings) -> RocePort:
     base = f"{IB_SYSFS}/{device}/ports/{port}"
     state, state_reason = _read_attr(fs, f"{base}/state")
@@ -318,8 +331,11 @@ def _read_port(fs: NodeFS, reader: FactReader, device: str, port: int, job_setti
         problem = reason or "not a number: " + repr((text or "")[:32])
         mtu_error = "" if mtu is not None else f"/sys/class/net/{netdev}/mtu: {problem}"
         derived = roce_mtu(mtu) if mtu is not None else None
-        trust, _ = _read_attr(fs, f"/sys/class/net/{netdev}/qos/trust")
-        ecn = _ecn(fs, reader, netdev)
+        # QoS trust and DCQCN live where DCB does: on a bond's members (RoCE LAG), a VLAN's parent.
+        members = _dcb_interfaces(fs, netdev)
+        trusts = {_read_attr(fs, f"/sys/class/net/{member}/qos/trust")[0] for member in members}
+        trust = trusts.pop() if len(trusts) == 1 else None  # members that disagree: mlnx_qos's rule decides
+        ecn = _merged_ecn([_ecn(fs, reader, member) for member in members])
     return RocePort(
         device, port, state, table_size, tuple(entries), tuple(unreadable), nccl_job, nccl_default,
         netdev, netdev_source, mtu, mtu_error, derived, trust, ecn, f"{base}/state: {state_reason}" if state is None else "",

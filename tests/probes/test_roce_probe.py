@@ -118,6 +118,17 @@ def test_dcb_asks_the_members_of_a_bond(tmp_path: Path) -> None:
     sources = Sources.for_node(str(root))
     readings = probe_roce_dcb(sources.fs, sources.netlink, probe_roce(sources.fs, probe_job(sources.fs))).readings
     assert [(r.netdev, r.ports) for r in readings] == [("ens1f0np0", ("mlx5_0/1",)), ("ens2f0np0", ("mlx5_0/1", "mlx5_1/1"))]
+    # DCQCN and QoS trust are the members' too (a bond has no ecn/ or qos/ of its own): a priority
+    # counts as enabled only where every member enables it, and members that agree give the trust.
+    assert mlx5_0(root).ecn == EcnState((3,), (3,), "") and mlx5_0(root).netdev == "bond0"
+    (root / "sys/class/net/ens2f0np0/ecn/roce_np/enable/3").write_text("0\n")
+    assert mlx5_0(root).ecn.notification_point == ()
+    for member, trust in (("ens1f0np0", "dscp"), ("ens2f0np0", "dscp")):
+        (root / f"sys/class/net/{member}/qos").mkdir(exist_ok=True)
+        (root / f"sys/class/net/{member}/qos/trust").write_text(f"{trust}\n")
+    assert mlx5_0(root).trust == "dscp"
+    (root / "sys/class/net/ens2f0np0/qos/trust").write_text("pcp\n")
+    assert mlx5_0(root).trust is None  # members that disagree: mlnx_qos's rule decides from the DSCP map
 
 
 # -- bad input: every file in turn missing, empty, garbage or failing with EINVAL -----------------
