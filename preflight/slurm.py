@@ -108,16 +108,18 @@ class JobScope(Struct, frozen=True):
 
     job_id: str = ""  # "" for the healthcheck (no job)
     gpus: tuple[int, ...] | None = None  # SLURM_JOB_GPUS; None: no GPUs (CPU-only) or not a job
-    gpus_text: str | None = None  # SLURM_JOB_GPUS as given; None when unset
+    gpus_text: str | None = None  # SLURM_JOB_GPUS (or the variable gpus_from names) as given; None when unset
     opted_out_by: str = ""  # "SLURM_JOB_COMMENT=preflight=off" when the job opted out
     ignore: tuple[str, ...] = ()  # reference tokens skipped for this job (CPU-only or one-node jobs)
     ignored_for: str = ""  # why: "no SLURM_JOB_GPUS" or "a one-node job"
+    gpus_from: str = "SLURM_JOB_GPUS"  # CUDA_VISIBLE_DEVICES in the prolog and epilog of Slurm before 21.08
 
     def to_json(self) -> dict[str, Any]:
         return {
             "job_id": self.job_id,
             "gpus": None if self.gpus is None else list(self.gpus),
             "slurm_job_gpus": self.gpus_text,
+            "gpus_from": self.gpus_from,
             "opted_out_by": self.opted_out_by,
             "ignored": list(self.ignore),
         }
@@ -198,19 +200,28 @@ def opt_out_source(environ: Mapping[str, str], settings: SlurmSettings) -> str:
     return ""
 
 
+#: What older Slurm gives a prolog and an epilog instead of SLURM_JOB_GPUS.
+PRE_21_08_GPUS = "CUDA_VISIBLE_DEVICES"
+
+
 def job_scope(mode: str, environ: Mapping[str, str], settings: SlurmSettings) -> JobScope:
     """The job's part of the node (prolog, epilog) or the whole node (healthcheck)."""
     if mode == "healthcheck":
         return JobScope()
     job_id = environ.get("SLURM_JOB_ID", "")
     opted_out_by = opt_out_source(environ, settings)
-    gpus_text = environ.get("SLURM_JOB_GPUS")
+    name, gpus_text = "SLURM_JOB_GPUS", environ.get("SLURM_JOB_GPUS")
+    if (gpus_text is None or not gpus_text.strip()) and environ.get(PRE_21_08_GPUS, "").strip():
+        # Slurm 19.05 to 21.07 gives the prolog, and every release before 21.08 the epilog, only
+        # CUDA_VISIBLE_DEVICES: the same gres indices, or gres.conf's unique IDs (gres_gpu.c,
+        # gres_p_epilog_set_env; SchedMD commit f6e8d16 put SLURM_JOB_GPUS back in 21.08).
+        name, gpus_text = PRE_21_08_GPUS, environ[PRE_21_08_GPUS]
     if gpus_text is None or not gpus_text.strip():
         # A job without GPUs cannot be hurt by GPU, GPUDirect or RDMA misconfigurations (where the
         # cluster gives GPUs as GRES at all: _job_without_gpu_gres).
         return JobScope(job_id, None, gpus_text, opted_out_by, tuple(settings.cpu_job_ignore), "no SLURM_JOB_GPUS")
-    # Unparsable: judge every GPU rather than guess which are the job's.
-    return JobScope(job_id, parse_gpu_indices(gpus_text), gpus_text, opted_out_by, *_gpu_job_ignore(environ, settings))
+    # Unparsable (unique IDs too): judge every GPU rather than guess which are the job's.
+    return JobScope(job_id, parse_gpu_indices(gpus_text), gpus_text, opted_out_by, *_gpu_job_ignore(environ, settings), gpus_from=name)
 
 
 def _gpu_job_ignore(environ: Mapping[str, str], settings: SlurmSettings) -> tuple[tuple[str, ...], str]:

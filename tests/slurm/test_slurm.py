@@ -172,6 +172,19 @@ def test_job_scope_gpu_job_cpu_job_and_healthcheck() -> None:
     assert job_scope("healthcheck", {"SLURM_JOB_ID": "46", "SLURM_JOB_COMMENT": "preflight=off"}, settings) == JobScope()
 
 
+def test_job_scope_before_slurm_21_08_takes_the_gpus_from_cuda_visible_devices() -> None:
+    """Slurm 19.05 to 21.07 gives the prolog, and every release before 21.08 the epilog, only
+    CUDA_VISIBLE_DEVICES (the gres indices, or gres.conf's unique IDs), no SLURM_JOB_GPUS: such a
+    job is a GPU job, not a CPU job whose GPU findings are skipped (SchedMD commit f6e8d16)."""
+    settings = SlurmSettings()
+    old = job_scope("prolog", {"SLURM_JOB_ID": "42", "CUDA_VISIBLE_DEVICES": "1,3"}, settings)
+    assert (old.gpus, old.ignore, old.gpus_from) == ((1, 3), (), "CUDA_VISIBLE_DEVICES")
+    assert old.to_json()["gpus_from"] == "CUDA_VISIBLE_DEVICES"
+    uuids = job_scope("epilog", {"SLURM_JOB_ID": "42", "CUDA_VISIBLE_DEVICES": "GPU-5f0c2a3e-1b2c"}, settings)
+    assert (uuids.gpus, uuids.ignore) == (None, ())  # unparsable: every GPU is judged
+    assert job_scope("prolog", {"SLURM_JOB_ID": "43", "CUDA_VISIBLE_DEVICES": ""}, settings).ignore == CPU_JOB_IGNORE
+
+
 def test_single_node_job_ignore_skips_only_for_a_gpu_job_of_one_node() -> None:
     """Off by default; when a site lists references, a GPU job whose node list names one host
     skips them, a job of several hosts, an unparsable or missing node list does not."""
