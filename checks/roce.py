@@ -495,7 +495,11 @@ def roce_pfc_pause_storm(
             )
         lossless = (wanted,) if wanted is not None else config.pfc_enabled
         trust = _trust(next((trust_of[s] for s in reading.ports if trust_of.get(s)), None), config)
-        if tc_setting is not None and 0 <= tc <= 255 and lossless and trust == "dscp":
+        if tc_setting is not None and 0 <= tc <= 255 and lossless and trust == "dscp" and not config.dscp_to_priority:
+            # qos/trust says dscp, but DCB netlink gave no map (an older kernel or MLNX_OFED):
+            # where NCCL_IB_TC's DSCP lands is the firmware's, not priority 0.
+            yield undecided(subject, f"trust dscp, but {source} reports no DSCP-to-priority map: the priority of NCCL_IB_TC={tc_setting.value} is not known")
+        elif tc_setting is not None and 0 <= tc <= 255 and lossless and trust == "dscp":
             dscp = tc >> 2
             priority = dict(config.dscp_to_priority).get(dscp, 0)
             if priority not in lossless:

@@ -441,6 +441,11 @@ def test_nccl_ib_tc_that_maps_to_a_lossy_priority() -> None:
     assert finding.evidence[0].observed == "160 (DSCP 40) -> priority 5 (trust dscp)"
     pcp = dcb(("ens1f0np0", (3,), ()), ("ens2f0np0", (3,), ()))  # trust pcp: DSCP does not pick the priority
     assert observe(roce_pfc_pause_storm(TWO_RAILS, pcp, job(NCCL_IB_TC="160"), Expectations())) == []
+    # MLNX_OFED's qos/trust says dscp, but DCB netlink gives no map (an old kernel and MLNX_OFED):
+    # where the DSCP lands is the firmware's, not priority 0.
+    trusting = facts(replace(port(), trust="dscp"), replace(port("mlx5_1", netdev="ens2f0np0"), trust="dscp"))
+    found = list(roce_pfc_pause_storm(trusting, pcp, job(NCCL_IB_TC="106"), Expectations()))
+    assert [f.status for f in found] == [Status.UNKNOWN, Status.UNKNOWN] and "no DSCP-to-priority map" in found[0].reason
 
 
 def test_ecn_off_on_the_lossless_priority() -> None:
