@@ -639,13 +639,23 @@ def ib_subnet_manager_sweep_failure(rdma: RdmaFacts, kernel_log: KernelLogFacts 
                 yield present(port.subject, port_evidence(port, "state", "lid", "sm_lid", expected="non-zero lid and sm_lid"))
 
 
+def _broadcast_group(gid: str) -> bool:
+    """The IPv4 broadcast group of an IPoIB partition, ff1<scope>:401b:<P_Key>::ffff:ffff (RFC 4391
+    section 4), as the kernel prints it (%pI6: eight groups of four hex digits)."""
+    parts = gid.lower().split(":")
+    return len(parts) == 8 and parts[0].startswith("ff1") and parts[1] == "401b" and parts[6:] == ["ffff", "ffff"]
+
+
 def _refused_joins(kernel_log: KernelLogFacts) -> Iterator[Observation]:
-    """One warning per IPoIB interface whose multicast joins failed: without the broadcast group
-    the interface has no carrier, and bootstrap traffic over it goes nowhere."""
+    """One warning per IPoIB interface whose broadcast-group joins failed: without that group the
+    interface has no carrier (ipoib_mcast_join_complete turns it on only for the broadcast
+    group), and bootstrap traffic over it goes nowhere. A refused IPv6 or application group
+    leaves the interface up."""
     yield from kernel_log.unread("IPoIB multicast join history")
     by_netdev: dict[str, list[JoinFailure]] = {}
     for failure in kernel_log.join_failures:
-        by_netdev.setdefault(failure.netdev, []).append(failure)
+        if _broadcast_group(failure.group):
+            by_netdev.setdefault(failure.netdev, []).append(failure)
     for netdev, failures in sorted(by_netdev.items()):
         statuses = ", ".join(sorted({str(f.status) for f in failures}))
         yield present(

@@ -303,14 +303,16 @@ JOIN_LOG = [
     "6,2210,91022311,-;mlx5_core 0000:1a:00.0: mlx5_core_set_hca_defaults:...",
     "4,2231,95123002,-;ib0: multicast join failed for ff12:401b:ffff:0000:0000:0000:ffff:ffff, status -22",
     "4,2240,99123002,-;ib0: multicast join failed for ff12:401b:ffff:0000:0000:0000:ffff:ffff, status -110, retry in 2000 msecs",
-    "4,2241,99123010,-;ib1.8001: multicast join failed for ff12:401b:8001:0000:0000:0000:0000:0001, status -22",
+    "4,2241,99123010,-;ib1.8001: multicast join failed for ff12:401b:8001:0000:0000:0000:ffff:ffff, status -22",
     "4,2242,99123011,-;ib2: multicast join failed for the group, status -22",  # not the kernel's format
+    # An IPv6 solicited-node group (601b) refused: the interface keeps its carrier.
+    "4,2243,99123012,-;ib3: multicast join failed for ff12:601b:ffff:0000:0000:0001:ff00:0001, status -22",
 ]
 
 
 def test_ib008_ipoib_joins_the_subnet_administrator_refused() -> None:
     failures = parse_join_failures(JOIN_LOG)
-    assert [(f.netdev, f.status) for f in failures] == [("ib0", -22), ("ib0", -110), ("ib1.8001", -22)]
+    assert [(f.netdev, f.status) for f in failures] == [("ib0", -22), ("ib0", -110), ("ib1.8001", -22), ("ib3", -22)]
     log = KernelLogFacts((), (), (), "", True, failures)
     found = list(ib_subnet_manager_sweep_failure(eight(), log))
     assert [(o.subject, o.status, o.severity) for o in found] == [("ib0", Status.PRESENT, Severity.WARNING), ("ib1.8001", Status.PRESENT, Severity.WARNING)]
