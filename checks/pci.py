@@ -383,7 +383,9 @@ def _narrow_links(pcie: PcieFacts) -> Iterator[Observation]:
             yield undecided(subject, link.problem or "link width not read")
         elif link.current_width == 0:
             where = link.function or endpoint.bdf
-            yield undecided(subject, f"/sys/bus/pci/devices/{where}/current_link_width is 0: the link is down or the device is powered off")
+            why = ("inside a virtual machine, whose emulated link registers may read 0" if pcie.hypervisor is True
+                   else "the link is down or the device is powered off")
+            yield undecided(subject, f"/sys/bus/pci/devices/{where}/current_link_width is 0: {why}")
         elif link.current_width < link.max_width:
             observation = _narrow_link(subject, endpoint, pcie.hypervisor is True)
             if observation is not None:

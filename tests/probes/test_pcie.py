@@ -395,6 +395,12 @@ def test_pci002_a_slot_narrower_than_the_device_is_the_slot_not_a_fault() -> Non
     guest = replace(facts((gpu(PcieLink(8, 16, "8.0 GT/s PCIe", "8.0 GT/s PCIe", "", "0000:16:00.0", 16)),)), hypervisor=True)
     (unknown,) = p2p_bandwidth_degraded(guest)
     assert unknown.status is Status.UNKNOWN and "virtual machine" in unknown.reason
+    # x0: on bare metal a link that is down; in a guest (VMware's vGPU) registers that read 0
+    zero = PcieLink(0, 16, "", "16.0 GT/s PCIe", "", "0000:16:00.0", 16)
+    (down,) = p2p_bandwidth_degraded(facts((gpu(zero),)))
+    assert "the link is down" in down.reason
+    (emulated,) = p2p_bandwidth_degraded(replace(facts((gpu(zero),)), hypervisor=True))
+    assert emulated.status is Status.UNKNOWN and "emulated link registers" in emulated.reason
 
 
 def offered(facts: PcieFacts, status: int = 0) -> PcieP2pFacts:
