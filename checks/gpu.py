@@ -185,7 +185,7 @@ def _in_slurm_view(job: JobFacts | Unread) -> bool:
     """Whether this process sees the GPUs Slurm's device cgroup gives a job: one of the job's own
     processes, or a prolog or epilog run in the job's cgroup (PrologFlags=RunInJob puts it in
     the extern step, slurm.conf(5))."""
-    return not isinstance(job, Unread) and (job.in_job_process or (job.in_slurmd_script and job.cgroup_job is not None))
+    return not isinstance(job, Unread) and (job.in_job_process or (job.in_slurmd_script and bool(job.cgroup_job)))
 
 
 def _slurm_gpu_counts(job: JobFacts) -> set[int] | None:
@@ -228,6 +228,13 @@ def _not_visible(gpus: GpuFacts, job: JobFacts | Unread, missing: list[str], uni
             "node",
             f"NVML lists {len(gpus.devices)} of the {len(gpus.pci_gpus)} GPUs on the PCI bus, and whether this is a Slurm "
             f"job step that was given only those cannot be told: {job}",
+        )
+        return
+    elif job.in_slurmd_script and job.cgroup_job is None:
+        yield undecided(
+            "node",
+            f"NVML lists {len(gpus.devices)} of the {len(gpus.pci_gpus)} GPUs on the PCI bus, and whether this prolog or epilog "
+            "runs in the job's cgroup (PrologFlags=RunInJob), which hides the others, cannot be told: /proc/self/cgroup not read",
         )
         return
     elif _in_slurm_view(job):

@@ -118,7 +118,7 @@ class JobFacts(Struct, frozen=True):
     file_user: FileUser | None = None
     # The Slurm job whose cgroup holds this process ("job_<id>" or its SLUID, from /proc/self/cgroup):
     # with PrologFlags=RunInJob the prolog and epilog run in the job's extern step, where
-    # ConstrainDevices shows them only the job's GPUs. None: in no job's cgroup, or not read.
+    # ConstrainDevices shows them only the job's GPUs. "": in no job's cgroup; None: not read.
     cgroup_job: str | None = None
 
     def nccl(self, name: str) -> Setting | None:
@@ -268,8 +268,10 @@ def _cgroup_job(fs: NodeFS) -> str | None:
         text = fs.read("/proc/self/cgroup", max_bytes=64 * 1024)
     except SourceError:
         return None
-    match = _CGROUP_JOB.search(text or "")
-    return match.group(1) if match else None
+    if text is None:
+        return None
+    match = _CGROUP_JOB.search(text)
+    return match.group(1) if match else ""
 
 
 class SlurmView(Struct, frozen=True):

@@ -517,7 +517,10 @@ def test_gpu001_views_narrowed_on_purpose_are_not_missing_gpus(gpus: GpuFacts, h
     # one run by slurmd outside it sees every GPU, so two listed there are six missing.
     prolog = {"SLURM_JOB_ID": "7", "SLURM_SCRIPT_CONTEXT": "prolog_slurmd", "SLURM_JOB_GPUS": "4,5"}
     assert list(gpu_unusable_by_driver(two, health, replace(job(environ=prolog), cgroup_job="job_7"), Expectations(gpu_count=8))) == []
-    assert [o.subject for o in gpu_unusable_by_driver(two, health, job(environ=prolog), Expectations())] == ["node"]
+    outside = replace(job(environ=prolog), cgroup_job="")
+    assert [(o.subject, o.status) for o in gpu_unusable_by_driver(two, health, outside, Expectations())] == [("node", Status.PRESENT)]
+    [unknown] = gpu_unusable_by_driver(two, health, job(environ=prolog), Expectations())  # /proc/self/cgroup not read
+    assert unknown.status is Status.UNKNOWN and "PrologFlags=RunInJob" in unknown.reason
     # Whether a runtime narrowed the view could not be read: unknown, not a lost GPU.
     [unknown] = gpu_unusable_by_driver(replace(two, view_error="/proc/self/mountinfo: not in this root"), health, job(), Expectations())
     assert unknown.status is Status.UNKNOWN and "NVML lists 2 of the 8 GPUs" in unknown.reason
