@@ -99,6 +99,15 @@ LOOPBACK_MASTER_FIX = (
 
 #: Names that mean this very host on every node (RFC 6761 reserves localhost and .localhost;
 #: Debian's /etc/hosts adds the ip6- aliases): naming one in MASTER_ADDR is the job's choice.
+#: Where cloud-init writes /etc/hosts at every boot, editing the file does not last.
+CLOUD_INIT_FIX = (
+    "cloud-init writes this /etc/hosts from its template at every boot (manage_etc_hosts: true, as the "
+    "file's header says): change the template (/etc/cloud/templates/hosts.debian.tmpl, hosts.redhat.tmpl "
+    "on RHEL) so the host name maps to the node's cluster address, or set manage_etc_hosts: false in "
+    "/etc/cloud/cloud.cfg.d/ and fix the file; then check with getent ahosts $(hostname)."
+)
+
+
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
 
 
@@ -168,7 +177,8 @@ def _judge_name(lookup: NameLookup, facts: HostnameFacts) -> Observation | None:
     downgrade = _loopback_downgrade(lookup, facts) if errors else ""
     if downgrade:
         return present(subject, *errors, *warnings, severity=Severity.WARNING, fix=downgrade)
-    return present(subject, *errors, *warnings, severity=None if errors else Severity.WARNING)
+    rewritten = errors and facts.hosts_by_cloud_init and any(e.source.startswith("/etc/hosts:") for e in errors)
+    return present(subject, *errors, *warnings, severity=None if errors else Severity.WARNING, fix=CLOUD_INIT_FIX if rewritten else "")
 
 
 def _judge_nameserver(server: NameserverCheck, facts: HostnameFacts) -> Observation | None:

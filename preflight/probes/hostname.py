@@ -113,6 +113,9 @@ class HostnameFacts(Struct, frozen=True):
     hosts_order_error: str = ""  # why /etc/nsswitch.conf's order is unknown (unread, not captured), "" when known
     hosts_missing: bool = False  # no /etc/hosts at all, which glibc's files service answers UNAVAIL
     gloo_socket_ifname: str = ""  # GLOO_SOCKET_IFNAME when PyTorch reads it (longer than one character)
+    # cloud-init rewrites /etc/hosts from its template at every boot (manage_etc_hosts: true), as its
+    # header says: an edit of the file itself does not last
+    hosts_by_cloud_init: bool = False
     nameservers: tuple[NameserverCheck, ...] = ()  # one timed query to each nameserver
     nameserver_origin: str = "/etc/resolv.conf"  # or the site config's [dns] nameservers
     dns_error: str = ""  # why DNS answers could not be had at all (no recording...)
@@ -308,6 +311,10 @@ def libc_lookup(lookup: NameLookup, facts: HostnameFacts) -> LibcResult:
     return LibcResult(results.get(status, "unavailable"), gai_order(addresses), service, detail)
 
 
+#: The header of cloud-init's /etc/hosts templates (templates/hosts.*.tmpl of canonical/cloud-init).
+CLOUD_INIT_MARK = "configured 'manage_etc_hosts' as True"
+
+
 # -- probe ------------------------------------------------------------------------------------
 @probe("hostname")
 def probe_hostname(fs: NodeFS, dns: Dns, settings: HostConfig) -> HostnameFacts:
@@ -349,6 +356,7 @@ def probe_hostname(fs: NodeFS, dns: Dns, settings: HostConfig) -> HostnameFacts:
         hosts_missing=hosts_text is None and not hosts_error,
         # ProcessGroupGloo reads it only when longer than one character (checks/gloo.py).
         gloo_socket_ifname=gloo if len(gloo := environ.get("GLOO_SOCKET_IFNAME", "")) > 1 else "",
+        hosts_by_cloud_init=CLOUD_INIT_MARK in (hosts_text or "")[:4096],
     )
     checks: list[NameserverCheck] = []
     try:

@@ -199,6 +199,12 @@ def test_loopback_host_line_found_with_live_dns(run_cli: Runner, server: Planted
     found = dns001(run_cli, root, "--config", config(tmp_path, [LIVE], server.port))
     assert found["gpu01"]["status"] == "present" and found["gpu01"]["severity"] == "error"
     assert found["gpu01"]["evidence"][0]["source"] == "/etc/hosts:3"
+    assert "cloud-init" not in found["gpu01"]["fix"]
+    # Written by cloud-init's template at every boot: the fix says where to change it for good.
+    header = "# Your system has configured 'manage_etc_hosts' as True.\n# As a result, if you wish for changes to this file to persist\n"
+    write(root, "/etc/hosts", header + "127.0.1.1 gpu01.test.cluster gpu01\n127.0.0.1 localhost\n")
+    found = dns001(run_cli, root, "--config", config(tmp_path, [LIVE], server.port))
+    assert found["gpu01"]["severity"] == "error" and "/etc/cloud/templates/hosts.debian.tmpl" in found["gpu01"]["fix"]
 
 
 GLIBC_READS = {
