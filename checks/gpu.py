@@ -57,7 +57,8 @@ def nccl_cuda_call_failed(
     for gpu in gpu_health.gpus:
         found.extend(verdicts[gpu.index])
     if not found and all(gpu.rows_error in FEATURE_ABSENT and gpu.volatile_error in FEATURE_ABSENT for gpu in gpu_health.gpus):
-        raise NotApplicable("the GPUs neither remap rows (before Ampere) nor count ECC errors")
+        raise NotApplicable("NVML reports neither row remapping nor ECC error counts for these GPUs (GPUs before Ampere, "
+                            "GPUs without ECC, vGPUs and GPUs whose driver does not expose them)")
     yield from found
 
 
