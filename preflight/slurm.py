@@ -277,6 +277,19 @@ def gpu_indices(facts: Mapping[str, Any]) -> dict[tuple[int, int, int], int]:
     return found
 
 
+def view_scope(scope: JobScope, facts: Mapping[str, Any]) -> JobScope:
+    """The scope to judge a run's findings by. A prolog or epilog in the job's cgroup
+    (PrologFlags=RunInJob, with ConstrainDevices) sees only the job's GPUs, and NVML numbers them
+    from 0: every GPU NVML names there is the job's, whatever node indices SLURM_JOB_GPUS holds,
+    so the GPU findings all count."""
+    job, gpus = facts.get("job"), facts.get("gpus")
+    in_job_cgroup = isinstance(job, dict) and bool(job.get("cgroup_job"))
+    devices = gpus.get("devices") if isinstance(gpus, dict) else None
+    on_bus = gpus.get("pci_gpus") if isinstance(gpus, dict) else None
+    narrowed = isinstance(devices, list) and isinstance(on_bus, list) and len(devices) < len(on_bus)
+    return structs.replace(scope, gpus=None) if in_job_cgroup and narrowed and scope.gpus is not None else scope
+
+
 def _gpu_of(subject: str, indices: GpuIndices) -> int | None:
     """The NVML index of the GPU a finding is about, None when it is about no one GPU."""
     match = _GPU_SUBJECT.match(subject)
@@ -634,7 +647,7 @@ def _judge_node(session: _Session, node: OpenedNode) -> int:
     check_budget = max(session.remaining() - calls * settings.scontrol_timeout_s - 0.2, 0.5)
     report = inspect_node(node, profile=profile, timeout_s=check_budget, ignore=scope.ignore, checks_dirs=args.checks_dirs, apart=True)
     outcome.report = report.to_json()
-    verdict = judge_findings(report.findings, settings, scope, gpu_indices(report.facts))
+    verdict = judge_findings(report.findings, settings, view_scope(scope, report.facts), gpu_indices(report.facts))
     outcome.verdict = verdict.outcome
     if verdict.drain:
         outcome.reason = drain_reason(verdict.drain, args.mode, scope.job_id)

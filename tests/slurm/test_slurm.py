@@ -34,6 +34,7 @@ from preflight.slurm import (
     sanitise_reason,
     send_syslog,
     slurm_conf_lines,
+    view_scope,
     wrapper_scripts,
     write_atomically,
 )
@@ -276,6 +277,20 @@ def test_gpus_named_by_pci_address_are_scoped_through_nvml_indices() -> None:
     assert [f.subject for f in scoped.out_of_scope] == ["GPU 0000:5d:00"]
     assert len(judge_findings(findings, SlurmSettings(), JobScope("7", (0, 1), "0,1"), gpu_indices({})).drain) == 3
     assert gpu_indices({"gpus": None}) == {} and gpu_indices({"gpus": {"devices": "x"}}) == {}
+
+
+def test_in_the_jobs_cgroup_every_gpu_nvml_names_is_the_jobs() -> None:
+    """PrologFlags=RunInJob with ConstrainDevices: the prolog's NVML lists the job's two GPUs as 0
+    and 1 while SLURM_JOB_GPUS says 4,5; a finding on NVML's GPU1 is the job's and drains. Outside
+    the job's cgroup (or with every GPU visible) the node indices decide as before."""
+    scope = JobScope("7", (4, 5), "4,5")
+    narrowed = {"job": {"cgroup_job": "job_7"}, "gpus": {"devices": [{"index": 0}, {"index": 1}], "pci_gpus": ["a"] * 8}}
+    lost = [finding("GPU001", subject="GPU1")]
+    assert len(judge_findings(lost, SlurmSettings(), view_scope(scope, narrowed)).drain) == 1
+    assert judge_findings(lost, SlurmSettings(), scope).drain == ()
+    for facts in ({**narrowed, "job": {"cgroup_job": ""}}, {**narrowed, "gpus": {"devices": [{"index": i} for i in range(8)], "pci_gpus": ["a"] * 8}}, {}):
+        assert view_scope(scope, facts) == scope
+    assert view_scope(JobScope("7", None, None), narrowed).gpus is None
 
 
 def test_gpu_indices_from_a_real_run_of_the_example_node(example_root: Path) -> None:
