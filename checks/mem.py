@@ -206,14 +206,19 @@ def _process_limit_is_jobs(memlock: MemlockFacts, job: JobFacts) -> bool:
     from a container runtime (docker run --ulimit), sshd's PAM session or an agent of their own."""
     if job.in_slurmd_script or job.in_job_process:
         return True
-    if memlock.slurmd is not None or memlock.slurmd_unit is not None:
+    if _slurmd_decides(memlock):
         return False
     return not (memlock.exemption is not None and memlock.exemption.full_root)
 
 
+def _slurmd_decides(memlock: MemlockFacts) -> bool:
+    """A slurmd (process or unit) gives this node's jobs their limit."""
+    return memlock.slurmd is not None or memlock.slurmd_unit is not None
+
+
 def _own_limit_fix(memlock: MemlockFacts) -> str:
     """The fix for a limit that is this process's own, not the jobs'."""
-    return OWN_LIMIT_FIX if memlock.slurmd is not None or memlock.slurmd_unit is not None else NO_SLURMD_OWN_LIMIT_FIX
+    return OWN_LIMIT_FIX if _slurmd_decides(memlock) else NO_SLURMD_OWN_LIMIT_FIX
 
 
 # NCCL_BUFFSIZE as ncclParamBuffSize reads it: strtoll(value, NULL, 0), so "8388608 # 8 MiB" is

@@ -400,7 +400,7 @@ def nccl_virtual_interface_selected(nccl_socket: NcclSocketFacts, job: JobFacts 
 def _physical(item: IfAddr) -> bool:
     """A NIC of the node's own, neither virtual by its name nor by its kind (the only reason
     left for it is an IPv4 link-local address)."""
-    virtual = item.kind in ROUTABLE_KINDS or bool(VIRTUAL_KINDS.get(item.kind)) or item.ifname.startswith(tuple(VIRTUAL_PREFIXES))
+    virtual = item.kind in VIRTUAL_KINDS or item.ifname.startswith(tuple(VIRTUAL_PREFIXES))  # ROUTABLE_KINDS among them
     return not virtual and item.link_type != "loopback" and item.ifname != "lo"
 
 

@@ -153,6 +153,9 @@ class RocePort(Struct, frozen=True):
     trust: str | None  # /sys/class/net/<netdev>/qos/trust ("pcp"/"dscp"), MLNX_OFED only
     ecn: EcnState
     state_error: str = ""  # "path: reason" when state is None, "" when it was read
+    # The interfaces that carry the port's DCB, QoS trust and DCQCN: a bond's members (RoCE LAG),
+    # a VLAN's parent, else the netdev itself; () without a netdev
+    dcb_interfaces: tuple[str, ...] = ()
 
     @property
     def subject(self) -> str:
@@ -303,11 +306,12 @@ def _merged_ecn(states: list[EcnState]) -> EcnState:
     for state in states:
         if state.error:
             return state
-    known = [state for state in states if state.notification_point is not None and state.reaction_point is not None]
+    known = [state for state in states if state.notification_point is not None]  # _ecn reads both or neither
     if not known:
         return EcnState(None, None, "")
-    points = [set.intersection(*(set(getattr(state, point) or ()) for state in known)) for point in ("notification_point", "reaction_point")]
-    return EcnState(tuple(sorted(points[0])), tuple(sorted(points[1])), "")
+    np = set.intersection(*(set(state.notification_point or ()) for state in known))
+    rp = set.intersection(*(set(state.reaction_point or ()) for state in known))
+    return EcnState(tuple(sorted(np)), tuple(sorted(rp)), "")
 
 
 def _read_port(fs: NodeFS, reader: FactReader, device: str, port: int, job_settings: GidSettings) -> RocePort:
@@ -325,6 +329,7 @@ def _read_port(fs: NodeFS, reader: FactReader, device: str, port: int, job_setti
     mtu = derived = trust = None
     mtu_error = "no netdev found for this port (no gid_attrs/ndevs entry, no device/net)"
     ecn = EcnState(None, None, "")
+    members: list[str] = []
     if netdev is not None:
         text, reason = _read_attr(fs, f"/sys/class/net/{netdev}/mtu")
         mtu = nccl_int(text, -1) if text is not None and text.isascii() and text.isdigit() else None
@@ -339,6 +344,7 @@ def _read_port(fs: NodeFS, reader: FactReader, device: str, port: int, job_setti
     return RocePort(
         device, port, state, table_size, tuple(entries), tuple(unreadable), nccl_job, nccl_default,
         netdev, netdev_source, mtu, mtu_error, derived, trust, ecn, f"{base}/state: {state_reason}" if state is None else "",
+        tuple(members),
     )
 
 
@@ -382,7 +388,7 @@ def probe_roce_dcb(fs: NodeFS, netlink: Netlink, roce: RoceFacts) -> RoceDcbFact
     """Ask DCB netlink for PFC and the DSCP map of every interface under a RoCE port."""
     carried: dict[str, list[str]] = {}
     for port in roce.ports:
-        for ifname in _dcb_interfaces(fs, port.netdev) if port.netdev else []:
+        for ifname in port.dcb_interfaces:
             carried.setdefault(ifname, []).append(port.subject)
     readings = []
     for ifname, subjects in carried.items():

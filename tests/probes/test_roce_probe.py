@@ -69,6 +69,7 @@ def test_v1v2_node_whole_port_facts() -> None:
         roce_mtu=4096,
         trust=None,
         ecn=EcnState((3,), (3,), ""),
+        dcb_interfaces=("ens1f0np0",),
     )
 
 
