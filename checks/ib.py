@@ -32,6 +32,7 @@ from preflight.probes.gpudirect import DeviceNode, JobIdentity, access_decided, 
 from preflight.probes.kernel_log import NOT_READ, JoinFailure, KernelLogFacts
 from preflight.probes.link_history import IB_SYSFS, LinkHistoryFacts
 from preflight.probes.nccl_nets import NcclNetsFacts, skipped_devices
+from preflight.probes.pkeys import FULL_MEMBER, PKEY_BASE, PkeyFacts, PortPkeys
 from preflight.probes.rdma import (
     DEV_INFINIBAND,
     IB_CLASS,
@@ -475,6 +476,54 @@ def _degraded(port: RdmaPort, active: list[RdmaPort], rdma: RdmaFacts, expect: E
     return None
 
 
+def _pkey_setting(pkeys: PkeyFacts) -> str:
+    return f"NCCL_IB_PKEY={pkeys.setting} ({pkeys.origin})" if pkeys.setting is not None else "NCCL_IB_PKEY unset"
+
+
+def _pkey_fix(port: PortPkeys) -> str:
+    return (
+        f"NCCL_IB_PKEY is an index into the port's P_Key table, not a P_Key: list the table with "
+        f"grep -H . {port.path}/* and set NCCL_IB_PKEY to the index that holds the job's partition with the full-member "
+        "bit (0x8000) set; the subnet manager's partitions.conf decides what the table holds."
+    )
+
+
+def _partition(port: RdmaPort, pkeys: PkeyFacts | Unread) -> Observation | None:
+    """The P_Key NCCL puts the port's queue pairs in (IB009): an index beyond the table or an
+    empty slot fails every connection; a limited membership reaches full members only."""
+    if isinstance(pkeys, Unread):
+        return undecided(port.subject, f"partition keys: {pkeys}") if pkeys is not NOT_GIVEN and port.link_layer == "InfiniBand" else None
+    if pkeys.setting_unread and port.link_layer == "InfiniBand":
+        return undecided(port.subject, f"partition key index: {pkeys.setting_unread}")
+    table = pkeys.port(port.subject)
+    if table is None:
+        return None  # not read: NCCL_IB_PKEY unset, or index 0 of a RoCE port (its only entry, 0xffff)
+    if table.table_size is None or (table.key is None and pkeys.index < table.table_size):
+        return undecided(port.subject, "; ".join(table.problems) or f"{table.path}/{pkeys.index}: not read")
+    where = _pkey_setting(pkeys)
+    if table.key is None:
+        return present(
+            port.subject,
+            Evidence(table.path, f"{table.table_size} entries; NCCL uses index {pkeys.index} ({where})",
+                     f"an index below {table.table_size}"),
+            fix=_pkey_fix(table) if port.link_layer == "InfiniBand" else
+            "Unset NCCL_IB_PKEY (or set it to 0): a RoCE port's P_Key table has one entry, 0xffff at index 0.",
+        )
+    shown = f"0x{table.key:04x} at index {pkeys.index} ({where})"
+    if table.key & PKEY_BASE == 0:
+        return present(port.subject, Evidence(f"{table.path}/{pkeys.index}", f"{shown}: an empty slot, no partition",
+                                              "a P_Key of the job's partition"), fix=_pkey_fix(table))
+    if table.key & FULL_MEMBER == 0:
+        return present(
+            port.subject,
+            Evidence(f"{table.path}/{pkeys.index}", f"{shown}: a limited member", "a full-member P_Key (0x8000 set)"),
+            severity=Severity.WARNING,
+            fix="Two limited members of a partition cannot talk to each other, so nodes set up alike cannot connect on it. "
+            + _pkey_fix(table),
+        )
+    return None
+
+
 def _left_out_by_nccl_ib_hca(job: JobFacts | Unread) -> HcaList | None:
     """NCCL_IB_HCA as the job (its environment) or NCCL's configuration files set it, when it
     narrows the selection; None when it is unset, empty or cannot be read (then every port is
@@ -490,15 +539,21 @@ def _left_out_by_nccl_ib_hca(job: JobFacts | Unread) -> HcaList | None:
     return parse_nccl_ib_hca(setting.value)
 
 
-@check("IB009", profiles=("prolog",), optional=("job",))
+@check("IB009", profiles=("prolog",), optional=("job", "pkeys"))
 def rdma_stack_or_ports_misconfigured(
-    rdma: RdmaFacts, expect: Expectations, job: JobFacts | Unread, verbs: VerbsFacts = VERBS_NOT_READ
+    rdma: RdmaFacts,
+    expect: Expectations,
+    job: JobFacts | Unread,
+    verbs: VerbsFacts = VERBS_NOT_READ,
+    pkeys: PkeyFacts | Unread = NOT_GIVEN,
 ) -> Iterator[Observation]:
     """Expected HCAs missing, data ports down, or links trained below the bandwidth of their peers;
     inside a job, a verbs user space (libibverbs, a device's provider) NCCL cannot load. Ports that
     a visible NCCL_IB_HCA leaves out are not judged (NCCL never opens them); an InfiniBand port an
     administrator disabled is a warning, and so is a port down or slower than its kind while
-    neither expect.hcas nor a visible NCCL_IB_HCA names the rails."""
+    neither expect.hcas nor a visible NCCL_IB_HCA names the rails. Where the job sets
+    NCCL_IB_PKEY, an index beyond a port's P_Key table or at an empty slot is an error, one where
+    the port is a limited member a warning."""
     require_rdma(rdma)
     yield from _verbs_user_space(verbs)
     yield from unlisted_ports(rdma)
@@ -551,6 +606,8 @@ def rdma_stack_or_ports_misconfigured(
         else:
             active.append(port)
     for port in active:
+        if (partition := _partition(port, pkeys)) is not None:
+            yield partition
         if port.rate is None:
             yield undecided(port.subject, port.why("rate"))
             continue

@@ -17,6 +17,7 @@ from preflight.nccl.ib import HcaEntry, nccl_selection, parse_nccl_ib_hca
 from preflight.checks.ib import accidental_prefix, ib_device_order_differs_across_nodes, ib_hca_selection_mismatch, ib_odd_nic_count_rail_hang
 from preflight.probes.kernel_log import KernelLogFacts, parse_join_failures
 from preflight.probes.nccl_libs import NcclCopy, NcclLibFacts
+from preflight.probes.pkeys import PkeyFacts
 from preflight.probes.rdma import PortRate, Problem, RdmaDevice, RdmaFacts, RdmaPort
 from preflight.checks.ib import ib_subnet_manager_sweep_failure, rdma_device_nodes_missing, rdma_stack_or_ports_misconfigured
 from preflight.config import Expectations
@@ -127,6 +128,19 @@ def test_ib009_present_for_down_port_and_degraded_rate() -> None:
     degraded = next(o for o in found if o.subject == "mlx5_5/1")
     assert "200 Gb/sec (2X NDR)" in degraded.evidence[0].observed
     assert "400 Gb/sec like 6 of 7 active InfiniBand MT4129 ports" in degraded.evidence[0].expected
+
+
+def test_ib009_partition_keys_unread_are_unknown_not_absent() -> None:
+    """An nccl.conf that could not be read may set NCCL_IB_PKEY, and a failed pkeys probe says
+    nothing: the InfiniBand ports' partition is unknown; RoCE ports use index 0 unless told."""
+    facts = rdma(hca("mlx5_0"), hca("mlx5_1", port(link_layer="Ethernet")))
+    unread_conf = PkeyFacts(0, None, "", "NCCL_IB_PKEY: /home/alice/.nccl.conf could not be read (EACCES) and may set it", ())
+    found = list(rdma_stack_or_ports_misconfigured(facts, Expectations(), job(), pkeys=unread_conf))
+    assert [(o.subject, o.status, o.reason) for o in found] == [("mlx5_0/1", Status.UNKNOWN, f"partition key index: {unread_conf.setting_unread}")]
+    failed = list(rdma_stack_or_ports_misconfigured(facts, Expectations(), job(), pkeys=Unread("pkeys", "timed out")))
+    assert [(o.subject, o.reason) for o in failed] == [("mlx5_0/1", "partition keys: probe pkeys: timed out")]
+    unset = PkeyFacts(0, None, "", "", ())
+    assert list(rdma_stack_or_ports_misconfigured(facts, Expectations(), job(), pkeys=unset)) == []
 
 
 def test_ib009_compares_ports_of_like_adapters() -> None:

@@ -231,3 +231,75 @@ def test_refused_ipoib_join_in_the_recorded_kernel_log(tmp_path: Path) -> None:
     assert verdicts(report)["IB008"] == {("present", "ibp26s0")}
     (finding,) = [f for f in report.findings if f.reference_id == "IB008"]
     assert finding.severity.value == "warning" and "status -22" in finding.evidence[0].observed
+
+
+def write_pkey_tables(root: Path, table: dict[int, int], size: int = 128) -> None:
+    """Every rail's P_Key table as the kernel shows it: ``size`` entries of 0x%04x, unused slots 0x0000."""
+    for port in (root / "sys/class/infiniband").iterdir():
+        pkeys = port / "ports/1/pkeys"
+        pkeys.mkdir()
+        for index in range(size):
+            (pkeys / str(index)).write_text(f"0x{table.get(index, 0):04x}\n")
+
+
+RAILS = {f"mlx5_{i}/1" for i in range(8)}
+
+
+@pytest.mark.parametrize(
+    ("setting", "expected"),
+    [
+        (None, {("absent", "node")}),  # NCCL takes index 0, the port's default partition: nothing read
+        ("1", {("absent", "node")}),  # the job's partition, full member
+        ("0x1", {("absent", "node")}),  # strtoll(value, NULL, 0)
+        ("0x8001", {("present", port) for port in RAILS}),  # a P_Key given where NCCL wants its index
+        ("2", {("present", port) for port in RAILS}),  # an empty slot
+        ("3", {("present", port) for port in RAILS}),  # a limited member (warning)
+    ],
+)
+def test_nccl_ib_pkey_names_an_index_of_each_ports_table(tmp_path: Path, setting: str | None, expected: set[tuple[str, str]]) -> None:
+    """NCCL_IB_PKEY is the index NCCL gives every queue pair (qpAttr.pkey_index in net_ib, NCCL
+    issue 1323): beyond the table ibv_modify_qp fails, an empty slot or a limited member's key
+    reaches no node set up alike."""
+    root = copy(EXAMPLE, tmp_path)
+    write_pkey_tables(root, {0: 0xFFFF, 1: 0x8001, 3: 0x0002})
+    if setting is not None:
+        with (root / "etc/nccl.conf").open("a") as conf:
+            conf.write(f"NCCL_IB_PKEY={setting}\n")
+    findings = [f for f in judge(root).findings if f.reference_id == "IB009"]
+    assert {(f.status.value, f.subject) for f in findings} == expected
+    severities = {f.severity.value for f in findings if f.status.value == "present"}
+    assert severities == ({"warning"} if setting == "3" else {"error"} if expected != {("absent", "node")} else set())
+    if setting == "0x8001":
+        assert "128 entries; NCCL uses index 32769 (NCCL_IB_PKEY=0x8001 (/etc/nccl.conf))" in findings[0].evidence[0].observed
+        assert "grep -H . /sys/class/infiniband/mlx5_0/ports/1/pkeys/*" in findings[0].fix
+
+
+def test_nccl_ib_pkey_on_an_unread_table_is_unknown(tmp_path: Path) -> None:
+    """A capture without a port's P_Key table, or a garbled entry: unknown for that port, not absent."""
+    root = copy(EXAMPLE, tmp_path)
+    write_pkey_tables(root, {0: 0xFFFF, 1: 0x8001})
+    shutil.rmtree(root / "sys/class/infiniband/mlx5_3/ports/1/pkeys")
+    (root / "sys/class/infiniband/mlx5_5/ports/1/pkeys/1").write_text("full\n")
+    (root / "proc/self/environ").write_bytes((root / "proc/self/environ").read_bytes() + b"NCCL_IB_PKEY=1\0")
+    findings = {f.subject: f for f in judge(root).findings if f.reference_id == "IB009"}
+    assert {subject: f.status.value for subject, f in findings.items()} == {"mlx5_3/1": "unknown", "mlx5_5/1": "unknown"}
+    assert findings["mlx5_3/1"].reason == "/sys/class/infiniband/mlx5_3/ports/1/pkeys: missing"
+    assert findings["mlx5_5/1"].reason == "/sys/class/infiniband/mlx5_5/ports/1/pkeys/1: not a P_Key ('full')"
+
+
+def test_nccl_ib_pkey_on_roce_ports(tmp_path: Path) -> None:
+    """A RoCE port's table has one entry, 0xffff at index 0 (UCX PR 7724): any other index fails."""
+    root = copy(FIXTURES / "container-roce", tmp_path)
+    ports = sorted((root / "sys/class/infiniband").iterdir())
+    for port in ports:
+        (port / "ports/1/pkeys").mkdir()
+        (port / "ports/1/pkeys/0").write_text("0xffff\n")
+    environ = root / "proc/self/environ"
+    base = environ.read_bytes()
+    assert not {f.status.value for f in judge(root).findings if f.reference_id == "IB009"} & {"present", "unknown"}
+    environ.write_bytes(base + b"NCCL_IB_PKEY=0\0")
+    assert not {f.status.value for f in judge(root).findings if f.reference_id == "IB009"} & {"present", "unknown"}
+    environ.write_bytes(base + b"NCCL_IB_PKEY=1\0")
+    found = [f for f in judge(root).findings if f.reference_id == "IB009"]
+    assert {f.subject for f in found if f.status.value == "present"} == {f"{port.name}/1" for port in ports}
+    assert "Unset NCCL_IB_PKEY" in found[0].fix
