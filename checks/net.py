@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 from itertools import chain
 from typing import TYPE_CHECKING
 
@@ -278,12 +279,25 @@ def _down_pick_before_2_28(facts: NcclSocketFacts, nccl_libs: NcclLibFacts | Unr
 # Interfaces that never carry traffic between nodes: name prefixes (Docker, libvirt, CNI plugins,
 # overlays, VPNs) and link kinds (the container side of a Docker bridge network is a veth named eth0).
 VIRTUAL_PREFIXES = {
-    "docker": "Docker bridge", "br-": "Docker user-defined bridge", "veth": "veth pair", "virbr": "libvirt bridge",
+    "docker": "Docker bridge", "veth": "veth pair", "virbr": "libvirt bridge",
     "cni": "CNI bridge", "cbr": "kubenet bridge", "flannel": "flannel overlay", "cali": "Calico veth",
     "vxlan": "VXLAN overlay", "tunl": "IP-in-IP tunnel", "cilium": "Cilium device", "lxc": "container veth",
     "lxcbr": "LXC bridge", "podman": "Podman bridge", "weave": "Weave overlay", "kube-ipvs": "kube-proxy IPVS dummy",
     "nodelocaldns": "node-local DNS dummy", "tailscale": "Tailscale VPN", "genev": "Geneve tunnel",
 }
+
+
+#: Docker names a user-defined network's bridge br-<first 12 hex digits of the network ID>
+#: (libnetwork's bridge driver); other br-* names are bridges an administrator made, such as
+#: OVN-Kubernetes' br-ex, which holds an OpenShift node's routable address.
+DOCKER_NETWORK_BRIDGE = re.compile(r"br-[0-9a-f]{12}")
+
+
+def virtual_name(ifname: str) -> str:
+    """What ``ifname``'s name alone marks it as (a container bridge, an overlay), "" when nothing."""
+    if DOCKER_NETWORK_BRIDGE.fullmatch(ifname):
+        return "Docker user-defined bridge"
+    return next((what for prefix, what in VIRTUAL_PREFIXES.items() if ifname.startswith(prefix)), "")
 
 
 VIRTUAL_KINDS = {
@@ -328,10 +342,7 @@ def virtual_reason(item: IfAddr) -> str:
         # 169.254.0.0/16 is never forwarded by routers (RFC 3927), and agents that make such
         # links give every node the same address; NCCL does not filter address ranges.
         return "IPv4 link-local address"
-    for prefix, what in VIRTUAL_PREFIXES.items():
-        if item.ifname.startswith(prefix):
-            return what
-    return VIRTUAL_KINDS.get(item.kind, "")
+    return virtual_name(item.ifname) or VIRTUAL_KINDS.get(item.kind, "")
 
 
 def _is_link_local(item: IfAddr) -> bool:
@@ -400,7 +411,7 @@ def nccl_virtual_interface_selected(nccl_socket: NcclSocketFacts, job: JobFacts 
 def _physical(item: IfAddr) -> bool:
     """A NIC of the node's own, neither virtual by its name nor by its kind (the only reason
     left for it is an IPv4 link-local address)."""
-    virtual = item.kind in VIRTUAL_KINDS or item.ifname.startswith(tuple(VIRTUAL_PREFIXES))  # ROUTABLE_KINDS among them
+    virtual = item.kind in VIRTUAL_KINDS or virtual_name(item.ifname)  # ROUTABLE_KINDS among them
     return not virtual and item.link_type != "loopback" and item.ifname != "lo"
 
 
@@ -408,7 +419,7 @@ def _routable_kind(item: IfAddr) -> bool:
     """A dummy, tun, WireGuard or tunnel device known by its kind alone (no name marks it as a
     container bridge or overlay agent): such a device carries a host's routed address by design
     where the host itself routes (a /32 on a dummy announced by BGP) or a VPN mesh joins the nodes."""
-    if item.kind not in ROUTABLE_KINDS or any(item.ifname.startswith(prefix) for prefix in VIRTUAL_PREFIXES):
+    if item.kind not in ROUTABLE_KINDS or virtual_name(item.ifname):
         return False
     return not ipaddress.ip_address(item.address).is_link_local
 
@@ -417,7 +428,7 @@ def _container_veth(item: IfAddr) -> bool:
     """A veth that no name marks as a host-side bridge port or overlay: the container's end of
     the pair, whose address the pod network may route. Docker's default bridge (172.17.0.0/16)
     is not routed between hosts."""
-    if item.kind != "veth" or any(item.ifname.startswith(prefix) for prefix in VIRTUAL_PREFIXES):
+    if item.kind != "veth" or virtual_name(item.ifname):
         return False
     return ipaddress.ip_address(item.address) not in DOCKER_DEFAULT_BRIDGE
 

@@ -133,18 +133,29 @@ def test_a_network_plugin_carries_the_data_where_there_are_no_verbs_devices(node
 
 
 def test_net001_prefix_setting_that_catches_a_bridge_and_virtual_secondary_devices(node: Node) -> None:
-    node.add("br-3f2a9c", 2, "172.18.0.1/16", kind="bridge")
+    node.add("br-3f2a9c81d04e", 2, "172.18.0.1/16", kind="bridge")
     node.add("eno1", 3, "10.0.0.2/24")
     node.add("cali12ab", 4, "10.244.3.1/32", kind="veth")
     node.env(NCCL_SOCKET_IFNAME="^docker,lo")
     found = subjects(nccl_virtual_interface_selected(node.socket()))
-    assert set(found) == {"br-3f2a9c", "cali12ab"}  # bootstrap, and a socket transport device (no RDMA here)
+    assert set(found) == {"br-3f2a9c81d04e", "cali12ab"}  # bootstrap, and a socket transport device (no RDMA here)
     # NCCL prefers its fastest devices and takes a bridge's or overlay's speed as 10 Gb/s: the
     # secondary device is a warning, the bootstrap pick every job makes an error.
-    assert (found["br-3f2a9c"].severity, found["cali12ab"].severity) == (None, Severity.WARNING)
-    assert text(found["br-3f2a9c"]).startswith("environment NCCL_SOCKET_IFNAME: ^docker,lo")
+    assert (found["br-3f2a9c81d04e"].severity, found["cali12ab"].severity) == (None, Severity.WARNING)
+    assert text(found["br-3f2a9c81d04e"]).startswith("environment NCCL_SOCKET_IFNAME: ^docker,lo")
     node.rdma()  # with an IB transport only bootstrap and the out-of-band socket matter
-    assert set(subjects(nccl_virtual_interface_selected(node.socket()))) == {"br-3f2a9c"}
+    assert set(subjects(nccl_virtual_interface_selected(node.socket()))) == {"br-3f2a9c81d04e"}
+
+
+def test_net001_only_dockers_bridge_names_are_container_bridges(node: Node) -> None:
+    """Docker names a user-defined network's bridge br-<12 hex digits of its ID>; OVN-Kubernetes
+    moves an OpenShift node's routable address onto the OVS bridge br-ex, which NCCL rightly picks."""
+    node.add("br-ex", 2, "10.0.40.17/24", kind="openvswitch")
+    node.add("br-0123456789ab", 3, "172.18.0.1/16", kind="bridge")
+    node.env(NCCL_SOCKET_IFNAME="br-ex")
+    assert list(nccl_virtual_interface_selected(node.socket())) == []
+    node.env(NCCL_SOCKET_IFNAME="br-0")
+    assert set(subjects(nccl_virtual_interface_selected(node.socket()))) == {"br-0123456789ab"}
 
 
 @pytest.mark.parametrize(("address", "severity"), [("10.128.2.132/23", Severity.WARNING), ("172.17.0.2/16", None)])
