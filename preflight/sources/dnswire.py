@@ -16,10 +16,12 @@ backwards (so they cannot loop), and anything malformed raises :class:`WireError
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import struct
 import time
+from typing import Any
 
 from msgspec import Struct
 
@@ -190,9 +192,9 @@ def ask(server: str, port: int, name: str, rdtype: str, deadline: float) -> Resp
     when the answer was truncated. Raises TimeoutError, OSError (refused, unreachable) or
     WireError."""
     ident, query = make_query(name, rdtype)
-    family = socket.AF_INET6 if ":" in server else socket.AF_INET
+    family, address = server_address(server, port)
     with socket.socket(family, socket.SOCK_DGRAM) as sock:
-        sock.connect((server, port))  # connected: an ICMP port-unreachable is ECONNREFUSED
+        sock.connect(address)  # connected: an ICMP port-unreachable is ECONNREFUSED
         sock.send(query)
         while True:
             sock.settimeout(_remaining(deadline))
@@ -203,14 +205,26 @@ def ask(server: str, port: int, name: str, rdtype: str, deadline: float) -> Resp
             if response is not None:
                 break
     if response.truncated:
-        response = _ask_tcp(server, port, family, ident, query, name, rdtype, deadline)
+        response = _ask_tcp(family, address, ident, query, name, rdtype, deadline)
     return response
 
 
-def _ask_tcp(server: str, port: int, family: int, ident: int, query: bytes, name: str, rdtype: str, deadline: float) -> Response:
+def server_address(server: str, port: int) -> tuple[int, tuple[Any, ...]]:
+    """The family and socket address of a nameserver written as an IP address. A link-local IPv6
+    server carries its interface after a '%' (``fe80::1%eth0``: glibc's res_init reads it so, and
+    NetworkManager writes router-advertised servers so); the kernel refuses such a destination
+    without that interface's index as the scope id. Raises OSError for what is no address here."""
+    try:
+        family, _, _, _, address = socket.getaddrinfo(server, port, 0, socket.SOCK_DGRAM, 0, socket.AI_NUMERICHOST)[0]
+    except (socket.gaierror, UnicodeError, ValueError) as error:
+        raise OSError(errno.EINVAL, f"not an IP address or no such interface: {server[:64]!r}") from error
+    return family, address
+
+
+def _ask_tcp(family: int, address: tuple[Any, ...], ident: int, query: bytes, name: str, rdtype: str, deadline: float) -> Response:
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.settimeout(_remaining(deadline))
-        sock.connect((server, port))
+        sock.connect(address)
         sock.sendall(struct.pack("!H", len(query)) + query)
         (length,) = struct.unpack("!H", _receive(sock, 2, deadline))
         response = parse_response(_receive(sock, length, deadline), ident, name, rdtype)

@@ -4,11 +4,13 @@ the TCP retry, a failing first server, the search list, and bytes that are not D
 
 from __future__ import annotations
 
+import errno
 import socket
 import struct
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import dns.flags
 import dns.message
@@ -233,3 +235,35 @@ def test_a_silent_server_is_a_timeout_within_the_lifetime(servers: list[Server])
 )
 def test_names_tried_in_glibc_order(name: str, ndots: int, expected: list[str]) -> None:
     assert LiveDns(ResolvConf((), ("a", "b."), ndots=ndots))._qnames(name) == expected
+
+
+LINK_LOCAL_ASK = """
+import socket, struct, threading, time
+from preflight.sources import dnswire
+server = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+server.bind(("fe80::1", 0, 0, socket.if_nametoindex("eth0")))
+def answer():
+    wire, peer = server.recvfrom(4096)
+    server.sendto(wire[:2] + struct.pack("!H", 0x8183) + wire[4:], peer)  # the question back, NXDOMAIN
+threading.Thread(target=answer, daemon=True).start()
+response = dnswire.ask("fe80::1%eth0", server.getsockname()[1], "gpu017.cluster.", "A", time.monotonic() + 5)
+print(response.rcode)
+try:
+    dnswire.ask("fe80::1%nosuch0", 53, "gpu017.cluster.", "A", time.monotonic() + 5)
+except OSError as error:
+    print(error.errno)
+"""
+
+
+def test_a_link_local_nameserver_is_asked_on_its_interface(tmp_path: Path) -> None:
+    """resolv.conf may name a link-local IPv6 server with its interface (fe80::1%eth0: glibc's
+    res_init reads it so; NetworkManager writes router-advertised servers so). The kernel refuses
+    such a destination without the interface's index as the scope id (EINVAL); an interface that
+    is not there is EINVAL too, never a traceback."""
+    from netns_lab import namespace
+
+    with namespace("dnsll", tmp_path) as lab:
+        lab.nic("eth0")
+        lab.sysctl(ipv6__conf__eth0__disable_ipv6="0", ipv6__conf__eth0__accept_dad="0")  # usable at once
+        lab.addr("eth0", "fe80::1/64")
+        assert lab.python(LINK_LOCAL_ASK).split() == ["NXDOMAIN", str(errno.EINVAL)]
