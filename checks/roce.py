@@ -106,6 +106,26 @@ def _rails_severity(job: JobFacts, expect: Expectations) -> Severity | None:
     return Severity.WARNING if selection_unseen(job, expect.hcas) else None
 
 
+#: Said where every RoCE port NCCL uses is addressed in IPv6 only and this run cannot see the
+#: jobs' GID settings: NCCL takes IPv4 GIDs unless NCCL_IB_ADDR_FAMILY says AF_INET6
+#: (envIbAddrFamily, src/transport/net_ib), which such a site's jobs set themselves.
+IPV6_FABRIC_FIX = (
+    "Every RoCE port NCCL uses here has a routable RoCE v2 GID in IPv6 only. NCCL looks for IPv4 GIDs unless "
+    "NCCL_IB_ADDR_FAMILY=AF_INET6 is set, which this run cannot see in the jobs' environment: set it for every job "
+    "in /etc/nccl.conf (then this check sees it), or make sure each job sets it."
+)
+
+
+def _ipv6_fabric(items: list[Observation | tuple[RocePort, NcclGid]]) -> bool:
+    """Every port NCCL uses has a routable IPv6 RoCE v2 GID and none an IPv4 one: a fabric
+    addressed in IPv6 only, not a rail that lost its IPv4 address beside others that kept theirs."""
+    ports = [item[0] for item in items if isinstance(item, tuple)]
+    return bool(ports) and all(
+        any(_usable(e) and not e.ipv4 for e in port.gids) and not any(_usable(e) and e.ipv4 for e in port.gids)
+        for port in ports
+    )
+
+
 def _variable_evidence(roce: RoceFacts) -> list[Evidence]:
     return [Evidence(f"{origin} {name}", value) for name, value, origin in roce.gid_variables]
 
@@ -227,7 +247,10 @@ def _nccl_gid_choice_findings(roce: RoceFacts, job: JobFacts, expect: Expectatio
     forced_families: dict[int, list[str]] = {}  # address family of a fixed index's usable GID -> ports
     severity = _rails_severity(job, expect)
     fix = _port_unseen_fix("give its netdev a routable IPv4 address, or fix the NCCL_IB_* GID settings, as the evidence shows") if severity else ""
-    for item in _ports_with_choice(roce, job, expect.hcas, passed):
+    items = list(_ports_with_choice(roce, job, expect.hcas, passed))
+    if _ipv6_fabric(items) and not roce.gid_variables and not job.in_job_process:
+        severity, fix = Severity.WARNING, IPV6_FABRIC_FIX
+    for item in items:
         if isinstance(item, Observation):
             yield item
             continue
@@ -254,9 +277,11 @@ def _nccl_gid_choice_findings(roce: RoceFacts, job: JobFacts, expect: Expectatio
         else:
             observed = f"{how} {entry.describe()}"
         routable = [e for e in port.gids if _usable(e) and e.ipv4]
+        global6 = [e for e in port.gids if _usable(e) and not e.ipv4]
         expected = (
-            f"a routable RoCE v2 GID, e.g. index {routable[0].index} ({routable[0].ipv4})"
-            if routable else "a routable RoCE v2 GID (this port has no IPv4 RoCE v2 GID: no IPv4 address on its netdev?)"
+            f"a routable RoCE v2 GID, e.g. index {routable[0].index} ({routable[0].ipv4})" if routable else
+            f"a routable RoCE v2 GID, e.g. index {global6[0].index} ({global6[0].gid}, taken with NCCL_IB_ADDR_FAMILY=AF_INET6)"
+            if global6 else "a routable RoCE v2 GID (this port has no IPv4 RoCE v2 GID: no IPv4 address on its netdev?)"
         )
         yield present(port.subject, *_variable_evidence(roce), Evidence(where, observed, expected), severity=severity, fix=fix)
     if len(forced_families) > 1:

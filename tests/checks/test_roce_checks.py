@@ -166,6 +166,32 @@ def test_a_spare_port_counts_only_where_jobs_may_use_it(where: JobFacts, expect:
         assert fix.startswith("If this port is a rail, give its netdev a routable IPv4 address") and "name the rails in NCCL_IB_HCA" in fix
 
 
+def ipv6_gids(ndev: str, host: int) -> list[GidEntry]:
+    """A port addressed in IPv6 only: link-local GIDs, then the global address's v1 and v2 GIDs."""
+    address = f"2001:0db8:0000:0010:0000:0000:0000:{host:04x}"
+    return [*host_gids(ndev)[:2], GidEntry(2, address, V1, "", ndev, None), GidEntry(3, address, V2, "", ndev, None)]
+
+
+RAILS_LISTED = JobFacts({"SLURM_SCRIPT_CONTEXT": "prolog_slurmd"}, "", (NcclConfFile("/etc/nccl.conf", (("NCCL_IB_HCA", "=mlx5_0,mlx5_1"),)),))
+
+
+def test_an_ipv6_only_fabric_seen_from_a_prolog_is_a_warning() -> None:
+    """NCCL takes IPv4 GIDs unless NCCL_IB_ADDR_FAMILY=AF_INET6: on a fabric addressed in IPv6
+    only, the jobs set it themselves, which a prolog cannot see; in the job's own process it is
+    seen, and a rail without IPv4 beside rails with it has lost its address."""
+    v6 = facts(port(entries=ipv6_gids("ens1f0np0", 0x17)), port("mlx5_1", ipv6_gids("ens2f0np0", 0x18), netdev="ens2f0np0"))
+    found = list(roce005(v6, RAILS_LISTED))
+    assert [(o.subject, o.severity) for o in found] == [("mlx5_0/1", Severity.WARNING), ("mlx5_1/1", Severity.WARNING)]
+    assert "NCCL_IB_ADDR_FAMILY=AF_INET6" in found[0].fix and "/etc/nccl.conf" in found[0].fix
+    assert "index 3 (2001:0db8:0000:0010:0000:0000:0000:0017, taken with NCCL_IB_ADDR_FAMILY=AF_INET6)" in found[0].evidence[-1].expected
+    assert [o.severity for o in roce005(v6, IN_JOB)] == [None, None]
+    lost = facts(port(), port("mlx5_1", ipv6_gids("ens2f0np0", 0x18), netdev="ens2f0np0"))
+    assert observe(roce005(lost, RAILS_LISTED)) == [("mlx5_1/1", Status.PRESENT, None)]
+    family = {"NCCL_IB_ADDR_FAMILY": "AF_INET6"}
+    v6_set = facts(*(replace(p, nccl_job=choice(p.gids, parse_gid_settings(family))) for p in v6.ports), variables=family)
+    assert observe(roce005(v6_set, RAILS_LISTED)) == []
+
+
 IB_OFF = [job(NCCL_IB_DISABLE="1"), JobFacts({}, "", (NcclConfFile("/etc/nccl.conf", (("NCCL_NET", "Socket"),)),))]
 
 
