@@ -154,7 +154,11 @@ def _judge_name(lookup: NameLookup, facts: HostnameFacts) -> Observation | None:
             return present(subject, *evidence, severity=Severity.WARNING, fix=PEER_NOT_FOUND_FIX)
         return present(subject, *evidence)
     errors: list[Evidence] = []
-    loopback = [a for a in result.addresses if is_loopback_address(a)]
+    # Gloo binds to the first address and c10d dials them in order: a loopback address behind a
+    # routable one (a global IPv6 address outranks IPv4 by glibc's default precedence) is not used.
+    loopback = [a for a in result.addresses[:1] if is_loopback_address(a)]
+    if not loopback and any(is_loopback_address(a) for a in result.addresses) and (unsure := _order_unknown(facts)):
+        return undecided(subject, f"{subject} -> {', '.join(result.addresses)}: which comes first cannot be told ({unsure})")
     if loopback and (ROLE_HOST in lookup.roles or ROLE_PEER in lookup.roles or facts.nodes_in_job > 1):
         expected = (
             "a routable address of this node (Gloo binds to and advertises it unless GLOO_SOCKET_IFNAME names an interface; NCCL picks an interface instead)"
@@ -179,6 +183,14 @@ def _judge_name(lookup: NameLookup, facts: HostnameFacts) -> Observation | None:
         return present(subject, *errors, *warnings, severity=Severity.WARNING, fix=downgrade)
     rewritten = errors and facts.hosts_by_cloud_init and any(e.source.startswith("/etc/hosts:") for e in errors)
     return present(subject, *errors, *warnings, severity=None if errors else Severity.WARNING, fix=CLOUD_INIT_FIX if rewritten else "")
+
+
+def _order_unknown(facts: HostnameFacts) -> str:
+    """Why getaddrinfo's order of a name's addresses is unknown here ("" when known): /etc/gai.conf
+    unread, or whether the node can send IPv6 at all."""
+    if facts.gai_error:
+        return f"/etc/gai.conf: {facts.gai_error}"
+    return "/proc/net/if_inet6 could not be read" if facts.ipv6_usable is None else ""
 
 
 def _judge_nameserver(server: NameserverCheck, facts: HostnameFacts) -> Observation | None:

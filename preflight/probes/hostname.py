@@ -23,8 +23,10 @@ Sources:
 
 Why it matters: torchrun's c10d rendezvous, Gloo and the ``MASTER_ADDR`` store resolve host names
 with ``getaddrinfo`` and dial the first address. glibc sorts an IPv4 loopback address ahead of a
-routable one for the same name wherever the lines sit in /etc/hosts (RFC 6724 rule 8 with glibc's
-scope table, which puts 127/8 in link-local scope; reproduced with glibc 2.36). Gloo, unless
+routable IPv4 one for the same name wherever the lines sit in /etc/hosts (RFC 6724 rule 8 with
+glibc's scope table, which puts 127/8 in link-local scope; reproduced with glibc 2.36), but a
+global IPv6 address ahead of both unless /etc/gai.conf raises IPv4's precedence
+(:mod:`preflight.gai`, which also reads ``/etc/gai.conf`` and ``/proc/net/if_inet6``). Gloo, unless
 ``GLOO_SOCKET_IFNAME`` names an interface, binds to and advertises the address its own host name
 resolves to, so a Debian-style ``127.0.1.1 <hostname>`` line makes its peers dial their own
 loopback. torch elastic publishes a name, not an address (``RendezvousStoreInfo.build``:
@@ -49,6 +51,7 @@ from msgspec import Struct
 from msgspec.structs import replace
 
 from preflight.config import HostConfig
+from preflight.gai import gai_order, parse_precedence
 from preflight.hostlist import HostlistError, expand
 from preflight.nss import NssService, nsswitch_services, read_as_glibc
 from preflight.probes.job import parse_environ
@@ -119,6 +122,12 @@ class HostnameFacts(Struct, frozen=True):
     nameservers: tuple[NameserverCheck, ...] = ()  # one timed query to each nameserver
     nameserver_origin: str = "/etc/resolv.conf"  # or the site config's [dns] nameservers
     dns_error: str = ""  # why DNS answers could not be had at all (no recording...)
+    # How getaddrinfo orders a name's addresses (preflight.gai): /etc/gai.conf's precedence lines
+    # (None: none, glibc's default table), and whether the node has a global IPv6 address to send
+    # from (/proc/net/if_inet6; False without one or without IPv6, None when unread)
+    gai_precedence: tuple[tuple[str, int], ...] | None = None
+    gai_error: str = ""  # why /etc/gai.conf could not be read, "" when it was or is missing
+    ipv6_usable: bool | None = False
 
     def lookups(self) -> list[NameLookup]:
         """This host's lookup first, then the peers'."""
@@ -231,13 +240,6 @@ class LibcResult(Struct, frozen=True):
     detail: str
 
 
-def gai_order(addresses: Sequence[str]) -> tuple[str, ...]:
-    """Loopback addresses first, the rest in the order the service gave them: glibc ranks ::1
-    highest (precedence 50) and IPv4 loopback ahead of routable IPv4 (scope rule 8)."""
-    unique = list(dict.fromkeys(addresses))
-    return tuple(sorted(unique, key=lambda address: 0 if is_loopback_address(address) else 1))
-
-
 def _dns_status(answers: Sequence[DnsAnswer]) -> tuple[str, tuple[str, ...], str]:
     addresses = tuple(address for answer in answers for address in answer.addresses)
     summary = "; ".join(
@@ -308,7 +310,18 @@ def libc_lookup(lookup: NameLookup, facts: HostnameFacts) -> LibcResult:
     results = {"SUCCESS": "found", "NOTFOUND": "not_found"}
     if status == "UNAVAIL" and service == "files":
         return LibcResult("not_found", (), service, detail)  # no /etc/hosts, and no service after it
-    return LibcResult(results.get(status, "unavailable"), gai_order(addresses), service, detail)
+    ordered = gai_order(addresses, facts.gai_precedence, facts.ipv6_usable)
+    return LibcResult(results.get(status, "unavailable"), ordered, service, detail)
+
+
+def _ipv6_usable(reader: FactReader) -> bool | None:
+    """Whether the node has a global IPv6 address (``/proc/net/if_inet6``: address, ifindex,
+    prefix length, scope, flags, name; scope 00 is global), which getaddrinfo needs to rank an
+    IPv6 destination as usable; the file is not there where IPv6 is off. None when unread."""
+    known, text = reader.known_text("/proc/net/if_inet6")
+    if not known:
+        return None
+    return any(len(fields) >= 4 and fields[3] == "00" for fields in (line.split() for line in (text or "").splitlines()))
 
 
 #: The header of cloud-init's /etc/hosts templates (templates/hosts.*.tmpl of canonical/cloud-init).
@@ -349,6 +362,11 @@ def probe_hostname(fs: NodeFS, dns: Dns, settings: HostConfig) -> HostnameFacts:
         NameLookup(name, roles, tuple(e for e in all_entries if _plain(name) in map(_plain, e.names)), ())
         for name, roles in subjects
     ]
+    gai_error, gai_table = "", None
+    try:
+        gai_table = parse_precedence(read_as_glibc(fs, "/etc/gai.conf") or "")
+    except SourceError as error:
+        gai_error = str(error)
     origin = f"[dns] nameservers in {settings.origin or 'the site config'}" if settings.dns.nameservers else "/etc/resolv.conf"
     facts = HostnameFacts(
         hostname, (), (), (), nodes_in_job=node_count, peers_error=peers_error, hosts_order=order,
@@ -357,6 +375,7 @@ def probe_hostname(fs: NodeFS, dns: Dns, settings: HostConfig) -> HostnameFacts:
         # ProcessGroupGloo reads it only when longer than one character (checks/gloo.py).
         gloo_socket_ifname=gloo if len(gloo := environ.get("GLOO_SOCKET_IFNAME", "")) > 1 else "",
         hosts_by_cloud_init=CLOUD_INIT_MARK in (hosts_text or "")[:4096],
+        gai_precedence=gai_table, gai_error=gai_error, ipv6_usable=_ipv6_usable(reader),
     )
     checks: list[NameserverCheck] = []
     try:

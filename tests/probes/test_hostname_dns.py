@@ -42,7 +42,7 @@ from preflight.probes.hostname import FILES_THEN_DNS, HostnameFacts, HostsEntry,
 from preflight.checks.dns import hostname_resolution_broken
 from preflight.config import HostConfig
 from preflight.model import Observation, Severity, Status
-from preflight.sources import DnsSettings, NodeFS
+from preflight.sources import DnsSettings, NodeFS, Sources
 from preflight.sources.dns import DnsAnswer, LiveDns, NameserverCheck, ResolvConf, parse_resolv_conf
 from preflight.sources.fs import DEFAULT_MAX_BYTES
 
@@ -509,3 +509,47 @@ def test_same_host_accepts_a_relative_name_the_search_domains_complete() -> None
     assert same_host("trainer-master-0.trainer", "trainer-master-0.trainer.default.svc.cluster.local.")
     assert not same_host("gpu01", "gpu011.cluster.local") and not same_host("gpu01.a", "gpu01.b.a")
     assert not same_host("node-1.ib", "node-1.eth.cluster")
+
+
+@pytest.mark.parametrize(
+    ("gai_conf", "ipv6_usable", "first", "status"),
+    [
+        (None, True, "2001:db8:10::18", None),  # glibc's defaults: global IPv6 (40) before IPv4 (10)
+        ("precedence ::ffff:0:0/96 100\n", True, "127.0.1.1", Status.PRESENT),  # Debian's "prefer IPv4" line
+        (None, False, "127.0.1.1", Status.PRESENT),  # no global IPv6 address to send from: unusable, last
+        (None, None, "2001:db8:10::18", Status.UNKNOWN),  # /proc/net/if_inet6 unread: order unknown
+    ],
+)
+def test_a_loopback_line_matters_only_where_getaddrinfo_puts_it_first(
+    gai_conf: str | None, ipv6_usable: bool | None, first: str, status: Status | None
+) -> None:
+    """Debian's '127.0.1.1 <host>' beside the node's IPv6 line: glibc returns the global IPv6
+    address first unless /etc/gai.conf raises IPv4 (measured with glibc 2.36), and Gloo binds the
+    first address, so the loopback line hurts only where it comes first."""
+    from preflight.gai import parse_precedence
+
+    entries = (HostsEntry("127.0.1.1", ("gpu018",), "/etc/hosts:2"), HostsEntry("2001:db8:10::18", ("gpu018",), "/etc/hosts:3"))
+    facts = HostnameFacts("gpu018", entries, (), (), nodes_in_job=4, gai_precedence=parse_precedence(gai_conf or ""), ipv6_usable=ipv6_usable)
+    lookup = NameLookup("gpu018", ("host",), entries, ())
+    assert libc_lookup(lookup, facts).addresses[0] == first
+    found = [o for o in hostname_resolution_broken(facts) if o.subject == "gpu018"]
+    assert [o.status for o in found] == ([] if status is None else [status])
+    if status is Status.PRESENT:
+        assert found[0].severity is None and found[0].evidence[0].source == "/etc/hosts:2"
+    if status is Status.UNKNOWN:
+        assert "/proc/net/if_inet6 could not be read" in found[0].reason
+
+
+def test_the_probe_reads_gai_conf_and_the_nodes_ipv6_addresses(tmp_path: Path) -> None:
+    root = tmp_path / "node"
+    write(root, "proc/sys/kernel/hostname", "gpu018\n")
+    write(root, "etc/hosts", "127.0.0.1 localhost\n127.0.1.1 gpu018\n2001:db8:10::18 gpu018\n")
+    write(root, "etc/nsswitch.conf", "hosts: files\n")
+    write(root, "proc/net/if_inet6", "00000000000000000000000000000001 01 80 10 80       lo\n"
+          "20010db8001000000000000000000018 02 40 00 80     eno1\nfe800000000000000e42a1fffe5e8a10 02 40 20 80     eno1\n")
+    facts = probe_hostname(NodeFS(str(root)), Sources.for_fs(NodeFS(str(root))).dns, HostConfig())  # a root without DNS answers
+    assert (facts.ipv6_usable, facts.gai_precedence, facts.gai_error) == (True, None, "")
+    write(root, "etc/gai.conf", "# prefer IPv4\nprecedence ::ffff:0:0/96  100\n")
+    write(root, "proc/net/if_inet6", "00000000000000000000000000000001 01 80 10 80       lo\n")
+    facts = probe_hostname(NodeFS(str(root)), Sources.for_fs(NodeFS(str(root))).dns, HostConfig())
+    assert (facts.ipv6_usable, facts.gai_precedence) == (False, (("::ffff:0:0/96", 100),))
