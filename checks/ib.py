@@ -736,21 +736,21 @@ def _node_problem(rdma: RdmaFacts, path: str) -> Problem | None:
     return next((p for p in rdma.problems if p.path in (path, DEV_INFINIBAND, ".preflight/devices.json")), None)
 
 
-def _devices_named(rdma: RdmaFacts, job: JobFacts | Unread, expect: Expectations) -> set[str] | None:
-    """The data devices named as the job's: a visible NCCL_IB_HCA (what NCCL opens), else the
-    site's expect.hcas; None when nothing names them (every device counts)."""
+def _devices_named(rdma: RdmaFacts, job: JobFacts | Unread) -> set[str] | None:
+    """The data devices a visible NCCL_IB_HCA selects (what NCCL opens); None when it is not seen."""
     hca = _left_out_by_nccl_ib_hca(job)
-    if hca is not None:
-        return {device.name for device in rdma.data_devices if any(hca.selects(device.name, port.number) for port in device.ports)}
-    return set(expect.hcas) if expect.hcas is not None else None
+    if hca is None:
+        return None
+    return {device.name for device in rdma.data_devices if any(hca.selects(device.name, port.number) for port in device.ports)}
 
 
 @check("IB007", profiles=("prolog",), optional=("job",))
 def rdma_device_nodes_missing(rdma: RdmaFacts, job: JobFacts | Unread, expect: Expectations) -> Iterator[Observation]:
     """RDMA devices the job can see in sysfs but cannot open through /dev/infiniband. A device
-    that a visible NCCL_IB_HCA (else expect.hcas) leaves out is at most a warning: a pod's device
-    plugin mounts only the devices it hands out, while sysfs shows them all, and NCCL skips a
-    device it cannot open (init.cc@v2.30.7-1, 'Unable to open device'). A job that turns NCCL's
+    that a visible NCCL_IB_HCA leaves out is not judged, and one that only expect.hcas leaves out
+    (the job's choice unseen) is at most a warning: a pod's device plugin mounts only the devices
+    it hands out while sysfs shows them all (every PF and VF of the host in RDMA shared mode), and
+    NCCL skips a device it cannot open (init.cc@v2.30.7-1, 'Unable to open device'). A job that turns NCCL's
     IB transport off (a pod of a multi-node NVLink ComputeDomain given GPUs and an IMEX channel
     only, with NCCL_IB_DISABLE=1) opens none."""
     require_rdma(rdma)
@@ -779,9 +779,11 @@ def rdma_device_nodes_missing(rdma: RdmaFacts, job: JobFacts | Unread, expect: E
         )
         return
     identity = rdma.job_identity
-    named = _devices_named(rdma, job, expect)
+    opened = _devices_named(rdma, job)
     for device in devices:
-        severity = Severity.ERROR if named is None or device.name in named else Severity.WARNING
+        if opened is not None and device.name not in opened:
+            continue  # NCCL never opens it
+        severity = Severity.ERROR if opened is not None or expect.hcas is None or device.name in expect.hcas else Severity.WARNING
         if device.uverbs is None:
             problem = next((p for p in rdma.problems if p.path.startswith(VERBS_CLASS)), None)
             if problem is not None:
