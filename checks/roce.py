@@ -248,6 +248,10 @@ def _nccl_gid_choice_findings(roce: RoceFacts, job: JobFacts, expect: Expectatio
     severity = _rails_severity(job, expect)
     fix = _port_unseen_fix("give its netdev a routable IPv4 address, or fix the NCCL_IB_* GID settings, as the evidence shows") if severity else ""
     items = list(_ports_with_choice(roce, job, expect.hcas, passed))
+    if severity is not None:
+        # The jobs' ports unseen: an SR-IOV function without an address is a VF waiting for the
+        # pod that gets it (its address comes with it) or the PF its VFs hang from, not a rail.
+        items = [item for item in items if isinstance(item, Observation) or not item[0].sriov]
     if _ipv6_fabric(items) and not roce.gid_variables and not job.in_job_process:
         severity, fix = Severity.WARNING, IPV6_FABRIC_FIX
     for item in items:

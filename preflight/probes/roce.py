@@ -156,6 +156,10 @@ class RocePort(Struct, frozen=True):
     # The interfaces that carry the port's DCB, QoS trust and DCQCN: a bond's members (RoCE LAG),
     # a VLAN's parent, else the netdev itself; () without a netdev
     dcb_interfaces: tuple[str, ...] = ()
+    # An SR-IOV function without a routable RoCE v2 GID: "pf" (device/sriov_numvfs above 0: the
+    # parent of virtual functions), "vf" (device/physfn: a virtual function, whose address a pod
+    # gets when it is handed out), "" otherwise or where the port has such a GID (not read then)
+    sriov: str = ""
 
     @property
     def subject(self) -> str:
@@ -341,11 +345,25 @@ def _read_port(fs: NodeFS, reader: FactReader, device: str, port: int, job_setti
         trusts = {_read_attr(fs, f"/sys/class/net/{member}/qos/trust")[0] for member in members}
         trust = trusts.pop() if len(trusts) == 1 else None  # members that disagree: mlnx_qos's rule decides
         ecn = _merged_ecn([_ecn(fs, reader, member) for member in members])
+    routable = any(entry.version == 2 and not entry.link_local for entry in entries)
     return RocePort(
         device, port, state, table_size, tuple(entries), tuple(unreadable), nccl_job, nccl_default,
         netdev, netdev_source, mtu, mtu_error, derived, trust, ecn, f"{base}/state: {state_reason}" if state is None else "",
-        tuple(members),
+        tuple(members), "" if routable else _sriov_role(fs, device),
     )
+
+
+def _sriov_role(fs: NodeFS, device: str) -> str:
+    """"vf" for a virtual function, "pf" for a function with virtual functions, else "" (also
+    where the files cannot be read: the port is then judged as any other)."""
+    path = f"{IB_SYSFS}/{device}/device"
+    try:
+        if fs.readlink(f"{path}/physfn") is not None:
+            return "vf"
+        count = (fs.read(f"{path}/sriov_numvfs") or "").strip()
+    except SourceError:
+        return ""
+    return "pf" if count.isascii() and count.isdigit() and int(count) > 0 else ""
 
 
 @probe("roce", timeout_s=5.0, gather_in=("prolog", "full"))

@@ -192,6 +192,32 @@ def test_an_ipv6_only_fabric_seen_from_a_prolog_is_a_warning() -> None:
     assert observe(roce005(v6_set, RAILS_LISTED)) == []
 
 
+@pytest.mark.parametrize("role", ["vf", "pf"])
+def test_sriov_functions_without_an_address_are_not_rails_where_the_jobs_ports_are_unseen(role: str) -> None:
+    """On a Kubernetes host with the SR-IOV network operator, a free VF gets its address in the pod
+    it is handed to and a PF with VFs is their parent: without a routable GID neither is a rail.
+    Named by a job's NCCL_IB_HCA, or in the job's own process, the port is judged as any other."""
+    sriov = replace(port("mlx5_2", host_gids("enp26s0f0v2")[:2], netdev="enp26s0f0v2"), sriov=role)
+    roce = facts(port(), port("mlx5_1", netdev="ens2f0np0"), sriov)
+    assert observe(roce005(roce, PROLOG)) == []
+    assert observe(roce005(roce, IN_JOB)) == [("mlx5_2/1", Status.PRESENT, None)]
+    assert observe(roce005(roce, job(NCCL_IB_HCA="=mlx5_2"))) == [("mlx5_2/1", Status.PRESENT, None)]
+
+
+def test_the_probe_tells_sriov_functions_apart(tmp_path: Path) -> None:
+    from preflight.probes.roce import _sriov_role
+    from preflight.sources import NodeFS
+
+    devices = tmp_path / "sys/class/infiniband"
+    for name, files in {"mlx5_0": {"sriov_numvfs": "8\n"}, "mlx5_9": {}, "mlx5_1": {"sriov_numvfs": "0\n"}}.items():
+        (devices / name / "device").mkdir(parents=True)
+        for file, text in files.items():
+            (devices / name / "device" / file).write_text(text)
+    (devices / "mlx5_9/device/physfn").symlink_to("../0000:1a:00.0")
+    fs = NodeFS(str(tmp_path))
+    assert [_sriov_role(fs, name) for name in ("mlx5_0", "mlx5_9", "mlx5_1", "mlx5_7")] == ["pf", "vf", "", ""]
+
+
 IB_OFF = [job(NCCL_IB_DISABLE="1"), JobFacts({}, "", (NcclConfFile("/etc/nccl.conf", (("NCCL_NET", "Socket"),)),))]
 
 
