@@ -192,8 +192,11 @@ def _multi_rail(routing: RoutingFacts, used: set[str], roce: set[str] | None) ->
     is a warning for the other IP users there. A RoCE port is NCCL's own: the kernel resolves
     the peer's MAC for a RoCE v2 address handle through IP routing and ARP. ARP answers only
     for the interface's own addresses with arp_ignore >= 1; arp_announce >= 2 keeps another
-    interface's address out of its requests, and so does 1 where replies leave by the
-    interface itself (source routing), as OCI's RDMA hosts set it up."""
+    interface's address out of its requests, and so does 1 where requests leave by the interface
+    itself: under per-interface source routing, and always for a RoCE port's own resolution, which
+    the kernel looks up bound to the GID's netdev with the GID's address as source
+    (rdma_resolve_ip: bound_dev_if, flowi4_oif in drivers/infiniband/core/addr.c). OCI's RDMA
+    hosts put 16 rails in one /16 with arp_ignore=2, arp_announce=1 and loose rp_filter so."""
     for group in routing.same_subnet:
         names = ", ".join(f"{m.ifname}:{m.address}/{m.prefixlen}" for m in group)
         shared = Evidence("ip -4 address", f"same subnet: {names}", "one subnet per interface, or per-interface source routing")
@@ -203,6 +206,8 @@ def _multi_rail(routing: RoutingFacts, used: set[str], roce: set[str] | None) ->
             rp_evidence: list[Evidence] = []
             strict, route = member.rp_filter.effective, member.return_route
             own_way_out = route is not None and route.ifname == member.ifname
+            # A RoCE port no NCCL socket uses resolves peers bound to itself, whatever the table says.
+            bound = roce is not None and member.ifname in roce and member.ifname not in used
             if strict is None:
                 unknown.append("rp_filter unreadable")
             elif strict == 1 and route is None:
@@ -216,8 +221,8 @@ def _multi_rail(routing: RoutingFacts, used: set[str], roce: set[str] | None) ->
             arp_evidence: list[Evidence] = []
             if ignore is None or announce is None:
                 unknown.append("arp_ignore/arp_announce unreadable")
-            elif ignore < 1 or announce < (1 if own_way_out else 2):
-                wanted = ">= 1 (replies leave by this interface)" if own_way_out else ">= 2"
+            elif ignore < 1 or announce < (1 if own_way_out or bound else 2):
+                wanted = ">= 1 (replies leave by this interface)" if own_way_out else ">= 1 (RoCE resolves bound to this interface)" if bound else ">= 2"
                 arp_evidence = [
                     Evidence(f"{knob}/arp_ignore", f"{member.arp_ignore.all}, {member.arp_ignore.interface} (effective {ignore})", ">= 1"),
                     Evidence(f"{knob}/arp_announce", f"{member.arp_announce.all}, {member.arp_announce.interface} (effective {announce})", wanted),

@@ -526,6 +526,26 @@ def test_net005_arp_announce_1_is_enough_where_replies_leave_by_their_own_interf
     assert set(found) == {"r2"} and found["r2"].evidence[-1].expected == ">= 2" and "(effective 1)" in text(found["r2"])
 
 
+def test_net005_arp_announce_1_is_enough_on_roce_rails_without_source_routing(node: Node) -> None:
+    """OCI's stack as published (oci-hpc's rdma-interface role): 16 RoCE rails in one /16, loose
+    rp_filter, arp_ignore=2, arp_announce=1, no per-rail tables. The kernel resolves a RoCE peer
+    bound to the GID's netdev, with its address as source, so the unbound lookup's rdma0 is not the
+    way out; an interface NCCL's sockets use is still held to arp_announce >= 2."""
+    from preflight.probes.rdma import probe_rdma
+
+    _rails(node, 2, (2, 1), own_tables=False)
+    for index, netdev in enumerate(("r1", "r2")):
+        node.file(f"/sys/class/infiniband/mlx5_{index}/ports/1/link_layer", "Ethernet\n")
+        node.file(f"/sys/class/infiniband/mlx5_{index}/ports/1/state", "4: ACTIVE\n")
+        os.makedirs(node.root / f"sys/class/infiniband/mlx5_{index}/device/net/{netdev}")
+    rdma = probe_rdma(NodeFS(str(node.root)))
+    assert list(nccl_wrong_socket_interface(node.socket(), node.routing(), NO_NCCL, rdma)) == []
+    assert set(subjects(nccl_wrong_socket_interface(node.socket(), node.routing(), NO_NCCL))) == {"r2"}  # RDMA unread
+    node.env(NCCL_SOCKET_IFNAME="=r2")
+    found = subjects(nccl_wrong_socket_interface(node.socket(), node.routing(), NO_NCCL, rdma))
+    assert found["r2"].evidence[-1].expected == ">= 2"
+
+
 def test_net005_unreadable_or_garbage_sysctls_are_undecided(node: Node) -> None:
     _rails(node, 1, (1, 2), own_tables=False)
     node.file("/proc/sys/net/ipv4/conf/r2/rp_filter", "strict\n")
