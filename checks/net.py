@@ -452,7 +452,8 @@ def _is_ipv6_literal(text: str) -> bool:
 @check("NET002")
 def ipv6_address_family_mismatch(nccl_socket: NcclSocketFacts) -> Iterator[Observation]:
     """IPv6 asked for where the kernel has none, an ignored family setting, or an IPv6 pick
-    nobody asked for."""
+    nobody asked for on a node that also has a routable IPv4 address (on an IPv6-only node every
+    peer publishes IPv6 too)."""
     family = nccl_socket.socket_family
     if family is not None and family.value not in FAMILIES:
         yield present(
@@ -474,6 +475,8 @@ def ipv6_address_family_mismatch(nccl_socket: NcclSocketFacts) -> Iterator[Obser
             yield present("MASTER_ADDR", Evidence("environment MASTER_ADDR", nccl_socket.master_addr), ipv6_source)
     if family is not None and family.value == "AF_INET6":
         return  # IPv6 was asked for
+    if not any(_routable_ipv4(item) for item in nccl_socket.candidates):
+        return  # an IPv6-only node: its peers are alike and publish IPv6 addresses too
     for use in uses(nccl_socket):
         item = use.interface
         if use.primary and item.family == 6 and not _is_link_local(item):
@@ -483,6 +486,14 @@ def ipv6_address_family_mismatch(nccl_socket: NcclSocketFacts) -> Iterator[Obser
                 Evidence("getifaddrs", f"{use.purpose}: {shown(item)} (the interface has no IPv4 address)", "an IPv4 address, or NCCL_SOCKET_FAMILY=AF_INET6 on every node"),
                 severity=Severity.WARNING,
             )
+
+
+def _routable_ipv4(item: IfAddr) -> bool:
+    """An IPv4 address another node could reach: not loopback, not link-local (169.254/16)."""
+    if item.family != 4:
+        return False
+    address = ipaddress.ip_address(item.address)
+    return not (address.is_loopback or address.is_link_local or item.link_type == "loopback")
 
 
 # -- NET003 -----------------------------------------------------------------------------------

@@ -283,13 +283,21 @@ def test_net002_ipv6_off_at_boot_needs_the_whole_stack_gone(node: Node, partial_
 
 
 def test_net002_global_ipv6_pick_nobody_asked_for(node: Node) -> None:
+    """An IPv6 pick on a node that also has a routable IPv4 address: nodes set up alike may pick
+    either family. On a node addressed in IPv6 only, every peer publishes IPv6 as well."""
     node.add("eno1", 2, "2001:db8::2/64", "fe80::2/64")
+    node.add("eno2", 3, "10.0.0.2/24")
+    node.env(NCCL_SOCKET_IFNAME="=eno1")
     found = subjects(ipv6_address_family_mismatch(node.socket()))
     assert found["eno1"].severity is Severity.WARNING and "eno1:2001:db8::2" in text(found["eno1"])
-    node.env(NCCL_SOCKET_FAMILY="AF_INET6")
+    node.env(NCCL_SOCKET_IFNAME="=eno1", NCCL_SOCKET_FAMILY="AF_INET6")
     assert list(ipv6_address_family_mismatch(node.socket())) == []
-    node.env()
-    node.add("eno2", 3, "10.0.0.2/24")  # any IPv4 address comes first
+    node.env()  # any IPv4 address comes first
+    assert list(ipv6_address_family_mismatch(node.socket())) == []
+
+
+def test_net002_an_ipv6_only_node_needs_no_family_setting(node: Node) -> None:
+    node.add("eno1", 2, "2001:db8::2/64", "fe80::2/64")
     assert list(ipv6_address_family_mismatch(node.socket())) == []
 
 
