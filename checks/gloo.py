@@ -83,7 +83,7 @@ def gloo_rendezvous_connection_refused(firewall: FirewallFacts, sockets: SocketF
     port = int(value) if value else TORCH_DEFAULT_PORT
     # Gloo takes GLOO_SOCKET_IFNAME as exact names; unset, the host name's address (any interface).
     names = job.environ.get(GLOO_IFNAME)
-    interfaces = gloo_interfaces(firewall.interfaces, names, firewall.addressed)
+    interfaces = gloo_interfaces(firewall.interfaces, names, firewall.reachable())
     if not interfaces:
         raise NotApplicable(f"no interface Gloo would listen on (only loopback, or {GLOO_IFNAME} names none this node has)")
     blocked = frozenset({"dropped", "rejected"})
@@ -95,14 +95,16 @@ def gloo_rendezvous_connection_refused(firewall: FirewallFacts, sockets: SocketF
         else f"MASTER_PORT not visible to a slurmd script: PyTorch's default {port}, used only by a job that sets none" if unseen
         else f"MASTER_PORT unset: default {port}"
     )
+    # The store's clients dial MASTER_ADDR in whichever family it resolves to; Gloo's pairs use
+    # GLOO_SOCKET_IFNAME's first address (IPv4 where there is one), else the host name's.
     rendezvous = blocked_findings(
-        port_fates(firewall, ruleset, interfaces, ((port, port),)), blocked,
+        port_fates(firewall, ruleset, interfaces, ((port, port),), ipv6=None), blocked,
         f"the rendezvous port ({origin})", "accepted: the TCPStore of rank 0 listens there",
     )
     if unseen:
         rendezvous = [replace(item, severity=Severity.WARNING) if item.status is Status.PRESENT else item for item in rendezvous]
     ephemeral = blocked_findings(
-        port_fates(firewall, ruleset, interfaces, (sockets.port_range,)), blocked,
+        port_fates(firewall, ruleset, interfaces, (sockets.port_range,), ipv6=False if names else None), blocked,
         "ephemeral port", "accepted: Gloo's pairs listen on ports the kernel picks from ip_local_port_range",
     )
     merged = merge_by_subject(rendezvous + ephemeral)  # one finding per interface

@@ -82,6 +82,33 @@ class FirewallFacts(Struct, frozen=True):
     # names of the interfaces holding an IPv4 address; None when that could not be told (a file
     # missing or unreadable, or an address no route places), and then no interface is left out
     addressed: tuple[str, ...] | None = None
+    # names of the interfaces holding a global IPv6 address (/proc/net/if_inet6); () where IPv6
+    # is off, None when unread (then only the IPv4 ones count, as before this was read)
+    addressed6: tuple[str, ...] | None = None
+
+    def reachable(self) -> tuple[str, ...] | None:
+        return reachable_names(self.addressed, self.addressed6)
+
+    def families(self, name: str, ipv6: bool | None) -> tuple[int, ...]:
+        """The address families a listener on ``name`` uses: ``ipv6`` True (NCCL_SOCKET_FAMILY=AF_INET6),
+        False (the library takes the interface's first address, IPv4 where it has one: getifaddrs
+        lists IPv4 before IPv6) or None (the host name's address decides, unknown here: both on
+        an interface that has both)."""
+        v4 = self.addressed is None or name in self.addressed
+        v6 = self.addressed6 is not None and name in self.addressed6
+        if ipv6:
+            return (6,)
+        if ipv6 is False or not (v4 and v6):
+            return (4,) if v4 or not v6 else (6,)
+        return (4, 6)
+
+
+def reachable_names(addressed: tuple[str, ...] | None, addressed6: tuple[str, ...] | None) -> tuple[str, ...] | None:
+    """Interfaces another host can reach this node on (an IPv4 or a global IPv6 address); None
+    when which hold an IPv4 address is unknown; the IPv4 ones alone when IPv6's are unread."""
+    if addressed is None or addressed6 is None:
+        return addressed
+    return tuple(sorted({*addressed, *addressed6}))
 
 
 class Outcome(Struct, frozen=True):
@@ -308,7 +335,7 @@ def port_boundaries(ruleset: Ruleset) -> set[int]:
 
 def _listening(interfaces: tuple[Interface, ...], addressed: tuple[str, ...] | None) -> tuple[Interface, ...]:
     """``interfaces`` but loopback, those known not to be running and, when known, those without
-    an IPv4 address."""
+    an address another host can reach (``FirewallFacts.reachable``)."""
     return tuple(
         i for i in interfaces if i.name != "lo" and i.running is not False and (addressed is None or i.name in addressed)
     )
@@ -381,12 +408,13 @@ def probe_firewall(fs: NodeFS, netlink: Netlink) -> FirewallFacts:
         error, source = "", "nf_tables netlink"
     except SourceError as failure:
         ruleset, error, source = None, failure.reason, failure.source
-    addressed = _ipv4_interfaces(fs)
+    addressed, addressed6 = _ipv4_interfaces(fs), _ipv6_interfaces(fs)
+    reachable = reachable_names(addressed, addressed6)
     interfaces = tuple(
-        Interface(name, index, interface_running(fs, name) if addressed is None or name in addressed else None)
+        Interface(name, index, interface_running(fs, name) if reachable is None or name in reachable else None)
         for index, name in (ruleset.interfaces if ruleset else ())
     )
-    return FirewallFacts(ruleset, error, source, legacy, legacy_error, interfaces, addressed)
+    return FirewallFacts(ruleset, error, source, legacy, legacy_error, interfaces, addressed, addressed6)
 
 
 #: An interface name the kernel accepts (dev_valid_name(): at most 15 bytes, no '/', not '.' or '..').
@@ -427,6 +455,18 @@ def _ipv4_interfaces(fs: NodeFS) -> tuple[str, ...] | None:
     return tuple(sorted(names))
 
 
+def _ipv6_interfaces(fs: NodeFS) -> tuple[str, ...] | None:
+    """Names of the interfaces holding a global IPv6 address (``/proc/net/if_inet6``: address,
+    ifindex, prefix length, scope, flags, name; scope 00 is global); () where the file is not
+    there (IPv6 off at boot), None when it could not be read."""
+    try:
+        text = fs.read("/proc/net/if_inet6")
+    except SourceError:
+        return None
+    rows = (line.split() for line in (text or "").splitlines())
+    return tuple(sorted({fields[5] for fields in rows if len(fields) == 6 and fields[3] == "00" and _IFNAME.fullmatch(fields[5])}))
+
+
 # -- what the checks ask ------------------------------------------------------------------------
 
 #: Port stretches tested per interface; a ruleset that cuts the range finer is left unknown.
@@ -463,10 +503,13 @@ def readable_ruleset(facts: FirewallFacts) -> Ruleset:
     return facts.ruleset
 
 
-def port_fates(facts: FirewallFacts, ruleset: Ruleset, interfaces: tuple[Interface, ...], ranges: tuple[tuple[int, int], ...]) -> list[PortFate]:
-    """The outcome for every stretch of ``ranges`` on every interface in ``interfaces`` (IPv4:
-    the family NCCL and Gloo use unless the job asks for IPv6), neighbouring stretches with the
-    same outcome merged; Unknown when the rules cut the ranges into too many stretches."""
+def port_fates(
+    facts: FirewallFacts, ruleset: Ruleset, interfaces: tuple[Interface, ...], ranges: tuple[tuple[int, int], ...], ipv6: bool | None = False
+) -> list[PortFate]:
+    """The outcome for every stretch of ``ranges`` on every interface in ``interfaces``, for a
+    SYN of each family a listener there may use (``FirewallFacts.families``; both families'
+    outcomes where either may be, so a block of one alone is undecided), neighbouring stretches
+    with the same outcome merged; Unknown when the rules cut the ranges into too many stretches."""
     from preflight.model import Unknown
 
     points = port_boundaries(ruleset)
@@ -479,7 +522,8 @@ def port_fates(facts: FirewallFacts, ruleset: Ruleset, interfaces: tuple[Interfa
             merged: list[PortFate] = []
             for position, start in enumerate(starts):
                 end = starts[position + 1] - 1 if position + 1 < len(starts) else high
-                outcomes = tuple(sorted(evaluate(ruleset, Packet(4, start, interface.name, interface.index)), key=lambda o: (o.kind, o.chain, o.rule)))
+                ways = {o for family in facts.families(interface.name, ipv6) for o in evaluate(ruleset, Packet(family, start, interface.name, interface.index))}
+                outcomes = tuple(sorted(ways, key=lambda o: (o.kind, o.chain, o.rule)))
                 if merged and merged[-1].outcomes == outcomes:
                     merged[-1] = PortFate(interface.name, merged[-1].low, end, outcomes)
                 else:
@@ -536,7 +580,7 @@ def blocked_findings(fates: list[PortFate], kinds: frozenset[str], purpose: str,
         if doubtful:
             fate = doubtful[0]
             ways = "; ".join(outcome_text(o) for o in fate.outcomes)
-            found.append(undecided(interface, f"{purpose} {fate.ports()} on {interface}: the outcome depends on what the node cannot tell (the peer's address, a mark, an expression not decoded): {ways}"))
+            found.append(undecided(interface, f"{purpose} {fate.ports()} on {interface}: the outcome depends on what the node cannot tell (the peer's address or address family, a mark, an expression not decoded): {ways}"))
     return found
 
 
@@ -558,10 +602,11 @@ def nccl_port_findings(
     if sockets.port_range is None:
         raise Unknown(f"{PORT_RANGE} unread: the ports NCCL listens on are not known")
     setting = job.nccl("NCCL_SOCKET_IFNAME")
-    interfaces = selected_interfaces(firewall.interfaces, setting.value if setting else None, firewall.addressed)
+    interfaces = selected_interfaces(firewall.interfaces, setting.value if setting else None, firewall.reachable())
     if not interfaces:
         raise NotApplicable("no interface NCCL would listen on (only loopback, or NCCL_SOCKET_IFNAME selects none)")
-    fates = port_fates(firewall, ruleset, interfaces, (sockets.port_range,))
+    family = job.nccl("NCCL_SOCKET_FAMILY")
+    fates = port_fates(firewall, ruleset, interfaces, (sockets.port_range,), ipv6=family is not None and family.value == "AF_INET6")
     found = blocked_findings(fates, kinds, "ephemeral port", "accepted: NCCL listens on ports the kernel picks from ip_local_port_range")
     if firewall.addressed is None:
         found = list(only_if_every_interface(found, interfaces, ADDRESSES_UNKNOWN))

@@ -112,13 +112,15 @@ def test_global_ipv6_only_pick_and_ipv6_forced_where_it_is_disabled(ns: Namespac
     ns.sysctl(ipv6__conf__eno1__disable_ipv6="0")
     ns.addr("eno1", "2001:db8:10::2/64")
     report = ns.preflight()
+    assert verdicts(report)[("NET002", "node")] == "absent"  # addressed in IPv6 only: its peers are too
+    assert verdicts(report)[("NET003", "node")] == "absent"  # global first: no link-local pick
+    ns.nic("eno2", "10.0.0.2/24")
+    report = ns.preflight({"NCCL_SOCKET_IFNAME": "=eno1"})
     item = finding(report, "NET002", "eno1")
     assert item["status"] == "present" and item["severity"] == "warning" and "2001:db8:10::2" in evidence_text(item)
-    assert verdicts(report)[("NET003", "node")] == "absent"  # global first: no link-local pick
-    assert verdicts(ns.preflight({"NCCL_SOCKET_FAMILY": "AF_INET6"}))[("NET002", "node")] == "absent"
+    assert verdicts(ns.preflight({"NCCL_SOCKET_IFNAME": "=eno1", "NCCL_SOCKET_FAMILY": "AF_INET6"}))[("NET002", "node")] == "absent"
 
     ns.sysctl(ipv6__conf__all__disable_ipv6="1")
-    ns.nic("eno2", "10.0.0.2/24")
     report = ns.preflight({"NCCL_SOCKET_FAMILY": "AF_INET6", "MASTER_ADDR": "2001:db8:10::1"})
     assert {("NET002", "NCCL_SOCKET_FAMILY"), ("NET002", "MASTER_ADDR")} <= present(report)
     assert finding(report, "NET002", "NCCL_SOCKET_FAMILY")["severity"] == "error"

@@ -251,6 +251,34 @@ def test_a_prolog_that_cannot_see_master_port_warns_about_the_default_port_witho
     assert found["severity"] == "error"
 
 
+IPV4_ONLY_DROP = "table ip filter {\n chain INPUT {\n type filter hook input priority 0; policy drop;\n }\n}\n"
+IPV6_ONLY_DROP = "table ip6 filter {\n chain INPUT {\n type filter hook input priority 0; policy drop;\n }\n}\n"
+
+
+def test_the_family_the_listener_uses_is_the_one_judged(ns: Namespace) -> None:
+    """A dual-stack node whose IPv4 input is locked down while IPv6 is open: NCCL with
+    NCCL_SOCKET_FAMILY=AF_INET6 listens on IPv6 and is not hurt; without it NCCL takes the IPv4
+    address. Gloo without GLOO_SOCKET_IFNAME binds the host name's address, whose family is not
+    known here: undecided. An interface addressed in IPv6 only is judged (it was passed over as
+    unaddressed), against the ip6 rules."""
+    ns.sysctl(ipv6__conf__ens9__disable_ipv6="0")
+    ns.addr("ens9", "2001:db8:60::2/64")
+    load(ns, IPV4_ONLY_DROP)
+    found = statuses(run_checks(ns, {"NCCL_SOCKET_IFNAME": "=ens9", "NCCL_SOCKET_FAMILY": "AF_INET6"}))
+    assert found == {("GLOO002", "ens9"): "unknown"}
+    found = statuses(run_checks(ns, {"NCCL_SOCKET_IFNAME": "=ens9", "GLOO_SOCKET_IFNAME": "ens9"}))
+    assert found == {("NCCL004", "ens9"): "present", ("GLOO002", "ens9"): "present"}
+    ns.nic("ens10")
+    ns.sysctl(ipv6__conf__ens10__disable_ipv6="0")
+    ns.addr("ens10", "2001:db8:61::2/64")
+    assert probe(ns).addressed6 == ("ens10", "ens9")
+    assert statuses(run_checks(ns, {"NCCL_SOCKET_IFNAME": "=ens10", "GLOO_SOCKET_IFNAME": "ens10"})) == {}
+    load(ns, "flush ruleset\n" + IPV6_ONLY_DROP)
+    found = run_checks(ns, {"NCCL_SOCKET_IFNAME": "=ens10", "GLOO_SOCKET_IFNAME": "ens10"})
+    assert statuses(found) == {("NCCL004", "ens10"): "present", ("GLOO002", "ens10"): "present"}
+    assert "ip6 filter" in found[("NCCL004", "ens10")][1]
+
+
 def test_without_cap_net_admin_the_rules_are_unknown(ns: Namespace) -> None:
     load(ns, IPTABLES_NFT_DROP)
     facts = probe(ns, "10000", "65534")
