@@ -17,7 +17,7 @@ from preflight.model import (
     undecided,
 )
 from preflight.nccl.gid import nccl_int
-from preflight.nccl.releases import RAS_INIT_RACE, SPLIT_NONBLOCKING, loaded_copies, release_findings, require_nccl, version_tuple
+from preflight.nccl.releases import RAS_INIT_RACE, SPLIT_NONBLOCKING, bypassed_fix, loaded_copies, release_findings, require_nccl, version_tuple
 from preflight.probes.firewall import FirewallFacts, nccl_port_findings
 from preflight.probes.frameworks import FrameworkFacts, parse_version
 from preflight.probes.gpu_health import GpuHealthFacts, nvml_unusable
@@ -197,8 +197,8 @@ def nccl_ras_query_crash(nccl_libs: NcclLibFacts, job: JobFacts) -> Iterator[Obs
                 copy.path,
                 Evidence(copy.path, f"NCCL {copy.version}", "a release without the RAS query crash"),
                 Evidence("NCCL_RAS_ENABLE", ras.value if ras else "unset (RAS on by default)", "0 until NCCL is upgraded"),
-                severity=Severity.WARNING,
-                fix=RAS_QUERY_FIX,
+                severity=Severity.INFO if copy.bypassed else Severity.WARNING,
+                fix=bypassed_fix(copy) if copy.bypassed else RAS_QUERY_FIX,
             )
 
 
@@ -241,25 +241,9 @@ def nccl_commsplit_nonblocking_segfault(nccl_libs: NcclLibFacts, job: JobFacts, 
     if triggers:
         libs = loaded_copies(nccl_libs)
         if not any(evidence.source.endswith("NCCL_COMM_SPLIT_SHARE_RESOURCES") for evidence in triggers):
-            libs = _torch_nccl(libs, frameworks)  # only PyTorch asks: only its NCCL matters
+            # Only PyTorch asks: only the NCCL it loads matters.
+            libs = replace(libs, copies=tuple(copy for copy in libs.copies if not copy.bypassed))
         yield from release_findings(libs, SPLIT_NONBLOCKING, *triggers, severity=Severity.WARNING if only_risk else None)
-
-
-def _torch_nccl(libs: NcclLibFacts, frameworks: FrameworkFacts) -> NcclLibFacts:
-    """The copies PyTorch loads: where every PyTorch install has an nvidia-nccl wheel beside it,
-    that wheel's (its libraries carry DT_RPATH $ORIGIN/../../nvidia/nccl/lib, which ld.so(8)
-    searches before LD_LIBRARY_PATH and the system directories), plus any copy the job's own
-    environment adds (LD_PRELOAD comes before everything); otherwise every copy."""
-    try:
-        sites = {package.metadata.rsplit("/", 2)[0] for package in frameworks.versions("torch")}
-    except Unknown:
-        return libs  # whether PyTorch sits beside a wheel is not known: every copy may be its
-
-    wheels = {site: f"{site}/{WHEEL_LIBRARY}" for site in sites}
-    on_wheel = {copy.path for copy in libs.copies if copy.path in wheels.values()}
-    if not sites or not all(path in on_wheel for path in wheels.values()):
-        return libs
-    return replace(libs, copies=tuple(copy for copy in libs.copies if copy.path in on_wheel or copy.origin == "job"))
 
 
 @check("NCCL013", profiles=("full",))

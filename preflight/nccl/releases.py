@@ -126,12 +126,20 @@ def release_evidence(copy: NcclCopy, bug: KnownBug) -> Evidence:
     return Evidence(copy.path, f"NCCL {copy.version}: {bug.bug}", f"NCCL {bug.fixed} or newer")
 
 
+def bypassed_fix(copy: NcclCopy) -> str:
+    """What to say of a release bug in a copy the node's PyTorch does not load (information)."""
+    return f"Not what PyTorch loads here: {copy.bypassed}. Upgrade or remove it if other programs use it."
+
+
 def release_findings(
     libs: NcclLibFacts, bug: KnownBug, *context: Evidence, severity: Severity | None = None, fix: str = ""
 ) -> Iterator[Observation]:
     """A finding per copy carrying ``bug``; ``unknown`` per copy whose release is not named."""
     carrying, unnamed = affected(libs, bug)
     for copy in carrying:
+        if copy.bypassed:
+            yield present(copy.path, release_evidence(copy, bug), *context, severity=Severity.INFO, fix=bypassed_fix(copy))
+            continue
         yield present(copy.path, release_evidence(copy, bug), *context, severity=severity, fix=fix)
     for copy in unnamed:
         yield undecided(copy.path, f"the NCCL release of {copy.path} is not named by its file or wheel", *context)

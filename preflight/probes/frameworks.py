@@ -51,6 +51,9 @@ class PythonPackage(Struct, frozen=True):
     name: str  # normalised distribution name: "torch", "megatron-core"
     version: str  # Version: header ("2.6.0+cu124")
     metadata: str  # the METADATA/PKG-INFO file it was read from
+    # A Requires-Dist: header names an nvidia-nccl-cu* wheel: PyPI's CUDA builds of torch do, and
+    # their libraries load it by DT_RPATH; builds from source (NGC, conda-forge, Spack) do not
+    nccl_wheel: bool = False
 
 
 class FrameworkFacts(Struct, frozen=True):
@@ -80,17 +83,23 @@ def normalise(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def parse_metadata(text: str) -> tuple[str, str] | None:
-    """``(Name, Version)`` from core-metadata headers (they end at the first empty line)."""
+_NCCL_WHEEL = re.compile(r"nvidia[-_.]nccl[-_.]cu\d+", re.IGNORECASE)
+
+
+def parse_metadata(text: str) -> tuple[str, str, bool] | None:
+    """``(Name, Version, requires an nvidia-nccl-cu* wheel)`` from core-metadata headers (they
+    end at the first empty line; Requires-Dist may repeat)."""
     headers: dict[str, str] = {}
+    nccl_wheel = False
     for line in text.splitlines():
         if not line.strip():
             break
         key, separator, value = line.partition(":")
         if separator and not key.startswith((" ", "\t")):
             headers.setdefault(key.strip().lower(), value.strip())
+            nccl_wheel = nccl_wheel or (key.strip().lower() == "requires-dist" and bool(_NCCL_WHEEL.match(value.strip())))
     name, version = headers.get("name"), headers.get("version")
-    return (name, version) if name and version else None
+    return (name, version, nccl_wheel) if name and version else None
 
 
 def parse_version(text: str) -> tuple[int, ...] | None:
@@ -128,5 +137,5 @@ def probe_frameworks(fs: NodeFS) -> FrameworkFacts:
             if parsed is None:
                 reader.problems.append(f"{path}: {'missing' if text is None else 'no Name/Version headers'}")
                 continue
-            packages.append(PythonPackage(normalise(parsed[0]), parsed[1], path))
+            packages.append(PythonPackage(normalise(parsed[0]), parsed[1], path, parsed[2]))
     return FrameworkFacts(tuple(sites), tuple(packages), tuple(reader.problems))

@@ -28,12 +28,18 @@ import posixpath
 import re
 from collections.abc import Mapping
 
+from typing import TYPE_CHECKING
+
 from msgspec import Struct
+from msgspec.structs import replace
 
 from preflight.probes.job import library_path_dirs, parse_environ
 from preflight.probing import FactReader
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
+
+if TYPE_CHECKING:
+    from preflight.probes.frameworks import FrameworkFacts
 
 SYSTEM_DIRS = (
     "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib",
@@ -66,6 +72,9 @@ class NcclCopy(Struct, frozen=True):
     # Why no loader picks this versioned file ("libnccl.so.2 links to libnccl.so.2.28.3"): the
     # directory's libnccl.so.2 and libnccl.so reach another version. "" when one may load it.
     unreached: str = ""
+    # Why the node's PyTorch does not load this copy (it loads its own wheel by RPATH), while a
+    # program linked to libnccl.so.2 without an RPATH would; "" when PyTorch may load it
+    bypassed: str = ""
 
 
 class NcclLibFacts(Struct, frozen=True):
@@ -224,10 +233,36 @@ def _python_copies(fs: NodeFS, reader: FactReader, environ: Mapping[str, str]) -
     return found
 
 
+#: Frameworks that load NCCL through builds of their own, not PyTorch's (HVD001's set).
+OWN_NCCL_FRAMEWORKS = frozenset({"tensorflow", "tensorflow-cpu", "tensorflow-gpu", "mxnet", "horovod"})
+
+
+def _torch_bypass(copies: list[NcclCopy], frameworks: FrameworkFacts) -> tuple[str, set[str]]:
+    """Why the node's PyTorch loads no copy but its own wheels, and those wheels; ("", set()) when
+    it may load another: every PyTorch here
+    is a PyPI CUDA build, which names an nvidia-nccl wheel (Requires-Dist) and loads it by the
+    DT_RPATH $ORIGIN/../../nvidia/nccl/lib its wheel build sets (pytorch's manywheel build_cuda.sh,
+    patchelf --force-rpath), searched before LD_LIBRARY_PATH and the system directories (ld.so(8));
+    that wheel is beside it; no other framework loads a build of its own; every metadata file read."""
+    torch = [package for package in frameworks.packages if package.name == "torch"]
+    if not torch or frameworks.problems or any(package.name in OWN_NCCL_FRAMEWORKS for package in frameworks.packages):
+        return "", set()
+    sites = sorted({package.metadata.rsplit("/", 2)[0] for package in torch})
+    own = {f"{site}/{WHEEL_LIBRARY}" for site in sites}
+    if not all(package.nccl_wheel for package in torch) or not own <= {copy.path for copy in copies if copy.origin == "python"}:
+        return "", set()
+    reason = (
+        f"PyTorch here ({', '.join(sites)}) loads its own nvidia-nccl wheel: its libraries' DT_RPATH comes before "
+        "LD_LIBRARY_PATH and the system directories; a program linked to libnccl.so.2 without an RPATH loads this copy"
+    )
+    return reason, own
+
+
 @probe("nccl_libs", gather_in=("full",))
-def probe_nccl_libs(fs: NodeFS) -> NcclLibFacts:
+def probe_nccl_libs(fs: NodeFS, frameworks: FrameworkFacts | None = None) -> NcclLibFacts:
     """Every libnccl in the system library path, in Python environments and in the places the
-    job's environment adds."""
+    job's environment adds; where the node's PyTorch provably loads its own wheel, the system and
+    other Python copies say so (``bypassed``). The job's LD_LIBRARY_PATH and LD_PRELOAD copies never do."""
     reader = FactReader(fs)
     copies: list[NcclCopy] = []
     searched = library_dirs(reader)
@@ -236,4 +271,7 @@ def probe_nccl_libs(fs: NodeFS) -> NcclLibFacts:
     environ = job_environ(fs)
     copies += _python_copies(fs, reader, environ)
     copies += _job_copies(fs, reader, environ, searched)
+    bypass, own = _torch_bypass(copies, frameworks) if frameworks is not None else ("", set())
+    if bypass:
+        copies = [copy if copy.origin == "job" or copy.path in own else replace(copy, bypassed=bypass) for copy in copies]
     return NcclLibFacts(tuple(copies), tuple(reader.problems))

@@ -258,15 +258,36 @@ def test_nonblocking_requested_by_the_job_is_an_error_until_2_27_3(node_copy: Pa
 
 
 
+PYPI_TORCH = "Metadata-Version: 2.1\nName: torch\nVersion: 2.7.1\nRequires-Dist: nvidia-nccl-cu12==2.26.2; platform_system == \"Linux\"\n"
+
+
 def test_a_pytorch_setting_judges_the_nccl_pytorch_loads(node_copy: Path) -> None:
-    """TORCH_NCCL_USE_COMM_NONBLOCKING is PyTorch's: with PyTorch beside an nvidia-nccl wheel, its
-    libraries find that wheel's NCCL first (DT_RPATH), so an old system libnccl is no job's. An
-    NCCL setting (NCCL_COMM_SPLIT_SHARE_RESOURCES) reaches every program, so every copy counts."""
-    write(node_copy, f"{SITE}/torch-2.7.1.dist-info/METADATA", "Metadata-Version: 2.1\nName: torch\nVersion: 2.7.1\n")
+    """TORCH_NCCL_USE_COMM_NONBLOCKING is PyTorch's: a PyPI CUDA build of PyTorch names its
+    nvidia-nccl wheel and finds that wheel's NCCL first (DT_RPATH), so an old system libnccl is no
+    job's. A build from source (NGC: no such requirement) links the system's, wheel or no wheel.
+    An NCCL setting (NCCL_COMM_SPLIT_SHARE_RESOURCES) reaches every program, so every copy counts."""
+    write(node_copy, f"{SITE}/torch-2.7.1.dist-info/METADATA", PYPI_TORCH)
     environ(node_copy, TORCH_NCCL_USE_COMM_NONBLOCKING="1")
     assert judge(node_copy, "NCCL018")["NCCL018"] == {("present", WHEEL_COPY)}
     environ(node_copy, NCCL_COMM_SPLIT_SHARE_RESOURCES="1")
     assert judge(node_copy, "NCCL018")["NCCL018"] == {("present", WHEEL_COPY), ("present", SYSTEM_COPY)}
+    write(node_copy, f"{SITE}/torch-2.7.1.dist-info/METADATA", "Metadata-Version: 2.1\nName: torch\nVersion: 2.7.0a0+79aa17489c\n")
+    environ(node_copy, TORCH_NCCL_USE_COMM_NONBLOCKING="1")
+    assert judge(node_copy, "NCCL018")["NCCL018"] == {("present", WHEEL_COPY), ("present", SYSTEM_COPY)}
+
+
+def test_a_release_bug_in_a_copy_pytorch_does_not_load_is_information(node_copy: Path) -> None:
+    """The system libnccl of a CUDA base image beside a PyPI PyTorch and its wheel: PyTorch never
+    loads the system copy, a program linked to libnccl.so.2 without an RPATH would (information).
+    With another framework that brings its own NCCL, or PyTorch built from source, it counts."""
+    write(node_copy, f"{SITE}/torch-2.7.1.dist-info/METADATA", PYPI_TORCH)
+    severities = {f["subject"]: f["severity"] for f in findings(node_copy, "SOCK002") if f["status"] == "present"}
+    assert severities[SYSTEM_COPY] == "info"
+    fix = next(f["fix"] for f in findings(node_copy, "SOCK002") if f["subject"] == SYSTEM_COPY)
+    assert fix.startswith(f"Not what PyTorch loads here: PyTorch here ({SITE}) loads its own nvidia-nccl wheel")
+    write(node_copy, f"{SITE}/tensorflow-2.18.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: tensorflow\nVersion: 2.18.0\n")
+    severities = {f["subject"]: f["severity"] for f in findings(node_copy, "SOCK002") if f["status"] == "present"}
+    assert severities[SYSTEM_COPY] == "warning"
 
 
 # -- NVL002 -------------------------------------------------------------------------------------

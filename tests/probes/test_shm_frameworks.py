@@ -75,7 +75,11 @@ def test_malformed_statvfs_recording(tmp_path: Path, document: str) -> None:
 
 # -- frameworks ---------------------------------------------------------------------------------
 def test_metadata_and_version_parsers() -> None:
-    assert parse_metadata("Metadata-Version: 2.1\nName: Megatron_Core\nVersion: 0.12.1\n\nName: not a header\n") == ("Megatron_Core", "0.12.1")
+    assert parse_metadata("Metadata-Version: 2.1\nName: Megatron_Core\nVersion: 0.12.1\n\nName: not a header\n") == ("Megatron_Core", "0.12.1", False)
+    # PyPI's CUDA torch names the NCCL wheel it loads; a build from source (NGC, conda-forge) does not
+    pypi = "Name: torch\nVersion: 2.8.0+cu128\nRequires-Dist: filelock\nRequires-Dist: nvidia-nccl-cu12==2.27.3; platform_system == \"Linux\"\n\n"
+    assert parse_metadata(pypi) == ("torch", "2.8.0+cu128", True)
+    assert parse_metadata("Name: torch\nVersion: 2.6.0a0+ecf3bae\nRequires-Dist: filelock\n\nRequires-Dist: nvidia-nccl-cu12\n") == ("torch", "2.6.0a0+ecf3bae", False)
     assert parse_metadata("Name: torch\n\nVersion: 2.6.0\n") is None  # the body is not headers
     assert parse_metadata("garbage") is None
     assert normalise("Megatron_Core") == "megatron-core" and normalise("vLLM") == "vllm"
