@@ -17,7 +17,7 @@ from preflight.model import (
     undecided,
 )
 from preflight.nccl.gid import nccl_int
-from preflight.nccl.releases import RAS_INIT_RACE, SPLIT_NONBLOCKING, bypassed_fix, loaded_copies, release_findings, require_nccl, version_tuple
+from preflight.nccl.releases import NO_NCCL, RAS_INIT_RACE, SPLIT_NONBLOCKING, bypassed_fix, loaded_copies, release_findings, require_nccl, version_tuple
 from preflight.probes.firewall import FirewallFacts, nccl_port_findings
 from preflight.probes.frameworks import FrameworkFacts, parse_version
 from preflight.probes.gpu_health import GpuHealthFacts, nvml_unusable
@@ -118,9 +118,9 @@ def job_copies(libs: NcclLibFacts, job: JobFacts) -> list[tuple[NcclCopy, str]]:
 
 
 def framework_copies(libs: NcclLibFacts, job: JobFacts) -> list[NcclCopy]:
-    """The NCCL wheels the job's frameworks load: those in the environment the job names
+    """The NCCL the job's frameworks load (nvidia-nccl wheels, a conda environment's own): those in the environment the job names
     (``$VIRTUAL_ENV``, ``$CONDA_PREFIX``) when it has one, else every Python environment's."""
-    wheels = [copy for copy in libs.copies if copy.origin == "python"]
+    wheels = [copy for copy in libs.copies if copy.origin in ("python", "conda")]
     prefixes = tuple(f"{prefix}/" for prefix in python_prefixes(job.environ))
     own = [copy for copy in wheels if copy.path.startswith(prefixes)] if prefixes else []
     return own or wheels
@@ -151,7 +151,7 @@ def nccl_library_conflict(nccl_libs: NcclLibFacts, job: JobFacts) -> Iterator[Ob
     wheel (a warning), a Python environment holds two nvidia-nccl wheels, or the system library
     path itself holds different versions."""
     if not nccl_libs.copies:
-        raise NotApplicable("no libnccl on this node's library path or in its Python environments")
+        raise NotApplicable(NO_NCCL)
     wheel = {c.version for c in framework_copies(nccl_libs, job) if c.version}
     judged = [_override_evidence(c, how, wheel) for c, how in job_copies(nccl_libs, job) if c.version and wheel and c.version not in wheel]
     if judged:
@@ -187,7 +187,7 @@ def nccl_library_conflict(nccl_libs: NcclLibFacts, job: JobFacts) -> Iterator[Ob
 def nccl_ras_query_crash(nccl_libs: NcclLibFacts, job: JobFacts) -> Iterator[Observation]:
     """An NCCL release with the RAS crash is installed and RAS is not switched off for jobs."""
     if not nccl_libs.copies:
-        raise NotApplicable("no libnccl on this node's library path or in its Python environments")
+        raise NotApplicable(NO_NCCL)
     ras = job.nccl("NCCL_RAS_ENABLE")
     if ras is not None and ras.value.strip() == "0":
         return

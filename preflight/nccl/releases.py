@@ -105,12 +105,19 @@ def loaded_copies(libs: NcclLibFacts) -> NcclLibFacts:
     return replace(libs, copies=loaded)
 
 
+#: Why a node has no NCCL to judge, and where it was looked for.
+NO_NCCL = (
+    "no libnccl on this node's library path or in its Python or conda environments (a stack that links NCCL "
+    "by RPATH alone and names it nowhere in the job's environment, as Spack's views do, is not searched)"
+)
+
+
 def require_nccl(libs: NcclLibFacts) -> None:
     """NotApplicable without any NCCL; Unknown when none was found but some place was unreadable."""
     if not libs.copies:
         if libs.problems:
             raise Unknown(f"no libnccl found, and {libs.problems[0]}")
-        raise NotApplicable("no libnccl on this node's library path or in its Python environments")
+        raise NotApplicable(NO_NCCL)
 
 
 def affected(libs: NcclLibFacts, bug: KnownBug) -> tuple[list[NcclCopy], list[NcclCopy]]:

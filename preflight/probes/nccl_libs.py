@@ -12,8 +12,14 @@ Sources, read through the node's filesystem:
   and the job's ``$VIRTUAL_ENV`` and ``$CONDA_PREFIX``): the ``nvidia-nccl-cu*`` wheel installs
   ``nvidia/nccl/lib/libnccl.so.2``, its version is in the name of the
   ``nvidia_nccl_cu12-2.27.3.dist-info`` directory beside it;
+* conda environments (``/opt/conda`` and the job's ``$CONDA_PREFIX``, each with its ``conda-meta``):
+  ``<prefix>/lib/libnccl.so.*``, where conda-forge's ``nccl`` package installs and its ``pytorch``
+  (built with the system NCCL of the environment) finds it by RPATH, with no LD_LIBRARY_PATH;
 * the job's ``LD_LIBRARY_PATH`` and ``LD_PRELOAD`` (the job environment), which put a copy ahead
   of the one the framework was built with.
+
+Stacks that link NCCL by RPATH alone and name it nowhere in the environment (Spack's views) are
+not searched.
 
 A program asks the loader for NCCL by its SONAME, ``libnccl.so.2`` (or links ``-lnccl`` through
 ``libnccl.so``), and ld.so finds that name in each directory (ld.so(8)); ldconfig points the
@@ -65,7 +71,10 @@ WHEELS_KEPT = 8
 class NcclCopy(Struct, frozen=True):
     path: str
     version: str | None  # None: a libnccl file whose version the node does not name
-    origin: str  # "system", "python" or "job" (a directory the job's environment adds)
+    # "system", "python" (an nvidia-nccl wheel), "conda" (a conda environment's lib/, where
+    # conda-forge's nccl package installs and its pytorch finds it by RPATH) or "job" (a directory
+    # the job's environment adds)
+    origin: str
     # A Python environment's nvidia-nccl wheels beside the library ("nvidia_nccl_cu12-2.21.5"): all
     # of them install the same nvidia/nccl/lib/libnccl.so.2, so with two the last one installed won.
     wheels: tuple[str, ...] = ()
@@ -270,7 +279,11 @@ def probe_nccl_libs(fs: NodeFS, frameworks: FrameworkFacts | None = None) -> Ncc
         copies += _copies_in(fs, reader, directory, "system")
     environ = job_environ(fs)
     copies += _python_copies(fs, reader, environ)
-    copies += _job_copies(fs, reader, environ, searched)
+    conda = [f"{prefix}/lib" for prefix in dict.fromkeys(("/opt/conda", *python_prefixes(environ)))]
+    for directory in conda:
+        if directory not in searched and reader.presence(f"{directory[:-4]}/conda-meta"):
+            copies += _copies_in(fs, reader, directory, "conda")
+    copies += _job_copies(fs, reader, environ, [*searched, *conda])
     bypass, own = _torch_bypass(copies, frameworks) if frameworks is not None else ("", set())
     if bypass:
         copies = [copy if copy.origin == "job" or copy.path in own else replace(copy, bypassed=bypass) for copy in copies]

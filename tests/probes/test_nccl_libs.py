@@ -173,3 +173,17 @@ def test_a_preloaded_copy_outside_the_library_path_is_found(tmp_path: Path) -> N
     environ(root, LD_PRELOAD="/scratch/nccl/build/lib/libnccl.so.2 /lib/libfoo.so", LD_LIBRARY_PATH="/../../../etc")
     facts = probe_nccl_libs(NodeFS(str(root)))
     assert [(c.path, c.version, c.origin) for c in facts.copies] == [("/scratch/nccl/build/lib/libnccl.so.2", "2.27.3", "job")]
+
+
+def test_a_conda_environments_own_nccl_is_found(tmp_path: Path) -> None:
+    """conda-forge's nccl installs into <prefix>/lib and its pytorch finds it by RPATH, with no
+    LD_LIBRARY_PATH: the copy of the job's environment (and of /opt/conda) is found; a lib/
+    directory of something that is no conda environment (no conda-meta) is not searched."""
+    env = "/home/alice/miniforge3/envs/train"
+    write(tmp_path, f"{env}/conda-meta/nccl-2.23.4-h03a54cd_3.json", "{}")
+    write(tmp_path, f"{env}/lib/libnccl.so.2.23.4", b"")
+    os.symlink("libnccl.so.2.23.4", tmp_path / env.lstrip("/") / "lib/libnccl.so.2")
+    write(tmp_path, "/opt/conda/lib/libnccl.so.2.21.5", b"")  # no conda-meta: not an environment
+    environ(tmp_path, CONDA_PREFIX=env)
+    copies = probe_nccl_libs(NodeFS(str(tmp_path))).copies
+    assert [(copy.path, copy.version, copy.origin) for copy in copies] == [(f"{env}/lib/libnccl.so.2.23.4", "2.23.4", "conda")]
