@@ -11,7 +11,8 @@ Sources, read through the node's filesystem:
 * the Python environments ``preflight.probes.nccl_libs`` searches (``/usr/lib/python3*``,
   ``/usr/local/lib/python3*``, ``/opt/conda/lib/python3*``; ``site-packages`` and
   ``dist-packages``), and those the job environment names: ``$VIRTUAL_ENV`` and
-  ``$CONDA_PREFIX`` (``<prefix>/lib/python3*/site-packages``);
+  ``$CONDA_PREFIX`` (``<prefix>/lib/python3*/site-packages``), and the directories of its
+  ``$PYTHONPATH`` (EasyBuild's and Spack's PyTorch modules put theirs there);
 * in each, ``<name>-<version>.dist-info/METADATA`` (core metadata, RFC 822 headers ``Name:`` and
   ``Version:``; packaging.python.org "Core metadata specifications") or, for older setuptools
   installs, ``<name>-<version>.egg-info/PKG-INFO`` (same headers).
@@ -25,7 +26,7 @@ from msgspec import Struct
 
 from preflight.model import Unknown
 from preflight.probes.job import job_file_user, parse_environ
-from preflight.probes.nccl_libs import python_prefixes, site_dirs
+from preflight.probes.nccl_libs import python_path_dirs, python_prefixes, site_dirs
 from preflight.probing import FactReader
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
@@ -119,10 +120,11 @@ def probe_frameworks(fs: NodeFS) -> FrameworkFacts:
         environ = {}  # the job probe reports an unreadable environment
     prefixes = python_prefixes(environ)
     user = job_file_user(fs, environ)  # the job's own environments are read with its user's rights
-    sites = site_dirs(reader, prefixes)
+    own_paths = python_path_dirs(environ)
+    sites = site_dirs(reader, prefixes, own_paths)
     packages = []
     for site in sites:
-        owner = user if any(site.startswith(f"{prefix}/") for prefix in prefixes) else None
+        owner = user if site in own_paths or any(site.startswith(f"{prefix}/") for prefix in prefixes) else None
         for entry in reader.listing(site) or []:  # unlisted: in problems
             match = _INSTALLED.match(entry)
             if not match or normalise(match.group("name")) not in FRAMEWORKS:

@@ -60,8 +60,9 @@ KEPT_NAMES = frozenset({
     "HOME", "USER", "LD_LIBRARY_PATH", "LD_PRELOAD",
     # torch.distributed's env:// rendezvous, and what torchrun adds for each worker
     "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-    # the job's Python environment, where its frameworks and NCCL wheel live
-    "VIRTUAL_ENV", "CONDA_PREFIX",
+    # the job's Python environment, where its frameworks and NCCL wheel live (PYTHONPATH: where
+    # EasyBuild's and Spack's modules put theirs)
+    "VIRTUAL_ENV", "CONDA_PREFIX", "PYTHONPATH",
     # torch.distributed's choice of TCPStore server for env:// and tcp:// (torch/distributed/rendezvous.py)
     "USE_LIBUV",
     # fixed GID indexes of RDMA libraries that run beside NCCL (NVSHMEM_ is kept by prefix)

@@ -173,6 +173,16 @@ def python_prefixes(environ: Mapping[str, str]) -> list[str]:
     return [environ[name].rstrip("/") for name in ("VIRTUAL_ENV", "CONDA_PREFIX") if environ.get(name, "").startswith("/")]
 
 
+MAX_PYTHONPATH_ENTRIES = 16  # an Lmod module stack adds a few; more is not read
+
+
+def python_path_dirs(environ: Mapping[str, str]) -> list[str]:
+    """The absolute directories of the job's ``$PYTHONPATH``, where EasyBuild and Spack modules
+    put their packages (a PyTorch module's site-packages): Python searches them first."""
+    entries = environ.get("PYTHONPATH", "").split(":")[:MAX_PYTHONPATH_ENTRIES]
+    return list(dict.fromkeys(entry.rstrip("/") for entry in entries if entry.startswith("/") and entry.rstrip("/")))
+
+
 def job_environ(fs: NodeFS) -> dict[str, str]:
     """The node's job environment; an unreadable one names nothing (the job probe reports it)."""
     try:
@@ -212,10 +222,11 @@ def _link_end_or_self(fs: NodeFS, path: str) -> str:
         return path
 
 
-def site_dirs(reader: FactReader, prefixes: list[str]) -> list[str]:
+def site_dirs(reader: FactReader, prefixes: list[str], extra: list[str] | None = None) -> list[str]:
     """The ``site-packages``/``dist-packages`` directories of the system Pythons and of the
-    environments under ``prefixes`` (``<prefix>/lib/python3*/...``) that exist on the node."""
-    found = []
+    environments under ``prefixes`` (``<prefix>/lib/python3*/...``) that exist on the node, after
+    the ``extra`` directories that exist ($PYTHONPATH's, searched first)."""
+    found = [folder for folder in extra or () if reader.presence(folder)]
     for base in [*PYTHON_ROOTS, *(f"{prefix}/lib" for prefix in prefixes)]:
         for python in reader.listing(base) or []:
             if python.startswith("python3"):
@@ -228,7 +239,7 @@ def site_dirs(reader: FactReader, prefixes: list[str]) -> list[str]:
 
 def _python_copies(fs: NodeFS, reader: FactReader, environ: Mapping[str, str]) -> list[NcclCopy]:
     found = []
-    for folder in site_dirs(reader, python_prefixes(environ)):
+    for folder in site_dirs(reader, python_prefixes(environ), python_path_dirs(environ)):
         entries = reader.listing(folder) or []
         if "nvidia" not in entries:
             continue

@@ -99,6 +99,17 @@ def test_frameworks_from_system_site_and_the_jobs_venv(tmp_path: Path) -> None:
     assert "/home/alice/venv/lib/python3.11/site-packages" in facts.site_dirs and facts.problems == ()
 
 
+def test_frameworks_a_module_puts_on_pythonpath(tmp_path: Path) -> None:
+    """EasyBuild's and Spack's PyTorch modules add their site-packages to PYTHONPATH (no venv, no
+    conda): Python searches it first, and so does the probe. Relative entries are not followed."""
+    root = tmp_path / "node"
+    site = "/apps/software/PyTorch/2.1.2-foss-2023a-CUDA-12.1.1/lib/python3.11/site-packages"
+    write(root, f"{site}/torch-2.1.2.dist-info/METADATA", "Name: torch\nVersion: 2.1.2\n")
+    write(root, "/proc/self/environ", f"PYTHONPATH={site}:relative/dir::/apps/missing\0".encode())
+    facts = probe_frameworks(NodeFS(str(root)))
+    assert [(p.name, p.version) for p in facts.packages] == [("torch", "2.1.2")] and facts.site_dirs[0] == site
+
+
 def test_unreadable_or_garbled_metadata_is_a_problem_not_a_version(tmp_path: Path) -> None:
     root = tmp_path / "node"
     site = "/usr/local/lib/python3.10/dist-packages"
