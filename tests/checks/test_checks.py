@@ -524,6 +524,9 @@ def test_gpu001_views_narrowed_on_purpose_are_not_missing_gpus(gpus: GpuFacts, h
     # Whether a runtime narrowed the view could not be read: unknown, not a lost GPU.
     [unknown] = gpu_unusable_by_driver(replace(two, view_error="/proc/self/mountinfo: not in this root"), health, job(), Expectations())
     assert unknown.status is Status.UNKNOWN and "NVML lists 2 of the 8 GPUs" in unknown.reason
+    # ... unless the count is the job step's own: Slurm's variables explain it whatever a runtime did.
+    unread_view = replace(two, view_error="/proc/self/mountinfo: not in this root")
+    assert list(gpu_unusable_by_driver(unread_view, health, job(environ={**step, "SLURM_STEP_GPUS": "0,1"}), Expectations())) == []
     # Nor whether this is a job step given two GPUs, when the job probe failed; the rest is judged.
     unread = Unread("job", "/proc/self/environ: not captured")
     [unknown] = gpu_unusable_by_driver(two, health, unread, Expectations())
