@@ -65,6 +65,16 @@ def _unread_subject(path: str, memlock: MemlockFacts) -> str:
     return ""
 
 
+#: Where slurmd is no systemd service (supervisord starts it in a Slinky pod), a unit's
+#: LimitMEMLOCK does nothing: slurmd inherits what its starter and the container runtime give.
+SLURMD_OUTSIDE_SYSTEMD_FIX = (
+    "slurmd here is not started by systemd (a container's supervisord, a shell): it inherits the limit of what starts "
+    "it. Raise the container runtime's limit (LimitMEMLOCK=infinity for containerd.service or docker.service, or the "
+    "runtime's default ulimits) or run ulimit -l unlimited in slurmd's entrypoint before it starts, then restart "
+    "slurmd; jobs inherit slurmd's limit and cannot raise it above slurmd's hard limit."
+)
+
+
 @check("MEM001", profiles=("prolog",))
 def memlock_limit_too_low(memlock: MemlockFacts, job: JobFacts, expect: Expectations) -> Iterator[Observation]:
     """The locked-memory limit a job gets is below the site minimum."""
@@ -98,7 +108,8 @@ def memlock_limit_too_low(memlock: MemlockFacts, job: JobFacts, expect: Expectat
         yield present(
             "slurmd",
             _limit_evidence(memlock.slurmd, minimum),
-            fix="Set LimitMEMLOCK=infinity for slurmd (systemctl edit slurmd), then restart slurmd; "
+            fix=SLURMD_OUTSIDE_SYSTEMD_FIX if memlock.slurmd_systemd is False else
+            "Set LimitMEMLOCK=infinity for slurmd (systemctl edit slurmd), then restart slurmd; "
             "jobs inherit slurmd's limit and cannot raise it above slurmd's hard limit.",
         )
     elif memlock.slurmd_pid is None and memlock.slurmd_unit is not None and not slurmd_undecided:

@@ -86,6 +86,9 @@ class MemlockFacts(Struct, frozen=True):
     problems: tuple[str, ...]  # files that could not be read or were not captured: "path: reason"
     # This process's exemption from RLIMIT_MEMLOCK (None: /proc/self/status unread or unparsed)
     exemption: Exemption | None = None
+    # slurmd runs as systemd's slurmd.service (its /proc/<pid>/cgroup names the unit), False where
+    # something else starts it (supervisord in a Slinky pod, a shell), None when unread or no slurmd
+    slurmd_systemd: bool | None = None
 
 
 def parse_limits_memlock(text: str, source: str) -> Limit | None:
@@ -335,4 +338,14 @@ def probe_memlock(fs: NodeFS) -> MemlockFacts:
         problems=tuple(reader.problems),
         # Read apart: an unreadable status leaves the exemption unknown, never a limit unknown.
         exemption=_read_exemption(FactReader(fs)),
+        slurmd_systemd=_under_systemd(FactReader(fs), slurmd_pid) if slurmd_pid is not None else None,
     )
+
+
+def _under_systemd(reader: FactReader, pid: int) -> bool | None:
+    """Whether slurmd is systemd's slurmd.service: every cgroup line of a unit's process ends in
+    its unit's name (``0::/system.slice/slurmd.service`` on cgroup v2)."""
+    text = reader.text(f"/proc/{pid}/cgroup")
+    if not text:
+        return None
+    return any(line.rstrip().endswith(".service") and "slurmd" in line.rsplit("/", 1)[-1] for line in text.splitlines())

@@ -77,6 +77,24 @@ def test_mem001_present_for_slurmd_process_and_propagation(memlock: MemlockFacts
     assert next(o for o in found if o.subject == "slurm.conf").severity is Severity.WARNING
 
 
+def test_mem001_fix_for_a_slurmd_that_systemd_does_not_start(memlock: MemlockFacts, tmp_path: Path) -> None:
+    """slurmd under supervisord in a Slinky pod is no systemd service: a unit's LimitMEMLOCK does
+    nothing there, the runtime's limit or the entrypoint's ulimit does. The probe tells them apart
+    by slurmd's cgroup; unread, the unit's fix stays."""
+    from conftest import write
+    from preflight.probes.memlock import _under_systemd
+    from preflight.probing import FactReader
+
+    write(tmp_path, "/proc/2187/cgroup", "0::/system.slice/slurmd.service\n")
+    write(tmp_path, "/proc/77/cgroup", "0::/kubepods.slice/kubepods-pod1f2e.slice/cri-containerd-9b1c.scope\n")
+    reader = FactReader(NodeFS(str(tmp_path)))
+    assert (_under_systemd(reader, 2187), _under_systemd(reader, 77), _under_systemd(reader, 5)) == (True, False, None)
+    fixes = {o.subject: o.fix for o in memlock_limit_too_low(replace(memlock, slurmd_systemd=False), job(), Expectations())}
+    assert fixes["slurmd"].startswith("slurmd here is not started by systemd") and "ulimit -l unlimited" in fixes["slurmd"]
+    fixes = {o.subject: o.fix for o in memlock_limit_too_low(memlock, job(), Expectations())}
+    assert fixes["slurmd"].startswith("Set LimitMEMLOCK=infinity for slurmd (systemctl edit slurmd)")
+
+
 def test_mem001_prolog_reports_slurmd_not_its_own_copy_of_the_limit(memlock: MemlockFacts) -> None:
     prolog = job(environ={"SLURM_SCRIPT_CONTEXT": "prolog_slurmd"})
     assert {o.subject for o in memlock_limit_too_low(memlock, prolog, Expectations())} == {"slurmd", "slurm.conf"}
