@@ -78,7 +78,8 @@ def nccl_topology_search_regression(
 
 @check("TOPO005", profiles=("prolog",))
 def gpu_hca_cross_numa_gdr(pcie: PcieFacts, job: JobFacts) -> Iterator[Observation]:
-    """A GPU whose nearest RDMA NIC is on another socket, or GPUDirect RDMA forced across the CPU."""
+    """A GPU whose nearest RDMA NIC is on another NUMA node (NCCL's SYS: another socket, or another
+    sub-NUMA cluster of one), or GPUDirect RDMA forced across the CPU."""
     unclassified = unclassified_reason(pcie)
     if not pcie.gpus or not pcie.nics:
         if unclassified:
@@ -91,11 +92,12 @@ def gpu_hca_cross_numa_gdr(pcie: PcieFacts, job: JobFacts) -> Iterator[Observati
     forced = gdr_level(setting.value) if setting else None
     for gpu, nic, distance in pcie.nearest_nic:
         if distance == "UNKNOWN":
-            yield undecided(f"GPU {gpu}", f"numa_node of GPU {gpu} or NIC {nic} is not reported on this multi-socket node")
+            yield undecided(f"GPU {gpu}", f"numa_node of GPU {gpu} or NIC {nic} is not reported on this node of several NUMA nodes with CPUs")
         elif distance == "SYS":
             yield present(
                 f"GPU {gpu}",
-                Evidence(f"/sys/bus/pci/devices/{gpu}/numa_node", f"nearest RDMA NIC {nic} is {distance} (another socket)",
+                Evidence(f"/sys/bus/pci/devices/{gpu}/numa_node", f"nearest RDMA NIC {nic} is {distance} (on another NUMA node: another socket, or "
+                         "another sub-NUMA cluster of one, which NCCL joins by SYS too, so GPUDirect RDMA is off)",
                          "a NIC under the GPU's own PCIe switch or root complex"),
             )
         elif setting and forced and within(distance, forced) and not within(distance, DEFAULT_GDR_LEVEL):

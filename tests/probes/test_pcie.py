@@ -242,7 +242,7 @@ def test_a_gpu_without_a_nic_on_its_socket_is_present(tmp_path: Path) -> None:
     numa(root, "pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:01.0/0000:1a:00.0", 0)
     numa(root, "pci0000:97/0000:97:01.0/0000:9a:00.0", 1)
     found = topo_verdicts(root)
-    assert [s for s, _ in found] == ["GPU 0000:9a:00.0"] and "SYS (another socket)" in found[0][1]
+    assert [s for s, _ in found] == ["GPU 0000:9a:00.0"] and "SYS (on another NUMA node: another socket, or another sub-NUMA cluster" in found[0][1]
 
 
 def test_nic_on_the_same_socket_is_phb_and_only_flagged_when_gdr_is_forced(tmp_path: Path) -> None:
