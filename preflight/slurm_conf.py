@@ -11,9 +11,11 @@ this follows it rather than reading ``Key=value`` lines naively:
   directory of the slurm.conf being read, ``%c`` is the cluster name in lower case, and a path
   with ``*`` is skipped, as Slurm skips it.
 
-Which file: ``$SLURM_CONF``, else the packaged default (``/etc/slurm/slurm.conf``, Debian's older
-``/etc/slurm-llnl``), else the copy slurmd keeps in configless mode (``/run/slurm/conf``, a link
-into its spool directory). An Include that cannot be read leaves every setting undecided: what it
+Which file: ``$SLURM_CONF``, else the copy slurmd keeps in configless mode (``/run/slurm/conf``, a
+link into its spool directory's conf-cache, which slurmd makes only when it fetched its
+configuration from slurmctld: ``_handle_slash_run`` in slurmd.c; a slurmd started with
+``--conf-server`` ignores any local file, so a left-over /etc/slurm/slurm.conf is not what its
+jobs get), else the packaged default (``/etc/slurm/slurm.conf``, Debian's older ``/etc/slurm-llnl``). An Include that cannot be read leaves every setting undecided: what it
 would have said may override anything read before or after it. Work is bounded: at most
 :data:`MAX_FILES` files, each read through the node view (inside the root, size-capped).
 """
@@ -29,7 +31,7 @@ from preflight.config import MAX_SCRIPT_TIMEOUT_S
 from preflight.probes.job import job_file_user, parse_environ
 from preflight.sources.fs import NodeFS, SourceError
 
-SLURM_CONF_PATHS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf", "/run/slurm/conf/slurm.conf")
+SLURM_CONF_PATHS = ("/run/slurm/conf/slurm.conf", "/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf")
 MAX_FILES = 32  # slurm.conf and the files it includes, nested or not
 MAX_UNREAD = 8  # Include failures kept: the first one decides, the rest only explain it
 DEFAULT_PROPAGATION = "(neither PropagateResourceLimits nor PropagateResourceLimitsExcept set: ALL)"

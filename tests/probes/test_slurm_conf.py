@@ -138,10 +138,16 @@ def test_include_loops_stop() -> None:
 
 
 def test_the_slurm_conf_slurm_would_read(tmp_path: Path) -> None:
-    """$SLURM_CONF first, then /etc/slurm, then the copy slurmd keeps in configless mode."""
+    """$SLURM_CONF first, then the copy slurmd keeps in configless mode (made only when slurmd
+    fetched its configuration, which it then uses whatever /etc/slurm holds), then /etc/slurm."""
     files = {"/run/slurm/conf/slurm.conf": "PropagateResourceLimitsExcept=MEMLOCK\n"}
     conf, problems = find_slurm_conf(reader(files))
     assert conf is not None and conf.path == "/run/slurm/conf/slurm.conf" and problems == []
+    files[CONF] = "PropagateResourceLimits=ALL\n"  # left over from before the cluster went configless
+    conf, _ = find_slurm_conf(reader(files))
+    assert conf is not None and conf.path == "/run/slurm/conf/slurm.conf"
+    conf, _ = find_slurm_conf(reader({CONF: "PropagateResourceLimits=ALL\n"}))
+    assert conf is not None and conf.path == CONF
     files["/srv/job.conf"] = "PropagateResourceLimits=ALL\n"
     conf, _ = find_slurm_conf(reader(files), "/srv/job.conf")
     assert conf is not None and conf.path == "/srv/job.conf"
