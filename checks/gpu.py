@@ -184,9 +184,12 @@ PERSISTENCE_FIX = (
 
 def _in_slurm_view(job: JobFacts | Unread) -> bool:
     """Whether this process sees the GPUs Slurm's device cgroup gives a job: one of the job's own
-    processes, or a prolog or epilog run in the job's cgroup (PrologFlags=RunInJob puts it in
-    the extern step, slurm.conf(5))."""
-    return not isinstance(job, Unread) and (job.in_job_process or (job.in_slurmd_script and bool(job.cgroup_job)))
+    processes by its environment, or any process in the job's cgroup, which its device
+    constraint covers whatever the environment says: a prolog or epilog run there
+    (PrologFlags=RunInJob puts it in the extern step, slurm.conf(5)), a step in an Apptainer
+    container started with --cleanenv or --containall (no SLURM_* variables left), an ssh
+    session pam_slurm_adopt put in the job."""
+    return not isinstance(job, Unread) and (job.in_job_process or bool(job.cgroup_job))
 
 
 def _slurm_gpu_counts(job: JobFacts) -> set[int] | None:
@@ -247,10 +250,11 @@ def _not_visible(gpus: GpuFacts, job: JobFacts | Unread, missing: list[str], uni
         if allotted is None:
             # A CPU-only step, a gres/shard job or a launcher outside Slurm: with ConstrainDevices
             # (or a pod's device list) NVML lists only what the job was given, and no variable says what.
+            where = "a job process that names" if job.in_job_process else f"a process in the cgroup of Slurm's {job.cgroup_job} whose environment names"
             yield undecided(
                 "node",
-                f"NVML lists {len(gpus.devices)} of the {len(gpus.pci_gpus)} GPUs on the PCI bus in a job process that "
-                "names no GPUs given to it (SLURM_STEP_GPUS, SLURM_JOB_GPUS): its device cgroup may hide the others",
+                f"NVML lists {len(gpus.devices)} of the {len(gpus.pci_gpus)} GPUs on the PCI bus in {where} "
+                "no GPUs given to it (SLURM_STEP_GPUS, SLURM_JOB_GPUS): its device cgroup may hide the others",
             )
             return
     yield present(

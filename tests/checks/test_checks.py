@@ -539,6 +539,10 @@ def test_gpu001_views_narrowed_on_purpose_are_not_missing_gpus(gpus: GpuFacts, h
     assert [(o.subject, o.status) for o in gpu_unusable_by_driver(two, health, outside, Expectations())] == [("node", Status.PRESENT)]
     [unknown] = gpu_unusable_by_driver(two, health, job(environ=prolog), Expectations())  # /proc/self/cgroup not read
     assert unknown.status is Status.UNKNOWN and "PrologFlags=RunInJob" in unknown.reason
+    # In a job's cgroup without its environment (Apptainer --cleanenv or --containall, an ssh session
+    # pam_slurm_adopt put in the job): the device cgroup may hide the rest, unknown, not missing.
+    [unknown] = gpu_unusable_by_driver(two, health, replace(job(environ={}), cgroup_job="job_4242"), Expectations())
+    assert unknown.status is Status.UNKNOWN and "in the cgroup of Slurm's job_4242 whose environment names no GPUs" in unknown.reason
     # Whether a runtime narrowed the view could not be read: unknown, not a lost GPU.
     [unknown] = gpu_unusable_by_driver(replace(two, view_error="/proc/self/mountinfo: not in this root"), health, job(), Expectations())
     assert unknown.status is Status.UNKNOWN and "NVML lists 2 of the 8 GPUs" in unknown.reason
