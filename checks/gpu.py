@@ -219,7 +219,7 @@ def _not_visible(gpus: GpuFacts, job: JobFacts | Unread, missing: list[str], uni
         missing = [bdf for bdf in missing if pci_device_key(bdf) in given]
         if len(missing) <= unidentified:
             return
-        expected = f"{len(gpus.container_gpus)} (the container's, in /proc/driver/nvidia/gpus)"
+        expected = f"{len(gpus.container_gpus)} (the container's: its /proc/driver/nvidia/gpus, or the GPUs of its /dev/nvidia* nodes)"
     elif not isinstance(job, Unread) and _in_slurm_view(job) and len(gpus.devices) in (_slurm_gpu_counts(job) or ()):
         return  # as many GPUs as Slurm gave this job step: its view, whatever a container runtime did
     elif gpus.view_error:

@@ -56,3 +56,8 @@ class FactReader:
         except SourceError as error:
             self.problems.append(str(error))
             return None
+
+
+# Files container managers create inside a container (systemd-detect-virt looks for them too):
+# systemd-nspawn's and others', Docker's, Podman's and CRI-O's.
+CONTAINER_MARKERS = ("/run/systemd/container", "/.dockerenv", "/run/.containerenv")

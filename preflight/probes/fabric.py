@@ -44,7 +44,7 @@ from __future__ import annotations
 from msgspec import Struct
 
 from preflight.probes.sockets import TableError, parse_tcp_table
-from preflight.probing import FactReader
+from preflight.probing import CONTAINER_MARKERS, FactReader
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
 from preflight.sources.nvml import Nvml, NvmlError
@@ -57,10 +57,6 @@ _FABRIC_MANAGER_COMM = "nv-fabricmanag"
 
 
 _HOST_INITS = ("systemd", "init")
-
-
-# Files container managers create inside a container (systemd-detect-virt looks for them too).
-CONTAINER_MARKERS = ("/run/systemd/container", "/.dockerenv", "/run/.containerenv")
 
 
 FABRIC_MANAGER_CONFIG = "/usr/share/nvidia/nvswitch/fabricmanager.cfg"

@@ -22,11 +22,13 @@ inside the next job, 1-3 s per GPU, and that start-up is where a failing GPU or 
 
 from __future__ import annotations
 
+import re
+
 from typing import TYPE_CHECKING, Any
 
 from msgspec import Struct
 
-from preflight.probing import FactReader
+from preflight.probing import CONTAINER_MARKERS, FactReader
 from preflight.registry import probe
 from preflight.sources.fs import SourceError
 from preflight.sources.nvml import Nvml, NvmlError
@@ -62,7 +64,8 @@ class GpuFacts(Struct, frozen=True):
     cuda_driver_error: str = ""  # NVML_* code of that call when it failed, was not recorded or made no sense
     # Asked only when NVML lists fewer GPUs than the PCI bus: the GPUs a container runtime left
     # this process (libnvidia-container mounts its own /proc/driver/nvidia and binds only the
-    # container's GPUs under gpus/), None when the driver's view is the host's or was not asked;
+    # container's GPUs under gpus/; CDI creates only their /dev/nvidia<minor> nodes), None when the
+    # driver's view is the host's or was not asked;
     # view_error says why it could not be told.
     container_gpus: tuple[str, ...] | None = None
     view_error: str = ""
@@ -170,6 +173,14 @@ def probe_gpus(fs: NodeFS, nvml: Nvml) -> GpuFacts:
         return GpuFacts(pci, UNEXPECTED_ANSWER, f"device count {repr(count)[:40]}", str(driver), (), tuple(reader.problems), cuda, cuda_error)
     devices = tuple(_device(nvml, index) for index in range(count))
     container_gpus, view_error = _container_view(reader) if len(devices) < len(pci) else (None, "")
+    # Only inside a container: on a host a GPU the driver failed to set up has no procfs entry
+    # either, and must stay a missing GPU, not a view that cannot be told.
+    if container_gpus is None and len(devices) < len(pci) and any(reader.presence(marker) is not False for marker in CONTAINER_MARKERS):
+        narrowed, why = _device_node_view(reader, pci)
+        if narrowed is not None:
+            container_gpus, view_error = narrowed, ""
+        elif not view_error:
+            view_error = why
     return GpuFacts(pci, "", "", str(driver), devices, tuple(reader.problems), cuda, cuda_error, container_gpus, view_error)
 
 
@@ -202,6 +213,34 @@ def _container_view(reader: FactReader) -> tuple[tuple[str, ...] | None, str]:
     if listed is None:
         return None, reader.problems[-1]
     return tuple(sorted(entry.lower() for entry in listed)), ""
+
+
+_DEVICE_NODE = re.compile(r"nvidia(\d{1,4})")
+_DEVICE_MINOR = re.compile(r"^Device Minor:\s*(\d{1,4})\s*$", re.MULTILINE)
+
+
+def _device_node_view(reader: FactReader, pci: tuple[str, ...]) -> tuple[tuple[str, ...] | None, str]:
+    """(the GPUs whose /dev/nvidia<minor> node this process has, "") where it lacks some: a runtime
+    that narrows the view through /dev alone (CDI devices before nvidia-container-toolkit 1.18 mount
+    nothing over /proc/driver/nvidia, and podman --device nvidia.com/gpu=0 creates only nvidia0),
+    each GPU's minor read from the host's /proc/driver/nvidia/gpus/<bus>/information. (None, "")
+    where every GPU's node is there: the host's view, or a Slurm device cgroup, which denies
+    access without removing nodes; (None, why) when that cannot be read."""
+    names = reader.listing("/dev")
+    if names is None:
+        return None, f"whether a container runtime left out /dev/nvidia* nodes cannot be told: {reader.problems[-1]}"
+    minors = {int(match.group(1)) for match in map(_DEVICE_NODE.fullmatch, names) if match}
+    given = []
+    for bus in pci:
+        path = f"{GPU_LISTING}/{bus.lower()}/information"
+        known, text = reader.known_text(path)
+        match = _DEVICE_MINOR.search(text or "")
+        if match is None:
+            why = reader.problems[-1] if not known else f"{path}: {'no Device Minor line' if text is not None else 'missing'}"
+            return None, f"which /dev/nvidia* node is GPU {bus}'s cannot be told: {why}"
+        if int(match.group(1)) in minors:
+            given.append(bus)
+    return (None, "") if len(given) == len(pci) else (tuple(given), "")
 
 
 def _cuda_driver_version(nvml: Nvml) -> tuple[int | None, str]:

@@ -11,6 +11,8 @@ import pytest
 from preflight.probes.gpus import UNEXPECTED_ANSWER, probe_gpus
 from preflight.sources import Sources
 
+from conftest import write
+
 
 def with_cuda_answer(root: Path, answer: dict[str, object] | None) -> Path:
     path = root / ".preflight/nvml.json"
@@ -64,32 +66,69 @@ CONTAINER_MOUNTS = HOST_MOUNTS + (
 CDI_MOUNTS = HOST_MOUNTS + "702 25 0:89 /nvct-params /proc/driver/nvidia/params ro,nosuid - tmpfs tmpfs ro\n"
 
 
+PARAMS_LEFT = "a container runtime mounted /proc/driver/nvidia/params but left the host's /proc/driver/nvidia/gpus: which GPUs it gave is not listed"
+
+
 @pytest.mark.parametrize(
-    ("mounts", "container_gpus", "view_error"),
+    ("mounts", "nodes", "container_gpus", "view_error"),
     [
-        (CONTAINER_MOUNTS, ("0000:18:00.0", "0000:2a:00.0"), ""),
-        (HOST_MOUNTS, None, ""),
-        (None, None, "/proc/self/mountinfo: not in this root"),
-        # The CDI hook binds only params over the host's file: the gpus/ listing is the host's.
-        (CDI_MOUNTS, None, "a container runtime mounted /proc/driver/nvidia/params but left the host's /proc/driver/nvidia/gpus: which GPUs it gave is not listed"),
+        (CONTAINER_MOUNTS, 8, ("0000:18:00.0", "0000:2a:00.0"), ""),
+        (HOST_MOUNTS, 8, None, ""),  # every GPU's node there: the host's view (or Slurm's cgroup)
+        (None, 8, None, "/proc/self/mountinfo: not in this root"),
+        # The CDI hook binds only params over the host's file: the gpus/ listing is the host's,
+        # and with every node in /dev which GPUs it gave is not known.
+        (CDI_MOUNTS, 8, None, PARAMS_LEFT),
+        # CDI (toolkit before 1.18 mounts nothing there) or podman --device nvidia.com/gpu=0,1
+        # in a container (Podman's /run/.containerenv): only the given GPUs' /dev/nvidia<minor>
+        # nodes are created. On a host, a GPU without its node is a missing GPU.
+        (HOST_MOUNTS + "container", 2, ("0000:18:00.0", "0000:2a:00.0"), ""),
+        (CDI_MOUNTS + "container", 2, ("0000:18:00.0", "0000:2a:00.0"), ""),
+        (HOST_MOUNTS, 2, None, ""),
     ],
 )
 def test_whether_a_container_runtime_narrowed_the_view_is_asked_when_nvml_lists_fewer(
-    node_copy: Path, mounts: str | None, container_gpus: tuple[str, ...] | None, view_error: str
+    node_copy: Path, mounts: str | None, nodes: int, container_gpus: tuple[str, ...] | None, view_error: str
 ) -> None:
+    sources = Sources.for_node(str(node_copy))
+    pci = probe_gpus(sources.fs, sources.nvml).pci_gpus
     path = node_copy / ".preflight/nvml.json"
     document = json.loads(path.read_text())
     document["calls"]["nvmlDeviceGetCount"] = {"result": 2}
     path.write_text(json.dumps(document))
+    if mounts is not None and mounts.endswith("container"):
+        mounts = mounts.removesuffix("container")
+        write(node_copy, "/run/.containerenv", "engine=\"podman-5.2.2\"\n")
     if mounts is not None:
         (node_copy / "proc/self/mountinfo").write_text(mounts)
     shutil.rmtree(node_copy / "proc/driver/nvidia/gpus", ignore_errors=True)
-    for address in ("0000:18:00.0", "0000:2a:00.0"):
-        (node_copy / "proc/driver/nvidia/gpus" / address).mkdir(parents=True)
+    for minor, address in enumerate(pci):  # the host's listing, as the real information files say it
+        folder = node_copy / "proc/driver/nvidia/gpus" / address
+        folder.mkdir(parents=True)
+        (folder / "information").write_text(f"Model: \t\t NVIDIA H100 80GB HBM3\nBus Location: \t {address}\nDevice Minor: \t {minor}\n")
+    if mounts is CONTAINER_MOUNTS:  # the container's own listing holds its two GPUs only
+        for address in pci[2:]:
+            shutil.rmtree(node_copy / "proc/driver/nvidia/gpus" / address)
+    for minor in range(nodes):
+        (node_copy / f"dev/nvidia{minor}").write_text("")
+    (node_copy / "dev/nvidiactl").write_text("")
     sources = Sources.for_node(str(node_copy))
     facts = probe_gpus(sources.fs, sources.nvml)
-    assert len(facts.devices) == 2 and len(facts.pci_gpus) == 8
+    assert len(facts.devices) == 2 and len(facts.pci_gpus) == 8 and pci[:2] == ("0000:18:00.0", "0000:2a:00.0")
     assert (facts.container_gpus, facts.view_error) == (container_gpus, view_error)
+
+
+def test_a_gpu_whose_device_node_cannot_be_told_leaves_the_view_unknown(node_copy: Path) -> None:
+    """In a container with the host's mounts and listing, but information files without Device
+    Minor lines (as the example's abbreviated ones): whether /dev was narrowed cannot be told."""
+    path = node_copy / ".preflight/nvml.json"
+    document = json.loads(path.read_text())
+    document["calls"]["nvmlDeviceGetCount"] = {"result": 7}
+    path.write_text(json.dumps(document))
+    (node_copy / "proc/self/mountinfo").write_text(HOST_MOUNTS)
+    write(node_copy, "/.dockerenv", "")
+    sources = Sources.for_node(str(node_copy))
+    facts = probe_gpus(sources.fs, sources.nvml)
+    assert facts.container_gpus is None and facts.view_error.startswith("which /dev/nvidia* node is GPU 0000:18:00.0's cannot be told")
 
 
 def test_the_view_is_not_asked_when_nvml_lists_every_gpu(node_copy: Path) -> None:
