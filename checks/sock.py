@@ -136,10 +136,16 @@ def _elsewhere(sockets: SocketFacts, job: JobFacts) -> Evidence:
 @check("SOCK001", profiles=("prolog",))
 def rendezvous_port_in_use(sockets: SocketFacts, job: JobFacts) -> Iterator[Observation]:
     """MASTER_PORT is already listened on (an error on the node that binds it), or lies in the
-    ephemeral range without a reservation."""
+    ephemeral range without a reservation; not judged in a torchrun worker, whose MASTER_PORT is
+    the store its agent already holds."""
     port, origin = job_master_port(job)
     if port is None:
         yield undecided("MASTER_PORT", origin)
+        return
+    if job.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # A torchrun worker: MASTER_PORT is the store its agent already serves (on the node that
+        # hosts the rendezvous it listens here before any worker starts, on a port the agent holds),
+        # torch/distributed/elastic/agent/server/local_elastic_agent.py _start_workers.
         return
     subject = f"port {port}"
     errors = [
