@@ -215,19 +215,32 @@ def job_nodes(environ: dict[str, str]) -> tuple[list[str], int, str]:
         return [], 0, f"{variable}: {error}"
     count = environ.get("SLURM_STEP_NUM_NODES", "").strip() if in_step else ""
     if not nodes and not is_number(count):
-        return [], _torchrun_nodes(environ), ""
+        return [], _launcher_nodes(environ), ""
     return nodes, int(count) if is_number(count) else len(nodes), ""
 
 
-def _torchrun_nodes(environ: dict[str, str]) -> int:
-    """The nodes of a job torchrun started outside Slurm: GROUP_WORLD_SIZE (its agents, one per
-    node), else 1 where the job's ranks are all this node's (WORLD_SIZE equal to
-    LOCAL_WORLD_SIZE, as with --standalone); 0 when not known."""
-    groups = environ.get("GROUP_WORLD_SIZE", "").strip()
-    if is_number(groups):
-        return int(groups)
-    world, local = environ.get("WORLD_SIZE", "").strip(), environ.get("LOCAL_WORLD_SIZE", "").strip()
-    return 1 if is_number(world) and world == local and int(world) > 0 else 0
+#: (all ranks, ranks on this node) as launchers name them: torchrun, DeepSpeed's launcher, Open MPI
+#: (mpirun, docs.open-mpi.org "Environment variables"), MPICH's Hydra and Intel MPI.
+RANK_COUNTS = (
+    ("WORLD_SIZE", "LOCAL_WORLD_SIZE"), ("WORLD_SIZE", "LOCAL_SIZE"),
+    ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"), ("PMI_SIZE", "MPI_LOCALNRANKS"),
+)
+
+
+def _launcher_nodes(environ: dict[str, str]) -> int:
+    """The nodes of a job a launcher started outside Slurm: torchrun's GROUP_WORLD_SIZE (its
+    agents, one per node) or DeepSpeed's CROSS_SIZE, else 1 where the job's ranks are all this
+    node's (all ranks equal to this node's, by any launcher's pair of counts: torchrun
+    --standalone, mpirun on one host); 0 when not known."""
+    for name in ("GROUP_WORLD_SIZE", "CROSS_SIZE"):
+        nodes = environ.get(name, "").strip()
+        if is_number(nodes):
+            return int(nodes)
+    for world_name, local_name in RANK_COUNTS:
+        world, local = environ.get(world_name, "").strip(), environ.get(local_name, "").strip()
+        if is_number(world) and world == local and int(world) > 0:
+            return 1
+    return 0
 
 
 # -- what libc would answer -------------------------------------------------------------------

@@ -69,8 +69,11 @@ KEPT_NAMES = frozenset({
     "MC_GID_INDEX", "MSCCLPP_IB_GID_INDEX", "UCCL_IB_GID_INDEX", "UCCL_P2P_RDMA_GID_INDEX",
     # the verbs providers libibverbs loads besides those /etc/libibverbs.d names (rdma-core)
     "RDMAV_DRIVERS", "IBV_DRIVERS",
-    # the rank MPICH's Hydra and Intel MPI give each process they start (OMPI_ and PMIX_ are kept by prefix)
-    "PMI_RANK", "PMI_SIZE",
+    # the rank MPICH's Hydra and Intel MPI give each process they start (OMPI_ and PMIX_ are kept by
+    # prefix), and the ranks on its node (Hydra's MPI_LOCALNRANKS)
+    "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS",
+    # DeepSpeed's launcher: its nodes (CROSS_SIZE) and the ranks on this one (LOCAL_SIZE)
+    "CROSS_SIZE", "LOCAL_SIZE",
 })
 
 

@@ -433,9 +433,19 @@ def test_loopback_host_name_with_gloo_socket_ifname_is_a_warning() -> None:
         ({"SLURM_JOB_NODELIST": "gpu[01-06]", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_NODES": "2"}, 6, 2),
         ({"SLURM_JOB_NODELIST": "gpu[01-06]", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_NODES": "\u00b2"}, 6, 6),
         ({"SLURM_JOB_NODELIST": "gpu[01-06]", "SLURM_STEP_NUM_NODES": "1"}, 6, 6),  # no step: the allocation's
+        # Outside Slurm, each launcher's counts: torchrun, Open MPI's mpirun, Hydra, DeepSpeed
+        ({"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8"}, 0, 1),
+        ({"OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_SIZE": "8"}, 0, 1),
+        ({"OMPI_COMM_WORLD_SIZE": "16", "OMPI_COMM_WORLD_LOCAL_SIZE": "8"}, 0, 0),
+        ({"PMI_SIZE": "4", "MPI_LOCALNRANKS": "4"}, 0, 1),
+        ({"CROSS_SIZE": "1", "WORLD_SIZE": "8", "LOCAL_SIZE": "8"}, 0, 1),
+        ({"CROSS_SIZE": "2", "WORLD_SIZE": "16", "LOCAL_SIZE": "8"}, 0, 2),
     ],
 )
 def test_the_job_step_decides_how_many_nodes_the_job_has(environ: dict[str, str], nodes: int, count: int) -> None:
+    from preflight.probes.job import parse_environ
+
+    assert parse_environ(b"".join(f"{k}={v}".encode() + b"\0" for k, v in environ.items())) == environ  # the job probe keeps them
     found, number, error = job_nodes(environ)
     assert (len(found), number, error) == (nodes, count, "")
 
