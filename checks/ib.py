@@ -64,7 +64,7 @@ if TYPE_CHECKING:
 MIN_IB_TIMEOUT = 14
 
 
-MIN_RETRY_COUNT = 7  # NCCL's default and the verbs maximum
+MIN_RETRY_COUNT = 7  # NCCL's default and the verbs maximum (a 3-bit field)
 
 
 @check("IB006", profiles=("prolog",))
@@ -99,7 +99,7 @@ def ib_transport_retry_exceeded(link_history: LinkHistoryFacts, kernel_log: Kern
             downs.setdefault(f"{by_bus[event.bus]} ({event.netdev})", []).append(event.text)
     for subject, texts in sorted(downs.items()):
         yield present(subject, Evidence("kernel log since boot", f"{len(texts)} link-down(s), last: {texts[-1]}", "no link-down since boot"), severity=Severity.WARNING)
-    for name, minimum in (("NCCL_IB_TIMEOUT", MIN_IB_TIMEOUT), ("NCCL_IB_RETRY_CNT", MIN_RETRY_COUNT)):
+    for name, minimum, bits in (("NCCL_IB_TIMEOUT", MIN_IB_TIMEOUT, 5), ("NCCL_IB_RETRY_CNT", MIN_RETRY_COUNT, 3)):
         setting = job.nccl(name)
         if setting is None:
             continue
@@ -108,8 +108,15 @@ def ib_transport_retry_exceeded(link_history: LinkHistoryFacts, kernel_log: Kern
         except ValueError:
             yield undecided(name, f"{setting.origin}: {setting.value!r} is not a number")
             continue
-        if value < minimum:
-            yield present(name, Evidence(f"{name} ({setting.origin})", str(value), f"unset (NCCL's default) or at least {minimum}"))
+        # NCCL passes the value unchecked into ibv_modify_qp; the QP context holds a 5-bit ack
+        # timeout and a 3-bit retry count (IBTA; mlx5 writes them with MLX5_SET, which keeps the
+        # low bits): NCCL_IB_RETRY_CNT=50 is 2 retries, NCCL_IB_TIMEOUT=32 is 0, no timeout at all.
+        effective = value & ((1 << bits) - 1) if value >= 0 else value
+        shown = str(value) if effective == value else f"{value}, of which the QP's {bits}-bit field keeps {effective}"
+        if effective < minimum:
+            hang = " (0: the QP never times out, so a lost peer hangs the job instead of failing it)" if name == "NCCL_IB_TIMEOUT" and effective == 0 else ""
+            yield present(name, Evidence(f"{name} ({setting.origin})", shown + hang,
+                                         f"unset (NCCL's default) or {minimum} to {(1 << bits) - 1}"))
 
 
 RAIL_NIC_COUNTS = "2, 4 or 8 NICs, identical on every node"

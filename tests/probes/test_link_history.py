@@ -55,6 +55,23 @@ def test_short_timeouts_in_the_job_are_present(node_copy: Path) -> None:
     assert found["NCCL_IB_TIMEOUT"][0] is Status.PRESENT and found["NCCL_IB_RETRY_CNT"][0] is Status.UNKNOWN
 
 
+@pytest.mark.parametrize(
+    ("environ", "found"),
+    [
+        # A "flipping links" workaround seen in job scripts: the 3-bit retry field keeps 2 of 50.
+        (b"NCCL_IB_TIMEOUT=250\0NCCL_IB_RETRY_CNT=50\0", {"NCCL_IB_RETRY_CNT": "50, of which the QP's 3-bit field keeps 2"}),
+        (b"NCCL_IB_TIMEOUT=32\0NCCL_IB_RETRY_CNT=7\0", {"NCCL_IB_TIMEOUT": "32, of which the QP's 5-bit field keeps 0 (0: the QP never times out"}),
+        (b"NCCL_IB_TIMEOUT=22\0NCCL_IB_RETRY_CNT=7\0", {}),
+    ],
+)
+def test_retry_settings_are_judged_as_the_qp_keeps_them(node_copy: Path, environ: bytes, found: dict[str, str]) -> None:
+    """NCCL passes NCCL_IB_TIMEOUT and NCCL_IB_RETRY_CNT unchecked into ibv_modify_qp; the QP
+    context keeps 5 and 3 bits of them (mlx5's MLX5_SET), so a large value can mean a small one."""
+    write(node_copy, "/proc/self/environ", environ)
+    judged = {subject: text for subject, status, text in verdicts(node_copy) if status is Status.PRESENT}
+    assert set(judged) == set(found) and all(judged[name].startswith(text) for name, text in found.items())
+
+
 def test_garbage_counters_are_unknown_and_no_rdma_is_not_applicable(node_copy: Path, tmp_path: Path) -> None:
     (node_copy / PORT / "link_downed").write_text("lots\n")
     found = verdicts(node_copy)
