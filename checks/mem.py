@@ -97,7 +97,7 @@ def memlock_limit_too_low(memlock: MemlockFacts, job: JobFacts, expect: Expectat
                 yield undecided("process", f"memlock {format_size(memlock.process.soft)} is below {format_size(minimum)}, but {_waiver_unknown(memlock)}")
             elif not waived:
                 yield present("slurmd" if job.in_slurmd_script else "process", _limit_evidence(memlock.process, minimum))
-        else:
+        elif _slurmd_decides(memlock) or not _users_covered(memlock.pam_limits, minimum):
             yield present(
                 "process",
                 _limit_evidence(memlock.process, minimum),
@@ -150,6 +150,13 @@ def memlock_limit_too_low(memlock: MemlockFacts, job: JobFacts, expect: Expectat
             Evidence("/etc/security/limits.conf, limits.d", f"{len(low) - _PAM_LINES_SHOWN} more low memlock lines", f">= {format_size(minimum)}"),
             severity=Severity.WARNING,
         )
+
+
+def _users_covered(entries: tuple[PamLimit, ...], minimum: int) -> bool:
+    """A limits.conf wildcard line gives every user's session (sshd's PAM: ranks mpirun or pdsh
+    start) a soft memlock of ``minimum`` or more; limits.conf(5) leaves root out of ``*``, which
+    is why a root cron job or audit keeps the kernel's default while the users' ranks do not."""
+    return any(entry.domain == "*" and entry.kind in ("soft", "-") and entry.value >= minimum for entry in entries)
 
 
 _PAM_LINES_SHOWN = 8  # one finding per low line up to here: a root with thousands gets one more, not thousands

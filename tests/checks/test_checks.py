@@ -664,3 +664,7 @@ def test_mem001_a_root_shell_outside_any_job_on_a_node_without_slurmd(memlock: M
     assert (found.status, found.severity) == (Status.PRESENT, Severity.WARNING) and "docker run --ulimit memlock=-1" in found.fix
     [found] = memlock_limit_too_low(replace(low, exemption=user), job(), Expectations())
     assert (found.status, found.severity) == (Status.PRESENT, None)
+    # A node whose ranks mpirun or pdsh start over ssh, with limits.d giving every user unlimited
+    # memlock: limits.conf(5) leaves root out of "*", so root's cron keeps the default, the users' ranks do not.
+    users = (PamLimit("*", "soft", UNLIMITED, "/etc/security/limits.d/rdma.conf:1"), PamLimit("*", "hard", UNLIMITED, "/etc/security/limits.d/rdma.conf:2"))
+    assert list(memlock_limit_too_low(replace(low, exemption=shell, pam_limits=users), job(), Expectations())) == []
