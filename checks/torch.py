@@ -182,13 +182,15 @@ _TORCH_LAUNCH = ("MASTER_ADDR", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "USE_LIBUV"
 
 def _job_ranks(job: JobFacts) -> tuple[int, Evidence] | None:
     """A lower bound of the connections the job's store must hold, with where it was read: the
-    largest of WORLD_SIZE, Slurm's task count and its node count (torchrun runs one agent per
-    node and then nproc_per_node ranks, so Slurm's numbers can only undercount)."""
+    largest of WORLD_SIZE (or an MPI launcher's world size), Slurm's task count and its node count
+    (torchrun runs one agent per node and then nproc_per_node ranks, so Slurm's numbers can only
+    undercount)."""
     environ, view = job.environ, slurm_view(job)
     bounds: list[tuple[int, Evidence]] = []
-    world = integer_setting(environ, "WORLD_SIZE")
-    if world:
-        bounds.append((world, _env("WORLD_SIZE", environ["WORLD_SIZE"])))
+    # torch's env://, Open MPI's mpirun and MPICH's Hydra (and Intel MPI) name the job's ranks so
+    for name in ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        if ranks := integer_setting(environ, name):
+            bounds.append((ranks, _env(name, environ[name])))
     if view.ntasks:
         name = "SLURM_STEP_NUM_TASKS" if integer_setting(environ, "SLURM_STEP_NUM_TASKS") else "SLURM_NTASKS"
         bounds.append((view.ntasks, _env(name, environ[name])))

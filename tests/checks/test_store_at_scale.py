@@ -43,6 +43,14 @@ def test_backlog_below_the_ranks_is_a_warning() -> None:
     assert found[0].evidence[0].observed == "4096"
 
 
+def test_an_mpi_launchers_world_size_counts_too() -> None:
+    """mpirun (Open MPI) and Hydra name the job's ranks in their own variables, with no WORLD_SIZE
+    or Slurm count beside them (a job started over ssh, where the script sets MASTER_ADDR)."""
+    for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        found = judge({name: "8192", "MASTER_ADDR": "gpu0001", "MASTER_PORT": "29500"}, StoreLimitsFacts(4096, "", ROOMY.open_files, ""))
+        assert verdicts(found) == {"net.core.somaxconn": Severity.WARNING}, name
+
+
 def test_the_same_backlog_is_fine_for_a_job_it_holds() -> None:
     small = dict(STEP, SLURM_STEP_NUM_TASKS="64", WORLD_SIZE="64", SLURM_STEP_NUM_NODES="8")
     assert judge(small, StoreLimitsFacts(128, "", Limit(1024, 1024, "/proc/self/limits"), "")) == []
