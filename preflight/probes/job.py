@@ -124,6 +124,10 @@ class JobFacts(Struct, frozen=True):
     # with PrologFlags=RunInJob the prolog and epilog run in the job's extern step, where
     # ConstrainDevices shows them only the job's GPUs. "": in no job's cgroup; None: not read.
     cgroup_job: str | None = None
+    # The job step whose cgroup holds this process ("step_0", "step_batch", "step_extern"...), ""
+    # in none, None not read: a task of a step is the job's own even where its environment was
+    # emptied (an Apptainer container started with --cleanenv or --containall)
+    cgroup_step: str | None = None
 
     def nccl(self, name: str) -> Setting | None:
         """What NCCL would use for ``name``: the environment first, then the files in order.
@@ -147,8 +151,10 @@ class JobFacts(Struct, frozen=True):
 
     @property
     def in_job_process(self) -> bool:
-        """This process is one of the job's: its environment and limits are those its ranks get."""
-        return in_job_process(self.environ)
+        """This process is one of the job's: its environment and limits are those its ranks get.
+        By its environment, or by its cgroup: a task of one of the job's steps (not the extern
+        step, where pam_slurm_adopt puts ssh sessions and RunInJob its prolog)."""
+        return in_job_process(self.environ) or (task_step(self.cgroup_step) and not self.in_slurmd_script)
 
     def nothing_to_judge(self, names: str, default: str, *, conf_files: bool = True) -> NotApplicable:
         """For a check whose misconfiguration is a setting the job makes, when the job does not
@@ -257,25 +263,33 @@ def probe_job(fs: NodeFS) -> JobFacts:
             conf = _read_conf(fs, path, reader)
             if conf is not None:
                 files.append(conf)
-    return JobFacts(environ, "", tuple(files), user, _cgroup_job(fs))
+    return JobFacts(environ, "", tuple(files), user, *cgroup_step_of(fs))
 
 
 # Slurm's cgroup paths: v1 ".../slurm/uid_<uid>/job_<id>/step_<step>", v2
 # ".../slurmstepd.scope/job_<id>/step_<step>/..."; from 26.05 v2 names the job directory by its
 # SLUID ("s" and 13 base-32 characters) unless CgroupJobIdPaths=yes (src/plugins/cgroup/v1/
 # xcgroup.c, v2/cgroup_v2.c, cgroup.conf(5)).
-_CGROUP_JOB = re.compile(r"/(job_\d+|s[0-9A-Z]{13})/step_")
+_CGROUP_JOB = re.compile(r"/(job_\d+|s[0-9A-Z]{13})/(step_[A-Za-z0-9_]{1,32})")
 
 
-def _cgroup_job(fs: NodeFS) -> str | None:
+def cgroup_step_of(fs: NodeFS) -> tuple[str | None, str | None]:
+    """(the job, its step) whose cgroup holds this process, from /proc/self/cgroup: ("", "") in
+    none, (None, None) when it could not be read."""
     try:
         text = fs.read("/proc/self/cgroup", max_bytes=64 * 1024)
     except SourceError:
-        return None
+        return None, None
     if text is None:
-        return None
+        return None, None
     match = _CGROUP_JOB.search(text)
-    return match.group(1) if match else ""
+    return (match.group(1), match.group(2)) if match else ("", "")
+
+
+def task_step(step: str | None) -> bool:
+    """A step whose processes are the job's tasks: a numbered step, the batch step, an interactive
+    one; not the extern step, which holds adopted ssh sessions and a RunInJob prolog."""
+    return bool(step) and step != "step_extern"
 
 
 class SlurmView(Struct, frozen=True):

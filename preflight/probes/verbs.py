@@ -31,7 +31,7 @@ import re
 
 from msgspec import Struct
 
-from preflight.probes.job import in_job_process, library_path_dirs, parse_environ
+from preflight.probes.job import cgroup_step_of, in_job_process, library_path_dirs, parse_environ, task_step
 from preflight.probes.nccl_libs import library_dirs
 from preflight.probes.rdma import IB_CLASS
 from preflight.probing import FactReader
@@ -154,7 +154,7 @@ def probe_verbs(fs: NodeFS) -> VerbsFacts:
     job_view: bool | None
     try:
         environ = parse_environ(fs.read_bytes("/proc/self/environ") or b"")
-        job_view = in_job_process(environ)
+        job_view = in_job_process(environ) or task_step(cgroup_step_of(fs)[1])
     except SourceError as error:
         reader.problems.append(str(error))  # whatever is found missing is then unknown, not present
         environ, job_view = {}, None

@@ -71,6 +71,19 @@ def test_no_libibverbs_in_the_job_is_present(job_node: Path) -> None:
     assert f"no libibverbs.so.1 or libibverbs.so in {LIB}" in finding.evidence[0].observed
 
 
+def test_a_task_in_a_job_steps_cgroup_is_judged_without_its_environment(node_copy: Path) -> None:
+    """An Apptainer container started with --cleanenv (or --containall) empties the environment of
+    the step's task, not its cgroup: the image's missing libibverbs is still found missing. The
+    extern step (an ssh session pam_slurm_adopt put in the job) is no task of the job."""
+    bind_drivers(node_copy)
+    environ(node_copy, {"HOME": "/root"})
+    write(node_copy, "/proc/self/cgroup", "0::/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0\n")
+    [finding] = ib009(node_copy)
+    assert (finding.status.value, finding.subject) == ("present", "libibverbs")
+    write(node_copy, "/proc/self/cgroup", "0::/system.slice/slurmstepd.scope/job_4242/step_extern/user/task_special\n")
+    assert [(f.status.value, f.subject) for f in ib009(node_copy)] == [("absent", "node")]
+
+
 @pytest.mark.parametrize(
     ("remove", "observed"),
     [

@@ -131,23 +131,27 @@ def test_a_job_process_is_recognised_by_what_its_launcher_sets(environ: bytes, e
 
 
 @pytest.mark.parametrize(
-    "cgroup, job",
+    "cgroup, job, step, task",
     [
-        ("0::/system.slice/slurmstepd.scope/job_4242/step_extern/user/task_special\n", "job_4242"),  # cgroup v2
-        ("0::/system.slice/slurmstepd.scope/sEKNKTV3WPV500/step_0/user/task_0\n", "sEKNKTV3WPV500"),  # v2 from 26.05: the SLUID
-        ("12:devices:/slurm/uid_1001/job_77/step_batch\n4:cpuset:/slurm/uid_1001/job_77/step_batch\n", "job_77"),  # v1
-        ("0::/system.slice/slurmd.service\n", ""),  # slurmd's own: a prolog run outside the job
-        ("0::/user.slice/user-1001.slice/session-3.scope\n", ""),
-        ("", ""),
-        (None, None),  # not read: not known
+        ("0::/system.slice/slurmstepd.scope/job_4242/step_extern/user/task_special\n", "job_4242", "step_extern", False),  # cgroup v2
+        ("0::/system.slice/slurmstepd.scope/sEKNKTV3WPV500/step_0/user/task_0\n", "sEKNKTV3WPV500", "step_0", True),  # v2 from 26.05: the SLUID
+        ("12:devices:/slurm/uid_1001/job_77/step_batch\n4:cpuset:/slurm/uid_1001/job_77/step_batch\n", "job_77", "step_batch", True),  # v1
+        ("0::/system.slice/slurmd.service\n", "", "", False),  # slurmd's own: a prolog run outside the job
+        ("0::/user.slice/user-1001.slice/session-3.scope\n", "", "", False),
+        ("", "", "", False),
+        (None, None, None, False),  # not read: not known
     ],
 )
-def test_the_slurm_job_cgroup_holding_this_process(tmp_path: Path, cgroup: str | None, job: str | None) -> None:
+def test_the_slurm_job_cgroup_holding_this_process(tmp_path: Path, cgroup: str | None, job: str | None, step: str | None, task: bool) -> None:
+    """The job and step whose cgroup holds this process. A task of a step is the job's own even
+    with an emptied environment (Apptainer --cleanenv or --containall); the extern step holds
+    adopted ssh sessions and a RunInJob prolog, which are not."""
     (tmp_path / "proc/self").mkdir(parents=True)
     (tmp_path / "proc/self/environ").write_bytes(b"")
     if cgroup is not None:
         (tmp_path / "proc/self/cgroup").write_text(cgroup)
-    assert probe_job(NodeFS(str(tmp_path))).cgroup_job == job
+    facts = probe_job(NodeFS(str(tmp_path)))
+    assert (facts.cgroup_job, facts.cgroup_step, facts.in_job_process) == (job, step, task)
 
 
 def test_parse_nccl_conf_does_not_trim_like_nccl() -> None:
