@@ -167,6 +167,13 @@ def rendezvous_port_in_use(sockets: SocketFacts, job: JobFacts) -> Iterator[Obse
         # Another node hosts the store: the listener here (another job's, on a shared node) takes
         # nothing from this job, which draining the node for it would requeue all the same.
         errors, warnings = [], errors + [_elsewhere(sockets, job)] + warnings
+    elif errors and job.in_job_process and sockets.own_uid is not None and all(
+        s.uid == sockets.own_uid for s in sockets.listening if s.port == port
+    ):
+        # Inside the job, a listener of this very user may be the job's own store: rank 0 of
+        # torch.distributed's env:// binds it before the training function runs (Ray Train),
+        # as may a stale process of the same user. Which, the node cannot tell.
+        errors, warnings = [], errors + [Evidence("listener's uid", f"{sockets.own_uid}, this process's: the job's own store, or a stale process of the same user")] + warnings
     if errors or warnings:
         yield present(subject, *errors, *warnings, severity=None if errors else Severity.WARNING)
         return

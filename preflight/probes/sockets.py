@@ -114,6 +114,7 @@ class SocketFacts(Struct, frozen=True):
     # Read only where something listens on the job's port (SOCK001's question); None otherwise or unread.
     hostname: str | None = None  # /proc/sys/kernel/hostname
     addresses: tuple[str, ...] | None = None  # this node's IPv4 and IPv6 addresses
+    own_uid: int | None = None  # this process's real uid (/proc/self/status Uid:)
 
 
 class TableError(ValueError):
@@ -320,14 +321,25 @@ def probe_sockets(fs: NodeFS, job: JobFacts) -> SocketFacts:
     )
 
 
-def _store_host_facts(fs: NodeFS, job: JobFacts, listening: tuple[ListeningSocket, ...]) -> tuple[str | None, tuple[str, ...] | None]:
-    """This node's host name and addresses, read only where something listens on the job's port:
-    SOCK001 asks them only then (is this the node that will bind it?), and the routing table can
-    be large on hosts with many routes, so the prolog does not read it for nothing."""
+def _store_host_facts(fs: NodeFS, job: JobFacts, listening: tuple[ListeningSocket, ...]) -> tuple[str | None, tuple[str, ...] | None, int | None]:
+    """This node's host name and addresses, and this process's uid, read only where something
+    listens on the job's port: SOCK001 asks them only then (is this the node that will bind it,
+    is the listener this user's own?), and the routing table can be large on hosts with many
+    routes, so the prolog does not read it for nothing."""
     port, _ = job_master_port(job)
     if port is None or not any(socket.port == port for socket in listening):
-        return None, None
-    return _hostname(fs), _own_addresses(fs)
+        return None, None, None
+    return _hostname(fs), _own_addresses(fs), _own_uid(fs)
+
+
+def _own_uid(fs: NodeFS) -> int | None:
+    try:
+        status = fs.read("/proc/self/status") or ""
+    except SourceError:
+        return None
+    line = next((line for line in status.splitlines() if line.startswith("Uid:")), "")
+    fields = line.split()
+    return int(fields[1]) if len(fields) > 1 and fields[1].isascii() and fields[1].isdigit() else None
 
 
 def _hostname(fs: NodeFS) -> str | None:

@@ -138,6 +138,12 @@ def test_a_listener_on_the_port_the_job_names_is_an_error(run_cli: Runner, tmp_p
     sock001 = findings(run_cli, root)["SOCK001"]
     assert (sock001["status"], sock001["severity"]) == ("present", "error")
     assert sock001["evidence"][0]["observed"].startswith("0.0.0.0:29500 LISTEN (uid 1002, inode 991234); MASTER_PORT=29500 (job environment)")
+    # A rank of the job whose own user holds the port: the job's own store (rank 0 of env://
+    # binds it before a Ray Train function runs) or a stale process of that user: a warning.
+    write(root, "/proc/self/status", "Name:\tpython\nUid:\t1002\t1002\t1002\t1002\n")
+    sock001 = findings(run_cli, root)["SOCK001"]
+    assert (sock001["status"], sock001["severity"]) == ("present", "warning")
+    assert "the job's own store, or a stale process of the same user" in json.dumps(sock001["evidence"])
     # A torchrun worker: MASTER_PORT is the store its own agent already serves there.
     write(root, "/proc/self/environ", b"SLURM_JOB_ID=9\0MASTER_PORT=29500\0TORCHELASTIC_USE_AGENT_STORE=True\0TORCHELASTIC_RUN_ID=7\0")
     assert findings(run_cli, root)["SOCK001"]["status"] == "absent"
