@@ -243,20 +243,17 @@ def _not_visible(gpus: GpuFacts, job: JobFacts | Unread, missing: list[str], uni
             "runs in the job's cgroup (PrologFlags=RunInJob), which hides the others, cannot be told: /proc/self/cgroup not read",
         )
         return
-    elif _in_slurm_view(job):
-        allotted = _slurm_gpu_counts(job)
-        if allotted is not None and len(gpus.devices) in allotted:
-            return
-        if allotted is None:
-            # A CPU-only step, a gres/shard job or a launcher outside Slurm: with ConstrainDevices
-            # (or a pod's device list) NVML lists only what the job was given, and no variable says what.
-            where = "a job process that names" if job.in_job_process else f"a process in the cgroup of Slurm's {job.cgroup_job} whose environment names"
-            yield undecided(
-                "node",
-                f"NVML lists {len(gpus.devices)} of the {len(gpus.pci_gpus)} GPUs on the PCI bus in {where} "
-                "no GPUs given to it (SLURM_STEP_GPUS, SLURM_JOB_GPUS): its device cgroup may hide the others",
-            )
-            return
+    elif _in_slurm_view(job) and _slurm_gpu_counts(job) is None:
+        # A CPU-only step, a gres/shard job or a launcher outside Slurm: with ConstrainDevices
+        # (or a pod's device list) NVML lists only what the job was given, and no variable says
+        # what. (A count that matches returned above.)
+        where = "a job process that names" if job.in_job_process else f"a process in the cgroup of Slurm's {job.cgroup_job} whose environment names"
+        yield undecided(
+            "node",
+            f"NVML lists {len(gpus.devices)} of the {len(gpus.pci_gpus)} GPUs on the PCI bus in {where} "
+            "no GPUs given to it (SLURM_STEP_GPUS, SLURM_JOB_GPUS): its device cgroup may hide the others",
+        )
+        return
     yield present(
         "node",
         Evidence("nvmlDeviceGetCount", f"{len(gpus.devices)} GPUs", expected),

@@ -111,7 +111,7 @@ def ib_transport_retry_exceeded(link_history: LinkHistoryFacts, kernel_log: Kern
         # NCCL passes the value unchecked into ibv_modify_qp; the QP context holds a 5-bit ack
         # timeout and a 3-bit retry count (IBTA; mlx5 writes them with MLX5_SET, which keeps the
         # low bits): NCCL_IB_RETRY_CNT=50 is 2 retries, NCCL_IB_TIMEOUT=32 is 0, no timeout at all.
-        effective = value & ((1 << bits) - 1) if value >= 0 else value
+        effective = value & ((1 << bits) - 1)  # a negative value too: ibv_qp_attr's fields are unsigned
         shown = str(value) if effective == value else f"{value}, of which the QP's {bits}-bit field keeps {effective}"
         if effective < minimum:
             hang = " (0: the QP never times out, so a lost peer hangs the job instead of failing it)" if name == "NCCL_IB_TIMEOUT" and effective == 0 else ""

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from preflight.model import Evidence, NotApplicable, Observation, Severity, Unknown, present, undecided
 from preflight.probes.frameworks import FrameworkFacts, parse_version
-from preflight.probes.job import JobFacts, integer_setting, slurm_view
+from preflight.probes.job import WORLD_SIZES, JobFacts, integer_setting, slurm_view
 from preflight.probes.store_limits import SOMAXCONN, StoreLimitsFacts
 from preflight.registry import check
 from preflight.torch_settings import as_bool, as_int, read_setting, readers_for
@@ -187,8 +187,7 @@ def _job_ranks(job: JobFacts) -> tuple[int, Evidence] | None:
     undercount)."""
     environ, view = job.environ, slurm_view(job)
     bounds: list[tuple[int, Evidence]] = []
-    # torch's env://, Open MPI's mpirun and MPICH's Hydra (and Intel MPI) name the job's ranks so
-    for name in ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+    for name in WORLD_SIZES:  # torch's env://, Open MPI's mpirun, MPICH's Hydra (and Intel MPI)
         if ranks := integer_setting(environ, name):
             bounds.append((ranks, _env(name, environ[name])))
     if view.ntasks:

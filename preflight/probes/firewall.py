@@ -459,12 +459,13 @@ def _ipv6_interfaces(fs: NodeFS) -> tuple[str, ...] | None:
     """Names of the interfaces holding a global IPv6 address (``/proc/net/if_inet6``: address,
     ifindex, prefix length, scope, flags, name; scope 00 is global); () where the file is not
     there (IPv6 off at boot), None when it could not be read."""
+    from preflight.sources.netlink import parse_if_inet6
+
     try:
         text = fs.read("/proc/net/if_inet6")
     except SourceError:
         return None
-    rows = (line.split() for line in (text or "").splitlines())
-    return tuple(sorted({fields[5] for fields in rows if len(fields) == 6 and fields[3] == "00" and _IFNAME.fullmatch(fields[5])}))
+    return tuple(sorted({a.ifname for a in parse_if_inet6(text or "") if a.scope == "global" and _IFNAME.fullmatch(a.ifname)}))
 
 
 # -- what the checks ask ------------------------------------------------------------------------

@@ -23,7 +23,6 @@ inside the next job, 1-3 s per GPU, and that start-up is where a failing GPU or 
 from __future__ import annotations
 
 import re
-
 from typing import TYPE_CHECKING, Any
 
 from msgspec import Struct

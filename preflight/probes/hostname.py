@@ -54,7 +54,7 @@ from preflight.config import HostConfig
 from preflight.gai import gai_order, parse_precedence
 from preflight.hostlist import HostlistError, expand
 from preflight.nss import NssService, nsswitch_services, read_as_glibc
-from preflight.probes.job import parse_environ
+from preflight.probes.job import RANK_COUNTS, parse_environ
 from preflight.probing import FactReader
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
@@ -219,14 +219,6 @@ def job_nodes(environ: dict[str, str]) -> tuple[list[str], int, str]:
     return nodes, int(count) if is_number(count) else len(nodes), ""
 
 
-#: (all ranks, ranks on this node) as launchers name them: torchrun, DeepSpeed's launcher, Open MPI
-#: (mpirun, docs.open-mpi.org "Environment variables"), MPICH's Hydra and Intel MPI.
-RANK_COUNTS = (
-    ("WORLD_SIZE", "LOCAL_WORLD_SIZE"), ("WORLD_SIZE", "LOCAL_SIZE"),
-    ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"), ("PMI_SIZE", "MPI_LOCALNRANKS"),
-)
-
-
 def _launcher_nodes(environ: dict[str, str]) -> int:
     """The nodes of a job a launcher started outside Slurm: torchrun's GROUP_WORLD_SIZE (its
     agents, one per node) or DeepSpeed's CROSS_SIZE, else 1 where the job's ranks are all this
@@ -331,10 +323,12 @@ def _ipv6_usable(reader: FactReader) -> bool | None:
     """Whether the node has a global IPv6 address (``/proc/net/if_inet6``: address, ifindex,
     prefix length, scope, flags, name; scope 00 is global), which getaddrinfo needs to rank an
     IPv6 destination as usable; the file is not there where IPv6 is off. None when unread."""
+    from preflight.sources.netlink import parse_if_inet6
+
     known, text = reader.known_text("/proc/net/if_inet6")
     if not known:
         return None
-    return any(len(fields) >= 4 and fields[3] == "00" for fields in (line.split() for line in (text or "").splitlines()))
+    return any(address.scope == "global" for address in parse_if_inet6(text or ""))
 
 
 #: The header of cloud-init's /etc/hosts templates (templates/hosts.*.tmpl of canonical/cloud-init).

@@ -80,6 +80,15 @@ KEPT_NAMES = frozenset({
 #: What a launcher sets in each rank it starts: Open MPI (mpirun, the MPI Operator's MPIJob),
 #: PMIx (prterun, srun --mpi=pmix), MPICH's Hydra and Intel MPI (PMI), torchrun's elastic agent.
 LAUNCHED_RANK_NAMES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "TORCHELASTIC_RUN_ID")
+#: (all ranks, ranks on this node) as launchers name them: torchrun and torch.distributed's env://,
+#: DeepSpeed's launcher, Open MPI (mpirun, docs.open-mpi.org "Environment variables"), MPICH's
+#: Hydra and Intel MPI.
+RANK_COUNTS = (
+    ("WORLD_SIZE", "LOCAL_WORLD_SIZE"), ("WORLD_SIZE", "LOCAL_SIZE"),
+    ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"), ("PMI_SIZE", "MPI_LOCALNRANKS"),
+)
+#: The names a job's world size goes by, one launcher each.
+WORLD_SIZES = tuple(dict.fromkeys(world for world, _ in RANK_COUNTS))
 #: torch.distributed's env:// rendezvous, which a rank needs all of: a Kubernetes PyTorchJob
 #: sets them in every pod without any launcher above.
 ENV_RENDEZVOUS_NAMES = ("MASTER_ADDR", "RANK", "WORLD_SIZE")

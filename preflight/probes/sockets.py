@@ -27,6 +27,7 @@ from typing import TypeVar
 
 from msgspec import Struct
 
+from preflight.probes.gpudirect import parse_status_ids
 from preflight.probes.job import JobFacts
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
@@ -334,12 +335,10 @@ def _store_host_facts(fs: NodeFS, job: JobFacts, listening: tuple[ListeningSocke
 
 def _own_uid(fs: NodeFS) -> int | None:
     try:
-        status = fs.read("/proc/self/status") or ""
+        ids = parse_status_ids(fs.read("/proc/self/status") or "")
     except SourceError:
         return None
-    line = next((line for line in status.splitlines() if line.startswith("Uid:")), "")
-    fields = line.split()
-    return int(fields[1]) if len(fields) > 1 and fields[1].isascii() and fields[1].isdigit() else None
+    return ids[0] if ids is not None else None
 
 
 def _hostname(fs: NodeFS) -> str | None:

@@ -62,6 +62,8 @@ def test_short_timeouts_in_the_job_are_present(node_copy: Path) -> None:
         (b"NCCL_IB_TIMEOUT=250\0NCCL_IB_RETRY_CNT=50\0", {"NCCL_IB_RETRY_CNT": "50, of which the QP's 3-bit field keeps 2"}),
         (b"NCCL_IB_TIMEOUT=32\0NCCL_IB_RETRY_CNT=7\0", {"NCCL_IB_TIMEOUT": "32, of which the QP's 5-bit field keeps 0 (0: the QP never times out"}),
         (b"NCCL_IB_TIMEOUT=22\0NCCL_IB_RETRY_CNT=7\0", {}),
+        # ibv_qp_attr's fields are unsigned bytes: -12 is 244, of which the 5-bit field keeps 20.
+        (b"NCCL_IB_TIMEOUT=-12\0NCCL_IB_RETRY_CNT=-2\0", {"NCCL_IB_RETRY_CNT": "-2, of which the QP's 3-bit field keeps 6"}),
     ],
 )
 def test_retry_settings_are_judged_as_the_qp_keeps_them(node_copy: Path, environ: bytes, found: dict[str, str]) -> None:

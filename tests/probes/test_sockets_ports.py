@@ -140,7 +140,7 @@ def test_a_listener_on_the_port_the_job_names_is_an_error(run_cli: Runner, tmp_p
     assert sock001["evidence"][0]["observed"].startswith("0.0.0.0:29500 LISTEN (uid 1002, inode 991234); MASTER_PORT=29500 (job environment)")
     # A rank of the job whose own user holds the port: the job's own store (rank 0 of env://
     # binds it before a Ray Train function runs) or a stale process of that user: a warning.
-    write(root, "/proc/self/status", "Name:\tpython\nUid:\t1002\t1002\t1002\t1002\n")
+    write(root, "/proc/self/status", "Name:\tpython\nUid:\t1002\t1002\t1002\t1002\nGid:\t1002\t1002\t1002\t1002\nGroups:\t1002\n")
     sock001 = findings(run_cli, root)["SOCK001"]
     assert (sock001["status"], sock001["severity"]) == ("present", "warning")
     assert "the job's own store, or a stale process of the same user" in json.dumps(sock001["evidence"])
