@@ -23,6 +23,7 @@ from preflight.probes.firewall import (
     FirewallFacts,
     blocked_findings,
     gloo_interfaces,
+    no_listener_here,
     only_if_every_interface,
     port_fates,
     readable_ruleset,
@@ -85,6 +86,7 @@ def gloo_rendezvous_connection_refused(firewall: FirewallFacts, sockets: SocketF
     names = job.environ.get(GLOO_IFNAME)
     interfaces = gloo_interfaces(firewall.interfaces, names, firewall.reachable())
     if not interfaces:
+        no_listener_here(firewall)
         raise NotApplicable(f"no interface Gloo would listen on (only loopback, or {GLOO_IFNAME} names none this node has)")
     blocked = frozenset({"dropped", "rejected"})
     # A prolog or epilog sees none of what the job exports: an unset MASTER_PORT there says

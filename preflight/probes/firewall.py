@@ -103,6 +103,15 @@ class FirewallFacts(Struct, frozen=True):
         return (4, 6)
 
 
+def no_listener_here(facts: FirewallFacts) -> None:
+    """Unknown where no interface holds an IPv4 address a library would listen on but whether one
+    holds a global IPv6 address was not read (/proc/net/if_inet6): "none" would be a guess."""
+    from preflight.model import Unknown
+
+    if facts.addressed is not None and facts.addressed6 is None:
+        raise Unknown("no interface holds an IPv4 address to listen on, and /proc/net/if_inet6 (the IPv6 ones) could not be read")
+
+
 def reachable_names(addressed: tuple[str, ...] | None, addressed6: tuple[str, ...] | None) -> tuple[str, ...] | None:
     """Interfaces another host can reach this node on (an IPv4 or a global IPv6 address); None
     when which hold an IPv4 address is unknown; the IPv4 ones alone when IPv6's are unread."""
@@ -605,6 +614,7 @@ def nccl_port_findings(
     setting = job.nccl("NCCL_SOCKET_IFNAME")
     interfaces = selected_interfaces(firewall.interfaces, setting.value if setting else None, firewall.reachable())
     if not interfaces:
+        no_listener_here(firewall)
         raise NotApplicable("no interface NCCL would listen on (only loopback, or NCCL_SOCKET_IFNAME selects none)")
     family = job.nccl("NCCL_SOCKET_FAMILY")
     fates = port_fates(firewall, ruleset, interfaces, (sockets.port_range,), ipv6=family is not None and family.value == "AF_INET6")

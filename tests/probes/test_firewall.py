@@ -583,6 +583,25 @@ def test_only_interfaces_a_peer_can_reach_are_judged() -> None:
     assert names(selected_interfaces(links + (Interface("ibp26s0", 9),), None, (*addressed, "ibp26s0"))) == ["ibp26s0"]
 
 
+def test_no_ipv4_listener_with_ipv6_addresses_unread_is_unknown() -> None:
+    """Only loopback holds an IPv4 address and /proc/net/if_inet6 could not be read: whether an
+    interface holds a global IPv6 address NCCL would listen on is not known, so the answer is
+    unknown, not 'no interface'; read, and no IPv6 address either, it is not applicable."""
+    from preflight.model import NotApplicable
+    from preflight.probes.job import JobFacts
+    from preflight.probes.rdma import RdmaFacts
+    from preflight.probes.sockets import SocketFacts
+
+    links = (Interface("lo", 1), Interface("eno1", 2))
+    firewall = FirewallFacts(Ruleset((), 0), "", "test", (), "", links, ("lo",), None)
+    sockets = SocketFacts((32768, 60999), (), (), {}, 0, 0, (), 0, ("/proc/net/tcp",), (), 0, ())
+    no_rdma = RdmaFacts((), False, None, (), None, ())
+    with pytest.raises(Unknown, match="/proc/net/if_inet6"):
+        nccl_port_findings(firewall, sockets, JobFacts({}, "", ()), no_rdma, frozenset({"dropped"}))
+    with pytest.raises(NotApplicable):
+        nccl_port_findings(msgspec.structs.replace(firewall, addressed6=()), sockets, JobFacts({}, "", ()), no_rdma, frozenset({"dropped"}))
+
+
 def test_an_interface_that_is_not_running_is_no_listener(tmp_path: Path) -> None:
     """NCCL lists only running interfaces (ncclOsFindInterfaces skips those without IFF_RUNNING),
     so a firewall zone on a down port that keeps its static address blocks no NCCL connection.
