@@ -16,7 +16,7 @@ from preflight.model import (
 )
 from preflight.nccl.gid import nccl_int
 from preflight.probes.memlock import Limit, MemlockFacts, PamLimit
-from preflight.slurm_conf import SLURM_CONF_PATHS
+from preflight.slurm_conf import SLURM_CONF_PATHS, SLURMD_CONF_UNFOUND
 from preflight.registry import check
 from preflight.units import format_size
 
@@ -54,7 +54,7 @@ def _unread_subject(path: str, memlock: MemlockFacts) -> str:
         return path
     if (path == "/proc" or path.endswith(("/comm", "/slurmd.pid"))) and memlock.slurmd_pid is None:
         return "slurmd"  # whether slurmd runs, and so its limit, is unknown
-    if path in SLURM_CONF_PATHS or path == memlock.slurm_conf:
+    if path in SLURM_CONF_PATHS or path in (memlock.slurm_conf, SLURMD_CONF_UNFOUND):
         return "slurm.conf"
     if "/slurmd.service" in path:
         return "slurmd.service"

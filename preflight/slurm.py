@@ -57,7 +57,9 @@ from preflight.hostlist import HostlistError, expand
 from preflight.model import Finding, Status
 from preflight.probes.gpus import pci_device_key
 from preflight.probes.job import parse_gpu_indices
-from preflight.slurm_conf import DEFAULT_HEALTH_CHECK_TIMEOUT_S, KillTime, SlurmConf, find_slurm_conf, gpus_as_gres, script_kill_time
+from preflight.slurm_conf import (
+    DEFAULT_HEALTH_CHECK_TIMEOUT_S, KillTime, SlurmConf, find_node_slurm_conf, find_slurm_conf, gpus_as_gres, script_kill_time,
+)
 from preflight.sources import NodeFS, SourceError
 
 if TYPE_CHECKING:
@@ -387,8 +389,9 @@ def resolve_program(program: str, environ: Mapping[str, str]) -> str:
     return shutil.which(program, path=search) or program
 
 
-def run_command(argv: Sequence[str], timeout_s: float) -> CommandResult:
-    """Run one command with a timeout, never retried; its own failure is a result, not an error."""
+def run_command(argv: Sequence[str], timeout_s: float, environ: Mapping[str, str] | None = None) -> CommandResult:
+    """Run one command with a timeout, never retried; its own failure is a result, not an error.
+    ``environ`` replaces this process's environment for it."""
     import subprocess
 
     if timeout_s <= 0:
@@ -396,7 +399,7 @@ def run_command(argv: Sequence[str], timeout_s: float) -> CommandResult:
     try:
         completed = subprocess.run(
             list(argv), stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace",
-            timeout=timeout_s, check=False,
+            timeout=timeout_s, check=False, env=environ,
         )
     except subprocess.TimeoutExpired:
         return CommandResult(tuple(argv), "timeout", output=f"timed out after {timeout_s:.1f} s")
@@ -518,6 +521,7 @@ class _Session:
             settings.healthcheck_timeout_s if args.mode == "healthcheck" else settings.timeout_s
         )
         self.outcome = _Outcome(args.mode, node_name(settings, environ), time.time(), scope=job_scope(args.mode, environ, settings))
+        self.slurm_conf = ""  # the slurm.conf scontrol is told (SLURM_CONF) where the run's environment names none
 
     def remaining(self) -> float:
         return self.budget - (time.monotonic() - self.begin)
@@ -541,7 +545,8 @@ class _Session:
 
     def scontrol(self, *arguments: str) -> CommandResult:
         program = resolve_program(self.settings.scontrol, self.environ)
-        result = run_command([program, *arguments], min(self.settings.scontrol_timeout_s, self.remaining()))
+        environ = {**os.environ, "SLURM_CONF": self.slurm_conf} if self.slurm_conf else None
+        result = run_command([program, *arguments], min(self.settings.scontrol_timeout_s, self.remaining()), environ)
         self.outcome.actions.append(result)
         return result
 
@@ -637,7 +642,13 @@ def _judge_node(session: _Session, node: OpenedNode) -> int:
         session.log(SYSLOG_INFO, outcome.message)
         return session.finish()
 
-    found = find_slurm_conf(node.fs.read, session.environ.get("SLURM_CONF", ""))
+    if session.environ.get("SLURM_CONF", "").startswith("/"):
+        found = find_slurm_conf(node.fs.read, session.environ["SLURM_CONF"])
+    else:
+        # A health check runs with SLURMD_NODENAME alone: the file is the one slurmd reads, and
+        # scontrol, whose compiled-in default may differ (Base Command Manager), is told it.
+        found = find_node_slurm_conf(node.fs)
+        session.slurm_conf = found[0].path if found[0] is not None and os.path.realpath(session.args.root) == "/" else ""
     session.fit_kill_time(found)
     if args.mode != "healthcheck" and not (scope.gpus_text or "").strip():
         scope = outcome.scope = _job_without_gpu_gres(session, found)

@@ -29,7 +29,9 @@ from typing import NamedTuple
 
 from preflight.config import MAX_SCRIPT_TIMEOUT_S
 from preflight.probes.job import job_file_user, parse_environ
+from preflight.probing import FactReader
 from preflight.sources.fs import NodeFS, SourceError
+from preflight.units import is_number
 
 SLURM_CONF_PATHS = ("/run/slurm/conf/slurm.conf", "/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf")
 MAX_FILES = 32  # slurm.conf and the files it includes, nested or not
@@ -163,16 +165,134 @@ def find_slurm_conf(read: Reader, override: str = "", read_override: Reader | No
     return None, problems
 
 
-def find_job_slurm_conf(fs: NodeFS) -> tuple[SlurmConf | None, list[str]]:
+def find_job_slurm_conf(fs: NodeFS, slurmd_pid: int | None = None) -> tuple[SlurmConf | None, list[str]]:
     """:func:`find_slurm_conf` for the environment preflight runs in (``/proc/self/environ``: a
-    prolog's or a job step's). ``$SLURM_CONF`` is the job's to name, so it and what it includes
-    are read with the job user's rights; an unreadable environment leaves the default paths."""
+    prolog's or a job step's, where Slurm sets ``$SLURM_CONF``). ``$SLURM_CONF`` is the job's to
+    name, so it and what it includes are read with the job user's rights. Without it (a health
+    check, which slurmd starts with SLURMD_NODENAME alone; cron; an operator's shell) the file is
+    the one slurmd itself reads (:func:`slurmd_conf`); ``slurmd_pid`` saves a second search for it."""
     try:
         environ = parse_environ(fs.read_bytes("/proc/self/environ") or b"")
     except SourceError:
         environ = {}  # the job probe reports an unreadable environment
-    user = job_file_user(fs, environ)
-    return find_slurm_conf(fs.read, environ.get("SLURM_CONF", ""), lambda path: fs.read_for(path, user))
+    if environ.get("SLURM_CONF", "").startswith("/"):
+        user = job_file_user(fs, environ)
+        return find_slurm_conf(fs.read, environ["SLURM_CONF"], lambda path: fs.read_for(path, user))
+    return find_node_slurm_conf(fs, slurmd_pid)
+
+
+def find_node_slurm_conf(fs: NodeFS, slurmd_pid: int | None = None) -> tuple[SlurmConf | None, list[str]]:
+    """The slurm.conf slurmd reads: the file its ``-f`` or ``$SLURM_CONF`` names (Base Command
+    Manager sets SLURM_CONF in slurmd's unit and keeps the file under /cm/shared), else the first
+    of :data:`SLURM_CONF_PATHS` there. Where slurmd runs and reads a file preflight did not find
+    (a compiled-in default such as /usr/local/etc/slurm.conf; a named file not there), that is a
+    problem, so what the file says is unknown rather than unset."""
+    pid = slurmd_pid if slurmd_pid is not None else find_slurmd(FactReader(fs))
+    named = slurmd_conf(fs, pid) if pid is not None else SlurmdConf("", "")
+    if not named.path:
+        conf, problems = find_slurm_conf(fs.read)
+        if conf is None and pid is not None:
+            unread = f"; its environment, which may name another, is unread ({named.unread})" if named.unread else ""
+            problems.append(f"{SLURMD_CONF_UNFOUND}: slurmd (pid {pid}) runs, and none of {', '.join(SLURM_CONF_PATHS)} is there{unread}")
+        return conf, problems
+    try:
+        conf = read_slurm_conf(fs.read, named.path)
+    except SourceError as error:
+        return None, [f"{SLURMD_CONF_UNFOUND}: slurmd reads {named.path} ({named.source}): {error}"]
+    if conf is None:
+        return None, [f"{SLURMD_CONF_UNFOUND}: slurmd reads {named.path} ({named.source}), which is not there"]
+    return conf, []
+
+
+#: The subject of the problem "slurmd runs and its slurm.conf was not found".
+SLURMD_CONF_UNFOUND = "slurm.conf"
+
+
+class SlurmdConf(NamedTuple):
+    path: str  # the file slurmd was told to read; "" when it was told none
+    source: str  # where that was read: "/proc/<pid>/cmdline (-f)", "/proc/<pid>/environ (SLURM_CONF)"
+    unread: str = ""  # why slurmd's environment could not be read ("" when it was)
+
+
+#: slurmd's short options that take a value (its getopt string "bcCd:Df:F::GhL:Mn:N:svVZ"; F's
+#: value is optional and so only ever attached) and its long options that take one (slurmd.c).
+_SHORT_WITH_VALUE = frozenset("dfLnN")
+_LONG_WITH_VALUE = frozenset({"ca-cert-file", "conf", "conf-server", "extra", "instance-id", "instance-type", "parameters"})
+
+
+def slurmd_conf_option(cmdline: bytes) -> str | None:
+    """The file slurmd's ``-f`` names in its NUL-separated command line, by getopt's rules
+    (``-f FILE``, ``-fFILE``, ``-Df FILE``; the last one wins); None without one."""
+    args = cmdline.decode("utf-8", "surrogateescape").split("\0")
+    found, index = None, 1
+    while index < len(args):
+        arg, index = args[index], index + 1
+        if arg == "--":
+            break
+        if arg.startswith("--"):
+            name, equals, _ = arg[2:].partition("=")
+            index += 1 if name in _LONG_WITH_VALUE and not equals else 0
+            continue
+        for position in range(1, len(arg) if arg.startswith("-") else 0):
+            letter = arg[position]
+            if letter == "F":
+                break
+            if letter in _SHORT_WITH_VALUE:
+                value = arg[position + 1:]
+                if not value and index < len(args):
+                    value, index = args[index], index + 1
+                found = value if letter == "f" else found
+                break
+    return found
+
+
+def slurmd_conf(fs: NodeFS, pid: int) -> SlurmdConf:
+    """What slurmd ``pid`` was told to read, by its own precedence (slurmd.c,
+    ``_slurm_conf_file_exists``): ``-f``, then ``$SLURM_CONF``. Another process's environment is
+    root's to read; unread, the path stays "" and says why."""
+    try:
+        option = slurmd_conf_option(fs.read_bytes(f"/proc/{pid}/cmdline") or b"")
+    except SourceError:
+        option = None  # a command line hides nothing from root; without root the environment decides below
+    if option:
+        return SlurmdConf(option, f"/proc/{pid}/cmdline (-f)")
+    try:
+        environ = parse_environ(fs.read_bytes(f"/proc/{pid}/environ") or b"")
+    except SourceError as error:
+        return SlurmdConf("", "", f"environment is unread ({error})")
+    path = environ.get("SLURM_CONF", "")
+    return SlurmdConf(path if path.startswith("/") else "", f"/proc/{pid}/environ (SLURM_CONF)")
+
+
+def find_slurmd(reader: FactReader) -> int | None:
+    """slurmd's pid: from its pid file (``SlurmdPidFile``'s defaults), else a scan of
+    ``/proc/*/comm``; None when it does not run (or /proc is unlisted, which is in the problems)."""
+    for pid_file in ("/run/slurmd.pid", "/var/run/slurmd.pid"):
+        text = reader.text(pid_file)
+        if text and is_number(text.strip()):
+            pid = int(text.strip())
+            if (reader.text(f"/proc/{pid}/comm") or "").strip() == "slurmd":
+                return pid
+    for entry in reader.listing("/proc") or []:  # unlisted: the problem makes slurmd undecided
+        if is_number(entry):
+            try:
+                comm = reader.fs.read(f"/proc/{entry}/comm")
+            except SourceError:
+                continue  # processes come and go, and hidepid hides others
+            if (comm or "").strip() == "slurmd" and _runs_as_root(reader, entry):
+                return int(entry)
+    return None
+
+
+def _runs_as_root(reader: FactReader, pid: str) -> bool:
+    """A process any user can start and name ``slurmd`` is no evidence of slurmd's limits or
+    files: only one running as root (real uid 0 in ``/proc/<pid>/status``) is taken for it."""
+    try:
+        status = reader.fs.read(f"/proc/{pid}/status")
+    except SourceError:
+        return False
+    uid = next((line.split()[1:2] for line in (status or "").splitlines() if line.startswith("Uid:")), [])
+    return uid == ["0"]
 
 
 def propagated(conf: SlurmConf, limit: str) -> tuple[bool | None, str]:

@@ -29,10 +29,10 @@ from msgspec import Struct
 
 from preflight.probing import FactReader
 from preflight.registry import probe
-from preflight.slurm_conf import find_job_slurm_conf
+from preflight.slurm_conf import find_job_slurm_conf, find_slurmd
 from preflight.slurm_conf import propagated as propagated_limit
-from preflight.sources import NodeFS, SourceError
-from preflight.units import UNLIMITED, is_number, parse_size
+from preflight.sources import NodeFS
+from preflight.units import UNLIMITED, parse_size
 
 NCCL_DEFAULT_BUFFSIZE = 4 * 1024 * 1024  # NCCL_BUFFSIZE default (NCCL environment variable docs)
 
@@ -182,35 +182,6 @@ def parse_meminfo_total(text: str) -> int | None:
     return int(match.group(1)) * 1024 if match else None
 
 
-def _find_slurmd(reader: FactReader) -> int | None:
-    for pid_file in ("/run/slurmd.pid", "/var/run/slurmd.pid"):
-        text = reader.text(pid_file)
-        if text and is_number(text.strip()):
-            pid = int(text.strip())
-            if (reader.text(f"/proc/{pid}/comm") or "").strip() == "slurmd":
-                return pid
-    for entry in reader.listing("/proc") or []:  # unlisted: the problem makes slurmd undecided
-        if is_number(entry):
-            try:
-                comm = reader.fs.read(f"/proc/{entry}/comm")
-            except SourceError:
-                continue  # processes come and go, and hidepid hides others
-            if (comm or "").strip() == "slurmd" and _runs_as_root(reader, entry):
-                return int(entry)
-    return None
-
-
-def _runs_as_root(reader: FactReader, pid: str) -> bool:
-    """A process any user can start and name ``slurmd`` is no evidence of slurmd's limits: only
-    one running as root (real uid 0 in ``/proc/<pid>/status``) is taken for it."""
-    try:
-        status = reader.fs.read(f"/proc/{pid}/status")
-    except SourceError:
-        return False
-    uid = next((line.split()[1:2] for line in (status or "").splitlines() if line.startswith("Uid:")), [])
-    return uid == ["0"]
-
-
 def _drop_in_files(reader: FactReader, directory: str) -> list[str]:
     """``*.conf`` in ``directory``; an unlisted directory is in ``problems``, which undecide the
     subjects it could have changed (:func:`_unread_subject`)."""
@@ -310,13 +281,13 @@ def probe_memlock(fs: NodeFS) -> MemlockFacts:
     """Gather every source of the job's locked-memory limit."""
     reader = FactReader(fs)
     process = _read_memlock(reader, "/proc/self/limits")
-    slurmd_pid = _find_slurmd(reader)
+    slurmd_pid = find_slurmd(reader)
     slurmd = _read_memlock(reader, f"/proc/{slurmd_pid}/limits") if slurmd_pid is not None else None
     unit, unit_limit = _slurmd_unit(reader)
     pam: list[PamLimit] = []
     for path in ["/etc/security/limits.conf"] + _drop_in_files(reader, "/etc/security/limits.d"):
         pam.extend(parse_pam_limits(reader.text(path) or "", path))
-    conf, conf_problems = find_job_slurm_conf(fs)
+    conf, conf_problems = find_job_slurm_conf(fs, slurmd_pid)
     reader.problems.extend(conf_problems)
     propagated, setting = propagated_limit(conf, "MEMLOCK") if conf is not None else (None, "")
     slurm_conf = conf.path if conf is not None else None

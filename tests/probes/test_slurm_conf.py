@@ -6,8 +6,13 @@ drop-ins, read as systemd reads them."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+from checks.mem import memlock_limit_too_low
+from preflight.config import Expectations
+from preflight.model import Status
+from preflight.probes.job import probe_job
 from preflight.probes.memlock import probe_memlock
 from preflight.probes.nccl_platform import probe_nccl_platform
 from preflight.slurm_conf import (
@@ -20,6 +25,7 @@ from preflight.slurm_conf import (
     propagated,
     read_slurm_conf,
     script_kill_time,
+    slurmd_conf_option,
 )
 from preflight.sources import NodeFS
 from preflight.sources.fs import SourceError
@@ -200,3 +206,87 @@ def test_slurmd_unit_drop_ins_apply_as_systemd_applies_them(tmp_path: Path) -> N
     assert facts.slurmd_unit_limit is not None and facts.slurmd_unit_limit.source == "/etc/systemd/system/slurmd.service.d/50-site.conf"
     (etc / "90-reset.conf").write_text("[Service]\nLimitMEMLOCK=\n")  # later by name: the reset wins
     assert probe_memlock(NodeFS(str(root))).slurmd_unit_limit is None
+
+
+def test_slurmd_dash_f_is_read_as_getopt_reads_it() -> None:
+    """slurmd's getopt string "bcCd:Df:F::GhL:Mn:N:svVZ": -f takes the next word or the rest of
+    its own; another option's value is never taken for it; the last -f wins."""
+    def cmdline(*args: str) -> bytes:
+        return "\0".join(("/usr/sbin/slurmd", *args)).encode() + b"\0"
+
+    assert slurmd_conf_option(cmdline("-D", "-s")) is None
+    assert slurmd_conf_option(cmdline("-f", "/cm/slurm.conf")) == "/cm/slurm.conf"
+    assert slurmd_conf_option(cmdline("-f/opt/a.conf")) == "/opt/a.conf"
+    assert slurmd_conf_option(cmdline("-Df", "/opt/b.conf", "-vvv")) == "/opt/b.conf"
+    assert slurmd_conf_option(cmdline("-N", "-f", "-D")) is None  # "-f" is -N's node name
+    assert slurmd_conf_option(cmdline("--conf-server", "-f", "-D")) is None
+    assert slurmd_conf_option(cmdline("--conf-server=h", "-f", "/x", "-f", "/y")) == "/y"
+    assert slurmd_conf_option(cmdline("-Fgpu", "-f", "/z")) == "/z"  # F's value is attached only
+    assert slurmd_conf_option(b"\xff\xfe") is None
+
+
+def _slurmd_node(root: Path, environ: str | None, cmdline: str = "/usr/sbin/slurmd\0-D\0") -> NodeFS:
+    """A node whose root-owned slurmd (pid 4242) has ``environ``, and one RDMA device; no
+    SLURM_CONF in preflight's own environment (a health check, cron, an operator's shell)."""
+    slurmd = root / "proc" / "4242"
+    slurmd.mkdir(parents=True, exist_ok=True)
+    (slurmd / "comm").write_text("slurmd\n")
+    (slurmd / "status").write_text("Name:\tslurmd\nUid:\t0\t0\t0\t0\n")
+    (slurmd / "cmdline").write_bytes(cmdline.encode())
+    (slurmd / "limits").write_text("Limit Soft Limit Hard Limit Units\nMax locked memory unlimited unlimited bytes\n")
+    if environ is not None:
+        (slurmd / "environ").write_bytes(environ.encode())
+    (root / "proc" / "self").mkdir(exist_ok=True)
+    (root / "proc" / "self" / "environ").write_bytes(b"SLURMD_NODENAME=node001\0")
+    (root / "proc" / "self" / "limits").write_text("Limit Soft Limit Hard Limit Units\nMax locked memory unlimited unlimited bytes\n")
+    (root / "sys" / "class" / "infiniband" / "mlx5_0").mkdir(parents=True, exist_ok=True)
+    (root / "etc" / "security").mkdir(parents=True, exist_ok=True)
+    return NodeFS(str(root))
+
+
+def _slurm_conf_finding(fs: NodeFS) -> tuple[str, str]:
+    findings = {o.subject: o for o in memlock_limit_too_low(probe_memlock(fs), probe_job(fs), Expectations())}
+    found = findings.get("slurm.conf")
+    return ("", "") if found is None else (found.status.value, found.reason or " ".join(e.observed for e in found.evidence))
+
+
+def test_without_slurm_conf_in_its_environment_the_file_is_the_one_slurmd_reads(tmp_path: Path) -> None:
+    """Base Command Manager keeps slurm.conf under /cm/shared and names it in slurmd's unit
+    (Environment=SLURM_CONF=...); a health check gets SLURMD_NODENAME alone (slurmd.c). The file
+    slurmd was told decides, never a left-over /etc/slurm/slurm.conf."""
+    bcm = "/cm/shared/apps/slurm/var/etc/slurm/slurm.conf"
+    fs = _slurmd_node(tmp_path, f"PATH=/usr/bin\0SLURM_CONF={bcm}\0")
+    (tmp_path / bcm.lstrip("/")).parent.mkdir(parents=True)
+    (tmp_path / bcm.lstrip("/")).write_text("ClusterName=slurm\n")  # PropagateResourceLimits unset: ALL
+    (tmp_path / "etc" / "slurm").mkdir()
+    (tmp_path / "etc" / "slurm" / "slurm.conf").write_text("PropagateResourceLimitsExcept=MEMLOCK\n")
+    facts = probe_memlock(fs)
+    assert facts.slurm_conf == bcm and facts.memlock_propagated is True
+    status, shown = _slurm_conf_finding(fs)
+    assert status == Status.PRESENT.value and "MEMLOCK propagated" in shown
+    assert probe_nccl_platform(fs).slurm_conf == bcm
+    # -f comes before SLURM_CONF (slurmd.c, _slurm_conf_file_exists)
+    fs = _slurmd_node(tmp_path, f"SLURM_CONF={bcm}\0", "/cm/local/apps/slurm/current/sbin/slurmd\0-f\0/etc/slurm/slurm.conf\0")
+    assert probe_memlock(fs).memlock_propagated is False
+    # the file slurmd was told is not there: unknown, not the default path's answer
+    fs = _slurmd_node(tmp_path, "SLURM_CONF=/cm/shared/missing.conf\0")
+    status, shown = _slurm_conf_finding(fs)
+    assert status == Status.UNKNOWN.value and "/cm/shared/missing.conf" in shown and "not there" in shown
+
+
+def test_slurmd_running_with_no_slurm_conf_found_is_unknown(tmp_path: Path) -> None:
+    """slurmd reads some file (a compiled-in default, /usr/local/etc/slurm.conf for a source
+    build): with none found, MEM001's slurm.conf subject is unknown, never silently absent."""
+    fs = _slurmd_node(tmp_path, "PATH=/usr/bin\0")
+    status, shown = _slurm_conf_finding(fs)
+    assert status == Status.UNKNOWN.value and "slurmd (pid 4242) runs" in shown
+    # its environment unread (not root): the reason says so
+    (tmp_path / ".preflight").mkdir()
+    (tmp_path / ".preflight" / "read-errors.json").write_text(
+        json.dumps({"format": "preflight-read-errors/1", "errors": {"/proc/4242/environ": "EACCES"}})
+    )
+    status, shown = _slurm_conf_finding(NodeFS(str(tmp_path)))
+    assert status == Status.UNKNOWN.value and "environment" in shown and "unread" in shown
+    # no slurmd: nothing to read, nothing to judge
+    (tmp_path / "proc" / "4242" / "comm").write_text("bash\n")
+    assert _slurm_conf_finding(NodeFS(str(tmp_path))) == ("", "")

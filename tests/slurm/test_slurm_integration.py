@@ -559,6 +559,22 @@ def test_5_hanging_probe_prolog_returns_within_its_deadline_and_the_job_runs(clu
     assert "DRAIN" not in cluster.node()[0]
 
 
+def test_healthcheck_without_slurm_conf_reads_the_file_slurmd_was_given(cluster: Cluster) -> None:
+    """slurmd starts HealthCheckProgram with SLURMD_NODENAME alone; this cluster's slurm.conf is
+    not at a default path, so only slurmd's own SLURM_CONF (read from /proc/<slurmd>/environ)
+    finds it. A live run on this host, with draining off: the kill time names the file."""
+    config = cluster.base / "no-drain.toml"
+    config.write_text((cluster.base / "preflight.toml").read_text().replace("[slurm]\n", "[slurm]\ndrain = false\n", 1))
+    checked = subprocess.run(
+        [*preflight_command(), "slurm", "healthcheck", "--config", str(config), "--timeout", "20"],
+        capture_output=True, text=True, timeout=120, env={"SLURMD_NODENAME": NODE},
+    )
+    assert checked.returncode in (0, 2), checked.stdout + checked.stderr
+    kill_time = cluster.result("healthcheck")["kill_time"]
+    assert kill_time["seconds"] == 60 and str(cluster.conf) in kill_time["source"], kill_time  # type: ignore[index]
+    assert "DRAIN" not in cluster.node()[0]
+
+
 def test_healthcheck_without_a_reachable_controller_returns_within_its_budget(cluster: Cluster) -> None:
     unreachable = cluster.base / "unreachable.conf"
     unreachable.write_text(cluster.conf.read_text().replace(f"SlurmctldPort={cluster.conf.read_text().split('SlurmctldPort=')[1].split()[0]}", f"SlurmctldPort={free_port()}"))
