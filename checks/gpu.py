@@ -206,6 +206,19 @@ def _slurm_gpu_counts(job: JobFacts) -> set[int] | None:
     return {len(given), 0} if "SLURM_STEP_ID" in job.environ else {len(given)}
 
 
+def _slurm_gave(gpus: GpuFacts, counts: set[int] | None) -> bool:
+    """Whether NVML's count is what Slurm's device cgroup leaves for a job given ``counts`` GPUs.
+    Slurm makes each MIG instance one GPU GRES (gpu_nvml.c), and the cgroup opens the parent
+    GPU of each: two instances of one GPU leave NVML one GPU. So where a listed GPU is in MIG
+    mode, any count from one to the GRES count is the job's view."""
+    if not counts:
+        return False
+    listed = len(gpus.devices)
+    if gpus.mig_indices:
+        return 0 < listed <= max(counts)
+    return listed in counts
+
+
 def _not_visible(gpus: GpuFacts, job: JobFacts | Unread, missing: list[str], unidentified: int) -> Iterator[Observation]:
     """GPUs on the PCI bus that NVML does not list, unless the view of this process was narrowed
     on purpose: a container runtime's own /proc/driver/nvidia, or Slurm's device cgroup (with
@@ -220,7 +233,7 @@ def _not_visible(gpus: GpuFacts, job: JobFacts | Unread, missing: list[str], uni
         if len(missing) <= unidentified:
             return
         expected = f"{len(gpus.container_gpus)} (the container's: its /proc/driver/nvidia/gpus, or the GPUs of its /dev/nvidia* nodes)"
-    elif not isinstance(job, Unread) and _in_slurm_view(job) and len(gpus.devices) in (_slurm_gpu_counts(job) or ()):
+    elif not isinstance(job, Unread) and _in_slurm_view(job) and _slurm_gave(gpus, _slurm_gpu_counts(job)):
         return  # as many GPUs as Slurm gave this job step: its view, whatever a container runtime did
     elif gpus.view_error:
         yield undecided(
@@ -301,7 +314,7 @@ def gpu_unusable_by_driver(gpus: GpuFacts, gpu_health: GpuHealthFacts, job: JobF
     if expect.gpu_count is not None:
         # In a view narrowed on purpose (see _not_visible) NVML counts the job's GPUs, not the node's.
         allotted = _slurm_gpu_counts(job) if not isinstance(job, Unread) else None
-        step_view = _in_slurm_view(job) and (allotted is None or len(gpus.devices) in allotted)
+        step_view = _in_slurm_view(job) and (allotted is None or _slurm_gave(gpus, allotted))
         narrowed = gpus.container_gpus is not None or step_view
         count, source = (len(gpus.pci_gpus), "/sys/bus/pci/devices") if narrowed else (len(gpus.devices), "nvmlDeviceGetCount")
         if count < expect.gpu_count:

@@ -283,13 +283,16 @@ def view_scope(scope: JobScope, facts: Mapping[str, Any]) -> JobScope:
     """The scope to judge a run's findings by. A prolog or epilog in the job's cgroup
     (PrologFlags=RunInJob, with ConstrainDevices) sees only the job's GPUs, and NVML numbers them
     from 0: every GPU NVML names there is the job's, whatever node indices SLURM_JOB_GPUS holds,
-    so the GPU findings all count."""
+    so the GPU findings all count. Where a GPU is in MIG mode, Slurm makes each MIG instance one
+    GPU GRES (gpu_nvml.c) and SLURM_JOB_GPUS numbers instances, not NVML's GPUs: which GPU is the
+    job's is not known, and every GPU finding counts."""
     job, gpus = facts.get("job"), facts.get("gpus")
     in_job_cgroup = isinstance(job, dict) and bool(job.get("cgroup_job"))
     devices = gpus.get("devices") if isinstance(gpus, dict) else None
     on_bus = gpus.get("pci_gpus") if isinstance(gpus, dict) else None
     narrowed = isinstance(devices, list) and isinstance(on_bus, list) and len(devices) < len(on_bus)
-    return structs.replace(scope, gpus=None) if in_job_cgroup and narrowed and scope.gpus is not None else scope
+    mig = isinstance(devices, list) and any(isinstance(device, dict) and device.get("mig") is True for device in devices)
+    return structs.replace(scope, gpus=None) if (mig or (in_job_cgroup and narrowed)) and scope.gpus is not None else scope
 
 
 def _gpu_of(subject: str, indices: GpuIndices) -> int | None:

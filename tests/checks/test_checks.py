@@ -556,6 +556,19 @@ def test_gpu001_views_narrowed_on_purpose_are_not_missing_gpus(gpus: GpuFacts, h
     assert list(gpu_unusable_by_driver(gpus, health, unread, Expectations(gpu_count=8))) == []
 
 
+def test_gpu001_mig_instances_of_one_gpu_are_one_gpu_in_the_job_view(gpus: GpuFacts, health: GpuHealthFacts) -> None:
+    """Slurm makes each MIG instance one GPU GRES (gpu_nvml.c) and the device cgroup opens their
+    parents: a step given two 1g.10gb instances of one A100 (SLURM_STEP_GPUS=8,9) sees one GPU."""
+    one_mig = replace(gpus, devices=(replace(gpus.devices[1], mig=True),))
+    step = {"SLURM_JOB_ID": "5001", "SLURM_STEP_ID": "0", "SLURM_STEP_GPUS": "8,9"}
+    assert list(gpu_unusable_by_driver(one_mig, health, job(environ=step), Expectations(gpu_count=8))) == []
+    # Without MIG the same count is a missing GPU; with MIG, more parents than instances is too.
+    whole = replace(gpus, devices=gpus.devices[1:2])
+    assert [o.subject for o in gpu_unusable_by_driver(whole, health, job(environ=step), Expectations())] == ["node"]
+    three = replace(gpus, devices=tuple(replace(d, mig=True) for d in gpus.devices[:3]))
+    assert [o.subject for o in gpu_unusable_by_driver(three, health, job(environ=step), Expectations())] == ["node"]
+
+
 def test_gpu001_lost_in_a_health_query_is_present_once(gpus: GpuFacts, health: GpuHealthFacts) -> None:
     lost_ecc = replace(health, gpus=health.gpus[:5] + (replace(health.gpus[5], volatile_error="NVML_ERROR_GPU_IS_LOST"),) + health.gpus[6:])
     (found,) = gpu_unusable_by_driver(gpus, lost_ecc, job(), Expectations())

@@ -293,6 +293,19 @@ def test_in_the_jobs_cgroup_every_gpu_nvml_names_is_the_jobs() -> None:
     assert view_scope(JobScope("7", None, None), narrowed).gpus is None
 
 
+def test_with_mig_slurm_job_gpus_numbers_instances_so_every_gpu_finding_counts() -> None:
+    """Slurm makes each MIG instance one GPU GRES: on a node of 7+7+7+7+2+2+1+1 instances,
+    SLURM_JOB_GPUS=8 is an instance of NVML's GPU1, not GPU8; a finding on GPU1 must not be put
+    outside the job (nor one on GPU8's neighbour drain it for the wrong job by chance)."""
+    scope = JobScope("5001", (8,), "8")
+    mig = {"job": {"cgroup_job": ""}, "gpus": {"devices": [{"index": i, "mig": i < 4} for i in range(8)], "pci_gpus": ["a"] * 8}}
+    ecc = [finding("GPU002", subject="GPU1")]
+    assert judge_findings(ecc, SlurmSettings(), scope).drain == ()  # read as NVML indices: outside the job
+    assert len(judge_findings(ecc, SlurmSettings(), view_scope(scope, mig)).drain) == 1
+    whole = {**mig, "gpus": {"devices": [{"index": i, "mig": False} for i in range(8)], "pci_gpus": ["a"] * 8}}
+    assert view_scope(scope, whole) == scope
+
+
 def test_gpu_indices_from_a_real_run_of_the_example_node(example_root: Path) -> None:
     """The facts a prolog's own run reports: the example node's eight GPUs by address."""
     from preflight.run import inspect_node, open_node
