@@ -18,6 +18,7 @@ from preflight.model import (
     undecided,
 )
 from preflight.nccl.gid import nccl_int
+from preflight.nccl.ib import plugin_transport
 from preflight.nccl.releases import GDRCOPY_NEEDS_GDRDRV, PEERMEM_DETECTION, affected, release_evidence
 from preflight.probes.bar1 import MOSTLY_MAPPED
 from preflight.probes.gpudirect import (
@@ -202,7 +203,8 @@ def _efa_gpu_memory(devices: list[RdmaDevice], gpudirect: GpuDirectFacts) -> Ite
 @check("GDR001", profiles=("prolog",), optional=("job",))
 def gpudirect_rdma_unavailable(gpudirect: GpuDirectFacts, rdma: RdmaFacts, job: JobFacts | Unread, nccl_libs: NcclLibFacts) -> Iterator[Observation]:
     """Neither the peer-memory nor the DMA-BUF path to GPUDirect RDMA is available, or only
-    nvidia_peermem is, which NCCL before 2.23.4 does not look for. EFA devices are judged by
+    nvidia_peermem is, which NCCL before 2.23.4 does not look for (unknown where a network plugin,
+    which tests GPUDirect itself, carries the traffic). EFA devices are judged by
     efa.ko's own GPU-memory provider."""
     _require_nvidia(gpudirect)
     if gpudirect.rdma_devices is None:
@@ -241,8 +243,18 @@ def gpudirect_rdma_unavailable(gpudirect: GpuDirectFacts, rdma: RdmaFacts, job: 
     if NVIDIA_PEERMEM_VERSION in gpudirect.peer_memory_files:
         old, unnamed = affected(nccl_libs, PEERMEM_DETECTION)
         loaded = Evidence(NVIDIA_PEERMEM_VERSION, "present, but no /sys/kernel/mm/memory_peers client", "a memory_peers client (nv_mem), or NCCL 2.23.4 or newer")
+        plugin = plugin_transport(job if not isinstance(job, Unread) else None, nccl_libs)
         for copy in old:
-            yield present(copy.path, release_evidence(copy, PEERMEM_DETECTION), loaded, dmabuf, *dmabuf_off)
+            if plugin:
+                yield undecided(
+                    copy.path,
+                    f"NCCL {copy.version}'s own InfiniBand transport would report GPUDirect RDMA disabled, but NCCL loads the "
+                    f"network plugin {plugin}, whose own test decides (nccl-rdma-sharp-plugins accepts nvidia_peermem "
+                    "since its update for NCCL 2.23.4; older builds do not)",
+                    loaded,
+                )
+            else:
+                yield present(copy.path, release_evidence(copy, PEERMEM_DETECTION), loaded, dmabuf, *dmabuf_off)
         for copy in unnamed:
             yield undecided(copy.path, f"the NCCL release of {copy.path} is not named by its file or wheel", loaded)
         return

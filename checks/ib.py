@@ -25,6 +25,7 @@ from preflight.nccl.ib import (
     Selection,
     nccl_selection,
     parse_nccl_ib_hca,
+    plugin_transport,
     require_ib_transport_on,
 )
 from preflight.nccl.releases import version_tuple
@@ -262,7 +263,7 @@ def ib_hca_selection_mismatch(rdma: RdmaFacts, job: JobFacts, nccl_nets: NcclNet
     leaves NCCL every port but those its topology search passes over (an IB/RoCE mix of ports it
     does use is refused per connection)."""
     require_ib_transport(rdma)
-    require_ib_transport_on(job)
+    require_ib_transport_on(job, ucx_counts=True)
     selection = nccl_selection(rdma, job, skipped_devices(nccl_nets))
     for port in selection.undecided:
         yield undecided(port.subject, port.why("state" if port.state is None else "link_layer"))
@@ -286,7 +287,7 @@ def ib_hca_selection_mismatch(rdma: RdmaFacts, job: JobFacts, nccl_nets: NcclNet
 def ib_odd_nic_count_rail_hang(rdma: RdmaFacts, job: JobFacts) -> Iterator[Observation]:
     """NCCL would use exactly three IB/RoCE ports on this node."""
     require_ib_transport(rdma)
-    require_ib_transport_on(job)
+    require_ib_transport_on(job, ucx_counts=True)
     selection = nccl_selection(rdma, job)
     _decided(selection)
     if len(selection.ports) == 3:
@@ -330,13 +331,16 @@ def ib_device_order_differs_across_nodes(
     rdma: RdmaFacts, job: JobFacts, nccl_libs: NcclLibFacts, nccl_nets: NcclNetsFacts | Unread = NOT_GIVEN
 ) -> Iterator[Observation]:
     """The RDMA devices NCCL uses are not numbered in PCI address order, and an NCCL that does not
-    sort them (before 2.29.7, or told not to) may run here. A device NCCL's topology search passes
+    sort them (before 2.29.7, or told not to) or a network plugin that does not (HPC-X's) may run here. A device NCCL's topology search passes
     over (a slow front-end port) carries no rail: its place in the order moves no rail."""
     require_ib_transport(rdma)
-    require_ib_transport_on(job)
+    require_ib_transport_on(job, ucx_counts=True)
     selection = nccl_selection(rdma, job, skipped_devices(nccl_nets))
     _decided(selection)
-    setting, pci_order = _pci_order_setting(job)
+    # nccl-rdma-sharp-plugins (HPC-X) takes the devices in ibv_get_device_list's order and reads
+    # no NCCL_IB_DEVICE_PCI_ORDER: where it carries the traffic, NCCL's release does not sort them.
+    plugin = plugin_transport(job, nccl_libs)
+    setting, pci_order = _pci_order_setting(job) if not plugin else (None, False)
     if setting is not None and pci_order:
         return  # the job asks NCCL (2.29.7 and later) to sort by PCI address
     devices = _selected_devices(rdma, selection)
@@ -351,7 +355,9 @@ def ib_device_order_differs_across_nodes(
     if [d.name for d in by_name] == [d.name for d in by_pci]:
         return
     releases: list[Evidence] = []
-    if setting is None:
+    if plugin:
+        order = Evidence(plugin, "NCCL's network plugin, which keeps the verbs library's device order (no PCI sort)")
+    elif setting is None:
         unsorted = [
             copy for copy in nccl_libs.copies
             if copy.version is None or (version_tuple(copy.version) or ()) < PCI_ORDER_DEFAULT_SINCE
@@ -762,7 +768,7 @@ def rdma_device_nodes_missing(rdma: RdmaFacts, job: JobFacts | Unread, expect: E
     only, with NCCL_IB_DISABLE=1) opens none."""
     require_rdma(rdma)
     if not isinstance(job, Unread):
-        require_ib_transport_on(job)
+        require_ib_transport_on(job, ucx_counts=True)
     devices = rdma.data_devices
     if not devices:
         raise NotApplicable("only NVSwitch management functions, no data RDMA devices")

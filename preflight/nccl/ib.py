@@ -27,6 +27,7 @@ from msgspec import Struct
 from preflight.model import NotApplicable
 from preflight.nccl.gid import nccl_int
 from preflight.probes.job import JobFacts, Setting
+from preflight.probes.nccl_libs import NcclLibFacts
 from preflight.probes.rdma import PORT_ACTIVE, RdmaFacts, RdmaPort, ports_unlisted
 
 NCCL_LINK_LAYERS = ("InfiniBand", "Ethernet")
@@ -137,23 +138,56 @@ MAX_DEVS_PER_NIC = 4
 FUSION_SINCE = (2, 24)
 
 
-def ib_transport_off(job: JobFacts) -> str:
+#: NCCL_NET names of the networks of nccl-rdma-sharp-plugins (HPC-X's libnccl-net.so) that open
+#: the verbs ports NCCL's own IB transport would, with the same NCCL_IB_HCA filter
+#: (nccl_p2p_ib_init in src/p2p_plugin.c): its copy of that transport, "IBext_v6" to "IBext_v11",
+#: which also picks GIDs as NCCL does (ib_plugin.c), and its UCX transports, which leave the GID
+#: to UCX.
+PLUGIN_IB_NET = "ibext"
+PLUGIN_UCX_NETS = ("ucx", "ucx-rma", "ucx-uct", "ucx-uct-rd")
+
+
+def ib_transport_off(job: JobFacts, ucx_counts: bool = False) -> str:
     """Why NCCL will not use its IB transport (NCCL_NET naming another network, NCCL_IB_DISABLE),
-    or "" when nothing turns it off."""
+    or "" when nothing turns it off. The plugin's IBext networks are that transport; its UCX ones
+    count where only which ports are opened matters (``ucx_counts``)."""
     net = job.nccl("NCCL_NET")
-    if net is not None and net.value.strip().lower() != "ib":
+    name = net.value.strip().lower() if net is not None else "ib"
+    if net is not None and name != "ib" and not name.startswith(PLUGIN_IB_NET) and not (ucx_counts and name in PLUGIN_UCX_NETS):
         return f"NCCL_NET={net.value}: NCCL uses another network than its IB/RoCE transport"
+    if name != "ib":
+        return ""  # the plugin's: it does not read NCCL_IB_DISABLE (NCCL_IBEXT_DISABLE, NCCL_UCX_DISABLE instead)
     disabled = job.nccl("NCCL_IB_DISABLE")
     if disabled is not None and nccl_int(disabled.value, 0) != 0:
         return f"NCCL_IB_DISABLE={disabled.value}: NCCL's IB/RoCE transport is off"
     return ""
 
 
-def require_ib_transport_on(job: JobFacts) -> None:
+def plugin_transport(job: JobFacts | None, nccl_libs: NcclLibFacts) -> str:
+    """The network plugin whose transport, not NCCL's own, carries a job's RDMA traffic: the one
+    NCCL_NET_PLUGIN names (libnccl-net-<name>.so, or the name itself), else libnccl-net.so where
+    the loader finds it (src/plugin/net.cc); "" where none loads or NCCL_NET picks NCCL's own
+    "IB" or "Socket" transport. ``job`` None: the job's settings are unread, and only a plugin
+    the loader finds by default counts."""
+    net = job.nccl("NCCL_NET") if job else None
+    if net is not None and net.value.strip().lower() in ("ib", "socket"):
+        return ""
+    named = job.nccl("NCCL_NET_PLUGIN") if job else None
+    if named is None:
+        wanted = {"libnccl-net.so"}
+    elif named.value.strip().lower() in ("", "none"):
+        return ""
+    else:
+        wanted = {named.value.strip(), f"libnccl-net-{named.value.strip()}.so"}
+    return next((path for path in nccl_libs.net_plugins if path.rsplit("/", 1)[-1] in wanted or path in wanted), "")
+
+
+def require_ib_transport_on(job: JobFacts, ucx_counts: bool = False) -> None:
     """NotApplicable, with the reason, when the job turns NCCL's IB transport off: ncclIbInit then
     returns before it opens any device (init.cc@v2.30.7-1), so no port's state, GID or MTU matters
-    to NCCL."""
-    off = ib_transport_off(job)
+    to NCCL. ``ucx_counts``: the check is about which devices are opened, which the plugin's UCX
+    networks choose as NCCL does."""
+    off = ib_transport_off(job, ucx_counts)
     if off:
         raise NotApplicable(off)
 

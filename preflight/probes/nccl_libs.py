@@ -89,6 +89,10 @@ class NcclCopy(Struct, frozen=True):
 class NcclLibFacts(Struct, frozen=True):
     copies: tuple[NcclCopy, ...]
     problems: tuple[str, ...]
+    # NCCL network plugins (libnccl-net*.so) in the directories the loader searches (the system's
+    # and the job's LD_LIBRARY_PATH), in its order: NCCL dlopens libnccl-net.so, or
+    # libnccl-net-<NCCL_NET_PLUGIN>.so, by bare name (src/plugin/net.cc)
+    net_plugins: tuple[str, ...] = ()
 
 
 def library_dirs(reader: FactReader) -> list[str]:
@@ -137,8 +141,15 @@ def _stale_reason(fs: NodeFS, directory: str, names: list[str], versioned: list[
     return {name: "; ".join(others) for path, name in here.items() if path not in reached}
 
 
-def _copies_in(fs: NodeFS, reader: FactReader, directory: str, origin: str) -> list[NcclCopy]:
+#: The file names of NCCL network plugins (the default one and those NCCL_NET_PLUGIN names).
+NET_PLUGIN_PREFIX = "libnccl-net"
+
+
+def _copies_in(fs: NodeFS, reader: FactReader, directory: str, origin: str, plugins: list[str] | None = None) -> list[NcclCopy]:
+    """The libnccl copies in ``directory``; its network plugins go to ``plugins`` when given."""
     names = reader.listing(directory) or []
+    if plugins is not None:
+        plugins += [f"{directory}/{name}" for name in names if name.startswith(NET_PLUGIN_PREFIX) and ".so" in name]
     found = []
     versioned = [name for name in names if _VERSIONED.match(name)]
     stale = _stale_reason(fs, directory, names, versioned)
@@ -195,7 +206,7 @@ def job_environ(fs: NodeFS) -> dict[str, str]:
 MAX_PRELOAD_ENTRIES = 32
 
 
-def _job_copies(fs: NodeFS, reader: FactReader, environ: Mapping[str, str], searched: list[str]) -> list[NcclCopy]:
+def _job_copies(fs: NodeFS, reader: FactReader, environ: Mapping[str, str], searched: list[str], plugins: list[str]) -> list[NcclCopy]:
     """Copies only the job's environment reaches: libnccl in the directories its LD_LIBRARY_PATH
     adds (cloud images put NCCL there: /usr/local/cuda-*/lib on AWS's Deep Learning AMI, the TCPX
     and gIB plugin directories on Google's A3, a module's or uenv's prefix on HPE Cray systems),
@@ -203,7 +214,7 @@ def _job_copies(fs: NodeFS, reader: FactReader, environ: Mapping[str, str], sear
     found = []
     for directory in library_path_dirs(dict(environ)):
         if directory.rstrip("/") not in searched:
-            found += _copies_in(fs, reader, directory.rstrip("/"), "job")
+            found += _copies_in(fs, reader, directory.rstrip("/"), "job", plugins)
     preload = [entry for entry in re.split(r"[\s:]+", environ.get("LD_PRELOAD", ""))[:MAX_PRELOAD_ENTRIES] if entry.startswith("/")]
     known = {copy.path for copy in found}
     for entry in preload:
@@ -286,16 +297,19 @@ def probe_nccl_libs(fs: NodeFS, frameworks: FrameworkFacts | None = None) -> Ncc
     reader = FactReader(fs)
     copies: list[NcclCopy] = []
     searched = library_dirs(reader)
+    job_plugins: list[str] = []
+    system_plugins: list[str] = []
     for directory in searched:
-        copies += _copies_in(fs, reader, directory, "system")
+        copies += _copies_in(fs, reader, directory, "system", system_plugins)
     environ = job_environ(fs)
     copies += _python_copies(fs, reader, environ)
     conda = [f"{prefix}/lib" for prefix in dict.fromkeys(("/opt/conda", *python_prefixes(environ)))]
     for directory in conda:
         if directory not in searched and reader.presence(f"{directory[:-4]}/conda-meta"):
             copies += _copies_in(fs, reader, directory, "conda")
-    copies += _job_copies(fs, reader, environ, [*searched, *conda])
+    copies += _job_copies(fs, reader, environ, [*searched, *conda], job_plugins)
     bypass, own = _torch_bypass(copies, frameworks) if frameworks is not None else ("", set())
     if bypass:
         copies = [copy if copy.origin == "job" or copy.path in own else replace(copy, bypassed=bypass) for copy in copies]
-    return NcclLibFacts(tuple(copies), tuple(reader.problems))
+    # LD_LIBRARY_PATH comes before the system's directories in the loader's order.
+    return NcclLibFacts(tuple(copies), tuple(reader.problems), net_plugins=tuple(job_plugins + system_plugins))

@@ -318,6 +318,25 @@ def test_gdr001_nvidia_peermem_alone_with_nccl_before_2_23_4(gpudirect: GpuDirec
     assert list(gpudirect_rdma_unavailable(replace(with_peermem, driver_flavour="open"), MLX, job(), NCCL_2_21)) == []  # DMA-BUF instead
 
 
+def test_gdr001_a_network_plugin_tests_gpudirect_itself(gpudirect: GpuDirectFacts) -> None:
+    """HPC-X's nccl-rdma-sharp plugin (libnccl-net.so on the job's LD_LIBRARY_PATH) carries the
+    IB traffic with its own GPUDirect test, which accepts nvidia_peermem since its update for NCCL
+    2.23.4 (p2p_plugin.c): an old NCCL's own test no longer decides, and the plugin's build is
+    unknown, so the finding is unknown, not a drain."""
+    with_peermem = replace(gpudirect, peer_memory_files=("/sys/module/nvidia_peermem/version",))
+    hpcx = replace(NCCL_2_21, net_plugins=("/opt/hpcx/nccl_rdma_sharp_plugin/lib/libnccl-net.so",))
+    [found] = gpudirect_rdma_unavailable(with_peermem, MLX, job(), hpcx)
+    assert found.status is Status.UNKNOWN and "/opt/hpcx/nccl_rdma_sharp_plugin/lib/libnccl-net.so" in found.reason
+    # NCCL_NET=IB keeps NCCL's own transport; NCCL_NET_PLUGIN=none loads no plugin; a plugin
+    # named by NCCL_NET_PLUGIN is looked up as libnccl-net-<name>.so.
+    for environ in ({"NCCL_NET": "IB"}, {"NCCL_NET_PLUGIN": "none"}, {"NCCL_NET_PLUGIN": "aws-ofi"}):
+        [found] = gpudirect_rdma_unavailable(with_peermem, MLX, job(environ=environ), hpcx)
+        assert found.status is Status.PRESENT, environ
+    named = replace(NCCL_2_21, net_plugins=("/opt/hpcx/nccl_rdma_sharp_plugin/lib/libnccl-net-ucx.so",))
+    [found] = gpudirect_rdma_unavailable(with_peermem, MLX, job(environ={"NCCL_NET_PLUGIN": "ucx"}), named)
+    assert found.status is Status.UNKNOWN
+
+
 def test_gdr001_not_applicable_without_driver_or_rdma(gpudirect: GpuDirectFacts) -> None:
     with pytest.raises(NotApplicable):
         list(gpudirect_rdma_unavailable(replace(gpudirect, nvidia_driver=None, nvidia_loaded=False), MLX, job(), NCCL_2_28))

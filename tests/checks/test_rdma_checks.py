@@ -373,6 +373,18 @@ def test_ib007_not_applicable_where_the_job_turns_nccls_ib_transport_off() -> No
         list(rdma_device_nodes_missing(facts, job({"NCCL_IB_DISABLE": "1"}), Expectations()))
 
 
+@pytest.mark.parametrize("net", ["UCX", "ucx-rma", "UCX-UCT-RD", "IBext_v8"])
+def test_ib_device_checks_apply_to_the_hpcx_plugins_verbs_networks(net: str) -> None:
+    """nccl-rdma-sharp-plugins' IBext and UCX networks open the verbs ports NCCL's IB transport
+    would, filtered by NCCL_IB_HCA (nccl_p2p_ib_init): a container without /dev/infiniband fails
+    them too, and NCCL_IB_DISABLE, which the plugin does not read, turns nothing off."""
+    facts = replace(rdma(hca("mlx5_0"), dev=None, nodes={}), dev_infiniband=None)
+    assert subjects(ib007(facts, job({"NCCL_NET": net}))) == {"/dev/infiniband"}
+    assert subjects(ib007(facts, job({"NCCL_NET": net, "NCCL_IB_DISABLE": "1"}))) == {"/dev/infiniband"}
+    with pytest.raises(NotApplicable, match="NCCL_NET=AWS Libfabric"):
+        list(ib007(facts, job({"NCCL_NET": "AWS Libfabric"})))
+
+
 def test_ib007_present_for_missing_node_permissions_and_rdma_cm() -> None:
     facts = rdma(hca("mlx5_0"), hca("mlx5_1"), hca("mlx5_2"),
                  nodes={"/dev/infiniband/uverbs0": CHAR, "/dev/infiniband/uverbs1": stat.S_IFCHR | 0o600,
@@ -598,6 +610,16 @@ def test_ib005_unset_order_is_fine_where_every_nccl_sorts_by_pci_address() -> No
     unreadable = NcclLibFacts(nccl("2.30.7").copies, ("/opt/nccl/lib: permission denied",))
     for libs in (nccl("2.30.7", "2.27.3"), nccl("2.30.7", None), nccl(), unreadable):
         assert [o.severity for o in ib_device_order_differs_across_nodes(shuffled(), job(), libs)] == [Severity.WARNING]
+
+
+def test_ib005_a_network_plugin_keeps_the_verbs_librarys_order() -> None:
+    """HPC-X's nccl-rdma-sharp plugin does not sort devices by PCI address, nor read
+    NCCL_IB_DEVICE_PCI_ORDER: where it loads, a recent NCCL's sort does not help."""
+    plugin = replace(nccl("2.29.7"), net_plugins=("/opt/hpcx/nccl_rdma_sharp_plugin/lib/libnccl-net.so",))
+    for environ in ({}, {"NCCL_IB_DEVICE_PCI_ORDER": "1"}):
+        [found] = ib_device_order_differs_across_nodes(shuffled(), job(environ), plugin)
+        assert found.severity is Severity.WARNING and found.evidence[1].source.endswith("libnccl-net.so")
+    assert list(ib_device_order_differs_across_nodes(shuffled(), job({"NCCL_NET": "IB"}), plugin)) == []
 
 
 def test_ib005_absent_in_order_when_sorted_or_when_the_odd_device_is_not_selected() -> None:

@@ -187,3 +187,19 @@ def test_a_conda_environments_own_nccl_is_found(tmp_path: Path) -> None:
     environ(tmp_path, CONDA_PREFIX=env)
     copies = probe_nccl_libs(NodeFS(str(tmp_path))).copies
     assert [(copy.path, copy.version, copy.origin) for copy in copies] == [(f"{env}/lib/libnccl.so.2.23.4", "2.23.4", "conda")]
+
+
+def test_network_plugins_in_the_loaders_order(node_copy: Path) -> None:
+    """HPC-X puts the nccl-rdma-sharp plugin on the job's LD_LIBRARY_PATH (hpcx-init.sh); a
+    system-wide one is in the loader's own directories: the job's come first, as ld.so finds them."""
+    write(node_copy, "/opt/hpcx/nccl_rdma_sharp_plugin/lib/libnccl-net.so.0.0.0", b"")
+    write(node_copy, "/opt/hpcx/nccl_rdma_sharp_plugin/lib/libnccl-net.so", b"")
+    write(node_copy, "/usr/lib/x86_64-linux-gnu/libnccl-net-ofi.so", b"")
+    environ(node_copy, LD_LIBRARY_PATH="/opt/hpcx/nccl_rdma_sharp_plugin/lib")
+    plugins = probe_nccl_libs(NodeFS(str(node_copy))).net_plugins
+    assert plugins == (
+        "/opt/hpcx/nccl_rdma_sharp_plugin/lib/libnccl-net.so",
+        "/opt/hpcx/nccl_rdma_sharp_plugin/lib/libnccl-net.so.0.0.0",
+        "/usr/lib/x86_64-linux-gnu/libnccl-net-ofi.so",
+    )
+    assert not any(copy.path.endswith("libnccl-net.so") for copy in probe_nccl_libs(NodeFS(str(node_copy))).copies)
