@@ -9,8 +9,10 @@ Sources:
   iptables backend (``x_tables``), which netlink does not show; a node that has any is unknown;
 * the namespace's interfaces (``if_nameindex(3)``), read with the rules and recorded with them:
   ``/sys/class/net`` shows the namespace sysfs was mounted in, not necessarily the caller's;
-* which of them hold an IPv4 address: ``/proc/net/fib_trie``'s local addresses, placed on an
-  interface by ``/proc/net/route`` (as :class:`preflight.sources.netlink.FileNetlink` does).
+* which of them hold an IPv4 address or a global IPv6 one: the kernel's address dump
+  (``netlink.addresses()``, live or a snapshot's recording), else, on a copied root,
+  ``/proc/net/fib_trie``'s local addresses placed on an interface by ``/proc/net/route`` (a /32
+  with no route, which the files cannot place, leaves this unknown) and ``/proc/net/if_inet6``.
   NCCL and Gloo listen only on interfaces with an address (NCCL's interface search skips any
   without one of the family, ``src/os/linux.cc``), so a bond or bridge port, a container's veth or
   an unconfigured port is never where a peer's SYN arrives, whatever zone the firewall gives it.
@@ -22,7 +24,7 @@ priority; within a chain the rules in order. ``accept`` ends one base chain (the
 runs); ``drop`` and ``reject`` are final; ``jump`` returns, ``goto`` does not; a base chain's
 policy applies when its rules run out. The packet is what NCCL's and Gloo's connects send: TCP,
 SYN only, conntrack state ``new``, no NAT status bits, no mark known, coming from an address we do
-not know (never loopback). A condition on something we do not know (the peer's address, a mark,
+not know and addressed to the interface's own (neither ever loopback). A condition on something we do not know (the peer's address, a mark,
 an expression we do not decode) is followed both ways, and when the ways end differently the
 answer lists every outcome; checks call that unknown.
 """
@@ -199,7 +201,10 @@ def condition_holds(condition: Condition, packet: Packet) -> bool | None:
     """True/False for the packet, None when it cannot be decided."""
     if condition.op == "opaque":
         return None
-    if condition.field in ("ip saddr", "ip6 saddr"):
+    if condition.field in ("ip saddr", "ip6 saddr", "ip daddr", "ip6 daddr"):
+        # A peer's SYN comes from another host and is addressed to the listener's address on the
+        # interface it arrives on, never loopback: kubelet's KUBE-FIREWALL drop of "! -s 127.0.0.0/8
+        # -d 127.0.0.0/8" never matches it. Any other address depends on the peer or the interface.
         if condition.op in ("==", "in", "!=", "not in") and all(_loopback_only(v) for v in condition.values):
             return condition.op in ("!=", "not in")
         return None
@@ -417,7 +422,7 @@ def probe_firewall(fs: NodeFS, netlink: Netlink) -> FirewallFacts:
         error, source = "", "nf_tables netlink"
     except SourceError as failure:
         ruleset, error, source = None, failure.reason, failure.source
-    addressed, addressed6 = _ipv4_interfaces(fs), _ipv6_interfaces(fs)
+    addressed, addressed6 = _addressed(fs, netlink)
     reachable = reachable_names(addressed, addressed6)
     interfaces = tuple(
         Interface(name, index, interface_running(fs, name) if reachable is None or name in reachable else None)
@@ -442,6 +447,34 @@ def interface_running(fs: NodeFS, name: str) -> bool | None:
     except SourceError:
         return None
     return None if state is None else state.strip() in _RUNNING_STATES
+
+
+def _addressed(fs: NodeFS, netlink: Netlink) -> tuple[tuple[str, ...] | None, tuple[str, ...] | None]:
+    """The interfaces holding an IPv4 address and those holding a global IPv6 one: from the
+    kernel's address dump (live, or a snapshot's recording), which places every address, a /32
+    without a main-table route too (NodeLocal DNSCache's 169.254.20.10, the ClusterIPs on
+    kube-ipvs0, tailscale0's address); else from the files a copied root holds."""
+    from preflight.sources.netlink import LiveNetlink, ReplayNetlink, address_owners
+
+    try:
+        if isinstance(netlink, LiveNetlink):
+            import socket
+
+            names = dict(socket.if_nameindex())
+            owners = [(family, names.get(index, ""), scope) for family, index, scope in address_owners()]
+        elif isinstance(netlink, ReplayNetlink):
+            owners = [(address.family, address.ifname, address.scope) for address in netlink.addresses()]
+        else:
+            owners = None
+    except (SourceError, OSError):
+        owners = None
+    if owners is None:
+        return _ipv4_interfaces(fs), _ipv6_interfaces(fs)
+    named = [(family, name, scope) for family, name, scope in owners if _IFNAME.fullmatch(name)]
+    return (
+        tuple(sorted({name for family, name, _ in named if family == 4})),
+        tuple(sorted({name for family, name, scope in named if family == 6 and scope == "global"})),
+    )
 
 
 def _ipv4_interfaces(fs: NodeFS) -> tuple[str, ...] | None:

@@ -541,6 +541,29 @@ def test_real_iptables_nft_rules_with_xt_matches(ns: Namespace) -> None:
     assert "rendezvous" not in found[("GLOO002", "ens9")][1]  # 29500 is open
 
 
+def test_a_kubernetes_worker_hosts_rules_and_addresses_are_judged(ns: Namespace) -> None:
+    """kubelet's KUBE-FIREWALL drops SYNs to 127.0.0.0/8 from elsewhere, which never match a
+    peer's SYN to the node's own address; NodeLocal DNSCache's /32 on a dummy interface has no
+    main-table route, which the files could not place, but the kernel's address dump does
+    (without pyroute2, whose import alone costs the prolog more than its whole run)."""
+    if shutil.which("iptables-nft") is None:
+        pytest.skip("iptables-nft (Debian package iptables) is not installed; .ci/run installs it")
+    ns.nic("nodelocaldns", "169.254.20.10/32")  # a dummy device in real life, which this kernel may not offer
+    for command in (
+        "-N KUBE-FIREWALL",
+        "-A INPUT -j KUBE-FIREWALL",
+        "-A KUBE-FIREWALL ! -s 127.0.0.0/8 -d 127.0.0.0/8 -m comment --comment block_incoming_localnet_connections "
+        "-m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP",
+    ):
+        subprocess.run(["ip", "netns", "exec", ns.name, "iptables-nft", *command.split()], check=True, capture_output=True, timeout=60)
+    facts = probe(ns)
+    assert facts.addressed is not None and {"ens9", "nodelocaldns"} <= set(facts.addressed) and "p-ens9" not in facts.addressed
+    assert "pyroute2" not in ns.python("import sys\nfrom preflight.probes.firewall import probe_firewall\nfrom preflight.sources import Sources\n"
+                                       "s = Sources.for_node('/')\nprobe_firewall(s.fs, s.netlink)\nprint(sorted(sys.modules))")
+    found = run_checks(ns)
+    assert statuses(found) == {}, found
+
+
 def test_xt_match_structs_decode_only_what_they_can_say_alone() -> None:
     import struct as struct_codes
 
