@@ -11,7 +11,8 @@ Sources:
   Unified-memory parts (Grace Hopper, GB10) answer ``NVML_ERROR_NOT_SUPPORTED``: there, the
   NIC reaches memory without BAR1 and the reference does not apply.
 * NVML ``nvmlDeviceGetComputeRunningProcesses``: the processes with a CUDA context on the GPU,
-  asked only when most of its BAR1 is mapped. A GPU that runs work has its buffers mapped, so
+  asked only when most of its BAR1 is mapped; where it lists none,
+  ``nvmlDeviceGetMPSComputeRunningProcesses``, the clients of a CUDA MPS server (Slurm's gres/mps). A GPU that runs work has its buffers mapped, so
   BAR1 use says something about leaked mappings only on an idle GPU (a health check runs beside
   jobs; a prolog may find a stray process).
 * ``/sys/bus/pci/devices/<bdf>/resource``: one ``start end flags`` line per region. The BAR1
@@ -109,12 +110,25 @@ def _bytes(info: object, key: str) -> int | None:
     return value if isinstance(value, int) and value >= 0 else None
 
 
+#: What a driver without MPS process accounting answers: no MPS clients to count.
+_NO_MPS_LIST = ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND")
+
+
 def _compute_processes(nvml: Nvml, index: int) -> tuple[int | None, str]:
-    """How many processes have a compute context on GPU ``index``, or None and why not."""
-    try:
-        listed = nvml.call("nvmlDeviceGetComputeRunningProcesses", index)
-    except NvmlError as failure:
-        return None, failure.code
-    if not isinstance(listed, list):
-        return None, f"not a list of processes: {type(listed).__name__}"
-    return len(listed), ""
+    """How many processes have a compute context on GPU ``index``, or None and why not. Under
+    CUDA MPS the jobs' processes are MPS clients, which NVML lists apart
+    (nvmlDeviceGetMPSComputeRunningProcesses): asked where the plain list is empty."""
+    counts = []
+    for function in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetMPSComputeRunningProcesses"):
+        try:
+            listed = nvml.call(function, index)
+        except NvmlError as failure:
+            if counts and failure.code in _NO_MPS_LIST:
+                break
+            return None, f"{function}: {failure.code}" if counts else failure.code
+        if not isinstance(listed, list):
+            return None, f"not a list of processes: {type(listed).__name__}"
+        counts.append(len(listed))
+        if listed:
+            break
+    return sum(counts), ""

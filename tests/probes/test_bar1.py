@@ -113,11 +113,32 @@ def test_bar1_mostly_mapped_before_the_job_is_present(node_copy: Path) -> None:
     def leaked(calls: dict[str, Any]) -> None:
         calls["nvmlDeviceGetBAR1MemoryInfo"]["5"] = {"result": {"bar1Total": 128 * GIB, "bar1Free": 20 * GIB, "bar1Used": 108 * GIB}}
         calls.setdefault("nvmlDeviceGetComputeRunningProcesses", {})["5"] = {"result": []}
+        calls.setdefault("nvmlDeviceGetMPSComputeRunningProcesses", {})["5"] = {"result": []}
 
     edit_nvml(node_copy, leaked)
     found = verdicts(node_copy)
     assert [(s, st) for s, st, _ in found] == [("GPU5", Status.PRESENT)] and "bar1Used 108 GiB of 128 GiB" in found[0][2]
     assert "no compute process on the GPU" in found[0][2]
+    # A driver that keeps no MPS list says nothing more: still idle.
+    edit_nvml(node_copy, lambda calls: calls.update({"nvmlDeviceGetMPSComputeRunningProcesses": {"5": {"error": "NVML_ERROR_NOT_SUPPORTED"}}}))
+    assert [(s, st) for s, st, _ in verdicts(node_copy)] == [("GPU5", Status.PRESENT)]
+
+
+def test_bar1_mapped_by_mps_clients_is_no_leak(node_copy: Path) -> None:
+    """Under CUDA MPS (Slurm's gres/mps) the jobs' processes are MPS clients, which NVML lists
+    apart from the plain compute processes: their mappings are not a leak."""
+    def mps(calls: dict[str, Any]) -> None:
+        calls["nvmlDeviceGetBAR1MemoryInfo"]["5"] = {"result": {"bar1Total": 128 * GIB, "bar1Free": 20 * GIB, "bar1Used": 108 * GIB}}
+        calls.setdefault("nvmlDeviceGetComputeRunningProcesses", {})["5"] = {"result": []}
+        calls.setdefault("nvmlDeviceGetMPSComputeRunningProcesses", {})["5"] = {"result": [{"pid": 5151, "usedGpuMemory": 30 * GIB}]}
+
+    edit_nvml(node_copy, mps)
+    found = verdicts(node_copy)
+    assert [(s, st) for s, st, _ in found] == [("GPU5", Status.UNKNOWN)] and "1 compute process(es) run on the GPU" in found[0][2]
+    edit_nvml(node_copy, lambda calls: calls.update({"nvmlDeviceGetMPSComputeRunningProcesses": {"5": {"error": "NVML_ERROR_NO_PERMISSION"}}}))
+    found = verdicts(node_copy)
+    assert [(s, st) for s, st, _ in found] == [("GPU5", Status.UNKNOWN)]
+    assert "nvmlDeviceGetMPSComputeRunningProcesses: NVML_ERROR_NO_PERMISSION" in found[0][2]
 
 
 def test_bar1_mapped_by_running_work_is_no_leak(node_copy: Path) -> None:
