@@ -123,7 +123,7 @@ def _mostly_mapped(subject: str, gpu: Bar1, usage: Evidence) -> Observation:
     if gpu.processes == 0:
         return present(subject, usage, Evidence("nvmlDeviceGetComputeRunningProcesses", "no compute process on the GPU"))
     if gpu.processes is None:
-        why = f"whether the GPU is idle is unread (nvmlDeviceGetComputeRunningProcesses: {gpu.processes_error})"
+        why = f"whether the GPU is idle is unread ({gpu.processes_error})"
     else:
         why = f"{gpu.processes} compute process(es) run on the GPU, whose buffers are mapped through BAR1"
     return Observation(subject, (usage,), Severity.WARNING, status=Status.UNKNOWN, reason=f"{usage.observed}, but {why}")

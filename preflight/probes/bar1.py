@@ -43,7 +43,7 @@ class Bar1(Struct, frozen=True):
     error: str  # NVML error code of the BAR1 query, "" when it answered
     aperture: int | None  # bytes, largest 64-bit prefetchable region in sysfs
     processes: int | None = None  # compute processes on the GPU; None when unread or not asked
-    processes_error: str = ""  # NVML error code of the process query, "" when it answered
+    processes_error: str = ""  # the process query and its NVML error code, "" when it answered
 
 
 class Bar1Facts(Struct, frozen=True):
@@ -118,16 +118,16 @@ def _compute_processes(nvml: Nvml, index: int) -> tuple[int | None, str]:
     """How many processes have a compute context on GPU ``index``, or None and why not. Under
     CUDA MPS the jobs' processes are MPS clients, which NVML lists apart
     (nvmlDeviceGetMPSComputeRunningProcesses): asked where the plain list is empty."""
-    counts = []
+    counts: list[int] = []
     for function in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetMPSComputeRunningProcesses"):
         try:
             listed = nvml.call(function, index)
         except NvmlError as failure:
             if counts and failure.code in _NO_MPS_LIST:
                 break
-            return None, f"{function}: {failure.code}" if counts else failure.code
+            return None, f"{function}: {failure.code}"
         if not isinstance(listed, list):
-            return None, f"not a list of processes: {type(listed).__name__}"
+            return None, f"{function}: not a list of processes: {type(listed).__name__}"
         counts.append(len(listed))
         if listed:
             break

@@ -201,24 +201,40 @@ def device_chain(link_target: str) -> tuple[str, ...]:
     return tuple(part for part in link_target.split("/") if _BDF.match(part))
 
 
+def _shared(first: tuple[str, ...], second: tuple[str, ...]) -> int:
+    """How many bridges two device chains share from the root port down."""
+    common = 0
+    while common < min(len(first), len(second)) and first[common] == second[common]:
+        common += 1
+    return common
+
+
 def bridges_between(first: tuple[str, ...], second: tuple[str, ...]) -> tuple[str, ...] | None:
     """Bridges a peer-to-peer transfer crosses between two devices (chains include the devices).
 
     None when the two sit under different root ports: their traffic crosses the root complex
     anyway, and ACS inside a switch is not what decides it."""
-    common = 0
-    while common < min(len(first), len(second)) and first[common] == second[common]:
-        common += 1
+    common = _shared(first, second)
     if common == 0:
         return None
-    turnaround = first[common - 1]
-    return (turnaround, *first[common:-1], *second[common:-1])
+    return (first[common - 1], *first[common:-1], *second[common:-1])
+
+
+def acs_ports_between(first: tuple[str, ...], second: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The bridges whose ACS redirect decides a peer-to-peer transfer between two devices: the
+    switch where it turns around and the two downstream ports through which each side enters that
+    switch. A port deeper down (a switch nested inside a BlueField or a ConnectX-8) only passes the
+    transfer up or down: ACS P2P Request and Completion Redirect act on what a downstream port
+    receives for another port of its own switch (PCIe base specification, 6.12). None as for
+    :func:`bridges_between`."""
+    common = _shared(first, second)
+    if common == 0:
+        return None
+    return (first[common - 1], *first[common:-1][:1], *second[common:-1][:1])
 
 
 def _distance(first: tuple[str, ...], second: tuple[str, ...]) -> int:
-    common = 0
-    while common < min(len(first), len(second)) and first[common] == second[common]:
-        common += 1
+    common = _shared(first, second)
     return (len(first) - common) + (len(second) - common) if common else 1_000
 
 
@@ -311,14 +327,14 @@ def probe_pcie(fs: NodeFS) -> PcieFacts:
         for nic in ranked:
             if _distance(chains[gpu.bdf], chains[nic.bdf]) != _distance(chains[gpu.bdf], chains[best.bdf]):
                 continue
-            between = bridges_between(chains[gpu.bdf], chains[nic.bdf])
+            between = acs_ports_between(chains[gpu.bdf], chains[nic.bdf])
             if between is not None:
                 pairs.append((gpu.bdf, nic.bdf, between))
                 wanted.update(between)
     gpu_pairs = []
     for number, first in enumerate(gpus):
         for second in gpus[number + 1 :]:
-            between = bridges_between(chains[first.bdf], chains[second.bdf])
+            between = acs_ports_between(chains[first.bdf], chains[second.bdf])
             if between is not None:
                 gpu_pairs.append((first.bdf, second.bdf, between))
                 wanted.update(between)
