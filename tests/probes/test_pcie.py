@@ -11,7 +11,7 @@ import pytest
 from msgspec.structs import replace
 
 from preflight.probes.job import JobFacts, NcclConfFile, probe_job
-from preflight.probes.pcie import AcsRegisters, Bridge, PcieFacts, PciEndpoint, PcieLink, bridges_between, device_chain, parse_acs, parse_width, probe_pcie
+from preflight.probes.pcie import AcsRegisters, Bridge, PcieFacts, PciEndpoint, PcieLink, acs_ports_between, bridges_between, device_chain, parse_acs, parse_width, probe_pcie
 from preflight.checks.pci import acs_redirect_breaks_gpudirect_rdma, p2p_bandwidth_degraded, p2p_transfers_hang_or_fault
 from preflight.checks.topo import gpu_hca_cross_numa_gdr
 from preflight.model import NotApplicable, Status, Unknown, Unread
@@ -111,6 +111,26 @@ def test_redirect_on_the_switch_is_present_with_evidence(tmp_path: Path) -> None
     assert status is Status.PRESENT
     assert "ReqRedir+ CmpltRedir+" in text and "GPU 0000:18:00.0 <-> NIC 0000:1a:00.0" in text
     assert "iommu=pt does not change that" in text
+
+
+def test_only_the_ports_where_the_transfer_turns_around_decide(tmp_path: Path) -> None:
+    """A NIC behind its card's own switch (a BlueField-3's, a ConnectX-8's): the card's ports pass
+    the transfer up or down, and their ACS redirect bits act on requests for another port of that
+    inner switch only; the outer switch's downstream ports, where GPU and NIC traffic meet, decide."""
+    root = hgx_tree(tmp_path)
+    nic_path = ["0000:15:01.0", "0000:16:00.0", "0000:17:01.0"]
+    (root / "sys/bus/pci/devices/0000:1a:00.0").unlink()
+    pci(root, [*nic_path, "0000:1a:00.0"], "0x15b3", "0x060400", config_space(0, 4096))  # the card's upstream port
+    pci(root, [*nic_path, "0000:1a:00.0", "0000:1b:00.0"], "0x15b3", "0x060400", config_space(0x001D, 4096))
+    pci(root, [*nic_path, "0000:1a:00.0", "0000:1b:00.0", "0000:1c:00.0"], "0x15b3", "0x020700", rdma=True)
+    assert verdicts(root) == []
+    gpu = ("0000:15:01.0", "0000:16:00.0", "0000:17:00.0", "0000:18:00.0")
+    nic = (*nic_path, "0000:1a:00.0", "0000:1b:00.0", "0000:1c:00.0")
+    assert acs_ports_between(gpu, nic) == ("0000:16:00.0", "0000:17:00.0", "0000:17:01.0")
+    assert bridges_between(gpu, nic) == ("0000:16:00.0", "0000:17:00.0", "0000:17:01.0", "0000:1a:00.0", "0000:1b:00.0")
+    # Redirect where they meet is still found.
+    write(root, "/sys/devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:01.0/config", config_space(0x001D, 4096))
+    assert [subject for subject, _, _ in verdicts(root)] == ["bridge 0000:17:01.0"]
 
 
 def test_unprivileged_config_reads_are_unknown_never_off(tmp_path: Path) -> None:
