@@ -178,7 +178,8 @@ def p2p_transport_disabled(p2p: P2pFacts, job: JobFacts, gpus: GpuFacts, expect:
         yield undecided("GPU pairs", f"NVML unavailable ({p2p.nvml_error}); the driver's P2P status cannot be read")
         return
     if len(p2p.gpus) < 2:
-        raise NotApplicable(f"{len(p2p.gpus)} GPU(s) on this node: no peer-to-peer traffic inside it")
+        seen = f"{len(p2p.gpus)} GPU(s) visible to NVML here" if len(gpus.pci_gpus) > len(p2p.gpus) else f"{len(p2p.gpus)} GPU(s) on this node"
+        raise NotApplicable(f"{seen}: no peer-to-peer traffic between them")
     pairs = _pairs(p2p)
     answered = {key: directions for key, directions in pairs.items() if not any(s.error for s in directions)}
     ok_pairs = [key for key, directions in answered.items() if _read_write_ok(directions)]

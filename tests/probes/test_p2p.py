@@ -164,7 +164,9 @@ def test_single_gpu_is_not_applicable(rtx: Path) -> None:
     document = json.loads(path.read_text())
     document["calls"]["nvmlDeviceGetCount"] = {"result": 1}
     path.write_text(json.dumps(document))
-    with pytest.raises(NotApplicable, match="1 GPU"):
+    # The bus holds two: a job's device cgroup (or a container) shows NVML one, and the node is not
+    # called a one-GPU node.
+    with pytest.raises(NotApplicable, match=r"1 GPU\(s\) visible to NVML here: no peer-to-peer traffic between them"):
         pci004(rtx)
 
 
