@@ -56,7 +56,7 @@ from preflight.exitcodes import ExitCode
 from preflight.hostlist import HostlistError, expand
 from preflight.model import Finding, Status
 from preflight.probes.gpus import pci_device_key
-from preflight.probes.job import parse_gpu_indices
+from preflight.probes.job import SLUID, parse_gpu_indices
 from preflight.slurm_conf import (
     DEFAULT_HEALTH_CHECK_TIMEOUT_S, KillTime, SlurmConf, find_node_slurm_conf, find_slurm_conf, gpus_as_gres, script_kill_time,
 )
@@ -78,11 +78,12 @@ REASON_PREFIX = "preflight:"
 FILLED_BY_RUNNING_JOBS = {"VLLM001": "/dev/shm space", "SOCK005": "ephemeral ports"}
 # Where slurmstepd keeps each running job's cgroup: under cgroup v2,
 # <cgroup root>/<slice>/[<node>_]slurmstepd.scope/job_<id> (src/plugins/cgroup/v2/cgroup_v2.c; the
-# slice is CgroupSlice, system.slice by default); under v1,
+# slice is CgroupSlice, system.slice by default), or from Slurm 26.05 .../<SLUID> unless
+# cgroup.conf has CgroupJobIdPaths=yes; under v1,
 # <mount>/<controller>/slurm[_<node>]/uid_<uid>/job_<id> (v1/xcgroup.c, CgroupPrepend).
 CGROUP_ROOT = "/sys/fs/cgroup"
 CGROUP_V1_CONTROLLERS = ("freezer", "cpuset", "memory", "devices")
-_JOB_CGROUP = re.compile(r"^job_(\d{1,10})$")
+_JOB_CGROUP = re.compile(rf"^job_(\d{{1,10}})$|^({SLUID})$")
 MAX_CGROUP_ENTRIES = 4096  # directory entries looked at per level: a huge tree stays bounded
 #: sinfo -R shows reasons in a narrow column and slurmctld keeps them in its state file: stay short.
 REASON_MAX = 160
@@ -667,7 +668,7 @@ def _judge_node(session: _Session, node: OpenedNode) -> int:
         outcome.reason = drain_reason(verdict.drain, args.mode, scope.job_id)
         outcome.exit_code = ExitCode.ERROR
     filled = _filled_by_jobs(verdict) if args.mode != "healthcheck" else []
-    others = other_jobs_on_node(node.fs, scope.job_id) if filled else None
+    others = other_jobs_on_node(node.fs, scope.job_id, session.environ.get("SLURM_JOB_SLUID", "").strip()) if filled else None
     if args.mode == "healthcheck":
         _healthcheck_actions(session, verdict)
     elif others:
@@ -689,10 +690,10 @@ def _judge_node(session: _Session, node: OpenedNode) -> int:
     return session.finish()
 
 
-def other_jobs_on_node(fs: NodeFS, own_job: str) -> tuple[str, ...] | None:
-    """The IDs of the Slurm jobs other than ``own_job`` with a cgroup on this node, from the tree
-    slurmstepd keeps (``CGROUP_ROOT``); None where no slurmstepd tree was found (no cgroup plugin,
-    cgroup unreadable, a recorded root without it): then nobody can say."""
+def other_jobs_on_node(fs: NodeFS, own_job: str, own_sluid: str = "") -> tuple[str, ...] | None:
+    """The IDs (or SLUIDs) of the Slurm jobs other than ``own_job`` (``own_sluid``) with a cgroup
+    on this node, from the tree slurmstepd keeps (``CGROUP_ROOT``); None where no slurmstepd tree
+    was found (no cgroup plugin, cgroup unreadable, a recorded root without it): then nobody can say."""
     found: set[str] = set()
     tree_seen = False
     for slice_name in _entries(fs, CGROUP_ROOT, lambda name: name.endswith(".slice")):
@@ -707,7 +708,7 @@ def other_jobs_on_node(fs: NodeFS, own_job: str) -> tuple[str, ...] | None:
                 found.update(_job_ids(fs, f"{base}/{prefix}/{user}"))
     if not tree_seen:
         return None
-    return tuple(sorted(found - {own_job}, key=int))
+    return tuple(sorted(found - {own_job, own_sluid}, key=lambda job: (not job.isdigit(), job.zfill(10))))
 
 
 def _entries(fs: NodeFS, path: str, wanted: Callable[[str], bool]) -> list[str]:
@@ -721,7 +722,7 @@ def _entries(fs: NodeFS, path: str, wanted: Callable[[str], bool]) -> list[str]:
 
 
 def _job_ids(fs: NodeFS, path: str) -> set[str]:
-    return {found.group(1) for name in _entries(fs, path, lambda name: name.startswith("job_")) if (found := _JOB_CGROUP.match(name))}
+    return {found.group(1) or found.group(2) for name in _entries(fs, path, lambda name: name[:1] in "js") if (found := _JOB_CGROUP.match(name))}
 
 
 def _filled_by_jobs(verdict: Verdict) -> list[str]:

@@ -14,7 +14,7 @@ Sources:
   answers UNAVAIL only when it cannot open /etc/hosts (it is missing); a file preflight could not
   read although glibc would (past the read cap, not captured) leaves the lookup undetermined;
 * ``/proc/self/environ``: ``SLURM_JOB_NODELIST`` (expanded like ``scontrol show hostnames``), or
-  inside a job step (``SLURM_STEP_ID``) the step's own ``SLURM_STEP_NODELIST`` and
+  inside an srun step (``SLURM_STEP_ID``) the step's own ``SLURM_STEP_NODELIST`` and
   ``SLURM_STEP_NUM_NODES`` (a step may run on fewer nodes than the allocation), ``MASTER_ADDR``
   and ``GLOO_SOCKET_IFNAME``;
 * DNS through the node's resolv.conf (search list, ``ndots``; ``preflight.sources.dns``): one
@@ -54,7 +54,7 @@ from preflight.config import HostConfig
 from preflight.gai import gai_order, parse_precedence
 from preflight.hostlist import HostlistError, expand
 from preflight.nss import NssService, nsswitch_services, read_as_glibc
-from preflight.probes.job import RANK_COUNTS, parse_environ
+from preflight.probes.job import RANK_COUNTS, in_srun_step, parse_environ
 from preflight.probing import FactReader
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
@@ -205,9 +205,11 @@ def select_peers(hostname: str | None, nodes: Sequence[str], master_addr: str) -
 
 def job_nodes(environ: dict[str, str]) -> tuple[list[str], int, str]:
     """The nodes whose names the job dials, how many nodes it runs on, and why they are not known
-    ("" when they are). Inside a job step (``SLURM_STEP_ID``) the step's: separate single-node
-    runs inside a larger allocation meet on one node whatever the allocation holds."""
-    in_step = "SLURM_STEP_ID" in environ
+    ("" when they are). Inside an srun step the step's: separate single-node runs inside a larger
+    allocation meet on one node whatever the allocation holds. A part of a heterogeneous job lists
+    only its own nodes, while one srun across the parts is one MPI_COMM_WORLD (Slurm's
+    heterogeneous_jobs.html): how many nodes meet is not known there."""
+    in_step = in_srun_step(environ)
     variable = "SLURM_STEP_NODELIST" if in_step and environ.get("SLURM_STEP_NODELIST") else "SLURM_JOB_NODELIST"
     try:
         nodes = expand(environ.get(variable, ""))
@@ -216,6 +218,8 @@ def job_nodes(environ: dict[str, str]) -> tuple[list[str], int, str]:
     count = environ.get("SLURM_STEP_NUM_NODES", "").strip() if in_step else ""
     if not nodes and not is_number(count):
         return [], _launcher_nodes(environ), ""
+    if environ.get("SLURM_HET_JOB_ID", "").strip() or environ.get("SLURM_PACK_JOB_ID", "").strip():
+        return nodes, 0, ""
     return nodes, int(count) if is_number(count) else len(nodes), ""
 
 

@@ -26,7 +26,8 @@ configuration files for ``NCCL_ALGO``.
 * Slurm describes the step's tasks (srun(1), "OUTPUT ENVIRONMENT VARIABLES"): ``SLURM_PROCID``
   (global task rank), ``SLURM_LOCALID`` (rank on the node), ``SLURM_STEP_NUM_TASKS`` /
   ``SLURM_NTASKS``, ``SLURM_STEP_NUM_NODES`` / ``SLURM_JOB_NUM_NODES``, ``SLURM_NTASKS_PER_NODE``;
-  ``SLURM_STEP_ID`` is set only inside a step, where those numbers describe tasks actually started.
+  ``SLURM_STEP_ID`` is set only inside a step, where those numbers describe tasks actually started;
+  the batch script and an salloc shell get it too (-5 and -6), and stand for the whole job.
 * ``NCCL_ALGO`` (``src/graph/tuning.cc`` ``parseList``): ``;``-separated entries, only the first
   without a ``function:`` prefix; each a ``,``-separated list of algorithms, ``^`` negating it.
 """
@@ -34,6 +35,7 @@ configuration files for ``NCCL_ALGO``.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 from msgspec import Struct
 
@@ -278,8 +280,9 @@ def probe_job(fs: NodeFS) -> JobFacts:
 # Slurm's cgroup paths: v1 ".../slurm/uid_<uid>/job_<id>/step_<step>", v2
 # ".../slurmstepd.scope/job_<id>/step_<step>/..."; from 26.05 v2 names the job directory by its
 # SLUID ("s" and 13 base-32 characters) unless CgroupJobIdPaths=yes (src/plugins/cgroup/v1/
-# xcgroup.c, v2/cgroup_v2.c, cgroup.conf(5)).
-_CGROUP_JOB = re.compile(r"/(job_\d+|s[0-9A-Z]{13})/(step_[A-Za-z0-9_]{1,32})")
+# xcgroup.c, v2/cgroup_v2.c, cgroup.conf(5)); the prolog gets it as SLURM_JOB_SLUID.
+SLUID = r"s[0-9A-Z]{13}"
+_CGROUP_JOB = re.compile(rf"/(job_\d+|{SLUID})/(step_[A-Za-z0-9_]{{1,32}})")
 
 
 def cgroup_step_of(fs: NodeFS) -> tuple[str | None, str | None]:
@@ -304,7 +307,7 @@ def task_step(step: str | None) -> bool:
 class SlurmView(Struct, frozen=True):
     """What Slurm says about this task and its step; None where a variable is unset or garbled."""
 
-    in_step: bool  # SLURM_STEP_ID set: the task numbers describe started tasks
+    in_step: bool  # an srun step (SLURM_STEP_ID, not the batch or interactive step): the task numbers describe started tasks
     procid: int | None
     localid: int | None
     ntasks: int | None  # the step's tasks (SLURM_STEP_NUM_TASKS), else the job's (SLURM_NTASKS)
@@ -337,6 +340,19 @@ def integer_setting(environ: dict[str, str], *names: str) -> int | None:
     return None
 
 
+#: The step ids of the batch script, the extern step and an salloc shell's interactive step
+#: (SLURM_BATCH_SCRIPT, SLURM_EXTERN_CONT, SLURM_INTERACTIVE_STEP in slurm.h), as setup_env
+#: prints them into SLURM_STEP_ID (signed, since Slurm 20.11) and unsigned: none is an srun step.
+_WHOLE_JOB_STEPS = frozenset({"-4", "-5", "-6", "4294967292", "4294967291", "4294967290"})
+
+
+def in_srun_step(environ: Mapping[str, str]) -> bool:
+    """Whether this process is a task of an srun step, whose own node and task counts are the
+    ones that meet; the batch script and an salloc shell stand for the whole job."""
+    value = environ.get("SLURM_STEP_ID", "").strip()
+    return bool(value) and value not in _WHOLE_JOB_STEPS
+
+
 def slurm_view(job: JobFacts) -> SlurmView:
     environ = job.environ
     try:
@@ -344,7 +360,7 @@ def slurm_view(job: JobFacts) -> SlurmView:
     except ValueError:
         nodes = ()
     return SlurmView(
-        in_step="SLURM_STEP_ID" in environ,
+        in_step=in_srun_step(environ),
         procid=integer_setting(environ, "SLURM_PROCID"),
         localid=integer_setting(environ, "SLURM_LOCALID"),
         ntasks=integer_setting(environ, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"),

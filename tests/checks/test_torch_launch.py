@@ -115,6 +115,11 @@ def test_ranks_that_contradict_each_other_or_slurm(changes: dict[str, str], expe
 def test_outside_a_step_slurm_numbers_are_not_compared() -> None:
     batch = {key: value for key, value in SRUN_TASK.items() if key != "SLURM_STEP_ID"}
     assert list(rank_to_gpu_mapping_wrong(job({**batch, "RANK": "0", "SLURM_PROCID": "0"}))) == []
+    # The batch script (SLURM_STEP_ID=-5 since Slurm 20.11) and an salloc shell (-6) export the
+    # world size of a torchrun they start later, which no task count of theirs describes.
+    for step in ("-5", "-6", "4294967291"):
+        exported = {**batch, "SLURM_STEP_ID": step, "SLURM_NTASKS": "2", "WORLD_SIZE": "16", "RANK": "0", "SLURM_PROCID": "0"}
+        assert list(rank_to_gpu_mapping_wrong(job(exported))) == [], step
 
 
 def test_torchrun_once_per_node_is_absent_and_once_per_gpu_is_present() -> None:

@@ -433,6 +433,13 @@ def test_loopback_host_name_with_gloo_socket_ifname_is_a_warning() -> None:
         ({"SLURM_JOB_NODELIST": "gpu[01-06]", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_NODES": "2"}, 6, 2),
         ({"SLURM_JOB_NODELIST": "gpu[01-06]", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_NODES": "\u00b2"}, 6, 6),
         ({"SLURM_JOB_NODELIST": "gpu[01-06]", "SLURM_STEP_NUM_NODES": "1"}, 6, 6),  # no step: the allocation's
+        # The batch script (-5) and an salloc shell (-6) stand for the whole job, from which it starts
+        # its multi-node steps; so does the unsigned form of those ids.
+        ({"SLURM_JOB_NODELIST": "gpu[01-06]", "SLURM_STEP_ID": "-5", "SLURM_STEP_NODELIST": "gpu01", "SLURM_STEP_NUM_NODES": "1"}, 6, 6),
+        ({"SLURM_JOB_NODELIST": "gpu[01-06]", "SLURM_STEP_ID": "-6", "SLURM_STEP_NODELIST": "gpu01", "SLURM_STEP_NUM_NODES": "1"}, 6, 6),
+        ({"SLURM_JOB_NODELIST": "gpu[01-06]", "SLURM_STEP_ID": "4294967291", "SLURM_STEP_NUM_NODES": "1"}, 6, 6),
+        # A part of a heterogeneous job lists its own node; one srun across the parts is one world.
+        ({"SLURM_JOB_NODELIST": "gpu01", "SLURM_HET_JOB_ID": "7", "SLURM_JOB_ID": "8"}, 1, 0),
         # Outside Slurm, each launcher's counts: torchrun, Open MPI's mpirun, Hydra, DeepSpeed
         ({"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8"}, 0, 1),
         ({"OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_SIZE": "8"}, 0, 1),

@@ -850,11 +850,35 @@ def test_prolog_and_epilog_beside_other_jobs_do_not_drain_for_what_they_fill(
         assert any(line.startswith("<29>preflight[") for line in site.logged())
 
 
+@pytest.mark.parametrize(("jobs", "drained"), [(["sEKNKTV3WPV500", "sEKNKTV3WPV501"], False), (["sEKNKTV3WPV500"], True)])
+def test_a_prolog_on_slurm_26_05_sees_other_jobs_by_their_sluid(run_cli: Runner, tmp_path: Path, jobs: list[str], drained: bool) -> None:
+    """Slurm 26.05 names job cgroups by SLUID (CgroupJobIdPaths=no, the default): another job's
+    /dev/shm use does not drain the node, and the prolog's own job (SLURM_JOB_SLUID) is not another."""
+    root = tmp_path / "root"
+    shutil.copytree(VLLM_CONTAINER, root)
+    for job in jobs:
+        (root / "sys/fs/cgroup/system.slice/slurmstepd.scope" / job).mkdir(parents=True)
+    site = Site(tmp_path)
+    result = run_cli("slurm", "prolog", "--root", str(root), "--config", str(site.config), env={**JOB, "SLURM_JOB_SLUID": "sEKNKTV3WPV500"})
+    assert result.returncode == (2 if drained else 0), result.stdout + result.stderr
+    if not drained:
+        assert "also runs job(s) sEKNKTV3WPV501," in result.stdout and site.made_calls() == []
+
+
 def test_other_jobs_on_node_reads_only_slurmstepd_job_cgroups(tmp_path: Path) -> None:
     assert other_jobs_on_node(NodeFS(str(tmp_path)), "7") is None  # no cgroup tree at all
     for job in ("job_7", "job_12", "job_9", "step_extern", "job_x1", "job_" + "9" * 11):
         (tmp_path / "sys/fs/cgroup/user.slice/slurmstepd.scope" / job).mkdir(parents=True)
     assert other_jobs_on_node(NodeFS(str(tmp_path)), "7") == ("9", "12")
+
+
+def test_other_jobs_on_node_knows_slurm_26_05_sluid_cgroups(tmp_path: Path) -> None:
+    """From Slurm 26.05 cgroup/v2 names each job's directory by its SLUID unless
+    CgroupJobIdPaths=yes (cgroup_v2.c); the prolog gets its own as SLURM_JOB_SLUID."""
+    for job in ("sEKNKTV3WPV500", "sEKNKTV3WPV501", "s0123", "slurm.conf"):
+        (tmp_path / "sys/fs/cgroup/system.slice/slurmstepd.scope" / job).mkdir(parents=True)
+    assert other_jobs_on_node(NodeFS(str(tmp_path)), "7", "sEKNKTV3WPV500") == ("sEKNKTV3WPV501",)
+    assert other_jobs_on_node(NodeFS(str(tmp_path)), "7") == ("sEKNKTV3WPV500", "sEKNKTV3WPV501")
 
 
 def test_healthcheck_does_not_repeat_an_identical_drain(run_cli: Runner, tmp_path: Path) -> None:
