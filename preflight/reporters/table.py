@@ -70,11 +70,12 @@ def fit_table(
 
 
 def _evidence(finding: Finding) -> str:
-    if not finding.evidence:
-        return finding.reason
-    return "\n".join(
-        f"{item.source}: {item.observed}" + (f" (expected {item.expected})" if item.expected else "") for item in finding.evidence
-    )
+    """What was read, and for an undecided finding why it stays so (its reason, first: the
+    evidence alone reads like a verdict)."""
+    shown = [f"{item.source}: {item.observed}" + (f" (expected {item.expected})" if item.expected else "") for item in finding.evidence]
+    if finding.reason and (finding.status is not Status.PRESENT or not shown):
+        shown.insert(0, finding.reason)
+    return "\n".join(shown)
 
 
 def _table(rows: list[list[str]], width: int) -> str:
