@@ -30,7 +30,11 @@ from preflight.sources import NodeFS, SourceError
 _LOSSLESS_BUFFER = re.compile(r"buffer[_ ]size(?:\[\d\]=| )\d+ is not enough for lossless buffer")
 
 
-_LINK_DOWN = re.compile(r"mlx5_core (?P<bus>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.\d) (?P<netdev>[\w.-]{1,15}): Link down")
+# netdev_info()'s "<driver> <bdf> <netdev>: <text>" for a RoCE port's link going down: mlx5e
+# (mlx5e_update_carrier), ionic (ionic_link_status_check) and ice (ice_print_link_msg).
+_LINK_DOWN = re.compile(
+    r"(?:mlx5_core|ionic|ice) (?P<bus>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.\d) (?P<netdev>[\w.-]{1,15}): (?:NIC )?Link (?:is )?[Dd]own"
+)
 
 
 _JOIN_FAILED = re.compile(
@@ -105,10 +109,11 @@ def parse_xids(records: list[str]) -> tuple[XidEvent, ...]:
 
 
 def parse_link_downs(records: list[str]) -> tuple[LinkEvent, ...]:
-    """mlx5e's carrier messages (``mlx5_core 0000:c1:00.0 ens1f0np0: Link down``)."""
+    """RoCE NICs' carrier messages (``mlx5_core 0000:c1:00.0 ens1f0np0: Link down``, ionic's alike,
+    ``ice 0000:1a:00.0 ens26f0: NIC Link is Down``)."""
     found = []
     for record in records:
-        if "Link down" not in record:
+        if "Link down" not in record and "Link is Down" not in record:  # a cheap test before the expression
             continue
         match = _LINK_DOWN.search(record)
         if match:
@@ -131,7 +136,7 @@ def parse_join_failures(records: list[str]) -> tuple[JoinFailure, ...]:
 
 #: The texts of the records this probe parses: the others are not kept, so that a busy log's
 #: noise cannot push an Xid out of the read budget.
-RECORDS_READ = ("Xid", "Link down", "multicast join failed", "lossless buffer")
+RECORDS_READ = ("Xid", "Link down", "Link is Down", "multicast join failed", "lossless buffer")
 
 
 @probe("kernel_log")

@@ -10,8 +10,9 @@ Sources:
 
 * ``/sys/class/infiniband/<dev>/ports/<n>/counters/link_downed`` and ``link_error_recovery``:
   the port's PMA counters (since the driver loaded, or since ``perfquery -R``);
-* the kernel log since boot (:mod:`preflight.probes.kernel_log`): mlx5e's ``Link down`` messages
-  for Ethernet/RoCE ports, matched to the RDMA device by PCI function;
+* the kernel log since boot (:mod:`preflight.probes.kernel_log`): the Ethernet drivers' link-down
+  messages (mlx5e's and ionic's ``Link down``, ice's ``NIC Link is Down``) for RoCE ports, matched
+  to the RDMA device by PCI function; the only witness for drivers that keep no PMA counters;
 * the job's ``NCCL_IB_TIMEOUT`` and ``NCCL_IB_RETRY_CNT``.
 """
 
@@ -89,6 +90,12 @@ def probe_link_history(fs: NodeFS) -> LinkHistoryFacts:
                 ports.append(PortHistory(device, port, bus, None, None, "", layer))
                 continue  # no counters to read: the kernel makes them for IB and RoCE ports only
             base = f"{IB_SYSFS}/{device}/ports/{port}/counters"
+            if layer == "Ethernet" and "counters" not in (FactReader(fs).listing(f"{IB_SYSFS}/{device}/ports/{port}") or ["counters"]):
+                # The kernel makes the PMA counters only for drivers with process_mad (add_port() in
+                # drivers/infiniband/core/sysfs.c): mlx5 has it, ionic and irdma do not. Their
+                # RoCE ports' history is the kernel log's alone.
+                ports.append(PortHistory(device, port, bus, None, None, link_problem, layer))
+                continue
             before = len(reader.problems)
             downed = _counter(reader, f"{base}/link_downed")
             recovered = _counter(reader, f"{base}/link_error_recovery")

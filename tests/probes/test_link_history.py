@@ -128,3 +128,28 @@ def test_a_garbled_link_layer_keeps_the_counters_verdict(tmp_path: Path) -> None
     write(root, "/sys/class/infiniband/mlx5_0/ports/1/counters/link_downed", "2\n")
     (port,) = probe_link_history(NodeFS(str(root))).ports
     assert (port.link_layer, port.link_downed) == (None, 2)
+
+
+def test_roce_drivers_without_pma_counters_are_judged_by_the_kernel_log(tmp_path: Path) -> None:
+    """ionic (AMD Pollara) and irdma (Intel E810) have no process_mad, so the kernel makes no
+    ports/<n>/counters for them (add_port() in drivers/infiniband/core/sysfs.c): their RoCE ports'
+    history is their Ethernet drivers' link-down lines, not an unknown for ever."""
+    root = bare_node(tmp_path)
+    for device, bus in (("ionic_0", "0000:09:00.0"), ("rocep26s0f0", "0000:1a:00.0")):
+        port = f"/sys/devices/pci0000:00/0000:00:01.0/{bus}/infiniband/{device}/ports/1"
+        write(root, f"{port}/link_layer", "Ethernet\n")
+        write(root, f"{port}/state", "4: ACTIVE\n")
+        (root / "sys/class/infiniband").mkdir(parents=True, exist_ok=True)
+        link = root / "sys/class/infiniband" / device
+        if not link.is_symlink():
+            link.symlink_to(f"../../devices/pci0000:00/0000:00:01.0/{bus}/infiniband/{device}")
+        (root / f"sys/devices/pci0000:00/0000:00:01.0/{bus}/infiniband/{device}/device").symlink_to(f"../../../{bus}")
+    write(root, "/.preflight/kmsg", "6,1,1000,-;ionic 0000:09:00.0 enp9s0np0: Link down\n6,2,2000,-;ice 0000:1a:00.0 ens26f0: NIC Link is Down\n")
+    facts = probe_link_history(NodeFS(str(root)))
+    assert {(port.device, port.problem) for port in facts.ports} == {("ionic_0", ""), ("rocep26s0f0", "")}
+    fs = NodeFS(str(root))
+    found = {o.subject: o.status for o in ib_transport_retry_exceeded(facts, probe_kernel_log(fs), probe_job(fs))}
+    assert found == {"ionic_0 (enp9s0np0)": Status.PRESENT, "rocep26s0f0 (ens26f0)": Status.PRESENT}
+    # An InfiniBand port without counters is still a gap in what was read.
+    write(root, "/sys/devices/pci0000:00/0000:00:01.0/0000:09:00.0/infiniband/ionic_0/ports/1/link_layer", "InfiniBand\n")
+    assert any(port.problem.endswith("link_downed: missing") for port in probe_link_history(NodeFS(str(root))).ports)
