@@ -24,6 +24,7 @@ from preflight.probes.firewall import (
     blocked_findings,
     gloo_interfaces,
     no_listener_here,
+    on_one_node,
     only_if_every_interface,
     port_fates,
     readable_ruleset,
@@ -109,7 +110,7 @@ def gloo_rendezvous_connection_refused(firewall: FirewallFacts, sockets: SocketF
         port_fates(firewall, ruleset, interfaces, (sockets.port_range,), ipv6=False if names else None), blocked,
         "ephemeral port", "accepted: Gloo's pairs listen on ports the kernel picks from ip_local_port_range",
     )
-    merged = merge_by_subject(rendezvous + ephemeral)  # one finding per interface
+    merged = on_one_node(job, merge_by_subject(rendezvous + ephemeral))  # one finding per interface
     if names and firewall.addressed is not None:
         yield from merged
     else:

@@ -656,7 +656,31 @@ def nccl_port_findings(
         found = list(only_if_every_interface(found, interfaces, ADDRESSES_UNKNOWN))
     if ib_carries_data(rdma, job) is not False:  # IB carries the data, or whether it does is unknown
         found = list(only_if_every_interface(found, interfaces, BOOTSTRAP_ONLY))
-    return found
+    return on_one_node(job, found)
+
+
+#: Why a block does not touch a job known to run on one node.
+ONE_NODE = (
+    "the job runs on this one node: its ranks connect to this host's own addresses, which Linux delivers through lo, "
+    "so rules for other hosts' packets do not reach them; jobs that span nodes are still blocked"
+)
+
+
+def on_one_node(job: JobFacts, found: list[Observation]) -> list[Observation]:
+    """``found``, with its blocks as warnings where the job is known to run on one node (Slurm's
+    node count, torchrun --standalone, mpirun on one host: :func:`preflight.probes.hostname.job_nodes`):
+    the node still blocks the multi-node jobs after it, as DNS001 says of a loopback host name."""
+    from msgspec.structs import replace
+
+    from preflight.model import Evidence, Severity, Status
+    from preflight.probes.hostname import job_nodes
+
+    if job_nodes(job.environ)[1] != 1:
+        return found
+    return [
+        replace(item, severity=Severity.WARNING, evidence=(*item.evidence, Evidence("job", ONE_NODE))) if item.status is Status.PRESENT else item
+        for item in found
+    ]
 
 
 #: Why a block on one candidate interface may not matter where NCCL's IB transport carries the data.

@@ -279,6 +279,42 @@ def test_the_family_the_listener_uses_is_the_one_judged(ns: Namespace) -> None:
     assert "ip6 filter" in found[("NCCL004", "ens10")][1]
 
 
+LOOPBACK_ONLY = """
+table inet filter {
+    chain input {
+        type filter hook input priority 0; policy drop;
+        ct state established,related accept
+        iifname "lo" accept
+        tcp dport 22 accept
+    }
+}
+"""
+
+CONNECT_TO_OWN_ADDRESS = """
+import socket
+server = socket.socket()
+server.bind(("10.60.0.2", 0))
+server.listen()
+client = socket.create_connection(("10.60.0.2", server.getsockname()[1]), timeout=3)
+print("connected")
+"""
+
+
+def test_a_one_node_job_is_warned_not_drained(ns: Namespace) -> None:
+    """A default-deny firewall that accepts lo (ufw's before.rules) drops other hosts' SYNs, but a
+    job on one node (torchrun --standalone) connects to this host's own address, which the kernel
+    delivers through lo: shown here by a real connection, so the finding is a warning."""
+    load(ns, LOOPBACK_ONLY)
+    assert ns.python(CONNECT_TO_OWN_ADDRESS).strip() == "connected"
+    sockets = {"NCCL_SOCKET_IFNAME": "=ens9", "GLOO_SOCKET_IFNAME": "ens9", "MASTER_PORT": "41233"}
+    standalone = {**sockets, "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8", "GROUP_WORLD_SIZE": "1"}
+    found = {(f["id"], f["subject"]): (f["status"], f["severity"]) for f in run_report(ns, standalone)}
+    assert found[("NCCL004", "ens9")] == ("present", "warning") and found[("GLOO002", "ens9")] == ("present", "warning")
+    two_nodes = {**sockets, "WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8", "GROUP_WORLD_SIZE": "2"}
+    found = {(f["id"], f["subject"]): (f["status"], f["severity"]) for f in run_report(ns, two_nodes)}
+    assert found[("NCCL004", "ens9")] == ("present", "error") and found[("GLOO002", "ens9")] == ("present", "error")
+
+
 def test_without_cap_net_admin_the_rules_are_unknown(ns: Namespace) -> None:
     load(ns, IPTABLES_NFT_DROP)
     facts = probe(ns, "10000", "65534")
