@@ -7,6 +7,7 @@ import stat as stat_codes
 from typing import TYPE_CHECKING, NamedTuple
 
 from preflight.model import (
+    NOT_GIVEN,
     Evidence,
     NotApplicable,
     Observation,
@@ -17,6 +18,7 @@ from preflight.model import (
     present,
     undecided,
 )
+from preflight.nccl.gdr import DEFAULT_GDR_LEVEL, PATH_RANK, gdr_level, within
 from preflight.nccl.gid import nccl_int
 from preflight.nccl.ib import plugin_transport
 from preflight.nccl.releases import GDRCOPY_NEEDS_GDRDRV, PEERMEM_DETECTION, affected, release_evidence
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
     from preflight.probes.gpus import GpuFacts
     from preflight.probes.job import JobFacts
     from preflight.probes.nccl_libs import NcclCopy, NcclLibFacts
+    from preflight.probes.pcie import PcieFacts
     from preflight.probes.rdma import RdmaDevice, RdmaFacts
 
 SMALL_BAR1 = 256 << 20  # the legacy window consumer boards keep with Resizable BAR off
@@ -200,8 +203,33 @@ def _efa_gpu_memory(devices: list[RdmaDevice], gpudirect: GpuDirectFacts) -> Ite
     )
 
 
-@check("GDR001", profiles=("prolog",), optional=("job",))
-def gpudirect_rdma_unavailable(gpudirect: GpuDirectFacts, rdma: RdmaFacts, job: JobFacts | Unread, nccl_libs: NcclLibFacts) -> Iterator[Observation]:
+def _gdr_out_of_reach(pcie: PcieFacts | Unread, job: JobFacts | Unread) -> Evidence | None:
+    """Why NCCL would not use GPUDirect RDMA on this node whatever the driver offers: on bare metal,
+    every GPU's path to every RDMA NIC is farther than NCCL_NET_GDR_LEVEL (PXB by default: the GPU
+    and the NIC under one PCIe switch; ncclTopoCheckGdr in src/graph/paths.cc), as on PCIe servers
+    with one NIC on its own root port. None where a path may be near enough: a guest's emulated
+    bridges or an NCCL_TOPO_FILE (a cloud VM's) decide instead, a Grace GPU's C2C path may count,
+    a path is unplaced, or the facts are unread."""
+    if isinstance(pcie, Unread) or isinstance(job, Unread) or pcie.hypervisor is not False or pcie.arm_cpu:
+        return None
+    if not pcie.gpus or not pcie.nics or job.nccl("NCCL_TOPO_FILE") is not None:
+        return None
+    setting = job.nccl("NCCL_NET_GDR_LEVEL")
+    level = gdr_level(setting.value if setting else None) or DEFAULT_GDR_LEVEL
+    paths = {pcie.path(gpu.bdf, nic.bdf) for gpu in pcie.gpus for nic in pcie.nics}
+    if not paths <= set(PATH_RANK) or any(within(kind, level) for kind in paths if kind):
+        return None
+    nearest = min((kind for kind in paths if kind), key=PATH_RANK.__getitem__)
+    return Evidence(
+        "/sys/bus/pci/devices", f"nearest GPU-NIC path {nearest}, beyond NCCL_NET_GDR_LEVEL {level}{'' if setting else ' (the default)'}",
+        "GPUs and NICs under one PCIe switch, where NCCL uses GPUDirect RDMA",
+    )
+
+
+@check("GDR001", profiles=("prolog",), optional=("job", "pcie"))
+def gpudirect_rdma_unavailable(
+    gpudirect: GpuDirectFacts, rdma: RdmaFacts, job: JobFacts | Unread, nccl_libs: NcclLibFacts, pcie: PcieFacts | Unread = NOT_GIVEN
+) -> Iterator[Observation]:
     """Neither the peer-memory nor the DMA-BUF path to GPUDirect RDMA is available, or only
     nvidia_peermem is, which NCCL before 2.23.4 does not look for (unknown where a network plugin,
     which tests GPUDirect itself, carries the traffic). EFA devices are judged by
@@ -258,12 +286,17 @@ def gpudirect_rdma_unavailable(gpudirect: GpuDirectFacts, rdma: RdmaFacts, job: 
         for copy in unnamed:
             yield undecided(copy.path, f"the NCCL release of {copy.path} is not named by its file or wheel", loaded)
         return
+    # Where no GPU sits near enough a NIC for NCCL to use GPUDirect RDMA, nothing of NCCL's is lost
+    # now; a warning, since a job that raises NCCL_NET_GDR_LEVEL, or other software, would need it.
+    far = _gdr_out_of_reach(pcie, job)
     yield present(
         "node",
         Evidence("/sys/module/nvidia_peermem", "not loaded", "loaded (modprobe nvidia-peermem)"),
         Evidence("/sys/kernel/mm/memory_peers", "no nv_mem/nv_mem_nc peer client", "present with MLNX_OFED nv_peer_mem"),
         dmabuf,
         *dmabuf_off,
+        *([far] if far else []),
+        severity=Severity.WARNING if far else None,
     )
 
 

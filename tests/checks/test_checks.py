@@ -21,6 +21,7 @@ from preflight.probes.hostname import HostnameFacts, HostsEntry
 from preflight.checks.dns import hostname_resolution_broken
 from preflight.probes.job import JobFacts, NcclConfFile
 from preflight.probes.nccl_libs import NcclCopy, NcclLibFacts
+from preflight.probes.pcie import PcieFacts, PciEndpoint, PcieLink
 from preflight.probes.rdma import RdmaDevice, RdmaFacts, probe_rdma
 from preflight.probes.memlock import Limit, MemlockFacts, PamLimit, parse_exemption, probe_memlock
 from preflight.checks.mem import memlock_limit_too_low, nccl_buffsize_exceeds_pinned_memory
@@ -316,6 +317,29 @@ def test_gdr001_nvidia_peermem_alone_with_nccl_before_2_23_4(gpudirect: GpuDirec
     [found] = gpudirect_rdma_unavailable(with_peermem, MLX, job(), unnamed)
     assert found.status is Status.UNKNOWN and "not named" in found.reason
     assert list(gpudirect_rdma_unavailable(replace(with_peermem, driver_flavour="open"), MLX, job(), NCCL_2_21)) == []  # DMA-BUF instead
+
+
+def pcie_server(gpu_chain: tuple[str, ...], nic_chain: tuple[str, ...], hypervisor: bool | None = False) -> PcieFacts:
+    """One GPU and one RDMA NIC, on one socket, at the given places."""
+    link = PcieLink(16, 16, "32.0 GT/s PCIe", "32.0 GT/s PCIe", "")
+    gpu = PciEndpoint("0000:18:00.0", gpu_chain, 0, link, None, "", "")
+    nic = PciEndpoint("0000:41:00.0", nic_chain, 0, link, None, "", "", ("mlx5_0",))
+    return PcieFacts((gpu,), (nic,), (), (), (), (), (), hypervisor, (), "", ())
+
+
+def test_gdr001_where_no_gpu_is_near_enough_a_nic_for_nccl_it_is_a_warning(gpudirect: GpuDirectFacts) -> None:
+    """An H100 PCIe server with one ConnectX on its own root port: every GPU-NIC path is PHB, past
+    NCCL_NET_GDR_LEVEL's default PXB, so NCCL uses no GPUDirect RDMA there, peer memory or not."""
+    phb = pcie_server(("0000:15:01.0",), ("0000:40:01.0",))
+    [found] = gpudirect_rdma_unavailable(gpudirect, MLX, job(), NCCL_2_28, phb)
+    assert found.severity is Severity.WARNING and "beyond NCCL_NET_GDR_LEVEL PXB (the default)" in found.evidence[-1].observed
+    # Under one switch, with the level raised to PHB, in a VM or with a topology file: an error as before.
+    switch = pcie_server(("0000:15:01.0", "0000:16:00.0", "0000:17:00.0"), ("0000:15:01.0", "0000:16:00.0", "0000:17:01.0"))
+    for facts, where in ((switch, job()), (phb, job(environ={"NCCL_NET_GDR_LEVEL": "PHB"})),
+                         (pcie_server(("0000:15:01.0",), ("0000:40:01.0",), hypervisor=True), job()),
+                         (phb, job(environ={"NCCL_TOPO_FILE": "/opt/microsoft/ndv5-topo.xml"})), (Unread("pcie", "x"), job())):
+        [found] = gpudirect_rdma_unavailable(gpudirect, MLX, where, NCCL_2_28, facts)
+        assert found.severity is None, (facts, where)
 
 
 def test_gdr001_a_network_plugin_tests_gpudirect_itself(gpudirect: GpuDirectFacts) -> None:
