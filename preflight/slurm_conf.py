@@ -269,10 +269,13 @@ def find_slurmd(reader: FactReader) -> int | None:
     ``/proc/*/comm``; None when it does not run (or /proc is unlisted, which is in the problems)."""
     for pid_file in ("/run/slurmd.pid", "/var/run/slurmd.pid"):
         text = reader.text(pid_file)
-        if text and is_number(text.strip()):
+        if text is None:
+            continue  # not there: the older location may hold it
+        if is_number(text.strip()):
             pid = int(text.strip())
             if (reader.text(f"/proc/{pid}/comm") or "").strip() == "slurmd":
                 return pid
+        break  # /var/run is a link to /run on current distributions: the same file, read once
     for entry in reader.listing("/proc") or []:  # unlisted: the problem makes slurmd undecided
         if is_number(entry):
             try:

@@ -290,3 +290,20 @@ def test_slurmd_running_with_no_slurm_conf_found_is_unknown(tmp_path: Path) -> N
     # no slurmd: nothing to read, nothing to judge
     (tmp_path / "proc" / "4242" / "comm").write_text("bash\n")
     assert _slurm_conf_finding(NodeFS(str(tmp_path))) == ("", "")
+
+
+def test_slurmds_pid_file_is_read_once_where_var_run_is_run(tmp_path: Path) -> None:
+    """/var/run links to /run on current distributions: a pid whose process cannot be read is one
+    problem (one unknown MEM001 finding), not one per name of the same file."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "slurmd.pid").write_text("4242\n")
+    (tmp_path / "var").mkdir()
+    (tmp_path / "var" / "run").symlink_to("/run")
+    (tmp_path / "proc" / "4242").mkdir(parents=True)
+    (tmp_path / "proc" / "4242" / "comm").write_text("slurmd\n")
+    (tmp_path / ".preflight").mkdir()
+    (tmp_path / ".preflight" / "read-errors.json").write_text(
+        json.dumps({"format": "preflight-read-errors/1", "errors": {"/proc/4242/comm": "EACCES"}})
+    )
+    problems = [p for p in probe_memlock(NodeFS(str(tmp_path))).problems if "/proc/4242/comm" in p]
+    assert len(problems) == 1, problems
