@@ -56,6 +56,7 @@ from preflight.sources.ethtool import PauseState, query_pause
 from preflight.sources.fs import NodeFS, RecordedDocument, SourceError, load_recording
 from preflight.sources.nftables import SOURCE as FIREWALL_SOURCE
 from preflight.sources.nftables import Ruleset, read_ruleset
+from preflight.sources.nlmsg import NLMSG_ERROR
 from preflight.sources.routes import Route, file_route_get, live_route_get, replay_route
 
 # ARPHRD_* from include/uapi/linux/if_arp.h, as in /sys/class/net/<if>/type and ifi_type.
@@ -409,9 +410,8 @@ def _address_problem(entry: Address) -> str:
     return ""
 
 
-#: rtnetlink's address dump (include/uapi/linux/rtnetlink.h, netlink.h): a request and its answers.
+#: rtnetlink's address dump (include/uapi/linux/rtnetlink.h, netlink.h).
 _RTM_NEWADDR, _RTM_GETADDR = 20, 22
-_NLMSG_ERROR, _NLMSG_DONE = 2, 3
 _NLM_F_REQUEST_DUMP = 0x1 | 0x300
 _ADDRESS_DUMP_TIMEOUT_S = 1.0
 _ADDRESS_DUMP_MAX_BYTES = 8 << 20  # tens of thousands of addresses (kube-ipvs0 holds one per Service)
@@ -426,40 +426,23 @@ def address_owners() -> list[tuple[int, int, str]]:
     import socket
     import time
 
+    from preflight.sources.nlmsg import dump_messages
+
     deadline = time.monotonic() + _ADDRESS_DUMP_TIMEOUT_S
     request = struct.pack("=IHHII", 16 + 8, _RTM_GETADDR, _NLM_F_REQUEST_DUMP, 1, 0) + struct.pack("=BBBBI", 0, 0, 0, 0, 0)
     found: list[tuple[int, int, str]] = []
-    total = 0
     try:
         with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as sock:
             sock.bind((0, 0))
             sock.send(request)
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise SourceError(ADDRESS_DUMP, f"no complete answer within {_ADDRESS_DUMP_TIMEOUT_S:g} s")
-                sock.settimeout(remaining)
-                data = sock.recv(1 << 16)
-                total += len(data)
-                if total > _ADDRESS_DUMP_MAX_BYTES:
-                    raise SourceError(ADDRESS_DUMP, f"the dump exceeds {_ADDRESS_DUMP_MAX_BYTES} bytes")
-                offset = 0
-                while offset + 16 <= len(data):
-                    length, kind, _flags, sequence, _pid = struct.unpack_from("=IHHII", data, offset)
-                    if length < 16 or offset + length > len(data):
-                        raise SourceError(ADDRESS_DUMP, f"malformed netlink message (length {length})")
-                    if sequence == 1 and kind == _NLMSG_DONE:
-                        return found
-                    if sequence == 1 and kind == _NLMSG_ERROR:
-                        code = -struct.unpack_from("=i", data, offset + 16)[0] if length >= 20 else errno_codes.EIO
-                        raise SourceError(ADDRESS_DUMP, os.strerror(code).lower())
-                    if sequence == 1 and kind == _RTM_NEWADDR and length >= 24:
-                        family, _prefix, _flags8, scope, index = struct.unpack_from("=BBBBI", data, offset + 16)
-                        if family in (socket.AF_INET, socket.AF_INET6):
-                            found.append((4 if family == socket.AF_INET else 6, index, _RT_SCOPES.get(scope, str(scope))))
-                    offset += (length + 3) & ~3
+            for kind, payload in dump_messages(sock, 1, deadline, ADDRESS_DUMP, _ADDRESS_DUMP_MAX_BYTES, lambda code: os.strerror(code).lower()):
+                if kind == _RTM_NEWADDR and len(payload) >= 8:
+                    family, _prefix, _flags, scope, index = struct.unpack_from("=BBBBI", payload, 0)
+                    if family in (socket.AF_INET, socket.AF_INET6):
+                        found.append((4 if family == socket.AF_INET else 6, index, _RT_SCOPES.get(scope, str(scope))))
     except OSError as error:
         raise SourceError(ADDRESS_DUMP, os.strerror(error.errno).lower() if error.errno else str(error)) from None
+    return found
 
 
 def parse_if_inet6(text: str) -> list[Address]:
@@ -553,7 +536,6 @@ def attach_ipv4(local: str, routes: list[_Route]) -> Address:
 RTM_GETDCB = 78
 DCB_CMD_IEEE_GET = 21
 IEEE_8021QAZ_APP_SEL_DSCP = 5
-_NLMSG_ERROR = 2
 _NETLINK_ROUTE = 0
 _DCB_TIMEOUT_S = 1.0
 
@@ -607,7 +589,7 @@ def decode_dcb_reply(ifname: str, data: bytes) -> DcbConfig:
     if len(data) < 16:
         raise SourceError(source, f"short netlink reply ({len(data)} bytes)")
     (msg_type,) = struct.unpack_from("=H", data, 4)
-    if msg_type == _NLMSG_ERROR:
+    if msg_type == NLMSG_ERROR:
         code = -struct.unpack_from("=i", data, 16)[0] if len(data) >= 20 else errno_codes.EIO
         name = "EOPNOTSUPP" if code == errno_codes.EOPNOTSUPP else errno_codes.errorcode.get(code, str(code))
         reason = f"{os.strerror(code).lower()} ({name})"

@@ -59,8 +59,6 @@ _NFT_MSG_GETSET = 10
 _NFT_MSG_GETSETELEM = 13
 _NLM_F_REQUEST = 0x1
 _NLM_F_DUMP = 0x300
-_NLMSG_ERROR = 2
-_NLMSG_DONE = 3
 _NLA_TYPE_MASK = 0x3FFF
 
 FAMILIES = {1: "inet", 2: "ip", 3: "arp", 5: "netdev", 7: "bridge", 10: "ip6"}
@@ -569,45 +567,18 @@ def _describe_errno(code: int) -> str:
 
 def _dump(sock: socket.socket, message_type: int, sequence: int, deadline: float, family: int = 0, attrs: bytes = b"") -> list[tuple[int, dict[int, bytes]]]:
     """Every message of one dump as (nfgen family, attributes)."""
-    import socket
+    from preflight.sources.nlmsg import dump_messages
 
     sock.send(_request(message_type, sequence, family, attrs))
     found: list[tuple[int, dict[int, bytes]]] = []
-    total = 0
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise SourceError(SOURCE, f"no complete answer within {DUMP_TIMEOUT_S} s")
-        sock.settimeout(remaining)
+    for _kind, payload in dump_messages(sock, sequence, deadline, SOURCE, MAX_DUMP_BYTES, _describe_errno):
+        if len(payload) < 4:
+            continue
         try:
-            data = sock.recv(1 << 20)
-        except socket.timeout:
-            raise SourceError(SOURCE, f"no complete answer within {DUMP_TIMEOUT_S} s") from None
-        total += len(data)
-        if total > MAX_DUMP_BYTES:
-            raise SourceError(SOURCE, f"the ruleset dump exceeds {MAX_DUMP_BYTES} bytes")
-        offset = 0
-        while offset + 16 <= len(data):
-            length, kind, _flags, seq, _pid = struct.unpack_from("=IHHII", data, offset)
-            if length < 16 or offset + length > len(data):
-                raise SourceError(SOURCE, f"malformed netlink message (length {length})")
-            payload = data[offset + 16 : offset + length]
-            offset += (length + 3) & ~3
-            if seq != sequence:
-                continue
-            if kind == _NLMSG_DONE:
-                return found
-            if kind == _NLMSG_ERROR:
-                code = -struct.unpack_from("=i", payload, 0)[0] if len(payload) >= 4 else errno_codes.EIO
-                if code == 0:
-                    continue
-                raise SourceError(SOURCE, _describe_errno(code))
-            if len(payload) < 4:
-                continue
-            try:
-                found.append((payload[0], _table(payload[4:])))
-            except ValueError as error:
-                raise SourceError(SOURCE, f"undecodable message: {error}") from None
+            found.append((payload[0], _table(payload[4:])))
+        except ValueError as error:
+            raise SourceError(SOURCE, f"undecodable message: {error}") from None
+    return found
 
 
 def read_ruleset() -> Ruleset:
