@@ -42,7 +42,17 @@ from preflight.probes.job import JobFacts
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
 from preflight.sources.netlink import Netlink
-from preflight.sources.nftables import Chain, Condition, Rule, Ruleset
+from preflight.sources.nftables import (
+    ADDRTYPE_DEST,
+    ADDRTYPE_SOURCE,
+    FIB_DADDR_TYPE,
+    FIB_SADDR_TYPE,
+    IP6_EXTHDR,
+    Chain,
+    Condition,
+    Rule,
+    Ruleset,
+)
 from preflight.units import is_number
 
 if TYPE_CHECKING:
@@ -154,6 +164,10 @@ class _GiveUp(Exception):
 # -- conditions ---------------------------------------------------------------------------------
 
 
+#: Route types of addresses (RTN_UNICAST, RTN_LOCAL in include/uapi/linux/rtnetlink.h).
+_RTN_UNICAST, _RTN_LOCAL = 1, 2
+
+
 def _field_value(field: str, packet: Packet) -> int | str | None:
     """What ``field`` holds for the packet, None when we do not know."""
     known: dict[str, int | str] = {
@@ -167,7 +181,16 @@ def _field_value(field: str, packet: Packet) -> int | str | None:
         "meta pkttype": 0,  # PACKET_HOST
         "iifname": packet.iifname,
         "iif": packet.iif,
+        # A peer's SYN: from another host's unicast address to this interface's own (local) one
+        # (as address-type bits for xt's addrtype, as RTN_* numbers for nft's fib), with no IPv6
+        # extension header.
+        ADDRTYPE_SOURCE: 1 << _RTN_UNICAST,
+        ADDRTYPE_DEST: 1 << _RTN_LOCAL,
+        FIB_SADDR_TYPE: _RTN_UNICAST,
+        FIB_DADDR_TYPE: _RTN_LOCAL,
     }
+    if field.startswith(IP6_EXTHDR):
+        return 0
     if packet.family == 4:
         known["ip protocol"] = _TCP
     return known.get(field)

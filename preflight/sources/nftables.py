@@ -214,7 +214,10 @@ def _payload_field(base: int, offset: int, length: int, family: str) -> str | No
 
 _ADDRESS_FIELDS = {"ip saddr": 4, "ip daddr": 4, "ip6 saddr": 16, "ip6 daddr": 16}
 # Fields the kernel keeps in host byte order in its registers (iif, ct state/status, marks).
-_HOST_ORDER = frozenset({"iif", "ct state", "ct status", "meta mark", "ct mark"})
+#: ``fib saddr type`` and ``fib daddr type`` (nft_fib's NFT_FIB_RESULT_ADDRTYPE): the address's
+#: RTN_* route type, stored as a host-order u32 (iptables-nft writes ``-m addrtype`` so).
+FIB_SADDR_TYPE, FIB_DADDR_TYPE = "fib saddr type", "fib daddr type"
+_HOST_ORDER = frozenset({"iif", "ct state", "ct status", "meta mark", "ct mark", FIB_SADDR_TYPE, FIB_DADDR_TYPE})
 
 
 def _value_text(field: str, data: bytes, load_length: int) -> str:
@@ -306,6 +309,31 @@ class _RuleDecoder:
         # an address load carries its prefix length as a negative mask (see _compare)
         prefix = -(8 * (length or 0)) if field in _ADDRESS_FIELDS else 0
         self._load(dreg, _Load(field, length or 0, prefix) if field else None)
+
+    def _fib(self, _table_name: str, data: dict[int, bytes]) -> None:
+        """``fib saddr|daddr [. iif] type``: the address type (NFTA_FIB_RESULT 3); other results
+        (the output interface) depend on routes, left undecoded. Flags: NFTA_FIB_F_SADDR 1,
+        NFTA_FIB_F_DADDR 2, NFTA_FIB_F_MARK 4, NFTA_FIB_F_IIF 8 (nf_tables.h)."""
+        dreg, result, flags = _u32(data.get(1)), _u32(data.get(2)), _u32(data.get(3)) or 0
+        field = None
+        if result == 3 and not flags & 0x4:
+            field = FIB_SADDR_TYPE if flags & 0x1 else FIB_DADDR_TYPE if flags & 0x2 else None
+        self._load(dreg, _Load(field, 4) if field else None)
+
+    def _exthdr(self, _table_name: str, data: dict[int, bytes]) -> None:
+        """An IPv6 extension header (NFT_EXTHDR_OP_IPV6, the default): loading a field of one the
+        packet lacks ends the rule (NFT_BREAK), and with NFT_EXTHDR_F_PRESENT it loads whether the
+        header is there. TCP options and the rest are left undecoded."""
+        dreg, kind, flags, op = _u32(data.get(1)), data.get(2, b"\xff")[:1], _u32(data.get(5)) or 0, _u32(data.get(6)) or 0
+        if dreg is None or op != 0 or self.family not in ("ip6", "inet"):
+            self.opaque("exthdr")
+            return
+        field = f"{IP6_EXTHDR} {kind[0]}"
+        if flags & 0x1:
+            self._load(dreg, _Load(field, 1))
+        else:
+            self.conditions.append(Condition(field, "!=", ("0",)))  # the header must be there to load from it
+            self._load(dreg, None)
 
     def _bitwise(self, _table_name: str, data: dict[int, bytes]) -> None:
         sreg, dreg, op = _u32(data.get(1)), _u32(data.get(2)), _u32(data.get(6)) or 0
@@ -415,6 +443,15 @@ class _RuleDecoder:
             condition = xt_state_condition(info)
         elif name == "multiport":
             condition = xt_multiport_condition(revision, info)
+        elif name == "addrtype":
+            tests = xt_addrtype_conditions(revision, info)
+            if tests is not None:
+                self.conditions.extend(tests)
+                return
+        elif name == "rt":
+            # ip6t_rt matches only a packet with a routing header (ipv6_find_hdr), whatever the
+            # rule inverts; a SYN to a listener carries none (ufw6's before-input rules use it).
+            condition = Condition(RT_HEADER, "!=", ("0",))
         if condition is None:
             self.opaque(f"xt match {name}")
         else:
@@ -447,6 +484,35 @@ def xt_conntrack_condition(revision: int, info: bytes) -> Condition | None:
         return None  # other conntrack criteria (addresses, ports, status, expiry) are not decoded
     mask = info[150] if revision == 1 else struct.unpack_from("=H", info, 150)[0]
     return Condition("ct state", "==" if invert & _XT_CONNTRACK_STATE else "!=", ("0",), mask)
+
+
+#: Fields the xt matches below test: the route type of the packet's source and destination address
+#: as a bit (1 << RTN_* of include/uapi/linux/rtnetlink.h, as xt_addrtype.h's masks), and whether
+#: it carries an IPv6 routing header (1) or not (0).
+ADDRTYPE_SOURCE, ADDRTYPE_DEST = "addrtype src", "addrtype dst"
+IP6_EXTHDR = "ip6 exthdr"  # followed by the header's next-header number: "ip6 exthdr 43", the routing header
+RT_HEADER = f"{IP6_EXTHDR} 43"
+_XT_ADDRTYPE_INVERT_SOURCE, _XT_ADDRTYPE_INVERT_DEST = 0x1, 0x2
+_XT_ADDRTYPE_LIMIT_IFACE = 0x4 | 0x8
+
+
+def xt_addrtype_conditions(revision: int, info: bytes) -> list[Condition] | None:
+    """``-m addrtype --src-type/--dst-type`` as bit tests of the address types: struct
+    xt_addrtype_info (revision 0: u16 source and dest masks, u32 invert flags for each) or
+    xt_addrtype_info_v1 (u16 masks, u32 flags with the inversions and --limit-iface-in/out);
+    a zero mask tests nothing (xt_addrtype.c). None for a layout not known."""
+    if revision == 0 and len(info) >= 12:
+        source, dest, invert_source, invert_dest = struct.unpack_from("=HHII", info)
+    elif revision == 1 and len(info) >= 8:
+        source, dest, flags = struct.unpack_from("=HHI", info)
+        invert_source, invert_dest = flags & _XT_ADDRTYPE_INVERT_SOURCE, flags & _XT_ADDRTYPE_INVERT_DEST
+    else:
+        return None
+    tests = []
+    for field, mask, inverted in ((ADDRTYPE_SOURCE, source, invert_source), (ADDRTYPE_DEST, dest, invert_dest)):
+        if mask:
+            tests.append(Condition(field, "==" if inverted else "!=", ("0",), mask))
+    return tests
 
 
 def xt_state_condition(info: bytes) -> Condition | None:

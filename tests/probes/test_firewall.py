@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -113,7 +114,7 @@ UNDECODED_DROP = """
 table inet filter {
     chain input {
         type filter hook input priority 0; policy accept;
-        fib daddr type local tcp dport 40000-50000 drop
+        limit rate over 10/second tcp dport 40000-50000 drop
     }
 }
 """
@@ -229,8 +230,45 @@ def test_an_expression_we_do_not_decode_leaves_the_drop_unknown(ns: Namespace) -
     rule = facts.ruleset.chains[0].rules[0] if facts.ruleset else None
     assert rule is not None and any(c.op == "opaque" for c in rule.conditions)
     found = statuses(run_checks(ns, {"NCCL_SOCKET_IFNAME": "=ens9", "GLOO_SOCKET_IFNAME": "ens9"}))
-    # a drop can never be a refusal, so SOCK004 stays absent; the drop itself depends on fib
+    # a drop can never be a refusal, so SOCK004 stays absent; the drop itself depends on the rate
     assert found == {("NCCL004", "ens9"): "unknown", ("GLOO002", "ens9"): "unknown"}
+
+
+UFW_COMMANDS = (
+    # ufw's before.rules, as iptables-nft writes them (nft's own fib and rt expressions in
+    # iptables 1.8.9; xt matches in older builds): packets not for this host leave ufw-not-local.
+    ("iptables-nft", "-N ufw-not-local"),
+    ("iptables-nft", "-A INPUT -j ufw-not-local"),
+    ("iptables-nft", "-A ufw-not-local -m addrtype --dst-type LOCAL -j RETURN"),
+    ("iptables-nft", "-A ufw-not-local -m addrtype --dst-type MULTICAST -j RETURN"),
+    ("iptables-nft", "-A ufw-not-local -m addrtype --dst-type BROADCAST -j RETURN"),
+    ("iptables-nft", "-A ufw-not-local -j DROP"),
+    ("ip6tables-nft", "-A INPUT -m rt --rt-type 0 -j DROP"),
+)
+
+
+def test_ufws_address_type_and_routing_header_rules_are_decided(ns: Namespace) -> None:
+    """A peer's SYN is addressed to this host (fib daddr type local) and carries no IPv6 routing
+    header, so ufw's 'not local' and 'rt type 0' drops never take it: absent, not unknown."""
+    if shutil.which("iptables-nft") is None:
+        pytest.skip("iptables-nft (Debian package iptables) is not installed; .ci/run installs it")
+    for program, command in UFW_COMMANDS:
+        subprocess.run(["ip", "netns", "exec", ns.name, program, *command.split()], check=True, capture_output=True, timeout=60)
+    facts = probe(ns)
+    assert facts.ruleset is not None
+    assert not any(c.op == "opaque" for chain in facts.ruleset.chains for rule in chain.rules for c in rule.conditions)
+    found = run_checks(ns, {"NCCL_SOCKET_IFNAME": "=ens9", "GLOO_SOCKET_IFNAME": "ens9"})
+    assert statuses(found) == {}, found
+
+
+def test_xt_addrtype_structs_decode_both_revisions() -> None:
+    from preflight.sources.nftables import xt_addrtype_conditions
+
+    local = 1 << 2
+    assert [c.text() for c in xt_addrtype_conditions(1, struct.pack("=HHI", 0, local, 0)) or []] == ["addrtype dst & 0x4 != 0"]
+    assert [c.text() for c in xt_addrtype_conditions(1, struct.pack("=HHI", 0, local, 0x2)) or []] == ["addrtype dst & 0x4 == 0"]
+    assert [c.text() for c in xt_addrtype_conditions(0, struct.pack("=HHII", local, 0, 1, 0)) or []] == ["addrtype src & 0x4 == 0"]
+    assert xt_addrtype_conditions(2, b"") is None and xt_addrtype_conditions(1, b"\0") is None
 
 
 def test_the_rendezvous_port_alone_refused(ns: Namespace) -> None:
