@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from checks.mem import memlock_limit_too_low
+from preflight.checks.mem import memlock_limit_too_low
 from preflight.config import Expectations
 from preflight.model import Status
 from preflight.probes.job import probe_job
