@@ -381,15 +381,32 @@ ONE_NODE_FIX = (
 )
 
 
-@check("NET001", optional=("job",))
-def nccl_virtual_interface_selected(nccl_socket: NcclSocketFacts, job: JobFacts | Unread = NOT_GIVEN) -> Iterator[Observation]:
+def _devices_before_2_28(nccl_socket: NcclSocketFacts, nccl_libs: NcclLibFacts | Unread) -> list[Use]:
+    """The socket transport's devices that only an NCCL before 2.28 takes (one that is not
+    running: an idle Docker network's bridge keeps its gateway address), where such an NCCL is on
+    the node and the socket transport carries the data."""
+    older = nccl_socket.devices_before_2_28
+    if older is None or not nccl_socket.socket_transport or isinstance(nccl_libs, Unread):
+        return []
+    versions = [version_tuple(copy.version) for copy in nccl_libs.copies if copy.version and not copy.unreached]
+    if not any(version is not None and version[:2] < RUNNING_FILTER_SINCE for version in versions):
+        return []
+    taken = {use.interface.ifname for use in uses(nccl_socket)}
+    purpose = "socket transport device of NCCL before 2.28 (it takes interfaces that are not running)"
+    return [Use(purpose, False, older, item) for item in older.interfaces if item.ifname not in taken]
+
+
+@check("NET001", optional=("job", "nccl_libs"))
+def nccl_virtual_interface_selected(
+    nccl_socket: NcclSocketFacts, job: JobFacts | Unread = NOT_GIVEN, nccl_libs: NcclLibFacts | Unread = NOT_GIVEN
+) -> Iterator[Observation]:
     """NCCL would bind to a loopback, container, bridge, overlay or VPN interface; a warning for
     a secondary socket device or a container's own veth, which may well be routable, and nothing
     for a Kubernetes pod's eth0 (kubelet's /etc/hosts): the Kubernetes network model has every
     pod reach every other pod, on any node, without NAT (kubernetes.io, Cluster Networking). In a
     job known to run on one node (Slurm's node count, torchrun's) every pick is a warning."""
     one_node = not isinstance(job, Unread) and job_nodes(job.environ)[1] == 1
-    for use in uses(nccl_socket):
+    for use in uses(nccl_socket) + _devices_before_2_28(nccl_socket, nccl_libs):
         reason = virtual_reason(use.interface)
         if not reason or _is_link_local(use.interface):
             continue  # an IPv6 link-local pick is NET003's case

@@ -110,6 +110,8 @@ class NcclSocketFacts(Struct, frozen=True):
     # What NCCL before 2.28 binds bootstrap to, where that differs from the choice above (it also
     # takes interfaces that are not running); None where both releases choose alike.
     bootstrap_before_2_28: SocketChoice | None = None
+    # The socket transport's devices before NCCL 2.28, where they differ from ``devices``
+    devices_before_2_28: SocketChoice | None = None
     # /etc/hosts carries kubelet's header: this is a Kubernetes pod, whose network model routes
     # pod addresses between nodes without NAT. None: /etc/hosts unread.
     kubernetes_pod: bool | None = None
@@ -332,6 +334,7 @@ def probe_nccl_socket(fs: NodeFS, netlink: Netlink, job: JobFacts) -> NcclSocket
         devices=devices,
         problems=tuple(problems + reader.problems),
         bootstrap_before_2_28=bootstrap_older if differs else None,
+        devices_before_2_28=older if [i.ifname for i in older.interfaces] != [i.ifname for i in devices.interfaces] else None,
         kubernetes_pod=_kubernetes_pod(reader),
     )
 

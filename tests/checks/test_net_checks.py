@@ -20,7 +20,7 @@ from preflight.probes.nccl_libs import NcclCopy, NcclLibFacts
 from preflight.probes.nccl_socket import NcclSocketFacts, probe_nccl_socket
 from preflight.checks.net import ipv6_address_family_mismatch, nccl_proxy_connect_ipv6_link_local, nccl_virtual_interface_selected
 from preflight.config import Expectations, HostConfig
-from preflight.model import Evidence, NotApplicable, Observation, Severity, Status, Unread, merge_by_subject, present, undecided
+from preflight.model import NOT_GIVEN, Evidence, NotApplicable, Observation, Severity, Status, Unread, merge_by_subject, present, undecided
 from preflight.sources import NodeFS
 from preflight.sources.dns import ReplayDns
 from preflight.sources.netlink import ReplayNetlink
@@ -109,6 +109,20 @@ def test_net001_docker_bridge_picked_and_absent_with_a_real_nic(node: Node) -> N
     assert set(found) == {"docker0"} and "Docker bridge" in text(found["docker0"])
     node.add("eno1", 4, "10.0.0.2/24")
     assert list(nccl_virtual_interface_selected(node.socket())) == []
+
+
+def test_net001_an_idle_docker_network_bridge_taken_by_nccl_before_2_28(node: Node) -> None:
+    """A Docker network with no container keeps its bridge (br-<id>, down, with its gateway
+    address). NCCL before 2.28 does not test IFF_RUNNING, so its socket transport takes the bridge
+    as a second device; 2.28 and later pass it over."""
+    node.add("eno1", 2, "10.0.0.2/24")
+    node.add("br-5a1b2c3d4e5f", 3, "172.18.0.1/16", kind="bridge", state="down")
+    old = NcclLibFacts((NcclCopy("/usr/lib/x86_64-linux-gnu/libnccl.so.2.21.5", "2.21.5", "system"),), ())
+    [found] = nccl_virtual_interface_selected(node.socket(), NOT_GIVEN, old)
+    assert found.subject == "br-5a1b2c3d4e5f" and found.severity is Severity.WARNING and "before 2.28" in text(found)
+    new = NcclLibFacts((NcclCopy("/usr/lib/x86_64-linux-gnu/libnccl.so.2.28.9", "2.28.9", "system"),), ())
+    assert list(nccl_virtual_interface_selected(node.socket(), NOT_GIVEN, new)) == []
+    assert list(nccl_virtual_interface_selected(node.socket())) == []  # which NCCL runs is not known: the current rules
 
 
 def test_a_network_plugin_carries_the_data_where_there_are_no_verbs_devices(node: Node) -> None:
