@@ -178,7 +178,9 @@ CANNOT_ASK_ERRORS = frozenset(
 
 PERSISTENCE_FIX = (
     "Keep the GPUs initialised between jobs: enable and start nvidia-persistenced "
-    "(systemctl enable --now nvidia-persistenced), or set persistence mode with 'nvidia-smi -pm 1' at every boot."
+    "(systemctl enable --now nvidia-persistenced), or set persistence mode with 'nvidia-smi -pm 1' at every boot. "
+    "Debian's and Ubuntu's packages start the daemon with --no-persistence-mode, which keeps it off while the "
+    "service runs: replace it with --persistence-mode in the unit's ExecStart (systemctl edit nvidia-persistenced)."
 )
 
 
