@@ -582,8 +582,12 @@ def _no_roce(rdma: RdmaFacts, selection: Selection) -> str:
         return "no RDMA port with link_layer Ethernet (RoCE) on this node"
     if selection.setting is not None:
         return "no ACTIVE RoCE port is selected by NCCL_IB_HCA"
-    if selection.passed_over:
-        return f"no ACTIVE RoCE port NCCL would use: {selection.passed_over[0]}"
+    # The reason of a RoCE device: an InfiniBand one passed over beside them (an HGX baseboard's
+    # NVSwitch management function) says nothing of the RoCE ports.
+    roce = {port.device for port in rdma.data_ports if port.link_layer == "Ethernet"}
+    reasons = [why for why in selection.passed_over if why.split(" ", 1)[0] in roce]
+    if reasons:
+        return f"no ACTIVE RoCE port NCCL would use: {reasons[0]}"
     return "no RoCE port is ACTIVE"
 
 

@@ -698,3 +698,14 @@ def test_plugin_names_and_ld_so_conf() -> None:
     assert plugin_names(Setting("ofi,libfoo.so", "environment")) == ["ofi", "libnccl-net-ofi.so", "libfoo.so"]
     assert plugin_names(Setting("NONE", "environment")) is None
     assert parse_ld_so_conf("# comment\ninclude /etc/ld.so.conf.d/*.conf\n/opt/lib\n") == (["/opt/lib"], ["/etc/ld.so.conf.d/*.conf"])
+
+
+def test_roce002_names_a_passed_over_roce_device_not_an_infiniband_one() -> None:
+    """An HGX B300's baseboard NVSwitch management functions are InfiniBand devices that NCCL's
+    topology search also passes over: the reason why no RoCE port is used names a RoCE device."""
+    from preflight.checks.roce import _no_roce
+
+    facts = rdma(hca("mlx5_0"), hca("mlx5_12", port(link_layer="Ethernet")))
+    passed = {"mlx5_0": "mlx5_0 is passed over by NCCL's topology search", "mlx5_12": "mlx5_12 is passed over by NCCL's topology search"}
+    reason = _no_roce(facts, nccl_selection(facts, job(), passed))
+    assert reason == "no ACTIVE RoCE port NCCL would use: mlx5_12 is passed over by NCCL's topology search"
