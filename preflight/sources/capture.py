@@ -32,6 +32,9 @@ no finding becomes ``present`` and no ``unknown`` becomes ``absent``.
 
 from __future__ import annotations
 
+#: The unit of a process's own /proc directory.
+PROCESS_ENTRY = "process entry"
+
 #: (pattern, what it is) — the second part completes "this root has no ..." in reasons.
 CAPTURE_UNITS: tuple[tuple[str, str], ...] = (
     # whole trees
@@ -50,7 +53,7 @@ CAPTURE_UNITS: tuple[tuple[str, str], ...] = (
     ("/proc/self/limits", "resource limits"),
     ("/proc/self/status", "process status"),
     ("/proc/self/environ", "environment"),
-    ("/proc/<pid>", "process entry"),
+    ("/proc/<pid>", PROCESS_ENTRY),
     ("/proc/<pid>/limits", "resource limits"),
     ("/proc/<pid>/status", "process status"),
     ("/proc/<pid>/stat", "process status"),

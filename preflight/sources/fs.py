@@ -65,7 +65,7 @@ from typing import Any, TypeVar, cast
 
 from msgspec import Struct
 
-from preflight.sources.capture import unit_of
+from preflight.sources.capture import PROCESS_ENTRY, unit_of
 
 #: Reads stop here: sysfs attributes are one page, and a 10 GB "file" must not fill memory.
 KERNEL_LOG_MAX_BYTES = 8 << 20  # a full default kernel ring buffer is 1-4 MiB
@@ -424,6 +424,11 @@ class NodeFS:
             if state == "dangling":
                 raise NotCaptured(path, f"not captured: {prefix} links to a path {where} does not have")
             what = unit_of(prefix)
+            if what == PROCESS_ENTRY and self.is_live and prefix.count("/") == 2:
+                # A pid another file named (slurmd's pid file) whose entry is not there: the
+                # process ended, or /proc hides other users' processes (hidepid), as hardened
+                # nodes mount it.
+                raise NotCaptured(path, f"{prefix} is not visible: the process ended, or /proc is mounted with hidepid (run as root)")
             if what is not None:
                 raise NotCaptured(path, f"not captured: {where} has no {prefix} ({what})")
             return

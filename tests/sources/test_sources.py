@@ -256,3 +256,11 @@ def test_a_path_with_a_nul_byte_is_a_source_error(live: bool, example_root: Path
     for operation in (fs.read, fs.listdir, fs.readlink, fs.stat, fs.exists):
         with pytest.raises(SourceError, match="NUL byte"):
             operation(path)
+
+
+def test_a_live_process_entry_that_is_not_there_says_why_it_may_be_missing() -> None:
+    """On a live node a pid another file names (slurmd's pid file) may have ended, or /proc may
+    hide other users' processes (hidepid): not 'not captured', which speaks of a copied root."""
+    pid = 4_194_305  # above PID_MAX_LIMIT (4194304): no process can hold it
+    with pytest.raises(NotCaptured, match=rf"/proc/{pid} is not visible: the process ended, or /proc is mounted with hidepid"):
+        NodeFS("/").read(f"/proc/{pid}/comm")
