@@ -32,9 +32,9 @@ _LOSSLESS_BUFFER = re.compile(r"buffer[_ ]size(?:\[\d\]=| )\d+ is not enough for
 
 # netdev_info()'s "<driver> <bdf> <netdev>: <text>" for a RoCE port's link going down: mlx5e
 # (mlx5e_update_carrier), ionic (ionic_link_status_check) and ice (ice_print_link_msg).
-_LINK_DOWN = re.compile(
-    r"(?:mlx5_core|ionic|ice) (?P<bus>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.\d) (?P<netdev>[\w.-]{1,15}): (?:NIC )?Link (?:is )?[Dd]own"
-)
+_CARRIER = r"(?:mlx5_core|ionic|ice) (?P<bus>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.\d) (?P<netdev>[\w.-]{1,15}): (?:NIC )?Link (?:is )?"
+_LINK_DOWN = re.compile(_CARRIER + "[Dd]own")
+_LINK_UP = re.compile(_CARRIER + "[Uu]p")
 
 
 _JOIN_FAILED = re.compile(
@@ -110,14 +110,24 @@ def parse_xids(records: list[str]) -> tuple[XidEvent, ...]:
 
 def parse_link_downs(records: list[str]) -> tuple[LinkEvent, ...]:
     """RoCE NICs' carrier messages (``mlx5_core 0000:c1:00.0 ens1f0np0: Link down``, ionic's alike,
-    ``ice 0000:1a:00.0 ens26f0: NIC Link is Down``)."""
+    ``ice 0000:1a:00.0 ens26f0: NIC Link is Down``) for links that were up before: mlx5e reports
+    the carrier each time an interface opens (mlx5e_update_carrier prints either word), so a boot
+    logs "Link down" for every port before it trains, and that is no flap."""
     found = []
+    was_up: set[tuple[str, str]] = set()
     for record in records:
-        if "Link down" not in record and "Link is Down" not in record:  # a cheap test before the expression
+        if "Link" not in record:  # a cheap test before the expressions
             continue
         match = _LINK_DOWN.search(record)
         if match:
-            found.append(LinkEvent(match.group("bus").lower(), match.group("netdev"), record.split(";", 1)[-1][:300]))
+            key = (match.group("bus").lower(), match.group("netdev"))
+            if key in was_up:
+                found.append(LinkEvent(*key, record.split(";", 1)[-1][:300]))
+                was_up.discard(key)
+            continue
+        match = _LINK_UP.search(record)
+        if match:
+            was_up.add((match.group("bus").lower(), match.group("netdev")))
     return tuple(found)
 
 
@@ -136,7 +146,7 @@ def parse_join_failures(records: list[str]) -> tuple[JoinFailure, ...]:
 
 #: The texts of the records this probe parses: the others are not kept, so that a busy log's
 #: noise cannot push an Xid out of the read budget.
-RECORDS_READ = ("Xid", "Link down", "Link is Down", "multicast join failed", "lossless buffer")
+RECORDS_READ = ("Xid", "Link down", "Link is Down", "Link up", "Link is Up", "multicast join failed", "lossless buffer")
 
 
 @probe("kernel_log")

@@ -11,8 +11,9 @@ Sources:
 * ``/sys/class/infiniband/<dev>/ports/<n>/counters/link_downed`` and ``link_error_recovery``:
   the port's PMA counters (since the driver loaded, or since ``perfquery -R``);
 * the kernel log since boot (:mod:`preflight.probes.kernel_log`): the Ethernet drivers' link-down
-  messages (mlx5e's and ionic's ``Link down``, ice's ``NIC Link is Down``) for RoCE ports, matched
-  to the RDMA device by PCI function; the only witness for drivers that keep no PMA counters;
+  messages (mlx5e's and ionic's ``Link down``, ice's ``NIC Link is Down``) for RoCE ports after
+  the link was up, matched to the RDMA device by PCI function; the only witness for drivers that
+  keep no PMA counters;
 * the job's ``NCCL_IB_TIMEOUT`` and ``NCCL_IB_RETRY_CNT``.
 """
 

@@ -40,10 +40,17 @@ def test_counted_link_downs_are_present_as_warnings(node_copy: Path) -> None:
 
 
 def test_kernel_link_downs_are_matched_to_the_rdma_device(node_copy: Path) -> None:
+    """A link that goes down after it was up; mlx5e's "Link down" as each interface opens at boot,
+    before its port trains, is none (mlx5e_update_carrier prints the carrier whenever called)."""
     kmsg = node_copy / ".preflight/kmsg"
-    kmsg.write_text(kmsg.read_text() + "6,900,912345678,-;mlx5_core 0000:5f:00.0 ibp95s0: Link down\n"
+    boot = kmsg.read_text() + ("6,890,12345678,-;mlx5_core 0000:5f:00.0 ibp95s0: Link down\n"
+                               "6,891,15345678,-;mlx5_core 0000:5f:00.0 ibp95s0: Link up\n")
+    kmsg.write_text(boot)
+    assert verdicts(node_copy) == []
+    kmsg.write_text(boot + "6,900,912345678,-;mlx5_core 0000:5f:00.0 ibp95s0: Link down\n"
                     "6,901,912345999,-;mlx5_core 0000:5f:00.0 ibp95s0: Link up\n"
-                    "6,902,999999999,-;mlx5_core 0000:77:00.0 eth9: Link down\n")  # not an RDMA device here
+                    "6,902,999999000,-;mlx5_core 0000:77:00.0 eth9: Link up\n"
+                    "6,903,999999999,-;mlx5_core 0000:77:00.0 eth9: Link down\n")  # not an RDMA device here
     found = verdicts(node_copy)
     assert [(s, st) for s, st, _ in found] == [("mlx5_3 (ibp95s0)", Status.PRESENT)] and "1 link-down(s)" in found[0][2]
     assert len(parse_link_downs(kmsg.read_text().splitlines())) == 2
@@ -144,7 +151,8 @@ def test_roce_drivers_without_pma_counters_are_judged_by_the_kernel_log(tmp_path
         if not link.is_symlink():
             link.symlink_to(f"../../devices/pci0000:00/0000:00:01.0/{bus}/infiniband/{device}")
         (root / f"sys/devices/pci0000:00/0000:00:01.0/{bus}/infiniband/{device}/device").symlink_to(f"../../../{bus}")
-    write(root, "/.preflight/kmsg", "6,1,1000,-;ionic 0000:09:00.0 enp9s0np0: Link down\n6,2,2000,-;ice 0000:1a:00.0 ens26f0: NIC Link is Down\n")
+    write(root, "/.preflight/kmsg", "6,1,100,-;ionic 0000:09:00.0 enp9s0np0: Link up\n6,2,200,-;ice 0000:1a:00.0 ens26f0: NIC Link is Up 100 Gbps Full Duplex\n"
+                                    "6,3,1000,-;ionic 0000:09:00.0 enp9s0np0: Link down\n6,4,2000,-;ice 0000:1a:00.0 ens26f0: NIC Link is Down\n")
     facts = probe_link_history(NodeFS(str(root)))
     assert {(port.device, port.problem) for port in facts.ports} == {("ionic_0", ""), ("rocep26s0f0", "")}
     fs = NodeFS(str(root))
