@@ -218,10 +218,14 @@ def _multi_rail(routing: RoutingFacts, used: set[str], roce: set[str] | None) ->
                     Evidence(route.where, route.describe(), f"dev {member.ifname}"),
                 ]
             ignore, announce = member.arp_ignore.effective, member.arp_announce.effective
+            # arp_filter answers only where the reply to the asker leaves, which per-interface
+            # source routing makes the address's own interface: no flux, whatever arp_ignore says
+            # (WEKA's clients: arp_filter=1 with a routing table per NIC).
+            filtered = own_way_out and bool(member.arp_filter.effective)
             arp_evidence: list[Evidence] = []
             if ignore is None or announce is None:
                 unknown.append("arp_ignore/arp_announce unreadable")
-            elif ignore < 1 or announce < (1 if own_way_out or bound else 2):
+            elif (ignore < 1 and not filtered) or announce < (1 if own_way_out or bound else 2):
                 wanted = ">= 1 (replies leave by this interface)" if own_way_out else ">= 1 (RoCE resolves bound to this interface)" if bound else ">= 2"
                 arp_evidence = [
                     Evidence(f"{knob}/arp_ignore", f"{member.arp_ignore.all}, {member.arp_ignore.interface} (effective {ignore})", ">= 1"),

@@ -81,6 +81,9 @@ class RailMember(Struct, frozen=True):
     return_route: Route | None  # route get <address in the subnet> from <address>
     return_route_error: str
     link_type: str = ""  # the link's ARPHRD type: "ether", "infiniband" (IPoIB)...
+    # arp_filter (on where all's or the interface's is): ARP is answered only on the interface
+    # the reply to the asker would leave by (arp_filter() in net/ipv4/arp.c)
+    arp_filter: Sysctl = Sysctl(None, None)
 
 
 class RoutingFacts(Struct, frozen=True):
@@ -248,6 +251,7 @@ def _rail_member(
         member.ifname, member.address, member.prefixlen,
         _sysctl(reader, member.ifname, "rp_filter"), _sysctl(reader, member.ifname, "arp_ignore"),
         _sysctl(reader, member.ifname, "arp_announce"), route, error, link_types.get(member.ifname, ""),
+        _sysctl(reader, member.ifname, "arp_filter"),
     )
 
 

@@ -548,6 +548,19 @@ def test_net005_arp_announce_1_is_enough_where_replies_leave_by_their_own_interf
     assert set(found) == {"r2"} and found["r2"].evidence[-1].expected == ">= 2" and "(effective 1)" in text(found["r2"])
 
 
+def test_net005_arp_filter_with_source_routing_answers_only_on_the_own_interface(node: Node) -> None:
+    """WEKA's clients: arp_filter=1, arp_announce=2 and a routing table per NIC, arp_ignore left at
+    0. arp_filter answers a request only where the reply to the asker would leave, which source
+    routing makes the address's own interface (arp_filter() in net/ipv4/arp.c): no flux. Without
+    per-interface tables it proves nothing."""
+    _rails(node, 0, (0, 2), own_tables=True)
+    for name in ("all", "eno1", "r1", "r2"):
+        node.file(f"/proc/sys/net/ipv4/conf/{name}/arp_filter", "1\n" if name == "all" else "0\n")
+    assert list(nccl_wrong_socket_interface(node.socket(), node.routing(), NO_NCCL)) == []
+    node.routes = {"10.50.0.1 from 10.50.0.2": unicast("r1"), "10.50.0.1 from 10.50.0.3": unicast("r1")}
+    assert set(subjects(nccl_wrong_socket_interface(node.socket(), node.routing(), NO_NCCL))) == {"r2"}
+
+
 def test_net005_arp_announce_1_is_enough_on_roce_rails_without_source_routing(node: Node) -> None:
     """OCI's stack as published (oci-hpc's rdma-interface role): 16 RoCE rails in one /16, loose
     rp_filter, arp_ignore=2, arp_announce=1, no per-rail tables. The kernel resolves a RoCE peer
