@@ -188,7 +188,9 @@ def _nccl_versions(facts: Any) -> str | None:
     copies = at(facts, "nccl_libs", "copies")
     if copies is None:
         return None
-    versions = [at(copy, "version") for copy in copies]
+    # A versioned file that no loader reaches (its directory's libnccl.so.2 links to another
+    # release, as a package upgrade leaves it) is no release a job runs.
+    versions = [at(copy, "version") for copy in copies if not at(copy, "unreached")]
     if not all(isinstance(version, str) and version for version in versions):
         return None
     return joined(versions)
@@ -302,7 +304,12 @@ def _nccl_conf(facts: Any) -> str | None:
     for conf in files:
         if conf.error:
             return None  # a file NCCL reads that preflight could not: the node's settings are unknown
-        pairs = [f"{name}={value}" for name, value in conf.entries]
+        # NCCL sets each line's variable unless it is already set (setEnvFile in src/misc/param.cc, setenv without
+        # overwrite): the first line of a key decides, and the order of distinct keys means nothing.
+        first: dict[str, str] = {}
+        for name, value in conf.entries:
+            first.setdefault(name, value)
+        pairs = [f"{name}={value}" for name, value in sorted(first.items())]
         shown.append(f"{conf.path or '?'}: {' '.join(pairs) or '(empty)'}")
     return "; ".join(shown) if shown else NONE
 

@@ -507,3 +507,18 @@ def test_output_never_replaces_a_node_report_it_compared(run_cli: Runner, tmp_pa
         assert result.returncode == 3
         assert f"--output {directory / 'gpu001.json'} is the report" in result.stderr and "write the fleet report elsewhere" in result.stderr
     assert (directory / "gpu001.json").read_bytes() == before
+
+
+def test_nccl_conf_lines_in_another_order_are_the_same_settings(tmp_path: Path) -> None:
+    """NCCL sets a line's variable only where it is not set yet (setEnvFile, src/misc/param.cc):
+    distinct keys in another order, or a repeated key after its first line, change nothing."""
+    documents = [report(f"gpu00{i}") for i in range(1, 4)]
+    settings = [["NCCL_IB_HCA", "mlx5"], ["NCCL_IB_GID_INDEX", "3"]]
+    for number, document in enumerate(documents):
+        entries = list(reversed(settings)) if number == 1 else settings + ([["NCCL_IB_HCA", "mlx5_0"]] if number == 2 else [])
+        document["facts"]["job"]["nccl_conf_files"][0].update(entries=entries)
+    fleet = audit([str(write_all(tmp_path / "r", documents))])
+    assert not [c for c in fleet.comparisons if c.fact.key == "nccl_conf" and c.verdict in ("odd", "tie")]
+    documents[1]["facts"]["job"]["nccl_conf_files"][0].update(entries=[["NCCL_IB_HCA", "mlx5_0"], *settings])
+    fleet = audit([str(write_all(tmp_path / "r2", documents))])
+    assert [c.fact.key for c in fleet.comparisons if c.verdict == "odd"] == ["nccl_conf"]

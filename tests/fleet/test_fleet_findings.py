@@ -64,6 +64,17 @@ def test_a_node_with_another_nccl_version_has_nccl017_present(tmp_path: Path) ->
     assert item["evidence"] == [{"host": "gpu003", "source": "nccl_libs.copies", "observed": "2.18.3", "expected": "2.21.5"}]
 
 
+def test_a_leftover_copy_no_loader_reaches_is_not_a_version_mismatch(tmp_path: Path) -> None:
+    """A package upgrade can leave libnccl.so.2.21.5 beside libnccl.so.2 -> 2.26.2: no job loads
+    it (the node report marks it unreached), so one node keeping it is no NCCL017."""
+    documents = [report(f"gpu00{i}") for i in range(1, 5)]
+    copies = documents[1]["facts"]["nccl_libs"]["copies"]
+    copies.append({**copies[0], "path": "/usr/lib/x86_64-linux-gnu/libnccl.so.2.18.3", "version": "2.18.3",
+                   "unreached": "libnccl.so.2 links to libnccl.so.2.21.5"})
+    fleet = audit([str(write_all(tmp_path / "r", documents))])
+    assert [f.status for f in findings(fleet, "NCCL017")] == ["absent"]
+
+
 def test_where_a_copy_lies_is_not_a_version_mismatch(tmp_path: Path) -> None:
     """The same release from a wheel only, against a wheel and a system package: NCCL017 asks
     which release each rank runs, not where it was installed."""
