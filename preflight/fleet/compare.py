@@ -24,10 +24,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from msgspec import Struct
+from msgspec.structs import replace
 
 from preflight.catalogue import load_reference
 from preflight.exitcodes import ExitCode
-from preflight.fleet.facts import FACTS, NONE, Fact, HardwareClass
+from preflight.fleet.facts import FACTS, NONE, UNKNOWN_GPU, Fact, HardwareClass
 from preflight.fleet.load import SEVERITY_RANK, NodeReport, Skipped
 from preflight.model import Reference, Severity, Status
 
@@ -280,8 +281,25 @@ def fleet_findings(comparisons: Sequence[Comparison]) -> tuple[FleetFinding, ...
     return tuple(findings)
 
 
+def _rehomed(nodes: Sequence[NodeReport]) -> list[NodeReport]:
+    """Nodes whose NVML named no GPU (a driver upgraded without a reboot: NVML's library/driver
+    version mismatch) put in the one class of their NIC model and GPU count on the PCI bus, where
+    there is exactly one: compared with no node, every other drift on them would go unseen. The
+    node's own report says why NVML failed (GPU001)."""
+    known = {node.hardware for node in nodes if node.hardware.gpu_model not in (UNKNOWN_GPU, "no GPU")}
+    moved = []
+    for node in nodes:
+        if node.hardware.gpu_model == UNKNOWN_GPU:
+            alike = [hardware for hardware in known if (hardware.gpu_count, hardware.nic_model) == (node.hardware.gpu_count, node.hardware.nic_model)]
+            if len(alike) == 1:
+                node = replace(node, hardware=alike[0])
+        moved.append(node)
+    return moved
+
+
 def build_fleet(nodes: Sequence[NodeReport], skipped: Sequence[Skipped], ignore_facts: Sequence[str] = ()) -> Fleet:
     facts = tuple(fact for fact in FACTS if fact.key not in ignore_facts)
+    nodes = _rehomed(nodes)
     members: dict[HardwareClass, list[str]] = defaultdict(list)
     for node in nodes:
         members[node.hardware].append(node.name)

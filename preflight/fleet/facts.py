@@ -118,13 +118,17 @@ def nvml_gpus(facts: Any) -> Any:
     return at(gpus, "devices")
 
 
+#: The GPU model of a node whose NVML named none (failed, or not recorded).
+UNKNOWN_GPU = "unknown GPU"
+
+
 def _gpu_model(facts: Any) -> str:
     names = [name for device in nvml_gpus(facts) or () if (name := at(device, "name"))]
     if names:
         return joined(names, " + ")
     if at(facts, "gpus", "pci_gpus") == ():
         return "no GPU"
-    return "unknown GPU"
+    return UNKNOWN_GPU
 
 
 def _gpu_count_pci(facts: Any) -> str | None:
@@ -148,7 +152,7 @@ class HardwareClass(Struct, frozen=True):
 
     @property
     def label(self) -> str:
-        gpus = self.gpu_model if self.gpu_model in ("no GPU", "unknown GPU") else f"{self.gpu_count}x {self.gpu_model}"
+        gpus = self.gpu_model if self.gpu_model in ("no GPU", UNKNOWN_GPU) else f"{self.gpu_count}x {self.gpu_model}"
         return f"{gpus} / {self.nic_model}"
 
     @property
@@ -168,7 +172,7 @@ def hardware_class(facts: Any) -> HardwareClass:
     try:
         return HardwareClass(canonical(_gpu_model(facts)), _gpu_count_pci(facts) or "?", canonical(_nic_model(facts)))
     except Exception:  # noqa: BLE001 - untrusted facts: a bug here must not stop the audit
-        return HardwareClass("unknown GPU", "?", "unknown NIC")
+        return HardwareClass(UNKNOWN_GPU, "?", "unknown NIC")
 
 
 # -- extractors ------------------------------------------------------------------------------------

@@ -522,3 +522,17 @@ def test_nccl_conf_lines_in_another_order_are_the_same_settings(tmp_path: Path) 
     documents[1]["facts"]["job"]["nccl_conf_files"][0].update(entries=[["NCCL_IB_HCA", "mlx5_0"], *settings])
     fleet = audit([str(write_all(tmp_path / "r2", documents))])
     assert [c.fact.key for c in fleet.comparisons if c.verdict == "odd"] == ["nccl_conf"]
+
+
+def test_a_node_whose_nvml_failed_stays_in_its_class(tmp_path: Path) -> None:
+    """A driver upgraded without a reboot: NVML answers 'Driver/library version mismatch' and names
+    no GPU, while the bus still holds the same GPUs. The node stays in the one class of its NIC
+    and GPU count, so another drift on it (an NCCL release) is still seen."""
+    documents = [report(f"gpu00{i}") for i in range(1, 5)]
+    broken = documents[2]["facts"]["gpus"]
+    broken.update(devices=[], nvml_error="NVML_ERROR_LIB_RM_VERSION_MISMATCH")
+    for copy in documents[2]["facts"]["nccl_libs"]["copies"]:
+        copy["version"] = "2.18.3"
+    fleet = audit([str(write_all(tmp_path / "r", documents))])
+    assert [len(group.hosts) for group in fleet.classes] == [4]
+    assert [f.nodes for f in fleet.findings if f.id == "NCCL017" and f.status == "present"] == [("gpu003",)]
