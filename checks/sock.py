@@ -133,6 +133,14 @@ def _elsewhere(sockets: SocketFacts, job: JobFacts) -> Evidence:
                     "this node, for the listener to stop the store from binding")
 
 
+#: The listener on the default port may be a running job's own store: look before stopping it.
+GUESSED_PORT_FIX = (
+    "See whose the listener is (ss -ltnp 'sport = :29500'): a job running on this node holds its own store there, and "
+    "needs nothing; stop it only where it outlived its job. Jobs that share nodes should each name their own "
+    "MASTER_PORT (for example 20000 + SLURM_JOB_ID % 10000) instead of the default."
+)
+
+
 @check("SOCK001", profiles=("prolog",))
 def rendezvous_port_in_use(sockets: SocketFacts, job: JobFacts) -> Iterator[Observation]:
     """MASTER_PORT is already listened on (an error on the node that binds it), or lies in the
@@ -163,6 +171,8 @@ def rendezvous_port_in_use(sockets: SocketFacts, job: JobFacts) -> Iterator[Obse
         warnings.append(Evidence("guessed port", "a running job's rendezvous, or a stale one the next job using the default trips over",
                                  "MASTER_PORT named by the job"))
         errors, warnings = [], errors + warnings
+        yield present(subject, *warnings, severity=Severity.WARNING, fix=GUESSED_PORT_FIX)
+        return
     elif errors and not store_host(sockets, job):
         # Another node hosts the store: the listener here (another job's, on a shared node) takes
         # nothing from this job, which draining the node for it would requeue all the same.

@@ -390,3 +390,14 @@ def test_usable_ports_counts_intervals_exactly() -> None:
         port_range = (low, low + generator.randint(0, 3000))
         reserved = tuple((a, a + generator.randint(0, 400)) for a in (generator.randint(1, 64000) for _ in range(generator.randint(0, 6))))
         assert usable_ports(port_range, reserved) == by_enumeration(port_range, reserved)
+
+
+def test_a_listener_on_the_default_port_is_a_warning_that_says_to_look_first() -> None:
+    """Where the job names no MASTER_PORT (a health check beside a running job, an operator's
+    audit, a prolog) the listener on 29500 may be a running job's own store: a warning whose fix
+    says to see whose it is before stopping anything."""
+    table = parse_tcp_table(HEADER + LISTEN_29500, "/proc/net/tcp", (32768, 60999))
+    facts = SocketFacts((32768, 60999), (), table.listening, {}, 0, 0, (), 0, ("/proc/net/tcp",), (), 0, ())
+    (observation,) = rendezvous_port_in_use(facts, job())
+    assert (observation.subject, observation.severity) == ("port 29500", Severity.WARNING)
+    assert observation.fix.startswith("See whose the listener is") and "a job running on this node" in observation.fix
