@@ -118,7 +118,7 @@ def probe_frameworks(fs: NodeFS) -> FrameworkFacts:
         environ = parse_environ(fs.read_bytes("/proc/self/environ") or b"")
     except SourceError:
         environ = {}  # the job probe reports an unreadable environment
-    prefixes = python_prefixes(environ)
+    prefixes = python_prefixes(environ, reader)
     user = job_file_user(fs, environ)  # the job's own environments are read with its user's rights
     own_paths = python_path_dirs(environ)
     sites = site_dirs(reader, prefixes, own_paths)

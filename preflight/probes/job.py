@@ -65,6 +65,8 @@ KEPT_NAMES = frozenset({
     # the job's Python environment, where its frameworks and NCCL wheel live (PYTHONPATH: where
     # EasyBuild's and Spack's modules put theirs)
     "VIRTUAL_ENV", "CONDA_PREFIX", "PYTHONPATH",
+    # the job's python, where no environment is activated (Ray's images put theirs on PATH)
+    "PATH",
     # torch.distributed's choice of TCPStore server for env:// and tcp:// (torch/distributed/rendezvous.py)
     "USE_LIBUV",
     # fixed GID indexes of RDMA libraries that run beside NCCL (NVSHMEM_ is kept by prefix)

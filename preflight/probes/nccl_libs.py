@@ -179,9 +179,23 @@ def _reaches_a_file(fs: NodeFS, reader: FactReader, directory: str, names: list[
     return bool(reader.presence(end))
 
 
-def python_prefixes(environ: Mapping[str, str]) -> list[str]:
-    """The Python environments a job environment names (``$VIRTUAL_ENV``, ``$CONDA_PREFIX``)."""
-    return [environ[name].rstrip("/") for name in ("VIRTUAL_ENV", "CONDA_PREFIX") if environ.get(name, "").startswith("/")]
+MAX_PATH_ENTRIES = 16  # PATH directories looked in for the job's python
+
+
+def python_prefixes(environ: Mapping[str, str], reader: FactReader | None = None) -> list[str]:
+    """The Python environments a job environment names (``$VIRTUAL_ENV``, ``$CONDA_PREFIX``) and,
+    with ``reader``, the one whose ``bin/python3`` comes first on its ``$PATH``: Ray's images run
+    /home/ray/anaconda3 that way, activating nothing. A system prefix (/usr) is searched anyway."""
+    named = [environ[name].rstrip("/") for name in ("VIRTUAL_ENV", "CONDA_PREFIX") if environ.get(name, "").startswith("/")]
+    if reader is not None:
+        for directory in environ.get("PATH", "").split(":")[:MAX_PATH_ENTRIES]:
+            directory = directory.rstrip("/")
+            if directory.startswith("/") and reader.presence(f"{directory}/python3"):
+                prefix = posixpath.dirname(directory) if directory.endswith("/bin") else ""
+                if prefix and f"{prefix}/lib" not in PYTHON_ROOTS and prefix not in named:
+                    named.append(prefix)
+                break  # the python the job runs
+    return named
 
 
 MAX_PYTHONPATH_ENTRIES = 16  # an Lmod module stack adds a few; more is not read
@@ -248,9 +262,9 @@ def site_dirs(reader: FactReader, prefixes: list[str], extra: list[str] | None =
     return found
 
 
-def _python_copies(fs: NodeFS, reader: FactReader, environ: Mapping[str, str]) -> list[NcclCopy]:
+def _python_copies(fs: NodeFS, reader: FactReader, environ: Mapping[str, str], prefixes: list[str]) -> list[NcclCopy]:
     found = []
-    for folder in site_dirs(reader, python_prefixes(environ), python_path_dirs(environ)):
+    for folder in site_dirs(reader, prefixes, python_path_dirs(environ)):
         entries = reader.listing(folder) or []
         if "nvidia" not in entries:
             continue
@@ -302,8 +316,9 @@ def probe_nccl_libs(fs: NodeFS, frameworks: FrameworkFacts | None = None) -> Ncc
     for directory in searched:
         copies += _copies_in(fs, reader, directory, "system", system_plugins)
     environ = job_environ(fs)
-    copies += _python_copies(fs, reader, environ)
-    conda = [f"{prefix}/lib" for prefix in dict.fromkeys(("/opt/conda", *python_prefixes(environ)))]
+    prefixes = python_prefixes(environ, reader)
+    copies += _python_copies(fs, reader, environ, prefixes)
+    conda = [f"{prefix}/lib" for prefix in dict.fromkeys(("/opt/conda", *prefixes))]
     for directory in conda:
         if directory not in searched and reader.presence(f"{directory[:-4]}/conda-meta"):
             copies += _copies_in(fs, reader, directory, "conda")

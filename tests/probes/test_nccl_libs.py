@@ -203,3 +203,22 @@ def test_network_plugins_in_the_loaders_order(node_copy: Path) -> None:
         "/usr/lib/x86_64-linux-gnu/libnccl-net-ofi.so",
     )
     assert not any(copy.path.endswith("libnccl-net.so") for copy in probe_nccl_libs(NodeFS(str(node_copy))).copies)
+
+
+def test_the_python_first_on_path_is_the_jobs_environment(node_copy: Path) -> None:
+    """Ray's images run /home/ray/anaconda3's python from PATH without activating it (no
+    VIRTUAL_ENV or CONDA_PREFIX): its NCCL wheel and frameworks are found there."""
+    from preflight.probes.frameworks import probe_frameworks
+
+    site = "/home/ray/anaconda3/lib/python3.11/site-packages"
+    write(node_copy, "/home/ray/anaconda3/bin/python3", b"")
+    write(node_copy, f"{site}/nvidia/nccl/lib/libnccl.so.2", b"")
+    (node_copy / site.lstrip("/") / "nvidia_nccl_cu12-2.26.2.dist-info").mkdir()
+    (node_copy / site.lstrip("/") / "vllm-0.9.1.dist-info").mkdir()
+    environ(node_copy, PATH="/home/ray/anaconda3/bin:/usr/local/sbin:/usr/bin")
+    fs = NodeFS(str(node_copy))
+    assert (f"{site}/nvidia/nccl/lib/libnccl.so.2", "2.26.2") in {(c.path, c.version) for c in probe_nccl_libs(fs).copies}
+    assert site in probe_frameworks(fs).site_dirs
+    environ(node_copy, PATH="/usr/local/sbin:/usr/bin:/home/ray/anaconda3/bin")  # another python first: not the job's
+    write(node_copy, "/usr/bin/python3", b"")
+    assert site not in probe_frameworks(NodeFS(str(node_copy))).site_dirs
