@@ -171,7 +171,9 @@ def _judge_name(lookup: NameLookup, facts: HostnameFacts) -> Observation | None:
             errors.append(Evidence(entry.source, f"{entry.address} {' '.join(entry.names)}", expected))
         else:
             errors.append(Evidence(result.service, f"{subject} -> {', '.join(loopback)}", expected))
-    warnings = _reverse_mismatches(lookup)
+    # Nothing NCCL, Gloo or torch.distributed does looks an address up backwards, and a pod's
+    # PTR record names what the cluster DNS gives it (Kubernetes' DNS specification), not the pod.
+    warnings = _reverse_mismatches(lookup) if not facts.kubernetes_pod else []
     disagreement = _disagreement(lookup)
     if disagreement is not None:
         warnings.insert(0, disagreement)

@@ -119,6 +119,9 @@ class HostnameFacts(Struct, frozen=True):
     # cloud-init rewrites /etc/hosts from its template at every boot (manage_etc_hosts: true), as its
     # header says: an edit of the file itself does not last
     hosts_by_cloud_init: bool = False
+    # /etc/hosts carries kubelet's header: a Kubernetes pod, whose address's PTR record is the
+    # cluster DNS's name for it (a headless service's), never the pod's host name
+    kubernetes_pod: bool = False
     nameservers: tuple[NameserverCheck, ...] = ()  # one timed query to each nameserver
     nameserver_origin: str = "/etc/resolv.conf"  # or the site config's [dns] nameservers
     dns_error: str = ""  # why DNS answers could not be had at all (no recording...)
@@ -335,6 +338,10 @@ def _ipv6_usable(reader: FactReader) -> bool | None:
     return any(address.scope == "global" for address in parse_if_inet6(text or ""))
 
 
+#: The first line kubelet writes into every pod's /etc/hosts (pkg/kubelet/kubelet_pods.go,
+#: managedHostsHeader; "(host network)" follows it for hostNetwork pods, which have no veth).
+KUBELET_HOSTS_HEADER = "# Kubernetes-managed hosts file"
+
 #: The header of cloud-init's /etc/hosts templates (templates/hosts.*.tmpl of canonical/cloud-init).
 CLOUD_INIT_MARK = "configured 'manage_etc_hosts' as True"
 
@@ -386,6 +393,7 @@ def probe_hostname(fs: NodeFS, dns: Dns, settings: HostConfig) -> HostnameFacts:
         # ProcessGroupGloo reads it only when longer than one character (checks/gloo.py).
         gloo_socket_ifname=gloo if len(gloo := environ.get("GLOO_SOCKET_IFNAME", "")) > 1 else "",
         hosts_by_cloud_init=CLOUD_INIT_MARK in (hosts_text or "")[:4096],
+        kubernetes_pod=(hosts_text or "").startswith(KUBELET_HOSTS_HEADER),
         gai_precedence=gai_table, gai_error=gai_error, ipv6_usable=_ipv6_usable(reader),
     )
     checks: list[NameserverCheck] = []

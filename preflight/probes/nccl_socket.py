@@ -35,7 +35,7 @@ import ipaddress
 from msgspec import Struct
 
 from preflight.nccl.gid import nccl_int
-from preflight.probes.hostname import parse_hosts
+from preflight.probes.hostname import KUBELET_HOSTS_HEADER, parse_hosts
 from preflight.probes.efa import loader_dirs
 from preflight.probes.job import JobFacts, Setting, named_net_plugin
 from preflight.probing import FactReader
@@ -339,9 +339,6 @@ def probe_nccl_socket(fs: NodeFS, netlink: Netlink, job: JobFacts) -> NcclSocket
     )
 
 
-#: The first line kubelet writes into every pod's /etc/hosts (pkg/kubelet/kubelet_pods.go,
-#: managedHostsHeader; "(host network)" follows it for hostNetwork pods, which have no veth).
-KUBELET_HOSTS_HEADER = "# Kubernetes-managed hosts file"
 
 
 def _kubernetes_pod(reader: FactReader) -> bool | None:

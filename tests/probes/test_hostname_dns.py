@@ -457,6 +457,18 @@ def test_the_job_step_decides_how_many_nodes_the_job_has(environ: dict[str, str]
     assert (len(found), number, error) == (nodes, count, "")
 
 
+def test_a_kubernetes_pods_ptr_records_are_the_cluster_dns_names(run_cli: Runner, server: PlantedDns, tmp_path: Path) -> None:
+    """In a pod (kubelet's header on /etc/hosts) an address's PTR record names what the cluster DNS
+    gives it (a headless service's name for a KubeRay head), never the pod: no mismatch warning."""
+    root = tmp_path / "node"
+    shutil.copytree(DNS_PEERS, root)
+    settings = config(tmp_path, [LIVE], server.port)
+    assert dns001(run_cli, root, "--config", settings)["gpu02"]["evidence"][0]["source"] == "DNS PTR 10.0.0.2"
+    hosts = root / "etc" / "hosts"
+    hosts.write_text("# Kubernetes-managed hosts file.\n" + hosts.read_text())
+    assert "gpu02" not in dns001(run_cli, root, "--config", settings)
+
+
 def test_loopback_host_name_in_a_one_node_step_of_a_larger_allocation(run_cli: Runner, tmp_path: Path) -> None:
     root = tmp_path / "node"
     shutil.copytree(DNS_PEERS, root)
