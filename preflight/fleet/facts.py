@@ -28,6 +28,7 @@ import msgspec
 from msgspec import Struct
 
 from preflight.facts import facts_view
+from preflight.probes.rdma import PORT_ACTIVE
 from preflight.units import UNLIMITED, format_size
 
 Extractor = Callable[[Any], "str | None"]
@@ -218,13 +219,18 @@ def _port_rates(facts: Any) -> str | None:
     if ports is None:
         return None
     rates: set[tuple[float, int, str]] = set()  # (gbps, width, speed)
+    down = 0
     for port in ports:
-        rate = at(port, "rate")
+        rate, state = at(port, "rate"), at(port, "state")
+        if (rate is None or not rate.speed) and isinstance(state, int) and state != PORT_ACTIVE:
+            down += 1  # a pulled cable: no rate to read, and that is the difference
+            continue
         if rate is None or not rate.speed:
             return None  # one port's rate unreadable: the node's rates are unknown
         rates.add((rate.gbps, rate.width, rate.speed))
     # formatted once per distinct rate, not once per port
-    return joined(f"{rate[0]:g} Gb/s ({rate[1]}X {rate[2]})" for rate in rates)
+    shown = [f"{rate[0]:g} Gb/s ({rate[1]}X {rate[2]})" for rate in rates]
+    return joined([*shown, *([f"{down} port(s) not ACTIVE"] if down else [])])
 
 
 def _rdma_stack(facts: Any) -> str | None:
@@ -403,7 +409,7 @@ FACTS: tuple[Fact, ...] = (
     Fact("hca_firmware", "RDMA NIC firmware", (*_HCAS, "rdma.devices.fw_ver"), _hca_firmware),
     Fact("rdma_stack", "mlx5 driver (MLNX_OFED/DOCA version, or inbox)",
          ("rdma.mlx5_driver_version", "rdma.problems", "gpudirect.kernel_release"), _rdma_stack),
-    Fact("port_rates", "RDMA port rates", _PORTS, _port_rates),
+    Fact("port_rates", "RDMA port rates", (*_PORTS, "rdma.devices.ports.state"), _port_rates),
     Fact("ipoib_mode", "IPoIB mode", _PORTS, _ipoib_modes),
     Fact("rdma_mtu", "MTU of RDMA netdevs", (*_HCAS, "rdma.devices.netdevs", "interfaces.links.name", "interfaces.links.mtu"), _rdma_mtu),
     Fact("roce_mtu", "MTU of RoCE netdevs", (*_HCAS, "rdma.devices.netdevs", "rdma.devices.ports.link_layer", "rdma.devices.ports.netdevs",

@@ -536,3 +536,15 @@ def test_a_node_whose_nvml_failed_stays_in_its_class(tmp_path: Path) -> None:
     fleet = audit([str(write_all(tmp_path / "r", documents))])
     assert [len(group.hosts) for group in fleet.classes] == [4]
     assert [f.nodes for f in fleet.findings if f.id == "NCCL017" and f.status == "present"] == [("gpu003",)]
+
+
+def test_a_port_that_is_down_is_a_port_rate_drift(tmp_path: Path) -> None:
+    """A pulled cable leaves the port DOWN with no rate to read: that node's rates differ from
+    the others', not an unknown that hides it."""
+    documents = [report(f"gpu00{i}") for i in range(1, 5)]
+    port = documents[1]["facts"]["rdma"]["devices"][3]["ports"][0]
+    port.update(state=1, state_name="DOWN", rate=None)
+    fleet = audit([str(write_all(tmp_path / "r", documents))])
+    (rates,) = [c for c in fleet.comparisons if c.fact.key == "port_rates"]
+    assert rates.verdict == "odd" and rates.odd == ("gpu002",)
+    assert any("1 port(s) not ACTIVE" in group.value for group in rates.values)
