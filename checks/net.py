@@ -155,13 +155,16 @@ def _route_mismatch(facts: NcclSocketFacts, routing: RoutingFacts) -> Iterator[O
         # IPoIB in one subnet (Azure's ND series, DGX systems under Base Command Manager, GB200
         # trays), so the other route is worth knowing, not a fault.
         ipoib = picked.link_type == "infiniband" and picked.scope == "global"  # a link-local pick is NET003's
+        # A rail that shares its subnet with the node's other rails is alike: every node's first
+        # rail sits in that subnet, reached on-link; a rail on its own /31 to a leaf stays a warning.
+        shared_rail = any(picked.ifname in {member.ifname for member in group} for group in routing.same_subnet)
         yield present(
             picked.ifname,
             Evidence(facts.bootstrap.source, facts.bootstrap.rule),
             Evidence("getifaddrs", f"bootstrap: {shown(picked)}"),
             *(Evidence(route.where, f"{peer.name}: {route.describe()}", f"dev {picked.ifname}") for peer, route in elsewhere[:8]),
             # A deliberate NCCL_SOCKET_IFNAME on a separate data network is common; say so quietly.
-            severity=Severity.INFO if chosen or ipoib else Severity.WARNING,
+            severity=Severity.INFO if chosen or ipoib or shared_rail else Severity.WARNING,
         )
 
 
