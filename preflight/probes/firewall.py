@@ -481,10 +481,7 @@ def _addressed(fs: NodeFS, netlink: Netlink) -> tuple[tuple[str, ...] | None, tu
 
     try:
         if isinstance(netlink, LiveNetlink):
-            import socket
-
-            names = dict(socket.if_nameindex())
-            owners = [(family, names.get(index, ""), scope) for family, index, scope in address_owners()]
+            owners = address_owners()
         elif isinstance(netlink, ReplayNetlink):
             owners = [(address.family, address.ifname, address.scope) for address in netlink.addresses()]
         else:

@@ -418,8 +418,8 @@ _ADDRESS_DUMP_MAX_BYTES = 8 << 20  # tens of thousands of addresses (kube-ipvs0 
 ADDRESS_DUMP = "rtnetlink RTM_GETADDR"
 
 
-def address_owners() -> list[tuple[int, int, str]]:
-    """(family 4 or 6, interface index, scope) of every address in the caller's network namespace,
+def address_owners() -> list[tuple[int, str, str]]:
+    """(family 4 or 6, interface name, scope) of every address in the caller's network namespace,
     from one RTM_GETADDR dump on a plain netlink socket: what ``ip -o addr`` lists, a /32 that no
     route places included, without pyroute2's import (over 100 ms), for the prolog's firewall
     probe. SourceError when the dump fails or does not end within a second."""
@@ -430,8 +430,9 @@ def address_owners() -> list[tuple[int, int, str]]:
 
     deadline = time.monotonic() + _ADDRESS_DUMP_TIMEOUT_S
     request = struct.pack("=IHHII", 16 + 8, _RTM_GETADDR, _NLM_F_REQUEST_DUMP, 1, 0) + struct.pack("=BBBBI", 0, 0, 0, 0, 0)
-    found: list[tuple[int, int, str]] = []
+    found: list[tuple[int, str, str]] = []
     try:
+        names = dict(socket.if_nameindex())  # the same namespace as the dump
         with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as sock:
             sock.bind((0, 0))
             sock.send(request)
@@ -439,7 +440,7 @@ def address_owners() -> list[tuple[int, int, str]]:
                 if kind == _RTM_NEWADDR and len(payload) >= 8:
                     family, _prefix, _flags, scope, index = struct.unpack_from("=BBBBI", payload, 0)
                     if family in (socket.AF_INET, socket.AF_INET6):
-                        found.append((4 if family == socket.AF_INET else 6, index, _RT_SCOPES.get(scope, str(scope))))
+                        found.append((4 if family == socket.AF_INET else 6, names.get(index, ""), _RT_SCOPES.get(scope, str(scope))))
     except OSError as error:
         raise SourceError(ADDRESS_DUMP, os.strerror(error.errno).lower() if error.errno else str(error)) from None
     return found
