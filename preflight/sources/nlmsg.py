@@ -11,12 +11,15 @@ overruns what was received, a timeout, or an ``NLMSG_ERROR`` with a non-zero err
 from __future__ import annotations
 
 import errno as errno_codes
-import socket
 import struct
 import time
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from preflight.sources.fs import SourceError
+
+if TYPE_CHECKING:  # the socket module (and selectors) load only where a live dump runs
+    import socket
 
 NLMSG_ERROR = 2
 NLMSG_DONE = 3
@@ -36,7 +39,7 @@ def dump_messages(
         sock.settimeout(remaining)
         try:
             data = sock.recv(1 << 20)
-        except socket.timeout:
+        except TimeoutError:  # socket.timeout
             raise SourceError(source, late) from None
         total += len(data)
         if total > max_bytes:
