@@ -37,7 +37,18 @@ def _shares(room: int, natural: dict[int, int], weights: dict[int, int]) -> dict
         unit = room / sum(weights[column] for column in pending)
         fitting = {column: width for column, width in pending.items() if width <= unit * weights[column]}
         if not fitting:
-            widths.update({column: max(_NARROWEST, int(unit * weights[column])) for column in pending})
+            floored = {column: max(_NARROWEST, int(unit * weights[column])) for column in pending}
+            # A column floored at the narrowest width took room its share did not have: the
+            # widest others give it back, so the table keeps to the page (a re-wrapped table line
+            # falls apart).
+            excess = sum(floored.values()) - max(room, 0)
+            while excess > 0:
+                widest = max(floored, key=floored.__getitem__)
+                if floored[widest] <= _NARROWEST:
+                    break
+                floored[widest] -= 1
+                excess -= 1
+            widths.update(floored)
             break
         for column, width in fitting.items():
             widths[column] = width

@@ -548,3 +548,15 @@ def test_a_port_that_is_down_is_a_port_rate_drift(tmp_path: Path) -> None:
     (rates,) = [c for c in fleet.comparisons if c.fact.key == "port_rates"]
     assert rates.verdict == "odd" and rates.odd == ("gpu002",)
     assert any("1 port(s) not ACTIVE" in group.value for group in rates.values)
+
+
+def test_the_fleet_table_keeps_to_80_columns(tmp_path: Path) -> None:
+    """The playbook writes fleet.txt with no terminal (80 columns): the odd-one-out table of an HGX
+    fleet, whose class label is long, fits the page instead of being re-wrapped line by line."""
+    documents = [report(f"gpu00{i}") for i in range(1, 9)]
+    documents[5]["facts"]["gpudirect"].update(kernel_release="5.15.0-107-generic")
+    fleet = audit([str(write_all(tmp_path / "r", documents))])
+    lines = render_table(fleet, width=80).splitlines()
+    assert [line for line in lines if len(line) > 80] == []
+    # no table line was cut and carried on below it (a separator's tail, "(7" then "nodes)")
+    assert [line for line in lines if line.startswith(" ") and set(line.strip()) == {"-"}] == []
