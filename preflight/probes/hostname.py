@@ -228,13 +228,19 @@ def job_nodes(environ: dict[str, str]) -> tuple[list[str], int, str]:
 
 def _launcher_nodes(environ: dict[str, str]) -> int:
     """The nodes of a job a launcher started outside Slurm: torchrun's GROUP_WORLD_SIZE (its
-    agents, one per node) or DeepSpeed's CROSS_SIZE, else 1 where the job's ranks are all this
+    agents, one per node), DeepSpeed's CROSS_SIZE or the training operator's PET_NNODES (its
+    largest), else 1 where the job's ranks are all this
     node's (all ranks equal to this node's, by any launcher's pair of counts: torchrun
     --standalone, mpirun on one host); 0 when not known."""
     for name in ("GROUP_WORLD_SIZE", "CROSS_SIZE"):
         nodes = environ.get(name, "").strip()
         if is_number(nodes):
             return int(nodes)
+    # torchrun's --nnodes as Kubeflow's training operator passes it, "N" or "MIN:MAX": the most
+    # nodes the job may grow to (torch/distributed/run.py, parse_min_max_nnodes)
+    most = environ.get("PET_NNODES", "").strip().rsplit(":", 1)[-1]
+    if is_number(most) and int(most) > 0:
+        return int(most)
     for world_name, local_name in RANK_COUNTS:
         world, local = environ.get(world_name, "").strip(), environ.get(local_name, "").strip()
         if is_number(world) and world == local and int(world) > 0:

@@ -55,7 +55,9 @@ SLURMD_SCRIPT_CONTEXTS = frozenset({"prolog_slurmd", "epilog_slurmd"})
 
 # Only variables that steer communication are kept: reports travel to fleet dashboards and bug
 # trackers, and a job environment can hold tokens and passwords.
-KEPT_PREFIXES = ("NCCL_", "SLURM_", "CUDA_", "TORCH_", "TORCHELASTIC_", "GLOO_", "UCX_", "FI_", "OMPI_", "PMIX_", "NVSHMEM_", "GDRCOPY_")
+# PET_: torchrun's arguments as environment variables (PET_NNODES, PET_RDZV_ENDPOINT), which
+# Kubeflow's training operator sets instead of MASTER_ADDR for its PyTorchJobs
+KEPT_PREFIXES = ("NCCL_", "SLURM_", "CUDA_", "TORCH_", "TORCHELASTIC_", "GLOO_", "UCX_", "FI_", "OMPI_", "PMIX_", "NVSHMEM_", "GDRCOPY_", "PET_")
 
 
 KEPT_NAMES = frozenset({

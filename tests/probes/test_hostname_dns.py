@@ -447,6 +447,10 @@ def test_loopback_host_name_with_gloo_socket_ifname_is_a_warning() -> None:
         ({"PMI_SIZE": "4", "MPI_LOCALNRANKS": "4"}, 0, 1),
         ({"CROSS_SIZE": "1", "WORLD_SIZE": "8", "LOCAL_SIZE": "8"}, 0, 1),
         ({"CROSS_SIZE": "2", "WORLD_SIZE": "16", "LOCAL_SIZE": "8"}, 0, 2),
+        # Kubeflow's training operator passes torchrun's --nnodes as PET_NNODES ("N" or "MIN:MAX")
+        ({"PET_NNODES": "1", "PET_NPROC_PER_NODE": "8", "WORLD_SIZE": "1", "RANK": "0"}, 0, 1),
+        ({"PET_NNODES": "1:4", "PET_NPROC_PER_NODE": "8"}, 0, 4),
+        ({"PET_NNODES": "x"}, 0, 0),
     ],
 )
 def test_the_job_step_decides_how_many_nodes_the_job_has(environ: dict[str, str], nodes: int, count: int) -> None:
