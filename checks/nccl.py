@@ -356,6 +356,14 @@ def watchdog_heartbeat_hang(job: JobFacts, frameworks: FrameworkFacts) -> Iterat
 NCCL_SHM_MIN_SIZE = 1 << 30
 
 
+#: Where /dev/shm is small: a container's runtime option, or the host's own mount.
+SMALL_SHM_FIX = (
+    "In a container, start it with --ipc=host or --shm-size=1g or more (Kubernetes: an emptyDir with medium: Memory "
+    "mounted at /dev/shm). On a host, /dev/shm is systemd's tmpfs, half of RAM unless a size= option shrank it: "
+    "mount -o remount,size=50% /dev/shm now, and fix the size= of its /etc/fstab line (or the unit that mounts it)."
+)
+
+
 @check("NCCL007", profiles=("full",))
 def nccl_init_system_error(shm: ShmFacts, nccl_libs: NcclLibFacts, gpudirect: GpuDirectFacts) -> Iterator[Observation]:
     """/dev/shm missing, or smaller than NCCL's container guidance, where NCCL runs between local
@@ -366,12 +374,12 @@ def nccl_init_system_error(shm: ShmFacts, nccl_libs: NcclLibFacts, gpudirect: Gp
         raise NotApplicable("one GPU on this node: NCCL shares no memory between local ranks")
     if shm.error:
         raise Unknown(f"statvfs {shm.path}: {shm.error}")
-    wanted = f"a tmpfs of at least {format_size(NCCL_SHM_MIN_SIZE)} (docker --shm-size=1g, or --ipc=host)"
+    wanted = f"a tmpfs of at least {format_size(NCCL_SHM_MIN_SIZE)} (docker --shm-size=1g or --ipc=host; on a host, /dev/shm's size= mount option)"
     if shm.usage is None:
         yield present(shm.path, Evidence(shm.path, "missing", wanted))
     elif shm.usage.size < NCCL_SHM_MIN_SIZE and not shm.unlimited:
         observed = f"size {format_size(shm.usage.size)}, {format_size(shm.usage.available)} available"
-        yield present(shm.path, Evidence(f"statvfs {shm.path}", observed, wanted), severity=Severity.WARNING)
+        yield present(shm.path, Evidence(f"statvfs {shm.path}", observed, wanted), severity=Severity.WARNING, fix=SMALL_SHM_FIX)
 
 
 # nvmlClocksThrottleReason* (nvml.h; ClocksEventReason* in recent headers, same bits): the reasons
