@@ -20,7 +20,7 @@ from preflight.model import (
 )
 from preflight.nccl.gdr import DEFAULT_GDR_LEVEL, PATH_RANK, gdr_level, within
 from preflight.nccl.gid import nccl_int
-from preflight.nccl.ib import plugin_transport
+from preflight.nccl.ib import plugin_transport, sockets_only
 from preflight.nccl.releases import GDRCOPY_NEEDS_GDRDRV, PEERMEM_DETECTION, affected, release_evidence
 from preflight.probes.bar1 import MOSTLY_MAPPED
 from preflight.probes.gpudirect import (
@@ -272,6 +272,8 @@ def gpudirect_rdma_unavailable(
         old, unnamed = affected(nccl_libs, PEERMEM_DETECTION)
         loaded = Evidence(NVIDIA_PEERMEM_VERSION, "present, but no /sys/kernel/mm/memory_peers client", "a memory_peers client (nv_mem), or NCCL 2.23.4 or newer")
         plugin = plugin_transport(job if not isinstance(job, Unread) else None, nccl_libs)
+        if sockets_only(job if not isinstance(job, Unread) else None, nccl_libs):
+            return  # NCCL's sockets carry the data: its own GPUDirect test never runs
         for copy in old:
             if plugin:
                 yield undecided(
@@ -286,9 +288,13 @@ def gpudirect_rdma_unavailable(
         for copy in unnamed:
             yield undecided(copy.path, f"the NCCL release of {copy.path} is not named by its file or wheel", loaded)
         return
-    # Where no GPU sits near enough a NIC for NCCL to use GPUDirect RDMA, nothing of NCCL's is lost
-    # now; a warning, since a job that raises NCCL_NET_GDR_LEVEL, or other software, would need it.
+    # Where no GPU sits near enough a NIC for NCCL to use GPUDirect RDMA, or NCCL's sockets carry
+    # the data (NCCL_IB_DISABLE=1 on Ethernet nodes whose ConnectX still shows an RDMA device),
+    # nothing of NCCL's is lost now; a warning, since other settings or software would need it.
     far = _gdr_out_of_reach(pcie, job)
+    sockets = sockets_only(job if not isinstance(job, Unread) else None, nccl_libs)
+    if sockets and far is None:
+        far = Evidence("NCCL", sockets, "NCCL's IB transport or a network plugin, which use GPUDirect RDMA")
     yield present(
         "node",
         Evidence("/sys/module/nvidia_peermem", "not loaded", "loaded (modprobe nvidia-peermem)"),

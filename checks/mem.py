@@ -6,15 +6,18 @@ import re
 from typing import TYPE_CHECKING
 
 from preflight.model import (
+    NOT_GIVEN,
     Evidence,
     NotApplicable,
     Observation,
     Severity,
     Unknown,
+    Unread,
     present,
     undecided,
 )
 from preflight.nccl.gid import nccl_int
+from preflight.nccl.ib import sockets_only
 from preflight.probes.memlock import Limit, MemlockFacts, PamLimit
 from preflight.slurm_conf import SLURM_CONF_PATHS, SLURMD_CONF_UNFOUND
 from preflight.registry import check
@@ -26,6 +29,7 @@ if TYPE_CHECKING:
     from preflight.config import Expectations
     from preflight.probes.gpudirect import GpuDirectFacts
     from preflight.probes.job import JobFacts
+    from preflight.probes.nccl_libs import NcclLibFacts
 
 SYSTEMD_DEFAULT_MEMLOCK = 8 * 1024 * 1024  # systemd >= 253 default when DefaultLimitMEMLOCK is unset
 
@@ -259,9 +263,9 @@ def _buffsize_problem(value: str, number: int) -> str:
     return ""
 
 
-@check("MEM002", profiles=("prolog",))
+@check("MEM002", profiles=("prolog",), optional=("nccl_libs",))
 def nccl_buffsize_exceeds_pinned_memory(
-    job: JobFacts, memlock: MemlockFacts, gpudirect: GpuDirectFacts
+    job: JobFacts, memlock: MemlockFacts, gpudirect: GpuDirectFacts, nccl_libs: NcclLibFacts | Unread = NOT_GIVEN
 ) -> Iterator[Observation]:
     """NCCL_BUFFSIZE is too large for the job's locked-memory limit or the host's memory."""
     setting = job.nccl("NCCL_BUFFSIZE")
@@ -289,7 +293,9 @@ def nccl_buffsize_exceeds_pinned_memory(
         # Too low for registration, if the node has RDMA devices: that is not known.
         yield undecided("NCCL_BUFFSIZE", next((p for p in memlock.problems if p.startswith("/sys/class/infiniband")), "RDMA devices not read"))
         return
-    if memlock.rdma_devices:
+    # Over NCCL's sockets nothing is registered with a NIC, whatever RDMA devices the node shows.
+    registered = not sockets_only(job, None if isinstance(nccl_libs, Unread) else nccl_libs)
+    if memlock.rdma_devices and registered:
         tightest = min(limits, key=lambda limit: limit.soft) if limits else None
         if tightest is not None and tightest.soft < smallest and tightest is own and waived is None:
             yield undecided("NCCL_BUFFSIZE", f"memlock soft {format_size(tightest.soft)} is below 2 x NCCL_BUFFSIZE, but {_waiver_unknown(memlock)}")

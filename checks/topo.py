@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # imported where a topology file is parsed: most nodes have n
     from preflight.probes.topo_file import TopoFileFacts
     pass
 from preflight.nccl.gdr import DEFAULT_GDR_LEVEL, gdr_level, within
-from preflight.nccl.ib import FUSION_SINCE, nccl_selection, parse_force_merge
+from preflight.nccl.ib import FUSION_SINCE, nccl_selection, parse_force_merge, sockets_only
 from preflight.nccl.releases import (
     NVLS_SEARCH,
     PCI_SPEED_DETECTION,
@@ -76,10 +76,14 @@ def nccl_topology_search_regression(
         )
 
 
-@check("TOPO005", profiles=("prolog",))
-def gpu_hca_cross_numa_gdr(pcie: PcieFacts, job: JobFacts) -> Iterator[Observation]:
+@check("TOPO005", profiles=("prolog",), optional=("nccl_libs",))
+def gpu_hca_cross_numa_gdr(pcie: PcieFacts, job: JobFacts, nccl_libs: NcclLibFacts | Unread = NOT_GIVEN) -> Iterator[Observation]:
     """A GPU whose nearest RDMA NIC is on another NUMA node (NCCL's SYS: another socket, or another
-    sub-NUMA cluster of one), or GPUDirect RDMA forced across the CPU."""
+    sub-NUMA cluster of one), or GPUDirect RDMA forced across the CPU; not where NCCL's sockets
+    carry the data, which use no GPUDirect RDMA."""
+    sockets = sockets_only(job, None if isinstance(nccl_libs, Unread) else nccl_libs)
+    if sockets:
+        raise NotApplicable(sockets)
     unclassified = unclassified_reason(pcie)
     if not pcie.gpus or not pcie.nics:
         if unclassified:

@@ -182,6 +182,21 @@ def plugin_transport(job: JobFacts | None, nccl_libs: NcclLibFacts) -> str:
     return next((path for path in nccl_libs.net_plugins if path.rsplit("/", 1)[-1] in wanted or path in wanted), "")
 
 
+def sockets_only(job: JobFacts | None, nccl_libs: NcclLibFacts | None) -> str:
+    """Why NCCL moves the job's data over its socket transport alone (so it registers no memory
+    with a NIC and uses no GPUDirect RDMA): NCCL_NET=Socket, or its IB transport turned off with
+    no network plugin for the loader to find; "" otherwise, or where that is not known."""
+    if job is None:
+        return ""
+    net = job.nccl("NCCL_NET")
+    if net is not None:
+        return f"NCCL_NET={net.value}: NCCL's socket transport carries the data" if net.value.strip().lower() == "socket" else ""
+    off = ib_transport_off(job)
+    if not off or nccl_libs is None or plugin_transport(job, nccl_libs) or nccl_libs.problems:
+        return ""
+    return f"{off}, and no network plugin for NCCL to load: its socket transport carries the data"
+
+
 def require_ib_transport_on(job: JobFacts, ucx_counts: bool = False) -> None:
     """NotApplicable, with the reason, when the job turns NCCL's IB transport off: ncclIbInit then
     returns before it opens any device (init.cc@v2.30.7-1), so no port's state, GID or MTU matters

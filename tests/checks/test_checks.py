@@ -192,6 +192,15 @@ def test_mem002_present_when_buffsize_exceeds_memlock(memlock: MemlockFacts, gpu
     assert len(found) == 1 and found[0].evidence[0].source == "/etc/nccl.conf NCCL_BUFFSIZE"
 
 
+def test_mem002_over_nccls_sockets_nothing_is_registered(memlock: MemlockFacts, gpudirect: GpuDirectFacts) -> None:
+    """NCCL_IB_DISABLE=1 with no network plugin: the socket transport registers no buffer with a
+    NIC, so memlock does not bound NCCL_BUFFSIZE there (an RDMA device that the Ethernet ConnectX
+    shows changes nothing)."""
+    sockets = job(environ={"NCCL_IB_DISABLE": "1"}, conf={"NCCL_BUFFSIZE": "268435456"})
+    assert list(nccl_buffsize_exceeds_pinned_memory(sockets, memlock, gpudirect, NCCL_2_28)) == []
+    assert len(list(nccl_buffsize_exceeds_pinned_memory(sockets, memlock, gpudirect))) == 1  # which NCCL loads: unknown
+
+
 def test_mem002_absent_with_default_or_modest_buffsize(memlock: MemlockFacts, gpudirect: GpuDirectFacts) -> None:
     with pytest.raises(NotApplicable, match="NCCL_BUFFSIZE not set"):
         list(nccl_buffsize_exceeds_pinned_memory(job(), memlock, gpudirect))
@@ -340,6 +349,22 @@ def test_gdr001_where_no_gpu_is_near_enough_a_nic_for_nccl_it_is_a_warning(gpudi
                          (phb, job(environ={"NCCL_TOPO_FILE": "/opt/microsoft/ndv5-topo.xml"})), (Unread("pcie", "x"), job())):
         [found] = gpudirect_rdma_unavailable(gpudirect, MLX, where, NCCL_2_28, facts)
         assert found.severity is None, (facts, where)
+
+
+def test_gdr001_where_nccls_sockets_carry_the_data_it_is_a_warning(gpudirect: GpuDirectFacts) -> None:
+    """An on-prem Ethernet node: the ConnectX shows an RDMA device, and the site sets
+    NCCL_IB_DISABLE=1. With no network plugin for NCCL to load, its sockets carry the data and no
+    GPUDirect RDMA is used; a plugin would still register GPU memory with the NIC."""
+    off = job(environ={"NCCL_IB_DISABLE": "1"})
+    [found] = gpudirect_rdma_unavailable(gpudirect, MLX, off, NCCL_2_28)
+    assert found.severity is Severity.WARNING and "socket transport carries the data" in found.evidence[-1].observed
+    plugin = replace(NCCL_2_28, net_plugins=("/opt/amazon/ofi-nccl/lib/libnccl-net.so",))
+    [found] = gpudirect_rdma_unavailable(gpudirect, MLX, off, plugin)
+    assert found.severity is None
+    [found] = gpudirect_rdma_unavailable(gpudirect, MLX, job(environ={"NCCL_NET": "Socket"}), NCCL_2_28)
+    assert found.severity is Severity.WARNING
+    with_peermem = replace(gpudirect, peer_memory_files=("/sys/module/nvidia_peermem/version",))
+    assert list(gpudirect_rdma_unavailable(with_peermem, MLX, off, NCCL_2_21)) == []  # the old NCCL's own test never runs
 
 
 def test_gdr001_a_network_plugin_tests_gpudirect_itself(gpudirect: GpuDirectFacts) -> None:

@@ -254,6 +254,17 @@ def topo_verdicts(root: Path, environ: dict[str, str] | None = None) -> list[tup
     return [(o.subject, " ".join(e.observed for e in o.evidence)) for o in found]
 
 
+def test_topo005_does_not_apply_where_nccls_sockets_carry_the_data(tmp_path: Path) -> None:
+    """NCCL_NET=Socket: no GPUDirect RDMA whatever the GPU's distance to the NIC."""
+    from preflight.model import NotApplicable
+
+    root = hgx_tree(tmp_path)
+    write(root, "/proc/self/environ", b"NCCL_NET=Socket\0")
+    fs = NodeFS(str(root))
+    with pytest.raises(NotApplicable, match="NCCL_NET=Socket"):
+        list(gpu_hca_cross_numa_gdr(probe_pcie(fs), probe_job(fs)))
+
+
 def test_a_gpu_without_a_nic_on_its_socket_is_present(tmp_path: Path) -> None:
     root = hgx_tree(tmp_path)
     for node in ("node0", "node1"):
