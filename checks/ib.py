@@ -717,16 +717,18 @@ def _broadcast_group(gid: str) -> bool:
 
 
 def _refused_joins(kernel_log: KernelLogFacts) -> Iterator[Observation]:
-    """One warning per IPoIB interface whose broadcast-group joins failed: without that group the
-    interface has no carrier (ipoib_mcast_join_complete turns it on only for the broadcast
-    group), and bootstrap traffic over it goes nowhere. A refused IPv6 or application group
-    leaves the interface up."""
+    """One warning per IPoIB interface whose broadcast-group joins failed and that is not up now:
+    without that group the interface has no carrier (ipoib_mcast_join_complete turns it on only
+    for the broadcast group), and bootstrap traffic over it goes nowhere. One that is up now was
+    granted a later retry. A refused IPv6 or application group leaves the interface up."""
     yield from kernel_log.unread("IPoIB multicast join history")
     by_netdev: dict[str, list[JoinFailure]] = {}
     for failure in kernel_log.join_failures:
         if _broadcast_group(failure.group):
             by_netdev.setdefault(failure.netdev, []).append(failure)
     for netdev, failures in sorted(by_netdev.items()):
+        if netdev in kernel_log.joined_since:
+            continue  # up now: a later join was granted (after an SM restart or failover)
         statuses = ", ".join(sorted({str(f.status) for f in failures}))
         yield present(
             netdev,

@@ -85,6 +85,9 @@ class KernelLogFacts(Struct, frozen=True):
     error: str  # why the kernel log could not be read or is not there, "" when it was read
     read: bool  # whether any log was read at all
     join_failures: tuple[JoinFailure, ...] = ()
+    # IPoIB interfaces with join failures that are up now (operstate): IPoIB turns carrier on only
+    # once the broadcast group is joined, so the subnet administrator granted a later retry
+    joined_since: tuple[str, ...] = ()
 
     def unread(self, history: str, subject: str = "kernel log") -> Iterator[Observation]:
         """The undecided half of a check whose ``history`` since boot only this log shows, when it
@@ -162,4 +165,22 @@ def probe_kernel_log(fs: NodeFS) -> KernelLogFacts:
         where = "/dev/kmsg is not there (a container without the kernel log)" if fs.is_live else "not captured: this root records no kernel log (.preflight/kmsg)"
         return KernelLogFacts((), (), (), where, False)
     lossless = tuple(record.split(";", 1)[-1][:300] for record in records if "lossless buffer" in record and _LOSSLESS_BUFFER.search(record))
-    return KernelLogFacts(parse_xids(records), parse_link_downs(records), lossless, "", True, parse_join_failures(records))
+    joins = parse_join_failures(records)
+    return KernelLogFacts(parse_xids(records), parse_link_downs(records), lossless, "", True, joins, _up_now(fs, joins))
+
+
+def _up_now(fs: NodeFS, joins: tuple[JoinFailure, ...]) -> tuple[str, ...]:
+    """The interfaces among ``joins``' that are up now (/sys/class/net/<if>/operstate): read only
+    where a join failed, at most a few interfaces."""
+    up = []
+    for netdev in sorted({failure.netdev for failure in joins})[:MAX_JOIN_INTERFACES]:
+        try:
+            state = fs.read(f"/sys/class/net/{netdev}/operstate")
+        except SourceError:
+            continue  # unread: the failures stand
+        if (state or "").strip() == "up":
+            up.append(netdev)
+    return tuple(up)
+
+
+MAX_JOIN_INTERFACES = 16

@@ -4,6 +4,7 @@ IB005, IB007, IB008, IB009 and EFA001, and NCCL's NCCL_IB_HCA grammar on short s
 from __future__ import annotations
 
 import stat
+from pathlib import Path
 from collections.abc import Iterable
 from msgspec.structs import replace
 
@@ -333,6 +334,22 @@ def test_ib008_ipoib_joins_the_subnet_administrator_refused() -> None:
     assert found[0].evidence[0].observed.startswith("2 multicast join failure(s) (status -110, -22); last: ib0: multicast join failed")
     with pytest.raises(NotApplicable):  # RoCE-only node: IPoIB messages cannot be about a subnet manager here
         list(ib_subnet_manager_sweep_failure(rdma(hca("mlx5_0", port(link_layer="Ethernet"))), log))
+
+
+def test_ib008_an_interface_up_now_was_granted_a_later_join(tmp_path: Path) -> None:
+    """After an OpenSM restart the joins fail until the SM is back; IPoIB keeps retrying and turns
+    carrier on only once the broadcast group is joined: an interface up now has recovered."""
+    from preflight.probes.kernel_log import probe_kernel_log
+    from preflight.sources import NodeFS
+
+    (tmp_path / ".preflight").mkdir()
+    (tmp_path / ".preflight" / "kmsg").write_text("\n".join(JOIN_LOG) + "\n")
+    for netdev, state in (("ib0", "up"), ("ib1.8001", "down")):
+        (tmp_path / "sys/class/net" / netdev).mkdir(parents=True)
+        (tmp_path / "sys/class/net" / netdev / "operstate").write_text(f"{state}\n")
+    log = probe_kernel_log(NodeFS(str(tmp_path)))
+    assert log.joined_since == ("ib0",)
+    assert [o.subject for o in ib_subnet_manager_sweep_failure(eight(), log)] == ["ib1.8001"]
 
 
 def test_ib008_a_kernel_log_not_read_leaves_the_join_history_undecided() -> None:
