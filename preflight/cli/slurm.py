@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from preflight.cli.node import CHECKS_DIR, CONFIG, ROOT
 from preflight.cli.spec import Command, Option, Values, error
+
+if TYPE_CHECKING:
+    from preflight.slurm_conf import SlurmConf
 
 GROUP_HELP = "Run under Slurm: prolog, epilog, health check; print slurm.conf lines."
 
@@ -57,6 +61,18 @@ def _interval_problem(interval_s: int, healthcheck_timeout_s: float, printed_tim
     return f"--interval {interval_s} must be longer than [slurm] healthcheck_timeout ({healthcheck_timeout_s:g} s), the time one health check may take"
 
 
+def _node_slurm_conf() -> SlurmConf | None:
+    """This node's slurm.conf as Slurm reads it ($SLURM_CONF, else slurmd's own, else the default
+    paths); None where none is found or read."""
+    from preflight.slurm_conf import find_node_slurm_conf, find_slurm_conf
+    from preflight.sources import NodeFS
+
+    fs = NodeFS("/")
+    named = os.environ.get("SLURM_CONF", "")
+    conf, _ = find_slurm_conf(fs.read, named) if named.startswith("/") else find_node_slurm_conf(fs)
+    return conf
+
+
 def run_config(values: Values) -> int:
     """Print the slurm.conf lines and write or show the wrapper scripts."""
     import sys
@@ -88,7 +104,7 @@ def run_config(values: Values) -> int:
         return error(problem)
     directory = (wrapper_dir or "/etc/slurm").rstrip("/") or "/"
     wrappers = wrapper_scripts(preflight_program(), directory, os.path.abspath(config) if config else None)
-    lines = slurm_conf_lines(settings, directory, values["interval"], message_timeout)
+    lines = slurm_conf_lines(settings, directory, values["interval"], message_timeout, _node_slurm_conf())
     if wrapper_dir is None:
         sys.stdout.write(lines + commented_wrappers(wrappers))
         return 0

@@ -930,8 +930,10 @@ def test_node_name_comes_from_config_then_slurmd(run_cli: Runner, example_root: 
     assert site.made_calls()[0][1] == "NodeName=gpu-a17"
 
 
-def test_slurm_config_prints_only_slurm_conf_syntax_with_the_wrappers_as_comments(run_cli: Runner, site: Site) -> None:
-    result = run_cli("slurm", "config", "--config", str(site.config))
+def test_slurm_config_prints_only_slurm_conf_syntax_with_the_wrappers_as_comments(run_cli: Runner, site: Site, tmp_path: Path) -> None:
+    bare = tmp_path / "bare-slurm.conf"
+    bare.write_text("ClusterName=lab\n")
+    result = run_cli("slurm", "config", "--config", str(site.config), env={"SLURM_CONF": str(bare)})
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert "Prolog=/etc/slurm/preflight-prolog" in lines and "PrologEpilogTimeout=10" in lines
@@ -943,6 +945,22 @@ def test_slurm_config_prints_only_slurm_conf_syntax_with_the_wrappers_as_comment
     section = result.stdout.split("# ---- /etc/slurm/preflight-healthcheck\n", 1)[1]
     script = [line[2:] for line in section.splitlines() if not line.startswith("# ---- ")]
     assert script[0] == "#!/bin/sh" and script[-1].endswith(f"slurm healthcheck --config {site.config}")
+
+
+def test_slurm_config_keeps_the_sites_own_health_check_and_prolog_flags(run_cli: Runner, site: Site, tmp_path: Path) -> None:
+    """Included after a slurm.conf that runs LBNL NHC and PrologFlags=Alloc,Contain, the lines
+    must not switch NHC off or drop Contain (the last assignment wins): the site's health check
+    stays, ours is a comment saying why, and the flags are merged."""
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=lab\nHealthCheckProgram=/usr/sbin/nhc\nHealthCheckInterval=300\nHealthCheckNodeState=IDLE\n"
+                    "PrologFlags=Contain,X11\n")
+    result = run_cli("slurm", "config", "--config", str(site.config), env={"SLURM_CONF": str(conf)})
+    assert result.returncode == 0, result.stderr
+    settings = [line for line in result.stdout.splitlines() if line and not line.startswith("#")]
+    assert [line.split("=", 1)[0] for line in settings] == ["Prolog", "Epilog", "PrologFlags", "PrologEpilogTimeout"]
+    assert "PrologFlags=Contain,X11,Alloc" in settings
+    assert f"# {conf}:2 already sets HealthCheckProgram=/usr/sbin/nhc: ours would replace it. Call preflight" in result.stdout
+    assert "#HealthCheckProgram=/etc/slurm/preflight-healthcheck" in result.stdout and "#HealthCheckNodeState=ANY" in result.stdout
 
 
 @pytest.mark.parametrize(
