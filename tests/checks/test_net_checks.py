@@ -476,19 +476,16 @@ def test_net005_a_default_pick_of_a_rail_sharing_its_subnet_is_information(node:
     """RoCE rails in one subnet with the management port numbered after them: NCCL's default order
     bootstraps on the first rail, which every node has in that subnet (reached on-link), while
     host names route by the management port. A rail alone on its /31 keeps the warning."""
-    node.add("r1", 2, "10.50.0.2/24")
-    node.add("r2", 3, "10.50.0.3/24")
-    node.add("eno1", 4, "10.0.0.2/24")
-    node.env(MASTER_ADDR="10.0.0.9")
-    node.routes = {"10.0.0.9": unicast("eno1")}
-    assert subjects(nccl_wrong_socket_interface(node.socket(), node.routing(), NO_NCCL))["r1"].severity is Severity.INFO
-    alone = Node(node.root.parent / "alone")
-    alone.add("r1", 2, "10.50.0.0/31")
-    alone.add("r2", 3, "10.50.0.2/31")
-    alone.add("eno1", 4, "10.0.0.2/24")
-    alone.env(MASTER_ADDR="10.0.0.9")
-    alone.routes = {"10.0.0.9": unicast("eno1")}
-    assert subjects(nccl_wrong_socket_interface(alone.socket(), alone.routing(), NO_NCCL))["r1"].severity is Severity.WARNING
+    def first_rail(where: Node, r1: str, r2: str) -> Observation:
+        where.add("r1", 2, r1)
+        where.add("r2", 3, r2)
+        where.add("eno1", 4, "10.0.0.2/24")
+        where.env(MASTER_ADDR="10.0.0.9")
+        where.routes = {"10.0.0.9": unicast("eno1")}
+        return subjects(nccl_wrong_socket_interface(where.socket(), where.routing(), NO_NCCL))["r1"]
+
+    assert first_rail(node, "10.50.0.2/24", "10.50.0.3/24").severity is Severity.INFO
+    assert first_rail(Node(node.root.parent / "alone"), "10.50.0.0/31", "10.50.0.2/31").severity is Severity.WARNING
 
 
 def _rails(node: Node, rp_filter: int, arp: tuple[int, int], own_tables: bool) -> None:
