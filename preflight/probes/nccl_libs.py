@@ -188,9 +188,12 @@ def python_prefixes(environ: Mapping[str, str], reader: FactReader | None = None
     /home/ray/anaconda3 that way, activating nothing. A system prefix (/usr) is searched anyway."""
     named = [environ[name].rstrip("/") for name in ("VIRTUAL_ENV", "CONDA_PREFIX") if environ.get(name, "").startswith("/")]
     if reader is not None:
+        # A search, not a fact: a PATH entry that cannot be looked in (a dangling link in a
+        # partial capture) passes to the next, as the shell's lookup would, and decides nothing.
+        scan = FactReader(reader.fs)
         for directory in environ.get("PATH", "").split(":")[:MAX_PATH_ENTRIES]:
             directory = directory.rstrip("/")
-            if directory.startswith("/") and reader.presence(f"{directory}/python3"):
+            if directory.startswith("/") and scan.presence(f"{directory}/python3"):
                 prefix = posixpath.dirname(directory) if directory.endswith("/bin") else ""
                 if prefix and f"{prefix}/lib" not in PYTHON_ROOTS and prefix not in named:
                     named.append(prefix)

@@ -222,3 +222,15 @@ def test_the_python_first_on_path_is_the_jobs_environment(node_copy: Path) -> No
     environ(node_copy, PATH="/usr/local/sbin:/usr/bin:/home/ray/anaconda3/bin")  # another python first: not the job's
     write(node_copy, "/usr/bin/python3", b"")
     assert site not in probe_frameworks(NodeFS(str(node_copy))).site_dirs
+
+
+def test_a_path_entry_that_cannot_be_looked_in_decides_nothing(node_copy: Path) -> None:
+    """A PATH directory behind a link the capture did not follow is passed over, as the shell's
+    lookup would pass it: it leaves no problem that would make the frameworks unknown."""
+    from preflight.probes.frameworks import probe_frameworks
+
+    (node_copy / "cm/shared/apps/slurm").mkdir(parents=True)
+    (node_copy / "cm/shared/apps/slurm/current").symlink_to("/cm/shared/apps/slurm/25.05.2")
+    environ(node_copy, PATH="/cm/shared/apps/slurm/current/bin:/usr/bin")
+    fs = NodeFS(str(node_copy))
+    assert probe_frameworks(fs).problems == () and probe_nccl_libs(fs).problems == ()
