@@ -195,6 +195,12 @@ def _job_ranks(job: JobFacts) -> tuple[int, Evidence] | None:
         bounds.append((view.ntasks, _env(name, environ[name])))
     if view.nnodes:
         bounds.append((view.nnodes, Evidence("/proc/self/environ SLURM_JOB_NODELIST / SLURM_*_NUM_NODES", f"{view.nnodes} nodes")))
+    # torchrun's --nnodes and --nproc-per-node as Kubeflow's training operator passes them: the
+    # most nodes ("N" or "MIN:MAX") times the ranks on each
+    nodes, per_node = environ.get("PET_NNODES", "").rsplit(":", 1)[-1].strip(), environ.get("PET_NPROC_PER_NODE", "").strip()
+    if is_number(nodes) and is_number(per_node) and int(nodes) * int(per_node) > 0:
+        shown = f"PET_NNODES={environ['PET_NNODES']}, PET_NPROC_PER_NODE={per_node}"
+        bounds.append((int(nodes) * int(per_node), Evidence("/proc/self/environ PET_NNODES x PET_NPROC_PER_NODE", shown)))
     return max(bounds, key=lambda bound: bound[0]) if bounds else None
 
 

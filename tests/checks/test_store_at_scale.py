@@ -51,6 +51,16 @@ def test_an_mpi_launchers_world_size_counts_too() -> None:
         assert verdicts(found) == {"net.core.somaxconn": Severity.WARNING}, name
 
 
+def test_a_pytorchjobs_size_is_its_nodes_times_its_ranks_per_node() -> None:
+    """Kubeflow's training operator passes torchrun's --nnodes and --nproc-per-node as PET_NNODES
+    (N or MIN:MAX, the most counted) and PET_NPROC_PER_NODE; WORLD_SIZE there counts pods."""
+    elastic = {"PET_NNODES": "256:1024", "PET_NPROC_PER_NODE": "8", "WORLD_SIZE": "256", "MASTER_ADDR": "job-master-0"}
+    found = judge(elastic, StoreLimitsFacts(4096, "", ROOMY.open_files, ""))
+    assert verdicts(found) == {"net.core.somaxconn": Severity.WARNING}
+    assert "PET_NNODES=256:1024, PET_NPROC_PER_NODE=8" in found[0].evidence[1].observed
+    assert judge(dict(elastic, PET_NPROC_PER_NODE="gpu"), StoreLimitsFacts(4096, "", ROOMY.open_files, "")) == []
+
+
 def test_the_same_backlog_is_fine_for_a_job_it_holds() -> None:
     small = dict(STEP, SLURM_STEP_NUM_TASKS="64", WORLD_SIZE="64", SLURM_STEP_NUM_NODES="8")
     assert judge(small, StoreLimitsFacts(128, "", Limit(1024, 1024, "/proc/self/limits"), "")) == []
