@@ -54,7 +54,7 @@ from preflight.config import HostConfig
 from preflight.gai import gai_order, parse_precedence
 from preflight.hostlist import HostlistError, expand
 from preflight.nss import NssService, nsswitch_services, read_as_glibc
-from preflight.probes.job import RANK_COUNTS, in_srun_step, parse_environ
+from preflight.probes.job import RANK_COUNTS, in_srun_step, parse_environ, rendezvous_host
 from preflight.probing import FactReader
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
@@ -379,7 +379,7 @@ def probe_hostname(fs: NodeFS, dns: Dns, settings: HostConfig) -> HostnameFacts:
     nodes, node_count, list_error = job_nodes(environ)
     peers_error = peers_error or list_error
     subjects = ([(hostname, (ROLE_HOST,))] if hostname else []) + select_peers(
-        hostname, nodes, environ.get("MASTER_ADDR", "").strip()
+        hostname, nodes, rendezvous_host(environ)[0]
     )
     lookups = [
         # The files service matches the name exactly (any case), with no search domains.

@@ -100,6 +100,28 @@ WORLD_SIZES = tuple(dict.fromkeys(world for world, _ in RANK_COUNTS))
 ENV_RENDEZVOUS_NAMES = ("MASTER_ADDR", "RANK", "WORLD_SIZE")
 
 
+#: Where a job's ranks meet, by precedence: torch.distributed's env:// MASTER_ADDR, else the
+#: rendezvous endpoint torchrun takes from Kubeflow's training operator for an elastic job
+#: ("host[:port]"), else the master address it passes for a static one.
+RENDEZVOUS_HOSTS = ("MASTER_ADDR", "PET_RDZV_ENDPOINT", "PET_MASTER_ADDR")
+
+
+def rendezvous_host(environ: Mapping[str, str]) -> tuple[str, str]:
+    """(host, the variable that names it) of the job's rendezvous; ("", "") without one."""
+    for name in RENDEZVOUS_HOSTS:
+        value = environ.get(name, "").strip()
+        if not value:
+            continue
+        if name == "PET_RDZV_ENDPOINT":
+            if value.startswith("["):  # [IPv6 address]:port
+                value = value[1:].split("]", 1)[0]
+            elif value.count(":") == 1:
+                value = value.split(":", 1)[0]
+        if value:
+            return value, name
+    return "", ""
+
+
 def in_job_process(environ: dict[str, str]) -> bool:
     """Whether a process with this environment is one of a job's own: a Slurm job step or task, or
     a rank an MPI launcher, torchrun or torch.distributed's env:// rendezvous started. Not a script

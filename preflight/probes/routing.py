@@ -27,7 +27,7 @@ from msgspec import Struct
 from preflight.config import HostConfig
 from preflight.hostlist import HostlistError, expand
 from preflight.probes.hostname import parse_hosts
-from preflight.probes.job import JobFacts
+from preflight.probes.job import JobFacts, rendezvous_host
 from preflight.probes.nccl_socket import comm_id_host
 from preflight.probing import FactReader
 from preflight.registry import probe
@@ -49,7 +49,7 @@ class Peer(Struct, frozen=True):
     """One peer, its addresses and the routes to them."""
 
     name: str  # as the job or the config names it
-    origins: tuple[str, ...]  # "SLURM_JOB_NODELIST", "MASTER_ADDR", "NCCL_COMM_ID", "expect.peers"
+    origins: tuple[str, ...]  # "SLURM_JOB_NODELIST", "MASTER_ADDR" (or PET_RDZV_ENDPOINT...), "NCCL_COMM_ID", "expect.peers"
     resolved_by: str  # "address literal", "/etc/hosts:3", "DNS"; "" when unresolved
     addresses: tuple[str, ...]
     resolve_error: str  # why there is no address
@@ -99,13 +99,15 @@ class RoutingFacts(Struct, frozen=True):
 def collect_peers(
     environ: dict[str, str], comm_id: str, configured: tuple[str, ...], hostname: str
 ) -> tuple[dict[str, list[str]], list[tuple[str, str]]]:
-    """Peer name -> origins, in order (MASTER_ADDR, NCCL_COMM_ID, config, nodelist); and the
+    """Peer name -> origins, in order (the rendezvous host: MASTER_ADDR, or Kubeflow's
+    PET_RDZV_ENDPOINT or PET_MASTER_ADDR; NCCL_COMM_ID, config, nodelist); and the
     settings whose peers could not be listed, with the reason."""
     problems: list[tuple[str, str]] = []
     found: dict[str, list[str]] = {}
     sources: list[tuple[str, list[str]]] = []
-    if environ.get("MASTER_ADDR"):
-        sources.append(("MASTER_ADDR", [environ["MASTER_ADDR"]]))
+    host, named_by = rendezvous_host(environ)
+    if host:
+        sources.append((named_by, [host]))
     if comm_id:
         sources.append(("NCCL_COMM_ID", [comm_id_host(comm_id)]))
     for item in configured:

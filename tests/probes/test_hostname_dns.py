@@ -586,3 +586,20 @@ def test_the_probe_reads_gai_conf_and_the_nodes_ipv6_addresses(tmp_path: Path) -
     write(root, "proc/net/if_inet6", "00000000000000000000000000000001 01 80 10 80       lo\n")
     facts = probe_hostname(NodeFS(str(root)), Sources.for_fs(NodeFS(str(root))).dns, HostConfig())
     assert (facts.ipv6_usable, facts.gai_precedence) == (False, (("::ffff:0:0/96", 100),))
+
+
+def test_the_rendezvous_host_of_a_kubeflow_job() -> None:
+    """Kubeflow's training operator names an elastic job's rendezvous in PET_RDZV_ENDPOINT
+    ("host:port") and a static one's in PET_MASTER_ADDR, with no MASTER_ADDR: that host is the
+    peer every node resolves and routes to (DNS001, NET004)."""
+    from preflight.probes.job import rendezvous_host, parse_environ
+    from preflight.probes.routing import collect_peers
+
+    assert rendezvous_host({"MASTER_ADDR": "a", "PET_RDZV_ENDPOINT": "b:29400"}) == ("a", "MASTER_ADDR")
+    assert rendezvous_host({"PET_RDZV_ENDPOINT": "train-worker-0:23456"}) == ("train-worker-0", "PET_RDZV_ENDPOINT")
+    assert rendezvous_host({"PET_RDZV_ENDPOINT": "[fd00::5]:23456"}) == ("fd00::5", "PET_RDZV_ENDPOINT")
+    assert rendezvous_host({"PET_RDZV_ENDPOINT": "fd00::5"}) == ("fd00::5", "PET_RDZV_ENDPOINT")
+    assert rendezvous_host({"PET_MASTER_ADDR": "train-master-0"}) == ("train-master-0", "PET_MASTER_ADDR")
+    assert rendezvous_host({}) == ("", "")
+    environ = parse_environ(b"PET_RDZV_ENDPOINT=train-worker-0:23456\0PET_NNODES=2:4\0")
+    assert collect_peers(environ, "", (), "train-worker-1") == ({"train-worker-0": ["PET_RDZV_ENDPOINT"]}, [])
