@@ -268,11 +268,12 @@ def gpudirect_rdma_unavailable(
         raise Unknown(f"neither GPUDirect path is confirmed, and {gpudirect.why(unread[0])}")
     dmabuf = dmabuf_evidence(gpudirect)
     dmabuf_off = [Evidence(f"{dmabuf_setting.origin} NCCL_DMABUF_ENABLE", dmabuf_setting.value, "unset or 1")] if dmabuf_disabled and dmabuf_setting else []
+    sockets = sockets_only(job, nccl_libs)
     if NVIDIA_PEERMEM_VERSION in gpudirect.peer_memory_files:
         old, unnamed = affected(nccl_libs, PEERMEM_DETECTION)
         loaded = Evidence(NVIDIA_PEERMEM_VERSION, "present, but no /sys/kernel/mm/memory_peers client", "a memory_peers client (nv_mem), or NCCL 2.23.4 or newer")
-        plugin = plugin_transport(job if not isinstance(job, Unread) else None, nccl_libs)
-        if sockets_only(job if not isinstance(job, Unread) else None, nccl_libs):
+        plugin = plugin_transport(job, nccl_libs)
+        if sockets:
             return  # NCCL's sockets carry the data: its own GPUDirect test never runs
         for copy in old:
             if plugin:
@@ -292,7 +293,6 @@ def gpudirect_rdma_unavailable(
     # the data (NCCL_IB_DISABLE=1 on Ethernet nodes whose ConnectX still shows an RDMA device),
     # nothing of NCCL's is lost now; a warning, since other settings or software would need it.
     far = _gdr_out_of_reach(pcie, job)
-    sockets = sockets_only(job if not isinstance(job, Unread) else None, nccl_libs)
     if sockets and far is None:
         far = Evidence("NCCL", sockets, "NCCL's IB transport or a network plugin, which use GPUDirect RDMA")
     yield present(

@@ -294,7 +294,7 @@ def nccl_buffsize_exceeds_pinned_memory(
         yield undecided("NCCL_BUFFSIZE", next((p for p in memlock.problems if p.startswith("/sys/class/infiniband")), "RDMA devices not read"))
         return
     # Over NCCL's sockets nothing is registered with a NIC, whatever RDMA devices the node shows.
-    registered = not sockets_only(job, None if isinstance(nccl_libs, Unread) else nccl_libs)
+    registered = not sockets_only(job, nccl_libs)
     if memlock.rdma_devices and registered:
         tightest = min(limits, key=lambda limit: limit.soft) if limits else None
         if tightest is not None and tightest.soft < smallest and tightest is own and waived is None:

@@ -33,7 +33,7 @@ from preflight.probes.nccl_socket import (
     parse_ifname_list,
     shown,
 )
-from preflight.probes.nccl_libs import NcclLibFacts
+from preflight.probes.nccl_libs import NcclCopy, NcclLibFacts
 from preflight.probes.hostname import job_nodes
 from preflight.probes.routing import CONF, RoutingFacts
 from preflight.registry import check
@@ -259,6 +259,13 @@ def nccl_wrong_socket_interface(
     ))
 
 
+def _before_2_28(nccl_libs: NcclLibFacts) -> tuple[list[NcclCopy], list[NcclCopy]]:
+    """The NCCL copies a loader reaches, and those among them older than 2.28, which take
+    interfaces that are not running."""
+    loaded = [copy for copy in nccl_libs.copies if not copy.unreached]
+    return loaded, [copy for copy in loaded if (version := version_tuple(copy.version or "")) is not None and version[:2] < RUNNING_FILTER_SINCE]
+
+
 def _down_pick_before_2_28(facts: NcclSocketFacts, nccl_libs: NcclLibFacts | Unread) -> Iterator[Observation]:
     """NCCL before 2.28 takes interfaces that are not running (socket.cc at v2.27.7-1 has no
     IFF_RUNNING test): an IPoIB port that is down but keeps its address is then its bootstrap
@@ -273,11 +280,9 @@ def _down_pick_before_2_28(facts: NcclSocketFacts, nccl_libs: NcclLibFacts | Unr
     if isinstance(nccl_libs, Unread):
         yield undecided(picked.ifname, f"NCCL before 2.28 would bind to it, and which NCCL the node holds is unknown ({nccl_libs})", setting, seen)
         return
-    loaded = [copy for copy in nccl_libs.copies if not copy.unreached]
-    versions = [version_tuple(copy.version) if copy.version else None for copy in loaded]
-    old = [copy for copy, version in zip(loaded, versions) if version is not None and version[:2] < RUNNING_FILTER_SINCE]
+    loaded, old = _before_2_28(nccl_libs)
     if not old:
-        if any(version is None for version in versions) or (not loaded and nccl_libs.problems):
+        if any(not copy.version or version_tuple(copy.version) is None for copy in loaded) or (not loaded and nccl_libs.problems):
             yield undecided(picked.ifname, "NCCL before 2.28 would bind to it, and the node's NCCL release is not known")
         return
     rest = len(loaded) - len(old)
@@ -395,8 +400,7 @@ def _devices_before_2_28(nccl_socket: NcclSocketFacts, nccl_libs: NcclLibFacts |
     older = nccl_socket.devices_before_2_28
     if older is None or not nccl_socket.socket_transport or isinstance(nccl_libs, Unread):
         return []
-    versions = [version_tuple(copy.version) for copy in nccl_libs.copies if copy.version and not copy.unreached]
-    if not any(version is not None and version[:2] < RUNNING_FILTER_SINCE for version in versions):
+    if not _before_2_28(nccl_libs)[1]:
         return []
     taken = {use.interface.ifname for use in uses(nccl_socket)}
     purpose = "socket transport device of NCCL before 2.28 (it takes interfaces that are not running)"

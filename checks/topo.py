@@ -81,7 +81,7 @@ def gpu_hca_cross_numa_gdr(pcie: PcieFacts, job: JobFacts, nccl_libs: NcclLibFac
     """A GPU whose nearest RDMA NIC is on another NUMA node (NCCL's SYS: another socket, or another
     sub-NUMA cluster of one), or GPUDirect RDMA forced across the CPU; not where NCCL's sockets
     carry the data, which use no GPUDirect RDMA."""
-    sockets = sockets_only(job, None if isinstance(nccl_libs, Unread) else nccl_libs)
+    sockets = sockets_only(job, nccl_libs)
     if sockets:
         raise NotApplicable(sockets)
     unclassified = unclassified_reason(pcie)

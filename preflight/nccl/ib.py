@@ -24,7 +24,7 @@ from collections.abc import Mapping
 
 from msgspec import Struct
 
-from preflight.model import NotApplicable
+from preflight.model import NotApplicable, Unread
 from preflight.nccl.gid import nccl_int
 from preflight.probes.job import JobFacts, Setting
 from preflight.probes.nccl_libs import NcclLibFacts
@@ -163,16 +163,18 @@ def ib_transport_off(job: JobFacts, ucx_counts: bool = False) -> str:
     return ""
 
 
-def plugin_transport(job: JobFacts | None, nccl_libs: NcclLibFacts) -> str:
+def plugin_transport(job: JobFacts | Unread, nccl_libs: NcclLibFacts | Unread) -> str:
     """The network plugin whose transport, not NCCL's own, carries a job's RDMA traffic: the one
     NCCL_NET_PLUGIN names (libnccl-net-<name>.so, or the name itself), else libnccl-net.so where
     the loader finds it (src/plugin/net.cc); "" where none loads or NCCL_NET picks NCCL's own
-    "IB" or "Socket" transport. ``job`` None: the job's settings are unread, and only a plugin
-    the loader finds by default counts."""
-    net = job.nccl("NCCL_NET") if job else None
+    "IB" or "Socket" transport, or the libraries are unread. With the job's settings unread, only
+    a plugin the loader finds by default counts."""
+    if isinstance(nccl_libs, Unread):
+        return ""
+    net = job.nccl("NCCL_NET") if not isinstance(job, Unread) else None
     if net is not None and net.value.strip().lower() in ("ib", "socket"):
         return ""
-    named = job.nccl("NCCL_NET_PLUGIN") if job else None
+    named = job.nccl("NCCL_NET_PLUGIN") if not isinstance(job, Unread) else None
     if named is None:
         wanted = {"libnccl-net.so"}
     elif named.value.strip().lower() in ("", "none"):
@@ -182,17 +184,17 @@ def plugin_transport(job: JobFacts | None, nccl_libs: NcclLibFacts) -> str:
     return next((path for path in nccl_libs.net_plugins if path.rsplit("/", 1)[-1] in wanted or path in wanted), "")
 
 
-def sockets_only(job: JobFacts | None, nccl_libs: NcclLibFacts | None) -> str:
+def sockets_only(job: JobFacts | Unread, nccl_libs: NcclLibFacts | Unread) -> str:
     """Why NCCL moves the job's data over its socket transport alone (so it registers no memory
     with a NIC and uses no GPUDirect RDMA): NCCL_NET=Socket, or its IB transport turned off with
     no network plugin for the loader to find; "" otherwise, or where that is not known."""
-    if job is None:
+    if isinstance(job, Unread):
         return ""
     net = job.nccl("NCCL_NET")
     if net is not None:
         return f"NCCL_NET={net.value}: NCCL's socket transport carries the data" if net.value.strip().lower() == "socket" else ""
     off = ib_transport_off(job)
-    if not off or nccl_libs is None or plugin_transport(job, nccl_libs) or nccl_libs.problems:
+    if not off or isinstance(nccl_libs, Unread) or plugin_transport(job, nccl_libs) or nccl_libs.problems:
         return ""
     return f"{off}, and no network plugin for NCCL to load: its socket transport carries the data"
 

@@ -492,8 +492,7 @@ def xt_conntrack_condition(revision: int, info: bytes) -> Condition | None:
 ADDRTYPE_SOURCE, ADDRTYPE_DEST = "addrtype src", "addrtype dst"
 IP6_EXTHDR = "ip6 exthdr"  # followed by the header's next-header number: "ip6 exthdr 43", the routing header
 RT_HEADER = f"{IP6_EXTHDR} 43"
-_XT_ADDRTYPE_INVERT_SOURCE, _XT_ADDRTYPE_INVERT_DEST = 0x1, 0x2
-_XT_ADDRTYPE_LIMIT_IFACE = 0x4 | 0x8
+_XT_ADDRTYPE_INVERT_SOURCE, _XT_ADDRTYPE_INVERT_DEST = 0x1, 0x2  # --limit-iface-in/out (0x4, 0x8) change nothing for a SYN to a local address
 
 
 def xt_addrtype_conditions(revision: int, info: bytes) -> list[Condition] | None:
