@@ -12,9 +12,10 @@ Sources:
   NIC reaches memory without BAR1 and the reference does not apply.
 * NVML ``nvmlDeviceGetComputeRunningProcesses``: the processes with a CUDA context on the GPU,
   asked only when most of its BAR1 is mapped; where it lists none,
-  ``nvmlDeviceGetMPSComputeRunningProcesses``, the clients of a CUDA MPS server (Slurm's gres/mps). A GPU that runs work has its buffers mapped, so
-  BAR1 use says something about leaked mappings only on an idle GPU (a health check runs beside
-  jobs; a prolog may find a stray process).
+  ``nvmlDeviceGetMPSComputeRunningProcesses``, the clients of a CUDA MPS server (Slurm's
+  gres/mps). A GPU that runs work has its buffers mapped, so BAR1 use says something about
+  leaked mappings only on an idle GPU (a health check runs beside jobs; a prolog may find a stray
+  process).
 * ``/sys/bus/pci/devices/<bdf>/resource``: one ``start end flags`` line per region. The BAR1
   aperture is the largest 64-bit prefetchable memory region; it is region 1 on some GPUs and
   region 2 on HGX H100 (region 0 is 64-bit there and takes two registers), so never index 1.

@@ -24,9 +24,9 @@ priority; within a chain the rules in order. ``accept`` ends one base chain (the
 runs); ``drop`` and ``reject`` are final; ``jump`` returns, ``goto`` does not; a base chain's
 policy applies when its rules run out. The packet is what NCCL's and Gloo's connects send: TCP,
 SYN only, conntrack state ``new``, no NAT status bits, no mark known, coming from an address we do
-not know and addressed to the interface's own (neither ever loopback). A condition on something we do not know (the peer's address, a mark,
-an expression we do not decode) is followed both ways, and when the ways end differently the
-answer lists every outcome; checks call that unknown.
+not know and addressed to the interface's own (neither ever loopback). A condition on something
+we do not know (the peer's address, a mark, an expression we do not decode) is followed both
+ways, and when the ways end differently the answer lists every outcome; checks call that unknown.
 """
 
 from __future__ import annotations

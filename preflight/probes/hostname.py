@@ -229,9 +229,8 @@ def job_nodes(environ: dict[str, str]) -> tuple[list[str], int, str]:
 def _launcher_nodes(environ: dict[str, str]) -> int:
     """The nodes of a job a launcher started outside Slurm: torchrun's GROUP_WORLD_SIZE (its
     agents, one per node), DeepSpeed's CROSS_SIZE or the training operator's PET_NNODES (its
-    largest), else 1 where the job's ranks are all this
-    node's (all ranks equal to this node's, by any launcher's pair of counts: torchrun
-    --standalone, mpirun on one host); 0 when not known."""
+    largest), else 1 where the job's ranks are all this node's (by any launcher's pair of
+    counts: torchrun --standalone, mpirun on one host); 0 when not known."""
     for name in ("GROUP_WORLD_SIZE", "CROSS_SIZE"):
         nodes = environ.get(name, "").strip()
         if is_number(nodes):

@@ -91,17 +91,24 @@ def probe_link_history(fs: NodeFS) -> LinkHistoryFacts:
                 ports.append(PortHistory(device, port, bus, None, None, "", layer))
                 continue  # no counters to read: the kernel makes them for IB and RoCE ports only
             base = f"{IB_SYSFS}/{device}/ports/{port}/counters"
-            if layer == "Ethernet" and "counters" not in (FactReader(fs).listing(f"{IB_SYSFS}/{device}/ports/{port}") or ["counters"]):
+            before = len(reader.problems)
+            downed = _counter(reader, f"{base}/link_downed")
+            recovered = _counter(reader, f"{base}/link_error_recovery")
+            problem = "; ".join(reader.problems[before:])
+            if downed is None and not problem and layer == "Ethernet" and _without_counters(fs, f"{IB_SYSFS}/{device}/ports/{port}"):
                 # The kernel makes the PMA counters only for drivers with process_mad (add_port() in
                 # drivers/infiniband/core/sysfs.c): mlx5 has it, ionic and irdma do not. Their
                 # RoCE ports' history is the kernel log's alone.
                 ports.append(PortHistory(device, port, bus, None, None, link_problem, layer))
                 continue
-            before = len(reader.problems)
-            downed = _counter(reader, f"{base}/link_downed")
-            recovered = _counter(reader, f"{base}/link_error_recovery")
-            problem = "; ".join(reader.problems[before:])
             if downed is None and not problem:
                 problem = f"{base}/link_downed: missing"
             ports.append(PortHistory(device, port, bus, downed, recovered, problem or link_problem, layer))
     return LinkHistoryFacts(tuple(ports))
+
+
+def _without_counters(fs: NodeFS, port: str) -> bool:
+    """Whether the port's directory was listed and holds no ``counters``: a driver's choice, not a
+    gap in what was read (an unlisted directory is no answer)."""
+    listed = FactReader(fs).listing(port)
+    return listed is not None and "counters" not in listed
