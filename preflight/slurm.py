@@ -58,7 +58,7 @@ from preflight.model import Finding, Status
 from preflight.probes.gpus import pci_device_key
 from preflight.probes.job import SLUID, parse_gpu_indices
 from preflight.slurm_conf import (
-    DEFAULT_HEALTH_CHECK_TIMEOUT_S, KillTime, SlurmConf, find_node_slurm_conf, find_slurm_conf, gpus_as_gres, script_kill_time,
+    DEFAULT_HEALTH_CHECK_TIMEOUT_S, KillTime, SlurmConf, find_named_slurm_conf, gpus_as_gres, script_kill_time,
 )
 from preflight.sources import NodeFS, SourceError
 
@@ -646,13 +646,11 @@ def _judge_node(session: _Session, node: OpenedNode) -> int:
         session.log(SYSLOG_INFO, outcome.message)
         return session.finish()
 
-    if session.environ.get("SLURM_CONF", "").startswith("/"):
-        found = find_slurm_conf(node.fs.read, session.environ["SLURM_CONF"])
-    else:
+    found = find_named_slurm_conf(node.fs, session.environ)
+    if not session.environ.get("SLURM_CONF", "").startswith("/") and found[0] is not None and os.path.realpath(session.args.root) == "/":
         # A health check runs with SLURMD_NODENAME alone: the file is the one slurmd reads, and
         # scontrol, whose compiled-in default may differ (Base Command Manager), is told it.
-        found = find_node_slurm_conf(node.fs)
-        session.slurm_conf = found[0].path if found[0] is not None and os.path.realpath(session.args.root) == "/" else ""
+        session.slurm_conf = found[0].path
     session.fit_kill_time(found)
     if args.mode != "healthcheck" and not (scope.gpus_text or "").strip():
         scope = outcome.scope = _job_without_gpu_gres(session, found)

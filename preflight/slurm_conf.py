@@ -11,20 +11,24 @@ this follows it rather than reading ``Key=value`` lines naively:
   directory of the slurm.conf being read, ``%c`` is the cluster name in lower case, and a path
   with ``*`` is skipped, as Slurm skips it.
 
-Which file: ``$SLURM_CONF``, else the copy slurmd keeps in configless mode (``/run/slurm/conf``, a
-link into its spool directory's conf-cache, which slurmd makes only when it fetched its
-configuration from slurmctld: ``_handle_slash_run`` in slurmd.c; a slurmd started with
-``--conf-server`` ignores any local file, so a left-over /etc/slurm/slurm.conf is not what its
-jobs get), else the packaged default (``/etc/slurm/slurm.conf``, Debian's older ``/etc/slurm-llnl``). An Include that cannot be read leaves every setting undecided: what it
-would have said may override anything read before or after it. Work is bounded: at most
-:data:`MAX_FILES` files, each read through the node view (inside the root, size-capped).
+Which file: ``$SLURM_CONF`` (slurmd sets it for prologs, epilogs and job steps), else the file
+slurmd itself was told (its ``-f``, else its own ``SLURM_CONF``: a health check gets neither),
+else the copy slurmd keeps in configless mode (``/run/slurm/conf``, a link into its spool
+directory's conf-cache, which slurmd makes only when it fetched its configuration from
+slurmctld: ``_handle_slash_run`` in slurmd.c; a slurmd started with ``--conf-server`` ignores any
+local file, so a left-over /etc/slurm/slurm.conf is not what its jobs get), else the packaged
+default (``/etc/slurm/slurm.conf``, Debian's older ``/etc/slurm-llnl``). Where slurmd runs and
+none is found, the settings are unknown. An Include that cannot be read leaves every setting
+undecided: what it would have said may override anything read before or after it. Work is
+bounded: at most :data:`MAX_FILES` files, each read through the node view (inside the root,
+size-capped).
 """
 
 from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import NamedTuple
 
 from preflight.config import MAX_SCRIPT_TIMEOUT_S
@@ -179,6 +183,13 @@ def find_job_slurm_conf(fs: NodeFS, slurmd_pid: int | None = None) -> tuple[Slur
         user = job_file_user(fs, environ)
         return find_slurm_conf(fs.read, environ["SLURM_CONF"], lambda path: fs.read_for(path, user))
     return find_node_slurm_conf(fs, slurmd_pid)
+
+
+def find_named_slurm_conf(fs: NodeFS, environ: Mapping[str, str]) -> tuple[SlurmConf | None, list[str]]:
+    """The slurm.conf for a process of this node's own (a health check, ``preflight slurm
+    config`` in an admin's shell): the one ``environ``'s ``$SLURM_CONF`` names, else slurmd's."""
+    named = environ.get("SLURM_CONF", "")
+    return find_slurm_conf(fs.read, named) if named.startswith("/") else find_node_slurm_conf(fs)
 
 
 def find_node_slurm_conf(fs: NodeFS, slurmd_pid: int | None = None) -> tuple[SlurmConf | None, list[str]]:

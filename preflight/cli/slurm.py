@@ -64,13 +64,10 @@ def _interval_problem(interval_s: int, healthcheck_timeout_s: float, printed_tim
 def _node_slurm_conf() -> SlurmConf | None:
     """This node's slurm.conf as Slurm reads it ($SLURM_CONF, else slurmd's own, else the default
     paths); None where none is found or read."""
-    from preflight.slurm_conf import find_node_slurm_conf, find_slurm_conf
+    from preflight.slurm_conf import find_named_slurm_conf
     from preflight.sources import NodeFS
 
-    fs = NodeFS("/")
-    named = os.environ.get("SLURM_CONF", "")
-    conf, _ = find_slurm_conf(fs.read, named) if named.startswith("/") else find_node_slurm_conf(fs)
-    return conf
+    return find_named_slurm_conf(NodeFS("/"), os.environ)[0]
 
 
 def run_config(values: Values) -> int:

@@ -314,8 +314,9 @@ def _nccl_conf(facts: Any) -> str | None:
     for conf in files:
         if conf.error:
             return None  # a file NCCL reads that preflight could not: the node's settings are unknown
-        # NCCL sets each line's variable unless it is already set (setEnvFile in src/misc/param.cc, setenv without
-        # overwrite): the first line of a key decides, and the order of distinct keys means nothing.
+        # NCCL sets each line's variable unless it is already set (setEnvFile in src/misc/param.cc,
+        # setenv without overwrite): the first line of a key decides, and the order of distinct
+        # keys means nothing.
         first: dict[str, str] = {}
         for name, value in conf.entries:
             first.setdefault(name, value)
