@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from preflight.model import Evidence, NotApplicable, Observation, Severity, Unknown, present, undecided
 from preflight.probes.frameworks import FrameworkFacts, parse_version
-from preflight.probes.job import WORLD_SIZES, JobFacts, integer_setting, slurm_view
+from preflight.probes.job import WORLD_SIZES, JobFacts, integer_setting, operator_nodes, slurm_view
 from preflight.probes.store_limits import SOMAXCONN, StoreLimitsFacts
 from preflight.registry import check
 from preflight.torch_settings import as_bool, as_int, read_setting, readers_for
@@ -197,10 +197,10 @@ def _job_ranks(job: JobFacts) -> tuple[int, Evidence] | None:
         bounds.append((view.nnodes, Evidence("/proc/self/environ SLURM_JOB_NODELIST / SLURM_*_NUM_NODES", f"{view.nnodes} nodes")))
     # torchrun's --nnodes and --nproc-per-node as Kubeflow's training operator passes them: the
     # most nodes ("N" or "MIN:MAX") times the ranks on each
-    nodes, per_node = environ.get("PET_NNODES", "").rsplit(":", 1)[-1].strip(), environ.get("PET_NPROC_PER_NODE", "").strip()
-    if is_number(nodes) and is_number(per_node) and int(nodes) * int(per_node) > 0:
+    nodes, per_node = operator_nodes(environ), integer_setting(environ, "PET_NPROC_PER_NODE")
+    if nodes and per_node:
         shown = f"PET_NNODES={environ['PET_NNODES']}, PET_NPROC_PER_NODE={per_node}"
-        bounds.append((int(nodes) * int(per_node), Evidence("/proc/self/environ PET_NNODES x PET_NPROC_PER_NODE", shown)))
+        bounds.append((nodes * per_node, Evidence("/proc/self/environ PET_NNODES x PET_NPROC_PER_NODE", shown)))
     return max(bounds, key=lambda bound: bound[0]) if bounds else None
 
 

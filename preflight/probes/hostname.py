@@ -54,7 +54,7 @@ from preflight.config import HostConfig
 from preflight.gai import gai_order, parse_precedence
 from preflight.hostlist import HostlistError, expand
 from preflight.nss import NssService, nsswitch_services, read_as_glibc
-from preflight.probes.job import RANK_COUNTS, in_srun_step, parse_environ, rendezvous_host
+from preflight.probes.job import RANK_COUNTS, in_srun_step, operator_nodes, parse_environ, rendezvous_host
 from preflight.probing import FactReader
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
@@ -235,11 +235,9 @@ def _launcher_nodes(environ: dict[str, str]) -> int:
         nodes = environ.get(name, "").strip()
         if is_number(nodes):
             return int(nodes)
-    # torchrun's --nnodes as Kubeflow's training operator passes it, "N" or "MIN:MAX": the most
-    # nodes the job may grow to (torch/distributed/run.py, parse_min_max_nnodes)
-    most = environ.get("PET_NNODES", "").strip().rsplit(":", 1)[-1]
-    if is_number(most) and int(most) > 0:
-        return int(most)
+    most = operator_nodes(environ)  # the most nodes a Kubeflow PyTorchJob may grow to
+    if most is not None:
+        return most
     for world_name, local_name in RANK_COUNTS:
         world, local = environ.get(world_name, "").strip(), environ.get(local_name, "").strip()
         if is_number(world) and world == local and int(world) > 0:

@@ -366,6 +366,13 @@ def integer_setting(environ: dict[str, str], *names: str) -> int | None:
     return None
 
 
+def operator_nodes(environ: Mapping[str, str]) -> int | None:
+    """The most nodes of a Kubeflow PyTorchJob: the training operator passes torchrun's --nnodes
+    as PET_NNODES, "N" or "MIN:MAX" (torch/distributed/run.py, parse_min_max_nnodes)."""
+    most = environ.get("PET_NNODES", "").rsplit(":", 1)[-1].strip()
+    return int(most) if is_number(most) and int(most) > 0 else None
+
+
 #: The step ids of the batch script, the extern step and an salloc shell's interactive step
 #: (SLURM_BATCH_SCRIPT, SLURM_EXTERN_CONT, SLURM_INTERACTIVE_STEP in slurm.h), as setup_env
 #: prints them into SLURM_STEP_ID (signed, since Slurm 20.11) and unsigned: none is an srun step.
