@@ -270,11 +270,11 @@ def gpudirect_rdma_unavailable(
     dmabuf_off = [Evidence(f"{dmabuf_setting.origin} NCCL_DMABUF_ENABLE", dmabuf_setting.value, "unset or 1")] if dmabuf_disabled and dmabuf_setting else []
     sockets = sockets_only(job, nccl_libs)
     if NVIDIA_PEERMEM_VERSION in gpudirect.peer_memory_files:
+        if sockets:
+            return  # NCCL's sockets carry the data: its own GPUDirect test never runs
         old, unnamed = affected(nccl_libs, PEERMEM_DETECTION)
         loaded = Evidence(NVIDIA_PEERMEM_VERSION, "present, but no /sys/kernel/mm/memory_peers client", "a memory_peers client (nv_mem), or NCCL 2.23.4 or newer")
         plugin = plugin_transport(job, nccl_libs)
-        if sockets:
-            return  # NCCL's sockets carry the data: its own GPUDirect test never runs
         for copy in old:
             if plugin:
                 yield undecided(
