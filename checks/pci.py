@@ -20,7 +20,7 @@ from preflight.model import (
 )
 from preflight.nccl.gdr import gdr_level, within
 from preflight.probes.nvlink import require_nvml
-from preflight.probes.pcie import REDIRECT_BITS, TRANSLATED_DOMAINS, PciEndpoint, PcieFacts, path_class, unclassified_reason
+from preflight.probes.pcie import DIRECT_TRANSLATED, REDIRECT_BITS, TRANSLATED_DOMAINS, PciEndpoint, PcieFacts, entry_port, path_class, unclassified_reason
 from preflight.registry import check
 from preflight.units import MAX_DIGITS
 
@@ -292,7 +292,9 @@ PASSTHROUGH_PARAMETERS = ("iommu=pt", "iommu.passthrough=1", "iommu.passthrough=
 
 @check("PCI001", profiles=("prolog",))
 def acs_redirect_breaks_gpudirect_rdma(pcie: PcieFacts) -> Iterator[Observation]:
-    """ACS P2P redirect on a bridge between a GPU and its nearest RDMA NIC, on bare metal."""
+    """ACS P2P redirect on a bridge between a GPU and its nearest RDMA NIC, on bare metal, unless the
+    NIC translates its requests through ATS and its port lets translated requests pass (Direct
+    Translated P2P)."""
     yield from _on_bare_metal(pcie, _gpu_nic_redirects(pcie))
 
 
@@ -311,28 +313,56 @@ def _gpu_nic_redirects(pcie: PcieFacts) -> Iterator[Observation]:
         )
     if not pcie.pairs:
         raise NotApplicable("no GPU shares a PCIe switch with an RDMA NIC; their traffic crosses the CPU anyway")
-    partners: dict[str, list[str]] = {}
+    partners: dict[str, list[tuple[str, str]]] = {}
     for gpu, nic, between in pcie.pairs:
         for bdf in between:
-            partners.setdefault(bdf, []).append(f"GPU {gpu} <-> NIC {nic}")
+            partners.setdefault(bdf, []).append((gpu, nic))
+    translated = _translated_past_redirect(pcie)
     iommu = _iommu_note(pcie)
     for bridge in pcie.bridges:
         if bridge.bdf not in partners:
             continue  # only on a GPU-to-GPU path: PCI003's
         if bridge.unreadable:
             yield undecided(f"bridge {bridge.bdf}", bridge.unreadable)
-        elif bridge.acs is not None and bridge.acs.control & REDIRECT_BITS:
-            evidence = [
-                Evidence(
-                    f"/sys/bus/pci/devices/{bridge.bdf}/config",
-                    f"ACSCtl 0x{bridge.acs.control:04x}: {bridge.acs.describe()}",
-                    "ReqRedir- CmpltRedir- on GPU-to-NIC paths",
-                ),
-                Evidence("path", "; ".join(sorted(set(partners.get(bridge.bdf, []))))),
-            ]
+            continue
+        if bridge.acs is None or not bridge.acs.control & REDIRECT_BITS:
+            continue
+        acs = Evidence(f"/sys/bus/pci/devices/{bridge.bdf}/config", f"ACSCtl 0x{bridge.acs.control:04x}: {bridge.acs.describe()}",
+                       "ReqRedir- CmpltRedir- on GPU-to-NIC paths")
+        pairs = sorted(set(partners[bridge.bdf]))
+        hurt = [pair for pair in pairs if translated.get(pair, (False, ""))[0] is False]
+        if hurt:
+            evidence = [acs, Evidence("path", "; ".join(f"GPU {gpu} <-> NIC {nic}" for gpu, nic in hurt))]
+            unused = {nic: translated[gpu, nic][1] for gpu, nic in hurt if (gpu, nic) in translated}
+            evidence += [Evidence(f"NIC {nic} ATS", f"{detail}: the DirectTrans+ of its port does not apply") for nic, detail in sorted(unused.items())]
             if iommu:
                 evidence.append(Evidence("IOMMU", iommu))
             yield present(f"bridge {bridge.bdf}", *evidence)
+        elif unknown := [pair for pair in pairs if translated[pair][0] is None]:
+            nic = unknown[0][1]
+            yield undecided(
+                f"bridge {bridge.bdf}",
+                f"{acs.observed}; the port of NIC {nic} has DirectTrans+, which lets the NIC's requests pass the redirect "
+                f"only if the NIC translates them through ATS, and whether it does is not known: {translated[unknown[0]][1]}",
+                acs,
+            )
+        # Otherwise every pair through this bridge is a NIC whose ATS-translated requests pass
+        # its port's redirect (rdma_topo --virt): GPUDirect RDMA turns around in the switch.
+
+
+def _translated_past_redirect(pcie: PcieFacts) -> dict[tuple[str, str], tuple[bool | None, str]]:
+    """For each GPU-NIC pair whose NIC enters their switch through a port with Direct Translated
+    P2P set: whether the NIC's GPUDirect RDMA requests pass that switch's redirect (the NIC
+    translates them through ATS), None where its ATS was not read, and what was read. Pairs
+    whose NIC's port lacks that bit are not listed: their requests are redirected."""
+    chains = {device.bdf: (*device.chain, device.bdf) for device in (*pcie.gpus, *pcie.nics)}
+    direct = {bridge.bdf for bridge in pcie.bridges if bridge.acs is not None and bridge.acs.control & DIRECT_TRANSLATED}
+    ats = {reading.nic: (reading.enabled, reading.detail) for reading in pcie.nic_ats}
+    return {
+        (gpu, nic): ats.get(nic, (None, "its ATS was not read"))
+        for gpu, nic, _ in pcie.pairs
+        if entry_port(chains[nic], chains[gpu]) in direct
+    }
 
 
 def _on_bare_metal(pcie: PcieFacts, observations: Iterator[Observation]) -> Iterator[Observation]:

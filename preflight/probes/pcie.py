@@ -21,7 +21,10 @@ Sources:
   bits 0-15, next offset in bits 20-31); the ACS capability (ID 0x000D) holds the capability
   register at +4 and the control register at +6 (bits in ``include/uapi/linux/pci_regs.h``).
   Without CAP_SYS_ADMIN the kernel returns only the first 64 bytes: that is "needs root", never
-  "ACS off".
+  "ACS off". Where a NIC's port into its GPU's switch has Direct Translated P2P set (ACSCtl bit 6),
+  the NIC's own config is read too: its ATS capability (ID 0x000F) has the control register at +6,
+  bit 15 Enable. A NIC that translates through ATS sends peer requests with translated addresses,
+  which that bit lets past the port's redirect (rdma-core's ``rdma_topo --virt`` layout).
 * IOMMU: ``/sys/class/iommu`` (one entry per active IOMMU unit), ``/proc/cmdline``. The kernel
   enables ACS on every capable bridge when an IOMMU is active, and ``iommu=pt`` keeps the IOMMU
   active, so it does not turn ACS off.
@@ -72,6 +75,13 @@ EXTENDED_CONFIG_START = 0x100
 _ACS_ID = 0x000D
 
 
+_ATS_ID = 0x000F
+
+
+#: ATS Control register (capability + 6): bit 15 Enable (``PCI_ATS_CTRL_ENABLE``)
+ATS_ENABLE = 0x8000
+
+
 _MAX_CAPABILITIES = 64  # a garbage chain must not loop forever
 
 
@@ -100,6 +110,11 @@ TRANSLATED_DOMAINS = ("DMA", "DMA-FQ")
 #: ACSCtl bits that send peer requests and completions up to the root complex (P2P Request and
 #: Completion Redirect, PCIe base specification 7.7.8.3).
 REDIRECT_BITS = 0x0004 | 0x0008
+#: ACSCtl Direct Translated P2P: peer requests that carry an address the device translated
+#: through ATS go straight to their target despite Request Redirect (PCIe base specification
+#: 7.7.8.3). rdma-core's ``rdma_topo --virt`` sets it on a ConnectX NIC's switch port so that
+#: GPUDirect RDMA turns around in the switch while the ports stay isolated for virtual machines.
+DIRECT_TRANSLATED = 0x0040
 
 
 class Bridge(Struct, frozen=True):
@@ -108,6 +123,16 @@ class Bridge(Struct, frozen=True):
     bdf: str
     acs: AcsRegisters | None  # None: no ACS capability (nothing to redirect)
     unreadable: str  # why the ACS state is not known; "" when it is
+
+
+class AtsReading(Struct, frozen=True):
+    """Whether a NIC translates its DMA addresses through ATS (Address Translation Services). Read
+    only for a NIC whose port into its GPU's switch has Direct Translated P2P set: there, and only
+    there, it decides whether the NIC's peer requests bypass the port's redirect."""
+
+    nic: str
+    enabled: bool | None  # None: not known (``detail`` says why)
+    detail: str  # what was read ("ATS Control 0x8000: Enable+"), or why it is not known
 
 
 class PcieLink(Struct, frozen=True):
@@ -165,6 +190,8 @@ class PcieFacts(Struct, frozen=True):
     # None: /proc/cpuinfo unread. NCCL lets GPUs use P2P across an AMD x86 CPU (PCI003).
     cpu_vendor: str | None = None
     virtualisation: str = ""  # what said guest or bare metal, or why it is unknown
+    # ATS of each NIC whose port into its GPU's switch has Direct Translated P2P set (none else)
+    nic_ats: tuple[AtsReading, ...] = ()
 
     def path(self, gpu: str, nic: str) -> str | None:
         """NCCL's path class between two of the node's devices, as nearest_nic classes them."""
@@ -173,8 +200,9 @@ class PcieFacts(Struct, frozen=True):
         return path_class(first, second, self.sockets) if first is not None and second is not None else None
 
 
-def parse_acs(config: bytes) -> AcsRegisters | None:
-    """The ACS registers from a config-space dump; None when there is no ACS capability.
+def extended_capability(config: bytes, capability_id: int) -> int | None:
+    """The offset of an extended capability in a config-space dump, with its two 16-bit registers
+    at +4 and +6 inside the dump; None when the chain does not hold it.
 
     Raises ValueError when the dump stops before the extended capabilities."""
     if len(config) <= EXTENDED_CONFIG_START:
@@ -186,14 +214,35 @@ def parse_acs(config: bytes) -> AcsRegisters | None:
         header = int.from_bytes(config[offset : offset + 4], "little")
         if header in (0, 0xFFFFFFFF):
             return None
-        if header & 0xFFFF == _ACS_ID:
-            capability = int.from_bytes(config[offset + 4 : offset + 6], "little")
-            control = int.from_bytes(config[offset + 6 : offset + 8], "little")
-            return AcsRegisters(capability, control)
+        if header & 0xFFFF == capability_id:
+            return offset
         offset = (header >> 20) & 0xFFC
         if offset == 0:
             return None
     return None
+
+
+def _register(config: bytes, offset: int) -> int:
+    return int.from_bytes(config[offset : offset + 2], "little")
+
+
+def parse_acs(config: bytes) -> AcsRegisters | None:
+    """The ACS registers from a config-space dump; None when there is no ACS capability.
+
+    Raises ValueError when the dump stops before the extended capabilities."""
+    offset = extended_capability(config, _ACS_ID)
+    return None if offset is None else AcsRegisters(_register(config, offset + 4), _register(config, offset + 6))
+
+
+def parse_ats(config: bytes) -> tuple[bool, str]:
+    """Whether a function's ATS is enabled, and what says so, from its config-space dump.
+
+    Raises ValueError as :func:`extended_capability`."""
+    offset = extended_capability(config, _ATS_ID)
+    if offset is None:
+        return False, "no ATS capability"
+    control = _register(config, offset + 6)
+    return bool(control & ATS_ENABLE), f"ATS Control 0x{control:04x}: Enable{'+' if control & ATS_ENABLE else '-'}"
 
 
 def device_chain(link_target: str) -> tuple[str, ...]:
@@ -231,6 +280,14 @@ def acs_ports_between(first: tuple[str, ...], second: tuple[str, ...]) -> tuple[
     if common == 0:
         return None
     return (first[common - 1], *first[common:-1][:1], *second[common:-1][:1])
+
+
+def entry_port(device: tuple[str, ...], peer: tuple[str, ...]) -> str | None:
+    """The downstream port through which ``device`` enters the switch where its transfers with
+    ``peer`` turn around: the port whose ACS control acts on the requests ``device`` sends to
+    ``peer``. None where the two share no bridge, or ``device`` hangs right off the turnaround."""
+    common = _shared(device, peer)
+    return device[common] if common and common < len(device) - 1 else None
 
 
 def _distance(first: tuple[str, ...], second: tuple[str, ...]) -> int:
@@ -339,6 +396,9 @@ def probe_pcie(fs: NodeFS) -> PcieFacts:
                 gpu_pairs.append((first.bdf, second.bdf, between))
                 wanted.update(between)
     bridges = tuple(_bridge(fs, bdf) for bdf in sorted(wanted))
+    direct = {bridge.bdf for bridge in bridges if bridge.acs is not None and bridge.acs.control & DIRECT_TRANSLATED}
+    # A NIC's ATS matters only behind a port with Direct Translated P2P: a prolog reads no more.
+    behind_direct = sorted({nic for gpu, nic, _ in pairs if entry_port(chains[nic], chains[gpu]) in direct})
     known_cpuinfo = reader.text("/proc/cpuinfo")
     cpuinfo = known_cpuinfo or ""
     virtual = detect_virtualisation(fs, known_cpuinfo)
@@ -362,6 +422,7 @@ def probe_pcie(fs: NodeFS) -> PcieFacts:
         arm_cpu=any(line.startswith("CPU implementer") for line in cpuinfo.splitlines()),
         cpu_vendor=None if known_cpuinfo is None else cpu_vendor(known_cpuinfo),
         virtualisation=virtual.evidence,
+        nic_ats=tuple(_ats(fs, nic) for nic in behind_direct),
     )
 
 
@@ -478,6 +539,21 @@ def _bridge(fs: NodeFS, bdf: str) -> Bridge:
         return Bridge(bdf, parse_acs(config), "")
     except ValueError as error:
         return Bridge(bdf, None, f"{path}: {error}")
+
+
+def _ats(fs: NodeFS, bdf: str) -> AtsReading:
+    path = f"/sys/bus/pci/devices/{bdf}/config"
+    try:
+        config = fs.read_bytes(path)
+    except SourceError as error:
+        return AtsReading(bdf, None, f"{path}: {error.reason}")
+    if config is None:
+        return AtsReading(bdf, None, f"{path} does not exist")
+    try:
+        enabled, detail = parse_ats(config)
+    except ValueError as error:
+        return AtsReading(bdf, None, f"{path}: {error}")
+    return AtsReading(bdf, enabled, detail)
 
 
 def unclassified_reason(pcie: PcieFacts) -> str:

@@ -11,7 +11,7 @@ import pytest
 from msgspec.structs import replace
 
 from preflight.probes.job import JobFacts, NcclConfFile, probe_job
-from preflight.probes.pcie import AcsRegisters, Bridge, PcieFacts, PciEndpoint, PcieLink, acs_ports_between, bridges_between, device_chain, parse_acs, parse_width, probe_pcie
+from preflight.probes.pcie import AcsRegisters, Bridge, PcieFacts, PciEndpoint, PcieLink, acs_ports_between, bridges_between, device_chain, entry_port, parse_acs, parse_ats, parse_width, probe_pcie
 from preflight.checks.pci import acs_redirect_breaks_gpudirect_rdma, p2p_bandwidth_degraded, p2p_transfers_hang_or_fault
 from preflight.checks.topo import gpu_hca_cross_numa_gdr
 from preflight.model import NotApplicable, Status, Unknown, Unread
@@ -89,12 +89,23 @@ def test_parse_acs_walks_the_capability_chain() -> None:
     assert parse_acs(b"\xff" * 4096) is None
 
 
+def test_parse_ats_reads_the_enable_bit() -> None:
+    assert parse_ats(nic_config(0x8000)) == (True, "ATS Control 0x8000: Enable+")
+    assert parse_ats(nic_config(0x0005)) == (False, "ATS Control 0x0005: Enable-")
+    assert parse_ats(nic_config(None)) == (False, "no ATS capability")
+    with pytest.raises(ValueError, match="needs CAP_SYS_ADMIN"):
+        parse_ats(nic_config(0x8000, size=64))
+
+
 def test_path_between_devices_turns_around_at_the_common_bridge() -> None:
     chain = device_chain("../../../devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:00.0/0000:18:00.0")
     assert chain == ("0000:15:01.0", "0000:16:00.0", "0000:17:00.0", "0000:18:00.0")
     nic = ("0000:15:01.0", "0000:16:00.0", "0000:17:01.0", "0000:1a:00.0")
     assert bridges_between(chain, nic) == ("0000:16:00.0", "0000:17:00.0", "0000:17:01.0")
     assert bridges_between(chain, ("0000:97:01.0", "0000:9a:00.0")) is None
+    assert entry_port(nic, chain) == "0000:17:01.0" and entry_port(chain, nic) == "0000:17:00.0"
+    assert entry_port(chain, ("0000:97:01.0", "0000:9a:00.0")) is None
+    assert entry_port(("0000:15:01.0", "0000:16:00.0"), nic) is None  # right under the turnaround
     # Domains above 0xffff print with more digits (Intel VMD's 10000 and up; a capture's trailing
     # slash, as hwloc's test roots have): still a device, not a target "without its own name".
     assert device_chain("../../../devices/pci10000:00/10000:00:02.0/10000:01:00.0/") == ("10000:00:02.0", "10000:01:00.0")
@@ -131,6 +142,64 @@ def test_only_the_ports_where_the_transfer_turns_around_decide(tmp_path: Path) -
     # Redirect where they meet is still found.
     write(root, "/sys/devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:01.0/config", config_space(0x001D, 4096))
     assert [subject for subject, _, _ in verdicts(root)] == ["bridge 0000:17:01.0"]
+
+
+def nic_config(ats_control: int | None, size: int = 4096) -> bytes:
+    """A ConnectX function's config space: a type-0 header, then AER at 0x100 and (when given) ATS
+    at 0x1c0 with its control register at +6."""
+    data = bytearray(size)
+    data[0:4] = (0x15B3 | 0x1023 << 16).to_bytes(4, "little")
+    if size > 0x1C8:
+        data[0x100:0x104] = (AER | 1 << 16 | (0x1C0 if ats_control is not None else 0) << 20).to_bytes(4, "little")
+        if ats_control is not None:
+            data[0x1C0:0x1C4] = (0x000F | 1 << 16).to_bytes(4, "little")
+            data[0x1C4:0x1C6] = (0x0020).to_bytes(2, "little")
+            data[0x1C6:0x1C8] = ats_control.to_bytes(2, "little")
+    return bytes(data)
+
+
+def virt_host_tree(root: Path, nic_port_acs: int, nic: bytes | None) -> Path:
+    """rdma-core's ``rdma_topo --virt`` layout on the tree of :func:`hgx_tree`: the NIC's switch port
+    keeps the kernel's isolation and adds Direct Translated P2P (0x5d, "1x111x1"), the GPU's port
+    keeps the kernel's 0x1d."""
+    root = hgx_tree(root)
+    switch = "/sys/devices/pci0000:15/0000:15:01.0/0000:16:00.0"
+    write(root, f"{switch}/0000:17:00.0/config", config_space(0x001D))
+    write(root, f"{switch}/0000:17:01.0/config", config_space(nic_port_acs))
+    if nic is not None:
+        write(root, f"{switch}/0000:17:01.0/0000:1a:00.0/config", nic)
+    return root
+
+
+def test_direct_translated_p2p_with_the_nics_ats_on_lets_gpudirect_rdma_turn_around(tmp_path: Path) -> None:
+    """The NIC's GPUDirect RDMA requests carry ATS-translated addresses, which Direct Translated
+    P2P on its port lets past the redirect: NVIDIA's layout for virtualisation hosts is healthy."""
+    assert verdicts(virt_host_tree(tmp_path / "virt", 0x005D, nic_config(0x8000))) == []
+    facts = probe_pcie(NodeFS(str(tmp_path / "virt")))
+    assert [(reading.nic, reading.enabled, reading.detail) for reading in facts.nic_ats] == [("0000:1a:00.0", True, "ATS Control 0x8000: Enable+")]
+
+
+@pytest.mark.parametrize(
+    ("nic_port_acs", "nic", "why"),
+    [
+        (0x005D, nic_config(0x0000), "ATS Control 0x0000: Enable-: the DirectTrans+ of its port does not apply"),
+        (0x005D, nic_config(None), "no ATS capability: the DirectTrans+ of its port does not apply"),
+        (0x001D, nic_config(0x8000), "GPU 0000:18:00.0 <-> NIC 0000:1a:00.0"),  # no DirectTrans: the NIC's ATS is not read
+    ],
+)
+def test_redirect_stands_where_the_nic_sends_untranslated_requests(tmp_path: Path, nic_port_acs: int, nic: bytes, why: str) -> None:
+    found = verdicts(virt_host_tree(tmp_path, nic_port_acs, nic))
+    assert [(subject, status) for subject, status, _ in found] == [("bridge 0000:17:00.0", Status.PRESENT), ("bridge 0000:17:01.0", Status.PRESENT)]
+    assert all(why in text for _, _, text in found)
+    read = [(reading.nic, reading.enabled) for reading in probe_pcie(NodeFS(str(tmp_path))).nic_ats]
+    assert read == ([] if nic_port_acs == 0x001D else [("0000:1a:00.0", False)])
+
+
+@pytest.mark.parametrize(("nic", "reason"), [(None, "not captured"), (nic_config(0x8000, size=64), "needs CAP_SYS_ADMIN")])
+def test_a_nic_whose_ats_is_unread_behind_direct_translated_p2p_is_unknown(tmp_path: Path, nic: bytes | None, reason: str) -> None:
+    found = verdicts(virt_host_tree(tmp_path, 0x005D, nic))
+    assert [(subject, status) for subject, status, _ in found] == [("bridge 0000:17:00.0", Status.UNKNOWN), ("bridge 0000:17:01.0", Status.UNKNOWN)]
+    assert all("DirectTrans+" in text and reason in text for _, _, text in found)
 
 
 def test_unprivileged_config_reads_are_unknown_never_off(tmp_path: Path) -> None:
