@@ -29,9 +29,8 @@ from preflight.probes.firewall import (
     port_fates,
     readable_ruleset,
 )
-from preflight.probes.sockets import PORT_RANGE, TORCH_DEFAULT_PORT
+from preflight.probes.sockets import PORT_RANGE, job_master_port
 from preflight.registry import check
-from preflight.units import is_number
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -79,10 +78,10 @@ def gloo_rendezvous_connection_refused(firewall: FirewallFacts, sockets: SocketF
         raise Unknown(f"/proc/self/environ unreadable ({job.environ_error})")
     if sockets.port_range is None:
         raise Unknown(f"{PORT_RANGE} unread: the ports Gloo listens on are not known")
-    value = job.environ.get("MASTER_PORT", "").strip()
-    if value and not (is_number(value) and 0 < int(value) <= 65535):
-        raise Unknown(f"MASTER_PORT={value!r} is not a port number")
-    port = int(value) if value else TORCH_DEFAULT_PORT
+    store = job_master_port(job)
+    if store.port is None:
+        raise Unknown(store.origin)
+    port = store.port
     # Gloo takes GLOO_SOCKET_IFNAME as exact names; unset, the host name's address (any interface).
     names = job.environ.get(GLOO_IFNAME)
     interfaces = gloo_interfaces(firewall.interfaces, names, firewall.reachable())
@@ -92,11 +91,10 @@ def gloo_rendezvous_connection_refused(firewall: FirewallFacts, sockets: SocketF
     blocked = frozenset({"dropped", "rejected"})
     # A prolog or epilog sees none of what the job exports: an unset MASTER_PORT there says
     # nothing of the job's, and PyTorch's default is only the port of a job that sets none.
-    unseen = not value and job.in_slurmd_script
+    unseen = not store.named and job.in_slurmd_script
     origin = (
-        f"MASTER_PORT={port}" if value
-        else f"MASTER_PORT not visible to a slurmd script: PyTorch's default {port}, used only by a job that sets none" if unseen
-        else f"MASTER_PORT unset: default {port}"
+        f"MASTER_PORT not visible to a slurmd script: PyTorch's default {port}, used only by a job that sets none" if unseen
+        else store.origin
     )
     # The store's clients dial MASTER_ADDR in whichever family it resolves to; Gloo's pairs use
     # GLOO_SOCKET_IFNAME's first address (IPv4 where there is one), else the host name's.

@@ -15,7 +15,7 @@ from preflight.model import (
 from preflight.nccl.releases import CONNECT_RETRY, loaded_copies, release_findings, require_nccl
 from preflight.probes.firewall import FirewallFacts, nccl_port_findings
 from preflight.probes.hostname import is_ip_literal, is_loopback_address, same_host
-from preflight.probes.job import JobFacts
+from preflight.probes.job import JobFacts, rendezvous_host
 from preflight.probes.sockets import (
     PORT_RANGE,
     RESERVED_PORTS,
@@ -86,8 +86,9 @@ def _table_problems(sockets: SocketFacts) -> str:
 
 #: Variables that say this node is the rendezvous store's host when they are 0: torch's env://
 #: handler starts the TCPStore server on RANK 0, torchrun's static rendezvous on its node rank
-#: (GROUP_RANK) 0, and Slurm numbers the job's first node SLURM_NODEID 0.
-FIRST_RANK_NAMES = ("RANK", "GROUP_RANK", "SLURM_NODEID")
+#: (GROUP_RANK, or PET_NODE_RANK as Kubeflow passes torchrun's --node-rank) 0, and Slurm numbers
+#: the job's first node SLURM_NODEID 0.
+FIRST_RANK_NAMES = ("RANK", "GROUP_RANK", "PET_NODE_RANK", "SLURM_NODEID")
 
 
 def _is_zero(value: str | None) -> bool:
@@ -113,23 +114,23 @@ def store_host(sockets: SocketFacts, job: JobFacts) -> str:
     for name in FIRST_RANK_NAMES:
         if _is_zero(job.environ.get(name)):
             return f"{name}={job.environ[name].strip()}"
-    address = job.environ.get("MASTER_ADDR", "").strip()
+    address, named_by = rendezvous_host(job.environ)
     if not address:
         return "MASTER_ADDR unset"
     if address.lower().rstrip(".") == "localhost" or is_loopback_address(address):
-        return f"MASTER_ADDR={address} (loopback)"
+        return f"{named_by}={address} (loopback)"
     if sockets.hostname is not None and same_host(address, sockets.hostname):
-        return f"MASTER_ADDR={address} (this host)"
+        return f"{named_by}={address} (this host)"
     if _own_address(address, sockets):
-        return f"MASTER_ADDR={address} (an address of this node)"
+        return f"{named_by}={address} (an address of this node)"
     return ""
 
 
 def _elsewhere(sockets: SocketFacts, job: JobFacts) -> Evidence:
-    address = job.environ.get("MASTER_ADDR", "").strip()
+    address, named_by = rendezvous_host(job.environ)
     unseen = [what for what, missing in (("its host name", sockets.hostname is None), ("its addresses", sockets.addresses is None)) if missing]
     caveat = f" (this node's {' and '.join(unseen)} could not be read)" if unseen else ""
-    return Evidence("MASTER_ADDR", f"{address}: another host{caveat}; this node only connects to the store there",
+    return Evidence(named_by, f"{address}: another host{caveat}; this node only connects to the store there",
                     "this node, for the listener to stop the store from binding")
 
 
@@ -146,7 +147,8 @@ def rendezvous_port_in_use(sockets: SocketFacts, job: JobFacts) -> Iterator[Obse
     """MASTER_PORT is already listened on (an error on the node that binds it), or lies in the
     ephemeral range without a reservation; not judged in a torchrun worker, whose MASTER_PORT is
     the store its agent already holds."""
-    port, origin = job_master_port(job)
+    store = job_master_port(job)
+    port, origin = store.port, store.origin
     if port is None:
         yield undecided("MASTER_PORT", origin)
         return
@@ -164,7 +166,7 @@ def rendezvous_port_in_use(sockets: SocketFacts, job: JobFacts) -> Iterator[Obse
     ]
     in_range = _range_evidence(port, origin, sockets)
     warnings = [in_range] if isinstance(in_range, Evidence) else []
-    if errors and "MASTER_PORT" not in job.environ:
+    if errors and not store.named:
         # A guessed port (torchrun's default) is no job's choice: the listener may be a running
         # job's own rendezvous (a health check runs beside jobs, a shared node runs several), so
         # it warns; only the port the job names makes the conflict certain enough to drain.

@@ -106,17 +106,24 @@ ENV_RENDEZVOUS_NAMES = ("MASTER_ADDR", "RANK", "WORLD_SIZE")
 RENDEZVOUS_HOSTS = ("MASTER_ADDR", "PET_RDZV_ENDPOINT", "PET_MASTER_ADDR")
 
 
+def rendezvous_endpoint(environ: Mapping[str, str]) -> tuple[str, str]:
+    """The host and the port text ("" when it names none) of torchrun's ``PET_RDZV_ENDPOINT``,
+    ``host[:port]`` or ``[IPv6 address]:port``, as torch's ``parse_rendezvous_endpoint`` splits it;
+    ("", "") where it is unset."""
+    value = environ.get("PET_RDZV_ENDPOINT", "").strip()
+    if value.startswith("["):
+        host, _, rest = value[1:].partition("]")
+        return host, rest[1:] if rest.startswith(":") else ""
+    if value.count(":") == 1:
+        host, _, port = value.partition(":")
+        return host, port
+    return value, ""  # a bare host name, or an IPv6 address without brackets (no port)
+
+
 def rendezvous_host(environ: Mapping[str, str]) -> tuple[str, str]:
     """(host, the variable that names it) of the job's rendezvous; ("", "") without one."""
     for name in RENDEZVOUS_HOSTS:
-        value = environ.get(name, "").strip()
-        if not value:
-            continue
-        if name == "PET_RDZV_ENDPOINT":
-            if value.startswith("["):  # [IPv6 address]:port
-                value = value[1:].split("]", 1)[0]
-            elif value.count(":") == 1:
-                value = value.split(":", 1)[0]
+        value = rendezvous_endpoint(environ)[0] if name == "PET_RDZV_ENDPOINT" else environ.get(name, "").strip()
         if value:
             return value, name
     return "", ""

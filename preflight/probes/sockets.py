@@ -28,7 +28,7 @@ from typing import TypeVar
 from msgspec import Struct
 
 from preflight.probes.gpudirect import parse_status_ids
-from preflight.probes.job import JobFacts
+from preflight.probes.job import JobFacts, rendezvous_endpoint
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
 from preflight.units import is_number
@@ -250,19 +250,48 @@ def _ephemeral_count(ports: set[int], port_range: tuple[int, int], reserved: tup
 
 #: torchrun / init_process_group(env://) listen here when MASTER_PORT is not set.
 TORCH_DEFAULT_PORT = 29500
+#: torchrun's c10d rendezvous store listens here when its endpoint names no port
+#: (torch/distributed/elastic/rendezvous/c10d_rendezvous_backend.py, DEFAULT_PORT).
+C10D_RENDEZVOUS_DEFAULT_PORT = 29400
 
 
-def job_master_port(job: JobFacts) -> tuple[int | None, str]:
-    """The port the job's rendezvous will bind and where that came from, or (None, why not)."""
-    if job.environ_error:
-        return None, f"/proc/self/environ: {job.environ_error}"
-    value = job.environ.get("MASTER_PORT")
-    if value is None:
-        return TORCH_DEFAULT_PORT, f"MASTER_PORT unset: torchrun's default {TORCH_DEFAULT_PORT}"
+class StorePort(Struct, frozen=True):
+    """The port the job's rendezvous store binds, where that came from, and whether the job named
+    it (False: a default the job may not use); port None where it is not known (``origin`` says why)."""
+
+    port: int | None
+    origin: str
+    named: bool = True
+
+
+def _port_number(name: str, value: str) -> StorePort:
     text = value.strip()
     if not is_number(text) or not 0 < int(text) <= 65535:
-        return None, f"MASTER_PORT={value!r} is not a port number"
-    return int(text), f"MASTER_PORT={int(text)} (job environment)"
+        return StorePort(None, f"{name}={value!r} is not a port number")
+    return StorePort(int(text), f"{name}={int(text)} (job environment)")
+
+
+def job_master_port(job: JobFacts) -> StorePort:
+    """The port the job's rendezvous store will bind. torch.distributed's env:// takes MASTER_PORT;
+    without it, torchrun's arguments as Kubeflow's training operator passes them: an elastic
+    job's ``PET_RDZV_ENDPOINT`` port (its c10d backend's default 29400 without one), a static
+    job's endpoint port or ``PET_MASTER_PORT``; else torchrun's default 29500."""
+    if job.environ_error:
+        return StorePort(None, f"/proc/self/environ: {job.environ_error}")
+    environ = job.environ
+    if "MASTER_PORT" in environ:
+        return _port_number("MASTER_PORT", environ["MASTER_PORT"])
+    backend = environ.get("PET_RDZV_BACKEND", "").strip() or "static"
+    _, endpoint_port = rendezvous_endpoint(environ)
+    if endpoint_port and backend in ("c10d", "static"):
+        return _port_number("PET_RDZV_ENDPOINT's port", endpoint_port)
+    if backend == "c10d" and environ.get("PET_RDZV_ENDPOINT", "").strip():
+        return StorePort(C10D_RENDEZVOUS_DEFAULT_PORT, f"PET_RDZV_ENDPOINT names no port: torchrun's c10d default {C10D_RENDEZVOUS_DEFAULT_PORT}")
+    if backend == "static" and "PET_MASTER_PORT" in environ:
+        return _port_number("PET_MASTER_PORT", environ["PET_MASTER_PORT"])
+    if backend != "static":
+        return StorePort(None, f"PET_RDZV_BACKEND={backend[:40]!r}: the port of its store is not in the job's environment")
+    return StorePort(TORCH_DEFAULT_PORT, f"MASTER_PORT unset: torchrun's default {TORCH_DEFAULT_PORT}", named=False)
 
 
 @probe("sockets")
@@ -327,7 +356,7 @@ def _store_host_facts(fs: NodeFS, job: JobFacts, listening: tuple[ListeningSocke
     listens on the job's port: SOCK001 asks them only then (is this the node that will bind it,
     is the listener this user's own?), and the routing table can be large on hosts with many
     routes, so the prolog does not read it for nothing."""
-    port, _ = job_master_port(job)
+    port = job_master_port(job).port
     if port is None or not any(socket.port == port for socket in listening):
         return None, None, None
     return _hostname(fs), _own_addresses(fs), _own_uid(fs)

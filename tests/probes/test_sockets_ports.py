@@ -14,7 +14,7 @@ import pytest
 
 from conftest import REPO, Runner, write
 from preflight.probes.job import JobFacts, probe_job
-from preflight.probes.sockets import Destination, ListeningSocket, SocketFacts, TableError, parse_port_range, parse_reserved_ports, parse_tcp_table, probe_sockets
+from preflight.probes.sockets import Destination, ListeningSocket, SocketFacts, TableError, parse_port_range, parse_reserved_ports, job_master_port, parse_tcp_table, probe_sockets
 from preflight.checks.sock import ephemeral_port_exhaustion, rendezvous_port_in_use
 from preflight.model import Severity, Status
 from preflight.sources import NodeFS
@@ -401,3 +401,38 @@ def test_a_listener_on_the_default_port_is_a_warning_that_says_to_look_first() -
     (observation,) = rendezvous_port_in_use(facts, job())
     assert (observation.subject, observation.severity) == ("port 29500", Severity.WARNING)
     assert observation.fix.startswith("See whose the listener is") and "a job running on this node" in observation.fix
+
+
+@pytest.mark.parametrize(
+    ("environ", "port", "origin"),
+    [
+        # Kubeflow's elastic PyTorchJob: torchrun's c10d store binds the endpoint's port
+        ({"PET_RDZV_BACKEND": "c10d", "PET_RDZV_ENDPOINT": "bert-master-0:23456"}, 23456, "PET_RDZV_ENDPOINT's port=23456 (job environment)"),
+        ({"PET_RDZV_BACKEND": "c10d", "PET_RDZV_ENDPOINT": "[fd00::5]:23456"}, 23456, "PET_RDZV_ENDPOINT's port=23456 (job environment)"),
+        ({"PET_RDZV_BACKEND": "c10d", "PET_RDZV_ENDPOINT": "bert-master-0"}, 29400, "PET_RDZV_ENDPOINT names no port: torchrun's c10d default 29400"),
+        # a static one: the master port torchrun is given
+        ({"PET_MASTER_ADDR": "bert-master-0", "PET_MASTER_PORT": "23456"}, 23456, "PET_MASTER_PORT=23456 (job environment)"),
+        # MASTER_PORT, which env:// reads, comes first
+        ({"MASTER_PORT": "1234", "PET_RDZV_ENDPOINT": "h:23456"}, 1234, "MASTER_PORT=1234 (job environment)"),
+        ({"PET_RDZV_BACKEND": "c10d", "PET_RDZV_ENDPOINT": "h:http"}, None, "PET_RDZV_ENDPOINT's port='http' is not a port number"),
+        ({"PET_RDZV_BACKEND": "etcd-v2", "PET_RDZV_ENDPOINT": "etcd:2379"}, None, "PET_RDZV_BACKEND='etcd-v2'"),
+        ({}, 29500, "MASTER_PORT unset: torchrun's default 29500"),
+    ],
+)
+def test_the_store_port_of_a_torchrun_job_launched_by_kubeflow(environ: dict[str, str], port: int | None, origin: str) -> None:
+    """Kubeflow's training operator passes torchrun its arguments as PET_* variables, without
+    MASTER_PORT for an elastic job: the port to look at is the one the job's store binds."""
+    store = job_master_port(job(**environ))
+    assert (store.port, store.named) == (port, bool(environ) or port is None)
+    assert store.origin.startswith(origin)
+
+
+def test_a_listener_on_an_elastic_jobs_endpoint_port_is_judged_on_that_port() -> None:
+    """The endpoint names this host's port 29500 with a listener: the job named it, so on the
+    store's host (the endpoint's node rank 0) it is an error, not the default port's warning."""
+    table = parse_tcp_table(HEADER + LISTEN_29500, "/proc/net/tcp", (32768, 60999))
+    facts = SocketFacts((32768, 60999), (), table.listening, {}, 0, 0, (), 0, ("/proc/net/tcp",), (), 0, ())
+    environ = {"PET_RDZV_BACKEND": "c10d", "PET_RDZV_ENDPOINT": "bert-master-0:29500", "PET_NODE_RANK": "0"}
+    (observation,) = rendezvous_port_in_use(facts, job(**environ))
+    assert (observation.subject, observation.severity, observation.status) == ("port 29500", None, Status.PRESENT)
+    assert not list(rendezvous_port_in_use(facts, job(PET_RDZV_BACKEND="c10d", PET_RDZV_ENDPOINT="bert-master-0:23456")))
