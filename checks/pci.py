@@ -298,9 +298,19 @@ def acs_redirect_breaks_gpudirect_rdma(pcie: PcieFacts) -> Iterator[Observation]
     yield from _on_bare_metal(pcie, _gpu_nic_redirects(pcie))
 
 
+#: Which ACS redirect bits of a bridge on a GPU-NIC path GPUDirect RDMA meets, by the bridge's place
+#: on it. The NIC starts every transfer: its requests enter the switch at its own port (Request
+#: Redirect), the GPU's completions to its reads at the GPU's (Completion Redirect). Request
+#: Redirect on the GPU's port and Completion Redirect on the NIC's act only on what the GPU starts,
+#: so rdma_topo sets them on purpose on Grace trays with a Data Direct function (GPU port 101,
+#: DMA port 110). Where the transfer turns around, either bit counts.
+_NIC_PORT, _GPU_PORT, _TURNAROUND = 0x0004, 0x0008, REDIRECT_BITS
+
+
 def _gpu_nic_redirects(pcie: PcieFacts) -> Iterator[Observation]:
+    pairs = (*pcie.pairs, *pcie.data_direct_pairs)
     unclassified = unclassified_reason(pcie)
-    if unclassified and not (pcie.gpus and pcie.nics and pcie.pairs):
+    if unclassified and not (pcie.gpus and pcie.nics and pairs):
         raise Unknown(unclassified)
     if unclassified:
         yield undecided("PCI devices", unclassified)
@@ -311,34 +321,42 @@ def _gpu_nic_redirects(pcie: PcieFacts) -> Iterator[Observation]:
             f"inside a virtual machine ({pcie.virtualisation}): the guest's emulated bridges do not route P2P traffic; "
             "check ACS and the IOMMU on the host"
         )
-    if not pcie.pairs:
-        raise NotApplicable("no GPU shares a PCIe switch with an RDMA NIC; their traffic crosses the CPU anyway")
-    partners: dict[str, list[tuple[str, str]]] = {}
-    for gpu, nic, between in pcie.pairs:
+    if not pairs:
+        raise NotApplicable("no GPU shares a PCIe switch with an RDMA NIC or its Data Direct function; their traffic crosses the CPU anyway")
+    chains = {device.bdf: (*device.chain, device.bdf) for device in (*pcie.gpus, *pcie.nics, *pcie.data_direct)}
+    data_direct = {function.bdf for function in pcie.data_direct}
+    # bridge -> (gpu, nic) -> the redirect bits that matter there for that pair
+    meets: dict[str, dict[tuple[str, str], int]] = {}
+    for gpu, nic, between in pairs:
         for bdf in between:
-            partners.setdefault(bdf, []).append((gpu, nic))
-    translated = _translated_past_redirect(pcie)
+            role = _NIC_PORT if bdf == entry_port(chains[nic], chains[gpu]) else _GPU_PORT if bdf == entry_port(chains[gpu], chains[nic]) else _TURNAROUND
+            meets.setdefault(bdf, {})[gpu, nic] = role
+    translated = _translated_past_redirect(pcie, chains)
     iommu = _iommu_note(pcie)
     for bridge in pcie.bridges:
-        if bridge.bdf not in partners:
+        if bridge.bdf not in meets:
             continue  # only on a GPU-to-GPU path: PCI003's
         if bridge.unreadable:
             yield undecided(f"bridge {bridge.bdf}", bridge.unreadable)
             continue
-        if bridge.acs is None or not bridge.acs.control & REDIRECT_BITS:
+        if bridge.acs is None:
             continue
-        acs = Evidence(f"/sys/bus/pci/devices/{bridge.bdf}/config", f"ACSCtl 0x{bridge.acs.control:04x}: {bridge.acs.describe()}",
+        control = bridge.acs.control
+        redirected = sorted(pair for pair, role in meets[bridge.bdf].items() if control & role)
+        if not redirected:
+            continue
+        acs = Evidence(f"/sys/bus/pci/devices/{bridge.bdf}/config", f"ACSCtl 0x{control:04x}: {bridge.acs.describe()}",
                        "ReqRedir- CmpltRedir- on GPU-to-NIC paths")
-        pairs = sorted(set(partners[bridge.bdf]))
-        hurt = [pair for pair in pairs if translated.get(pair, (False, ""))[0] is False]
+        hurt = [pair for pair in redirected if translated.get(pair, (False, ""))[0] is False]
         if hurt:
-            evidence = [acs, Evidence("path", "; ".join(f"GPU {gpu} <-> NIC {nic}" for gpu, nic in hurt))]
+            named = "; ".join(f"GPU {gpu} <-> NIC {'Data Direct function ' if nic in data_direct else ''}{nic}" for gpu, nic in hurt)
+            evidence = [acs, Evidence("path", named)]
             unused = {nic: translated[gpu, nic][1] for gpu, nic in hurt if (gpu, nic) in translated}
             evidence += [Evidence(f"NIC {nic} ATS", f"{detail}: the DirectTrans+ of its port does not apply") for nic, detail in sorted(unused.items())]
             if iommu:
                 evidence.append(Evidence("IOMMU", iommu))
             yield present(f"bridge {bridge.bdf}", *evidence)
-        elif unknown := [pair for pair in pairs if translated[pair][0] is None]:
+        elif unknown := [pair for pair in redirected if translated[pair][0] is None]:
             nic = unknown[0][1]
             yield undecided(
                 f"bridge {bridge.bdf}",
@@ -350,17 +368,16 @@ def _gpu_nic_redirects(pcie: PcieFacts) -> Iterator[Observation]:
         # its port's redirect (rdma_topo --virt): GPUDirect RDMA turns around in the switch.
 
 
-def _translated_past_redirect(pcie: PcieFacts) -> dict[tuple[str, str], tuple[bool | None, str]]:
+def _translated_past_redirect(pcie: PcieFacts, chains: dict[str, tuple[str, ...]]) -> dict[tuple[str, str], tuple[bool | None, str]]:
     """For each GPU-NIC pair whose NIC enters their switch through a port with Direct Translated
     P2P set: whether the NIC's GPUDirect RDMA requests pass that switch's redirect (the NIC
     translates them through ATS), None where its ATS was not read, and what was read. Pairs
     whose NIC's port lacks that bit are not listed: their requests are redirected."""
-    chains = {device.bdf: (*device.chain, device.bdf) for device in (*pcie.gpus, *pcie.nics)}
     direct = {bridge.bdf for bridge in pcie.bridges if bridge.acs is not None and bridge.acs.control & DIRECT_TRANSLATED}
     ats = {reading.nic: (reading.enabled, reading.detail) for reading in pcie.nic_ats}
     return {
         (gpu, nic): ats.get(nic, (None, "its ATS was not read"))
-        for gpu, nic, _ in pcie.pairs
+        for gpu, nic, _ in (*pcie.pairs, *pcie.data_direct_pairs)
         if entry_port(chains[nic], chains[gpu]) in direct
     }
 

@@ -69,6 +69,16 @@ _DISPLAY_CLASSES = ("0x0300", "0x0302")  # VGA and 3D controllers
 _NVSWITCH_CLASS = "0x0680"
 
 
+_MELLANOX = "0x15b3"
+
+
+# A ConnectX-8's Data Direct function: a DMA controller (class 0x0801) of its own that the
+# NIC's DMA to and from GPU memory goes through, placed in the GPU's PCIe tree while the NIC's
+# own function hangs off the CPU (Grace Blackwell trays). NCCL's topology classes it as the NIC's
+# PCI place (src/graph/topo.cc, "CX8 data direct"); rdma-core's rdma_topo pairs it by device ID 2100.
+_DATA_DIRECT_CLASS = "0x080100"
+
+
 EXTENDED_CONFIG_START = 0x100
 
 
@@ -192,6 +202,10 @@ class PcieFacts(Struct, frozen=True):
     virtualisation: str = ""  # what said guest or bare metal, or why it is unknown
     # ATS of each NIC whose port into its GPU's switch has Direct Translated P2P set (none else)
     nic_ats: tuple[AtsReading, ...] = ()
+    # ConnectX Data Direct DMA functions, and each GPU's nearest one in its own switch with the
+    # ACS ports between them: where the NIC's DMA with that GPU turns around
+    data_direct: tuple[PciEndpoint, ...] = ()
+    data_direct_pairs: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
 
     def path(self, gpu: str, nic: str) -> str | None:
         """NCCL's path class between two of the node's devices, as nearest_nic classes them."""
@@ -349,6 +363,7 @@ def probe_pcie(fs: NodeFS) -> PcieFacts:
     gpus: list[PciEndpoint] = []
     nics: list[PciEndpoint] = []
     nvswitches: list[str] = []
+    data_direct: list[PciEndpoint] = []
     chains: dict[str, tuple[str, ...]] = {}
     # An unlisted bus or device directory stays in ``problems``: unclassified_reason() makes the
     # verdicts unknown instead of "no GPUs here".
@@ -366,6 +381,8 @@ def probe_pcie(fs: NodeFS) -> PcieFacts:
             nvswitches.append(bdf)
         elif "infiniband" in (reader.listing(base) or []):
             nics.append(_endpoint(fs, reader, bdf, chain, tuple(sorted(reader.listing(f"{base}/infiniband") or []))))
+        elif vendor == _MELLANOX and klass == _DATA_DIRECT_CLASS:
+            data_direct.append(_endpoint(fs, reader, bdf, chain))
     nodes = reader.listing("/sys/devices/system/node")
     listed = None if nodes is None else sum(1 for name in nodes if re.fullmatch(r"node\d+", name))
     with_cpus = count_node_list(reader.text("/sys/devices/system/node/has_cpu") or "") if nodes is not None else None
@@ -388,6 +405,9 @@ def probe_pcie(fs: NodeFS) -> PcieFacts:
             if between is not None:
                 pairs.append((gpu.bdf, nic.bdf, between))
                 wanted.update(between)
+    data_direct_pairs = _data_direct_pairs(gpus, data_direct, chains)
+    for _, _, between in data_direct_pairs:
+        wanted.update(between)
     gpu_pairs = []
     for number, first in enumerate(gpus):
         for second in gpus[number + 1 :]:
@@ -398,7 +418,7 @@ def probe_pcie(fs: NodeFS) -> PcieFacts:
     bridges = tuple(_bridge(fs, bdf) for bdf in sorted(wanted))
     direct = {bridge.bdf for bridge in bridges if bridge.acs is not None and bridge.acs.control & DIRECT_TRANSLATED}
     # A NIC's ATS matters only behind a port with Direct Translated P2P: a prolog reads no more.
-    behind_direct = sorted({nic for gpu, nic, _ in pairs if entry_port(chains[nic], chains[gpu]) in direct})
+    behind_direct = sorted({nic for gpu, nic, _ in (*pairs, *data_direct_pairs) if entry_port(chains[nic], chains[gpu]) in direct})
     known_cpuinfo = reader.text("/proc/cpuinfo")
     cpuinfo = known_cpuinfo or ""
     virtual = detect_virtualisation(fs, known_cpuinfo)
@@ -423,7 +443,25 @@ def probe_pcie(fs: NodeFS) -> PcieFacts:
         cpu_vendor=None if known_cpuinfo is None else cpu_vendor(known_cpuinfo),
         virtualisation=virtual.evidence,
         nic_ats=tuple(_ats(fs, nic) for nic in behind_direct),
+        data_direct=tuple(data_direct),
+        data_direct_pairs=data_direct_pairs,
     )
+
+
+def _data_direct_pairs(gpus: list[PciEndpoint], functions: list[PciEndpoint],
+                       chains: dict[str, tuple[str, ...]]) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
+    """Each GPU with the Data Direct functions nearest to it among those in its own switch (a
+    function across the CPU is no GPU's), and the ACS ports between them."""
+    pairs = []
+    for gpu in gpus:
+        near = [(function, acs_ports_between(chains[gpu.bdf], chains[function.bdf])) for function in functions]
+        shared = [(function, between) for function, between in near if between is not None]
+        if not shared:
+            continue
+        closest = min(_distance(chains[gpu.bdf], chains[function.bdf]) for function, _ in shared)
+        pairs += [(gpu.bdf, function.bdf, between) for function, between in shared
+                  if between is not None and _distance(chains[gpu.bdf], chains[function.bdf]) == closest]
+    return tuple(pairs)
 
 
 def _place(fs: NodeFS, reader: FactReader, bdf: str) -> tuple[str, ...] | None:

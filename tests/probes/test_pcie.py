@@ -202,6 +202,51 @@ def test_a_nic_whose_ats_is_unread_behind_direct_translated_p2p_is_unknown(tmp_p
     assert all("DirectTrans+" in text and reason in text for _, _, text in found)
 
 
+def grace_data_direct_tree(root: Path, gpu_port_acs: int, dma_port_acs: int) -> Path:
+    """A Grace Blackwell tray's GPU segment as rdma-core's rdma_topo knows it (NVCX_DMA_Complex):
+    root port 0009:00:00.0 -> the ConnectX-8's switch 01:00.0 -> port 02:00.0 -> its Data Direct
+    function 03:00.0 (15b3:2100, class 0x080100), and port 02:01.0 -> a nested switch 04:00.0 ->
+    05:00.0 -> GPU 06:00.0. The NIC's own function 0000:03:00.0 hangs off another root port."""
+    bare_node(root)
+    grace = "0009:00:00.0"
+    pci(root, [grace], "0x10de", "0x060400", config_space(0x001C))
+    pci(root, [grace, "0009:01:00.0"], "0x15b3", "0x060400", config_space(None))
+    pci(root, [grace, "0009:01:00.0", "0009:02:00.0"], "0x15b3", "0x060400", config_space(dma_port_acs))
+    pci(root, [grace, "0009:01:00.0", "0009:02:01.0"], "0x15b3", "0x060400", config_space(gpu_port_acs))
+    pci(root, [grace, "0009:01:00.0", "0009:02:00.0", "0009:03:00.0"], "0x15b3", "0x080100")
+    nested = [grace, "0009:01:00.0", "0009:02:01.0", "0009:04:00.0"]
+    pci(root, nested, "0x15b3", "0x060400", config_space(None))
+    pci(root, [*nested, "0009:05:00.0"], "0x15b3", "0x060400", config_space(0x001D))
+    pci(root, [*nested, "0009:05:00.0", "0009:06:00.0"], "0x10de", "0x030200")
+    pci(root, ["0000:00:00.0"], "0x10de", "0x060400", config_space(0x001D))
+    pci(root, ["0000:00:00.0", "0000:01:00.0"], "0x15b3", "0x060400", config_space(None))
+    pci(root, ["0000:00:00.0", "0000:01:00.0", "0000:02:00.0"], "0x15b3", "0x060400", config_space(0x001D))
+    pci(root, ["0000:00:00.0", "0000:01:00.0", "0000:02:00.0", "0000:03:00.0"], "0x15b3", "0x020700", rdma=True)
+    write(root, "/proc/cpuinfo", GRACE_CPUINFO)
+    write(root, "/proc/cmdline", "BOOT_IMAGE=/vmlinuz iommu.passthrough=1\n")
+    write(root, "/sys/class/dmi/id/sys_vendor", "NVIDIA\n")
+    (root / "sys/class/iommu/smmu3.0x0000000016000000").mkdir(parents=True)
+    return root
+
+
+def test_a_grace_trays_data_direct_function_is_the_gpus_nic_with_rdma_topos_masks(tmp_path: Path) -> None:
+    """GPUDirect RDMA on a Grace Blackwell tray with a ConnectX-8 turns around between the GPU and
+    the NIC's Data Direct function. rdma_topo sets Request Redirect on the GPU's port and Completion
+    Redirect on the DMA function's, which act only on what the GPU starts: healthy."""
+    root = grace_data_direct_tree(tmp_path / "rdma_topo", gpu_port_acs=0x0015, dma_port_acs=0x0019)
+    facts = probe_pcie(NodeFS(str(root)))
+    assert facts.pairs == () and [function.bdf for function in facts.data_direct] == ["0009:03:00.0"]
+    assert facts.data_direct_pairs == (("0009:06:00.0", "0009:03:00.0", ("0009:01:00.0", "0009:02:01.0", "0009:02:00.0")),)
+    assert verdicts(root) == []
+    # The kernel's default on both ports: the DMA function's requests are redirected to the CPU.
+    found = verdicts(grace_data_direct_tree(tmp_path / "default", gpu_port_acs=0x001D, dma_port_acs=0x001D))
+    assert [(subject, status) for subject, status, _ in found] == [("bridge 0009:02:00.0", Status.PRESENT), ("bridge 0009:02:01.0", Status.PRESENT)]
+    assert "GPU 0009:06:00.0 <-> NIC Data Direct function 0009:03:00.0" in found[0][2]
+    # Request Redirect on the DMA function's port alone is enough to send its DMA to the CPU.
+    found = verdicts(grace_data_direct_tree(tmp_path / "dma-rr", gpu_port_acs=0x0015, dma_port_acs=0x0015))
+    assert [(subject, status) for subject, status, _ in found] == [("bridge 0009:02:00.0", Status.PRESENT)]
+
+
 def test_unprivileged_config_reads_are_unknown_never_off(tmp_path: Path) -> None:
     found = verdicts(hgx_tree(tmp_path, switch_acs=0x001D, config_size=64))
     assert found and all(status is Status.UNKNOWN and "needs CAP_SYS_ADMIN" in text for _, status, text in found)
