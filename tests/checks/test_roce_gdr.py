@@ -103,6 +103,20 @@ def test_arm_host_phb_is_unknown_not_present(tmp_path: Path) -> None:
     assert "NVLink-C2C" in found[0][2]
 
 
+def test_a_gpu_with_a_data_direct_function_in_its_switch_has_its_nic_there(tmp_path: Path) -> None:
+    """A Grace tray's ConnectX-8 Data Direct function (class 0x080100) under the GPU's own switch:
+    NCCL places the NIC there (PXB) unless NCCL_IB_DATA_DIRECT=0 keeps the NIC's own function."""
+    for name, environ in (("on", {}), ("off", {"NCCL_IB_DATA_DIRECT": "0"})):
+        root = h800(tmp_path / name, {"NCCL_IB_HCA": "mlx5_0,mlx5_1", **environ}, nvswitches=False, arm=True)
+        function = root / "sys/devices/pci0000:97/0000:97:01.0/0000:99:00.0/0000:9d:00.0"
+        function.mkdir(parents=True)
+        (function / "vendor").write_text("0x15b3\n")
+        (function / "class").write_text("0x080100\n")
+        (root / "sys/bus/pci/devices/0000:9d:00.0").symlink_to("../../../devices/pci0000:97/0000:97:01.0/0000:99:00.0/0000:9d:00.0")
+        found = verdicts(root)
+        assert [(s, st) for s, st, _ in found] == ([] if name == "on" else [("GPU 0000:9a:00.0", Status.UNKNOWN)])
+
+
 def test_not_applicable_without_roce_or_with_the_ib_transport_off(tmp_path: Path) -> None:
     with pytest.raises(NotApplicable, match="NCCL_IB_DISABLE"):
         verdicts(h800(tmp_path / "a", {"NCCL_IB_DISABLE": "1"}))
