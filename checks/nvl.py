@@ -78,6 +78,8 @@ def _switch_evidence(nvswitches: tuple[str, ...], rdma: RdmaFacts | Unread) -> E
 def _manager_not_seen(fabric: FabricFacts, switches: Evidence, manager: FabricManager, forced: list[Evidence]) -> Observation:
     """No fabric manager process or command socket seen: present only in the host's own process
     table (positive evidence, see the fabric probe) and while some GPU's fabric is not completed."""
+    if manager.not_looked_for:
+        return undecided("fabric manager", f"not looked for: {manager.not_looked_for}")
     if manager.host_view is None:
         return undecided("fabric manager", f"no nv-fabricmanager process seen, but {manager.not_host}: "
                                            "whether this is the host's process table is not known")
@@ -89,7 +91,7 @@ def _manager_not_seen(fabric: FabricFacts, switches: Evidence, manager: FabricMa
     return present("fabric manager", _manager_missing(manager), switches, *forced)
 
 
-@check("NVL006", profiles=("full",), optional=("rdma",))
+@check("NVL006", profiles=("prolog",), optional=("rdma",))
 def nvls_multicast_init_failure(fabric: FabricFacts, job: JobFacts, rdma: RdmaFacts | Unread = NOT_GIVEN) -> Iterator[Observation]:
     """GPUs outside a completed NVLink fabric, or an NVSwitch system without its fabric manager."""
     switches = _switch_evidence(fabric.nvswitches, rdma)
@@ -146,6 +148,9 @@ def nvls_cuda_invalid_argument(fabric: FabricFacts, rdma: RdmaFacts | Unread = N
     if not switches:
         raise NotApplicable("no NVSwitch on this node: no fabric manager runs here")
     manager = fabric.fabric_manager
+    if manager.not_looked_for:
+        yield undecided("fabric manager", f"not looked for: {manager.not_looked_for}")
+        return
     if not manager.pids:
         if manager.running:
             yield undecided("fabric manager", f"its command socket listens ({manager.listening}) but no process is visible to date its start")

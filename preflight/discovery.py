@@ -33,7 +33,7 @@ ENTRY_POINT_GROUP = "preflight.checks"
 #: their probes are gathered only there or by such checks (~20 ms saved before every job);
 #: tests/engine/test_engine.py keeps this list true.
 FULL_ONLY_MODULES = frozenset({
-    "preflight.probes.fabric", "preflight.probes.interfaces", "preflight.probes.nccl_platform",
+    "preflight.probes.interfaces", "preflight.probes.nccl_platform",
     "preflight.probes.p2p", "preflight.probes.routing", "preflight.probes.nccl_socket", "preflight.checks.net",
     "preflight.probes.horovod", "preflight.checks.hvd",
 })

@@ -34,6 +34,12 @@ Sources:
   container runs its own systemd as PID 1 in its own PID and network namespaces, where the
   host's fabric manager is invisible; there, or where any of these could not be read, a missing
   process proves nothing.
+* Before any scan, the pid file a daemonised fabric manager writes (fabricmanager.cfg's
+  ``PID_FILE_PATH``, by default ``/var/run/nvidia-fabricmanager/nv-fabricmanager.pid``, which
+  the systemd unit names as ``PIDFile`` too) and that process's ``comm``: one file instead of
+  every process's name, so a prolog can afford it. A missing, garbage or stale pid file falls
+  back to the scan. No process is looked for where no NVSwitch is on the bus and every GPU's
+  fabric is "not supported" (PCIe boards) or multi-node (GB200/GB300 trays).
 * ``/proc/<pid>/stat`` field 22 (``starttime``, clock ticks after boot; USER_HZ is 100 on Linux):
   when the fabric manager started.
 * The job's ``NCCL_NVLS_ENABLE``.
@@ -65,6 +71,9 @@ FABRIC_MANAGER_CONFIG = "/usr/share/nvidia/nvswitch/fabricmanager.cfg"
 DEFAULT_FM_PORT = 6666  # FM_CMD_PORT_NUMBER (nv_fm_types.h)
 
 
+DEFAULT_PID_FILE = "/var/run/nvidia-fabricmanager/nv-fabricmanager.pid"
+
+
 USER_HZ = 100  # clock ticks per second of /proc/<pid>/stat times on Linux
 
 
@@ -87,6 +96,9 @@ class FabricManager(Struct, frozen=True):
     started_after_boot_s: float | None  # of the first pid, from /proc/<pid>/stat
     problems: tuple[str, ...]
     not_host: str = ""  # why host_view is not True: "PID 1 is pause, not the host's init", ...
+    # why no process was looked for, "" where it was: a node whose GPUs join no NVSwitch fabric
+    # runs no fabric manager, and scanning every process's name costs a prolog milliseconds
+    not_looked_for: str = ""
 
     @property
     def running(self) -> bool:
@@ -132,18 +144,31 @@ def _gpu_fabric(nvml: Nvml, index: int) -> GpuFabric:
     )
 
 
-def parse_fm_config(text: str) -> tuple[int, str, str]:
-    """(port, bind address, unix socket path) from fabricmanager.cfg ``KEY=value`` lines."""
+def _fm_settings(text: str) -> dict[str, str]:
     values = {}
     for line in text.splitlines():
         key, sep, value = line.partition("=")
         if sep and not key.lstrip().startswith("#"):
             values[key.strip()] = value.strip()
+    return values
+
+
+def parse_fm_config(text: str) -> tuple[int, str, str]:
+    """(port, bind address, unix socket path) from fabricmanager.cfg ``KEY=value`` lines."""
+    values = _fm_settings(text)
     try:
         port = int(values.get("FM_CMD_PORT_NUMBER", DEFAULT_FM_PORT))
     except ValueError:
         port = DEFAULT_FM_PORT
     return port, values.get("FM_CMD_BIND_INTERFACE", "127.0.0.1"), values.get("FM_CMD_UNIX_SOCKET_PATH", "")
+
+
+def fm_pid_file(text: str) -> str:
+    """The pid file a daemonised fabric manager writes: fabricmanager.cfg's ``PID_FILE_PATH``,
+    by default /var/run/nvidia-fabricmanager/nv-fabricmanager.pid (which its systemd unit names
+    as PIDFile too)."""
+    path = _fm_settings(text).get("PID_FILE_PATH", "")
+    return path if path.startswith("/") else DEFAULT_PID_FILE
 
 
 def parse_start_after_boot(stat: str) -> float:
@@ -155,8 +180,8 @@ def parse_start_after_boot(stat: str) -> float:
     return int(fields[19]) / USER_HZ
 
 
-def _listening(reader: FactReader) -> str | None:
-    port, _, unix_path = parse_fm_config(reader.text(FABRIC_MANAGER_CONFIG) or "")
+def _listening(reader: FactReader, config: str) -> str | None:
+    port, _, unix_path = parse_fm_config(config)
     if unix_path:
         for line in (reader.text("/proc/net/unix") or "").splitlines()[1:]:
             if line.split()[-1:] == [unix_path]:
@@ -176,17 +201,43 @@ def _listening(reader: FactReader) -> str | None:
     return None
 
 
+def _is_fabric_manager(reader: FactReader, pid: int) -> bool:
+    comm = reader.text(f"/proc/{pid}/comm")
+    return comm is not None and comm.strip().startswith(_FABRIC_MANAGER_COMM)
+
+
+def _pid_file_process(fs: NodeFS, config: str) -> int | None:
+    """The running fabric manager its pid file names, None where the file is missing, garbage or
+    stale. A prolog reads this one file instead of every process's name; read quietly, since
+    the scan that follows a miss decides."""
+    path = fm_pid_file(config)
+    paths = (path, "/run/" + path[len("/var/run/"):]) if path.startswith("/var/run/") else (path,)
+    for candidate in paths:
+        try:
+            text = fs.read(candidate, max_bytes=64)
+        except SourceError:
+            return None
+        if text is not None:
+            pid = text.strip()
+            if not is_number(pid) or int(pid) <= 0:
+                return None
+            return int(pid) if _is_fabric_manager(FactReader(fs), int(pid)) else None
+    return None
+
+
 def _fabric_manager(reader: FactReader) -> FabricManager:
-    # Unlisted /proc stays in problems: the checks cannot tell whether the manager runs.
-    pids = sorted(int(name) for name in reader.listing("/proc") or [] if is_number(name))
-    if not pids:
-        return FabricManager((), None, None, _listening(reader), None, tuple(reader.problems), "/proc could not be scanned")
+    config = reader.text(FABRIC_MANAGER_CONFIG) or ""
     pid1 = reader.text("/proc/1/comm")
-    found = []
-    for pid in pids:
-        comm = reader.text(f"/proc/{pid}/comm")
-        if comm is not None and comm.strip().startswith(_FABRIC_MANAGER_COMM):
-            found.append(pid)
+    recorded = _pid_file_process(reader.fs, config)
+    if recorded is not None:
+        found, listening = [recorded], None
+    else:
+        # Unlisted /proc stays in problems: the checks cannot tell whether the manager runs.
+        pids = sorted(int(name) for name in reader.listing("/proc") or [] if is_number(name))
+        if not pids:
+            return FabricManager((), None, None, _listening(reader, config), None, tuple(reader.problems), "/proc could not be scanned")
+        found = [pid for pid in pids if _is_fabric_manager(reader, pid)]
+        listening = _listening(reader, config)
     started = None
     if found:
         stat = reader.text(f"/proc/{found[0]}/stat")
@@ -196,7 +247,7 @@ def _fabric_manager(reader: FactReader) -> FabricManager:
             reader.problems.append(f"/proc/{found[0]}/stat: {error}")
     name = pid1.strip() if pid1 is not None else None
     host, not_host = _host_view(reader, name)
-    return FabricManager(tuple(found), host, name, _listening(reader), started, tuple(reader.problems), not_host)
+    return FabricManager(tuple(found), host, name, listening, started, tuple(reader.problems), not_host)
 
 
 def _host_view(reader: FactReader, pid1: str | None) -> tuple[bool | None, str]:
@@ -233,12 +284,27 @@ def probe_fabric(fs: NodeFS, nvml: Nvml) -> FabricFacts:
     ]
     nvswitches = tuple(bdf for bdf in nvidia if (reader.text(f"/sys/bus/pci/devices/{bdf}/class") or "").strip().startswith(_NVSWITCH_CLASS))
     unclassified = next((p for p in reader.problems if p.startswith("/sys/bus/pci/devices")), "")
-    manager = _fabric_manager(FactReader(fs))
     try:
         count = nvml.call("nvmlDeviceGetCount")
     except NvmlError as error:
-        return FabricFacts(nvswitches, (), error.code, manager, tuple(reader.problems), unclassified, len(nvidia))
+        return FabricFacts(nvswitches, (), error.code, _fabric_manager(FactReader(fs)), tuple(reader.problems), unclassified, len(nvidia))
     if not isinstance(count, int) or count < 0:  # a damaged recording, not "no GPUs"
-        return FabricFacts(nvswitches, (), "NVML_UNEXPECTED_ANSWER", manager, tuple(reader.problems), unclassified, len(nvidia))
+        return FabricFacts(nvswitches, (), "NVML_UNEXPECTED_ANSWER", _fabric_manager(FactReader(fs)), tuple(reader.problems), unclassified, len(nvidia))
     gpus = tuple(_gpu_fabric(nvml, index) for index in range(count))
+    outside = _outside_any_switch_fabric(nvswitches, gpus)
+    manager = FabricManager((), None, None, None, None, (), not_looked_for=outside) if outside else _fabric_manager(FactReader(fs))
     return FabricFacts(nvswitches, gpus, "", manager, tuple(reader.problems), unclassified, len(nvidia))
+
+
+def _outside_any_switch_fabric(nvswitches: tuple[str, ...], gpus: tuple[GpuFabric, ...]) -> str:
+    """Why this node's GPUs need no fabric manager here, or "" where one may run: no NVSwitch on
+    the bus and every GPU's fabric "not supported" (PCIe boards), or in a multi-node fabric (GB200
+    and GB300 trays, whose fabric manager runs on the NVLink switch trays). Boards whose switches
+    are off the bus (HGX B200) report a fabric state of their own, so they are looked at."""
+    if nvswitches or not gpus or any(gpu.error for gpu in gpus):
+        return ""
+    if all(gpu.state == 0 for gpu in gpus):
+        return "no NVSwitch on the PCI bus and every GPU's NVLink fabric is 'not supported'"
+    if all(gpu.cluster_uuid is not None for gpu in gpus):
+        return "the GPUs are in a multi-node NVLink fabric, whose fabric manager runs on the switch trays"
+    return ""

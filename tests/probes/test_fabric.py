@@ -268,3 +268,50 @@ def test_parse_fm_config() -> None:
     assert parse_fm_config("") == (6666, "127.0.0.1", "")
     assert parse_fm_config("# FM_CMD_PORT_NUMBER=1\nFM_CMD_PORT_NUMBER = 7000\nFM_CMD_BIND_INTERFACE=10.0.0.1\n") == (7000, "10.0.0.1", "")
     assert parse_fm_config("FM_CMD_PORT_NUMBER=abc\n")[0] == 6666
+
+
+# -- the prolog's look-up: the pid file first, no scan where no fabric manager runs ---------------
+def test_the_pid_file_names_the_fabric_manager_without_a_scan(node_copy: Path) -> None:
+    """A daemonised fabric manager writes its pid file (PID_FILE_PATH, /var/run being /run): that
+    process alone is asked, and no other process's name is read. A second nv-fabricmanager,
+    which a scan would list, shows that none ran."""
+    write(node_copy, "/proc/1999/comm", "nv-fabricmanager\n")
+    write(node_copy, "/run/nvidia-fabricmanager/nv-fabricmanager.pid", "1843\n")
+    manager = facts(node_copy).fabric_manager
+    assert (manager.pids, manager.listening, manager.started_after_boot_s) == ((1843,), None, 42.15)
+    # Another path in fabricmanager.cfg is followed.
+    (node_copy / "run/nvidia-fabricmanager/nv-fabricmanager.pid").unlink()
+    write(node_copy, "/usr/share/nvidia/nvswitch/fabricmanager.cfg", "PID_FILE_PATH=/run/fm/fm.pid\n")
+    write(node_copy, "/run/fm/fm.pid", "1843\n")
+    assert facts(node_copy).fabric_manager.pids == (1843,)
+
+
+@pytest.mark.parametrize("content", ["77\n", "garbage\n", "", "-1\n"])
+def test_a_stale_or_garbage_pid_file_falls_back_to_the_scan(node_copy: Path, content: str) -> None:
+    write(node_copy, "/run/nvidia-fabricmanager/nv-fabricmanager.pid", content)
+    manager = facts(node_copy).fabric_manager
+    assert manager.pids == (1843,) and manager.listening == "127.0.0.1:6666 (/proc/net/tcp:4)"
+    stop_fabric_manager(node_copy, socket=False)
+    assert facts(node_copy).fabric_manager.pids == ()
+
+
+def test_no_fabric_manager_is_looked_for_where_none_runs(gb200: Path) -> None:
+    """PCIe boards (every GPU's fabric "not supported", no NVSwitch) and GB200/GB300 trays run no
+    fabric manager: a prolog does not read every process's name for it."""
+    assert "multi-node NVLink fabric" in facts(gb200).fabric_manager.not_looked_for
+    edit_fabric(gb200, {str(i): {"result": {**HEALTHY, "state": 0}} for i in range(4)})
+    manager = facts(gb200).fabric_manager
+    assert "'not supported'" in manager.not_looked_for and not manager.running
+    with pytest.raises(NotApplicable):
+        verdicts(gb200)
+
+
+def test_nvl006_runs_in_the_prolog(run_cli: Any, node_copy: Path) -> None:
+    answers = {str(i): {"result": HEALTHY} for i in range(8)}
+    answers["6"] = {"result": {**HEALTHY, "state": 1}}
+    edit_fabric(node_copy, answers)
+    stop_fabric_manager(node_copy)
+    result = run_cli("node", "--root", str(node_copy), "--profile", "prolog", "--select", "NVL", "--format", "json")
+    found = sorted((f["id"], f["status"], f["subject"]) for f in json.loads(result.stdout)["findings"])
+    assert ("NVL006", "present", "fabric manager") in found and ("NVL006", "present", "GPU6") in found
+    assert not any(ref == "NVL004" for ref, _, _ in found)
