@@ -287,13 +287,21 @@ def probe_fabric(fs: NodeFS, nvml: Nvml) -> FabricFacts:
     try:
         count = nvml.call("nvmlDeviceGetCount")
     except NvmlError as error:
-        return FabricFacts(nvswitches, (), error.code, _fabric_manager(FactReader(fs)), tuple(reader.problems), unclassified, len(nvidia))
+        return FabricFacts(nvswitches, (), error.code, _manager_without_nvml(fs, nvswitches), tuple(reader.problems), unclassified, len(nvidia))
     if not isinstance(count, int) or count < 0:  # a damaged recording, not "no GPUs"
-        return FabricFacts(nvswitches, (), "NVML_UNEXPECTED_ANSWER", _fabric_manager(FactReader(fs)), tuple(reader.problems), unclassified, len(nvidia))
+        return FabricFacts(nvswitches, (), "NVML_UNEXPECTED_ANSWER", _manager_without_nvml(fs, nvswitches), tuple(reader.problems), unclassified, len(nvidia))
     gpus = tuple(_gpu_fabric(nvml, index) for index in range(count))
     outside = _outside_any_switch_fabric(nvswitches, gpus)
     manager = FabricManager((), None, None, None, None, (), not_looked_for=outside) if outside else _fabric_manager(FactReader(fs))
     return FabricFacts(nvswitches, gpus, "", manager, tuple(reader.problems), unclassified, len(nvidia))
+
+
+def _manager_without_nvml(fs: NodeFS, nvswitches: tuple[str, ...]) -> FabricManager:
+    """Without NVML, NVL006 judges nothing and NVL004 only NVSwitches on the bus: elsewhere (a
+    host without GPUs, a broken driver on a PCIe board) no process is looked for."""
+    if nvswitches:
+        return _fabric_manager(FactReader(fs))
+    return FabricManager((), None, None, None, None, (), not_looked_for="NVML is unavailable and no NVSwitch is on the PCI bus")
 
 
 def _outside_any_switch_fabric(nvswitches: tuple[str, ...], gpus: tuple[GpuFabric, ...]) -> str:

@@ -304,6 +304,9 @@ def test_no_fabric_manager_is_looked_for_where_none_runs(gb200: Path) -> None:
     assert "'not supported'" in manager.not_looked_for and not manager.running
     with pytest.raises(NotApplicable):
         verdicts(gb200)
+    # Without NVML (a host without GPUs, a broken driver) NVL006 judges nothing: no scan either.
+    (gb200 / ".preflight/nvml.json").unlink()
+    assert "NVML is unavailable" in facts(gb200).fabric_manager.not_looked_for
 
 
 def test_nvl006_runs_in_the_prolog(run_cli: Any, node_copy: Path) -> None:
