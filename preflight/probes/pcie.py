@@ -565,32 +565,34 @@ def _link(reader: FactReader, base: str) -> PcieLink:
     return PcieLink(current, maximum, (texts["current_link_speed"] or "").strip(), (texts["max_link_speed"] or "").strip(), problem)
 
 
-def _bridge(fs: NodeFS, bdf: str) -> Bridge:
+def _config_space(fs: NodeFS, bdf: str) -> bytes | str:
+    """A function's config space, or why it could not be read."""
     path = f"/sys/bus/pci/devices/{bdf}/config"
     try:
         config = fs.read_bytes(path)
     except SourceError as error:
-        return Bridge(bdf, None, f"{path}: {error.reason}")
-    if config is None:
-        return Bridge(bdf, None, f"{path} does not exist")
+        return f"{path}: {error.reason}"
+    return f"{path} does not exist" if config is None else config
+
+
+def _bridge(fs: NodeFS, bdf: str) -> Bridge:
+    config = _config_space(fs, bdf)
+    if isinstance(config, str):
+        return Bridge(bdf, None, config)
     try:
         return Bridge(bdf, parse_acs(config), "")
     except ValueError as error:
-        return Bridge(bdf, None, f"{path}: {error}")
+        return Bridge(bdf, None, f"/sys/bus/pci/devices/{bdf}/config: {error}")
 
 
 def _ats(fs: NodeFS, bdf: str) -> AtsReading:
-    path = f"/sys/bus/pci/devices/{bdf}/config"
-    try:
-        config = fs.read_bytes(path)
-    except SourceError as error:
-        return AtsReading(bdf, None, f"{path}: {error.reason}")
-    if config is None:
-        return AtsReading(bdf, None, f"{path} does not exist")
+    config = _config_space(fs, bdf)
+    if isinstance(config, str):
+        return AtsReading(bdf, None, config)
     try:
         enabled, detail = parse_ats(config)
     except ValueError as error:
-        return AtsReading(bdf, None, f"{path}: {error}")
+        return AtsReading(bdf, None, f"/sys/bus/pci/devices/{bdf}/config: {error}")
     return AtsReading(bdf, enabled, detail)
 
 
