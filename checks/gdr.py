@@ -226,6 +226,15 @@ def _gdr_out_of_reach(pcie: PcieFacts | Unread, job: JobFacts | Unread) -> Evide
     )
 
 
+#: GDR001's old-NCCL case as a prolog sees it: the job's LD_LIBRARY_PATH, which may bring a network
+#: plugin that tests GPUDirect RDMA itself, is out of its sight.
+UNSEEN_PLUGIN = Evidence(
+    "job environment", "not visible to a script slurmd runs (prolog, epilog)",
+    "no network plugin on the job's LD_LIBRARY_PATH: a job that loads HPC-X's nccl-rdma-sharp-plugins (which accepts "
+    "nvidia_peermem since its update for NCCL 2.23.4) keeps GPUDirect RDMA",
+)
+
+
 @check("GDR001", profiles=("prolog",), optional=("job", "pcie"))
 def gpudirect_rdma_unavailable(
     gpudirect: GpuDirectFacts, rdma: RdmaFacts, job: JobFacts | Unread, nccl_libs: NcclLibFacts, pcie: PcieFacts | Unread = NOT_GIVEN
@@ -284,6 +293,11 @@ def gpudirect_rdma_unavailable(
                     "since its update for NCCL 2.23.4; older builds do not)",
                     loaded,
                 )
+            elif not isinstance(job, Unread) and job.in_slurmd_script:
+                # A prolog sees slurmd's environment, not the job's: a job that loads HPC-X puts
+                # its network plugin on LD_LIBRARY_PATH, and that plugin accepts nvidia_peermem.
+                yield present(copy.path, release_evidence(copy, PEERMEM_DETECTION), loaded, dmabuf, *dmabuf_off, UNSEEN_PLUGIN,
+                              severity=Severity.WARNING)
             else:
                 yield present(copy.path, release_evidence(copy, PEERMEM_DETECTION), loaded, dmabuf, *dmabuf_off)
         for copy in unnamed:

@@ -326,6 +326,11 @@ def test_gdr001_nvidia_peermem_alone_with_nccl_before_2_23_4(gpudirect: GpuDirec
     [found] = gpudirect_rdma_unavailable(with_peermem, MLX, job(), unnamed)
     assert found.status is Status.UNKNOWN and "not named" in found.reason
     assert list(gpudirect_rdma_unavailable(replace(with_peermem, driver_flavour="open"), MLX, job(), NCCL_2_21)) == []  # DMA-BUF instead
+    # A prolog sees slurmd's environment: a job that loads HPC-X brings a plugin that accepts
+    # nvidia_peermem on its own LD_LIBRARY_PATH, so there the old copy is a warning, not a drain.
+    [found] = gpudirect_rdma_unavailable(with_peermem, MLX, job({"SLURM_SCRIPT_CONTEXT": "prolog_slurmd"}), NCCL_2_21)
+    assert found.severity is Severity.WARNING and found.evidence[-1].source == "job environment"
+    assert found.subject == "/usr/lib/x86_64-linux-gnu/libnccl.so.2.21.5"
 
 
 def pcie_server(gpu_chain: tuple[str, ...], nic_chain: tuple[str, ...], hypervisor: bool | None = False) -> PcieFacts:
