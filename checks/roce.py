@@ -18,7 +18,7 @@ from preflight.model import (
 )
 from preflight.nccl.gdr import DEFAULT_GDR_LEVEL, PATH_RANK, PXN_PEER_LIMIT, gdr_level, within
 from preflight.nccl.gid import nccl_int
-from preflight.nccl.ib import ib_hca_selects, nccl_selection, require_ib_transport_on, selection_unseen
+from preflight.nccl.ib import data_direct_gpus, ib_hca_selects, nccl_selection, require_ib_transport_on, selection_unseen
 from preflight.nccl.releases import require_nccl, version_tuple
 from preflight.probes.job import named_net_plugin, setting_evidence
 from preflight.probes.kernel_log import NOT_READ, KernelLogFacts
@@ -646,7 +646,7 @@ def roce_gpudirect_rdma_not_used(
     pxn_off = (pxn := job.nccl("NCCL_PXN_DISABLE")) is not None and nccl_int(pxn.value, 0) == 1
     nvlinked = _nvlink_everywhere(pcie, nvlink)
     overall = {gpu: kind for gpu, _, kind in pcie.nearest_nic}
-    data_direct = _data_direct_gpus(pcie, job)
+    data_direct = data_direct_gpus(pcie, job)
     for gpu in pcie.gpus:
         if overall.get(gpu.bdf) == "SYS":
             continue  # the nearest RDMA NIC is on the other socket: TOPO005 reports it
@@ -684,16 +684,6 @@ def roce_gpudirect_rdma_not_used(
         if relay and pxn_off:
             evidence.append(setting_evidence(job, "NCCL_PXN_DISABLE", "unset or 0 (PXN relays through an NVLink peer near a NIC)"))
         yield present(f"GPU {gpu.bdf}", *evidence)
-
-
-def _data_direct_gpus(pcie: PcieFacts, job: JobFacts) -> set[str]:
-    """GPUs that share their PCIe switch with a ConnectX-8 Data Direct function, where NCCL's IB
-    transport places the NIC (path PXB) unless NCCL_IB_DATA_DIRECT=0 turns that off
-    (src/transport/net_ib/init.cc: on by default, the Data Direct device alone exposed)."""
-    setting = job.nccl("NCCL_IB_DATA_DIRECT")
-    if setting is not None and nccl_int(setting.value, 1) == 0:
-        return set()
-    return {gpu for gpu, _, _ in pcie.data_direct_pairs}
 
 
 def _gdr_read_off(job: JobFacts) -> Iterator[Observation]:

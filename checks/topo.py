@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # imported where a topology file is parsed: most nodes have n
     from preflight.probes.topo_file import TopoFileFacts
     pass
 from preflight.nccl.gdr import DEFAULT_GDR_LEVEL, gdr_level, within
-from preflight.nccl.ib import FUSION_SINCE, nccl_selection, parse_force_merge, sockets_only
+from preflight.nccl.ib import FUSION_SINCE, data_direct_gpus, nccl_selection, parse_force_merge, sockets_only
 from preflight.nccl.releases import (
     NVLS_SEARCH,
     PCI_SPEED_DETECTION,
@@ -94,7 +94,10 @@ def gpu_hca_cross_numa_gdr(pcie: PcieFacts, job: JobFacts, nccl_libs: NcclLibFac
     setting = job.nccl("NCCL_NET_GDR_LEVEL")
     # Read as ncclGetLevel reads it: exact path names (strcmp, so "phb" is ignored) or old numbers.
     forced = gdr_level(setting.value) if setting else None
+    data_direct = data_direct_gpus(pcie, job)
     for gpu, nic, distance in pcie.nearest_nic:
+        if gpu in data_direct:
+            continue  # NCCL places the NIC at the Data Direct function in this GPU's own switch
         if distance == "UNKNOWN":
             yield undecided(f"GPU {gpu}", f"numa_node of GPU {gpu} or NIC {nic} is not reported on this node of several NUMA nodes with CPUs")
         elif distance == "SYS":

@@ -28,6 +28,7 @@ from preflight.model import NotApplicable, Unread
 from preflight.nccl.gid import nccl_int
 from preflight.probes.job import JobFacts, Setting
 from preflight.probes.nccl_libs import NcclLibFacts
+from preflight.probes.pcie import PcieFacts
 from preflight.probes.rdma import PORT_ACTIVE, RdmaFacts, RdmaPort, ports_unlisted
 
 NCCL_LINK_LAYERS = ("InfiniBand", "Ethernet")
@@ -248,3 +249,13 @@ def parse_force_merge(value: str) -> list[tuple[str, tuple[HcaEntry, ...]]]:
                 break
         groups.append((group, tuple(entries)))
     return groups
+
+
+def data_direct_gpus(pcie: PcieFacts, job: JobFacts) -> set[str]:
+    """GPUs that share their PCIe switch with a ConnectX-8 Data Direct function, where NCCL's IB
+    transport places the NIC (path PXB) unless NCCL_IB_DATA_DIRECT=0 turns that off
+    (src/transport/net_ib/init.cc: on by default, the Data Direct device alone exposed)."""
+    setting = job.nccl("NCCL_IB_DATA_DIRECT")
+    if setting is not None and nccl_int(setting.value, 1) == 0:
+        return set()
+    return {gpu for gpu, _, _ in pcie.data_direct_pairs}

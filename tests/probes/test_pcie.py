@@ -247,6 +247,19 @@ def test_a_grace_trays_data_direct_function_is_the_gpus_nic_with_rdma_topos_mask
     assert [(subject, status) for subject, status, _ in found] == [("bridge 0009:02:00.0", Status.PRESENT)]
 
 
+def test_topo005_takes_the_data_direct_function_as_the_gpus_nic(tmp_path: Path) -> None:
+    """The NIC's own function on another NUMA node is not where NCCL puts the NIC of a GPU with a
+    Data Direct function in its switch: that function is, unless NCCL_IB_DATA_DIRECT=0."""
+    root = grace_data_direct_tree(tmp_path, gpu_port_acs=0x0015, dma_port_acs=0x0019)
+    numa(root, "pci0009:00/0009:00:00.0/0009:01:00.0/0009:02:01.0/0009:04:00.0/0009:05:00.0/0009:06:00.0", 0)
+    numa(root, "pci0000:00/0000:00:00.0/0000:01:00.0/0000:02:00.0/0000:03:00.0", 1)
+    write(root, "/sys/devices/system/node/has_cpu", "0-1\n")
+    for node in ("node0", "node1"):
+        (root / "sys/devices/system/node" / node).mkdir(parents=True, exist_ok=True)
+    assert topo_verdicts(root) == []
+    assert [subject for subject, _ in topo_verdicts(root, {"NCCL_IB_DATA_DIRECT": "0"})] == ["GPU 0009:06:00.0"]
+
+
 def test_unprivileged_config_reads_are_unknown_never_off(tmp_path: Path) -> None:
     found = verdicts(hgx_tree(tmp_path, switch_acs=0x001D, config_size=64))
     assert found and all(status is Status.UNKNOWN and "needs CAP_SYS_ADMIN" in text for _, status, text in found)
