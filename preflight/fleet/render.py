@@ -23,7 +23,7 @@ from preflight.hostlist import number_runs
 from preflight.text import printable as _printable
 
 FLEET_SCHEMA = "preflight-fleet/1"
-_NUMBERED = re.compile(r"^(.*?)(\d+)$")
+_NUMBERED = re.compile(r"^([^.]*?)(\d+)(\..*)?$")  # the short name's closing number, then any domain
 _HOSTS_SHOWN = 120  # characters of a host list in a table cell
 
 
@@ -33,22 +33,23 @@ def printable(value: str, limit: int = 200) -> str:
 
 
 def compress_hosts(hosts: Iterable[str]) -> str:
-    """``gpu001 gpu002 gpu003 gpu007 login`` -> ``gpu[001-003,007],login`` (Slurm hostlist)."""
-    runs: dict[tuple[str, int], list[int]] = {}
+    """``gpu001 gpu002 gpu003 gpu007 login`` -> ``gpu[001-003,007],login`` (Slurm hostlist); fully
+    qualified names fold on their short name's number: ``gpu[01-02].dc1.example``."""
+    runs: dict[tuple[str, int, str], list[int]] = {}
     plain: list[str] = []
     for host in sorted(set(hosts)):
         match = _NUMBERED.match(host)
         if match:
-            prefix, digits = match.groups()
-            runs.setdefault((prefix, len(digits)), []).append(int(digits))
+            prefix, digits, domain = match.groups()
+            runs.setdefault((prefix, len(digits), domain or ""), []).append(int(digits))
         else:
             plain.append(host)
     items = list(plain)
-    for (prefix, width), numbers in runs.items():
+    for (prefix, width, suffix), numbers in runs.items():
         numbers.sort()
         ranges = [f"{start:0{width}d}" if start == end else f"{start:0{width}d}-{end:0{width}d}" for start, end in number_runs(numbers)]
         single = len(numbers) == 1
-        items.append(f"{prefix}{numbers[0]:0{width}d}" if single else f"{prefix}[{','.join(ranges)}]")
+        items.append(f"{prefix}{numbers[0]:0{width}d}{suffix}" if single else f"{prefix}[{','.join(ranges)}]{suffix}")
     return ",".join(sorted(items))
 
 

@@ -20,6 +20,7 @@ from preflight.exitcodes import ExitCode
 from preflight.fleet import audit, run_fleet
 from preflight.fleet.compare import ODD, SAME, TIE, fleet_exit_code
 from preflight.fleet.facts import FACTS, Fact, extract_all
+from preflight.hostlist import expand
 from preflight.fleet.render import compress_hosts, fleet_json, render_table
 
 GOLDEN = json.loads((REPO / "tests" / "golden" / "hgx-h100.json").read_text())
@@ -396,6 +397,10 @@ def test_fact_table_keys_and_labels_are_unique() -> None:
 
 def test_compress_hosts() -> None:
     assert compress_hosts(["gpu003", "gpu001", "gpu002", "gpu007", "login", "gpu1"]) == "gpu1,gpu[001-003,007],login"
+    fqdn = ["gpu02.dc1.example", "gpu01.dc1.example", "gpu03.dc2.example", "gpu04.dc1.example"]
+    folded = compress_hosts(fqdn)
+    assert folded == "gpu03.dc2.example,gpu[01-02,04].dc1.example"
+    assert sorted(expand(folded)) == sorted(fqdn)  # the fold is a Slurm hostlist that expands back
     assert compress_hosts(["a9", "a10", "a11"]) == "a9,a[10-11]"  # widths differ: not one zero-padded range
 
 
