@@ -359,6 +359,8 @@ def _fabric_manager_running(facts: Any) -> str | None:
     manager = at(facts, "fabric", "fabric_manager")
     if manager is None:
         return None
+    if at(manager, "not_looked_for"):
+        return "not looked for"  # no NVSwitch fabric on this node: none runs here
     return flag(bool(manager.pids) or manager.listening is not None)
 
 
@@ -374,6 +376,30 @@ def _active_nvlinks(facts: Any) -> str | None:
             return None  # a GPU whose links could not be read
         counts.append(f"GPU{index} {active}")
     return ", ".join(counts) if counts else NONE
+
+
+def _ecc_modes(facts: Any) -> str | None:
+    """``on`` (every GPU's ECC enabled, nothing pending), else each GPU's: a GPU switched off with
+    ``nvidia-smi -e 0``, or one whose change waits for a reset, stands out against its class.
+    GPUs without ECC (NVML's NOT_SUPPORTED) read ``n/a``; another NVML error leaves it unknown."""
+    gpus = at(facts, "gpu_health", "gpus")
+    if gpus is None:
+        return None
+    modes = []
+    for gpu in gpus:
+        index, error = at(gpu, "index"), at(gpu, "ecc_mode_error")
+        current, pending = at(gpu, "ecc_current"), at(gpu, "ecc_pending")
+        if error == "NVML_ERROR_NOT_SUPPORTED":
+            modes.append((index, "n/a"))
+        elif error or index is None or current is None:
+            return None
+        else:
+            mode = "on" if current else "off"
+            modes.append((index, mode if pending is None or pending == current else f"{mode} (pending {'on' if pending else 'off'})"))
+    if not modes:
+        return NONE
+    shown = {mode for _, mode in modes}
+    return shown.pop() if len(shown) == 1 else ", ".join(f"GPU{index} {mode}" for index, mode in modes)
 
 
 def _acs_redirect(facts: Any) -> str | None:
@@ -428,6 +454,8 @@ FACTS: tuple[Fact, ...] = (
     Fact("nvswitches", "NVSwitches", ("fabric.nvswitches",), lambda f: count(at(f, "fabric", "nvswitches"))),
     Fact("fabric_manager", "Fabric manager running", ("fabric.fabric_manager",), _fabric_manager_running),
     Fact("nvlinks_active", "Active NVLinks per GPU", ("nvlink.gpus.index", "nvlink.gpus.active_count"), _active_nvlinks),
+    Fact("ecc_mode", "GPU ECC mode", ("gpu_health.gpus.index", "gpu_health.gpus.ecc_current", "gpu_health.gpus.ecc_pending",
+                                      "gpu_health.gpus.ecc_mode_error"), _ecc_modes),
 )
 
 #: The part of a report's ``facts`` the audit decodes: what the hardware class and FACTS read.

@@ -150,6 +150,9 @@ def test_an_agreeing_clean_fleet_exits_zero_and_lists_nothing_odd(tmp_path: Path
         ("fabric_manager", lambda d: d["facts"]["fabric"]["fabric_manager"].update(pids=[], listening=None), "no"),
         ("nvlinks_active", lambda d: d["facts"]["nvlink"]["gpus"][5].update(active_count=12),
          "GPU0 18, GPU1 18, GPU2 18, GPU3 18, GPU4 18, GPU5 12, GPU6 18, GPU7 18"),
+        ("ecc_mode", lambda d: d["facts"]["gpu_health"]["gpus"][2].update(ecc_current=False, ecc_pending=False),
+         "GPU0 on, GPU1 on, GPU2 off, GPU3 on, GPU4 on, GPU5 on, GPU6 on, GPU7 on"),
+        ("ecc_mode", lambda d: [gpu.update(ecc_pending=False) for gpu in d["facts"]["gpu_health"]["gpus"]], "on (pending off)"),
     ],
 )
 def test_each_compared_fact_flags_the_node_that_differs(tmp_path: Path, key: str, change: Any, odd_value: str) -> None:
