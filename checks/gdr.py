@@ -96,6 +96,11 @@ def _bar1_observations(bar1: Bar1Facts, gpus: GpuFacts) -> Iterator[Observation]
                 # The same window NVML would have reported, so the same warning as below.
                 aperture = Evidence(f"/sys/bus/pci/devices/{gpu.bus_id}/resource", f"BAR1 aperture {format_size(gpu.aperture)}", "more than 256 MiB")
                 yield present(subject, aperture, severity=Severity.WARNING, fix=SMALL_BAR1_FIX)
+            elif gpu.error == "NVML_ERROR_NO_PERMISSION" and gpu.index in gpus.mig_indices:
+                # nvml.h: in MIG mode the parent's handle answers the aggregate only to a privileged
+                # caller; each instance's BAR1 is asked through its own MIG handle.
+                yield undecided(subject, "the GPU is in MIG mode, where NVML reports the parent GPU's aggregate BAR1 only to a "
+                                         "privileged caller (NVML_ERROR_NO_PERMISSION); its instances' BAR1 is not read here")
             else:
                 yield undecided(subject, f"NVML does not report BAR1 for a GPU that has one ({gpu.error or 'no size'})")
             continue

@@ -6,8 +6,10 @@ import re
 from typing import TYPE_CHECKING
 
 from msgspec import Struct
+from msgspec.structs import replace
 
 from preflight.model import (
+    NOT_GIVEN,
     Evidence,
     NotApplicable,
     Observation,
@@ -491,19 +493,35 @@ def _p2p_unknown(p2p: PcieP2pFacts | Unread) -> str:
     return "nvmlDeviceGetP2PStatus did not answer for every GPU of the pair"
 
 
-@check("PCI003", profiles=("prolog",), optional=("pcie_p2p", "job"))
-def p2p_transfers_hang_or_fault(pcie: PcieFacts, pcie_p2p: PcieP2pFacts | Unread, job: JobFacts | Unread) -> Iterator[Observation]:
+@check("PCI003", profiles=("prolog",), optional=("pcie_p2p", "job", "gpus"))
+def p2p_transfers_hang_or_fault(pcie: PcieFacts, pcie_p2p: PcieP2pFacts | Unread, job: JobFacts | Unread,
+                                gpus: GpuFacts | Unread = NOT_GIVEN) -> Iterator[Observation]:
     """ACS redirect on a bridge between two GPUs, or an IOMMU translating the GPUs' DMA, on bare
     metal without NVSwitches, where the driver offers P2P over PCIe between those GPUs (and, for
-    the IOMMU, NCCL's P2P level reaches their path)."""
-    yield from _on_bare_metal(pcie, _gpu_gpu_blockers(pcie, pcie_p2p, job))
+    the IOMMU, NCCL's P2P level reaches their path); GPUs in MIG mode do no peer-to-peer."""
+    mig = _mig_gpus(gpus)
+    if mig:
+        pcie = replace(pcie, gpus=tuple(gpu for gpu in pcie.gpus if gpu.bdf not in mig),
+                       gpu_pairs=tuple(pair for pair in pcie.gpu_pairs if not {pair[0], pair[1]} & mig))
+    yield from _on_bare_metal(pcie, _gpu_gpu_blockers(pcie, pcie_p2p, job, len(mig)))
 
 
-def _gpu_gpu_blockers(pcie: PcieFacts, pcie_p2p: PcieP2pFacts | Unread, job: JobFacts | Unread) -> Iterator[Observation]:
+def _mig_gpus(gpus: GpuFacts | Unread) -> set[str]:
+    """PCI addresses of the GPUs in MIG mode: MIG's user guide supports peer-to-peer only between
+    instances of one GPU, so such a GPU sends no peer traffic over PCIe or NVLink."""
+    if isinstance(gpus, Unread):
+        return set()
+    return {device.bus_id for device in gpus.devices if device.mig and device.bus_id}
+
+
+def _gpu_gpu_blockers(pcie: PcieFacts, pcie_p2p: PcieP2pFacts | Unread, job: JobFacts | Unread, in_mig: int = 0) -> Iterator[Observation]:
     unclassified = unclassified_reason(pcie)
     if len(pcie.gpus) < 2:
         if unclassified:
             raise Unknown(unclassified)
+        if in_mig:
+            raise NotApplicable(f"{in_mig} GPU(s) in MIG mode, which do no peer-to-peer over PCIe or NVLink, and "
+                                f"{len(pcie.gpus)} other: no GPU peer-to-peer traffic inside the node")
         raise NotApplicable("fewer than two NVIDIA GPUs: no GPU peer-to-peer traffic inside the node")
     if unclassified:
         yield undecided("PCI devices", unclassified)

@@ -209,3 +209,16 @@ def test_without_nvml_answers(node_copy: Path) -> None:
             (node_copy / "sys/bus/pci/devices" / bdf).unlink()
     with pytest.raises(NotApplicable, match="no NVIDIA GPUs.*DRIVER_NOT_LOADED"):
         verdicts(node_copy)
+
+
+def test_a_mig_parent_whose_aggregate_bar1_needs_privilege_says_so(node_copy: Path) -> None:
+    """nvml.h: in MIG mode the parent's handle reports the aggregate BAR1 only to a privileged
+    caller; a job step's NO_PERMISSION there is MIG's rule, not a GPU without BAR1."""
+    def mig_step(calls: dict[str, Any]) -> None:
+        calls["nvmlDeviceGetBAR1MemoryInfo"] = {str(i): {"error": "NVML_ERROR_NO_PERMISSION"} for i in range(8)}
+        calls["nvmlDeviceGetMigMode"] = {str(i): {"result": [1, 1] if i == 0 else [0, 0]} for i in range(8)}
+
+    edit_nvml(node_copy, mig_step)
+    found = dict((subject, (status, text)) for subject, status, text in verdicts(node_copy))
+    assert found["GPU0"][0] is Status.UNKNOWN and "in MIG mode" in found["GPU0"][1] and "privileged caller" in found["GPU0"][1]
+    assert "NVML does not report BAR1" in found["GPU1"][1]  # a whole GPU that refuses is another matter

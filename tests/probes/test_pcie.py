@@ -587,6 +587,25 @@ def test_pci003_acs_on_a_gpu_only_path_is_not_pci001() -> None:
     assert unknown.status is Status.UNKNOWN and "permission denied" in unknown.reason
 
 
+def test_pci003_leaves_out_gpus_in_mig_mode() -> None:
+    """MIG's user guide: peer-to-peer only between instances of one GPU, so a GPU in MIG mode sends
+    nothing over PCIe, and the redirect between two such GPUs hurts no traffic."""
+    from preflight.probes.gpus import GpuFacts, NvmlDevice
+
+    redirect = tuple(Bridge(bdf, AcsRegisters(0x5F, 0x001D), "") for bdf in GPU_PATH)
+    both = facts(TWO_GPUS, (), redirect, ((TWO_GPUS[0].bdf, TWO_GPUS[1].bdf, GPU_PATH),))
+
+    def gpus(*mig: bool) -> GpuFacts:
+        devices = tuple(NvmlDevice(i, "NVIDIA A100-SXM4-80GB", gpu.bdf, f"GPU-{i}", "", mig[i]) for i, gpu in enumerate(TWO_GPUS))
+        return GpuFacts(tuple(gpu.bdf for gpu in TWO_GPUS), "", "", "535.183.01", devices, ())
+
+    assert [o.subject for o in p2p_transfers_hang_or_fault(both, offered(both), NO_JOB, gpus(False, False))] != []
+    with pytest.raises(NotApplicable, match="1 GPU\\(s\\) in MIG mode"):
+        list(p2p_transfers_hang_or_fault(both, offered(both), NO_JOB, gpus(True, False)))
+    with pytest.raises(NotApplicable, match="2 GPU\\(s\\) in MIG mode"):
+        list(p2p_transfers_hang_or_fault(both, offered(both), NO_JOB, gpus(True, True)))
+
+
 def test_pci003_iommu_domain_types() -> None:
     """A translating IOMMU meets GPU traffic only where NCCL uses P2P (ncclTopoCheckP2p,
     paths.cc@v2.30.7-1): by default up to PXB, two GPUs under one PCIe switch. GPUs on separate
