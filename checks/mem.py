@@ -208,9 +208,16 @@ def _limit_waived(memlock: MemlockFacts, job: JobFacts) -> bool | None:
     and a script slurmd runs has slurmd's rights, not the job's. None: whether it holds the
     right is not known (/proc/self/status, or the namespace of a capability held, unread)."""
     exemption = memlock.exemption
-    if job.in_slurmd_script or (exemption is not None and exemption.full_root and not job.in_job_process):
+    if job.in_slurmd_script or (exemption is not None and exemption.full_root and not job.in_job_process and not _jobs_container(memlock)):
         return False
     return None if exemption is None else exemption.ipc_lock
+
+
+def _jobs_container(memlock: MemlockFacts) -> bool:
+    """A full-root process in a container on a node where no slurmd starts jobs: a privileged
+    container (vLLM's multi-node recipe runs Ray with --privileged) is where its workloads run, with
+    this process's limit and its rights, not an operator's shell on the host."""
+    return bool(memlock.container) and not _slurmd_decides(memlock)
 
 
 def _waiver_unknown(memlock: MemlockFacts) -> str:
@@ -230,7 +237,7 @@ def _process_limit_is_jobs(memlock: MemlockFacts, job: JobFacts) -> bool:
         return True
     if _slurmd_decides(memlock):
         return False
-    return not (memlock.exemption is not None and memlock.exemption.full_root)
+    return not (memlock.exemption is not None and memlock.exemption.full_root) or _jobs_container(memlock)
 
 
 def _slurmd_decides(memlock: MemlockFacts) -> bool:

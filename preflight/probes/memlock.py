@@ -27,7 +27,7 @@ import re
 
 from msgspec import Struct
 
-from preflight.probing import FactReader
+from preflight.probing import CONTAINER_MARKERS, FactReader
 from preflight.registry import probe
 from preflight.slurm_conf import find_job_slurm_conf, find_slurmd
 from preflight.slurm_conf import propagated as propagated_limit
@@ -89,6 +89,10 @@ class MemlockFacts(Struct, frozen=True):
     # slurmd runs as systemd's slurmd.service (its /proc/<pid>/cgroup names the unit), False where
     # something else starts it (supervisord in a Slinky pod, a shell), None when unread or no slurmd
     slurmd_systemd: bool | None = None
+    # For a full-root process only: the container marker it runs beside ("/.dockerenv"), "" where
+    # none is there (or the process is not full root), None where one could not be looked for.
+    # A privileged container is where its workloads run, with the same limit and the same rights.
+    container: str | None = ""
 
 
 def parse_limits_memlock(text: str, source: str) -> Limit | None:
@@ -293,6 +297,7 @@ def probe_memlock(fs: NodeFS) -> MemlockFacts:
     slurm_conf = conf.path if conf is not None else None
     meminfo = reader.text("/proc/meminfo")
     rdma = reader.listing("/sys/class/infiniband")
+    exemption = _read_exemption(FactReader(fs))
     return MemlockFacts(
         process=process,
         slurmd_pid=slurmd_pid,
@@ -308,9 +313,22 @@ def probe_memlock(fs: NodeFS) -> MemlockFacts:
         rdma_devices=None if rdma is None else tuple(rdma),
         problems=tuple(reader.problems),
         # Read apart: an unreadable status leaves the exemption unknown, never a limit unknown.
-        exemption=_read_exemption(FactReader(fs)),
+        exemption=exemption,
         slurmd_systemd=_under_systemd(FactReader(fs), slurmd_pid) if slurmd_pid is not None else None,
+        container=_container_marker(FactReader(fs)) if exemption is not None and exemption.full_root else "",
     )
+
+
+def _container_marker(reader: FactReader) -> str | None:
+    """The first container marker present (systemd's, Docker's, Podman's), "" where none is, None
+    where one could not be looked for."""
+    for marker in CONTAINER_MARKERS:
+        there = reader.presence(marker)
+        if there is None:
+            return None
+        if there:
+            return marker
+    return ""
 
 
 def _under_systemd(reader: FactReader, pid: int) -> bool | None:

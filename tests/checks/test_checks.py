@@ -754,3 +754,20 @@ def test_mem001_a_root_shell_outside_any_job_on_a_node_without_slurmd(memlock: M
     # memlock: limits.conf(5) leaves root out of "*", so root's cron keeps the default, the users' ranks do not.
     users = (PamLimit("*", "soft", UNLIMITED, "/etc/security/limits.d/rdma.conf:1"), PamLimit("*", "hard", UNLIMITED, "/etc/security/limits.d/rdma.conf:2"))
     assert list(memlock_limit_too_low(replace(low, exemption=shell, pam_limits=users), job(), Expectations())) == []
+    # The same root process in a privileged container (vLLM's multi-node recipe runs Ray with
+    # --privileged): the container is where the workloads run, with its limit and its rights, and
+    # CAP_IPC_LOCK lifts the limit for their registrations.
+    assert list(memlock_limit_too_low(replace(low, exemption=shell, container="/.dockerenv"), job(), Expectations())) == []
+    [found] = memlock_limit_too_low(replace(low, exemption=shell, container=None), job(), Expectations())
+    assert found.severity is Severity.WARNING  # whether it is a container was not read: as on the host
+
+
+def test_memlock_probe_looks_for_a_container_only_for_a_full_root_process(node_copy: Path) -> None:
+    status = node_copy / "proc/self/status"
+    status.write_text("Name:\tpython\nUid:\t0\t0\t0\t0\nCapEff:\t000001ffffffffff\n")
+    (node_copy / "proc/self/uid_map").write_text("         0          0 4294967295\n")
+    assert probe_memlock(NodeFS(str(node_copy))).container == ""
+    (node_copy / ".dockerenv").write_text("")
+    assert probe_memlock(NodeFS(str(node_copy))).container == "/.dockerenv"
+    status.write_text("Name:\tpython\nUid:\t1001\t1001\t1001\t1001\nCapEff:\t0000000000000000\n")
+    assert probe_memlock(NodeFS(str(node_copy))).container == ""  # not full root: not asked
