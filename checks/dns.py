@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 from typing import TYPE_CHECKING
 
 from preflight.model import Evidence, Observation, Severity, present, undecided
@@ -59,8 +60,17 @@ def _reverse_mismatches(lookup: NameLookup) -> list[Evidence]:
     return [
         Evidence(f"DNS PTR {answer.name}", ", ".join(answer.names), f"{lookup.name} (forward and reverse agree)")
         for answer in lookup.reverse
-        if answer.names and not any(same_host(target, lookup.name) for target in answer.names)
+        if answer.names and not any(same_host(target, lookup.name) or _names_the_address(target, answer.name) for target in answer.names)
     ]
+
+
+def _names_the_address(target: str, address: str) -> bool:
+    """A PTR name made from the address itself, as a cloud's DNS answers for every private address
+    (AWS's ``ip-10-1-42-17.ec2.internal``, and ``10-1-42-17.<zone>`` names): it names the address,
+    not another host, so it is no disagreement with the node's own name."""
+    dashed = address.lower().replace(".", "-").replace(":", "-")
+    first = target.split(".", 1)[0].lower()
+    return len(dashed) > 6 and re.search(rf"(?<![0-9a-f]){re.escape(dashed)}(?![0-9a-f])", first) is not None
 
 
 DNS_SERVICES = ("dns", "resolve")  # nsswitch.conf services that ask the nameservers

@@ -603,3 +603,21 @@ def test_the_rendezvous_host_of_a_kubeflow_job() -> None:
     assert rendezvous_host({}) == ("", "")
     environ = parse_environ(b"PET_RDZV_ENDPOINT=train-worker-0:23456\0PET_NNODES=2:4\0")
     assert collect_peers(environ, "", (), "train-worker-1") == ({"train-worker-0": ["PET_RDZV_ENDPOINT"]}, [])
+
+
+def test_a_ptr_made_from_the_address_is_no_disagreement() -> None:
+    """A cloud's DNS names every private address after itself (AWS: ip-10-1-42-17.ec2.internal),
+    while ParallelCluster names the node after its Slurm node: that PTR names the address, not
+    another host. A PTR naming another host still disagrees."""
+    from types import SimpleNamespace
+
+    from preflight.checks.dns import _names_the_address, _reverse_mismatches
+
+    assert _names_the_address("ip-10-1-42-17.ec2.internal.", "10.1.42.17")
+    assert _names_the_address("10-1-42-17.gpu.example.", "10.1.42.17")
+    assert not _names_the_address("gpu99.test.cluster.", "10.0.0.2")
+    assert not _names_the_address("ip-10-1-42-170.ec2.internal.", "10.1.42.1")  # another address that begins alike
+    lookup = SimpleNamespace(name="p6-b200-st-p6-1", reverse=[SimpleNamespace(name="10.1.42.17", names=["ip-10-1-42-17.ec2.internal."])])
+    assert _reverse_mismatches(lookup) == []
+    other = SimpleNamespace(name="gpu02", reverse=[SimpleNamespace(name="10.0.0.2", names=["gpu99.test.cluster."])])
+    assert [e.observed for e in _reverse_mismatches(other)] == ["gpu99.test.cluster."]
