@@ -306,6 +306,17 @@ def _torch_bypass(copies: list[NcclCopy], frameworks: FrameworkFacts) -> tuple[s
     return reason, own
 
 
+def _shadowing_job_copy(copies: list[NcclCopy]) -> str:
+    """Why the system's copies are not what the job loads, "" where they may be: a directory of
+    the job's LD_LIBRARY_PATH (or its LD_PRELOAD) gives libnccl.so.2, which the loader takes before
+    the system's directories (ld.so(8)), as Google's A3 scripts put gIB's own NCCL first."""
+    job = next((copy for copy in copies if copy.origin == "job" and not copy.unreached), None)
+    if job is None:
+        return ""
+    return (f"the job's LD_LIBRARY_PATH or LD_PRELOAD reaches {job.path} first, which the loader takes before the "
+            "system's directories; only a program whose own DT_RPATH names a system directory loads this copy")
+
+
 @probe("nccl_libs", gather_in=("full",))
 def probe_nccl_libs(fs: NodeFS, frameworks: FrameworkFacts | None = None) -> NcclLibFacts:
     """Every libnccl in the system library path, in Python environments and in the places the
@@ -329,5 +340,8 @@ def probe_nccl_libs(fs: NodeFS, frameworks: FrameworkFacts | None = None) -> Ncc
     bypass, own = _torch_bypass(copies, frameworks) if frameworks is not None else ("", set())
     if bypass:
         copies = [copy if copy.origin == "job" or copy.path in own else replace(copy, bypassed=bypass) for copy in copies]
+    shadow = _shadowing_job_copy(copies)
+    if shadow:
+        copies = [replace(copy, bypassed=shadow) if copy.origin == "system" and not copy.bypassed else copy for copy in copies]
     # LD_LIBRARY_PATH comes before the system's directories in the loader's order.
     return NcclLibFacts(tuple(copies), tuple(reader.problems), net_plugins=tuple(job_plugins + system_plugins))

@@ -165,6 +165,28 @@ def test_a_copy_only_the_jobs_library_path_reaches_is_judged(tmp_path: Path) -> 
     assert [subject for subject, _ in verdicts(root, "NCCL012")] == ["/var/lib/tcpx/lib64/libnccl.so.2.27.3"]
 
 
+def test_a_copy_on_the_jobs_library_path_shadows_the_systems(tmp_path: Path) -> None:
+    """Google's A3 Ultra script puts gIB's own libnccl.so.2 first on LD_LIBRARY_PATH inside an NGC
+    container whose system NCCL is older: the loader takes the job's copy before the system's
+    directories, so the system copy's release bugs are information, the job copy's stay."""
+    root = bare_node(tmp_path)
+    write(root, "/usr/lib/x86_64-linux-gnu/libnccl.so.2.22.3", b"")
+    os.symlink("libnccl.so.2.22.3", root / "usr/lib/x86_64-linux-gnu/libnccl.so.2")
+    write(root, "/usr/local/gib/lib64/libnccl.so.2.27.7", b"")
+    os.symlink("libnccl.so.2.27.7", root / "usr/local/gib/lib64/libnccl.so.2")
+    facts = probe_nccl_libs(NodeFS(str(root)))
+    assert [(c.origin, c.bypassed) for c in facts.copies] == [("system", "")]  # no job environment: the system's is loaded
+    environ(root, LD_LIBRARY_PATH="/usr/local/gib/lib64:/usr/local/nvidia/lib64")
+    copies = {c.origin: c for c in probe_nccl_libs(NodeFS(str(root))).copies}
+    assert "/usr/local/gib/lib64/libnccl.so.2.27.7 first" in copies["system"].bypassed and copies["job"].bypassed == ""
+    from preflight.nccl.releases import KnownBug, release_findings
+    from preflight.model import Severity
+
+    bug = KnownBug("SOCK002", "2.22.0", "2.23.4", "a bug of 2.22")
+    found = {o.subject: o.severity for o in release_findings(probe_nccl_libs(NodeFS(str(root))), bug)}
+    assert found == {"/usr/lib/x86_64-linux-gnu/libnccl.so.2.22.3": Severity.INFO}
+
+
 def test_a_preloaded_copy_outside_the_library_path_is_found(tmp_path: Path) -> None:
     """LD_PRELOAD may name a libnccl anywhere, through a link whose target names the release."""
     root = bare_node(tmp_path)
