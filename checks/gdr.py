@@ -21,7 +21,7 @@ from preflight.model import (
 from preflight.nccl.gdr import DEFAULT_GDR_LEVEL, PATH_RANK, gdr_level, within
 from preflight.nccl.gid import nccl_int
 from preflight.nccl.ib import plugin_transport, sockets_only
-from preflight.nccl.releases import GDRCOPY_NEEDS_GDRDRV, PEERMEM_DETECTION, affected, release_evidence
+from preflight.nccl.releases import GDRCOPY_NEEDS_GDRDRV, PEERMEM_DETECTION, affected, bypassed_fix, release_evidence
 from preflight.probes.bar1 import MOSTLY_MAPPED
 from preflight.probes.gpudirect import (
     NVIDIA_PEERMEM_VERSION,
@@ -290,7 +290,9 @@ def gpudirect_rdma_unavailable(
         loaded = Evidence(NVIDIA_PEERMEM_VERSION, "present, but no /sys/kernel/mm/memory_peers client", "a memory_peers client (nv_mem), or NCCL 2.23.4 or newer")
         plugin = plugin_transport(job, nccl_libs)
         for copy in old:
-            if plugin:
+            if copy.bypassed:
+                yield present(copy.path, release_evidence(copy, PEERMEM_DETECTION), loaded, severity=Severity.INFO, fix=bypassed_fix(copy))
+            elif plugin:
                 yield undecided(
                     copy.path,
                     f"NCCL {copy.version}'s own InfiniBand transport would report GPUDirect RDMA disabled, but NCCL loads the "

@@ -331,6 +331,10 @@ def test_gdr001_nvidia_peermem_alone_with_nccl_before_2_23_4(gpudirect: GpuDirec
     [found] = gpudirect_rdma_unavailable(with_peermem, MLX, job({"SLURM_SCRIPT_CONTEXT": "prolog_slurmd"}), NCCL_2_21)
     assert found.severity is Severity.WARNING and found.evidence[-1].source == "job environment"
     assert found.subject == "/usr/lib/x86_64-linux-gnu/libnccl.so.2.21.5"
+    # A copy the job does not load (its PyTorch wheel's, or another on its LD_LIBRARY_PATH, comes first): information.
+    bypassed = replace(NCCL_2_21, copies=tuple(replace(copy, bypassed="PyTorch here loads its own wheel") for copy in NCCL_2_21.copies))
+    [found] = gpudirect_rdma_unavailable(with_peermem, MLX, job(), bypassed)
+    assert found.severity is Severity.INFO and "Not what PyTorch loads here" in found.fix
 
 
 def pcie_server(gpu_chain: tuple[str, ...], nic_chain: tuple[str, ...], hypervisor: bool | None = False) -> PcieFacts:
