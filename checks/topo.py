@@ -108,13 +108,19 @@ def gpu_hca_cross_numa_gdr(pcie: PcieFacts, job: JobFacts, nccl_libs: NcclLibFac
                          "a NIC under the GPU's own PCIe switch or root complex"),
             )
         elif setting and forced and within(distance, forced) and not within(distance, DEFAULT_GDR_LEVEL):
-            if distance == "PHB" and pcie.arm_cpu and pcie.memory_only_nodes != 0:
+            if distance == "PHB" and pcie.arm_cpu:
                 # A Grace GPU reaches its socket over NVLink-C2C: NCCL classes that path P2C and,
                 # from 2.27 (NCCL_NET_GDR_C2C), uses GPUDirect RDMA over it by default; forcing PHB
-                # is what older NCCL needs there. Its memory as CPU-less NUMA nodes shows C2C.
+                # is what older NCCL needs there. Its memory as CPU-less NUMA nodes shows C2C; the
+                # driver's own management of that memory (NVreg_CoherentGPUMemoryMode=driver, as
+                # Azure's GB200 image sets) shows none, so no such nodes proves nothing.
                 if pcie.memory_only_nodes is None:
                     yield undecided(f"GPU {gpu}", "an Arm host whose NUMA nodes with CPUs could not be read: whether the GPU "
                                                   "attaches over NVLink-C2C (a path NCCL classes P2C) is not known")
+                elif pcie.memory_only_nodes == 0:
+                    yield undecided(f"GPU {gpu}", "an Arm host: a Grace GPU reaches its CPU over NVLink-C2C (a path NCCL classes P2C, "
+                                                  "where forcing PHB is right), and one whose memory the driver manages shows no "
+                                                  "NUMA node of its own, so whether this GPU attaches that way is not known")
                 continue
             hidden = _switches_hidden(pcie, gpu, nic)
             if hidden and job.nccl("NCCL_TOPO_FILE") is not None:

@@ -14,6 +14,8 @@ systemd-detect-virt reads them (``src/basic/virt.c``):
   version) that start with a name hypervisors give their guests. ``Amazon EC2`` names AWS's
   virtual machines and its bare-metal ``.metal`` instances alike: the product name tells them
   apart. Azure's Hyper-V guests say ``Microsoft Corporation`` / ``Virtual Machine``;
+* devices on Hyper-V's VMBus (``/sys/bus/vmbus/devices``), which only a Hyper-V guest's kernel
+  enumerates: Azure's Arm guests may give no DMI strings, and their GPUs and NICs hang off VMBus;
 * SMBIOS's "system is a virtual machine" bit (bit 4 of the BIOS characteristics extension byte 2,
   DMTF DSP0134), in ``/sys/firmware/dmi/entries/0-0/raw``, readable by root only. Set, it is
   a guest; clear proves nothing (QEMU with SeaBIOS leaves it clear).
@@ -47,6 +49,9 @@ SMBIOS_TYPE0 = "/sys/firmware/dmi/entries/0-0/raw"
 SMBIOS_VM_BYTE = 0x13  # BIOS characteristics extension byte 2
 SMBIOS_VM_BIT = 1 << 4
 DEVICE_TREE_HYPERVISOR = "/sys/firmware/devicetree/base/hypervisor"
+#: Devices on Hyper-V's VMBus, which only a Hyper-V guest's kernel (hv_vmbus) enumerates; Azure's
+#: GPUs and NICs hang off it through the vPCI bridge (pci-hyperv), on Arm guests too.
+VMBUS_DEVICES = "/sys/bus/vmbus/devices"
 
 
 class Virtualisation(Struct, frozen=True):
@@ -69,6 +74,9 @@ def detect(fs: NodeFS, cpuinfo: str | None) -> Virtualisation:
     guest_dmi = _guest_dmi(dmi)
     if guest_dmi is not None:
         return guest_dmi
+    vmbus = _listing(fs, VMBUS_DEVICES)
+    if vmbus:
+        return Virtualisation(True, f"Hyper-V VMBus devices in {VMBUS_DEVICES} ({len(vmbus)})")
     raw = _read(fs, SMBIOS_TYPE0)
     if raw is not None and len(raw) > SMBIOS_VM_BYTE and raw[1] > SMBIOS_VM_BYTE and raw[SMBIOS_VM_BYTE] & SMBIOS_VM_BIT:
         return Virtualisation(True, f"the SMBIOS virtual-machine bit in {SMBIOS_TYPE0}")
@@ -86,6 +94,14 @@ def _cpu_flags(cpuinfo: str | None) -> set[str] | None:
         if line.startswith("flags"):
             return set(line.partition(":")[2].split())
     return None
+
+
+def _listing(fs: NodeFS, path: str) -> list[str]:
+    """A directory's entries; empty when absent, unreadable or not captured."""
+    try:
+        return fs.listdir(path) or []
+    except SourceError:
+        return []
 
 
 def _read(fs: NodeFS, path: str, max_bytes: int = 64) -> bytes | None:

@@ -299,6 +299,8 @@ def _smbios_type0(vm_bit: bool) -> bytes:
         ("arm", {"/sys/class/dmi/id/sys_vendor": "Amazon EC2\n", "/sys/class/dmi/id/product_name": "g5g.2xlarge\n"}, True, "Amazon EC2"),
         ("arm", {"/sys/class/dmi/id/sys_vendor": "Amazon EC2\n", "/sys/class/dmi/id/product_name": "c6g.metal\n"}, False, "DMI names no hypervisor"),
         ("arm", {"/sys/firmware/devicetree/base/hypervisor/compatible": b"linux,kvm\0"}, True, "linux,kvm"),
+        # An Azure Arm guest (ND GB200 v6) with no DMI strings: its VMBus devices tell.
+        ("arm", {"/sys/bus/vmbus/devices/9dc5b5cd-3c41-4b2f-9a53-36c6f7b5a3d2/class_id": "{44c4f61d-4444-4400-9d52-802e27ede19f}\n"}, True, "VMBus"),
         (None, {}, None, "/proc/cpuinfo unread"),
     ],
 )
@@ -451,8 +453,8 @@ def test_grace_gpu_forced_gdr_over_its_c2c_path_is_not_flagged(tmp_path: Path) -
     """A GH200's GPU and NIC hang off one Grace socket's root ports (PHB in sysfs), but the GPU
     reaches the socket over NVLink-C2C, a path NCCL classes P2C and uses for GPUDirect RDMA (by
     default from 2.27); CSCS tells GH200 users to set NCCL_NET_GDR_LEVEL=PHB for older NCCL.
-    Its HBM shows as CPU-less NUMA nodes; an Arm host without them (PCIe GPUs) is judged as on
-    x86, one whose has_cpu is unreadable is undecided. A one-socket GH200 whose NIC reports no
+    Its HBM shows as CPU-less NUMA nodes; an Arm host without them (PCIe GPUs, or memory the driver
+    manages) and one whose has_cpu is unreadable are undecided. A one-socket GH200 whose NIC reports no
     NUMA node is PHB, not unknown: the GPU memory nodes are not sockets."""
     root = bare_node(tmp_path)
     pci(root, ["0009:01:00.0"], "0x10de", "0x030200")
@@ -464,8 +466,13 @@ def test_grace_gpu_forced_gdr_over_its_c2c_path_is_not_flagged(tmp_path: Path) -
     gdr = {"NCCL_NET_GDR_LEVEL": "PHB"}
     assert probe_pcie(NodeFS(str(root))).nearest_nic == (("0009:01:00.0", "0000:01:00.0", "PHB"),)
     assert topo_verdicts(root, gdr) == []
-    write(root, "/sys/devices/system/node/has_cpu", "0-8\n")  # Arm with PCIe GPUs, no coherent memory
-    assert [s for s, _ in topo_verdicts(root, gdr)] == ["GPU 0009:01:00.0"]
+    # No CPU-less node: Arm with PCIe GPUs, or a Grace GPU whose memory the driver manages
+    # (NVreg_CoherentGPUMemoryMode=driver, Azure's GB200 image): which, is not known.
+    write(root, "/sys/devices/system/node/has_cpu", "0-8\n")
+    for bdf_path in ("pci0009:01/0009:01:00.0", "pci0000:01/0000:01:00.0"):
+        numa(root, bdf_path, 0)  # both on one socket: PHB
+    [found] = gpu_hca_cross_numa_gdr(probe_pcie(NodeFS(str(root))), probe_job(NodeFS(str(root))))
+    assert found.subject == "GPU 0009:01:00.0" and found.status is Status.UNKNOWN and "the driver manages" in found.reason
     write(root, "/sys/devices/system/node/has_cpu", "garbage\n")
     for bdf_path in ("pci0009:01/0009:01:00.0", "pci0000:01/0000:01:00.0"):
         numa(root, bdf_path, 0)  # placed, so the path is PHB whatever the socket count
