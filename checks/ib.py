@@ -552,6 +552,15 @@ def _left_out_by_nccl_ib_hca(job: JobFacts | Unread) -> HcaList | None:
     return parse_nccl_ib_hca(setting.value)
 
 
+#: IB009's fix where the HCAs are on the bus but no RDMA device is registered.
+HCA_WITHOUT_DEVICE_FIX = (
+    "The HCAs' RDMA driver is not loaded or was refused: look in the kernel log (dmesg | grep -E 'mlx5_ib|ib_core|"
+    "disagrees about version|Unknown symbol') and at lsmod | grep -E 'mlx5_ib|ib_core|ib_uverbs'. After an MLNX_OFED or "
+    "DOCA-OFED upgrade, load the new stack with '/etc/init.d/openibd restart' (or reboot); with the kernel's own "
+    "drivers, 'modprobe mlx5_ib'. NCCL finds no device until then ('NET/IB : No device found') and runs on sockets."
+)
+
+
 @check("IB009", profiles=("prolog",), optional=("job", "pkeys"))
 def rdma_stack_or_ports_misconfigured(
     rdma: RdmaFacts,
@@ -566,7 +575,17 @@ def rdma_stack_or_ports_misconfigured(
     administrator disabled is a warning, and so is a port down or slower than its kind while
     neither expect.hcas nor a visible NCCL_IB_HCA names the rails. Where the job sets
     NCCL_IB_PKEY, an index beyond a port's P_Key table or at an empty slot is an error, one where
-    the port is a limited member a warning."""
+    the port is a limited member a warning. InfiniBand controllers on the PCI bus with no RDMA
+    device at all are an error: the RDMA driver is not loaded or was refused."""
+    if rdma.hcas_without_device and not rdma.devices:
+        yield present(
+            "node",
+            Evidence("/sys/bus/pci/devices", f"InfiniBand controllers (class 0x0207): {', '.join(rdma.hcas_without_device[:8])}",
+                     "an RDMA device in /sys/class/infiniband for each"),
+            Evidence(IB_CLASS, "no RDMA device registered"),
+            fix=HCA_WITHOUT_DEVICE_FIX,
+        )
+        return
     require_rdma(rdma)
     yield from _verbs_user_space(verbs)
     yield from unlisted_ports(rdma)

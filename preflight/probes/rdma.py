@@ -205,6 +205,9 @@ class RdmaFacts(Struct, frozen=True):
     # /sys/module/mlx5_core/version: MLNX_OFED/DOCA-OFED's version, "" for a loaded in-tree
     # (inbox) mlx5 without one, None when mlx5_core is not loaded or the file is unreadable
     mlx5_driver_version: str | None = None
+    # Where no RDMA device is registered: InfiniBand controllers (PCI class 0x0207) on the bus that
+    # should have one, physical functions not handed to another driver ("0000:5f:00.0 (mlx5_core)")
+    hcas_without_device: tuple[str, ...] = ()
 
     @property
     def class_unread(self) -> str:
@@ -575,6 +578,7 @@ def probe_rdma(fs: NodeFS) -> RdmaFacts:
         path, _, reason = problem.partition(": ")
         reader.problems.append(Problem(path, reason))
     mlx5_version = _mlx5_driver_version(reader)
+    class_read = not any(problem.path == IB_CLASS for problem in reader.problems)
     return RdmaFacts(
         devices=devices,
         verbs_class_present=verbs_loaded,
@@ -583,7 +587,38 @@ def probe_rdma(fs: NodeFS) -> RdmaFacts:
         job_identity=identity,
         problems=reader.take(),
         mlx5_driver_version=mlx5_version,
+        hcas_without_device=_hcas_without_device(fs) if class_read and not names else (),
     )
+
+
+#: PCI class of an InfiniBand controller (pci_ids.h PCI_CLASS_NETWORK_INFINIBAND, 0x0207)
+INFINIBAND_CLASS = "0x0207"
+#: Drivers that take a function away from the host's RDMA stack on purpose (passed to a VM)
+PASSTHROUGH_DRIVERS = ("vfio-pci", "pci-stub")
+
+
+def _hcas_without_device(fs: NodeFS) -> tuple[str, ...]:
+    """InfiniBand controllers on the PCI bus although no RDMA device is registered: an HCA whose
+    RDMA driver (mlx5_ib over ib_core) is not loaded or was refused, as after an MLNX_OFED upgrade
+    whose modules disagree with the loaded ib_core. An Ethernet ConnectX (class 0x0200) without
+    RDMA is a site's choice and not listed; neither are SR-IOV virtual functions nor functions
+    given to vfio-pci. Read only where no RDMA device exists; the PCI probe reads the same files."""
+    reader = FactReader(fs)
+    found = []
+    for bdf in reader.listing("/sys/bus/pci/devices") or []:
+        base = f"/sys/bus/pci/devices/{bdf}"
+        if not (reader.text(f"{base}/class") or "").strip().startswith(INFINIBAND_CLASS):
+            continue
+        try:
+            if fs.readlink(f"{base}/physfn") is not None:
+                continue
+            driver = fs.readlink(f"{base}/driver")
+        except SourceError:
+            continue
+        name = driver.rstrip("/").rsplit("/", 1)[-1] if driver else ""
+        if name not in PASSTHROUGH_DRIVERS:
+            found.append(f"{bdf} ({name or 'no driver bound'})")
+    return tuple(found)
 
 
 # -- helpers shared by the checks -------------------------------------------------------------

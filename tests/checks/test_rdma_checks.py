@@ -726,3 +726,36 @@ def test_roce002_names_a_passed_over_roce_device_not_an_infiniband_one() -> None
     passed = {"mlx5_0": "mlx5_0 is passed over by NCCL's topology search", "mlx5_12": "mlx5_12 is passed over by NCCL's topology search"}
     reason = _no_roce(facts, nccl_selection(facts, job(), passed))
     assert reason == "no ACTIVE RoCE port NCCL would use: mlx5_12 is passed over by NCCL's topology search"
+
+
+def test_ib009_hcas_on_the_bus_with_no_rdma_device(node_copy: Path) -> None:
+    """After an MLNX_OFED upgrade whose mlx5_ib the loaded ib_core refuses, the ConnectX-7 HCAs
+    (class 0x0207) stay on the bus but /sys/class/infiniband is empty: NCCL finds no device and
+    runs on sockets. A function given to vfio-pci (a VM's) or a virtual function is no such HCA."""
+    import os
+    import shutil
+
+    from preflight.checks.ib import rdma_stack_or_ports_misconfigured
+    from preflight.config import Expectations
+    from preflight.probes.rdma import probe_rdma
+    from preflight.sources import NodeFS
+
+    for entry in (node_copy / "sys/class/infiniband").iterdir():
+        entry.unlink()
+    for function in (node_copy / "sys/devices").rglob("infiniband"):
+        shutil.rmtree(function)
+    hcas = sorted(path.parent for path in (node_copy / "sys/devices").rglob("class") if path.read_text().startswith("0x0207"))
+    assert hcas
+    for hca in hcas:
+        os.symlink("../../../../bus/pci/drivers/mlx5_core", hca / "driver")
+    facts = probe_rdma(NodeFS(str(node_copy)))
+    assert facts.devices == () and len(facts.hcas_without_device) == len(hcas) and "(mlx5_core)" in facts.hcas_without_device[0]
+    [found] = rdma_stack_or_ports_misconfigured(facts, Expectations(), JobFacts({}, "", ()))
+    assert found.status is Status.PRESENT and found.severity is None and "openibd restart" in found.fix
+    for hca in hcas:  # every HCA handed to a virtual machine
+        (hca / "driver").unlink()
+        os.symlink("../../../../bus/pci/drivers/vfio-pci", hca / "driver")
+    facts = probe_rdma(NodeFS(str(node_copy)))
+    assert facts.hcas_without_device == ()
+    with pytest.raises(NotApplicable, match="no RDMA devices"):
+        list(rdma_stack_or_ports_misconfigured(facts, Expectations(), JobFacts({}, "", ())))
