@@ -364,38 +364,46 @@ def _fabric_manager_running(facts: Any) -> str | None:
     return flag(bool(manager.pids) or manager.listening is not None)
 
 
-def _active_nvlinks(facts: Any) -> str | None:
-    """``GPU0 18, GPU1 18, ...``: a GPU that lost links stands out against its siblings' nodes."""
-    gpus = at(facts, "nvlink", "gpus")
+def _per_gpu(facts: Any, probe: str, shown: Callable[[Any], str | None]) -> list[tuple[Any, str]] | None:
+    """(index, what ``shown`` says of it) for each GPU of ``probe``'s facts; None where the probe's
+    GPUs, a GPU's index or what ``shown`` reads of one is unknown."""
+    gpus = at(facts, probe, "gpus")
     if gpus is None:
         return None
-    counts = []
+    values = []
     for gpu in gpus:
-        index, active = at(gpu, "index"), at(gpu, "active_count")
-        if index is None or active is None:
-            return None  # a GPU whose links could not be read
-        counts.append(f"GPU{index} {active}")
-    return ", ".join(counts) if counts else NONE
+        index, value = at(gpu, "index"), shown(gpu)
+        if index is None or value is None:
+            return None
+        values.append((index, value))
+    return values
+
+
+def _active_nvlinks(facts: Any) -> str | None:
+    """``GPU0 18, GPU1 18, ...``: a GPU that lost links stands out against its siblings' nodes."""
+    counts = _per_gpu(facts, "nvlink", lambda gpu: None if (active := at(gpu, "active_count")) is None else str(active))
+    if counts is None:
+        return None
+    return ", ".join(f"GPU{index} {active}" for index, active in counts) if counts else NONE
+
+
+def _ecc_mode(gpu: Any) -> str | None:
+    error, current, pending = at(gpu, "ecc_mode_error"), at(gpu, "ecc_current"), at(gpu, "ecc_pending")
+    if error == "NVML_ERROR_NOT_SUPPORTED":
+        return "n/a"
+    if error or current is None:
+        return None
+    mode = "on" if current else "off"
+    return mode if pending is None or pending == current else f"{mode} (pending {'on' if pending else 'off'})"
 
 
 def _ecc_modes(facts: Any) -> str | None:
     """``on`` (every GPU's ECC enabled, nothing pending), else each GPU's: a GPU switched off with
     ``nvidia-smi -e 0``, or one whose change waits for a reset, stands out against its class.
     GPUs without ECC (NVML's NOT_SUPPORTED) read ``n/a``; another NVML error leaves it unknown."""
-    gpus = at(facts, "gpu_health", "gpus")
-    if gpus is None:
+    modes = _per_gpu(facts, "gpu_health", _ecc_mode)
+    if modes is None:
         return None
-    modes = []
-    for gpu in gpus:
-        index, error = at(gpu, "index"), at(gpu, "ecc_mode_error")
-        current, pending = at(gpu, "ecc_current"), at(gpu, "ecc_pending")
-        if error == "NVML_ERROR_NOT_SUPPORTED":
-            modes.append((index, "n/a"))
-        elif error or index is None or current is None:
-            return None
-        else:
-            mode = "on" if current else "off"
-            modes.append((index, mode if pending is None or pending == current else f"{mode} (pending {'on' if pending else 'off'})"))
     if not modes:
         return NONE
     shown = {mode for _, mode in modes}
