@@ -80,11 +80,14 @@ def _manager_not_seen(fabric: FabricFacts, switches: Evidence, manager: FabricMa
     table (positive evidence, see the fabric probe) and while some GPU's fabric is not completed."""
     if manager.not_looked_for:
         return undecided("fabric manager", f"not looked for: {manager.not_looked_for}")
+    # Beside a completed fabric the manager did its work; whether it still serves NVLS is what
+    # a view that is not the host's cannot tell (a Kubernetes pod, Slurm on Kubernetes).
+    done = "; every GPU reports its NVLink fabric completed with success, which a fabric manager did" if _fabric_completed(fabric) else ""
     if manager.host_view is None:
         return undecided("fabric manager", f"no nv-fabricmanager process seen, but {manager.not_host}: "
-                                           "whether this is the host's process table is not known")
+                                           f"whether this is the host's process table is not known{done}")
     if not manager.host_view:
-        return undecided("fabric manager", f"no nv-fabricmanager process seen, but {manager.not_host}: this is not the host's process table")
+        return undecided("fabric manager", f"no nv-fabricmanager process seen, but {manager.not_host}: this is not the host's process table{done}")
     if _fabric_completed(fabric):
         return undecided("fabric manager", "no nv-fabricmanager process or command socket seen, but every GPU reports its NVLink "
                                            "fabric completed with success (nvmlDeviceGetGpuFabricInfo), which a fabric manager did")

@@ -318,3 +318,13 @@ def test_nvl006_runs_in_the_prolog(run_cli: Any, node_copy: Path) -> None:
     found = sorted((f["id"], f["status"], f["subject"]) for f in json.loads(result.stdout)["findings"])
     assert ("NVL006", "present", "fabric manager") in found and ("NVL006", "present", "GPU6") in found
     assert not any(ref == "NVL004" for ref, _, _ in found)
+
+
+def test_a_view_that_is_not_the_hosts_says_the_fabric_completed(node_copy: Path) -> None:
+    """A Slurm-on-Kubernetes prolog (supervisord as PID 1) beside GPUs whose fabric completed:
+    still unknown, since whether the manager still serves NVLS is out of sight, but the reason
+    says what the GPUs showed."""
+    stop_fabric_manager(node_copy)
+    write(node_copy, "/proc/1/comm", "supervisord\n")
+    [found] = verdicts(node_copy)
+    assert found[1] is Status.UNKNOWN and "PID 1 is supervisord" in found[2] and "fabric completed with success" in found[2]
