@@ -220,6 +220,21 @@ def _entry_findings(rdma: RdmaFacts, selection: Selection) -> Iterator[Observati
             yield from _listed_but_down(hca, entry, matched, selection)
 
 
+#: The fix for an InfiniBand port whose link is up but that the subnet manager has not configured
+#: (INIT or ARMED with LinkUp): IB008 reports the cause; what names or counts the port is right.
+AWAITING_SUBNET_MANAGER_FIX = (
+    "The link is up but the subnet manager has not configured the port (IB008): check the SM (sminfo; on its host "
+    "systemctl status opensm) and force a sweep; the port turns ACTIVE with a LID once it has. Nothing in this "
+    "node's settings needs to change."
+)
+
+
+def awaiting_subnet_manager(port: RdmaPort) -> bool:
+    """An InfiniBand port the subnet manager has yet to configure: its link trained (LinkUp) but
+    its logical state stays INIT or ARMED until the SM sweeps it (IB008's finding)."""
+    return port.link_layer == "InfiniBand" and port.state in (PORT_INIT, PORT_ARMED) and port.phys_state == PHYS_LINK_UP
+
+
 def _listed_but_down(hca: HcaList, entry: HcaEntry, matched: list[RdmaDevice], selection: Selection) -> Iterator[Observation]:
     """Ports an entry names outright (``mlx5_3:1``, or ``mlx5_3`` when no port of it is ACTIVE)
     that NCCL will skip; a family prefix such as ``mlx5`` names no port in particular, and a
@@ -235,6 +250,7 @@ def _listed_but_down(hca: HcaList, entry: HcaEntry, matched: list[RdmaDevice], s
                     port.subject,
                     _setting_evidence(selection.setting),
                     port_evidence(port, "state", "phys_state", expected="4: ACTIVE (NCCL skips other ports)"),
+                    fix=AWAITING_SUBNET_MANAGER_FIX if awaiting_subnet_manager(port) else "",
                 )
 
 
@@ -629,7 +645,8 @@ def rdma_stack_or_ports_misconfigured(
                 port.subject,
                 port_evidence(port, "state", "phys_state", expected="4: ACTIVE, 5: LinkUp"),
                 severity=None if named else Severity.WARNING,
-                fix="" if named else _unnamed_fix(port, "bring its link up (cable, optic, switch port)"),
+                fix=AWAITING_SUBNET_MANAGER_FIX if awaiting_subnet_manager(port)
+                else "" if named else _unnamed_fix(port, "bring its link up (cable, optic, switch port)"),
             )
         elif port.state is None or port.phys_state is None:
             yield undecided(port.subject, port.why("state" if port.state is None else "phys_state"))

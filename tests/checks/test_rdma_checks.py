@@ -759,3 +759,25 @@ def test_ib009_hcas_on_the_bus_with_no_rdma_device(node_copy: Path) -> None:
     assert facts.hcas_without_device == ()
     with pytest.raises(NotApplicable, match="no RDMA devices"):
         list(rdma_stack_or_ports_misconfigured(facts, Expectations(), JobFacts({}, "", ())))
+
+
+def test_a_port_awaiting_the_subnet_manager_gets_the_subnet_managers_fix(node_copy: Path) -> None:
+    """mlx5_3's link trained (LinkUp) but the SM has not swept it (INIT): IB008 names the cause;
+    IB004 (NCCL_IB_HCA names the port) and IB009 (a data port not ACTIVE) report it too, and their
+    fix must point at the SM, not at the node's verbs user space or its NCCL_IB_HCA."""
+    from preflight.config import Expectations
+    from preflight.probes.rdma import probe_rdma
+    from preflight.sources import NodeFS
+
+    port = node_copy / "sys/devices/pci0000:5a/0000:5a:01.0/0000:5c:00.0/0000:5f:00.0/infiniband/mlx5_3/ports/1"
+    (port / "state").write_text("2: INIT\n")
+    facts = probe_rdma(NodeFS(str(node_copy)))
+    hcas = {"NCCL_IB_HCA": "=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1"}
+    ib004 = [o for o in ib_hca_selection_mismatch(facts, job(conf=hcas)) if o.subject == "mlx5_3/1"]
+    ib009 = [o for o in rdma_stack_or_ports_misconfigured(facts, Expectations(), job(conf=hcas)) if o.subject == "mlx5_3/1"]
+    assert ib004 and ib009
+    assert all(o.status is Status.PRESENT and o.fix.startswith("The link is up but the subnet manager") for o in ib004 + ib009)
+    (port / "phys_state").write_text("2: Polling\n")  # no link: a cable or switch port, not the SM
+    facts = probe_rdma(NodeFS(str(node_copy)))
+    ib009 = [o for o in rdma_stack_or_ports_misconfigured(facts, Expectations(), job(conf=hcas)) if o.subject == "mlx5_3/1"]
+    assert ib009 and not ib009[0].fix.startswith("The link is up")
