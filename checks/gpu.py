@@ -176,6 +176,24 @@ CANNOT_ASK_ERRORS = frozenset(
 )
 
 
+#: What to do for the NVML start-up errors whose cause is known, where the reference's general fix
+#: would send an operator the wrong way (a reboot into a kernel that has no module does not help).
+STARTUP_FIXES = {
+    "NVML_ERROR_DRIVER_NOT_LOADED": (
+        "No NVIDIA kernel module is loaded. After a kernel upgrade the driver's module may not be built for the "
+        "running kernel: compare 'uname -r' with 'dkms status' (or the installed linux-modules-nvidia-<branch>-<kernel> "
+        "package), build or install it for this kernel, then 'modprobe nvidia' or reboot; 'dmesg | grep -i nvrm' "
+        "shows a module that refused to load."
+    ),
+    "NVML_ERROR_LIB_RM_VERSION_MISMATCH": (
+        "The NVIDIA user-space library and the loaded kernel module are different versions, as after a driver upgrade "
+        "without a reboot: compare 'cat /proc/driver/nvidia/version' with 'ls -l /usr/lib/*/libnvidia-ml.so.1'. Reboot, "
+        "or stop every GPU process (nvidia-persistenced, DCGM, the fabric manager) and reload the nvidia modules, so "
+        "that the new module loads."
+    ),
+}
+
+
 PERSISTENCE_FIX = (
     "Keep the GPUs initialised between jobs: enable and start nvidia-persistenced "
     "(systemctl enable --now nvidia-persistenced), or set persistence mode with 'nvidia-smi -pm 1' at every boot. "
@@ -294,6 +312,7 @@ def gpu_unusable_by_driver(gpus: GpuFacts, gpu_health: GpuHealthFacts, job: JobF
             "node",
             Evidence("nvmlInit", gpus.nvml_detail or gpus.nvml_error, "NVML_SUCCESS"),
             Evidence("/sys/bus/pci/devices", f"{len(gpus.pci_gpus)} NVIDIA GPUs on the bus"),
+            fix=STARTUP_FIXES.get(gpus.nvml_error, ""),
         )
         return
     lost = set()

@@ -135,3 +135,27 @@ def test_the_view_is_not_asked_when_nvml_lists_every_gpu(node_copy: Path) -> Non
     sources = Sources.for_node(str(node_copy))
     facts = probe_gpus(sources.fs, sources.nvml)
     assert (facts.container_gpus, facts.view_error) == (None, "")
+
+
+@pytest.mark.parametrize(
+    ("error", "says"),
+    [
+        ("NVML_ERROR_DRIVER_NOT_LOADED", "dkms status"),  # a kernel upgraded without the module built for it
+        ("NVML_ERROR_LIB_RM_VERSION_MISMATCH", "/proc/driver/nvidia/version"),  # a driver upgraded without a reboot
+        ("NVML_ERROR_UNKNOWN", ""),  # no known cause: the reference's own fix
+    ],
+)
+def test_gpu001_names_the_repair_for_the_start_up_error(node_copy: Path, error: str, says: str) -> None:
+    from preflight.checks.gpu import gpu_unusable_by_driver
+    from preflight.config import Expectations
+    from preflight.probes.gpu_health import probe_gpu_health
+    from preflight.probes.job import JobFacts
+
+    path = node_copy / ".preflight/nvml.json"
+    document = json.loads(path.read_text())
+    document["init"] = {"error": error}
+    path.write_text(json.dumps(document))
+    sources = Sources.for_node(str(node_copy))
+    [found] = gpu_unusable_by_driver(probe_gpus(sources.fs, sources.nvml), probe_gpu_health(sources.nvml), JobFacts({}, "", ()), Expectations())
+    assert found.evidence[0].observed.startswith(error) or error in found.evidence[0].observed
+    assert (says in found.fix) if says else found.fix == ""
