@@ -199,7 +199,9 @@ def _multi_rail(routing: RoutingFacts, used: set[str], roce: set[str] | None) ->
     itself: under per-interface source routing, and always for a RoCE port's own resolution, which
     the kernel looks up bound to the GID's netdev with the GID's address as source
     (rdma_resolve_ip: bound_dev_if, flowi4_oif in drivers/infiniband/core/addr.c). OCI's RDMA
-    hosts put 16 rails in one /16 with arp_ignore=2, arp_announce=1 and loose rp_filter so."""
+    hosts put 16 rails in one /16 with arp_ignore=2, arp_announce=1 and loose rp_filter so.
+    Where every neighbour entry on the interface is PERMANENT (HPE Slingshot's static ARP on each
+    hsn interface) no ARP is asked or answered, so these settings do not matter."""
     for group in routing.same_subnet:
         names = ", ".join(f"{m.ifname}:{m.address}/{m.prefixlen}" for m in group)
         shared = Evidence("ip -4 address", f"same subnet: {names}", "one subnet per interface, or per-interface source routing")
@@ -226,7 +228,9 @@ def _multi_rail(routing: RoutingFacts, used: set[str], roce: set[str] | None) ->
             # (WEKA's clients: arp_filter=1 with a routing table per NIC).
             filtered = own_way_out and bool(member.arp_filter.effective)
             arp_evidence: list[Evidence] = []
-            if ignore is None or announce is None:
+            if member.static_arp:
+                pass  # every peer's address is resolved by a PERMANENT entry: no ARP to flux
+            elif ignore is None or announce is None:
                 unknown.append("arp_ignore/arp_announce unreadable")
             elif (ignore < 1 and not filtered) or announce < (1 if own_way_out or bound else 2):
                 wanted = ">= 1 (replies leave by this interface)" if own_way_out else ">= 1 (RoCE resolves bound to this interface)" if bound else ">= 2"

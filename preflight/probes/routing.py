@@ -84,6 +84,10 @@ class RailMember(Struct, frozen=True):
     # arp_filter (on where all's or the interface's is): ARP is answered only on the interface
     # the reply to the asker would leave by (arp_filter() in net/ipv4/arp.c)
     arp_filter: Sysctl = Sysctl(None, None)
+    # Every neighbour entry /proc/net/arp lists on this interface is PERMANENT (static ARP, as HPE
+    # Slingshot's reference configuration sets on each hsn interface): no ARP is asked or
+    # answered for those peers. False with a dynamic entry or none; None where the table is unread.
+    static_arp: bool | None = None
 
 
 class RoutingFacts(Struct, frozen=True):
@@ -240,7 +244,8 @@ def _probe_target(member: Address, locals_: set[str], peers: list[Peer]) -> str:
 
 
 def _rail_member(
-    reader: FactReader, netlink: Netlink, member: Address, locals_: set[str], peers: list[Peer], link_types: dict[str, str]
+    reader: FactReader, netlink: Netlink, member: Address, locals_: set[str], peers: list[Peer], link_types: dict[str, str],
+    neighbours: dict[str, bool] | None,
 ) -> RailMember:
     target = _probe_target(member, locals_, peers)
     route: Route | None = None
@@ -254,7 +259,40 @@ def _rail_member(
         _sysctl(reader, member.ifname, "rp_filter"), _sysctl(reader, member.ifname, "arp_ignore"),
         _sysctl(reader, member.ifname, "arp_announce"), route, error, link_types.get(member.ifname, ""),
         _sysctl(reader, member.ifname, "arp_filter"),
+        None if neighbours is None else neighbours.get(member.ifname, False),
     )
+
+
+#: ATF_PERM in a /proc/net/arp entry's flags (include/uapi/linux/if_arp.h): a static entry
+ARP_PERMANENT = 0x04
+#: /proc/net/arp read at most: a large fabric's static tables list every peer on every rail
+ARP_TABLE_BYTES = 8 << 20
+
+
+def _neighbours(fs: NodeFS) -> dict[str, bool] | None:
+    """:func:`parse_arp_table` of /proc/net/arp; None where it is missing or unreadable (the ARP
+    settings then decide, as before any table was read)."""
+    try:
+        text = fs.read("/proc/net/arp", max_bytes=ARP_TABLE_BYTES)
+    except SourceError:
+        return None
+    return parse_arp_table(text) if text is not None else None
+
+
+def parse_arp_table(text: str) -> dict[str, bool]:
+    """Device -> whether every entry /proc/net/arp lists on it is PERMANENT (columns: IP address,
+    HW type, Flags, HW address, Mask, Device)."""
+    static: dict[str, bool] = {}
+    for line in text.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) < 6:
+            continue
+        try:
+            flags = int(fields[2], 16)
+        except ValueError:
+            continue
+        static[fields[5]] = static.get(fields[5], True) and bool(flags & ARP_PERMANENT)
+    return static
 
 
 @probe("routing", timeout_s=DNS_BUDGET_S + 1.5)
@@ -267,8 +305,10 @@ def probe_routing(fs: NodeFS, netlink: Netlink, dns: Dns, settings: HostConfig, 
     links = netlink.links()
     link_types = {link.name: link.link_type for link in links}
     locals_ = {a.address for a in addresses}
+    shared = same_subnet_groups(links, addresses)
+    neighbours = _neighbours(fs) if shared else None
     groups = tuple(
-        tuple(_rail_member(reader, netlink, member, locals_, peers, link_types) for member in group)
-        for group in same_subnet_groups(links, addresses)
+        tuple(_rail_member(reader, netlink, member, locals_, peers, link_types, neighbours) for member in group)
+        for group in shared
     )
     return RoutingFacts(hostname, tuple(peers), total, tuple(peer_problems), groups, tuple(problems + reader.problems))

@@ -552,6 +552,24 @@ def test_net005_rails_that_carry_no_roce_and_no_nccl_socket_are_a_warning(node: 
     assert found["r2"].severity is None
 
 
+def test_net005_static_arp_leaves_nothing_to_flux(node: Node) -> None:
+    """HPE Slingshot's reference configuration gives every peer a PERMANENT neighbour entry on
+    every hsn interface (shs-docs: check_arp_information_on_compute_and_gateway.md): no ARP is
+    asked or answered for them, so arp_ignore/arp_announce at 0 do not matter. One dynamic entry
+    (or none) on a rail leaves ARP in use there."""
+    from preflight.probes.routing import parse_arp_table
+
+    _rails(node, 2, (0, 0), own_tables=False)
+    header = "IP address       HW type     Flags       HW address            Mask     Device\n"
+    static = "".join(f"10.50.0.{peer}     0x1         0x6         02:00:00:00:07:{peer:02x}     *        {rail}\n"
+                     for peer in (7, 8) for rail in ("r1", "r2"))
+    node.file("/proc/net/arp", header + static)
+    assert list(nccl_wrong_socket_interface(node.socket(), node.routing(), NO_NCCL)) == []
+    node.file("/proc/net/arp", header + static + "10.50.0.9     0x1         0x2         02:00:00:00:07:09     *        r2\n")
+    assert set(subjects(nccl_wrong_socket_interface(node.socket(), node.routing(), NO_NCCL))) == {"r2"}
+    assert parse_arp_table(header + "garbage line\n10.0.0.1 0x1 zz 00:00 * r9\n") == {}
+
+
 def test_net005_arp_announce_1_is_enough_where_replies_leave_by_their_own_interface(node: Node) -> None:
     """OCI's RDMA hosts: all ports in one subnet, arp_ignore=2, arp_announce=1 and a source-routing
     table per port. A packet then leaves by the port that owns its source address, so no ARP
