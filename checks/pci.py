@@ -305,7 +305,7 @@ def acs_redirect_breaks_gpudirect_rdma(pcie: PcieFacts) -> Iterator[Observation]
 #: Redirect), the GPU's completions to its reads at the GPU's (Completion Redirect). Request
 #: Redirect on the GPU's port and Completion Redirect on the NIC's act only on what the GPU starts,
 #: so rdma_topo sets them on purpose on Grace trays with a Data Direct function (GPU port 101,
-#: DMA port 110). Where the transfer turns around, either bit counts.
+#: DMA port 110). A shared bridge judged for want of downstream ports counts either bit.
 _NIC_PORT, _GPU_PORT, _TURNAROUND = 0x0004, 0x0008, REDIRECT_BITS
 
 

@@ -284,16 +284,19 @@ def bridges_between(first: tuple[str, ...], second: tuple[str, ...]) -> tuple[st
 
 
 def acs_ports_between(first: tuple[str, ...], second: tuple[str, ...]) -> tuple[str, ...] | None:
-    """The bridges whose ACS redirect decides a peer-to-peer transfer between two devices: the
-    switch where it turns around and the two downstream ports through which each side enters that
-    switch. A port deeper down (a switch nested inside a BlueField or a ConnectX-8) only passes the
-    transfer up or down: ACS P2P Request and Completion Redirect act on what a downstream port
-    receives for another port of its own switch (PCIe base specification, 6.12). None as for
-    :func:`bridges_between`."""
+    """The bridges whose ACS redirect decides a peer-to-peer transfer between two devices: the two
+    downstream ports through which each side enters the switch where it turns around. ACS P2P
+    Request and Completion Redirect act on what a downstream port receives for another port of its
+    own switch (PCIe base specification, 6.12.1.1). The switch's upstream port, the bridge the two
+    share, is not on that path, and its ACS applies only to the functions of a multi-function
+    device (6.12.1.2; Linux's pci_acs_enabled() so reads it): rdma_topo leaves a ConnectX switch's
+    at the kernel's default. A port deeper down (a switch nested inside a BlueField or a
+    ConnectX-8) only passes the transfer up or down. None as for :func:`bridges_between`."""
     common = _shared(first, second)
     if common == 0:
         return None
-    return (first[common - 1], *first[common:-1][:1], *second[common:-1][:1])
+    entries = (*first[common:-1][:1], *second[common:-1][:1])
+    return entries or (first[common - 1],)  # no downstream port between them: the shared bridge
 
 
 def entry_port(device: tuple[str, ...], peer: tuple[str, ...]) -> str | None:

@@ -87,7 +87,7 @@ def test_recorded_a100_is_clean_for_every_gpu_and_pcie_check() -> None:
     pcie = probe_pcie(sources.fs)
     assert len(pcie.gpus) == 8 and len(pcie.nics) == 8 and len(pcie.nvswitches) == 6
     assert pcie.gpus[0].link.current_width == 16 and pcie.gpus[0].link.current_speed == "2.5 GT/s PCIe"  # idle, not judged
-    assert ("0000:03:00.0", "0000:04:00.0", ("0000:01:00.0", "0000:02:00.0", "0000:02:01.0")) in pcie.gpu_pairs
+    assert ("0000:03:00.0", "0000:04:00.0", ("0000:02:00.0", "0000:02:01.0")) in pcie.gpu_pairs  # the two downstream ports
     assert {gpu.iommu_domain for gpu in pcie.gpus} == {"identity"} and not pcie.problems
     for check in (acs_redirect_breaks_gpudirect_rdma, p2p_bandwidth_degraded):
         assert observed(check(pcie)) == []
