@@ -596,9 +596,9 @@ def rdma_stack_or_ports_misconfigured(
     if rdma.hcas_without_device and not rdma.devices:
         yield present(
             "node",
-            Evidence("/sys/bus/pci/devices", f"InfiniBand controllers (class 0x0207): {', '.join(rdma.hcas_without_device[:8])}",
+            Evidence("/sys/bus/pci/devices", f"InfiniBand controllers (class 0x0207) driven by mlx5_core: {', '.join(rdma.hcas_without_device[:8])}",
                      "an RDMA device in /sys/class/infiniband for each"),
-            Evidence(IB_CLASS, "no RDMA device registered"),
+            Evidence("/sys/module/mlx5_ib", "not loaded (mlx5_core is)", "loaded: it registers each HCA's RDMA device"),
             fix=HCA_WITHOUT_DEVICE_FIX,
         )
         return

@@ -205,8 +205,8 @@ class RdmaFacts(Struct, frozen=True):
     # /sys/module/mlx5_core/version: MLNX_OFED/DOCA-OFED's version, "" for a loaded in-tree
     # (inbox) mlx5 without one, None when mlx5_core is not loaded or the file is unreadable
     mlx5_driver_version: str | None = None
-    # Where no RDMA device is registered: InfiniBand controllers (PCI class 0x0207) on the bus that
-    # should have one, physical functions not handed to another driver ("0000:5f:00.0 (mlx5_core)")
+    # Where no RDMA device is registered: ConnectX InfiniBand controllers (PCI class 0x0207) that
+    # mlx5_core drives while mlx5_ib is not loaded, so none has its RDMA device
     hcas_without_device: tuple[str, ...] = ()
 
     @property
@@ -593,17 +593,18 @@ def probe_rdma(fs: NodeFS) -> RdmaFacts:
 
 #: PCI class of an InfiniBand controller (pci_ids.h PCI_CLASS_NETWORK_INFINIBAND, 0x0207)
 INFINIBAND_CLASS = "0x0207"
-#: Drivers that take a function away from the host's RDMA stack on purpose (passed to a VM)
-PASSTHROUGH_DRIVERS = ("vfio-pci", "pci-stub")
 
 
 def _hcas_without_device(fs: NodeFS) -> tuple[str, ...]:
-    """InfiniBand controllers on the PCI bus although no RDMA device is registered: an HCA whose
-    RDMA driver (mlx5_ib over ib_core) is not loaded or was refused, as after an MLNX_OFED upgrade
-    whose modules disagree with the loaded ib_core. An Ethernet ConnectX (class 0x0200) without
-    RDMA is a site's choice and not listed; neither are SR-IOV virtual functions nor functions
-    given to vfio-pci. Read only where no RDMA device exists; the PCI probe reads the same files."""
+    """ConnectX InfiniBand controllers (PCI class 0x0207, bound to mlx5_core) on the bus while
+    mlx5_core is loaded and mlx5_ib is not, so that no RDMA device is registered: as after an
+    MLNX_OFED upgrade whose mlx5_ib the loaded ib_core refuses. Read only where no RDMA device
+    exists, and only from positive evidence: a capture without /sys/module (hwloc's) tells
+    nothing. An Ethernet ConnectX (class 0x0200) without RDMA is a site's choice and not listed;
+    neither are SR-IOV virtual functions nor functions given to another driver (vfio-pci)."""
     reader = FactReader(fs)
+    if not reader.presence("/sys/module/mlx5_core") or reader.presence("/sys/module/mlx5_ib") is not False:
+        return ()
     found = []
     for bdf in reader.listing("/sys/bus/pci/devices") or []:
         base = f"/sys/bus/pci/devices/{bdf}"
@@ -615,9 +616,8 @@ def _hcas_without_device(fs: NodeFS) -> tuple[str, ...]:
             driver = fs.readlink(f"{base}/driver")
         except SourceError:
             continue
-        name = driver.rstrip("/").rsplit("/", 1)[-1] if driver else ""
-        if name not in PASSTHROUGH_DRIVERS:
-            found.append(f"{bdf} ({name or 'no driver bound'})")
+        if driver and driver.rstrip("/").rsplit("/", 1)[-1] == "mlx5_core":
+            found.append(bdf)
     return tuple(found)
 
 

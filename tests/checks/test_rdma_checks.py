@@ -748,10 +748,14 @@ def test_ib009_hcas_on_the_bus_with_no_rdma_device(node_copy: Path) -> None:
     assert hcas
     for hca in hcas:
         os.symlink("../../../../bus/pci/drivers/mlx5_core", hca / "driver")
-    facts = probe_rdma(NodeFS(str(node_copy)))
-    assert facts.devices == () and len(facts.hcas_without_device) == len(hcas) and "(mlx5_core)" in facts.hcas_without_device[0]
+    facts = probe_rdma(NodeFS(str(node_copy)))  # mlx5_core loaded, mlx5_ib not (the example has none)
+    assert facts.devices == () and len(facts.hcas_without_device) == len(hcas)
     [found] = rdma_stack_or_ports_misconfigured(facts, Expectations(), JobFacts({}, "", ()))
     assert found.status is Status.PRESENT and found.severity is None and "openibd restart" in found.fix
+    assert found.evidence[1].source == "/sys/module/mlx5_ib" and "not loaded" in found.evidence[1].observed
+    (node_copy / "sys/module/mlx5_ib").mkdir()  # loaded: the devices' absence is another matter
+    assert probe_rdma(NodeFS(str(node_copy))).hcas_without_device == ()
+    (node_copy / "sys/module/mlx5_ib").rmdir()
     for hca in hcas:  # every HCA handed to a virtual machine
         (hca / "driver").unlink()
         os.symlink("../../../../bus/pci/drivers/vfio-pci", hca / "driver")
