@@ -61,3 +61,19 @@ class FactReader:
 # Files container managers create inside a container (systemd-detect-virt looks for them too):
 # systemd-nspawn's and others', Docker's, Podman's and CRI-O's.
 CONTAINER_MARKERS = ("/run/systemd/container", "/.dockerenv", "/run/.containerenv")
+#: The first line kubelet writes into every pod's /etc/hosts (pkg/kubelet/kubelet_pods.go): a
+#: pod under containerd has none of the files above.
+KUBELET_HOSTS_HEADER = "# Kubernetes-managed hosts file"
+
+
+def container_marker(reader: FactReader) -> str | None:
+    """What shows that this process runs in a container: one of CONTAINER_MARKERS, or a pod's
+    kubelet-managed /etc/hosts; "" where none does, None where one could not be looked for."""
+    for marker in CONTAINER_MARKERS:
+        there = reader.presence(marker)
+        if there is None:
+            return None
+        if there:
+            return marker
+    hosts = reader.text("/etc/hosts")
+    return "/etc/hosts (kubelet's)" if hosts is not None and hosts.startswith(KUBELET_HOSTS_HEADER) else ""

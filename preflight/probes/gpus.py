@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from msgspec import Struct
 
-from preflight.probing import CONTAINER_MARKERS, FactReader
+from preflight.probing import FactReader, container_marker
 from preflight.registry import probe
 from preflight.sources.fs import SourceError
 from preflight.sources.nvml import Nvml, NvmlError
@@ -174,7 +174,7 @@ def probe_gpus(fs: NodeFS, nvml: Nvml) -> GpuFacts:
     container_gpus, view_error = _container_view(reader) if len(devices) < len(pci) else (None, "")
     # Only inside a container: on a host a GPU the driver failed to set up has no procfs entry
     # either, and must stay a missing GPU, not a view that cannot be told.
-    if container_gpus is None and len(devices) < len(pci) and any(reader.presence(marker) is not False for marker in CONTAINER_MARKERS):
+    if container_gpus is None and len(devices) < len(pci) and container_marker(reader) != "":
         narrowed, why = _device_node_view(reader, pci)
         if narrowed is not None:
             container_gpus, view_error = narrowed, ""

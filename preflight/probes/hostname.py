@@ -55,7 +55,7 @@ from preflight.gai import gai_order, parse_precedence
 from preflight.hostlist import HostlistError, expand
 from preflight.nss import NssService, nsswitch_services, read_as_glibc
 from preflight.probes.job import RANK_COUNTS, in_srun_step, operator_nodes, parse_environ, rendezvous_host
-from preflight.probing import FactReader
+from preflight.probing import KUBELET_HOSTS_HEADER, FactReader
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
 from preflight.sources.dns import Dns, DnsAnswer, NameserverCheck
@@ -343,7 +343,6 @@ def _ipv6_usable(reader: FactReader) -> bool | None:
 
 #: The first line kubelet writes into every pod's /etc/hosts (pkg/kubelet/kubelet_pods.go,
 #: managedHostsHeader; "(host network)" follows it for hostNetwork pods, which have no veth).
-KUBELET_HOSTS_HEADER = "# Kubernetes-managed hosts file"
 
 #: The header of cloud-init's /etc/hosts templates (templates/hosts.*.tmpl of canonical/cloud-init).
 CLOUD_INIT_MARK = "configured 'manage_etc_hosts' as True"

@@ -27,7 +27,7 @@ import re
 
 from msgspec import Struct
 
-from preflight.probing import CONTAINER_MARKERS, FactReader
+from preflight.probing import FactReader, container_marker
 from preflight.registry import probe
 from preflight.slurm_conf import find_job_slurm_conf, find_slurmd
 from preflight.slurm_conf import propagated as propagated_limit
@@ -315,20 +315,8 @@ def probe_memlock(fs: NodeFS) -> MemlockFacts:
         # Read apart: an unreadable status leaves the exemption unknown, never a limit unknown.
         exemption=exemption,
         slurmd_systemd=_under_systemd(FactReader(fs), slurmd_pid) if slurmd_pid is not None else None,
-        container=_container_marker(FactReader(fs)) if exemption is not None and exemption.full_root else "",
+        container=container_marker(FactReader(fs)) if exemption is not None and exemption.full_root else "",
     )
-
-
-def _container_marker(reader: FactReader) -> str | None:
-    """The first container marker present (systemd's, Docker's, Podman's), "" where none is, None
-    where one could not be looked for."""
-    for marker in CONTAINER_MARKERS:
-        there = reader.presence(marker)
-        if there is None:
-            return None
-        if there:
-            return marker
-    return ""
 
 
 def _under_systemd(reader: FactReader, pid: int) -> bool | None:

@@ -35,10 +35,10 @@ import ipaddress
 from msgspec import Struct
 
 from preflight.nccl.gid import nccl_int
-from preflight.probes.hostname import KUBELET_HOSTS_HEADER, parse_hosts
+from preflight.probes.hostname import parse_hosts
 from preflight.probes.efa import loader_dirs
 from preflight.probes.job import JobFacts, Setting, named_net_plugin
-from preflight.probing import FactReader
+from preflight.probing import KUBELET_HOSTS_HEADER, FactReader
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
 from preflight.sources.netlink import Address, Link, Netlink

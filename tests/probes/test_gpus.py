@@ -83,6 +83,8 @@ PARAMS_LEFT = "a container runtime mounted /proc/driver/nvidia/params but left t
         # nodes are created. On a host, a GPU without its node is a missing GPU.
         (HOST_MOUNTS + "container", 2, ("0000:18:00.0", "0000:2a:00.0"), ""),
         (CDI_MOUNTS + "container", 2, ("0000:18:00.0", "0000:2a:00.0"), ""),
+        # a containerd pod (a DRA claim of 2 GPUs) has no marker file, but kubelet writes its /etc/hosts
+        (HOST_MOUNTS + "pod", 2, ("0000:18:00.0", "0000:2a:00.0"), ""),
         (HOST_MOUNTS, 2, None, ""),
     ],
 )
@@ -98,6 +100,9 @@ def test_whether_a_container_runtime_narrowed_the_view_is_asked_when_nvml_lists_
     if mounts is not None and mounts.endswith("container"):
         mounts = mounts.removesuffix("container")
         write(node_copy, "/run/.containerenv", "engine=\"podman-5.2.2\"\n")
+    if mounts is not None and mounts.endswith("pod"):
+        mounts = mounts.removesuffix("pod")
+        write(node_copy, "/etc/hosts", "# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n10.244.3.7\tworker-0\n")
     if mounts is not None:
         (node_copy / "proc/self/mountinfo").write_text(mounts)
     shutil.rmtree(node_copy / "proc/driver/nvidia/gpus", ignore_errors=True)
