@@ -801,7 +801,9 @@ def rdma_device_nodes_missing(rdma: RdmaFacts, job: JobFacts | Unread, expect: E
     that a visible NCCL_IB_HCA leaves out is not judged, and one that only expect.hcas leaves out
     (the job's choice unseen) is at most a warning: a pod's device plugin mounts only the devices
     it hands out while sysfs shows them all (every PF and VF of the host in RDMA shared mode), and
-    NCCL skips a device it cannot open (init.cc@v2.30.7-1, 'Unable to open device'). A job that turns NCCL's
+    NCCL skips a device it cannot open (init.cc@v2.30.7-1, 'Unable to open device'). In a container
+    given the nodes of some devices, a device without its node was not given to it and is not
+    judged: libibverbs does not list it. A job that turns NCCL's
     IB transport off (a pod of a multi-node NVLink ComputeDomain given GPUs and an IMEX channel
     only, with NCCL_IB_DISABLE=1) opens none."""
     require_rdma(rdma)
@@ -831,9 +833,15 @@ def rdma_device_nodes_missing(rdma: RdmaFacts, job: JobFacts | Unread, expect: E
         return
     identity = rdma.job_identity
     opened = _devices_named(rdma, job)
+    given = [device.name for device in devices if device.uverbs and device.uverbs in rdma.dev_infiniband]
     for device in devices:
         if opened is not None and device.name not in opened:
             continue  # NCCL never opens it
+        if rdma.container and given and device.uverbs and device.uverbs not in rdma.dev_infiniband:
+            # A pod's device plugin mounts the nodes of the devices it hands out, sysfs shows the
+            # host's all; libibverbs lists no device without its node (try_access_device in
+            # rdma-core's libibverbs/init.c), so NCCL never sees this one: not given, not broken.
+            continue
         severity = Severity.ERROR if opened is not None or expect.hcas is None or device.name in expect.hcas else Severity.WARNING
         if device.uverbs is None:
             problem = next((p for p in rdma.problems if p.path.startswith(VERBS_CLASS)), None)

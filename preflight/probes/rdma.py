@@ -55,7 +55,7 @@ from preflight.model import (
 )
 from preflight.probes.gpudirect import DeviceNode, JobIdentity, read_job_identity
 from preflight.probes.job import parse_environ
-from preflight.probing import FactReader
+from preflight.probing import FactReader, container_marker
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
 from preflight.units import is_number
@@ -208,6 +208,9 @@ class RdmaFacts(Struct, frozen=True):
     # Where no RDMA device is registered: ConnectX InfiniBand controllers (PCI class 0x0207) that
     # mlx5_core drives while mlx5_ib is not loaded, so none has its RDMA device
     hcas_without_device: tuple[str, ...] = ()
+    # Where some device's uverbs node is missing from /dev/infiniband: what shows this process runs
+    # in a container (probing.container_marker), "" nothing, None not known; "" when not asked
+    container: str | None = ""
 
     @property
     def class_unread(self) -> str:
@@ -588,6 +591,8 @@ def probe_rdma(fs: NodeFS) -> RdmaFacts:
         problems=reader.take(),
         mlx5_driver_version=mlx5_version,
         hcas_without_device=_hcas_without_device(fs) if class_read and not names else (),
+        container=container_marker(FactReader(fs)) if listing is not None and any(
+            device.uverbs and device.uverbs not in listing for device in devices) else "",
     )
 
 

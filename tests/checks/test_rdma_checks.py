@@ -454,6 +454,19 @@ def test_ib007_devices_the_job_leaves_out_are_not_judged_or_warnings() -> None:
         assert {o.severity for o in rdma_device_nodes_missing(pod, where, Expectations())} == {Severity.ERROR}
 
 
+def test_ib007_in_a_container_a_device_without_its_node_was_not_given() -> None:
+    """A pod's RDMA shared device plugin mounts the nodes of the HCAs it hands out; sysfs shows the
+    host's all, and libibverbs lists no device whose node is missing, so NCCL never sees the front
+    end's. On the host (no container) a missing node hides a rail from NCCL: still an error."""
+    devices = (hca("mlx5_0"), hca("mlx5_1"), hca("mlx5_4", port(link_layer="Ethernet")))
+    pod = rdma(*devices, dev=("uverbs0", "uverbs1", "rdma_cm"))
+    assert [o.subject for o in ib007(pod)] == ["mlx5_4"]
+    assert list(ib007(replace(pod, container="/etc/hosts (kubelet's)"))) == []
+    # Given none at all, the container cannot use RDMA: that stays.
+    bare = rdma(*devices, dev=("rdma_cm",))
+    assert {o.subject for o in ib007(replace(bare, container="/.dockerenv"))} == {"mlx5_0", "mlx5_1", "mlx5_4"}
+
+
 def test_ib007_not_applicable_and_unknown() -> None:
     with pytest.raises(NotApplicable):
         list(ib007(rdma()))
@@ -785,3 +798,14 @@ def test_a_port_awaiting_the_subnet_manager_gets_the_subnet_managers_fix(node_co
     facts = probe_rdma(NodeFS(str(node_copy)))
     ib009 = [o for o in rdma_stack_or_ports_misconfigured(facts, Expectations(), job(conf=hcas)) if o.subject == "mlx5_3/1"]
     assert ib009 and not ib009[0].fix.startswith("The link is up")
+
+
+def test_rdma_probe_looks_for_a_container_only_where_a_node_is_missing(node_copy: Path) -> None:
+    from preflight.probes.rdma import probe_rdma
+    from preflight.sources import NodeFS
+
+    assert probe_rdma(NodeFS(str(node_copy))).container == ""  # every node there: not asked
+    (node_copy / "etc/hosts").write_text("# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n")
+    assert probe_rdma(NodeFS(str(node_copy))).container == ""
+    (node_copy / "dev/infiniband/uverbs3").unlink()
+    assert probe_rdma(NodeFS(str(node_copy))).container == "/etc/hosts (kubelet's)"
