@@ -18,7 +18,7 @@ from preflight.model import (
 from preflight.nccl.ib import nccl_selection, selection_unseen
 from preflight.nccl.nvls import nvls_ruled_out
 from preflight.nccl.releases import MNNVL_ALLTOALL, MNNVL_STACK, NVLS_DUAL_PORT, affected, release_findings, require_nccl
-from preflight.probes.job import integer_setting, setting_evidence, slurm_view, switched_off
+from preflight.probes.job import job_ranks, setting_evidence, switched_off
 from preflight.probes.nccl_platform import NcclPlatformFacts
 from preflight.probes.nvlink import GpuNvlinks, NvlinkFacts, require_nvml
 from preflight.probes.rdma import RdmaFacts, require_rdma
@@ -391,12 +391,15 @@ def moe_dispatch_combine_timeout_nvl_domain(
     clique = _mnnvl_clique(fabric)
     if switched_off(job, "NCCL_MNNVL_ENABLE"):
         return
-    ranks = integer_setting(job.environ, "WORLD_SIZE") or slurm_view(job).ntasks
-    if ranks is not None and ranks <= ALLTOALL_HANG_RANKS:
+    # WORLD_SIZE, an MPI launcher's world size (an MPIJob's OMPI_COMM_WORLD_SIZE), Slurm's tasks,
+    # Kubeflow's PET_NNODES x PET_NPROC_PER_NODE: the largest the environment gives
+    known = job_ranks(job)
+    if known is not None and known[0] <= ALLTOALL_HANG_RANKS:
         return
+    limit = f"at most {ALLTOALL_HANG_RANKS} ranks on these releases"
     size = (
-        Evidence("/proc/self/environ WORLD_SIZE or SLURM_NTASKS", f"{ranks} ranks", f"at most {ALLTOALL_HANG_RANKS} ranks on these releases")
-        if ranks is not None
-        else Evidence("/proc/self/environ WORLD_SIZE or SLURM_NTASKS", "unset: the job's size is not known here", f"at most {ALLTOALL_HANG_RANKS} ranks on these releases")
+        Evidence(known[1].source, f"{known[1].observed}: {known[0]} ranks", limit)
+        if known is not None
+        else Evidence("/proc/self/environ", "no world size (WORLD_SIZE, an MPI launcher's, SLURM_NTASKS): the job's size is not known here", limit)
     )
     yield from release_findings(nccl_libs, MNNVL_ALLTOALL, clique, size, severity=Severity.WARNING)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from preflight.model import Evidence, NotApplicable, Observation, Severity, Unknown, present, undecided
 from preflight.probes.frameworks import FrameworkFacts, parse_version
-from preflight.probes.job import WORLD_SIZES, JobFacts, integer_setting, operator_nodes, slurm_view
+from preflight.probes.job import JobFacts, integer_setting, job_ranks, slurm_view
 from preflight.probes.store_limits import SOMAXCONN, StoreLimitsFacts
 from preflight.registry import check
 from preflight.torch_settings import as_bool, as_int, read_setting, readers_for
@@ -180,30 +180,6 @@ LEGACY_STORE_RANKS = 1024
 _TORCH_LAUNCH = ("MASTER_ADDR", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "USE_LIBUV")
 
 
-def _job_ranks(job: JobFacts) -> tuple[int, Evidence] | None:
-    """A lower bound of the connections the job's store must hold, with where it was read: the
-    largest of WORLD_SIZE (or an MPI launcher's world size), Slurm's task count and its node count
-    (torchrun runs one agent per node and then nproc_per_node ranks, so Slurm's numbers can only
-    undercount)."""
-    environ, view = job.environ, slurm_view(job)
-    bounds: list[tuple[int, Evidence]] = []
-    for name in WORLD_SIZES:  # torch's env://, Open MPI's mpirun, MPICH's Hydra (and Intel MPI)
-        if ranks := integer_setting(environ, name):
-            bounds.append((ranks, _env(name, environ[name])))
-    if view.ntasks:
-        name = "SLURM_STEP_NUM_TASKS" if integer_setting(environ, "SLURM_STEP_NUM_TASKS") else "SLURM_NTASKS"
-        bounds.append((view.ntasks, _env(name, environ[name])))
-    if view.nnodes:
-        bounds.append((view.nnodes, Evidence("/proc/self/environ SLURM_JOB_NODELIST / SLURM_*_NUM_NODES", f"{view.nnodes} nodes")))
-    # torchrun's --nnodes and --nproc-per-node as Kubeflow's training operator passes them: the
-    # most nodes ("N" or "MIN:MAX") times the ranks on each
-    nodes, per_node = operator_nodes(environ), integer_setting(environ, "PET_NPROC_PER_NODE")
-    if nodes and per_node:
-        shown = f"PET_NNODES={environ['PET_NNODES']}, PET_NPROC_PER_NODE={per_node}"
-        bounds.append((nodes * per_node, Evidence("/proc/self/environ PET_NNODES x PET_NPROC_PER_NODE", shown)))
-    return max(bounds, key=lambda bound: bound[0]) if bounds else None
-
-
 def _store_limit_findings(ranks: int, size: Evidence, limit_facts: StoreLimitsFacts, job: JobFacts) -> Iterator[Observation]:
     if limit_facts.somaxconn is None:
         yield undecided("net.core.somaxconn", limit_facts.somaxconn_problem)
@@ -266,7 +242,7 @@ def elastic_rendezvous_timeout_at_scale(job: JobFacts, store_limits: StoreLimits
     that may host the TCPStore, or the legacy store server for a job beyond a thousand ranks."""
     if job.environ_error:
         raise Unknown(f"/proc/self/environ unreadable ({job.environ_error})")
-    bound = _job_ranks(job)
+    bound = job_ranks(job)
     if bound is None:
         raise NotApplicable("the job environment gives no job size (WORLD_SIZE, SLURM_NTASKS, SLURM node count)")
     torch = frameworks.versions("torch")

@@ -409,6 +409,30 @@ def slurm_view(job: JobFacts) -> SlurmView:
     )
 
 
+def job_ranks(job: JobFacts) -> tuple[int, Evidence] | None:
+    """A lower bound of the connections the job's store must hold, with where it was read: the
+    largest of WORLD_SIZE (or an MPI launcher's world size), Slurm's task count and its node count
+    (torchrun runs one agent per node and then nproc_per_node ranks, so Slurm's numbers can only
+    undercount)."""
+    environ, view = job.environ, slurm_view(job)
+    bounds: list[tuple[int, Evidence]] = []
+    for name in WORLD_SIZES:  # torch's env://, Open MPI's mpirun, MPICH's Hydra (and Intel MPI)
+        if ranks := integer_setting(environ, name):
+            bounds.append((ranks, Evidence(f"/proc/self/environ {name}", repr(environ[name]))))
+    if view.ntasks:
+        name = "SLURM_STEP_NUM_TASKS" if integer_setting(environ, "SLURM_STEP_NUM_TASKS") else "SLURM_NTASKS"
+        bounds.append((view.ntasks, Evidence(f"/proc/self/environ {name}", repr(environ[name]))))
+    if view.nnodes:
+        bounds.append((view.nnodes, Evidence("/proc/self/environ SLURM_JOB_NODELIST / SLURM_*_NUM_NODES", f"{view.nnodes} nodes")))
+    # torchrun's --nnodes and --nproc-per-node as Kubeflow's training operator passes them: the
+    # most nodes ("N" or "MIN:MAX") times the ranks on each
+    nodes, per_node = operator_nodes(environ), integer_setting(environ, "PET_NPROC_PER_NODE")
+    if nodes and per_node:
+        shown = f"PET_NNODES={environ['PET_NNODES']}, PET_NPROC_PER_NODE={per_node}"
+        bounds.append((nodes * per_node, Evidence("/proc/self/environ PET_NNODES x PET_NPROC_PER_NODE", shown)))
+    return max(bounds, key=lambda bound: bound[0]) if bounds else None
+
+
 def switched_off(job: JobFacts, name: str) -> Setting | None:
     """The setting when it is 0 (NCCL reads these as integers: "0" switches the feature off)."""
     setting = job.nccl(name)

@@ -38,8 +38,8 @@ def nvl001(root: Path) -> list[Finding]:
 @pytest.mark.parametrize(
     "nccl, environ, observed",
     [
-        ("2.25.1", {"WORLD_SIZE": "96"}, "96 ranks"),
-        ("2.26.2", {"SLURM_JOB_ID": "7", "HOME": "/root"}, "unset: the job's size is not known here"),
+        ("2.25.1", {"WORLD_SIZE": "96"}, "'96': 96 ranks"),
+        ("2.26.2", {"SLURM_JOB_ID": "7", "HOME": "/root"}, "no world size (WORLD_SIZE, an MPI launcher's, SLURM_NTASKS): the job's size is not known here"),
     ],
 )
 def test_release_without_the_work_around_on_a_large_or_unknown_job_is_a_warning(tmp_path: Path, nccl: str, environ: dict[str, str], observed: str) -> None:
@@ -54,6 +54,7 @@ def test_release_without_the_work_around_on_a_large_or_unknown_job_is_a_warning(
     [
         ("2.26.5", {"WORLD_SIZE": "96"}),  # the work-around
         ("2.26.2", {"WORLD_SIZE": "80"}),  # "over 80 ranks"
+        ("2.25.1", {"OMPI_COMM_WORLD_SIZE": "8"}),  # an MPIJob rank: Open MPI's world size counts too
         ("2.26.2", {"WORLD_SIZE": "96", "NCCL_MNNVL_ENABLE": "0"}),  # no multi-node NVLink traffic
     ],
 )
