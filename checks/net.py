@@ -354,6 +354,9 @@ def uses(facts: NcclSocketFacts) -> list[Use]:
     return list(unique.values())
 
 
+LINK_LOCAL_V4 = "IPv4 link-local address"
+
+
 def virtual_reason(item: IfAddr) -> str:
     """Why ``item`` cannot carry traffic between nodes, "" when it may."""
     address = ipaddress.ip_address(item.address)
@@ -362,7 +365,7 @@ def virtual_reason(item: IfAddr) -> str:
     if address.version == 4 and address.is_link_local:
         # 169.254.0.0/16 is never forwarded by routers (RFC 3927), and agents that make such
         # links give every node the same address; NCCL does not filter address ranges.
-        return "IPv4 link-local address"
+        return LINK_LOCAL_V4
     return virtual_name(item.ifname) or VIRTUAL_KINDS.get(item.kind, "")
 
 
@@ -382,9 +385,10 @@ POD_VETH = "a container's veth: routable between nodes where the CNI routes pod 
 #: fabrics put the node's one routable address on a dummy device, and VPN meshes join nodes
 #: through tun and WireGuard devices; elsewhere such a device reaches no other node.
 ROUTED_KIND = "routable only where the host routes its address (a BGP-announced /32, a VPN mesh)"
-#: Why an IPv4 link-local address on a physical NIC is a warning: it reaches the nodes on the same
-#: link, which is all of them where nodes are cabled back to back (NVIDIA's DGX Spark playbooks
-#: address the direct QSFP link so) or share one L2 segment, and none across a router.
+#: Why an IPv4 link-local address on a physical NIC NCCL picks by itself is a warning: it reaches
+#: the nodes on the same link, which is all of them where nodes are cabled back to back or share
+#: one L2 segment, and none across a router. Named in NCCL_SOCKET_IFNAME it is the site's choice
+#: (NVIDIA's DGX Spark playbooks address the direct QSFP link so), and not judged.
 LINK_LOCAL_NIC = "reaches only nodes on the same link: enough where nodes are cabled back to back or share one L2 segment"
 ROUTABLE_KINDS = frozenset({"dummy", "tun", "wireguard", "vxlan", "geneve", "ipip"})
 
@@ -428,6 +432,11 @@ def nccl_virtual_interface_selected(
         pod_veth = _container_veth(use.interface)
         if pod_veth and nccl_socket.kubernetes_pod and use.interface.ifname == "eth0":
             continue  # a pod's own eth0: Kubernetes routes pod addresses between nodes without NAT
+        named = use.choice.source.endswith("NCCL_SOCKET_IFNAME") and not use.choice.rule.lstrip().startswith("^")
+        if reason == LINK_LOCAL_V4 and _physical(use.interface) and named:
+            # Named on purpose: NVIDIA's DGX Spark playbooks address the QSFP link between two
+            # Sparks link-local and name it; whether the peers share the link is NET004's question.
+            continue
         doubt = (
             SECONDARY_DEVICE if not use.primary
             else POD_VETH if pod_veth
