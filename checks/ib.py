@@ -593,6 +593,9 @@ def rdma_stack_or_ports_misconfigured(
     NCCL_IB_PKEY, an index beyond a port's P_Key table or at an empty slot is an error, one where
     the port is a limited member a warning. InfiniBand controllers on the PCI bus with no RDMA
     device at all are an error: the RDMA driver is not loaded or was refused."""
+    if rdma.hcas_without_device is None and not rdma.devices and not rdma.class_unread:
+        raise Unknown("mlx5_core is loaded and mlx5_ib is not, and the PCI bus could not be listed to see which "
+                      "InfiniBand controllers lack their RDMA device")
     if rdma.hcas_without_device and not rdma.devices:
         yield present(
             "node",

@@ -206,8 +206,9 @@ class RdmaFacts(Struct, frozen=True):
     # (inbox) mlx5 without one, None when mlx5_core is not loaded or the file is unreadable
     mlx5_driver_version: str | None = None
     # Where no RDMA device is registered: ConnectX InfiniBand controllers (PCI class 0x0207) that
-    # mlx5_core drives while mlx5_ib is not loaded, so none has its RDMA device
-    hcas_without_device: tuple[str, ...] = ()
+    # mlx5_core drives while mlx5_ib is not loaded, so none has its RDMA device; None where
+    # mlx5_core runs without mlx5_ib and the PCI bus could not be listed
+    hcas_without_device: tuple[str, ...] | None = ()
     # Where some device's uverbs node is missing from /dev/infiniband: what shows this process runs
     # in a container (probing.container_marker), "" nothing, None not known; "" when not asked
     container: str | None = ""
@@ -600,7 +601,7 @@ def probe_rdma(fs: NodeFS) -> RdmaFacts:
 INFINIBAND_CLASS = "0x0207"
 
 
-def _hcas_without_device(fs: NodeFS) -> tuple[str, ...]:
+def _hcas_without_device(fs: NodeFS) -> tuple[str, ...] | None:
     """ConnectX InfiniBand controllers (PCI class 0x0207, bound to mlx5_core) on the bus while
     mlx5_core is loaded and mlx5_ib is not, so that no RDMA device is registered: as after an
     MLNX_OFED upgrade whose mlx5_ib the loaded ib_core refuses. Read only where no RDMA device
@@ -610,8 +611,11 @@ def _hcas_without_device(fs: NodeFS) -> tuple[str, ...]:
     reader = FactReader(fs)
     if not reader.presence("/sys/module/mlx5_core") or reader.presence("/sys/module/mlx5_ib") is not False:
         return ()
+    functions = reader.listing("/sys/bus/pci/devices")
+    if functions is None:
+        return None  # mlx5_core without mlx5_ib, and which functions it drives is not known
     found = []
-    for bdf in reader.listing("/sys/bus/pci/devices") or []:
+    for bdf in functions:
         base = f"/sys/bus/pci/devices/{bdf}"
         if not (reader.text(f"{base}/class") or "").strip().startswith(INFINIBAND_CLASS):
             continue

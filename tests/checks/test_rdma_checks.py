@@ -776,6 +776,12 @@ def test_ib009_hcas_on_the_bus_with_no_rdma_device(node_copy: Path) -> None:
     assert facts.hcas_without_device == ()
     with pytest.raises(NotApplicable, match="no RDMA devices"):
         list(rdma_stack_or_ports_misconfigured(facts, Expectations(), JobFacts({}, "", ())))
+    # Missing is not empty: without the PCI bus the HCAs mlx5_core drives are not known.
+    shutil.rmtree(node_copy / "sys/bus/pci/devices")
+    facts = probe_rdma(NodeFS(str(node_copy)))
+    assert facts.hcas_without_device is None
+    with pytest.raises(Unknown, match="PCI bus could not be listed"):
+        list(rdma_stack_or_ports_misconfigured(facts, Expectations(), JobFacts({}, "", ())))
 
 
 def test_a_port_awaiting_the_subnet_manager_gets_the_subnet_managers_fix(node_copy: Path) -> None:
