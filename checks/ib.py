@@ -859,6 +859,15 @@ def rdma_device_nodes_missing(rdma: RdmaFacts, job: JobFacts | Unread, expect: E
         yield from _judge_node(rdma, "rdma_cm", RDMA_CM, identity, Severity.WARNING)
 
 
+#: IB007's fix for a missing /dev/infiniband/rdma_cm: on a host its module is not loaded (or was
+#: refused after an RDMA stack upgrade), in a container the runtime did not pass it in.
+RDMA_CM_MISSING_FIX = (
+    "On the host, rdma_ucm is not loaded: 'modprobe rdma_ucm' (after an MLNX_OFED or DOCA-OFED upgrade, restart openibd "
+    "or reboot so the new modules load, and look for 'disagrees about version of symbol' in dmesg). In a container, pass "
+    "the node in: docker run --device=/dev/infiniband/rdma_cm (or the whole /dev/infiniband)."
+)
+
+
 def _judge_node(
     rdma: RdmaFacts, subject: str, path: str, identity: JobIdentity | None, severity: Severity
 ) -> Iterator[Observation]:
@@ -870,7 +879,8 @@ def _judge_node(
         if problem is not None:
             yield undecided(subject, str(problem))
         else:
-            yield present(subject, Evidence(path, "missing", "a character device the job can open"), severity=severity)
+            fix = RDMA_CM_MISSING_FIX if path == RDMA_CM else ""
+            yield present(subject, Evidence(path, "missing", "a character device the job can open"), severity=severity, fix=fix)
     elif not stat_codes.S_ISCHR(node.mode):
         yield present(subject, Evidence(path, f"not a character device ({stat_codes.filemode(node.mode)})", "character device"), severity=severity)
     elif identity is None:

@@ -408,7 +408,9 @@ def test_ib007_present_for_missing_node_permissions_and_rdma_cm() -> None:
                         "/dev/infiniband/uverbs2": stat.S_IFREG | 0o666})
     found = list(ib007(facts))
     assert subjects(found) == {"mlx5_1", "mlx5_2", "rdma_cm"}
-    assert next(o for o in found if o.subject == "rdma_cm").severity is Severity.WARNING
+    rdma_cm = next(o for o in found if o.subject == "rdma_cm")
+    assert rdma_cm.severity is Severity.WARNING and "modprobe rdma_ucm" in rdma_cm.fix and "--device=/dev/infiniband/rdma_cm" in rdma_cm.fix
+    assert next(o for o in found if o.subject == "mlx5_2").fix == ""  # the reference's own fix for a uverbs node
     denied = next(o for o in found if o.subject == "mlx5_1").evidence[0]
     assert denied.observed == "mode crw------- owner 0:0" and "uid 1001" in denied.expected
 
