@@ -75,5 +75,7 @@ def container_marker(reader: FactReader) -> str | None:
             return None
         if there:
             return marker
-    hosts = reader.text("/etc/hosts")
+    known, hosts = reader.known_text("/etc/hosts")
+    if not known:
+        return None
     return "/etc/hosts (kubelet's)" if hosts is not None and hosts.startswith(KUBELET_HOSTS_HEADER) else ""

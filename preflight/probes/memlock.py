@@ -89,8 +89,9 @@ class MemlockFacts(Struct, frozen=True):
     # slurmd runs as systemd's slurmd.service (its /proc/<pid>/cgroup names the unit), False where
     # something else starts it (supervisord in a Slinky pod, a shell), None when unread or no slurmd
     slurmd_systemd: bool | None = None
-    # For a full-root process only: the container marker it runs beside ("/.dockerenv"), "" where
-    # none is there (or the process is not full root), None where one could not be looked for.
+    # For a full-root process on a node without slurmd only: the container marker it runs beside
+    # ("/.dockerenv"), "" where none is there (or it was not asked), None where one could not be
+    # looked for.
     # A privileged container is where its workloads run, with the same limit and the same rights.
     container: str | None = ""
 
@@ -315,7 +316,9 @@ def probe_memlock(fs: NodeFS) -> MemlockFacts:
         # Read apart: an unreadable status leaves the exemption unknown, never a limit unknown.
         exemption=exemption,
         slurmd_systemd=_under_systemd(FactReader(fs), slurmd_pid) if slurmd_pid is not None else None,
-        container=container_marker(FactReader(fs)) if exemption is not None and exemption.full_root else "",
+        # Asked only where it can matter: a full-root process on a node where no slurmd gives jobs
+        # their limit (every Slurm prolog runs as full root, and never needs it).
+        container=container_marker(FactReader(fs)) if exemption is not None and exemption.full_root and slurmd is None and unit is None else "",
     )
 
 

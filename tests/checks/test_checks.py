@@ -766,12 +766,37 @@ def test_mem001_a_root_shell_outside_any_job_on_a_node_without_slurmd(memlock: M
     assert found.severity is Severity.WARNING  # whether it is a container was not read: as on the host
 
 
-def test_memlock_probe_looks_for_a_container_only_for_a_full_root_process(node_copy: Path) -> None:
+def test_memlock_probe_looks_for_a_container_only_for_a_full_root_process_without_slurmd(node_copy: Path) -> None:
+    """The container marker matters only to a full-root process on a node where no slurmd gives
+    jobs their limit: every Slurm prolog runs as full root and never needs it."""
     status = node_copy / "proc/self/status"
     status.write_text("Name:\tpython\nUid:\t0\t0\t0\t0\nCapEff:\t000001ffffffffff\n")
     (node_copy / "proc/self/uid_map").write_text("         0          0 4294967295\n")
-    assert probe_memlock(NodeFS(str(node_copy))).container == ""
     (node_copy / ".dockerenv").write_text("")
-    assert probe_memlock(NodeFS(str(node_copy))).container == "/.dockerenv"
+    facts = probe_memlock(NodeFS(str(node_copy)))
+    assert (facts.slurmd is not None or facts.slurmd_unit is not None) and facts.container == ""  # a Slurm node: not asked
+    (node_copy / "run/slurmd.pid").unlink(missing_ok=True)
+    for unit in node_copy.rglob("slurmd.service"):
+        unit.unlink()
+    for pid in (node_copy / "proc").iterdir():
+        if (pid / "comm").is_file() and (pid / "comm").read_text().strip() == "slurmd":
+            (pid / "comm").write_text("sleep\n")
+    facts = probe_memlock(NodeFS(str(node_copy)))
+    assert facts.slurmd is None and facts.slurmd_unit is None and facts.container == "/.dockerenv"
+    (node_copy / ".dockerenv").unlink()
+    assert probe_memlock(NodeFS(str(node_copy))).container == ""
+    (node_copy / "etc/hosts").write_text("# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n")
+    assert probe_memlock(NodeFS(str(node_copy))).container == "/etc/hosts (kubelet's)"
     status.write_text("Name:\tpython\nUid:\t1001\t1001\t1001\t1001\nCapEff:\t0000000000000000\n")
     assert probe_memlock(NodeFS(str(node_copy))).container == ""  # not full root: not asked
+
+
+def test_container_marker_unread_is_unknown_not_none(tmp_path: Path) -> None:
+    """Missing is not empty: an /etc/hosts that cannot be read leaves "in a container" unknown."""
+    from preflight.probing import FactReader, container_marker
+
+    (tmp_path / "etc/hosts").mkdir(parents=True)  # not a file: read fails
+    reader = FactReader(NodeFS(str(tmp_path)))
+    assert container_marker(reader) is None and reader.problems
+    (tmp_path / "etc/hosts").rmdir()
+    assert container_marker(FactReader(NodeFS(str(tmp_path)))) == ""  # absent: a host's
