@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import textwrap
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -23,7 +22,6 @@ from preflight.hostlist import number_runs
 from preflight.text import printable as _printable
 
 FLEET_SCHEMA = "preflight-fleet/1"
-_NUMBERED = re.compile(r"^([^.]*?)(\d+)(\..*)?$")  # the short name's closing number, then any domain
 _HOSTS_SHOWN = 120  # characters of a host list in a table cell
 
 
@@ -38,10 +36,11 @@ def compress_hosts(hosts: Iterable[str]) -> str:
     runs: dict[tuple[str, int, str], list[int]] = {}
     plain: list[str] = []
     for host in sorted(set(hosts)):
-        match = _NUMBERED.match(host)
-        if match:
-            prefix, digits, domain = match.groups()
-            runs.setdefault((prefix, len(digits), domain or ""), []).append(int(digits))
+        short, dot, domain = host.partition(".")
+        prefix = short.rstrip("0123456789")  # linear, whatever a report names its host
+        digits = short[len(prefix):]
+        if digits:
+            runs.setdefault((prefix, len(digits), dot + domain), []).append(int(digits))
         else:
             plain.append(host)
     items = list(plain)
