@@ -223,6 +223,12 @@ def job_environ(fs: NodeFS) -> dict[str, str]:
 MAX_PRELOAD_ENTRIES = 32
 
 
+def preloaded(environ: Mapping[str, str]) -> list[str]:
+    """The absolute paths the job's LD_PRELOAD names (space- or colon-separated, as ld.so reads
+    it), at most MAX_PRELOAD_ENTRIES."""
+    return [entry for entry in re.split(r"[\s:]+", environ.get("LD_PRELOAD", ""))[:MAX_PRELOAD_ENTRIES] if entry.startswith("/")]
+
+
 def _job_copies(fs: NodeFS, reader: FactReader, environ: Mapping[str, str], searched: list[str], plugins: list[str]) -> list[NcclCopy]:
     """Copies only the job's environment reaches: libnccl in the directories its LD_LIBRARY_PATH
     adds (cloud images put NCCL there: /usr/local/cuda-*/lib on AWS's Deep Learning AMI, the TCPX
@@ -232,7 +238,7 @@ def _job_copies(fs: NodeFS, reader: FactReader, environ: Mapping[str, str], sear
     for directory in library_path_dirs(dict(environ)):
         if directory.rstrip("/") not in searched:
             found += _copies_in(fs, reader, directory.rstrip("/"), "job", plugins)
-    preload = [entry for entry in re.split(r"[\s:]+", environ.get("LD_PRELOAD", ""))[:MAX_PRELOAD_ENTRIES] if entry.startswith("/")]
+    preload = preloaded(environ)
     known = {copy.path for copy in found}
     for entry in preload:
         folder, name = posixpath.split(entry)
@@ -306,15 +312,19 @@ def _torch_bypass(copies: list[NcclCopy], frameworks: FrameworkFacts) -> tuple[s
     return reason, own
 
 
-def _shadowing_job_copy(copies: list[NcclCopy]) -> str:
-    """Why the system's copies are not what the job loads, "" where they may be: a directory of
-    the job's LD_LIBRARY_PATH (or its LD_PRELOAD) gives libnccl.so.2, which the loader takes before
-    the system's directories (ld.so(8)), as Google's A3 scripts put gIB's own NCCL first."""
-    job = next((copy for copy in copies if copy.origin == "job" and not copy.unreached), None)
-    if job is None:
-        return ""
-    return (f"the job's LD_LIBRARY_PATH or LD_PRELOAD reaches {job.path} first, which the loader takes before the "
-            "system's directories; only a program whose own DT_RPATH names a system directory loads this copy")
+def _shadowing_job_copy(reader: FactReader, copies: list[NcclCopy], environ: Mapping[str, str]) -> str:
+    """Why the system's copies are not what the job loads, "" where they may be: a file the job's
+    LD_PRELOAD names, or a libnccl.so.2 in a directory of its LD_LIBRARY_PATH, which the loader
+    takes before the system's directories (ld.so(8)), as Google's A3 scripts put gIB's own NCCL
+    first. A versioned file without that name beside it is not what a DT_NEEDED libnccl.so.2 finds."""
+    preload = set(preloaded(environ))
+    for copy in copies:
+        if copy.origin != "job" or copy.unreached:
+            continue
+        if copy.path in preload or reader.presence(f"{posixpath.dirname(copy.path)}/libnccl.so.2"):
+            return (f"the job's LD_LIBRARY_PATH or LD_PRELOAD reaches {copy.path} first, which the loader takes before the "
+                    "system's directories; only a program whose own DT_RPATH names a system directory loads this copy")
+    return ""
 
 
 @probe("nccl_libs", gather_in=("full",))
@@ -340,7 +350,7 @@ def probe_nccl_libs(fs: NodeFS, frameworks: FrameworkFacts | None = None) -> Ncc
     bypass, own = _torch_bypass(copies, frameworks) if frameworks is not None else ("", set())
     if bypass:
         copies = [copy if copy.origin == "job" or copy.path in own else replace(copy, bypassed=bypass) for copy in copies]
-    shadow = _shadowing_job_copy(copies)
+    shadow = _shadowing_job_copy(reader, copies, environ)
     if shadow:
         copies = [replace(copy, bypassed=shadow) if copy.origin == "system" and not copy.bypassed else copy for copy in copies]
     # LD_LIBRARY_PATH comes before the system's directories in the loader's order.

@@ -176,7 +176,10 @@ def test_a_copy_on_the_jobs_library_path_shadows_the_systems(tmp_path: Path) -> 
     os.symlink("libnccl.so.2.27.7", root / "usr/local/gib/lib64/libnccl.so.2")
     facts = probe_nccl_libs(NodeFS(str(root)))
     assert [(c.origin, c.bypassed) for c in facts.copies] == [("system", "")]  # no job environment: the system's is loaded
+    (root / "usr/local/gib/lib64/libnccl.so.2").unlink()  # a versioned file alone is not what DT_NEEDED finds
     environ(root, LD_LIBRARY_PATH="/usr/local/gib/lib64:/usr/local/nvidia/lib64")
+    assert {c.origin: c.bypassed for c in probe_nccl_libs(NodeFS(str(root))).copies}["system"] == ""
+    os.symlink("libnccl.so.2.27.7", root / "usr/local/gib/lib64/libnccl.so.2")
     copies = {c.origin: c for c in probe_nccl_libs(NodeFS(str(root))).copies}
     assert "/usr/local/gib/lib64/libnccl.so.2.27.7 first" in copies["system"].bypassed and copies["job"].bypassed == ""
     from preflight.nccl.releases import KnownBug, release_findings
