@@ -50,7 +50,7 @@ from __future__ import annotations
 from msgspec import Struct
 
 from preflight.probes.sockets import TableError, parse_tcp_table
-from preflight.probing import CONTAINER_MARKERS, FactReader
+from preflight.probing import FactReader, container_marker
 from preflight.registry import probe
 from preflight.sources import NodeFS, SourceError
 from preflight.sources.nvml import Nvml, NvmlError
@@ -264,12 +264,11 @@ def _host_view(reader: FactReader, pid1: str | None) -> tuple[bool | None, str]:
         return None, f"/proc/1/environ is missing, so a container's own {pid1} cannot be ruled out"
     if any(item.startswith(b"container=") for item in environ.split(b"\0")):
         return False, f"PID 1's environment has container=: {pid1} is a container's own init"
-    for marker in CONTAINER_MARKERS:
-        there = reader.presence(marker)
-        if there is None:
-            return None, f"whether {marker} exists (a container marker) could not be read"
-        if there:
-            return False, f"{marker} exists: {pid1} is a container's own init"
+    marker = container_marker(reader)
+    if marker is None:
+        return None, f"whether this is a container could not be read ({reader.problems[-1]})"
+    if marker:
+        return False, f"{marker} exists: {pid1} is a container's own init"
     return True, ""
 
 

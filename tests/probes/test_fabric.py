@@ -150,6 +150,7 @@ def test_container_process_table_makes_a_missing_fabric_manager_unknown(node_cop
         ({"/run/systemd/container": "lxc\n"}, "/run/systemd/container exists"),
         ({"/.dockerenv": ""}, "/.dockerenv exists"),
         ({"/run/.containerenv": ""}, "/run/.containerenv exists"),
+        ({"/etc/hosts": "# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n"}, "/etc/hosts (kubelet's) exists"),  # a pod under containerd
         ({"/proc/1/environ": None}, "/proc/1/environ is missing"),
     ],
 )
