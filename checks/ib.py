@@ -594,8 +594,8 @@ def rdma_stack_or_ports_misconfigured(
     the port is a limited member a warning. InfiniBand controllers on the PCI bus with no RDMA
     device at all are an error: the RDMA driver is not loaded or was refused."""
     if rdma.hcas_without_device is None and not rdma.devices and not rdma.class_unread:
-        raise Unknown("mlx5_core is loaded and mlx5_ib is not, and the PCI bus could not be listed to see which "
-                      "InfiniBand controllers lack their RDMA device")
+        raise Unknown("mlx5_core is loaded and mlx5_ib is not, and the PCI bus (or a function's class or driver) could "
+                      "not be read to see which InfiniBand controllers lack their RDMA device")
     if rdma.hcas_without_device and not rdma.devices:
         yield present(
             "node",

@@ -207,7 +207,7 @@ class RdmaFacts(Struct, frozen=True):
     mlx5_driver_version: str | None = None
     # Where no RDMA device is registered: ConnectX InfiniBand controllers (PCI class 0x0207) that
     # mlx5_core drives while mlx5_ib is not loaded, so none has its RDMA device; None where
-    # mlx5_core runs without mlx5_ib and the PCI bus could not be listed
+    # mlx5_core runs without mlx5_ib and the PCI bus, or a function on it, could not be read
     hcas_without_device: tuple[str, ...] | None = ()
     # Where some device's uverbs node is missing from /dev/infiniband: what shows this process runs
     # in a container (probing.container_marker), "" nothing, None not known; "" when not asked
@@ -614,20 +614,25 @@ def _hcas_without_device(fs: NodeFS) -> tuple[str, ...] | None:
     functions = reader.listing("/sys/bus/pci/devices")
     if functions is None:
         return None  # mlx5_core without mlx5_ib, and which functions it drives is not known
-    found = []
+    found, unread = [], False
     for bdf in functions:
         base = f"/sys/bus/pci/devices/{bdf}"
-        if not (reader.text(f"{base}/class") or "").strip().startswith(INFINIBAND_CLASS):
+        known, klass = reader.known_text(f"{base}/class")
+        if not known:
+            unread = True
+        if not (klass or "").strip().startswith(INFINIBAND_CLASS):
             continue
         try:
             if fs.readlink(f"{base}/physfn") is not None:
                 continue
             driver = fs.readlink(f"{base}/driver")
         except SourceError:
+            unread = True
             continue
         if driver and driver.rstrip("/").rsplit("/", 1)[-1] == "mlx5_core":
             found.append(bdf)
-    return tuple(found)
+    # One function whose class or driver could not be read may be such an HCA: not known, not none.
+    return tuple(found) if found or not unread else None
 
 
 # -- helpers shared by the checks -------------------------------------------------------------

@@ -778,11 +778,18 @@ def test_ib009_hcas_on_the_bus_with_no_rdma_device(node_copy: Path) -> None:
     assert facts.hcas_without_device == ()
     with pytest.raises(NotApplicable, match="no RDMA devices"):
         list(rdma_stack_or_ports_misconfigured(facts, Expectations(), JobFacts({}, "", ())))
-    # Missing is not empty: without the PCI bus the HCAs mlx5_core drives are not known.
+    # Missing is not empty: a function whose class cannot be read may be such an HCA.
+    gpu_class = next(path for path in (node_copy / "sys/devices").rglob("class") if path.read_text().startswith("0x0302"))
+    gpu_class.unlink()
+    gpu_class.mkdir()  # not a file: its read fails
+    assert probe_rdma(NodeFS(str(node_copy))).hcas_without_device is None
+    gpu_class.rmdir()
+    gpu_class.write_text("0x030200\n")
+    # And without the PCI bus the HCAs mlx5_core drives are not known at all.
     shutil.rmtree(node_copy / "sys/bus/pci/devices")
     facts = probe_rdma(NodeFS(str(node_copy)))
     assert facts.hcas_without_device is None
-    with pytest.raises(Unknown, match="PCI bus could not be listed"):
+    with pytest.raises(Unknown, match="PCI bus .or a function's class or driver. could not be read"):
         list(rdma_stack_or_ports_misconfigured(facts, Expectations(), JobFacts({}, "", ())))
 
 
