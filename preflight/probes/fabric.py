@@ -30,7 +30,8 @@ Sources:
   as the host's only on positive evidence: PID 1 is the init system (``/proc/1/comm`` systemd or
   init), its environment (``/proc/1/environ``, root only) has no ``container=`` (the variable
   systemd-nspawn, LXC/LXD and podman give a container's init, and systemd's own test), and
-  neither ``/run/systemd/container``, ``/.dockerenv`` nor ``/run/.containerenv`` exists. A system
+  neither ``/run/systemd/container``, ``/.dockerenv``, ``/run/.containerenv`` nor a kubelet-managed
+  ``/etc/hosts`` exists (``probing.container_marker``). A system
   container runs its own systemd as PID 1 in its own PID and network namespaces, where the
   host's fabric manager is invisible; there, or where any of these could not be read, a missing
   process proves nothing.
