@@ -98,17 +98,15 @@ table ip filter {
 }
 """
 
-EPHEMERAL_ALLOWED = """
-table inet filter {
-    chain input {
-        type filter hook input priority 0; policy drop;
-        ct state established,related accept
-        iifname "lo" accept
-        tcp dport { 22, 29500 } accept
-        tcp dport 32768-60999 accept
-    }
-}
-"""
+def input_drop(*rules: str) -> str:
+    """An inet table whose input chain drops by default and accepts what ``rules`` say."""
+    body = "".join(f"        {rule}\n" for rule in rules)
+    return f"table inet filter {{\n    chain input {{\n        type filter hook input priority 0; policy drop;\n{body}    }}\n}}\n"
+
+
+#: Replies, loopback and the listed ports let in; everything else dropped
+HOST_BASICS = ('ct state established,related accept', 'iifname "lo" accept')
+EPHEMERAL_ALLOWED = input_drop(*HOST_BASICS, "tcp dport { 22, 29500 } accept", "tcp dport 32768-60999 accept")
 
 UNDECODED_DROP = """
 table inet filter {
@@ -317,16 +315,7 @@ def test_the_family_the_listener_uses_is_the_one_judged(ns: Namespace) -> None:
     assert "ip6 filter" in found[("NCCL004", "ens10")][1]
 
 
-LOOPBACK_ONLY = """
-table inet filter {
-    chain input {
-        type filter hook input priority 0; policy drop;
-        ct state established,related accept
-        iifname "lo" accept
-        tcp dport 22 accept
-    }
-}
-"""
+LOOPBACK_ONLY = input_drop(*HOST_BASICS, "tcp dport 22 accept")
 
 CONNECT_TO_OWN_ADDRESS = """
 import socket
@@ -362,8 +351,7 @@ def test_without_cap_net_admin_the_rules_are_unknown(ns: Namespace) -> None:
 
 
 def test_a_ruleset_past_the_rule_cap_is_not_judged(ns: Namespace) -> None:
-    rules = "\n".join(f"tcp dport {1000 + n} accept" for n in range(30))
-    load(ns, f"table inet filter {{\n chain input {{\n type filter hook input priority 0; policy drop;\n{rules}\n }}\n}}\n")
+    load(ns, input_drop(*(f"tcp dport {1000 + n} accept" for n in range(30))))
     assert probe(ns).ruleset is not None
     facts = probe(ns, "20")
     assert facts.ruleset is None and "30 rules, more than the 20 read" in facts.error
